@@ -1,0 +1,55 @@
+# Two commands: `make run` and `make test`. Both create the virtualenv, install the package and
+# start a local Kafka and Redis (scripts/services) unless external ones are configured through
+# DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS and DELAY_BRIDGE_REDIS__URL.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+CONFIG ?= config/bridge.yaml
+DELAY_PARTITIONS ?= 3
+PYTEST_ARGS ?=
+
+.PHONY: run test lint typecheck unit services services-down services-status topics clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+# Start the local services unless both external addresses are given.
+services: $(STAMP)
+	@if [ -n "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" ] && [ -n "$$DELAY_BRIDGE_REDIS__URL" ]; then \
+	  echo "using external Kafka $$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS and Redis $$DELAY_BRIDGE_REDIS__URL"; \
+	else PYTHON=$(PY) scripts/services up; fi
+
+services-down:
+	scripts/services down
+
+services-status:
+	scripts/services status
+
+topics: services
+	@export $$(scripts/services env) && \
+	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay --partitions $(DELAY_PARTITIONS) && \
+	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay.dlq --partitions 1
+
+run: topics
+	@export $$(scripts/services env) && exec $(VENV)/bin/delay-bridge run -c $(CONFIG)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+test: lint typecheck services
+	@export $$(scripts/services env) && $(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

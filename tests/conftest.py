@@ -1,0 +1,131 @@
+"""Session-scoped real Kafka and Redis, and per-test isolation (unique topics, groups, prefixes).
+
+The addresses come from DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS / DELAY_BRIDGE_REDIS__URL when set
+(CI or a developer pointing at their own servers); otherwise the fixtures start the local ones
+through scripts/services. Unit tests request none of these fixtures and need no server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ROOT / "scripts" / "services"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the real Kafka broker and Redis server for this session listen."""
+
+    bootstrap: str
+    redis_url: str
+
+
+def _local_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run(
+        [str(SERVICES), "env"], check=True, capture_output=True, text=True, env=env
+    ).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    """The real Kafka and Redis: from the environment, else started by scripts/services."""
+    bootstrap = os.environ.get("DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS")
+    redis_url = os.environ.get("DELAY_BRIDGE_REDIS__URL")
+    if not (bootstrap and redis_url):
+        env = {**os.environ, "PYTHON": sys.executable}
+        proc = subprocess.run(
+            [str(SERVICES), "up"], check=False, capture_output=True, text=True, env=env
+        )
+        if proc.returncode != 0:
+            pytest.fail(f"scripts/services up failed:\n{proc.stderr}", pytrace=False)
+        local = _local_env()
+        bootstrap = bootstrap or local["DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS"]
+        redis_url = redis_url or local["DELAY_BRIDGE_REDIS__URL"]
+    return Services(bootstrap=bootstrap, redis_url=redis_url)
+
+
+@pytest.fixture(scope="session")
+def admin(services: Services) -> AdminClient:
+    """A Kafka AdminClient on the session broker."""
+    return AdminClient({"bootstrap.servers": services.bootstrap})
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short id unique to this test, for topic names, group ids and key prefixes."""
+    return uuid.uuid4().hex[:10]
+
+
+@dataclass
+class TopicFactory:
+    """Creates uniquely named topics for one test and deletes them afterwards."""
+
+    admin: AdminClient
+    suffix: str
+    created: list[str] = field(default_factory=list)
+
+    def __call__(self, base: str, partitions: int = 1) -> str:
+        name = f"{base}-{self.suffix}"
+        futures = self.admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
+        )
+        futures[name].result(timeout=30)
+        self.created.append(name)
+        wait_for(lambda: _has_leaders(self.admin, name, partitions), 30, f"leaders for {name}")
+        return name
+
+
+def _has_leaders(admin: AdminClient, name: str, partitions: int) -> bool:
+    topic = admin.list_topics(name, timeout=5).topics.get(name)
+    if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+        return False
+    return all(p.leader >= 0 for p in topic.partitions.values())
+
+
+@pytest.fixture
+def topics(admin: AdminClient, unique: str) -> Iterator[TopicFactory]:
+    """Factory for unique topics: ``topics("delay", partitions=3)`` → ``delay-<id>``."""
+    factory = TopicFactory(admin, unique)
+    yield factory
+    if factory.created:
+        for future in admin.delete_topics(factory.created).values():
+            future.result(timeout=30)
+
+
+@pytest.fixture
+def redis_client(services: Services, unique: str) -> Iterator[redis.Redis]:
+    """A Redis client; every key under this test's prefix is deleted afterwards."""
+    client = redis.Redis.from_url(services.redis_url)
+    yield client
+    keys = list(client.scan_iter(match=f"*{unique}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
+) -> None:
+    """Poll ``condition`` until it is true; fail the test naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
