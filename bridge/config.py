@@ -1,0 +1,453 @@
+"""Configuration: frozen dataclasses with typed defaults, loaded strictly from YAML and env.
+
+Unknown keys, wrong types and bad values stop start-up with :class:`ConfigError`, whose one-line
+message names the key path. ``DELAY_BRIDGE_<PATH>`` environment variables (``__`` between
+levels) override scalar keys. librdkafka maps (``kafka.common/consumer/producer``) pass through
+untouched, except that a ``<property>_file`` entry is replaced by ``<property>`` read from that
+file, so Kubernetes Secrets can be mounted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union, get_origin, get_type_hints
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+
+from bridge.errors import ConfigError
+from bridge.message import Rules, format_duration_ms, is_legal_topic, parse_duration_ms
+
+DEFAULT_PATH = "config/bridge.yaml"
+ENV_PATH = "DELAY_BRIDGE_CONFIG"
+ENV_PREFIX = "DELAY_BRIDGE_"
+REDACTED = "***"
+_SECRET_KEY = re.compile(
+    r"password|secret|token|credential|jaas|oauthbearer\.config|key\.pem", re.I
+)
+
+
+def duration(default: str) -> Any:
+    """A field holding milliseconds, written in YAML as a duration (``30s``, ``1h30m``)."""
+    return field(default=parse_duration_ms(default), metadata={"duration": True})
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where Kafka is and how the clients talk to it."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "delay-bridge"
+    common: dict[str, str] = field(default_factory=dict)
+    consumer: dict[str, str] = field(default_factory=dict)
+    producer: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Where Redis is and how keys are named."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    password: str = ""
+    password_file: str = ""
+    key_prefix: str = "delay-bridge"
+    socket_timeout: int = duration("5s")
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    """Which topics are read, where records may go, and where failures go."""
+
+    delay: tuple[str, ...] = ("delay",)
+    default_target: dict[str, str] = field(default_factory=dict)
+    allowed_targets: tuple[str, ...] = (".*",)
+    dead_letter: str = "delay.dlq"
+
+
+@dataclass(frozen=True)
+class IngressConfig:
+    """The delay-topic consumer."""
+
+    batch_size: int = 500
+
+
+@dataclass(frozen=True)
+class EgressConfig:
+    """The mover that claims due records and produces them."""
+
+    batch_size: int = 500
+    lease: int = duration("30s")
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """What a delay-topic record may ask for."""
+
+    max_delay: int = duration("365d")
+    max_record_bytes: int = 1048576
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The metrics and health endpoints."""
+
+    host: str = "0.0.0.0"
+    port: int = 9464
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Log level and format."""
+
+    level: str = "INFO"
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    ingress: IngressConfig = field(default_factory=IngressConfig)
+    egress: EgressConfig = field(default_factory=EgressConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def rules(self) -> Rules:
+        """The message-contract rules this config sets."""
+        return Rules(
+            delay_topics=frozenset(self.topics.delay),
+            default_targets=dict(self.topics.default_target),
+            allowed_targets=tuple(re.compile(p) for p in self.topics.allowed_targets),
+            dead_letter=self.topics.dead_letter,
+            max_delay_ms=self.limits.max_delay,
+            max_record_bytes=self.limits.max_record_bytes,
+        )
+
+    def redis_password(self) -> str | None:
+        """The Redis password from ``redis.password_file`` or ``redis.password``, if any."""
+        if self.redis.password_file:
+            return _read_secret(self.redis.password_file, "redis.password_file")
+        return self.redis.password or None
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read the config file (``path``, else ``$DELAY_BRIDGE_CONFIG``, else the default path).
+
+    A missing file is an error only when it was named explicitly; the default path may be
+    absent, and then every key has its default.
+    """
+    env = os.environ if env is None else env
+    explicit = path or env.get(ENV_PATH)
+    file = Path(explicit or DEFAULT_PATH)
+    raw: Any = {}
+    if file.exists():
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{file}:{where} is not valid YAML") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {file}: {exc.strerror}") from None
+    elif explicit:
+        raise ConfigError(f"config file {file} does not exist")
+    return from_mapping(raw, env)
+
+
+def from_mapping(raw: Any, env: Mapping[str, str] | None = None) -> Config:
+    """Build a :class:`Config` from parsed YAML plus environment overrides, strictly."""
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a mapping at the top level")
+    merged = _apply_env(raw, dict(os.environ if env is None else env))
+    config: Config = _build(Config, merged, "")
+    _validate(config)
+    return config
+
+
+def _apply_env(raw: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    hints = get_type_hints(Config)
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_PATH or "__" not in name:
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        if len(parts) != 2 or parts[0] not in hints:
+            raise ConfigError(f"environment variable {name} names no config key")
+        section, key = parts
+        known = {f.name for f in fields(hints[section])}
+        if key not in known:
+            raise ConfigError(f"environment variable {name} names no config key ({section}.{key})")
+        target = merged.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{section}: expected a mapping")
+        target[key] = _EnvText(value)
+    return merged
+
+
+class _EnvText(str):
+    """A value from the environment: typed by the field it lands in."""
+
+
+def _build(cls: type[Any], raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {_show(raw)}")
+    hints = get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"unknown key {where}")
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in raw:
+            continue
+        key_path = f"{path}.{name}" if path else name
+        values[name] = _convert(hints[name], raw[name], key_path, bool(f.metadata.get("duration")))
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, path: str, is_duration: bool) -> Any:
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    from_env = isinstance(value, _EnvText)
+    if is_duration:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return parse_duration_ms(value)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: expected a duration like 30s, got {_show(value)}")
+    if hint is bool:
+        if from_env:
+            lowered = value.lower()
+            if lowered in ("true", "1", "yes", "on"):
+                return True
+            if lowered in ("false", "0", "no", "off"):
+                return False
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
+    if hint is int:
+        if from_env and value.strip().lstrip("-").isdigit():
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
+    if hint is str:
+        if isinstance(value, str):
+            return str(value)
+        raise ConfigError(f"{path}: expected a string, got {_show(value)}")
+    origin = get_origin(hint)
+    if origin is tuple:
+        if from_env:
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{path}: expected a list of strings, got {_show(value)}")
+        return tuple(value)
+    if origin is dict:
+        if from_env:
+            raise ConfigError(f"{path}: a mapping cannot be set from the environment")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            if not isinstance(v, str | int | float | bool):
+                raise ConfigError(f"{path}.{k}: expected a scalar, got {_show(v)}")
+            out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+        return out
+    if origin in (Union, types.UnionType):  # pragma: no cover - no optional fields today
+        return value
+    raise ConfigError(f"{path}: unsupported type {hint}")  # pragma: no cover
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _validate(config: Config) -> None:
+    def positive(path: str, value: int) -> None:
+        if value <= 0:
+            raise ConfigError(f"{path}: must be greater than 0, got {value}")
+
+    positive("ingress.batch_size", config.ingress.batch_size)
+    positive("egress.batch_size", config.egress.batch_size)
+    positive("egress.lease", config.egress.lease)
+    positive("egress.max_attempts", config.egress.max_attempts)
+    positive("limits.max_delay", config.limits.max_delay)
+    positive("limits.max_record_bytes", config.limits.max_record_bytes)
+    positive("redis.socket_timeout", config.redis.socket_timeout)
+    if config.egress.batch_size > 10_000:
+        raise ConfigError("egress.batch_size: at most 10000 (one Redis script call claims a batch)")
+    if not 0 <= config.http.port <= 65535:
+        raise ConfigError(f"http.port: {config.http.port} is not a TCP port")
+    if config.logging.level.upper() not in logging.getLevelNamesMapping():
+        raise ConfigError(f"logging.level: unknown level {config.logging.level!r}")
+    if not config.topics.delay:
+        raise ConfigError("topics.delay: at least one delay topic is needed")
+    for topic in (*config.topics.delay, config.topics.dead_letter):
+        if not is_legal_topic(topic):
+            raise ConfigError(f"topics: {topic!r} is not a legal topic name")
+    for pattern in config.topics.allowed_targets:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"topics.allowed_targets: bad pattern {pattern!r}: {exc}") from None
+    for delay_topic, target in config.topics.default_target.items():
+        if delay_topic not in config.topics.delay:
+            raise ConfigError(f"topics.default_target.{delay_topic}: not one of topics.delay")
+        refusal = config.rules().target_refusal(target)
+        if refusal is not None:
+            raise ConfigError(f"topics.default_target.{delay_topic}: {refusal}")
+    if config.topics.dead_letter in config.topics.delay:
+        raise ConfigError("topics.dead_letter: must not be a delay topic")
+    if (
+        not config.redis.key_prefix
+        or "{" in config.redis.key_prefix
+        or "}" in config.redis.key_prefix
+    ):
+        raise ConfigError("redis.key_prefix: must be non-empty and free of { and }")
+    if urlsplit(config.redis.url).scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(
+            f"redis.url: expected redis://, rediss:// or unix://, got {config.redis.url!r}"
+        )
+    consumer_settings(config)
+    timeout = producer_settings(config)["delivery.timeout.ms"]
+    if not timeout.isdigit() or int(timeout) >= config.egress.lease:
+        raise ConfigError(
+            f"kafka.producer.delivery.timeout.ms: {timeout} must be below egress.lease "
+            f"({config.egress.lease} ms), or a lease would expire while its record is in flight"
+        )
+
+
+# ------------------------------------------------------------------ librdkafka settings
+
+
+def _read_secret(path: str, key: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
+
+
+def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in settings.items():
+        if key.endswith("_file"):
+            out[key[: -len("_file")]] = _read_secret(value, f"{path}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def kafka_settings(config: Config, role: str) -> dict[str, str]:
+    """librdkafka properties for ``role`` (``consumer`` or ``producer``): common, then role."""
+    kafka = config.kafka
+    merged = {"bootstrap.servers": kafka.bootstrap_servers}
+    merged.update(_resolve_files(kafka.common, "kafka.common"))
+    merged.update(_resolve_files(getattr(kafka, role), f"kafka.{role}"))
+    return merged
+
+
+# What the bridge's guarantees rest on: a user setting that contradicts one is a config error.
+_CONSUMER_FIXED = {
+    "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
+    "partition.assignment.strategy": "cooperative-sticky",
+}
+_PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all"}
+
+
+def consumer_settings(config: Config) -> dict[str, str]:
+    """Delay-topic consumer properties: defaults, then the user's, then the fixed ones."""
+    settings = {
+        "group.id": config.kafka.group_id,
+        "auto.offset.reset": "earliest",  # a new group must not skip records already waiting
+        "enable.auto.commit": "true",
+        "auto.commit.interval.ms": "1000",
+        "enable.partition.eof": "false",
+        "statistics.interval.ms": "0",
+    }
+    settings.update(kafka_settings(config, "consumer"))
+    return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
+
+
+def producer_settings(config: Config) -> dict[str, str]:
+    """Target/DLQ producer properties: defaults, then the user's, then the fixed ones."""
+    settings = {
+        "linger.ms": "5",
+        # Java's partitioner, so a key lands where the services' own Java producers put it.
+        "partitioner": "murmur2_random",
+        # Below the lease, so a record is never leased out again while still in flight.
+        "delivery.timeout.ms": str(min(120_000, config.egress.lease * 2 // 3)),
+        "message.max.bytes": str(max(1_000_000, config.limits.max_record_bytes + 65_536)),
+        "topic.metadata.propagation.max.ms": "5000",
+    }
+    settings.update(kafka_settings(config, "producer"))
+    return _fix(settings, _PRODUCER_FIXED, "kafka.producer")
+
+
+def _fix(settings: dict[str, str], fixed: dict[str, str], path: str) -> dict[str, str]:
+    for key, value in fixed.items():
+        if settings.get(key, value).lower() != value:
+            raise ConfigError(f"{path}.{key}: must be {value} (the delivery guarantees rely on it)")
+        settings[key] = value
+    return settings
+
+
+# ------------------------------------------------------------------ showing it
+
+
+def redact(config: Config) -> dict[str, Any]:
+    """The effective config as plain data, with secrets replaced by ``***``."""
+    out: dict[str, Any] = {}
+    hints = get_type_hints(Config)
+    for section in fields(Config):
+        value = getattr(config, section.name)
+        shown: dict[str, Any] = {}
+        for f in fields(hints[section.name]):
+            item = getattr(value, f.name)
+            if f.metadata.get("duration"):
+                item = format_duration_ms(item)
+            elif isinstance(item, tuple):
+                item = list(item)
+            elif isinstance(item, dict):
+                item = {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in item.items()}
+            elif f.name == "password" and item:
+                item = REDACTED
+            elif f.name == "url" and isinstance(item, str):
+                item = _redact_url(item)
+            shown[f.name] = item
+        out[section.name] = shown
+    return out
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}{port}"))
+
+
+def dump(config: Config) -> str:
+    """YAML of :func:`redact`."""
+    return yaml.safe_dump(redact(config), sort_keys=False)

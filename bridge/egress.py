@@ -1,0 +1,271 @@
+"""Egress: claim due records from the owned shards, produce them, acknowledge on delivery.
+
+A record leaves Redis only from a successful delivery report. Permanent failures (unknown
+topic, too large, not authorized) are retried ``max_attempts`` times, then the record goes to the
+DLQ as ``delivery-failed`` and is acknowledged once the DLQ has it. Transient failures end the
+lease at once so the next claim retries. The mover sleeps until the earliest due time or lease
+deadline of its shards, and ingress wakes it early when it stores an earlier record.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError as ClientError
+from confluent_kafka import KafkaException, Message, Producer
+
+from bridge.errors import StoreError
+from bridge.message import (
+    Reason,
+    Scheduled,
+    dead_letter_headers,
+    origin,
+    wire_headers,
+)
+from bridge.metrics import Metrics
+from bridge.store import Claimed, Shard, Store
+
+logger = logging.getLogger(__name__)
+
+PERMANENT_ERRORS = frozenset(
+    {
+        ClientError.UNKNOWN_TOPIC_OR_PART,
+        ClientError._UNKNOWN_TOPIC,
+        ClientError._UNKNOWN_PARTITION,
+        ClientError.MSG_SIZE_TOO_LARGE,
+        ClientError.RECORD_LIST_TOO_LARGE,
+        ClientError.TOPIC_AUTHORIZATION_FAILED,
+        ClientError.CLUSTER_AUTHORIZATION_FAILED,
+        ClientError.TOPIC_EXCEPTION,
+        ClientError.INVALID_RECORD,
+        ClientError._INVALID_ARG,
+    }
+)
+IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
+INFLIGHT_POLL_S = 0.05
+ERROR_BACKOFF_S = 1.0
+
+
+@dataclass
+class _Pending:
+    claimed: Claimed
+    attempts: int = 0
+    dead_letter: bool = False
+
+
+class Egress:
+    """The mover. Runs in one thread; delivery reports are served on that thread."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        store: Store,
+        metrics: Metrics,
+        *,
+        dead_letter: str,
+        batch_size: int,
+        lease_ms: int,
+        max_attempts: int,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.producer = producer
+        self.store = store
+        self.metrics = metrics
+        self.dead_letter = dead_letter
+        self.batch_size = batch_size
+        self.lease_ms = lease_ms
+        self.max_attempts = max_attempts
+        self._clock_ms = clock_ms
+        self.owned: frozenset[Shard] = frozenset()
+        self._wake = threading.Event()
+        self._pending: dict[tuple[Shard, bytes], _Pending] = {}
+        self._reports: list[tuple[tuple[Shard, bytes], ClientError | None]] = []
+        self.last_loop = time.monotonic()
+
+    # -------------------------------------------------------------- called from ingress
+
+    def add_shards(self, shards: set[Shard]) -> None:
+        """Start moving records of newly assigned partitions."""
+        self.owned = self.owned | shards
+        self._wake.set()
+
+    def remove_shards(self, shards: set[Shard]) -> None:
+        """Stop claiming from revoked partitions (in-flight records still get acknowledged)."""
+        self.owned = self.owned - shards
+
+    def notify(self, due_ms: int) -> None:
+        """Ingress stored a record due at ``due_ms``; wake up in case it is sooner than planned."""
+        self._wake.set()
+
+    # -------------------------------------------------------------- the loop
+
+    @property
+    def inflight(self) -> int:
+        """Records produced and not yet acknowledged."""
+        return len(self._pending)
+
+    def step(self, now_ms: int | None = None) -> int:
+        """Serve delivery reports, then claim and produce what is due. Returns records claimed.
+
+        ``now_ms`` replaces Redis's clock for the claim (tests); the loop passes None.
+        """
+        self.last_loop = time.monotonic()
+        self.producer.poll(0)
+        self._settle()
+        shards = sorted(self.owned)
+        room = self.batch_size * 2 - len(self._pending)
+        if not shards or room <= 0:
+            return 0
+        per_shard = max(1, min(self.batch_size, room // len(shards)))
+        claimed = self.store.claim(shards, per_shard, self.lease_ms, now_ms)
+        redelivered = 0
+        for item in claimed:
+            redelivered += item.redelivery
+            ident = (item.shard, item.member)
+            pending = self._pending.get(ident)
+            if pending is None:
+                pending = self._pending[ident] = _Pending(item)
+            self._send(ident, pending)
+        if redelivered:
+            self.metrics.redelivered.inc(redelivered)
+        self.producer.poll(0)
+        return len(claimed)
+
+    def run(self, stop: threading.Event) -> None:
+        """Move records until ``stop`` is set, then drain what is in flight."""
+        while not stop.is_set():
+            try:
+                claimed = self.step()
+                if claimed and self.inflight < self.batch_size:
+                    continue  # more may be due right now
+                self._wait(self._seconds_to_next())
+            except StoreError as exc:
+                logger.error("redis unavailable, mover backing off: %s", exc)
+                stop.wait(ERROR_BACKOFF_S)
+
+    def _seconds_to_next(self) -> float:
+        wake = self.store.next_wake(sorted(self.owned))
+        if wake.next_ms is None:
+            return IDLE_WAIT_S
+        return min(IDLE_WAIT_S, max(0.0, (wake.next_ms - wake.now_ms) / 1000))
+
+    def _wait(self, seconds: float) -> None:
+        if self._pending:
+            # Delivery reports arrive through poll; keep the slice short so an earlier record
+            # stored meanwhile by ingress is not held up long.
+            self.producer.poll(min(seconds, INFLIGHT_POLL_S))
+        elif seconds > 0:
+            self._wake.wait(seconds)
+            self._wake.clear()
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for in-flight deliveries; release the unacknowledged rest."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            self._settle()
+        if self._pending:
+            released: dict[Shard, list[bytes]] = defaultdict(list)
+            for shard, member in self._pending:
+                released[shard].append(member)
+            logger.warning(
+                "%d records unacknowledged at shutdown; leases released", len(self._pending)
+            )
+            self.store.release(released)
+            self._pending.clear()
+
+    # -------------------------------------------------------------- produce and settle
+
+    def _send(self, ident: tuple[Shard, bytes], pending: _Pending) -> None:
+        record = pending.claimed.record
+        callback = functools.partial(self._on_delivery, ident)
+        if pending.dead_letter:
+            topic, key, headers = self.dead_letter, record.key, self._dlq_headers(pending)
+        else:
+            topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
+        # The producer stamps the record; never earlier than the due time, whatever the local clock.
+        timestamp = max(self._clock_ms(), record.due_ms)
+        while True:
+            try:
+                self.producer.produce(
+                    topic, value=record.value, key=key, headers=wire_headers(headers),
+                    timestamp=timestamp, on_delivery=callback,
+                )  # fmt: skip
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as exc:
+                # Refused locally (e.g. larger than message.max.bytes): same path as a report.
+                self._reports.append((ident, exc.args[0]))
+                return
+
+    def _dlq_headers(self, pending: _Pending) -> list[tuple[str, bytes | None]]:
+        record = pending.claimed.record
+        shard = pending.claimed.shard
+        return dead_letter_headers(
+            record.headers,
+            Reason.DELIVERY_FAILED,
+            f"delivery to {record.target} failed {pending.attempts} times",
+            origin(shard.topic, shard.partition, record.offset),
+        )
+
+    def _on_delivery(
+        self, ident: tuple[Shard, bytes], err: ClientError | None, _msg: Message
+    ) -> None:
+        self._reports.append((ident, err))
+
+    def _settle(self) -> None:
+        """Apply delivery reports: ack successes in Redis, retry or dead-letter failures."""
+        if not self._reports:
+            return
+        reports, self._reports = self._reports, []
+        acked: dict[Shard, list[bytes]] = defaultdict(list)
+        released: dict[Shard, list[bytes]] = defaultdict(list)
+        now_ms = self._clock_ms()
+        for ident, err in reports:
+            pending = self._pending.get(ident)
+            if pending is None:
+                continue  # a second report for a record delivered twice after a lease expiry
+            if err is None:
+                acked[ident[0]].append(ident[1])
+                self._count_delivery(pending, now_ms)
+                continue
+            if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
+                pending.attempts += 1
+                if pending.attempts >= self.max_attempts:
+                    pending.dead_letter = True
+                    logger.warning(
+                        "delivery of %s to %s failed %d times (%s); dead-lettering",
+                        pending.claimed.record.delay_id, pending.claimed.record.target,
+                        pending.attempts, err.str(),
+                    )  # fmt: skip
+                self._send(ident, pending)
+                continue
+            logger.warning(
+                "delivery of %s failed, will retry: %s", pending.claimed.record.delay_id, err.str()
+            )
+            released[ident[0]].append(ident[1])
+        if acked:
+            self.store.ack(acked)
+            for shard, members in acked.items():
+                for m in members:
+                    self._pending.pop((shard, m), None)
+        if released:
+            self.store.release(released)
+            for shard, members in released.items():
+                for m in members:
+                    self._pending.pop((shard, m), None)
+
+    def _count_delivery(self, pending: _Pending, now_ms: int) -> None:
+        record: Scheduled = pending.claimed.record
+        if pending.dead_letter:
+            self.metrics.dead_lettered.labels(reason=Reason.DELIVERY_FAILED.value).inc()
+            return
+        self.metrics.delivered.labels(target_topic=record.target).inc()
+        self.metrics.lateness.observe(max(0, now_ms - record.due_ms) / 1000)

@@ -1,0 +1,330 @@
+"""Ingress: consume the delay topics, store valid records in Redis, dead-letter the rest.
+
+For each batch: parse → DLQ the invalid ones and wait for Kafka's acknowledgement → store the
+valid ones (and the shard watermark) in Redis → only then store the offsets for commit. If
+Redis or the DLQ fails, the consumer rewinds to the batch's first offsets and pauses, so nothing
+uncommitted is skipped and nothing unstored is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError as ClientError
+
+from bridge.errors import BridgeError, KafkaError, StoreError
+from bridge.message import (
+    Headers,
+    Rejected,
+    Rules,
+    Scheduled,
+    dead_letter_headers,
+    origin,
+    parse,
+    wire_headers,
+)
+from bridge.metrics import Metrics
+from bridge.store import Shard, Store
+
+logger = logging.getLogger(__name__)
+
+DLQ_FLUSH_TIMEOUT_S = 30.0
+RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+def coords(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed message, which always has all three."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
+def headers_of(msg: Message) -> Headers:
+    """A consumed message's headers as a list (the client returns None for none)."""
+    return cast(Headers, list(msg.headers() or []))
+
+
+@dataclass
+class _Batch:
+    stored: dict[Shard, tuple[int, list[Scheduled]]] = field(default_factory=dict)
+    rejected: list[tuple[Message, Rejected]] = field(default_factory=list)
+
+
+class Ingress:
+    """The delay-topic consumer loop. Owns the consumer and a DLQ producer."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        dlq_producer: Producer,
+        store: Store,
+        rules: Rules,
+        metrics: Metrics,
+        *,
+        topics: Sequence[str],
+        batch_size: int,
+        on_assign: Callable[[set[Shard]], None],
+        on_revoke: Callable[[set[Shard]], None],
+        on_stored: Callable[[int], None],
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.consumer = consumer
+        self.dlq = dlq_producer
+        self.store = store
+        self.rules = rules
+        self.metrics = metrics
+        self.topics = list(topics)
+        self.batch_size = batch_size
+        self._on_assign_cb = on_assign
+        self._on_revoke_cb = on_revoke
+        self._on_stored = on_stored
+        self._clock_ms = clock_ms
+        self.assigned: set[Shard] = set()
+        self._paused_until = 0.0
+        self._failures = 0
+        self.last_loop = time.monotonic()
+
+    # -------------------------------------------------------------- group membership
+
+    def subscribe(self) -> None:
+        """Join the consumer group on the delay topics."""
+        self.consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        shards = [Shard(tp.topic, tp.partition) for tp in partitions]
+        try:
+            marks = self.store.watermarks(shards)
+        except StoreError:
+            logger.warning("redis unreachable at assignment; resuming from committed offsets")
+            marks = {}
+        # Redis knows what it holds: resume right after it, which skips re-reading records
+        # already stored (or delivered) when the last commit was lost in a crash.
+        for tp, shard in zip(partitions, shards, strict=True):
+            if shard in marks:
+                tp.offset = marks[shard] + 1
+        consumer.incremental_assign(partitions)
+        self.assigned |= set(shards)
+        if self._paused_until:
+            consumer.pause(partitions)
+        logger.info(
+            "assigned %s",
+            ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
+            extra={"partitions": len(shards)},
+        )
+        self._on_assign_cb(set(shards))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._commit()
+        self._drop(partitions, "revoked")
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._drop(partitions, "lost")
+
+    def _drop(self, partitions: list[TopicPartition], how: str) -> None:
+        shards = {Shard(tp.topic, tp.partition) for tp in partitions}
+        self.assigned -= shards
+        logger.info(
+            "%s %s",
+            how,
+            ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
+            extra={"partitions": len(shards)},
+        )
+        self._on_revoke_cb(shards)
+
+    def _commit(self) -> None:
+        try:
+            self.consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            # _NO_OFFSET: nothing stored since the last commit, which is fine.
+            if exc.args[0].code() != -168:
+                logger.warning("offset commit failed: %s", exc)
+
+    # -------------------------------------------------------------- the loop
+
+    def poll_once(self, timeout: float = 0.5) -> int:
+        """Consume one batch and handle it; returns how many records it held."""
+        self.last_loop = time.monotonic()
+        if self._paused_until:
+            if time.monotonic() < self._paused_until:
+                self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
+                return 0
+            self._resume()
+        messages = self._consume(timeout)
+        if not messages:
+            return 0
+        messages = [m for m in messages if not self._is_error(m)]
+        if not messages:
+            return 0
+        try:
+            self._handle(messages)
+        except BridgeError as exc:
+            self._rewind_and_pause(messages, exc)
+            return 0
+        self._failures = 0
+        return len(messages)
+
+    def _consume(self, timeout: float) -> list[Message]:
+        # consume(n, timeout) waits for n messages or the timeout; poll returns on the first
+        # one, and what else is already fetched follows without waiting: no added latency.
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        return [first, *self.consumer.consume(self.batch_size - 1, 0)]
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set."""
+        while not stop.is_set():
+            self.poll_once()
+
+    def close(self) -> None:
+        """Commit what is stored and leave the group."""
+        self._commit()
+        self.consumer.close()
+        self.dlq.flush(DLQ_FLUSH_TIMEOUT_S)
+
+    # -------------------------------------------------------------- a batch
+
+    def _is_error(self, msg: Message) -> bool:
+        error = msg.error()
+        if error is None:
+            return False
+        if error.fatal():
+            raise KafkaError(f"fatal consumer error: {error}")
+        logger.warning("consumer: %s", error)
+        return True
+
+    def _handle(self, messages: list[Message]) -> None:
+        batch = self._parse(messages)
+        if batch.rejected:
+            self._dead_letter(batch.rejected)
+        if batch.stored:
+            self.store.add(batch.stored)
+        highs = [
+            TopicPartition(shard.topic, shard.partition, high + 1)
+            for shard, (high, _) in batch.stored.items()
+        ]
+        self.consumer.store_offsets(offsets=highs)
+        counts: dict[str, int] = {}
+        earliest: int | None = None
+        for shard, (_, records) in batch.stored.items():
+            counts[shard.topic] = counts.get(shard.topic, 0) + len(records)
+            for rec in records:
+                earliest = rec.due_ms if earliest is None else min(earliest, rec.due_ms)
+        for topic, n in counts.items():
+            self.metrics.ingested.labels(delay_topic=topic).inc(n)
+        if earliest is not None:
+            self._on_stored(earliest)
+
+    def _parse(self, messages: list[Message]) -> _Batch:
+        now_ms = self._clock_ms()
+        batch = _Batch()
+        for msg in messages:
+            topic, partition, offset = coords(msg)
+            shard = Shard(topic, partition)
+            high, records = batch.stored.setdefault(shard, (offset, []))
+            batch.stored[shard] = (max(high, offset), records)
+            ts_type, ts = msg.timestamp()
+            try:
+                records.append(
+                    parse(
+                        self.rules,
+                        topic=topic,
+                        partition=partition,
+                        offset=offset,
+                        timestamp_ms=ts if ts_type != 0 else None,
+                        key=msg.key(),
+                        value=msg.value(),
+                        headers=headers_of(msg),
+                        now_ms=now_ms,
+                    )
+                )
+            except Rejected as rejection:
+                batch.rejected.append((msg, rejection))
+        return batch
+
+    def _dead_letter(self, rejected: list[tuple[Message, Rejected]]) -> None:
+        errors: list[str] = []
+
+        def report(err: ClientError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(err.str())
+
+        for msg, rejection in rejected:
+            where = origin(*coords(msg))
+            logger.info("dead-lettering %s: %s", where, rejection, extra={"origin": where})
+            headers = dead_letter_headers(
+                headers_of(msg), rejection.reason, rejection.detail, where
+            )
+            self._produce(msg.key(), msg.value(), headers, report)
+        remaining = self.dlq.flush(DLQ_FLUSH_TIMEOUT_S)
+        if remaining or errors:
+            raise KafkaError(
+                f"DLQ produce to {self.rules.dead_letter} failed: "
+                f"{errors[0] if errors else f'{remaining} unacknowledged'}"
+            )
+        for _, rejection in rejected:
+            self.metrics.dead_lettered.labels(reason=rejection.reason.value).inc()
+
+    def _produce(
+        self,
+        key: str | bytes | None,
+        value: str | bytes | None,
+        headers: Headers,
+        report: Callable[[ClientError | None, Message], None],
+    ) -> None:
+        topic = self.rules.dead_letter
+        while True:
+            try:
+                self.dlq.produce(
+                    topic, value=value, key=key, headers=wire_headers(headers), on_delivery=report
+                )
+                self.dlq.poll(0)
+                return
+            except BufferError:
+                self.dlq.poll(0.1)
+            except KafkaException as exc:
+                raise KafkaError(f"DLQ produce to {topic} failed: {exc}") from exc
+
+    # -------------------------------------------------------------- failure handling
+
+    def _rewind_and_pause(self, messages: list[Message], exc: BridgeError) -> None:
+        backoff = RETRY_BACKOFF_S[min(self._failures, len(RETRY_BACKOFF_S) - 1)]
+        self._failures += 1
+        logger.error("batch not stored, retrying in %.1fs: %s", backoff, exc)
+        self._rewind(messages)
+        self._pause(backoff)
+
+    def _rewind(self, messages: Sequence[Message]) -> None:
+        first: dict[Shard, int] = {}
+        for msg in messages:
+            topic, partition, offset = coords(msg)
+            shard = Shard(topic, partition)
+            first[shard] = min(first.get(shard, offset), offset)
+        for shard, offset in first.items():
+            if shard in self.assigned:
+                self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
+
+    def _pause(self, seconds: float) -> None:
+        self._paused_until = time.monotonic() + seconds
+        self.consumer.pause(self._assignment())
+
+    def _resume(self) -> None:
+        self._paused_until = 0.0
+        self.consumer.resume(self._assignment())
+
+    def _assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(s.topic, s.partition) for s in self.assigned]
+
+    def _discard(self, messages: Sequence[Message]) -> None:
+        """Messages fetched before a pause took effect are re-read after resuming."""
+        valid = [m for m in messages if m.error() is None]
+        if valid:
+            self._rewind(valid)

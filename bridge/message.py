@@ -1,0 +1,409 @@
+"""The wire contract: control headers in, delivered-record shape out, and the stored encoding.
+
+Everything here is pure: no I/O, no clock. Callers pass the record's fields and ``now_ms``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from enum import StrEnum
+from typing import cast
+
+Headers = list[tuple[str, bytes | None]]
+WireHeaders = list[tuple[str, str | bytes | None]]
+
+
+def wire_headers(headers: Headers) -> WireHeaders:
+    """The same list, typed as the Kafka client's ``produce`` takes it."""
+    return cast(WireHeaders, headers)
+
+
+H_TARGET_TOPIC = "delay-target-topic"
+H_DELIVER_AT = "delay-deliver-at"
+H_AFTER = "delay-after"
+H_TARGET_KEY = "delay-target-key"
+H_ID = "delay-id"
+H_DUE_AT = "delay-due-at"
+H_ERROR = "delay-error"
+H_ERROR_DETAIL = "delay-error-detail"
+H_ORIGIN = "delay-origin"
+
+CONTROL_HEADERS = frozenset({H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID})
+# Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
+# so a record that passes through the bridge twice never carries a stale due time.
+STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT}
+MAX_ID_BYTES = 256
+
+
+class Reason(StrEnum):
+    """DLQ reason codes (the ``delay-error`` header)."""
+
+    MISSING_DUE_TIME = "missing-due-time"
+    CONFLICTING_DUE_TIME = "conflicting-due-time"
+    BAD_DUE_TIME = "bad-due-time"
+    DELAY_TOO_LONG = "delay-too-long"
+    MISSING_TARGET = "missing-target"
+    TARGET_NOT_ALLOWED = "target-not-allowed"
+    TOO_LARGE = "too-large"
+    BAD_HEADER = "bad-header"
+    DELIVERY_FAILED = "delivery-failed"
+
+
+class Rejected(Exception):
+    """A delay-topic record that cannot be scheduled: goes to the DLQ with ``reason``."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# ------------------------------------------------------------------ durations and times
+
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+)
+# Epoch milliseconds past this (year 10000) are certainly a unit mistake (µs or ns).
+_MAX_EPOCH_MS = 253_402_300_800_000
+
+
+def parse_duration_ms(text: str) -> int:
+    """``"1500"`` → 1500; ``"250ms"``, ``"30s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"1h30m"`` → ms.
+
+    Raises ValueError for anything else (negative, empty, unknown unit, repeated unit order).
+    """
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    pos = total = 0
+    last_rank = -1
+    ranks = ["d", "h", "m", "s", "ms"]
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 250ms, 30s, 15m, 2h, 7d, 1h30m)")
+        rank = ranks.index(match.group(2))
+        if rank <= last_rank:
+            raise ValueError(f"not a duration: {text!r} (units must go from largest to smallest)")
+        last_rank = rank
+        total += int(match.group(1)) * _UNIT_MS[match.group(2)]
+        pos = match.end()
+    if pos == 0:
+        raise ValueError("empty duration")
+    return total
+
+
+def format_duration_ms(ms: int) -> str:
+    """The shortest duration string that :func:`parse_duration_ms` reads back as ``ms``."""
+    if ms == 0:
+        return "0s"
+    parts = []
+    for unit in ("d", "h", "m", "s", "ms"):
+        size = _UNIT_MS[unit]
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(parts)
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch milliseconds (digits) or RFC 3339 with an offset → epoch ms.
+
+    Fractions below a millisecond round up, so a record is never due before the time it names.
+    """
+    text = text.strip()
+    if text.isdigit():
+        value = int(text)
+        if value >= _MAX_EPOCH_MS:
+            raise ValueError(f"epoch milliseconds out of range: {text}")
+        return value
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"not a time: {text!r} (use epoch milliseconds or RFC 3339, e.g. 2026-11-21T10:00:00Z)"
+        )
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, offset = match.group(7) or "", match.group(8)
+    if offset in ("Z", "z"):
+        tz = UTC
+    else:
+        sign = 1 if offset[0] == "+" else -1
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 23 or minutes > 59:
+            raise ValueError(f"bad UTC offset in {text!r}")
+        tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
+    try:
+        # RFC 3339 allows a leap second (:60); it is the same instant as :59 + 1 s.
+        leap = second == 60
+        moment = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=tz)
+    except ValueError as exc:
+        raise ValueError(f"not a time: {text!r} ({exc})") from None
+    whole_ms = int(moment.timestamp()) * 1000 + (1000 if leap else 0)
+    frac_ms = math.ceil(int(fraction) * 1000 / 10 ** len(fraction)) if fraction else 0
+    return whole_ms + frac_ms
+
+
+def format_time_ms(ms: int) -> str:
+    """Epoch ms → RFC 3339 UTC with milliseconds."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ------------------------------------------------------------------ topic names
+
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def is_legal_topic(name: str) -> bool:
+    """Kafka's own rule for topic names."""
+    return name not in (".", "..") and _LEGAL_TOPIC.fullmatch(name) is not None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the contract lets through, from the config."""
+
+    delay_topics: frozenset[str]
+    default_targets: dict[str, str]
+    allowed_targets: tuple[re.Pattern[str], ...]
+    dead_letter: str
+    max_delay_ms: int
+    max_record_bytes: int
+
+    def target_refusal(self, target: str) -> str | None:
+        """Why ``target`` may not receive records, or None when it may."""
+        if not is_legal_topic(target):
+            return f"{target!r} is not a legal topic name"
+        if target.startswith("__"):
+            return f"{target!r} is an internal topic"
+        if target in self.delay_topics:
+            return f"{target!r} is a delay topic"
+        if target == self.dead_letter:
+            return f"{target!r} is the dead-letter topic"
+        if not any(p.fullmatch(target) for p in self.allowed_targets):
+            return f"{target!r} matches no pattern in topics.allowed_targets"
+        return None
+
+
+# ------------------------------------------------------------------ parsing a delay-topic record
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """A delay-topic record accepted for delivery, as it is stored in Redis.
+
+    ``key`` and ``headers`` are the record's own, so a record that later fails delivery reaches
+    the DLQ as it came in; :meth:`delivered_key` and :meth:`delivered_headers` give the shape
+    the target topic sees.
+    """
+
+    offset: int
+    due_ms: int
+    target: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    delay_id: str
+
+    def delivered_key(self) -> bytes | None:
+        """``delay-target-key`` when the record has one, else its own key."""
+        for name, value in self.headers:
+            if name == H_TARGET_KEY:
+                return value or b""
+        return self.key
+
+    def delivered_headers(self) -> Headers:
+        """The headers of the delivered record: originals without control headers, plus ours."""
+        kept = [(k, v) for k, v in self.headers if k not in STRIPPED_ON_DELIVERY]
+        kept.append((H_ID, self.delay_id.encode()))
+        kept.append((H_DUE_AT, str(self.due_ms).encode()))
+        return kept
+
+
+def origin(topic: str, partition: int, offset: int) -> str:
+    """``<topic>:<partition>:<offset>``: the default delay-id and the DLQ ``delay-origin``."""
+    return f"{topic}:{partition}:{offset}"
+
+
+def record_size(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> int:
+    """Bytes of key + value + header names and values, as ``limits.max_record_bytes`` counts."""
+    size = len(key or b"") + len(value or b"")
+    for name, hvalue in headers:
+        size += len(name) + len(hvalue or b"")
+    return size
+
+
+def _control(headers: Headers) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for name, value in headers:
+        if name in CONTROL_HEADERS:
+            if name in found:
+                raise Rejected(Reason.BAD_HEADER, f"header {name} appears more than once")
+            found[name] = value or b""
+    return found
+
+
+def _text(control: dict[str, bytes], name: str) -> str | None:
+    raw = control.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Rejected(Reason.BAD_HEADER, f"header {name} is not valid UTF-8") from None
+
+
+def parse(
+    rules: Rules,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    now_ms: int,
+) -> Scheduled:
+    """Turn a delay-topic record into a :class:`Scheduled`, or raise :class:`Rejected`.
+
+    ``timestamp_ms`` is the record's own timestamp (relative delays count from it, so a record
+    read twice gets the same due time); when the record has none, ``now_ms`` stands in.
+    """
+    size = record_size(key, value, headers)
+    if size > rules.max_record_bytes:
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",
+        )
+    control = _control(headers)
+    target = _text(control, H_TARGET_TOPIC)
+    deliver_at = _text(control, H_DELIVER_AT)
+    after = _text(control, H_AFTER)
+    delay_id = _text(control, H_ID)
+
+    if delay_id is not None and not 1 <= len(control[H_ID]) <= MAX_ID_BYTES:
+        raise Rejected(Reason.BAD_HEADER, f"header {H_ID} must be 1 to {MAX_ID_BYTES} bytes")
+
+    base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
+    if deliver_at is None and after is None:
+        raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
+    if deliver_at is not None and after is not None:
+        raise Rejected(Reason.CONFLICTING_DUE_TIME, f"both {H_DELIVER_AT} and {H_AFTER} are set")
+    try:
+        if deliver_at is not None:
+            due_ms = parse_time_ms(deliver_at)
+        else:
+            due_ms = base_ms + parse_duration_ms(after or "")
+    except ValueError as exc:
+        raise Rejected(Reason.BAD_DUE_TIME, str(exc)) from None
+    if due_ms - now_ms > rules.max_delay_ms:
+        raise Rejected(
+            Reason.DELAY_TOO_LONG,
+            f"due {format_time_ms(due_ms)} is further out than limits.max_delay "
+            f"({format_duration_ms(rules.max_delay_ms)})",
+        )
+
+    if not target:
+        target = rules.default_targets.get(topic)
+        if not target:
+            raise Rejected(
+                Reason.MISSING_TARGET,
+                f"no {H_TARGET_TOPIC} header and no default target for {topic}",
+            )
+    refusal = rules.target_refusal(target)
+    if refusal is not None:
+        raise Rejected(Reason.TARGET_NOT_ALLOWED, refusal)
+
+    return Scheduled(
+        offset=offset,
+        due_ms=due_ms,
+        target=target,
+        key=key,
+        value=value,
+        headers=headers,
+        delay_id=delay_id if delay_id is not None else origin(topic, partition, offset),
+    )
+
+
+def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_text: str) -> Headers:
+    """Original headers plus ``delay-error``, ``delay-error-detail`` and ``delay-origin``."""
+    one_line = " ".join(detail.split())[:1000]
+    return [
+        *headers,
+        (H_ERROR, reason.value.encode()),
+        (H_ERROR_DETAIL, one_line.encode()),
+        (H_ORIGIN, origin_text.encode()),
+    ]
+
+
+# ------------------------------------------------------------------ stored encoding
+#
+# version 1: >B (version) q (due ms) q (offset) H (header count), then length-prefixed fields:
+# target, delay-id, key, value, and per header name + value. Lengths are >I with 0xFFFFFFFF
+# standing for None, so a null key, value or header value survives the round trip.
+
+_VERSION = 1
+_HEAD = struct.Struct(">BqqH")
+_LEN = struct.Struct(">I")
+_NONE = 0xFFFFFFFF
+
+
+def _put(out: list[bytes], data: bytes | None) -> None:
+    if data is None:
+        out.append(_LEN.pack(_NONE))
+    else:
+        out.append(_LEN.pack(len(data)))
+        out.append(data)
+
+
+def encode(record: Scheduled) -> bytes:
+    """Pack a :class:`Scheduled` into the compact binary form kept in Redis."""
+    out = [_HEAD.pack(_VERSION, record.due_ms, record.offset, len(record.headers))]
+    _put(out, record.target.encode())
+    _put(out, record.delay_id.encode())
+    _put(out, record.key)
+    _put(out, record.value)
+    for name, value in record.headers:
+        _put(out, name.encode())
+        _put(out, value)
+    return b"".join(out)
+
+
+def decode(blob: bytes) -> Scheduled:
+    """Inverse of :func:`encode`; raises ValueError on a blob it does not understand."""
+    version, due_ms, offset, count = _HEAD.unpack_from(blob, 0)
+    if version != _VERSION:
+        raise ValueError(f"unknown stored record version {version}")
+    pos = _HEAD.size
+
+    def take() -> bytes | None:
+        nonlocal pos
+        (length,) = _LEN.unpack_from(blob, pos)
+        pos += _LEN.size
+        if length == _NONE:
+            return None
+        data = blob[pos : pos + length]
+        pos += length
+        return data
+
+    target = (take() or b"").decode()
+    delay_id = (take() or b"").decode()
+    key = take()
+    value = take()
+    headers: Headers = []
+    for _ in range(count):
+        name = (take() or b"").decode()
+        headers.append((name, take()))
+    if pos != len(blob):
+        raise ValueError("trailing bytes in stored record")
+    return Scheduled(offset, due_ms, target, key, value, headers, delay_id)

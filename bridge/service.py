@@ -1,0 +1,152 @@
+"""Wiring: build the clients and stages from a config, run them, stop them cleanly on a signal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import redis
+from confluent_kafka import Consumer, Producer
+from prometheus_client import CollectorRegistry
+
+from bridge import __version__
+from bridge.config import Config, consumer_settings, producer_settings
+from bridge.egress import Egress
+from bridge.ingress import Ingress
+from bridge.metrics import Metrics
+from bridge.store import Store
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 10.0
+
+
+def _kafka_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"librdkafka.{name}")
+
+
+def redis_client(config: Config) -> redis.Redis:
+    """A Redis client for the configured URL (password from config or file if given)."""
+    timeout = config.redis.socket_timeout / 1000
+    kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    password = config.redis_password()
+    if password:
+        kwargs["password"] = password
+    return redis.Redis.from_url(config.redis.url, **kwargs)
+
+
+class Service:
+    """One bridge process: ingress and egress threads around a shared store."""
+
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.metrics.declare_delay_topics(config.topics.delay)
+        self.redis = redis_client(config)
+        self.store = Store(self.redis, config.redis.key_prefix)
+        producer_conf: dict[str, Any] = {
+            **producer_settings(config),
+            "logger": _kafka_logger("producer"),
+        }
+        consumer_conf: dict[str, Any] = {
+            **consumer_settings(config),
+            "logger": _kafka_logger("consumer"),
+        }
+        self.egress = Egress(
+            Producer(producer_conf),
+            self.store,
+            self.metrics,
+            dead_letter=config.topics.dead_letter,
+            batch_size=config.egress.batch_size,
+            lease_ms=config.egress.lease,
+            max_attempts=config.egress.max_attempts,
+        )
+        self.ingress = Ingress(
+            Consumer(consumer_conf),
+            Producer(producer_conf),
+            self.store,
+            config.rules(),
+            self.metrics,
+            topics=config.topics.delay,
+            batch_size=config.ingress.batch_size,
+            on_assign=self.egress.add_shards,
+            on_revoke=self.egress.remove_shards,
+            on_stored=self.egress.notify,
+        )
+        self.stop_event = threading.Event()
+        self._errors: list[BaseException] = []
+
+    def _thread(self, name: str, target: Callable[[threading.Event], None]) -> threading.Thread:
+        def body() -> None:
+            try:
+                target(self.stop_event)
+            except BaseException as exc:
+                logger.exception("%s loop crashed", name)
+                self._errors.append(exc)
+                self.stop_event.set()
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def run(self) -> int:
+        """Run until :attr:`stop_event` is set; returns the process exit code."""
+        started = time.monotonic()
+        logger.info(
+            "delay-bridge %s starting: delay topics %s, group %s",
+            __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
+        )  # fmt: skip
+        self.ingress.subscribe()
+        egress_thread = self._thread("egress", self.egress.run)
+        ingress_thread = self._thread("ingress", self.ingress.run)
+        self.stop_event.wait()
+        logger.info("stopping")
+        self.egress.notify(0)  # cut its sleep short
+        # Reverse order of start: ingress stops consuming and commits; egress finishes its batch.
+        ingress_thread.join()
+        egress_thread.join()
+        try:
+            self.egress.drain(DRAIN_TIMEOUT_S)
+        except Exception:
+            logger.exception("draining the mover failed; unacknowledged leases will expire")
+        try:
+            self.ingress.close()
+        except Exception:
+            logger.exception("closing the consumer failed")
+        self.redis.close()
+        self._summary(time.monotonic() - started)
+        return 1 if self._errors else 0
+
+    def _summary(self, seconds: float) -> None:
+        def total(metric: str) -> int:
+            return int(
+                sum(s.value for m in self.registry.collect() for s in m.samples if s.name == metric)
+            )
+
+        logger.info(
+            "stopped after %.1fs: %d ingested, %d delivered, %d dead-lettered, %d redelivered",
+            seconds,
+            total("delay_bridge_ingested_total"),
+            total("delay_bridge_delivered_total"),
+            total("delay_bridge_dead_lettered_total"),
+            total("delay_bridge_redelivered_total"),
+        )
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT set the stop event; a second SIGINT exits at once."""
+
+        def request_stop(signum: int, _frame: FrameType | None) -> None:
+            if self.stop_event.is_set() and signum == signal.SIGINT:
+                os._exit(130)
+            logger.info("received %s", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)

@@ -1,0 +1,201 @@
+"""The Redis store: one shard per delay-topic partition, every read-then-write a Lua script.
+
+Per shard, all keys share the hash tag ``{<prefix>:<topic>:<partition>}`` so the multi-key
+scripts run on Redis Cluster:
+
+* ``…:due``       ZSET member → due ms; a member is the 8-byte big-endian offset, so records
+  with the same due time sort in offset order;
+* ``…:inflight``  ZSET member → lease deadline ms;
+* ``…:records``   HASH member → encoded record (:func:`bridge.message.encode`);
+* ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark).
+
+Calls over several shards go out in one pipeline: one round trip per batch, never per record.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, NamedTuple, cast
+
+import redis
+from redis.commands.core import Script
+
+from bridge.errors import StoreError
+from bridge.message import Scheduled, decode, encode
+
+_MEMBER = struct.Struct(">Q")
+
+
+class Shard(NamedTuple):
+    """One delay-topic partition's slice of the store."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The Redis keys of one shard."""
+
+    due: str
+    inflight: str
+    records: str
+    meta: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A record handed out by :meth:`Store.claim`, leased until acknowledged or expired."""
+
+    shard: Shard
+    member: bytes
+    record: Scheduled
+    redelivery: bool
+
+
+@dataclass(frozen=True)
+class Wake:
+    """When a set of shards next has work, on Redis's clock."""
+
+    now_ms: int
+    next_ms: int | None
+
+
+def member(offset: int) -> bytes:
+    """The ZSET/HASH member for a delay-topic offset."""
+    return _MEMBER.pack(offset)
+
+
+def _script(client: redis.Redis, name: str) -> Script:
+    source = resources.files("bridge").joinpath("lua", f"{name}.lua").read_text()
+    return client.register_script(source)
+
+
+class Store:
+    """Scheduled records in Redis, addressed by shard."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._add = _script(client, "add")
+        self._claim = _script(client, "claim")
+        self._ack = _script(client, "ack")
+        self._release = _script(client, "release")
+        self._next_due = _script(client, "next_due")
+
+    def keys(self, shard: Shard) -> ShardKeys:
+        """The only place key names are built."""
+        tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
+        return ShardKeys(f"{tag}:due", f"{tag}:inflight", f"{tag}:records", f"{tag}:meta")
+
+    def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for script, keys, args in calls:
+                script(keys=keys, args=args, client=pipe)
+            replies: list[Any] = pipe.execute()
+            return replies
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+
+    def ping(self) -> None:
+        """Raise :class:`StoreError` unless Redis answers."""
+        try:
+            self.client.ping()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+
+    def add(self, batches: Mapping[Shard, tuple[int, Sequence[Scheduled]]]) -> int:
+        """Store records per shard and move each shard's watermark to the batch's high offset.
+
+        ``batches`` maps a shard to (highest offset handled, records to store). Returns how many
+        records were new.
+        """
+        calls = []
+        for shard, (high, records) in batches.items():
+            k = self.keys(shard)
+            args: list[Any] = [high]
+            for rec in records:
+                args += [rec.offset, member(rec.offset), rec.due_ms, encode(rec)]
+            calls.append((self._add, [k.due, k.records, k.meta], args))
+        return sum(int(n) for n in self._run(calls))
+
+    def claim(
+        self, shards: Sequence[Shard], limit: int, lease_ms: int, now_ms: int | None = None
+    ) -> list[Claimed]:
+        """Lease up to ``limit`` due records from each shard (expired leases first)."""
+        calls = []
+        for shard in shards:
+            k = self.keys(shard)
+            now_arg = "" if now_ms is None else str(now_ms)
+            calls.append((self._claim, [k.due, k.inflight, k.records], [limit, lease_ms, now_arg]))
+        out: list[Claimed] = []
+        for shard, reply in zip(shards, self._run(calls), strict=True):
+            redelivered = int(reply[1])
+            for i in range(2, len(reply), 2):
+                out.append(
+                    Claimed(shard, reply[i], decode(reply[i + 1]), (i - 2) // 2 < redelivered)
+                )
+        return out
+
+    def ack(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
+        """Remove records Kafka acknowledged. Returns how many were still there."""
+        calls: list[tuple[Script, list[str], list[Any]]] = [
+            (self._ack, [self.keys(s).inflight, self.keys(s).records], list(m))
+            for s, m in members.items()
+            if m
+        ]
+        return sum(int(n) for n in self._run(calls)) if calls else 0
+
+    def release(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
+        """End the leases of unacknowledged records so they are claimable at once."""
+        calls: list[tuple[Script, list[str], list[Any]]] = [
+            (self._release, [self.keys(s).inflight], list(m)) for s, m in members.items() if m
+        ]
+        return sum(int(n) for n in self._run(calls)) if calls else 0
+
+    def next_wake(self, shards: Sequence[Shard]) -> Wake:
+        """Redis's now and the earliest due time or lease deadline over ``shards``."""
+        if not shards:
+            return Wake(self.time_ms(), None)
+        calls: list[tuple[Script, list[str], list[Any]]] = [
+            (self._next_due, [self.keys(s).due, self.keys(s).inflight], []) for s in shards
+        ]
+        replies = self._run(calls)
+        now = int(replies[0][0])
+        times = [int(t) for reply in replies for t in reply[1:] if int(t) >= 0]
+        return Wake(now, min(times) if times else None)
+
+    def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
+        """The ingest watermark of each shard that has one."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hget(self.keys(shard).meta, "ingested")
+            values = pipe.execute()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+        return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
+
+    def time_ms(self) -> int:
+        """Redis's clock."""
+        try:
+            seconds, micros = cast(tuple[int, int], self.client.time())
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+        return seconds * 1000 + micros // 1000
+
+    def counts(self, shard: Shard) -> tuple[int, int]:
+        """(records waiting for their due time or claim, records in flight) of one shard."""
+        k = self.keys(shard)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(k.due)
+            pipe.zcard(k.inflight)
+            due, inflight = pipe.execute()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+        return int(due), int(inflight)
