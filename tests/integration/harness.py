@@ -1,0 +1,179 @@
+"""Helpers for end-to-end tests: the bridge as a real process, and a collecting consumer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, Message, Producer
+
+from bridge.message import H_DUE_AT, H_ID, Headers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Bridge:
+    """A ``delay-bridge run`` process with its own topics, group and key prefix."""
+
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Bridge:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bridge", "run"], cwd=ROOT, env=self.env,
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        return self
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
+    """Environment for a bridge process; keyword names are config paths with ``__``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}
+    env.update(
+        DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
+        DELAY_BRIDGE_REDIS__URL=redis_url,
+        DELAY_BRIDGE_CONFIG=str(ROOT / "config" / "bridge.yaml"),
+    )
+    for key, value in overrides.items():
+        env[f"DELAY_BRIDGE_{key.upper()}"] = value
+    return env
+
+
+@dataclass
+class Received:
+    """A record read from a target topic or the DLQ, with when the test saw it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp_ms: int
+    seen_ms: int
+
+    def header(self, name: str) -> bytes | None:
+        values = [v for k, v in self.headers if k == name]
+        assert len(values) <= 1, f"{name} appears {len(values)} times"
+        return values[0] if values else None
+
+    @property
+    def delay_id(self) -> str:
+        return (self.header(H_ID) or b"").decode()
+
+    @property
+    def due_ms(self) -> int:
+        return int(self.header(H_DUE_AT) or b"-1")
+
+
+@dataclass
+class Collector:
+    """Reads topics from the beginning and keeps every record."""
+
+    bootstrap: str
+    topics: list[str]
+    group: str
+    records: list[Received] = field(default_factory=list)
+    consumer: Consumer | None = None
+
+    def __post_init__(self) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        self.consumer.subscribe(self.topics)
+
+    def poll(self, seconds: float = 0.2) -> None:
+        assert self.consumer is not None
+        for msg in self.consumer.consume(1000, seconds):
+            if msg.error() is None:
+                self.records.append(_received(msg))
+
+    def until(self, done: Callable[[list[Received]], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self.records):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
+                                     f"have {len(self.records)} records")  # fmt: skip
+            self.poll()
+
+    def of(self, topic: str) -> list[Received]:
+        return [r for r in self.records if r.topic == topic]
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+
+
+def _received(msg: Message) -> Received:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return Received(
+        topic, partition, offset, msg.key(), msg.value(),
+        list(msg.headers() or []),  # type: ignore[arg-type]
+        msg.timestamp()[1], time.time_ns() // 1_000_000,
+    )  # fmt: skip
+
+
+def produce_all(
+    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, Headers]]
+) -> list[tuple[int, int]]:
+    """Produce (key, value, headers) records; returns their (partition, offset) in order."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
+    )
+    coords: list[tuple[int, int] | None] = [None] * len(records)
+
+    def report(i: int) -> Callable[[object, Message], None]:
+        def cb(err: object, msg: Message) -> None:
+            assert err is None, err
+            coords[i] = (msg.partition() or 0, msg.offset() or 0)
+
+        return cb
+
+    for i, (key, value, headers) in enumerate(records):
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    headers=wire_headers(headers),
+                    on_delivery=report(i),
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    assert all(c is not None for c in coords)
+    return [c for c in coords if c is not None]

@@ -1,0 +1,291 @@
+"""The bridge end to end, as a real process against the real Kafka and Redis."""
+
+from __future__ import annotations
+
+import collections
+import random
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bridge.message import (
+    H_AFTER,
+    H_DELIVER_AT,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ID,
+    H_ORIGIN,
+    H_TARGET_KEY,
+    H_TARGET_TOPIC,
+    Headers,
+    format_time_ms,
+)  # fmt: skip
+from tests.conftest import Services, TopicFactory
+from tests.integration.harness import Bridge, Collector, Received, bridge_env, produce_all
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Setup:
+    services: Services
+    delay: str
+    targets: list[str]
+    dlq: str
+    unique: str
+    tmp: Path
+
+    def bridge(self, name: str = "bridge", **overrides: str) -> Bridge:
+        env = bridge_env(
+            self.services.bootstrap, self.services.redis_url,
+            topics__delay=self.delay, topics__dead_letter=self.dlq,
+            kafka__group_id=f"bridge-{self.unique}", redis__key_prefix=f"test-{self.unique}",
+            **overrides,
+        )  # fmt: skip
+        return Bridge(env, self.tmp / f"{name}.log")
+
+    def collector(self) -> Collector:
+        return Collector(self.services.bootstrap, [*self.targets, self.dlq], f"check-{self.unique}")
+
+
+@pytest.fixture
+def setup(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
+    return Setup(
+        services, topics("delay", 3), [topics("out-a", 2), topics("out-b", 1)], topics("dlq"),
+        unique, tmp_path,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def bridges() -> Iterator[list[Bridge]]:
+    running: list[Bridge] = []
+    yield running
+    for b in running:
+        b.kill()
+
+
+def schedule(setup: Setup, count: int, seed: int, max_delay_ms: int = 3000) -> dict[str, int]:
+    """Produce ``count`` valid records with mixed delays and header formats.
+
+    Returns delay-id → the earliest due time the test can assert (ms).
+    """
+    rng = random.Random(seed)
+    now = time.time_ns() // 1_000_000
+    records: list[tuple[bytes | None, bytes, Headers]] = []
+    expected_due: list[int] = []
+    for i in range(count):
+        target = setup.targets[i % 2].encode()
+        headers: Headers = [(H_TARGET_TOPIC, target), ("trace", f"t{i}".encode())]
+        kind = i % 5
+        if kind == 0:  # already past
+            due = now - rng.randint(1, 60_000)
+            headers.append((H_DELIVER_AT, str(due).encode()))
+        elif kind == 1:  # sub-second
+            delay = rng.randint(0, 999)
+            headers.append((H_AFTER, f"{delay}ms".encode()))
+            due = now + delay
+        elif kind == 2:  # seconds, plain milliseconds
+            delay = rng.randint(1000, max_delay_ms)
+            headers.append((H_AFTER, str(delay).encode()))
+            due = now + delay
+        elif kind == 3:  # RFC 3339 with an offset
+            due = now + rng.randint(0, max_delay_ms)
+            text = format_time_ms(due).replace("Z", "+00:00")
+            headers.append((H_DELIVER_AT, text.encode()))
+        else:  # caller's id and a target key
+            delay = rng.randint(0, max_delay_ms)
+            headers += [(H_AFTER, f"{delay}ms".encode()), (H_ID, f"mine-{seed}-{i}".encode()),
+                        (H_TARGET_KEY, f"tk-{i}".encode())]  # fmt: skip
+            due = now + delay
+        records.append((f"k{i}".encode(), f"value-{i}".encode(), headers))
+        expected_due.append(due)
+    coords = produce_all(setup.services.bootstrap, setup.delay, records)
+    ids = {}
+    for i, ((partition, offset), due) in enumerate(zip(coords, expected_due, strict=True)):
+        delay_id = f"mine-{seed}-{i}" if i % 5 == 4 else f"{setup.delay}:{partition}:{offset}"
+        # Relative delays count from the record's timestamp, set a little after `now`.
+        ids[delay_id] = due
+    return ids
+
+
+def delivered(collector: Collector, setup: Setup) -> list[Received]:
+    return [r for r in collector.records if r.topic in setup.targets]
+
+
+def check_delivery(received: list[Received], expected: dict[str, int]) -> collections.Counter[str]:
+    counts = collections.Counter(r.delay_id for r in received)
+    assert set(counts) == set(expected), "missing or unexpected delay-ids"
+    for r in received:
+        assert r.seen_ms >= expected[r.delay_id], f"{r.delay_id} arrived before its due time"
+        assert r.timestamp_ms >= r.due_ms >= expected[r.delay_id] - 1
+    return counts
+
+
+def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge]) -> None:
+    expected = schedule(setup, 2000, seed=1)
+    invalid: list[tuple[bytes | None, bytes, Headers]] = [
+        (b"bad1", b"v", [(H_TARGET_TOPIC, setup.targets[0].encode())]),
+        (b"bad2", b"v", [(H_TARGET_TOPIC, b"x"), (H_AFTER, b"1s"), (H_DELIVER_AT, b"1")]),
+        (b"bad3", b"v", [(H_TARGET_TOPIC, b"x"), (H_AFTER, b"whenever")]),
+        (b"bad4", b"v", [(H_TARGET_TOPIC, b"x"), (H_AFTER, b"400d")]),
+        (b"bad5", b"v", [(H_AFTER, b"1s")]),
+        (b"bad6", b"v", [(H_TARGET_TOPIC, setup.dlq.encode()), (H_AFTER, b"1s")]),
+        (b"bad7", b"v" * 100_001, [(H_TARGET_TOPIC, b"x"), (H_AFTER, b"1s")]),
+        (b"bad8", b"v", [(H_TARGET_TOPIC, b"x\xff"), (H_AFTER, b"1s")]),
+    ]
+    reasons = ["missing-due-time", "conflicting-due-time", "bad-due-time", "delay-too-long",
+               "missing-target", "target-not-allowed", "too-large", "bad-header"]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, invalid)
+    # more valid records after the invalid ones: the pipeline keeps going
+    expected |= schedule(setup, 200, seed=2, max_delay_ms=1500)
+
+    bridges.append(setup.bridge(limits__max_record_bytes="100000").start())
+    collector = setup.collector()
+    try:
+        collector.until(
+            lambda rs: len({r.delay_id for r in rs if r.topic in setup.targets}) >= len(expected)
+            and len(collector.of(setup.dlq)) >= len(invalid),
+            90, "every record delivered or dead-lettered",
+        )  # fmt: skip
+        collector.poll(1.0)  # anything extra (a duplicate) would show up now
+    finally:
+        collector.close()
+
+    received = delivered(collector, setup)
+    counts = check_delivery(received, expected)
+    assert max(counts.values()) == 1, "a clean run delivers exactly once"
+
+    by_id = {r.delay_id: r for r in received}
+    sample = by_id[f"{setup.delay}:0:0"] if f"{setup.delay}:0:0" in by_id else received[0]
+    assert not any(k.startswith("delay-") and k not in ("delay-id", "delay-due-at")
+                   for k, _ in sample.headers)  # fmt: skip
+    for r in received:
+        i = int(r.value.decode().split("-")[1])  # type: ignore[union-attr]
+        assert r.value == f"value-{i}".encode()
+        assert r.header("trace") == f"t{i}".encode()
+        assert r.key == (f"tk-{i}" if i % 5 == 4 else f"k{i}").encode()
+        assert r.topic == setup.targets[i % 2]
+
+    dead = {r.key: r for r in collector.of(setup.dlq)}
+    assert len(collector.of(setup.dlq)) == len(invalid)
+    for (key, value, headers), reason in zip(invalid, reasons, strict=True):
+        r = dead[key]
+        assert r.header(H_ERROR) == reason.encode(), key
+        assert r.header(H_ERROR_DETAIL)
+        assert (r.header(H_ORIGIN) or b"").startswith(f"{setup.delay}:".encode())
+        assert r.value == value
+        assert [
+            h for h in r.headers if not h[0].startswith("delay-e") and h[0] != H_ORIGIN
+        ] == headers
+
+
+def test_sigkill_mid_run_loses_nothing(setup: Setup, bridges: list[Bridge]) -> None:
+    expected = schedule(setup, 3000, seed=3, max_delay_ms=4000)
+    first = setup.bridge("first", egress__lease="3s").start()
+    bridges.append(first)
+    collector = setup.collector()
+    try:
+        collector.until(
+            lambda rs: len(delivered(collector, setup)) >= 500, 60, "deliveries to start"
+        )
+        first.kill()  # SIGKILL with records in flight and offsets uncommitted
+        assert len(delivered(collector, setup)) < len(expected)
+        bridges.append(setup.bridge("second", egress__lease="3s").start())
+        collector.until(
+            lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
+            90, "every record after the restart",
+        )  # fmt: skip
+    finally:
+        collector.close()
+    received = delivered(collector, setup)
+    counts = check_delivery(received, expected)
+    by_id = collections.defaultdict(set)
+    for r in received:
+        by_id[r.delay_id].add((r.value, r.key))
+    assert all(len(v) == 1 for v in by_id.values()), "a duplicate differs from its original"
+    print(f"duplicates after SIGKILL: {sum(counts.values()) - len(counts)}")
+
+
+def test_sigterm_exits_cleanly_and_restart_loses_nothing(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    expected = schedule(setup, 1500, seed=4, max_delay_ms=6000)
+    first = setup.bridge("first").start()
+    bridges.append(first)
+    collector = setup.collector()
+    try:
+        collector.until(
+            lambda rs: len(delivered(collector, setup)) >= 300, 60, "deliveries to start"
+        )
+        started = time.monotonic()
+        first.signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+        assert time.monotonic() - started < 15
+        assert "stopped after" in first.output()
+        bridges.append(setup.bridge("second").start())
+        collector.until(
+            lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
+            90, "every record after the restart",
+        )  # fmt: skip
+        collector.poll(1.0)
+    finally:
+        collector.close()
+    counts = check_delivery(delivered(collector, setup), expected)
+    assert max(counts.values()) == 1, "a graceful stop leaves no duplicates"
+
+
+def test_two_bridges_split_the_partitions(setup: Setup, bridges: list[Bridge]) -> None:
+    one = setup.bridge("one").start()
+    two = setup.bridge("two").start()
+    bridges += [one, two]
+    expected = schedule(setup, 1500, seed=5, max_delay_ms=2000)
+    collector = setup.collector()
+    try:
+        collector.until(
+            lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
+            90, "every record from two bridges",
+        )  # fmt: skip
+    finally:
+        collector.close()
+    check_delivery(delivered(collector, setup), expected)
+    for b in (one, two):
+        b.signal(signal.SIGTERM)
+    assert [one.wait(30), two.wait(30)] == [0, 0]
+    logs = [one.output(), two.output()]
+    # both took part: each was assigned and delivered something
+    for log in logs:
+        assert "assigned" in log
+    delivered_counts = [int(log.rsplit(" delivered", 1)[0].rsplit(" ", 1)[1]) for log in logs]
+    assert all(n > 0 for n in delivered_counts), delivered_counts
+    assert sum(delivered_counts) >= len(expected)
+
+
+def test_unknown_target_topic_is_dead_lettered(setup: Setup, bridges: list[Bridge]) -> None:
+    missing = f"missing-{setup.unique}"
+    produce_all(setup.services.bootstrap, setup.delay, [
+        (b"k", b"lost?", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms"), ("h", b"1")]),
+    ])  # fmt: skip
+    expected = schedule(setup, 20, seed=6, max_delay_ms=1500)
+    bridges.append(setup.bridge(egress__max_attempts="2").start())
+    collector = setup.collector()
+    try:
+        collector.until(
+            lambda rs: len(collector.of(setup.dlq)) >= 1, 90, "delivery-failed in the DLQ"
+        )
+        collector.until(
+            lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
+            30, "the other records",
+        )  # fmt: skip
+    finally:
+        collector.close()
+    (dead,) = collector.of(setup.dlq)
+    assert dead.header(H_ERROR) == b"delivery-failed"
+    assert missing.encode() in (dead.header(H_ERROR_DETAIL) or b"")
+    origin_topic, _, origin_offset = (dead.header(H_ORIGIN) or b"").decode().split(":")
+    assert (origin_topic, origin_offset) == (setup.delay, "0")
+    assert (dead.key, dead.value, dead.header("h")) == (b"k", b"lost?", b"1")
+    assert dead.header(H_TARGET_TOPIC) == missing.encode()

@@ -1,0 +1,133 @@
+"""The Redis store's scripts, on the real Redis, with explicit times (no sleeping)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from bridge.message import Scheduled
+from bridge.store import Shard, Store, member
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000_000
+LEASE = 30_000
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, unique: str) -> Store:
+    return Store(redis_client, f"test-{unique}")
+
+
+def rec(offset: int, due: int, target: str = "out") -> Scheduled:
+    return Scheduled(
+        offset, due, target, b"k", f"v{offset}".encode(), [("h", b"1")], f"id-{offset}"
+    )
+
+
+SHARD = Shard("delay", 0)
+
+
+def add(store: Store, *records: Scheduled, shard: Shard = SHARD, high: int | None = None) -> int:
+    top = max(r.offset for r in records) if high is None else high
+    return store.add({shard: (top, list(records))})
+
+
+def offsets(claimed: list) -> list[int]:  # type: ignore[type-arg]
+    return [c.record.offset for c in claimed]
+
+
+def test_keys_share_one_hash_tag(store: Store) -> None:
+    keys = store.keys(Shard("delay", 3))
+    tags = {k.split("}")[0] for k in (keys.due, keys.inflight, keys.records, keys.meta)}
+    assert tags == {f"{{{store.prefix}:delay:3"}
+
+
+def test_never_early(store: Store) -> None:
+    add(store, rec(0, T0 + 1000), rec(1, T0 + 1001))
+    assert store.claim([SHARD], 10, LEASE, now_ms=T0 + 999) == []
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 1000)) == [0]
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 1001)) == [1]
+
+
+def test_batch_bound_is_respected(store: Store) -> None:
+    add(store, *(rec(i, T0) for i in range(25)))
+    first = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert offsets(first) == list(range(10))
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == list(range(10, 20))
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == list(range(20, 25))
+    assert store.claim([SHARD], 10, LEASE, now_ms=T0) == []
+
+
+def test_same_due_comes_out_in_offset_order(store: Store) -> None:
+    # 9 < 10 < 256 numerically but not as decimal strings: members are big-endian binary.
+    add(store, rec(256, T0), rec(10, T0), rec(9, T0), rec(300, T0 - 1))
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [300, 9, 10, 256]
+
+
+def test_lease_expiry_makes_a_record_claimable_again(store: Store) -> None:
+    add(store, rec(0, T0))
+    first = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert [c.redelivery for c in first] == [False]
+    assert store.claim([SHARD], 10, LEASE, now_ms=T0 + LEASE - 1) == []
+    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + LEASE)
+    assert offsets(again) == [0] and again[0].redelivery is True
+    assert again[0].record == first[0].record
+
+
+def test_ack_removes_and_release_hands_out_again(store: Store) -> None:
+    add(store, rec(0, T0), rec(1, T0))
+    claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert store.ack({SHARD: [claimed[0].member]}) == 1
+    assert store.ack({SHARD: [claimed[0].member]}) == 0  # idempotent
+    assert store.release({SHARD: [claimed[1].member, member(99)]}) == 1
+    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1)
+    assert offsets(again) == [1] and again[0].redelivery
+    store.ack({SHARD: [again[0].member]})
+    assert store.counts(SHARD) == (0, 0)
+    keys = store.keys(SHARD)
+    assert store.client.hlen(keys.records) == 0
+
+
+def test_re_adding_is_a_no_op(store: Store) -> None:
+    assert add(store, rec(0, T0), rec(1, T0 + 5)) == 2
+    claimed = store.claim([SHARD], 1, LEASE, now_ms=T0)
+    store.ack({SHARD: [claimed[0].member]})
+    # The same records read again (e.g. after a crash before the offset commit): nothing comes
+    # back, not even the one already delivered.
+    assert add(store, rec(0, T0), rec(1, T0 + 5)) == 0
+    assert store.counts(SHARD) == (1, 0)
+    assert add(store, rec(1, T0 + 5), rec(2, T0)) == 1
+    assert store.watermarks([SHARD, Shard("delay", 7)]) == {SHARD: 2}
+
+
+def test_watermark_moves_past_dead_lettered_offsets(store: Store) -> None:
+    assert store.add({SHARD: (5, [rec(3, T0)])}) == 1
+    assert store.watermarks([SHARD]) == {SHARD: 5}
+    assert store.add({SHARD: (4, [rec(4, T0)])}) == 0  # watermark never goes back
+
+
+def test_shards_are_independent_and_pipelined(store: Store) -> None:
+    other = Shard("delay", 1)
+    store.add({SHARD: (0, [rec(0, T0)]), other: (0, [rec(0, T0 + 1)])})
+    claimed = store.claim([SHARD, other], 10, LEASE, now_ms=T0 + 1)
+    assert sorted((c.shard.partition, c.record.offset) for c in claimed) == [(0, 0), (1, 0)]
+
+
+def test_next_wake_uses_redis_time(store: Store) -> None:
+    assert store.next_wake([SHARD]).next_ms is None
+    now = store.time_ms()
+    add(store, rec(0, now + 60_000), rec(1, now + 120_000))
+    wake = store.next_wake([SHARD])
+    assert abs(wake.now_ms - now) < 5_000
+    assert wake.next_ms == now + 60_000
+    # An in-flight lease that ends sooner than the next due time wakes the mover earlier.
+    add(store, rec(2, now - 10))
+    store.claim([SHARD], 10, 1_000, now_ms=now)
+    assert store.next_wake([SHARD]).next_ms == now + 1_000
+
+
+def test_claim_uses_redis_time_when_no_time_is_given(store: Store) -> None:
+    now = store.time_ms()
+    add(store, rec(0, now - 1), rec(1, now + 3_600_000))
+    assert offsets(store.claim([SHARD], 10, LEASE)) == [0]

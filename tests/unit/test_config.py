@@ -1,0 +1,197 @@
+"""Strict config loading: defaults, overrides, secrets, and one-line errors naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge.config import (
+    Config,
+    consumer_settings,
+    dump,
+    from_mapping,
+    load,
+    producer_settings,
+)
+from bridge.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_match_the_documented_file() -> None:
+    documented = load(str(ROOT / "config" / "bridge.yaml"), env={})
+    assert documented == Config()
+    assert documented.egress.lease == 30_000
+    assert documented.limits.max_delay == 365 * 86_400_000
+
+
+def test_documented_file_lists_every_key() -> None:
+    raw = yaml.safe_load((ROOT / "config" / "bridge.yaml").read_text())
+    shown = yaml.safe_load(dump(Config()))
+    assert {s: set(v) for s, v in raw.items()} == {s: set(v) for s, v in shown.items()}
+
+
+def test_yaml_values_and_durations() -> None:
+    config = from_mapping(
+        {"egress": {"lease": "1m30s", "batch_size": 100}, "topics": {"delay": ["a", "b"]}}, env={}
+    )
+    assert config.egress.lease == 90_000
+    assert config.egress.batch_size == 100
+    assert config.topics.delay == ("a", "b")
+
+
+def test_environment_overrides_scalars() -> None:
+    env = {
+        "DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": "k:1",
+        "DELAY_BRIDGE_EGRESS__LEASE": "45s",
+        "DELAY_BRIDGE_EGRESS__BATCH_SIZE": "7",
+        "DELAY_BRIDGE_LOGGING__JSON": "true",
+        "DELAY_BRIDGE_TOPICS__DELAY": "d1, d2",
+        "DELAY_BRIDGE_CONFIG": "ignored-here",
+        "UNRELATED": "x",
+    }
+    config = from_mapping({"kafka": {"bootstrap_servers": "file:1"}}, env=env)
+    assert config.kafka.bootstrap_servers == "k:1"
+    assert (config.egress.lease, config.egress.batch_size) == (45_000, 7)
+    assert config.logging.json is True
+    assert config.topics.delay == ("d1", "d2")
+
+
+@pytest.mark.parametrize(
+    ("raw", "env", "message"),
+    [
+        ({"kafka": {"bootstrap": "x"}}, {}, "unknown key kafka.bootstrap"),
+        ({"nope": {}}, {}, "unknown key nope"),
+        ({"egress": {"batch_size": "many"}}, {}, "egress.batch_size: expected an integer"),
+        ({"egress": {"batch_size": True}}, {}, "egress.batch_size: expected an integer"),
+        ({"egress": {"batch_size": 0}}, {}, "egress.batch_size: must be greater than 0"),
+        ({"egress": {"lease": "soon"}}, {}, "egress.lease: not a duration"),
+        ({"logging": {"json": "yes"}}, {}, "logging.json: expected true or false"),
+        ({"logging": {"level": "LOUD"}}, {}, "logging.level: unknown level"),
+        ({"topics": {"delay": "delay"}}, {}, "topics.delay: expected a list"),
+        ({"topics": {"delay": []}}, {}, "topics.delay: at least one"),
+        ({"topics": {"allowed_targets": ["("]}}, {}, "topics.allowed_targets: bad pattern"),
+        ({"topics": {"dead_letter": "bad name"}}, {}, "not a legal topic name"),
+        ({"topics": {"dead_letter": "delay"}}, {}, "topics.dead_letter: must not be a delay topic"),
+        ({"topics": {"default_target": {"other": "t"}}}, {}, "topics.default_target.other"),
+        ({"topics": {"default_target": {"delay": "__x"}}}, {}, "internal topic"),
+        ({"kafka": {"common": {"a": {"b": 1}}}}, {}, "kafka.common.a: expected a scalar"),
+        ({"kafka": "x"}, {}, "kafka: expected a mapping"),
+        ({"http": {"port": 70000}}, {}, "http.port"),
+        ({"redis": {"url": "http://x"}}, {}, "redis.url"),
+        ({"redis": {"key_prefix": "a{b}"}}, {}, "redis.key_prefix"),
+        ({"kafka": {"consumer": {"enable.auto.offset.store": True}}}, {},
+         "kafka.consumer.enable.auto.offset.store: must be false"),
+        ({"kafka": {"producer": {"enable.idempotence": "false"}}}, {},
+         "kafka.producer.enable.idempotence: must be true"),
+        ({"kafka": {"producer": {"delivery.timeout.ms": 60000}}}, {},
+         "kafka.producer.delivery.timeout.ms: 60000 must be below egress.lease"),
+        ({}, {"DELAY_BRIDGE_EGRESS__NOPE": "1"}, "DELAY_BRIDGE_EGRESS__NOPE names no config key"),
+        ({}, {"DELAY_BRIDGE_NOPE__X": "1"}, "DELAY_BRIDGE_NOPE__X names no config key"),
+        ({}, {"DELAY_BRIDGE_EGRESS__BATCH_SIZE": "ten"}, "egress.batch_size: expected an integer"),
+        ({}, {"DELAY_BRIDGE_KAFKA__COMMON": "x"}, "kafka.common: a mapping cannot be set"),
+        ({"redis": {"password_file": "/nonexistent/pw"}}, {}, None),
+        ({"kafka": {"common": {"sasl.password_file": "/nonexistent/pw"}}}, {},
+         "kafka.common.sasl.password_file: cannot read /nonexistent/pw"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_key(
+    raw: dict[str, object], env: dict[str, str], message: str | None
+) -> None:
+    if message is None:  # secrets files are read when used, and name their key then
+        with pytest.raises(ConfigError, match=r"redis\.password_file: cannot read"):
+            from_mapping(raw, env=env).redis_password()
+        return
+    with pytest.raises(ConfigError) as info:
+        from_mapping(raw, env=env)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_secret_files_and_redaction(tmp_path: Path) -> None:
+    (tmp_path / "kafka").write_text("s3cret\n")
+    (tmp_path / "redis").write_text("r3dis\n")
+    config = from_mapping(
+        {
+            "kafka": {
+                "common": {"sasl.username": "u", "sasl.password_file": str(tmp_path / "kafka")}
+            },
+            "redis": {
+                "url": "redis://user:hunter2@r:6379/0",
+                "password_file": str(tmp_path / "redis"),
+            },
+        },
+        env={},
+    )
+    assert producer_settings(config)["sasl.password"] == "s3cret"
+    assert "sasl.password_file" not in consumer_settings(config)
+    assert config.redis_password() == "r3dis"
+    shown = dump(config)
+    assert "hunter2" not in shown and "s3cret" not in shown
+    assert "redis://user:***@r:6379/0" in shown
+    assert "sasl.username: u" in shown
+
+
+def test_producer_and_consumer_defaults() -> None:
+    producer = producer_settings(Config())
+    assert producer["enable.idempotence"] == "true"
+    assert producer["partitioner"] == "murmur2_random"
+    assert int(producer["delivery.timeout.ms"]) < Config().egress.lease
+    consumer = consumer_settings(Config())
+    assert consumer["enable.auto.offset.store"] == "false"
+    assert consumer["partition.assignment.strategy"] == "cooperative-sticky"
+    assert consumer["auto.offset.reset"] == "earliest"
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args], capture_output=True, text=True, input=stdin,
+        env={"PATH": "/usr/bin:/bin", **(env or {})}, cwd=ROOT, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["check-config", "-c", "/does/not/exist.yaml"], {}, "does not exist"),
+        (["check-config"], {"DELAY_BRIDGE_EGRESS__LEASE": "forever"}, "egress.lease"),
+        (["run"], {"DELAY_BRIDGE_HTTP__PORT": "x"}, "http.port"),
+        (["produce", "--target", "t", "--after", "soon", "v"], {}, "--after"),
+        (["produce", "--target", "t", "--at", "noon", "v"], {}, "--at"),
+        (["produce", "--target", "__t", "--after", "1s", "v"], {}, "internal topic"),
+        (["produce", "--target", "t", "--after", "1s", "--header", "novalue", "v"], {}, "--header"),
+        (["produce", "--target", "t", "--after", "1s", "--at", "1", "v"], {}, "not allowed with"),
+        (["produce", "--after", "1s", "v"], {}, "--target"),
+        (["frobnicate"], {}, "invalid choice"),
+        ([], {}, "required"),
+    ],
+)
+def test_cli_user_errors_are_one_line(args: list[str], env: dict[str, str], needle: str) -> None:
+    proc = cli(*args, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_cli_bad_yaml(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kafka: [unclosed\n")
+    proc = cli("check-config", "-c", str(bad))
+    assert (
+        proc.returncode == 2 and "not valid YAML" in proc.stderr and "Traceback" not in proc.stderr
+    )
+
+
+def test_cli_check_config_and_version() -> None:
+    proc = cli("check-config", env={"DELAY_BRIDGE_REDIS__URL": "redis://:pw@h:1/0"})
+    assert proc.returncode == 0
+    assert yaml.safe_load(proc.stdout)["redis"]["url"] == "redis://:***@h:1/0"
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("delay-bridge ")

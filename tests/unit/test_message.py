@@ -1,0 +1,242 @@
+"""The wire contract: every header format and every DLQ reason, table-driven."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.message import (
+    H_AFTER,
+    H_DELIVER_AT,
+    H_DUE_AT,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ID,
+    H_ORIGIN,
+    H_TARGET_KEY,
+    H_TARGET_TOPIC,
+    Headers,
+    Reason,
+    Rejected,
+    Rules,
+    Scheduled,
+    dead_letter_headers,
+    decode,
+    encode,
+    format_duration_ms,
+    parse,
+    parse_duration_ms,
+    parse_time_ms,
+)
+
+NOW = 1_790_000_000_000  # 2026-09-21T...Z
+TS = NOW - 1_000
+
+RULES = Rules(
+    delay_topics=frozenset({"delay", "delay.slow"}),
+    default_targets={"delay.slow": "reports"},
+    allowed_targets=(re.compile(r"orders.*"), re.compile("reports")),
+    dead_letter="delay.dlq",
+    max_delay_ms=parse_duration_ms("7d"),
+    max_record_bytes=1000,
+)
+
+
+def run(headers: Headers, *, topic: str = "delay", key: bytes | None = b"k",
+        value: bytes | None = b"v", timestamp_ms: int | None = TS) -> Scheduled:  # fmt: skip
+    return parse(
+        RULES, topic=topic, partition=2, offset=41, timestamp_ms=timestamp_ms,
+        key=key, value=value, headers=headers, now_ms=NOW,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("0", 0), ("1500", 1500), ("250ms", 250), ("30s", 30_000), ("15m", 900_000),
+        ("2h", 7_200_000), ("7d", 604_800_000), ("1h30m", 5_400_000),
+        ("1d2h3m4s5ms", 93_784_005), (" 45s ", 45_000),
+    ],
+)  # fmt: skip
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize(
+    "text", ["", "-5", "5x", "1.5s", "s", "30m1h", "1s1s", "1 h", "10sec", "1e3", "0x10"]
+)
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration_ms(text)
+
+
+@given(st.integers(min_value=0, max_value=10**13))
+def test_duration_format_round_trips(ms: int) -> None:
+    assert parse_duration_ms(format_duration_ms(ms)) == ms
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("1790000000000", 1_790_000_000_000),
+        ("2026-11-21T10:00:00Z", 1_795_255_200_000),
+        ("2026-11-21T10:00:00z", 1_795_255_200_000),
+        ("2026-11-21t10:00:00Z", 1_795_255_200_000),
+        ("2026-11-21 10:00:00Z", 1_795_255_200_000),
+        ("2026-11-21T18:00:00+08:00", 1_795_255_200_000),
+        ("2026-11-21T04:30:00-05:30", 1_795_255_200_000),
+        ("2026-11-21T10:00:00.5Z", 1_795_255_200_500),
+        ("2026-11-21T10:00:00.123Z", 1_795_255_200_123),
+        ("2026-11-21T10:00:00.123456789Z", 1_795_255_200_124),  # rounds up: never early
+        ("2026-11-21T10:00:00.0001Z", 1_795_255_200_001),
+        ("2016-12-31T23:59:60Z", 1_483_228_800_000),  # leap second
+    ],
+)
+def test_times(text: str, ms: int) -> None:
+    assert parse_time_ms(text) == ms
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "", "tomorrow", "2026-11-21", "2026-11-21T10:00:00", "2026-13-01T00:00:00Z",
+        "2026-02-30T00:00:00Z", "2026-11-21T25:00:00Z", "2026-11-21T10:00:00+24:00",
+        "2026-11-21T10:00:00.Z", "1.5", "-1000", "99999999999999999",
+        "2026-11-21T10:00:00Z trailing",
+    ],
+)  # fmt: skip
+def test_bad_times(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_time_ms(text)
+
+
+def test_relative_delay_counts_from_record_timestamp() -> None:
+    rec = run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1h30m")])
+    assert rec.due_ms == TS + 5_400_000
+    assert run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1500")]).due_ms == TS + 1500
+
+
+def test_record_without_timestamp_counts_from_now() -> None:
+    rec = run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")], timestamp_ms=None)
+    assert rec.due_ms == NOW + 1000
+
+
+def test_past_due_time_is_accepted() -> None:
+    rec = run([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, b"1000")])
+    assert rec.due_ms == 1000
+
+
+def test_accepted_record_shape() -> None:
+    headers: Headers = [
+        ("trace", b"t1"), (H_TARGET_TOPIC, b"orders.eu"), (H_AFTER, b"5s"),
+        (H_TARGET_KEY, b"\xff\x00key"), (H_ID, b"order-7"), ("nothing", None), (H_DUE_AT, b"1"),
+    ]  # fmt: skip
+    rec = run(headers)
+    assert (rec.target, rec.offset, rec.delay_id) == ("orders.eu", 41, "order-7")
+    assert rec.key == b"k"  # its own key is kept for the DLQ ...
+    assert rec.delivered_key() == b"\xff\x00key"  # ... the target sees delay-target-key
+    assert rec.delivered_headers() == [
+        ("trace", b"t1"), ("nothing", None), (H_ID, b"order-7"), (H_DUE_AT, str(TS + 5000).encode()),
+    ]  # fmt: skip
+
+
+def test_default_delay_id_and_key() -> None:
+    rec = run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")])
+    assert rec.delay_id == "delay:2:41"
+    assert rec.delivered_key() == b"k"
+
+
+def test_default_target_of_a_delay_topic() -> None:
+    assert run([(H_AFTER, b"1s")], topic="delay.slow").target == "reports"
+
+
+BAD_CASES = [
+    ([(H_TARGET_TOPIC, b"orders")], Reason.MISSING_DUE_TIME),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_DELIVER_AT, b"1")], Reason.CONFLICTING_DUE_TIME),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"soon")], Reason.BAD_DUE_TIME),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"")], Reason.BAD_DUE_TIME),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, None)], Reason.BAD_DUE_TIME),
+    ([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, b"next week")], Reason.BAD_DUE_TIME),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"8d")], Reason.DELAY_TOO_LONG),
+    ([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, str(NOW + 8 * 86_400_000).encode())], Reason.DELAY_TOO_LONG),
+    ([(H_AFTER, b"1s")], Reason.MISSING_TARGET),
+    ([(H_TARGET_TOPIC, b""), (H_AFTER, b"1s")], Reason.MISSING_TARGET),
+    ([(H_TARGET_TOPIC, b"orders/eu"), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b"__consumer_offsets"), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b"payments"), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b"delay"), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b"delay.dlq"), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b"x" * 250), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b".."), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
+    ([(H_TARGET_TOPIC, b"orders\xff"), (H_AFTER, b"1s")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"\xc3\x28")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_ID, b"")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_ID, b"i" * 257)], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_ID, b"\xfe")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_AFTER, b"2s")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), ("pad", b"p" * 1000)], Reason.TOO_LARGE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("headers", "reason"), BAD_CASES)
+def test_rejections(headers: Headers, reason: Reason) -> None:
+    with pytest.raises(Rejected) as info:
+        run(headers)
+    assert info.value.reason is reason
+    assert info.value.detail and "\n" not in info.value.detail
+
+
+def test_every_reason_is_covered() -> None:
+    covered = {reason for _, reason in BAD_CASES} | {Reason.DELIVERY_FAILED}
+    assert covered == set(Reason)
+
+
+def test_too_large_counts_key_value_and_headers() -> None:
+    base: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")]
+    overhead = sum(len(k) + len(v or b"") for k, v in base)
+    run(base, key=b"k", value=b"v" * (1000 - overhead - 1))
+    with pytest.raises(Rejected):
+        run(base, key=b"kk", value=b"v" * (1000 - overhead - 1))
+
+
+def test_dead_letter_headers() -> None:
+    out = dead_letter_headers([("a", b"1")], Reason.BAD_DUE_TIME, "bad\nthing", "delay:1:2")
+    assert out == [
+        ("a", b"1"),
+        (H_ERROR, b"bad-due-time"),
+        (H_ERROR_DETAIL, b"bad thing"),
+        (H_ORIGIN, b"delay:1:2"),
+    ]
+
+
+headers_st = st.lists(
+    st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=6
+)
+
+
+@given(
+    offset=st.integers(0, 2**62), due=st.integers(0, 2**53), target=st.text(min_size=1, max_size=30),
+    key=st.one_of(st.none(), st.binary(max_size=40)), value=st.one_of(st.none(), st.binary(max_size=200)),
+    headers=headers_st, delay_id=st.text(min_size=1, max_size=40),
+)  # fmt: skip
+def test_encoding_round_trips(
+    offset: int, due: int, target: str, key: bytes | None, value: bytes | None,
+    headers: Headers, delay_id: str,
+) -> None:  # fmt: skip
+    rec = Scheduled(offset, due, target, key, value, headers, delay_id)
+    assert decode(encode(rec)) == rec
+
+
+def test_encoding_is_compact() -> None:
+    rec = Scheduled(41, NOW, "orders", b"k", b"v" * 100, [], "delay:2:41")
+    assert len(encode(rec)) - 100 - len("orders") - 1 - len("delay:2:41") <= 40
+
+
+def test_decode_refuses_unknown_versions() -> None:
+    blob = bytearray(encode(Scheduled(1, 2, "t", None, None, [], "i")))
+    blob[0] = 9
+    with pytest.raises(ValueError):
+        decode(bytes(blob))
