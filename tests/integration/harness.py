@@ -13,7 +13,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Message, Producer
 
-from bridge.message import H_DUE_AT, H_ID, Headers
+from bridge.message import H_DUE_AT, H_ID, Headers, wire_headers
 
 ROOT = Path(__file__).resolve().parents[2]
 
