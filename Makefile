@@ -39,8 +39,8 @@ run: topics
 	@export $$(scripts/services env) && exec $(VENV)/bin/delay-bridge run -c $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check bridge tests scripts
+	$(VENV)/bin/ruff format --check bridge tests scripts
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict

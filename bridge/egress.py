@@ -106,6 +106,11 @@ class Egress:
     # -------------------------------------------------------------- the loop
 
     @property
+    def max_inflight(self) -> int:
+        """Records produced and unacknowledged at most: claims stop there."""
+        return self.batch_size * 2
+
+    @property
     def inflight(self) -> int:
         """Records produced and not yet acknowledged."""
         return len(self._pending)
@@ -119,7 +124,7 @@ class Egress:
         self.producer.poll(0)
         self._settle()
         shards = sorted(self.owned)
-        room = self.batch_size * 2 - len(self._pending)
+        room = self.max_inflight - len(self._pending)
         if not shards or room <= 0:
             return 0
         per_shard = max(1, min(self.batch_size, room // len(shards)))
@@ -142,7 +147,11 @@ class Egress:
         while not stop.is_set():
             try:
                 claimed = self.step()
-                if claimed and self.inflight < self.batch_size:
+                if self.inflight >= self.max_inflight:
+                    # At capacity: poll returns as soon as the first delivery report is in.
+                    self.producer.poll(INFLIGHT_POLL_S)
+                    continue
+                if claimed:
                     continue  # more may be due right now
                 self._wait(self._seconds_to_next())
             except StoreError as exc:
