@@ -24,7 +24,7 @@ from bridge.message import (
     Headers,
     format_time_ms,
 )  # fmt: skip
-from tests.conftest import Services, TopicFactory
+from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import Bridge, Collector, Received, bridge_env, produce_all
 
 pytestmark = pytest.mark.integration
@@ -242,6 +242,7 @@ def test_two_bridges_split_the_partitions(setup: Setup, bridges: list[Bridge]) -
     one = setup.bridge("one").start()
     two = setup.bridge("two").start()
     bridges += [one, two]
+    wait_for(lambda: all("assigned" in b.output() for b in (one, two)), 60, "both bridges to join")
     expected = schedule(setup, 1500, seed=5, max_delay_ms=2000)
     collector = setup.collector()
     try:
