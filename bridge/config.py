@@ -382,7 +382,7 @@ def consumer_settings(config: Config) -> dict[str, str]:
         "enable.auto.commit": "true",
         "auto.commit.interval.ms": "1000",
         "enable.partition.eof": "false",
-        "statistics.interval.ms": "0",
+        "statistics.interval.ms": "5000",  # ingest lag and broker state for the metrics
     }
     settings.update(kafka_settings(config, "consumer"))
     return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")

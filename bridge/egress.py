@@ -155,6 +155,7 @@ class Egress:
                     continue  # more may be due right now
                 self._wait(self._seconds_to_next())
             except StoreError as exc:
+                self.metrics.redis_errors.labels(stage="egress").inc()
                 logger.error("redis unavailable, mover backing off: %s", exc)
                 stop.wait(ERROR_BACKOFF_S)
 

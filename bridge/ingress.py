@@ -86,6 +86,7 @@ class Ingress:
         self._on_stored = on_stored
         self._clock_ms = clock_ms
         self.assigned: set[Shard] = set()
+        self.joined = False
         self._paused_until = 0.0
         self._failures = 0
         self.last_loop = time.monotonic()
@@ -112,6 +113,7 @@ class Ingress:
                 tp.offset = marks[shard] + 1
         consumer.incremental_assign(partitions)
         self.assigned |= set(shards)
+        self.joined = True
         if self._paused_until:
             consumer.pause(partitions)
         logger.info(
@@ -126,6 +128,7 @@ class Ingress:
         self._drop(partitions, "revoked")
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.joined = False
         self._drop(partitions, "lost")
 
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:
@@ -298,6 +301,8 @@ class Ingress:
     def _rewind_and_pause(self, messages: list[Message], exc: BridgeError) -> None:
         backoff = RETRY_BACKOFF_S[min(self._failures, len(RETRY_BACKOFF_S) - 1)]
         self._failures += 1
+        if isinstance(exc, StoreError):
+            self.metrics.redis_errors.labels(stage="ingress").inc()
         logger.error("batch not stored, retrying in %.1fs: %s", backoff, exc)
         self._rewind(messages)
         self._pause(backoff)

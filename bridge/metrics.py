@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bridge import __version__
+from bridge.errors import StoreError
 from bridge.message import Reason
+from bridge.store import Shard, Store
+
+logger = logging.getLogger(__name__)
+SAMPLE_INTERVAL_S = 2.0
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
 LATENESS_BUCKETS = (
@@ -44,14 +54,120 @@ class Metrics:
             buckets=LATENESS_BUCKETS,
             registry=registry,
         )
+        self.scheduled = Gauge(
+            "delay_bridge_scheduled_messages",
+            "Records waiting in Redis for their due time (owned partitions)",
+            registry=registry,
+        )
+        self.overdue = Gauge(
+            "delay_bridge_overdue_messages",
+            "Records already due and not yet delivered: waiting or in flight (owned partitions)",
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "delay_bridge_inflight_messages",
+            "Records claimed and awaiting Kafka's acknowledgement (owned partitions)",
+            registry=registry,
+        )
+        self.oldest_overdue = Gauge(
+            "delay_bridge_oldest_overdue_seconds",
+            "Age of the oldest due record not yet handed to Kafka (0 when none)",
+            registry=registry,
+        )
+        self.ingest_lag = Gauge(
+            "delay_bridge_ingest_lag_messages",
+            "Consumer lag on the delay topic (librdkafka statistics)",
+            ["delay_topic", "partition"],
+            registry=registry,
+        )
+        self.owned_partitions = Gauge(
+            "delay_bridge_owned_partitions",
+            "Delay-topic partitions this replica consumes and moves",
+            registry=registry,
+        )
+        self.redis_errors = Counter(
+            "delay_bridge_redis_errors",
+            "Redis calls that failed (the stage retries with back-off)",
+            ["stage"],
+            registry=registry,
+        )
+        self.kafka_brokers_up = Gauge(
+            "delay_bridge_kafka_brokers_up",
+            "Brokers the consumer is connected to (librdkafka statistics)",
+            registry=registry,
+        )
         self.build_info = Gauge(
             "delay_bridge_build_info", "Always 1; the version label", ["version"], registry=registry
         )
         self.build_info.labels(version=__version__).set(1)
         for reason in Reason:
             self.dead_lettered.labels(reason=reason.value)
+        for stage in ("ingress", "egress", "metrics"):
+            self.redis_errors.labels(stage=stage)
 
     def declare_delay_topics(self, topics: Iterable[str]) -> None:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""
         for topic in topics:
             self.ingested.labels(delay_topic=topic)
+
+    def set_lag(self, assigned: set[Shard], stats_json: str) -> int:
+        """Update the lag gauges from a librdkafka statistics document; returns brokers up."""
+        stats = json.loads(stats_json)
+        up = sum(1 for b in stats.get("brokers", {}).values() if b.get("state") == "UP")
+        self.kafka_brokers_up.set(up)
+        for topic, t in stats.get("topics", {}).items():
+            for pid, p in t.get("partitions", {}).items():
+                shard = Shard(topic, int(pid))
+                if shard not in assigned:
+                    continue
+                lag = p.get("consumer_lag_stored", -1)
+                if lag < 0:
+                    lag = p.get("consumer_lag", -1)
+                if lag >= 0:
+                    self.ingest_lag.labels(delay_topic=topic, partition=pid).set(lag)
+        return up
+
+    def forget_partitions(self, shards: Iterable[Shard]) -> None:
+        """Remove the lag series of revoked partitions."""
+        for shard in shards:
+            with contextlib.suppress(KeyError):  # never reported for this partition
+                self.ingest_lag.remove(shard.topic, str(shard.partition))
+
+
+class Sampler:
+    """Mirrors the Redis backlog of the owned shards into gauges, on a short timer."""
+
+    def __init__(
+        self, store: Store, metrics: Metrics, owned: Callable[[], Iterable[Shard]]
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.owned = owned
+        self.redis_ok = False
+        self.last_ok = 0.0
+
+    def sample_once(self, now_ms: int | None = None) -> None:
+        """Read the backlog of the owned shards and set the gauges."""
+        shards = sorted(self.owned())
+        try:
+            backlog = self.store.backlog(shards, now_ms)
+        except StoreError as exc:
+            self.redis_ok = False
+            self.metrics.redis_errors.labels(stage="metrics").inc()
+            logger.warning("backlog sample failed: %s", exc)
+            return
+        self.redis_ok = True
+        self.last_ok = time.monotonic()
+        m = self.metrics
+        m.owned_partitions.set(len(shards))
+        m.scheduled.set(backlog.scheduled)
+        m.overdue.set(backlog.overdue + backlog.inflight)
+        m.inflight.set(backlog.inflight)
+        oldest = backlog.oldest_due_ms
+        m.oldest_overdue.set(0 if oldest is None else max(0, backlog.now_ms - oldest) / 1000)
+
+    def run(self, stop: threading.Event) -> None:
+        """Sample every couple of seconds until ``stop`` is set."""
+        while not stop.is_set():
+            self.sample_once()
+            stop.wait(SAMPLE_INTERVAL_S)

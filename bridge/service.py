@@ -18,13 +18,16 @@ from prometheus_client import CollectorRegistry
 from bridge import __version__
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.egress import Egress
+from bridge.http import HttpServer
 from bridge.ingress import Ingress
-from bridge.metrics import Metrics
-from bridge.store import Store
+from bridge.metrics import Metrics, Sampler
+from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 10.0
+STALL_S = 60.0  # a main loop silent this long is stuck: /healthz turns 503
+READY_REDIS_S = 15.0  # Redis must have answered the sampler within this long for /readyz
 
 
 def _kafka_logger(name: str) -> logging.Logger:
@@ -77,11 +80,50 @@ class Service:
             topics=config.topics.delay,
             batch_size=config.ingress.batch_size,
             on_assign=self.egress.add_shards,
-            on_revoke=self.egress.remove_shards,
+            on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
+        )
+        self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned)
+        self.http = HttpServer(
+            config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
         )
         self.stop_event = threading.Event()
         self._errors: list[BaseException] = []
+
+    def _on_stats(self, stats_json: str) -> None:
+        self.brokers_up = self.metrics.set_lag(self.ingress.assigned, stats_json)
+
+    def _on_revoke(self, shards: set[Shard]) -> None:
+        self.egress.remove_shards(shards)
+        self.metrics.forget_partitions(shards)
+
+    def health(self) -> list[str]:
+        """Problems that mean the process should be restarted: a main loop that stopped."""
+        now = time.monotonic()
+        problems = [
+            f"{name} loop silent for {now - last:.0f}s"
+            for name, last in (
+                ("ingress", self.ingress.last_loop),
+                ("egress", self.egress.last_loop),
+            )
+            if now - last > STALL_S
+        ]
+        if self._errors:
+            problems.append(f"a loop crashed: {self._errors[0]!r}")
+        return problems
+
+    def ready(self) -> list[str]:
+        """Problems that mean the bridge cannot do its work now."""
+        problems = []
+        if not self.sampler.redis_ok or time.monotonic() - self.sampler.last_ok > READY_REDIS_S:
+            problems.append("redis unreachable")
+        if self.brokers_up == 0 and not self.ingress.joined:
+            problems.append("kafka unreachable")
+        if not self.ingress.joined:
+            problems.append("consumer has not joined its group")
+        if self.stop_event.is_set():
+            problems.append("stopping")
+        return problems
 
     def _thread(self, name: str, target: Callable[[threading.Event], None]) -> threading.Thread:
         def body() -> None:
@@ -103,15 +145,19 @@ class Service:
             "delay-bridge %s starting: delay topics %s, group %s",
             __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
         )  # fmt: skip
+        self.sampler.sample_once()
+        self.http.start()
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
+        sampler_thread = self._thread("sampler", self.sampler.run)
         self.stop_event.wait()
         logger.info("stopping")
         self.egress.notify(0)  # cut its sleep short
         # Reverse order of start: ingress stops consuming and commits; egress finishes its batch.
         ingress_thread.join()
         egress_thread.join()
+        sampler_thread.join()
         try:
             self.egress.drain(DRAIN_TIMEOUT_S)
         except Exception:
@@ -120,6 +166,7 @@ class Service:
             self.ingress.close()
         except Exception:
             logger.exception("closing the consumer failed")
+        self.http.stop()
         self.redis.close()
         self._summary(time.monotonic() - started)
         return 1 if self._errors else 0

@@ -57,6 +57,17 @@ class Claimed:
 
 
 @dataclass(frozen=True)
+class Backlog:
+    """What waits in a set of shards, for the gauges."""
+
+    now_ms: int
+    scheduled: int
+    overdue: int
+    inflight: int
+    oldest_due_ms: int | None
+
+
+@dataclass(frozen=True)
 class Wake:
     """When a set of shards next has work, on Redis's clock."""
 
@@ -85,6 +96,7 @@ class Store:
         self._ack = _script(client, "ack")
         self._release = _script(client, "release")
         self._next_due = _script(client, "next_due")
+        self._stats = _script(client, "stats")
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built."""
@@ -188,14 +200,20 @@ class Store:
             raise StoreError(f"redis: {exc}") from exc
         return seconds * 1000 + micros // 1000
 
-    def counts(self, shard: Shard) -> tuple[int, int]:
-        """(records waiting for their due time or claim, records in flight) of one shard."""
-        k = self.keys(shard)
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zcard(k.due)
-            pipe.zcard(k.inflight)
-            due, inflight = pipe.execute()
-        except redis.RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
-        return int(due), int(inflight)
+    def backlog(self, shards: Sequence[Shard], now_ms: int | None = None) -> Backlog:
+        """Scheduled, overdue and in-flight counts and the oldest overdue due time, summed."""
+        if not shards:
+            return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
+        now_arg = "" if now_ms is None else str(now_ms)
+        calls: list[tuple[Script, list[str], list[Any]]] = [
+            (self._stats, [self.keys(s).due, self.keys(s).inflight], [now_arg]) for s in shards
+        ]
+        replies = [[int(v) for v in reply] for reply in self._run(calls)]
+        oldest = [r[4] for r in replies if r[4] >= 0]
+        return Backlog(
+            now_ms=replies[0][0],
+            scheduled=sum(r[1] for r in replies),
+            overdue=sum(r[2] for r in replies),
+            inflight=sum(r[3] for r in replies),
+            oldest_due_ms=min(oldest) if oldest else None,
+        )

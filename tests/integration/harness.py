@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +53,28 @@ class Bridge:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def http_port(self, timeout: float = 30) -> int:
+        """The port the bridge's HTTP server bound, from its start-up log line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            match = re.search(r"http listening on [\d.]+:(\d+)", self.output())
+            if match:
+                return int(match.group(1))
+            if time.monotonic() > deadline or (
+                self.proc is not None and self.proc.poll() is not None
+            ):
+                raise AssertionError(f"no http port in the bridge log:\n{self.output()}")
+            time.sleep(0.05)
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET a path on the bridge's HTTP server: (status, body)."""
+        url = f"http://127.0.0.1:{self.http_port()}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
 
 def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
     """Environment for a bridge process; keyword names are config paths with ``__``."""
@@ -58,6 +83,8 @@ def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, st
         DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
         DELAY_BRIDGE_REDIS__URL=redis_url,
         DELAY_BRIDGE_CONFIG=str(ROOT / "config" / "bridge.yaml"),
+        DELAY_BRIDGE_HTTP__HOST="127.0.0.1",
+        DELAY_BRIDGE_HTTP__PORT="0",  # an ephemeral port; read back with Bridge.http_port()
     )
     for key, value in overrides.items():
         env[f"DELAY_BRIDGE_{key.upper()}"] = value

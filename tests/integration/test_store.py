@@ -84,7 +84,7 @@ def test_ack_removes_and_release_hands_out_again(store: Store) -> None:
     again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1)
     assert offsets(again) == [1] and again[0].redelivery
     store.ack({SHARD: [again[0].member]})
-    assert store.counts(SHARD) == (0, 0)
+    assert store.backlog([SHARD]).inflight == 0
     keys = store.keys(SHARD)
     assert store.client.hlen(keys.records) == 0
 
@@ -96,7 +96,7 @@ def test_re_adding_is_a_no_op(store: Store) -> None:
     # The same records read again (e.g. after a crash before the offset commit): nothing comes
     # back, not even the one already delivered.
     assert add(store, rec(0, T0), rec(1, T0 + 5)) == 0
-    assert store.counts(SHARD) == (1, 0)
+    assert (store.backlog([SHARD], now_ms=T0).scheduled, store.backlog([SHARD]).inflight) == (1, 0)
     assert add(store, rec(1, T0 + 5), rec(2, T0)) == 1
     assert store.watermarks([SHARD, Shard("delay", 7)]) == {SHARD: 2}
 
@@ -131,3 +131,14 @@ def test_claim_uses_redis_time_when_no_time_is_given(store: Store) -> None:
     now = store.time_ms()
     add(store, rec(0, now - 1), rec(1, now + 3_600_000))
     assert offsets(store.claim([SHARD], 10, LEASE)) == [0]
+
+
+def test_backlog_counts(store: Store) -> None:
+    other = Shard("delay", 1)
+    store.add({SHARD: (3, [rec(0, T0 - 5000), rec(1, T0 - 10), rec(2, T0 + 10), rec(3, T0 + 99)])})
+    store.add({other: (1, [rec(0, T0 - 2000), rec(1, T0 + 1)])})
+    store.claim([SHARD], 1, LEASE, now_ms=T0)  # takes the oldest one of SHARD
+    b = store.backlog([SHARD, other], now_ms=T0)
+    assert (b.now_ms, b.scheduled, b.overdue, b.inflight) == (T0, 3, 2, 1)
+    assert b.oldest_due_ms == T0 - 2000
+    assert store.backlog([], now_ms=T0) == type(b)(T0, 0, 0, 0, None)

@@ -1,0 +1,67 @@
+"""HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` (loops alive), ``/readyz`` (can work)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+logger = logging.getLogger(__name__)
+
+Check = Callable[[], list[str]]  # returns the problems; empty means healthy
+
+
+class HttpServer:
+    """A small threaded HTTP server for metrics and probes, on its own daemon thread."""
+
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, *, health: Check, ready: Check
+    ) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
+                elif path in ("/healthz", "/readyz"):
+                    problems = (outer.health if path == "/healthz" else outer.ready)()
+                    body = ("\n".join(problems) if problems else "ok") + "\n"
+                    self._send(503 if problems else 200, body.encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+            def _send(self, code: int, body: bytes, content_type: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                logger.debug("http: " + format, *args)
+
+        self.registry = registry
+        self.health = health
+        self.ready = ready
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when configured as 0)."""
+        return int(self.server.server_address[1])
+
+    def start(self) -> None:
+        """Serve in the background."""
+        self._thread.start()
+        logger.info("http listening on %s:%d", self.server.server_address[0], self.port)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self.server.shutdown()
+        self.server.server_close()
