@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck unit services services-down services-status topics clean
+.PHONY: run test lint typecheck unit services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ services: $(STAMP)
 	@if [ -n "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" ] && [ -n "$$DELAY_BRIDGE_REDIS__URL" ]; then \
 	  echo "using external Kafka $$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS and Redis $$DELAY_BRIDGE_REDIS__URL"; \
 	else PYTHON=$(PY) scripts/services up; fi
+
+# Checking tools for the tests (promtool, prometheus), installed if missing.
+tools:
+	scripts/tools prometheus
 
 services-down:
 	scripts/services down
@@ -48,7 +52,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test: lint typecheck services
+test: lint typecheck tools services
 	@export $$(scripts/services env) && $(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

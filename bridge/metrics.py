@@ -96,6 +96,11 @@ class Metrics:
             "Brokers the consumer is connected to (librdkafka statistics)",
             registry=registry,
         )
+        self.ready = Gauge(
+            "delay_bridge_ready",
+            "1 when Redis and Kafka are reachable and the consumer has joined its group",
+            registry=registry,
+        )
         self.build_info = Gauge(
             "delay_bridge_build_info", "Always 1; the version label", ["version"], registry=registry
         )
@@ -138,11 +143,16 @@ class Sampler:
     """Mirrors the Redis backlog of the owned shards into gauges, on a short timer."""
 
     def __init__(
-        self, store: Store, metrics: Metrics, owned: Callable[[], Iterable[Shard]]
+        self,
+        store: Store,
+        metrics: Metrics,
+        owned: Callable[[], Iterable[Shard]],
+        ready: Callable[[], list[str]] = lambda: [],
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.owned = owned
+        self.ready = ready
         self.redis_ok = False
         self.last_ok = 0.0
 
@@ -153,6 +163,7 @@ class Sampler:
             backlog = self.store.backlog(shards, now_ms)
         except StoreError as exc:
             self.redis_ok = False
+            self.metrics.ready.set(0)
             self.metrics.redis_errors.labels(stage="metrics").inc()
             logger.warning("backlog sample failed: %s", exc)
             return
@@ -165,6 +176,7 @@ class Sampler:
         m.inflight.set(backlog.inflight)
         oldest = backlog.oldest_due_ms
         m.oldest_overdue.set(0 if oldest is None else max(0, backlog.now_ms - oldest) / 1000)
+        m.ready.set(0 if self.ready() else 1)
 
     def run(self, stop: threading.Event) -> None:
         """Sample every couple of seconds until ``stop`` is set."""

@@ -61,7 +61,9 @@ class Service:
         consumer_conf: dict[str, Any] = {
             **consumer_settings(config),
             "logger": _kafka_logger("consumer"),
+            "stats_cb": self._on_stats,
         }
+        self.brokers_up = 0
         self.egress = Egress(
             Producer(producer_conf),
             self.store,
@@ -83,7 +85,7 @@ class Service:
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
         )
-        self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned)
+        self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready)
         self.http = HttpServer(
             config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
         )

@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,7 +172,9 @@ def _received(msg: Message) -> Received:
 
 
 def produce_all(
-    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, Headers]]
+    bootstrap: str,
+    topic: str,
+    records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes | None]]]],
 ) -> list[tuple[int, int]]:
     """Produce (key, value, headers) records; returns their (partition, offset) in order."""
     producer = Producer(
@@ -194,7 +196,7 @@ def produce_all(
                     topic,
                     value=value,
                     key=key,
-                    headers=wire_headers(headers),
+                    headers=wire_headers(list(headers)),
                     on_delivery=report(i),
                 )
                 break

@@ -1,0 +1,156 @@
+"""Metric values, read with registry.get_sample_value, after real work on Kafka and Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from bridge.config import from_mapping
+from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Scheduled
+from bridge.metrics import Metrics, Sampler
+from bridge.service import Service
+from bridge.store import Shard, Store
+from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.harness import bridge_env, produce_all
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000_000
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    v = registry.get_sample_value(name, labels)
+    assert v is not None, f"{name}{labels} is not exported"
+    return v
+
+
+def test_backlog_gauges(redis_client: redis.Redis, unique: str) -> None:
+    store = Store(redis_client, f"test-{unique}")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    a, b, not_owned = Shard("d", 0), Shard("d", 1), Shard("d", 2)
+
+    def rec(offset: int, due: int) -> Scheduled:
+        return Scheduled(offset, due, "t", None, b"v", [], str(offset))
+
+    store.add({a: (2, [rec(0, T0 - 90_000), rec(1, T0 - 1), rec(2, T0 + 5)])})
+    store.add({b: (1, [rec(0, T0 + 10), rec(1, T0 + 3_600_000)])})
+    store.add({not_owned: (0, [rec(0, T0 - 999_000)])})
+    store.claim([a], 1, 30_000, now_ms=T0)  # the 90 s old one goes in flight
+    Sampler(store, metrics, lambda: {a, b}).sample_once(now_ms=T0)
+
+    assert value(registry, "delay_bridge_scheduled_messages") == 3
+    assert value(registry, "delay_bridge_overdue_messages") == 2  # one waiting, one in flight
+    assert value(registry, "delay_bridge_inflight_messages") == 1
+    assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(0.001)
+    assert value(registry, "delay_bridge_owned_partitions") == 2
+
+
+def test_ingest_lag_from_librdkafka_statistics(
+    services: Services, topics: TopicFactory, unique: str
+) -> None:
+    topic = topics("lagging")
+    produce_all(services.bootstrap, topic, [(None, b"x", [])] * 10)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    shard = Shard(topic, 0)
+    consumer = Consumer({
+        "bootstrap.servers": services.bootstrap, "group.id": f"lag-{unique}",
+        "enable.auto.offset.store": False, "statistics.interval.ms": 200,
+        "stats_cb": lambda js: metrics.set_lag({shard}, js),
+    })  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        seen = 0
+        deadline = time.monotonic() + 30
+        while seen < 10 and time.monotonic() < deadline:
+            for msg in consumer.consume(10, 0.2):
+                if msg.error() is None:
+                    consumer.store_offsets(msg)
+                    seen += 1
+        assert seen == 10
+        # The consumer stops storing (as ingress does while Redis is down); records keep coming.
+        produce_all(services.bootstrap, topic, [(None, b"y", [])] * 50)
+
+        def lag() -> float | None:
+            consumer.consume(100, 0.1)
+            return registry.get_sample_value(
+                "delay_bridge_ingest_lag_messages", {"delay_topic": topic, "partition": "0"}
+            )
+
+        wait_for(lambda: lag() == 50, 30, "lag of 50 in the statistics")
+        assert value(registry, "delay_bridge_kafka_brokers_up") >= 1
+        metrics.forget_partitions({shard})
+        assert registry.get_sample_value(
+            "delay_bridge_ingest_lag_messages", {"delay_topic": topic, "partition": "0"}
+        ) is None  # fmt: skip
+    finally:
+        consumer.close()
+
+
+def test_counters_after_an_end_to_end_run(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path
+) -> None:
+    delay, target, dlq = topics("delay", 2), topics("out"), topics("dlq")
+    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
+                     topics__dead_letter=dlq, kafka__group_id=f"g-{unique}",
+                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    config = from_mapping({}, env=env)
+    registry = CollectorRegistry()
+    service = Service(config, registry)
+    # Series users alert on exist from start-up, at 0.
+    assert value(registry, "delay_bridge_ingested_total", delay_topic=delay) == 0
+    assert value(registry, "delay_bridge_dead_lettered_total", reason="bad-due-time") == 0
+    assert value(registry, "delay_bridge_build_info", version=__import__("bridge").__version__) == 1
+
+    runner = threading.Thread(target=service.run)
+    runner.start()
+    try:
+        now = time.time_ns() // 1_000_000
+        good = [
+            (
+                None,
+                f"v{i}".encode(),
+                [(H_TARGET_TOPIC, target.encode()), (H_AFTER, f"{i * 10}ms".encode())],
+            )
+            for i in range(40)
+        ]
+        past = [
+            (
+                None,
+                b"p",
+                [(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, str(now - 2000).encode())],
+            )
+        ]
+        bad = [(None, b"b", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"later")])] * 3
+        produce_all(services.bootstrap, delay, good + past + bad)
+
+        def delivered() -> float:
+            return (
+                registry.get_sample_value("delay_bridge_delivered_total", {"target_topic": target})
+                or 0
+            )
+
+        wait_for(lambda: delivered() == 41, 60, "41 deliveries counted")
+        wait_for(
+            lambda: (registry.get_sample_value("delay_bridge_overdue_messages") or 0) == 0,
+            10,
+            "backlog gauge to drain",
+        )
+    finally:
+        service.stop_event.set()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert value(registry, "delay_bridge_ingested_total", delay_topic=delay) == 41
+    assert value(registry, "delay_bridge_dead_lettered_total", reason="bad-due-time") == 3
+    assert value(registry, "delay_bridge_redelivered_total") == 0
+    assert value(registry, "delay_bridge_delivery_lateness_seconds_count") == 41
+    # the record due 2 s before it was produced is at least 2 s late; the rest are not
+    assert value(registry, "delay_bridge_delivery_lateness_seconds_bucket", le="1.0") == 40
+    assert value(registry, "delay_bridge_delivery_lateness_seconds_sum") >= 2.0

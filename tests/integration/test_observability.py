@@ -1,0 +1,205 @@
+"""Metrics, probes, logs, alert rules and dashboard, checked by the real Prometheus tools."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from bridge.message import H_AFTER, H_TARGET_TOPIC
+from bridge.metrics import Metrics
+from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.harness import Bridge, bridge_env, produce_all
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ROOT / "helm" / "delay-bridge" / "files"
+
+
+def exported_names() -> set[str]:
+    """Every sample name the bridge can export (with _total, _bucket, ... suffixes)."""
+    names: set[str] = set()
+    for metric in Metrics(CollectorRegistry()).registry.collect():
+        names.add(metric.name)
+        if metric.type == "counter":
+            names.add(metric.name + "_total")
+        if metric.type == "histogram":
+            names |= {metric.name + s for s in ("_bucket", "_sum", "_count")}
+    return names
+
+
+def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["promtool", *args], input=stdin, capture_output=True, text=True, check=False
+    )
+
+
+def test_alert_rules_check_and_unit_tests() -> None:
+    check = promtool("check", "rules", str(FILES / "alerts.yaml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = promtool("test", "rules", str(FILES / "alerts_test.yaml"))
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    rules = yaml.safe_load((FILES / "alerts.yaml").read_text())["groups"][0]["rules"]
+    tested = set(re.findall(r"alertname: (\w+)", (FILES / "alerts_test.yaml").read_text()))
+    assert tested == {r["alert"] for r in rules}, "every alert has a unit test"
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bdelay_bridge_[a-z_]+", expr))
+
+
+def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path) -> None:
+    exported = exported_names()
+    dashboard = json.loads((FILES / "dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    rules = yaml.safe_load((FILES / "alerts.yaml").read_text())["groups"][0]["rules"]
+    for expr in [*exprs, *(r["expr"] for r in rules)]:
+        unknown = _metric_names(expr) - exported
+        assert not unknown, f"{expr} uses metrics the bridge does not export: {unknown}"
+    # Syntax: wrap every dashboard expression in a recording rule and let promtool parse it.
+    generated = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:expr_{i}", "expr": e} for i, e in enumerate(exprs)
+    ]}]}  # fmt: skip
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(generated))
+    check = promtool("check", "rules", str(path))
+    assert check.returncode == 0, check.stdout + check.stderr
+    covered = set().union(*(_metric_names(e) for e in exprs))
+    for needed in ("delay_bridge_ingested_total", "delay_bridge_delivered_total",
+                   "delay_bridge_scheduled_messages", "delay_bridge_overdue_messages",
+                   "delay_bridge_delivery_lateness_seconds_bucket", "delay_bridge_ingest_lag_messages",
+                   "delay_bridge_dead_lettered_total", "delay_bridge_redelivered_total"):  # fmt: skip
+        assert needed in covered, f"the dashboard shows no {needed}"
+
+
+@pytest.fixture
+def running(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path
+) -> Iterator[tuple[Bridge, str, str]]:
+    delay, target = topics("delay", 2), topics("out")
+    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
+                     topics__dead_letter=topics("dlq"), kafka__group_id=f"g-{unique}",
+                     redis__key_prefix=f"test-{unique}", logging__json="true")  # fmt: skip
+    bridge = Bridge(env, tmp_path / "bridge.log").start()
+    try:
+        yield bridge, delay, target
+    finally:
+        bridge.kill()
+
+
+def test_live_metrics_probes_and_json_logs(
+    running: tuple[Bridge, str, str], services: Services
+) -> None:
+    bridge, delay, target = running
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "/readyz to answer 200")
+    assert bridge.get("/healthz") == (200, "ok\n")
+    assert bridge.get("/nope")[0] == 404
+    produce_all(
+        services.bootstrap,
+        delay,
+        [(None, b"v", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"10ms")])] * 5,
+    )
+    wait_for(lambda: f'delay_bridge_delivered_total{{target_topic="{target}"}} 5.0' in bridge.get("/metrics")[1],
+             60, "5 deliveries in /metrics")  # fmt: skip
+    status, body = bridge.get("/metrics")
+    assert status == 200
+    lint = promtool("check", "metrics", stdin=body)
+    assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
+    for name in ("delay_bridge_scheduled_messages", "delay_bridge_oldest_overdue_seconds",
+                 "delay_bridge_delivery_lateness_seconds_bucket"):  # fmt: skip
+        assert name in body
+    # the readiness gauge follows /readyz at the next sample
+    wait_for(lambda: "delay_bridge_ready 1.0" in bridge.get("/metrics")[1], 10, "the ready gauge")
+
+    lines = [line for line in bridge.output().splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]  # every line is one JSON event
+    assert {"time", "level", "logger", "message"} <= set(events[0])
+    assigned = [e for e in events if e["message"].startswith("assigned")]
+    assert assigned and assigned[0]["partitions"] == 2
+    assert "redis://" not in bridge.output()  # no connection strings (which may hold secrets)
+
+
+def test_readyz_fails_while_redis_is_unreachable(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path
+) -> None:
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    env = bridge_env(services.bootstrap, f"redis://127.0.0.1:{dead_port}/0", topics__delay=topics("delay"),
+                     kafka__group_id=f"g-{unique}", redis__socket_timeout="200ms")  # fmt: skip
+    bridge = Bridge(env, tmp_path / "bridge.log").start()
+    try:
+        status, body = bridge.get("/readyz")
+        assert status == 503 and "redis unreachable" in body
+        assert bridge.get("/healthz")[0] == 200  # alive: it waits for Redis, it is not stuck
+        assert "delay_bridge_ready 0.0" in bridge.get("/metrics")[1]
+    finally:
+        bridge.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_prometheus_scrapes_deliveries(
+    running: tuple[Bridge, str, str], services: Services, tmp_path: Path
+) -> None:
+    bridge, delay, target = running
+    port = _free_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "delay-bridge",
+                            "static_configs": [{"targets": [f"127.0.0.1:{bridge.http_port()}"]}]}],
+    }  # fmt: skip
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    server = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
+    )  # fmt: skip
+
+    def query(expr: str) -> float | None:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                result = json.load(resp)["data"]["result"]
+        except OSError:
+            return None
+        return float(result[0]["value"][1]) if result else None
+
+    try:
+        wait_for(
+            lambda: query('up{job="delay-bridge"}') == 1.0, 60, "Prometheus to scrape the bridge"
+        )
+        produce_all(
+            services.bootstrap,
+            delay,
+            [(None, b"v", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"200ms")])] * 20,
+        )
+        delivered = f'sum(delay_bridge_delivered_total{{target_topic="{target}"}})'
+        wait_for(lambda: query(delivered) == 20.0, 60, "20 deliveries in Prometheus")
+        wait_for(
+            lambda: query("sum(delay_bridge_delivery_lateness_seconds_count)") == 20.0,
+            30,
+            "the lateness histogram",
+        )
+        p99 = query(
+            "histogram_quantile(0.99, sum by (le) (delay_bridge_delivery_lateness_seconds_bucket))"
+        )
+        assert p99 is not None and 0 <= p99 <= 3600
+    finally:
+        server.terminate()
+        server.wait(30)
