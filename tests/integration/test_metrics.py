@@ -154,3 +154,13 @@ def test_counters_after_an_end_to_end_run(
     # the record due 2 s before it was produced is at least 2 s late; the rest are not
     assert value(registry, "delay_bridge_delivery_lateness_seconds_bucket", le="1.0") == 40
     assert value(registry, "delay_bridge_delivery_lateness_seconds_sum") >= 2.0
+
+
+def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None:
+    env = bridge_env(services.bootstrap, services.redis_url, kafka__group_id=f"g-{unique}",
+                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    assert service.health() == []
+    service.egress.last_loop = time.monotonic() - 61  # the mover has not come round for a minute
+    assert service.health() == ["egress loop silent for 61s"]
+    assert "consumer has not joined its group" in service.ready()
