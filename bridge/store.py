@@ -80,9 +80,13 @@ def member(offset: int) -> bytes:
     return _MEMBER.pack(offset)
 
 
+def _lua(name: str) -> str:
+    return resources.files("bridge").joinpath("lua", f"{name}.lua").read_text()
+
+
 def _script(client: redis.Redis, name: str) -> Script:
-    source = resources.files("bridge").joinpath("lua", f"{name}.lua").read_text()
-    return client.register_script(source)
+    # Redis scripts cannot import; the shared clock helper is prepended instead.
+    return client.register_script(_lua("_clock") + "\n" + _lua(name))
 
 
 class Store:

@@ -14,13 +14,7 @@ ARGV[3]  now ms, or "" to read Redis TIME
 
 Returns: {now ms, redelivered count, member, record, member, record, ...}
 ]]
-local now
-if ARGV[3] ~= '' then
-  now = tonumber(ARGV[3])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 local deadline = now + tonumber(ARGV[2])
 local out = {now, 0}

@@ -7,13 +7,7 @@ ARGV[1]  now ms, or "" to read Redis TIME
 
 Returns: {now ms, scheduled (due later), overdue (due, unclaimed), in flight, oldest due ms or -1}
 ]]
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now = now_ms(ARGV[1])
 local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now)
 local scheduled = redis.call('ZCARD', KEYS[1]) - overdue
 local inflight = redis.call('ZCARD', KEYS[2])
