@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -237,14 +237,14 @@ class Egress:
         reports, self._reports = self._reports, []
         acked: dict[Shard, list[bytes]] = defaultdict(list)
         released: dict[Shard, list[bytes]] = defaultdict(list)
-        now_ms = self._clock_ms()
+        delivered: list[_Pending] = []
         for ident, err in reports:
             pending = self._pending.get(ident)
             if pending is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
                 acked[ident[0]].append(ident[1])
-                self._count_delivery(pending, now_ms)
+                delivered.append(pending)
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
@@ -263,19 +263,32 @@ class Egress:
             released[ident[0]].append(ident[1])
         if acked:
             self.store.ack(acked)
-            for shard, members in acked.items():
-                for m in members:
-                    self._pending.pop((shard, m), None)
+            self._forget(acked)
+            self._count(delivered)
         if released:
             self.store.release(released)
-            for shard, members in released.items():
-                for m in members:
-                    self._pending.pop((shard, m), None)
+            self._forget(released)
 
-    def _count_delivery(self, pending: _Pending, now_ms: int) -> None:
-        record: Scheduled = pending.claimed.record
-        if pending.dead_letter:
-            self.metrics.dead_lettered.labels(reason=Reason.DELIVERY_FAILED.value).inc()
-            return
-        self.metrics.delivered.labels(target_topic=record.target).inc()
-        self.metrics.lateness.observe(max(0, now_ms - record.due_ms) / 1000)
+    def _forget(self, members: dict[Shard, list[bytes]]) -> None:
+        for shard, batch in members.items():
+            for m in batch:
+                self._pending.pop((shard, m), None)
+
+    def _count(self, delivered: list[_Pending]) -> None:
+        """Count a batch of acknowledged records: one label lookup per target, not per record."""
+        now_ms = self._clock_ms()
+        per_target: Counter[str] = Counter()
+        dead_lettered = 0
+        for pending in delivered:
+            record: Scheduled = pending.claimed.record
+            if pending.dead_letter:
+                dead_lettered += 1
+                continue
+            per_target[record.target] += 1
+            self.metrics.lateness.observe(max(0, now_ms - record.due_ms) / 1000)
+        for target, n in per_target.items():
+            self.metrics.delivered.labels(target_topic=target).inc(n)
+        if dead_lettered:
+            self.metrics.dead_lettered.labels(reason=Reason.DELIVERY_FAILED.value).inc(
+                dead_lettered
+            )

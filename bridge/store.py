@@ -14,8 +14,9 @@ Calls over several shards go out in one pipeline: one round trip per batch, neve
 
 from __future__ import annotations
 
+import contextlib
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, NamedTuple, cast
@@ -80,6 +81,15 @@ def member(offset: int) -> bytes:
     return _MEMBER.pack(offset)
 
 
+@contextlib.contextmanager
+def _as_store_error() -> Iterator[None]:
+    """Redis failures leave the store as :class:`StoreError`, the one error callers handle."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreError(f"redis: {exc}") from exc
+
+
 def _lua(name: str) -> str:
     return resources.files("bridge").joinpath("lua", f"{name}.lua").read_text()
 
@@ -108,21 +118,17 @@ class Store:
         return ShardKeys(f"{tag}:due", f"{tag}:inflight", f"{tag}:records", f"{tag}:meta")
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
-        try:
+        with _as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for script, keys, args in calls:
                 script(keys=keys, args=args, client=pipe)
             replies: list[Any] = pipe.execute()
-            return replies
-        except redis.RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
+        return replies
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
-        try:
+        with _as_store_error():
             self.client.ping()
-        except redis.RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
 
     def add(self, batches: Mapping[Shard, tuple[int, Sequence[Scheduled]]]) -> int:
         """Store records per shard and move each shard's watermark to the batch's high offset.
@@ -143,10 +149,10 @@ class Store:
         self, shards: Sequence[Shard], limit: int, lease_ms: int, now_ms: int | None = None
     ) -> list[Claimed]:
         """Lease up to ``limit`` due records from each shard (expired leases first)."""
+        now_arg = "" if now_ms is None else str(now_ms)
         calls = []
         for shard in shards:
             k = self.keys(shard)
-            now_arg = "" if now_ms is None else str(now_ms)
             calls.append((self._claim, [k.due, k.inflight, k.records], [limit, lease_ms, now_arg]))
         out: list[Claimed] = []
         for shard, reply in zip(shards, self._run(calls), strict=True):
@@ -187,21 +193,17 @@ class Store:
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""
-        try:
+        with _as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
                 pipe.hget(self.keys(shard).meta, "ingested")
             values = pipe.execute()
-        except redis.RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
         return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
 
     def time_ms(self) -> int:
         """Redis's clock."""
-        try:
+        with _as_store_error():
             seconds, micros = cast(tuple[int, int], self.client.time())
-        except redis.RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
         return seconds * 1000 + micros // 1000
 
     def backlog(self, shards: Sequence[Shard], now_ms: int | None = None) -> Backlog:
