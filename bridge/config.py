@@ -357,12 +357,17 @@ def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
     return out
 
 
+def admin_settings(config: Config) -> dict[str, str]:
+    """librdkafka properties every client shares (and the admin client uses alone)."""
+    merged = {"bootstrap.servers": config.kafka.bootstrap_servers}
+    merged.update(_resolve_files(config.kafka.common, "kafka.common"))
+    return merged
+
+
 def kafka_settings(config: Config, role: str) -> dict[str, str]:
     """librdkafka properties for ``role`` (``consumer`` or ``producer``): common, then role."""
-    kafka = config.kafka
-    merged = {"bootstrap.servers": kafka.bootstrap_servers}
-    merged.update(_resolve_files(kafka.common, "kafka.common"))
-    merged.update(_resolve_files(getattr(kafka, role), f"kafka.{role}"))
+    merged = admin_settings(config)
+    merged.update(_resolve_files(getattr(config.kafka, role), f"kafka.{role}"))
     return merged
 
 

@@ -1,9 +1,20 @@
 """Ingress: consume the delay topics, store valid records in Redis, dead-letter the rest.
 
 For each batch: parse → DLQ the invalid ones and wait for Kafka's acknowledgement → store the
-valid ones (and the shard watermark) in Redis → only then store the offsets for commit. If
-Redis or the DLQ fails, the consumer rewinds to the batch's first offsets and pauses, so nothing
-uncommitted is skipped and nothing unstored is committed.
+valid ones (and the shard watermark) in Redis. If Redis or the DLQ fails, the consumer rewinds to
+the batch's first offsets and pauses, so nothing is skipped.
+
+Two positions per delay-topic partition:
+
+* the **watermark** in Redis (highest offset handled), where a consumer resumes after a restart
+  or a rebalance, so an ordinary restart re-reads nothing;
+* the **committed offset** in Kafka, the lowest offset still pending in Redis (found by
+  ``low.lua`` every second, on revocation and on close). Everything below it has been delivered.
+
+If Redis loses a shard's state (data wiped, failover to an empty replica) the consumer notices —
+the watermark is missing or went back while it still owns the shard — and re-reads the delay
+topic from the committed offset (or from Redis's older watermark), rebuilding every pending
+record. Records delivered since that offset are delivered again, with the same ``delay-id``.
 """
 
 from __future__ import annotations
@@ -15,7 +26,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka import KafkaError as ClientError
 
 from bridge.errors import BridgeError, KafkaError, StoreError
@@ -30,11 +48,13 @@ from bridge.message import (
     wire_headers,
 )
 from bridge.metrics import Metrics
-from bridge.store import Shard, Store
+from bridge.store import Lost, Shard, Store
 
 logger = logging.getLogger(__name__)
 
 DLQ_FLUSH_TIMEOUT_S = 30.0
+COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
+COMMITTED_TIMEOUT_S = 10.0
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -86,6 +106,9 @@ class Ingress:
         self._on_stored = on_stored
         self._clock_ms = clock_ms
         self.assigned: set[Shard] = set()
+        # The Redis watermark of each owned shard as last read or written by this process.
+        self.marks: dict[Shard, int] = {}
+        self._next_commit = 0.0
         self.joined = False
         self._paused_until = 0.0
         self._failures = 0
@@ -111,6 +134,7 @@ class Ingress:
         for tp, shard in zip(partitions, shards, strict=True):
             if shard in marks:
                 tp.offset = marks[shard] + 1
+                self.marks[shard] = marks[shard]
         consumer.incremental_assign(partitions)
         self.assigned |= set(shards)
         self.joined = True
@@ -124,6 +148,7 @@ class Ingress:
         self._on_assign_cb(set(shards))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._store_lows({Shard(tp.topic, tp.partition) for tp in partitions}, rebuild=False)
         self._commit()
         self._drop(partitions, "revoked")
 
@@ -134,6 +159,8 @@ class Ingress:
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
         self.assigned -= shards
+        for shard in shards:
+            self.marks.pop(shard, None)
         logger.info(
             "%s %s",
             how,
@@ -155,6 +182,9 @@ class Ingress:
     def poll_once(self, timeout: float = 0.5) -> int:
         """Consume one batch and handle it; returns how many records it held."""
         self.last_loop = time.monotonic()
+        if self.last_loop >= self._next_commit:
+            self._next_commit = self.last_loop + COMMIT_INTERVAL_S
+            self._store_lows(set(self.assigned))
         if self._paused_until:
             if time.monotonic() < self._paused_until:
                 self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
@@ -189,6 +219,7 @@ class Ingress:
 
     def close(self) -> None:
         """Commit what is stored and leave the group."""
+        self._store_lows(set(self.assigned), rebuild=False)
         self._commit()
         self.consumer.close()
         self.dlq.flush(DLQ_FLUSH_TIMEOUT_S)
@@ -209,12 +240,14 @@ class Ingress:
         if batch.rejected:
             self._dead_letter(batch.rejected)
         if batch.stored:
-            self.store.add(batch.stored)
-        highs = [
-            TopicPartition(shard.topic, shard.partition, high + 1)
-            for shard, (high, _) in batch.stored.items()
-        ]
-        self.consumer.store_offsets(offsets=highs)
+            expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
+            added = self.store.add(batch.stored, expected)
+            for shard in added.lost:
+                del batch.stored[shard]  # refused whole: re-read after the rebuild
+            for shard, (high, _) in batch.stored.items():
+                self.marks[shard] = max(high, self.marks.get(shard, -1))
+            if added.lost:
+                self._rebuild(added.lost)
         counts: dict[str, int] = {}
         earliest: int | None = None
         for shard, (_, records) in batch.stored.items():
@@ -295,6 +328,64 @@ class Ingress:
                 self.dlq.poll(0.1)
             except KafkaException as exc:
                 raise KafkaError(f"DLQ produce to {topic} failed: {exc}") from exc
+
+    # -------------------------------------------------------------- offsets and rebuilds
+
+    def _store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
+        """Store each shard's lowest pending offset for the next commit (auto or explicit)."""
+        shards &= self.assigned
+        if not shards:
+            return
+        try:
+            lows = self.store.lows({s: self.marks.get(s) for s in sorted(shards)})
+            if lows.offsets:
+                self.consumer.store_offsets(
+                    offsets=[
+                        TopicPartition(s.topic, s.partition, o) for s, o in lows.offsets.items()
+                    ]
+                )
+            if lows.lost and rebuild:
+                self._rebuild(lows.lost)
+        except StoreError as exc:
+            self.metrics.redis_errors.labels(stage="ingress").inc()
+            logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
+        except (KafkaException, KafkaError) as exc:
+            logger.warning("storing offsets failed: %s", exc)
+
+    def _rebuild(self, lost: dict[Shard, Lost]) -> None:
+        """Re-read lost shards from a point Redis still covers, or from the committed offset."""
+        where: dict[Shard, int] = {}
+        missing = [s for s, loss in lost.items() if loss.watermark is None and s in self.assigned]
+        if missing:
+            try:
+                committed = self.consumer.committed(
+                    [TopicPartition(s.topic, s.partition) for s in missing], COMMITTED_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                raise KafkaError(f"reading committed offsets for a rebuild failed: {exc}") from exc
+            for tp in committed:
+                where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
+        for shard, loss in lost.items():
+            if shard not in self.assigned:
+                continue
+            name = f"{shard.topic}[{shard.partition}]"
+            had = self.marks.pop(shard, None)
+            if loss.watermark is None:
+                offset = where[shard]
+                logger.error(
+                    "redis lost the state of %s (watermark %s): rebuilding it from committed "
+                    "offset %s; records delivered since then are delivered again",
+                    name, had, offset if offset >= 0 else "earliest",
+                )  # fmt: skip
+            else:
+                offset = loss.watermark + 1
+                logger.error(
+                    "redis lost writes to %s (watermark back from %s to %d): re-reading from %d",
+                    name, had, loss.watermark, offset,
+                )  # fmt: skip
+                self.marks[shard] = loss.watermark
+            self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
+            self.metrics.rebuilds.labels(delay_topic=shard.topic).inc()
 
     # -------------------------------------------------------------- failure handling
 

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -76,7 +76,7 @@ class Metrics:
         )
         self.ingest_lag = Gauge(
             "delay_bridge_ingest_lag_messages",
-            "Consumer lag on the delay topic (librdkafka statistics)",
+            "Delay-topic records not yet stored in Redis (log end from librdkafka statistics)",
             ["delay_topic", "partition"],
             registry=registry,
         )
@@ -89,6 +89,12 @@ class Metrics:
             "delay_bridge_redis_errors",
             "Redis calls that failed (the stage retries with back-off)",
             ["stage"],
+            registry=registry,
+        )
+        self.rebuilds = Counter(
+            "delay_bridge_rebuilds",
+            "Times Redis had lost a shard's writes and the bridge re-read the delay topic",
+            ["delay_topic"],
             registry=registry,
         )
         self.kafka_brokers_up = Gauge(
@@ -114,22 +120,35 @@ class Metrics:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""
         for topic in topics:
             self.ingested.labels(delay_topic=topic)
+            self.rebuilds.labels(delay_topic=topic)
 
-    def set_lag(self, assigned: set[Shard], stats_json: str) -> int:
-        """Update the lag gauges from a librdkafka statistics document; returns brokers up."""
+    def set_lag(self, positions: Mapping[Shard, int | None], stats_json: str) -> int:
+        """Update the lag gauges from a librdkafka statistics document; returns brokers up.
+
+        ``positions`` is the next offset to store per owned shard (watermark + 1), or None when
+        Redis has not told yet (then the committed offset, else the log start, stands in). The
+        committed offset is the lowest *pending* one, so librdkafka's own consumer_lag would count
+        every scheduled record; the lag here counts only records not yet read into Redis.
+        """
         stats = json.loads(stats_json)
         up = sum(1 for b in stats.get("brokers", {}).values() if b.get("state") == "UP")
         self.kafka_brokers_up.set(up)
         for topic, t in stats.get("topics", {}).items():
             for pid, p in t.get("partitions", {}).items():
                 shard = Shard(topic, int(pid))
-                if shard not in assigned:
+                if shard not in positions:
                     continue
-                lag = p.get("consumer_lag_stored", -1)
-                if lag < 0:
-                    lag = p.get("consumer_lag", -1)
-                if lag >= 0:
-                    self.ingest_lag.labels(delay_topic=topic, partition=pid).set(lag)
+                position = positions[shard]
+                if position is None:
+                    committed = p.get("committed_offset", -1)
+                    position = committed if committed >= 0 else p.get("lo_offset", -1)
+                end = p.get("ls_offset", -1)
+                if end < 0:
+                    end = p.get("hi_offset", -1)
+                if position >= 0 and end >= 0:
+                    self.ingest_lag.labels(delay_topic=topic, partition=pid).set(
+                        max(0, end - position)
+                    )
         return up
 
     def forget_partitions(self, shards: Iterable[Shard]) -> None:

@@ -16,12 +16,13 @@ from confluent_kafka import Consumer, Producer
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
-from bridge.config import Config, consumer_settings, producer_settings
+from bridge.config import Config, admin_settings, consumer_settings, producer_settings
 from bridge.egress import Egress
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.metrics import Metrics, Sampler
 from bridge.store import Shard, Store
+from bridge.topics import check_retention
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,9 @@ class Service:
         self._errors: list[BaseException] = []
 
     def _on_stats(self, stats_json: str) -> None:
-        self.brokers_up = self.metrics.set_lag(self.ingress.assigned, stats_json)
+        marks = self.ingress.marks
+        positions = {s: marks[s] + 1 if s in marks else None for s in self.ingress.assigned}
+        self.brokers_up = self.metrics.set_lag(positions, stats_json)
 
     def _on_revoke(self, shards: set[Shard]) -> None:
         self.egress.remove_shards(shards)
@@ -149,6 +152,16 @@ class Service:
         )  # fmt: skip
         self.sampler.sample_once()
         self.http.start()
+        threading.Thread(  # off the start-up path: it only warns
+            target=check_retention,
+            args=(
+                {**admin_settings(self.config), "logger": _kafka_logger("admin")},
+                self.config.topics.delay,
+                self.config.limits.max_delay,
+            ),
+            name="retention-check",
+            daemon=True,
+        ).start()
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
         ingress_thread = self._thread("ingress", self.ingress.run)

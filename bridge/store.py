@@ -7,7 +7,14 @@ scripts run on Redis Cluster:
   with the same due time sort in offset order;
 * ``…:inflight``  ZSET member → lease deadline ms;
 * ``…:records``   HASH member → encoded record (:func:`bridge.message.encode`);
-* ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark).
+* ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark);
+* ``…:low``       ZSET of offset buckets (``offset // 256`` as 7 bytes, all scored 0) that may
+  hold pending records, so the lowest pending offset — the one to commit — is found without
+  scanning the records.
+
+The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
+Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
+re-reading the delay topic from there (:mod:`bridge.ingress`).
 
 Calls over several shards go out in one pipeline: one round trip per batch, never per record.
 """
@@ -45,6 +52,7 @@ class ShardKeys:
     inflight: str
     records: str
     meta: str
+    low: str
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,29 @@ class Claimed:
     member: bytes
     record: Scheduled
     redelivery: bool
+
+
+class Lost(NamedTuple):
+    """Redis no longer holds what was written to a shard: its state is gone (``watermark`` is
+    None) or its watermark went back to ``watermark``."""
+
+    watermark: int | None
+
+
+@dataclass(frozen=True)
+class Added:
+    """What :meth:`Store.add` did: records stored, and the shards it refused as lost."""
+
+    count: int
+    lost: dict[Shard, Lost]
+
+
+@dataclass(frozen=True)
+class Lows:
+    """What :meth:`Store.lows` found: the offset to commit per shard, and the lost shards."""
+
+    offsets: dict[Shard, int]
+    lost: dict[Shard, Lost]
 
 
 @dataclass(frozen=True)
@@ -79,6 +110,24 @@ class Wake:
 def member(offset: int) -> bytes:
     """The ZSET/HASH member for a delay-topic offset."""
     return _MEMBER.pack(offset)
+
+
+def offset_of(member: bytes) -> int:
+    """The delay-topic offset a member stands for."""
+    return int(_MEMBER.unpack(member)[0])
+
+
+def _expected(watermark: int | None) -> str:
+    return "" if watermark is None else str(watermark)
+
+
+def _lost(status: int, watermark: int) -> Lost | None:
+    # The scripts' status codes: 0 fine, 1 state missing, 2 watermark went back.
+    if status == 1:
+        return Lost(None)
+    if status == 2:
+        return Lost(watermark)
+    return None
 
 
 @contextlib.contextmanager
@@ -111,11 +160,14 @@ class Store:
         self._release = _script(client, "release")
         self._next_due = _script(client, "next_due")
         self._stats = _script(client, "stats")
+        self._low = _script(client, "low")
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built."""
         tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
-        return ShardKeys(f"{tag}:due", f"{tag}:inflight", f"{tag}:records", f"{tag}:meta")
+        return ShardKeys(
+            f"{tag}:due", f"{tag}:inflight", f"{tag}:records", f"{tag}:meta", f"{tag}:low"
+        )
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
         with _as_store_error():
@@ -130,20 +182,58 @@ class Store:
         with _as_store_error():
             self.client.ping()
 
-    def add(self, batches: Mapping[Shard, tuple[int, Sequence[Scheduled]]]) -> int:
+    def add(
+        self,
+        batches: Mapping[Shard, tuple[int, Sequence[Scheduled]]],
+        expected: Mapping[Shard, int] | None = None,
+    ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
-        ``batches`` maps a shard to (highest offset handled, records to store). Returns how many
-        records were new.
+        ``batches`` maps a shard to (highest offset handled, records to store); ``expected`` the
+        watermark the caller last saw per shard. A shard whose state Redis lost is refused whole
+        and reported in :attr:`Added.lost`.
         """
+        expected = expected or {}
+        shards = list(batches)
         calls = []
-        for shard, (high, records) in batches.items():
+        for shard in shards:
+            high, records = batches[shard]
             k = self.keys(shard)
-            args: list[Any] = [high]
+            args: list[Any] = [_expected(expected.get(shard)), high]
             for rec in records:
                 args += [rec.offset, member(rec.offset), rec.due_ms, encode(rec)]
-            calls.append((self._add, [k.due, k.records, k.meta], args))
-        return sum(int(n) for n in self._run(calls))
+            calls.append((self._add, [k.due, k.records, k.meta, k.low], args))
+        count, lost = 0, {}
+        for shard, (status, value) in zip(shards, self._run(calls), strict=True):
+            loss = _lost(int(status), int(value))
+            if loss is None:
+                count += int(value)
+            else:
+                lost[shard] = loss
+        return Added(count, lost)
+
+    def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
+        """The offset to commit for each shard: its lowest pending offset, else watermark + 1.
+
+        A shard Redis holds nothing for is left out, unless the caller expected a watermark for
+        it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
+        """
+        shards = list(expected)
+        calls: list[tuple[Script, list[str], list[Any]]] = []
+        for shard in shards:
+            k = self.keys(shard)
+            args = [_expected(expected[shard]), max_buckets]
+            calls.append((self._low, [k.records, k.meta, k.low], args))
+        offsets, lost = {}, {}
+        for shard, (status, mark, low) in zip(
+            shards, self._run(calls) if calls else [], strict=True
+        ):
+            loss = _lost(int(status), int(mark))
+            if loss is None:
+                offsets[shard] = offset_of(low) if low else int(mark) + 1
+            elif loss.watermark is not None or expected[shard] is not None:
+                lost[shard] = loss
+        return Lows(offsets, lost)
 
     def claim(
         self, shards: Sequence[Shard], limit: int, lease_ms: int, now_ms: int | None = None

@@ -79,10 +79,10 @@ class TopicFactory:
     suffix: str
     created: list[str] = field(default_factory=list)
 
-    def __call__(self, base: str, partitions: int = 1) -> str:
+    def __call__(self, base: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
         name = f"{base}-{self.suffix}"
         futures = self.admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
         )
         futures[name].result(timeout=30)
         self.created.append(name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import random
 import re
 import signal
 import subprocess
@@ -16,7 +18,18 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Message, Producer
 
-from bridge.message import H_DUE_AT, H_ID, Headers, wire_headers
+from bridge.message import (
+    H_AFTER,
+    H_DELIVER_AT,
+    H_DUE_AT,
+    H_ID,
+    H_TARGET_KEY,
+    H_TARGET_TOPIC,
+    Headers,
+    format_time_ms,
+    wire_headers,
+)
+from tests.conftest import Services
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -206,3 +219,82 @@ def produce_all(
     assert producer.flush(30) == 0
     assert all(c is not None for c in coords)
     return [c for c in coords if c is not None]
+
+
+@dataclass
+class Setup:
+    services: Services
+    delay: str
+    targets: list[str]
+    dlq: str
+    unique: str
+    tmp: Path
+
+    def bridge(self, name: str = "bridge", **overrides: str) -> Bridge:
+        env = bridge_env(
+            self.services.bootstrap, self.services.redis_url,
+            topics__delay=self.delay, topics__dead_letter=self.dlq,
+            kafka__group_id=f"bridge-{self.unique}", redis__key_prefix=f"test-{self.unique}",
+            **overrides,
+        )  # fmt: skip
+        return Bridge(env, self.tmp / f"{name}.log")
+
+    def collector(self) -> Collector:
+        return Collector(self.services.bootstrap, [*self.targets, self.dlq], f"check-{self.unique}")
+
+
+def schedule(setup: Setup, count: int, seed: int, max_delay_ms: int = 3000) -> dict[str, int]:
+    """Produce ``count`` valid records with mixed delays and header formats.
+
+    Returns delay-id → the earliest due time the test can assert (ms).
+    """
+    rng = random.Random(seed)
+    now = time.time_ns() // 1_000_000
+    records: list[tuple[bytes | None, bytes, Headers]] = []
+    expected_due: list[int] = []
+    for i in range(count):
+        target = setup.targets[i % 2].encode()
+        headers: Headers = [(H_TARGET_TOPIC, target), ("trace", f"t{i}".encode())]
+        kind = i % 5
+        if kind == 0:  # already past
+            due = now - rng.randint(1, 60_000)
+            headers.append((H_DELIVER_AT, str(due).encode()))
+        elif kind == 1:  # sub-second
+            delay = rng.randint(0, 999)
+            headers.append((H_AFTER, f"{delay}ms".encode()))
+            due = now + delay
+        elif kind == 2:  # seconds, plain milliseconds
+            delay = rng.randint(1000, max_delay_ms)
+            headers.append((H_AFTER, str(delay).encode()))
+            due = now + delay
+        elif kind == 3:  # RFC 3339 with an offset
+            due = now + rng.randint(0, max_delay_ms)
+            text = format_time_ms(due).replace("Z", "+00:00")
+            headers.append((H_DELIVER_AT, text.encode()))
+        else:  # caller's id and a target key
+            delay = rng.randint(0, max_delay_ms)
+            headers += [(H_AFTER, f"{delay}ms".encode()), (H_ID, f"mine-{seed}-{i}".encode()),
+                        (H_TARGET_KEY, f"tk-{i}".encode())]  # fmt: skip
+            due = now + delay
+        records.append((f"k{i}".encode(), f"value-{i}".encode(), headers))
+        expected_due.append(due)
+    coords = produce_all(setup.services.bootstrap, setup.delay, records)
+    ids = {}
+    for i, ((partition, offset), due) in enumerate(zip(coords, expected_due, strict=True)):
+        delay_id = f"mine-{seed}-{i}" if i % 5 == 4 else f"{setup.delay}:{partition}:{offset}"
+        # Relative delays count from the record's timestamp, set a little after `now`.
+        ids[delay_id] = due
+    return ids
+
+
+def delivered(collector: Collector, setup: Setup) -> list[Received]:
+    return [r for r in collector.records if r.topic in setup.targets]
+
+
+def check_delivery(received: list[Received], expected: dict[str, int]) -> collections.Counter[str]:
+    counts = collections.Counter(r.delay_id for r in received)
+    assert set(counts) == set(expected), "missing or unexpected delay-ids"
+    for r in received:
+        assert r.seen_ms >= expected[r.delay_id], f"{r.delay_id} arrived before its due time"
+        assert r.timestamp_ms >= r.due_ms >= expected[r.delay_id] - 1
+    return counts

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import collections
-import random
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -17,112 +13,21 @@ from bridge.message import (
     H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
-    H_ID,
     H_ORIGIN,
-    H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
-    format_time_ms,
 )  # fmt: skip
-from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Collector, Received, bridge_env, produce_all
+from tests.conftest import wait_for
+from tests.integration.harness import (
+    Bridge,
+    Setup,
+    check_delivery,
+    delivered,
+    produce_all,
+    schedule,
+)
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class Setup:
-    services: Services
-    delay: str
-    targets: list[str]
-    dlq: str
-    unique: str
-    tmp: Path
-
-    def bridge(self, name: str = "bridge", **overrides: str) -> Bridge:
-        env = bridge_env(
-            self.services.bootstrap, self.services.redis_url,
-            topics__delay=self.delay, topics__dead_letter=self.dlq,
-            kafka__group_id=f"bridge-{self.unique}", redis__key_prefix=f"test-{self.unique}",
-            **overrides,
-        )  # fmt: skip
-        return Bridge(env, self.tmp / f"{name}.log")
-
-    def collector(self) -> Collector:
-        return Collector(self.services.bootstrap, [*self.targets, self.dlq], f"check-{self.unique}")
-
-
-@pytest.fixture
-def setup(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
-    return Setup(
-        services, topics("delay", 3), [topics("out-a", 2), topics("out-b", 1)], topics("dlq"),
-        unique, tmp_path,
-    )  # fmt: skip
-
-
-@pytest.fixture
-def bridges() -> Iterator[list[Bridge]]:
-    running: list[Bridge] = []
-    yield running
-    for b in running:
-        b.kill()
-
-
-def schedule(setup: Setup, count: int, seed: int, max_delay_ms: int = 3000) -> dict[str, int]:
-    """Produce ``count`` valid records with mixed delays and header formats.
-
-    Returns delay-id → the earliest due time the test can assert (ms).
-    """
-    rng = random.Random(seed)
-    now = time.time_ns() // 1_000_000
-    records: list[tuple[bytes | None, bytes, Headers]] = []
-    expected_due: list[int] = []
-    for i in range(count):
-        target = setup.targets[i % 2].encode()
-        headers: Headers = [(H_TARGET_TOPIC, target), ("trace", f"t{i}".encode())]
-        kind = i % 5
-        if kind == 0:  # already past
-            due = now - rng.randint(1, 60_000)
-            headers.append((H_DELIVER_AT, str(due).encode()))
-        elif kind == 1:  # sub-second
-            delay = rng.randint(0, 999)
-            headers.append((H_AFTER, f"{delay}ms".encode()))
-            due = now + delay
-        elif kind == 2:  # seconds, plain milliseconds
-            delay = rng.randint(1000, max_delay_ms)
-            headers.append((H_AFTER, str(delay).encode()))
-            due = now + delay
-        elif kind == 3:  # RFC 3339 with an offset
-            due = now + rng.randint(0, max_delay_ms)
-            text = format_time_ms(due).replace("Z", "+00:00")
-            headers.append((H_DELIVER_AT, text.encode()))
-        else:  # caller's id and a target key
-            delay = rng.randint(0, max_delay_ms)
-            headers += [(H_AFTER, f"{delay}ms".encode()), (H_ID, f"mine-{seed}-{i}".encode()),
-                        (H_TARGET_KEY, f"tk-{i}".encode())]  # fmt: skip
-            due = now + delay
-        records.append((f"k{i}".encode(), f"value-{i}".encode(), headers))
-        expected_due.append(due)
-    coords = produce_all(setup.services.bootstrap, setup.delay, records)
-    ids = {}
-    for i, ((partition, offset), due) in enumerate(zip(coords, expected_due, strict=True)):
-        delay_id = f"mine-{seed}-{i}" if i % 5 == 4 else f"{setup.delay}:{partition}:{offset}"
-        # Relative delays count from the record's timestamp, set a little after `now`.
-        ids[delay_id] = due
-    return ids
-
-
-def delivered(collector: Collector, setup: Setup) -> list[Received]:
-    return [r for r in collector.records if r.topic in setup.targets]
-
-
-def check_delivery(received: list[Received], expected: dict[str, int]) -> collections.Counter[str]:
-    counts = collections.Counter(r.delay_id for r in received)
-    assert set(counts) == set(expected), "missing or unexpected delay-ids"
-    for r in received:
-        assert r.seen_ms >= expected[r.delay_id], f"{r.delay_id} arrived before its due time"
-        assert r.timestamp_ms >= r.due_ms >= expected[r.delay_id] - 1
-    return counts
 
 
 def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge]) -> None:

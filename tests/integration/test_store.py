@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from bridge.message import Scheduled
-from bridge.store import Shard, Store, member
+from bridge.store import Lost, Shard, Store, member
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ SHARD = Shard("delay", 0)
 
 def add(store: Store, *records: Scheduled, shard: Shard = SHARD, high: int | None = None) -> int:
     top = max(r.offset for r in records) if high is None else high
-    return store.add({shard: (top, list(records))})
+    return store.add({shard: (top, list(records))}).count
 
 
 def offsets(claimed: list) -> list[int]:  # type: ignore[type-arg]
@@ -39,7 +39,7 @@ def offsets(claimed: list) -> list[int]:  # type: ignore[type-arg]
 
 def test_keys_share_one_hash_tag(store: Store) -> None:
     keys = store.keys(Shard("delay", 3))
-    tags = {k.split("}")[0] for k in (keys.due, keys.inflight, keys.records, keys.meta)}
+    tags = {k.split("}")[0] for k in (keys.due, keys.inflight, keys.records, keys.meta, keys.low)}
     assert tags == {f"{{{store.prefix}:delay:3"}
 
 
@@ -102,9 +102,10 @@ def test_re_adding_is_a_no_op(store: Store) -> None:
 
 
 def test_watermark_moves_past_dead_lettered_offsets(store: Store) -> None:
-    assert store.add({SHARD: (5, [rec(3, T0)])}) == 1
+    assert add(store, rec(3, T0), high=5) == 1
     assert store.watermarks([SHARD]) == {SHARD: 5}
-    assert store.add({SHARD: (4, [rec(4, T0)])}) == 0  # watermark never goes back
+    assert add(store, rec(4, T0), high=4) == 0  # watermark never goes back
+    assert store.watermarks([SHARD]) == {SHARD: 5}
 
 
 def test_shards_are_independent_and_pipelined(store: Store) -> None:
@@ -142,3 +143,60 @@ def test_backlog_counts(store: Store) -> None:
     assert (b.now_ms, b.scheduled, b.overdue, b.inflight) == (T0, 3, 2, 1)
     assert b.oldest_due_ms == T0 - 2000
     assert store.backlog([], now_ms=T0) == type(b)(T0, 0, 0, 0, None)
+
+
+# ---------------------------------------------------------------- lost writes and the low offset
+
+
+def test_add_refuses_a_shard_whose_state_redis_lost(store: Store) -> None:
+    assert add(store, rec(0, T0), rec(1, T0)) == 2
+    store.client.delete(*store.keys(SHARD).__dict__.values())  # Redis wiped
+    added = store.add({SHARD: (2, [rec(2, T0)])}, expected={SHARD: 1})
+    assert (added.count, added.lost) == (0, {SHARD: Lost(None)})
+    assert store.watermarks([SHARD]) == {}  # nothing written
+    # Without an expectation (a new owner that found no state) the shard is simply created.
+    assert store.add({SHARD: (2, [rec(2, T0)])}).count == 1
+
+
+def test_add_refuses_a_shard_whose_watermark_went_back(store: Store) -> None:
+    add(store, rec(0, T0), high=3)
+    added = store.add({SHARD: (9, [rec(9, T0)])}, expected={SHARD: 7})
+    assert (added.count, added.lost) == (0, {SHARD: Lost(3)})
+    added = store.add({SHARD: (9, [rec(9, T0)])}, expected={SHARD: 3})
+    assert (added.count, added.lost) == (1, {})
+
+
+def test_low_is_the_lowest_pending_offset(store: Store) -> None:
+    assert store.lows({SHARD: None}).offsets == {}  # nothing known, nothing to commit
+    add(store, rec(5, T0 + 50), rec(6, T0), rec(7, T0 + 10), high=9)
+    assert store.lows({SHARD: 9}).offsets == {SHARD: 5}
+    # Delivered out of offset order: the low offset waits for the oldest pending record.
+    claimed = store.claim([SHARD], 2, LEASE, now_ms=T0 + 10)
+    assert offsets(claimed) == [6, 7]
+    assert store.lows({SHARD: 9}).offsets == {SHARD: 5}  # in flight still counts as pending
+    store.ack({SHARD: [c.member for c in claimed]})
+    assert store.lows({SHARD: 9}).offsets == {SHARD: 5}
+    store.ack({SHARD: [c.member for c in store.claim([SHARD], 5, LEASE, now_ms=T0 + 50)]})
+    assert store.lows({SHARD: 9}).offsets == {SHARD: 10}  # nothing pending: watermark + 1
+
+
+def test_low_crosses_empty_buckets_and_stays_conservative_when_bounded(store: Store) -> None:
+    records = [rec(i, T0 if i < 1000 else T0 + 1) for i in range(1100)]
+    for start in range(0, 1100, 100):
+        add(store, *records[start : start + 100])
+    while claimed := store.claim([SHARD], 500, LEASE, now_ms=T0):
+        store.ack({SHARD: [c.member for c in claimed]})
+    # Offsets 0..999 are gone, 1000.. pending: buckets 0-2 are empty, bucket 3 (768..1023) is not.
+    assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 256}
+    assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 512}
+    assert store.lows({SHARD: 1099}).offsets == {SHARD: 1000}
+    assert store.client.zcard(store.keys(SHARD).low) == 2  # buckets 3 and 4 remain
+
+
+def test_low_reports_lost_state_only_when_expected(store: Store) -> None:
+    add(store, rec(0, T0), high=4)
+    other = Shard("delay", 5)
+    lows = store.lows({SHARD: 6, other: None})
+    assert (lows.offsets, lows.lost) == ({}, {SHARD: Lost(4)})
+    lows = store.lows({SHARD: 4, other: 2})
+    assert (lows.offsets, lows.lost) == ({SHARD: 0}, {other: Lost(None)})

@@ -1,0 +1,69 @@
+"""Start-up checks on the delay topics: can they rebuild a Redis that lost its data?
+
+The committed offset of a delay-topic partition is its lowest pending record, which can be as old
+as ``limits.max_delay``. If Redis loses its data, the bridge re-reads the topic from there — so the
+topic must still hold those records. Time retention shorter than ``limits.max_delay``, any size
+retention, or compaction can delete a record that is still waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+
+from bridge.message import format_duration_ms
+
+logger = logging.getLogger(__name__)
+
+DESCRIBE_TIMEOUT_S = 10.0
+
+
+def retention_problems(topic: str, settings: Mapping[str, str], max_delay_ms: int) -> list[str]:
+    """What in a delay topic's configuration can delete records before they are due."""
+    problems = []
+    retention_ms = int(settings.get("retention.ms", "-1"))
+    if 0 <= retention_ms < max_delay_ms:
+        problems.append(
+            f"delay topic {topic} keeps records for retention.ms={retention_ms} "
+            f"({format_duration_ms(retention_ms)}) but limits.max_delay is "
+            f"{format_duration_ms(max_delay_ms)}: if Redis loses its data, records scheduled "
+            f"further out than {format_duration_ms(retention_ms)} cannot be rebuilt from the "
+            f"topic. Set retention.ms >= {max_delay_ms} (or -1) or lower limits.max_delay"
+        )
+    if int(settings.get("retention.bytes", "-1")) >= 0:
+        problems.append(
+            f"delay topic {topic} has retention.bytes={settings['retention.bytes']}: size-based "
+            "retention can delete records that are still scheduled, and a Redis that lost its "
+            "data could not be rebuilt from the topic. Set retention.bytes=-1"
+        )
+    if "compact" in settings.get("cleanup.policy", "delete"):
+        problems.append(
+            f"delay topic {topic} has cleanup.policy={settings['cleanup.policy']}: compaction "
+            "removes older records with the same key that may still be scheduled. "
+            "Use cleanup.policy=delete"
+        )
+    return problems
+
+
+def check_retention(admin_conf: Mapping[str, Any], topics: Sequence[str], max_delay_ms: int) -> int:
+    """Warn loudly for every delay topic that cannot rebuild Redis; returns how many warnings."""
+    admin = AdminClient(dict(admin_conf))
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
+    warnings = 0
+    try:
+        futures = admin.describe_configs(resources, request_timeout=DESCRIBE_TIMEOUT_S)
+        for resource, future in futures.items():
+            entries = future.result(timeout=DESCRIBE_TIMEOUT_S)
+            settings = {name: str(entry.value) for name, entry in entries.items()}
+            for problem in retention_problems(resource.name, settings, max_delay_ms):
+                logger.warning("DELAY TOPIC CANNOT REBUILD REDIS: %s", problem)
+                warnings += 1
+    except (KafkaException, TimeoutError) as exc:
+        logger.warning("could not read the delay topics' retention (%s); make sure it "
+                       "covers limits.max_delay", exc)  # fmt: skip
+    return warnings

@@ -1,0 +1,27 @@
+"""Fixtures of the end-to-end tests: per-test topics and bridge processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Services, TopicFactory
+from tests.integration.harness import Bridge, Setup
+
+
+@pytest.fixture
+def setup(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
+    return Setup(
+        services, topics("delay", 3), [topics("out-a", 2), topics("out-b", 1)], topics("dlq"),
+        unique, tmp_path,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def bridges() -> Iterator[list[Bridge]]:
+    running: list[Bridge] = []
+    yield running
+    for b in running:
+        b.kill()

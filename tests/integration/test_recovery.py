@@ -1,0 +1,166 @@
+"""Redis losing data: the committed offset is the lowest pending record, so the bridge rebuilds."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Consumer, TopicPartition
+
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.store import Shard, Store, member
+from bridge.topics import check_retention
+from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.harness import Bridge, Collector, Setup, produce_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
+    """One delay partition, so offsets are predictable."""
+    return Setup(services, topics("delay", 1), [topics("out", 1)], topics("dlq"), unique, tmp_path)
+
+
+def due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> list[int]:
+    records: list[tuple[bytes | None, bytes, Headers]] = [
+        (None, f"{tag}-{i}".encode(),
+         [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, f"{delay_ms}ms".encode())])
+        for i in range(count)
+    ]  # fmt: skip
+    return [offset for _, offset in produce_all(setup.services.bootstrap, setup.delay, records)]
+
+
+def committed(setup: Setup) -> int:
+    consumer = Consumer({"bootstrap.servers": setup.services.bootstrap,
+                         "group.id": f"bridge-{setup.unique}"})  # fmt: skip
+    try:
+        [tp] = consumer.committed([TopicPartition(setup.delay, 0)], timeout=10)
+        return int(tp.offset)
+    finally:
+        consumer.close()
+
+
+def wipe(setup: Setup) -> int:
+    """Delete every key of the bridge's prefix, as a Redis that lost its data would."""
+    client = redis.Redis.from_url(setup.services.redis_url)
+    keys = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
+    client.delete(*keys)
+    client.close()
+    return len(keys)
+
+
+def values_delivered(collector: Collector, setup: Setup) -> collections.Counter[bytes]:
+    return collections.Counter(r.value or b"" for r in collector.of(setup.targets[0]))
+
+
+def rebuilds(bridge: Bridge, setup: Setup) -> float:
+    _, body = bridge.get("/metrics")
+    line = f'delay_bridge_rebuilds_total{{delay_topic="{setup.delay}"}}'
+    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(line))
+
+
+def test_committed_offset_is_the_lowest_pending_record(one: Setup, bridges: list[Bridge]) -> None:
+    due_in(one, 20, 0, "now")  # offsets 0..19
+    due_in(one, 1, 3_600_000, "later")  # offset 20, an hour away
+    due_in(one, 10, 0, "now2")  # offsets 21..30
+    bridges.append(one.bridge().start())
+    collector = one.collector()
+    try:
+        collector.until(lambda rs: len(rs) == 30, 60, "the 30 due records")
+        # Everything up to offset 30 is in Redis, but offset 20 is still pending: the commit
+        # stays at 20 so a Redis that lost its data is rebuilt from there.
+        wait_for(lambda: committed(one) == 20, 30, "committed offset 20")
+    finally:
+        collector.close()
+
+
+def test_redis_wiped_while_running_is_rebuilt_from_the_delay_topic(
+    one: Setup, bridges: list[Bridge]
+) -> None:
+    bridge = one.bridge().start()
+    bridges.append(bridge)
+    collector = one.collector()
+    try:
+        due_in(one, 50, 0, "early")  # offsets 0..49, delivered at once
+        collector.until(lambda rs: len(rs) == 50, 60, "the early records")
+        due_in(one, 100, 8_000, "late")  # offsets 50..149, pending
+        wait_for(lambda: committed(one) == 50, 30, "committed offset 50 (lowest pending)")
+        assert wipe(one) > 0
+        collector.until(lambda rs: len(rs) >= 150, 60, "every record after the rebuild")
+        collector.poll(1.0)
+        assert "redis lost the state" in bridge.output()
+        assert rebuilds(bridge, one) == 1
+    finally:
+        collector.close()
+    counts = values_delivered(collector, one)
+    assert len(counts) == 150 and max(counts.values()) == 1, "each record exactly once"
+
+
+def test_redis_wiped_while_stopped_is_rebuilt_at_start(one: Setup, bridges: list[Bridge]) -> None:
+    first = one.bridge("first").start()
+    bridges.append(first)
+    due_in(one, 30, 10_000, "pending")
+    wait_for(lambda: committed(one) == 0, 30, "committed offset 0")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    assert wipe(one) > 0
+    second = one.bridge("second").start()
+    bridges.append(second)
+    collector = one.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 30, 60, "every record after the restart")
+        collector.poll(1.0)
+    finally:
+        collector.close()
+    counts = values_delivered(collector, one)
+    assert len(counts) == 30 and max(counts.values()) == 1
+
+
+def test_lost_writes_are_read_again(one: Setup, bridges: list[Bridge]) -> None:
+    """A Redis restarted from an AOF missing its last second: the watermark went back."""
+    bridge = one.bridge().start()
+    bridges.append(bridge)
+    due_in(one, 20, 8_000, "pending")  # offsets 0..19
+    client = redis.Redis.from_url(one.services.redis_url)
+    store = Store(client, f"test-{one.unique}")
+    shard = Shard(one.delay, 0)
+    wait_for(lambda: store.watermarks([shard]) == {shard: 19}, 30, "all 20 stored")
+    keys = store.keys(shard)
+    lost = [member(o) for o in range(10, 20)]
+    client.hset(keys.meta, "ingested", "9")
+    client.hdel(keys.records, *lost)  # type: ignore[arg-type]
+    client.zrem(keys.due, *lost)
+    collector = one.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 20, 60, "every record after the re-read")
+        collector.poll(1.0)
+    finally:
+        collector.close()
+        client.close()
+    assert "redis lost writes" in bridge.output()
+    counts = values_delivered(collector, one)
+    assert len(counts) == 20 and max(counts.values()) == 1
+
+
+def test_retention_shorter_than_max_delay_is_reported(
+    services: Services, topics: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    short = topics("short", config={"retention.ms": "60000"})
+    forever = topics("forever", config={"retention.ms": "-1"})
+    admin = {"bootstrap.servers": services.bootstrap}
+    with caplog.at_level(logging.WARNING, logger="bridge.topics"):
+        assert check_retention(admin, [short, forever], max_delay_ms=3_600_000) == 1
+    assert f"delay topic {short} keeps records for retention.ms=60000 (1m)" in caplog.text
+    assert forever not in caplog.text
+    assert check_retention(admin, [short], max_delay_ms=60_000) == 0
+    started = time.monotonic()
+    unreachable = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}
+    assert check_retention(unreachable, [short], 60_000) == 0
+    assert "could not read the delay topics' retention" in caplog.text
+    assert time.monotonic() - started < 30
