@@ -36,7 +36,7 @@ services-status:
 
 topics: services
 	@export $$(scripts/services env) && \
-	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay --partitions $(DELAY_PARTITIONS) && \
+	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay --partitions $(DELAY_PARTITIONS) --config retention.ms=-1 && \
 	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay.dlq --partitions 1
 
 run: topics

@@ -16,11 +16,14 @@ def ready(admin: AdminClient, timeout: float) -> int:
     return 0 if metadata.brokers else 1
 
 
-def create(admin: AdminClient, name: str, partitions: int, timeout: float) -> int:
+def create(
+    admin: AdminClient, name: str, partitions: int, config: dict[str, str], timeout: float
+) -> int:
     """Create a topic unless it exists already."""
     if name in admin.list_topics(timeout=timeout).topics:
         return 0
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
+    futures = admin.create_topics([topic])
     try:
         futures[name].result(timeout=timeout)
     except KafkaException as exc:
@@ -40,13 +43,15 @@ def main() -> int:
     create_p = sub.add_parser("create")
     create_p.add_argument("name")
     create_p.add_argument("--partitions", type=int, default=3)
+    create_p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap, "log_level": 0})
     try:
         if args.command == "ready":
             return ready(admin, args.timeout)
-        return create(admin, args.name, args.partitions, args.timeout)
+        config = dict(item.split("=", 1) for item in args.config)
+        return create(admin, args.name, args.partitions, config, args.timeout)
     except KafkaException as exc:
         print(f"kafka_admin: {exc}", file=sys.stderr)
         return 1
