@@ -39,6 +39,7 @@ from confluent_kafka import KafkaError as ClientError
 from bridge.errors import BridgeError, KafkaError, StoreError
 from bridge.message import (
     Headers,
+    Reason,
     Rejected,
     Rules,
     Scheduled,
@@ -284,6 +285,11 @@ class Ingress:
                 )
             except Rejected as rejection:
                 batch.rejected.append((msg, rejection))
+            except Exception as exc:  # a parser bug must not stop the partition on this record
+                logger.exception("parsing %s failed", origin(topic, partition, offset))
+                batch.rejected.append(
+                    (msg, Rejected(Reason.BAD_HEADER, f"unparseable: {type(exc).__name__}: {exc}"))
+                )
         return batch
 
     def _dead_letter(self, rejected: list[tuple[Message, Rejected]]) -> None:

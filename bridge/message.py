@@ -151,8 +151,11 @@ def parse_time_ms(text: str) -> int:
 
 
 def format_time_ms(ms: int) -> str:
-    """Epoch ms → RFC 3339 UTC with milliseconds."""
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    """Epoch ms → RFC 3339 UTC with milliseconds (plain ms outside the years 1 to 9999)."""
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms after the epoch"
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

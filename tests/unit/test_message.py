@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.message import (
@@ -161,6 +161,9 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, None)], Reason.BAD_DUE_TIME),
     ([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, b"next week")], Reason.BAD_DUE_TIME),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"8d")], Reason.DELAY_TOO_LONG),
+    # found by the chaos harness: a due time past the year 9999 crashed the detail's formatting
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"9" * 40)], Reason.DELAY_TOO_LONG),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"99999999999999d")], Reason.DELAY_TOO_LONG),
     ([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, str(NOW + 8 * 86_400_000).encode())], Reason.DELAY_TOO_LONG),
     ([(H_AFTER, b"1s")], Reason.MISSING_TARGET),
     ([(H_TARGET_TOPIC, b""), (H_AFTER, b"1s")], Reason.MISSING_TARGET),
@@ -240,3 +243,36 @@ def test_decode_refuses_unknown_versions() -> None:
     blob[0] = 9
     with pytest.raises(ValueError):
         decode(bytes(blob))
+
+
+_CONTROL_NAMES = [H_TARGET_TOPIC, H_AFTER, H_DELIVER_AT, H_ID, "delay-target-key", "other"]
+_hostile_values = st.one_of(
+    st.none(),
+    st.binary(max_size=40),
+    st.text(max_size=30).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.integers(-(2**80), 2**80).map(lambda n: str(n).encode()),
+    st.from_regex(r"[0-9]{1,30}(ms|s|m|h|d)", fullmatch=True).map(str.encode),
+    st.from_regex(
+        r"[0-9]{1,6}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,12})?"
+        r"(Z|[+-][0-9]{2}:[0-9]{2})",
+        fullmatch=True,
+    ).map(str.encode),
+)
+
+
+@settings(max_examples=500)
+@given(
+    headers=st.lists(st.tuples(st.sampled_from(_CONTROL_NAMES), _hostile_values), max_size=6),
+    timestamp=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+)
+def test_any_headers_give_a_schedule_or_a_rejection(
+    headers: Headers, timestamp: int | None
+) -> None:
+    """Whatever the headers, parse returns or raises Rejected — never another exception that
+    would stop the ingress loop on a poison record."""
+    try:
+        rec = run(headers, timestamp_ms=timestamp)
+    except Rejected as rejected:
+        assert rejected.detail and "\n" not in rejected.detail
+    else:
+        assert rec.due_ms - NOW <= 7 * 86_400_000

@@ -1,0 +1,80 @@
+"""``python -m tests.chaos [--quick] [--seed N] [SCENARIO ...]``: run scenarios, print the table.
+
+Starts the harness's own Kafka and Redis (127.0.0.1:19192 and :16479, state in
+``$DELAY_BRIDGE_STATE_DIR/chaos``), runs each scenario, prints a Markdown table (the README's
+Reliability section) and writes ``build/chaos/results.json``. Exits 1 if any scenario lost a
+record, delivered early or failed a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tests.chaos.scenarios import HEADER, SCENARIOS, Result, run_scenario
+from tests.chaos.servers import Servers
+from tests.conftest import ROOT
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r.row()) + " |" for r in results]
+    return "\n".join(lines)
+
+
+def state_dir() -> Path:
+    base = os.environ.get("DELAY_BRIDGE_STATE_DIR", str(Path.home() / ".local/state/delay-bridge"))
+    return Path(base) / "chaos"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
+                        help=f"default: all of {', '.join(SCENARIOS)}")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="the short sizes `make test` runs")
+    parser.add_argument("--seed", type=int, default=20261121)
+    parser.add_argument("--keep", action="store_true", help="leave the servers running")
+    args = parser.parse_args()
+    names = args.scenarios or list(SCENARIOS)
+    out = ROOT / "build" / "chaos"
+    out.mkdir(parents=True, exist_ok=True)
+    servers = Servers(state_dir())
+    servers.up()
+    results: list[Result] = []
+    try:
+        for i, name in enumerate(names):
+            _, quick, full = SCENARIOS[name]
+            size = quick if args.quick else full
+            started = time.monotonic()
+            print(f"== {name}: {size}", file=sys.stderr, flush=True)
+            result = run_scenario(servers, out / "runs", name, size, args.seed + i)
+            results.append(result)
+            failed = [k for k, v in result.checks.items() if not v]
+            print(f"   {'ok' if result.ok else 'FAILED'} in {time.monotonic() - started:.0f}s: "
+                  f"{' | '.join(result.row()[3:])}{' failed: ' + ', '.join(failed) if failed else ''}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        if not args.keep:
+            servers.down()
+    print(table(results))
+    command = "make chaos" if not args.quick else "python -m tests.chaos --quick"
+    (out / "results.json").write_text(json.dumps({
+        "command": command, "seed": args.seed,
+        "scenarios": [{
+            "name": r.scenario, "faults": r.faults, "records": r.account.records,
+            "lost": r.account.lost[:20], "duplicates": r.account.duplicates,
+            "early": r.account.early[:20], "misrouted": r.account.misrouted[:20],
+            "max_lateness_ms": r.account.max_lateness_ms,
+            "p99_lateness_ms": r.account.quantile_ms(0.99), "checks": r.checks, "notes": r.notes,
+            "seconds": round(r.seconds, 1), "ok": r.ok,
+        } for r in results],
+    }, indent=2))  # fmt: skip
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The checker: accounts for every offset of the delay topic.
+
+It reads the target topics and the DLQ from the start while a scenario runs, then reads the delay
+topic itself and decides for each record what the contract requires — the bridge's own parser is
+the oracle for *what* a record asks for (it has its own unit tests); the checker verifies that the
+pipeline did it: delivered at least once and never before its due time, or dead-lettered with the
+reason, or (for a record due after the run) still scheduled in Redis. Anything else is lost.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from bridge.message import (
+    H_DUE_AT,
+    H_ERROR,
+    H_ID,
+    H_ORIGIN,
+    Headers,
+    Rejected,
+    Rules,
+    parse,
+)
+from bridge.store import Shard, Store, member
+from tests.chaos.workload import now_ms, seq_of
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A delivered or dead-lettered record as the checker saw it."""
+
+    seen_ms: int
+    timestamp_ms: int
+    delay_id: str
+    due_header: int | None
+    reason: str | None
+    origin: str | None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the contract requires of one delay-topic record."""
+
+    offset: str  # topic:partition:offset
+    produced_ms: int
+    due_ms: int | None = None  # deliver at this time
+    delay_id: str = ""
+    reason: str | None = None  # or dead-letter with this reason
+
+
+def _header(headers: Headers, name: str) -> bytes | None:
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
+
+
+@dataclass
+class Checker:
+    """Collects the outputs in a thread; :meth:`account` settles every delay-topic offset."""
+
+    bootstrap: str
+    outputs: list[str]
+    group: str
+    delivered: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
+    dead: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
+    strays: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    dlq: str = ""
+
+    def start(self) -> Checker:
+        self.dlq = self.outputs[-1]
+        self._thread = threading.Thread(target=self._run, name="checker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        consumer = Consumer({
+            "bootstrap.servers": self.bootstrap, "group.id": self.group,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
+        })  # fmt: skip
+        consumer.subscribe(self.outputs)
+        try:
+            while not self._stop.is_set():
+                for msg in consumer.consume(1000, 0.1):
+                    if msg.error() is None:
+                        self._take(msg)
+        finally:
+            consumer.close()
+
+    def _take(self, msg: Message) -> None:
+        seen = now_ms()
+        headers: Headers = list(msg.headers() or [])  # type: ignore[arg-type]
+        seq = seq_of(msg.value())
+        if seq is None:
+            self.strays += 1
+            return
+        due = _header(headers, H_DUE_AT)
+        reason = _header(headers, H_ERROR)
+        origin = _header(headers, H_ORIGIN)
+        entry = Seen(
+            seen, msg.timestamp()[1], (_header(headers, H_ID) or b"").decode(errors="replace"),
+            int(due) if due else None, reason.decode() if reason else None,
+            origin.decode() if origin else None,
+        )  # fmt: skip
+        (self.dead if msg.topic() == self.dlq else self.delivered)[seq].append(entry)
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
+    """Every record of ``topic``, read to its end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
+                         "enable.auto.commit": False, "log_level": 3})  # fmt: skip
+    try:
+        ends = {}
+        for p in range(partitions):
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            ends[p] = high
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        out: list[Message] = []
+        deadline = time.monotonic() + 120
+        while sum(1 for m in out) < sum(ends.values()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not read {topic} to its end")
+            out += [m for m in consumer.consume(5000, 0.5) if m.error() is None]
+        return out
+    finally:
+        consumer.close()
+
+
+def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
+    """What each delay-topic record asks for, by seq."""
+    out = {}
+    for msg in messages:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None
+        seq = seq_of(msg.value())
+        assert seq is not None, f"{topic}:{partition}:{offset} has no seq value"
+        ts = msg.timestamp()[1]
+        where = f"{topic}:{partition}:{offset}"
+        try:
+            rec = parse(
+                rules, topic=topic, partition=partition, offset=offset, timestamp_ms=ts,
+                key=msg.key(), value=msg.value(),
+                headers=list(msg.headers() or []),  # type: ignore[arg-type]
+                now_ms=ts,
+            )  # fmt: skip
+            out[seq] = Expected(where, ts, due_ms=rec.due_ms, delay_id=rec.delay_id)
+        except Rejected as rejection:
+            out[seq] = Expected(where, ts, reason=rejection.reason.value)
+    return out
+
+
+@dataclass
+class Account:
+    """The result of settling every offset."""
+
+    records: int
+    delivered: int = 0
+    dead_lettered: int = 0
+    scheduled: int = 0  # due after the run, found waiting in Redis
+    lost: list[str] = field(default_factory=list)
+    misrouted: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    duplicate_ids_differ: int = 0
+    early: list[str] = field(default_factory=list)
+    lateness_ms: list[int] = field(default_factory=list)
+
+    @property
+    def max_lateness_ms(self) -> int:
+        return max(self.lateness_ms, default=0)
+
+    def quantile_ms(self, q: float) -> int:
+        if not self.lateness_ms:
+            return 0
+        ordered = sorted(self.lateness_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def settle(
+    checker: Checker,
+    expected: dict[int, Expected],
+    horizon_ms: int,
+    store: Store | None = None,
+) -> Account:
+    """Account for every record; records due after ``horizon_ms`` must be waiting in ``store``."""
+    acc = Account(records=len(expected))
+    for seq, exp in expected.items():
+        got, dead = checker.delivered.get(seq, []), checker.dead.get(seq, [])
+        if exp.reason is not None:
+            if dead and all(d.reason == exp.reason for d in dead) and not got:
+                acc.dead_lettered += 1
+            elif got or dead:
+                acc.misrouted.append(f"{exp.offset}: expected DLQ {exp.reason}, got "
+                                     f"{[d.reason for d in dead]} and {len(got)} deliveries")  # fmt: skip
+            else:
+                acc.lost.append(exp.offset)
+            continue
+        assert exp.due_ms is not None
+        if dead:
+            acc.misrouted.append(f"{exp.offset}: valid, dead-lettered as {dead[0].reason}")
+            continue
+        if not got:
+            if exp.due_ms > horizon_ms and store is not None and _waiting(store, exp.offset):
+                acc.scheduled += 1
+            else:
+                acc.lost.append(exp.offset)
+            continue
+        acc.delivered += 1
+        acc.duplicates += len(got) - 1
+        if any(g.delay_id != exp.delay_id for g in got):
+            acc.duplicate_ids_differ += 1
+        for g in got:
+            if g.seen_ms < exp.due_ms or g.timestamp_ms < exp.due_ms:
+                acc.early.append(f"{exp.offset}: seen {g.seen_ms} < due {exp.due_ms}")
+        first = min(g.seen_ms for g in got)
+        acc.lateness_ms.append(max(0, first - max(exp.due_ms, exp.produced_ms)))
+    return acc
+
+
+def _waiting(store: Store, where: str) -> bool:
+    topic, partition, offset = where.rsplit(":", 2)
+    keys = store.keys(Shard(topic, int(partition)))
+    return bool(store.client.hexists(keys.records, member(int(offset))))  # type: ignore[arg-type]
+
+
+def wait_settled(
+    checker: Checker, expected: dict[int, Expected], horizon_ms: int, timeout: float
+) -> float:
+    """Wait until every record due by ``horizon_ms`` has an outcome; returns seconds waited."""
+    started = time.monotonic()
+    todo = {s for s, e in expected.items() if e.reason is not None or (e.due_ms or 0) <= horizon_ms}
+    while time.monotonic() - started < timeout:
+        todo = {s for s in todo if s not in checker.delivered and s not in checker.dead}
+        if not todo:
+            break
+        time.sleep(0.2)
+    return time.monotonic() - started

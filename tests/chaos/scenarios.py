@@ -1,0 +1,384 @@
+"""The scenarios: each schedules a bounded number of records, injects faults at random moments
+within a bounded time, and settles every delay-topic offset with the checker."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from bridge.config import from_mapping
+from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
+from bridge.store import Store
+from tests.chaos.checker import Account, Checker, expectations, read_topic, settle, wait_settled
+from tests.chaos.servers import Servers
+from tests.chaos.workload import Record, Workload, hostile, now_ms, steady
+from tests.integration.harness import Bridge, bridge_env
+
+PARTITIONS = 3
+MAX_DELAY_MS = 5000
+SETTLE_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much a scenario does: records, the seconds they are produced over, faults injected."""
+
+    records: int
+    seconds: float
+    faults: int
+    outage_s: float = 30.0
+
+
+@dataclass
+class Result:
+    """One row of the table."""
+
+    scenario: str
+    faults: str
+    account: Account
+    seconds: float
+    checks: dict[str, bool] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        a = self.account
+        return (not a.lost and not a.early and not a.misrouted and not a.duplicate_ids_differ
+                and all(self.checks.values()))  # fmt: skip
+
+    def row(self) -> list[str]:
+        a = self.account
+        return [
+            self.scenario, f"{a.records:,}", self.faults, str(len(a.lost)), str(a.duplicates),
+            str(len(a.early)), f"{a.max_lateness_ms / 1000:.2f} s",
+            f"{a.quantile_ms(0.99) / 1000:.2f} s", "; ".join(self.notes),
+        ]  # fmt: skip
+
+
+HEADER = ["scenario", "records", "faults injected", "lost", "duplicates", "early",
+          "max lateness", "p99 lateness", "notes"]  # fmt: skip
+
+
+class Run:
+    """One scenario's topics, bridges, workload and checker on the harness's servers."""
+
+    def __init__(self, servers: Servers, workdir: Path, name: str, **config: object) -> None:
+        self.servers = servers
+        self.name = name
+        uid = uuid.uuid4().hex[:8]
+        self.delay, self.target, self.dlq = (f"chaos-{name}-{uid}", f"out-{name}-{uid}",
+                                             f"dlq-{name}-{uid}")  # fmt: skip
+        self.prefix = f"chaos-{uid}"
+        self.dir = workdir / f"{name}-{uid}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.admin = AdminClient({"bootstrap.servers": servers.bootstrap, "log_level": 3})
+        topics = [NewTopic(self.delay, PARTITIONS, 1, config={"retention.ms": "-1"}),
+                  NewTopic(self.target, PARTITIONS, 1), NewTopic(self.dlq, 1, 1)]  # fmt: skip
+        for future in self.admin.create_topics(topics).values():
+            future.result(timeout=30)
+        document: dict[str, object] = {
+            "kafka": {
+                "group_id": f"chaos-{uid}",
+                # A SIGKILLed replica's partitions move after the session timeout: keep it short.
+                "consumer": {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"},
+            },
+            "redis": {"key_prefix": self.prefix},
+            "topics": {"delay": [self.delay], "dead_letter": self.dlq,
+                       "allowed_targets": [re.escape(self.target)]},
+            "egress": {"lease": "5s"},
+        }  # fmt: skip
+        for path, value in config.items():
+            section, key = path.split("__")
+            document.setdefault(section, {})[key] = value  # type: ignore[index]
+        self.config_file = self.dir / "bridge.yaml"
+        self.config_file.write_text(yaml.safe_dump(document))
+        self.bridges: list[Bridge] = []
+        self.checker = Checker(servers.bootstrap, [self.target, self.dlq], f"check-{uid}").start()
+        self.started = time.monotonic()
+
+    def bridge(self) -> Bridge:
+        env = bridge_env(self.servers.bootstrap, self.servers.redis_url)
+        env["DELAY_BRIDGE_CONFIG"] = str(self.config_file)
+        bridge = Bridge(env, self.dir / f"bridge-{len(self.bridges)}.log").start()
+        self.bridges.append(bridge)
+        return bridge
+
+    def rules(self) -> Rules:
+        env = {"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": self.servers.bootstrap}
+        return from_mapping(yaml.safe_load(self.config_file.read_text()), env=env).rules()
+
+    def workload(self, records: list[Record], seconds: float) -> Workload:
+        rate = len(records) / seconds if seconds > 0 else float("inf")
+        return Workload(self.servers.bootstrap, self.delay, records, rate).start()
+
+    def at(self, moment: float) -> None:
+        """Wait until ``moment`` seconds after the run started (fault timing, not sync)."""
+        delay = self.started + moment - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def log_count(self, pattern: str) -> int:
+        return sum(b.output().count(pattern) for b in self.bridges)
+
+    def finish(
+        self, workload: Workload, scenario: str, faults: str, horizon_ms: int | None = None
+    ) -> Result:
+        workload.join(600)
+        assert not workload.failed, f"the workload could not produce: {workload.failed[:3]}"
+        expected = expectations(read_topic(self.servers.bootstrap, self.delay, PARTITIONS),
+                                self.rules())  # fmt: skip
+        horizon = horizon_ms if horizon_ms is not None else max(
+            (e.due_ms or 0 for e in expected.values()), default=0)  # fmt: skip
+        wait_settled(self.checker, expected, horizon, SETTLE_TIMEOUT_S)
+        time.sleep(1.0)  # let duplicates still in flight arrive before counting them
+        client = self.servers.redis()
+        try:
+            account = settle(self.checker, expected, horizon, Store(client, self.prefix))
+        finally:
+            client.close()
+        result = Result(scenario, faults, account, time.monotonic() - self.started)
+        crashed = self.log_count("loop crashed") + self.log_count("Traceback")
+        result.checks["no crash"] = crashed == 0
+        rebuilds = self.log_count("redis lost")
+        if rebuilds:
+            result.notes.append(f"{rebuilds} shard rebuilds")
+        if account.dead_lettered:
+            result.notes.append(f"{account.dead_lettered:,} dead-lettered as expected")
+        if account.scheduled:
+            result.notes.append(f"{account.scheduled:,} due later, waiting in Redis")
+        return result
+
+    def close(self) -> None:
+        for bridge in self.bridges:
+            bridge.kill()
+        self.checker.stop()
+        for future in self.admin.delete_topics([self.delay, self.target, self.dlq]).values():
+            with contextlib.suppress(Exception):  # the topics are unique anyway
+                future.result(timeout=30)
+
+
+def moments(rng: random.Random, count: int, start: float, end: float) -> list[float]:
+    return sorted(rng.uniform(start, end) for _ in range(count))
+
+
+def wait_ready(bridge: Bridge, timeout: float = 90) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if bridge.get("/readyz")[0] == 200:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+# ---------------------------------------------------------------- the scenarios
+
+
+def bridge_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
+    """One bridge, SIGKILLed at random moments and started again at once."""
+    bridge = run.bridge()
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    for moment in moments(rng, size.faults, 1.0, size.seconds + 3):
+        run.at(moment)
+        bridge.kill()
+        bridge = run.bridge()
+    return run.finish(workload, "bridge SIGKILL", f"{size.faults} x SIGKILL of the bridge")
+
+
+def redis_restart(fsync: str) -> Callable[[Run, Size, random.Random], Result]:
+    def scenario(run: Run, size: Size, rng: random.Random) -> Result:
+        run.servers.set_appendfsync(fsync)
+        run.bridge()
+        workload = run.workload(
+            steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+        )
+        try:
+            cut = 0
+            for moment in moments(rng, size.faults, 2.0, size.seconds):
+                run.at(moment)
+                run.servers.kill("redis")
+                if fsync == "everysec":
+                    cut += run.servers.drop_aof_tail(rng.randint(16_384, 131_072))
+                run.servers.up("redis")
+            faults = f"{size.faults} x kill -9 of redis-server, restarted from its AOF"
+            if cut:
+                faults += f" minus its last {cut // size.faults // 1024} KiB (un-fsynced)"
+            result = run.finish(workload, f"Redis restart (appendfsync {fsync})", faults)
+            if fsync == "everysec":
+                result.checks["lost writes noticed"] = run.log_count("redis lost") > 0
+            return result
+        finally:
+            run.servers.set_appendfsync("everysec")
+
+    scenario.__doc__ = f"Redis killed and restarted from its AOF with appendfsync {fsync}."
+    return scenario
+
+
+def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
+    """The broker SIGKILLed and restarted mid-run."""
+    bridge = run.bridge()
+    wait_ready(bridge)
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    for moment in moments(rng, size.faults, 2.0, size.seconds):
+        run.at(moment)
+        run.servers.kill("kafka")
+        run.servers.up("kafka")
+    return run.finish(workload, "Kafka broker restart", f"{size.faults} x kill -9 of the broker")
+
+
+def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
+    """Redis frozen (SIGSTOP) for ``size.outage_s``: the bridge must stay up and say not ready."""
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    run.at(size.seconds / 3)
+    run.servers.freeze_redis()
+    frozen = time.monotonic()
+    not_ready_after: float | None = None
+    healthy = True
+    try:
+        while time.monotonic() - frozen < size.outage_s:
+            status, _ = bridge.get("/readyz")
+            if status == 503 and not_ready_after is None:
+                not_ready_after = time.monotonic() - frozen
+            healthy = healthy and bridge.get("/healthz")[0] == 200
+            time.sleep(0.5)
+    finally:
+        run.servers.thaw_redis()
+    thawed = time.monotonic()
+    recovered = wait_ready(bridge, 60)
+    recovery = time.monotonic() - thawed
+    assert bridge.proc is not None
+    result = run.finish(workload, "Redis unreachable",
+                        f"Redis frozen (SIGSTOP) for {size.outage_s:.0f} s")  # fmt: skip
+    result.checks.update({
+        "ready before": ready_before, "/readyz 503 during the outage": not_ready_after is not None,
+        "/healthz 200 throughout": healthy, "recovered by itself": recovered,
+        "process stayed up": bridge.proc.poll() is None,
+    })  # fmt: skip
+    result.notes.append(
+        f"/readyz 503 after {not_ready_after or 0:.1f} s, ready again {recovery:.1f} s after"
+    )
+    return result
+
+
+def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
+    """Three bridges in one group, stopped (SIGTERM or SIGKILL) and started again repeatedly."""
+    live = [run.bridge() for _ in range(3)]
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    kills = terms = 0
+    for moment in moments(rng, size.faults, 2.0, size.seconds + 3):
+        run.at(moment)
+        i = rng.randrange(len(live))
+        if rng.random() < 0.3:
+            live[i].kill()
+            kills += 1
+        else:
+            live[i].signal(signal.SIGTERM)
+            live[i].wait(60)
+            terms += 1
+        live[i] = run.bridge()
+    result = run.finish(workload, "rebalance storm",
+                        f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
+    return result
+
+
+def _flood(count: int, target: str, seed: int) -> list[Record]:
+    """Malformed records of every kind the contract names, interleaved with valid ones."""
+    rng = random.Random(seed)
+    t = (H_TARGET_TOPIC, target.encode())
+    kinds = [
+        [(H_AFTER, b"1s")],  # missing-target
+        [t],  # missing-due-time
+        [t, (H_AFTER, b"1s"), (H_DELIVER_AT, b"0")],  # conflicting-due-time
+        [t, (H_AFTER, b"soon")],  # bad-due-time
+        [t, (H_AFTER, b"400d")],  # delay-too-long
+        [(H_TARGET_TOPIC, b"elsewhere"), (H_AFTER, b"1s")],  # target-not-allowed
+        [t, (H_AFTER, b"1s"), ("pad", b"p" * 120_000)],  # too-large
+        [t, (H_AFTER, b"1s"), (H_AFTER, b"2s")],  # bad-header (twice)
+    ]
+    out = []
+    for i in range(count):
+        if i % 2:
+            out.append(Record(list(rng.choice(kinds)), key=b"bad"))
+        else:
+            out.append(Record([t], key=b"ok", delay_ms=rng.randint(0, 3000)))
+    return out
+
+
+def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
+    """Hypothesis-generated control headers, then a flood of malformed records among valid ones."""
+    bridge = run.bridge()
+    records = hostile(size.faults, run.target, rng.randrange(1 << 30))
+    records += _flood(size.records, run.target, rng.randrange(1 << 30))
+    workload = run.workload(records, size.seconds)
+    workload.join(600)
+    horizon = now_ms() + 10_000  # generated valid delays are seconds or days: nothing between
+    run.at(0)
+    result = run.finish(workload, "hostile input",
+                        f"{size.faults} hypothesis-generated header sets + {size.records // 2:,} "
+                        f"malformed among {size.records - size.records // 2:,} valid",
+                        horizon_ms=horizon)  # fmt: skip
+    assert bridge.proc is not None
+    result.checks["process stayed up"] = bridge.proc.poll() is None
+    return result
+
+
+def redis_lost(run: Run, size: Size, rng: random.Random) -> Result:
+    """Redis wiped (FLUSHALL) while records are scheduled: rebuilt from the delay topic."""
+    run.bridge()
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    for moment in moments(rng, size.faults, 3.0, size.seconds):
+        run.at(moment)
+        client = run.servers.redis()
+        client.flushall()
+        client.close()
+    result = run.finish(workload, "Redis lost entirely", f"{size.faults} x FLUSHALL mid-run")
+    result.checks["rebuilt"] = run.log_count("redis lost") > 0
+    return result
+
+
+Scenario = Callable[[Run, Size, random.Random], Result]
+
+# name → (scenario, quick size for `make test`, full size for `make chaos`)
+SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
+    "bridge-sigkill": (bridge_sigkill, Size(4000, 12, 3), Size(100_000, 60, 20)),
+    "redis-restart-always": (redis_restart("always"), Size(3000, 10, 1), Size(50_000, 30, 3)),
+    "redis-restart-everysec": (redis_restart("everysec"), Size(3000, 10, 1), Size(50_000, 30, 3)),
+    "kafka-restart": (kafka_restart, Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "redis-unreachable": (
+        redis_unreachable,
+        Size(3000, 20, 1, outage_s=10),
+        Size(30_000, 60, 1, outage_s=30),
+    ),
+    "rebalance-storm": (rebalance_storm, Size(4000, 12, 4), Size(100_000, 60, 20)),
+    "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
+    "redis-lost": (redis_lost, Size(3000, 10, 1), Size(50_000, 30, 2)),
+}
+
+
+def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: int) -> Result:
+    scenario = SCENARIOS[name][0]
+    config: dict[str, object] = {}
+    if name == "hostile-input":
+        config["limits__max_record_bytes"] = 100_000
+    run = Run(servers, workdir, name, **config)
+    try:
+        return scenario(run, size, random.Random(seed))
+    finally:
+        run.close()

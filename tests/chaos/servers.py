@@ -1,0 +1,97 @@
+"""A Kafka broker and a Redis server of the harness's own, so faults never touch other tests.
+
+They are the same servers as ``scripts/services`` starts, on other ports and in another state
+directory; the script also kills them (SIGKILL) and reports their pids.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from tests.conftest import SERVICES
+
+KAFKA_PORT = 19192
+REDIS_PORT = 16479
+
+
+@dataclass
+class Servers:
+    """Kafka on 127.0.0.1:19192 and Redis on 127.0.0.1:16479, state under ``state_dir``."""
+
+    state_dir: Path
+    appendfsync: str = "everysec"  # what a (re)started Redis runs with
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{KAFKA_PORT}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{REDIS_PORT}/0"
+
+    def _run(self, *args: str) -> str:
+        env = {
+            **os.environ,
+            "PYTHON": sys.executable,
+            "DELAY_BRIDGE_STATE_DIR": str(self.state_dir),
+            "DELAY_BRIDGE_KAFKA_PORT": str(KAFKA_PORT),
+            "DELAY_BRIDGE_KAFKA_CONTROLLER_PORT": str(KAFKA_PORT + 1),
+            "DELAY_BRIDGE_REDIS_PORT": str(REDIS_PORT),
+            "DELAY_BRIDGE_REDIS_APPENDFSYNC": self.appendfsync,
+        }
+        proc = subprocess.run(
+            [str(SERVICES), *args], env=env, capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"scripts/services {' '.join(args)} failed:\n{proc.stderr}")
+        return proc.stdout
+
+    def up(self, what: str | None = None) -> None:
+        """Start both (or one) and return when they answer."""
+        self._run("up", *([what] if what else []))
+
+    def down(self) -> None:
+        self._run("down")
+
+    def kill(self, what: str) -> None:
+        """SIGKILL ``redis`` or ``kafka``."""
+        self._run("kill", what)
+
+    def pid(self, what: str) -> int:
+        return int(self._run("pid", what))
+
+    def freeze_redis(self) -> None:
+        """SIGSTOP: Redis stops answering but keeps its connections — a network partition."""
+        os.kill(self.pid("redis"), signal.SIGSTOP)
+
+    def thaw_redis(self) -> None:
+        os.kill(self.pid("redis"), signal.SIGCONT)
+
+    def drop_aof_tail(self, size: int) -> int:
+        """Cut the last ``size`` bytes off the AOF of a killed Redis — what a machine crash takes
+        with ``appendfsync everysec`` (written, not yet fsynced). Returns the bytes cut."""
+        incr = sorted((self.state_dir / "redis" / "appendonlydir").glob("*.incr.aof"),
+                      key=lambda p: p.stat().st_mtime)  # fmt: skip
+        if not incr:
+            return 0
+        length = incr[-1].stat().st_size
+        cut = min(size, length)
+        os.truncate(incr[-1], length - cut)
+        return cut
+
+    def set_appendfsync(self, mode: str) -> None:
+        """Switch the running Redis and any restarted one to ``everysec`` or ``always``."""
+        self.appendfsync = mode
+        client = self.redis()
+        client.config_set("appendfsync", mode)
+        client.close()
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, socket_timeout=10)

@@ -1,0 +1,195 @@
+"""What the harness schedules: numbered records at a steady rate, and hostile ones.
+
+Every value starts with ``seq:<n>:`` so a delivered or dead-lettered record is matched to the
+delay-topic record it came from whatever its headers said.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Headers, wire_headers
+
+FILLER = b"x" * 100
+
+
+def value_of(seq: int) -> bytes:
+    return b"seq:%d:" % seq + FILLER
+
+
+def seq_of(value: bytes | None) -> int | None:
+    if not value or not value.startswith(b"seq:"):
+        return None
+    end = value.find(b":", 4)
+    return int(value[4:end]) if end > 4 else None
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Record:
+    """One record to produce: its headers, and the timestamp to give it (None: the producer's)."""
+
+    headers: Headers
+    key: bytes | None = None
+    timestamp_ms: int | None = None
+    value: bytes | None = None  # None: the seq value
+    delay_ms: int | None = None  # due this long after it is produced (a delay-deliver-at header)
+
+
+@dataclass
+class Workload:
+    """Produces records to the delay topic from a thread, at most ``rate`` per second."""
+
+    bootstrap: str
+    topic: str
+    records: Sequence[Record]
+    rate: float
+    produced: int = 0
+    failed: list[str] = field(default_factory=list)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Workload:
+        self._thread = threading.Thread(target=self._run, name="workload", daemon=True)
+        self._thread.start()
+        return self
+
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        assert self._thread is not None
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the workload did not finish within {timeout}s")
+
+    def _run(self) -> None:
+        producer = Producer({
+            "bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+            "delivery.timeout.ms": 300_000, "log_level": 3,
+        })  # fmt: skip
+
+        def report(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                self.failed.append(err.str())
+
+        started = time.monotonic()
+        for seq, rec in enumerate(self.records):
+            ahead = seq / self.rate - (time.monotonic() - started)
+            if ahead > 0:
+                producer.poll(ahead)  # pacing, serving delivery reports meanwhile
+            headers = list(rec.headers)
+            if rec.delay_ms is not None:
+                headers.append((H_DELIVER_AT, str(now_ms() + rec.delay_ms).encode()))
+            while True:
+                try:
+                    producer.produce(
+                        self.topic,
+                        value=value_of(seq) if rec.value is None else rec.value,
+                        key=rec.key,
+                        headers=wire_headers(headers),
+                        on_delivery=report,
+                        timestamp=rec.timestamp_ms or 0,  # 0: now
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            self.produced += 1
+            producer.poll(0)
+        remaining = producer.flush(300)
+        if remaining:
+            self.failed.append(f"{remaining} records unacknowledged")
+
+
+def steady(count: int, target: str, max_delay_ms: int, seed: int) -> list[Record]:
+    """``count`` records due 0..max_delay_ms after each is produced, as absolute times."""
+    rng = random.Random(seed)
+    header: Headers = [(H_TARGET_TOPIC, target.encode())]
+    return [
+        Record(header, key=b"k%d" % (i % 997), delay_ms=rng.randint(0, max_delay_ms))
+        for i in range(count)
+    ]
+
+
+# ---------------------------------------------------------------- hostile input
+
+_ODD_VALUES = [
+    b"0ms",
+    b"1s",
+    b"2500ms",
+    b"3s",
+    b"7d",
+    b"1h30m",
+    b"-1",
+    b"-0",
+    b"1e309",
+    b"NaN",
+    b"inf",
+    b" 5s",
+    b"5 s",
+    b"5S",
+    b"0x10",
+    b"\xff\xfe\x00",
+    b"\xc3\x28",
+    b"\xed\xa0\x80",
+    b"99999-01-01T00:00:00Z",
+    b"1970-01-01T00:00:00Z",
+    b"2026-02-30T00:00:00Z",
+    b"2026-11-21T10:00:00+25:00",
+    b"2026-11-21T10:00:00",
+    b"2026-11-21T10:00:60Z",
+    b"18446744073709551616",
+    b"9" * 40,
+    b"100000d",
+    b"0",
+    b"1",
+]
+
+
+def hostile(count: int, target: str, seed: int) -> list[Record]:
+    """``count`` records whose control headers hypothesis generates: random bytes, huge values,
+    invalid UTF-8, duplicated and empty headers, absurd dates — mixed with plausible ones."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    from bridge.message import H_AFTER, H_ID, H_TARGET_KEY
+
+    names = [H_DELIVER_AT, H_AFTER, H_TARGET_TOPIC, H_TARGET_KEY, H_ID, "Delay-After", "x-trace"]
+    values = st.one_of(
+        st.binary(max_size=48),
+        st.text(max_size=24).map(lambda t: t.encode("utf-8", "surrogatepass")),
+        st.just(b""),
+        st.integers(100, 160_000).map(lambda n: b"9" * n),
+        st.sampled_from(_ODD_VALUES),
+        st.integers(-(2**70), 2**70).map(lambda n: str(n).encode()),
+        st.just(target.encode()),
+    )
+    base = st.sampled_from([
+        [],
+        [(H_TARGET_TOPIC, target.encode())],
+        [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"1s")],
+    ])  # fmt: skip
+    extras = st.lists(st.tuples(st.sampled_from(names), values), max_size=5)
+    keys = st.one_of(st.none(), st.binary(max_size=32))
+    records = st.builds(lambda b, e, k: Record([*b, *e], key=k), base, extras, keys)
+
+    drawn: list[Record] = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(records)
+    def collect(record: Record) -> None:
+        drawn.append(record)
+
+    collect()
+    return drawn[:count]
