@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck unit services services-down services-status topics tools clean
+.PHONY: run test lint typecheck unit chaos services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ unit: $(STAMP)
 
 test: lint typecheck tools services
 	@export $$(scripts/services env) && $(PY) -m pytest $(PYTEST_ARGS)
+
+# The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479); prints
+# the README's Reliability table and writes build/chaos/results.json. CHAOS_ARGS: e.g. --quick,
+# or scenario names.
+CHAOS_ARGS ?=
+chaos: $(STAMP)
+	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

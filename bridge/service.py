@@ -102,6 +102,21 @@ class Service:
         self.egress.remove_shards(shards)
         self.metrics.forget_partitions(shards)
 
+    def _check_rebuildable(self) -> None:
+        """Warn loudly about settings that would keep a lost Redis from being rebuilt (off the
+        start-up path: these only warn)."""
+        policy = self.store.eviction_policy()
+        if policy is not None and policy != "noeviction":
+            logger.warning(
+                "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
+                "(an evicted record set cannot be noticed or rebuilt)", policy,
+            )  # fmt: skip
+        check_retention(
+            {**admin_settings(self.config), "logger": _kafka_logger("admin")},
+            self.config.topics.delay,
+            self.config.limits.max_delay,
+        )
+
     def health(self) -> list[str]:
         """Problems that mean the process should be restarted: a main loop that stopped."""
         now = time.monotonic()
@@ -152,16 +167,7 @@ class Service:
         )  # fmt: skip
         self.sampler.sample_once()
         self.http.start()
-        threading.Thread(  # off the start-up path: it only warns
-            target=check_retention,
-            args=(
-                {**admin_settings(self.config), "logger": _kafka_logger("admin")},
-                self.config.topics.delay,
-                self.config.limits.max_delay,
-            ),
-            name="retention-check",
-            daemon=True,
-        ).start()
+        threading.Thread(target=self._check_rebuildable, name="checks", daemon=True).start()
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
         ingress_thread = self._thread("ingress", self.ingress.run)

@@ -290,6 +290,18 @@ class Store:
             values = pipe.execute()
         return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
 
+    def eviction_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy``, or None when it cannot be read (CONFIG is often
+        disabled on managed Redis)."""
+        try:
+            reply = cast(dict[Any, Any], self.client.config_get("maxmemory-policy"))
+        except redis.RedisError:
+            return None
+        for key, value in reply.items():
+            if key in ("maxmemory-policy", b"maxmemory-policy"):
+                return value.decode() if isinstance(value, bytes) else str(value)
+        return None
+
     def time_ms(self) -> int:
         """Redis's clock."""
         with _as_store_error():

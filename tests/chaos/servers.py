@@ -17,13 +17,14 @@ import redis
 
 from tests.conftest import SERVICES
 
-KAFKA_PORT = 19192
-REDIS_PORT = 16479
+KAFKA_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_KAFKA_PORT", "19192"))  # controller: +1
+REDIS_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_REDIS_PORT", "16479"))
 
 
 @dataclass
 class Servers:
-    """Kafka on 127.0.0.1:19192 and Redis on 127.0.0.1:16479, state under ``state_dir``."""
+    """Kafka on 127.0.0.1:19192 and Redis on 127.0.0.1:16479 (DELAY_BRIDGE_CHAOS_KAFKA_PORT,
+    DELAY_BRIDGE_CHAOS_REDIS_PORT), state under ``state_dir``."""
 
     state_dir: Path
     appendfsync: str = "everysec"  # what a (re)started Redis runs with

@@ -164,3 +164,17 @@ def test_retention_shorter_than_max_delay_is_reported(
     assert check_retention(unreachable, [short], 60_000) == 0
     assert "could not read the delay topics' retention" in caplog.text
     assert time.monotonic() - started < 30
+
+
+def test_an_evicting_redis_is_reported(redis_client: redis.Redis, unique: str) -> None:
+    store = Store(redis_client, f"test-{unique}")
+    before = store.eviction_policy()
+    assert before is not None
+    try:
+        redis_client.config_set("maxmemory-policy", "allkeys-lru")
+        assert store.eviction_policy() == "allkeys-lru"
+    finally:
+        redis_client.config_set("maxmemory-policy", before)
+    assert store.eviction_policy() == before
+    unreachable = Store(redis.Redis(port=1, socket_connect_timeout=1), "x")
+    assert unreachable.eviction_policy() is None
