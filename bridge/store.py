@@ -294,13 +294,10 @@ class Store:
         """Redis's ``maxmemory-policy``, or None when it cannot be read (CONFIG is often
         disabled on managed Redis)."""
         try:
-            reply = cast(dict[Any, Any], self.client.config_get("maxmemory-policy"))
+            reply = cast(dict[str, str], self.client.config_get("maxmemory-policy"))
         except redis.RedisError:
             return None
-        for key, value in reply.items():
-            if key in ("maxmemory-policy", b"maxmemory-policy"):
-                return value.decode() if isinstance(value, bytes) else str(value)
-        return None
+        return reply.get("maxmemory-policy")
 
     def time_ms(self) -> int:
         """Redis's clock."""

@@ -72,10 +72,13 @@ class Checker:
     strays: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    dlq: str = ""
+
+    @property
+    def dlq(self) -> str:
+        """The last output topic is the DLQ."""
+        return self.outputs[-1]
 
     def start(self) -> Checker:
-        self.dlq = self.outputs[-1]
         self._thread = threading.Thread(target=self._run, name="checker", daemon=True)
         self._thread.start()
         return self
@@ -129,7 +132,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         out: list[Message] = []
         deadline = time.monotonic() + 120
-        while sum(1 for m in out) < sum(ends.values()):
+        while len(out) < sum(ends.values()):
             if time.monotonic() > deadline:
                 raise AssertionError(f"could not read {topic} to its end")
             out += [m for m in consumer.consume(5000, 0.5) if m.error() is None]

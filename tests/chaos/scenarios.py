@@ -292,9 +292,8 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
             live[i].wait(60)
             terms += 1
         live[i] = run.bridge()
-    result = run.finish(workload, "rebalance storm",
-                        f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
-    return result
+    return run.finish(workload, "rebalance storm",
+                      f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
 
 
 def _flood(count: int, target: str, seed: int) -> list[Record]:
@@ -328,7 +327,6 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
     workload = run.workload(records, size.seconds)
     workload.join(600)
     horizon = now_ms() + 10_000  # generated valid delays are seconds or days: nothing between
-    run.at(0)
     result = run.finish(workload, "hostile input",
                         f"{size.faults} hypothesis-generated header sets + {size.records // 2:,} "
                         f"malformed among {size.records - size.records // 2:,} valid",

@@ -36,12 +36,10 @@ def now_ms() -> int:
 
 @dataclass
 class Record:
-    """One record to produce: its headers, and the timestamp to give it (None: the producer's)."""
+    """One record to produce; its value is always the seq value."""
 
     headers: Headers
     key: bytes | None = None
-    timestamp_ms: int | None = None
-    value: bytes | None = None  # None: the seq value
     delay_ms: int | None = None  # due this long after it is produced (a delay-deliver-at header)
 
 
@@ -61,9 +59,6 @@ class Workload:
         self._thread = threading.Thread(target=self._run, name="workload", daemon=True)
         self._thread.start()
         return self
-
-    def done(self) -> bool:
-        return self._thread is not None and not self._thread.is_alive()
 
     def join(self, timeout: float) -> None:
         assert self._thread is not None
@@ -93,11 +88,10 @@ class Workload:
                 try:
                     producer.produce(
                         self.topic,
-                        value=value_of(seq) if rec.value is None else rec.value,
+                        value=value_of(seq),
                         key=rec.key,
                         headers=wire_headers(headers),
                         on_delivery=report,
-                        timestamp=rec.timestamp_ms or 0,  # 0: now
                     )
                     break
                 except BufferError:

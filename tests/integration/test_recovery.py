@@ -59,6 +59,17 @@ def values_delivered(collector: Collector, setup: Setup) -> collections.Counter[
     return collections.Counter(r.value or b"" for r in collector.of(setup.targets[0]))
 
 
+def delivered_once(setup: Setup, count: int, what: str) -> collections.Counter[bytes]:
+    """Collect until ``count`` records arrived, a second more for duplicates; deliveries per value."""
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= count, 60, what)
+        collector.poll(1.0)
+    finally:
+        collector.close()
+    return values_delivered(collector, setup)
+
+
 def rebuilds(bridge: Bridge, setup: Setup) -> float:
     _, body = bridge.get("/metrics")
     line = f'delay_bridge_rebuilds_total{{delay_topic="{setup.delay}"}}'
@@ -110,15 +121,8 @@ def test_redis_wiped_while_stopped_is_rebuilt_at_start(one: Setup, bridges: list
     first.signal(signal.SIGTERM)
     assert first.wait(30) == 0
     assert wipe(one) > 0
-    second = one.bridge("second").start()
-    bridges.append(second)
-    collector = one.collector()
-    try:
-        collector.until(lambda rs: len(rs) >= 30, 60, "every record after the restart")
-        collector.poll(1.0)
-    finally:
-        collector.close()
-    counts = values_delivered(collector, one)
+    bridges.append(one.bridge("second").start())
+    counts = delivered_once(one, 30, "every record after the restart")
     assert len(counts) == 30 and max(counts.values()) == 1
 
 
@@ -136,15 +140,9 @@ def test_lost_writes_are_read_again(one: Setup, bridges: list[Bridge]) -> None:
     client.hset(keys.meta, "ingested", "9")
     client.hdel(keys.records, *lost)  # type: ignore[arg-type]
     client.zrem(keys.due, *lost)
-    collector = one.collector()
-    try:
-        collector.until(lambda rs: len(rs) >= 20, 60, "every record after the re-read")
-        collector.poll(1.0)
-    finally:
-        collector.close()
-        client.close()
+    client.close()
+    counts = delivered_once(one, 20, "every record after the re-read")
     assert "redis lost writes" in bridge.output()
-    counts = values_delivered(collector, one)
     assert len(counts) == 20 and max(counts.values()) == 1
 
 
