@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck unit chaos image services services-down services-status topics tools clean
+.PHONY: run test lint typecheck unit chaos bench bench-full image services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,8 +48,8 @@ run: topics
 	@export $$(scripts/services env) && exec $(VENV)/bin/delay-bridge run -c $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check bridge tests scripts
-	$(VENV)/bin/ruff format --check bridge tests scripts
+	$(VENV)/bin/ruff check bridge tests scripts bench
+	$(VENV)/bin/ruff format --check bridge tests scripts bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict
@@ -66,6 +66,21 @@ test: lint typecheck tools services
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
+# Benchmarks on the local services (BENCHMARKS.md): `make bench` is the quick run (under 3
+# minutes), `make bench-full` the full sizes. Tables on stdout; build/bench/results.json and PNG
+# plots (matplotlib, the `bench` extra). BENCH_ARGS: scenario names (throughput precision catchup).
+BENCH_STAMP := $(VENV)/.bench-stamp
+BENCH_ARGS ?=
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
+
+bench-full: $(BENCH_STAMP)
+	$(PY) -m bench --full $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

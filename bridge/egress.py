@@ -107,8 +107,10 @@ class Egress:
 
     @property
     def max_inflight(self) -> int:
-        """Records produced and unacknowledged at most: claims stop there."""
-        return self.batch_size * 2
+        """Records produced and unacknowledged at most: claims stop there. Ten batches keep the
+        producer busy while delivery reports of earlier ones come back (two left it idle for a
+        fifth of the time); all are leased, so a crash redelivers at most this many."""
+        return self.batch_size * 10
 
     @property
     def inflight(self) -> int:

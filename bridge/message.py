@@ -9,7 +9,7 @@ import math
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from enum import StrEnum
 from typing import cast
@@ -169,6 +169,9 @@ def is_legal_topic(name: str) -> bool:
     return name not in (".", "..") and _LEGAL_TOPIC.fullmatch(name) is not None
 
 
+_REFUSALS_KEPT = 10_000
+
+
 @dataclass(frozen=True)
 class Rules:
     """What the contract lets through, from the config."""
@@ -179,9 +182,20 @@ class Rules:
     dead_letter: str
     max_delay_ms: int
     max_record_bytes: int
+    # Answers of target_refusal by target: a handful of targets take every record.
+    _refusals: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     def target_refusal(self, target: str) -> str | None:
         """Why ``target`` may not receive records, or None when it may."""
+        if target in self._refusals:
+            return self._refusals[target]
+        if len(self._refusals) >= _REFUSALS_KEPT:
+            self._refusals.clear()
+        answer = self._refusal(target)
+        self._refusals[target] = answer
+        return answer
+
+    def _refusal(self, target: str) -> str | None:
         if not is_legal_topic(target):
             return f"{target!r} is not a legal topic name"
         if target.startswith("__"):

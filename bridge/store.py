@@ -161,6 +161,8 @@ class Store:
         self._next_due = _script(client, "next_due")
         self._stats = _script(client, "stats")
         self._low = _script(client, "low")
+        self._scripts = (self._add, self._claim, self._ack, self._release, self._next_due,
+                         self._stats, self._low)  # fmt: skip
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built."""
@@ -170,11 +172,25 @@ class Store:
         )
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
+        registered scripts would first ask SCRIPT EXISTS, a second round trip every call.) A
+        Redis that does not know a script (restarted, flushed) gets them all loaded, then the
+        calls again: a repeated add, ack or release changes nothing, and records a repeated
+        claim leased first are handed out again when the lease ends, as after a lost reply."""
+        calls = list(calls)
         with _as_store_error():
-            pipe = self.client.pipeline(transaction=False)
-            for script, keys, args in calls:
-                script(keys=keys, args=args, client=pipe)
-            replies: list[Any] = pipe.execute()
+            try:
+                return self._evalsha(calls)
+            except redis.exceptions.NoScriptError:
+                for script in self._scripts:
+                    self.client.script_load(script.script)
+                return self._evalsha(calls)
+
+    def _evalsha(self, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies: list[Any] = pipe.execute()
         return replies
 
     def ping(self) -> None:

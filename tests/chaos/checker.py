@@ -96,7 +96,12 @@ class Checker:
         consumer.subscribe(self.outputs)
         try:
             while not self._stop.is_set():
-                for msg in consumer.consume(1000, 0.1):
+                # poll returns on the first record and consume(…, 0) takes what is already
+                # fetched, so each record is stamped when it arrives, not at a batch timeout.
+                first = consumer.poll(0.1)
+                if first is None:
+                    continue
+                for msg in [first, *consumer.consume(999, 0)]:
                     if msg.error() is None:
                         self._take(msg)
         finally:
@@ -177,17 +182,23 @@ class Account:
     duplicates: int = 0
     duplicate_ids_differ: int = 0
     early: list[str] = field(default_factory=list)
-    lateness_ms: list[int] = field(default_factory=list)
+    lateness_ms: list[int] = field(default_factory=list)  # first arrival at the checker
+    stamp_lateness_ms: list[int] = field(default_factory=list)  # by the delivered timestamp
 
     @property
     def max_lateness_ms(self) -> int:
         return max(self.lateness_ms, default=0)
 
     def quantile_ms(self, q: float) -> int:
-        if not self.lateness_ms:
-            return 0
-        ordered = sorted(self.lateness_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return quantile(self.lateness_ms, q)
+
+
+def quantile(values: list[int], q: float) -> int:
+    """The ``q`` quantile (nearest rank) of ``values``; 0 for none."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def settle(
@@ -226,8 +237,9 @@ def settle(
         for g in got:
             if g.seen_ms < exp.due_ms or g.timestamp_ms < exp.due_ms:
                 acc.early.append(f"{exp.offset}: seen {g.seen_ms} < due {exp.due_ms}")
-        first = min(g.seen_ms for g in got)
-        acc.lateness_ms.append(max(0, first - max(exp.due_ms, exp.produced_ms)))
+        due = max(exp.due_ms, exp.produced_ms)
+        acc.lateness_ms.append(max(0, min(g.seen_ms for g in got) - due))
+        acc.stamp_lateness_ms.append(max(0, min(g.timestamp_ms for g in got) - due))
     return acc
 
 

@@ -17,7 +17,7 @@ import yaml
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from bridge.config import from_mapping
+from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Store
 from tests.chaos.checker import Account, Checker, expectations, read_topic, settle, wait_settled
@@ -73,23 +73,34 @@ HEADER = ["scenario", "records", "faults injected", "lost", "duplicates", "early
 class Run:
     """One scenario's topics, bridges, workload and checker on the harness's servers."""
 
-    def __init__(self, servers: Servers, workdir: Path, name: str, **config: object) -> None:
+    def __init__(
+        self,
+        servers: Servers,
+        workdir: Path,
+        name: str,
+        *,
+        label: str = "chaos",
+        target_config: dict[str, str] | None = None,
+        watch: bool = True,
+        overrides: dict[str, object] | None = None,
+    ) -> None:
         self.servers = servers
         self.name = name
         uid = uuid.uuid4().hex[:8]
-        self.delay, self.target, self.dlq = (f"chaos-{name}-{uid}", f"out-{name}-{uid}",
+        self.delay, self.target, self.dlq = (f"{label}-{name}-{uid}", f"out-{name}-{uid}",
                                              f"dlq-{name}-{uid}")  # fmt: skip
-        self.prefix = f"chaos-{uid}"
+        self.prefix = f"{label}-{uid}"
         self.dir = workdir / f"{name}-{uid}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.admin = AdminClient({"bootstrap.servers": servers.bootstrap, "log_level": 3})
         topics = [NewTopic(self.delay, PARTITIONS, 1, config={"retention.ms": "-1"}),
-                  NewTopic(self.target, PARTITIONS, 1), NewTopic(self.dlq, 1, 1)]  # fmt: skip
+                  NewTopic(self.target, PARTITIONS, 1, config=target_config or {}),
+                  NewTopic(self.dlq, 1, 1)]  # fmt: skip
         for future in self.admin.create_topics(topics).values():
             future.result(timeout=30)
         document: dict[str, object] = {
             "kafka": {
-                "group_id": f"chaos-{uid}",
+                "group_id": f"{label}-{uid}",
                 # A SIGKILLed replica's partitions move after the session timeout: keep it short.
                 "consumer": {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"},
             },
@@ -98,13 +109,16 @@ class Run:
                        "allowed_targets": [re.escape(self.target)]},
             "egress": {"lease": "5s"},
         }  # fmt: skip
-        for path, value in config.items():
+        for path, value in (overrides or {}).items():
             section, key = path.split("__")
             document.setdefault(section, {})[key] = value  # type: ignore[index]
         self.config_file = self.dir / "bridge.yaml"
         self.config_file.write_text(yaml.safe_dump(document))
         self.bridges: list[Bridge] = []
-        self.checker = Checker(servers.bootstrap, [self.target, self.dlq], f"check-{uid}").start()
+        self.checker = Checker(servers.bootstrap, [self.target, self.dlq], f"check-{uid}")
+        if watch:  # else the caller starts it; it reads the outputs from their beginning
+            self.checker.start()
+        self.uid = uid
         self.started = time.monotonic()
 
     def bridge(self) -> Bridge:
@@ -114,9 +128,13 @@ class Run:
         self.bridges.append(bridge)
         return bridge
 
-    def rules(self) -> Rules:
+    def config(self) -> Config:
+        """The bridges' configuration."""
         env = {"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": self.servers.bootstrap}
-        return from_mapping(yaml.safe_load(self.config_file.read_text()), env=env).rules()
+        return from_mapping(yaml.safe_load(self.config_file.read_text()), env=env)
+
+    def rules(self) -> Rules:
+        return self.config().rules()
 
     def workload(self, records: list[Record], seconds: float) -> Workload:
         rate = len(records) / seconds if seconds > 0 else float("inf")
@@ -372,10 +390,10 @@ SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
 
 def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: int) -> Result:
     scenario = SCENARIOS[name][0]
-    config: dict[str, object] = {}
+    overrides: dict[str, object] = {}
     if name == "hostile-input":
-        config["limits__max_record_bytes"] = 100_000
-    run = Run(servers, workdir, name, **config)
+        overrides["limits__max_record_bytes"] = 100_000
+    run = Run(servers, workdir, name, overrides=overrides)
     try:
         return scenario(run, size, random.Random(seed))
     finally:

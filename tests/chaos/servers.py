@@ -24,27 +24,29 @@ REDIS_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_REDIS_PORT", "16479"))
 @dataclass
 class Servers:
     """Kafka on 127.0.0.1:19192 and Redis on 127.0.0.1:16479 (DELAY_BRIDGE_CHAOS_KAFKA_PORT,
-    DELAY_BRIDGE_CHAOS_REDIS_PORT), state under ``state_dir``."""
+    DELAY_BRIDGE_CHAOS_REDIS_PORT) unless other ports are given, state under ``state_dir``."""
 
     state_dir: Path
     appendfsync: str = "everysec"  # what a (re)started Redis runs with
+    kafka_port: int = KAFKA_PORT  # the controller listens on the next port
+    redis_port: int = REDIS_PORT
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{KAFKA_PORT}"
+        return f"127.0.0.1:{self.kafka_port}"
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{REDIS_PORT}/0"
+        return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def _run(self, *args: str) -> str:
         env = {
             **os.environ,
             "PYTHON": sys.executable,
             "DELAY_BRIDGE_STATE_DIR": str(self.state_dir),
-            "DELAY_BRIDGE_KAFKA_PORT": str(KAFKA_PORT),
-            "DELAY_BRIDGE_KAFKA_CONTROLLER_PORT": str(KAFKA_PORT + 1),
-            "DELAY_BRIDGE_REDIS_PORT": str(REDIS_PORT),
+            "DELAY_BRIDGE_KAFKA_PORT": str(self.kafka_port),
+            "DELAY_BRIDGE_KAFKA_CONTROLLER_PORT": str(self.kafka_port + 1),
+            "DELAY_BRIDGE_REDIS_PORT": str(self.redis_port),
             "DELAY_BRIDGE_REDIS_APPENDFSYNC": self.appendfsync,
         }
         proc = subprocess.run(

@@ -19,8 +19,10 @@ from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Headers, wire_headers
 FILLER = b"x" * 100
 
 
-def value_of(seq: int) -> bytes:
-    return b"seq:%d:" % seq + FILLER
+def value_of(seq: int, size: int | None = None) -> bytes:
+    """``seq:<n>:`` and 100 filler bytes, or padded to exactly ``size`` bytes."""
+    head = b"seq:%d:" % seq
+    return head + (FILLER if size is None else b"x" * max(0, size - len(head)))
 
 
 def seq_of(value: bytes | None) -> int | None:
@@ -51,6 +53,8 @@ class Workload:
     topic: str
     records: Sequence[Record]
     rate: float
+    value_size: int | None = None  # see value_of
+    first_seq: int = 0  # the seq of records[0]; the next ones count up from it
     produced: int = 0
     failed: list[str] = field(default_factory=list)
     _thread: threading.Thread | None = None
@@ -88,7 +92,7 @@ class Workload:
                 try:
                     producer.produce(
                         self.topic,
-                        value=value_of(seq),
+                        value=value_of(self.first_seq + seq, self.value_size),
                         key=rec.key,
                         headers=wire_headers(headers),
                         on_delivery=report,

@@ -200,3 +200,12 @@ def test_low_reports_lost_state_only_when_expected(store: Store) -> None:
     assert (lows.offsets, lows.lost) == ({}, {SHARD: Lost(4)})
     lows = store.lows({SHARD: 4, other: 2})
     assert (lows.offsets, lows.lost) == ({SHARD: 0}, {other: Lost(None)})
+
+
+def test_scripts_are_loaded_again_when_redis_forgot_them(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    add(store, rec(0, T0))
+    redis_client.script_flush()  # what a restarted Redis without the scripts looks like
+    assert add(store, rec(1, T0)) == 1
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [0, 1]

@@ -1,0 +1,1 @@
+"""The benchmark harness: ``make bench`` (quick) and ``make bench-full``; see BENCHMARKS.md."""

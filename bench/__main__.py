@@ -1,0 +1,92 @@
+"""``python -m bench [--full] [SCENARIO ...]``: run the benchmarks on the local services.
+
+Starts the local Kafka and Redis (``scripts/services up``, the ones ``make test`` uses) unless
+they run, runs the scenarios with the issue's quick or full sizes, prints Markdown tables and the
+targets, and writes ``build/bench/results.json`` and PNG plots next to it. Exits 1 if a record
+was lost or delivered early: the figures of a run that broke the contract do not count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench import report as rep
+from bench.scenarios import FULL, QUICK, Report, catch_up, precision_and_backlog, throughput
+from tests.chaos.servers import Servers
+from tests.conftest import ROOT
+
+SCENARIOS = ("throughput", "precision", "catchup")
+LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
+
+
+def local_servers() -> Servers:
+    """The services ``scripts/services`` runs by default (its env overrides apply)."""
+    import os
+
+    state = Path(
+        os.environ.get("DELAY_BRIDGE_STATE_DIR", Path.home() / ".local/state/delay-bridge")
+    )
+    return Servers(
+        state,
+        kafka_port=int(os.environ.get("DELAY_BRIDGE_KAFKA_PORT", LOCAL_KAFKA_PORT)),
+        redis_port=int(os.environ.get("DELAY_BRIDGE_REDIS_PORT", LOCAL_REDIS_PORT)),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
+                        help=f"default: all of {', '.join(SCENARIOS)}")  # fmt: skip
+    parser.add_argument("--full", action="store_true", help="the full sizes (make bench-full)")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
+    args = parser.parse_args()
+    sizes = FULL if args.full else QUICK
+    names = args.scenarios or list(SCENARIOS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    servers = local_servers()
+    servers.up()
+    report = Report()
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {text}", file=sys.stderr, flush=True)
+
+    capacity = 0.0
+    if "throughput" in names or "precision" in names:
+        for size in sizes.values if "throughput" in names else sizes.values[:1]:
+            say(f"throughput: {sizes.throughput:,} records of {size} B, and the ceilings")
+            rate = throughput(servers, args.out / "runs", sizes.throughput, size, report)
+            capacity = capacity or rate
+    if "precision" in names:
+        say(f"precision at {capacity / 2:,.0f}/s, then a backlog of {sizes.backlog:,}")
+        precision_and_backlog(servers, args.out / "runs", report, rate=capacity / 2,
+                              seconds=sizes.precision_s, backlog=sizes.backlog)  # fmt: skip
+    if "catchup" in names:
+        live = max(100.0, (capacity or 5000) / 10)
+        say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
+        catch_up(servers, args.out / "runs", sizes.catchup, live, report)
+    say("done")
+    command = "make bench-full" if args.full else "make bench"
+    print(rep.tables(report))
+    held = rep.targets(report)
+    print("Targets\n")
+    print("\n".join(f"- {'held' if ok else 'MISSED'}: {t} — {m}" for t, m, ok in held))
+    for problem in report.problems:
+        print(f"CONTRACT BROKEN: {problem}")
+    written = rep.plots(report, args.out)
+    (args.out / "results.json").write_text(json.dumps({
+        "command": command, "seconds": round(time.monotonic() - started),
+        "figures": report.figures, "targets": [{"target": t, "measured": m, "held": ok}
+                                               for t, m, ok in held],
+        "problems": report.problems, "plots": [p.name for p in written],
+    }, indent=2))  # fmt: skip
+    say(f"wrote {args.out / 'results.json'} and {', '.join(p.name for p in written)}")
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

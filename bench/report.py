@@ -1,0 +1,158 @@
+"""The report: Markdown tables (BENCHMARKS.md takes them as printed), the targets, and the plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios import Report
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}/s"
+
+
+def _section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    return [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows), ""]  # fmt: skip
+
+
+def _lateness(figures: dict[str, int]) -> list[str]:
+    return [f"{figures[k]} ms" for k in ("p50", "p90", "p99", "p99.9", "max")]
+
+
+def tables(report: Report) -> str:
+    """The figures as Markdown tables, one per scenario."""
+    f = report.figures
+    throughput = [
+        [f"{t['records']:,} x {t['value_bytes']} B", _rate(t["ingest_per_s"]),
+         _rate(t["egress_per_s"]), _rate(t["end_to_end_per_s"]), _rate(t["bare_pipe_per_s"]),
+         f"**{t['end_to_end_vs_pipe']:.0%}**", _rate(t["bare_store_add_per_s"]),
+         f"{t['ingest_vs_store_add']:.0%}", _rate(t["bare_store_claim_ack_per_s"]),
+         f"{t['egress_vs_store_claim_ack']:.0%}"]
+        for name, t in f.items() if name.startswith("throughput")
+    ]  # fmt: skip
+    precision = [
+        [name.removeprefix("precision "), _rate(p["rate_per_s"]), f"{p['records']:,}",
+         str(p["early"]), *_lateness(p["ack_lateness_ms"]), *_lateness(p["consumer_lateness_ms"])]
+        for name, p in f.items() if name.startswith("precision")
+    ]  # fmt: skip
+    quantiles = ["p50", "p90", "p99", "p99.9", "max"]
+    b, c = f.get("backlog"), f.get("catch-up")
+    backlog = [[
+        f"{b['records']:,}", f"{b['redis_bytes_per_record']:.0f}", str(b["payload_bytes"]),
+        f"{b['overhead_bytes']:.0f}", f"{b['p99_ratio']:.2f}x",
+    ]] if b else []  # fmt: skip
+    drained, live = (c["drained_lateness_ms"], c["live_lateness_ms"]) if c else ({}, {})
+    catch_up = [[
+        f"{c['records']:,}", f"{c['stopped_s']} s", f"{c['start_to_ready_s']} s",
+        f"{c['drain_s_from_start']} s", _rate(c["drain_per_s"]),
+        f"{drained['p50']} / {drained['max']} ms", f"{c['live_due_during_drain']:,}",
+        f"{c['live_on_time_250ms']:,}", f"{live['p99']} / {live['max']} ms",
+    ]] if c else []  # fmt: skip
+    return "\n".join([
+        *_section("Throughput (due at once)", [
+            "records", "ingest", "egress", "end to end", "bare pipe", "e2e / pipe",
+            "bare store add", "ingest / add", "bare claim+ack", "egress / claim+ack"], throughput),
+        *_section("Precision (delays uniform in 1-10 s; lateness at the acknowledgement and at "
+                  "a consumer)", ["load", "rate", "records", "early",
+                                  *[f"ack {q}" for q in quantiles],
+                                  *[f"consumer {q}" for q in quantiles]], precision),
+        *_section("Backlog (far-future records in the same shards)", [
+            "records", "Redis bytes/record", "payload bytes", "overhead bytes",
+            "ack p99 with / without backlog"], backlog),
+        *_section("Catch-up (records came due while the bridge was stopped)", [
+            "records", "stopped", "start to ready", "drained after start", "drain rate",
+            "drained lateness p50 / max", "live due during drain", "live on time (<= 250 ms)",
+            "live ack p99 / max"], catch_up),
+    ])  # fmt: skip
+
+
+def targets(report: Report) -> list[tuple[str, str, bool]]:
+    """(target, measured, held) for each of the issue's targets the run measured."""
+    f = report.figures
+    out = []
+    for name, t in f.items():
+        if name.startswith("throughput"):
+            ratio = t["end_to_end_vs_pipe"]
+            out.append(
+                (f"{name}: end to end >= 50% of the bare pipe", f"{ratio:.0%}", ratio >= 0.5)
+            )
+    p = f.get("precision without backlog")
+    if p:
+        late = p["ack_lateness_ms"]
+        out.append(("precision: p99 <= 25 ms", f"{late['p99']} ms", late["p99"] <= 25))
+        out.append(("precision: max <= 250 ms", f"{late['max']} ms", late["max"] <= 250))
+        early = sum(v["early"] for k, v in f.items() if k.startswith("precision"))
+        out.append(("precision: 0 early", str(early), early == 0))
+    b = f.get("backlog")
+    if b:
+        overhead = b["overhead_bytes"]
+        out.append(("memory <= payload + 150 B per record", f"payload + {overhead:.0f} B",
+                    overhead <= 150))  # fmt: skip
+        out.append(("p99 with the backlog <= 2x without", f"{b['p99_ratio']:.2f}x",
+                    b["p99_ratio"] <= 2))  # fmt: skip
+    return out
+
+
+def plots(report: Report, out: Path) -> list[Path]:
+    """PNG plots of the series (matplotlib, installed with the ``bench`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    s: dict[str, Any] = report.series
+    names = [n for n in s if n.startswith("throughput")]
+    if names:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for name in names:
+            t = [p[0] for p in s[name]]
+            ax.plot(t, [p[1] for p in s[name]], label=f"{name}: stored")
+            ax.plot(t, [p[2] for p in s[name]], "--", label=f"{name}: acknowledged")
+        ax.set(xlabel="seconds since the first record was stored", ylabel="records",
+               title="Throughput: records due at once")  # fmt: skip
+        ax.legend()
+        written.append(_save(fig, out / "throughput.png"))
+    names = [n for n in s if n.startswith("precision")]
+    if names:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for name in names:
+            for where, style in (("ack", "-"), ("consumer", ":")):
+                values = sorted(s[name][where])
+                if values:
+                    ys = [i / len(values) for i in range(1, len(values) + 1)]
+                    ax.plot([max(v, 0.5) for v in values], ys, style,
+                            label=f"{name.removeprefix('precision ')} ({where})")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set(xlabel="lateness, ms (log)", ylabel="fraction delivered",
+               title="Precision: lateness CDF at half capacity")  # fmt: skip
+        ax.axvline(25, color="grey", lw=0.5)
+        ax.legend()
+        written.append(_save(fig, out / "lateness.png"))
+    if "catch-up" in s:
+        c = s["catch-up"]
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        backlog = c["backlog"]
+        ax.plot(backlog, range(1, len(backlog) + 1), label="backlog delivered (left axis)")
+        ax.set(xlabel="seconds since the bridge was started again", ylabel="records",
+               title="Catch-up: drain, and live records due meanwhile")  # fmt: skip
+        twin = ax.twinx()
+        twin.scatter([d / 1000 for d, _ in c["live"]], [max(v, 0) for _, v in c["live"]], s=2,
+                     color="tab:orange", label="live record lateness, ms (right axis)")  # fmt: skip
+        twin.set_ylabel("lateness, ms")
+        fig.legend(loc="lower right")
+        written.append(_save(fig, out / "catchup.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,415 @@
+"""The scenarios. Each runs the real bridge process (``delay-bridge run``) on the local Kafka and
+Redis with topics, group and key prefix of its own, and measures from outside it: progress from
+Redis (the shards' watermarks and record counts, sampled every 10 ms), deliveries from a consumer
+on the target topic, and acknowledgement times from the target topic's ``LogAppendTime`` — the
+broker's clock at the append the producer's delivery report confirms.
+
+The workload, the checker and the topic/bridge plumbing are the chaos harness's
+(:mod:`tests.chaos`): every delivered record is also checked against its due time, so a benchmark
+run that delivers early or loses a record says so.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from confluent_kafka.cimpl import NewTopic
+
+from bench.ceilings import bare_store
+from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers, record_size
+from bridge.store import Shard, Store
+from tests.chaos.checker import Account, Expected, expectations, quantile, read_topic, settle
+from tests.chaos.scenarios import PARTITIONS, Run, wait_ready
+from tests.chaos.servers import Servers
+from tests.chaos.workload import Record, Workload, now_ms, value_of
+from tests.integration.harness import ROOT, bridge_env
+
+SAMPLE_S = 0.01
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+ACK_STAMPS = {"message.timestamp.type": "LogAppendTime"}
+FAR_FUTURE = b"30d"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each scenario does (the issue's quick and full sizes)."""
+
+    throughput: int
+    values: tuple[int, ...]
+    precision_s: float
+    backlog: int
+    catchup: int
+
+
+QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,
+              catchup=100_000)  # fmt: skip
+FULL = Sizes(throughput=500_000, values=(100, 1024), precision_s=60, backlog=1_000_000,
+             catchup=100_000)  # fmt: skip
+
+
+@dataclass
+class Report:
+    """What the scenarios measured, by name; serialised as the JSON result."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, Any] = field(default_factory=dict)  # for the plots only
+    problems: list[str] = field(default_factory=list)  # lost, early, misrouted: correctness
+
+
+# ---------------------------------------------------------------- measuring from outside
+
+
+class Progress:
+    """Samples the shards' ingest watermarks and stored-record counts every 10 ms.
+
+    ``ingested`` is the records handled so far (offsets up to the watermarks), ``stored`` the
+    records Redis holds; ``ingested - stored`` is what left Redis, i.e. was acknowledged.
+    """
+
+    def __init__(self, store: Store, topic: str) -> None:
+        self.store = store
+        self.shards = [Shard(topic, p) for p in range(PARTITIONS)]
+        self.samples: list[tuple[int, int, int]] = []  # (epoch ms, ingested, stored)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+
+    def start(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def sample(self) -> tuple[int, int, int]:
+        """(epoch ms, ingested, stored) now."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for shard in self.shards:
+            keys = self.store.keys(shard)
+            pipe.hget(keys.meta, "ingested")
+            pipe.hlen(keys.records)
+        replies = pipe.execute()
+        ingested = sum(int(m) + 1 for m in replies[0::2] if m is not None)
+        return now_ms(), ingested, sum(int(n) for n in replies[1::2])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.sample())
+            self._stop.wait(SAMPLE_S)
+
+    def latest(self) -> tuple[int, int, int]:
+        return self.samples[-1] if self.samples else (now_ms(), 0, 0)
+
+    def wait(self, done: Any, timeout: float, what: str) -> None:
+        """Wait until ``done(ingested, stored)`` holds for the latest sample."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _, ingested, stored = self.latest()
+            if done(ingested, stored):
+                return
+            time.sleep(SAMPLE_S)
+        raise TimeoutError(f"{what} not reached within {timeout:.0f}s: {self.latest()}")
+
+    def first(self, pred: Any) -> int:
+        """The time of the first sample for which ``pred(ingested, stored)`` holds."""
+        return next(t for t, i, s in self.samples if pred(i, s))
+
+
+def lateness_figures(values: list[int]) -> dict[str, int]:
+    out = {f"p{q * 100:g}": quantile(values, q) for q in QUANTILES}
+    out["max"] = max(values, default=0)
+    return out
+
+
+def check(report: Report, name: str, account: Account) -> None:
+    """Correctness travels with every figure: lost, early and misrouted records are problems."""
+    for what, items in (("lost", account.lost), ("early", account.early),
+                        ("misrouted", account.misrouted)):  # fmt: skip
+        if items:
+            report.problems.append(f"{name}: {len(items)} {what}, e.g. {items[:3]}")
+
+
+def stamped(records: list[Record], first: int, run: Run, report: Report, name: str) -> Account:
+    """Settle the records with seqs ``first``.. (all due by now) against the checker."""
+    expected = _expected(run)
+    subset = {s: e for s, e in expected.items() if first <= s < first + len(records)}
+    account = settle(run.checker, subset, horizon_ms=now_ms())
+    check(report, name, account)
+    return account
+
+
+def _expected(run: Run) -> dict[int, Expected]:
+    return expectations(read_topic(run.servers.bootstrap, run.delay, PARTITIONS), run.rules())
+
+
+def wait_delivered(run: Run, seqs: range, timeout: float) -> None:
+    """Wait until the checker saw every seq in ``seqs`` (delivered or dead-lettered)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        missing = sum(
+            1 for s in seqs if s not in run.checker.delivered and s not in run.checker.dead
+        )
+        if not missing:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{missing} of {len(seqs)} records not delivered within {timeout:.0f}s")
+
+
+def due_now(count: int, target: str) -> list[Record]:
+    header: Headers = [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]
+    return [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
+
+
+def steady(count: int, target: str, low_ms: int, high_ms: int, seed: int) -> list[Record]:
+    rng = random.Random(seed)
+    header: Headers = [(H_TARGET_TOPIC, target.encode())]
+    return [Record(header, key=b"k%d" % (i % 997), delay_ms=rng.randint(low_ms, high_ms))
+            for i in range(count)]  # fmt: skip
+
+
+def produce(run: Run, records: list[Record], rate: float, first_seq: int = 0,
+            value_size: int | None = None) -> Workload:  # fmt: skip
+    return Workload(run.servers.bootstrap, run.delay, records, rate, value_size=value_size,
+                    first_seq=first_seq).start()  # fmt: skip
+
+
+def finished(workload: Workload, timeout: float = 600) -> None:
+    workload.join(timeout)
+    if workload.failed:
+        raise RuntimeError(f"the workload could not produce: {workload.failed[:3]}")
+
+
+# ---------------------------------------------------------------- 1 + 2: throughput and ceilings
+
+
+def throughput(servers: Servers, workdir: Path, count: int, value_size: int,
+               report: Report) -> float:  # fmt: skip
+    """``count`` records due at once, produced before the bridge starts; the bare pipe reads the
+    same delay topic first. Returns the bridge's end-to-end rate (records/s)."""
+    name = f"throughput-{value_size}"
+    run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False)
+    try:
+        finished(produce(run, due_now(count, run.target), float("inf"), value_size=value_size))
+        pipe = _bare_pipe(run, count)
+        store = Store(servers.redis(), run.prefix)
+        progress = Progress(store, run.delay).start()
+        bridge = run.bridge()
+        progress.wait(lambda i, s: i >= count and s == 0, 600, f"{name}: all acknowledged")
+        progress.stop()
+        bridge.signal(signal.SIGTERM)
+        bridge.wait(60)
+        started = progress.first(lambda i, s: i > 0)
+        ingested = progress.first(lambda i, s: i >= count)
+        acked_first = progress.first(lambda i, s: i - s > 0)
+        acked = progress.first(lambda i, s: i >= count and s == 0)
+        rates = {
+            "records": count,
+            "value_bytes": value_size,
+            "ingest_per_s": count / max(1e-3, (ingested - started) / 1000),
+            "egress_per_s": count / max(1e-3, (acked - acked_first) / 1000),
+            "end_to_end_per_s": count / max(1e-3, (acked - started) / 1000),
+            "bare_pipe_per_s": count / max(1e-3, (pipe["last_ms"] - pipe["first_ms"]) / 1000),
+        }
+        ceiling = bare_store(store, run.config(), topic=f"{run.delay}-bare", count=count,
+                             value_size=value_size, target=run.target)  # fmt: skip
+        rates.update(ceiling)
+        rates["end_to_end_vs_pipe"] = rates["end_to_end_per_s"] / rates["bare_pipe_per_s"]
+        rates["ingest_vs_store_add"] = rates["ingest_per_s"] / rates["bare_store_add_per_s"]
+        rates["egress_vs_store_claim_ack"] = (
+            rates["egress_per_s"] / rates["bare_store_claim_ack_per_s"]
+        )
+        run.checker.start()  # only now: reading the target meanwhile would compete for the CPU
+        wait_delivered(run, range(count), 300)
+        account = settle(run.checker, _expected(run), horizon_ms=now_ms())
+        check(report, name, account)
+        rates["duplicates"] = account.duplicates
+        report.figures[name] = rates
+        t0 = started
+        report.series[name] = [((t - t0) / 1000, i, i - s) for t, i, s in progress.samples]
+        store.client.close()
+        return float(rates["end_to_end_per_s"])
+    finally:
+        run.close()
+
+
+def _bare_pipe(run: Run, count: int) -> dict[str, int]:
+    target = f"pipe-{run.uid}"
+    for future in run.admin.create_topics([NewTopic(target, PARTITIONS, 1)]).values():
+        future.result(timeout=30)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.pipe", str(run.config_file), run.delay, target,
+             str(count)],
+            cwd=ROOT, env=_env(run), capture_output=True, text=True, timeout=900, check=True,
+        )  # fmt: skip
+    finally:
+        run.admin.delete_topics([target])
+    result: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["acked"] != count:
+        raise RuntimeError(f"the bare pipe acknowledged {result['acked']} of {count}")
+    return result
+
+
+def _env(run: Run) -> dict[str, str]:
+    return bridge_env(run.servers.bootstrap, run.servers.redis_url)
+
+
+# ---------------------------------------------------------------- 3 + 4: precision and backlog
+
+
+def precision_and_backlog(
+    servers: Servers, workdir: Path, report: Report, *, rate: float, seconds: float, backlog: int
+) -> None:
+    """Steady load at ``rate`` with delays uniform in 1-10 s for ``seconds`` (precision); then
+    ``backlog`` far-future records into the same shards (memory per record); then the same load
+    again (lateness with the backlog)."""
+    run = Run(servers, workdir, "precision", label="bench", target_config=ACK_STAMPS)
+    store = Store(servers.redis(), run.prefix)
+    try:
+        bridge = run.bridge()
+        if not wait_ready(bridge):
+            raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
+        count = int(rate * seconds)
+        phases: dict[str, Account] = {}
+        seq = 0
+        for phase in ("without backlog", "with backlog"):
+            if phase == "with backlog":
+                report.figures["backlog"] = _load_backlog(run, store, backlog, seq)
+                seq += backlog
+            records = steady(count, run.target, 1000, 10_000, seed=seq)
+            finished(produce(run, records, rate, first_seq=seq), seconds * 3 + 60)
+            wait_delivered(run, range(seq, seq + count), 120)
+            phases[phase] = stamped(records, seq, run, report, f"precision {phase}")
+            seq += count
+        bridge.signal(signal.SIGTERM)
+        bridge.wait(60)
+        for phase, account in phases.items():
+            report.figures[f"precision {phase}"] = {
+                "rate_per_s": rate, "seconds": seconds, "records": count,
+                "early": len(account.early), "lost": len(account.lost),
+                "duplicates": account.duplicates,
+                "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+                "consumer_lateness_ms": lateness_figures(account.lateness_ms),
+            }  # fmt: skip
+            report.series[f"precision {phase}"] = {
+                "ack": account.stamp_lateness_ms,
+                "consumer": account.lateness_ms,
+            }
+        base = report.figures["precision without backlog"]["ack_lateness_ms"]["p99"]
+        with_ = report.figures["precision with backlog"]["ack_lateness_ms"]["p99"]
+        report.figures["backlog"]["p99_ratio"] = with_ / max(1, base)
+    finally:
+        store.client.close()
+        run.close()
+
+
+def _load_backlog(run: Run, store: Store, count: int, first_seq: int) -> dict[str, Any]:
+    """Produce ``count`` records due in 30 days; measure Redis's memory once all are stored."""
+    before = _used_memory(store)
+    progress = Progress(store, run.delay)
+    stored_before = progress.sample()[2]
+    header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
+    records = [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
+    started = time.monotonic()
+    finished(produce(run, records, float("inf"), first_seq=first_seq), 900)
+    deadline = time.monotonic() + 900
+    while progress.sample()[2] < stored_before + count:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the backlog was not stored within 900s")
+        time.sleep(0.2)
+    seconds = time.monotonic() - started
+    after = _used_memory(store)
+    payload = record_size(b"k1", value_of(first_seq), header)
+    return {
+        "records": count,
+        "seconds_to_store": round(seconds, 1),
+        "redis_bytes_per_record": (after - before) / count,
+        "payload_bytes": payload,
+        "overhead_bytes": (after - before) / count - payload,
+    }
+
+
+def _used_memory(store: Store) -> int:
+    return int(cast(dict[str, Any], store.client.info("memory"))["used_memory"])
+
+
+# ---------------------------------------------------------------- 5: catch-up
+
+
+def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
+             report: Report) -> None:  # fmt: skip
+    """``count`` records come due while the bridge is stopped; it is started again with live
+    traffic (delays uniform in 1-3 s) arriving: drain time, lateness of the drained records, and
+    of the live ones that fall due during the drain."""
+    run = Run(servers, workdir, "catchup", label="bench", target_config=ACK_STAMPS)
+    store = Store(servers.redis(), run.prefix)
+    try:
+        bridge = run.bridge()
+        if not wait_ready(bridge):
+            raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
+        lead_ms = 20_000 + count // 10  # enough to produce and store them all first
+        due_ms = now_ms() + lead_ms
+        header: Headers = [(H_TARGET_TOPIC, run.target.encode())]
+        rng = random.Random(7)
+        records = [Record([*header, (H_DELIVER_AT, str(due_ms + rng.randint(0, 2000)).encode())],
+                          key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
+        progress = Progress(store, run.delay).start()
+        finished(produce(run, records, float("inf")), 600)
+        progress.wait(lambda i, s: s >= count, 600, "catch-up backlog stored")
+        if now_ms() > due_ms:
+            report.problems.append("catch-up: storing the backlog took longer than its lead")
+        bridge.signal(signal.SIGTERM)
+        bridge.wait(60)
+        stopped_ms = now_ms()
+        time.sleep(max(0.0, (due_ms + 3000 - now_ms()) / 1000))  # all come due while stopped
+        restarted_ms = now_ms()
+        bridge = run.bridge()
+        if not wait_ready(bridge):
+            raise RuntimeError(f"the bridge did not restart:\n{bridge.output()[-2000:]}")
+        ready_ms = now_ms()
+        live_seconds = max(10.0, count / max(live_rate, 1) / 2)
+        live = steady(int(live_rate * live_seconds), run.target, 1000, 3000, seed=11)
+        finished(produce(run, live, live_rate, first_seq=count), live_seconds * 3 + 60)
+        wait_delivered(run, range(count + len(live)), 300)
+        progress.stop()
+        bridge.signal(signal.SIGTERM)
+        bridge.wait(60)
+        drained = stamped(records, 0, run, report, "catch-up backlog")
+        seen = run.checker.delivered
+        drain_end = max(min(g.seen_ms for g in seen[s]) for s in range(count))
+        drain_start = min(min(g.seen_ms for g in seen[s]) for s in range(count))
+        expected = _expected(run)
+        during = {s: e for s, e in expected.items()
+                  if s >= count and e.due_ms is not None and e.due_ms <= drain_end}  # fmt: skip
+        live_account = settle(run.checker, during, horizon_ms=now_ms())
+        check(report, "catch-up live", live_account)
+        on_time = sum(1 for v in live_account.stamp_lateness_ms if v <= 250)
+        report.figures["catch-up"] = {
+            "records": count, "stopped_s": round((restarted_ms - stopped_ms) / 1000, 1),
+            "start_to_ready_s": round((ready_ms - restarted_ms) / 1000, 2),
+            "drain_s_from_start": round((drain_end - restarted_ms) / 1000, 2),
+            "drain_s_from_first_delivery": round((drain_end - drain_start) / 1000, 2),
+            "drain_per_s": count / max(1e-3, (drain_end - drain_start) / 1000),
+            "drained_lateness_ms": lateness_figures(drained.stamp_lateness_ms),
+            "live_rate_per_s": live_rate, "live_due_during_drain": len(during),
+            "live_on_time_250ms": on_time,
+            "live_lateness_ms": lateness_figures(live_account.stamp_lateness_ms),
+        }  # fmt: skip
+        report.series["catch-up"] = {
+            "backlog": sorted((min(g.seen_ms for g in seen[s]) - restarted_ms) / 1000
+                              for s in range(count)),
+            "live": [(e.due_ms - restarted_ms, min(g.seen_ms for g in seen[s]) - e.due_ms)
+                     for s, e in during.items() if s in seen and e.due_ms is not None],
+        }  # fmt: skip
+    finally:
+        store.client.close()
+        run.close()
