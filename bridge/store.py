@@ -35,6 +35,9 @@ from bridge.errors import StoreError
 from bridge.message import Scheduled, decode, encode
 
 _MEMBER = struct.Struct(">Q")
+# Records due within this long before a claim are "on time" and get half of every claim, so an
+# overdue backlog drains without holding up records falling due now (claim.lua).
+ON_TIME_WINDOW_MS = 1000
 
 
 class Shard(NamedTuple):
@@ -144,8 +147,8 @@ def _lua(name: str) -> str:
 
 
 def _script(client: redis.Redis, name: str) -> Script:
-    # Redis scripts cannot import; the shared clock helper is prepended instead.
-    return client.register_script(_lua("_clock") + "\n" + _lua(name))
+    # Redis scripts cannot import; the shared helpers are prepended instead.
+    return client.register_script(_lua("_lib") + "\n" + _lua(name))
 
 
 class Store:
@@ -254,12 +257,14 @@ class Store:
     def claim(
         self, shards: Sequence[Shard], limit: int, lease_ms: int, now_ms: int | None = None
     ) -> list[Claimed]:
-        """Lease up to ``limit`` due records from each shard (expired leases first)."""
+        """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
+        and overdue records sharing the rest (see claim.lua)."""
         now_arg = "" if now_ms is None else str(now_ms)
         calls = []
         for shard in shards:
             k = self.keys(shard)
-            calls.append((self._claim, [k.due, k.inflight, k.records], [limit, lease_ms, now_arg]))
+            args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS]
+            calls.append((self._claim, [k.due, k.inflight, k.records], args))
         out: list[Claimed] = []
         for shard, reply in zip(shards, self._run(calls), strict=True):
             redelivered = int(reply[1])

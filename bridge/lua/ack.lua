@@ -7,9 +7,5 @@ ARGV     members
 
 Returns: the number of records removed.
 ]]
-local removed = 0
-for i = 1, #ARGV do
-  redis.call('ZREM', KEYS[1], ARGV[i])
-  removed = removed + redis.call('HDEL', KEYS[2], ARGV[i])
-end
-return removed
+call_chunked('ZREM', KEYS[1], ARGV)
+return (call_chunked('HDEL', KEYS[2], ARGV))

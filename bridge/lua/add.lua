@@ -32,21 +32,26 @@ if ARGV[1] ~= '' then
   end
 end
 local watermark = tonumber(mark or '-1')
-local added = 0
+local records, due, buckets = {}, {}, {}
 local bucket = nil
 for i = 3, #ARGV, 4 do
   if tonumber(ARGV[i]) > watermark then
     local member = ARGV[i + 1]
-    redis.call('HSET', KEYS[2], member, ARGV[i + 3])
-    redis.call('ZADD', KEYS[1], ARGV[i + 2], member)
+    records[#records + 1] = member
+    records[#records + 1] = ARGV[i + 3]
+    due[#due + 1] = ARGV[i + 2]
+    due[#due + 1] = member
     if string.sub(member, 1, 7) ~= bucket then
       bucket = string.sub(member, 1, 7)
-      redis.call('ZADD', KEYS[4], 0, bucket)
+      buckets[#buckets + 1] = 0
+      buckets[#buckets + 1] = bucket
     end
-    added = added + 1
   end
 end
+call_chunked('HSET', KEYS[2], records)
+call_chunked('ZADD', KEYS[1], due)
+call_chunked('ZADD', KEYS[4], buckets)
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[3], 'ingested', ARGV[2])
 end
-return {0, added}
+return {0, #due / 2}

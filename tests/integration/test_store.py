@@ -209,3 +209,22 @@ def test_scripts_are_loaded_again_when_redis_forgot_them(
     redis_client.script_flush()  # what a restarted Redis without the scripts looks like
     assert add(store, rec(1, T0)) == 1
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [0, 1]
+
+
+def test_records_falling_due_share_each_claim_with_an_overdue_backlog(store: Store) -> None:
+    # 20 records an hour overdue (a stopped bridge), then 4 falling due now.
+    add(store, *(rec(i, T0 - 3_600_000) for i in range(20)), *(rec(20 + i, T0) for i in range(4)))
+    first = offsets(store.claim([SHARD], 6, LEASE, now_ms=T0))
+    assert sorted(first) == [0, 1, 2, 20, 21, 22]  # half on time, half of the backlog, in order
+    assert offsets(store.claim([SHARD], 6, LEASE, now_ms=T0)) == [3, 4, 5, 6, 7, 23]
+    rest = store.claim([SHARD], 100, LEASE, now_ms=T0)
+    assert offsets(rest) == list(range(8, 20))  # the on-time lane is empty: the backlog fills it
+
+
+def test_many_records_move_in_one_claim(store: Store) -> None:
+    # More than one slice of the scripts' variadic calls (1000 arguments).
+    add(store, *(rec(i, T0) for i in range(2500)))
+    claimed = store.claim([SHARD], 2400, LEASE, now_ms=T0)
+    assert offsets(claimed) == list(range(2400))
+    assert store.ack({SHARD: [c.member for c in claimed]}) == 2400
+    assert offsets(store.claim([SHARD], 2400, LEASE, now_ms=T0)) == list(range(2400, 2500))
