@@ -365,62 +365,127 @@ def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_te
 
 # ------------------------------------------------------------------ stored encoding
 #
-# version 1: >B (version) q (due ms) q (offset) H (header count), then length-prefixed fields:
-# target, delay-id, key, value, and per header name + value. Lengths are >I with 0xFFFFFFFF
-# standing for None, so a null key, value or header value survives the round trip.
+# Version 2 (written): >B version, B flags, q due ms, H header count; then length-prefixed
+# fields — the target unless flag TARGET_IN_HEADER (it is the delay-target-topic header's
+# value), the delay-id unless flag DEFAULT_ID (it is <topic>:<partition>:<offset>), key, value,
+# and per header a name byte (the code of a known name, or 0 and the name length-prefixed) and
+# the value. Lengths are >H with 0xFFFF for None, or >I with 0xFFFFFFFF for None when flag WIDE
+# says a field is 65535 bytes or longer. The offset is the Redis member's; topic and partition
+# are the shard's. Every byte saved here is saved on every record Redis holds.
+#
+# Version 1 (still read, so records stored before an upgrade are delivered): >B version, q due
+# ms, q offset, H header count, then target, delay-id, key, value and the headers' names and
+# values, each with a >I length (0xFFFFFFFF for None).
 
-_VERSION = 1
-_HEAD = struct.Struct(">BqqH")
-_LEN = struct.Struct(">I")
-_NONE = 0xFFFFFFFF
+_HEAD = struct.Struct(">BBqH")
+_HEAD_V1 = struct.Struct(">BqqH")
+_NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
+_WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
+_TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS = 1, 2, 4
+# Codes are stored: append only, never reorder.
+_KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
+_NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
 
 
-def _put(out: list[bytes], data: bytes | None) -> None:
-    if data is None:
-        out.append(_LEN.pack(_NONE))
+def encode(record: Scheduled, topic: str, partition: int) -> bytes:
+    """Pack a :class:`Scheduled` of delay-topic partition ``topic``/``partition`` into the
+    compact binary form kept in Redis."""
+    flags = 0
+    fields: list[bytes | None] = []
+    target = record.target.encode()
+    if next((v for k, v in record.headers if k == H_TARGET_TOPIC), None) == target:
+        flags |= _TARGET_IN_HEADER
     else:
-        out.append(_LEN.pack(len(data)))
-        out.append(data)
-
-
-def encode(record: Scheduled) -> bytes:
-    """Pack a :class:`Scheduled` into the compact binary form kept in Redis."""
-    out = [_HEAD.pack(_VERSION, record.due_ms, record.offset, len(record.headers))]
-    _put(out, record.target.encode())
-    _put(out, record.delay_id.encode())
-    _put(out, record.key)
-    _put(out, record.value)
+        fields.append(target)
+    if record.delay_id == origin(topic, partition, record.offset):
+        flags |= _DEFAULT_ID
+    else:
+        fields.append(record.delay_id.encode())
+    fields += (record.key, record.value)
+    named: list[tuple[int, bytes | None, bytes | None]] = []
     for name, value in record.headers:
-        _put(out, name.encode())
-        _put(out, value)
+        code = _NAME_CODES.get(name, 0)
+        named.append((code, None if code else name.encode(), value))
+    sizes = [len(f) for f in (*fields, *(n for _, n, _ in named), *(v for _, _, v in named)) if f]
+    length, none = _NARROW, _NARROW_NONE
+    if max(sizes, default=0) >= _NARROW_NONE:
+        length, none = _WIDE, _WIDE_NONE
+        flags |= _WIDE_LENGTHS
+    out = [_HEAD.pack(2, flags, record.due_ms, len(record.headers))]
+
+    def put(data: bytes | None) -> None:
+        if data is None:
+            out.append(length.pack(none))
+        else:
+            out.append(length.pack(len(data)))
+            out.append(data)
+
+    for field_ in fields:
+        put(field_)
+    for code, name_bytes, value in named:
+        out.append(bytes((code,)))
+        if not code:
+            put(name_bytes)
+        put(value)
     return b"".join(out)
 
 
-def decode(blob: bytes) -> Scheduled:
-    """Inverse of :func:`encode`; raises ValueError on a blob it does not understand."""
-    version, due_ms, offset, count = _HEAD.unpack_from(blob, 0)
-    if version != _VERSION:
-        raise ValueError(f"unknown stored record version {version}")
-    pos = _HEAD.size
+class _Reader:
+    """Length-prefixed fields of a stored record, in order."""
 
-    def take() -> bytes | None:
-        nonlocal pos
-        (length,) = _LEN.unpack_from(blob, pos)
-        pos += _LEN.size
-        if length == _NONE:
+    def __init__(self, blob: bytes, pos: int, length: struct.Struct, none: int) -> None:
+        self.blob, self.pos, self.length, self.none = blob, pos, length, none
+
+    def take(self) -> bytes | None:
+        (size,) = self.length.unpack_from(self.blob, self.pos)
+        self.pos += self.length.size
+        if size == self.none:
             return None
-        data = blob[pos : pos + length]
-        pos += length
+        data = self.blob[self.pos : self.pos + size]
+        self.pos += size
         return data
 
-    target = (take() or b"").decode()
-    delay_id = (take() or b"").decode()
-    key = take()
-    value = take()
-    headers: Headers = []
-    for _ in range(count):
-        name = (take() or b"").decode()
-        headers.append((name, take()))
-    if pos != len(blob):
-        raise ValueError("trailing bytes in stored record")
+    def text(self) -> str:
+        return (self.take() or b"").decode()
+
+    def byte(self) -> int:
+        self.pos += 1
+        return self.blob[self.pos - 1]
+
+    def end(self) -> None:
+        if self.pos != len(self.blob):
+            raise ValueError("stored record is longer than its fields")
+
+
+def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
+    """Inverse of :func:`encode`; raises ValueError on a blob it does not understand."""
+    try:
+        if blob[0] == 1:
+            return _decode_v1(blob)
+        if blob[0] != 2:
+            raise ValueError(f"unknown stored record version {blob[0]}")
+        _, flags, due_ms, count = _HEAD.unpack_from(blob, 0)
+        wide = flags & _WIDE_LENGTHS
+        r = _Reader(blob, _HEAD.size, *((_WIDE, _WIDE_NONE) if wide else (_NARROW, _NARROW_NONE)))
+        target = None if flags & _TARGET_IN_HEADER else r.text()
+        delay_id = origin(topic, partition, offset) if flags & _DEFAULT_ID else r.text()
+        key, value = r.take(), r.take()
+        headers: Headers = []
+        for _ in range(count):
+            code = r.byte()
+            headers.append((_KNOWN_NAMES[code - 1] if code else r.text(), r.take()))
+        r.end()
+        if target is None:
+            target = (next(v for k, v in headers if k == H_TARGET_TOPIC) or b"").decode()
+        return Scheduled(offset, due_ms, target, key, value, headers, delay_id)
+    except (struct.error, IndexError, UnicodeDecodeError, StopIteration) as exc:
+        raise ValueError(f"stored record does not decode: {exc}") from None
+
+
+def _decode_v1(blob: bytes) -> Scheduled:
+    _, due_ms, offset, count = _HEAD_V1.unpack_from(blob, 0)
+    r = _Reader(blob, _HEAD_V1.size, _WIDE, _WIDE_NONE)
+    target, delay_id, key, value = r.text(), r.text(), r.take(), r.take()
+    headers: Headers = [(r.text(), r.take()) for _ in range(count)]
+    r.end()
     return Scheduled(offset, due_ms, target, key, value, headers, delay_id)

@@ -220,7 +220,7 @@ class Store:
             k = self.keys(shard)
             args: list[Any] = [_expected(expected.get(shard)), high]
             for rec in records:
-                args += [rec.offset, member(rec.offset), rec.due_ms, encode(rec)]
+                args += [rec.offset, member(rec.offset), rec.due_ms, encode(rec, *shard)]
             calls.append((self._add, [k.due, k.records, k.meta, k.low], args))
         count, lost = 0, {}
         for shard, (status, value) in zip(shards, self._run(calls), strict=True):
@@ -269,9 +269,8 @@ class Store:
         for shard, reply in zip(shards, self._run(calls), strict=True):
             redelivered = int(reply[1])
             for i in range(2, len(reply), 2):
-                out.append(
-                    Claimed(shard, reply[i], decode(reply[i + 1]), (i - 2) // 2 < redelivered)
-                )
+                record = decode(reply[i + 1], shard.topic, shard.partition, offset_of(reply[i]))
+                out.append(Claimed(shard, reply[i], record, (i - 2) // 2 < redelivered))
         return out
 
     def ack(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
