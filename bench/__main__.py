@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from bench import report as rep
-from bench.scenarios import FULL, QUICK, Report, catch_up, precision_and_backlog, throughput
+from bench.scenarios import (
+    FULL,
+    QUICK,
+    Report,
+    Sizes,
+    catch_up,
+    precision_and_backlog,
+    throughput,
+)
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
@@ -37,18 +45,8 @@ def local_servers() -> Servers:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
-                        help=f"default: all of {', '.join(SCENARIOS)}")  # fmt: skip
-    parser.add_argument("--full", action="store_true", help="the full sizes (make bench-full)")
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
-    args = parser.parse_args()
-    sizes = FULL if args.full else QUICK
-    names = args.scenarios or list(SCENARIOS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    servers = local_servers()
-    servers.up()
+def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Report:
+    """Run the named scenarios at ``sizes``; scratch files go under ``out``."""
     report = Report()
     started = time.monotonic()
 
@@ -59,17 +57,33 @@ def main() -> int:
     if "throughput" in names or "precision" in names:
         for size in sizes.values if "throughput" in names else sizes.values[:1]:
             say(f"throughput: {sizes.throughput:,} records of {size} B, and the ceilings")
-            rate = throughput(servers, args.out / "runs", sizes.throughput, size, report)
+            rate = throughput(servers, out, sizes.throughput, size, report)
             capacity = capacity or rate
     if "precision" in names:
         say(f"precision at {capacity / 2:,.0f}/s, then a backlog of {sizes.backlog:,}")
-        precision_and_backlog(servers, args.out / "runs", report, rate=capacity / 2,
+        precision_and_backlog(servers, out, report, rate=capacity / 2,
                               seconds=sizes.precision_s, backlog=sizes.backlog)  # fmt: skip
     if "catchup" in names:
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
-        catch_up(servers, args.out / "runs", sizes.catchup, live, report)
+        catch_up(servers, out, sizes.catchup, live, report)
     say("done")
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
+                        help=f"default: all of {', '.join(SCENARIOS)}")  # fmt: skip
+    parser.add_argument("--full", action="store_true", help="the full sizes (make bench-full)")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    servers = local_servers()
+    servers.up()
+    started = time.monotonic()
+    report = run_all(servers, args.out / "runs", FULL if args.full else QUICK,
+                     args.scenarios or list(SCENARIOS))  # fmt: skip
     command = "make bench-full" if args.full else "make bench"
     print(rep.tables(report))
     held = rep.targets(report)
@@ -84,7 +98,8 @@ def main() -> int:
                                                for t, m, ok in held],
         "problems": report.problems, "plots": [p.name for p in written],
     }, indent=2))  # fmt: skip
-    say(f"wrote {args.out / 'results.json'} and {', '.join(p.name for p in written)}")
+    print(f"wrote {args.out / 'results.json'} and {', '.join(p.name for p in written)}",
+          file=sys.stderr)  # fmt: skip
     return 1 if report.problems else 0
 
 

@@ -144,7 +144,7 @@ def plots(report: Report, out: Path) -> list[Path]:
         twin.scatter([d / 1000 for d, _ in c["live"]], [max(v, 0) for _, v in c["live"]], s=2,
                      color="tab:orange", label="live record lateness, ms (right axis)")  # fmt: skip
         twin.set_ylabel("lateness, ms")
-        fig.legend(loc="lower right")
+        fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.9))
         written.append(_save(fig, out / "catchup.png"))
     return written
 

@@ -356,7 +356,7 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
         bridge = run.bridge()
         if not wait_ready(bridge):
             raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
-        lead_ms = 20_000 + count // 10  # enough to produce and store them all first
+        lead_ms = 3000 + count // 10  # time to produce and store them all first
         due_ms = now_ms() + lead_ms
         header: Headers = [(H_TARGET_TOPIC, run.target.encode())]
         rng = random.Random(7)
@@ -376,7 +376,7 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
         if not wait_ready(bridge):
             raise RuntimeError(f"the bridge did not restart:\n{bridge.output()[-2000:]}")
         ready_ms = now_ms()
-        live_seconds = max(10.0, count / max(live_rate, 1) / 2)
+        live_seconds = max(5.0, count / max(live_rate, 1) / 2)
         live = steady(int(live_rate * live_seconds), run.target, 1000, 3000, seed=11)
         finished(produce(run, live, live_rate, first_seq=count), live_seconds * 3 + 60)
         wait_delivered(run, range(count + len(live)), 300)

@@ -1,0 +1,57 @@
+"""The benchmark harness at toy sizes: it runs end to end and its runs keep the contract.
+
+Only correctness is asserted (nothing lost, nothing early, every figure measured); how fast is
+for ``make bench`` to report, never for a test to assert.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import report
+from bench.__main__ import run_all
+from bench.scenarios import Report, Sizes
+from tests.chaos.servers import Servers
+from tests.conftest import Services
+
+pytestmark = [pytest.mark.integration, pytest.mark.bench]
+
+TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000)
+
+
+def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
+    kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
+    redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
+    servers = Servers(tmp_path, kafka_port=kafka_port, redis_port=redis_port)  # never started
+    result = run_all(servers, tmp_path, TOY, ["throughput", "precision", "catchup"])
+    assert result.problems == []  # nothing lost, early or misrouted in any scenario
+    f = result.figures
+    t = f["throughput-100"]
+    assert t["records"] == 3000 and t["duplicates"] == 0
+    for rate in ("ingest_per_s", "egress_per_s", "end_to_end_per_s", "bare_pipe_per_s",
+                 "bare_store_add_per_s", "bare_store_claim_ack_per_s"):  # fmt: skip
+        assert t[rate] > 0, rate
+    for phase in ("precision without backlog", "precision with backlog"):
+        assert f[phase]["early"] == 0 and f[phase]["lost"] == 0
+        assert f[phase]["records"] > 0
+    assert f["backlog"]["records"] == 3000 and f["backlog"]["redis_bytes_per_record"] > 0
+    c = f["catch-up"]
+    assert c["records"] == 3000
+    # The backlog came due while the bridge was stopped, so every drained record was late.
+    assert c["drained_lateness_ms"]["p50"] > 0
+    assert c["live_due_during_drain"] >= 0
+    text = report.tables(result)
+    for title in ("Throughput", "Precision", "Backlog", "Catch-up"):
+        assert title in text
+    assert {t for t, _, _ in report.targets(result)} >= {"precision: 0 early"}
+
+
+def test_tables_report_missed_targets() -> None:
+    r = Report(figures={"backlog": {"records": 1, "redis_bytes_per_record": 400.0,
+                                    "payload_bytes": 100, "overhead_bytes": 300.0,
+                                    "p99_ratio": 1.5, "seconds_to_store": 1}})  # fmt: skip
+    held = {t: ok for t, _, ok in report.targets(r)}
+    assert held == {"memory <= payload + 150 B per record": False,
+                    "p99 with the backlog <= 2x without": True}  # fmt: skip
