@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +31,7 @@ from bridge.store import Shard, Store
 from tests.chaos.checker import Account, Expected, expectations, quantile, read_topic, settle
 from tests.chaos.scenarios import PARTITIONS, Run, wait_ready
 from tests.chaos.servers import Servers
-from tests.chaos.workload import Record, Workload, now_ms, value_of
+from tests.chaos.workload import Record, Workload, now_ms, steady, value_of
 from tests.integration.harness import ROOT, bridge_env
 
 SAMPLE_S = 0.01
@@ -109,7 +110,7 @@ class Progress:
     def latest(self) -> tuple[int, int, int]:
         return self.samples[-1] if self.samples else (now_ms(), 0, 0)
 
-    def wait(self, done: Any, timeout: float, what: str) -> None:
+    def wait(self, done: Callable[[int, int], bool], timeout: float, what: str) -> None:
         """Wait until ``done(ingested, stored)`` holds for the latest sample."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -119,7 +120,7 @@ class Progress:
             time.sleep(SAMPLE_S)
         raise TimeoutError(f"{what} not reached within {timeout:.0f}s: {self.latest()}")
 
-    def first(self, pred: Any) -> int:
+    def first(self, pred: Callable[[int, int], bool]) -> int:
         """The time of the first sample for which ``pred(ingested, stored)`` holds."""
         return next(t for t, i, s in self.samples if pred(i, s))
 
@@ -167,13 +168,6 @@ def wait_delivered(run: Run, seqs: range, timeout: float) -> None:
 def due_now(count: int, target: str) -> list[Record]:
     header: Headers = [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]
     return [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
-
-
-def steady(count: int, target: str, low_ms: int, high_ms: int, seed: int) -> list[Record]:
-    rng = random.Random(seed)
-    header: Headers = [(H_TARGET_TOPIC, target.encode())]
-    return [Record(header, key=b"k%d" % (i % 997), delay_ms=rng.randint(low_ms, high_ms))
-            for i in range(count)]  # fmt: skip
 
 
 def produce(run: Run, records: list[Record], rate: float, first_seq: int = 0,
@@ -285,7 +279,7 @@ def precision_and_backlog(
             if phase == "with backlog":
                 report.figures["backlog"] = _load_backlog(run, store, backlog, seq)
                 seq += backlog
-            records = steady(count, run.target, 1000, 10_000, seed=seq)
+            records = steady(count, run.target, 10_000, seed=seq, min_delay_ms=1000)
             finished(produce(run, records, rate, first_seq=seq), seconds * 3 + 60)
             wait_delivered(run, range(seq, seq + count), 120)
             phases[phase] = stamped(records, seq, run, report, f"precision {phase}")
@@ -377,7 +371,7 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
             raise RuntimeError(f"the bridge did not restart:\n{bridge.output()[-2000:]}")
         ready_ms = now_ms()
         live_seconds = max(5.0, count / max(live_rate, 1) / 2)
-        live = steady(int(live_rate * live_seconds), run.target, 1000, 3000, seed=11)
+        live = steady(int(live_rate * live_seconds), run.target, 3000, seed=11, min_delay_ms=1000)
         finished(produce(run, live, live_rate, first_seq=count), live_seconds * 3 + 60)
         wait_delivered(run, range(count + len(live)), 300)
         progress.stop()

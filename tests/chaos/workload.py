@@ -107,12 +107,15 @@ class Workload:
             self.failed.append(f"{remaining} records unacknowledged")
 
 
-def steady(count: int, target: str, max_delay_ms: int, seed: int) -> list[Record]:
-    """``count`` records due 0..max_delay_ms after each is produced, as absolute times."""
+def steady(
+    count: int, target: str, max_delay_ms: int, seed: int, min_delay_ms: int = 0
+) -> list[Record]:
+    """``count`` records due min_delay_ms..max_delay_ms after each is produced, as absolute
+    times."""
     rng = random.Random(seed)
     header: Headers = [(H_TARGET_TOPIC, target.encode())]
     return [
-        Record(header, key=b"k%d" % (i % 997), delay_ms=rng.randint(0, max_delay_ms))
+        Record(header, key=b"k%d" % (i % 997), delay_ms=rng.randint(min_delay_ms, max_delay_ms))
         for i in range(count)
     ]
 
