@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,8 +34,6 @@ LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
 
 def local_servers() -> Servers:
     """The services ``scripts/services`` runs by default (its env overrides apply)."""
-    import os
-
     state = Path(
         os.environ.get("DELAY_BRIDGE_STATE_DIR", Path.home() / ".local/state/delay-bridge")
     )

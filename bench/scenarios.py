@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -28,11 +27,19 @@ from confluent_kafka.cimpl import NewTopic
 from bench.ceilings import bare_store
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers, record_size
 from bridge.store import Shard, Store
-from tests.chaos.checker import Account, Expected, expectations, quantile, read_topic, settle
+from tests.chaos.checker import (
+    Account,
+    Expected,
+    expectations,
+    quantile,
+    read_topic,
+    settle,
+    wait_seen,
+)
 from tests.chaos.scenarios import PARTITIONS, Run, wait_ready
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, Workload, now_ms, steady, value_of
-from tests.integration.harness import ROOT, bridge_env
+from tests.integration.harness import ROOT, Bridge, bridge_env
 
 SAMPLE_S = 0.01
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -139,30 +146,33 @@ def check(report: Report, name: str, account: Account) -> None:
             report.problems.append(f"{name}: {len(items)} {what}, e.g. {items[:3]}")
 
 
-def stamped(records: list[Record], first: int, run: Run, report: Report, name: str) -> Account:
-    """Settle the records with seqs ``first``.. (all due by now) against the checker."""
-    expected = _expected(run)
-    subset = {s: e for s, e in expected.items() if first <= s < first + len(records)}
-    account = settle(run.checker, subset, horizon_ms=now_ms())
+def settled(
+    run: Run, expected: dict[int, Expected], seqs: range, report: Report, name: str
+) -> Account:
+    """Settle the records ``seqs`` (all due by now) against the checker."""
+    account = settle(run.checker, {s: expected[s] for s in seqs}, horizon_ms=now_ms())
     check(report, name, account)
     return account
 
 
-def _expected(run: Run) -> dict[int, Expected]:
+def read_expected(run: Run) -> dict[int, Expected]:
+    """What every delay-topic record of the run asks for (reads the whole topic: once a run)."""
     return expectations(read_topic(run.servers.bootstrap, run.delay, PARTITIONS), run.rules())
 
 
 def wait_delivered(run: Run, seqs: range, timeout: float) -> None:
     """Wait until the checker saw every seq in ``seqs`` (delivered or dead-lettered)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        missing = sum(
-            1 for s in seqs if s not in run.checker.delivered and s not in run.checker.dead
-        )
-        if not missing:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{missing} of {len(seqs)} records not delivered within {timeout:.0f}s")
+    missing = wait_seen(run.checker, seqs, timeout)
+    if missing:
+        raise TimeoutError(f"{len(missing)} of {len(seqs)} records not delivered in {timeout:.0f}s")
+
+
+def ready_bridge(run: Run) -> Bridge:
+    """Start a bridge of the run and wait until it answers /readyz."""
+    bridge = run.bridge()
+    if not wait_ready(bridge):
+        raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
+    return bridge
 
 
 def due_now(count: int, target: str) -> list[Record]:
@@ -191,16 +201,15 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int,
     same delay topic first. Returns the bridge's end-to-end rate (records/s)."""
     name = f"throughput-{value_size}"
     run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False)
+    store = Store(servers.redis(), run.prefix)
     try:
         finished(produce(run, due_now(count, run.target), float("inf"), value_size=value_size))
         pipe = _bare_pipe(run, count)
-        store = Store(servers.redis(), run.prefix)
         progress = Progress(store, run.delay).start()
         bridge = run.bridge()
         progress.wait(lambda i, s: i >= count and s == 0, 600, f"{name}: all acknowledged")
         progress.stop()
-        bridge.signal(signal.SIGTERM)
-        bridge.wait(60)
+        bridge.stop()
         started = progress.first(lambda i, s: i > 0)
         ingested = progress.first(lambda i, s: i >= count)
         acked_first = progress.first(lambda i, s: i - s > 0)
@@ -223,15 +232,13 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int,
         )
         run.checker.start()  # only now: reading the target meanwhile would compete for the CPU
         wait_delivered(run, range(count), 300)
-        account = settle(run.checker, _expected(run), horizon_ms=now_ms())
-        check(report, name, account)
+        account = settled(run, read_expected(run), range(count), report, name)
         rates["duplicates"] = account.duplicates
         report.figures[name] = rates
-        t0 = started
-        report.series[name] = [((t - t0) / 1000, i, i - s) for t, i, s in progress.samples]
-        store.client.close()
+        report.series[name] = [((t - started) / 1000, i, i - s) for t, i, s in progress.samples]
         return float(rates["end_to_end_per_s"])
     finally:
+        store.client.close()
         run.close()
 
 
@@ -243,7 +250,8 @@ def _bare_pipe(run: Run, count: int) -> dict[str, int]:
         out = subprocess.run(
             [sys.executable, "-m", "bench.pipe", str(run.config_file), run.delay, target,
              str(count)],
-            cwd=ROOT, env=_env(run), capture_output=True, text=True, timeout=900, check=True,
+            cwd=ROOT, env=bridge_env(run.servers.bootstrap, run.servers.redis_url),
+            capture_output=True, text=True, timeout=900, check=True,
         )  # fmt: skip
     finally:
         run.admin.delete_topics([target])
@@ -251,10 +259,6 @@ def _bare_pipe(run: Run, count: int) -> dict[str, int]:
     if result["acked"] != count:
         raise RuntimeError(f"the bare pipe acknowledged {result['acked']} of {count}")
     return result
-
-
-def _env(run: Run) -> dict[str, str]:
-    return bridge_env(run.servers.bootstrap, run.servers.redis_url)
 
 
 # ---------------------------------------------------------------- 3 + 4: precision and backlog
@@ -269,11 +273,9 @@ def precision_and_backlog(
     run = Run(servers, workdir, "precision", label="bench", target_config=ACK_STAMPS)
     store = Store(servers.redis(), run.prefix)
     try:
-        bridge = run.bridge()
-        if not wait_ready(bridge):
-            raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
+        bridge = ready_bridge(run)
         count = int(rate * seconds)
-        phases: dict[str, Account] = {}
+        phases: dict[str, range] = {}
         seq = 0
         for phase in ("without backlog", "with backlog"):
             if phase == "with backlog":
@@ -281,12 +283,13 @@ def precision_and_backlog(
                 seq += backlog
             records = steady(count, run.target, 10_000, seed=seq, min_delay_ms=1000)
             finished(produce(run, records, rate, first_seq=seq), seconds * 3 + 60)
-            wait_delivered(run, range(seq, seq + count), 120)
-            phases[phase] = stamped(records, seq, run, report, f"precision {phase}")
+            phases[phase] = range(seq, seq + count)
+            wait_delivered(run, phases[phase], 120)
             seq += count
-        bridge.signal(signal.SIGTERM)
-        bridge.wait(60)
-        for phase, account in phases.items():
+        bridge.stop()
+        expected = read_expected(run)
+        for phase, seqs in phases.items():
+            account = settled(run, expected, seqs, report, f"precision {phase}")
             report.figures[f"precision {phase}"] = {
                 "rate_per_s": rate, "seconds": seconds, "records": count,
                 "early": len(account.early), "lost": len(account.lost),
@@ -315,11 +318,8 @@ def _load_backlog(run: Run, store: Store, count: int, first_seq: int) -> dict[st
     records = [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
     started = time.monotonic()
     finished(produce(run, records, float("inf"), first_seq=first_seq), 900)
-    deadline = time.monotonic() + 900
-    while progress.sample()[2] < stored_before + count:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the backlog was not stored within 900s")
-        time.sleep(0.2)
+    progress.start().wait(lambda i, s: s >= stored_before + count, 900, "backlog stored")
+    progress.stop()
     seconds = time.monotonic() - started
     after = _used_memory(store)
     payload = record_size(b"k1", value_of(first_seq), header)
@@ -347,9 +347,7 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
     run = Run(servers, workdir, "catchup", label="bench", target_config=ACK_STAMPS)
     store = Store(servers.redis(), run.prefix)
     try:
-        bridge = run.bridge()
-        if not wait_ready(bridge):
-            raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
+        bridge = ready_bridge(run)
         lead_ms = 3000 + count // 10  # time to produce and store them all first
         due_ms = now_ms() + lead_ms
         header: Headers = [(H_TARGET_TOPIC, run.target.encode())]
@@ -361,27 +359,23 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
         progress.wait(lambda i, s: s >= count, 600, "catch-up backlog stored")
         if now_ms() > due_ms:
             report.problems.append("catch-up: storing the backlog took longer than its lead")
-        bridge.signal(signal.SIGTERM)
-        bridge.wait(60)
+        bridge.stop()
         stopped_ms = now_ms()
         time.sleep(max(0.0, (due_ms + 3000 - now_ms()) / 1000))  # all come due while stopped
         restarted_ms = now_ms()
-        bridge = run.bridge()
-        if not wait_ready(bridge):
-            raise RuntimeError(f"the bridge did not restart:\n{bridge.output()[-2000:]}")
+        bridge = ready_bridge(run)
         ready_ms = now_ms()
         live_seconds = max(5.0, count / max(live_rate, 1) / 2)
         live = steady(int(live_rate * live_seconds), run.target, 3000, seed=11, min_delay_ms=1000)
         finished(produce(run, live, live_rate, first_seq=count), live_seconds * 3 + 60)
         wait_delivered(run, range(count + len(live)), 300)
         progress.stop()
-        bridge.signal(signal.SIGTERM)
-        bridge.wait(60)
-        drained = stamped(records, 0, run, report, "catch-up backlog")
+        bridge.stop()
+        expected = read_expected(run)
+        drained = settled(run, expected, range(count), report, "catch-up backlog")
         seen = run.checker.delivered
         drain_end = max(min(g.seen_ms for g in seen[s]) for s in range(count))
         drain_start = min(min(g.seen_ms for g in seen[s]) for s in range(count))
-        expected = _expected(run)
         during = {s: e for s, e in expected.items()
                   if s >= count and e.due_ms is not None and e.due_ms <= drain_end}  # fmt: skip
         live_account = settle(run.checker, during, horizon_ms=now_ms())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
@@ -254,10 +255,18 @@ def wait_settled(
 ) -> float:
     """Wait until every record due by ``horizon_ms`` has an outcome; returns seconds waited."""
     started = time.monotonic()
-    todo = {s for s, e in expected.items() if e.reason is not None or (e.due_ms or 0) <= horizon_ms}
-    while time.monotonic() - started < timeout:
-        todo = {s for s in todo if s not in checker.delivered and s not in checker.dead}
-        if not todo:
-            break
-        time.sleep(0.2)
+    todo = [s for s, e in expected.items() if e.reason is not None or (e.due_ms or 0) <= horizon_ms]
+    wait_seen(checker, todo, timeout)
     return time.monotonic() - started
+
+
+def wait_seen(checker: Checker, seqs: Iterable[int], timeout: float) -> set[int]:
+    """Wait until the checker saw each of ``seqs`` delivered or dead-lettered; returns the ones
+    it did not see within ``timeout``. Only the unseen are looked at again."""
+    deadline = time.monotonic() + timeout
+    todo = set(seqs)
+    while True:
+        todo = {s for s in todo if s not in checker.delivered and s not in checker.dead}
+        if not todo or time.monotonic() >= deadline:
+            return todo
+        time.sleep(0.2)

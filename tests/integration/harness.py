@@ -58,6 +58,11 @@ class Bridge:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then wait for the exit; returns the exit status."""
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
