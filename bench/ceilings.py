@@ -60,8 +60,7 @@ def bare_store(
         left -= store.ack(acks)
     done = time.perf_counter()
     for shard in shards:
-        keys = store.keys(shard)
-        store.client.delete(keys.due, keys.inflight, keys.records, keys.meta, keys.low)
+        store.client.delete(*store.keys(shard).all())
     return {
         "bare_store_add_per_s": count / (added - started),
         "bare_store_claim_ack_per_s": count / (done - added),

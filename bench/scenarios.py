@@ -104,10 +104,11 @@ class Progress:
         for shard in self.shards:
             keys = self.store.keys(shard)
             pipe.hget(keys.meta, "ingested")
-            pipe.hlen(keys.records)
+            pipe.zcard(keys.due)
+            pipe.zcard(keys.inflight)
         replies = pipe.execute()
-        ingested = sum(int(m) + 1 for m in replies[0::2] if m is not None)
-        return now_ms(), ingested, sum(int(n) for n in replies[1::2])
+        ingested = sum(int(m) + 1 for m in replies[0::3] if m is not None)
+        return now_ms(), ingested, sum(int(n) for n in replies[1::3] + replies[2::3])
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -126,6 +126,8 @@ class Ingress:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
         try:
+            # Records in the earlier store layout become claimable first (lows() retries).
+            self.store.upgrade(shards)
             marks = self.store.watermarks(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from committed offsets")

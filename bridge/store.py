@@ -3,20 +3,26 @@
 Per shard, all keys share the hash tag ``{<prefix>:<topic>:<partition>}`` so the multi-key
 scripts run on Redis Cluster:
 
-* ``…:due``       ZSET member → due ms; a member is the 8-byte big-endian offset, so records
-  with the same due time sort in offset order;
-* ``…:inflight``  ZSET member → lease deadline ms;
-* ``…:records``   HASH member → encoded record (:func:`bridge.message.encode`);
+* ``…:schedule``  ZSET member → due ms: the records waiting. A member *is* the record: its
+  offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). Records
+  with the same due time sort in offset order, and each costs Redis one entry (an index beside a
+  HASH of records cost about 70 bytes more per record);
+* ``…:leases``    ZSET offset (8 bytes) → lease deadline ms, and ``…:claimed`` HASH offset →
+  member: the records in flight (a few batches per bridge), addressed by offset so that
+  acknowledging a record sends 8 bytes, not the record;
 * ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark);
-* ``…:low``       ZSET of offset buckets (``offset // 256`` as 7 bytes, all scored 0) that may
-  hold pending records, so the lowest pending offset — the one to commit — is found without
-  scanning the records.
+* ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
+  offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
+  offset): the lowest pending offset — the one to commit — is read without scanning records.
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
 re-reading the delay topic from there (:mod:`bridge.ingress`).
 
 Calls over several shards go out in one pipeline: one round trip per batch, never per record.
+Shards written in the earlier layout (``…:due``/``…:inflight`` of offsets beside a ``…:records``
+HASH) are moved into this one by :meth:`Store.upgrade` before the ingress computes their low
+offset or the egress claims from them.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from redis.commands.core import Script
 from bridge.errors import StoreError
 from bridge.message import Scheduled, decode, encode
 
-_MEMBER = struct.Struct(">Q")
+_OFFSET = struct.Struct(">Q")
+_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending")
 # Records due within this long before a claim are "on time" and get half of every claim, so an
 # overdue backlog drains without holding up records falling due now (claim.lua).
 ON_TIME_WINDOW_MS = 1000
@@ -53,9 +60,22 @@ class ShardKeys:
 
     due: str
     inflight: str
-    records: str
+    claimed: str
     meta: str
     low: str
+    pending: str
+
+    def all(self) -> tuple[str, ...]:
+        return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending)
+
+
+@dataclass(frozen=True)
+class LegacyKeys:
+    """The keys of one shard in the earlier layout (see upgrade.lua)."""
+
+    due: str
+    inflight: str
+    records: str
 
 
 @dataclass(frozen=True)
@@ -63,7 +83,7 @@ class Claimed:
     """A record handed out by :meth:`Store.claim`, leased until acknowledged or expired."""
 
     shard: Shard
-    member: bytes
+    member: bytes  # the in-flight member, the offset's 8 bytes: what ack and release take
     record: Scheduled
     redelivery: bool
 
@@ -110,14 +130,19 @@ class Wake:
     next_ms: int | None
 
 
-def member(offset: int) -> bytes:
-    """The ZSET/HASH member for a delay-topic offset."""
-    return _MEMBER.pack(offset)
+def offset_bytes(offset: int) -> bytes:
+    """A delay-topic offset as the 8 bytes that start its member (and order its bucket)."""
+    return _OFFSET.pack(offset)
+
+
+def member(record: Scheduled, topic: str, partition: int) -> bytes:
+    """The due-index member of a record: its offset, then the encoded record."""
+    return _OFFSET.pack(record.offset) + encode(record, topic, partition)
 
 
 def offset_of(member: bytes) -> int:
-    """The delay-topic offset a member stands for."""
-    return int(_MEMBER.unpack(member)[0])
+    """The delay-topic offset of a member (or of its first 8 bytes)."""
+    return int(_OFFSET.unpack_from(member)[0])
 
 
 def _expected(watermark: int | None) -> str:
@@ -164,15 +189,19 @@ class Store:
         self._next_due = _script(client, "next_due")
         self._stats = _script(client, "stats")
         self._low = _script(client, "low")
+        self._upgrade = _script(client, "upgrade")
         self._scripts = (self._add, self._claim, self._ack, self._release, self._next_due,
-                         self._stats, self._low)  # fmt: skip
+                         self._stats, self._low, self._upgrade)  # fmt: skip
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built."""
         tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
-        return ShardKeys(
-            f"{tag}:due", f"{tag}:inflight", f"{tag}:records", f"{tag}:meta", f"{tag}:low"
-        )
+        return ShardKeys(*(f"{tag}:{name}" for name in _KEY_NAMES))
+
+    def legacy_keys(self, shard: Shard) -> LegacyKeys:
+        """The shard's keys in the earlier layout, which :meth:`upgrade` empties."""
+        tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
+        return LegacyKeys(f"{tag}:due", f"{tag}:inflight", f"{tag}:records")
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
@@ -220,8 +249,8 @@ class Store:
             k = self.keys(shard)
             args: list[Any] = [_expected(expected.get(shard)), high]
             for rec in records:
-                args += [rec.offset, member(rec.offset), rec.due_ms, encode(rec, *shard)]
-            calls.append((self._add, [k.due, k.records, k.meta, k.low], args))
+                args += [rec.offset, rec.due_ms, member(rec, *shard)]
+            calls.append((self._add, [k.due, k.meta, k.low, k.pending], args))
         count, lost = 0, {}
         for shard, (status, value) in zip(shards, self._run(calls), strict=True):
             loss = _lost(int(status), int(value))
@@ -231,18 +260,37 @@ class Store:
                 lost[shard] = loss
         return Added(count, lost)
 
+    def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
+        """Move the shards' records from the earlier layout into this one, ``batch`` records per
+        shard and round trip, until none is left. Returns how many moved; a shard that has
+        nothing to move costs one EXISTS."""
+        moved, todo = 0, list(shards)
+        while todo:
+            calls: list[tuple[Script, list[str], list[Any]]] = []
+            for shard in todo:
+                old, k = self.legacy_keys(shard), self.keys(shard)
+                keys = [old.due, old.inflight, old.records, k.due, k.inflight, k.claimed, k.low,
+                        k.pending]  # fmt: skip
+                calls.append((self._upgrade, keys, [batch]))
+            replies = self._run(calls)
+            moved += sum(int(n) for n, _ in replies)
+            todo = [s for s, (_, left) in zip(todo, replies, strict=True) if int(left)]
+        return moved
+
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """The offset to commit for each shard: its lowest pending offset, else watermark + 1.
 
         A shard Redis holds nothing for is left out, unless the caller expected a watermark for
         it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
+        Records still in the earlier layout are moved first, so they hold the low offset down.
         """
         shards = list(expected)
+        self.upgrade(shards)
         calls: list[tuple[Script, list[str], list[Any]]] = []
         for shard in shards:
             k = self.keys(shard)
             args = [_expected(expected[shard]), max_buckets]
-            calls.append((self._low, [k.records, k.meta, k.low], args))
+            calls.append((self._low, [k.meta, k.low, k.pending], args))
         offsets, lost = {}, {}
         for shard, (status, mark, low) in zip(
             shards, self._run(calls) if calls else [], strict=True
@@ -264,22 +312,22 @@ class Store:
         for shard in shards:
             k = self.keys(shard)
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS]
-            calls.append((self._claim, [k.due, k.inflight, k.records], args))
+            calls.append((self._claim, [k.due, k.inflight, k.claimed], args))
         out: list[Claimed] = []
         for shard, reply in zip(shards, self._run(calls), strict=True):
             redelivered = int(reply[1])
-            for i in range(2, len(reply), 2):
-                record = decode(reply[i + 1], shard.topic, shard.partition, offset_of(reply[i]))
-                out.append(Claimed(shard, reply[i], record, (i - 2) // 2 < redelivered))
+            for i, item in enumerate(reply[2:]):
+                record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
+                out.append(Claimed(shard, item[:8], record, i < redelivered))
         return out
 
     def ack(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
         """Remove records Kafka acknowledged. Returns how many were still there."""
-        calls: list[tuple[Script, list[str], list[Any]]] = [
-            (self._ack, [self.keys(s).inflight, self.keys(s).records], list(m))
-            for s, m in members.items()
-            if m
-        ]
+        calls: list[tuple[Script, list[str], list[Any]]] = []
+        for shard, batch in members.items():
+            if batch:
+                k = self.keys(shard)
+                calls.append((self._ack, [k.inflight, k.claimed, k.low, k.pending], list(batch)))
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
@@ -300,6 +348,13 @@ class Store:
         now = int(replies[0][0])
         times = [int(t) for reply in replies for t in reply[1:] if int(t) >= 0]
         return Wake(now, min(times) if times else None)
+
+    def is_pending(self, shard: Shard, offset: int) -> bool:
+        """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
+        key = offset_bytes(offset)
+        with _as_store_error():
+            bitmap = cast(bytes | None, self.client.hget(self.keys(shard).pending, key[:7]))  # type: ignore[arg-type]
+        return bitmap is not None and bool(bitmap[key[7] // 8] & 1 << key[7] % 8)
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""

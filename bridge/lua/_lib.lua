@@ -4,8 +4,14 @@ _lib: prepended to every script by bridge.store when it registers them (not a sc
 now_ms(given): the time as epoch milliseconds: `given` when a test passes one, else Redis TIME,
 so every replica reads one clock whatever its own says.
 
-each_chunk(list, width, fn): call fn(first, last) over `list` in slices of at most `width`
-items, so one variadic command takes many arguments without passing Lua's unpack limit.
+call_chunked(command, key, list, options): one variadic command over `list` in slices of CHUNK
+items, so a batch of any size passes Lua's unpack limit.
+
+mark_pending(pending, low, members, on): set or clear the pending bit of each member's offset.
+A member starts with its offset as 8 big-endian bytes; the first 7 are its bucket (offset // 256),
+the 8th its bit. A bucket with any bit set has a 32-byte bitmap in the pending HASH and an entry
+(score 0, so entries sort as bytes, i.e. by offset) in the low ZSET; the last bit cleared removes
+both, so the lowest pending offset is read without scanning records (low.lua).
 ]]
 local function now_ms(given)
   if given ~= nil and given ~= '' then
@@ -17,13 +23,23 @@ end
 
 local CHUNK = 1000
 
--- redis.call(command, key, <items of list>), in slices of CHUNK items (CHUNK is even, so
--- score/member and field/value pairs never split); returns the replies summed when they are
+-- redis.call(command, key, <options>, <items of list>), in slices of CHUNK items (CHUNK is even,
+-- so score/member and field/value pairs never split); returns the replies summed when they are
 -- integers, else concatenated.
-local function call_chunked(command, key, list)
+local function call_chunked(command, key, list, options)
   local total, joined = 0, {}
   for first = 1, #list, CHUNK do
-    local reply = redis.call(command, key, unpack(list, first, math.min(first + CHUNK - 1, #list)))
+    local last = math.min(first + CHUNK - 1, #list)
+    local reply
+    if options then
+      local args = {unpack(options)}
+      for i = first, last do
+        args[#args + 1] = list[i]
+      end
+      reply = redis.call(command, key, unpack(args))
+    else
+      reply = redis.call(command, key, unpack(list, first, last))
+    end
     if type(reply) == 'table' then
       for i = 1, #reply do
         joined[#joined + 1] = reply[i]
@@ -33,4 +49,52 @@ local function call_chunked(command, key, list)
     end
   end
   return total, joined
+end
+
+local function mark_pending(pending, low, members, on)
+  local bits, buckets = {}, {}
+  for _, member in ipairs(members) do
+    local bucket = string.sub(member, 1, 7)
+    if not bits[bucket] then
+      bits[bucket] = {}
+      buckets[#buckets + 1] = bucket
+    end
+    local list = bits[bucket]
+    list[#list + 1] = string.byte(member, 8)
+  end
+  if #buckets == 0 then
+    return
+  end
+  local _, maps = call_chunked('HMGET', pending, buckets)
+  local put, listed, gone = {}, {}, {}
+  for i, bucket in ipairs(buckets) do
+    local bytes = {}
+    for j = 1, 32 do
+      bytes[j] = maps[i] and string.byte(maps[i], j) or 0
+    end
+    for _, n in ipairs(bits[bucket]) do
+      local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
+      if on then
+        bytes[j] = bit.bor(bytes[j], mask)
+      else
+        bytes[j] = bit.band(bytes[j], bit.bnot(mask))
+      end
+    end
+    local any = false
+    for j = 1, 32 do
+      any = any or bytes[j] ~= 0
+    end
+    if any then
+      put[#put + 1] = bucket
+      put[#put + 1] = string.char(unpack(bytes))
+      listed[#listed + 1] = 0
+      listed[#listed + 1] = bucket
+    elseif maps[i] then
+      gone[#gone + 1] = bucket
+    end
+  end
+  call_chunked('HSET', pending, put)
+  call_chunked('ZADD', low, listed)
+  call_chunked('HDEL', pending, gone)
+  call_chunked('ZREM', low, gone)
 end

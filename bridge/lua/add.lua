@@ -1,6 +1,10 @@
 --[[
 add: store a batch of records of one shard and advance its ingest watermark, atomically.
 
+A record is one member of the due index: its offset as 8 big-endian bytes, then the encoded
+record, scored by its due time — so records due at the same time sort in offset order, and a
+record costs Redis one entry.
+
 A record whose offset is at or below the watermark was stored before (and may since have been
 delivered and removed), so it is skipped: reading the same delay-topic record twice stores it once.
 
@@ -9,20 +13,17 @@ watermark is below that, Redis lost writes (data wiped, or a restart from an AOF
 second): nothing is written and the caller re-reads the delay topic from a point Redis still
 covers (see bridge.ingress).
 
-Every stored offset's bucket (the member's first 7 bytes: offset // 256) joins the low index, a
-ZSET whose members all score 0 and so sort as bytes, i.e. by offset; low.lua reads it.
-
 KEYS[1]  due index      ZSET  member -> due time (epoch ms)
-KEYS[2]  records        HASH  member -> encoded record
-KEYS[3]  meta           HASH  field "ingested" -> highest offset handled
-KEYS[4]  low index      ZSET  offset bucket -> 0
+KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
+KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
+KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
-ARGV[3..] groups of four: offset, member, due ms, encoded record (ascending offsets)
+ARGV[3..] groups of three: offset, due ms, member (ascending offsets)
 
 Returns: {0, records added} | {1, -1} shard state missing | {2, watermark} watermark went back
 ]]
-local mark = redis.call('HGET', KEYS[3], 'ingested')
+local mark = redis.call('HGET', KEYS[2], 'ingested')
 if ARGV[1] ~= '' then
   if not mark then
     return {1, -1}
@@ -32,26 +33,17 @@ if ARGV[1] ~= '' then
   end
 end
 local watermark = tonumber(mark or '-1')
-local records, due, buckets = {}, {}, {}
-local bucket = nil
-for i = 3, #ARGV, 4 do
+local due, members = {}, {}
+for i = 3, #ARGV, 3 do
   if tonumber(ARGV[i]) > watermark then
-    local member = ARGV[i + 1]
-    records[#records + 1] = member
-    records[#records + 1] = ARGV[i + 3]
+    due[#due + 1] = ARGV[i + 1]
     due[#due + 1] = ARGV[i + 2]
-    due[#due + 1] = member
-    if string.sub(member, 1, 7) ~= bucket then
-      bucket = string.sub(member, 1, 7)
-      buckets[#buckets + 1] = 0
-      buckets[#buckets + 1] = bucket
-    end
+    members[#members + 1] = ARGV[i + 2]
   end
 end
-call_chunked('HSET', KEYS[2], records)
 call_chunked('ZADD', KEYS[1], due)
-call_chunked('ZADD', KEYS[4], buckets)
+mark_pending(KEYS[4], KEYS[3], members, true)
 if tonumber(ARGV[2]) > watermark then
-  redis.call('HSET', KEYS[3], 'ingested', ARGV[2])
+  redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end
-return {0, #due / 2}
+return {0, #members}

@@ -10,18 +10,19 @@ an overdue backlog (after an outage) cannot hold up records falling due now:
 * on time again, if the overdue lane left room.
 
 With no backlog every record is in the on-time lane and the order is (due, offset), as it is within
-each lane. Each record handed out moves into the in-flight set with the lease deadline. "Now" is
-Redis TIME unless a test passes it.
+each lane. Both lanes are runs of ranks in the due index, so they leave it by rank (no record is
+written out again to remove it). Each record handed out is kept under its offset in the claimed
+HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passes it.
 
-KEYS[1]  due index      ZSET  member -> due ms
-KEYS[2]  in-flight      ZSET  member -> lease deadline ms
-KEYS[3]  records        HASH  member -> encoded record
+KEYS[1]  due index      ZSET  member (offset + encoded record) -> due ms
+KEYS[2]  in-flight      ZSET  offset -> lease deadline ms
+KEYS[3]  claimed        HASH  offset -> member
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
 ARGV[4]  the on-time window ms
 
-Returns: {now ms, redelivered count, member, record, member, record, ...}
+Returns: {now ms, redelivered count, member, member, ...}
 ]]
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
@@ -29,50 +30,57 @@ local deadline = now + tonumber(ARGV[2])
 local out = {now, 0}
 local leases = {}
 
--- Lease the members (their records exist unless noted) and append them to the reply.
-local function hand_out(members)
-  if #members == 0 then
-    return
-  end
-  local _, records = call_chunked('HMGET', KEYS[3], members)
+-- Expired leases: lease them again (a lease whose record is gone is dropped).
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+if #expired > 0 then
+  local _, members = call_chunked('HMGET', KEYS[3], expired)
   local gone = {}
-  for i, member in ipairs(members) do
-    if records[i] then
+  for i, offset in ipairs(expired) do
+    if members[i] then
       leases[#leases + 1] = deadline
-      leases[#leases + 1] = member
-      out[#out + 1] = member
-      out[#out + 1] = records[i]
+      leases[#leases + 1] = offset
+      out[#out + 1] = members[i]
     else
-      gone[#gone + 1] = member
+      gone[#gone + 1] = offset
     end
   end
   call_chunked('ZREM', KEYS[2], gone)
 end
-
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
-hand_out(expired)
-out[2] = (#out - 2) / 2
+out[2] = #out - 2
 
 local room = limit - out[2]
 if room > 0 then
   local edge = now - tonumber(ARGV[4])
-  local half = math.floor(room / 2)
-  local on_time = {}
-  if half > 0 then
-    on_time = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. edge, now, 'LIMIT', 0, half)
+  local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', edge)
+  local on_time = redis.call('ZCOUNT', KEYS[1], '(' .. edge, now)
+  local take_on_time = math.min(math.floor(room / 2), on_time)
+  local take_overdue = math.min(room - take_on_time, overdue)
+  take_on_time = math.min(room - take_overdue, on_time)
+  -- Ranks: overdue records are 0 .. overdue - 1, on-time ones follow. The higher run leaves
+  -- first, so the lower run's ranks still hold.
+  local claimed = {}
+  if take_on_time > 0 then
+    claimed = redis.call('ZRANGE', KEYS[1], overdue, overdue + take_on_time - 1)
+    redis.call('ZREMRANGEBYRANK', KEYS[1], overdue, overdue + take_on_time - 1)
   end
-  local overdue = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', edge, 'LIMIT', 0, room - #on_time)
-  if #on_time + #overdue < room and #on_time == half then
-    local more = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. edge, now, 'LIMIT', #on_time,
-                            room - #on_time - #overdue)
-    for _, member in ipairs(more) do
-      on_time[#on_time + 1] = member
+  if take_overdue > 0 then
+    local late = redis.call('ZRANGE', KEYS[1], 0, take_overdue - 1)
+    redis.call('ZREMRANGEBYRANK', KEYS[1], 0, take_overdue - 1)
+    for _, member in ipairs(claimed) do
+      late[#late + 1] = member
     end
+    claimed = late
   end
-  call_chunked('ZREM', KEYS[1], overdue)
-  call_chunked('ZREM', KEYS[1], on_time)
-  hand_out(overdue)
-  hand_out(on_time)
+  local held = {}
+  for _, member in ipairs(claimed) do
+    local offset = string.sub(member, 1, 8)
+    leases[#leases + 1] = deadline
+    leases[#leases + 1] = offset
+    held[#held + 1] = offset
+    held[#held + 1] = member
+    out[#out + 1] = member
+  end
+  call_chunked('HSET', KEYS[3], held)
 end
 call_chunked('ZADD', KEYS[2], leases)
 return out

@@ -5,21 +5,22 @@ Every offset below it was either delivered (or dead-lettered) and acknowledged, 
 delay topic from it after Redis lost its data rebuilds every pending record. It is the lowest
 pending record's offset, or watermark + 1 when nothing is pending.
 
-The low index holds offset buckets (offset // 256 as 7 bytes) that may still hold pending records.
-The lowest bucket is probed member by member (HEXISTS on the records hash); an empty bucket is
-dropped and the next one probed, at most ARGV[2] buckets per call. Reaching that bound returns the
-start of the next bucket, which is still at or below the lowest pending offset.
+The lowest bucket of the low index has the lowest pending offset as its lowest set bit
+(mark_pending in _lib.lua keeps the two in step). A bucket without pending bits (left by the
+earlier layout, see upgrade.lua) is dropped and the next one read, at most ARGV[2] buckets per
+call; reaching that bound returns the start of the next bucket, which is still at or below the
+lowest pending offset.
 
-KEYS[1]  records        HASH  member -> encoded record
-KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
-KEYS[3]  low index      ZSET  offset bucket -> 0
+KEYS[1]  meta           HASH  field "ingested" -> highest offset handled
+KEYS[2]  low index      ZSET  offset bucket -> 0
+KEYS[3]  pending        HASH  offset bucket -> bitmap of its pending offsets
 ARGV[1]  the watermark the caller expects, or "" when it knows none
-ARGV[2]  the most buckets to probe
+ARGV[2]  the most buckets to read
 
-Returns: {0, watermark, member of the lowest pending record or ""}
+Returns: {0, watermark, the lowest pending offset as 8 bytes, or ""}
        | {1, -1, ""} shard state missing | {2, watermark, ""} watermark below the expected one
 ]]
-local mark = redis.call('HGET', KEYS[2], 'ingested')
+local mark = redis.call('HGET', KEYS[1], 'ingested')
 if not mark then
   return {1, -1, ''}
 end
@@ -27,19 +28,23 @@ if ARGV[1] ~= '' and tonumber(mark) < tonumber(ARGV[1]) then
   return {2, tonumber(mark), ''}
 end
 for _ = 1, tonumber(ARGV[2]) do
-  local bucket = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  local bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if not bucket then
     return {0, tonumber(mark), ''}
   end
-  for i = 0, 255 do
-    local member = bucket .. string.char(i)
-    if redis.call('HEXISTS', KEYS[1], member) == 1 then
-      return {0, tonumber(mark), member}
+  local map = redis.call('HGET', KEYS[3], bucket) or ''
+  for j = 1, #map do
+    local byte = string.byte(map, j)
+    for n = 0, 7 do
+      if bit.band(byte, bit.lshift(1, n)) ~= 0 then
+        return {0, tonumber(mark), bucket .. string.char((j - 1) * 8 + n)}
+      end
     end
   end
-  redis.call('ZREM', KEYS[3], bucket)
+  redis.call('HDEL', KEYS[3], bucket)
+  redis.call('ZREM', KEYS[2], bucket)
 end
-local next_bucket = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local next_bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
 if next_bucket then
   return {0, tonumber(mark), next_bucket .. string.char(0)}
 end

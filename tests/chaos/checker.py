@@ -27,7 +27,7 @@ from bridge.message import (
     Rules,
     parse,
 )
-from bridge.store import Shard, Store, member
+from bridge.store import Shard, Store
 from tests.chaos.workload import now_ms, seq_of
 
 
@@ -246,8 +246,7 @@ def settle(
 
 def _waiting(store: Store, where: str) -> bool:
     topic, partition, offset = where.rsplit(":", 2)
-    keys = store.keys(Shard(topic, int(partition)))
-    return bool(store.client.hexists(keys.records, member(int(offset))))  # type: ignore[arg-type]
+    return store.is_pending(Shard(topic, int(partition)), int(offset))
 
 
 def wait_settled(

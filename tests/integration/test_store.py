@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import redis
 
-from bridge.message import Scheduled
-from bridge.store import Lost, Shard, Store, member
+from bridge.message import Scheduled, encode
+from bridge.store import Lost, Shard, Store, offset_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +40,10 @@ def offsets(claimed: list) -> list[int]:  # type: ignore[type-arg]
 
 
 def test_keys_share_one_hash_tag(store: Store) -> None:
-    keys = store.keys(Shard("delay", 3))
-    tags = {k.split("}")[0] for k in (keys.due, keys.inflight, keys.records, keys.meta, keys.low)}
-    assert tags == {f"{{{store.prefix}:delay:3"}
+    shard = Shard("delay", 3)
+    names = [*store.keys(shard).all(), *store.legacy_keys(shard).__dict__.values()]
+    assert len(set(names)) == 9
+    assert {k.split("}")[0] for k in names} == {f"{{{store.prefix}:delay:3"}
 
 
 def test_never_early(store: Store) -> None:
@@ -80,13 +83,12 @@ def test_ack_removes_and_release_hands_out_again(store: Store) -> None:
     claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
     assert store.ack({SHARD: [claimed[0].member]}) == 1
     assert store.ack({SHARD: [claimed[0].member]}) == 0  # idempotent
-    assert store.release({SHARD: [claimed[1].member, member(99)]}) == 1
+    assert store.release({SHARD: [claimed[1].member, offset_bytes(99)]}) == 1
     again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1)
     assert offsets(again) == [1] and again[0].redelivery
     store.ack({SHARD: [again[0].member]})
     assert store.backlog([SHARD]).inflight == 0
-    keys = store.keys(SHARD)
-    assert store.client.hlen(keys.records) == 0
+    assert store.client.exists(*store.keys(SHARD).all()) == 1  # only the watermark is left
 
 
 def test_re_adding_is_a_no_op(store: Store) -> None:
@@ -150,7 +152,7 @@ def test_backlog_counts(store: Store) -> None:
 
 def test_add_refuses_a_shard_whose_state_redis_lost(store: Store) -> None:
     assert add(store, rec(0, T0), rec(1, T0)) == 2
-    store.client.delete(*store.keys(SHARD).__dict__.values())  # Redis wiped
+    store.client.delete(*store.keys(SHARD).all())  # Redis wiped
     added = store.add({SHARD: (2, [rec(2, T0)])}, expected={SHARD: 1})
     assert (added.count, added.lost) == (0, {SHARD: Lost(None)})
     assert store.watermarks([SHARD]) == {}  # nothing written
@@ -180,17 +182,75 @@ def test_low_is_the_lowest_pending_offset(store: Store) -> None:
     assert store.lows({SHARD: 9}).offsets == {SHARD: 10}  # nothing pending: watermark + 1
 
 
-def test_low_crosses_empty_buckets_and_stays_conservative_when_bounded(store: Store) -> None:
+def test_low_index_keeps_only_buckets_with_pending_offsets(store: Store) -> None:
     records = [rec(i, T0 if i < 1000 else T0 + 1) for i in range(1100)]
     for start in range(0, 1100, 100):
         add(store, *records[start : start + 100])
+    keys = store.keys(SHARD)
+    assert store.client.zcard(keys.low) == 5  # buckets 0..4 (offsets 0..1279)
     while claimed := store.claim([SHARD], 500, LEASE, now_ms=T0):
         store.ack({SHARD: [c.member for c in claimed]})
-    # Offsets 0..999 are gone, 1000.. pending: buckets 0-2 are empty, bucket 3 (768..1023) is not.
-    assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 256}
-    assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 512}
-    assert store.lows({SHARD: 1099}).offsets == {SHARD: 1000}
-    assert store.client.zcard(store.keys(SHARD).low) == 2  # buckets 3 and 4 remain
+    # Offsets 0..999 are gone, 1000.. pending: buckets 0-2 emptied and left the index at once.
+    assert store.client.zcard(keys.low) == store.client.hlen(keys.pending) == 2
+    assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 1000}
+    assert [store.is_pending(SHARD, o) for o in (999, 1000, 1099, 1100)] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+
+
+def test_low_drops_buckets_without_pending_offsets_and_stays_conservative_when_bounded(
+    store: Store,
+) -> None:
+    add(store, rec(1000, T0))
+    keys = store.keys(SHARD)
+    # Buckets 0-2 listed with nothing pending, as the earlier layout's low index leaves them.
+    store.client.zadd(keys.low, {offset_bytes(o)[:7]: 0 for o in (0, 256, 512)})
+    assert store.lows({SHARD: 1000}, max_buckets=1).offsets == {SHARD: 256}
+    assert store.lows({SHARD: 1000}, max_buckets=1).offsets == {SHARD: 512}
+    assert store.lows({SHARD: 1000}).offsets == {SHARD: 1000}
+    assert store.client.zcard(keys.low) == 1
+
+
+def test_upgrade_moves_records_from_the_earlier_layout(store: Store) -> None:
+    old, keys = store.legacy_keys(SHARD), store.keys(SHARD)
+    # The earlier layout: 8-byte offsets in the due and in-flight ZSETs, records in a HASH. Offset
+    # 3 is in flight (lease ends at T0 + 5), offset 4 has no record (delivered meanwhile).
+    records = {o: rec(o, T0 + o) for o in range(2500)}
+    for start in range(0, 2500, 500):
+        store.client.hset(old.records, mapping={
+            offset_bytes(o): encode(records[o], *SHARD) for o in range(start, start + 500) if o != 4
+        })  # fmt: skip
+    store.client.zadd(old.due, {offset_bytes(o): T0 + o for o in records if o != 3})
+    store.client.zadd(old.inflight, {offset_bytes(3): T0 + 5})
+    store.client.hset(keys.meta, "ingested", "2499")
+    assert store.upgrade([SHARD], batch=1000) == 2499
+    assert store.client.exists(*old.__dict__.values()) == 0
+    assert store.upgrade([SHARD]) == 0
+    b = store.backlog([SHARD], now_ms=T0 + 10)
+    assert (b.overdue, b.scheduled, b.inflight) == (9, 2489, 1)
+    assert store.lows({SHARD: 2499}).offsets == {SHARD: 0}
+    assert not store.is_pending(SHARD, 4) and store.is_pending(SHARD, 3)
+    claimed = store.claim([SHARD], 3000, LEASE, now_ms=T0 + 2500)
+    assert [c.record for c in claimed] == [
+        records[3],
+        *(records[o] for o in records if o not in (3, 4)),
+    ]
+    assert claimed[0].redelivery and not claimed[1].redelivery
+    store.ack({SHARD: [c.member for c in claimed]})
+    assert store.lows({SHARD: 2499}).offsets == {SHARD: 2500}
+
+
+def test_a_record_is_one_entry_holding_the_record(store: Store) -> None:
+    add(store, *(rec(i, T0) for i in range(300)))
+    keys = store.keys(SHARD)
+    members = cast(list[bytes], store.client.zrange(keys.due, 0, -1))
+    assert store.client.zcard(keys.due) == 300 and store.client.type(keys.low) == b"zset"
+    assert members[7] == offset_bytes(7) + encode(rec(7, T0), *SHARD)
+    assert store.client.hlen(keys.pending) == 2  # two buckets, 32 bytes each
+    assert {len(v) for v in cast(list[bytes], store.client.hvals(keys.pending))} == {32}
 
 
 def test_low_reports_lost_state_only_when_expected(store: Store) -> None:
