@@ -42,6 +42,7 @@ from bridge.message import Scheduled, decode, encode
 
 _OFFSET = struct.Struct(">Q")
 _KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending")
+_LEGACY_KEY_NAMES = ("due", "inflight", "records")
 # Records due within this long before a claim are "on time" and get half of every claim, so an
 # overdue backlog drains without holding up records falling due now (claim.lua).
 ON_TIME_WINDOW_MS = 1000
@@ -194,14 +195,16 @@ class Store:
                          self._stats, self._low, self._upgrade)  # fmt: skip
 
     def keys(self, shard: Shard) -> ShardKeys:
-        """The only place key names are built."""
-        tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
-        return ShardKeys(*(f"{tag}:{name}" for name in _KEY_NAMES))
+        """The only place key names are built (with :meth:`legacy_keys`)."""
+        return ShardKeys(*self._names(shard, _KEY_NAMES))
 
     def legacy_keys(self, shard: Shard) -> LegacyKeys:
         """The shard's keys in the earlier layout, which :meth:`upgrade` empties."""
+        return LegacyKeys(*self._names(shard, _LEGACY_KEY_NAMES))
+
+    def _names(self, shard: Shard, names: Sequence[str]) -> list[str]:
         tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
-        return LegacyKeys(f"{tag}:due", f"{tag}:inflight", f"{tag}:records")
+        return [f"{tag}:{name}" for name in names]
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
