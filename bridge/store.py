@@ -265,8 +265,8 @@ class Store:
 
     def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
         """Move the shards' records from the earlier layout into this one, ``batch`` records per
-        shard and round trip, until none is left. Returns how many moved; a shard that has
-        nothing to move costs one EXISTS."""
+        shard and round trip, until none is left. Returns how many moved; a shard with nothing
+        to move costs one script call that finds the old keys empty."""
         moved, todo = 0, list(shards)
         while todo:
             calls: list[tuple[Script, list[str], list[Any]]] = []
