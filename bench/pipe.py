@@ -19,6 +19,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from bridge.config import consumer_settings, from_mapping, producer_settings
+from bridge.kafka import produce
 
 
 def now_ms() -> int:
@@ -53,13 +54,8 @@ def main(config_file: str, source: str, target: str, count: int) -> dict[str, in
         for msg in batch:
             if msg.error() is not None:
                 continue
-            while True:
-                try:
-                    producer.produce(target, value=msg.value(), key=msg.key(),
-                                     headers=msg.headers(), on_delivery=report)  # fmt: skip
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce(producer, target, value=msg.value(), key=msg.key(), headers=msg.headers(),
+                    on_delivery=report)  # fmt: skip
             consumed += 1
         producer.poll(0)
     last_ms = now_ms()

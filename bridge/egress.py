@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError as ClientError
 from confluent_kafka import KafkaException, Message, Producer
 
 from bridge.errors import StoreError
+from bridge.kafka import produce
 from bridge.message import (
     Reason,
     Scheduled,
@@ -204,19 +205,14 @@ class Egress:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
         timestamp = max(self._clock_ms(), record.due_ms)
-        while True:
-            try:
-                self.producer.produce(
-                    topic, value=record.value, key=key, headers=wire_headers(headers),
-                    timestamp=timestamp, on_delivery=callback,
-                )  # fmt: skip
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-            except KafkaException as exc:
-                # Refused locally (e.g. larger than message.max.bytes): same path as a report.
-                self._reports.append((ident, exc.args[0]))
-                return
+        try:
+            produce(
+                self.producer, topic, value=record.value, key=key, headers=wire_headers(headers),
+                timestamp=timestamp, on_delivery=callback,
+            )  # fmt: skip
+        except KafkaException as exc:
+            # Refused locally (e.g. larger than message.max.bytes): same path as a report.
+            self._reports.append((ident, exc.args[0]))
 
     def _dlq_headers(self, pending: _Pending) -> list[tuple[str, bytes | None]]:
         record = pending.claimed.record

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -37,6 +38,7 @@ from confluent_kafka import (
 from confluent_kafka import KafkaError as ClientError
 
 from bridge.errors import BridgeError, KafkaError, StoreError
+from bridge.kafka import produce
 from bridge.message import (
     Headers,
     Reason,
@@ -314,8 +316,8 @@ class Ingress:
                 f"DLQ produce to {self.rules.dead_letter} failed: "
                 f"{errors[0] if errors else f'{remaining} unacknowledged'}"
             )
-        for _, rejection in rejected:
-            self.metrics.dead_lettered.labels(reason=rejection.reason.value).inc()
+        for reason, n in Counter(rejection.reason for _, rejection in rejected).items():
+            self.metrics.dead_lettered.labels(reason=reason.value).inc(n)
 
     def _produce(
         self,
@@ -325,17 +327,12 @@ class Ingress:
         report: Callable[[ClientError | None, Message], None],
     ) -> None:
         topic = self.rules.dead_letter
-        while True:
-            try:
-                self.dlq.produce(
-                    topic, value=value, key=key, headers=wire_headers(headers), on_delivery=report
-                )
-                self.dlq.poll(0)
-                return
-            except BufferError:
-                self.dlq.poll(0.1)
-            except KafkaException as exc:
-                raise KafkaError(f"DLQ produce to {topic} failed: {exc}") from exc
+        try:
+            produce(self.dlq, topic, value=value, key=key, headers=wire_headers(headers),
+                    on_delivery=report)  # fmt: skip
+        except KafkaException as exc:
+            raise KafkaError(f"DLQ produce to {topic} failed: {exc}") from exc
+        self.dlq.poll(0)
 
     # -------------------------------------------------------------- offsets and rebuilds
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from bridge.kafka import produce
 from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Headers, wire_headers
 
 FILLER = b"x" * 100
@@ -88,18 +89,14 @@ class Workload:
             headers = list(rec.headers)
             if rec.delay_ms is not None:
                 headers.append((H_DELIVER_AT, str(now_ms() + rec.delay_ms).encode()))
-            while True:
-                try:
-                    producer.produce(
-                        self.topic,
-                        value=value_of(self.first_seq + seq, self.value_size),
-                        key=rec.key,
-                        headers=wire_headers(headers),
-                        on_delivery=report,
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce(
+                producer,
+                self.topic,
+                value=value_of(self.first_seq + seq, self.value_size),
+                key=rec.key,
+                headers=wire_headers(headers),
+                on_delivery=report,
+            )
             self.produced += 1
             producer.poll(0)
         remaining = producer.flush(300)

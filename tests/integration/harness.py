@@ -18,6 +18,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Message, Producer
 
+from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
     H_DELIVER_AT,
@@ -208,18 +209,14 @@ def produce_all(
         return cb
 
     for i, (key, value, headers) in enumerate(records):
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    value=value,
-                    key=key,
-                    headers=wire_headers(list(headers)),
-                    on_delivery=report(i),
-                )
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce(
+            producer,
+            topic,
+            value=value,
+            key=key,
+            headers=wire_headers(list(headers)),
+            on_delivery=report(i),
+        )
         producer.poll(0)
     assert producer.flush(30) == 0
     assert all(c is not None for c in coords)
