@@ -97,8 +97,10 @@ class Egress:
         self._wake.set()
 
     def remove_shards(self, shards: set[Shard]) -> None:
-        """Stop claiming from revoked partitions (in-flight records still get acknowledged)."""
-        self.owned = self.owned - shards
+        """Stop claiming from revoked partitions and their retired incarnations (in-flight
+        records still get acknowledged)."""
+        gone = {s.base() for s in shards}
+        self.owned = frozenset(s for s in self.owned if s.base() not in gone)
 
     def notify(self, due_ms: int) -> None:
         """Ingress stored a record due at ``due_ms``; wake up in case it is sooner than planned."""
@@ -164,6 +166,10 @@ class Egress:
                 stop.wait(ERROR_BACKOFF_S)
 
     def _seconds_to_next(self) -> float:
+        for shard in [s for s in self.owned if s.incarnation]:
+            if self.store.forget_retired(shard):  # drained: nothing left of that incarnation
+                logger.info("delivered every record left in %s", shard)
+                self.owned = self.owned - {shard}
         wake = self.store.next_wake(sorted(self.owned))
         if wake.next_ms is None:
             return IDLE_WAIT_S

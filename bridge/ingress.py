@@ -51,7 +51,7 @@ from bridge.message import (
     wire_headers,
 )
 from bridge.metrics import Metrics
-from bridge.store import Lost, Shard, Store
+from bridge.store import Bound, Lost, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ DLQ_FLUSH_TIMEOUT_S = 30.0
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
 COMMITTED_TIMEOUT_S = 10.0
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
 
 
 def coords(msg: Message) -> tuple[str, int, int]:
@@ -95,6 +96,7 @@ class Ingress:
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
         on_stored: Callable[[int], None],
+        topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.consumer = consumer
@@ -107,11 +109,13 @@ class Ingress:
         self._on_assign_cb = on_assign
         self._on_revoke_cb = on_revoke
         self._on_stored = on_stored
+        self._topic_ids = topic_ids
         self._clock_ms = clock_ms
         self.assigned: set[Shard] = set()
         # The Redis watermark of each owned shard as last read or written by this process.
         self.marks: dict[Shard, int] = {}
         self._next_commit = 0.0
+        self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
         self.joined = False
         self._paused_until = 0.0
         self._failures = 0
@@ -127,17 +131,24 @@ class Ingress:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
+        retired: set[Shard] = set()
+        replaced: dict[Shard, Bound] = {}
         try:
             # Records in the earlier store layout become claimable first (lows() retries).
             self.store.upgrade(shards)
+            replaced = self._bind(shards)
             marks = self.store.watermarks(shards)
+            retired = self.store.retired(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from committed offsets")
             marks = {}
         # Redis knows what it holds: resume right after it, which skips re-reading records
-        # already stored (or delivered) when the last commit was lost in a crash.
+        # already stored (or delivered) when the last commit was lost in a crash. A new
+        # incarnation of the topic is read from its beginning.
         for tp, shard in zip(partitions, shards, strict=True):
-            if shard in marks:
+            if shard in replaced:
+                tp.offset = OFFSET_BEGINNING
+            elif shard in marks:
                 tp.offset = marks[shard] + 1
                 self.marks[shard] = marks[shard]
         consumer.incremental_assign(partitions)
@@ -150,7 +161,7 @@ class Ingress:
             ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
             extra={"partitions": len(shards)},
         )
-        self._on_assign_cb(set(shards))
+        self._on_assign_cb(set(shards) | retired)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._store_lows({Shard(tp.topic, tp.partition) for tp in partitions}, rebuild=False)
@@ -190,6 +201,9 @@ class Ingress:
         if self.last_loop >= self._next_commit:
             self._next_commit = self.last_loop + COMMIT_INTERVAL_S
             self._store_lows(set(self.assigned))
+        if self.last_loop >= self._next_topic_check:
+            self._next_topic_check = self.last_loop + TOPIC_CHECK_INTERVAL_S
+            self._check_incarnations()
         if self._paused_until:
             if time.monotonic() < self._paused_until:
                 self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
@@ -241,6 +255,7 @@ class Ingress:
         return True
 
     def _handle(self, messages: list[Message]) -> None:
+        messages = self._went_back(messages)
         batch = self._parse(messages)
         if batch.rejected:
             self._dead_letter(batch.rejected)
@@ -390,7 +405,69 @@ class Ingress:
                 )  # fmt: skip
                 self.marks[shard] = loss.watermark
             self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
-            self.metrics.rebuilds.labels(delay_topic=shard.topic).inc()
+            cause = "redis-lost-state" if loss.watermark is None else "redis-lost-writes"
+            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
+
+    # -------------------------------------------------------------- topic incarnations
+
+    def _bind(self, shards: Sequence[Shard], went_back: Sequence[Shard] = ()) -> dict[Shard, Bound]:
+        """Bind shards to their topic's current id; returns the ones whose Redis state belonged
+        to an earlier incarnation (or whose offsets went back) and was retired. Their waiting
+        records move to a retired shard the mover drains; the caller reads them from the log's
+        beginning."""
+        ids = self._topic_ids(sorted({s.topic for s in shards}))
+        bind = {s: ids.get(s.topic, "") for s in shards if s.topic in ids or s in went_back}
+        if not bind:
+            return {}
+        replaced = {s: b for s, b in self.store.bind(bind, went_back).items() if b.replaced}
+        for shard, bound in replaced.items():
+            topic_id = ids.get(shard.topic, "")
+            if bound.stored_id and topic_id and bound.stored_id != topic_id:
+                cause = "topic-recreated"
+                what = f"was deleted and created again (topic id {bound.stored_id} -> {topic_id})"
+            else:
+                cause = "offsets-went-back"
+                what = (
+                    f"went back: its log holds offsets Redis had already handled (watermark "
+                    f"{bound.watermark}); the log was truncated, restored or replaced"
+                )
+            logger.error(
+                "delay topic %s %s: reading it again from its beginning; the %d records Redis "
+                "held from before are still delivered, records delivered before may be "
+                "delivered again", shard, what, bound.records,
+            )  # fmt: skip
+            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
+            self.marks.pop(shard, None)
+        return replaced
+
+    def _went_back(self, messages: list[Message]) -> list[Message]:
+        """Messages at or below a shard's watermark mean its offsets went back (the topic was
+        recreated, or its log truncated): retire the shard's state and read it from the start.
+        Returns the messages of the other shards."""
+        back: set[Shard] = set()
+        for msg in messages:
+            topic, partition, offset = coords(msg)
+            mark = self.marks.get(Shard(topic, partition))
+            if mark is not None and offset <= mark:
+                back.add(Shard(topic, partition))
+        if not back:
+            return messages
+        self._restart(self._bind(sorted(back), sorted(back)))
+        return [m for m in messages if Shard(*coords(m)[:2]) not in back]
+
+    def _check_incarnations(self) -> None:
+        """A topic deleted and created again while the bridge runs (see :meth:`_bind`)."""
+        try:
+            self._restart(self._bind(sorted(self.assigned)))
+        except StoreError as exc:
+            logger.warning("delay topic incarnations not checked: %s", exc)
+
+    def _restart(self, replaced: dict[Shard, Bound]) -> None:
+        for shard in replaced:
+            self.consumer.seek(TopicPartition(shard.topic, shard.partition, OFFSET_BEGINNING))
+        retired = {b.retired for b in replaced.values() if b.retired is not None}
+        if retired:
+            self._on_assign_cb(retired)
 
     # -------------------------------------------------------------- failure handling
 

@@ -18,6 +18,7 @@ from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 2.0
+REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "offsets-went-back")
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
 LATENESS_BUCKETS = (
@@ -93,8 +94,9 @@ class Metrics:
         )
         self.rebuilds = Counter(
             "delay_bridge_rebuilds",
-            "Times Redis had lost a shard's writes and the bridge re-read the delay topic",
-            ["delay_topic"],
+            "Times the bridge re-read a delay-topic partition because Redis lost its state or "
+            "writes, the topic was recreated, or its offsets went back",
+            ["delay_topic", "cause"],
             registry=registry,
         )
         self.kafka_brokers_up = Gauge(
@@ -120,7 +122,8 @@ class Metrics:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""
         for topic in topics:
             self.ingested.labels(delay_topic=topic)
-            self.rebuilds.labels(delay_topic=topic)
+            for cause in REBUILD_CAUSES:
+                self.rebuilds.labels(delay_topic=topic, cause=cause)
 
     def set_lag(self, positions: Mapping[Shard, int | None], stats_json: str) -> int:
         """Update the lag gauges from a librdkafka statistics document; returns brokers up.

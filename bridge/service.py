@@ -23,7 +23,7 @@ from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.metrics import Metrics, Sampler
 from bridge.store import Shard, Store
-from bridge.topics import check_retention
+from bridge.topics import TopicIds, check_retention
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class Service:
             on_assign=self.egress.add_shards,
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
+            topic_ids=TopicIds({**admin_settings(config), "logger": _kafka_logger("admin")}),
         )
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready)
         self.http = HttpServer(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -49,10 +50,21 @@ ON_TIME_WINDOW_MS = 1000
 
 
 class Shard(NamedTuple):
-    """One delay-topic partition's slice of the store."""
+    """One delay-topic partition's slice of the store; with an ``incarnation`` label, the records
+    left from an earlier incarnation of its topic (see :meth:`Store.bind`), which the mover
+    delivers but nothing adds to."""
 
     topic: str
     partition: int
+    incarnation: str = ""
+
+    def base(self) -> Shard:
+        """The live shard of this partition."""
+        return Shard(self.topic, self.partition)
+
+    def __str__(self) -> str:
+        name = f"{self.topic}[{self.partition}]"
+        return f"{name} (retired incarnation {self.incarnation})" if self.incarnation else name
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,18 @@ class Claimed:
     member: bytes  # the in-flight member, the offset's 8 bytes: what ack and release take
     record: Scheduled
     redelivery: bool
+
+
+class Bound(NamedTuple):
+    """What :meth:`Store.bind` did to a shard: whether it ``replaced`` the state of an earlier
+    incarnation (bound to ``stored_id``, up to ``watermark``), and the ``retired`` shard now
+    holding that incarnation's ``records`` (None when it held none)."""
+
+    replaced: bool
+    stored_id: str
+    records: int = 0
+    watermark: int | None = None
+    retired: Shard | None = None
 
 
 class Lost(NamedTuple):
@@ -146,6 +170,10 @@ def offset_of(member: bytes) -> int:
     return int(_OFFSET.unpack_from(member)[0])
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _expected(watermark: int | None) -> str:
     return "" if watermark is None else str(watermark)
 
@@ -191,8 +219,11 @@ class Store:
         self._stats = _script(client, "stats")
         self._low = _script(client, "low")
         self._upgrade = _script(client, "upgrade")
+        self._incarnation = _script(client, "incarnation")
+        self._retired = _script(client, "retired")
         self._scripts = (self._add, self._claim, self._ack, self._release, self._next_due,
-                         self._stats, self._low, self._upgrade)  # fmt: skip
+                         self._stats, self._low, self._upgrade, self._incarnation,
+                         self._retired)  # fmt: skip
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built (with :meth:`legacy_keys`)."""
@@ -202,8 +233,14 @@ class Store:
         """The shard's keys in the earlier layout, which :meth:`upgrade` empties."""
         return LegacyKeys(*self._names(shard, _LEGACY_KEY_NAMES))
 
+    def retired_set(self, shard: Shard) -> str:
+        """The SET of a shard's retired incarnation labels."""
+        return self._names(shard.base(), ("retired",))[0]
+
     def _names(self, shard: Shard, names: Sequence[str]) -> list[str]:
         tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
+        if shard.incarnation:
+            tag = f"{tag}:retired:{shard.incarnation}"
         return [f"{tag}:{name}" for name in names]
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
@@ -252,7 +289,7 @@ class Store:
             k = self.keys(shard)
             args: list[Any] = [_expected(expected.get(shard)), high]
             for rec in records:
-                args += [rec.offset, rec.due_ms, member(rec, *shard)]
+                args += [rec.offset, rec.due_ms, member(rec, shard.topic, shard.partition)]
             calls.append((self._add, [k.due, k.meta, k.low, k.pending], args))
         count, lost = 0, {}
         for shard, (status, value) in zip(shards, self._run(calls), strict=True):
@@ -279,6 +316,51 @@ class Store:
             moved += sum(int(n) for n, _ in replies)
             todo = [s for s, (_, left) in zip(todo, replies, strict=True) if int(left)]
         return moved
+
+    def bind(
+        self, topic_ids: Mapping[Shard, str], force: Sequence[Shard] = ()
+    ) -> dict[Shard, Bound]:
+        """Bind each shard to its topic's current incarnation (Kafka's topic id).
+
+        A shard bound to another topic id — its topic was deleted and created again — or named in
+        ``force`` (its offsets went back) has its records moved to a retired shard, which the
+        mover drains, and starts empty, to be read from the beginning of the log.
+        """
+        shards = list(topic_ids)
+        labels = {s: uuid.uuid4().hex[:12] for s in shards}
+        calls: list[tuple[Script, list[str], list[Any]]] = []
+        for shard in shards:
+            k, old = self.keys(shard), self.keys(Shard(shard.topic, shard.partition, labels[shard]))
+            keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, self.retired_set(shard),
+                    old.due, old.inflight, old.claimed]  # fmt: skip
+            args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
+            calls.append((self._incarnation, keys, args))
+        out = {}
+        for shard, reply in zip(shards, self._run(calls) if calls else [], strict=True):
+            stored = _text(reply[1])
+            if int(reply[0]) == 0:
+                out[shard] = Bound(False, stored)
+                continue
+            moved, mark = int(reply[2]), int(reply[3])
+            retired = Shard(shard.topic, shard.partition, labels[shard]) if moved else None
+            out[shard] = Bound(True, stored, moved, None if mark < 0 else mark, retired)
+        return out
+
+    def retired(self, shards: Sequence[Shard]) -> set[Shard]:
+        """The retired incarnations of ``shards`` that still hold records."""
+        with _as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.smembers(self.retired_set(shard))
+            replies = pipe.execute()
+        return {Shard(s.topic, s.partition, _text(label))
+                for s, labels in zip(shards, replies, strict=True) for label in labels}  # fmt: skip
+
+    def forget_retired(self, shard: Shard) -> bool:
+        """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
+        k = self.keys(shard)
+        keys = [self.retired_set(shard), k.due, k.inflight, k.claimed]
+        return bool(int(self._run([(self._retired, keys, [shard.incarnation])])[0]))
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """The offset to commit for each shard: its lowest pending offset, else watermark + 1.

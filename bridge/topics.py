@@ -1,4 +1,5 @@
-"""Start-up checks on the delay topics: can they rebuild a Redis that lost its data?
+"""What the bridge asks Kafka about its delay topics: their incarnation (topic id), and at
+start-up whether they can rebuild a Redis that lost its data.
 
 The committed offset of a delay-topic partition is its lowest pending record, which can be as old
 as ``limits.max_delay``. If Redis loses its data, the bridge re-reads the topic from there — so the
@@ -12,7 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
@@ -67,3 +68,28 @@ def check_retention(admin_conf: Mapping[str, Any], topics: Sequence[str], max_de
         logger.warning("could not read the delay topics' retention (%s); make sure it "
                        "covers limits.max_delay", exc)  # fmt: skip
     return warnings
+
+
+class TopicIds:
+    """Kafka's topic id of each delay topic: a topic deleted and created again under the same name
+    gets a new one, which is how the ingress tells the incarnations apart."""
+
+    def __init__(self, admin_conf: Mapping[str, Any]) -> None:
+        self.admin = AdminClient(dict(admin_conf))
+
+    def __call__(self, topics: Sequence[str]) -> dict[str, str]:
+        """The ids of the topics that could be described; the others are left out (logged)."""
+        if not topics:
+            return {}
+        out = {}
+        futures = self.admin.describe_topics(
+            TopicCollection(list(topics)), request_timeout=DESCRIBE_TIMEOUT_S
+        )
+        for topic, future in futures.items():
+            try:
+                out[topic] = str(future.result(timeout=DESCRIBE_TIMEOUT_S).topic_id)
+            except (KafkaException, TimeoutError) as exc:
+                logger.warning("could not read the topic id of delay topic %s, so a recreated "
+                               "topic would go unnoticed until its offsets go back: %s",
+                               topic, exc)  # fmt: skip
+        return out

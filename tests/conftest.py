@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -88,6 +89,24 @@ class TopicFactory:
         self.created.append(name)
         wait_for(lambda: _has_leaders(self.admin, name, partitions), 30, f"leaders for {name}")
         return name
+
+    def recreate(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None
+    ) -> None:
+        """Delete ``name`` and create it again: a new incarnation (topic id) under the same name."""
+        self.admin.delete_topics([name])[name].result(timeout=30)
+        deadline = time.monotonic() + 60
+        while True:  # deletion finishes in the background; creating fails until it has
+            try:
+                new = NewTopic(name, num_partitions=partitions, replication_factor=1,
+                               config=config or {})  # fmt: skip
+                self.admin.create_topics([new])[name].result(timeout=30)
+                break
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        wait_for(lambda: _has_leaders(self.admin, name, partitions), 30, f"leaders for {name}")
 
 
 def _has_leaders(admin: AdminClient, name: str, partitions: int) -> bool:

@@ -221,7 +221,7 @@ def test_upgrade_moves_records_from_the_earlier_layout(store: Store) -> None:
     records = {o: rec(o, T0 + o) for o in range(2500)}
     for start in range(0, 2500, 500):
         store.client.hset(old.records, mapping={
-            offset_bytes(o): encode(records[o], *SHARD) for o in range(start, start + 500) if o != 4
+            offset_bytes(o): encode(records[o], SHARD.topic, SHARD.partition) for o in range(start, start + 500) if o != 4
         })  # fmt: skip
     store.client.zadd(old.due, {offset_bytes(o): T0 + o for o in records if o != 3})
     store.client.zadd(old.inflight, {offset_bytes(3): T0 + 5})
@@ -248,7 +248,7 @@ def test_a_record_is_one_entry_holding_the_record(store: Store) -> None:
     keys = store.keys(SHARD)
     members = cast(list[bytes], store.client.zrange(keys.due, 0, -1))
     assert store.client.zcard(keys.due) == 300 and store.client.type(keys.low) == b"zset"
-    assert members[7] == offset_bytes(7) + encode(rec(7, T0), *SHARD)
+    assert members[7] == offset_bytes(7) + encode(rec(7, T0), SHARD.topic, SHARD.partition)
     assert store.client.hlen(keys.pending) == 2  # two buckets, 32 bytes each
     assert {len(v) for v in cast(list[bytes], store.client.hvals(keys.pending))} == {32}
 
@@ -288,3 +288,35 @@ def test_many_records_move_in_one_claim(store: Store) -> None:
     assert offsets(claimed) == list(range(2400))
     assert store.ack({SHARD: [c.member for c in claimed]}) == 2400
     assert offsets(store.claim([SHARD], 2400, LEASE, now_ms=T0)) == list(range(2400, 2500))
+
+
+def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
+    assert store.bind({SHARD: "id-1"})[SHARD].replaced is False  # adopted
+    add(store, rec(0, T0), rec(1, T0 + 5000), rec(2, T0))
+    [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
+    assert store.bind({SHARD: "id-1"})[SHARD].replaced is False
+    bound = store.bind({SHARD: "id-2"})[SHARD]
+    assert (bound.replaced, bound.stored_id, bound.records, bound.watermark) == (
+        True, "id-1", 3, 2)  # fmt: skip
+    old = bound.retired
+    assert old is not None and old.base() == SHARD and store.retired([SHARD]) == {old}
+    # The live shard starts empty: no watermark, nothing to claim; offsets 0.. are new records.
+    assert store.watermarks([SHARD]) == {} and store.claim([SHARD], 10, LEASE, now_ms=T0) == []
+    assert add(store, rec(0, T0)) == 1
+    # The old incarnation's records are still delivered, its in-flight one after its lease.
+    assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + 5000)) == [2, 1]
+    assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
+    assert store.forget_retired(old) is False  # still in flight
+    assert store.ack({old: [offset_bytes(i) for i in range(3)]}) == 3
+    assert store.forget_retired(old) is True and store.retired([SHARD]) == set()
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [0]
+
+
+def test_offsets_that_went_back_retire_the_state_under_the_same_id(store: Store) -> None:
+    store.bind({SHARD: "id-1"})
+    add(store, rec(0, T0), high=9)
+    bound = store.bind({SHARD: ""}, force=[SHARD])[SHARD]  # id unknown: the stored one stays
+    assert bound.replaced and bound.records == 1 and bound.watermark == 9
+    assert store.bind({SHARD: "id-1"})[SHARD].replaced is False
+    empty = Shard("delay", 1)
+    assert store.bind({empty: "x"}, force=[empty])[empty].retired is None  # nothing to keep

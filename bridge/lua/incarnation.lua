@@ -1,0 +1,54 @@
+--[[
+incarnation: bind a shard to one incarnation of its delay topic (Kafka's topic id), and retire the
+state of an earlier one.
+
+A topic deleted and created again under the same name starts its offsets at 0 again, so the
+shard's watermark and pending offsets belong to the old topic and would make the bridge skip the
+new one's records. When the stored topic id differs from the current one (or the caller forces it,
+because the partition's offsets went back), the old incarnation's records — waiting and in flight —
+move under the retired keys, where the mover still delivers them, and the shard starts empty: no
+watermark, no pending offsets. A shard without a stored topic id adopts the current one.
+
+KEYS[1]  due index          ZSET  member -> due ms
+KEYS[2]  in-flight          ZSET  offset -> lease deadline ms
+KEYS[3]  claimed            HASH  offset -> member
+KEYS[4]  meta               HASH  "ingested" -> watermark, "topic_id" -> incarnation
+KEYS[5]  low index          ZSET  offset bucket -> 0
+KEYS[6]  pending            HASH  offset bucket -> bitmap of its pending offsets
+KEYS[7]  retired            SET   labels of retired incarnations still holding records
+KEYS[8]  retired due index  (the names KEYS[1..3] take under the label ARGV[2])
+KEYS[9]  retired in-flight
+KEYS[10] retired claimed
+ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
+ARGV[2]  the label to retire under
+ARGV[3]  "1" to retire even if the topic id is unchanged
+
+Returns: {0, stored id or ""} bound, nothing retired
+       | {1, stored id or "", records retired, watermark or -1} the old state retired
+]]
+local stored = redis.call('HGET', KEYS[4], 'topic_id')
+local id = ARGV[1]
+if id == '' then
+  id = stored or ''
+end
+if ARGV[3] ~= '1' and (not stored or stored == id) then
+  if not stored and id ~= '' then
+    redis.call('HSET', KEYS[4], 'topic_id', id)
+  end
+  return {0, stored or ''}
+end
+local mark = tonumber(redis.call('HGET', KEYS[4], 'ingested') or '-1')
+local moved = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+for i = 1, 3 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('RENAME', KEYS[i], KEYS[7 + i])
+  end
+end
+if moved > 0 then
+  redis.call('SADD', KEYS[7], ARGV[2])
+end
+redis.call('DEL', KEYS[4], KEYS[5], KEYS[6])
+if id ~= '' then
+  redis.call('HSET', KEYS[4], 'topic_id', id)
+end
+return {1, stored or '', moved, mark}
