@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError as ClientError
 from confluent_kafka import KafkaException, Message, Producer
 
 from bridge.errors import StoreError
+from bridge.health import Readiness
 from bridge.kafka import produce
 from bridge.message import (
     Reason,
@@ -50,7 +51,16 @@ PERMANENT_ERRORS = frozenset(
 )
 IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
 INFLIGHT_POLL_S = 0.05
-ERROR_BACKOFF_S = 1.0
+# Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
+ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.5, 30.0
+# A record whose delivery failed is claimable again after this long, doubling per failure.
+RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS = 500, 30_000
+RETRIES_KEPT = 100_000  # failure counts remembered (records another replica took are forgotten)
+
+
+def backoff(base: float, cap: float, failures: int) -> float:
+    """``base`` doubled per failure after the first, at most ``cap``."""
+    return float(min(cap, base * 2 ** min(max(failures - 1, 0), 30)))
 
 
 @dataclass
@@ -73,9 +83,11 @@ class Egress:
         batch_size: int,
         lease_ms: int,
         max_attempts: int,
+        readiness: Readiness | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.producer = producer
+        self.readiness = readiness or Readiness()
         self.store = store
         self.metrics = metrics
         self.dead_letter = dead_letter
@@ -87,6 +99,8 @@ class Egress:
         self._wake = threading.Event()
         self._pending: dict[tuple[Shard, bytes], _Pending] = {}
         self._reports: list[tuple[tuple[Shard, bytes], ClientError | None]] = []
+        # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
+        self._retries: dict[tuple[Shard, bytes], int] = {}
         self.last_loop = time.monotonic()
 
     # -------------------------------------------------------------- called from ingress
@@ -150,9 +164,14 @@ class Egress:
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""
+        failures = 0
         while not stop.is_set():
             try:
                 claimed = self.step()
+                if failures:
+                    failures = 0
+                    self.readiness.ok("mover")
+                    logger.info("mover reaches redis again")
                 if self.inflight >= self.max_inflight:
                     # At capacity: poll returns as soon as the first delivery report is in.
                     self.producer.poll(INFLIGHT_POLL_S)
@@ -161,9 +180,12 @@ class Egress:
                     continue  # more may be due right now
                 self._wait(self._seconds_to_next())
             except StoreError as exc:
+                failures += 1
+                wait = backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S, failures)
                 self.metrics.redis_errors.labels(stage="egress").inc()
-                logger.error("redis unavailable, mover backing off: %s", exc)
-                stop.wait(ERROR_BACKOFF_S)
+                self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}")
+                logger.error("mover backing off %.1fs: %s", wait, exc)
+                stop.wait(wait)
 
     def _seconds_to_next(self) -> float:
         for shard in [s for s in self.owned if s.incarnation]:
@@ -241,7 +263,8 @@ class Egress:
             return
         reports, self._reports = self._reports, []
         acked: dict[Shard, list[bytes]] = defaultdict(list)
-        released: dict[Shard, list[bytes]] = defaultdict(list)
+        retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
+        failed: Counter[tuple[str, str, int]] = Counter()
         delivered: list[_Pending] = []
         for ident, err in reports:
             pending = self._pending.get(ident)
@@ -250,6 +273,7 @@ class Egress:
             if err is None:
                 acked[ident[0]].append(ident[1])
                 delivered.append(pending)
+                self._retries.pop(ident, None)
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
@@ -262,17 +286,30 @@ class Egress:
                     )  # fmt: skip
                 self._send(ident, pending)
                 continue
-            logger.warning(
-                "delivery of %s failed, will retry: %s", pending.claimed.record.delay_id, err.str()
-            )
-            released[ident[0]].append(ident[1])
+            topic = self.dead_letter if pending.dead_letter else pending.claimed.record.target
+            if len(self._retries) >= RETRIES_KEPT:
+                self._retries.clear()
+            tries = self._retries[ident] = self._retries.get(ident, 0) + 1
+            wait_ms = int(backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, tries))
+            retry[wait_ms][ident[0]].append(ident[1])
+            failed[(topic, err.str(), wait_ms)] += 1
         if acked:
             self.store.ack(acked)
             self._forget(acked)
             self._count(delivered)
-        if released:
-            self.store.release(released)
-            self._forget(released)
+        for wait_ms, members in retry.items():
+            self.store.release(members, wait_ms)
+            self._forget(members)
+        self._report_failures(failed)
+
+    def _report_failures(self, failed: Counter[tuple[str, str, int]]) -> None:
+        """One line per topic and error; a DLQ that refuses records also fails /readyz."""
+        for (topic, error, wait_ms), n in sorted(failed.items()):
+            if topic == self.dead_letter:
+                self.metrics.dlq_errors.inc(n)
+                self.readiness.fail("dlq-writes", f"DLQ produce to {topic} failed: {error}")
+            logger.warning("%d deliveries to %s failed (%s); retrying in %.1fs", n, topic, error,
+                           wait_ms / 1000)  # fmt: skip
 
     def _forget(self, members: dict[Shard, list[bytes]]) -> None:
         for shard, batch in members.items():
@@ -297,3 +334,4 @@ class Egress:
             self.metrics.dead_lettered.labels(reason=Reason.DELIVERY_FAILED.value).inc(
                 dead_lettered
             )
+            self.readiness.ok("dlq-writes")

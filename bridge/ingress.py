@@ -38,6 +38,7 @@ from confluent_kafka import (
 from confluent_kafka import KafkaError as ClientError
 
 from bridge.errors import BridgeError, KafkaError, StoreError
+from bridge.health import Readiness
 from bridge.kafka import produce
 from bridge.message import (
     Headers,
@@ -97,6 +98,7 @@ class Ingress:
         on_revoke: Callable[[set[Shard]], None],
         on_stored: Callable[[int], None],
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
+        readiness: Readiness | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.consumer = consumer
@@ -110,6 +112,7 @@ class Ingress:
         self._on_revoke_cb = on_revoke
         self._on_stored = on_stored
         self._topic_ids = topic_ids
+        self.readiness = readiness or Readiness()
         self._clock_ms = clock_ms
         self.assigned: set[Shard] = set()
         # The Redis watermark of each owned shard as last read or written by this process.
@@ -220,7 +223,10 @@ class Ingress:
         except BridgeError as exc:
             self._rewind_and_pause(messages, exc)
             return 0
-        self._failures = 0
+        if self._failures:
+            self._failures = 0
+            self.readiness.ok("ingress")
+            logger.info("ingress stores batches again")
         return len(messages)
 
     def _consume(self, timeout: float) -> list[Message]:
@@ -327,10 +333,12 @@ class Ingress:
             self._produce(msg.key(), msg.value(), headers, report)
         remaining = self.dlq.flush(DLQ_FLUSH_TIMEOUT_S)
         if remaining or errors:
-            raise KafkaError(
-                f"DLQ produce to {self.rules.dead_letter} failed: "
-                f"{errors[0] if errors else f'{remaining} unacknowledged'}"
-            )
+            self.metrics.dlq_errors.inc(len(errors) + remaining)
+            detail = (f"DLQ produce to {self.rules.dead_letter} failed: "
+                      f"{errors[0] if errors else f'{remaining} unacknowledged'}")  # fmt: skip
+            self.readiness.fail("dlq-writes", detail)
+            raise KafkaError(detail)
+        self.readiness.ok("dlq-writes")
         for reason, n in Counter(rejection.reason for _, rejection in rejected).items():
             self.metrics.dead_lettered.labels(reason=reason.value).inc(n)
 
@@ -346,7 +354,10 @@ class Ingress:
             produce(self.dlq, topic, value=value, key=key, headers=wire_headers(headers),
                     on_delivery=report)  # fmt: skip
         except KafkaException as exc:
-            raise KafkaError(f"DLQ produce to {topic} failed: {exc}") from exc
+            detail = f"DLQ produce to {topic} failed: {exc.args[0].str()}"
+            self.metrics.dlq_errors.inc()
+            self.readiness.fail("dlq-writes", detail)
+            raise KafkaError(detail) from exc
         self.dlq.poll(0)
 
     # -------------------------------------------------------------- offsets and rebuilds
@@ -476,6 +487,7 @@ class Ingress:
         self._failures += 1
         if isinstance(exc, StoreError):
             self.metrics.redis_errors.labels(stage="ingress").inc()
+        self.readiness.fail("ingress", f"ingress cannot store records: {exc}")
         logger.error("batch not stored, retrying in %.1fs: %s", backoff, exc)
         self._rewind(messages)
         self._pause(backoff)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -30,6 +32,42 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(event, default=str)
 
 
+REPEAT_INTERVAL_S = 30.0
+_NUMBERS = re.compile(r"\d+(\.\d+)?")
+
+
+class RateLimit(logging.Filter):
+    """Lets a warning or error through once per ``interval`` seconds: repeats of the same line
+    (numbers aside, so "after 12ms" and "after 15ms" are one line) are counted instead, and the
+    next one let through says how many were held back. Lines below WARNING always pass."""
+
+    def __init__(self, interval: float = REPEAT_INTERVAL_S, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self._clock = clock
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        key = (record.name, record.levelno, _NUMBERS.sub("#", message))
+        now = self._clock()
+        with self._lock:
+            if len(self._seen) > 10_000:
+                self._seen.clear()
+            since, held = self._seen.get(key, (None, 0))
+            if since is not None and now - since < self.interval:
+                self._seen[key] = (since, held + 1)
+                return False
+            self._seen[key] = (now, 0)
+        if held:
+            record.msg = f"{message} ({held} more like this in the last {now - since:.0f}s)"
+            record.args = None
+        return True
+
+
 def setup(level: str, as_json: bool) -> None:
     """Configure the root logger once: level, and text or JSON lines on stdout."""
     handler = logging.StreamHandler(sys.stdout)
@@ -39,6 +77,7 @@ def setup(level: str, as_json: bool) -> None:
     else:
         formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     handler.setFormatter(formatter)
+    handler.addFilter(RateLimit())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

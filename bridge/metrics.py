@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -84,6 +83,12 @@ class Metrics:
         self.owned_partitions = Gauge(
             "delay_bridge_owned_partitions",
             "Delay-topic partitions this replica consumes and moves",
+            registry=registry,
+        )
+        self.dlq_errors = Counter(
+            "delay_bridge_dlq_produce_errors",
+            "Records the DLQ did not take (missing topic, no permission, broker down); they are "
+            "retried with back-off and their partition waits",
             registry=registry,
         )
         self.redis_errors = Counter(
@@ -175,8 +180,6 @@ class Sampler:
         self.metrics = metrics
         self.owned = owned
         self.ready = ready
-        self.redis_ok = False
-        self.last_ok = 0.0
 
     def sample_once(self, now_ms: int | None = None) -> None:
         """Read the backlog of the owned shards and set the gauges."""
@@ -184,13 +187,10 @@ class Sampler:
         try:
             backlog = self.store.backlog(shards, now_ms)
         except StoreError as exc:
-            self.redis_ok = False
             self.metrics.ready.set(0)
             self.metrics.redis_errors.labels(stage="metrics").inc()
             logger.warning("backlog sample failed: %s", exc)
             return
-        self.redis_ok = True
-        self.last_ok = time.monotonic()
         m = self.metrics
         m.owned_partitions.set(len(shards))
         m.scheduled.set(backlog.scheduled)

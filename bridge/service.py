@@ -19,17 +19,19 @@ from prometheus_client import CollectorRegistry
 from bridge import __version__
 from bridge.config import Config, admin_settings, consumer_settings, producer_settings
 from bridge.egress import Egress
+from bridge.errors import StoreError
+from bridge.health import Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.metrics import Metrics, Sampler
 from bridge.store import Shard, Store
-from bridge.topics import TopicIds, check_retention
+from bridge.topics import Topics, check_retention
 
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 10.0
 STALL_S = 60.0  # a main loop silent this long is stuck: /healthz turns 503
-READY_REDIS_S = 15.0  # Redis must have answered the sampler within this long for /readyz
+REDIS_WAIT_S = (0.5, 1.0, 2.0, 5.0)  # back-off while waiting for Redis before joining the group
 # How long a thread may hold the interpreter while another waits for it (Python's default is
 # 5 ms). The mover waits for it after every Redis reply and delivery report, while the ingress
 # parses batches: at 5 ms those waits added up to tens of ms of lateness.
@@ -70,6 +72,10 @@ class Service:
             "stats_cb": self._on_stats,
         }
         self.brokers_up = 0
+        self.readiness = Readiness()
+        self.topics = Topics({**admin_settings(config), "logger": _kafka_logger("admin")})
+        self.probes = Probes(self.store, self.readiness, config.topics.dead_letter,
+                             self.topics.absent)  # fmt: skip
         self.egress = Egress(
             Producer(producer_conf),
             self.store,
@@ -78,6 +84,7 @@ class Service:
             batch_size=config.egress.batch_size,
             lease_ms=config.egress.lease,
             max_attempts=config.egress.max_attempts,
+            readiness=self.readiness,
         )
         self.ingress = Ingress(
             Consumer(consumer_conf),
@@ -90,7 +97,8 @@ class Service:
             on_assign=self.egress.add_shards,
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
-            topic_ids=TopicIds({**admin_settings(config), "logger": _kafka_logger("admin")}),
+            topic_ids=self.topics.ids,
+            readiness=self.readiness,
         )
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready)
         self.http = HttpServer(
@@ -111,7 +119,12 @@ class Service:
     def _check_rebuildable(self) -> None:
         """Warn loudly about settings that would keep a lost Redis from being rebuilt (off the
         start-up path: these only warn)."""
-        policy = self.store.eviction_policy()
+        try:
+            policy = self.store.eviction_policy()
+        except StoreError as exc:
+            logger.warning("could not check that Redis does not evict (%s): make sure its "
+                           "maxmemory-policy is noeviction", exc)  # fmt: skip
+            policy = None
         if policy is not None and policy != "noeviction":
             logger.warning(
                 "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
@@ -140,9 +153,7 @@ class Service:
 
     def ready(self) -> list[str]:
         """Problems that mean the bridge cannot do its work now."""
-        problems = []
-        if not self.sampler.redis_ok or time.monotonic() - self.sampler.last_ok > READY_REDIS_S:
-            problems.append("redis unreachable")
+        problems = self.readiness.problems()
         if self.brokers_up == 0 and not self.ingress.joined:
             problems.append("kafka unreachable")
         if not self.ingress.joined:
@@ -172,9 +183,13 @@ class Service:
             __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
         )  # fmt: skip
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self.sampler.sample_once()
         self.http.start()
+        if not self._wait_for_redis():
+            return self._stop(started)
+        self.sampler.sample_once()
         threading.Thread(target=self._check_rebuildable, name="checks", daemon=True).start()
+        self.probes.topics_once()
+        probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
@@ -186,6 +201,7 @@ class Service:
         ingress_thread.join()
         egress_thread.join()
         sampler_thread.join()
+        probes_thread.join()
         try:
             self.egress.drain(DRAIN_TIMEOUT_S)
         except Exception:
@@ -194,10 +210,32 @@ class Service:
             self.ingress.close()
         except Exception:
             logger.exception("closing the consumer failed")
+        return self._stop(started)
+
+    def _stop(self, started: float) -> int:
         self.http.stop()
         self.redis.close()
         self._summary(time.monotonic() - started)
         return 1 if self._errors else 0
+
+    def _wait_for_redis(self) -> bool:
+        """Join the consumer group only once Redis takes writes: a replica that cannot reach
+        Redis (or is refused by it) must not hold partitions it cannot serve. Returns False if
+        stopped while waiting."""
+        attempt = 0
+        while not self.probes.redis_once():
+            # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
+            self.ingress.last_loop = self.egress.last_loop = time.monotonic()
+            backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
+            if attempt == 0:
+                logger.error("not joining the consumer group until Redis takes writes: %s",
+                             self.readiness.problems()[0])  # fmt: skip
+            attempt += 1
+            if self.stop_event.wait(backoff):
+                return False
+        if attempt:
+            logger.info("redis takes writes after %d attempts; joining the consumer group", attempt)
+        return True
 
     def _summary(self, seconds: float) -> None:
         def total(metric: str) -> int:

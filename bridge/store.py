@@ -187,13 +187,33 @@ def _lost(status: int, watermark: int) -> Lost | None:
     return None
 
 
+def describe_redis_error(exc: redis.RedisError) -> str:
+    """One line naming what Redis's failure means, so an operator need not decode it: a read-only
+    replica, a missing ACL permission or a full memory are not outages."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text:
+        return (f"redis is read-only (READONLY): the bridge talks to a replica, not the master "
+                f"(after a failover?): {text}")  # fmt: skip
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
+        return f"redis refused permission (NOPERM): the ACL user lacks a command or key: {text}"
+    if isinstance(exc, redis.exceptions.AuthenticationError) or "WRONGPASS" in text:
+        return f"redis refused the credentials (check redis.url and redis.password): {text}"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
+        return f"redis is out of memory (OOM): it refuses writes at maxmemory: {text}"
+    if isinstance(exc, redis.exceptions.BusyLoadingError):
+        return f"redis is loading its data set: {text}"
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return f"redis unreachable: {text}"
+    return f"redis: {text}"
+
+
 @contextlib.contextmanager
 def _as_store_error() -> Iterator[None]:
     """Redis failures leave the store as :class:`StoreError`, the one error callers handle."""
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreError(f"redis: {exc}") from exc
+        raise StoreError(describe_redis_error(exc)) from exc
 
 
 def _lua(name: str) -> str:
@@ -265,10 +285,14 @@ class Store:
         replies: list[Any] = pipe.execute()
         return replies
 
-    def ping(self) -> None:
-        """Raise :class:`StoreError` unless Redis answers."""
+    def probe_key(self) -> str:
+        """The key :meth:`probe` writes."""
+        return f"{self.prefix}:probe"
+
+    def probe(self) -> None:
+        """Write to Redis; raise :class:`StoreError` naming the cause unless it takes writes."""
         with _as_store_error():
-            self.client.ping()
+            self.client.set(self.probe_key(), b"1", px=60_000)
 
     def add(
         self,
@@ -415,10 +439,13 @@ class Store:
                 calls.append((self._ack, [k.inflight, k.claimed, k.low, k.pending], list(batch)))
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
-    def release(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
-        """End the leases of unacknowledged records so they are claimable at once."""
+    def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
+        """End the leases of unacknowledged records so they are claimable at once, or after
+        ``retry_in_ms`` (a back-off)."""
         calls: list[tuple[Script, list[str], list[Any]]] = [
-            (self._release, [self.keys(s).inflight], list(m)) for s, m in members.items() if m
+            (self._release, [self.keys(s).inflight], [retry_in_ms, *m])
+            for s, m in members.items()
+            if m
         ]
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
@@ -451,12 +478,10 @@ class Store:
         return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
 
     def eviction_policy(self) -> str | None:
-        """Redis's ``maxmemory-policy``, or None when it cannot be read (CONFIG is often
-        disabled on managed Redis)."""
-        try:
+        """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
+        when it cannot be read (CONFIG is often denied on managed Redis)."""
+        with _as_store_error():
             reply = cast(dict[str, str], self.client.config_get("maxmemory-policy"))
-        except redis.RedisError:
-            return None
         return reply.get("maxmemory-policy")
 
     def time_ms(self) -> int:

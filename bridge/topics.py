@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from confluent_kafka import KafkaError as ConfluentError
 from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
@@ -70,26 +71,49 @@ def check_retention(admin_conf: Mapping[str, Any], topics: Sequence[str], max_de
     return warnings
 
 
-class TopicIds:
-    """Kafka's topic id of each delay topic: a topic deleted and created again under the same name
-    gets a new one, which is how the ingress tells the incarnations apart."""
+# Answers that mean "this topic is not there for the bridge", as opposed to "Kafka did not answer".
+_ABSENT = {
+    ConfluentError.UNKNOWN_TOPIC_OR_PART: "it does not exist",
+    ConfluentError.TOPIC_AUTHORIZATION_FAILED: "not authorized to describe it",
+}
+
+
+class Topics:
+    """What the running bridge asks Kafka about topics, on one admin client: a topic's id (a topic
+    deleted and created again under the same name gets a new one, which is how the ingress tells
+    the incarnations apart) and whether a topic exists (the DLQ)."""
 
     def __init__(self, admin_conf: Mapping[str, Any]) -> None:
         self.admin = AdminClient(dict(admin_conf))
 
-    def __call__(self, topics: Sequence[str]) -> dict[str, str]:
-        """The ids of the topics that could be described; the others are left out (logged)."""
+    def describe(self, topics: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """(topic → id, topic → why it is absent) for the topics Kafka answered about; a topic
+        Kafka did not answer about (unreachable, timed out) is in neither."""
+        ids: dict[str, str] = {}
+        absent: dict[str, str] = {}
         if not topics:
-            return {}
-        out = {}
+            return ids, absent
         futures = self.admin.describe_topics(
             TopicCollection(list(topics)), request_timeout=DESCRIBE_TIMEOUT_S
         )
         for topic, future in futures.items():
             try:
-                out[topic] = str(future.result(timeout=DESCRIBE_TIMEOUT_S).topic_id)
-            except (KafkaException, TimeoutError) as exc:
-                logger.warning("could not read the topic id of delay topic %s, so a recreated "
-                               "topic would go unnoticed until its offsets go back: %s",
-                               topic, exc)  # fmt: skip
-        return out
+                ids[topic] = str(future.result(timeout=DESCRIBE_TIMEOUT_S).topic_id)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() in _ABSENT:
+                    absent[topic] = _ABSENT[error.code()]
+                else:
+                    logger.warning("could not describe topic %s: %s", topic, error.str())
+            except TimeoutError:
+                logger.warning("could not describe topic %s: no answer in %.0fs", topic,
+                               DESCRIBE_TIMEOUT_S)  # fmt: skip
+        return ids, absent
+
+    def ids(self, topics: Sequence[str]) -> dict[str, str]:
+        """The topic ids Kafka told (a topic it did not is left out, and its check waits)."""
+        return self.describe(topics)[0]
+
+    def absent(self, topics: Sequence[str]) -> dict[str, str]:
+        """The topics Kafka said are not there (or not visible to the bridge), with why."""
+        return self.describe(topics)[1]

@@ -7,6 +7,7 @@ through scripts/services. Unit tests request none of these fixtures and need no 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -93,8 +94,10 @@ class TopicFactory:
     def recreate(
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None
     ) -> None:
-        """Delete ``name`` and create it again: a new incarnation (topic id) under the same name."""
-        self.admin.delete_topics([name])[name].result(timeout=30)
+        """Delete ``name`` (if it exists) and create it again: a new incarnation (topic id) under
+        the same name."""
+        with contextlib.suppress(KafkaException):  # already gone
+            self.admin.delete_topics([name])[name].result(timeout=30)
         deadline = time.monotonic() + 60
         while True:  # deletion finishes in the background; creating fails until it has
             try:

@@ -1,0 +1,95 @@
+"""Readiness: the faults that keep the bridge from doing its job right now, by check name.
+
+Stages report what they meet (a DLQ produce that failed, a Redis that refuses writes) and a probe
+loop looks for the rest on a timer, so /readyz, ``delay_bridge_ready`` and the log say the same
+thing while a fault lasts. A check is one line of /readyz, set with :meth:`Readiness.fail` and
+cleared with :meth:`Readiness.ok`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from bridge.errors import StoreError
+from bridge.store import Store
+
+logger = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 2.0  # Redis writable
+TOPIC_PROBE_INTERVAL_S = 10.0  # the DLQ topic exists
+
+
+class Readiness:
+    """Named faults; thread-safe. An empty :meth:`problems` means ready."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def fail(self, check: str, detail: str) -> None:
+        """Record that ``check`` fails, with a one-line ``detail`` naming what is at fault."""
+        with self._lock:
+            self._faults[check] = detail
+
+    def ok(self, check: str) -> None:
+        """``check`` passes again."""
+        with self._lock:
+            self._faults.pop(check, None)
+
+    def problems(self) -> list[str]:
+        """The failing checks' details, in a stable order."""
+        with self._lock:
+            return [self._faults[k] for k in sorted(self._faults)]
+
+
+class Probes:
+    """Checks what no stage would notice by itself: that Redis takes writes (a master, not a
+    replica left behind by a failover; not out of memory; the ACL lets it) and that the DLQ topic
+    exists."""
+
+    def __init__(
+        self,
+        store: Store,
+        readiness: Readiness,
+        dead_letter: str,
+        missing_topics: Callable[[list[str]], dict[str, str]],
+    ) -> None:
+        self.store = store
+        self.readiness = readiness
+        self.dead_letter = dead_letter
+        self._missing_topics = missing_topics
+        self._next_topic_probe = 0.0
+
+    def redis_once(self) -> bool:
+        """Write to Redis once; returns whether it worked (the fault is in /readyz if not)."""
+        try:
+            self.store.probe()
+        except StoreError as exc:
+            self.readiness.fail("redis", str(exc))
+            return False
+        self.readiness.ok("redis")
+        return True
+
+    def topics_once(self) -> None:
+        """Check that the DLQ topic exists."""
+        missing = self._missing_topics([self.dead_letter])
+        if self.dead_letter in missing:
+            detail = f"DLQ topic {self.dead_letter} is not usable: {missing[self.dead_letter]}"
+            if self.readiness.problems().count(detail) == 0:
+                logger.error("%s; records that fail validation cannot be dead-lettered, so "
+                             "their partitions stop until it is created", detail)  # fmt: skip
+            self.readiness.fail("dlq-topic", detail)
+        else:
+            self.readiness.ok("dlq-topic")
+
+    def run(self, stop: threading.Event) -> None:
+        """Probe until ``stop`` is set."""
+        while not stop.is_set():
+            self.redis_once()
+            if time.monotonic() >= self._next_topic_probe:
+                self._next_topic_probe = time.monotonic() + TOPIC_PROBE_INTERVAL_S
+                self.topics_once()
+            stop.wait(PROBE_INTERVAL_S)
