@@ -327,7 +327,7 @@ class Egress:
                 dead_lettered += 1
                 continue
             per_target[record.target] += 1
-            self.metrics.lateness.observe(max(0, now_ms - record.due_ms) / 1000)
+            self.metrics.lateness.observe(max(0, now_ms - record.late_from_ms()) / 1000)
         for target, n in per_target.items():
             self.metrics.delivered.labels(target_topic=target).inc(n)
         if dead_lettered:

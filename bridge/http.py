@@ -1,4 +1,5 @@
-"""HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` (loops alive), ``/readyz`` (can work)."""
+"""HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` (loops alive), ``/readyz`` (can work);
+GET and HEAD."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ class HttpServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            head = False
+
+            def do_HEAD(self) -> None:
+                # Probes may use HEAD: the same status and headers as GET, no body.
+                self.head = True
+                self.do_GET()
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -39,7 +47,8 @@ class HttpServer:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if not self.head:
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 logger.debug("http: " + format, *args)

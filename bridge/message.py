@@ -70,8 +70,10 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
 )
-# Epoch milliseconds past this (year 10000) are certainly a unit mistake (µs or ns).
+# Epoch milliseconds past this (year 10000) are certainly a unit mistake (µs or ns); before
+# 2000-01-01 almost always epoch seconds taken for milliseconds (1.7e9 s is 1970 in ms).
 _MAX_EPOCH_MS = 253_402_300_800_000
+_MIN_EPOCH_MS = 946_684_800_000
 
 
 def parse_duration_ms(text: str) -> int:
@@ -117,12 +119,18 @@ def parse_time_ms(text: str) -> int:
     """Epoch milliseconds (digits) or RFC 3339 with an offset → epoch ms.
 
     Fractions below a millisecond round up, so a record is never due before the time it names.
+    Epoch milliseconds before 2000-01-01 are refused: they are almost always epoch seconds.
     """
     text = text.strip()
     if text.isdigit():
         value = int(text)
         if value >= _MAX_EPOCH_MS:
             raise ValueError(f"epoch milliseconds out of range: {text}")
+        if value < _MIN_EPOCH_MS:
+            raise ValueError(
+                f"{text} as epoch milliseconds is before 2000-01-01 ({format_time_ms(value)}); "
+                f"it looks like epoch seconds: give milliseconds ({text}000)"
+            )
         return value
     match = _RFC3339.fullmatch(text)
     if match is None:
@@ -228,6 +236,13 @@ class Scheduled:
     value: bytes | None
     headers: Headers
     delay_id: str
+    # When the bridge stored a record that was already due (epoch ms), else None: lateness counts
+    # from the later of the due time and this, so it measures the bridge, not a late producer.
+    stored_ms: int | None = None
+
+    def late_from_ms(self) -> int:
+        """The moment from which a delivery counts as late."""
+        return max(self.due_ms, self.stored_ms or self.due_ms)
 
     def delivered_key(self) -> bytes | None:
         """``delay-target-key`` when the record has one, else its own key."""
@@ -349,6 +364,7 @@ def parse(
         value=value,
         headers=headers,
         delay_id=delay_id if delay_id is not None else origin(topic, partition, offset),
+        stored_ms=now_ms if due_ms < now_ms else None,
     )
 
 
@@ -365,7 +381,8 @@ def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_te
 
 # ------------------------------------------------------------------ stored encoding
 #
-# Version 2 (written): >B version, B flags, q due ms, H header count; then length-prefixed
+# Version 2 (written): >B version, B flags, q due ms, H header count; then, with flag STORED_AT,
+# q the moment the bridge stored a record that was already due; then length-prefixed
 # fields — the target unless flag TARGET_IN_HEADER (it is the delay-target-topic header's
 # value), the delay-id unless flag DEFAULT_ID (it is <topic>:<partition>:<offset>), key, value,
 # and per header a name byte (the code of a known name, or 0 and the name length-prefixed) and
@@ -381,7 +398,8 @@ _HEAD = struct.Struct(">BBqH")
 _HEAD_V1 = struct.Struct(">BqqH")
 _NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
 _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
-_TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS = 1, 2, 4
+_TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT = 1, 2, 4, 8
+_STORED = struct.Struct(">q")
 # Codes are stored: append only, never reorder.
 _KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
 _NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
@@ -411,7 +429,11 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
     if max(sizes, default=0) >= _NARROW_NONE:
         length, none = _WIDE, _WIDE_NONE
         flags |= _WIDE_LENGTHS
+    if record.stored_ms is not None:
+        flags |= _STORED_AT
     out = [_HEAD.pack(2, flags, record.due_ms, len(record.headers))]
+    if record.stored_ms is not None:
+        out.append(_STORED.pack(record.stored_ms))
 
     def put(data: bytes | None) -> None:
         if data is None:
@@ -466,7 +488,11 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
             raise ValueError(f"unknown stored record version {blob[0]}")
         _, flags, due_ms, count = _HEAD.unpack_from(blob, 0)
         wide = flags & _WIDE_LENGTHS
-        r = _Reader(blob, _HEAD.size, *((_WIDE, _WIDE_NONE) if wide else (_NARROW, _NARROW_NONE)))
+        pos, stored_ms = _HEAD.size, None
+        if flags & _STORED_AT:
+            (stored_ms,) = _STORED.unpack_from(blob, pos)
+            pos += _STORED.size
+        r = _Reader(blob, pos, *((_WIDE, _WIDE_NONE) if wide else (_NARROW, _NARROW_NONE)))
         target = None if flags & _TARGET_IN_HEADER else r.text()
         delay_id = origin(topic, partition, offset) if flags & _DEFAULT_ID else r.text()
         key, value = r.take(), r.take()
@@ -477,7 +503,7 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
         r.end()
         if target is None:
             target = (next(v for k, v in headers if k == H_TARGET_TOPIC) or b"").decode()
-        return Scheduled(offset, due_ms, target, key, value, headers, delay_id)
+        return Scheduled(offset, due_ms, target, key, value, headers, delay_id, stored_ms)
     except (struct.error, IndexError, UnicodeDecodeError, StopIteration) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None
 

@@ -8,7 +8,15 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from bridge import __version__
 from bridge.errors import StoreError
@@ -118,6 +126,10 @@ class Metrics:
             "delay_bridge_build_info", "Always 1; the version label", ["version"], registry=registry
         )
         self.build_info.labels(version=__version__).set(1)
+        # The standard process_* (RSS, CPU, open fds) and python_* (version, GC) series.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         for reason in Reason:
             self.dead_lettered.labels(reason=reason.value)
         for stage in ("ingress", "egress", "metrics"):
@@ -139,7 +151,10 @@ class Metrics:
         every scheduled record; the lag here counts only records not yet read into Redis.
         """
         stats = json.loads(stats_json)
-        up = sum(1 for b in stats.get("brokers", {}).values() if b.get("state") == "UP")
+        # Only real brokers: librdkafka also lists its bootstrap and logical (GroupCoordinator)
+        # connections, which have no node id.
+        up = len({b.get("nodeid") for b in stats.get("brokers", {}).values()
+                  if b.get("state") == "UP" and b.get("nodeid", -1) >= 0})  # fmt: skip
         self.kafka_brokers_up.set(up)
         for topic, t in stats.get("topics", {}).items():
             for pid, p in t.get("partitions", {}).items():

@@ -85,6 +85,17 @@ class Bridge:
                 raise AssertionError(f"no http port in the bridge log:\n{self.output()}")
             time.sleep(0.05)
 
+    def head(self, path: str) -> tuple[int, bytes]:
+        """HEAD a path on the bridge's HTTP server: (status, body, which must be empty)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port()}{path}", method="HEAD"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
     def get(self, path: str) -> tuple[int, str]:
         """GET a path on the bridge's HTTP server: (status, body)."""
         url = f"http://127.0.0.1:{self.http_port()}{path}"

@@ -75,7 +75,7 @@ def acl_user(services: Services, unique: str) -> Iterator[Callable[..., str]]:
     def make(name: str, *rules: str, password: str = "pw") -> str:
         user = f"test-{unique}-{name}"
         admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], reset=True)
-        admin.execute_command("ACL", "SETUSER", user, *rules)
+        admin.execute_command("ACL", "SETUSER", user, *rules)  # type: ignore[no-untyped-call]
         made.append(user)
         host = services.redis_url.split("//", 1)[1]
         return f"redis://{user}:{password}@{host}"
@@ -92,7 +92,8 @@ def test_a_missing_dlq_turns_readyz_red_until_it_is_created(
     admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
     bridge = setup.bridge().start()
     bridges.append(bridge)
-    records = [(None, b"bad", [(H_AFTER, b"0ms")]), *valid(setup.targets[0], 5, "good")]
+    bad: Headers = [(H_AFTER, b"0ms")]  # no target: dead-lettered as missing-target
+    records = [(None, b"bad", bad), *valid(setup.targets[0], 5, "good")]
     produce_all(setup.services.bootstrap, setup.delay, records)
     wait_for(lambda: bridge.get("/readyz")[0] == 503, 30, "/readyz 503")
     body = bridge.get("/readyz")[1]

@@ -105,6 +105,8 @@ def test_live_metrics_probes_and_json_logs(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "/readyz to answer 200")
     assert bridge.get("/healthz") == (200, "ok\n")
     assert bridge.get("/nope")[0] == 404
+    for path in ("/healthz", "/readyz", "/metrics"):  # probes may use HEAD
+        assert bridge.head(path) == (200, b"")
     produce_all(
         services.bootstrap,
         delay,
@@ -117,7 +119,8 @@ def test_live_metrics_probes_and_json_logs(
     lint = promtool("check", "metrics", stdin=body)
     assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
     for name in ("delay_bridge_scheduled_messages", "delay_bridge_oldest_overdue_seconds",
-                 "delay_bridge_delivery_lateness_seconds_bucket"):  # fmt: skip
+                 "delay_bridge_delivery_lateness_seconds_bucket", "process_resident_memory_bytes",
+                 "process_open_fds", "python_info", "python_gc_collections_total"):  # fmt: skip
         assert name in body
     # the readiness gauge follows /readyz at the next sample
     wait_for(lambda: "delay_bridge_ready 1.0" in bridge.get("/metrics")[1], 10, "the ready gauge")

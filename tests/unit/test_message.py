@@ -127,9 +127,23 @@ def test_record_without_timestamp_counts_from_now() -> None:
     assert rec.due_ms == NOW + 1000
 
 
-def test_past_due_time_is_accepted() -> None:
-    rec = run([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, b"1000")])
-    assert rec.due_ms == 1000
+def test_past_due_time_is_accepted_and_late_from_when_stored() -> None:
+    rec = run([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, b"1000000000000")])  # 2001
+    assert rec.due_ms == 1_000_000_000_000 and rec.stored_ms == NOW
+    # Lateness counts from when the bridge stored it, not from 2001.
+    assert rec.late_from_ms() == NOW
+    assert decode(encode(rec, "delay", 0), "delay", 0, rec.offset) == rec
+    on_time = run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1h")])
+    assert on_time.stored_ms is None and on_time.late_from_ms() == on_time.due_ms
+
+
+@pytest.mark.parametrize("text", ["1000", "1790000000", "946684799999"])
+def test_epoch_seconds_taken_for_milliseconds_are_refused(text: str) -> None:
+    with pytest.raises(Rejected) as caught:
+        run([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, text.encode())])
+    assert caught.value.reason is Reason.BAD_DUE_TIME
+    assert "looks like epoch seconds" in caught.value.detail
+    assert parse_time_ms("946684800000") == 946_684_800_000  # 2000-01-01 itself is fine
 
 
 def test_accepted_record_shape() -> None:
