@@ -7,20 +7,29 @@ with code 2 (1 for a failed run); never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from bridge import __version__
 from bridge.config import Config, dump, load, producer_settings
 from bridge.errors import BridgeError, ConfigError, UsageError
+from bridge.kafka import check_settings, produce
 from bridge.message import (
+    CONTROL_HEADERS,
     H_AFTER,
     H_DELIVER_AT,
+    H_ID,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
+    Reason,
+    Rejected,
+    Rules,
     format_time_ms,
+    parse,
     parse_duration_ms,
     parse_time_ms,
     wire_headers,
@@ -51,12 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sub.add_parser("check-config", help="validate and print the effective config"))
     produce = sub.add_parser("produce", help="schedule records from the shell")
     with_config(produce)
-    produce.add_argument("--target", required=True, help="topic to deliver to")
+    produce.add_argument(
+        "--target", help="topic to deliver to (default: topics.default_target of the delay topic)"
+    )
     when = produce.add_mutually_exclusive_group(required=True)
     when.add_argument("--after", help="delay from now: 250ms, 30s, 15m, 2h, 7d, 1h30m")
     when.add_argument("--at", help="due time: epoch ms or RFC 3339 (2026-11-21T10:00:00Z)")
     produce.add_argument("--key", help="record key")
     produce.add_argument("--target-key", help="key of the delivered record (default: --key)")
+    produce.add_argument("--id", help="delay-id: the schedule's id (1-256 bytes of UTF-8)")
+    produce.add_argument(
+        "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
+    )
     produce.add_argument(
         "--header", action="append", default=[], metavar="K=V", help="extra header (repeatable)"
     )
@@ -71,13 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "check-config":
-            config = load(args.config)
-            sys.stdout.write(dump(config))
-            return 0
         if args.command == "produce":
             return _produce(args, load(args.config))
-        return _run(load(args.config))
+        config = load(args.config)
+        check_settings(config)
+        if args.command == "check-config":
+            sys.stdout.write(dump(config))
+            return 0
+        return _run(config)
     except ConfigError as exc:
         print(f"delay-bridge: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -101,27 +117,25 @@ def _run(config: Config) -> int:
     return service.run()
 
 
-def _headers(args: argparse.Namespace) -> Headers:
-    headers: Headers = [(H_TARGET_TOPIC, args.target.encode())]
-    if args.after is not None:
-        try:
-            parse_duration_ms(args.after)
-        except ValueError as exc:
-            raise UsageError(f"--after: {exc}") from None
-        headers.append((H_AFTER, args.after.encode()))
-    else:
-        try:
-            parse_time_ms(args.at)
-        except ValueError as exc:
-            raise UsageError(f"--at: {exc}") from None
-        headers.append((H_DELIVER_AT, args.at.encode()))
-    if args.target_key is not None:
-        headers.append((H_TARGET_KEY, args.target_key.encode()))
+def _headers(args: argparse.Namespace, target: str | None) -> Headers:
+    headers: Headers = []
     for item in args.header:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise UsageError(f"--header {item!r}: expected NAME=VALUE")
+        if name in CONTROL_HEADERS:
+            raise UsageError(f"--header {name}: set it with its own option, not --header")
         headers.append((name, value.encode()))
+    if target is not None:
+        headers.append((H_TARGET_TOPIC, target.encode()))
+    if args.after is not None:
+        headers.append((H_AFTER, args.after.encode()))
+    else:
+        headers.append((H_DELIVER_AT, args.at.encode()))
+    if args.target_key is not None:
+        headers.append((H_TARGET_KEY, args.target_key.encode()))
+    if args.id is not None:
+        headers.append((H_ID, args.id.encode()))
     return headers
 
 
@@ -129,24 +143,70 @@ def _values(value: str) -> Iterator[bytes]:
     if value != "-":
         yield value.encode()
         return
+    if sys.stdin.isatty():
+        print("delay-bridge: reading values from stdin, one record per line (Ctrl-D ends)",
+              file=sys.stderr)  # fmt: skip
     for line in sys.stdin.buffer:
         yield line.rstrip(b"\r\n")
+
+
+def _check(rules: Rules, topic: str, key: bytes | None, value: bytes, headers: Headers) -> None:
+    """Refuse what the bridge would dead-letter a second later, with the bridge's own rules."""
+    now = time.time_ns() // 1_000_000
+    try:
+        parse(rules, topic=topic, partition=0, offset=0, timestamp_ms=now, key=key, value=value,
+              headers=headers, now_ms=now)  # fmt: skip
+    except Rejected as rejection:
+        flag = {
+            Reason.BAD_DUE_TIME: "--after/--at: ",
+            Reason.DELAY_TOO_LONG: "--after/--at: ",
+            Reason.TARGET_NOT_ALLOWED: "--target: ",
+            Reason.MISSING_TARGET: "--target: ",
+        }
+        raise UsageError(
+            f"{flag.get(rejection.reason, '')}{rejection.detail} (the bridge would dead-letter "
+            f"it as {rejection.reason.value})"
+        ) from None
 
 
 def _produce(args: argparse.Namespace, config: Config) -> int:
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-    headers = _headers(args)
     topic = args.topic or config.topics.delay[0]
     if topic not in config.topics.delay:
         raise UsageError(
             f"--topic {topic}: not one of topics.delay ({', '.join(config.topics.delay)})"
         )
-    refusal = config.rules().target_refusal(args.target)
-    if refusal is not None:
-        raise UsageError(f"--target: {refusal}")
-    settings = {**producer_settings(config), "delivery.timeout.ms": "15000"}
+    if args.target is None and topic not in config.topics.default_target:
+        raise UsageError(f"--target is required: topics.default_target has none for {topic}")
+    try:
+        timeout_ms = parse_duration_ms(args.timeout)
+    except ValueError as exc:
+        raise UsageError(f"--timeout: {exc}") from None
+    headers = _headers(args, args.target)
+    key = args.key.encode() if args.key is not None else None
+    rules = config.rules()
+    values = _values(args.value)
+    first = next(values, None)
+    if first is None:
+        return 0
+    _check(rules, topic, key, first, headers)
+
+    errors: list[str] = []
+    quiet = logging.getLogger("librdkafka.cli")
+    quiet.propagate = False  # librdkafka's own lines would repeat every reconnect
+    settings = {**producer_settings(config), "delivery.timeout.ms": str(timeout_ms),
+                "logger": quiet, "error_cb": lambda err: errors.append(err.str())}  # fmt: skip
     producer = Producer(settings)
+    # Connect first: a record's timestamp is taken at produce(), and --after counts from it.
+    try:
+        topic_meta = producer.list_topics(topic, timeout=timeout_ms / 1000).topics[topic]
+    except KafkaException as exc:
+        last = errors[-1] if errors else exc.args[0].str()
+        raise BridgeError(f"cannot reach Kafka at {config.kafka.bootstrap_servers} within "
+                          f"{args.timeout}: {last}") from None  # fmt: skip
+    if topic_meta.error is not None:
+        raise BridgeError(f"cannot produce to {topic}: {topic_meta.error.str()}")
     failures: list[str] = []
 
     def report(err: KafkaError | None, msg: Message) -> None:
@@ -156,24 +216,22 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
         print(f"scheduled {msg.topic()}:{msg.partition()}:{msg.offset()}")
 
     count = 0
+    value: bytes | None = first
     try:
-        for value in _values(args.value):
-            producer.produce(
-                topic,
-                value=value,
-                key=args.key.encode() if args.key is not None else None,
-                headers=wire_headers(headers),
-                on_delivery=report,
-            )
+        while value is not None:
+            if count:
+                _check(rules, topic, key, value, headers)
+            produce(producer, topic, value=value, key=key, headers=wire_headers(headers),
+                    on_delivery=report)  # fmt: skip
             producer.poll(0)
             count += 1
+            value = next(values, None)
     except KafkaException as exc:
-        raise UsageError(f"cannot produce to {topic}: {exc.args[0].str()}") from None
-    remaining = producer.flush(20)
+        raise BridgeError(f"cannot produce to {topic}: {exc.args[0].str()}") from None
+    remaining = producer.flush(timeout_ms / 1000 + 1)
     if failures or remaining:
         reason = failures[0] if failures else f"{remaining} records not acknowledged"
-        print(f"delay-bridge: produce to {topic} failed: {reason}", file=sys.stderr)
-        return 1
+        raise BridgeError(f"produce to {topic} failed: {reason}")
     if args.at is not None:
         print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
     return 0

@@ -328,6 +328,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"redis.url: expected redis://, rediss:// or unix://, got {config.redis.url!r}"
         )
+    config.redis_password()  # a missing or unreadable password file
     consumer_settings(config)
     timeout = producer_settings(config)["delivery.timeout.ms"]
     if not timeout.isdigit() or int(timeout) >= config.egress.lease:

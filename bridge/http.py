@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from bridge.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 Check = Callable[[], list[str]]  # returns the problems; empty means healthy
@@ -56,7 +58,12 @@ class HttpServer:
         self.registry = registry
         self.health = health
         self.ready = ready
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise ConfigError(
+                f"http.port: cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 

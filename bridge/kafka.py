@@ -1,10 +1,14 @@
-"""What every producer of the bridge (and its test and bench load) does the same way."""
+"""What every Kafka client of the bridge (and its test and bench load) does the same way."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer
+
+from bridge.config import Config, consumer_settings, producer_settings
+from bridge.errors import ConfigError
 
 QUEUE_FULL_WAIT_S = 0.05
 
@@ -18,3 +22,39 @@ def produce(producer: Producer, topic: str, **fields: Any) -> None:
             return
         except BufferError:
             producer.poll(QUEUE_FULL_WAIT_S)
+
+
+def check_settings(config: Config) -> None:
+    """Build (without starting) every Kafka client the bridge would, so that what librdkafka
+    rejects — an unknown property, a bad value — stops start-up (and ``check-config``) with one
+    line naming the config key, not a traceback from deep inside ``run``."""
+    for role, settings in (("consumer", consumer_settings(config)),
+                           ("producer", producer_settings(config))):  # fmt: skip
+        message = _refusal(role, settings)
+        if message is not None:
+            raise ConfigError(f"{_culprit(config, role)}: {message}")
+
+
+_QUIET = logging.getLogger("librdkafka.check")
+
+
+def _refusal(role: str, settings: dict[str, str]) -> str | None:
+    """What librdkafka says when building a ``role`` client from ``settings``, or None."""
+    try:
+        client = (Consumer if role == "consumer" else Producer)({**settings, "logger": _QUIET})
+    except KafkaException as exc:
+        return str(exc.args[0].str() if exc.args else exc)
+    if isinstance(client, Consumer):
+        client.close()
+    return None
+
+
+def _culprit(config: Config, role: str) -> str:
+    """The config key librdkafka refused: each property the user gave, tried on its own (librdkafka
+    names an alias by its canonical name, so its message alone cannot say which key it was)."""
+    base = {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "check"}
+    for section in (role, "common"):
+        for key, value in getattr(config.kafka, section).items():
+            if not key.endswith("_file") and _refusal(role, {**base, key: value}) is not None:
+                return f"kafka.{section}.{key}"
+    return f"kafka.{role}"

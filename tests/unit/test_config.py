@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,26 @@ def cli(
         (["produce", "--target", "t", "--after", "1s", "--header", "novalue", "v"], {}, "--header"),
         (["produce", "--target", "t", "--after", "1s", "--at", "1", "v"], {}, "not allowed with"),
         (["produce", "--after", "1s", "v"], {}, "--target"),
+        (["produce", "--target", "t", "--after", "400d", "v"], {}, "delay-too-long"),
+        (["produce", "--target", "t", "--at", "1790000000", "v"], {}, "looks like epoch seconds"),
+        (
+            ["produce", "--target", "t", "--after", "1s", "--header", "delay-after=2s", "v"],
+            {},
+            "--header delay-after",
+        ),
+        (["produce", "--target", "t", "--after", "1s", "--id", "", "v"], {}, "bad-header"),
+        (
+            ["produce", "--target", "other", "--after", "1s", "v"],
+            {"DELAY_BRIDGE_TOPICS__ALLOWED_TARGETS": "orders\\..*"},
+            "target-not-allowed",
+        ),
+        (["produce", "--target", "t", "--after", "1s", "--timeout", "x", "v"], {}, "--timeout"),
+        (
+            ["check-config"],
+            {"DELAY_BRIDGE_REDIS__PASSWORD_FILE": "/nonexistent/pw"},
+            "redis.password_file",
+        ),
+        (["run"], {"DELAY_BRIDGE_REDIS__PASSWORD_FILE": "/nonexistent/pw"}, "redis.password_file"),
         (["frobnicate"], {}, "invalid choice"),
         ([], {}, "required"),
     ],
@@ -195,3 +217,39 @@ def test_cli_check_config_and_version() -> None:
     assert yaml.safe_load(proc.stdout)["redis"]["url"] == "redis://:***@h:1/0"
     version = cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("delay-bridge ")
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+def test_properties_librdkafka_rejects_stop_check_config_and_run(
+    command: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "bridge.yaml"
+    config.write_text("kafka:\n  common: {not.a.property: 1}\n")
+    proc = cli(command, "-c", str(config))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert "kafka.common.not.a.property" in proc.stderr
+    config.write_text("kafka:\n  producer: {linger.ms: soon}\n")
+    proc = cli(command, "-c", str(config))
+    assert proc.returncode == 2 and "kafka.producer.linger.ms" in proc.stderr, proc.stderr
+
+
+def test_a_port_in_use_is_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("run", env={"DELAY_BRIDGE_HTTP__HOST": "127.0.0.1",
+                               "DELAY_BRIDGE_HTTP__PORT": str(port)})  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"http.port: cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+def test_produce_to_an_unreachable_kafka_is_one_line_within_its_timeout() -> None:
+    started = time.monotonic()
+    proc = cli("produce", "--target", "t", "--after", "1s", "--timeout", "2s", "v",
+               env={"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})  # fmt: skip
+    assert time.monotonic() - started < 15
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("delay-bridge: cannot reach Kafka at 127.0.0.1:1 within 2s")
+    assert proc.stderr.count("\n") == 1 and "%3|" not in proc.stderr, proc.stderr
