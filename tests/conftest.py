@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -129,14 +130,27 @@ def topics(admin: AdminClient, unique: str) -> Iterator[TopicFactory]:
             future.result(timeout=30)
 
 
+def delete_keys(client: redis.Redis, marker: str) -> int:
+    """Delete (UNLINK, so a big backlog does not block Redis) every key whose name holds
+    ``marker``: what a test, chaos run or benchmark wrote under its unique prefix."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=f"*{marker}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            deleted += cast(int, client.unlink(*batch))
+            batch.clear()
+    if batch:
+        deleted += cast(int, client.unlink(*batch))
+    return deleted
+
+
 @pytest.fixture
 def redis_client(services: Services, unique: str) -> Iterator[redis.Redis]:
     """A Redis client; every key under this test's prefix is deleted afterwards."""
     client = redis.Redis.from_url(services.redis_url)
     yield client
-    keys = list(client.scan_iter(match=f"*{unique}*", count=1000))
-    if keys:
-        client.delete(*keys)
+    delete_keys(client, unique)
     client.close()
 
 

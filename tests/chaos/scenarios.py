@@ -23,6 +23,7 @@ from bridge.store import Store
 from tests.chaos.checker import Account, Checker, expectations, read_topic, settle, wait_settled
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, Workload, hostile, now_ms, steady
+from tests.conftest import delete_keys
 from tests.integration.harness import Bridge, bridge_env
 
 PARTITIONS = 3
@@ -181,6 +182,11 @@ class Run:
         for bridge in self.bridges:
             bridge.kill()
         self.checker.stop()
+        client = self.servers.redis()
+        try:
+            delete_keys(client, self.prefix)  # a benchmark's backlog is hundreds of MB
+        finally:
+            client.close()
         for future in self.admin.delete_topics([self.delay, self.target, self.dlq]).values():
             with contextlib.suppress(Exception):  # the topics are unique anyway
                 future.result(timeout=30)

@@ -6,9 +6,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.conftest import Services, TopicFactory
+from tests.conftest import Services, TopicFactory, delete_keys
 from tests.integration.harness import Bridge, Setup
+
+
+@pytest.fixture(autouse=True)
+def clean_redis(services: Services, unique: str) -> Iterator[None]:
+    """Every key a test's bridges wrote under its unique prefix is deleted afterwards."""
+    yield
+    client = redis.Redis.from_url(services.redis_url)
+    try:
+        delete_keys(client, unique)
+    finally:
+        client.close()
 
 
 @pytest.fixture

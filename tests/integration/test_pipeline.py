@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -195,3 +197,29 @@ def test_unknown_target_topic_is_dead_lettered(setup: Setup, bridges: list[Bridg
     assert (origin_topic, origin_offset) == (setup.delay, "0")
     assert (dead.key, dead.value, dead.header("h")) == (b"k", b"lost?", b"1")
     assert dead.header(H_TARGET_TOPIC) == missing.encode()
+
+
+def test_the_produce_command_schedules_with_the_default_target(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge()
+    config = setup.tmp / "bridge.yaml"  # a mapping, which the environment cannot set
+    config.write_text(f"topics:\n  default_target: {{{setup.delay}: {setup.targets[1]}}}\n")
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "produce", "--after", "0", "--id", "cli-1",
+         "--key", "k1", "--header", "trace=t1", "hello"],
+        env=bridge.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"scheduled {setup.delay}:")
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 1, 60, "the produced record")
+    finally:
+        collector.close()
+    [got] = collector.records
+    assert (got.topic, got.key, got.value, got.delay_id) == (
+        setup.targets[1], b"k1", b"hello", "cli-1")  # fmt: skip
+    assert got.header("trace") == b"t1"
