@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from prometheus_client import Gauge
+
 from bridge.errors import StoreError
 from bridge.store import Store
 
@@ -56,8 +58,10 @@ class Probes:
         readiness: Readiness,
         dead_letter: str,
         missing_topics: Callable[[list[str]], dict[str, str]],
+        writable: Gauge | None = None,
     ) -> None:
         self.store = store
+        self.writable = writable
         self.readiness = readiness
         self.dead_letter = dead_letter
         self._missing_topics = missing_topics
@@ -69,8 +73,12 @@ class Probes:
             self.store.probe()
         except StoreError as exc:
             self.readiness.fail("redis", str(exc))
+            if self.writable is not None:
+                self.writable.set(0)
             return False
         self.readiness.ok("redis")
+        if self.writable is not None:
+            self.writable.set(1)
         return True
 
     def topics_once(self) -> None:

@@ -4,17 +4,8 @@ For each batch: parse → DLQ the invalid ones and wait for Kafka's acknowledgem
 valid ones (and the shard watermark) in Redis. If Redis or the DLQ fails, the consumer rewinds to
 the batch's first offsets and pauses, so nothing is skipped.
 
-Two positions per delay-topic partition:
-
-* the **watermark** in Redis (highest offset handled), where a consumer resumes after a restart
-  or a rebalance, so an ordinary restart re-reads nothing;
-* the **committed offset** in Kafka, the lowest offset still pending in Redis (found by
-  ``low.lua`` every second, on revocation and on close). Everything below it has been delivered.
-
-If Redis loses a shard's state (data wiped, failover to an empty replica) the consumer notices —
-the watermark is missing or went back while it still owns the shard — and re-reads the delay
-topic from the committed offset (or from Redis's older watermark), rebuilding every pending
-record. Records delivered since that offset are delivered again, with the same ``delay-id``.
+Where each partition resumes — the Redis watermark, the committed lowest pending offset — and
+the rebuilds when Redis or the delay topic no longer matches them are :mod:`bridge.positions`'.
 """
 
 from __future__ import annotations
@@ -52,13 +43,13 @@ from bridge.message import (
     wire_headers,
 )
 from bridge.metrics import Metrics
-from bridge.store import Bound, Lost, Shard, Store
+from bridge.positions import Positions
+from bridge.store import Bound, Shard, Store
 
 logger = logging.getLogger(__name__)
 
 DLQ_FLUSH_TIMEOUT_S = 30.0
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
-COMMITTED_TIMEOUT_S = 10.0
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
 
@@ -111,18 +102,25 @@ class Ingress:
         self._on_assign_cb = on_assign
         self._on_revoke_cb = on_revoke
         self._on_stored = on_stored
-        self._topic_ids = topic_ids
         self.readiness = readiness or Readiness()
+        self.positions = Positions(consumer, store, metrics, topic_ids, on_assign)
         self._clock_ms = clock_ms
-        self.assigned: set[Shard] = set()
-        # The Redis watermark of each owned shard as last read or written by this process.
-        self.marks: dict[Shard, int] = {}
         self._next_commit = 0.0
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
         self.joined = False
         self._paused_until = 0.0
         self._failures = 0
         self.last_loop = time.monotonic()
+
+    @property
+    def assigned(self) -> set[Shard]:
+        """The delay-topic partitions this replica owns."""
+        return self.positions.assigned
+
+    @property
+    def marks(self) -> dict[Shard, int]:
+        """The watermark of each owned shard as last read or written by this process."""
+        return self.positions.marks
 
     # -------------------------------------------------------------- group membership
 
@@ -139,7 +137,7 @@ class Ingress:
         try:
             # Records in the earlier store layout become claimable first (lows() retries).
             self.store.upgrade(shards)
-            replaced = self._bind(shards)
+            replaced = self.positions.bind(shards)
             marks = self.store.watermarks(shards)
             retired = self.store.retired(shards)
         except StoreError:
@@ -155,7 +153,7 @@ class Ingress:
                 tp.offset = marks[shard] + 1
                 self.marks[shard] = marks[shard]
         consumer.incremental_assign(partitions)
-        self.assigned |= set(shards)
+        self.assigned.update(shards)
         self.joined = True
         if self._paused_until:
             consumer.pause(partitions)
@@ -167,7 +165,9 @@ class Ingress:
         self._on_assign_cb(set(shards) | retired)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._store_lows({Shard(tp.topic, tp.partition) for tp in partitions}, rebuild=False)
+        self.positions.store_lows(
+            {Shard(tp.topic, tp.partition) for tp in partitions}, rebuild=False
+        )
         self._commit()
         self._drop(partitions, "revoked")
 
@@ -177,7 +177,7 @@ class Ingress:
 
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
-        self.assigned -= shards
+        self.assigned.difference_update(shards)
         for shard in shards:
             self.marks.pop(shard, None)
         logger.info(
@@ -203,10 +203,10 @@ class Ingress:
         self.last_loop = time.monotonic()
         if self.last_loop >= self._next_commit:
             self._next_commit = self.last_loop + COMMIT_INTERVAL_S
-            self._store_lows(set(self.assigned))
+            self.positions.store_lows(set(self.assigned))
         if self.last_loop >= self._next_topic_check:
             self._next_topic_check = self.last_loop + TOPIC_CHECK_INTERVAL_S
-            self._check_incarnations()
+            self.positions.check_incarnations()
         if self._paused_until:
             if time.monotonic() < self._paused_until:
                 self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
@@ -244,7 +244,7 @@ class Ingress:
 
     def close(self) -> None:
         """Commit what is stored and leave the group."""
-        self._store_lows(set(self.assigned), rebuild=False)
+        self.positions.store_lows(set(self.assigned), rebuild=False)
         self._commit()
         self.consumer.close()
         self.dlq.flush(DLQ_FLUSH_TIMEOUT_S)
@@ -261,7 +261,11 @@ class Ingress:
         return True
 
     def _handle(self, messages: list[Message]) -> None:
-        messages = self._went_back(messages)
+        back = self.positions.went_back(
+            (Shard(topic, partition), offset) for topic, partition, offset in map(coords, messages)
+        )
+        if back:
+            messages = [m for m in messages if Shard(*coords(m)[:2]) not in back]
         batch = self._parse(messages)
         if batch.rejected:
             self._dead_letter(batch.rejected)
@@ -273,7 +277,7 @@ class Ingress:
             for shard, (high, _) in batch.stored.items():
                 self.marks[shard] = max(high, self.marks.get(shard, -1))
             if added.lost:
-                self._rebuild(added.lost)
+                self.positions.rebuild(added.lost)
         counts: dict[str, int] = {}
         earliest: int | None = None
         for shard, (_, records) in batch.stored.items():
@@ -359,126 +363,6 @@ class Ingress:
             self.readiness.fail("dlq-writes", detail)
             raise KafkaError(detail) from exc
         self.dlq.poll(0)
-
-    # -------------------------------------------------------------- offsets and rebuilds
-
-    def _store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
-        """Store each shard's lowest pending offset for the next commit (auto or explicit)."""
-        shards &= self.assigned
-        if not shards:
-            return
-        try:
-            lows = self.store.lows({s: self.marks.get(s) for s in sorted(shards)})
-            if lows.offsets:
-                self.consumer.store_offsets(
-                    offsets=[
-                        TopicPartition(s.topic, s.partition, o) for s, o in lows.offsets.items()
-                    ]
-                )
-            if lows.lost and rebuild:
-                self._rebuild(lows.lost)
-        except StoreError as exc:
-            self.metrics.redis_errors.labels(stage="ingress").inc()
-            logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
-        except (KafkaException, KafkaError) as exc:
-            logger.warning("storing offsets failed: %s", exc)
-
-    def _rebuild(self, lost: dict[Shard, Lost]) -> None:
-        """Re-read lost shards from a point Redis still covers, or from the committed offset."""
-        where: dict[Shard, int] = {}
-        missing = [s for s, loss in lost.items() if loss.watermark is None and s in self.assigned]
-        if missing:
-            try:
-                committed = self.consumer.committed(
-                    [TopicPartition(s.topic, s.partition) for s in missing], COMMITTED_TIMEOUT_S
-                )
-            except KafkaException as exc:
-                raise KafkaError(f"reading committed offsets for a rebuild failed: {exc}") from exc
-            for tp in committed:
-                where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
-        for shard, loss in lost.items():
-            if shard not in self.assigned:
-                continue
-            name = f"{shard.topic}[{shard.partition}]"
-            had = self.marks.pop(shard, None)
-            if loss.watermark is None:
-                offset = where[shard]
-                logger.error(
-                    "redis lost the state of %s (watermark %s): rebuilding it from committed "
-                    "offset %s; records delivered since then are delivered again",
-                    name, had, offset if offset >= 0 else "earliest",
-                )  # fmt: skip
-            else:
-                offset = loss.watermark + 1
-                logger.error(
-                    "redis lost writes to %s (watermark back from %s to %d): re-reading from %d",
-                    name, had, loss.watermark, offset,
-                )  # fmt: skip
-                self.marks[shard] = loss.watermark
-            self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
-            cause = "redis-lost-state" if loss.watermark is None else "redis-lost-writes"
-            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
-
-    # -------------------------------------------------------------- topic incarnations
-
-    def _bind(self, shards: Sequence[Shard], went_back: Sequence[Shard] = ()) -> dict[Shard, Bound]:
-        """Bind shards to their topic's current id; returns the ones whose Redis state belonged
-        to an earlier incarnation (or whose offsets went back) and was retired. Their waiting
-        records move to a retired shard the mover drains; the caller reads them from the log's
-        beginning."""
-        ids = self._topic_ids(sorted({s.topic for s in shards}))
-        bind = {s: ids.get(s.topic, "") for s in shards if s.topic in ids or s in went_back}
-        if not bind:
-            return {}
-        replaced = {s: b for s, b in self.store.bind(bind, went_back).items() if b.replaced}
-        for shard, bound in replaced.items():
-            topic_id = ids.get(shard.topic, "")
-            if bound.stored_id and topic_id and bound.stored_id != topic_id:
-                cause = "topic-recreated"
-                what = f"was deleted and created again (topic id {bound.stored_id} -> {topic_id})"
-            else:
-                cause = "offsets-went-back"
-                what = (
-                    f"went back: its log holds offsets Redis had already handled (watermark "
-                    f"{bound.watermark}); the log was truncated, restored or replaced"
-                )
-            logger.error(
-                "delay topic %s %s: reading it again from its beginning; the %d records Redis "
-                "held from before are still delivered, records delivered before may be "
-                "delivered again", shard, what, bound.records,
-            )  # fmt: skip
-            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
-            self.marks.pop(shard, None)
-        return replaced
-
-    def _went_back(self, messages: list[Message]) -> list[Message]:
-        """Messages at or below a shard's watermark mean its offsets went back (the topic was
-        recreated, or its log truncated): retire the shard's state and read it from the start.
-        Returns the messages of the other shards."""
-        back: set[Shard] = set()
-        for msg in messages:
-            topic, partition, offset = coords(msg)
-            mark = self.marks.get(Shard(topic, partition))
-            if mark is not None and offset <= mark:
-                back.add(Shard(topic, partition))
-        if not back:
-            return messages
-        self._restart(self._bind(sorted(back), sorted(back)))
-        return [m for m in messages if Shard(*coords(m)[:2]) not in back]
-
-    def _check_incarnations(self) -> None:
-        """A topic deleted and created again while the bridge runs (see :meth:`_bind`)."""
-        try:
-            self._restart(self._bind(sorted(self.assigned)))
-        except StoreError as exc:
-            logger.warning("delay topic incarnations not checked: %s", exc)
-
-    def _restart(self, replaced: dict[Shard, Bound]) -> None:
-        for shard in replaced:
-            self.consumer.seek(TopicPartition(shard.topic, shard.partition, OFFSET_BEGINNING))
-        retired = {b.retired for b in replaced.values() if b.retired is not None}
-        if retired:
-            self._on_assign_cb(retired)
 
     # -------------------------------------------------------------- failure handling
 

@@ -33,13 +33,16 @@ class JsonFormatter(logging.Formatter):
 
 
 REPEAT_INTERVAL_S = 30.0
-_NUMBERS = re.compile(r"\d+(\.\d+)?")
+# Numbers that vary between repeats of one line ("after 12ms"); a partition ("topic[3]") is
+# part of what a line is about, so it stays.
+_NUMBERS = re.compile(r"(?<![\[\d.])\d+(\.\d+)?(?![\d\]])")
 
 
 class RateLimit(logging.Filter):
     """Lets a warning or error through once per ``interval`` seconds: repeats of the same line
-    (numbers aside, so "after 12ms" and "after 15ms" are one line) are counted instead, and the
-    next one let through says how many were held back. Lines below WARNING always pass."""
+    (numbers aside, so "after 12ms" and "after 15ms" are one line, but "t[0]" and "t[1]" are
+    two) are counted instead, and the next one let through says how many were held back. Lines
+    below WARNING always pass."""
 
     def __init__(self, interval: float = REPEAT_INTERVAL_S, clock: Any = time.monotonic) -> None:
         super().__init__()

@@ -93,6 +93,11 @@ class Metrics:
             "Delay-topic partitions this replica consumes and moves",
             registry=registry,
         )
+        self.redis_writable = Gauge(
+            "delay_bridge_redis_writable",
+            "1 when Redis took the last probe write (a master with memory and permission to spare)",
+            registry=registry,
+        )
         self.dlq_errors = Counter(
             "delay_bridge_dlq_produce_errors",
             "Records the DLQ did not take (missing topic, no permission, broker down); they are "

@@ -75,7 +75,7 @@ class Service:
         self.readiness = Readiness()
         self.topics = Topics({**admin_settings(config), "logger": _kafka_logger("admin")})
         self.probes = Probes(self.store, self.readiness, config.topics.dead_letter,
-                             self.topics.absent)  # fmt: skip
+                             self.topics.absent, self.metrics.redis_writable)  # fmt: skip
         self.egress = Egress(
             Producer(producer_conf),
             self.store,

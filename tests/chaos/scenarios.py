@@ -7,6 +7,7 @@ import contextlib
 import random
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -14,13 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Store
-from tests.chaos.checker import Account, Checker, expectations, read_topic, settle, wait_settled
+from tests.chaos.checker import (
+    Account,
+    Checker,
+    Expected,
+    expectations,
+    read_topic,
+    settle,
+    wait_settled,
+)
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, Workload, hostile, now_ms, steady
 from tests.conftest import delete_keys
@@ -137,9 +147,32 @@ class Run:
     def rules(self) -> Rules:
         return self.config().rules()
 
-    def workload(self, records: list[Record], seconds: float) -> Workload:
+    def workload(self, records: list[Record], seconds: float, first_seq: int = 0) -> Workload:
         rate = len(records) / seconds if seconds > 0 else float("inf")
-        return Workload(self.servers.bootstrap, self.delay, records, rate).start()
+        return Workload(self.servers.bootstrap, self.delay, records, rate,
+                        first_seq=first_seq).start()  # fmt: skip
+
+    def expected(self) -> dict[int, Expected]:
+        """What every record now in the delay topic asks for, by seq."""
+        return expectations(read_topic(self.servers.bootstrap, self.delay, PARTITIONS),
+                            self.rules())  # fmt: skip
+
+    def recreate(self, topic: str, config: dict[str, str] | None = None) -> None:
+        """Delete ``topic`` (if it exists) and create it again under the same name (a new
+        topic id)."""
+        with contextlib.suppress(KafkaException):
+            self.admin.delete_topics([topic])[topic].result(timeout=30)
+        partitions = PARTITIONS if topic != self.dlq else 1
+        deadline = time.monotonic() + 60
+        while True:  # deletion completes in the background
+            try:
+                new = NewTopic(topic, partitions, 1, config=config or {})
+                self.admin.create_topics([new])[topic].result(timeout=30)
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def at(self, moment: float) -> None:
         """Wait until ``moment`` seconds after the run started (fault timing, not sync)."""
@@ -151,12 +184,18 @@ class Run:
         return sum(b.output().count(pattern) for b in self.bridges)
 
     def finish(
-        self, workload: Workload, scenario: str, faults: str, horizon_ms: int | None = None
+        self,
+        workload: Workload,
+        scenario: str,
+        faults: str,
+        horizon_ms: int | None = None,
+        earlier: dict[int, Expected] | None = None,
     ) -> Result:
+        """Settle every record of the delay topic (and ``earlier``: records of a deleted
+        incarnation of it, read before it was deleted)."""
         workload.join(600)
         assert not workload.failed, f"the workload could not produce: {workload.failed[:3]}"
-        expected = expectations(read_topic(self.servers.bootstrap, self.delay, PARTITIONS),
-                                self.rules())  # fmt: skip
+        expected = {**(earlier or {}), **self.expected()}
         horizon = horizon_ms if horizon_ms is not None else max(
             (e.due_ms or 0 for e in expected.values()), default=0)  # fmt: skip
         wait_settled(self.checker, expected, horizon, SETTLE_TIMEOUT_S)
@@ -320,8 +359,9 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
                       f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
 
 
-def _flood(count: int, target: str, seed: int) -> list[Record]:
-    """Malformed records of every kind the contract names, interleaved with valid ones."""
+def _flood(count: int, target: str, seed: int, bad_every: int = 2) -> list[Record]:
+    """Malformed records of every kind the contract names, one in ``bad_every`` among valid
+    ones."""
     rng = random.Random(seed)
     t = (H_TARGET_TOPIC, target.encode())
     kinds = [
@@ -336,7 +376,7 @@ def _flood(count: int, target: str, seed: int) -> list[Record]:
     ]
     out = []
     for i in range(count):
-        if i % 2:
+        if i % bad_every == 1:
             out.append(Record(list(rng.choice(kinds)), key=b"bad"))
         else:
             out.append(Record([t], key=b"ok", delay_ms=rng.randint(0, 3000)))
@@ -375,6 +415,101 @@ def redis_lost(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
+def topic_recreated(run: Run, size: Size, rng: random.Random) -> Result:
+    """The delay topic deleted and created again under the same name, with records still waiting
+    in Redis: while the bridge is stopped, then (second fault) while it runs."""
+    bridge = run.bridge()
+    per = size.records // (size.faults + 1)
+    earlier: dict[int, Expected] = {}
+    seconds = size.seconds / (size.faults + 1)
+    for fault in range(size.faults):
+        workload = run.workload(steady(per, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                                seconds, first_seq=fault * per)  # fmt: skip
+        workload.join(600)
+        earlier.update(run.expected())  # this incarnation's records, before it is gone
+        if fault % 2 == 0:
+            bridge.signal(signal.SIGTERM)
+            bridge.wait(60)
+            run.recreate(run.delay, {"retention.ms": "-1"})
+            bridge = run.bridge()
+        else:
+            run.recreate(run.delay, {"retention.ms": "-1"})
+    last = size.records - per * size.faults
+    workload = run.workload(steady(last, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            seconds, first_seq=size.faults * per)  # fmt: skip
+    stopped = (size.faults + 1) // 2
+    result = run.finish(workload, "delay topic recreated",
+                        f"{size.faults} x delete and create the delay topic "
+                        f"({stopped} with the bridge stopped, {size.faults - stopped} running)",
+                        earlier=earlier)  # fmt: skip
+    noticed = run.log_count("was deleted and created again") + run.log_count("went back")
+    result.checks["every recreation noticed"] = noticed >= size.faults * PARTITIONS
+    result.notes.append(f"{noticed} partition resets logged")
+    return result
+
+
+def dlq_missing(run: Run, size: Size, rng: random.Random) -> Result:
+    """No DLQ topic while invalid records arrive among valid ones: /readyz names the DLQ, the
+    invalid records wait (holding up their partitions) and nothing is lost once it exists."""
+    run.admin.delete_topics([run.dlq])[run.dlq].result(timeout=30)
+    bridge = run.bridge()
+    records = _flood(size.records, run.target, rng.randrange(1 << 30), bad_every=10)
+    workload = run.workload(records, size.seconds)
+    not_ready: str | None = None
+    deadline = time.monotonic() + size.outage_s
+    while time.monotonic() < deadline:
+        status, body = bridge.get("/readyz")
+        if status == 503 and f"DLQ topic {run.dlq}" in body:
+            not_ready = not_ready or body
+        time.sleep(0.5)
+    run.recreate(run.dlq)
+    run.checker.start()  # reads the outputs from their beginning, the DLQ now included
+    recovered = wait_ready(bridge, 60)
+    result = run.finish(workload, "DLQ topic missing",
+                        f"no DLQ topic for {size.outage_s:.0f} s, then created")  # fmt: skip
+    result.checks.update({"/readyz 503 naming the DLQ": not_ready is not None,
+                          "ready once it exists": recovered})  # fmt: skip
+    result.notes.append("/readyz named the DLQ while it was missing")
+    return result
+
+
+def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
+    """Redis turned into a replica (of a master that is gone) for ``size.outage_s``, as a stale
+    address after a failover would leave it: read-only; /readyz says READONLY."""
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    run.at(size.seconds / 3)
+    client = run.servers.redis()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = s.getsockname()[1]
+    client.replicaof("127.0.0.1", gone)
+    started = time.monotonic()
+    said: float | None = None
+    try:
+        while time.monotonic() - started < size.outage_s:
+            status, body = bridge.get("/readyz")
+            if status == 503 and "READONLY" in body and said is None:
+                said = time.monotonic() - started
+            time.sleep(0.5)
+    finally:
+        client.replicaof("NO", "ONE")
+        client.close()
+    writable = time.monotonic()
+    recovered = wait_ready(bridge, 60)
+    recovery = time.monotonic() - writable
+    result = run.finish(workload, "Redis read-only",
+                        f"Redis a replica (read-only) for {size.outage_s:.0f} s")  # fmt: skip
+    result.checks.update({"ready before": ready_before, "/readyz 503 saying READONLY": said is not None,
+                          "recovered by itself": recovered})  # fmt: skip
+    result.notes.append(
+        f"/readyz READONLY after {said or 0:.1f} s, ready again {recovery:.1f} s after"
+    )
+    return result
+
+
 Scenario = Callable[[Run, Size, random.Random], Result]
 
 # name → (scenario, quick size for `make test`, full size for `make chaos`)
@@ -391,6 +526,13 @@ SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
     "rebalance-storm": (rebalance_storm, Size(4000, 12, 4), Size(100_000, 60, 20)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
     "redis-lost": (redis_lost, Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "topic-recreated": (topic_recreated, Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "dlq-missing": (dlq_missing, Size(2000, 10, 1, outage_s=8), Size(30_000, 40, 1, outage_s=20)),
+    "redis-readonly": (
+        redis_readonly,
+        Size(3000, 15, 1, outage_s=6),
+        Size(30_000, 60, 1, outage_s=20),
+    ),
 }
 
 
@@ -399,7 +541,7 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     overrides: dict[str, object] = {}
     if name == "hostile-input":
         overrides["limits__max_record_bytes"] = 100_000
-    run = Run(servers, workdir, name, overrides=overrides)
+    run = Run(servers, workdir, name, overrides=overrides, watch=name != "dlq-missing")
     try:
         return scenario(run, size, random.Random(seed))
     finally:

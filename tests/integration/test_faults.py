@@ -150,6 +150,8 @@ def test_a_read_only_redis_turns_readyz_red_and_names_it(
         body = bridge.get("/readyz")[1]
         assert "READONLY" in body and "replica, not the master" in body, body
         assert "READONLY" in bridge.output()
+        wait_for(lambda: "delay_bridge_redis_writable 0.0" in bridge.get("/metrics")[1], 10,
+                 "the writable gauge at 0")  # fmt: skip
     finally:
         client.replicaof("NO", "ONE")
         client.close()

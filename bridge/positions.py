@@ -1,0 +1,163 @@
+"""Where each owned delay-topic partition resumes, and what happens when Redis or the topic
+no longer matches what was stored.
+
+Two positions per partition: the **watermark** in Redis (highest offset handled), where a consumer
+resumes after a restart or a rebalance; and the **committed offset** in Kafka, the lowest offset
+still pending in Redis (``low.lua``, stored every second, on revocation and on close), below which
+everything was delivered.
+
+* Redis lost a shard's state or writes (its watermark is missing or went back while this process
+  owns it): :meth:`Positions.rebuild` re-reads the delay topic from the committed offset, or from
+  Redis's older watermark. Records delivered since are delivered again, same ``delay-id``.
+* The topic is another incarnation (Kafka's topic id changed: deleted and created again) or its
+  offsets went back below the watermark (a truncated or restored log): :meth:`Positions.bind`
+  retires the shard's Redis state to a shard the mover drains, and the partition is read from its
+  beginning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from bridge.errors import KafkaError, StoreError
+from bridge.metrics import Metrics
+from bridge.store import Bound, Lost, Shard, Store
+
+logger = logging.getLogger(__name__)
+
+COMMITTED_TIMEOUT_S = 10.0
+
+
+class Positions:
+    """The owned shards, their watermarks as last read or written by this process, and the
+    rebuilds and incarnation checks that keep them true."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        store: Store,
+        metrics: Metrics,
+        topic_ids: Callable[[Sequence[str]], dict[str, str]],
+        on_retired: Callable[[set[Shard]], None],
+    ) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.metrics = metrics
+        self._topic_ids = topic_ids
+        self._on_retired = on_retired
+        self.assigned: set[Shard] = set()
+        # The Redis watermark of each owned shard as last read or written by this process.
+        self.marks: dict[Shard, int] = {}
+
+    def store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
+        """Store each shard's lowest pending offset for the next commit (auto or explicit)."""
+        shards &= self.assigned
+        if not shards:
+            return
+        try:
+            lows = self.store.lows({s: self.marks.get(s) for s in sorted(shards)})
+            if lows.offsets:
+                self.consumer.store_offsets(
+                    offsets=[
+                        TopicPartition(s.topic, s.partition, o) for s, o in lows.offsets.items()
+                    ]
+                )
+            if lows.lost and rebuild:
+                self.rebuild(lows.lost)
+        except StoreError as exc:
+            self.metrics.redis_errors.labels(stage="ingress").inc()
+            logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
+        except (KafkaException, KafkaError) as exc:
+            logger.warning("storing offsets failed: %s", exc)
+
+    def rebuild(self, lost: dict[Shard, Lost]) -> None:
+        """Re-read lost shards from a point Redis still covers, or from the committed offset."""
+        where: dict[Shard, int] = {}
+        missing = [s for s, loss in lost.items() if loss.watermark is None and s in self.assigned]
+        if missing:
+            try:
+                committed = self.consumer.committed(
+                    [TopicPartition(s.topic, s.partition) for s in missing], COMMITTED_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                raise KafkaError(f"reading committed offsets for a rebuild failed: {exc}") from exc
+            for tp in committed:
+                where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
+        for shard, loss in lost.items():
+            if shard not in self.assigned:
+                continue
+            name = f"{shard.topic}[{shard.partition}]"
+            had = self.marks.pop(shard, None)
+            if loss.watermark is None:
+                offset = where[shard]
+                logger.error(
+                    "redis lost the state of %s (watermark %s): rebuilding it from committed "
+                    "offset %s; records delivered since then are delivered again",
+                    name, had, offset if offset >= 0 else "earliest",
+                )  # fmt: skip
+            else:
+                offset = loss.watermark + 1
+                logger.error(
+                    "redis lost writes to %s (watermark back from %s to %d): re-reading from %d",
+                    name, had, loss.watermark, offset,
+                )  # fmt: skip
+                self.marks[shard] = loss.watermark
+            self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
+            cause = "redis-lost-state" if loss.watermark is None else "redis-lost-writes"
+            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
+
+    def bind(self, shards: Sequence[Shard], went_back: Sequence[Shard] = ()) -> dict[Shard, Bound]:
+        """Bind shards to their topic's current id; returns the ones whose Redis state belonged
+        to an earlier incarnation (or whose offsets went back) and was retired. Their waiting
+        records move to a retired shard the mover drains; the caller reads them from the log's
+        beginning."""
+        ids = self._topic_ids(sorted({s.topic for s in shards}))
+        bind = {s: ids.get(s.topic, "") for s in shards if s.topic in ids or s in went_back}
+        if not bind:
+            return {}
+        replaced = {s: b for s, b in self.store.bind(bind, went_back).items() if b.replaced}
+        for shard, bound in replaced.items():
+            topic_id = ids.get(shard.topic, "")
+            if bound.stored_id and topic_id and bound.stored_id != topic_id:
+                cause = "topic-recreated"
+                what = f"was deleted and created again (topic id {bound.stored_id} -> {topic_id})"
+            else:
+                cause = "offsets-went-back"
+                what = (
+                    f"went back: its log holds offsets Redis had already handled (watermark "
+                    f"{bound.watermark}); the log was truncated, restored or replaced"
+                )
+            logger.error(
+                "delay topic %s %s: reading it again from its beginning; the %d records Redis "
+                "held from before are still delivered, records delivered before may be "
+                "delivered again", shard, what, bound.records,
+            )  # fmt: skip
+            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
+            self.marks.pop(shard, None)
+        return replaced
+
+    def went_back(self, read: Iterable[tuple[Shard, int]]) -> set[Shard]:
+        """Shards of which an offset at or below the watermark was read: their offsets went back
+        (the topic was recreated, or its log truncated). Their state is retired and they are read
+        from the start; the caller drops what it read of them."""
+        back = {s for s, offset in read if offset <= self.marks.get(s, offset - 1)}
+        if back:
+            self.restart(self.bind(sorted(back), sorted(back)))
+        return back
+
+    def check_incarnations(self) -> None:
+        """A topic deleted and created again while the bridge runs (see :meth:`_bind`)."""
+        try:
+            self.restart(self.bind(sorted(self.assigned)))
+        except StoreError as exc:
+            logger.warning("delay topic incarnations not checked: %s", exc)
+
+    def restart(self, replaced: dict[Shard, Bound]) -> None:
+        for shard in replaced:
+            self.consumer.seek(TopicPartition(shard.topic, shard.partition, OFFSET_BEGINNING))
+        retired = {b.retired for b in replaced.values() if b.retired is not None}
+        if retired:
+            self._on_retired(retired)

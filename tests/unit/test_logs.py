@@ -1,0 +1,36 @@
+"""Repeated warnings and errors are held back and counted, never flooding the log."""
+
+from __future__ import annotations
+
+import logging
+
+from bridge.logs import RateLimit
+
+
+def record(message: str, *args: object, level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord("librdkafka.consumer", level, __file__, 1, message, args, None)
+
+
+def test_repeats_are_held_back_and_counted() -> None:
+    now = [0.0]
+    limit = RateLimit(interval=30, clock=lambda: now[0])
+    assert limit.filter(record("Connect to %s failed (after %dms)", "127.0.0.1:1", 0))
+    for ms in range(1, 50):  # the same line with other numbers: held back
+        now[0] += 0.5
+        assert not limit.filter(record("Connect to %s failed (after %dms)", "127.0.0.1:1", ms))
+    assert limit.filter(record("another fault"))  # a different line passes
+    now[0] = 31.0
+    late = record("Connect to %s failed (after %dms)", "127.0.0.1:1", 7)
+    assert limit.filter(late)
+    assert late.getMessage() == (
+        "Connect to 127.0.0.1:1 failed (after 7ms) (49 more like this in the last 31s)"
+    )
+    assert limit.filter(record("x", level=logging.INFO)) and limit.filter(
+        record("x", level=logging.INFO)
+    )
+
+
+def test_lines_about_different_partitions_are_not_repeats() -> None:
+    limit = RateLimit(interval=30, clock=lambda: 0.0)
+    assert all(limit.filter(record(f"delay topic orders[{p}] was deleted")) for p in range(3))
+    assert not limit.filter(record("delay topic orders[2] was deleted"))
