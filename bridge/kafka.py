@@ -32,10 +32,13 @@ def check_settings(config: Config) -> None:
                            ("producer", producer_settings(config))):  # fmt: skip
         message = _refusal(role, settings)
         if message is not None:
-            raise ConfigError(f"{_culprit(config, role)}: {message}")
+            raise ConfigError(f"{_culprit(config, role, settings, message)}: {message}")
 
 
+# librdkafka's warnings while a client is only built (CONFWARN …) are not the bridge's to print.
 _QUIET = logging.getLogger("librdkafka.check")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 def _refusal(role: str, settings: dict[str, str]) -> str | None:
@@ -49,12 +52,16 @@ def _refusal(role: str, settings: dict[str, str]) -> str | None:
     return None
 
 
-def _culprit(config: Config, role: str) -> str:
-    """The config key librdkafka refused: each property the user gave, tried on its own (librdkafka
-    names an alias by its canonical name, so its message alone cannot say which key it was)."""
-    base = {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "check"}
-    for section in (role, "common"):
-        for key, value in getattr(config.kafka, section).items():
-            if not key.endswith("_file") and _refusal(role, {**base, key: value}) is not None:
-                return f"kafka.{section}.{key}"
+def _culprit(config: Config, role: str, settings: dict[str, str], message: str) -> str:
+    """The config key behind librdkafka's refusal: one its message names, else the one without
+    which the client builds (librdkafka names an alias by its canonical name, and a property can
+    fail only beside another, so the message alone cannot always say)."""
+    given = [(section, key) for section in (role, "common")
+             for key in getattr(config.kafka, section) if not key.endswith("_file")]  # fmt: skip
+    for section, key in sorted(given, key=lambda sk: -len(sk[1])):
+        if key in message:
+            return f"kafka.{section}.{key}"
+    for section, key in given:
+        if _refusal(role, {k: v for k, v in settings.items() if k != key}) is None:
+            return f"kafka.{section}.{key}"
     return f"kafka.{role}"

@@ -12,6 +12,7 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
+from bridge.errors import StoreError
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store, offset_of
 from bridge.topics import check_retention
@@ -177,4 +178,5 @@ def test_an_evicting_redis_is_reported(redis_client: redis.Redis, unique: str) -
         redis_client.config_set("maxmemory-policy", before)
     assert store.eviction_policy() == before
     unreachable = Store(redis.Redis(port=1, socket_connect_timeout=1), "x")
-    assert unreachable.eviction_policy() is None
+    with pytest.raises(StoreError, match="redis unreachable"):  # said once at start-up
+        unreachable.eviction_policy()
