@@ -97,20 +97,28 @@ class TopicFactory:
     ) -> None:
         """Delete ``name`` (if it exists) and create it again: a new incarnation (topic id) under
         the same name."""
-        with contextlib.suppress(KafkaException):  # already gone
-            self.admin.delete_topics([name])[name].result(timeout=30)
-        deadline = time.monotonic() + 60
-        while True:  # deletion finishes in the background; creating fails until it has
-            try:
-                new = NewTopic(name, num_partitions=partitions, replication_factor=1,
-                               config=config or {})  # fmt: skip
-                self.admin.create_topics([new])[name].result(timeout=30)
-                break
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        recreate_topic(self.admin, name, partitions, config)
         wait_for(lambda: _has_leaders(self.admin, name, partitions), 30, f"leaders for {name}")
+
+
+def recreate_topic(
+    admin: AdminClient, name: str, partitions: int, config: dict[str, str] | None = None
+) -> None:
+    """Delete topic ``name`` if it exists and create it again under the same name (a new topic
+    id), retrying the creation while the deletion finishes in the background."""
+    with contextlib.suppress(KafkaException):  # already gone
+        admin.delete_topics([name])[name].result(timeout=30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            new = NewTopic(name, num_partitions=partitions, replication_factor=1,
+                           config=config or {})  # fmt: skip
+            admin.create_topics([new])[name].result(timeout=30)
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _has_leaders(admin: AdminClient, name: str, partitions: int) -> bool:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -33,7 +32,7 @@ from tests.chaos.checker import (
 )
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, Workload, hostile, now_ms, steady
-from tests.conftest import delete_keys
+from tests.conftest import delete_keys, recreate_topic
 from tests.integration.harness import Bridge, bridge_env
 
 PARTITIONS = 3
@@ -158,21 +157,8 @@ class Run:
                             self.rules())  # fmt: skip
 
     def recreate(self, topic: str, config: dict[str, str] | None = None) -> None:
-        """Delete ``topic`` (if it exists) and create it again under the same name (a new
-        topic id)."""
-        with contextlib.suppress(KafkaException):
-            self.admin.delete_topics([topic])[topic].result(timeout=30)
-        partitions = PARTITIONS if topic != self.dlq else 1
-        deadline = time.monotonic() + 60
-        while True:  # deletion completes in the background
-            try:
-                new = NewTopic(topic, partitions, 1, config=config or {})
-                self.admin.create_topics([new])[topic].result(timeout=30)
-                return
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        """Delete ``topic`` (if it exists) and create it again under the same name."""
+        recreate_topic(self.admin, topic, PARTITIONS if topic != self.dlq else 1, config)
 
     def at(self, moment: float) -> None:
         """Wait until ``moment`` seconds after the run started (fault timing, not sync)."""

@@ -3,7 +3,6 @@ skipped over, and the records Redis still holds from before are delivered."""
 
 from __future__ import annotations
 
-import collections
 import signal
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import redis
 from bridge.store import Shard, Store
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import Bridge, Setup
-from tests.integration.test_recovery import due_in, rebuilds
+from tests.integration.test_recovery import delivered_once, due_in, rebuilds
 
 pytestmark = pytest.mark.integration
 
@@ -22,17 +21,6 @@ pytestmark = pytest.mark.integration
 def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
     return Setup(services, topics("delay", 1, config={"retention.ms": "-1"}), [topics("out", 1)],
                  topics("dlq"), unique, tmp_path)  # fmt: skip
-
-
-def deliveries(setup: Setup, count: int, what: str) -> collections.Counter[bytes]:
-    """Values delivered once ``count`` records arrived (and a second more for duplicates)."""
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: len(rs) >= count, 60, what)
-        collector.poll(1.0)
-    finally:
-        collector.close()
-    return collections.Counter(r.value or b"" for r in collector.of(setup.targets[0]))
 
 
 def stored(setup: Setup, watermark: int) -> None:
@@ -57,7 +45,7 @@ def test_a_recreated_delay_topic_is_read_from_its_beginning(
     second = one.bridge("second").start()
     bridges.append(second)
     due_in(one, 4, 0, "new")  # offsets 0..3 again, in the new incarnation
-    counts = deliveries(one, 7, "both incarnations' records")
+    counts = delivered_once(one, 7, "both incarnations' records")
     assert counts == {f"old-{i}".encode(): 1 for i in range(3)} | {
         f"new-{i}".encode(): 1 for i in range(4)
     }
@@ -83,7 +71,7 @@ def test_a_watermark_beyond_the_log_end_is_not_skipped_over(
     second = one.bridge("second").start()
     bridges.append(second)
     due_in(one, 3, 0, "after")  # offsets 2..4, below the watermark of 100
-    counts = deliveries(one, 5, "the records below the watermark")
+    counts = delivered_once(one, 5, "the records below the watermark")
     assert {f"after-{i}".encode() for i in range(3)} <= set(counts)
     assert f"delay topic {one.delay}[0] went back" in second.output()
     assert rebuilds(second, one) == 1
