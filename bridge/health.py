@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import Gauge
 
@@ -50,7 +50,7 @@ class Readiness:
 class Probes:
     """Checks what no stage would notice by itself: that Redis takes writes (a master, not a
     replica left behind by a failover; not out of memory; the ACL lets it) and that the DLQ topic
-    exists."""
+    exists. It runs on a thread of its own, so these checks never hold up a stage."""
 
     def __init__(
         self,
@@ -58,9 +58,13 @@ class Probes:
         readiness: Readiness,
         dead_letter: str,
         missing_topics: Callable[[list[str]], dict[str, str]],
+        *,
         writable: Gauge | None = None,
+        also_describe: Sequence[str] = (),
     ) -> None:
         self.store = store
+        # Described with the DLQ so their topic ids stay fresh for the ingress's incarnation check.
+        self.also_describe = list(also_describe)
         self.writable = writable
         self.readiness = readiness
         self.dead_letter = dead_letter
@@ -83,7 +87,7 @@ class Probes:
 
     def topics_once(self) -> None:
         """Check that the DLQ topic exists."""
-        missing = self._missing_topics([self.dead_letter])
+        missing = self._missing_topics([self.dead_letter, *self.also_describe])
         if self.dead_letter in missing:
             detail = f"DLQ topic {self.dead_letter} is not usable: {missing[self.dead_letter]}"
             if self.readiness.problems().count(detail) == 0:

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -89,6 +89,7 @@ class Ingress:
         on_revoke: Callable[[set[Shard]], None],
         on_stored: Callable[[int], None],
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
+        known_ids: Callable[[], Mapping[str, str]] = dict,
         readiness: Readiness | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
@@ -103,7 +104,9 @@ class Ingress:
         self._on_revoke_cb = on_revoke
         self._on_stored = on_stored
         self.readiness = readiness or Readiness()
-        self.positions = Positions(consumer, store, metrics, topic_ids, on_assign)
+        self.positions = Positions(
+            consumer, store, metrics, topic_ids, on_retired=on_assign, known_ids=known_ids
+        )
         self._clock_ms = clock_ms
         self._next_commit = 0.0
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S

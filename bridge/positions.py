@@ -18,7 +18,7 @@ everything was delivered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -41,12 +41,15 @@ class Positions:
         store: Store,
         metrics: Metrics,
         topic_ids: Callable[[Sequence[str]], dict[str, str]],
+        *,
         on_retired: Callable[[set[Shard]], None],
+        known_ids: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.consumer = consumer
         self.store = store
         self.metrics = metrics
-        self._topic_ids = topic_ids
+        self._topic_ids = topic_ids  # asks Kafka
+        self._known_ids = known_ids  # what was last heard, without asking (see check_incarnations)
         self._on_retired = on_retired
         self.assigned: set[Shard] = set()
         # The Redis watermark of each owned shard as last read or written by this process.
@@ -109,12 +112,18 @@ class Positions:
             cause = "redis-lost-state" if loss.watermark is None else "redis-lost-writes"
             self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
 
-    def bind(self, shards: Sequence[Shard], went_back: Sequence[Shard] = ()) -> dict[Shard, Bound]:
+    def bind(
+        self,
+        shards: Sequence[Shard],
+        went_back: Sequence[Shard] = (),
+        ids: Mapping[str, str] | None = None,
+    ) -> dict[Shard, Bound]:
         """Bind shards to their topic's current id; returns the ones whose Redis state belonged
         to an earlier incarnation (or whose offsets went back) and was retired. Their waiting
         records move to a retired shard the mover drains; the caller reads them from the log's
         beginning."""
-        ids = self._topic_ids(sorted({s.topic for s in shards}))
+        if ids is None:
+            ids = self._topic_ids(sorted({s.topic for s in shards}))
         bind = {s: ids.get(s.topic, "") for s in shards if s.topic in ids or s in went_back}
         if not bind:
             return {}
@@ -149,9 +158,11 @@ class Positions:
         return back
 
     def check_incarnations(self) -> None:
-        """A topic deleted and created again while the bridge runs (see :meth:`_bind`)."""
+        """A topic deleted and created again while the bridge runs (see :meth:`bind`), by the
+        topic ids last heard from Kafka: the ingress loop never waits on Kafka for it (when Kafka
+        is down that wait would hold up every batch)."""
         try:
-            self.restart(self.bind(sorted(self.assigned)))
+            self.restart(self.bind(sorted(self.assigned), ids=self._known_ids()))
         except StoreError as exc:
             logger.warning("delay topic incarnations not checked: %s", exc)
 

@@ -75,7 +75,8 @@ class Service:
         self.readiness = Readiness()
         self.topics = Topics({**admin_settings(config), "logger": _kafka_logger("admin")})
         self.probes = Probes(self.store, self.readiness, config.topics.dead_letter,
-                             self.topics.absent, self.metrics.redis_writable)  # fmt: skip
+                             self.topics.absent, writable=self.metrics.redis_writable,
+                             also_describe=config.topics.delay)  # fmt: skip
         self.egress = Egress(
             Producer(producer_conf),
             self.store,
@@ -98,6 +99,7 @@ class Service:
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
             topic_ids=self.topics.ids,
+            known_ids=self.topics.known,
             readiness=self.readiness,
         )
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready)

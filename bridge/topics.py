@@ -85,6 +85,11 @@ class Topics:
 
     def __init__(self, admin_conf: Mapping[str, Any]) -> None:
         self.admin = AdminClient(dict(admin_conf))
+        self._known: dict[str, str] = {}
+
+    def known(self) -> dict[str, str]:
+        """The topic ids of the latest answers, without asking Kafka."""
+        return dict(self._known)
 
     def describe(self, topics: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
         """(topic → id, topic → why it is absent) for the topics Kafka answered about; a topic
@@ -108,6 +113,9 @@ class Topics:
             except TimeoutError:
                 logger.warning("could not describe topic %s: no answer in %.0fs", topic,
                                DESCRIBE_TIMEOUT_S)  # fmt: skip
+        self._known.update(ids)
+        for topic in absent:
+            self._known.pop(topic, None)
         return ids, absent
 
     def ids(self, topics: Sequence[str]) -> dict[str, str]:
