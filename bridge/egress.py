@@ -52,7 +52,7 @@ PERMANENT_ERRORS = frozenset(
 IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
 INFLIGHT_POLL_S = 0.05
 # Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
-ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.5, 5.0
+ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 2.0
 # A record whose delivery failed is claimable again after this long, doubling per failure.
 RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS = 500, 5_000
 RETRIES_KEPT = 100_000  # failure counts remembered (records another replica took are forgotten)
