@@ -51,6 +51,25 @@ class KafkaConfig:
 
 
 @dataclass(frozen=True)
+class SentinelConfig:
+    """Redis Sentinel: the master is found through the sentinels (when ``nodes`` is not empty)."""
+
+    master: str = "mymaster"
+    nodes: tuple[str, ...] = ()
+    password: str = ""
+    password_file: str = ""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS to Redis (also implied by a ``rediss://`` URL)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+
+@dataclass(frozen=True)
 class RedisConfig:
     """Where Redis is and how keys are named."""
 
@@ -59,6 +78,8 @@ class RedisConfig:
     password_file: str = ""
     key_prefix: str = "delay-bridge"
     socket_timeout: int = duration("5s")
+    sentinel: SentinelConfig = field(default_factory=SentinelConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,13 @@ class Config:
             return _read_secret(self.redis.password_file, "redis.password_file")
         return self.redis.password or None
 
+    def sentinel_password(self) -> str | None:
+        """The sentinels' own password from ``redis.sentinel.password_file`` or ``.password``."""
+        sentinel = self.redis.sentinel
+        if sentinel.password_file:
+            return _read_secret(sentinel.password_file, "redis.sentinel.password_file")
+        return sentinel.password or None
+
 
 # ------------------------------------------------------------------ loading
 
@@ -180,23 +208,30 @@ def from_mapping(raw: Any, env: Mapping[str, str] | None = None) -> Config:
 
 
 def _apply_env(raw: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    hints = get_type_hints(Config)
+    merged: dict[str, Any] = _copy(raw)
     for name, value in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name == ENV_PATH or "__" not in name:
             continue
-        parts = name[len(ENV_PREFIX) :].lower().split("__")
-        if len(parts) != 2 or parts[0] not in hints:
-            raise ConfigError(f"environment variable {name} names no config key")
-        section, key = parts
-        known = {f.name for f in fields(hints[section])}
-        if key not in known:
-            raise ConfigError(f"environment variable {name} names no config key ({section}.{key})")
-        target = merged.setdefault(section, {})
-        if not isinstance(target, dict):
-            raise ConfigError(f"{section}: expected a mapping")
+        *sections, key = name[len(ENV_PREFIX) :].lower().split("__")
+        cls: Any = Config
+        target = merged
+        for depth, section in enumerate(sections):  # down to the key's own section
+            cls = get_type_hints(cls).get(section)
+            if cls is None or not dataclasses.is_dataclass(cls):
+                raise ConfigError(f"environment variable {name} names no config key")
+            nested = target.setdefault(section, {})
+            if not isinstance(nested, dict):
+                raise ConfigError(f"{'.'.join(sections[: depth + 1])}: expected a mapping")
+            target = nested
+        if key not in get_type_hints(cls) or dataclasses.is_dataclass(get_type_hints(cls)[key]):
+            where = ".".join([*sections, key])
+            raise ConfigError(f"environment variable {name} names no config key ({where})")
         target[key] = _EnvText(value)
     return merged
+
+
+def _copy(raw: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_copy(v) if isinstance(v, dict) else v) for k, v in raw.items()}
 
 
 class _EnvText(str):
@@ -328,6 +363,19 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"redis.url: expected redis://, rediss:// or unix://, got {config.redis.url!r}"
         )
+    for node in config.redis.sentinel.nodes:
+        host, sep, port = node.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"redis.sentinel.nodes: expected host:port, got {node!r}")
+    if config.redis.sentinel.nodes and not config.redis.sentinel.master:
+        raise ConfigError("redis.sentinel.master: the master's name is needed with sentinel nodes")
+    config.sentinel_password()
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(config.redis.tls, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"redis.tls.{key}: {path} is not a readable file")
+    if bool(config.redis.tls.cert_file) != bool(config.redis.tls.key_file):
+        raise ConfigError("redis.tls.cert_file and redis.tls.key_file go together")
     config.redis_password()  # a missing or unreadable password file
     consumer_settings(config)
     timeout = producer_settings(config)["delivery.timeout.ms"]
@@ -425,26 +473,27 @@ def _fix(settings: dict[str, str], fixed: dict[str, str], path: str) -> dict[str
 
 def redact(config: Config) -> dict[str, Any]:
     """The effective config as plain data, with secrets replaced by ``***``."""
-    out: dict[str, Any] = {}
-    hints = get_type_hints(Config)
-    for section in fields(Config):
-        value = getattr(config, section.name)
-        shown: dict[str, Any] = {}
-        for f in fields(hints[section.name]):
-            item = getattr(value, f.name)
-            if f.metadata.get("duration"):
-                item = format_duration_ms(item)
-            elif isinstance(item, tuple):
-                item = list(item)
-            elif isinstance(item, dict):
-                item = {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in item.items()}
-            elif f.name == "password" and item:
-                item = REDACTED
-            elif f.name == "url" and isinstance(item, str):
-                item = _redact_url(item)
-            shown[f.name] = item
-        out[section.name] = shown
-    return out
+    return _shown(config)
+
+
+def _shown(value: Any) -> dict[str, Any]:
+    shown: dict[str, Any] = {}
+    for f in fields(value):
+        item = getattr(value, f.name)
+        if dataclasses.is_dataclass(item):
+            item = _shown(item)
+        elif f.metadata.get("duration"):
+            item = format_duration_ms(item)
+        elif isinstance(item, tuple):
+            item = list(item)
+        elif isinstance(item, dict):
+            item = {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in item.items()}
+        elif f.name == "password" and item:
+            item = REDACTED
+        elif f.name == "url" and isinstance(item, str):
+            item = _redact_url(item)
+        shown[f.name] = item
+    return shown
 
 
 def _redact_url(url: str) -> str:

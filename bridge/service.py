@@ -12,7 +12,6 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-import redis
 from confluent_kafka import Consumer, Producer
 from prometheus_client import CollectorRegistry
 
@@ -24,6 +23,7 @@ from bridge.health import Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.metrics import Metrics, Sampler
+from bridge.redis_client import redis_client
 from bridge.store import Shard, Store
 from bridge.topics import Topics, check_retention
 
@@ -40,16 +40,6 @@ SWITCH_INTERVAL_S = 0.001
 
 def _kafka_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"librdkafka.{name}")
-
-
-def redis_client(config: Config) -> redis.Redis:
-    """A Redis client for the configured URL (password from config or file if given)."""
-    timeout = config.redis.socket_timeout / 1000
-    kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    password = config.redis_password()
-    if password:
-        kwargs["password"] = password
-    return redis.Redis.from_url(config.redis.url, **kwargs)
 
 
 class Service:

@@ -253,3 +253,41 @@ def test_produce_to_an_unreachable_kafka_is_one_line_within_its_timeout() -> Non
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("delay-bridge: cannot reach Kafka at 127.0.0.1:1 within 2s")
     assert proc.stderr.count("\n") == 1 and "%3|" not in proc.stderr, proc.stderr
+
+
+def test_sentinel_and_tls_keys(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("pem\n")
+    env = {"DELAY_BRIDGE_REDIS__SENTINEL__NODES": "s1:26379, s2:26379",
+           "DELAY_BRIDGE_REDIS__SENTINEL__PASSWORD": "sentinel-secret",
+           "DELAY_BRIDGE_REDIS__TLS__CA_FILE": str(ca)}  # fmt: skip
+    config = from_mapping({"redis": {"sentinel": {"master": "orders"}}}, env=env)
+    assert config.redis.sentinel.nodes == ("s1:26379", "s2:26379")
+    assert config.redis.sentinel.master == "orders" and config.redis.tls.ca_file == str(ca)
+    assert config.sentinel_password() == "sentinel-secret"
+    shown = yaml.safe_load(dump(config))["redis"]
+    assert shown["sentinel"]["password"] == "***" and shown["sentinel"]["nodes"] == [
+        "s1:26379",
+        "s2:26379",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "env", "message"),
+    [
+        ({"redis": {"sentinel": {"nodes": ["nohost"]}}}, {}, "redis.sentinel.nodes: expected host:port"),
+        ({"redis": {"sentinel": {"nodes": ["s:1"], "master": ""}}}, {}, "redis.sentinel.master"),
+        ({"redis": {"sentinel": {"password_file": "/nonexistent"}}}, {}, "redis.sentinel.password_file"),
+        ({"redis": {"tls": {"ca_file": "/nonexistent/ca"}}}, {}, "redis.tls.ca_file"),
+        ({"redis": {"sentinel": {"bogus": 1}}}, {}, "unknown key redis.sentinel.bogus"),
+        ({}, {"DELAY_BRIDGE_REDIS__SENTINEL__BOGUS": "1"}, "names no config key (redis.sentinel.bogus)"),
+        ({}, {"DELAY_BRIDGE_REDIS__SENTINEL": "x"}, "names no config key (redis.sentinel)"),
+        ({}, {"DELAY_BRIDGE_REDIS__URL__X": "1"}, "names no config key"),
+    ],
+)  # fmt: skip
+def test_sentinel_and_tls_errors_name_the_key(
+    raw: dict[str, object], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping(raw, env=env)
+    assert message in str(info.value)

@@ -1,0 +1,55 @@
+"""The one place a Redis client is made: standalone (``redis://``, ``rediss://``, ``unix://``),
+through Redis Sentinel, with or without TLS. The rest of the bridge does not know which."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.sentinel import Sentinel
+
+from bridge.config import Config
+
+
+def redis_client(config: Config) -> redis.Redis:
+    """A Redis client for the configured Redis (password from config or file if given).
+
+    With ``redis.sentinel.nodes`` the client asks the sentinels for the master, and asks again
+    when the master it talks to turns into a replica (a READONLY reply) or goes away: after a
+    failover the next call reaches the new master.
+    """
+    r = config.redis
+    timeout = r.socket_timeout / 1000
+    kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    password = config.redis_password()
+    if password:
+        kwargs["password"] = password
+    url = r.url
+    files = (("ssl_ca_certs", r.tls.ca_file), ("ssl_certfile", r.tls.cert_file),
+             ("ssl_keyfile", r.tls.key_file))  # fmt: skip
+    tls = {key: path for key, path in files if path}
+    parts = urlsplit(url)
+    if tls and parts.scheme == "redis":
+        url = urlunsplit(parts._replace(scheme="rediss"))
+    if not r.sentinel.nodes:
+        return redis.Redis.from_url(url, **kwargs, **tls)
+    if parts.username:
+        kwargs["username"] = parts.username
+    if parts.password and not password:
+        kwargs["password"] = parts.password
+    if urlsplit(url).scheme == "rediss":
+        kwargs.update(ssl=True, **tls)
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        **({"ssl": True, **tls} if "ssl" in kwargs else {}),
+    }
+    sentinel_password = config.sentinel_password()
+    if sentinel_password:
+        sentinel_kwargs["password"] = sentinel_password
+    nodes = [(host, int(port)) for host, _, port in (n.rpartition(":") for n in r.sentinel.nodes)]
+    sentinel = Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
+    db = int(parts.path.lstrip("/") or 0) if parts.scheme != "unix" else 0
+    master: redis.Redis = sentinel.master_for(r.sentinel.master, db=db)  # type: ignore[no-untyped-call]
+    return master

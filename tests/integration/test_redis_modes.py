@@ -1,0 +1,116 @@
+"""The bridge on the Redis that teams run: through Sentinel (and across its failovers), and over
+TLS with a client certificate — each on real servers that scripts/services starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from tests.conftest import SERVICES, delete_keys, wait_for
+from tests.integration.harness import Bridge, Setup, produce_all
+
+pytestmark = pytest.mark.integration
+
+
+def services(*args: str) -> str:
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run([str(SERVICES), *args], capture_output=True, text=True, env=env,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def started(name: str) -> dict[str, str]:
+    services("up", name)
+    return dict(line.split("=", 1) for line in services("info", name).split())
+
+
+@pytest.fixture(scope="module")
+def sentinel_set() -> Iterator[dict[str, str]]:
+    """A master, a replica and three sentinels of this module's own (failovers change them)."""
+    yield started("sentinel")
+    services("down", "sentinel")
+
+
+@pytest.fixture(scope="module")
+def tls_redis() -> Iterator[dict[str, str]]:
+    yield started("redis-tls")
+    services("down", "redis-tls")
+
+
+def records(setup: Setup, count: int, tag: str) -> list[tuple[bytes, bytes, Headers]]:
+    target = setup.targets[0].encode()
+    return [(f"k{i}".encode(), f"{tag}-{i}".encode(),
+             [(H_TARGET_TOPIC, target), (H_AFTER, f"{(i % 30) * 100}ms".encode())])
+            for i in range(count)]  # fmt: skip
+
+
+def master_port(sentinels: str) -> int:
+    """The master's port as the first sentinel tells it (redis-cli: redis-py's parser of this
+    reply does not take the arguments it is given)."""
+    host, port = sentinels.split(",", maxsplit=1)[0].split(":")
+    reply = subprocess.run(["redis-cli", "-h", host, "-p", port, "sentinel",
+                            "get-master-addr-by-name", "mymaster"],
+                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    return int(reply[1])
+
+
+def test_through_sentinel_across_failovers(
+    setup: Setup, sentinel_set: dict[str, str], bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge(redis__sentinel__nodes=sentinel_set["sentinels"],
+                          redis__url="redis://ignored-with-sentinels:1/0")  # fmt: skip
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready through the sentinels")
+    collector = setup.collector()
+    sentinel = redis.Redis.from_url("redis://" + sentinel_set["sentinels"].split(",")[0])
+    try:
+        expected: set[bytes] = set()
+        for round_ in range(2):  # two failovers, each with records waiting and arriving
+            batch = records(setup, 200, f"r{round_}")
+            expected |= {value for _, value, _ in batch}
+            produce_all(setup.services.bootstrap, setup.delay, batch)
+            before = master_port(sentinel_set["sentinels"])
+            sentinel.execute_command("SENTINEL", "FAILOVER", "mymaster")  # type: ignore[no-untyped-call]
+            wait_for(lambda: master_port(sentinel_set["sentinels"]) != before, 60,  # noqa: B023
+                     "the sentinels to promote the replica")  # fmt: skip
+            collector.until(lambda rs: expected <= {r.value for r in rs}, 90,  # noqa: B023
+                            f"every record after failover {round_ + 1}")  # fmt: skip
+        wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the new master")
+    finally:
+        collector.close()
+        sentinel.close()
+    by_value: dict[bytes | None, set[str]] = {}
+    for r in collector.of(setup.targets[0]):
+        by_value.setdefault(r.value, set()).add(r.delay_id)
+    assert set(by_value) == expected
+    assert all(len(ids) == 1 for ids in by_value.values()), "a duplicate had another delay-id"
+    assert "loop crashed" not in bridge.output()
+
+
+def test_over_tls_with_a_client_certificate(
+    setup: Setup, tls_redis: dict[str, str], bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge(redis__url=tls_redis["url"], redis__tls__ca_file=tls_redis["ca_file"],
+                          redis__tls__cert_file=tls_redis["cert_file"],
+                          redis__tls__key_file=tls_redis["key_file"])  # fmt: skip
+    bridges.append(bridge.start())
+    batch = records(setup, 50, "tls")
+    produce_all(setup.services.bootstrap, setup.delay, batch)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 50, 60, "every record through the TLS Redis")
+    finally:
+        collector.close()
+    assert {r.value for r in collector.records} == {value for _, value, _ in batch}
+    client = redis.Redis.from_url(tls_redis["url"], ssl_ca_certs=tls_redis["ca_file"])
+    try:
+        assert delete_keys(client, setup.unique) > 0  # it was this Redis that held them
+    finally:
+        client.close()
