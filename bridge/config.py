@@ -78,6 +78,7 @@ class RedisConfig:
     password_file: str = ""
     key_prefix: str = "delay-bridge"
     socket_timeout: int = duration("5s")
+    cluster: bool = False
     sentinel: SentinelConfig = field(default_factory=SentinelConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
 
@@ -367,6 +368,9 @@ def _validate(config: Config) -> None:
         host, sep, port = node.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"redis.sentinel.nodes: expected host:port, got {node!r}")
+    if config.redis.sentinel.nodes and config.redis.cluster:
+        raise ConfigError("redis.cluster and redis.sentinel.nodes: choose one (a cluster fails "
+                          "over by itself)")  # fmt: skip
     if config.redis.sentinel.nodes and not config.redis.sentinel.master:
         raise ConfigError("redis.sentinel.master: the master's name is needed with sentinel nodes")
     config.sentinel_password()

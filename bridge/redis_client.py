@@ -1,5 +1,6 @@
 """The one place a Redis client is made: standalone (``redis://``, ``rediss://``, ``unix://``),
-through Redis Sentinel, with or without TLS. The rest of the bridge does not know which."""
+through Redis Sentinel, or Redis Cluster, with or without TLS. The rest of the bridge does not
+know which (the store splits its script calls per cluster master itself)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
 from bridge.config import Config
@@ -32,6 +34,9 @@ def redis_client(config: Config) -> redis.Redis:
     parts = urlsplit(url)
     if tls and parts.scheme == "redis":
         url = urlunsplit(parts._replace(scheme="rediss"))
+    if r.cluster:
+        cluster: redis.Redis = RedisCluster.from_url(url, **kwargs, **tls)  # type: ignore[no-untyped-call]
+        return cluster
     if not r.sentinel.nodes:
         return redis.Redis.from_url(url, **kwargs, **tls)
     if parts.username:

@@ -36,6 +36,7 @@ from importlib import resources
 from typing import Any, NamedTuple, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from bridge.errors import StoreError
@@ -44,6 +45,7 @@ from bridge.message import Scheduled, decode, encode
 _OFFSET = struct.Struct(">Q")
 _KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending")
 _LEGACY_KEY_NAMES = ("due", "inflight", "records")
+CLUSTER_ATTEMPTS = 3  # tries of a script call whose slot moved (Redis Cluster failover, resharding)
 # Records due within this long before a claim are "on time" and get half of every claim, so an
 # overdue backlog drains without holding up records falling due now (claim.lua).
 ON_TIME_WINDOW_MS = 1000
@@ -274,16 +276,63 @@ class Store:
             try:
                 return self._evalsha(calls)
             except redis.exceptions.NoScriptError:
-                for script in self._scripts:
+                for script in self._scripts:  # on Redis Cluster: on every master
                     self.client.script_load(script.script)
                 return self._evalsha(calls)
 
     def _evalsha(self, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        if isinstance(self.client, RedisCluster):
+            return self._evalsha_cluster(calls)
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         replies: list[Any] = pipe.execute()
         return replies
+
+    def _evalsha_cluster(self, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        """Redis Cluster: the calls split by the master holding each shard's slot (every key of a
+        shard shares its hash tag), one pipeline per master. Calls refused because a slot moved
+        (MOVED/ASK, a failover) are sent again once the client has the new slot map; the rest
+        stand."""
+        cluster = cast(RedisCluster, self.client)
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(CLUSTER_ATTEMPTS):
+            by_node: dict[str, tuple[Any, list[int]]] = {}
+            for i in todo:
+                node = cluster.get_node_from_key(calls[i][1][0])  # type: ignore[no-untyped-call]
+                by_node.setdefault(node.name, (node, []))[1].append(i)
+            moved: list[int] = []
+            for node, indexes in by_node.values():
+                pipe = node.redis_connection.pipeline(transaction=False)
+                for i in indexes:
+                    script, keys, args = calls[i]
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                try:
+                    results = pipe.execute(raise_on_error=False)
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    moved += indexes  # the master is gone: its replica takes over its slots
+                    continue
+                for i, result in zip(indexes, results, strict=True):
+                    if isinstance(
+                        result,
+                        redis.exceptions.AskError
+                        | redis.exceptions.MovedError
+                        | redis.exceptions.TryAgainError
+                        | redis.exceptions.ClusterDownError,
+                    ):
+                        moved.append(i)
+                    elif isinstance(result, Exception):
+                        raise result
+                    else:
+                        replies[i] = result
+            if not moved:
+                return replies
+            cluster.nodes_manager.initialize()  # type: ignore[no-untyped-call]  # new slot map
+            todo = moved
+        raise redis.exceptions.ConnectionError(
+            f"{len(todo)} script calls found no master for their slot in {CLUSTER_ATTEMPTS} tries"
+        )
 
     def probe_key(self) -> str:
         """The key :meth:`probe` writes."""

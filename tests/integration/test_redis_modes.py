@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from tests.conftest import SERVICES, delete_keys, wait_for
@@ -114,3 +116,56 @@ def test_over_tls_with_a_client_certificate(
         assert delete_keys(client, setup.unique) > 0  # it was this Redis that held them
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[dict[str, str]]:
+    """Three masters and three replicas of this module's own."""
+    yield started("redis-cluster")
+    services("down", "redis-cluster")
+
+
+def test_on_a_redis_cluster_with_a_master_failing_over(
+    setup: Setup, redis_cluster: dict[str, str], bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true")
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the cluster")
+    client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
+    collector = setup.collector()
+    try:
+        first = records(setup, 200, "before")
+        produce_all(setup.services.bootstrap, setup.delay, first)
+        collector.until(lambda rs: len(rs) >= 100, 60, "records moving")
+        # The partitions' keys are spread over the masters by their hash tags.
+        keys = list(client.scan_iter(match=f"*{setup.unique}*"))
+        assert len({client.get_node_from_key(k).name for k in keys}) >= 2
+        # A master holding shards fails over to its replica (CLUSTER FAILOVER on the replica).
+        meta = next(k for k in keys if k.endswith(b":meta"))
+        master = client.get_node_from_key(meta)
+        replica = next(n for n in client.get_replicas() if _replica_of(n, master))
+        replica.redis_connection.execute_command("CLUSTER", "FAILOVER")
+        wait_for(lambda: _is_master(replica), 30, "the replica promoted")
+        second = records(setup, 200, "after")
+        produce_all(setup.services.bootstrap, setup.delay, second)
+        expected = {value for _, value, _ in first + second}
+        collector.until(lambda rs: expected <= {r.value for r in rs}, 90, "every record")
+    finally:
+        collector.close()
+        delete_keys_cluster(client, setup.unique)
+        client.close()
+    assert "loop crashed" not in bridge.output()
+
+
+def _replica_of(replica: Any, master: Any) -> bool:
+    info = replica.redis_connection.info("replication")
+    return bool(info.get("master_port") == master.port)
+
+
+def _is_master(node: Any) -> bool:
+    return bool(node.redis_connection.info("replication").get("role") == "master")
+
+
+def delete_keys_cluster(client: RedisCluster, marker: str) -> None:
+    for key in list(client.scan_iter(match=f"*{marker}*")):
+        client.delete(key)
