@@ -138,7 +138,9 @@ class Ingress:
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
         try:
-            # Records in the earlier store layout become claimable first (lows() retries).
+            # Keys under the names of earlier builds move first; records in the earlier store
+            # layout then become claimable (lows() retries that).
+            self.store.relocate(shards)
             self.store.upgrade(shards)
             replaced = self.positions.bind(shards)
             marks = self.store.watermarks(shards)

@@ -1,7 +1,9 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script.
 
-Per shard, all keys share the hash tag ``{<prefix>:<topic>:<partition>}`` so the multi-key
-scripts run on Redis Cluster:
+Per shard, all keys are ``<prefix>:{<topic>:<partition>}:<name>``: they share one hash tag, so the
+multi-key scripts run on Redis Cluster, and every key starts with the prefix, so one ACL key
+pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
+``{<prefix>:<topic>:<partition>}:<name>``, are moved by :meth:`Store.relocate`):
 
 * ``…:schedule``  ZSET member → due ms: the records waiting. A member *is* the record: its
   offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). Records
@@ -28,6 +30,7 @@ offset or the egress claims from them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import struct
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,9 +45,16 @@ from redis.commands.core import Script
 from bridge.errors import StoreError
 from bridge.message import Scheduled, decode, encode
 
+logger = logging.getLogger(__name__)
+
 _OFFSET = struct.Struct(">Q")
 _KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending")
 _LEGACY_KEY_NAMES = ("due", "inflight", "records")
+# Every key a shard may have, and how relocate.lua merges two copies of it (the first three are
+# all a retired incarnation has).
+_RELOCATED = (("schedule", "zset"), ("leases", "zset"), ("claimed", "hash"), ("meta", "meta"),
+              ("low", "zset"), ("pending", "bitmaps"), ("retired", "set"), ("due", "zset"),
+              ("inflight", "zset"), ("records", "hash"))  # fmt: skip
 CLUSTER_ATTEMPTS = 3  # tries of a script call whose slot moved (Redis Cluster failover, resharding)
 # Records due within this long before a claim are "on time" and get half of every claim, so an
 # overdue backlog drains without holding up records falling due now (claim.lua).
@@ -243,9 +253,11 @@ class Store:
         self._upgrade = _script(client, "upgrade")
         self._incarnation = _script(client, "incarnation")
         self._retired = _script(client, "retired")
+        self._relocate = _script(client, "relocate")
+        self._relocation_denied = False
         self._scripts = (self._add, self._claim, self._ack, self._release, self._next_due,
                          self._stats, self._low, self._upgrade, self._incarnation,
-                         self._retired)  # fmt: skip
+                         self._retired, self._relocate)  # fmt: skip
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built (with :meth:`legacy_keys`)."""
@@ -259,11 +271,52 @@ class Store:
         """The SET of a shard's retired incarnation labels."""
         return self._names(shard.base(), ("retired",))[0]
 
-    def _names(self, shard: Shard, names: Sequence[str]) -> list[str]:
-        tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
+    def _names(
+        self, shard: Shard, names: Sequence[str], *, before_prefix: bool = False
+    ) -> list[str]:
+        # Every key starts with the prefix (one ACL pattern "~<prefix>:*" covers a deployment),
+        # then the shard's hash tag, so a shard's keys share one Redis Cluster slot.
+        if before_prefix:  # the names of the builds before that (see relocate.lua)
+            tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
+        else:
+            tag = f"{self.prefix}:{{{shard.topic}:{shard.partition}}}"
         if shard.incarnation:
             tag = f"{tag}:retired:{shard.incarnation}"
         return [f"{tag}:{name}" for name in names]
+
+    def relocate(self, shards: Sequence[Shard]) -> int:
+        """Move the shards' keys from the names before every key started with the prefix (see
+        relocate.lua); returns how many keys moved. A no-op on Redis Cluster, where those builds
+        did not run."""
+        if isinstance(self.client, RedisCluster) or not shards or self._relocation_denied:
+            return 0
+        try:
+            with _as_store_error():
+                pipe = self.client.pipeline(transaction=False)
+                for shard in shards:
+                    pipe.smembers(self._names(shard, ("retired",), before_prefix=True)[0])
+                labels = pipe.execute()
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+                raise
+            # A least-privilege user limited to "~<prefix>:*" sees no older names, and needs not.
+            logger.info("not looking for keys under the names of earlier builds: %s", exc)
+            self._relocation_denied = True
+            return 0
+        calls: list[tuple[Script, list[str], list[Any]]] = []
+        for shard, retired in zip(shards, labels, strict=True):
+            keys: list[str] = []
+            kinds: list[str] = []
+            for incarnation in ["", *(_text(label) for label in retired)]:
+                one = Shard(shard.topic, shard.partition, incarnation)
+                names = _RELOCATED if not incarnation else _RELOCATED[:3]
+                olds = self._names(one, [n for n, _ in names], before_prefix=True)
+                news = self._names(one, [n for n, _ in names])
+                for (_, kind), old, new in zip(names, olds, news, strict=True):
+                    keys += [old, new]
+                    kinds.append(kind)
+            calls.append((self._relocate, keys, kinds))
+        return sum(int(n) for n in self._run(calls))
 
     def _run(self, calls: Iterable[tuple[Script, list[str], list[Any]]]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of

@@ -65,27 +65,6 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
-@pytest.fixture
-def acl_user(services: Services, unique: str) -> Iterator[Callable[..., str]]:
-    """Creates Redis ACL users for this test (``rules`` as ACL SETUSER takes them); returns the
-    URL that logs in as one. They are deleted afterwards."""
-    admin = redis.Redis.from_url(services.redis_url)
-    made: list[str] = []
-
-    def make(name: str, *rules: str, password: str = "pw") -> str:
-        user = f"test-{unique}-{name}"
-        admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], reset=True)
-        admin.execute_command("ACL", "SETUSER", user, *rules)  # type: ignore[no-untyped-call]
-        made.append(user)
-        host = services.redis_url.split("//", 1)[1]
-        return f"redis://{user}:{password}@{host}"
-
-    yield make
-    for user in made:
-        admin.acl_deluser(user)
-    admin.close()
-
-
 def test_a_missing_dlq_turns_readyz_red_until_it_is_created(
     setup: Setup, topics: TopicFactory, bridges: list[Bridge], admin: AdminClient
 ) -> None:

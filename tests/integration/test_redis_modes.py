@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
@@ -14,7 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
-from tests.conftest import SERVICES, delete_keys, wait_for
+from tests.conftest import ROOT, SERVICES, delete_keys, wait_for
 from tests.integration.harness import Bridge, Setup, produce_all
 
 pytestmark = pytest.mark.integration
@@ -178,3 +178,28 @@ def _replica_port(master_port: int) -> int | None:
 def delete_keys_cluster(client: RedisCluster, marker: str) -> None:
     for key in list(client.scan_iter(match=f"*{marker}*")):
         client.delete(key)
+
+
+def test_as_the_least_privileged_acl_user_the_readme_documents(
+    setup: Setup, acl_user: Callable[..., str], bridges: list[Bridge]
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    [line] = [x for x in readme.splitlines() if x.startswith("ACL SETUSER delay-bridge on ")]
+    rules = line.split()[4:]  # after ACL SETUSER <user> on
+    assert "~delay-bridge:*" in rules and "-@all" in rules
+    prefix = f"test-{setup.unique}"
+    rules = [f"~{prefix}:*" if r == "~delay-bridge:*" else r for r in rules if r != ">PASSWORD"]
+    bridge = setup.bridge(redis__url=acl_user("least", *rules))
+    bridges.append(bridge.start())
+    batch = records(setup, 60, "acl")
+    produce_all(setup.services.bootstrap, setup.delay, batch)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 60, 60, "every record as the ACL user")
+    finally:
+        collector.close()
+    assert {r.value for r in collector.records} == {value for _, value, _ in batch}
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready")
+    denied = [line for line in bridge.output().splitlines() if "NOPERM" in line]
+    expected = ("could not check that Redis does not evict", "names of earlier builds")
+    assert all(any(e in line for e in expected) for line in denied), denied

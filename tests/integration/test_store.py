@@ -43,7 +43,8 @@ def test_keys_share_one_hash_tag(store: Store) -> None:
     shard = Shard("delay", 3)
     names = [*store.keys(shard).all(), *store.legacy_keys(shard).__dict__.values()]
     assert len(set(names)) == 9
-    assert {k.split("}")[0] for k in names} == {f"{{{store.prefix}:delay:3"}
+    assert {k.split("}")[0] for k in names} == {f"{store.prefix}:{{delay:3"}
+    assert all(k.startswith(f"{store.prefix}:") for k in names)  # one ACL pattern covers them
 
 
 def test_never_early(store: Store) -> None:
@@ -320,3 +321,38 @@ def test_offsets_that_went_back_retire_the_state_under_the_same_id(store: Store)
     assert store.bind({SHARD: "id-1"})[SHARD].replaced is False
     empty = Shard("delay", 1)
     assert store.bind({empty: "x"}, force=[empty])[empty].retired is None  # nothing to keep
+
+
+def _to_old_names(client: redis.Redis, store: Store, shard: Shard) -> int:
+    """Rename a shard's keys to the names builds before the prefix-first layout used."""
+    moved = 0
+    for key in client.scan_iter(match=f"{store.prefix}:{{{shard.topic}:{shard.partition}}}:*"):
+        name = key.decode().split("}:", 1)[1]
+        client.rename(key, f"{{{store.prefix}:{shard.topic}:{shard.partition}}}:{name}")
+        moved += 1
+    return moved
+
+
+def test_keys_under_the_names_before_the_prefix_move(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    add(store, rec(0, T0), rec(1, T0), rec(2, T0 + 5000))
+    [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
+    assert _to_old_names(redis_client, store, SHARD) == 6
+    assert store.watermarks([SHARD]) == {}  # nothing under the new names
+    assert store.relocate([SHARD]) == 6
+    assert store.watermarks([SHARD]) == {SHARD: 2}
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 5000)) == [1, 2]
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
+    assert store.relocate([SHARD]) == 0
+
+
+def test_keys_under_both_names_are_merged(store: Store, redis_client: redis.Redis) -> None:
+    """A rolling upgrade: an earlier build wrote the old names after this one wrote the new."""
+    add(store, rec(0, T0), rec(1, T0 + 1000))
+    _to_old_names(redis_client, store, SHARD)
+    add(store, rec(5, T0 + 2000), rec(6, T0 + 3000), high=6)  # the new names, watermark 6
+    assert store.relocate([SHARD]) == 4  # schedule, meta, low, pending in both
+    assert store.watermarks([SHARD]) == {SHARD: 6}
+    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)) == [0, 1, 5, 6]
+    assert store.lows({SHARD: 6}).offsets == {SHARD: 0}  # the bitmaps were OR-ed
