@@ -226,6 +226,10 @@ def _as_store_error() -> Iterator[None]:
         yield
     except redis.RedisError as exc:
         raise StoreError(describe_redis_error(exc)) from exc
+    except (OSError, ValueError) as exc:
+        # redis-py's cluster client may close a connection another thread is reading while it
+        # learns a new slot map after a failover; that call failed, the next one goes through.
+        raise StoreError(f"redis connection closed under the call: {exc!r}") from exc
 
 
 def _lua(name: str) -> str:

@@ -4,19 +4,24 @@ within a bounded time, and settles every delay-topic offset with the checker."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import random
 import re
 import signal
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import yaml
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from redis.cluster import ClusterNode, RedisCluster
 
 from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
@@ -119,6 +124,8 @@ class Run:
                        "allowed_targets": [re.escape(self.target)]},
             "egress": {"lease": "5s"},
         }  # fmt: skip
+        self.overrides = dict(overrides or {})
+        self.ha_nodes: list[str] = []  # the nodes of a Sentinel set or cluster the run is on
         for path, value in (overrides or {}).items():
             section, key = path.split("__")
             document.setdefault(section, {})[key] = value  # type: ignore[index]
@@ -132,7 +139,8 @@ class Run:
         self.started = time.monotonic()
 
     def bridge(self) -> Bridge:
-        env = bridge_env(self.servers.bootstrap, self.servers.redis_url)
+        redis_url = str(self.overrides.get("redis__url", self.servers.redis_url))
+        env = bridge_env(self.servers.bootstrap, redis_url)
         env["DELAY_BRIDGE_CONFIG"] = str(self.config_file)
         bridge = Bridge(env, self.dir / f"bridge-{len(self.bridges)}.log").start()
         self.bridges.append(bridge)
@@ -496,6 +504,115 @@ def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
+def _stall_after(run: Run, moment_ms: int, window_ms: int = 60_000) -> float:
+    """The longest time, in seconds, without any record arriving in the minute after
+    ``moment_ms`` (records flow all along, so a gap is the bridge waiting on the fault)."""
+    seen = sorted(e.seen_ms for got in run.checker.delivered.values() for e in got
+                  if moment_ms <= e.seen_ms <= moment_ms + window_ms)  # fmt: skip
+    marks = [moment_ms, *seen]
+    return max((b - a for a, b in itertools.pairwise(marks)), default=0) / 1000
+
+
+def _sentinel_master(sentinel: str) -> int:
+    """The master's port as a sentinel tells it (redis-cli: redis-py's parser of this reply does
+    not take the arguments it is given)."""
+    host, port = sentinel.split(":")
+    reply = subprocess.run(["redis-cli", "-h", host, "-p", port, "sentinel",
+                            "get-master-addr-by-name", "mymaster"],
+                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    return int(reply[1])
+
+
+def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
+    """The bridge on a Sentinel set; its master fails over (SENTINEL FAILOVER, and the last time
+    kill -9, then restarted to rejoin as a replica) while records flow."""
+    sentinel = run.overrides["redis__sentinel"]["nodes"][0]  # type: ignore[index]
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    faults: list[int] = []
+    kinds: list[str] = []
+    for i, moment in enumerate(moments(rng, size.faults, 2.0, size.seconds)):
+        run.at(moment)
+        before = _sentinel_master(sentinel)
+        faults.append(now_ms())
+        if i == size.faults - 1:
+            os.kill(run.servers.pid_on(before), signal.SIGKILL)
+            kinds.append("kill -9")
+        else:
+            host, port = sentinel.split(":")
+            subprocess.run(["redis-cli", "-h", host, "-p", port, "sentinel", "failover",
+                            "mymaster"], capture_output=True, check=True)  # fmt: skip
+            kinds.append("SENTINEL FAILOVER")
+        deadline = time.monotonic() + 60
+        while _sentinel_master(sentinel) == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if kinds[-1] == "kill -9":
+            run.servers.up_set("sentinel")  # the old master comes back, as a replica
+    result = run.finish(workload, "Sentinel failover",
+                        f"{kinds.count('SENTINEL FAILOVER')} x SENTINEL FAILOVER + "
+                        f"{kinds.count('kill -9')} x kill -9 of the master")  # fmt: skip
+    stalls = [_stall_after(run, t) for t in faults]
+    result.checks.update({"ready before": ready_before, "ready after": wait_ready(bridge, 60)})
+    result.notes.append(
+        "longest pause in deliveries after each fault: " + ", ".join(f"{x:.1f} s" for x in stalls)
+    )
+    return result
+
+
+def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
+    """The bridge on a 3-master Redis Cluster; a master holding shards is killed (-9), its
+    replica takes over, and it is restarted to rejoin as a replica."""
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    nodes = run.ha_nodes
+    faults: list[int] = []
+    for moment in moments(rng, size.faults, 2.0, size.seconds):
+        run.at(moment)
+        cluster = _cluster(nodes)
+        meta = next(iter(cluster.scan_iter(match=f"{run.prefix}:*:meta")))
+        port = int(cluster.get_node_from_key(meta).port)
+        cluster.close()
+        faults.append(now_ms())
+        os.kill(run.servers.pid_on(port), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _slot_served(nodes, meta):
+            time.sleep(0.2)
+        run.servers.up_set("redis-cluster")  # restarted, it rejoins as a replica
+    result = run.finish(workload, "Redis Cluster failover",
+                        f"{size.faults} x kill -9 of a master holding shards")  # fmt: skip
+    stalls = [_stall_after(run, t) for t in faults]
+    result.checks.update({"ready before": ready_before, "ready after": wait_ready(bridge, 60)})
+    result.notes.append(
+        "longest pause in deliveries after each fault: " + ", ".join(f"{x:.1f} s" for x in stalls)
+    )
+    return result
+
+
+def _cluster(nodes: list[str]) -> Any:
+    """A cluster client that starts from any live node of ``nodes`` (host:port)."""
+    startup = [ClusterNode(host, int(port)) for host, port in (n.split(":") for n in nodes)]  # type: ignore[no-untyped-call]
+    return cast(Any, RedisCluster)(startup_nodes=startup, socket_timeout=2)
+
+
+def _slot_served(nodes: list[str], key: bytes) -> bool:
+    """Whether a master serves the slot of ``key`` again (its replica took over)."""
+    try:
+        cluster = _cluster(nodes)
+    except Exception:
+        return False
+    try:
+        cluster.hget(key, "ingested")
+        return True
+    except Exception:
+        return False
+    finally:
+        cluster.close()
+
+
 Scenario = Callable[[Run, Size, random.Random], Result]
 
 # name → (scenario, quick size for `make test`, full size for `make chaos`)
@@ -514,6 +631,8 @@ SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
     "redis-lost": (redis_lost, Size(3000, 10, 1), Size(50_000, 30, 2)),
     "topic-recreated": (topic_recreated, Size(3000, 10, 1), Size(50_000, 30, 2)),
     "dlq-missing": (dlq_missing, Size(2000, 10, 1, outage_s=8), Size(30_000, 40, 1, outage_s=20)),
+    "sentinel-failover": (sentinel_failover, Size(3000, 15, 2), Size(50_000, 60, 3)),
+    "cluster-failover": (cluster_failover, Size(3000, 15, 1), Size(50_000, 60, 1)),
     "redis-readonly": (
         redis_readonly,
         Size(3000, 15, 1, outage_s=6),
@@ -527,8 +646,19 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     overrides: dict[str, object] = {}
     if name == "hostile-input":
         overrides["limits__max_record_bytes"] = 100_000
+    ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)
+    if ha_set == "sentinel":
+        info = servers.up_set(ha_set)
+        overrides["redis__sentinel"] = {"nodes": info["sentinels"].split(","), "master": "mymaster"}
+    elif ha_set == "redis-cluster":
+        info = servers.up_set(ha_set)
+        overrides.update(redis__url=info["url"], redis__cluster=True)
     run = Run(servers, workdir, name, overrides=overrides, watch=name != "dlq-missing")
+    if ha_set:
+        run.ha_nodes = info["nodes"].split(",")
     try:
         return scenario(run, size, random.Random(seed))
     finally:
         run.close()
+        if ha_set:
+            servers.down_set(ha_set)

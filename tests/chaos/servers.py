@@ -48,6 +48,8 @@ class Servers:
             "DELAY_BRIDGE_KAFKA_CONTROLLER_PORT": str(self.kafka_port + 1),
             "DELAY_BRIDGE_REDIS_PORT": str(self.redis_port),
             "DELAY_BRIDGE_REDIS_APPENDFSYNC": self.appendfsync,
+            "DELAY_BRIDGE_SENTINEL_BASE_PORT": str(self.redis_port + 2),
+            "DELAY_BRIDGE_REDIS_CLUSTER_BASE_PORT": str(self.redis_port + 30),
         }
         proc = subprocess.run(
             [str(SERVICES), *args], env=env, capture_output=True, text=True, check=False
@@ -62,6 +64,27 @@ class Servers:
 
     def down(self) -> None:
         self._run("down")
+
+    def up_set(self, name: str) -> dict[str, str]:
+        """Start a ``sentinel`` set or a ``redis-cluster`` of the harness's own (or restart its
+        dead nodes); returns their addresses."""
+        self._run("up", name)
+        return dict(line.split("=", 1) for line in self._run("info", name).split())
+
+    def down_set(self, name: str) -> None:
+        self._run("down", name)
+
+    def pid_on(self, port: int) -> int:
+        """The pid of the redis-server of a set listening on ``port``."""
+        for pidfile in self.state_dir.glob("*/*/redis.pid"):
+            pid = int(pidfile.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline")
+            if (
+                cmdline.exists()
+                and f":{port}" in cmdline.read_bytes().replace(b"\0", b" ").decode()
+            ):
+                return pid
+        raise RuntimeError(f"no redis-server of a set on port {port}")
 
     def kill(self, what: str) -> None:
         """SIGKILL ``redis`` or ``kafka``."""
