@@ -513,6 +513,19 @@ def _stall_after(run: Run, moment_ms: int, window_ms: int = 60_000) -> float:
     return max((b - a for a, b in itertools.pairwise(marks)), default=0) / 1000
 
 
+def _failover_result(
+    run: Run, result: Result, bridge: Bridge, ready_before: bool, faults: list[int]
+) -> Result:
+    """The checks and notes both failover scenarios add: ready before and after, and the longest
+    pause in deliveries after each fault."""
+    stalls = [_stall_after(run, t) for t in faults]
+    result.checks.update({"ready before": ready_before, "ready after": wait_ready(bridge, 60)})
+    result.notes.append(
+        "longest pause in deliveries after each fault: " + ", ".join(f"{x:.1f} s" for x in stalls)
+    )
+    return result
+
+
 def _sentinel_master(sentinel: str) -> int:
     """The master's port as a sentinel tells it (redis-cli: redis-py's parser of this reply does
     not take the arguments it is given)."""
@@ -553,12 +566,7 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
     result = run.finish(workload, "Sentinel failover",
                         f"{kinds.count('SENTINEL FAILOVER')} x SENTINEL FAILOVER + "
                         f"{kinds.count('kill -9')} x kill -9 of the master")  # fmt: skip
-    stalls = [_stall_after(run, t) for t in faults]
-    result.checks.update({"ready before": ready_before, "ready after": wait_ready(bridge, 60)})
-    result.notes.append(
-        "longest pause in deliveries after each fault: " + ", ".join(f"{x:.1f} s" for x in stalls)
-    )
-    return result
+    return _failover_result(run, result, bridge, ready_before, faults)
 
 
 def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
@@ -584,12 +592,7 @@ def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
         run.servers.up_set("redis-cluster")  # restarted, it rejoins as a replica
     result = run.finish(workload, "Redis Cluster failover",
                         f"{size.faults} x kill -9 of a master holding shards")  # fmt: skip
-    stalls = [_stall_after(run, t) for t in faults]
-    result.checks.update({"ready before": ready_before, "ready after": wait_ready(bridge, 60)})
-    result.notes.append(
-        "longest pause in deliveries after each fault: " + ", ".join(f"{x:.1f} s" for x in stalls)
-    )
-    return result
+    return _failover_result(run, result, bridge, ready_before, faults)
 
 
 def _cluster(nodes: list[str]) -> Any:

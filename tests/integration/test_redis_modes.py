@@ -53,6 +53,18 @@ def records(setup: Setup, count: int, tag: str) -> list[tuple[bytes, bytes, Head
             for i in range(count)]  # fmt: skip
 
 
+def delivers_all(setup: Setup, count: int, tag: str) -> None:
+    """Produce ``count`` records and assert each one arrives."""
+    batch = records(setup, count, tag)
+    produce_all(setup.services.bootstrap, setup.delay, batch)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= count, 60, f"every {tag} record")
+    finally:
+        collector.close()
+    assert {r.value for r in collector.records} == {value for _, value, _ in batch}
+
+
 def master_port(sentinels: str) -> int:
     """The master's port as the first sentinel tells it (redis-cli: redis-py's parser of this
     reply does not take the arguments it is given)."""
@@ -103,14 +115,7 @@ def test_over_tls_with_a_client_certificate(
                           redis__tls__cert_file=tls_redis["cert_file"],
                           redis__tls__key_file=tls_redis["key_file"])  # fmt: skip
     bridges.append(bridge.start())
-    batch = records(setup, 50, "tls")
-    produce_all(setup.services.bootstrap, setup.delay, batch)
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: len(rs) >= 50, 60, "every record through the TLS Redis")
-    finally:
-        collector.close()
-    assert {r.value for r in collector.records} == {value for _, value, _ in batch}
+    delivers_all(setup, 50, "tls")
     client = redis.Redis.from_url(tls_redis["url"], ssl_ca_certs=tls_redis["ca_file"])
     try:
         assert delete_keys(client, setup.unique) > 0  # it was this Redis that held them
@@ -191,14 +196,7 @@ def test_as_the_least_privileged_acl_user_the_readme_documents(
     rules = [f"~{prefix}:*" if r == "~delay-bridge:*" else r for r in rules if r != ">PASSWORD"]
     bridge = setup.bridge(redis__url=acl_user("least", *rules))
     bridges.append(bridge.start())
-    batch = records(setup, 60, "acl")
-    produce_all(setup.services.bootstrap, setup.delay, batch)
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: len(rs) >= 60, 60, "every record as the ACL user")
-    finally:
-        collector.close()
-    assert {r.value for r in collector.records} == {value for _, value, _ in batch}
+    delivers_all(setup, 60, "acl")
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready")
     denied = [line for line in bridge.output().splitlines() if "NOPERM" in line]
     expected = ("could not check that Redis does not evict", "names of earlier builds")
