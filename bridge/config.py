@@ -495,12 +495,13 @@ def _shown(value: Any) -> dict[str, Any]:
         elif f.name == "password" and item:
             item = REDACTED
         elif f.name == "url" and isinstance(item, str):
-            item = _redact_url(item)
+            item = redact_url(item)
         shown[f.name] = item
     return shown
 
 
-def _redact_url(url: str) -> str:
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, replaced: for logs and error messages."""
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -11,7 +11,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-from bridge.config import Config
+from bridge.config import Config, redact_url
+from bridge.errors import StoreError
 
 
 def redis_client(config: Config) -> redis.Redis:
@@ -35,7 +36,12 @@ def redis_client(config: Config) -> redis.Redis:
     if tls and parts.scheme == "redis":
         url = urlunsplit(parts._replace(scheme="rediss"))
     if r.cluster:
-        cluster: redis.Redis = RedisCluster.from_url(url, **kwargs, **tls)  # type: ignore[no-untyped-call]
+        try:
+            cluster: redis.Redis = RedisCluster.from_url(url, **kwargs, **tls)  # type: ignore[no-untyped-call]
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+            # The cluster client learns the slot map as it is made: no node, no client.
+            raise StoreError(f"redis cluster at {redact_url(r.url)} gave no slot map at start-up "
+                             f"(redis.url must name a reachable node): {exc}") from exc  # fmt: skip
         return cluster
     if not r.sentinel.nodes:
         return redis.Redis.from_url(url, **kwargs, **tls)

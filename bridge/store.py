@@ -214,6 +214,9 @@ def describe_redis_error(exc: redis.RedisError) -> str:
         return f"redis is out of memory (OOM): it refuses writes at maxmemory: {text}"
     if isinstance(exc, redis.exceptions.BusyLoadingError):
         return f"redis is loading its data set: {text}"
+    if isinstance(exc, redis.exceptions.ClusterDownError) or text.startswith("CLUSTERDOWN"):
+        return (f"redis cluster is down (CLUSTERDOWN): a slot has no reachable master until "
+                f"a replica takes over or the master returns: {text}")  # fmt: skip
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return f"redis unreachable: {text}"
     return f"redis: {text}"
@@ -226,6 +229,10 @@ def _as_store_error() -> Iterator[None]:
         yield
     except redis.RedisError as exc:
         raise StoreError(describe_redis_error(exc)) from exc
+    except redis.exceptions.RedisClusterException as exc:
+        # redis-py's cluster client's own errors (a slot no node serves, no node answers while it
+        # learns the slot map) are not RedisError, yet are as passing as a lost connection.
+        raise StoreError(f"redis cluster has no master for every slot: {exc}") from exc
     except (OSError, ValueError) as exc:
         # redis-py's cluster client may close a connection another thread is reading while it
         # learns a new slot map after a failover; that call failed, the next one goes through.

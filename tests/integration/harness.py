@@ -106,6 +106,13 @@ class Bridge:
             return err.code, err.read().decode()
 
 
+def metric(bridge: Bridge, name: str) -> float:
+    """The sum of a metric's samples in /metrics."""
+    body = bridge.get("/metrics")[1]
+    return sum(float(line.split()[-1]) for line in body.splitlines()
+               if re.match(rf"{name}(\{{| )", line))  # fmt: skip
+
+
 def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
     """Environment for a bridge process; keyword names are config paths with ``__``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}

@@ -3,7 +3,6 @@ counts them — and nothing spins or floods while they last."""
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import time
@@ -16,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Setup, bridge_env, produce_all
+from tests.integration.harness import Bridge, Setup, bridge_env, metric, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def metric(bridge: Bridge, name: str) -> float:
-    """The sum of a metric's samples in /metrics."""
-    body = bridge.get("/metrics")[1]
-    return sum(float(line.split()[-1]) for line in body.splitlines()
-               if re.match(rf"{name}(\{{| )", line))  # fmt: skip
 
 
 def valid(

@@ -4,6 +4,7 @@ TLS with a client certificate — each on real servers that scripts/services sta
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from tests.conftest import ROOT, SERVICES, delete_keys, wait_for
-from tests.integration.harness import Bridge, Setup, produce_all
+from tests.integration.harness import Bridge, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -163,6 +164,81 @@ def test_on_a_redis_cluster_with_a_master_failing_over(
         delete_keys_cluster(client, setup.unique)
         client.close()
     assert "loop crashed" not in bridge.output()
+
+
+def test_on_a_redis_cluster_with_a_slot_nobody_serves(
+    setup: Setup, redis_cluster: dict[str, str], bridges: list[Bridge]
+) -> None:
+    """A master and its replica both gone leave their slots unserved: the cluster refuses every
+    command (cluster-require-full-coverage) and redis-py's cluster client raises exceptions of
+    its own, outside RedisError. Here the slot of a shard is taken from every node. The bridge
+    stays up, /readyz names the fault, and once the slot is served again every record arrives."""
+    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true")
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the cluster")
+    client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
+    collector = setup.collector()
+    ports = [int(n.split(":")[1]) for n in redis_cluster["nodes"].split(",")]
+    slot = owner = -1
+    try:
+        first = records(setup, 200, "before")
+        produce_all(setup.services.bootstrap, setup.delay, first)
+        collector.until(lambda rs: len(rs) >= 20, 60, "records moving")
+        meta = next(k for k in client.scan_iter(match=f"*{setup.unique}*") if k.endswith(b":meta"))
+        slot, owner = client.keyslot(meta), int(client.get_node_from_key(meta).port)
+        for port in ports:  # masters and replicas alike forget who serves it
+            _cli(port, "cluster", "delslots", str(slot))
+
+        def says_cluster_down() -> bool:
+            assert bridge.proc is not None and bridge.proc.poll() is None, bridge.output()[-3000:]
+            status, body = bridge.get("/readyz")
+            return status == 503 and "redis cluster" in body and "mover" in body
+
+        wait_for(says_cluster_down, 30, "/readyz to name the cluster fault in the mover")
+        errors = "delay_bridge_redis_errors_total"
+        wait_for(lambda: says_cluster_down() and metric(bridge, errors) >= 5, 30,
+                 "the mover to keep backing off, alive")  # fmt: skip
+        _serve(owner, slot, ports)
+        slot = -1
+        second = records(setup, 200, "after")
+        produce_all(setup.services.bootstrap, setup.delay, second)
+        expected = {value for _, value, _ in first + second}
+        collector.until(lambda rs: expected <= {r.value for r in rs}, 90, "every record")
+        wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready again")
+    finally:
+        if slot >= 0:
+            _serve(owner, slot, ports)
+        collector.close()
+        delete_keys_cluster(client, setup.unique)
+        client.close()
+    assert "loop crashed" not in bridge.output()
+
+
+def test_an_unreachable_cluster_at_start_up_is_one_line(setup: Setup) -> None:
+    """redis-py's cluster client needs the slot map as it is made; with no node to ask, the
+    bridge exits with one line naming the cause (no traceback), for its restart policy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = setup.bridge(redis__url=f"redis://:secret@127.0.0.1:{port}/0", redis__cluster="true").env
+    proc = subprocess.run([sys.executable, "-m", "bridge", "run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "secret" not in out, out
+    assert f"delay-bridge: redis cluster at redis://:***@127.0.0.1:{port}/0 gave no slot map" in out
+
+
+def _serve(owner: int, slot: int, ports: list[int]) -> None:
+    """Give ``slot`` back to the master on port ``owner``; wait until every node is content."""
+    _cli(owner, "cluster", "addslots", str(slot))
+    wait_for(lambda: all("cluster_state:ok" in _cli(p, "cluster", "info") for p in ports), 30,
+             "the cluster to serve every slot again")  # fmt: skip
+
+
+def _cli(port: int, *args: str) -> str:
+    return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
 
 
 def _replica_port(master_port: int) -> int | None:
