@@ -232,8 +232,11 @@ def moments(rng: random.Random, count: int, start: float, end: float) -> list[fl
 def wait_ready(bridge: Bridge, timeout: float = 90) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if bridge.get("/readyz")[0] == 200:
-            return True
+        if bridge.proc is not None and bridge.proc.poll() is not None:
+            return False  # exited: the "no crash" check and its log say why
+        with contextlib.suppress(OSError):  # not listening yet
+            if bridge.get("/readyz")[0] == 200:
+                return True
         time.sleep(0.2)
     return False
 

@@ -36,4 +36,15 @@ def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
     assert account.misrouted == [], f"misrouted: {account.misrouted[:10]}"
     assert account.duplicate_ids_differ == 0, "a duplicate carried another delay-id"
     assert account.delivered + account.dead_lettered + account.scheduled == account.records
-    assert {k: v for k, v in result.checks.items() if not v} == {}
+    assert {k: v for k, v in result.checks.items() if not v} == {}, _crashes(tmp_path)
+
+
+def _crashes(run_dir: Path) -> str:
+    """What the bridges' logs say of a crash, for the failure message (CI keeps no files)."""
+    found = []
+    for log in sorted(run_dir.rglob("bridge-*.log")):
+        text = log.read_text(errors="replace")
+        at = text.find("Traceback")
+        if at >= 0:
+            found.append(f"{log.name}:\n{text[max(0, at - 300) : at + 3000]}")
+    return "\n".join(found)
