@@ -368,7 +368,9 @@ class Store:
                 by_node.setdefault(node.name, (node, []))[1].append(i)
             moved: list[int] = []
             for node, indexes in by_node.values():
-                pipe = node.redis_connection.pipeline(transaction=False)
+                # A node learnt from a MOVED reply (another thread's call) has no connection yet.
+                connection = cluster.get_redis_connection(node)
+                pipe = connection.pipeline(transaction=False)
                 for i in indexes:
                     script, keys, args = calls[i]
                     pipe.evalsha(script.sha, len(keys), *keys, *args)

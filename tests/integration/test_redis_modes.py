@@ -15,6 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.store import Shard, Store
 from tests.conftest import ROOT, SERVICES, delete_keys, wait_for
 from tests.integration.harness import Bridge, Setup, metric, produce_all
 
@@ -212,6 +213,27 @@ def test_on_a_redis_cluster_with_a_slot_nobody_serves(
         delete_keys_cluster(client, setup.unique)
         client.close()
     assert "loop crashed" not in bridge.output()
+
+
+def test_a_cluster_node_known_without_a_connection(
+    redis_cluster: dict[str, str], unique: str
+) -> None:
+    """redis-py adds a node it learns from a MOVED reply to its map without a connection; a
+    store call that lands on it (another thread's call taught the client) connects to it."""
+    client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
+    store = Store(client, f"test-{unique}")
+    shard = Shard(f"t-{unique}", 0)
+    try:
+        assert store.claim([shard], 10, 1000) == []
+        for node in client.get_nodes():
+            node.redis_connection.close()
+            node.redis_connection = None  # as redis-py leaves a node it learns from MOVED
+        assert store.claim([shard], 10, 1000) == []
+        assert all(node.redis_connection is not None for node in client.get_nodes()
+                   if node.name == client.get_node_from_key(store.keys(shard).due).name)  # fmt: skip
+    finally:
+        delete_keys_cluster(client, unique)
+        client.close()
 
 
 def test_an_unreachable_cluster_at_start_up_is_one_line(setup: Setup) -> None:
