@@ -189,14 +189,18 @@ def test_selectors_never_hold_the_chart_label(helm: str, values: list[str]) -> N
 def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_path: Path) -> None:
     docs = render(helm, *values)
     text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
-    # The Secret is mounted at /var/run/secrets/delay-bridge in the pod; stand in for it here.
-    secrets = tmp_path / "secrets"
+    # The Secrets are mounted under /var/run/secrets in the pod; stand in for them here.
+    secrets, tls = tmp_path / "secrets", tmp_path / "tls"
     secrets.mkdir()
-    for key in ("kafka", "redis"):
+    for key in ("kafka", "redis", "sentinel"):
         (secrets / key).write_text(f"{key}-password\n")
-    config = tmp_path / "bridge.yaml"
     # check-config builds the Kafka clients, which read the CA file: a real one stands in.
-    text = text.replace("/etc/kafka-ca/ca.crt", "/etc/ssl/certs/ca-certificates.crt")
+    system_ca = Path("/etc/ssl/certs/ca-certificates.crt").read_bytes()
+    for path in ("kafka/ca.crt", "redis/ca.pem", "redis/tls.crt", "redis/tls.key"):
+        (tls / path).parent.mkdir(parents=True, exist_ok=True)
+        (tls / path).write_bytes(system_ca)
+    config = tmp_path / "bridge.yaml"
+    text = text.replace("/var/run/secrets/delay-bridge-tls", str(tls))
     config.write_text(text.replace("/var/run/secrets/delay-bridge", str(secrets)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}
     proc = subprocess.run([sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
@@ -212,10 +216,37 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
         missing = subprocess.run([sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
                                  capture_output=True, text=True, env=env, cwd=ROOT, check=False)  # fmt: skip
         assert missing.returncode == 2 and "sasl.password_file" in missing.stderr
+        assert effective["redis"]["sentinel"]["password_file"] == str(secrets / "sentinel")
+        # TLS files from the Secrets, at the paths the chart mounts them.
+        assert effective["redis"]["tls"] == {"ca_file": str(tls / "redis/ca.pem"),
+                                             "cert_file": str(tls / "redis/tls.crt"),
+                                             "key_file": str(tls / "redis/tls.key")}  # fmt: skip
+        common = effective["kafka"]["common"]
+        assert common["ssl.ca.location"] == str(tls / "kafka/ca.crt")
+        assert common["security.protocol"] == "SASL_SSL"  # the user's, not the chart's default
+        assert "ssl.certificate.location" not in common  # no certKey given
         pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
-        assert {"name": "secrets", "secret": {"secretName": "delay-bridge-passwords"}} in pod[
-            "volumes"
-        ]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["secrets"]["secret"] == {"secretName": "delay-bridge-passwords"}
+        assert volumes["tls-kafka"]["secret"] == {"secretName": "kafka-tls"}
+        assert volumes["tls-redis"]["secret"] == {"secretName": "redis-tls"}
+        mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
+        for name in ("secrets", "tls-kafka", "tls-redis"):
+            assert mounts[name]["readOnly"] is True
+        assert mounts["tls-redis"]["mountPath"] == "/var/run/secrets/delay-bridge-tls/redis"
+
+
+def test_inline_passwords_go_to_the_charts_secret_never_the_configmap(helm: str) -> None:
+    docs = render(helm, "--set", "auth.redisPassword=r-pw", "--set", "auth.kafkaPassword=k-pw",
+                  "--set", "auth.sentinelPassword=s-pw", "--set", "tls.kafka.existingSecret=kt")  # fmt: skip
+    config = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    assert not any(pw in config for pw in ("r-pw", "k-pw", "s-pw"))
+    secret = kinds(docs)["Secret"]["data"]
+    assert set(secret) == {"redis-password", "kafka-password", "sentinel-password"}
+    effective = yaml.safe_load(config)
+    assert effective["redis"]["sentinel"]["password_file"].endswith("/sentinel-password")
+    # A Kafka TLS Secret alone turns TLS on.
+    assert effective["kafka"]["common"]["security.protocol"] == "SSL"
 
 
 def test_values_are_documented_and_the_readme_lists_them() -> None:

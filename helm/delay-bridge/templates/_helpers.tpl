@@ -82,6 +82,29 @@ Key of the Kafka / Redis password in that Secret ("" when none).
 {{- define "delay-bridge.redisPasswordKey" -}}
 {{- if .Values.auth.existingSecret }}{{ .Values.auth.redisPasswordKey }}{{ else if .Values.auth.redisPassword }}redis-password{{ end }}
 {{- end }}
+{{- define "delay-bridge.sentinelPasswordKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.sentinelPasswordKey }}{{ else if .Values.auth.sentinelPassword }}sentinel-password{{ end }}
+{{- end }}
+
+{{/*
+Whether the pod mounts the passwords Secret ("true" or "").
+*/}}
+{{- define "delay-bridge.hasSecret" -}}
+{{- if or (include "delay-bridge.kafkaPasswordKey" .) (include "delay-bridge.redisPasswordKey" .) (include "delay-bridge.sentinelPasswordKey" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+The config keys of a TLS Secret's files: (dict "tls" .Values.tls.x "dir" mount "keys" (list ca cert key)).
+*/}}
+{{- define "delay-bridge.tlsFiles" -}}
+{{- $out := dict }}
+{{- range $i, $value := list .tls.caKey .tls.certKey .tls.keyKey }}
+{{- if $value }}
+{{- $_ := set $out (index $.keys $i) (printf "%s/%s" $.dir $value) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
 
 {{/*
 The bridge's YAML config: values.config, with the HTTP port of the Service and the password
@@ -95,12 +118,29 @@ files of the mounted Secret.
 {{- if include "delay-bridge.kafkaPasswordKey" . }}
 {{- $_ := set $common "sasl.password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.kafkaPasswordKey" .)) }}
 {{- end }}
+{{- with .Values.tls.kafka }}
+{{- if .existingSecret }}
+{{- $files := include "delay-bridge.tlsFiles" (dict "tls" . "dir" "/var/run/secrets/delay-bridge-tls/kafka" "keys" (list "ssl.ca.location" "ssl.certificate.location" "ssl.key.location")) | fromYaml }}
+{{- $common = merge $common $files (dict "security.protocol" "SSL") }}
+{{- end }}
+{{- end }}
 {{- $_ := set $kafka "common" $common }}
 {{- $_ := set $config "kafka" $kafka }}
-{{- if include "delay-bridge.redisPasswordKey" . }}
 {{- $redis := default (dict) $config.redis }}
+{{- if include "delay-bridge.redisPasswordKey" . }}
 {{- $_ := set $redis "password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.redisPasswordKey" .)) }}
-{{- $_ := set $config "redis" $redis }}
 {{- end }}
+{{- if include "delay-bridge.sentinelPasswordKey" . }}
+{{- $sentinel := default (dict) $redis.sentinel }}
+{{- $_ := set $sentinel "password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.sentinelPasswordKey" .)) }}
+{{- $_ := set $redis "sentinel" $sentinel }}
+{{- end }}
+{{- with .Values.tls.redis }}
+{{- if .existingSecret }}
+{{- $files := include "delay-bridge.tlsFiles" (dict "tls" . "dir" "/var/run/secrets/delay-bridge-tls/redis" "keys" (list "ca_file" "cert_file" "key_file")) | fromYaml }}
+{{- $_ := set $redis "tls" (merge (default (dict) $redis.tls) $files) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $config "redis" $redis }}
 {{- toYaml $config }}
 {{- end }}
