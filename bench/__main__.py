@@ -23,12 +23,14 @@ from bench.scenarios import (
     Sizes,
     catch_up,
     precision_and_backlog,
+    redis_modes,
     throughput,
 )
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
-SCENARIOS = ("throughput", "precision", "catchup")
+SCENARIOS = ("throughput", "precision", "catchup", "cluster")
+DEFAULT = SCENARIOS[:3]  # cluster starts a Redis Cluster of its own: asked for by name
 LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
 
 
@@ -66,6 +68,12 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
         catch_up(servers, out, sizes.catchup, live, report)
+    if "cluster" in names:
+        say(
+            f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "
+            "delays on standalone Redis, then the same on a 3-master Redis Cluster"
+        )
+        redis_modes(servers, out, sizes.cluster, sizes.precision_s, report)
     say("done")
     return report
 
@@ -73,7 +81,7 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
-                        help=f"default: all of {', '.join(SCENARIOS)}")  # fmt: skip
+                        help=f"default: {', '.join(DEFAULT)}")  # fmt: skip
     parser.add_argument("--full", action="store_true", help="the full sizes (make bench-full)")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
     args = parser.parse_args()
@@ -82,7 +90,7 @@ def main() -> int:
     servers.up()
     started = time.monotonic()
     report = run_all(servers, args.out / "runs", FULL if args.full else QUICK,
-                     args.scenarios or list(SCENARIOS))  # fmt: skip
+                     args.scenarios or list(DEFAULT))  # fmt: skip
     command = "make bench-full" if args.full else "make bench"
     print(rep.tables(report))
     held = rep.targets(report)

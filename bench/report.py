@@ -52,6 +52,15 @@ def tables(report: Report) -> str:
         f"{drained['p50']} / {drained['max']} ms", f"{c['live_due_during_drain']:,}",
         f"{c['live_on_time_250ms']:,}", f"{live['p99']} / {live['max']} ms",
     ]] if c else []  # fmt: skip
+    m = f.get("redis modes")
+    modes = [[
+        mode, _rate(m[mode]["end_to_end_per_s"]), f"{m[mode]['precision_records']:,}",
+        _rate(m[mode]["precision_rate_per_s"]), str(m[mode]["early"]),
+        *_lateness(m[mode]["ack_lateness_ms"]),
+    ] for mode in ("standalone", "cluster")] if m else []  # fmt: skip
+    if m:
+        modes.append(["cluster / standalone", f"**{m['end_to_end_ratio']:.2f}x**", "", "", "",
+                      "", "", f"**{m['p99_ratio']:.2f}x**", "", ""])  # fmt: skip
     return "\n".join([
         *_section("Throughput (due at once)", [
             "records", "ingest", "egress", "end to end", "bare pipe", "e2e / pipe",
@@ -67,6 +76,9 @@ def tables(report: Report) -> str:
             "records", "stopped", "start to ready", "drained after start", "drain rate",
             "drained lateness p50 / max", "live due during drain", "live on time (<= 250 ms)",
             "live ack p99 / max"], catch_up),
+        *_section("Redis Cluster (3 masters + 3 replicas) next to standalone Redis, same run", [
+            "redis", "end to end (due at once)", "records due in 1-10 s", "rate", "early",
+            *[f"ack {q}" for q in quantiles]], modes),
     ])  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from confluent_kafka.cimpl import NewTopic
+from redis.cluster import RedisCluster
 
 from bench.ceilings import bare_store
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers, record_size
@@ -56,12 +57,13 @@ class Sizes:
     precision_s: float
     backlog: int
     catchup: int
+    cluster: int  # records due at once on each Redis of the cluster scenario
 
 
 QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,
-              catchup=100_000)  # fmt: skip
+              catchup=100_000, cluster=50_000)  # fmt: skip
 FULL = Sizes(throughput=500_000, values=(100, 1024), precision_s=60, backlog=1_000_000,
-             catchup=100_000)  # fmt: skip
+             catchup=100_000, cluster=200_000)  # fmt: skip
 
 
 @dataclass
@@ -401,4 +403,66 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
         }  # fmt: skip
     finally:
         store.client.close()
+        run.close()
+
+
+# ---------------------------------------------------------------- 6: Redis Cluster and standalone
+
+
+def redis_modes(servers: Servers, workdir: Path, count: int, seconds: float,
+                report: Report) -> None:  # fmt: skip
+    """The same two loads on the standalone Redis and on a 3-master Redis Cluster (3 replicas,
+    ``scripts/services up redis-cluster``), one after the other in this run: ``count`` records due
+    at once (end-to-end rate), then ``seconds`` of records due in 1-10 s at half the standalone
+    rate (lateness at the acknowledgement). Figures per mode and the cluster/standalone ratios."""
+    info = servers.up_set("redis-cluster")
+    try:
+        cluster = {"redis__url": info["url"], "redis__cluster": True}
+        alone = _one_mode(servers, workdir, "standalone", overrides={}, count=count,
+                          seconds=seconds, rate=None, report=report)  # fmt: skip
+        rate = alone["precision_rate_per_s"]  # the same load on both
+        on_cluster = _one_mode(servers, workdir, "cluster", overrides=cluster, count=count,
+                               seconds=seconds, rate=rate, report=report)  # fmt: skip
+    finally:
+        servers.down_set("redis-cluster")
+    report.figures["redis modes"] = {
+        "standalone": alone,
+        "cluster": on_cluster,
+        "end_to_end_ratio": on_cluster["end_to_end_per_s"] / alone["end_to_end_per_s"],
+        "p99_ratio": on_cluster["ack_lateness_ms"]["p99"] / max(1, alone["ack_lateness_ms"]["p99"]),
+    }
+
+
+def _one_mode(servers: Servers, workdir: Path, mode: str, *, overrides: dict[str, object],
+              count: int, seconds: float, rate: float | None,
+              report: Report) -> dict[str, Any]:  # fmt: skip
+    run = Run(servers, workdir, f"redis-{mode}", label="bench", target_config=ACK_STAMPS,
+              watch=False, overrides=overrides)  # fmt: skip
+    url = cast(str, overrides.get("redis__url", servers.redis_url))
+    client = RedisCluster.from_url(url) if overrides else servers.redis()  # type: ignore[no-untyped-call]
+    store = Store(client, run.prefix)
+    try:
+        finished(produce(run, due_now(count, run.target), float("inf")))
+        progress = Progress(store, run.delay).start()
+        bridge = run.bridge()
+        progress.wait(lambda i, s: i >= count and s == 0, 600, f"{mode}: all acknowledged")
+        progress.stop()
+        started = progress.first(lambda i, s: i > 0)
+        acked = progress.first(lambda i, s: i >= count and s == 0)
+        end_to_end = count / max(1e-3, (acked - started) / 1000)
+        rate = rate or end_to_end / 2
+        run.checker.start()
+        late = int(rate * seconds)
+        records = steady(late, run.target, 10_000, seed=count, min_delay_ms=1000)
+        finished(produce(run, records, rate, first_seq=count), seconds * 3 + 60)
+        wait_delivered(run, range(count + late), 300)
+        bridge.stop()
+        expected = read_expected(run)
+        settled(run, expected, range(count), report, f"redis {mode}: due at once")
+        account = settled(run, expected, range(count, count + late), report, f"redis {mode}")
+        return {"records": count, "end_to_end_per_s": end_to_end, "precision_rate_per_s": rate,
+                "precision_records": late, "early": len(account.early),
+                "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms)}  # fmt: skip
+    finally:
+        client.close()
         run.close()

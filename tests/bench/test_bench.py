@@ -18,7 +18,8 @@ from tests.conftest import Services
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
-TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000)
+TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000,
+            cluster=2000)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -46,6 +47,24 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     for title in ("Throughput", "Precision", "Backlog", "Catch-up"):
         assert title in text
     assert {t for t, _, _ in report.targets(result)} >= {"precision: 0 early"}
+
+
+def test_the_cluster_scenario_runs_on_both_redis_and_keeps_the_contract(
+    services: Services, tmp_path: Path
+) -> None:
+    kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
+    redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
+    servers = Servers(tmp_path, kafka_port=kafka_port, redis_port=redis_port)  # cluster of its own
+    result = run_all(servers, tmp_path, TOY, ["cluster"])
+    assert result.problems == []
+    m = result.figures["redis modes"]
+    for mode in ("standalone", "cluster"):
+        assert m[mode]["records"] == 2000 and m[mode]["early"] == 0
+        assert m[mode]["end_to_end_per_s"] > 0 and m[mode]["precision_records"] > 0
+    # Both loads ran at the same rate, so the lateness figures compare.
+    assert m["cluster"]["precision_rate_per_s"] == m["standalone"]["precision_rate_per_s"]
+    assert m["end_to_end_ratio"] > 0
+    assert "Redis Cluster" in report.tables(result)
 
 
 def test_tables_report_missed_targets() -> None:
