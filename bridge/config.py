@@ -23,7 +23,13 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 
 from bridge.errors import ConfigError
-from bridge.message import Rules, format_duration_ms, is_legal_topic, parse_duration_ms
+from bridge.message import (
+    DIALECTS,
+    Rules,
+    format_duration_ms,
+    is_legal_topic,
+    parse_duration_ms,
+)
 
 DEFAULT_PATH = "config/bridge.yaml"
 ENV_PATH = "DELAY_BRIDGE_CONFIG"
@@ -91,6 +97,7 @@ class TopicsConfig:
     default_target: dict[str, str] = field(default_factory=dict)
     allowed_targets: tuple[str, ...] = (".*",)
     dead_letter: str = "delay.dlq"
+    dialect: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,7 @@ class Config:
             dead_letter=self.topics.dead_letter,
             max_delay_ms=self.limits.max_delay,
             max_record_bytes=self.limits.max_record_bytes,
+            dialects=dict(self.topics.dialect),
         )
 
     def redis_password(self) -> str | None:
@@ -352,6 +360,12 @@ def _validate(config: Config) -> None:
         refusal = config.rules().target_refusal(target)
         if refusal is not None:
             raise ConfigError(f"topics.default_target.{delay_topic}: {refusal}")
+    for delay_topic, dialect in config.topics.dialect.items():
+        if delay_topic not in config.topics.delay:
+            raise ConfigError(f"topics.dialect.{delay_topic}: not one of topics.delay")
+        if dialect not in DIALECTS:
+            raise ConfigError(f"topics.dialect.{delay_topic}: unknown dialect {dialect!r} "
+                              f"(one of {', '.join(DIALECTS)})")  # fmt: skip
     if config.topics.dead_letter in config.topics.delay:
         raise ConfigError("topics.dead_letter: must not be a delay topic")
     if (

@@ -263,6 +263,7 @@ class Egress:
             return
         reports, self._reports = self._reports, []
         acked: dict[Shard, list[bytes]] = defaultdict(list)
+        ids: dict[Shard, list[tuple[str, bytes]]] = defaultdict(list)  # those in the id index
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
         failed: Counter[tuple[str, str, int]] = Counter()
         delivered: list[_Pending] = []
@@ -272,6 +273,9 @@ class Egress:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
                 acked[ident[0]].append(ident[1])
+                given = pending.claimed.given_id()
+                if given is not None:
+                    ids[ident[0]].append((given, ident[1]))
                 delivered.append(pending)
                 self._retries.pop(ident, None)
                 continue
@@ -294,7 +298,7 @@ class Egress:
             retry[wait_ms][ident[0]].append(ident[1])
             failed[(topic, err.str(), wait_ms)] += 1
         if acked:
-            self.store.ack(acked)
+            self.store.ack(acked, ids)
             self._forget(acked)
             self._count(delivered)
         for wait_ms, members in retry.items():

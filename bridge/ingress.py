@@ -28,10 +28,12 @@ from confluent_kafka import (
 )
 from confluent_kafka import KafkaError as ClientError
 
+from bridge.dialects import parse_record
 from bridge.errors import BridgeError, KafkaError, StoreError
 from bridge.health import Readiness
 from bridge.kafka import produce
 from bridge.message import (
+    Cancel,
     Headers,
     Reason,
     Rejected,
@@ -39,7 +41,6 @@ from bridge.message import (
     Scheduled,
     dead_letter_headers,
     origin,
-    parse,
     wire_headers,
 )
 from bridge.metrics import Metrics
@@ -68,7 +69,7 @@ def headers_of(msg: Message) -> Headers:
 
 @dataclass
 class _Batch:
-    stored: dict[Shard, tuple[int, list[Scheduled]]] = field(default_factory=dict)
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = field(default_factory=dict)
     rejected: list[tuple[Message, Rejected]] = field(default_factory=list)
 
 
@@ -283,12 +284,16 @@ class Ingress:
                 self.marks[shard] = max(high, self.marks.get(shard, -1))
             if added.lost:
                 self.positions.rebuild(added.lost)
+            self.metrics.replaced.inc(added.replaced)
+            self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
+            self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
         counts: dict[str, int] = {}
         earliest: int | None = None
         for shard, (_, records) in batch.stored.items():
-            counts[shard.topic] = counts.get(shard.topic, 0) + len(records)
             for rec in records:
-                earliest = rec.due_ms if earliest is None else min(earliest, rec.due_ms)
+                if isinstance(rec, Scheduled):
+                    counts[shard.topic] = counts.get(shard.topic, 0) + 1
+                    earliest = rec.due_ms if earliest is None else min(earliest, rec.due_ms)
         for topic, n in counts.items():
             self.metrics.ingested.labels(delay_topic=topic).inc(n)
         if earliest is not None:
@@ -305,7 +310,7 @@ class Ingress:
             ts_type, ts = msg.timestamp()
             try:
                 records.append(
-                    parse(
+                    parse_record(
                         self.rules,
                         topic=topic,
                         partition=partition,

@@ -28,16 +28,20 @@ H_DELIVER_AT = "delay-deliver-at"
 H_AFTER = "delay-after"
 H_TARGET_KEY = "delay-target-key"
 H_ID = "delay-id"
+H_CANCEL = "delay-cancel"
 H_DUE_AT = "delay-due-at"
 H_ERROR = "delay-error"
 H_ERROR_DETAIL = "delay-error-detail"
 H_ORIGIN = "delay-origin"
 
-CONTROL_HEADERS = frozenset({H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID})
+CONTROL_HEADERS = frozenset({H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_CANCEL})
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
 # so a record that passes through the bridge twice never carries a stale due time.
 STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT}
 MAX_ID_BYTES = 256
+# The header sets a delay topic may speak (topics.dialect): this contract's, and that of
+# etf1/kafka-message-scheduler (see bridge.dialects).
+DIALECTS = ("delay-bridge", "etf1")
 
 
 class Reason(StrEnum):
@@ -73,7 +77,7 @@ _RFC3339 = re.compile(
 # Epoch milliseconds past this (year 10000) are certainly a unit mistake (µs or ns); before
 # 2000-01-01 almost always epoch seconds taken for milliseconds (1.7e9 s is 1970 in ms).
 _MAX_EPOCH_MS = 253_402_300_800_000
-_MIN_EPOCH_MS = 946_684_800_000
+MIN_EPOCH_MS = 946_684_800_000
 
 
 def parse_duration_ms(text: str) -> int:
@@ -126,7 +130,7 @@ def parse_time_ms(text: str) -> int:
         value = int(text)
         if value >= _MAX_EPOCH_MS:
             raise ValueError(f"epoch milliseconds out of range: {text}")
-        if value < _MIN_EPOCH_MS:
+        if value < MIN_EPOCH_MS:
             raise ValueError(
                 f"{text} as epoch milliseconds is before 2000-01-01 ({format_time_ms(value)}); "
                 f"it looks like epoch seconds: give milliseconds ({text}000)"
@@ -190,6 +194,7 @@ class Rules:
     dead_letter: str
     max_delay_ms: int
     max_record_bytes: int
+    dialects: dict[str, str] = field(default_factory=dict)  # delay topic -> header set
     # Answers of target_refusal by target: a handful of targets take every record.
     _refusals: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
@@ -240,6 +245,10 @@ class Scheduled:
     # from the later of the due time and this, so it measures the bridge, not a late producer.
     stored_ms: int | None = None
 
+    def given_id(self, topic: str, partition: int) -> str | None:
+        """The delay-id its producer gave; None when it is the default one (the origin)."""
+        return None if self.delay_id == origin(topic, partition, self.offset) else self.delay_id
+
     def late_from_ms(self) -> int:
         """The moment from which a delivery counts as late."""
         return max(self.due_ms, self.stored_ms or self.due_ms)
@@ -257,6 +266,15 @@ class Scheduled:
         kept.append((H_ID, self.delay_id.encode()))
         kept.append((H_DUE_AT, str(self.due_ms).encode()))
         return kept
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A delay-topic record that withdraws the waiting record with ``delay_id`` from its
+    partition: stored nowhere, delivered nowhere."""
+
+    offset: int
+    delay_id: str
 
 
 def origin(topic: str, partition: int, offset: int) -> str:
@@ -305,8 +323,9 @@ def parse(
     value: bytes | None,
     headers: Headers,
     now_ms: int,
-) -> Scheduled:
-    """Turn a delay-topic record into a :class:`Scheduled`, or raise :class:`Rejected`.
+) -> Scheduled | Cancel:
+    """Turn a delay-topic record into a :class:`Scheduled` (or a :class:`Cancel`), or raise
+    :class:`Rejected`.
 
     ``timestamp_ms`` is the record's own timestamp (relative delays count from it, so a record
     read twice gets the same due time); when the record has none, ``now_ms`` stands in.
@@ -322,9 +341,17 @@ def parse(
     deliver_at = _text(control, H_DELIVER_AT)
     after = _text(control, H_AFTER)
     delay_id = _text(control, H_ID)
+    cancel = _text(control, H_CANCEL)
 
-    if delay_id is not None and not 1 <= len(control[H_ID]) <= MAX_ID_BYTES:
-        raise Rejected(Reason.BAD_HEADER, f"header {H_ID} must be 1 to {MAX_ID_BYTES} bytes")
+    for name, text in ((H_ID, delay_id), (H_CANCEL, cancel)):
+        if text is not None and not 1 <= len(control[name]) <= MAX_ID_BYTES:
+            raise Rejected(Reason.BAD_HEADER, f"header {name} must be 1 to {MAX_ID_BYTES} bytes")
+    if cancel is not None:
+        extra = [h for h in (H_DELIVER_AT, H_AFTER, H_TARGET_TOPIC) if h in control]
+        if extra:
+            raise Rejected(Reason.BAD_HEADER, f"a {H_CANCEL} record schedules nothing: it "
+                           f"must not carry {' or '.join(extra)}")  # fmt: skip
+        return Cancel(offset, cancel)
 
     base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
     if deliver_at is None and after is None:
@@ -415,7 +442,7 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
         flags |= _TARGET_IN_HEADER
     else:
         fields.append(target)
-    if record.delay_id == origin(topic, partition, record.offset):
+    if record.given_id(topic, partition) is None:
         flags |= _DEFAULT_ID
     else:
         fields.append(record.delay_id.encode())

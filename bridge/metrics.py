@@ -51,6 +51,17 @@ class Metrics:
         self.dead_lettered = Counter(
             "delay_bridge_dead_lettered", "Records sent to the DLQ", ["reason"], registry=registry
         )
+        self.cancelled = Counter(
+            "delay_bridge_cancelled",
+            "Cancel records applied: cancelled (a waiting record withdrawn) or not-found",
+            ["result"],
+            registry=registry,
+        )
+        self.replaced = Counter(
+            "delay_bridge_replaced",
+            "Waiting records replaced by a newer one with the same delay-id",
+            registry=registry,
+        )
         self.redelivered = Counter(
             "delay_bridge_redelivered",
             "Leases that expired and were handed out again",
@@ -139,6 +150,8 @@ class Metrics:
             self.dead_lettered.labels(reason=reason.value)
         for stage in ("ingress", "egress", "metrics"):
             self.redis_errors.labels(stage=stage)
+        for result in ("cancelled", "not-found"):
+            self.cancelled.labels(result=result)
 
     def declare_delay_topics(self, topics: Iterable[str]) -> None:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""

@@ -43,12 +43,12 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from bridge.errors import StoreError
-from bridge.message import Scheduled, decode, encode
+from bridge.message import Cancel, Scheduled, decode, encode
 
 logger = logging.getLogger(__name__)
 
 _OFFSET = struct.Struct(">Q")
-_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending")
+_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids")
 _LEGACY_KEY_NAMES = ("due", "inflight", "records")
 # Every key a shard may have, and how relocate.lua merges two copies of it (the first three are
 # all a retired incarnation has).
@@ -89,9 +89,11 @@ class ShardKeys:
     meta: str
     low: str
     pending: str
+    ids: str  # the id index: only records with a caller-given delay-id
 
     def all(self) -> tuple[str, ...]:
-        return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending)
+        return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending,
+                self.ids)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,10 @@ class Claimed:
     member: bytes  # the in-flight member, the offset's 8 bytes: what ack and release take
     record: Scheduled
     redelivery: bool
+
+    def given_id(self) -> str | None:
+        """The record's delay-id if its producer gave one (only those are in the id index)."""
+        return self.record.given_id(self.shard.topic, self.shard.partition)
 
 
 class Bound(NamedTuple):
@@ -134,10 +140,15 @@ class Lost(NamedTuple):
 
 @dataclass(frozen=True)
 class Added:
-    """What :meth:`Store.add` did: records stored, and the shards it refused as lost."""
+    """What :meth:`Store.add` did: records stored, waiting records replaced by a later one with
+    their delay-id, cancels applied and cancels that found nothing waiting, and the shards it
+    refused as lost."""
 
     count: int
     lost: dict[Shard, Lost]
+    replaced: int = 0
+    cancelled: int = 0
+    not_found: int = 0
 
 
 @dataclass(frozen=True)
@@ -411,7 +422,7 @@ class Store:
 
     def add(
         self,
-        batches: Mapping[Shard, tuple[int, Sequence[Scheduled]]],
+        batches: Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]],
         expected: Mapping[Shard, int] | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
@@ -428,16 +439,21 @@ class Store:
             k = self.keys(shard)
             args: list[Any] = [_expected(expected.get(shard)), high]
             for rec in records:
-                args += [rec.offset, rec.due_ms, member(rec, shard.topic, shard.partition)]
-            calls.append((self._add, [k.due, k.meta, k.low, k.pending], args))
-        count, lost = 0, {}
-        for shard, (status, value) in zip(shards, self._run(calls), strict=True):
-            loss = _lost(int(status), int(value))
+                if isinstance(rec, Cancel):
+                    args += [rec.offset, "", "", rec.delay_id]
+                    continue
+                args += [rec.offset, rec.due_ms, member(rec, shard.topic, shard.partition),
+                         rec.given_id(shard.topic, shard.partition) or ""]  # fmt: skip
+            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight]
+            calls.append((self._add, keys, args))
+        counts, lost = [0, 0, 0, 0], {}
+        for shard, reply in zip(shards, self._run(calls), strict=True):
+            loss = _lost(int(reply[0]), int(reply[1]))
             if loss is None:
-                count += int(value)
+                counts = [a + int(b) for a, b in zip(counts, reply[1:], strict=True)]
             else:
                 lost[shard] = loss
-        return Added(count, lost)
+        return Added(counts[0], lost, *counts[1:])
 
     def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
         """Move the shards' records from the earlier layout into this one, ``batch`` records per
@@ -471,7 +487,7 @@ class Store:
         for shard in shards:
             k, old = self.keys(shard), self.keys(Shard(shard.topic, shard.partition, labels[shard]))
             keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, self.retired_set(shard),
-                    old.due, old.inflight, old.claimed]  # fmt: skip
+                    old.due, old.inflight, old.claimed, k.ids]  # fmt: skip
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
             calls.append((self._incarnation, keys, args))
         out = {}
@@ -545,13 +561,21 @@ class Store:
                 out.append(Claimed(shard, item[:8], record, i < redelivered))
         return out
 
-    def ack(self, members: Mapping[Shard, Sequence[bytes]]) -> int:
-        """Remove records Kafka acknowledged. Returns how many were still there."""
+    def ack(
+        self,
+        members: Mapping[Shard, Sequence[bytes]],
+        ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
+    ) -> int:
+        """Remove records Kafka acknowledged; ``ids`` names those of them with a caller-given
+        delay-id (delay-id, member), which leave the id index too. Returns how many were still
+        there."""
         calls: list[tuple[Script, list[str], list[Any]]] = []
         for shard, batch in members.items():
             if batch:
                 k = self.keys(shard)
-                calls.append((self._ack, [k.inflight, k.claimed, k.low, k.pending], list(batch)))
+                pairs = [x for pair in (ids or {}).get(shard, ()) for x in pair]
+                keys = [k.inflight, k.claimed, k.low, k.pending, k.ids]
+                calls.append((self._ack, keys, [len(batch), *batch, *pairs]))
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

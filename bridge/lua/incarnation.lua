@@ -19,6 +19,8 @@ KEYS[7]  retired            SET   labels of retired incarnations still holding r
 KEYS[8]  retired due index  (the names KEYS[1..3] take under the label ARGV[2])
 KEYS[9]  retired in-flight
 KEYS[10] retired claimed
+KEYS[11] id index         HASH  delay-id -> offset .. due ms (dropped: the new incarnation's
+                                cancels and replacements refer to its own records)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
 ARGV[3]  "1" to retire even if the topic id is unchanged
@@ -47,7 +49,7 @@ end
 if moved > 0 then
   redis.call('SADD', KEYS[7], ARGV[2])
 end
-redis.call('DEL', KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11])
 if id ~= '' then
   redis.call('HSET', KEYS[4], 'topic_id', id)
 end

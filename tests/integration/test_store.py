@@ -22,8 +22,9 @@ def store(redis_client: redis.Redis, unique: str) -> Store:
 
 
 def rec(offset: int, due: int, target: str = "out") -> Scheduled:
+    """A record with the default delay-id of SHARD (cancel and replace: test_cancel.py)."""
     return Scheduled(
-        offset, due, target, b"k", f"v{offset}".encode(), [("h", b"1")], f"id-{offset}"
+        offset, due, target, b"k", f"v{offset}".encode(), [("h", b"1")], f"delay:0:{offset}"
     )
 
 
@@ -42,7 +43,7 @@ def offsets(claimed: list) -> list[int]:  # type: ignore[type-arg]
 def test_keys_share_one_hash_tag(store: Store) -> None:
     shard = Shard("delay", 3)
     names = [*store.keys(shard).all(), *store.legacy_keys(shard).__dict__.values()]
-    assert len(set(names)) == 9
+    assert len(set(names)) == 10
     assert {k.split("}")[0] for k in names} == {f"{store.prefix}:{{delay:3"}
     assert all(k.startswith(f"{store.prefix}:") for k in names)  # one ACL pattern covers them
 

@@ -50,10 +50,12 @@ RULES = Rules(
 
 def run(headers: Headers, *, topic: str = "delay", key: bytes | None = b"k",
         value: bytes | None = b"v", timestamp_ms: int | None = TS) -> Scheduled:  # fmt: skip
-    return parse(
+    rec = parse(
         RULES, topic=topic, partition=2, offset=41, timestamp_ms=timestamp_ms,
         key=key, value=value, headers=headers, now_ms=NOW,
     )  # fmt: skip
+    assert isinstance(rec, Scheduled)
+    return rec
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,115 @@
+"""Cancel and replace by delay-id in the store's scripts, on the real Redis, with explicit times:
+offset order within a batch, idempotent re-reads, and the id index's life next to the records."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from bridge.message import Cancel, Scheduled
+from bridge.store import Added, Shard, Store, offset_bytes
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000_000
+LEASE = 30_000
+SHARD = Shard("delay", 0)
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, unique: str) -> Store:
+    return Store(redis_client, f"test-{unique}")
+
+
+def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v") -> Scheduled:
+    """A record with a caller-given ``delay_id``, or with the default one (its origin)."""
+    return Scheduled(offset, due, "out", b"k", value, [], delay_id or f"delay:0:{offset}")
+
+
+def apply(store: Store, *records: Scheduled | Cancel) -> Added:
+    return store.add({SHARD: (max(r.offset for r in records), list(records))})
+
+
+def waiting(store: Store, now: int = T0 + 10**9) -> dict[int, tuple[str, bytes | None]]:
+    """offset -> (delay-id, value) of every record claimable by ``now`` (claims them)."""
+    return {c.record.offset: (c.record.delay_id, c.record.value)
+            for c in store.claim([SHARD], 10_000, LEASE, now_ms=now)}  # fmt: skip
+
+
+def index(store: Store) -> dict[bytes, bytes]:
+    return dict(store.client.hgetall(store.keys(SHARD).ids))  # type: ignore[arg-type]
+
+
+def test_a_later_record_with_the_same_id_replaces_the_waiting_one(store: Store) -> None:
+    added = apply(store, rec(0, T0 + 5000, "job-7", b"first"), rec(1, T0 + 100, "other"))
+    assert (added.count, added.replaced) == (2, 0)
+    added = apply(store, rec(2, T0 + 900, "job-7", b"second"))
+    assert (added.count, added.replaced) == (1, 1)
+    assert waiting(store) == {1: ("other", b"v"), 2: ("job-7", b"second")}
+    # The replaced record's offset is no longer pending: the commit moves past it.
+    assert store.is_pending(SHARD, 0) is False and store.is_pending(SHARD, 2) is True
+
+
+def test_a_cancel_withdraws_the_waiting_record_and_counts_what_it_found(store: Store) -> None:
+    apply(store, rec(0, T0 + 5000, "order-1"), rec(1, T0 + 5000, "order-2"))
+    added = apply(store, Cancel(2, "order-1"), Cancel(3, "never-scheduled"))
+    assert (added.count, added.cancelled, added.not_found) == (0, 1, 1)
+    assert waiting(store) == {1: ("order-2", b"v")}
+    assert index(store) == {b"order-2": offset_bytes(1) + str(T0 + 5000).encode()}
+    assert store.lows({SHARD: 3}).offsets == {SHARD: 1}  # 0, 2 and 3 are done
+
+
+def test_within_a_batch_they_apply_in_offset_order(store: Store) -> None:
+    # schedule -> cancel -> schedule again -> replace, all in one batch
+    added = apply(store, rec(0, T0 + 10, "a", b"1"), Cancel(1, "a"), rec(2, T0 + 20, "a", b"2"),
+                  rec(3, T0 + 30, "a", b"3"))  # fmt: skip
+    assert (added.count, added.cancelled, added.replaced) == (3, 1, 1)
+    assert waiting(store) == {3: ("a", b"3")}
+    assert store.lows({SHARD: 3}).offsets == {SHARD: 3}
+
+
+def test_reading_the_records_again_gives_the_same_state(store: Store) -> None:
+    batch: list[Scheduled | Cancel] = [rec(0, T0 + 10, "a"), rec(1, T0 + 10, "b"),
+                                       Cancel(2, "a"), rec(3, T0 + 20, "b", b"new")]  # fmt: skip
+    apply(store, *batch)
+    again = apply(store, *batch)  # at or below the watermark: applied once
+    assert (again.count, again.cancelled, again.replaced, again.not_found) == (0, 0, 0, 0)
+    first = waiting(store, T0 + 20)
+    store.client.delete(*store.keys(SHARD).all())  # Redis lost it all: read from offset 0 again
+    apply(store, *batch)
+    assert waiting(store, T0 + 20) == first == {3: ("b", b"new")}
+
+
+def test_a_claimed_record_is_past_cancel_and_replace(store: Store) -> None:
+    apply(store, rec(0, T0, "job"))
+    [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    added = apply(store, Cancel(1, "job"))
+    assert (added.cancelled, added.not_found) == (0, 1)
+    added = apply(store, rec(2, T0 + 1000, "job", b"again"))  # scheduled besides, not replacing
+    assert (added.count, added.replaced) == (1, 0)
+    # The in-flight one's acknowledgement leaves the index naming the newer record.
+    assert store.ack({SHARD: [claimed.member]}, {SHARD: [("job", claimed.member)]}) == 1
+    assert index(store) == {b"job": offset_bytes(2) + str(T0 + 1000).encode()}
+    added = apply(store, Cancel(3, "job"))
+    assert added.cancelled == 1 and waiting(store) == {}
+    assert index(store) == {}
+
+
+def test_the_index_lives_and_dies_with_its_records(store: Store) -> None:
+    apply(store, *(rec(i, T0) for i in range(50)))  # default ids: no index at all
+    assert not store.client.exists(store.keys(SHARD).ids)
+    apply(store, rec(50, T0, "x"), rec(51, T0, "y"))
+    claimed = store.claim([SHARD], 100, LEASE, now_ms=T0)
+    ids = [(c.given_id(), c.member) for c in claimed if c.given_id()]
+    assert sorted(i for i, _ in ids) == ["x", "y"]  # type: ignore[type-var]
+    store.ack({SHARD: [c.member for c in claimed]}, {SHARD: ids})  # type: ignore[dict-item]
+    assert not store.client.exists(store.keys(SHARD).ids)
+
+
+def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Store) -> None:
+    apply(store, rec(0, T0, "job"))
+    [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    store.ack({SHARD: [claimed.member]})  # acknowledged without its id (an earlier build)
+    assert index(store) != {}
+    assert apply(store, Cancel(1, "job")).not_found == 1
+    assert index(store) == {}
