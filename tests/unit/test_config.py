@@ -81,6 +81,8 @@ def test_environment_overrides_scalars() -> None:
         ({"topics": {"dead_letter": "delay"}}, {}, "topics.dead_letter: must not be a delay topic"),
         ({"topics": {"default_target": {"other": "t"}}}, {}, "topics.default_target.other"),
         ({"topics": {"default_target": {"delay": "__x"}}}, {}, "internal topic"),
+        ({"topics": {"dialect": {"other": "etf1"}}}, {}, "topics.dialect.other: not one of"),
+        ({"topics": {"dialect": {"delay": "etf2"}}}, {}, "topics.dialect.delay: unknown dialect"),
         ({"kafka": {"common": {"a": {"b": 1}}}}, {}, "kafka.common.a: expected a scalar"),
         ({"kafka": "x"}, {}, "kafka: expected a mapping"),
         ({"http": {"port": 70000}}, {}, "http.port"),

@@ -1,0 +1,115 @@
+"""Headers for a service that schedules records: build them here, produce with any Kafka client.
+
+    from bridge.client import delay_headers, cancel_headers
+
+    expire = f"expire-{order_id}"
+    producer.produce("delay", key=order_id, value=payload,
+                     headers=delay_headers("orders.expired", after="30m", delay_id=expire))
+    producer.produce("delay", key=order_id, value=b"", headers=cancel_headers(expire))
+
+A cancel (or a replacement: the same ``delay_id`` again) must go to the partition of the record
+it refers to, so give it the same key. The values are checked here with the bridge's own rules
+(one of ``after``/``at``, durations, millisecond precision, id length), raising ``ValueError`` with
+the reason instead of a dead letter later. Only the standard library is needed: this module and
+:mod:`bridge.message` import neither redis, prometheus-client nor confluent-kafka.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from bridge.message import (
+    H_AFTER,
+    H_CANCEL,
+    H_DELIVER_AT,
+    H_ID,
+    H_TARGET_KEY,
+    H_TARGET_TOPIC,
+    MAX_ID_BYTES,
+    is_legal_topic,
+    parse_duration_ms,
+    parse_time_ms,
+)
+
+__all__ = ["cancel_headers", "delay_headers"]
+
+
+def delay_headers(
+    target: str,
+    *,
+    after: int | str | timedelta | None = None,
+    at: int | str | datetime | None = None,
+    delay_id: str | None = None,
+    target_key: bytes | str | None = None,
+) -> list[tuple[str, bytes]]:
+    """The headers that schedule a record for ``target``: due ``after`` a delay counted from
+    the record's timestamp (milliseconds, a duration such as ``"1h30m"``, or a timedelta) or
+    ``at`` a moment (epoch milliseconds, RFC 3339 text, or a timezone-aware datetime), with an
+    optional ``delay_id`` (a later record with the same id replaces this one while it waits)
+    and the key the delivered record gets (``target_key``; default: the record's own key)."""
+    if not isinstance(target, str) or not is_legal_topic(target):
+        raise ValueError(f"target {target!r} is not a legal topic name")
+    if (after is None) == (at is None):
+        raise ValueError("give exactly one of after= (a delay) or at= (a due time)")
+    headers = [(H_TARGET_TOPIC, target.encode())]
+    if after is not None:
+        headers.append((H_AFTER, _after(after).encode()))
+    else:
+        headers.append((H_DELIVER_AT, _at(at).encode()))  # type: ignore[arg-type]
+    if target_key is not None:
+        headers.append((H_TARGET_KEY, target_key.encode() if isinstance(target_key, str)
+                        else bytes(target_key)))  # fmt: skip
+    if delay_id is not None:
+        headers.append((H_ID, _id(delay_id)))
+    return headers
+
+
+def cancel_headers(delay_id: str) -> list[tuple[str, bytes]]:
+    """The headers of a record that cancels the waiting record with ``delay_id`` (produce it
+    with that record's key, so it lands in the same partition; its value is ignored)."""
+    return [(H_CANCEL, _id(delay_id))]
+
+
+def _after(after: int | str | timedelta) -> str:
+    if isinstance(after, bool):
+        raise ValueError(f"after={after!r} is not a delay")
+    if isinstance(after, timedelta):
+        if after % timedelta(milliseconds=1):
+            raise ValueError(f"after={after} has a part below a millisecond, the delay's unit")
+        after = after // timedelta(milliseconds=1)
+    if isinstance(after, int):
+        if after < 0:
+            raise ValueError(f"after={after} is negative")
+        return str(after)
+    if not isinstance(after, str):
+        raise ValueError(f"after={after!r}: give milliseconds, a duration or a timedelta")
+    parse_duration_ms(after)  # raises ValueError naming what is wrong
+    return after
+
+
+def _at(at: int | str | datetime) -> str:
+    if isinstance(at, bool):
+        raise ValueError(f"at={at!r} is not a time")
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValueError(f"at={at.isoformat()} has no timezone: give an aware datetime")
+        if at.microsecond % 1000:
+            raise ValueError(
+                f"at={at.isoformat()} has a part below a millisecond, the due time's unit"
+            )
+        at = int(at.timestamp()) * 1000 + at.microsecond // 1000
+    if isinstance(at, int):
+        at = str(at)
+    if not isinstance(at, str):
+        raise ValueError(f"at={at!r}: give epoch milliseconds, RFC 3339 text or a datetime")
+    parse_time_ms(at)  # raises ValueError naming what is wrong (e.g. epoch seconds)
+    return at
+
+
+def _id(delay_id: str) -> bytes:
+    if not isinstance(delay_id, str):
+        raise ValueError(f"delay_id must be text, got {type(delay_id).__name__}")
+    raw = delay_id.encode()
+    if not 1 <= len(raw) <= MAX_ID_BYTES:
+        raise ValueError(f"delay_id must be 1 to {MAX_ID_BYTES} bytes of UTF-8, got {len(raw)}")
+    return raw

@@ -1,0 +1,98 @@
+"""bridge.client: the headers a producer builds, checked with the bridge's own rules."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from bridge.client import cancel_headers, delay_headers
+from bridge.dialects import parse_record
+from bridge.message import Cancel, Rules, Scheduled, parse_duration_ms
+from tests.conftest import ROOT
+
+NOW = 1_790_000_000_000
+RULES = Rules(frozenset({"delay"}), {}, (re.compile(".*"),), "delay.dlq",
+              parse_duration_ms("365d"), 1_000_000)  # fmt: skip
+
+
+def scheduled(headers: list[tuple[str, bytes]]) -> Scheduled | Cancel:
+    """What the bridge makes of a record with these headers (timestamp NOW, key b"k")."""
+    return parse_record(RULES, topic="delay", partition=0, offset=5, timestamp_ms=NOW, key=b"k",
+                        value=b"v", headers=list(headers), now_ms=NOW)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "due"),
+    [
+        ({"after": 1500}, NOW + 1500),
+        ({"after": "1h30m"}, NOW + 5_400_000),
+        ({"after": timedelta(minutes=2, milliseconds=5)}, NOW + 120_005),
+        ({"after": 0}, NOW),
+        ({"at": 1_790_000_100_123}, 1_790_000_100_123),
+        ({"at": "2026-09-21T14:15:00.5+02:00"},
+         int(datetime(2026, 9, 21, 12, 15, 0, 500_000, tzinfo=UTC).timestamp()) * 1000 + 500),
+        ({"at": datetime(2027, 1, 1, tzinfo=UTC)}, 1_798_761_600_000),
+        ({"at": datetime(2027, 1, 1, 1, tzinfo=timezone(timedelta(hours=1)), microsecond=7000)},
+         1_798_761_600_007),
+    ],
+)  # fmt: skip
+def test_the_bridge_reads_the_due_time_it_was_given(kwargs: dict[str, object], due: int) -> None:
+    rec = scheduled(delay_headers("orders.expired", **kwargs))  # type: ignore[arg-type]
+    assert isinstance(rec, Scheduled)
+    assert rec.due_ms == due and rec.target == "orders.expired"
+
+
+def test_id_and_target_key_travel_with_the_record() -> None:
+    rec = scheduled(delay_headers("t", after="1s", delay_id="expire-7", target_key="order-7"))
+    assert isinstance(rec, Scheduled)
+    assert rec.delay_id == "expire-7" and rec.delivered_key() == b"order-7"
+    assert scheduled(cancel_headers("expire-7")) == Cancel(5, "expire-7")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one of after= (a delay) or at="),
+        ({"after": "1s", "at": 1_790_000_000_000}, "exactly one of"),
+        ({"after": "soon"}, "not a duration"),
+        ({"after": -1}, "negative"),
+        ({"after": True}, "not a delay"),
+        ({"after": 1.5}, "give milliseconds, a duration or a timedelta"),
+        ({"after": timedelta(microseconds=1500)}, "below a millisecond"),
+        ({"at": 1_790_000_000}, "looks like epoch seconds"),
+        ({"at": "tomorrow"}, "not a time"),
+        ({"at": datetime(2030, 1, 1)}, "has no timezone"),
+        ({"at": datetime(2030, 1, 1, microsecond=1, tzinfo=UTC)}, "below a millisecond"),
+        ({"after": "1s", "delay_id": ""}, "delay_id must be 1 to 256 bytes"),
+        ({"after": "1s", "delay_id": "x" * 257}, "delay_id must be 1 to 256 bytes"),
+        ({"after": "1s", "delay_id": 7}, "delay_id must be text"),
+    ],
+)  # fmt: skip
+def test_what_the_bridge_would_refuse_is_a_value_error(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        delay_headers("t", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_bad_target_or_cancel_id_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="not a legal topic name"):
+        delay_headers("no spaces", after=0)
+    with pytest.raises(ValueError, match="delay_id must be 1 to 256 bytes"):
+        cancel_headers("")
+
+
+def test_importable_with_only_the_standard_library() -> None:
+    code = ("import sys\n"
+            "for name in ('redis', 'prometheus_client', 'confluent_kafka', 'yaml'):\n"
+            "    sys.modules[name] = None  # any import of it fails\n"
+            "from bridge.client import delay_headers, cancel_headers\n"
+            "print(delay_headers('t', after='1s', delay_id='x'), cancel_headers('x'))\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "delay-cancel" in proc.stdout
