@@ -1,4 +1,4 @@
-"""The ``delay-bridge`` command line: run, check-config, produce, --version.
+"""The ``delay-bridge`` command line: run, check-config, produce, cancel, --version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.
@@ -14,7 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from bridge import __version__
+from bridge.client import cancel_headers
 from bridge.config import Config, dump, load, producer_settings
+from bridge.dialects import ETF1, parse_record
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings, produce
 from bridge.message import (
@@ -29,7 +31,6 @@ from bridge.message import (
     Rejected,
     Rules,
     format_time_ms,
-    parse,
     parse_duration_ms,
     parse_time_ms,
     wire_headers,
@@ -79,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument(
         "value", nargs="?", default="-", help="record value; - (default) reads one record per line"
     )
+    cancel = sub.add_parser("cancel", help="cancel a waiting record by its delay-id")
+    with_config(cancel)
+    cancel.add_argument("--id", required=True, help="delay-id of the record to cancel")
+    cancel.add_argument("--key", help="key of the record to cancel: the cancel must land in its "
+                        "partition (on an etf1 topic the key is the delay-id)")  # fmt: skip
+    cancel.add_argument("--topic", help="delay topic to produce to (default: the first in config)")
+    cancel.add_argument(
+        "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
+    )
     return parser
 
 
@@ -88,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "produce":
             return _produce(args, load(args.config))
+        if args.command == "cancel":
+            return _cancel(args, load(args.config))
         config = load(args.config)
         check_settings(config)
         if args.command == "check-config":
@@ -150,12 +162,14 @@ def _values(value: str) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
-def _check(rules: Rules, topic: str, key: bytes | None, value: bytes, headers: Headers) -> None:
+def _check(
+    rules: Rules, topic: str, key: bytes | None, value: bytes | None, headers: Headers
+) -> None:
     """Refuse what the bridge would dead-letter a second later, with the bridge's own rules."""
     now = time.time_ns() // 1_000_000
     try:
-        parse(rules, topic=topic, partition=0, offset=0, timestamp_ms=now, key=key, value=value,
-              headers=headers, now_ms=now)  # fmt: skip
+        parse_record(rules, topic=topic, partition=0, offset=0, timestamp_ms=now, key=key,
+                     value=value, headers=headers, now_ms=now)  # fmt: skip
     except Rejected as rejection:
         flag = {
             Reason.BAD_DUE_TIME: "--after/--at: ",
@@ -169,29 +183,75 @@ def _check(rules: Rules, topic: str, key: bytes | None, value: bytes, headers: H
         ) from None
 
 
-def _produce(args: argparse.Namespace, config: Config) -> int:
-    from confluent_kafka import KafkaError, KafkaException, Message, Producer
-
-    topic = args.topic or config.topics.delay[0]
+def _delay_topic(args: argparse.Namespace, config: Config) -> str:
+    topic: str = args.topic or config.topics.delay[0]
     if topic not in config.topics.delay:
         raise UsageError(
             f"--topic {topic}: not one of topics.delay ({', '.join(config.topics.delay)})"
         )
+    return topic
+
+
+def _produce(args: argparse.Namespace, config: Config) -> int:
+    topic = _delay_topic(args, config)
     if args.target is None and topic not in config.topics.default_target:
         raise UsageError(f"--target is required: topics.default_target has none for {topic}")
-    try:
-        timeout_ms = parse_duration_ms(args.timeout)
-    except ValueError as exc:
-        raise UsageError(f"--timeout: {exc}") from None
     headers = _headers(args, args.target)
     key = args.key.encode() if args.key is not None else None
     rules = config.rules()
-    values = _values(args.value)
-    first = next(values, None)
+
+    def records() -> Iterator[tuple[bytes | None, bytes | None, Headers]]:
+        for value in _values(args.value):
+            _check(rules, topic, key, value, headers)
+            yield key, value, headers
+
+    count = _send(config, topic, args.timeout, records(), "scheduled")
+    if args.at is not None and count:
+        print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
+    return 0
+
+
+def _cancel(args: argparse.Namespace, config: Config) -> int:
+    """Produce the record that cancels the waiting record with ``--id``: a ``delay-cancel``
+    header, or on an etf1 topic a tombstone keyed by the id."""
+    topic = _delay_topic(args, config)
+    if config.topics.dialect.get(topic) == ETF1:
+        if args.key is not None and args.key != args.id:
+            raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
+        record: tuple[bytes | None, bytes | None, Headers] = (args.id.encode(), None, [])
+    else:
+        if args.key is None:
+            raise UsageError("--key is required: a cancel must land in the partition of the "
+                             "record it cancels, so give it that record's key")  # fmt: skip
+        try:
+            headers: Headers = list(cancel_headers(args.id))
+        except ValueError as exc:
+            raise UsageError(f"--id: {exc}") from None
+        record = (args.key.encode(), b"", headers)
+    _check(config.rules(), topic, *record)
+    _send(config, topic, args.timeout, iter([record]), f"cancel of {args.id}")
+    return 0
+
+
+def _send(
+    config: Config,
+    topic: str,
+    timeout: str,
+    records: Iterator[tuple[bytes | None, bytes | None, Headers]],
+    what: str,
+) -> int:
+    """Produce ``records`` to ``topic`` (the first one is taken, and so checked, before
+    connecting); print each acknowledged offset as ``<what> topic:partition:offset``. Returns
+    how many were produced."""
+    from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+    try:
+        timeout_ms = parse_duration_ms(timeout)
+    except ValueError as exc:
+        raise UsageError(f"--timeout: {exc}") from None
+    first = next(records, None)
     if first is None:
         return 0
-    _check(rules, topic, key, first, headers)
-
     errors: list[str] = []
     quiet = logging.getLogger("librdkafka.cli")
     quiet.propagate = False  # librdkafka's own lines would repeat every reconnect
@@ -204,7 +264,7 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
     except KafkaException as exc:
         last = errors[-1] if errors else exc.args[0].str()
         raise BridgeError(f"cannot reach Kafka at {config.kafka.bootstrap_servers} within "
-                          f"{args.timeout}: {last}") from None  # fmt: skip
+                          f"{timeout}: {last}") from None  # fmt: skip
     if topic_meta.error is not None:
         raise BridgeError(f"cannot produce to {topic}: {topic_meta.error.str()}")
     failures: list[str] = []
@@ -213,25 +273,22 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
         if err is not None:
             failures.append(err.str())
             return
-        print(f"scheduled {msg.topic()}:{msg.partition()}:{msg.offset()}")
+        print(f"{what} {msg.topic()}:{msg.partition()}:{msg.offset()}")
 
     count = 0
-    value: bytes | None = first
+    record: tuple[bytes | None, bytes | None, Headers] | None = first
     try:
-        while value is not None:
-            if count:
-                _check(rules, topic, key, value, headers)
+        while record is not None:
+            key, value, headers = record
             produce(producer, topic, value=value, key=key, headers=wire_headers(headers),
                     on_delivery=report)  # fmt: skip
             producer.poll(0)
             count += 1
-            value = next(values, None)
+            record = next(records, None)
     except KafkaException as exc:
         raise BridgeError(f"cannot produce to {topic}: {exc.args[0].str()}") from None
     remaining = producer.flush(timeout_ms / 1000 + 1)
     if failures or remaining:
         reason = failures[0] if failures else f"{remaining} records not acknowledged"
         raise BridgeError(f"produce to {topic} failed: {reason}")
-    if args.at is not None:
-        print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
-    return 0
+    return count

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError as ClientError
 from confluent_kafka import KafkaException, Message, Producer
 
+from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.health import Readiness
 from bridge.kafka import produce
@@ -50,6 +51,7 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
+HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up ingress
 INFLIGHT_POLL_S = 0.05
 # Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
 ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 2.0
@@ -84,9 +86,11 @@ class Egress:
         lease_ms: int,
         max_attempts: int,
         readiness: Readiness | None = None,
+        catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.producer = producer
+        self.catch_up = catch_up or CatchUp()
         self.readiness = readiness or Readiness()
         self.store = store
         self.metrics = metrics
@@ -148,7 +152,8 @@ class Egress:
         if not shards or room <= 0:
             return 0
         per_shard = max(1, min(self.batch_size, room // len(shards)))
-        claimed = self.store.claim(shards, per_shard, self.lease_ms, now_ms)
+        horizons = self.catch_up.horizons()
+        claimed = self.store.claim(shards, per_shard, self.lease_ms, now_ms, horizons)
         redelivered = 0
         for item in claimed:
             redelivered += item.redelivery
@@ -195,7 +200,12 @@ class Egress:
         wake = self.store.next_wake(sorted(self.owned))
         if wake.next_ms is None:
             return IDLE_WAIT_S
-        return min(IDLE_WAIT_S, max(0.0, (wake.next_ms - wake.now_ms) / 1000))
+        seconds = min(IDLE_WAIT_S, max(0.0, (wake.next_ms - wake.now_ms) / 1000))
+        if self.catch_up.horizons():
+            # Due records may wait for the ingress's horizon: the ingress wakes the mover with
+            # every batch it stores, and this keeps a due one from turning the loop hot.
+            return max(seconds, HOLD_WAIT_S)
+        return seconds
 
     def _wait(self, seconds: float) -> None:
         if self._pending:

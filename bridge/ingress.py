@@ -28,6 +28,7 @@ from confluent_kafka import (
 )
 from confluent_kafka import KafkaError as ClientError
 
+from bridge.catchup import CatchUp
 from bridge.dialects import parse_record
 from bridge.errors import BridgeError, KafkaError, StoreError
 from bridge.health import Readiness
@@ -50,6 +51,7 @@ from bridge.store import Bound, Shard, Store
 logger = logging.getLogger(__name__)
 
 DLQ_FLUSH_TIMEOUT_S = 30.0
+WATERMARK_TIMEOUT_S = 5.0  # reading a partition's end offset, when it is read again
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
@@ -92,9 +94,11 @@ class Ingress:
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
         known_ids: Callable[[], Mapping[str, str]] = dict,
         readiness: Readiness | None = None,
+        catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.consumer = consumer
+        self.catch_up = catch_up or CatchUp()
         self.dlq = dlq_producer
         self.store = store
         self.rules = rules
@@ -106,8 +110,9 @@ class Ingress:
         self._on_stored = on_stored
         self.readiness = readiness or Readiness()
         self.positions = Positions(
-            consumer, store, metrics, topic_ids, on_retired=on_assign, known_ids=known_ids
-        )
+            consumer, store, metrics, topic_ids, on_retired=on_assign, known_ids=known_ids,
+            on_reread=self._reading_again,
+        )  # fmt: skip
         self._clock_ms = clock_ms
         self._next_commit = 0.0
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
@@ -159,6 +164,7 @@ class Ingress:
                 tp.offset = marks[shard] + 1
                 self.marks[shard] = marks[shard]
         consumer.incremental_assign(partitions)
+        self._reading_again({s: tp.offset for s, tp in zip(shards, partitions, strict=True)})
         self.assigned.update(shards)
         self.joined = True
         if self._paused_until:
@@ -186,6 +192,7 @@ class Ingress:
         self.assigned.difference_update(shards)
         for shard in shards:
             self.marks.pop(shard, None)
+            self.catch_up.stop(shard)
         logger.info(
             "%s %s",
             how,
@@ -193,6 +200,34 @@ class Ingress:
             extra={"partitions": len(shards)},
         )
         self._on_revoke_cb(shards)
+
+    def _reading_again(self, starts: Mapping[Shard, int]) -> None:
+        """The consumer reads these shards from these offsets (negative: the committed offset or
+        the beginning): hold their due records until it reaches where each partition ends now
+        (see bridge.catchup). Without the end offset the shard is not held: said once, the
+        records flow as they would have before."""
+        for shard, offset in starts.items():
+            tp = TopicPartition(shard.topic, shard.partition)
+            try:
+                low, end = self.consumer.get_watermark_offsets(tp, WATERMARK_TIMEOUT_S,
+                                                               cached=False)  # fmt: skip
+                start = offset
+                if start < 0 and start != OFFSET_BEGINNING:  # the committed offset, if any
+                    [tp] = self.consumer.committed([tp], WATERMARK_TIMEOUT_S)
+                    start = tp.offset
+                self.catch_up.start(shard, start if start >= 0 else low, end)
+            except KafkaException as exc:
+                logger.warning("end offset of %s[%d] not read, not holding its records while "
+                               "catching up: %s", shard.topic, shard.partition, exc)  # fmt: skip
+
+    def _caught_up(self) -> None:
+        """Release the shards whose read position reached the end they were held to."""
+        ends = self.catch_up.ends()
+        if not ends:
+            return
+        tps = [TopicPartition(s.topic, s.partition) for s in ends]
+        for tp in self.consumer.position(tps):
+            self.catch_up.reached(Shard(tp.topic, tp.partition), tp.offset)
 
     def _commit(self) -> None:
         try:
@@ -219,6 +254,7 @@ class Ingress:
                 return 0
             self._resume()
         messages = self._consume(timeout)
+        self._caught_up()
         if not messages:
             return 0
         messages = [m for m in messages if not self._is_error(m)]
@@ -287,6 +323,7 @@ class Ingress:
             self.metrics.replaced.inc(added.replaced)
             self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
             self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
+        self._read_up_to([m for m in messages if Shard(*coords(m)[:2]) in batch.stored])
         counts: dict[str, int] = {}
         earliest: int | None = None
         for shard, (_, records) in batch.stored.items():
@@ -298,6 +335,17 @@ class Ingress:
             self.metrics.ingested.labels(delay_topic=topic).inc(n)
         if earliest is not None:
             self._on_stored(earliest)
+
+    def _read_up_to(self, messages: list[Message]) -> None:
+        """Move the horizons of the shards being caught up on past what this batch applied."""
+        newest: dict[Shard, int] = {}
+        for msg in messages:
+            topic, partition, _ = coords(msg)
+            ts_type, ts = msg.timestamp()
+            shard = Shard(topic, partition)
+            newest[shard] = max(newest.get(shard, 0), ts if ts_type != 0 else self._clock_ms())
+        for shard, ts in newest.items():
+            self.catch_up.read(shard, ts)
 
     def _parse(self, messages: list[Message]) -> _Batch:
         now_ms = self._clock_ms()

@@ -44,6 +44,7 @@ class Positions:
         *,
         on_retired: Callable[[set[Shard]], None],
         known_ids: Callable[[], Mapping[str, str]] = dict,
+        on_reread: Callable[[Mapping[Shard, int]], None] = lambda starts: None,
     ) -> None:
         self.consumer = consumer
         self.store = store
@@ -51,6 +52,7 @@ class Positions:
         self._topic_ids = topic_ids  # asks Kafka
         self._known_ids = known_ids  # what was last heard, without asking (see check_incarnations)
         self._on_retired = on_retired
+        self._on_reread = on_reread  # shards sought back, with the offset each is read from
         self.assigned: set[Shard] = set()
         # The Redis watermark of each owned shard as last read or written by this process.
         self.marks: dict[Shard, int] = {}
@@ -89,6 +91,7 @@ class Positions:
                 raise KafkaError(f"reading committed offsets for a rebuild failed: {exc}") from exc
             for tp in committed:
                 where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
+        starts: dict[Shard, int] = {}
         for shard, loss in lost.items():
             if shard not in self.assigned:
                 continue
@@ -109,8 +112,10 @@ class Positions:
                 )  # fmt: skip
                 self.marks[shard] = loss.watermark
             self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
+            starts[shard] = offset
             cause = "redis-lost-state" if loss.watermark is None else "redis-lost-writes"
             self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
+        self._on_reread(starts)
 
     def bind(
         self,
@@ -169,6 +174,7 @@ class Positions:
     def restart(self, replaced: dict[Shard, Bound]) -> None:
         for shard in replaced:
             self.consumer.seek(TopicPartition(shard.topic, shard.partition, OFFSET_BEGINNING))
+        self._on_reread(dict.fromkeys(replaced, OFFSET_BEGINNING))
         retired = {b.retired for b in replaced.values() if b.retired is not None}
         if retired:
             self._on_retired(retired)

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
+from bridge.catchup import CatchUp
 from bridge.config import Config, admin_settings, consumer_settings, producer_settings
 from bridge.egress import Egress
 from bridge.errors import StoreError
@@ -67,6 +68,7 @@ class Service:
         self.probes = Probes(self.store, self.readiness, config.topics.dead_letter,
                              self.topics.absent, writable=self.metrics.redis_writable,
                              also_describe=config.topics.delay)  # fmt: skip
+        catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         self.egress = Egress(
             Producer(producer_conf),
             self.store,
@@ -76,6 +78,7 @@ class Service:
             lease_ms=config.egress.lease,
             max_attempts=config.egress.max_attempts,
             readiness=self.readiness,
+            catch_up=catch_up,
         )
         self.ingress = Ingress(
             Consumer(consumer_conf),
@@ -91,6 +94,7 @@ class Service:
             topic_ids=self.topics.ids,
             known_ids=self.topics.known,
             readiness=self.readiness,
+            catch_up=catch_up,
         )
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready)
         self.http = HttpServer(

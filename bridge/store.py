@@ -543,15 +543,24 @@ class Store:
         return Lows(offsets, lost)
 
     def claim(
-        self, shards: Sequence[Shard], limit: int, lease_ms: int, now_ms: int | None = None
+        self,
+        shards: Sequence[Shard],
+        limit: int,
+        lease_ms: int,
+        now_ms: int | None = None,
+        horizons: Mapping[Shard, int] | None = None,
     ) -> list[Claimed]:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
-        and overdue records sharing the rest (see claim.lua)."""
+        and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
+        records due by its horizon (see bridge.catchup)."""
         now_arg = "" if now_ms is None else str(now_ms)
+        horizons = horizons or {}
         calls = []
         for shard in shards:
             k = self.keys(shard)
-            args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS]
+            horizon = horizons.get(shard)
+            args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
+                    "" if horizon is None else horizon]  # fmt: skip
             calls.append((self._claim, [k.due, k.inflight, k.claimed], args))
         out: list[Claimed] = []
         for shard, reply in zip(shards, self._run(calls), strict=True):

@@ -21,6 +21,8 @@ ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
 ARGV[4]  the on-time window ms
+ARGV[5]  a horizon ms, or "": records due after it stay, however late (the ingress is still
+         catching up on the shard's partition: see bridge.catchup)
 
 Returns: {now ms, redelivered count, member, member, ...}
 ]]
@@ -49,10 +51,14 @@ end
 out[2] = #out - 2
 
 local room = limit - out[2]
+local upto = now
+if ARGV[5] and ARGV[5] ~= '' then
+  upto = math.min(now, tonumber(ARGV[5]))
+end
 if room > 0 then
-  local edge = now - tonumber(ARGV[4])
+  local edge = upto - tonumber(ARGV[4])
   local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', edge)
-  local on_time = redis.call('ZCOUNT', KEYS[1], '(' .. edge, now)
+  local on_time = redis.call('ZCOUNT', KEYS[1], '(' .. edge, upto)
   local take_on_time = math.min(math.floor(room / 2), on_time)
   local take_overdue = math.min(room - take_on_time, overdue)
   take_on_time = math.min(room - take_overdue, on_time)

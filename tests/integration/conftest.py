@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.conftest import Services, TopicFactory, delete_keys
+from tests.conftest import Services, TopicFactory, delete_keys, wait_for
 from tests.integration.harness import Bridge, Setup
 
 
@@ -58,3 +60,33 @@ def acl_user(services: Services, unique: str) -> Iterator[Callable[..., str]]:
     for user in made:
         admin.acl_deluser(user)
     admin.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def scratch_redis(tmp_path: Path) -> Iterator[str]:
+    """A Redis server of this test's own (made a replica, flushed: faults no other test sees)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+    wait_for(lambda: _pings(client), 30, "the scratch redis")
+    yield f"redis://127.0.0.1:{port}/0"
+    client.close()
+    proc.kill()
+    proc.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False

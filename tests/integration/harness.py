@@ -107,10 +107,10 @@ class Bridge:
 
 
 def metric(bridge: Bridge, name: str) -> float:
-    """The sum of a metric's samples in /metrics."""
+    """The sum of a metric's samples in /metrics; ``name`` may end in labels ({a="b"})."""
     body = bridge.get("/metrics")[1]
     return sum(float(line.split()[-1]) for line in body.splitlines()
-               if re.match(rf"{name}(\{{| )", line))  # fmt: skip
+               if re.match(rf"{re.escape(name)}(\{{| )", line))  # fmt: skip
 
 
 def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
@@ -211,7 +211,7 @@ def _received(msg: Message) -> Received:
 def produce_all(
     bootstrap: str,
     topic: str,
-    records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes | None]]]],
+    records: Sequence[tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
 ) -> list[tuple[int, int]]:
     """Produce (key, value, headers) records; returns their (partition, offset) in order."""
     producer = Producer(

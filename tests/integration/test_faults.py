@@ -3,10 +3,8 @@ counts them — and nothing spins or floods while they last."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,15 +13,10 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.conftest import free_port
 from tests.integration.harness import Bridge, Setup, bridge_env, metric, produce_all
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def valid(
@@ -31,30 +24,6 @@ def valid(
 ) -> list[tuple[None, bytes, Headers]]:
     return [(None, f"{tag}-{i}".encode(), [(H_TARGET_TOPIC, target.encode()), (H_AFTER, after.encode())])
             for i in range(count)]  # fmt: skip
-
-
-@pytest.fixture
-def scratch_redis(tmp_path: Path) -> Iterator[str]:
-    """A Redis server of this test's own, to be turned into a replica."""
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    client = redis.Redis(port=port)
-    wait_for(lambda: _pings(client), 30, "the scratch redis")
-    yield f"redis://127.0.0.1:{port}/0"
-    client.close()
-    proc.kill()
-    proc.wait(10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 def test_a_missing_dlq_turns_readyz_red_until_it_is_created(

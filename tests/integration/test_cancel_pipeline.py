@@ -1,0 +1,238 @@
+"""Cancel and replace through the whole pipeline: a bridge process, the real Kafka and Redis —
+across SIGKILLs of the bridge and a FLUSHALL of its Redis, with the etf1 dialect, and from the
+command line."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import pytest
+import redis
+
+from bridge.client import cancel_headers, delay_headers
+from tests.conftest import wait_for
+from tests.integration.harness import Bridge, Collector, Received, Setup, metric, produce_all
+
+pytestmark = pytest.mark.integration
+
+COUNT = 1000
+KEYS = 20  # a cancel or replacement goes with its record's key, so to its partition
+Record = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
+
+
+def schedule(
+    setup: Setup, due_s: int
+) -> tuple[list[Record], list[Record], dict[str, bytes], set[str]]:
+    """Originals due in ``due_s``; replacements of every fifth due in 1-3 s with a new value; cancels
+    of every third (after the replacements: a replaced record cancelled is cancelled). Returns
+    (originals, changes, the value each surviving id must arrive with, the cancelled ids)."""
+    target = setup.targets[0]
+    originals: list[Record] = []
+    changes: list[Record] = []
+    expected: dict[str, bytes] = {}
+    for i in range(COUNT):
+        key, job = f"k{i % KEYS}".encode(), f"job-{i}"
+        originals.append(
+            (key, f"v{i}".encode(), delay_headers(target, after=f"{due_s}s", delay_id=job))
+        )
+        expected[job] = f"v{i}".encode()
+    for i in range(0, COUNT, 5):
+        key, job = f"k{i % KEYS}".encode(), f"job-{i}"
+        after = f"{1000 + i % 2000}ms"
+        changes.append(
+            (key, f"v{i}-new".encode(), delay_headers(target, after=after, delay_id=job))
+        )
+        expected[job] = f"v{i}-new".encode()
+    cancelled = {f"job-{i}" for i in range(0, COUNT, 3)}
+    changes += [(f"k{i % KEYS}".encode(), b"", cancel_headers(f"job-{i}"))
+                for i in range(0, COUNT, 3)]  # fmt: skip
+    return originals, changes, {k: v for k, v in expected.items() if k not in cancelled}, cancelled
+
+
+def settle(
+    setup: Setup, collector: Collector, expected: dict[str, bytes], due_s: int
+) -> list[Received]:
+    """Wait for every surviving id, then for a marker per key due after every original: a
+    partition delivers in due order, so once the markers are in, a cancelled record that was
+    going to arrive has arrived."""
+    markers = [(f"k{k}".encode(), b"marker", delay_headers(setup.targets[0], after=f"{due_s + 1}s"))
+               for k in range(KEYS)]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, markers)
+    collector.until(lambda rs: set(expected) <= {r.delay_id for r in rs}
+                    and sum(r.value == b"marker" for r in rs) >= KEYS,
+                    120, "every surviving record and every marker")  # fmt: skip
+    return [r for r in collector.records if r.value != b"marker"]
+
+
+def check(got: list[Received], expected: dict[str, bytes], cancelled: set[str]) -> None:
+    by_id: dict[str, set[bytes | None]] = defaultdict(set)
+    for r in got:
+        by_id[r.delay_id].add(r.value)
+        assert r.timestamp_ms >= r.due_ms, f"{r.delay_id} delivered early"
+    arrived = sorted(set(by_id) & cancelled)
+    assert not arrived, f"{len(arrived)} cancelled records arrived, e.g. " + ", ".join(
+        f"{r.delay_id}={r.value!r} due {r.due_ms} at {r.timestamp_ms}"
+        for r in got
+        if r.delay_id in arrived[:5]
+    )
+    assert set(by_id) == set(expected)
+    # Each arrives with its latest value only (a duplicate after a kill is the same record).
+    assert {k: v for k, v in by_id.items() if v != {expected[k]}} == {}
+
+
+def fast_takeover(setup: Setup, name: str) -> Bridge:
+    """A bridge whose partitions move within seconds of a SIGKILL (a short session timeout)."""
+    config = setup.tmp / "fast.yaml"  # librdkafka properties: a mapping the environment cannot set
+    config.write_text("kafka:\n  consumer: {session.timeout.ms: '6000', "
+                      "heartbeat.interval.ms: '1000'}\n")  # fmt: skip
+    bridge = setup.bridge(name)
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    return bridge.start()
+
+
+def test_cancel_and_replace_hold_across_two_sigkills(setup: Setup, bridges: list[Bridge]) -> None:
+    originals, changes, expected, cancelled = schedule(setup, 30)
+    collector = setup.collector()
+    bridge = fast_takeover(setup, "bridge-1")
+    bridges.append(bridge)
+    try:
+        produce_all(setup.services.bootstrap, setup.delay, originals)
+        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= COUNT // 2, 30,
+                 "half the originals stored")  # fmt: skip
+        bridge.signal(signal.SIGKILL)
+        bridge = fast_takeover(setup, "bridge-2")
+        bridges.append(bridge)
+        produce_all(setup.services.bootstrap, setup.delay, changes)
+        wait_for(lambda: metric(bridge, "delay_bridge_replaced_total") > 0, 30,
+                 "the first replacements applied")  # fmt: skip
+        bridge.signal(signal.SIGKILL)
+        bridge = fast_takeover(setup, "bridge-3")
+        bridges.append(bridge)
+        got = settle(setup, collector, expected, 30)
+    finally:
+        collector.close()
+    check(got, expected, cancelled)
+
+
+def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record in Redis falls due while its replica is down; its cancel was produced before
+    that, behind thousands of other records. The next replica reads them all before it claims
+    the record: nothing produced before a record fell due is left unread when it is claimed."""
+    target = setup.targets[0]
+    bridge = fast_takeover(setup, "bridge-1")
+    bridges.append(bridge)
+    key = b"order-1"
+    produce_all(setup.services.bootstrap, setup.delay,
+                [(key, b"expire", delay_headers(target, after="3s", delay_id="expire-1"))])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    bridge.signal(signal.SIGKILL)
+    backlog: list[Record] = [(key, b"later", delay_headers(target, after="1h"))] * 5000
+    produce_all(setup.services.bootstrap, setup.delay,
+                [*backlog, (key, b"", cancel_headers("expire-1"))])  # fmt: skip
+    marker = [(key, b"marker", delay_headers(target, after="0ms"))]
+    due = time.time() + 3
+    wait_for(lambda: time.time() > due + 1, 10, "the record to fall due, its replica down")
+    bridge = fast_takeover(setup, "bridge-2")
+    bridges.append(bridge)
+    produce_all(setup.services.bootstrap, setup.delay, marker)  # after the cancel, same partition
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == b"marker" for r in rs), 60, "the marker")
+    finally:
+        collector.close()
+    assert [r.value for r in collector.records] == [b"marker"]
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def test_cancel_and_replace_hold_after_redis_loses_everything(
+    setup: Setup, bridges: list[Bridge], scratch_redis: str
+) -> None:
+    originals, changes, expected, cancelled = schedule(setup, 12)
+    collector = setup.collector()
+    bridge = setup.bridge(redis__url=scratch_redis).start()
+    bridges.append(bridge)
+    client = redis.Redis.from_url(scratch_redis)
+    try:
+        produce_all(setup.services.bootstrap, setup.delay, originals + changes)
+        applied = len(changes) - len(cancelled)  # the replacements
+        wait_for(lambda: metric(bridge, "delay_bridge_replaced_total") >= applied
+                 and metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') > 0,
+                 30, "the changes applied")  # fmt: skip
+        client.flushall()  # rebuilt from the committed offsets: the same changes apply again
+        wait_for(lambda: "redis lost" in bridge.output(), 30, "the bridge to notice")
+        got = settle(setup, collector, expected, 12)
+    finally:
+        collector.close()
+        client.close()
+    check(got, expected, cancelled)
+
+
+def test_the_etf1_dialect_takes_what_an_etf1_producer_sends(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    config = setup.tmp / "bridge.yaml"  # a mapping, which the environment cannot set
+    config.write_text(f"topics:\n  dialect: {{{setup.delay}: etf1}}\n")
+    bridge = setup.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    target = setup.targets[0].encode()
+    epoch = str(int(time.time()) + 2).encode()  # unix seconds
+    etf1: list[Record] = [
+        (b"timeout-1", b"expire 1", [("scheduler-epoch", epoch), ("scheduler-target-topic", target),
+                                     ("scheduler-target-key", b"order-1")]),
+        (b"timeout-2", b"expire 2", [("scheduler-epoch", epoch), ("scheduler-target-topic", target),
+                                     ("scheduler-target-key", b"order-2")]),
+        (b"timeout-2", None, []),  # a tombstone: timeout-2 is cancelled
+        (b"timeout-3", b"late", [("scheduler-epoch", str(int(epoch) + 1).encode()),
+                                 ("scheduler-target-topic", target)]),
+    ]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, etf1)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: {r.value for r in rs} >= {b"expire 1", b"late"}, 60,
+                        "the etf1 schedules")  # fmt: skip
+    finally:
+        collector.close()
+    assert sorted((r.key, r.value, r.delay_id) for r in collector.records) == [
+        (b"order-1", b"expire 1", "timeout-1"), (b"timeout-3", b"late", "timeout-3")]  # fmt: skip
+    [first] = [r for r in collector.records if r.value == b"expire 1"]
+    assert first.due_ms == int(epoch) * 1000 <= first.timestamp_ms
+    assert not any(name.startswith("scheduler-") for name, _ in first.headers)
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bridge", *args], env=bridge.env,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+    target = setup.targets[0]
+    made = cli("produce", "--target", target, "--after", "3s", "--id", "reminder-9", "--key", "u9",
+               "remind")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    done = cli("cancel", "--id", "reminder-9", "--key", "u9")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"cancel of reminder-9 {setup.delay}:")
+    no_key = cli("cancel", "--id", "reminder-9")
+    assert no_key.returncode == 2 and "--key is required" in no_key.stderr
+    assert "Traceback" not in no_key.stderr
+    after = cli("produce", "--target", target, "--after", "4s", "--key", "u9", "after")
+    assert after.returncode == 0, after.stderr
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == b"after" for r in rs), 60, "the later record")
+    finally:
+        collector.close()
+    assert [r.value for r in collector.records] == [b"after"]
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
+             "the cancel counted")  # fmt: skip
