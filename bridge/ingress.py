@@ -254,8 +254,8 @@ class Ingress:
                 return 0
             self._resume()
         messages = self._consume(timeout)
-        self._caught_up()
         if not messages:
+            self._caught_up()
             return 0
         messages = [m for m in messages if not self._is_error(m)]
         if not messages:
@@ -265,6 +265,7 @@ class Ingress:
         except BridgeError as exc:
             self._rewind_and_pause(messages, exc)
             return 0
+        self._caught_up()  # only now: what was consumed is applied
         if self._failures:
             self._failures = 0
             self.readiness.ok("ingress")
