@@ -42,9 +42,10 @@ def tables(report: Report) -> str:
     quantiles = ["p50", "p90", "p99", "p99.9", "max"]
     b, c = f.get("backlog"), f.get("catch-up")
     backlog = [[
-        f"{b['records']:,}", f"{b['redis_bytes_per_record']:.0f}", str(b["payload_bytes"]),
-        f"{b['overhead_bytes']:.0f}", f"{b['p99_ratio']:.2f}x",
-    ]] if b else []  # fmt: skip
+        label, f"{x['records']:,}", f"{x['redis_bytes_per_record']:.0f}", str(x["payload_bytes"]),
+        f"{x['overhead_bytes']:.0f}", f"{x['p99_ratio']:.2f}x" if "p99_ratio" in x else "",
+    ] for label, x in (("no delay-id", b), ("a delay-id each", f.get("backlog with ids")))
+        if x]  # fmt: skip
     drained, live = (c["drained_lateness_ms"], c["live_lateness_ms"]) if c else ({}, {})
     catch_up = [[
         f"{c['records']:,}", f"{c['stopped_s']} s", f"{c['start_to_ready_s']} s",
@@ -70,7 +71,7 @@ def tables(report: Report) -> str:
                                   *[f"ack {q}" for q in quantiles],
                                   *[f"consumer {q}" for q in quantiles]], precision),
         *_section("Backlog (far-future records in the same shards)", [
-            "records", "Redis bytes/record", "payload bytes", "overhead bytes",
+            "delay-id", "records", "Redis bytes/record", "payload bytes", "overhead bytes",
             "ack p99 with / without backlog"], backlog),
         *_section("Catch-up (records came due while the bridge was stopped)", [
             "records", "stopped", "start to ready", "drained after start", "drain rate",

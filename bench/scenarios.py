@@ -26,7 +26,7 @@ from confluent_kafka.cimpl import NewTopic
 from redis.cluster import RedisCluster
 
 from bench.ceilings import bare_store
-from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers, record_size
+from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers, record_size
 from bridge.store import Shard, Store
 from tests.chaos.checker import (
     Account,
@@ -289,6 +289,9 @@ def precision_and_backlog(
             phases[phase] = range(seq, seq + count)
             wait_delivered(run, phases[phase], 120)
             seq += count
+        # The same again with a caller-given delay-id on each: what the id index costs.
+        report.figures["backlog with ids"] = _load_backlog(run, store, backlog, seq, ids=True)
+        seq += backlog
         bridge.stop()
         expected = read_expected(run)
         for phase, seqs in phases.items():
@@ -312,20 +315,23 @@ def precision_and_backlog(
         run.close()
 
 
-def _load_backlog(run: Run, store: Store, count: int, first_seq: int) -> dict[str, Any]:
-    """Produce ``count`` records due in 30 days; measure Redis's memory once all are stored."""
+def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
+                  ids: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Produce ``count`` records due in 30 days (with a delay-id each if ``ids``); measure
+    Redis's memory once all are stored."""
     before = _used_memory(store)
     progress = Progress(store, run.delay)
     stored_before = progress.sample()[2]
     header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
-    records = [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
+    records = [Record([*header, *([(H_ID, b"reminder-%d" % i)] if ids else [])],
+                      key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
     started = time.monotonic()
     finished(produce(run, records, float("inf"), first_seq=first_seq), 900)
     progress.start().wait(lambda i, s: s >= stored_before + count, 900, "backlog stored")
     progress.stop()
     seconds = time.monotonic() - started
     after = _used_memory(store)
-    payload = record_size(b"k1", value_of(first_seq), header)
+    payload = record_size(b"k1", value_of(first_seq), records[0].headers)
     return {
         "records": count,
         "seconds_to_store": round(seconds, 1),

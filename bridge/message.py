@@ -411,7 +411,8 @@ def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_te
 # Version 2 (written): >B version, B flags, q due ms, H header count; then, with flag STORED_AT,
 # q the moment the bridge stored a record that was already due; then length-prefixed
 # fields — the target unless flag TARGET_IN_HEADER (it is the delay-target-topic header's
-# value), the delay-id unless flag DEFAULT_ID (it is <topic>:<partition>:<offset>), key, value,
+# value), the delay-id unless flag DEFAULT_ID (it is <topic>:<partition>:<offset>) or flag
+# ID_IN_HEADER (it is the delay-id header's value), key, value,
 # and per header a name byte (the code of a known name, or 0 and the name length-prefixed) and
 # the value. Lengths are >H with 0xFFFF for None, or >I with 0xFFFFFFFF for None when flag WIDE
 # says a field is 65535 bytes or longer. The offset is the Redis member's; topic and partition
@@ -425,7 +426,7 @@ _HEAD = struct.Struct(">BBqH")
 _HEAD_V1 = struct.Struct(">BqqH")
 _NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
 _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
-_TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT = 1, 2, 4, 8
+_TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT, _ID_IN_HEADER = 1, 2, 4, 8, 16
 _STORED = struct.Struct(">q")
 # Codes are stored: append only, never reorder.
 _KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
@@ -444,6 +445,8 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
         fields.append(target)
     if record.given_id(topic, partition) is None:
         flags |= _DEFAULT_ID
+    elif next((v for k, v in record.headers if k == H_ID), None) == record.delay_id.encode():
+        flags |= _ID_IN_HEADER
     else:
         fields.append(record.delay_id.encode())
     fields += (record.key, record.value)
@@ -521,7 +524,10 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
             pos += _STORED.size
         r = _Reader(blob, pos, *((_WIDE, _WIDE_NONE) if wide else (_NARROW, _NARROW_NONE)))
         target = None if flags & _TARGET_IN_HEADER else r.text()
-        delay_id = origin(topic, partition, offset) if flags & _DEFAULT_ID else r.text()
+        if flags & _DEFAULT_ID:
+            delay_id: str | None = origin(topic, partition, offset)
+        else:
+            delay_id = None if flags & _ID_IN_HEADER else r.text()
         key, value = r.take(), r.take()
         headers: Headers = []
         for _ in range(count):
@@ -530,6 +536,8 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
         r.end()
         if target is None:
             target = (next(v for k, v in headers if k == H_TARGET_TOPIC) or b"").decode()
+        if delay_id is None:
+            delay_id = (next(v for k, v in headers if k == H_ID) or b"").decode()
         return Scheduled(offset, due_ms, target, key, value, headers, delay_id, stored_ms)
     except (struct.error, IndexError, UnicodeDecodeError, StopIteration) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None

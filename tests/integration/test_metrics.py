@@ -148,6 +148,10 @@ def test_counters_after_an_end_to_end_run(
     assert value(registry, "delay_bridge_ingested_total", delay_topic=delay) == 41
     assert value(registry, "delay_bridge_dead_lettered_total", reason="bad-due-time") == 3
     assert value(registry, "delay_bridge_redelivered_total") == 0
+    # Exported from start-up, at 0 here: no record of this run had a delay-id twice or a cancel.
+    assert value(registry, "delay_bridge_replaced_total") == 0
+    for result in ("cancelled", "not-found"):
+        assert value(registry, "delay_bridge_cancelled_total", result=result) == 0
     assert value(registry, "delay_bridge_delivery_lateness_seconds_count") == 41
     # The record due an hour before it was produced counts from when the bridge stored it: the
     # lateness measures the bridge, not the producer (it once added its whole hour).

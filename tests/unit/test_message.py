@@ -253,6 +253,9 @@ def test_encoding_round_trips(
         # What the compact form leaves out: a target from the header, the default delay-id.
         Scheduled(offset, due, target, key, value,
                   [*headers, (H_TARGET_TOPIC, target.encode())], f"delay:3:{offset}"),
+        # ... and a caller's delay-id from its header.
+        Scheduled(offset, due, target, key, value, [(H_ID, delay_id.encode()), *headers],
+                  delay_id),
     ):  # fmt: skip
         assert decode(encode(rec, "delay", 3), "delay", 3, offset) == rec
 
@@ -270,6 +273,14 @@ def test_encoding_is_compact() -> None:
     # + delay-after 1+2+3 + trace 1+2+5+2+2: less than the record, as known names take a byte
     # and the target and the default delay-id are not repeated.
     assert len(encode(rec, "delay", 2)) == 144 < payload
+
+
+def test_a_caller_delay_id_is_stored_once() -> None:
+    with_id = Scheduled(41, NOW, "orders", b"k", b"v", [(H_ID, b"expire-order-42")],
+                        "expire-order-42")  # fmt: skip
+    without = Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41")
+    # The header (a 1-byte name code, 2 + 15 bytes of value), not the id a second time.
+    assert len(encode(with_id, "delay", 2)) - len(encode(without, "delay", 2)) == 1 + 2 + 15
 
 
 def test_records_stored_by_version_1_are_still_read() -> None:
