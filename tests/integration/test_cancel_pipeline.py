@@ -96,7 +96,7 @@ def fast_takeover(setup: Setup, name: str) -> Bridge:
 
 
 def test_cancel_and_replace_hold_across_two_sigkills(setup: Setup, bridges: list[Bridge]) -> None:
-    originals, changes, expected, cancelled = schedule(setup, 30)
+    originals, changes, expected, cancelled = schedule(setup, 12)
     collector = setup.collector()
     bridge = fast_takeover(setup, "bridge-1")
     bridges.append(bridge)
@@ -113,7 +113,7 @@ def test_cancel_and_replace_hold_across_two_sigkills(setup: Setup, bridges: list
         bridge.signal(signal.SIGKILL)
         bridge = fast_takeover(setup, "bridge-3")
         bridges.append(bridge)
-        got = settle(setup, collector, expected, 30)
+        got = settle(setup, collector, expected, 12)
     finally:
         collector.close()
     check(got, expected, cancelled)
