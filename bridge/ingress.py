@@ -324,7 +324,7 @@ class Ingress:
             self.metrics.replaced.inc(added.replaced)
             self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
             self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
-        self._read_up_to([m for m in messages if Shard(*coords(m)[:2]) in batch.stored])
+        self._read_up_to(messages, set(batch.stored))
         counts: dict[str, int] = {}
         earliest: int | None = None
         for shard, (_, records) in batch.stored.items():
@@ -337,14 +337,19 @@ class Ingress:
         if earliest is not None:
             self._on_stored(earliest)
 
-    def _read_up_to(self, messages: list[Message]) -> None:
-        """Move the horizons of the shards being caught up on past what this batch applied."""
+    def _read_up_to(self, messages: list[Message], applied: set[Shard]) -> None:
+        """Move the horizons of the shards being caught up on past what this batch applied to
+        ``applied`` (nothing to do, and no per-record work, while none is caught up on)."""
+        behind = set(self.catch_up.ends()) & applied
+        if not behind:
+            return
         newest: dict[Shard, int] = {}
         for msg in messages:
             topic, partition, _ = coords(msg)
-            ts_type, ts = msg.timestamp()
             shard = Shard(topic, partition)
-            newest[shard] = max(newest.get(shard, 0), ts if ts_type != 0 else self._clock_ms())
+            if shard in behind:
+                ts_type, ts = msg.timestamp()
+                newest[shard] = max(newest.get(shard, 0), ts if ts_type != 0 else self._clock_ms())
         for shard, ts in newest.items():
             self.catch_up.read(shard, ts)
 
