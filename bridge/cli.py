@@ -1,4 +1,5 @@
-"""The ``delay-bridge`` command line: run, check-config, produce, cancel, --version.
+"""The ``delay-bridge`` command line: run, check-config, produce, cancel, status, list,
+--version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.
@@ -89,6 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument(
         "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
     )
+    status = sub.add_parser("status", help="per delay-topic partition: what waits, is overdue, "
+                            "in flight; offsets and lag (reads only)")  # fmt: skip
+    with_config(status)
+    status.add_argument("--json", action="store_true", help="JSON for scripts")
+    listing = sub.add_parser("list", help="waiting records in due order (reads only)")
+    with_config(listing)
+    listing.add_argument("--topic", help="one delay topic (default: all of topics.delay)")
+    listing.add_argument("--partition", type=int, help="one partition")
+    listing.add_argument("--id", help="the record with this delay-id")
+    listing.add_argument("--due-before", help="only records due before: epoch ms or RFC 3339")
+    listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
+    listing.add_argument("--json", action="store_true", help="JSON for scripts")
     return parser
 
 
@@ -100,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _produce(args, load(args.config))
         if args.command == "cancel":
             return _cancel(args, load(args.config))
+        if args.command == "status":
+            return _status(args, load(args.config))
+        if args.command == "list":
+            return _list(args, load(args.config))
         config = load(args.config)
         check_settings(config)
         if args.command == "check-config":
@@ -117,6 +134,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _status(args: argparse.Namespace, config: Config) -> int:
+    from bridge import ops
+
+    now, rows = ops.status(config)
+    ops.print_status(now, rows, args.json)
+    return 0
+
+
+def _list(args: argparse.Namespace, config: Config) -> int:
+    from bridge import ops
+
+    if args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: at least 1")
+    try:
+        before = None if args.due_before is None else parse_time_ms(args.due_before)
+    except ValueError as exc:
+        raise UsageError(f"--due-before: {exc}") from None
+    records = ops.waiting(config, topic=args.topic, partition=args.partition, delay_id=args.id,
+                          due_before_ms=before, limit=args.limit)  # fmt: skip
+    ops.print_waiting(records, args.json)
+    return 0
 
 
 def _run(config: Config) -> int:

@@ -234,7 +234,7 @@ def describe_redis_error(exc: redis.RedisError) -> str:
 
 
 @contextlib.contextmanager
-def _as_store_error() -> Iterator[None]:
+def as_store_error() -> Iterator[None]:
     """Redis failures leave the store as :class:`StoreError`, the one error callers handle."""
     try:
         yield
@@ -313,7 +313,7 @@ class Store:
         if isinstance(self.client, RedisCluster) or not shards or self._relocation_denied:
             return 0
         try:
-            with _as_store_error():
+            with as_store_error():
                 pipe = self.client.pipeline(transaction=False)
                 for shard in shards:
                     pipe.smembers(self._names(shard, ("retired",), before_prefix=True)[0])
@@ -347,7 +347,7 @@ class Store:
         calls again: a repeated add, ack or release changes nothing, and records a repeated
         claim leased first are handed out again when the lease ends, as after a lost reply."""
         calls = list(calls)
-        with _as_store_error():
+        with as_store_error():
             try:
                 return self._evalsha(calls)
             except redis.exceptions.NoScriptError:
@@ -417,7 +417,7 @@ class Store:
 
     def probe(self) -> None:
         """Write to Redis; raise :class:`StoreError` naming the cause unless it takes writes."""
-        with _as_store_error():
+        with as_store_error():
             self.client.set(self.probe_key(), b"1", px=60_000)
 
     def add(
@@ -503,7 +503,7 @@ class Store:
 
     def retired(self, shards: Sequence[Shard]) -> set[Shard]:
         """The retired incarnations of ``shards`` that still hold records."""
-        with _as_store_error():
+        with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
                 pipe.smembers(self.retired_set(shard))
@@ -612,13 +612,13 @@ class Store:
     def is_pending(self, shard: Shard, offset: int) -> bool:
         """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
         key = offset_bytes(offset)
-        with _as_store_error():
+        with as_store_error():
             bitmap = cast(bytes | None, self.client.hget(self.keys(shard).pending, key[:7]))  # type: ignore[arg-type]
         return bitmap is not None and bool(bitmap[key[7] // 8] & 1 << key[7] % 8)
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""
-        with _as_store_error():
+        with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
                 pipe.hget(self.keys(shard).meta, "ingested")
@@ -628,13 +628,13 @@ class Store:
     def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
         when it cannot be read (CONFIG is often denied on managed Redis)."""
-        with _as_store_error():
+        with as_store_error():
             reply = cast(dict[str, str], self.client.config_get("maxmemory-policy"))
         return reply.get("maxmemory-policy")
 
     def time_ms(self) -> int:
         """Redis's clock."""
-        with _as_store_error():
+        with as_store_error():
             seconds, micros = cast(tuple[int, int], self.client.time())
         return seconds * 1000 + micros // 1000
 

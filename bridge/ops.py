@@ -1,0 +1,247 @@
+"""Operator commands that read what the bridge holds, never write: ``status`` (per delay-topic
+partition: what waits, what is overdue or in flight, what falls due next, how far the ingress
+read and committed) and ``list`` (waiting records in due order). Every figure comes from an
+O(log n) Redis command or Kafka's offsets, so both answer at once on a backlog of millions."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import cast
+
+from bridge.config import Config, consumer_settings
+from bridge.errors import BridgeError, UsageError
+from bridge.message import decode, format_time_ms
+from bridge.redis_client import redis_client
+from bridge.store import Shard, Store, as_store_error, offset_of
+
+KAFKA_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One delay-topic partition, as ``status`` shows it (times in epoch ms; -1: none)."""
+
+    topic: str
+    partition: int
+    waiting: int
+    overdue: int
+    in_flight: int
+    next_due_ms: int
+    oldest_overdue_s: float
+    watermark: int
+    committed: int
+    log_end: int
+    lag: int
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One waiting record, as ``list`` shows it."""
+
+    due_ms: int
+    delay_id: str
+    target: str
+    key: str | None
+    value_bytes: int
+    topic: str
+    partition: int
+    offset: int
+
+
+def status(config: Config) -> tuple[int, list[PartitionStatus]]:
+    """Redis's now and every configured delay-topic partition's status."""
+    partitions = _partitions(config, config.topics.delay)
+    store = _store(config)
+    try:
+        rows = []
+        now = store.time_ms()
+        marks = store.watermarks([s for s, _, _ in partitions])
+        for shard, committed, end in partitions:
+            backlog = store.backlog([shard], now)
+            k = store.keys(shard)
+            with as_store_error():
+                first = cast(list[tuple[bytes, float]],
+                             store.client.zrange(k.due, 0, 0, withscores=True))  # fmt: skip
+            mark = marks.get(shard, -1)
+            oldest = backlog.oldest_due_ms
+            rows.append(PartitionStatus(
+                shard.topic, shard.partition, backlog.scheduled + backlog.overdue,
+                backlog.overdue, backlog.inflight, int(first[0][1]) if first else -1,
+                round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
+                mark, committed, end, max(0, end - (mark + 1)) if end >= 0 else -1,
+            ))  # fmt: skip
+        return now, rows
+    finally:
+        store.client.close()
+
+
+def waiting(
+    config: Config,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    delay_id: str | None = None,
+    due_before_ms: int | None = None,
+    limit: int = 20,
+) -> list[Waiting]:
+    """Waiting records in due order (the ``limit`` earliest over the partitions asked for)."""
+    topics = [topic] if topic else list(config.topics.delay)
+    shards = [s for s, _, _ in _partitions(config, topics, offsets=False)
+              if partition is None or s.partition == partition]  # fmt: skip
+    if partition is not None and not shards:
+        raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
+    store = _store(config)
+    top = "+inf" if due_before_ms is None else f"({due_before_ms}"
+    try:
+        found: list[tuple[int, bytes, Shard]] = []
+        for shard in shards:
+            k = store.keys(shard)
+            with as_store_error():
+                if delay_id is None:
+                    page = cast(list[tuple[bytes, float]],
+                                store.client.zrangebyscore(k.due, "-inf", top, start=0, num=limit,
+                                                           withscores=True))  # fmt: skip
+                else:
+                    page = _by_id(store, shard, delay_id)
+            found += [(int(score), member, shard) for member, score in page]
+        out = []
+        for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: (x[0], x[1])):
+            rec = decode(member[8:], shard.topic, shard.partition, offset_of(member))
+            if due_before_ms is not None and due >= due_before_ms:
+                continue
+            key = None if rec.key is None else rec.key.decode("utf-8", errors="replace")
+            out.append(Waiting(due, rec.delay_id, rec.target, key, len(rec.value or b""),
+                               shard.topic, shard.partition, rec.offset))  # fmt: skip
+        return out
+    finally:
+        store.client.close()
+
+
+def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[bytes, float]]:
+    """The waiting record with a caller-given ``delay_id`` in ``shard``, through the id index
+    (one lookup; a default ``<topic>:<partition>:<offset>`` id is not indexed, and its offset
+    says where it is)."""
+    entry = cast(bytes | None, store.client.hget(store.keys(shard).ids, delay_id))
+    if entry is None:
+        head, _, tail = delay_id.rpartition(":")
+        if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
+            return []
+        # A default id names its offset; its due time is unknown, so the offset's records
+        # are looked for among the due index's members that start with it.
+        prefix = int(tail).to_bytes(8, "big")
+        members = store.client.zscan_iter(store.keys(shard).due, match=_glob(prefix) + b"*",
+                                          score_cast_func=float)  # fmt: skip
+        return [(m, s) for m, s in members if m.startswith(prefix)]
+    offset, due = entry[:8], entry[8:].decode()
+    due_index = store.keys(shard).due
+    page = cast(list[tuple[bytes, float]],
+                store.client.zrangebyscore(due_index, due, due, withscores=True))  # fmt: skip
+    return [(m, s) for m, s in page if m.startswith(offset)]
+
+
+def _glob(raw: bytes) -> bytes:
+    """``raw`` with Redis glob's special characters escaped."""
+    return b"".join(b"\\" + bytes((c,)) if c in b"*?[]\\^" else bytes((c,)) for c in raw)
+
+
+def _store(config: Config) -> Store:
+    try:
+        return Store(redis_client(config), config.redis.key_prefix)
+    except BridgeError:
+        raise
+    except Exception as exc:  # a client that cannot even be made: a bad URL, no route
+        raise BridgeError(f"cannot reach Redis: {exc}") from None
+
+
+def _partitions(
+    config: Config, topics: Sequence[str], *, offsets: bool = True
+) -> list[tuple[Shard, int, int]]:
+    """(shard, committed offset or -1, log end offset or -1) of every partition of ``topics``,
+    read with a consumer of the bridge's group that never joins it."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    unknown = [t for t in topics if t not in config.topics.delay]
+    if unknown:
+        raise UsageError(f"--topic {unknown[0]}: not one of topics.delay "
+                         f"({', '.join(config.topics.delay)})")  # fmt: skip
+    consumer = Consumer({**consumer_settings(config), "log_level": 0})
+    try:
+        tps = []
+        for topic in topics:
+            meta = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+            if meta is None or meta.error is not None:
+                why = meta.error.str() if meta is not None and meta.error else "unknown topic"
+                raise BridgeError(f"delay topic {topic}: {why}")
+            tps += [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        if not offsets:
+            return [(Shard(tp.topic, tp.partition), -1, -1) for tp in tps]
+        committed = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
+        out = []
+        for tp, done in zip(tps, committed, strict=True):
+            _, end = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
+            out.append((Shard(tp.topic, tp.partition), max(done.offset, -1), end))
+        return out
+    except KafkaException as exc:
+        where = config.kafka.bootstrap_servers
+        raise BridgeError(f"cannot read the delay topics from Kafka at {where}: "
+                          f"{exc.args[0].str()}") from None  # fmt: skip
+    finally:
+        consumer.close()
+
+
+# ------------------------------------------------------------------ printing
+
+
+def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> None:
+    totals: dict[str, float] = {name: sum(getattr(r, name) for r in rows)
+                                for name in ("waiting", "overdue", "in_flight", "lag")}  # fmt: skip
+    nexts = [r.next_due_ms for r in rows if r.next_due_ms >= 0]
+    totals["next_due_ms"] = min(nexts, default=-1)
+    totals["oldest_overdue_s"] = max((r.oldest_overdue_s for r in rows), default=0.0)
+    if as_json:
+        json.dump({"now_ms": now_ms, "partitions": [asdict(r) for r in rows], "totals": totals},
+                  sys.stdout, indent=2)  # fmt: skip
+        print()
+        return
+    header = ["topic", "partition", "waiting", "overdue", "in flight", "next due",
+              "oldest overdue", "watermark", "committed", "log end", "lag"]  # fmt: skip
+    table = [[r.topic, str(r.partition), f"{r.waiting:,}", f"{r.overdue:,}", f"{r.in_flight:,}",
+              _when(r.next_due_ms), _age(r.oldest_overdue_s), str(r.watermark),
+              str(r.committed), str(r.log_end), f"{r.lag:,}"] for r in rows]  # fmt: skip
+    oldest = float(totals["oldest_overdue_s"])
+    table.append(["total", "", f"{totals['waiting']:,}", f"{totals['overdue']:,}",
+                  f"{totals['in_flight']:,}", _when(int(totals["next_due_ms"])), _age(oldest),
+                  "", "", "", f"{totals['lag']:,}"])  # fmt: skip
+    _print_table(header, table)
+    print(f"(Redis time {format_time_ms(now_ms)})")
+
+
+def print_waiting(records: list[Waiting], as_json: bool) -> None:
+    if as_json:
+        json.dump([asdict(r) for r in records], sys.stdout, indent=2)
+        print()
+        return
+    header = ["due", "delay-id", "target", "key", "value bytes", "topic", "partition", "offset"]
+    _print_table(header, [[_when(r.due_ms), r.delay_id, r.target, "" if r.key is None else r.key,
+                           str(r.value_bytes), r.topic, str(r.partition), str(r.offset)]
+                          for r in records])  # fmt: skip
+    if not records:
+        print("(no waiting records)")
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _when(ms: int) -> str:
+    return "-" if ms < 0 else format_time_ms(ms)
+
+
+def _age(seconds: float) -> str:
+    return "-" if seconds <= 0 else f"{seconds:,.1f} s"

@@ -1,0 +1,112 @@
+"""The operator commands on the real services: ``status`` and ``list`` read what Redis holds and
+where Kafka's offsets stand, for records in every state on two partitions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import redis
+
+from bridge.message import Scheduled
+from bridge.store import Shard, Store
+from tests.conftest import ROOT
+from tests.integration.harness import Setup
+
+pytestmark = pytest.mark.integration
+
+HOUR = 3_600_000
+
+
+def cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
+    env = setup.bridge().env
+    return subprocess.run([sys.executable, "-m", "bridge", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+@pytest.fixture
+def held(setup: Setup, redis_client: redis.Redis) -> dict[str, Any]:
+    """Partition 0: three records due in an hour (one with a delay-id) and two overdue;
+    partition 1: one in flight and one due in two hours."""
+    store = Store(redis_client, f"test-{setup.unique}")
+    now = store.time_ms()
+    p0, p1 = Shard(setup.delay, 0), Shard(setup.delay, 1)
+    target = setup.targets[0]
+
+    def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v") -> Scheduled:
+        return Scheduled(offset, due, target, b"key-%d" % offset, value, [],
+                         delay_id or f"{setup.delay}:0:{offset}")  # fmt: skip
+
+    store.add({p0: (4, [rec(0, now - 10_000), rec(1, now - 5_000), rec(2, now + HOUR, "expire-7"),
+                        rec(3, now + HOUR + 1), rec(4, now + HOUR + 2, value=b"x" * 300)])})  # fmt: skip
+    store.add({p1: (1, [Scheduled(0, now - 1000, target, None, b"v", [], f"{setup.delay}:1:0"),
+                        Scheduled(1, now + 2 * HOUR, target, None, b"v", [],
+                                  f"{setup.delay}:1:1")])})  # fmt: skip
+    assert len(store.claim([p1], 10, 60_000)) == 1
+    return {"now": now}
+
+
+def test_status_shows_every_state_per_partition(setup: Setup, held: dict[str, Any]) -> None:
+    proc = cli(setup, "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    rows = {r["partition"]: r for r in doc["partitions"]}
+    assert sorted(rows) == [0, 1, 2]
+    p0, p1, p2 = rows[0], rows[1], rows[2]
+    assert (p0["waiting"], p0["overdue"], p0["in_flight"], p0["watermark"]) == (5, 2, 0, 4)
+    assert p0["next_due_ms"] == held["now"] - 10_000
+    assert 10 <= p0["oldest_overdue_s"] < 70
+    assert (p1["waiting"], p1["overdue"], p1["in_flight"], p1["watermark"]) == (1, 0, 1, 1)
+    assert p1["next_due_ms"] == held["now"] + 2 * HOUR and p1["oldest_overdue_s"] == 0
+    assert (p2["waiting"], p2["watermark"], p2["next_due_ms"]) == (0, -1, -1)
+    for row in rows.values():  # nothing produced to the topic, nothing committed
+        assert (row["committed"], row["log_end"], row["lag"]) == (-1, 0, 0)
+    assert doc["totals"]["waiting"] == 6 and doc["totals"]["in_flight"] == 1
+    assert doc["totals"]["next_due_ms"] == held["now"] - 10_000
+    text = cli(setup, "status")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].split()[:3] == ["topic", "partition", "waiting"]
+    assert lines[-2].split()[:2] == ["total", "6"]
+
+
+def test_list_shows_waiting_records_in_due_order(setup: Setup, held: dict[str, Any]) -> None:
+    proc = cli(setup, "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(proc.stdout)
+    assert [(r["partition"], r["offset"]) for r in records] == [(0, 0), (0, 1), (0, 2), (0, 3),
+                                                                (0, 4), (1, 1)]  # fmt: skip
+    third = records[2]
+    assert (third["delay_id"], third["target"], third["key"], third["value_bytes"]) == (
+        "expire-7", setup.targets[0], "key-2", 1)  # fmt: skip
+    assert records[4]["value_bytes"] == 300
+    page = json.loads(cli(setup, "list", "--json", "--limit", "2", "--partition", "0").stdout)
+    assert [r["offset"] for r in page] == [0, 1]
+    due_before = str(held["now"])
+    overdue = json.loads(cli(setup, "list", "--json", "--due-before", due_before).stdout)
+    assert [r["offset"] for r in overdue] == [0, 1]
+    by_id = json.loads(cli(setup, "list", "--json", "--id", "expire-7").stdout)
+    assert [r["offset"] for r in by_id] == [2]
+    by_origin = json.loads(cli(setup, "list", "--json", "--id", f"{setup.delay}:0:3").stdout)
+    assert [r["offset"] for r in by_origin] == [3]
+    text = cli(setup, "list", "--limit", "1")
+    assert text.returncode == 0 and "key-0" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["list", "--topic", "nope"], "--topic nope: not one of topics.delay"),
+        (["list", "--limit", "0"], "--limit 0: at least 1"),
+        (["list", "--due-before", "soon"], "--due-before: not a time"),
+        (["list", "--partition", "9"], "--partition 9: no such partition"),
+    ],
+)
+def test_bad_input_is_one_line(setup: Setup, args: list[str], message: str) -> None:
+    proc = cli(setup, *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
