@@ -1,5 +1,5 @@
 """The ``delay-bridge`` command line: run, check-config, produce, cancel, status, list,
---version.
+dlq replay, --version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.
@@ -102,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--due-before", help="only records due before: epoch ms or RFC 3339")
     listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
     listing.add_argument("--json", action="store_true", help="JSON for scripts")
+    dlq = sub.add_parser("dlq", help="the dead-letter topic")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
+    again = dlq_sub.add_parser("replay", help="send dead-lettered records back to their delay "
+                               "topic, to be validated and scheduled again")  # fmt: skip
+    with_config(again)
+    again.add_argument("--reason", action="append", default=[], metavar="R",
+                       help="only this delay-error (repeatable), e.g. delivery-failed")  # fmt: skip
+    again.add_argument(
+        "--since", help="only records dead-lettered at or after: epoch ms or RFC 3339"
+    )
+    again.add_argument("--until", help="only records dead-lettered before: epoch ms or RFC 3339")
+    again.add_argument("--limit", type=int, help="replay at most this many")
+    again.add_argument("--dry-run", action="store_true",
+                       help="count what would be replayed; produce and commit nothing")  # fmt: skip
     return parser
 
 
@@ -117,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args, load(args.config))
         if args.command == "list":
             return _list(args, load(args.config))
+        if args.command == "dlq":
+            return _replay(args, load(args.config))
         config = load(args.config)
         check_settings(config)
         if args.command == "check-config":
@@ -156,6 +172,30 @@ def _list(args: argparse.Namespace, config: Config) -> int:
     records = ops.waiting(config, topic=args.topic, partition=args.partition, delay_id=args.id,
                           due_before_ms=before, limit=args.limit)  # fmt: skip
     ops.print_waiting(records, args.json)
+    return 0
+
+
+def _replay(args: argparse.Namespace, config: Config) -> int:
+    from bridge import replay
+
+    known = {r.value for r in Reason}
+    for reason in args.reason:
+        if reason not in known:
+            raise UsageError(f"--reason {reason}: not a delay-error ({', '.join(sorted(known))})")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: at least 1")
+    window = []
+    for flag, text in (("--since", args.since), ("--until", args.until)):
+        try:
+            window.append(None if text is None else parse_time_ms(text))
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+    done = replay.replay(config, reasons=args.reason, since_ms=window[0], until_ms=window[1],
+                         limit=args.limit, dry_run=args.dry_run,
+                         progress=replay.terminal_progress)  # fmt: skip
+    if sys.stderr.isatty() and sum(done.replayed.values()) >= replay.PROGRESS_EVERY:
+        print(file=sys.stderr)
+    print(done.summary())
     return 0
 
 

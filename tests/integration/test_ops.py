@@ -1,20 +1,23 @@
 """The operator commands on the real services: ``status`` and ``list`` read what Redis holds and
-where Kafka's offsets stand, for records in every state on two partitions."""
+where Kafka's offsets stand, for records in every state on two partitions; ``dlq replay`` sends
+dead letters back once their cause is fixed, and never twice."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 import redis
+import yaml
 
-from bridge.message import Scheduled
+from bridge.message import H_AFTER, H_ERROR, H_ORIGIN, H_TARGET_TOPIC, Headers, Scheduled
 from bridge.store import Shard, Store
-from tests.conftest import ROOT
-from tests.integration.harness import Setup
+from tests.conftest import ROOT, TopicFactory
+from tests.integration.harness import Bridge, Collector, Setup, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +113,69 @@ def test_bad_input_is_one_line(setup: Setup, args: list[str], message: str) -> N
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dlq_replay_schedules_again_once_the_cause_is_fixed(
+    setup: Setup, topics: TopicFactory, bridges: list[Bridge]
+) -> None:
+    missing = f"missing-{topics.suffix}"  # a target that does not exist yet
+    narrow = setup.tmp / "narrow.yaml"
+    narrow.write_text(yaml.safe_dump({"topics": {
+        "allowed_targets": [re.escape(setup.targets[0]), "missing-.*"]}}))  # fmt: skip
+    first = setup.bridge("bridge-1", egress__max_attempts="1")
+    first.env["DELAY_BRIDGE_CONFIG"] = str(narrow)
+    bridges.append(first.start())
+    records: list[tuple[bytes, bytes, Headers]] = [
+        (b"k1", b"failed-1", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms")]),
+        (b"k2", b"failed-2", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms")]),
+        (b"k3", b"refused-1", [(H_TARGET_TOPIC, setup.targets[1].encode()), (H_AFTER, b"0ms")]),
+        (b"k4", b"refused-2", [(H_TARGET_TOPIC, setup.targets[1].encode()), (H_AFTER, b"0ms")]),
+    ]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    # A dead letter from some other bridge: its origin is not one of our delay topics.
+    produce_all(setup.services.bootstrap, setup.dlq,
+                [(b"k5", b"foreign", [(H_ERROR, b"bad-header"), (H_ORIGIN, b"other:0:7")])])  # fmt: skip
+    dead = setup.collector()
+    try:
+        dead.until(lambda rs: len(dead.of(setup.dlq)) >= 5, 90, "four dead letters")
+    finally:
+        dead.close()
+    reasons = sorted((r.header(H_ERROR) or b"").decode() for r in dead.of(setup.dlq))
+    assert reasons == ["bad-header", *["delivery-failed"] * 2, *["target-not-allowed"] * 2]
+
+    def replay(*args: str) -> str:
+        proc = cli(setup, "dlq", "replay", *args)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert replay("--dry-run") == ("would replay 4 (2 delivery-failed, 2 target-not-allowed); 0 "
+                                   "left out by the filters; 1 skipped: their origin is not a "
+                                   "configured delay topic")  # fmt: skip
+    assert replay("--dry-run", "--reason", "delivery-failed").startswith(
+        "would replay 2 (2 delivery-failed); 3 left out by the filters"
+    )
+    # Fixed: the target exists, the allow-list is widened; the bridge restarted with it.
+    topics("missing")
+    assert first.stop() == 0  # leaves the group: the next one takes over at once
+    second = setup.bridge("bridge-2")
+    bridges.append(second.start())
+    assert replay().startswith("replayed 4 (2 delivery-failed, 2 target-not-allowed)")
+    arrived = Collector(setup.services.bootstrap, [missing, setup.targets[1]], f"c-{setup.unique}")
+    try:
+        arrived.until(lambda rs: len(rs) >= 4, 60, "the replayed records delivered")
+    finally:
+        arrived.close()
+    assert sorted((r.topic, r.key, r.value) for r in arrived.records) == [
+        (missing, b"k1", b"failed-1"), (missing, b"k2", b"failed-2"),
+        (setup.targets[1], b"k3", b"refused-1"), (setup.targets[1], b"k4", b"refused-2")]  # fmt: skip
+    assert all(r.header(H_ERROR) is None and r.header(H_ORIGIN) is None for r in arrived.records)
+    assert replay().startswith("replayed 0; 0 left out")  # nothing twice
+
+
+def test_dlq_replay_refuses_bad_input_in_one_line(setup: Setup) -> None:
+    for args, message in ((["--reason", "oops"], "--reason oops: not a delay-error"),
+                          (["--since", "yesterday"], "--since: not a time"),
+                          (["--limit", "0"], "--limit 0: at least 1")):  # fmt: skip
+        proc = cli(setup, "dlq", "replay", *args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -1,0 +1,146 @@
+"""``delay-bridge dlq replay``: send dead-lettered records back to the delay topic they came from,
+so the bridge validates and schedules them again — after the target topic was created, the
+allow-list widened, or a producer's mistake understood.
+
+A replayed record has its original key, value and headers, minus what the DLQ added
+(``delay-error``, ``delay-error-detail``, ``delay-origin``), and goes to the delay topic its
+``delay-origin`` names; a record from anywhere else is skipped and counted. The DLQ is read up to
+where it ends when the command starts, in the consumer group ``<kafka.group_id>.dlq-replay``,
+whose offsets are committed once the replayed records are acknowledged: a second run starts where
+the first stopped, and replays nothing twice. Records the filters (``--reason``, ``--since``,
+``--until``) leave out are passed over in that group too; ``--dry-run`` reads and counts without
+producing or committing anything.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from bridge.config import Config, consumer_settings, producer_settings
+from bridge.errors import BridgeError
+from bridge.kafka import produce
+from bridge.message import H_ERROR, H_ERROR_DETAIL, H_ORIGIN, Headers, wire_headers
+
+KAFKA_TIMEOUT_S = 10.0
+DLQ_HEADERS = frozenset({H_ERROR, H_ERROR_DETAIL, H_ORIGIN})
+PROGRESS_EVERY = 1000
+
+
+@dataclass
+class Replayed:
+    """What a replay did: records replayed by reason, left out by the filters, and skipped
+    because their origin is not a configured delay topic (or unreadable)."""
+
+    replayed: Counter[str] = field(default_factory=Counter)
+    left_out: int = 0
+    not_ours: int = 0
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        verb = "would replay" if self.dry_run else "replayed"
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.replayed.items()))
+        line = f"{verb} {sum(self.replayed.values())}" + (f" ({reasons})" if reasons else "")
+        line += f"; {self.left_out} left out by the filters"
+        return line + f"; {self.not_ours} skipped: their origin is not a configured delay topic"
+
+
+def replay(
+    config: Config,
+    *,
+    reasons: Sequence[str] = (),
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    progress: Callable[[int], None] = lambda n: None,
+) -> Replayed:
+    """Replay the DLQ's records as the module docstring says; returns what was done."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    dlq = config.topics.dead_letter
+    group = f"{config.kafka.group_id}.dlq-replay"
+    consumer = Consumer({**consumer_settings(config), "group.id": group, "log_level": 0,
+                         "enable.auto.commit": "false", "statistics.interval.ms": "0"})  # fmt: skip
+    producer = None if dry_run else Producer({**producer_settings(config), "log_level": 0})
+    done = Replayed(dry_run=dry_run)
+    failures: list[str] = []
+    try:
+        meta = consumer.list_topics(dlq, timeout=KAFKA_TIMEOUT_S).topics.get(dlq)
+        if meta is None or meta.error is not None:
+            why = meta.error.str() if meta is not None and meta.error else "unknown topic"
+            raise BridgeError(f"DLQ topic {dlq}: {why}")
+        tps = [TopicPartition(dlq, p) for p in sorted(meta.partitions)]
+        starts = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
+        ends: dict[int, int] = {}
+        for tp in starts:
+            low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
+            tp.offset = max(tp.offset, low)
+            if tp.offset < high:
+                ends[tp.partition] = high
+        consumer.assign([tp for tp in starts if tp.partition in ends])
+        next_offsets: dict[int, int] = {}
+        wanted = set(reasons)
+        while ends and (limit is None or sum(done.replayed.values()) < limit):
+            msg = consumer.poll(1.0)
+            if msg is None:  # the end may be a transaction marker no record is read at
+                at = consumer.position([TopicPartition(dlq, p) for p in ends])
+                ends = {tp.partition: ends[tp.partition] for tp in at
+                        if tp.offset < ends[tp.partition]}  # fmt: skip
+                continue
+            error = msg.error()
+            if error is not None:
+                raise BridgeError(f"reading {dlq}: {error.str()}")
+            partition, offset = msg.partition() or 0, msg.offset() or 0
+            next_offsets[partition] = offset + 1
+            if offset + 1 >= ends.get(partition, 0):
+                ends.pop(partition, None)
+            headers: Headers = list(msg.headers() or [])  # type: ignore[arg-type]
+            found = {k: (v or b"").decode("utf-8", errors="replace") for k, v in headers
+                     if k in DLQ_HEADERS}  # fmt: skip
+            reason = found.get(H_ERROR, "")
+            stamp = msg.timestamp()[1]
+            if (
+                (wanted and reason not in wanted)
+                or (since_ms is not None and stamp < since_ms)
+                or (until_ms is not None and stamp >= until_ms)
+            ):
+                done.left_out += 1
+                continue
+            topic = found.get(H_ORIGIN, "").rsplit(":", 2)[0]
+            if topic not in config.topics.delay:
+                done.not_ours += 1
+                continue
+            if producer is not None:
+                kept = [(k, v) for k, v in headers if k not in DLQ_HEADERS]
+
+                def report(err: object, _msg: object) -> None:
+                    if err is not None:
+                        failures.append(str(err))
+
+                produce(producer, topic, value=msg.value(), key=msg.key(),
+                        headers=wire_headers(kept), on_delivery=report)  # fmt: skip
+                producer.poll(0)
+            done.replayed[reason or "(no reason)"] += 1
+            progress(sum(done.replayed.values()))
+        if producer is not None:
+            remaining = producer.flush(KAFKA_TIMEOUT_S * 3)
+            if failures or remaining:
+                why = failures[0] if failures else f"{remaining} records not acknowledged"
+                raise BridgeError(f"replay stopped, nothing committed: producing failed: {why}")
+            if next_offsets:
+                consumer.commit(offsets=[TopicPartition(dlq, p, o) for p, o in
+                                         next_offsets.items()], asynchronous=False)  # fmt: skip
+        return done
+    except KafkaException as exc:
+        raise BridgeError(f"replay failed: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
+
+
+def terminal_progress(count: int) -> None:
+    """A progress line on a terminal, every PROGRESS_EVERY records."""
+    if count % PROGRESS_EVERY == 0 and sys.stderr.isatty():
+        print(f"\rreplayed {count:,}", end="", file=sys.stderr, flush=True)
