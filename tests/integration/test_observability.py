@@ -79,7 +79,9 @@ def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path) -> None:
     for needed in ("delay_bridge_ingested_total", "delay_bridge_delivered_total",
                    "delay_bridge_scheduled_messages", "delay_bridge_overdue_messages",
                    "delay_bridge_delivery_lateness_seconds_bucket", "delay_bridge_ingest_lag_messages",
-                   "delay_bridge_dead_lettered_total", "delay_bridge_redelivered_total"):  # fmt: skip
+                   "delay_bridge_dead_lettered_total", "delay_bridge_redelivered_total",
+                   "delay_bridge_cancelled_total", "delay_bridge_replaced_total",
+                   "delay_bridge_dlq_produce_errors_total", "delay_bridge_redis_writable"):  # fmt: skip
         assert needed in covered, f"the dashboard shows no {needed}"
 
 
