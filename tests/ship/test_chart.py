@@ -3,6 +3,7 @@ rendered manifests must say (security, probes, config, labels)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ KUBE_VERSION = "1.31.0"
 MONITORING = "monitoring.coreos.com/v1"
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import chart_schema  # noqa: E402
 import chart_values  # noqa: E402
 
 pytestmark = pytest.mark.ship
@@ -256,3 +258,31 @@ def test_values_are_documented_and_the_readme_lists_them() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["appVersion"] == __import__("bridge").__version__
+
+
+def test_the_schema_is_the_one_the_values_and_the_config_make() -> None:
+    written = json.loads(chart_schema.SCHEMA.read_text())
+    assert written == chart_schema.schema(), "run: python scripts/chart_schema.py --write"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "config.kafka.bootstrap_server=k:9092"],
+         "config.kafka: Additional property bootstrap_server is not allowed"),
+        (["--set", "config.topics.delay=orders.delay"],
+         "config.topics.delay: Invalid type. Expected: array, given: string"),
+        (["--set", "replicaCount=two"], "replicaCount: Invalid type. Expected: integer"),
+        (["--set", "config.redis.url="], "config.redis.url: String length must be greater"),
+        (["--set", "config.logging.json=maybe"], "config.logging.json: Invalid type"),
+        (["--set", "auth.existingSecrets=x"], "auth: Additional property existingSecrets"),
+    ],
+)  # fmt: skip
+def test_mistakes_fail_at_render_time_naming_the_key(
+    helm: str, args: list[str], message: str
+) -> None:
+    for command in (["template", "rel"], ["lint", "--strict"]):
+        proc = subprocess.run([helm, *command, str(CHART), *args], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert proc.returncode != 0
+        assert message in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -1,0 +1,118 @@
+"""The chart's values.schema.json, from values.yaml and the bridge's own config dataclasses.
+
+    python scripts/chart_schema.py          print it
+    python scripts/chart_schema.py --write  rewrite helm/delay-bridge/values.schema.json
+
+Every value of the chart gets the type of its default; the chart's own groups take no unknown
+key. Under ``config`` the schema mirrors :class:`bridge.config.Config`: the same keys and no
+other (a typo fails ``helm lint`` / ``helm template`` naming it), lists as arrays, flags as
+booleans, durations as text or milliseconds. Kubernetes objects passed through as they are
+(probes, security contexts, resources, affinity, ...) are only checked to be objects or lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bridge.config import Config  # noqa: E402
+
+CHART = ROOT / "helm" / "delay-bridge"
+SCHEMA = CHART / "values.schema.json"
+# Values whose contents are Kubernetes' (or Prometheus' / the user's own labels): any keys.
+PASSTHROUGH = {
+    "imagePullSecrets", "extraEnv", "envFrom", "extraVolumes", "extraVolumeMounts",
+    "serviceAccount.annotations", "podAnnotations", "podLabels", "podSecurityContext",
+    "securityContext", "updateStrategy", "startupProbe", "livenessProbe", "readinessProbe",
+    "resources", "nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
+    "metrics.serviceMonitor.labels", "metrics.prometheusRule.labels",
+    "metrics.grafanaDashboard.labels",
+}  # fmt: skip
+REQUIRED_CONFIG = {"kafka": ["bootstrap_servers"], "redis": ["url"]}
+SCALAR = ["string", "number", "boolean"]
+
+
+def of_value(value: Any, path: str) -> dict[str, Any]:
+    """The schema of a chart value, from its default."""
+    if path == "config":
+        return of_dataclass(Config, "")
+    if path in PASSTHROUGH:
+        return {"type": "array" if isinstance(value, list) else "object"}
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    if isinstance(value, list):
+        return {"type": "array"}
+    if isinstance(value, dict):
+        props = {k: of_value(v, f"{path}.{k}".lstrip(".")) for k, v in value.items()}
+        return {"type": "object", "additionalProperties": False, "properties": props}
+    raise TypeError(f"{path}: no schema for {value!r}")
+
+
+def of_dataclass(cls: type[Any], path: str) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    props = {f.name: of_field(hints[f.name], f, f"{path}.{f.name}".lstrip("."))
+             for f in dataclasses.fields(cls)}  # fmt: skip
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
+    if path in REQUIRED_CONFIG:
+        out["required"] = REQUIRED_CONFIG[path]
+        for key in REQUIRED_CONFIG[path]:
+            props[key]["minLength"] = 1
+    if not path:
+        out["required"] = sorted(REQUIRED_CONFIG)
+    return out
+
+
+def of_field(hint: Any, f: dataclasses.Field[Any], path: str) -> dict[str, Any]:
+    if dataclasses.is_dataclass(hint):
+        return of_dataclass(hint, path)  # type: ignore[arg-type]
+    origin = typing.get_origin(hint)
+    if f.metadata.get("duration"):
+        return {"type": ["string", "integer"], "description": "a duration: 30s, 15m, 2h, or ms"}
+    if hint is bool:
+        return {"type": "boolean"}
+    if hint is int:
+        return {"type": "integer"}
+    if hint is str:
+        return {"type": "string"}
+    if origin is tuple:
+        return {"type": "array", "items": {"type": "string"}}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": {"type": SCALAR}}
+    if origin in (typing.Union, types.UnionType):
+        return {"type": SCALAR}
+    raise TypeError(f"config.{path}: no schema for {hint!r}")
+
+
+def schema() -> dict[str, Any]:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    top = of_value(values, "")
+    top["properties"]["global"] = {"type": "object"}  # what Helm passes a subchart
+    top["$schema"] = "https://json-schema.org/draft-07/schema#"
+    top["title"] = "delay-bridge chart values"
+    return top
+
+
+def main() -> int:
+    text = json.dumps(schema(), indent=2) + "\n"
+    if sys.argv[1:] == ["--write"]:
+        SCHEMA.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
