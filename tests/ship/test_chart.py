@@ -238,6 +238,25 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
         assert mounts["tls-redis"]["mountPath"] == "/var/run/secrets/delay-bridge-tls/redis"
 
 
+def test_passwords_inline_in_config_go_to_the_secret_too(helm: str) -> None:
+    docs = render(helm, "--set", "config.redis.password=r-pw", "--set",
+                  "config.redis.sentinel.password=s-pw", "--set",
+                  "config.kafka.common.sasl\\.password=k-pw")  # fmt: skip
+    text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    assert not any(pw in text for pw in ("r-pw", "k-pw", "s-pw")), text
+    config = yaml.safe_load(text)
+    assert config["redis"]["password_file"].endswith("/redis-password")
+    assert config["redis"]["sentinel"]["password_file"].endswith("/sentinel-password")
+    assert config["kafka"]["common"]["sasl.password_file"].endswith("/kafka-password")
+    assert set(kinds(docs)["Secret"]["data"]) == {"redis-password", "kafka-password",
+                                                  "sentinel-password"}  # fmt: skip
+    # With a Secret of the user's own there is nowhere to put it: refused, not dropped.
+    proc = subprocess.run([helm, "template", "rel", str(CHART), "--set", "config.redis.password=x",
+                           "--set", "auth.existingSecret=mine"], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert proc.returncode != 0 and "cannot be used with auth.existingSecret" in proc.stderr
+
+
 def test_inline_passwords_go_to_the_charts_secret_never_the_configmap(helm: str) -> None:
     docs = render(helm, "--set", "auth.redisPassword=r-pw", "--set", "auth.kafkaPassword=k-pw",
                   "--set", "auth.sentinelPassword=s-pw", "--set", "tls.kafka.existingSecret=kt")  # fmt: skip

@@ -74,16 +74,30 @@ Name of the Secret with the passwords: the user's, or the one the chart creates.
 {{- end }}
 
 {{/*
-Key of the Kafka / Redis password in that Secret ("" when none).
+A password given inline, in auth or (never rendered into the ConfigMap) in config: it goes into
+the chart's Secret.
+*/}}
+{{- define "delay-bridge.kafkaPassword" -}}
+{{- .Values.auth.kafkaPassword | default (index (dig "kafka" "common" dict .Values.config) "sasl.password" | default "") }}
+{{- end }}
+{{- define "delay-bridge.redisPassword" -}}
+{{- .Values.auth.redisPassword | default (dig "redis" "password" "" .Values.config) }}
+{{- end }}
+{{- define "delay-bridge.sentinelPassword" -}}
+{{- .Values.auth.sentinelPassword | default (dig "redis" "sentinel" "password" "" .Values.config) }}
+{{- end }}
+
+{{/*
+Key of the Kafka / Redis / Sentinel password in that Secret ("" when none).
 */}}
 {{- define "delay-bridge.kafkaPasswordKey" -}}
-{{- if .Values.auth.existingSecret }}{{ .Values.auth.kafkaPasswordKey }}{{ else if .Values.auth.kafkaPassword }}kafka-password{{ end }}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.kafkaPasswordKey }}{{ else if include "delay-bridge.kafkaPassword" . }}kafka-password{{ end }}
 {{- end }}
 {{- define "delay-bridge.redisPasswordKey" -}}
-{{- if .Values.auth.existingSecret }}{{ .Values.auth.redisPasswordKey }}{{ else if .Values.auth.redisPassword }}redis-password{{ end }}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.redisPasswordKey }}{{ else if include "delay-bridge.redisPassword" . }}redis-password{{ end }}
 {{- end }}
 {{- define "delay-bridge.sentinelPasswordKey" -}}
-{{- if .Values.auth.existingSecret }}{{ .Values.auth.sentinelPasswordKey }}{{ else if .Values.auth.sentinelPassword }}sentinel-password{{ end }}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.sentinelPasswordKey }}{{ else if include "delay-bridge.sentinelPassword" . }}sentinel-password{{ end }}
 {{- end }}
 
 {{/*
@@ -111,10 +125,13 @@ The bridge's YAML config: values.config, with the HTTP port of the Service and t
 files of the mounted Secret.
 */}}
 {{- define "delay-bridge.config" -}}
+{{- if and .Values.auth.existingSecret (or (include "delay-bridge.kafkaPassword" .) (include "delay-bridge.redisPassword" .) (include "delay-bridge.sentinelPassword" .)) }}
+{{- fail "a password given inline (auth.*Password, config.redis.password, config.redis.sentinel.password, config.kafka.common.sasl.password) cannot be used with auth.existingSecret: put it in that Secret and name its key in auth.*PasswordKey" }}
+{{- end }}
 {{- $config := deepCopy .Values.config }}
 {{- $_ := set $config "http" (dict "host" "0.0.0.0" "port" (int .Values.service.port)) }}
 {{- $kafka := default (dict) $config.kafka }}
-{{- $common := default (dict) $kafka.common }}
+{{- $common := omit (default (dict) $kafka.common) "sasl.password" }}
 {{- if include "delay-bridge.kafkaPasswordKey" . }}
 {{- $_ := set $common "sasl.password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.kafkaPasswordKey" .)) }}
 {{- end }}
@@ -126,7 +143,10 @@ files of the mounted Secret.
 {{- end }}
 {{- $_ := set $kafka "common" $common }}
 {{- $_ := set $config "kafka" $kafka }}
-{{- $redis := default (dict) $config.redis }}
+{{- $redis := omit (default (dict) $config.redis) "password" }}
+{{- if $redis.sentinel }}
+{{- $_ := set $redis "sentinel" (omit $redis.sentinel "password") }}
+{{- end }}
 {{- if include "delay-bridge.redisPasswordKey" . }}
 {{- $_ := set $redis "password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.redisPasswordKey" .)) }}
 {{- end }}
