@@ -103,7 +103,7 @@ def test_rendered_manifests_pass_strict_schemas(helm: str, args: list[str], tmp_
 def test_default_render_has_the_expected_objects(helm: str) -> None:
     assert sorted(kinds(render(helm))) == sorted([
         "ConfigMap/rel-delay-bridge", "Deployment", "PodDisruptionBudget", "Service",
-        "ServiceAccount",
+        "ServiceAccount", "Pod",  # the helm test hook
     ])  # fmt: skip
     # Asked for, but the cluster does not serve the operator's API: nothing rendered, no error.
     asked = render(helm, "--set", "metrics.serviceMonitor.enabled=true",
@@ -136,7 +136,12 @@ def test_restricted_pod_security(helm: str, values: list[str]) -> None:
     assert sc["capabilities"] == {"drop": ["ALL"]}
     tmp = [m for m in container(docs)["volumeMounts"] if m["mountPath"] == "/tmp"]
     assert tmp and {"name": tmp[0]["name"], "emptyDir": {}} in pod["volumes"]
-    assert "resources" not in container(docs) or values  # unset by default
+    resources = container(docs)["resources"]  # sized from the bench by default
+    assert resources["requests"]["cpu"] and resources["limits"]["memory"]
+    assert "cpu" not in resources["limits"]  # throttling makes due records late
+    test_pod = kinds(docs)["Pod"]["spec"]
+    assert test_pod["securityContext"] == pod["securityContext"]
+    assert test_pod["containers"][0]["securityContext"] == sc
 
 
 def test_probes_point_at_the_real_endpoints(helm: str) -> None:
@@ -182,7 +187,8 @@ def test_selectors_never_hold_the_chart_label(helm: str, values: list[str]) -> N
     assert not [s for s in found if "helm.sh/chart" in str(s)]
     for doc in render(helm, *values):
         labels = doc["metadata"]["labels"]
-        assert labels["app.kubernetes.io/name"] == "delay-bridge"
+        test = labels.get("app.kubernetes.io/component") == "test"  # no Service may select it
+        assert labels["app.kubernetes.io/name"] == "delay-bridge" + ("-test" if test else "")
         assert labels["app.kubernetes.io/instance"] == "rel"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
 
@@ -305,3 +311,22 @@ def test_mistakes_fail_at_render_time_naming_the_key(
                               text=True, check=False)  # fmt: skip
         assert proc.returncode != 0
         assert message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
+    docs = render(helm)
+    pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
+    spread = pod["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in spread] == ["topology.kubernetes.io/zone",
+                                                  "kubernetes.io/hostname"]  # fmt: skip
+    assert all(c["whenUnsatisfiable"] == "ScheduleAnyway" for c in spread)
+    selector = kinds(docs)["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert all(c["labelSelector"]["matchLabels"] == selector for c in spread)
+    # The bridge's stop: up to 10 s of deliveries in flight, then up to 30 s of DLQ flush.
+    assert pod["terminationGracePeriodSeconds"] > 40
+    # The helm test pod is never one of the Service's endpoints.
+    test_labels = kinds(docs)["Pod"]["metadata"]["labels"]
+    assert not set(selector.items()) <= set(test_labels.items())
+    assert kinds(docs)["Pod"]["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    own = kinds(render(helm, "--set", "spreadReplicas=false"))["Deployment"]
+    assert "topologySpreadConstraints" not in own["spec"]["template"]["spec"]
