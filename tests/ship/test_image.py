@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,24 @@ def test_the_image_runs_the_bridge(image: str) -> None:
     assert checked.returncode == 0, checked.stderr
     assert yaml.safe_load(checked.stdout)["logging"]["json"] is True  # JSON logs in the image
     assert run(image, "id", "-u").stdout.strip() == "10001"
+    # The chart's helm test pod asks /readyz with the image's own python.
+    assert run(image, "python", "-c", "import urllib.request").returncode == 0
+
+
+def test_push_writes_the_image_where_it_is_told(image: str, tmp_path: Path) -> None:
+    """`scripts/image push` is buildah push: to a registry as ``host/repo:tag``, here to an OCI
+    archive, the same bytes without a registry."""
+    archive = tmp_path / "image.tar"
+    proc = subprocess.run([str(IMAGE), "push", image, f"oci-archive:{archive}:delay-bridge:pushed"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(archive) as tar:
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+    [manifest] = index["manifests"]
+    assert manifest["annotations"]["org.opencontainers.image.ref.name"] == "delay-bridge:pushed"
+    usage = subprocess.run([str(IMAGE), "push", image], capture_output=True, text=True,
+                           check=False)  # fmt: skip
+    assert usage.returncode != 0 and "usage" in usage.stderr
 
 
 def test_the_image_config(image: str) -> None:
