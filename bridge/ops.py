@@ -10,13 +10,16 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import decode, format_time_ms
 from bridge.redis_client import redis_client
 from bridge.store import Shard, Store, as_store_error, offset_of
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, TopicPartition
 
 KAFKA_TIMEOUT_S = 10.0
 
@@ -148,6 +151,18 @@ def _glob(raw: bytes) -> bytes:
     return b"".join(b"\\" + bytes((c,)) if c in b"*?[]\\^" else bytes((c,)) for c in raw)
 
 
+def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:
+    """The partitions of ``topic``; a missing topic is a :class:`BridgeError` naming ``what``
+    it is (raises KafkaException when Kafka does not answer)."""
+    from confluent_kafka import TopicPartition
+
+    meta = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+    if meta is None or meta.error is not None:
+        why = meta.error.str() if meta is not None and meta.error else "unknown topic"
+        raise BridgeError(f"{what} {topic}: {why}")
+    return [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+
+
 def _store(config: Config) -> Store:
     try:
         return Store(redis_client(config), config.redis.key_prefix)
@@ -162,7 +177,7 @@ def _partitions(
 ) -> list[tuple[Shard, int, int]]:
     """(shard, committed offset or -1, log end offset or -1) of every partition of ``topics``,
     read with a consumer of the bridge's group that never joins it."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaException
 
     unknown = [t for t in topics if t not in config.topics.delay]
     if unknown:
@@ -170,13 +185,7 @@ def _partitions(
                          f"({', '.join(config.topics.delay)})")  # fmt: skip
     consumer = Consumer({**consumer_settings(config), "log_level": 0})
     try:
-        tps = []
-        for topic in topics:
-            meta = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
-            if meta is None or meta.error is not None:
-                why = meta.error.str() if meta is not None and meta.error else "unknown topic"
-                raise BridgeError(f"delay topic {topic}: {why}")
-            tps += [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        tps = [tp for topic in topics for tp in topic_partitions(consumer, topic, "delay topic")]
         if not offsets:
             return [(Shard(tp.topic, tp.partition), -1, -1) for tp in tps]
         committed = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)

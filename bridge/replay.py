@@ -23,8 +23,8 @@ from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import BridgeError
 from bridge.kafka import produce
 from bridge.message import H_ERROR, H_ERROR_DETAIL, H_ORIGIN, Headers, wire_headers
+from bridge.ops import KAFKA_TIMEOUT_S, topic_partitions
 
-KAFKA_TIMEOUT_S = 10.0
 DLQ_HEADERS = frozenset({H_ERROR, H_ERROR_DETAIL, H_ORIGIN})
 PROGRESS_EVERY = 1000
 
@@ -68,11 +68,7 @@ def replay(
     done = Replayed(dry_run=dry_run)
     failures: list[str] = []
     try:
-        meta = consumer.list_topics(dlq, timeout=KAFKA_TIMEOUT_S).topics.get(dlq)
-        if meta is None or meta.error is not None:
-            why = meta.error.str() if meta is not None and meta.error else "unknown topic"
-            raise BridgeError(f"DLQ topic {dlq}: {why}")
-        tps = [TopicPartition(dlq, p) for p in sorted(meta.partitions)]
+        tps = topic_partitions(consumer, dlq, "DLQ topic")
         starts = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
         ends: dict[int, int] = {}
         for tp in starts:
