@@ -209,6 +209,9 @@ class Run:
             result.notes.append(f"{account.dead_lettered:,} dead-lettered as expected")
         if account.scheduled:
             result.notes.append(f"{account.scheduled:,} due later, waiting in Redis")
+        if account.replaced:
+            result.notes.append(f"{account.replaced:,} replaced by a later record with their "
+                                "delay-id")  # fmt: skip
         return result
 
     def close(self) -> None:

@@ -35,7 +35,8 @@ def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
     assert account.early == [], f"early: {account.early[:10]}"
     assert account.misrouted == [], f"misrouted: {account.misrouted[:10]}"
     assert account.duplicate_ids_differ == 0, "a duplicate carried another delay-id"
-    assert account.delivered + account.dead_lettered + account.scheduled == account.records
+    assert (account.delivered + account.dead_lettered + account.scheduled + account.replaced
+            == account.records)  # fmt: skip
     assert {k: v for k, v in result.checks.items() if not v} == {}, _crashes(tmp_path)
 
 
