@@ -206,19 +206,28 @@ class Ingress:
         the beginning): hold their due records until it reaches where each partition ends now
         (see bridge.catchup). Without the end offset the shard is not held: said once, the
         records flow as they would have before."""
-        for shard, offset in starts.items():
+        starts = dict(starts)
+        unknown = [s for s, offset in starts.items() if offset < 0 and offset != OFFSET_BEGINNING]
+        if unknown:  # from the committed offsets: one request for all of them
+            try:
+                committed = self.consumer.committed(
+                    [TopicPartition(s.topic, s.partition) for s in unknown], WATERMARK_TIMEOUT_S
+                )
+                starts.update({Shard(tp.topic, tp.partition): tp.offset for tp in committed})
+            except KafkaException as exc:
+                logger.warning("committed offsets not read, not holding records while catching "
+                               "up: %s", exc)  # fmt: skip
+                starts = {s: o for s, o in starts.items() if s not in unknown}
+        for shard, start in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)
             try:
                 low, end = self.consumer.get_watermark_offsets(tp, WATERMARK_TIMEOUT_S,
                                                                cached=False)  # fmt: skip
-                start = offset
-                if start < 0 and start != OFFSET_BEGINNING:  # the committed offset, if any
-                    [tp] = self.consumer.committed([tp], WATERMARK_TIMEOUT_S)
-                    start = tp.offset
-                self.catch_up.start(shard, start if start >= 0 else low, end)
             except KafkaException as exc:
                 logger.warning("end offset of %s[%d] not read, not holding its records while "
                                "catching up: %s", shard.topic, shard.partition, exc)  # fmt: skip
+                continue
+            self.catch_up.start(shard, start if start >= 0 else low, end)
 
     def _caught_up(self) -> None:
         """Release the shards whose read position reached the end they were held to."""
