@@ -51,6 +51,7 @@ class KafkaConfig:
 
     bootstrap_servers: str = "127.0.0.1:9092"
     group_id: str = "delay-bridge"
+    group_instance_id: str = ""
     common: dict[str, str] = field(default_factory=dict)
     consumer: dict[str, str] = field(default_factory=dict)
     producer: dict[str, str] = field(default_factory=dict)
@@ -366,6 +367,10 @@ def _validate(config: Config) -> None:
         if dialect not in DIALECTS:
             raise ConfigError(f"topics.dialect.{delay_topic}: unknown dialect {dialect!r} "
                               f"(one of {', '.join(DIALECTS)})")  # fmt: skip
+    instance = config.kafka.group_instance_id
+    if instance and not is_legal_topic(instance):
+        raise ConfigError(f"kafka.group_instance_id: {instance!r} is not a legal instance id "
+                          "(at most 249 of a-z A-Z 0-9 . _ -)")  # fmt: skip
     if config.topics.dead_letter in config.topics.delay:
         raise ConfigError("topics.dead_letter: must not be a delay topic")
     if (
@@ -446,8 +451,11 @@ _CONSUMER_FIXED = {
 _PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all"}
 
 
-def consumer_settings(config: Config) -> dict[str, str]:
-    """Delay-topic consumer properties: defaults, then the user's, then the fixed ones."""
+def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]:
+    """Delay-topic consumer properties: defaults, then the user's, then the fixed ones.
+
+    ``member``: for the bridge's own group member, the only consumer that may carry
+    ``group.instance.id`` (another consumer with it would fence the running replica)."""
     settings = {
         "group.id": config.kafka.group_id,
         "auto.offset.reset": "earliest",  # a new group must not skip records already waiting
@@ -455,8 +463,16 @@ def consumer_settings(config: Config) -> dict[str, str]:
         "auto.commit.interval.ms": "1000",
         "enable.partition.eof": "false",
         "statistics.interval.ms": "5000",  # ingest lag and broker state for the metrics
+        # A replica that dies for good hands its partitions on after this long (librdkafka's
+        # 45 s default); a restarted static member is back without waiting for it at all.
+        "session.timeout.ms": "10000",
+        "heartbeat.interval.ms": "3000",
     }
+    if config.kafka.group_instance_id:
+        settings["group.instance.id"] = config.kafka.group_instance_id
     settings.update(kafka_settings(config, "consumer"))
+    if not member:
+        settings.pop("group.instance.id", None)
     return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
 
 

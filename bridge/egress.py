@@ -105,12 +105,21 @@ class Egress:
         self._reports: list[tuple[tuple[Shard, bytes], ClientError | None]] = []
         # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
         self._retries: dict[tuple[Shard, bytes], int] = {}
+        # Shards assigned since the last step: their earlier owner's leases end first.
+        self._taking_over: set[Shard] = set()
+        self._lock = threading.Lock()
+        # In-flight records per shard, and a condition revocation waits on until they settle.
+        self._held: Counter[Shard] = Counter()
+        self._settled = threading.Condition()
         self.last_loop = time.monotonic()
 
     # -------------------------------------------------------------- called from ingress
 
     def add_shards(self, shards: set[Shard]) -> None:
-        """Start moving records of newly assigned partitions."""
+        """Start moving records of newly assigned partitions; the leases their earlier owner
+        left end before the first claim (see take_over.lua)."""
+        with self._lock:
+            self._taking_over |= shards
         self.owned = self.owned | shards
         self._wake.set()
 
@@ -118,7 +127,23 @@ class Egress:
         """Stop claiming from revoked partitions and their retired incarnations (in-flight
         records still get acknowledged)."""
         gone = {s.base() for s in shards}
+        with self._lock:
+            self._taking_over = {s for s in self._taking_over if s.base() not in gone}
         self.owned = frozenset(s for s in self.owned if s.base() not in gone)
+
+    def settle(self, shards: set[Shard], timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until no record of these partitions is in flight, so their
+        next owner, which ends the leases it finds, does not deliver them again; returns how many
+        are still in flight (their next owner may duplicate them). Called by the consumer's
+        thread while the mover runs."""
+        gone = {s.base() for s in shards}
+
+        def left() -> int:
+            return sum(n for s, n in list(self._held.items()) if s.base() in gone)
+
+        with self._settled:
+            self._settled.wait_for(lambda: left() == 0, timeout_s)
+            return left()
 
     def notify(self, due_ms: int) -> None:
         """Ingress stored a record due at ``due_ms``; wake up in case it is sooner than planned."""
@@ -147,6 +172,8 @@ class Egress:
         self.last_loop = time.monotonic()
         self.producer.poll(0)
         self._settle()
+        if self._taking_over:
+            self._take_over()
         shards = sorted(self.owned)
         room = self.max_inflight - len(self._pending)
         if not shards or room <= 0:
@@ -161,11 +188,29 @@ class Egress:
             pending = self._pending.get(ident)
             if pending is None:
                 pending = self._pending[ident] = _Pending(item)
+                self._held[item.shard] += 1
             self._send(ident, pending)
         if redelivered:
             self.metrics.redelivered.inc(redelivered)
         self.producer.poll(0)
         return len(claimed)
+
+    def _take_over(self) -> None:
+        with self._lock:
+            shards, self._taking_over = self._taking_over, set()
+        held: dict[Shard, list[bytes]] = {s: [] for s in shards}
+        for shard, member in self._pending:
+            if shard in held:
+                held[shard].append(member)
+        try:
+            ended = self.store.take_over(held)
+        except StoreError:
+            with self._lock:
+                self._taking_over |= shards & self.owned
+            raise
+        if ended:
+            logger.info("took back %d leases an earlier owner of %s left", ended,
+                        ", ".join(str(s) for s in sorted(shards)))  # fmt: skip
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""
@@ -231,6 +276,9 @@ class Egress:
             )
             self.store.release(released)
             self._pending.clear()
+            self._held.clear()
+            with self._settled:
+                self._settled.notify_all()
 
     # -------------------------------------------------------------- produce and settle
 
@@ -328,7 +376,12 @@ class Egress:
     def _forget(self, members: dict[Shard, list[bytes]]) -> None:
         for shard, batch in members.items():
             for m in batch:
-                self._pending.pop((shard, m), None)
+                if self._pending.pop((shard, m), None) is not None:
+                    self._held[shard] -= 1
+            if self._held[shard] <= 0:
+                self._held.pop(shard, None)
+        with self._settled:
+            self._settled.notify_all()
 
     def _count(self, delivered: list[_Pending]) -> None:
         """Count a batch of acknowledged records: one label lookup per target, not per record."""

@@ -28,7 +28,7 @@ def check_settings(config: Config) -> None:
     """Build (without starting) every Kafka client the bridge would, so that what librdkafka
     rejects — an unknown property, a bad value — stops start-up (and ``check-config``) with one
     line naming the config key, not a traceback from deep inside ``run``."""
-    for role, settings in (("consumer", consumer_settings(config)),
+    for role, settings in (("consumer", consumer_settings(config, member=True)),
                            ("producer", producer_settings(config))):  # fmt: skip
         message = _refusal(role, settings)
         if message is not None:

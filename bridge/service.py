@@ -31,6 +31,9 @@ from bridge.topics import Topics, check_retention
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 10.0
+# A revoked partition's records in flight get this long to be acknowledged before the consumer
+# hands the partition on (its next owner delivers again what is still in flight).
+REVOKE_SETTLE_S = 5.0
 STALL_S = 60.0  # a main loop silent this long is stuck: /healthz turns 503
 REDIS_WAIT_S = (0.5, 1.0, 2.0, 5.0)  # back-off while waiting for Redis before joining the group
 # How long a thread may hold the interpreter while another waits for it (Python's default is
@@ -58,7 +61,7 @@ class Service:
             "logger": _kafka_logger("producer"),
         }
         consumer_conf: dict[str, Any] = {
-            **consumer_settings(config),
+            **consumer_settings(config, member=True),
             "logger": _kafka_logger("consumer"),
             "stats_cb": self._on_stats,
         }
@@ -110,6 +113,10 @@ class Service:
 
     def _on_revoke(self, shards: set[Shard]) -> None:
         self.egress.remove_shards(shards)
+        left = self.egress.settle(shards, REVOKE_SETTLE_S)
+        if left:
+            logger.warning("%d records of revoked partitions still in flight after %.0fs; their "
+                           "next owner may deliver them again", left, REVOKE_SETTLE_S)  # fmt: skip
         self.metrics.forget_partitions(shards)
 
     def _check_rebuildable(self) -> None:
@@ -175,8 +182,9 @@ class Service:
         """Run until :attr:`stop_event` is set; returns the process exit code."""
         started = time.monotonic()
         logger.info(
-            "delay-bridge %s starting: delay topics %s, group %s",
+            "delay-bridge %s starting: delay topics %s, group %s%s",
             __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
+            f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
         )  # fmt: skip
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.http.start()

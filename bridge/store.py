@@ -269,6 +269,7 @@ class Store:
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
         self._release = _script(client, "release")
+        self._take_over = _script(client, "take_over")
         self._next_due = _script(client, "next_due")
         self._stats = _script(client, "stats")
         self._low = _script(client, "low")
@@ -277,7 +278,8 @@ class Store:
         self._retired = _script(client, "retired")
         self._relocate = _script(client, "relocate")
         self._relocation_denied = False
-        self._scripts = (self._add, self._claim, self._ack, self._release, self._next_due,
+        self._scripts = (self._add, self._claim, self._ack, self._release, self._take_over,
+                         self._next_due,
                          self._stats, self._low, self._upgrade, self._incarnation,
                          self._retired, self._relocate)  # fmt: skip
 
@@ -594,6 +596,15 @@ class Store:
             (self._release, [self.keys(s).inflight], [retry_in_ms, *m])
             for s, m in members.items()
             if m
+        ]
+        return sum(int(n) for n in self._run(calls)) if calls else 0
+
+    def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
+        """End the leases in each shard except the ``held`` offsets (the caller's own in-flight
+        records), so the new owner of a partition redelivers what its earlier owner left at once
+        (see take_over.lua). Returns how many leases ended."""
+        calls: list[tuple[Script, list[str], list[Any]]] = [
+            (self._take_over, [self.keys(s).inflight], list(offsets)) for s, offsets in held.items()
         ]
         return sum(int(n) for n in self._run(calls)) if calls else 0
 

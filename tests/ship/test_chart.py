@@ -330,3 +330,17 @@ def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
     assert kinds(docs)["Pod"]["metadata"]["annotations"]["helm.sh/hook"] == "test"
     own = kinds(render(helm, "--set", "spreadReplicas=false"))["Deployment"]
     assert "topologySpreadConstraints" not in own["spec"]["template"]["spec"]
+
+
+def test_each_pod_is_a_static_group_member_named_after_itself(helm: str) -> None:
+    """The instance id comes from the pod's own name, unique per pod and kept across container
+    restarts; extraEnv still applies; switching it off leaves the bridge a dynamic member."""
+    env = container(
+        render(helm, "--set", "extraEnv[0].name=X", "--set-string", "extraEnv[0].value=1")
+    )
+    by_name = {e["name"]: e for e in env["env"]}
+    instance = by_name["DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID"]
+    assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert by_name["X"]["value"] == "1"
+    off = container(render(helm, "--set", "staticMembership=false"))
+    assert "DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID" not in {e["name"] for e in off.get("env", [])}

@@ -88,6 +88,8 @@ def test_environment_overrides_scalars() -> None:
         ({"http": {"port": 70000}}, {}, "http.port"),
         ({"redis": {"url": "http://x"}}, {}, "redis.url"),
         ({"redis": {"key_prefix": "a{b}"}}, {}, "redis.key_prefix"),
+        ({}, {"DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID": "pod 0"},
+         "kafka.group_instance_id: 'pod 0' is not a legal instance id"),
         ({"kafka": {"consumer": {"enable.auto.offset.store": True}}}, {},
          "kafka.consumer.enable.auto.offset.store: must be false"),
         ({"kafka": {"producer": {"enable.idempotence": "false"}}}, {},
@@ -149,6 +151,18 @@ def test_producer_and_consumer_defaults() -> None:
     assert consumer["enable.auto.offset.store"] == "false"
     assert consumer["partition.assignment.strategy"] == "cooperative-sticky"
     assert consumer["auto.offset.reset"] == "earliest"
+    assert consumer["session.timeout.ms"] == "10000"
+    assert "group.instance.id" not in consumer_settings(Config(), member=True)
+
+
+def test_only_the_group_member_carries_the_instance_id() -> None:
+    """Another consumer of the bridge (status, list, dlq replay) with the replica's
+    group.instance.id would fence the running replica out of its group."""
+    config = from_mapping({}, env={"DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID": "delay-bridge-7f9c"})
+    assert consumer_settings(config, member=True)["group.instance.id"] == "delay-bridge-7f9c"
+    assert "group.instance.id" not in consumer_settings(config)
+    by_map = from_mapping({"kafka": {"consumer": {"group.instance.id": "x"}}}, env={})
+    assert "group.instance.id" not in consumer_settings(by_map)
 
 
 def cli(

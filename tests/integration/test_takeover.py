@@ -1,0 +1,98 @@
+"""Recovery after a crash: a restarted replica keeps its partitions (static membership) and takes
+back the leases its previous life held at once, instead of waiting for them to expire."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.store import Shard, Store
+from tests.conftest import wait_for
+from tests.integration.harness import Bridge, Setup, produce_all
+
+pytestmark = pytest.mark.integration
+
+LONG_LEASE = "90s"  # far longer than any wait below: a record delivered in time was taken back
+LONG_SESSION = "30000"  # a dynamic member replacing a dead one waits this long
+
+
+def ready(bridge: Bridge, timeout: float = 60) -> None:
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, timeout, "/readyz 200")
+
+
+def records_due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> int:
+    """Produce ``count`` records due ``delay_ms`` from now; returns the earliest due time."""
+    due = time.time_ns() // 1_000_000 + delay_ms
+    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()),
+                        (H_AFTER, f"{delay_ms}ms".encode())]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay,
+                [(f"k{i}".encode(), f"{tag}-{i}".encode(), headers) for i in range(count)])  # fmt: skip
+    return due
+
+
+def with_session_timeout(setup: Setup, bridge: Bridge, session_ms: str) -> Bridge:
+    config = setup.tmp / "bridge.yaml"  # a librdkafka map, which the environment cannot set
+    config.write_text(f"kafka:\n  consumer: {{session.timeout.ms: '{session_ms}'}}\n")
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    return bridge
+
+
+def test_leases_a_dead_replica_held_are_taken_back_at_assignment(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Records claimed by a replica that died before delivering them (leases of 90 s) are
+    delivered by the next owner of their partitions at once, and not before they are due."""
+    bridge = setup.bridge(egress__lease=LONG_LEASE)
+    bridges.append(bridge.start())
+    ready(bridge)
+    due = records_due_in(setup, 30, 2000, "held")
+    client = redis.Redis.from_url(setup.services.redis_url)
+    store = Store(client, f"test-{setup.unique}")
+    shards = [Shard(setup.delay, p) for p in range(3)]
+    try:
+        wait_for(lambda: store.backlog(shards).scheduled == 30, 30, "30 records stored")
+        assert bridge.stop() == 0
+        wait_for(lambda: store.time_ms() >= due + 100, 10, "the records fall due")
+        # What the dead replica held: every record claimed under a 90 s lease, never acknowledged.
+        held = store.claim(shards, 100, 90_000)
+        assert len(held) == 30
+        restarted = setup.bridge("again", egress__lease=LONG_LEASE)
+        bridges.append(restarted.start())
+        started = time.monotonic()
+        collector = setup.collector()
+        try:
+            collector.until(lambda rs: len(rs) >= 30, 30, "the held records")
+        finally:
+            collector.close()
+        assert time.monotonic() - started < 30  # not after the 90 s lease
+        assert {r.value for r in collector.records} == {b"held-%d" % i for i in range(30)}
+        assert all(r.timestamp_ms >= due for r in collector.records)
+    finally:
+        client.close()
+
+
+def test_a_replica_restarted_after_a_crash_gets_its_partitions_back_at_once(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """With kafka.group_instance_id the restarted process is the same group member: its
+    partitions come back without waiting for the dead one's session (30 s here) to end."""
+    bridge = with_session_timeout(setup, setup.bridge(kafka__group_instance_id="pod-0"),
+                                  LONG_SESSION)  # fmt: skip
+    bridges.append(bridge.start())
+    ready(bridge)
+    bridge.kill()
+    again = with_session_timeout(setup, setup.bridge("again", kafka__group_instance_id="pod-0"),
+                                 LONG_SESSION)  # fmt: skip
+    bridges.append(again.start())
+    started = time.monotonic()
+    records_due_in(setup, 9, 0, "after-restart")
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 9, 20, "records after the restart")
+    finally:
+        collector.close()
+    assert time.monotonic() - started < 20  # the dead member's session would be 30 s
+    assert "assigned" in again.output()
