@@ -23,14 +23,16 @@ from bench.scenarios import (
     Sizes,
     catch_up,
     precision_and_backlog,
+    recovery,
     redis_modes,
     throughput,
 )
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
-SCENARIOS = ("throughput", "precision", "catchup", "cluster")
-DEFAULT = SCENARIOS[:3]  # cluster starts a Redis Cluster of its own: asked for by name
+SCENARIOS = ("throughput", "precision", "catchup", "recovery", "cluster")
+DEFAULT = SCENARIOS[:4]  # cluster starts a Redis Cluster of its own: asked for by name
+RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
 LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
 
 
@@ -68,6 +70,12 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
         catch_up(servers, out, sizes.catchup, live, report)
+    if "recovery" in names:
+        say(
+            f"recovery: {RECOVERY_RATE:,.0f}/s for {sizes.precision_s:.0f} s, a bridge SIGKILLed "
+            "half-way: restarted at once, then (two replicas) taken over"
+        )
+        recovery(servers, out, report, rate=RECOVERY_RATE, seconds=sizes.precision_s)
     if "cluster" in names:
         say(
             f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios import Report
+from bench.scenarios import SESSION_TIMEOUT_S, Report
+
+RECOVERY_CASES = ("restart", "restart, dynamic member", "takeover")
 
 
 def _rate(value: float) -> str:
@@ -62,6 +64,11 @@ def tables(report: Report) -> str:
     if m:
         modes.append(["cluster / standalone", f"**{m['end_to_end_ratio']:.2f}x**", "", "", "",
                       "", "", f"**{m['p99_ratio']:.2f}x**", "", ""])  # fmt: skip
+    recovery = [[
+        name, f"{r['replicas']}", _rate(r["rate_per_s"]), f"{r['records']:,}", str(r["lost"]),
+        str(r["early"]), str(r["duplicates"]), f"**{r['kill_to_last_due_acked_s']} s**",
+        *_lateness(r["due_after_kill_lateness_ms"]),
+    ] for name in RECOVERY_CASES if (r := f.get(name))]  # fmt: skip
     return "\n".join([
         *_section("Throughput (due at once)", [
             "records", "ingest", "egress", "end to end", "bare pipe", "e2e / pipe",
@@ -80,6 +87,10 @@ def tables(report: Report) -> str:
         *_section("Redis Cluster (3 masters + 3 replicas) next to standalone Redis, same run", [
             "redis", "end to end (due at once)", "records due in 1-10 s", "rate", "early",
             *[f"ack {q}" for q in quantiles]], modes),
+        *_section("Recovery (a bridge SIGKILLed half-way; delays 1-3 s)", [
+            "case", "replicas", "rate", "records", "lost", "early", "duplicates",
+            "kill to every record due by then acked",
+            *[f"due in 10 s after the kill: ack {q}" for q in quantiles]], recovery),
     ])  # fmt: skip
 
 
@@ -107,6 +118,25 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
                     overhead <= 150))  # fmt: skip
         out.append(("p99 with the backlog <= 2x without", f"{b['p99_ratio']:.2f}x",
                     b["p99_ratio"] <= 2))  # fmt: skip
+    r = f.get("restart")
+    if r:
+        back = r["kill_to_last_due_acked_s"]
+        worst = r["due_after_kill_lateness_ms"]["max"] / 1000
+        out.append(("restart: kill to last record delivered <= 5 s",
+                    f"{back} s (due after the kill: {worst:.2f} s late at most)",
+                    max(back, worst) <= 5))  # fmt: skip
+    t = f.get("takeover")
+    if t:
+        bound = SESSION_TIMEOUT_S + 5
+        back = t["kill_to_last_due_acked_s"]
+        worst = t["due_after_kill_lateness_ms"]["max"] / 1000
+        out.append((f"takeover: within session.timeout.ms + 5 s = {bound:.0f} s",
+                    f"{back} s (due after the kill: {worst:.2f} s late at most)",
+                    max(back, worst) <= bound))  # fmt: skip
+    for name in RECOVERY_CASES:
+        if name in f:
+            bad = f[name]["lost"] + f[name]["early"]
+            out.append((f"{name}: 0 lost, 0 early", str(bad), bad == 0))
     return out
 
 

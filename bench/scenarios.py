@@ -170,9 +170,10 @@ def wait_delivered(run: Run, seqs: range, timeout: float) -> None:
         raise TimeoutError(f"{len(missing)} of {len(seqs)} records not delivered in {timeout:.0f}s")
 
 
-def ready_bridge(run: Run) -> Bridge:
-    """Start a bridge of the run and wait until it answers /readyz."""
-    bridge = run.bridge()
+def ready_bridge(run: Run, instance: str = "") -> Bridge:
+    """Start a bridge of the run (static group member ``instance`` if given) and wait until it
+    answers /readyz."""
+    bridge = run.bridge(instance)
     if not wait_ready(bridge):
         raise RuntimeError(f"the bridge did not become ready:\n{bridge.output()[-2000:]}")
     return bridge
@@ -472,3 +473,62 @@ def _one_mode(servers: Servers, workdir: Path, mode: str, *, overrides: dict[str
     finally:
         client.close()
         run.close()
+
+
+# ---------------------------------------------------------------- 7: recovery after a SIGKILL
+
+# The bridge's own defaults (session.timeout.ms 10 s, egress.lease 30 s), not the chaos
+# harness's shortened ones: recovery must not rest on short timeouts.
+DEFAULT_TIMEOUTS: dict[str, object] = {"kafka__consumer": {}, "egress__lease": "30s"}
+SESSION_TIMEOUT_S = 10.0
+
+
+def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,
+             seconds: float) -> None:  # fmt: skip
+    """Steady load at ``rate`` (delays uniform in 1-3 s) for ``seconds``; half-way through a
+    bridge is SIGKILLed. ``restart``: one replica, started again at once under its instance id.
+    ``takeover``: two replicas, the killed one stays dead and the other takes its partitions
+    over. The baseline, in the same run: the restart as a dynamic member (no instance id), which
+    waits for its dead self's session. Figures: from the kill until every record due by then
+    was acknowledged on its target (the records the dead process held in flight), and the
+    lateness of the records due in the 10 s after the kill."""
+    seconds = max(seconds, 4.0)  # records due (1 s at least) and in flight at the kill
+    cases = (("restart", 1, True, "pod"), ("restart, dynamic member", 1, True, ""),
+             ("takeover", 2, False, "pod"))  # fmt: skip
+    for name, replicas, restart, instance in cases:
+        run = Run(servers, workdir, name.split(",")[0], label="bench", target_config=ACK_STAMPS,
+                  overrides=DEFAULT_TIMEOUTS)  # fmt: skip
+        ids = [f"{instance}-{i}" if instance else "" for i in range(replicas)]
+        try:
+            bridges = [ready_bridge(run, ids[i]) for i in range(replicas)]
+            count = int(rate * seconds)
+            workload = produce(run, steady(count, run.target, 3000, seed=replicas,
+                                           min_delay_ms=1000), rate)  # fmt: skip
+            time.sleep(seconds / 2)  # the fault's moment, not a synchronisation
+            killed_ms = now_ms()
+            bridges[0].kill()
+            if restart:
+                bridges[0] = run.bridge(ids[0])
+            finished(workload, seconds * 3 + 60)
+            wait_delivered(run, range(count), 120)
+            for bridge in bridges:
+                bridge.stop()
+            expected = read_expected(run)
+            account = settled(run, expected, range(count), report, name)
+            first = {s: min(g.timestamp_ms for g in got)
+                     for s, got in run.checker.delivered.items()}  # fmt: skip
+            due_by_kill = [s for s, e in expected.items()
+                           if e.due_ms is not None and e.due_ms <= killed_ms]  # fmt: skip
+            window = range(killed_ms + 1, killed_ms + 10_001)
+            after = [first[s] - e.due_ms for s, e in expected.items()
+                     if e.due_ms is not None and e.due_ms in window]  # fmt: skip
+            report.figures[name] = {
+                "rate_per_s": rate, "records": count, "replicas": replicas,
+                "lost": len(account.lost), "early": len(account.early),
+                "duplicates": account.duplicates,
+                "kill_to_last_due_acked_s": round(
+                    max(0, max((first[s] for s in due_by_kill), default=0) - killed_ms) / 1000, 2),
+                "due_after_kill_lateness_ms": lateness_figures(after),
+            }  # fmt: skip
+        finally:
+            run.close()

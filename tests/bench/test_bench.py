@@ -67,6 +67,23 @@ def test_the_cluster_scenario_runs_on_both_redis_and_keeps_the_contract(
     assert "Redis Cluster" in report.tables(result)
 
 
+def test_the_recovery_scenario_kills_restarts_and_keeps_the_contract(
+    services: Services, tmp_path: Path
+) -> None:
+    kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
+    redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
+    servers = Servers(tmp_path, kafka_port=kafka_port, redis_port=redis_port)  # never started
+    result = run_all(servers, tmp_path, TOY, ["recovery"])
+    assert result.problems == []  # nothing lost or early around the SIGKILL
+    for case, replicas in (("restart", 1), ("restart, dynamic member", 1), ("takeover", 2)):
+        r = result.figures[case]
+        assert (r["replicas"], r["records"], r["lost"], r["early"]) == (replicas, 8000, 0, 0)
+        assert r["kill_to_last_due_acked_s"] >= 0
+        assert r["due_after_kill_lateness_ms"]["max"] >= r["due_after_kill_lateness_ms"]["p50"]
+    assert "Recovery" in report.tables(result)
+    assert {t for t, _, _ in report.targets(result)} >= {"restart: 0 lost, 0 early"}
+
+
 def test_tables_report_missed_targets() -> None:
     r = Report(figures={"backlog": {"records": 1, "redis_bytes_per_record": 400.0,
                                     "payload_bytes": 100, "overhead_bytes": 300.0,
