@@ -25,6 +25,7 @@ from bench.scenarios import (
     precision_and_backlog,
     recovery,
     redis_modes,
+    steady_cost,
     throughput,
 )
 from tests.chaos.servers import Servers
@@ -66,6 +67,9 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         say(f"precision at {capacity / 2:,.0f}/s, then a backlog of {sizes.backlog:,}")
         precision_and_backlog(servers, out, report, rate=capacity / 2,
                               seconds=sizes.precision_s, backlog=sizes.backlog)  # fmt: skip
+    if "precision" in names:
+        say(f"cost per record at 2,000/s for {sizes.precision_s:.0f} s, coalescing off and on")
+        steady_cost(servers, out, report, seconds=sizes.precision_s)
     if "catchup" in names:
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")

@@ -64,6 +64,12 @@ def tables(report: Report) -> str:
     if m:
         modes.append(["cluster / standalone", f"**{m['end_to_end_ratio']:.2f}x**", "", "", "",
                       "", "", f"**{m['p99_ratio']:.2f}x**", "", ""])  # fmt: skip
+    cost = [[
+        name.removeprefix("steady "), _rate(c["rate_per_s"]), f"{c['measured_records']:,.0f}",
+        f"{c['bridge_cpu_ms_per_record']:.3f}", f"{c['redis_cpu_ms_per_record']:.3f}",
+        f"**{c['cpu_ms_per_record']:.3f}**", f"**{c['redis_calls_per_record']:.2f}**",
+        str(c["early"]), *_lateness(c["ack_lateness_ms"]),
+    ] for name, c in f.items() if name.startswith("steady ")]  # fmt: skip
     recovery = [[
         name, f"{r['replicas']}", _rate(r["rate_per_s"]), f"{r['records']:,}", str(r["lost"]),
         str(r["early"]), str(r["duplicates"]), f"**{r['kill_to_last_due_acked_s']} s**",
@@ -87,6 +93,9 @@ def tables(report: Report) -> str:
         *_section("Redis Cluster (3 masters + 3 replicas) next to standalone Redis, same run", [
             "redis", "end to end (due at once)", "records due in 1-10 s", "rate", "early",
             *[f"ack {q}" for q in quantiles]], modes),
+        *_section("Cost per record at a steady 2,000 records/s (delays 1-10 s)", [
+            "run", "rate", "records measured", "bridge CPU ms", "Redis CPU ms", "CPU ms",
+            "Redis calls", "early", *[f"ack {q}" for q in quantiles]], cost),
         *_section("Recovery (a bridge SIGKILLed half-way; delays 1-3 s)", [
             "case", "replicas", "rate", "records", "lost", "early", "duplicates",
             "kill to every record due by then acked",
@@ -118,6 +127,18 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
                     overhead <= 150))  # fmt: skip
         out.append(("p99 with the backlog <= 2x without", f"{b['p99_ratio']:.2f}x",
                     b["p99_ratio"] <= 2))  # fmt: skip
+    c = f.get("steady defaults")
+    if c:
+        late = c["ack_lateness_ms"]
+        out += [
+            ("2,000/s: bridge + Redis CPU <= 0.12 ms per record",
+             f"{c['cpu_ms_per_record']:.3f} ms ({c['cpu_vs_off']:.2f}x of coalescing off)",
+             c["cpu_ms_per_record"] <= 0.12),
+            ("2,000/s: Redis calls <= 1.0 per record", f"{c['redis_calls_per_record']:.2f}",
+             c["redis_calls_per_record"] <= 1.0),
+            ("2,000/s: ack p99 <= 25 ms", f"{late['p99']} ms", late["p99"] <= 25),
+            ("2,000/s: ack max <= 250 ms", f"{late['max']} ms", late["max"] <= 250),
+        ]  # fmt: skip
     r = f.get("restart")
     if r:
         back = r["kill_to_last_due_acked_s"]

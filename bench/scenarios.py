@@ -40,7 +40,7 @@ from tests.chaos.checker import (
 from tests.chaos.scenarios import PARTITIONS, Run, wait_ready
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, Workload, now_ms, steady, value_of
-from tests.integration.harness import ROOT, Bridge, bridge_env
+from tests.integration.harness import ROOT, Bridge, bridge_env, metric
 
 SAMPLE_S = 0.01
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -532,3 +532,72 @@ def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,
             }  # fmt: skip
         finally:
             run.close()
+
+
+# ---------------------------------------------------------------- 8: what a record costs
+
+
+STEADY_RATE = 2000.0  # records/s: a moderate steady load, where per-record costs show
+COALESCING_OFF: dict[str, object] = {"egress__tick": "0ms", "ingress__linger": "0ms"}
+
+
+def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: float) -> None:
+    """``seconds`` of 2,000 records/s with delays uniform in 1-10 s, twice in this run: with the
+    claim tick and ingest linger switched off (the baseline: a Redis call for every due
+    millisecond), then with the defaults. Per record over the middle of each run: the bridge's
+    CPU time (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls and the
+    readiness probe's SET: INFO commandstats), and lateness at the acknowledgement."""
+    for name, overrides in (("coalescing off", COALESCING_OFF), ("defaults", {})):
+        run = Run(servers, workdir, "cost", label="bench", target_config=ACK_STAMPS,
+                  overrides=overrides)  # fmt: skip
+        client = servers.redis()
+        try:
+            bridge = ready_bridge(run)
+            count = int(STEADY_RATE * seconds)
+            records = steady(count, run.target, 10_000, seed=5, min_delay_ms=1000)
+            workload = produce(run, records, STEADY_RATE)
+            time.sleep(3.0)  # past the first records' 1 s delay: the load is steady from here
+            before = _costs(client, bridge)
+            time.sleep(seconds / 2)
+            after = _costs(client, bridge)
+            finished(workload, seconds * 3 + 60)
+            wait_delivered(run, range(count), 120)
+            bridge.stop()
+            account = settled(run, read_expected(run), range(count), report, f"cost {name}")
+            delivered = after["delivered"] - before["delivered"]
+            per = {k: (after[k] - before[k]) / max(1, delivered)
+                   for k in ("bridge_cpu_s", "redis_cpu_s", "redis_calls")}  # fmt: skip
+            report.figures[f"steady {name}"] = {
+                "rate_per_s": STEADY_RATE, "records": count, "measured_records": delivered,
+                "bridge_cpu_ms_per_record": per["bridge_cpu_s"] * 1000,
+                "redis_cpu_ms_per_record": per["redis_cpu_s"] * 1000,
+                "cpu_ms_per_record": (per["bridge_cpu_s"] + per["redis_cpu_s"]) * 1000,
+                "redis_calls_per_record": per["redis_calls"],
+                "early": len(account.early), "lost": len(account.lost),
+                "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+            }  # fmt: skip
+        finally:
+            client.close()
+            run.close()
+    off, on = report.figures["steady coalescing off"], report.figures["steady defaults"]
+    report.figures["steady defaults"]["cpu_vs_off"] = on["cpu_ms_per_record"] / max(
+        1e-9, off["cpu_ms_per_record"]
+    )
+
+
+def _costs(client: Any, bridge: Bridge) -> dict[str, float]:
+    """The bridge's CPU seconds, Redis's, the Redis calls so far and the records delivered."""
+    assert bridge.proc is not None
+    fields = Path(f"/proc/{bridge.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(subprocess.run(["getconf", "CLK_TCK"], capture_output=True, text=True,
+                               check=True).stdout)  # fmt: skip
+    cpu = client.info("cpu")
+    stats = client.info("commandstats")
+    calls = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+                for c in ("evalsha", "eval", "set"))  # fmt: skip
+    return {
+        "bridge_cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
+        "redis_cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+        "redis_calls": float(calls),
+        "delivered": metric(bridge, "delay_bridge_delivered_total"),
+    }

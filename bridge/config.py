@@ -106,6 +106,7 @@ class IngressConfig:
     """The delay-topic consumer."""
 
     batch_size: int = 500
+    linger: int = duration("10ms")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class EgressConfig:
     batch_size: int = 500
     lease: int = duration("30s")
     max_attempts: int = 3
+    tick: int = duration("10ms")
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,12 @@ def _validate(config: Config) -> None:
     positive("egress.batch_size", config.egress.batch_size)
     positive("egress.lease", config.egress.lease)
     positive("egress.max_attempts", config.egress.max_attempts)
+    for path, ms in (
+        ("ingress.linger", config.ingress.linger),
+        ("egress.tick", config.egress.tick),
+    ):
+        if not 0 <= ms <= 1000:
+            raise ConfigError(f"{path}: must be between 0 and 1s, got {format_duration_ms(ms)}")
     positive("limits.max_delay", config.limits.max_delay)
     positive("limits.max_record_bytes", config.limits.max_record_bytes)
     positive("redis.socket_timeout", config.redis.socket_timeout)

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError as ClientError
@@ -32,7 +32,7 @@ from bridge.message import (
     wire_headers,
 )
 from bridge.metrics import Metrics
-from bridge.store import Claimed, Shard, Store
+from bridge.store import Claimed, Claims, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
+NEVER = float("inf")
 HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up ingress
 INFLIGHT_POLL_S = 0.05
 # Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
@@ -85,6 +86,7 @@ class Egress:
         batch_size: int,
         lease_ms: int,
         max_attempts: int,
+        tick_ms: int = 0,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -98,11 +100,20 @@ class Egress:
         self.batch_size = batch_size
         self.lease_ms = lease_ms
         self.max_attempts = max_attempts
+        self.tick_ms = tick_ms
         self._clock_ms = clock_ms
+        # When each owned shard is claimed from next, on Redis's clock (from its last claim's
+        # reply), and the earliest moment the tick allows; absent: unknown, claim at once.
+        self._next_ms: dict[Shard, float] = {}
+        self._not_before_ms: dict[Shard, float] = {}
+        self._redis_minus_local_ms: float | None = None  # Redis's clock - time.monotonic()
+        self._stored: dict[Shard, int] = {}  # earliest due time ingress stored since the last step
         self.owned: frozenset[Shard] = frozenset()
         self._wake = threading.Event()
         self._pending: dict[tuple[Shard, bytes], _Pending] = {}
-        self._reports: list[tuple[tuple[Shard, bytes], ClientError | None]] = []
+        # Delivery reports not applied yet: (record, error, when it came in, epoch ms).
+        self._reports: list[tuple[tuple[Shard, bytes], ClientError | None, int]] = []
+        self._apply_at: float | None = None  # monotonic s: when the reports are applied
         # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
         self._retries: dict[tuple[Shard, bytes], int] = {}
         # Shards assigned since the last step: their earlier owner's leases end first.
@@ -145,8 +156,16 @@ class Egress:
             self._settled.wait_for(lambda: left() == 0, timeout_s)
             return left()
 
-    def notify(self, due_ms: int) -> None:
-        """Ingress stored a record due at ``due_ms``; wake up in case it is sooner than planned."""
+    def notify(self, earliest: Mapping[Shard, int]) -> None:
+        """Ingress stored records due from these times on; wake up in case one is sooner than
+        planned."""
+        with self._lock:
+            for shard, due_ms in earliest.items():
+                self._stored[shard] = min(due_ms, self._stored.get(shard, due_ms))
+        self._wake.set()
+
+    def wake_up(self) -> None:
+        """Cut the mover's sleep short (stopping)."""
         self._wake.set()
 
     # -------------------------------------------------------------- the loop
@@ -174,13 +193,17 @@ class Egress:
         self._settle()
         if self._taking_over:
             self._take_over()
-        shards = sorted(self.owned)
+        self._merge_stored()
         room = self.max_inflight - len(self._pending)
+        now = self._redis_now_ms() if now_ms is None else now_ms
+        shards = [s for s in sorted(self.owned) if self._claim_at(s) <= now]
         if not shards or room <= 0:
             return 0
         per_shard = max(1, min(self.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
-        claimed = self.store.claim(shards, per_shard, self.lease_ms, now_ms, horizons)
+        claims = self.store.claim_due(shards, per_shard, self.lease_ms, now_ms, horizons)
+        claimed = claims.records
+        self._plan(claims, per_shard, horizons)
         redelivered = 0
         for item in claimed:
             redelivered += item.redelivery
@@ -195,9 +218,62 @@ class Egress:
         self.producer.poll(0)
         return len(claimed)
 
+    def _redis_now_ms(self) -> float:
+        """Redis's clock as of the last claim, carried on by the local monotonic clock
+        (slightly behind Redis's by the reply's trip: the mover wakes late, never early)."""
+        if self._redis_minus_local_ms is None:
+            return NEVER  # nothing claimed yet: every shard is due for a claim
+        return time.monotonic() * 1000 + self._redis_minus_local_ms
+
+    def _claim_at(self, shard: Shard) -> float:
+        """When ``shard`` is claimed from next (0: at once)."""
+        return max(self._next_ms.get(shard, 0.0), self._not_before_ms.get(shard, 0.0))
+
+    def _merge_stored(self) -> None:
+        """Records ingress stored meanwhile may fall due before a shard's planned claim."""
+        if not self._stored:
+            return
+        with self._lock:
+            stored, self._stored = self._stored, {}
+        held = self.catch_up.horizons()
+        for shard, due_ms in stored.items():
+            if shard in self._next_ms:
+                self._next_ms[shard] = min(self._next_ms[shard], due_ms)
+            if shard in held:  # its horizon moved with the batch: what it releases goes now
+                self._not_before_ms.pop(shard, None)
+
+    def _plan(self, claims: Claims, per_shard: int, horizons: Mapping[Shard, int]) -> None:
+        """When to claim from each shard again: at once while a claim comes back full (a
+        backlog), else at its next due time or lease deadline — but, while records keep falling
+        due, no sooner than a tick after this claim, so one call takes a tick's worth of them."""
+        self._redis_minus_local_ms = claims.now_ms - time.monotonic() * 1000
+        got = Counter(item.shard for item in claims.records)
+        for shard, next_ms in claims.next_ms.items():
+            if got[shard] >= per_shard:
+                self._next_ms[shard], self._not_before_ms[shard] = claims.now_ms, 0.0
+                continue
+            self._next_ms[shard] = NEVER if next_ms is None else next_ms
+            self._not_before_ms[shard] = claims.now_ms + self.tick_ms if got[shard] else 0.0
+            if shard in horizons:
+                # Due records may wait for the ingress's horizon: the ingress wakes the mover
+                # with every batch it stores, and this keeps a due one from turning the loop hot.
+                self._not_before_ms[shard] = claims.now_ms + HOLD_WAIT_S * 1000
+            if next_ms is None and shard.incarnation and not got[shard]:
+                self._forget_if_drained(shard)
+
+    def _forget_if_drained(self, shard: Shard) -> None:
+        if self.store.forget_retired(shard):  # nothing left of that incarnation
+            logger.info("delivered every record left in %s", shard)
+            self.owned = self.owned - {shard}
+            self._next_ms.pop(shard, None)
+            self._not_before_ms.pop(shard, None)
+
     def _take_over(self) -> None:
         with self._lock:
             shards, self._taking_over = self._taking_over, set()
+        for shard in shards:  # nothing known of them yet: claim at once
+            self._next_ms.pop(shard, None)
+            self._not_before_ms.pop(shard, None)
         held: dict[Shard, list[bytes]] = {s: [] for s in shards}
         for shard, member in self._pending:
             if shard in held:
@@ -217,7 +293,7 @@ class Egress:
         failures = 0
         while not stop.is_set():
             try:
-                claimed = self.step()
+                self.step()
                 if failures:
                     failures = 0
                     self.readiness.ok("mover")
@@ -226,8 +302,6 @@ class Egress:
                     # At capacity: poll returns as soon as the first delivery report is in.
                     self.producer.poll(INFLIGHT_POLL_S)
                     continue
-                if claimed:
-                    continue  # more may be due right now
                 self._wait(self._seconds_to_next())
             except StoreError as exc:
                 failures += 1
@@ -238,26 +312,29 @@ class Egress:
                 stop.wait(wait)
 
     def _seconds_to_next(self) -> float:
-        for shard in [s for s in self.owned if s.incarnation]:
-            if self.store.forget_retired(shard):  # drained: nothing left of that incarnation
-                logger.info("delivered every record left in %s", shard)
-                self.owned = self.owned - {shard}
-        wake = self.store.next_wake(sorted(self.owned))
-        if wake.next_ms is None:
-            return IDLE_WAIT_S
-        seconds = min(IDLE_WAIT_S, max(0.0, (wake.next_ms - wake.now_ms) / 1000))
-        if self.catch_up.horizons():
-            # Due records may wait for the ingress's horizon: the ingress wakes the mover with
-            # every batch it stores, and this keeps a due one from turning the loop hot.
-            return max(seconds, HOLD_WAIT_S)
+        """Until the first owned shard is to be claimed from or the delivery reports applied
+        (at most IDLE_WAIT_S)."""
+        if self._stored or self._taking_over:
+            return 0.0
+        seconds = IDLE_WAIT_S
+        if self._apply_at is not None:
+            seconds = min(seconds, max(0.0, self._apply_at - time.monotonic()))
+        first = min((self._claim_at(s) for s in self.owned), default=NEVER)
+        if first != NEVER:
+            seconds = min(seconds, max(0.0, (first - self._redis_now_ms()) / 1000))
         return seconds
 
     def _wait(self, seconds: float) -> None:
-        if self._pending:
-            # Delivery reports arrive through poll; keep the slice short so an earlier record
-            # stored meanwhile by ingress is not held up long.
+        if self._pending and not self.tick_ms:
+            # Delivery reports arrive through poll, which returns at the first; keep the slice
+            # short so an earlier record stored meanwhile by ingress is not held up long.
             self.producer.poll(min(seconds, INFLIGHT_POLL_S))
-        elif seconds > 0:
+            return
+        if self._pending:
+            # Reports are applied once per tick anyway: collect them at the next step (poll(0))
+            # instead of waking for each one.
+            seconds = min(seconds, self.tick_ms / 1000)
+        if seconds > 0:
             self._wake.wait(seconds)
             self._wake.clear()
 
@@ -266,7 +343,7 @@ class Egress:
         deadline = time.monotonic() + timeout_s
         while self._pending and time.monotonic() < deadline:
             self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-            self._settle()
+            self._settle(force=True)
         if self._pending:
             released: dict[Shard, list[bytes]] = defaultdict(list)
             for shard, member in self._pending:
@@ -298,7 +375,7 @@ class Egress:
             )  # fmt: skip
         except KafkaException as exc:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
-            self._reports.append((ident, exc.args[0]))
+            self._reports.append((ident, exc.args[0], self._clock_ms()))
 
     def _dlq_headers(self, pending: _Pending) -> list[tuple[str, bytes | None]]:
         record = pending.claimed.record
@@ -313,19 +390,28 @@ class Egress:
     def _on_delivery(
         self, ident: tuple[Shard, bytes], err: ClientError | None, _msg: Message
     ) -> None:
-        self._reports.append((ident, err))
+        self._reports.append((ident, err, self._clock_ms()))
 
-    def _settle(self) -> None:
-        """Apply delivery reports: ack successes in Redis, retry or dead-letter failures."""
+    def _settle(self, force: bool = False) -> None:
+        """Apply delivery reports: ack successes in Redis, retry or dead-letter failures —
+        once per tick unless ``force`` or at capacity."""
         if not self._reports:
             return
+        if not force and self.inflight < self.max_inflight:
+            # Acknowledgements are applied once per tick, one Redis call for a tick's worth.
+            now = time.monotonic()
+            if self._apply_at is None:
+                self._apply_at = now + self.tick_ms / 1000
+            if now < self._apply_at:
+                return
+        self._apply_at = None
         reports, self._reports = self._reports, []
         acked: dict[Shard, list[bytes]] = defaultdict(list)
         ids: dict[Shard, list[tuple[str, bytes]]] = defaultdict(list)  # those in the id index
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
         failed: Counter[tuple[str, str, int]] = Counter()
-        delivered: list[_Pending] = []
-        for ident, err in reports:
+        delivered: list[tuple[_Pending, int]] = []
+        for ident, err, at_ms in reports:
             pending = self._pending.get(ident)
             if pending is None:
                 continue  # a second report for a record delivered twice after a lease expiry
@@ -334,7 +420,7 @@ class Egress:
                 given = pending.claimed.given_id()
                 if given is not None:
                     ids[ident[0]].append((given, ident[1]))
-                delivered.append(pending)
+                delivered.append((pending, at_ms))
                 self._retries.pop(ident, None)
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
@@ -383,12 +469,12 @@ class Egress:
         with self._settled:
             self._settled.notify_all()
 
-    def _count(self, delivered: list[_Pending]) -> None:
-        """Count a batch of acknowledged records: one label lookup per target, not per record."""
-        now_ms = self._clock_ms()
+    def _count(self, delivered: list[tuple[_Pending, int]]) -> None:
+        """Count a batch of acknowledged records (with when each report came in): one label
+        lookup per target, not per record."""
         per_target: Counter[str] = Counter()
         dead_lettered = 0
-        for pending in delivered:
+        for pending, now_ms in delivered:
             record: Scheduled = pending.claimed.record
             if pending.dead_letter:
                 dead_lettered += 1

@@ -88,9 +88,10 @@ class Ingress:
         *,
         topics: Sequence[str],
         batch_size: int,
+        linger_ms: int = 0,
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
-        on_stored: Callable[[int], None],
+        on_stored: Callable[[Mapping[Shard, int]], None],
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
         known_ids: Callable[[], Mapping[str, str]] = dict,
         readiness: Readiness | None = None,
@@ -105,6 +106,8 @@ class Ingress:
         self.metrics = metrics
         self.topics = list(topics)
         self.batch_size = batch_size
+        self.linger_s = linger_ms / 1000
+        self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._on_assign_cb = on_assign
         self._on_revoke_cb = on_revoke
         self._on_stored = on_stored
@@ -287,7 +290,14 @@ class Ingress:
         first = self.consumer.poll(timeout)
         if first is None:
             return []
-        return [first, *self.consumer.consume(self.batch_size - 1, 0)]
+        messages = [first, *self.consumer.consume(self.batch_size - 1, 0)]
+        # While records keep arriving, a batch is stored at most once per linger: one Redis call
+        # per partition takes a linger's worth (a record after a quiet spell goes at once).
+        wait = self._last_batch + self.linger_s - time.monotonic()
+        if wait > 0 and len(messages) < self.batch_size:
+            messages += self.consumer.consume(self.batch_size - len(messages), wait)
+        self._last_batch = time.monotonic()
+        return messages
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
@@ -335,15 +345,15 @@ class Ingress:
             self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
         self._read_up_to(messages, set(batch.stored))
         counts: dict[str, int] = {}
-        earliest: int | None = None
+        earliest: dict[Shard, int] = {}
         for shard, (_, records) in batch.stored.items():
-            for rec in records:
-                if isinstance(rec, Scheduled):
-                    counts[shard.topic] = counts.get(shard.topic, 0) + 1
-                    earliest = rec.due_ms if earliest is None else min(earliest, rec.due_ms)
+            dues = [rec.due_ms for rec in records if isinstance(rec, Scheduled)]
+            if dues:
+                counts[shard.topic] = counts.get(shard.topic, 0) + len(dues)
+                earliest[shard] = min(dues)
         for topic, n in counts.items():
             self.metrics.ingested.labels(delay_topic=topic).inc(n)
-        if earliest is not None:
+        if earliest:
             self._on_stored(earliest)
 
     def _read_up_to(self, messages: list[Message], applied: set[Shard]) -> None:

@@ -80,6 +80,7 @@ class Service:
             batch_size=config.egress.batch_size,
             lease_ms=config.egress.lease,
             max_attempts=config.egress.max_attempts,
+            tick_ms=config.egress.tick,
             readiness=self.readiness,
             catch_up=catch_up,
         )
@@ -91,6 +92,7 @@ class Service:
             self.metrics,
             topics=config.topics.delay,
             batch_size=config.ingress.batch_size,
+            linger_ms=config.ingress.linger,
             on_assign=self.egress.add_shards,
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
@@ -200,7 +202,7 @@ class Service:
         sampler_thread = self._thread("sampler", self.sampler.run)
         self.stop_event.wait()
         logger.info("stopping")
-        self.egress.notify(0)  # cut its sleep short
+        self.egress.wake_up()  # cut its sleep short
         # Reverse order of start: ingress stops consuming and commits; egress finishes its batch.
         ingress_thread.join()
         egress_thread.join()

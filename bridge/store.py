@@ -171,11 +171,12 @@ class Backlog:
 
 
 @dataclass(frozen=True)
-class Wake:
-    """When a set of shards next has work, on Redis's clock."""
+class Claims:
+    """What a claim handed out, and when each shard claimed from next has work."""
 
-    now_ms: int
-    next_ms: int | None
+    records: list[Claimed]
+    now_ms: int  # Redis's clock at the claim
+    next_ms: dict[Shard, int | None]  # earliest due time or lease deadline left; None: nothing
 
 
 def offset_bytes(offset: int) -> bytes:
@@ -270,7 +271,6 @@ class Store:
         self._ack = _script(client, "ack")
         self._release = _script(client, "release")
         self._take_over = _script(client, "take_over")
-        self._next_due = _script(client, "next_due")
         self._stats = _script(client, "stats")
         self._low = _script(client, "low")
         self._upgrade = _script(client, "upgrade")
@@ -279,7 +279,6 @@ class Store:
         self._relocate = _script(client, "relocate")
         self._relocation_denied = False
         self._scripts = (self._add, self._claim, self._ack, self._release, self._take_over,
-                         self._next_due,
                          self._stats, self._low, self._upgrade, self._incarnation,
                          self._retired, self._relocate)  # fmt: skip
 
@@ -555,6 +554,19 @@ class Store:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
         records due by its horizon (see bridge.catchup)."""
+        return self.claim_due(shards, limit, lease_ms, now_ms, horizons).records
+
+    def claim_due(
+        self,
+        shards: Sequence[Shard],
+        limit: int,
+        lease_ms: int,
+        now_ms: int | None = None,
+        horizons: Mapping[Shard, int] | None = None,
+    ) -> Claims:
+        """:meth:`claim`, with Redis's clock and when each shard next has work."""
+        if not shards:
+            return Claims([], self.time_ms() if now_ms is None else now_ms, {})
         now_arg = "" if now_ms is None else str(now_ms)
         horizons = horizons or {}
         calls = []
@@ -565,12 +577,16 @@ class Store:
                     "" if horizon is None else horizon]  # fmt: skip
             calls.append((self._claim, [k.due, k.inflight, k.claimed], args))
         out: list[Claimed] = []
-        for shard, reply in zip(shards, self._run(calls), strict=True):
+        next_ms: dict[Shard, int | None] = {}
+        replies = self._run(calls)
+        for shard, reply in zip(shards, replies, strict=True):
             redelivered = int(reply[1])
-            for i, item in enumerate(reply[2:]):
+            times = [int(t) for t in reply[2:4] if int(t) >= 0]
+            next_ms[shard] = min(times) if times else None
+            for i, item in enumerate(reply[4:]):
                 record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
                 out.append(Claimed(shard, item[:8], record, i < redelivered))
-        return out
+        return Claims(out, int(replies[0][0]), next_ms)
 
     def ack(
         self,
@@ -607,18 +623,6 @@ class Store:
             (self._take_over, [self.keys(s).inflight], list(offsets)) for s, offsets in held.items()
         ]
         return sum(int(n) for n in self._run(calls)) if calls else 0
-
-    def next_wake(self, shards: Sequence[Shard]) -> Wake:
-        """Redis's now and the earliest due time or lease deadline over ``shards``."""
-        if not shards:
-            return Wake(self.time_ms(), None)
-        calls: list[tuple[Script, list[str], list[Any]]] = [
-            (self._next_due, [self.keys(s).due, self.keys(s).inflight], []) for s in shards
-        ]
-        replies = self._run(calls)
-        now = int(replies[0][0])
-        times = [int(t) for reply in replies for t in reply[1:] if int(t) >= 0]
-        return Wake(now, min(times) if times else None)
 
     def is_pending(self, shard: Shard, offset: int) -> bool:
         """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""

@@ -24,12 +24,14 @@ ARGV[4]  the on-time window ms
 ARGV[5]  a horizon ms, or "": records due after it stay, however late (the ingress is still
          catching up on the shard's partition: see bridge.catchup)
 
-Returns: {now ms, redelivered count, member, member, ...}
+Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
+          member, member, ...} — the two times tell the mover when the shard next has work, so it
+          needs no other call to plan its sleep.
 ]]
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 local deadline = now + tonumber(ARGV[2])
-local out = {now, 0}
+local out = {now, 0, -1, -1}
 local leases = {}
 
 -- Expired leases: lease them again (a lease whose record is gone is dropped).
@@ -48,7 +50,7 @@ if #expired > 0 then
   end
   call_chunked('ZREM', KEYS[2], gone)
 end
-out[2] = #out - 2
+out[2] = #out - 4
 
 local room = limit - out[2]
 local upto = now
@@ -89,4 +91,8 @@ if room > 0 then
   call_chunked('HSET', KEYS[3], held)
 end
 call_chunked('ZADD', KEYS[2], leases)
+local due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+out[3] = tonumber(due[2] or '-1')
+out[4] = tonumber(lease[2] or '-1')
 return out

@@ -38,13 +38,18 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
         assert f[phase]["early"] == 0 and f[phase]["lost"] == 0
         assert f[phase]["records"] > 0
     assert f["backlog"]["records"] == 3000 and f["backlog"]["redis_bytes_per_record"] > 0
+    for run in ("steady coalescing off", "steady defaults"):
+        cost = f[run]
+        assert cost["early"] == 0 and cost["lost"] == 0 and cost["measured_records"] > 0
+        assert cost["bridge_cpu_ms_per_record"] > 0 and cost["redis_calls_per_record"] > 0
+    assert f["steady defaults"]["cpu_vs_off"] > 0
     c = f["catch-up"]
     assert c["records"] == 3000
     # The backlog came due while the bridge was stopped, so every drained record was late.
     assert c["drained_lateness_ms"]["p50"] > 0
     assert c["live_due_during_drain"] >= 0
     text = report.tables(result)
-    for title in ("Throughput", "Precision", "Backlog", "Catch-up"):
+    for title in ("Throughput", "Precision", "Backlog", "Catch-up", "Cost per record"):
         assert title in text
     assert {t for t, _, _ in report.targets(result)} >= {"precision: 0 early"}
 

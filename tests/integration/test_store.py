@@ -119,17 +119,20 @@ def test_shards_are_independent_and_pipelined(store: Store) -> None:
     assert sorted((c.shard.partition, c.record.offset) for c in claimed) == [(0, 0), (1, 0)]
 
 
-def test_next_wake_uses_redis_time(store: Store) -> None:
-    assert store.next_wake([SHARD]).next_ms is None
+def test_a_claim_says_when_its_shard_next_has_work_by_redis_time(store: Store) -> None:
+    """The mover plans its sleep from the claim's reply alone: Redis's clock, and the earliest
+    due time or lease deadline left in each shard claimed from."""
+    empty = store.claim_due([SHARD], 10, LEASE)
+    assert empty.records == [] and empty.next_ms == {SHARD: None}
     now = store.time_ms()
-    add(store, rec(0, now + 60_000), rec(1, now + 120_000))
-    wake = store.next_wake([SHARD])
-    assert abs(wake.now_ms - now) < 5_000
-    assert wake.next_ms == now + 60_000
-    # An in-flight lease that ends sooner than the next due time wakes the mover earlier.
-    add(store, rec(2, now - 10))
-    store.claim([SHARD], 10, 1_000, now_ms=now)
-    assert store.next_wake([SHARD]).next_ms == now + 1_000
+    add(store, rec(0, now - 10), rec(1, now + 60_000), rec(2, now + 120_000))
+    claims = store.claim_due([SHARD], 10, 1_000)
+    assert offsets(claims.records) == [0]
+    assert abs(claims.now_ms - now) < 5_000
+    # The lease of record 0 ends (claims.now_ms + 1 s) before record 1 is due.
+    assert claims.next_ms == {SHARD: claims.now_ms + 1_000}
+    store.ack({SHARD: [claims.records[0].member]})
+    assert store.claim_due([SHARD], 10, 1_000).next_ms == {SHARD: now + 60_000}
 
 
 def test_claim_uses_redis_time_when_no_time_is_given(store: Store) -> None:
