@@ -201,9 +201,8 @@ class Egress:
             return 0
         per_shard = max(1, min(self.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
-        claims = self.store.claim_due(shards, per_shard, self.lease_ms, now_ms, horizons)
-        claimed = claims.records
-        self._plan(claims, per_shard, horizons)
+        claimed = self.store.claim(shards, per_shard, self.lease_ms, now_ms, horizons)
+        self._plan(claimed, per_shard, horizons)
         redelivered = 0
         for item in claimed:
             redelivered += item.redelivery
@@ -247,7 +246,7 @@ class Egress:
         backlog), else at its next due time or lease deadline — but, while records keep falling
         due, no sooner than a tick after this claim, so one call takes a tick's worth of them."""
         self._redis_minus_local_ms = claims.now_ms - time.monotonic() * 1000
-        got = Counter(item.shard for item in claims.records)
+        got = Counter(item.shard for item in claims)
         for shard, next_ms in claims.next_ms.items():
             if got[shard] >= per_shard:
                 self._next_ms[shard], self._not_before_ms[shard] = claims.now_ms, 0.0

@@ -170,13 +170,17 @@ class Backlog:
     oldest_due_ms: int | None
 
 
-@dataclass(frozen=True)
-class Claims:
-    """What a claim handed out, and when each shard claimed from next has work."""
+class Claims(list[Claimed]):
+    """The records a claim handed out, with Redis's clock at the claim (``now_ms``) and, per
+    shard claimed from, its earliest due time or lease deadline left (``next_ms``; None:
+    nothing)."""
 
-    records: list[Claimed]
-    now_ms: int  # Redis's clock at the claim
-    next_ms: dict[Shard, int | None]  # earliest due time or lease deadline left; None: nothing
+    def __init__(
+        self, records: list[Claimed], now_ms: int, next_ms: dict[Shard, int | None]
+    ) -> None:
+        super().__init__(records)
+        self.now_ms = now_ms
+        self.next_ms = next_ms
 
 
 def offset_bytes(offset: int) -> bytes:
@@ -550,21 +554,11 @@ class Store:
         lease_ms: int,
         now_ms: int | None = None,
         horizons: Mapping[Shard, int] | None = None,
-    ) -> list[Claimed]:
+    ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
-        records due by its horizon (see bridge.catchup)."""
-        return self.claim_due(shards, limit, lease_ms, now_ms, horizons).records
-
-    def claim_due(
-        self,
-        shards: Sequence[Shard],
-        limit: int,
-        lease_ms: int,
-        now_ms: int | None = None,
-        horizons: Mapping[Shard, int] | None = None,
-    ) -> Claims:
-        """:meth:`claim`, with Redis's clock and when each shard next has work."""
+        records due by its horizon (see bridge.catchup). The reply also says when each shard
+        next has work, so the mover plans its sleep without another call."""
         if not shards:
             return Claims([], self.time_ms() if now_ms is None else now_ms, {})
         now_arg = "" if now_ms is None else str(now_ms)

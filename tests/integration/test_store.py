@@ -122,17 +122,17 @@ def test_shards_are_independent_and_pipelined(store: Store) -> None:
 def test_a_claim_says_when_its_shard_next_has_work_by_redis_time(store: Store) -> None:
     """The mover plans its sleep from the claim's reply alone: Redis's clock, and the earliest
     due time or lease deadline left in each shard claimed from."""
-    empty = store.claim_due([SHARD], 10, LEASE)
-    assert empty.records == [] and empty.next_ms == {SHARD: None}
+    empty = store.claim([SHARD], 10, LEASE)
+    assert empty == [] and empty.next_ms == {SHARD: None}
     now = store.time_ms()
     add(store, rec(0, now - 10), rec(1, now + 60_000), rec(2, now + 120_000))
-    claims = store.claim_due([SHARD], 10, 1_000)
-    assert offsets(claims.records) == [0]
+    claims = store.claim([SHARD], 10, 1_000)
+    assert offsets(claims) == [0]
     assert abs(claims.now_ms - now) < 5_000
     # The lease of record 0 ends (claims.now_ms + 1 s) before record 1 is due.
     assert claims.next_ms == {SHARD: claims.now_ms + 1_000}
-    store.ack({SHARD: [claims.records[0].member]})
-    assert store.claim_due([SHARD], 10, 1_000).next_ms == {SHARD: now + 60_000}
+    store.ack({SHARD: [claims[0].member]})
+    assert store.claim([SHARD], 10, 1_000).next_ms == {SHARD: now + 60_000}
 
 
 def test_claim_uses_redis_time_when_no_time_is_given(store: Store) -> None:
