@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError as ClientError
@@ -251,7 +251,10 @@ class Egress:
             if got[shard] >= per_shard:
                 self._next_ms[shard], self._not_before_ms[shard] = claims.now_ms, 0.0
                 continue
-            self._next_ms[shard] = NEVER if next_ms is None else next_ms
+            # Nothing left: look again after IDLE_WAIT_S anyway (a safety net; ingress wakes
+            # the mover for what it stores).
+            idle = claims.now_ms + IDLE_WAIT_S * 1000
+            self._next_ms[shard] = idle if next_ms is None else next_ms
             self._not_before_ms[shard] = claims.now_ms + self.tick_ms if got[shard] else 0.0
             if shard in horizons:
                 # Due records may wait for the ingress's horizon: the ingress wakes the mover
@@ -259,6 +262,16 @@ class Egress:
                 self._not_before_ms[shard] = claims.now_ms + HOLD_WAIT_S * 1000
             if next_ms is None and shard.incarnation and not got[shard]:
                 self._forget_if_drained(shard)
+
+    def _claim_again(self, members: Mapping[Shard, Sequence[bytes]], wait_ms: int) -> None:
+        """Released records are claimable after ``wait_ms``: plan their shards' next claim then,
+        not when their leases would have run out."""
+        now = self._redis_now_ms()
+        for shard in members:
+            if now == NEVER:
+                self._next_ms.pop(shard, None)
+            else:
+                self._next_ms[shard] = min(self._next_ms.get(shard, NEVER), now + wait_ms)
 
     def _forget_if_drained(self, shard: Shard) -> None:
         if self.store.forget_retired(shard):  # nothing left of that incarnation
@@ -447,6 +460,7 @@ class Egress:
         for wait_ms, members in retry.items():
             self.store.release(members, wait_ms)
             self._forget(members)
+            self._claim_again(members, wait_ms)
         self._report_failures(failed)
 
     def _report_failures(self, failed: Counter[tuple[str, str, int]]) -> None:

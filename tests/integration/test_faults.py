@@ -76,6 +76,30 @@ def test_a_target_and_dlq_refusing_records_back_off_instead_of_spinning(
     assert metric(bridge, "delay_bridge_dlq_produce_errors_total") >= 3
 
 
+def test_a_record_refused_for_a_while_is_retried_after_its_back_off_not_its_lease(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
+) -> None:
+    """A record the target refuses goes to the DLQ; while the DLQ is missing its produce fails
+    and the record is released with a back-off (at most 5 s). Once the DLQ exists it arrives
+    within that back-off — not when its 120 s lease would have run out."""
+    small = {"max.message.bytes": "1000"}
+    setup = Setup(services, topics("delay"), [topics("out", config=small)], topics("dlq"),
+                  unique, tmp_path)  # fmt: skip
+    topics.admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
+    bridge = setup.bridge(egress__max_attempts="1", egress__lease="120s").start()
+    bridges.append(bridge)
+    produce_all(services.bootstrap, setup.delay,
+                [(None, b"x" * 2000, [(H_TARGET_TOPIC, setup.targets[0].encode()),
+                                      (H_AFTER, b"0ms")])])  # fmt: skip
+    wait_for(lambda: "deliveries to " + setup.dlq in bridge.output(), 60, "a failing DLQ")
+    topics.recreate(setup.dlq)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(collector.of(setup.dlq)) >= 1, 30, "the dead letter")
+    finally:
+        collector.close()
+
+
 def test_a_read_only_redis_turns_readyz_red_and_names_it(
     setup: Setup, scratch_redis: str, bridges: list[Bridge]
 ) -> None:
