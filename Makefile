@@ -67,10 +67,10 @@ CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
-# Benchmarks on the local services (BENCHMARKS.md): `make bench` is the quick run (under 3
+# Benchmarks on the local services (BENCHMARKS.md): `make bench` is the quick run (a few
 # minutes), `make bench-full` the full sizes. Tables on stdout; build/bench/results.json and PNG
 # plots (matplotlib, the `bench` extra). BENCH_ARGS: scenario names (throughput precision catchup
-# by default; cluster, Redis Cluster next to standalone Redis, when named).
+# recovery by default; cluster, Redis Cluster next to standalone Redis, when named).
 BENCH_STAMP := $(VENV)/.bench-stamp
 BENCH_ARGS ?=
 $(BENCH_STAMP): $(STAMP)

@@ -119,8 +119,7 @@ class Egress:
         # Shards assigned since the last step: their earlier owner's leases end first.
         self._taking_over: set[Shard] = set()
         self._lock = threading.Lock()
-        # In-flight records per shard, and a condition revocation waits on until they settle.
-        self._held: Counter[Shard] = Counter()
+        # Notified whenever in-flight records settle; revocation waits on it.
         self._settled = threading.Condition()
         self.last_loop = time.monotonic()
 
@@ -150,7 +149,8 @@ class Egress:
         gone = {s.base() for s in shards}
 
         def left() -> int:
-            return sum(n for s, n in list(self._held.items()) if s.base() in gone)
+            # list() copies the keys in one step, while the mover's thread may change the dict
+            return sum(1 for s, _ in list(self._pending) if s.base() in gone)
 
         with self._settled:
             self._settled.wait_for(lambda: left() == 0, timeout_s)
@@ -210,7 +210,6 @@ class Egress:
             pending = self._pending.get(ident)
             if pending is None:
                 pending = self._pending[ident] = _Pending(item)
-                self._held[item.shard] += 1
             self._send(ident, pending)
         if redelivered:
             self.metrics.redelivered.inc(redelivered)
@@ -266,12 +265,9 @@ class Egress:
     def _claim_again(self, members: Mapping[Shard, Sequence[bytes]], wait_ms: int) -> None:
         """Released records are claimable after ``wait_ms``: plan their shards' next claim then,
         not when their leases would have run out."""
-        now = self._redis_now_ms()
+        retry_at = self._redis_now_ms() + wait_ms  # released after a claim: the clock is known
         for shard in members:
-            if now == NEVER:
-                self._next_ms.pop(shard, None)
-            else:
-                self._next_ms[shard] = min(self._next_ms.get(shard, NEVER), now + wait_ms)
+            self._next_ms[shard] = min(self._next_ms.get(shard, NEVER), retry_at)
 
     def _forget_if_drained(self, shard: Shard) -> None:
         if self.store.forget_retired(shard):  # nothing left of that incarnation
@@ -365,7 +361,6 @@ class Egress:
             )
             self.store.release(released)
             self._pending.clear()
-            self._held.clear()
             with self._settled:
                 self._settled.notify_all()
 
@@ -475,10 +470,7 @@ class Egress:
     def _forget(self, members: dict[Shard, list[bytes]]) -> None:
         for shard, batch in members.items():
             for m in batch:
-                if self._pending.pop((shard, m), None) is not None:
-                    self._held[shard] -= 1
-            if self._held[shard] <= 0:
-                self._held.pop(shard, None)
+                self._pending.pop((shard, m), None)
         with self._settled:
             self._settled.notify_all()
 
