@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError as ClientError
 from confluent_kafka import KafkaException, Message, Producer
@@ -73,6 +73,15 @@ class _Pending:
     dead_letter: bool = False
 
 
+@dataclass
+class _Acked:
+    """A shard's delivered records whose acknowledgement Redis has not applied yet."""
+
+    members: list[bytes] = field(default_factory=list)
+    ids: list[tuple[str, bytes]] = field(default_factory=list)  # those in the id index
+    delivered: list[tuple[_Pending, int]] = field(default_factory=list)  # with the report's time
+
+
 class Egress:
     """The mover. Runs in one thread; delivery reports are served on that thread."""
 
@@ -113,7 +122,10 @@ class Egress:
         self._pending: dict[tuple[Shard, bytes], _Pending] = {}
         # Delivery reports not applied yet: (record, error, when it came in, epoch ms).
         self._reports: list[tuple[tuple[Shard, bytes], ClientError | None, int]] = []
-        self._apply_at: float | None = None  # monotonic s: when the reports are applied
+        # Delivered records per shard, acknowledged in Redis with the shard's next claim or, at the
+        # latest, at _ack_by (monotonic s): one call takes a tick's worth.
+        self._acked: dict[Shard, _Acked] = {}
+        self._ack_by: float | None = None
         # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
         self._retries: dict[tuple[Shard, bytes], int] = {}
         # Shards assigned since the last step: their earlier owner's leases end first.
@@ -198,10 +210,18 @@ class Egress:
         now = self._redis_now_ms() if now_ms is None else now_ms
         shards = [s for s in sorted(self.owned) if self._claim_at(s) <= now]
         if not shards or room <= 0:
+            self._ack()
             return 0
         per_shard = max(1, min(self.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
-        claimed = self.store.claim(shards, per_shard, self.lease_ms, now_ms, horizons)
+        # The acknowledgements of a shard claimed from go along in its claim's call.
+        acks = {s: self._acked[s] for s in shards if s in self._acked}
+        claimed = self.store.claim(
+            shards, per_shard, self.lease_ms, now_ms, horizons,
+            acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
+        )  # fmt: skip
+        self._acknowledged(acks)
+        self._ack()
         self._plan(claimed, per_shard, horizons)
         redelivered = 0
         for item in claimed:
@@ -325,8 +345,8 @@ class Egress:
         if self._stored or self._taking_over:
             return 0.0
         seconds = IDLE_WAIT_S
-        if self._apply_at is not None:
-            seconds = min(seconds, max(0.0, self._apply_at - time.monotonic()))
+        if self._ack_by is not None:
+            seconds = min(seconds, max(0.0, self._ack_by - time.monotonic()))
         first = min((self._claim_at(s) for s in self.owned), default=NEVER)
         if first != NEVER:
             seconds = min(seconds, max(0.0, (first - self._redis_now_ms()) / 1000))
@@ -351,7 +371,8 @@ class Egress:
         deadline = time.monotonic() + timeout_s
         while self._pending and time.monotonic() < deadline:
             self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-            self._settle(force=True)
+            self._settle()
+            self._ack(force=True)
         if self._pending:
             released: dict[Shard, list[bytes]] = defaultdict(list)
             for shard, member in self._pending:
@@ -399,36 +420,28 @@ class Egress:
     ) -> None:
         self._reports.append((ident, err, self._clock_ms()))
 
-    def _settle(self, force: bool = False) -> None:
-        """Apply delivery reports: ack successes in Redis, retry or dead-letter failures —
-        once per tick unless ``force`` or at capacity."""
+    def _settle(self) -> None:
+        """Take in delivery reports: successes wait to be acknowledged (see :meth:`_ack`),
+        failures are retried or dead-lettered."""
         if not self._reports:
             return
-        if not force and self.inflight < self.max_inflight:
-            # Acknowledgements are applied once per tick, one Redis call for a tick's worth.
-            now = time.monotonic()
-            if self._apply_at is None:
-                self._apply_at = now + self.tick_ms / 1000
-            if now < self._apply_at:
-                return
-        self._apply_at = None
         reports, self._reports = self._reports, []
-        acked: dict[Shard, list[bytes]] = defaultdict(list)
-        ids: dict[Shard, list[tuple[str, bytes]]] = defaultdict(list)  # those in the id index
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
         failed: Counter[tuple[str, str, int]] = Counter()
-        delivered: list[tuple[_Pending, int]] = []
         for ident, err, at_ms in reports:
             pending = self._pending.get(ident)
             if pending is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
-                acked[ident[0]].append(ident[1])
+                acked = self._acked.setdefault(ident[0], _Acked())
+                acked.members.append(ident[1])
                 given = pending.claimed.given_id()
                 if given is not None:
-                    ids[ident[0]].append((given, ident[1]))
-                delivered.append((pending, at_ms))
+                    acked.ids.append((given, ident[1]))
+                acked.delivered.append((pending, at_ms))
                 self._retries.pop(ident, None)
+                if self._ack_by is None:
+                    self._ack_by = time.monotonic() + self.tick_ms / 1000
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
@@ -448,15 +461,33 @@ class Egress:
             wait_ms = int(backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, tries))
             retry[wait_ms][ident[0]].append(ident[1])
             failed[(topic, err.str(), wait_ms)] += 1
-        if acked:
-            self.store.ack(acked, ids)
-            self._forget(acked)
-            self._count(delivered)
         for wait_ms, members in retry.items():
             self.store.release(members, wait_ms)
             self._forget(members)
             self._claim_again(members, wait_ms)
         self._report_failures(failed)
+
+    def _ack(self, force: bool = False) -> None:
+        """Acknowledge delivered records in Redis: once a tick after the first report came in,
+        at once when ``force`` or at capacity (claims of their shards take them along sooner)."""
+        if not self._acked:
+            return
+        waiting = self._ack_by is not None and time.monotonic() < self._ack_by
+        if waiting and not force and self.inflight < self.max_inflight:
+            return
+        acks = self._acked
+        self.store.ack({s: a.members for s, a in acks.items()}, {s: a.ids for s, a in acks.items()})
+        self._acknowledged(acks)
+
+    def _acknowledged(self, acks: Mapping[Shard, _Acked]) -> None:
+        """Redis applied ``acks``: forget and count their records."""
+        if not acks:
+            return
+        self._forget({shard: a.members for shard, a in acks.items()})
+        self._count([d for a in acks.values() for d in a.delivered])
+        self._acked = {s: a for s, a in self._acked.items() if s not in acks}
+        if not self._acked:
+            self._ack_by = None
 
     def _report_failures(self, failed: Counter[tuple[str, str, int]]) -> None:
         """One line per topic and error; a DLQ that refuses records also fails /readyz."""

@@ -183,6 +183,17 @@ class Claims(list[Claimed]):
         self.next_ms = next_ms
 
 
+def _ack_args(
+    shard: Shard,
+    members: Mapping[Shard, Sequence[bytes]],
+    ids: Mapping[Shard, Sequence[tuple[str, bytes]]],
+) -> list[Any]:
+    """A shard's acknowledgements as ack() in _lib.lua reads them: n, n offsets, then (delay-id,
+    offset) pairs."""
+    batch = members.get(shard, ())
+    return [len(batch), *batch, *(x for pair in ids.get(shard, ()) for x in pair)]
+
+
 def offset_bytes(offset: int) -> bytes:
     """A delay-topic offset as the 8 bytes that start its member (and order its bucket)."""
     return _OFFSET.pack(offset)
@@ -554,11 +565,15 @@ class Store:
         lease_ms: int,
         now_ms: int | None = None,
         horizons: Mapping[Shard, int] | None = None,
+        *,
+        acks: Mapping[Shard, Sequence[bytes]] | None = None,
+        ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
     ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
         records due by its horizon (see bridge.catchup). The reply also says when each shard
-        next has work, so the mover plans its sleep without another call."""
+        next has work, so the mover plans its sleep without another call. ``acks`` (and ``ids``)
+        of a shard claimed from are applied first in the same call, as :meth:`ack` would."""
         if not shards:
             return Claims([], self.time_ms() if now_ms is None else now_ms, {})
         now_arg = "" if now_ms is None else str(now_ms)
@@ -568,8 +583,10 @@ class Store:
             k = self.keys(shard)
             horizon = horizons.get(shard)
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
-                    "" if horizon is None else horizon]  # fmt: skip
-            calls.append((self._claim, [k.due, k.inflight, k.claimed], args))
+                    "" if horizon is None else horizon,
+                    *_ack_args(shard, acks or {}, ids or {})]  # fmt: skip
+            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids]
+            calls.append((self._claim, keys, args))
         out: list[Claimed] = []
         next_ms: dict[Shard, int | None] = {}
         replies = self._run(calls)
@@ -594,9 +611,8 @@ class Store:
         for shard, batch in members.items():
             if batch:
                 k = self.keys(shard)
-                pairs = [x for pair in (ids or {}).get(shard, ()) for x in pair]
                 keys = [k.inflight, k.claimed, k.low, k.pending, k.ids]
-                calls.append((self._ack, keys, [len(batch), *batch, *pairs]))
+                calls.append((self._ack, keys, _ack_args(shard, members, ids or {})))
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

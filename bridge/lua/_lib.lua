@@ -12,6 +12,15 @@ A member starts with its offset as 8 big-endian bytes; the first 7 are its bucke
 the 8th its bit. A bucket with any bit set has a 32-byte bitmap in the pending HASH and an entry
 (score 0, so entries sort as bytes, i.e. by offset) in the low ZSET; the last bit cleared removes
 both, so the lowest pending offset is read without scanning records (low.lua).
+
+ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
+acknowledgements of its shard along, saving a call). argv[first] is n, then n offsets (8 bytes
+each), then to the end pairs (delay-id, offset) for those with a caller-given delay-id; keys are
+{in-flight, claimed, low, pending, id index}. An acknowledged offset is no longer pending even if
+a copy of it is still queued (re-read after Redis lost data): that copy is a duplicate, so its
+pending bit is cleared regardless. A delay-id leaves the id index with its record, unless the
+index already names a later record with that id (a replacement scheduled while this one was in
+flight). Returns the number of records removed.
 ]]
 local function now_ms(given)
   if given ~= nil and given ~= '' then
@@ -97,4 +106,25 @@ local function mark_pending(pending, low, members, on)
   call_chunked('ZADD', low, listed)
   call_chunked('HDEL', pending, gone)
   call_chunked('ZREM', low, gone)
+end
+
+local function ack(keys, argv, first)
+  local n = tonumber(argv[first])
+  if n == 0 then
+    return 0
+  end
+  local offsets = {}
+  for i = first + 1, first + n do
+    offsets[#offsets + 1] = argv[i]
+  end
+  call_chunked('ZREM', keys[1], offsets)
+  local removed = call_chunked('HDEL', keys[2], offsets)
+  mark_pending(keys[4], keys[3], offsets, false)
+  for i = first + n + 1, #argv, 2 do
+    local entry = redis.call('HGET', keys[5], argv[i])
+    if entry and string.sub(entry, 1, 8) == argv[i + 1] then
+      redis.call('HDEL', keys[5], argv[i])
+    end
+  end
+  return removed
 end

@@ -17,17 +17,22 @@ HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passe
 KEYS[1]  due index      ZSET  member (offset + encoded record) -> due ms
 KEYS[2]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[3]  claimed        HASH  offset -> member
+KEYS[4]  low index      ZSET  offset bucket -> 0
+KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
+KEYS[6]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
 ARGV[4]  the on-time window ms
 ARGV[5]  a horizon ms, or "": records due after it stay, however late (the ingress is still
          catching up on the shard's partition: see bridge.catchup)
+ARGV[6..] acknowledgements, as ack.lua's ARGV: n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           member, member, ...} — the two times tell the mover when the shard next has work, so it
           needs no other call to plan its sleep.
 ]]
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, ARGV, 6)
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 local deadline = now + tonumber(ARGV[2])

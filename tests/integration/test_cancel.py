@@ -106,6 +106,22 @@ def test_the_index_lives_and_dies_with_its_records(store: Store) -> None:
     assert not store.client.exists(store.keys(SHARD).ids)
 
 
+def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> None:
+    apply(store, rec(0, T0, "job"), rec(1, T0), rec(2, T0 + 5))
+    first = store.claim([SHARD], 2, 1, now_ms=T0)  # leases of 1 ms: both expired at T0 + 5
+    assert sorted(c.record.offset for c in first) == [0, 1]
+    job = next(c for c in first if c.given_id())
+    # Record 0 was delivered (its report came in): acknowledged in the next claim's call, it is
+    # not handed out again although its lease has run out, and leaves the id index with it.
+    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: [job.member]},
+                        ids={SHARD: [("job", job.member)]})  # fmt: skip
+    assert sorted((c.record.offset, c.redelivery) for c in again) == [(1, True), (2, False)]
+    assert index(store) == {}
+    store.claim([SHARD], 10, LEASE, now_ms=T0 + 6, acks={SHARD: [c.member for c in again]})
+    assert store.backlog([SHARD]).inflight == 0
+    assert store.client.hlen(store.keys(SHARD).pending) == 0  # nothing pending: all acknowledged
+
+
 def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Store) -> None:
     apply(store, rec(0, T0, "job"))
     [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
