@@ -107,6 +107,7 @@ class IngressConfig:
 
     batch_size: int = 500
     linger: int = duration("10ms")
+    hold: int = duration("100ms")
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,7 @@ def _validate(config: Config) -> None:
     positive("egress.max_attempts", config.egress.max_attempts)
     for path, ms in (
         ("ingress.linger", config.ingress.linger),
+        ("ingress.hold", config.ingress.hold),
         ("egress.tick", config.egress.tick),
     ):
         if not 0 <= ms <= 1000:

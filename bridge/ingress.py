@@ -54,6 +54,7 @@ DLQ_FLUSH_TIMEOUT_S = 30.0
 WATERMARK_TIMEOUT_S = 5.0  # reading a partition's end offset, when it is read again
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+HOLD_SLICE_S = 0.01  # how often a hold looks at what came in when linger is 0
 TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
 
 
@@ -74,6 +75,13 @@ class _Batch:
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = field(default_factory=dict)
     rejected: list[tuple[Message, Rejected]] = field(default_factory=list)
 
+    def merge(self, later: _Batch) -> None:
+        """Add a batch consumed after this one (offsets only grow within a partition)."""
+        for shard, (high, records) in later.stored.items():
+            mine = self.stored.setdefault(shard, (high, []))
+            self.stored[shard] = (max(mine[0], high), mine[1] + records)
+        self.rejected += later.rejected
+
 
 class Ingress:
     """The delay-topic consumer loop. Owns the consumer and a DLQ producer."""
@@ -89,6 +97,7 @@ class Ingress:
         topics: Sequence[str],
         batch_size: int,
         linger_ms: int = 0,
+        hold_ms: int = 0,
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
         on_stored: Callable[[Mapping[Shard, int]], None],
@@ -107,6 +116,7 @@ class Ingress:
         self.topics = list(topics)
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000
+        self.hold_ms = hold_ms
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._on_assign_cb = on_assign
         self._on_revoke_cb = on_revoke
@@ -272,8 +282,11 @@ class Ingress:
         messages = [m for m in messages if not self._is_error(m)]
         if not messages:
             return 0
+        batch = self._parse(messages)
+        if self.hold_ms:
+            messages, batch = self._hold(messages, batch)
         try:
-            self._handle(messages)
+            self._handle(messages, batch)
         except BridgeError as exc:
             self._rewind_and_pause(messages, exc)
             return 0
@@ -299,6 +312,46 @@ class Ingress:
         self._last_batch = time.monotonic()
         return messages
 
+    def _hold(self, messages: list[Message], batch: _Batch) -> tuple[list[Message], _Batch]:
+        """Keep consuming, a linger at a time, while nothing in hand is urgent — up to ``hold``
+        after the first record, so one Redis call per partition stores more of them. Urgent: a
+        record due within two holds (stored a hold before its due time at the latest), a cancel
+        or a record with its own delay-id (either may withdraw a record due soon), a dead letter,
+        or a full batch. Records of a partition revoked meanwhile are left to its next owner."""
+        deadline = time.monotonic() + self.hold_ms / 1000
+        urgent = self._urgent(batch)
+        while not urgent and len(messages) < self.batch_size:
+            wait = min(deadline - time.monotonic(), self.linger_s or HOLD_SLICE_S)
+            if wait <= 0:
+                break
+            more = [
+                m for m in self.consumer.consume(self.batch_size - len(messages), wait)
+                if not self._is_error(m)
+            ]  # fmt: skip
+            if more:
+                messages += more
+                later = self._parse(more)
+                urgent = self._urgent(later)
+                batch.merge(later)
+        gone = set(batch.stored) - self.assigned
+        if gone:
+            messages = [m for m in messages if Shard(*coords(m)[:2]) not in gone]
+            batch = self._parse(messages)
+        self._last_batch = time.monotonic()
+        return messages, batch
+
+    def _urgent(self, batch: _Batch) -> bool:
+        if batch.rejected:
+            return True
+        soon = self._clock_ms() + 2 * self.hold_ms
+        for shard, (_, records) in batch.stored.items():
+            for rec in records:
+                if not isinstance(rec, Scheduled) or rec.due_ms <= soon:
+                    return True
+                if rec.given_id(shard.topic, shard.partition) is not None:
+                    return True
+        return False
+
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
         while not stop.is_set():
@@ -322,13 +375,13 @@ class Ingress:
         logger.warning("consumer: %s", error)
         return True
 
-    def _handle(self, messages: list[Message]) -> None:
+    def _handle(self, messages: list[Message], batch: _Batch) -> None:
         back = self.positions.went_back(
             (Shard(topic, partition), offset) for topic, partition, offset in map(coords, messages)
         )
         if back:
             messages = [m for m in messages if Shard(*coords(m)[:2]) not in back]
-        batch = self._parse(messages)
+            batch = self._parse(messages)
         if batch.rejected:
             self._dead_letter(batch.rejected)
         if batch.stored:

@@ -93,6 +93,7 @@ class Service:
             topics=config.topics.delay,
             batch_size=config.ingress.batch_size,
             linger_ms=config.ingress.linger,
+            hold_ms=config.ingress.hold,
             on_assign=self.egress.add_shards,
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,

@@ -9,7 +9,10 @@ import sys
 import time
 
 import pytest
+import redis
+from confluent_kafka import Producer
 
+from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
     H_DELIVER_AT,
@@ -19,6 +22,7 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )  # fmt: skip
+from bridge.store import Shard, Store
 from tests.conftest import wait_for
 from tests.integration.harness import (
     Bridge,
@@ -223,3 +227,52 @@ def test_the_produce_command_schedules_with_the_default_target(
     assert (got.topic, got.key, got.value, got.delay_id) == (
         setup.targets[1], b"k1", b"hello", "cli-1")  # fmt: skip
     assert got.header("trace") == b"t1"
+
+
+def test_records_due_later_wait_to_be_stored_together_but_one_due_now_does_not(
+    setup: Setup, bridges: list[Bridge], redis_client: redis.Redis
+) -> None:
+    bridge = setup.bridge(ingress__hold="1s").start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "the bridge to join its group")
+    store = Store(redis_client, f"test-{setup.unique}")
+    dues = [store.keys(Shard(setup.delay, p)).due for p in range(3)]
+
+    def waiting() -> int:
+        return sum(redis_client.zcard(k) for k in dues)  # type: ignore[misc]
+
+    # 20 records due in a minute, one every 30 ms (paced like a producer's traffic, one request
+    # each): within one hold of the first, so they are stored in one call, not one by one.
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
+    headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"60s")]
+    # First one record, stored once the hold is over: the consumer is fetching by then.
+    produce(producer, setup.delay, key=b"k", value=b"first", headers=headers)
+    assert producer.flush(10) == 0
+    wait_for(lambda: waiting() == 1, 30, "the first record stored")
+    seen = set()
+    for i in range(20):
+        produce(producer, setup.delay, key=b"k", value=f"later-{i}".encode(), headers=headers)
+        assert producer.flush(10) == 0
+        seen.add(waiting())
+        time.sleep(0.03)  # pacing the load, not waiting for the bridge
+
+    def stored() -> bool:
+        seen.add(waiting())
+        return max(seen) == 21
+
+    wait_for(stored, 30, "the 20 records stored")
+    assert seen - {1} == {21}, f"stored in steps, not together: {sorted(seen)}"
+
+    # A record due now is stored at once, although a record due later came just before it.
+    produce(producer, setup.delay, key=b"k", value=b"later", headers=headers)
+    now_headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0s")]
+    produce(producer, setup.delay, key=b"k", value=b"now", headers=now_headers)
+    assert producer.flush(10) == 0
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == b"now" for r in rs), 30, "the record due now")
+    finally:
+        collector.close()
+    [now] = [r for r in collector.records if r.value == b"now"]
+    late_ms = now.timestamp_ms - now.due_ms
+    assert late_ms < 500, f"held {late_ms} ms with a 1 s hold: a record due now must not wait"
