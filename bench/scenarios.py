@@ -541,12 +541,16 @@ def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,
 
 
 STEADY_RATE = 2000.0  # records/s: a moderate steady load, where per-record costs show
-COALESCING_OFF: dict[str, object] = {"egress__tick": "0ms", "ingress__linger": "0ms"}
+COALESCING_OFF: dict[str, object] = {
+    "egress__tick": "0ms",
+    "ingress__linger": "0ms",
+    "ingress__hold": "0ms",
+}
 
 
 def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: float) -> None:
     """``seconds`` of 2,000 records/s with delays uniform in 1-10 s, twice in this run: with the
-    claim tick and ingest linger switched off (the baseline: a Redis call for every due
+    claim tick, ingest linger and hold switched off (the baseline: a Redis call for every due
     millisecond), then with the defaults. Per record over the middle of each run: the bridge's
     CPU time (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls and the
     readiness probe's SET: INFO commandstats), and lateness at the acknowledgement."""
