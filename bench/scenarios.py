@@ -545,15 +545,16 @@ COALESCING_OFF: dict[str, object] = {
     "egress__tick": "0ms",
     "ingress__linger": "0ms",
     "ingress__hold": "0ms",
+    "egress__ahead": "0ms",
 }
 
 
 def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: float) -> None:
     """``seconds`` of 2,000 records/s with delays uniform in 1-10 s, twice in this run: with the
-    claim tick, ingest linger and hold switched off (the baseline: a Redis call for every due
-    millisecond), then with the defaults. Per record over the middle of each run: the bridge's
-    CPU time (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls and the
-    readiness probe's SET: INFO commandstats), and lateness at the acknowledgement."""
+    claim tick, claims ahead, ingest linger and hold switched off (the baseline: a Redis call for
+    every due millisecond), then with the defaults. Per record over the middle of each run: the
+    bridge's CPU time (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls
+    and the readiness probe's SET: INFO commandstats), and lateness at the acknowledgement."""
     for name, overrides in (("coalescing off", COALESCING_OFF), ("defaults", {})):
         run = Run(servers, workdir, "cost", label="bench", target_config=ACK_STAMPS,
                   overrides=overrides)  # fmt: skip

@@ -118,6 +118,7 @@ class EgressConfig:
     lease: int = duration("30s")
     max_attempts: int = 3
     tick: int = duration("10ms")
+    ahead: int = duration("100ms")
 
 
 @dataclass(frozen=True)
@@ -343,9 +344,16 @@ def _validate(config: Config) -> None:
         ("ingress.linger", config.ingress.linger),
         ("ingress.hold", config.ingress.hold),
         ("egress.tick", config.egress.tick),
+        ("egress.ahead", config.egress.ahead),
     ):
         if not 0 <= ms <= 1000:
             raise ConfigError(f"{path}: must be between 0 and 1s, got {format_duration_ms(ms)}")
+    if config.egress.ahead * 10 > config.egress.lease:
+        raise ConfigError(
+            f"egress.ahead: must be at most a tenth of egress.lease "
+            f"({format_duration_ms(config.egress.lease)}), "
+            f"got {format_duration_ms(config.egress.ahead)}"
+        )
     positive("limits.max_delay", config.limits.max_delay)
     positive("limits.max_record_bytes", config.limits.max_record_bytes)
     positive("redis.socket_timeout", config.redis.socket_timeout)

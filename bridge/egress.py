@@ -10,6 +10,8 @@ deadline of its shards, and ingress wakes it early when it stores an earlier rec
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -96,6 +98,7 @@ class Egress:
         lease_ms: int,
         max_attempts: int,
         tick_ms: int = 0,
+        ahead_ms: int = 0,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -110,6 +113,15 @@ class Egress:
         self.lease_ms = lease_ms
         self.max_attempts = max_attempts
         self.tick_ms = tick_ms
+        self.ahead_ms = ahead_ms
+        # Delivered records are acknowledged with their shard's next claim or after this long:
+        # with claims ahead, a claim comes every half window.
+        self._ack_wait_ms = max(tick_ms, ahead_ms // 2)
+        # Records claimed ahead of their due time (see claim.lua), produced from memory when due:
+        # (due ms, tie-breaker, record), a heap; they are in _pending too.
+        self._held: list[tuple[int, int, tuple[Shard, bytes]]] = []
+        self._held_seq = itertools.count()
+        self._held_sent_ms = 0.0  # Redis ms: when held records were last produced
         self._clock_ms = clock_ms
         # When each owned shard is claimed from next, on Redis's clock (from its last claim's
         # reply), and the earliest moment the tick allows; absent: unknown, claim at once.
@@ -206,8 +218,9 @@ class Egress:
         if self._taking_over:
             self._take_over()
         self._merge_stored()
-        room = self.max_inflight - len(self._pending)
         now = self._redis_now_ms() if now_ms is None else now_ms
+        self._send_held(now)
+        room = self.max_inflight - len(self._pending)
         shards = [s for s in sorted(self.owned) if self._claim_at(s) <= now]
         if not shards or room <= 0:
             self._ack()
@@ -217,7 +230,7 @@ class Egress:
         # The acknowledgements of a shard claimed from go along in its claim's call.
         acks = {s: self._acked[s] for s in shards if s in self._acked}
         claimed = self.store.claim(
-            shards, per_shard, self.lease_ms, now_ms, horizons,
+            shards, per_shard, self.lease_ms, now_ms, horizons, ahead_ms=self.ahead_ms,
             acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
         )  # fmt: skip
         self._acknowledged(acks)
@@ -230,11 +243,41 @@ class Egress:
             pending = self._pending.get(ident)
             if pending is None:
                 pending = self._pending[ident] = _Pending(item)
-            self._send(ident, pending)
+            if item.record.due_ms > claimed.now_ms:
+                heapq.heappush(self._held, (item.record.due_ms, next(self._held_seq), ident))
+            else:
+                self._send(ident, pending)
         if redelivered:
             self.metrics.redelivered.inc(redelivered)
         self.producer.poll(0)
         return len(claimed)
+
+    def not_due(self, now_ms: int) -> int:
+        """Records claimed ahead that are not due by ``now_ms`` (read by the metrics thread)."""
+        return sum(1 for due_ms, _, _ in list(self._held) if due_ms > now_ms)
+
+    def _send_held(self, now_ms: float) -> None:
+        """Produce the records claimed ahead whose due time has come (by Redis's clock)."""
+        if not self._held or self._held[0][0] > now_ms:
+            return
+        while self._held and self._held[0][0] <= now_ms:
+            _, _, ident = heapq.heappop(self._held)
+            pending = self._pending.get(ident)
+            if pending is not None:
+                self._send(ident, pending)
+        self._held_sent_ms = now_ms
+
+    def _release_held(self) -> None:
+        """End the leases of records claimed ahead and not produced (shutdown): the next owner
+        claims them at once."""
+        if not self._held:
+            return
+        released: dict[Shard, list[bytes]] = defaultdict(list)
+        for _, _, (shard, member) in self._held:
+            released[shard].append(member)
+        self._held.clear()
+        self.store.release(released)
+        self._forget(released)
 
     def _redis_now_ms(self) -> float:
         """Redis's clock as of the last claim, carried on by the local monotonic clock
@@ -256,7 +299,7 @@ class Egress:
         held = self.catch_up.horizons()
         for shard, due_ms in stored.items():
             if shard in self._next_ms:
-                self._next_ms[shard] = min(self._next_ms[shard], due_ms)
+                self._next_ms[shard] = min(self._next_ms[shard], due_ms - self.ahead_ms)
             if shard in held:  # its horizon moved with the batch: what it releases goes now
                 self._not_before_ms.pop(shard, None)
 
@@ -273,7 +316,13 @@ class Egress:
             # Nothing left: look again after IDLE_WAIT_S anyway (a safety net; ingress wakes
             # the mover for what it stores).
             idle = claims.now_ms + IDLE_WAIT_S * 1000
-            self._next_ms[shard] = idle if next_ms is None else next_ms
+            plan = idle if next_ms is None else next_ms
+            if self.ahead_ms:
+                # Records are claimed ahead: look again when the next one comes within reach,
+                # or half a window on while they keep coming (a record with its own delay-id
+                # is claimed at its due time, as without).
+                plan = min(plan, max(plan - self.ahead_ms, claims.now_ms + self.ahead_ms / 2))
+            self._next_ms[shard] = plan
             self._not_before_ms[shard] = claims.now_ms + self.tick_ms if got[shard] else 0.0
             if shard in horizons:
                 # Due records may wait for the ingress's horizon: the ingress wakes the mover
@@ -347,6 +396,10 @@ class Egress:
         seconds = IDLE_WAIT_S
         if self._ack_by is not None:
             seconds = min(seconds, max(0.0, self._ack_by - time.monotonic()))
+        if self._held:
+            # Records claimed ahead go at their due time, at most once a tick.
+            at = max(self._held[0][0], self._held_sent_ms + self.tick_ms)
+            seconds = min(seconds, max(0.0, (at - self._redis_now_ms()) / 1000))
         first = min((self._claim_at(s) for s in self.owned), default=NEVER)
         if first != NEVER:
             seconds = min(seconds, max(0.0, (first - self._redis_now_ms()) / 1000))
@@ -369,6 +422,7 @@ class Egress:
     def drain(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for in-flight deliveries; release the unacknowledged rest."""
         deadline = time.monotonic() + timeout_s
+        self._release_held()
         while self._pending and time.monotonic() < deadline:
             self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
             self._settle()
@@ -441,7 +495,7 @@ class Egress:
                 acked.delivered.append((pending, at_ms))
                 self._retries.pop(ident, None)
                 if self._ack_by is None:
-                    self._ack_by = time.monotonic() + self.tick_ms / 1000
+                    self._ack_by = time.monotonic() + self._ack_wait_ms / 1000
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
@@ -468,8 +522,9 @@ class Egress:
         self._report_failures(failed)
 
     def _ack(self, force: bool = False) -> None:
-        """Acknowledge delivered records in Redis: once a tick after the first report came in,
-        at once when ``force`` or at capacity (claims of their shards take them along sooner)."""
+        """Acknowledge delivered records in Redis: a tick (or half an ``ahead`` window) after the
+        first report came in, at once when ``force`` or at capacity (claims of their shards take
+        them along sooner)."""
         if not self._acked:
             return
         waiting = self._ack_by is not None and time.monotonic() < self._ack_by

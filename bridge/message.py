@@ -426,6 +426,7 @@ _HEAD = struct.Struct(">BBqH")
 _HEAD_V1 = struct.Struct(">BqqH")
 _NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
 _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
+# Stored flags: never renumber (claim.lua reads the version byte and DEFAULT_ID too).
 _TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT, _ID_IN_HEADER = 1, 2, 4, 8, 16
 _STORED = struct.Struct(">q")
 # Codes are stored: append only, never reorder.

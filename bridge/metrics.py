@@ -208,11 +208,13 @@ class Sampler:
         metrics: Metrics,
         owned: Callable[[], Iterable[Shard]],
         ready: Callable[[], list[str]] = lambda: [],
+        not_due: Callable[[int], int] = lambda now_ms: 0,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.owned = owned
         self.ready = ready
+        self.not_due = not_due  # records in flight that are not due yet (claimed ahead)
 
     def sample_once(self, now_ms: int | None = None) -> None:
         """Read the backlog of the owned shards and set the gauges."""
@@ -227,7 +229,7 @@ class Sampler:
         m = self.metrics
         m.owned_partitions.set(len(shards))
         m.scheduled.set(backlog.scheduled)
-        m.overdue.set(backlog.overdue + backlog.inflight)
+        m.overdue.set(max(0, backlog.overdue + backlog.inflight - self.not_due(backlog.now_ms)))
         m.inflight.set(backlog.inflight)
         oldest = backlog.oldest_due_ms
         m.oldest_overdue.set(0 if oldest is None else max(0, backlog.now_ms - oldest) / 1000)

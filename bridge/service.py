@@ -81,6 +81,7 @@ class Service:
             lease_ms=config.egress.lease,
             max_attempts=config.egress.max_attempts,
             tick_ms=config.egress.tick,
+            ahead_ms=config.egress.ahead,
             readiness=self.readiness,
             catch_up=catch_up,
         )
@@ -102,7 +103,8 @@ class Service:
             readiness=self.readiness,
             catch_up=catch_up,
         )
-        self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready)
+        self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
+                               self.egress.not_due)  # fmt: skip
         self.http = HttpServer(
             config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
         )

@@ -566,6 +566,7 @@ class Store:
         now_ms: int | None = None,
         horizons: Mapping[Shard, int] | None = None,
         *,
+        ahead_ms: int = 0,
         acks: Mapping[Shard, Sequence[bytes]] | None = None,
         ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
     ) -> Claims:
@@ -573,7 +574,9 @@ class Store:
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
         records due by its horizon (see bridge.catchup). The reply also says when each shard
         next has work, so the mover plans its sleep without another call. ``acks`` (and ``ids``)
-        of a shard claimed from are applied first in the same call, as :meth:`ack` would."""
+        of a shard claimed from are applied first in the same call, as :meth:`ack` would. With
+        ``ahead_ms``, records with the default delay-id due within that much of now are leased too
+        (room permitting): the caller produces them when they fall due."""
         if not shards:
             return Claims([], self.time_ms() if now_ms is None else now_ms, {})
         now_arg = "" if now_ms is None else str(now_ms)
@@ -583,7 +586,7 @@ class Store:
             k = self.keys(shard)
             horizon = horizons.get(shard)
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
-                    "" if horizon is None else horizon,
+                    "" if horizon is None else horizon, ahead_ms,
                     *_ack_args(shard, acks or {}, ids or {})]  # fmt: skip
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids]
             calls.append((self._claim, keys, args))

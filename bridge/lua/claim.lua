@@ -14,6 +14,15 @@ each lane. Both lanes are runs of ranks in the due index, so they leave it by ra
 written out again to remove it). Each record handed out is kept under its offset in the claimed
 HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passes it.
 
+Ahead (ARGV[6] > 0, and no horizon): room left after the due records goes to records due within
+the next ARGV[6] ms that carry the default delay-id — no cancel or replacement can reach those
+(only caller-given ids are indexed), so leasing them before they are due changes nothing but
+when Redis is asked; the mover produces each from memory at its due time, never earlier. A
+record with its own delay-id stays until it is due, so a late cancel still finds it.
+
+Acknowledgements of the shard's records the mover has collected come along (ARGV[7..]) and are
+applied first, as ack.lua would: one call per shard, not two.
+
 KEYS[1]  due index      ZSET  member (offset + encoded record) -> due ms
 KEYS[2]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[3]  claimed        HASH  offset -> member
@@ -26,13 +35,14 @@ ARGV[3]  now ms, or "" to read Redis TIME
 ARGV[4]  the on-time window ms
 ARGV[5]  a horizon ms, or "": records due after it stay, however late (the ingress is still
          catching up on the shard's partition: see bridge.catchup)
-ARGV[6..] acknowledgements, as ack.lua's ARGV: n, n offsets, then (delay-id, offset) pairs
+ARGV[6]  ahead ms: also lease default-id records due by now + this (0: none)
+ARGV[7..] acknowledgements, as ack.lua's ARGV: n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           member, member, ...} — the two times tell the mover when the shard next has work, so it
           needs no other call to plan its sleep.
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, ARGV, 6)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, ARGV, 7)
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 local deadline = now + tonumber(ARGV[2])
@@ -83,6 +93,19 @@ if room > 0 then
       late[#late + 1] = member
     end
     claimed = late
+  end
+  room = room - #claimed
+  local ahead = tonumber(ARGV[6])
+  if room > 0 and ahead > 0 and upto == now then
+    -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of
+    -- which 2 is DEFAULT_ID (bridge.message.encode).
+    local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, now + ahead, 'LIMIT', 0, room)
+    for _, member in ipairs(later) do
+      if string.byte(member, 9) == 2 and bit.band(string.byte(member, 10), 2) ~= 0 then
+        redis.call('ZREM', KEYS[1], member)
+        claimed[#claimed + 1] = member
+      end
+    end
   end
   local held = {}
   for _, member in ipairs(claimed) do

@@ -122,6 +122,20 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
     assert store.client.hlen(store.keys(SHARD).pending) == 0  # nothing pending: all acknowledged
 
 
+def test_only_records_no_cancel_can_reach_are_claimed_ahead(store: Store) -> None:
+    apply(store, rec(0, T0 + 50), rec(1, T0 + 50, "job"), rec(2, T0 + 100), rec(3, T0 + 101),
+          rec(4, T0 - 5))  # fmt: skip
+    ahead = store.claim([SHARD], 10, LEASE, now_ms=T0, ahead_ms=100)
+    # The due one, then default-id records due within 100 ms; not "job" (a cancel may still come
+    # for it) and not the one due just past the window.
+    assert [c.record.offset for c in ahead] == [4, 0, 2]
+    assert not any(c.redelivery for c in ahead)
+    assert ahead.next_ms[SHARD] == T0 + 50  # "job" is claimed when due
+    assert apply(store, Cancel(5, "job")).cancelled == 1  # still waiting: the cancel finds it
+    assert store.claim([SHARD], 10, LEASE, now_ms=T0 + 101)[0].record.offset == 3
+    assert store.backlog([SHARD]).inflight == 4
+
+
 def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Store) -> None:
     apply(store, rec(0, T0, "job"))
     [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)

@@ -52,6 +52,30 @@ def test_backlog_gauges(redis_client: redis.Redis, unique: str) -> None:
     assert value(registry, "delay_bridge_owned_partitions") == 2
 
 
+def test_records_claimed_ahead_are_in_flight_but_not_overdue(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    store = Store(redis_client, f"test-{unique}")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    shard = Shard("d", 0)
+    records = [Scheduled(i, due, "t", None, b"v", [], f"d:0:{i}")  # default delay-ids
+               for i, due in enumerate((T0 - 5, T0 + 40, T0 + 60))]  # fmt: skip
+    store.add({shard: (2, records)})
+    claimed = store.claim([shard], 10, 30_000, now_ms=T0, ahead_ms=100)
+    assert len(claimed) == 3  # one due, two claimed ahead
+
+    def not_due(now_ms: int) -> int:  # what the mover holds back (Egress.not_due)
+        return sum(1 for c in claimed if c.record.due_ms > now_ms)
+
+    sampler = Sampler(store, metrics, lambda: {shard}, not_due=not_due)
+    sampler.sample_once(now_ms=T0)
+    assert value(registry, "delay_bridge_inflight_messages") == 3
+    assert value(registry, "delay_bridge_overdue_messages") == 1
+    sampler.sample_once(now_ms=T0 + 50)
+    assert value(registry, "delay_bridge_overdue_messages") == 2
+
+
 def test_ingest_lag_from_librdkafka_statistics(
     services: Services, topics: TopicFactory, unique: str
 ) -> None:

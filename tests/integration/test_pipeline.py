@@ -15,20 +15,24 @@ from confluent_kafka import Producer
 from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
+    H_CANCEL,
     H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
+    H_ID,
     H_ORIGIN,
     H_TARGET_TOPIC,
     Headers,
 )  # fmt: skip
 from bridge.store import Shard, Store
-from tests.conftest import wait_for
+from tests.conftest import TopicFactory, wait_for
 from tests.integration.harness import (
     Bridge,
+    Collector,
     Setup,
     check_delivery,
     delivered,
+    metric,
     produce_all,
     schedule,
 )
@@ -276,3 +280,44 @@ def test_records_due_later_wait_to_be_stored_together_but_one_due_now_does_not(
     [now] = [r for r in collector.records if r.value == b"now"]
     late_ms = now.timestamp_ms - now.due_ms
     assert late_ms < 500, f"held {late_ms} ms with a 1 s hold: a record due now must not wait"
+
+
+def test_records_claimed_ahead_are_never_early_and_a_late_cancel_still_wins(
+    setup: Setup, bridges: list[Bridge], topics: TopicFactory
+) -> None:
+    # The broker stamps what it appends: a record produced early shows an early timestamp.
+    stamped = topics("stamped", 1, {"message.timestamp.type": "LogAppendTime"})
+    bridge = setup.bridge(egress__ahead="1s").start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "the bridge to join its group")
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
+    target = (H_TARGET_TOPIC, stamped.encode())
+    for i in range(60):  # default delay-ids: claimed up to 1 s before they are due
+        produce(producer, setup.delay, key=f"k{i}".encode(), value=f"v{i}".encode(),
+                headers=[target, (H_AFTER, f"{1500 + 25 * i}ms".encode())])  # fmt: skip
+    job_due = time.time() + 3.0
+    produce(producer, setup.delay, key=b"job", value=b"job",
+            headers=[target, (H_AFTER, b"3s"), (H_ID, b"job")])  # fmt: skip
+    assert producer.flush(10) == 0
+    # The cancel comes half a second before the job is due — inside the window records are
+    # claimed ahead in, so only a record with its own delay-id staying in Redis lets it win.
+    time.sleep(max(0.0, job_due - 0.5 - time.time()))  # pacing the load, not waiting for it
+    produce(producer, setup.delay, key=b"job", value=None, headers=[(H_CANCEL, b"job")])
+    assert producer.flush(10) == 0
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+             or metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1,
+             30, "the cancel applied")  # fmt: skip
+    collector = Collector(setup.services.bootstrap, [stamped], f"check-{setup.unique}")
+    try:
+        collector.until(lambda rs: len(rs) >= 60, 30, "the 60 records delivered")
+        wait_for(lambda: time.time() > job_due + 1, 5, "the job's due time passed")
+        collector.poll(0.5)
+    finally:
+        collector.close()
+    assert sorted(r.value or b"" for r in collector.records) == sorted(
+        f"v{i}".encode() for i in range(60)
+    )
+    early = [(r.value, r.due_ms - r.timestamp_ms) for r in collector.records
+             if r.timestamp_ms < r.due_ms]  # fmt: skip
+    assert not early, f"delivered before their due time (ms early): {early}"
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
