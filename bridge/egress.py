@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError as ClientError
@@ -82,6 +82,14 @@ class _Acked:
     members: list[bytes] = field(default_factory=list)
     ids: list[tuple[str, bytes]] = field(default_factory=list)  # those in the id index
     delivered: list[tuple[_Pending, int]] = field(default_factory=list)  # with the report's time
+
+
+def _by_shard(idents: Iterable[tuple[Shard, bytes]]) -> dict[Shard, list[bytes]]:
+    """Records (shard, member) grouped by shard, as the store's calls take them."""
+    grouped: dict[Shard, list[bytes]] = defaultdict(list)
+    for shard, member in idents:
+        grouped[shard].append(member)
+    return grouped
 
 
 class Egress:
@@ -258,23 +266,19 @@ class Egress:
 
     def _send_held(self, now_ms: float) -> None:
         """Produce the records claimed ahead whose due time has come (by Redis's clock)."""
-        if not self._held or self._held[0][0] > now_ms:
-            return
         while self._held and self._held[0][0] <= now_ms:
             _, _, ident = heapq.heappop(self._held)
+            self._held_sent_ms = now_ms
             pending = self._pending.get(ident)
             if pending is not None:
                 self._send(ident, pending)
-        self._held_sent_ms = now_ms
 
     def _release_held(self) -> None:
         """End the leases of records claimed ahead and not produced (shutdown): the next owner
         claims them at once."""
         if not self._held:
             return
-        released: dict[Shard, list[bytes]] = defaultdict(list)
-        for _, _, (shard, member) in self._held:
-            released[shard].append(member)
+        released = _by_shard(ident for _, _, ident in self._held)
         self._held.clear()
         try:
             self.store.release(released)
@@ -299,11 +303,11 @@ class Egress:
             return
         with self._lock:
             stored, self._stored = self._stored, {}
-        held = self.catch_up.horizons()
+        horizons = self.catch_up.horizons()
         for shard, due_ms in stored.items():
             if shard in self._next_ms:
                 self._next_ms[shard] = min(self._next_ms[shard], due_ms - self.ahead_ms)
-            if shard in held:  # its horizon moved with the batch: what it releases goes now
+            if shard in horizons:  # its horizon moved with the batch: what it releases goes now
                 self._not_before_ms.pop(shard, None)
 
     def _plan(self, claims: Claims, per_shard: int, horizons: Mapping[Shard, int]) -> None:
@@ -431,9 +435,7 @@ class Egress:
             self._settle()
             self._ack(force=True)
         if self._pending:
-            released: dict[Shard, list[bytes]] = defaultdict(list)
-            for shard, member in self._pending:
-                released[shard].append(member)
+            released = _by_shard(self._pending)
             logger.warning(
                 "%d records unacknowledged at shutdown; leases released", len(self._pending)
             )

@@ -82,6 +82,12 @@ class _Batch:
             self.stored[shard] = (max(mine[0], high), mine[1] + records)
         self.rejected += later.rejected
 
+    def drop(self, shards: set[Shard]) -> None:
+        """Leave out what was read of ``shards`` (read again, or by their next owner)."""
+        for shard in shards:
+            self.stored.pop(shard, None)
+        self.rejected = [(m, r) for m, r in self.rejected if Shard(*coords(m)[:2]) not in shards]
+
 
 class Ingress:
     """The delay-topic consumer loop. Owns the consumer and a DLQ producer."""
@@ -336,7 +342,7 @@ class Ingress:
         gone = set(batch.stored) - self.assigned
         if gone:
             messages = [m for m in messages if Shard(*coords(m)[:2]) not in gone]
-            batch = self._parse(messages)
+            batch.drop(gone)
         self._last_batch = time.monotonic()
         return messages, batch
 
@@ -381,7 +387,7 @@ class Ingress:
         )
         if back:
             messages = [m for m in messages if Shard(*coords(m)[:2]) not in back]
-            batch = self._parse(messages)
+            batch.drop(back)
         if batch.rejected:
             self._dead_letter(batch.rejected)
         if batch.stored:
