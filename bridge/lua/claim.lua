@@ -99,13 +99,25 @@ if room > 0 then
   if room > 0 and ahead > 0 and upto == now then
     -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of
     -- which 2 is DEFAULT_ID (bridge.message.encode).
+    -- Every record due by now has left (there was room for all), so these are the index's first
+    -- ranks: the leading run of default-id records leaves by rank, the others found after the
+    -- first caller-given id in one ZREM.
     local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, now + ahead, 'LIMIT', 0, room)
-    for _, member in ipairs(later) do
+    local run, rest = 0, {}
+    for i, member in ipairs(later) do
       if string.byte(member, 9) == 2 and bit.band(string.byte(member, 10), 2) ~= 0 then
-        redis.call('ZREM', KEYS[1], member)
         claimed[#claimed + 1] = member
+        if run == i - 1 then
+          run = i
+        else
+          rest[#rest + 1] = member
+        end
       end
     end
+    if run > 0 then
+      redis.call('ZREMRANGEBYRANK', KEYS[1], 0, run - 1)
+    end
+    call_chunked('ZREM', KEYS[1], rest)
   end
   local held = {}
   for _, member in ipairs(claimed) do
