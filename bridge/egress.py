@@ -314,7 +314,7 @@ class Egress:
         """When to claim from each shard again: at once while a claim comes back full (a
         backlog), else at its next due time or lease deadline — but, while records keep falling
         due, no sooner than a tick after this claim, so one call takes a tick's worth of them."""
-        self._redis_minus_local_ms = claims.now_ms - time.monotonic() * 1000
+        self._redis_minus_local_ms = claims.now_ms - claims.received * 1000
         got = Counter(item.shard for item in claims)
         for shard, next_ms in claims.next_ms.items():
             if got[shard] >= per_shard:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -171,16 +172,22 @@ class Backlog:
 
 
 class Claims(list[Claimed]):
-    """The records a claim handed out, with Redis's clock at the claim (``now_ms``) and, per
-    shard claimed from, its earliest due time or lease deadline left (``next_ms``; None:
-    nothing)."""
+    """The records a claim handed out, with Redis's clock at the claim (``now_ms``), the local
+    ``time.monotonic()`` when its reply came in (``received``: later than Redis read its clock,
+    so Redis's clock carried on from here is never ahead of Redis's) and, per shard claimed
+    from, its earliest due time or lease deadline left (``next_ms``; None: nothing)."""
 
     def __init__(
-        self, records: list[Claimed], now_ms: int, next_ms: dict[Shard, int | None]
+        self,
+        records: list[Claimed],
+        now_ms: int,
+        next_ms: dict[Shard, int | None],
+        received: float | None = None,
     ) -> None:
         super().__init__(records)
         self.now_ms = now_ms
         self.next_ms = next_ms
+        self.received = time.monotonic() if received is None else received
 
 
 def _ack_args(
@@ -593,6 +600,7 @@ class Store:
         out: list[Claimed] = []
         next_ms: dict[Shard, int | None] = {}
         replies = self._run(calls)
+        received = time.monotonic()  # before decoding: each record decoded would lag the clock
         for shard, reply in zip(shards, replies, strict=True):
             redelivered = int(reply[1])
             times = [int(t) for t in reply[2:4] if int(t) >= 0]
@@ -600,7 +608,7 @@ class Store:
             for i, item in enumerate(reply[4:]):
                 record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
                 out.append(Claimed(shard, item[:8], record, i < redelivered))
-        return Claims(out, int(replies[0][0]), next_ms)
+        return Claims(out, int(replies[0][0]), next_ms, received)
 
     def ack(
         self,
