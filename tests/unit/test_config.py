@@ -156,7 +156,10 @@ def test_producer_and_consumer_defaults() -> None:
     assert consumer["partition.assignment.strategy"] == "cooperative-sticky"
     assert consumer["auto.offset.reset"] == "earliest"
     assert consumer["session.timeout.ms"] == "10000"
+    assert (consumer["fetch.wait.max.ms"], consumer["fetch.min.bytes"]) == ("10", "1048576")
     assert "group.instance.id" not in consumer_settings(Config(), member=True)
+    mine = from_mapping({"kafka": {"consumer": {"fetch.wait.max.ms": "500"}}}, env={})
+    assert consumer_settings(mine)["fetch.wait.max.ms"] == "500"  # the user's value wins
 
 
 def test_only_the_group_member_carries_the_instance_id() -> None:
