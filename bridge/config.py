@@ -487,7 +487,7 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         "heartbeat.interval.ms": "3000",
         # A fetch waits up to 10 ms for records to gather (or returns at 1 MB) instead of
         # returning with the first one: at 2,000 records/s that is ~100 fetches a second instead
-        # of ~700, each a wake-up of librdkafka's and the ingress's threads (about a quarter of
+        # of ~700, each a wake-up of librdkafka's and the ingress's threads (about a fifth of
         # the CPU per record in `make bench`). A record due within 10 ms of being produced may
         # be stored up to 10 ms later; an idle replica fetches 100 times a second.
         "fetch.wait.max.ms": "10",
