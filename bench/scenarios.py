@@ -544,7 +544,7 @@ STEADY_RATE = 2000.0  # records/s: a moderate steady load, where per-record cost
 STEADY_MAX_DELAY_MS = 10_000
 # The measurement starts once records fall due as fast as they arrive (the longest delay and a
 # second on): before that the bridge stores more records than it delivers, and dividing its
-# CPU time by the records delivered would overstate each one's cost (by 37% at 3 s in).
+# CPU time by the records delivered would overstate each one's cost (1.2-1.4x from 3 s in).
 STEADY_FROM_S = STEADY_MAX_DELAY_MS / 1000 + 1
 COALESCING_OFF: dict[str, object] = {
     "egress__tick": "0ms",
