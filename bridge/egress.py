@@ -266,9 +266,11 @@ class Egress:
 
     def _send_held(self, now_ms: float) -> None:
         """Produce the records claimed ahead whose due time has come (by Redis's clock)."""
+        if not self._held or self._held[0][0] > now_ms:
+            return
+        self._held_sent_ms = now_ms
         while self._held and self._held[0][0] <= now_ms:
             _, _, ident = heapq.heappop(self._held)
-            self._held_sent_ms = now_ms
             pending = self._pending.get(ident)
             if pending is not None:
                 self._send(ident, pending)

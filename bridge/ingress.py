@@ -65,6 +65,12 @@ def coords(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+def shard_of(msg: Message) -> Shard:
+    """The delay-topic partition a consumed message came from."""
+    topic, partition, _ = coords(msg)
+    return Shard(topic, partition)
+
+
 def headers_of(msg: Message) -> Headers:
     """A consumed message's headers as a list (the client returns None for none)."""
     return cast(Headers, list(msg.headers() or []))
@@ -86,7 +92,7 @@ class _Batch:
         """Leave out what was read of ``shards`` (read again, or by their next owner)."""
         for shard in shards:
             self.stored.pop(shard, None)
-        self.rejected = [(m, r) for m, r in self.rejected if Shard(*coords(m)[:2]) not in shards]
+        self.rejected = [(m, r) for m, r in self.rejected if shard_of(m) not in shards]
 
 
 class Ingress:
@@ -341,7 +347,7 @@ class Ingress:
                 batch.merge(later)
         gone = set(batch.stored) - self.assigned
         if gone:
-            messages = [m for m in messages if Shard(*coords(m)[:2]) not in gone]
+            messages = [m for m in messages if shard_of(m) not in gone]
             batch.drop(gone)
         self._last_batch = time.monotonic()
         return messages, batch
@@ -386,7 +392,7 @@ class Ingress:
             (Shard(topic, partition), offset) for topic, partition, offset in map(coords, messages)
         )
         if back:
-            messages = [m for m in messages if Shard(*coords(m)[:2]) not in back]
+            messages = [m for m in messages if shard_of(m) not in back]
             batch.drop(back)
         if batch.rejected:
             self._dead_letter(batch.rejected)

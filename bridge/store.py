@@ -182,12 +182,12 @@ class Claims(list[Claimed]):
         records: list[Claimed],
         now_ms: int,
         next_ms: dict[Shard, int | None],
-        received: float | None = None,
+        received: float,
     ) -> None:
         super().__init__(records)
         self.now_ms = now_ms
         self.next_ms = next_ms
-        self.received = time.monotonic() if received is None else received
+        self.received = received
 
 
 def _ack_args(
@@ -585,7 +585,7 @@ class Store:
         ``ahead_ms``, records with the default delay-id due within that much of now are leased too
         (room permitting): the caller produces them when they fall due."""
         if not shards:
-            return Claims([], self.time_ms() if now_ms is None else now_ms, {})
+            return Claims([], self.time_ms() if now_ms is None else now_ms, {}, time.monotonic())
         now_arg = "" if now_ms is None else str(now_ms)
         horizons = horizons or {}
         calls = []

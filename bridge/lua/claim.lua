@@ -98,10 +98,9 @@ if room > 0 then
   local ahead = tonumber(ARGV[6])
   if room > 0 and ahead > 0 and upto == now then
     -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of
-    -- which 2 is DEFAULT_ID (bridge.message.encode).
-    -- Every record due by now has left (there was room for all), so these are the index's first
-    -- ranks: the leading run of default-id records leaves by rank, the others found after the
-    -- first caller-given id in one ZREM.
+    -- which 2 is DEFAULT_ID (bridge.message.encode). Every record due by now has left (there
+    -- was room for all), so these are the index's first ranks: the leading run of default-id
+    -- records leaves by rank, those after the first caller-given id in one ZREM.
     local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, now + ahead, 'LIMIT', 0, room)
     local run, rest = 0, {}
     for i, member in ipairs(later) do
