@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -126,10 +126,14 @@ class Egress:
         # with claims ahead, a claim comes every half window.
         self._ack_wait_ms = max(tick_ms, ahead_ms // 2)
         # Records claimed ahead of their due time (see claim.lua), produced from memory when due:
-        # (due ms, tie-breaker, record), a heap; they are in _pending too.
+        # (due ms, tie-breaker, record), a heap; they are in _pending too. The sender thread
+        # (send_when_due) produces them, so a claim's round trip does not hold them up.
         self._held: list[tuple[int, int, tuple[Shard, bytes]]] = []
         self._held_seq = itertools.count()
         self._held_sent_ms = 0.0  # Redis ms: when held records were last produced
+        self._held_lock = threading.Lock()
+        self._held_wake = threading.Event()  # a record earlier than the sender's plan was held
+        self._sender_runs = False
         self._clock_ms = clock_ms
         # When each owned shard is claimed from next, on Redis's clock (from its last claim's
         # reply), and the earliest moment the tick allows; absent: unknown, claim at once.
@@ -140,8 +144,9 @@ class Egress:
         self.owned: frozenset[Shard] = frozenset()
         self._wake = threading.Event()
         self._pending: dict[tuple[Shard, bytes], _Pending] = {}
-        # Delivery reports not applied yet: (record, error, when it came in, epoch ms).
-        self._reports: list[tuple[tuple[Shard, bytes], ClientError | None, int]] = []
+        # Delivery reports not applied yet: (record, error, epoch ms when it came in). Appended
+        # by whichever thread polls the producer, taken from the left by the mover.
+        self._reports: deque[tuple[tuple[Shard, bytes], ClientError | None, int]] = deque()
         # Delivered records per shard, acknowledged in Redis with the shard's next claim or, at the
         # latest, at _ack_by (monotonic s): one call takes a tick's worth.
         self._acked: dict[Shard, _Acked] = {}
@@ -197,8 +202,9 @@ class Egress:
         self._wake.set()
 
     def wake_up(self) -> None:
-        """Cut the mover's sleep short (stopping)."""
+        """Cut the mover's and the sender's sleep short (stopping)."""
         self._wake.set()
+        self._held_wake.set()
 
     # -------------------------------------------------------------- the loop
 
@@ -245,6 +251,7 @@ class Egress:
         self._ack()
         self._plan(claimed, per_shard, horizons)
         redelivered = 0
+        held: list[tuple[int, int, tuple[Shard, bytes]]] = []
         for item in claimed:
             redelivered += item.redelivery
             ident = (item.shard, item.member)
@@ -252,9 +259,10 @@ class Egress:
             if pending is None:
                 pending = self._pending[ident] = _Pending(item)
             if item.record.due_ms > claimed.now_ms:
-                heapq.heappush(self._held, (item.record.due_ms, next(self._held_seq), ident))
+                held.append((item.record.due_ms, next(self._held_seq), ident))
             else:
                 self._send(ident, pending)
+        self._hold(held)
         if redelivered:
             self.metrics.redelivered.inc(redelivered)
         self.producer.poll(0)
@@ -264,24 +272,65 @@ class Egress:
         """Records claimed ahead that are not due by ``now_ms`` (read by the metrics thread)."""
         return sum(1 for due_ms, _, _ in list(self._held) if due_ms > now_ms)
 
+    def send_when_due(self, stop: threading.Event) -> None:
+        """The sender thread: produce records claimed ahead at their due time (at most once a
+        tick) until ``stop`` is set, serving delivery reports as it goes. The mover's claims —
+        a round trip to Redis and the decoding of what it returns, tens of ms at high rates —
+        would otherwise hold up every record falling due meanwhile."""
+        self._sender_runs = True
+        try:
+            while not stop.is_set():
+                self._held_wake.clear()  # before looking: a record held from here on wakes it
+                if self._redis_minus_local_ms is not None:  # nothing is held before a claim
+                    self._send_held(self._redis_now_ms())
+                self.producer.poll(0)
+                self._held_wake.wait(self._seconds_to_held())
+        finally:
+            self._sender_runs = False
+
+    def _hold(self, held: list[tuple[int, int, tuple[Shard, bytes]]]) -> None:
+        """Keep records claimed ahead until their due time; wake the sender if one is due
+        before what it waits for."""
+        if not held:
+            return
+        with self._held_lock:
+            first = self._held[0][0] if self._held else NEVER
+            for entry in held:
+                heapq.heappush(self._held, entry)
+            sooner = self._held[0][0] < first
+        if sooner:
+            self._held_wake.set()
+
     def _send_held(self, now_ms: float) -> None:
         """Produce the records claimed ahead whose due time has come (by Redis's clock)."""
         if not self._held or self._held[0][0] > now_ms:
             return
-        self._held_sent_ms = now_ms
-        while self._held and self._held[0][0] <= now_ms:
-            _, _, ident = heapq.heappop(self._held)
+        due = []
+        with self._held_lock:
+            self._held_sent_ms = now_ms
+            while self._held and self._held[0][0] <= now_ms:
+                due.append(heapq.heappop(self._held)[2])
+        for ident in due:
             pending = self._pending.get(ident)
             if pending is not None:
                 self._send(ident, pending)
 
+    def _seconds_to_held(self) -> float:
+        """Until the first held record is due, at most once a tick after the last were sent
+        (at most IDLE_WAIT_S)."""
+        if not self._held or self._redis_minus_local_ms is None:
+            return IDLE_WAIT_S
+        at = max(self._held[0][0], self._held_sent_ms + self.tick_ms)
+        return min(IDLE_WAIT_S, max(0.0, (at - self._redis_now_ms()) / 1000))
+
     def _release_held(self) -> None:
         """End the leases of records claimed ahead and not produced (shutdown): the next owner
         claims them at once."""
-        if not self._held:
+        with self._held_lock:
+            released = _by_shard(ident for _, _, ident in self._held)
+            self._held.clear()
+        if not released:
             return
-        released = _by_shard(ident for _, _, ident in self._held)
-        self._held.clear()
         try:
             self.store.release(released)
         except StoreError as exc:  # their leases run out instead; the in-flight rest still drains
@@ -316,7 +365,7 @@ class Egress:
         """When to claim from each shard again: at once while a claim comes back full (a
         backlog), else at its next due time or lease deadline — but, while records keep falling
         due, no sooner than a tick after this claim, so one call takes a tick's worth of them."""
-        self._redis_minus_local_ms = claims.now_ms - claims.received * 1000
+        self._redis_minus_local_ms = claims.clock_ms - claims.received * 1000
         got = Counter(item.shard for item in claims)
         for shard, next_ms in claims.next_ms.items():
             if got[shard] >= per_shard:
@@ -405,10 +454,8 @@ class Egress:
         seconds = IDLE_WAIT_S
         if self._ack_by is not None:
             seconds = min(seconds, max(0.0, self._ack_by - time.monotonic()))
-        if self._held:
-            # Records claimed ahead go at their due time, at most once a tick.
-            at = max(self._held[0][0], self._held_sent_ms + self.tick_ms)
-            seconds = min(seconds, max(0.0, (at - self._redis_now_ms()) / 1000))
+        if self._held and not self._sender_runs:
+            seconds = min(seconds, self._seconds_to_held())
         first = min((self._claim_at(s) for s in self.owned), default=NEVER)
         if first != NEVER:
             seconds = min(seconds, max(0.0, (first - self._redis_now_ms()) / 1000))
@@ -422,8 +469,10 @@ class Egress:
             return
         if self._pending:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
-            # instead of waking for each one.
-            seconds = min(seconds, self.tick_ms / 1000)
+            # instead of waking for each one. While the sender has records to produce it polls
+            # too: the mover then applies them at most half an ``ahead`` window later.
+            sender_polls = self._sender_runs and bool(self._held)
+            seconds = min(seconds, (self._ack_wait_ms if sender_polls else self.tick_ms) / 1000)
         if seconds > 0:
             self._wake.wait(seconds)
             self._wake.clear()
@@ -486,7 +535,7 @@ class Egress:
         failures are retried or dead-lettered."""
         if not self._reports:
             return
-        reports, self._reports = self._reports, []
+        reports = [self._reports.popleft() for _ in range(len(self._reports))]
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
         failed: Counter[tuple[str, str, int]] = Counter()
         for ident, err, at_ms in reports:

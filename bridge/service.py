@@ -201,6 +201,7 @@ class Service:
         probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
+        sender_thread = self._thread("sender", self.egress.send_when_due)
         ingress_thread = self._thread("ingress", self.ingress.run)
         sampler_thread = self._thread("sampler", self.sampler.run)
         self.stop_event.wait()
@@ -209,6 +210,7 @@ class Service:
         # Reverse order of start: ingress stops consuming and commits; egress finishes its batch.
         ingress_thread.join()
         egress_thread.join()
+        sender_thread.join()
         sampler_thread.join()
         probes_thread.join()
         try:

@@ -172,10 +172,11 @@ class Backlog:
 
 
 class Claims(list[Claimed]):
-    """The records a claim handed out, with Redis's clock at the claim (``now_ms``), the local
-    ``time.monotonic()`` when its reply came in (``received``: later than Redis read its clock,
-    so Redis's clock carried on from here is never ahead of Redis's) and, per shard claimed
-    from, its earliest due time or lease deadline left (``next_ms``; None: nothing)."""
+    """The records a claim handed out, with Redis's clock at the claim (``now_ms``), its clock
+    when the claim ended (``clock_ms``) and the local ``time.monotonic()`` when the reply came in
+    (``received``: later than Redis read ``clock_ms``, so Redis's clock carried on from there is
+    never ahead of Redis's) and, per shard claimed from, its earliest due time or lease deadline
+    left (``next_ms``; None: nothing)."""
 
     def __init__(
         self,
@@ -183,11 +184,13 @@ class Claims(list[Claimed]):
         now_ms: int,
         next_ms: dict[Shard, int | None],
         received: float,
+        clock_ms: int | None = None,
     ) -> None:
         super().__init__(records)
         self.now_ms = now_ms
         self.next_ms = next_ms
         self.received = received
+        self.clock_ms = now_ms if clock_ms is None else clock_ms
 
 
 def _ack_args(
@@ -605,10 +608,11 @@ class Store:
             redelivered = int(reply[1])
             times = [int(t) for t in reply[2:4] if int(t) >= 0]
             next_ms[shard] = min(times) if times else None
-            for i, item in enumerate(reply[4:]):
+            for i, item in enumerate(reply[5:]):
                 record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
                 out.append(Claimed(shard, item[:8], record, i < redelivered))
-        return Claims(out, int(replies[0][0]), next_ms, received)
+        # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
+        return Claims(out, int(replies[0][0]), next_ms, received, int(replies[-1][4]))
 
     def ack(
         self,

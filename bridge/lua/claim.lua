@@ -39,14 +39,16 @@ ARGV[6]  ahead ms: also lease default-id records due by now + this (0: none)
 ARGV[7..] acknowledgements, as ack.lua's ARGV: n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
-          member, member, ...} — the two times tell the mover when the shard next has work, so it
-          needs no other call to plan its sleep.
+          Redis TIME at the end (now ms when given), member, member, ...} — the two times tell
+          the mover when the shard next has work, so it needs no other call to plan its sleep; the
+          clock at the end lets it carry Redis's clock on from its reply (a claim of many records
+          runs for ms).
 ]]
 ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, ARGV, 7)
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 local deadline = now + tonumber(ARGV[2])
-local out = {now, 0, -1, -1}
+local out = {now, 0, -1, -1, now}
 local leases = {}
 
 -- Expired leases: lease them again (a lease whose record is gone is dropped).
@@ -65,7 +67,7 @@ if #expired > 0 then
   end
   call_chunked('ZREM', KEYS[2], gone)
 end
-out[2] = #out - 4
+out[2] = #out - 5
 
 local room = limit - out[2]
 local upto = now
@@ -134,4 +136,7 @@ local due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 out[3] = tonumber(due[2] or '-1')
 out[4] = tonumber(lease[2] or '-1')
+if ARGV[3] == '' then
+  out[5] = now_ms('')
+end
 return out

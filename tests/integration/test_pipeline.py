@@ -282,6 +282,44 @@ def test_records_due_later_wait_to_be_stored_together_but_one_due_now_does_not(
     assert late_ms < 500, f"held {late_ms} ms with a 1 s hold: a record due now must not wait"
 
 
+def test_records_claimed_ahead_go_when_due_while_the_mover_waits_on_redis(
+    setup: Setup, bridges: list[Bridge], topics: TopicFactory, redis_client: redis.Redis
+) -> None:
+    # Records claimed ahead are in memory. The mover's next call to Redis may take long (a
+    # large claim does; a paused Redis here): what falls due meanwhile must not wait for it.
+    stamped = topics("stamped", 1, {"message.timestamp.type": "LogAppendTime"})
+    bridge = setup.bridge(egress__ahead="1s").start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "the bridge to join its group")
+    store = Store(redis_client, f"test-{setup.unique}")
+    shards = [Shard(setup.delay, p) for p in range(3)]
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
+    target = (H_TARGET_TOPIC, stamped.encode())
+    first_due = int(time.time() * 1000) + 3500
+    for i in range(41):  # due every 20 ms over 0.8 s: all claimed ahead by the first's due time
+        produce(producer, setup.delay, value=f"v{i}".encode(),
+                headers=[target, (H_DELIVER_AT, str(first_due + 20 * i).encode())])  # fmt: skip
+    # A record with its own delay-id is claimed only when due: the mover calls Redis then.
+    produce(producer, setup.delay, value=b"wake",
+            headers=[target, (H_DELIVER_AT, str(first_due + 300).encode()), (H_ID, b"wake")])  # fmt: skip
+    assert producer.flush(10) == 0
+    wait_for(lambda: store.backlog(shards).scheduled == 1, first_due / 1000 + 0.25 - time.time(),
+             "every record but the one with its own delay-id claimed ahead")  # fmt: skip
+    # Redis takes no writes from 150 ms after the first is due, for 2 s: the mover's claim of
+    # "wake" waits for the end of the pause while 25 of the records it holds fall due.
+    time.sleep(max(0.0, (first_due + 150) / 1000 - time.time()))  # pacing, not waiting
+    redis_client.client_pause(2000, all=False)  # writes only
+    collector = Collector(setup.services.bootstrap, [stamped], f"check-{setup.unique}")
+    try:
+        collector.until(lambda rs: len(rs) >= 42, 30, "the 42 records delivered")
+    finally:
+        collector.close()
+        redis_client.client_unpause()
+    late = sorted(r.timestamp_ms - r.due_ms for r in collector.records if r.value != b"wake")
+    assert len(late) == 41 and late[0] >= 0, f"delivered early: {late[:3]} ms late"
+    assert late[-1] < 250, f"records due while the mover waited were late by up to {late[-1]} ms"
+
+
 def test_records_claimed_ahead_are_never_early_and_a_late_cancel_still_wins(
     setup: Setup, bridges: list[Bridge], topics: TopicFactory
 ) -> None:

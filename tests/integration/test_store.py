@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis
@@ -293,6 +293,30 @@ def test_many_records_move_in_one_claim(store: Store) -> None:
     assert offsets(claimed) == list(range(2400))
     assert store.ack({SHARD: [c.member for c in claimed]}) == 2400
     assert offsets(store.claim([SHARD], 2400, LEASE, now_ms=T0)) == list(range(2400, 2500))
+
+
+def test_a_claim_reads_redis_clock_again_at_its_end(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    # The mover carries Redis's clock on from a claim's reply; a claim of many records runs
+    # for ms, and a clock read at its start would put the mover that far behind.
+    now = store.time_ms()
+    add(store, *(rec(i, now - 1) for i in range(5000)))
+    config = cast(dict[str, str], redis_client.config_get("slowlog-log-slower-than"))
+    threshold = config["slowlog-log-slower-than"]
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    try:
+        redis_client.slowlog_reset()
+        claimed = store.claim([SHARD], 5000, LEASE)
+        log = cast(list[dict[str, Any]], redis_client.slowlog_get(128))
+    finally:
+        redis_client.config_set("slowlog-log-slower-than", threshold)
+    [ran_us] = [e["duration"] for e in log if e["command"].startswith(b"EVALSHA")]
+    assert len(claimed) == 5000 and ran_us >= 2000  # long enough to tell start from end
+    assert claimed.now_ms <= claimed.clock_ms <= store.time_ms()
+    assert claimed.clock_ms - claimed.now_ms >= ran_us // 1000 - 1
+    # A time given by a test is the clock at both ends.
+    assert store.claim([SHARD], 10, LEASE, now_ms=T0).clock_ms == T0
 
 
 def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
