@@ -550,8 +550,9 @@ class Egress:
                     acked.ids.append((given, ident[1]))
                 acked.delivered.append((pending, at_ms))
                 self._retries.pop(ident, None)
-                if self._ack_by is None:
-                    self._ack_by = time.monotonic() + self._ack_wait_ms / 1000
+                if self._ack_by is None:  # counted from when the report came in
+                    waited_ms = max(0, self._clock_ms() - at_ms)
+                    self._ack_by = time.monotonic() + (self._ack_wait_ms - waited_ms) / 1000
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
