@@ -159,6 +159,7 @@ class Egress:
         # Notified whenever in-flight records settle; revocation waits on it.
         self._settled = threading.Condition()
         self.last_loop = time.monotonic()
+        self.sender_last_loop = self.last_loop
 
     # -------------------------------------------------------------- called from ingress
 
@@ -280,6 +281,7 @@ class Egress:
         self._sender_runs = True
         try:
             while not stop.is_set():
+                self.sender_last_loop = time.monotonic()
                 self._held_wake.clear()  # before looking: a record held from here on wakes it
                 if self._redis_minus_local_ms is not None:  # nothing is held before a claim
                     self._send_held(self._redis_now_ms())

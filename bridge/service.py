@@ -152,6 +152,7 @@ class Service:
             for name, last in (
                 ("ingress", self.ingress.last_loop),
                 ("egress", self.egress.last_loop),
+                ("sender", self.egress.sender_last_loop),
             )
             if now - last > STALL_S
         ]
@@ -237,6 +238,7 @@ class Service:
         while not self.probes.redis_once():
             # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
             self.ingress.last_loop = self.egress.last_loop = time.monotonic()
+            self.egress.sender_last_loop = self.egress.last_loop
             backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
             if attempt == 0:
                 logger.error("not joining the consumer group until Redis takes writes: %s",

@@ -191,4 +191,7 @@ def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None
     assert service.health() == []
     service.egress.last_loop = time.monotonic() - 61  # the mover has not come round for a minute
     assert service.health() == ["egress loop silent for 61s"]
+    service.egress.last_loop = time.monotonic()
+    service.egress.sender_last_loop = time.monotonic() - 61  # nor the sender of held records
+    assert service.health() == ["sender loop silent for 61s"]
     assert "consumer has not joined its group" in service.ready()
