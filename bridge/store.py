@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import struct
 import time
 import uuid
@@ -274,6 +275,23 @@ def as_store_error() -> Iterator[None]:
         # redis-py's cluster client may close a connection another thread is reading while it
         # learns a new slot map after a failover; that call failed, the next one goes through.
         raise StoreError(f"redis connection closed under the call: {exc!r}") from exc
+    except AttributeError as exc:
+        # The same race inside redis-py's hiredis parser: the closing thread drops the parser's
+        # reader, the reading one then reads through None (redis-py #4003). Not ours: re-raised.
+        if not _raised_in_redis_client(exc):
+            raise
+        raise StoreError(f"redis connection closed under the call: {exc!r}") from exc
+
+
+_REDIS_CLIENT_DIR = os.path.dirname(redis.__file__) + os.sep
+
+
+def _raised_in_redis_client(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside redis-py's own code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_REDIS_CLIENT_DIR)
 
 
 def _lua(name: str) -> str:

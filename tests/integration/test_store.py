@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any, cast
 
 import pytest
 import redis
 
+from bridge.errors import StoreError
 from bridge.message import Scheduled, encode
-from bridge.store import Lost, Shard, Store, offset_bytes
+from bridge.store import Lost, Shard, Store, as_store_error, offset_bytes
+from tests.conftest import Services, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -384,3 +388,38 @@ def test_keys_under_both_names_are_merged(store: Store, redis_client: redis.Redi
     assert store.watermarks([SHARD]) == {SHARD: 6}
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)) == [0, 1, 5, 6]
     assert store.lows({SHARD: 6}).offsets == {SHARD: 0}  # the bitmaps were OR-ed
+
+
+def test_a_connection_closed_under_a_read_is_a_store_error(
+    services: Services, redis_client: redis.Redis, unique: str
+) -> None:
+    # redis-py's cluster client closes the connections of a node it gives up on, also one another
+    # thread is reading; its hiredis parser then reads through a reader the closing thread has
+    # dropped and raises AttributeError (redis-py #4003), which once crashed the probe loop, and
+    # with it the bridge, during a Redis Cluster failover. It is a failed call to retry.
+    key = f"test-{unique}:blocked"
+    client = redis.Redis.from_url(services.redis_url)
+    conn = client.connection_pool.get_connection()
+    conn.send_command("BLPOP", key, 10)  # type: ignore[no-untyped-call]
+    reader = threading.get_ident()
+
+    def close_under_the_read() -> None:
+        wait_for(lambda: _reading(reader), 10, "the reply awaited")
+        conn._parser.on_disconnect()  # what disconnect() does first
+        redis_client.lpush(key, b"x")  # the reply arrives; the read goes on without a reader
+
+    closer = threading.Thread(target=close_under_the_read)
+    closer.start()
+    try:
+        with pytest.raises(StoreError, match="closed under the call"), as_store_error():
+            conn.read_response()  # type: ignore[no-untyped-call]
+    finally:
+        closer.join()
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        client.close()
+
+
+def _reading(thread: int) -> bool:
+    """Whether ``thread`` waits in redis-py's socket read."""
+    frame = sys._current_frames().get(thread)
+    return frame is not None and frame.f_code.co_name == "read_from_socket"
