@@ -251,11 +251,14 @@ class Egress:
         self._acknowledged(acks)
         self._ack()
         self._plan(claimed, per_shard, horizons)
+        put_back = self._put_back_past_horizon(claimed)
         redelivered = 0
         held: list[tuple[int, int, tuple[Shard, bytes]]] = []
         for item in claimed:
-            redelivered += item.redelivery
             ident = (item.shard, item.member)
+            if ident in put_back:
+                continue
+            redelivered += item.redelivery
             pending = self._pending.get(ident)
             if pending is None:
                 pending = self._pending[ident] = _Pending(item)
@@ -268,6 +271,27 @@ class Egress:
             self.metrics.redelivered.inc(redelivered)
         self.producer.poll(0)
         return len(claimed)
+
+    def _put_back_past_horizon(self, claims: Claims) -> set[tuple[Shard, bytes]]:
+        """The ingress may begin catching up on a partition after the mover read the horizons
+        and before Redis ran its claim (it re-reads after Redis lost its state, or a partition is
+        assigned): a cancel may then sit in the part of the log it has yet to read. Records
+        claimed past the horizon such a catch-up set are not produced: they go back among the
+        waiting ones, where a cancel reaches them, until the horizon passes them. (A lease that
+        ran out is not: its record was claimed before, and a claimed record is past cancel.)
+        Returns them."""
+        horizons = self.catch_up.horizons()
+        if not horizons:
+            return set()
+        past = [c for c in claims
+                if c.shard in horizons and c.record.due_ms > horizons[c.shard]
+                and not c.redelivery and (c.shard, c.member) not in self._pending]  # fmt: skip
+        if past:
+            self.store.unclaim(past)
+            for shard in {c.shard for c in past}:
+                self._not_before_ms[shard] = claims.now_ms + HOLD_WAIT_S * 1000
+            logger.info("%d records claimed as a catch-up began wait for it", len(past))
+        return {(c.shard, c.member) for c in past}
 
     def not_due(self, now_ms: int) -> int:
         """Records claimed ahead that are not due by ``now_ms`` (read by the metrics thread)."""

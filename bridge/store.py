@@ -320,10 +320,11 @@ class Store:
         self._incarnation = _script(client, "incarnation")
         self._retired = _script(client, "retired")
         self._relocate = _script(client, "relocate")
+        self._unclaim = _script(client, "unclaim")
         self._relocation_denied = False
         self._scripts = (self._add, self._claim, self._ack, self._release, self._take_over,
                          self._stats, self._low, self._upgrade, self._incarnation,
-                         self._retired, self._relocate)  # fmt: skip
+                         self._retired, self._relocate, self._unclaim)  # fmt: skip
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The only place key names are built (with :meth:`legacy_keys`)."""
@@ -656,6 +657,16 @@ class Store:
             for s, m in members.items()
             if m
         ]
+        return sum(int(n) for n in self._run(calls)) if calls else 0
+
+    def unclaim(self, claimed: Iterable[Claimed]) -> int:
+        """Put claimed records back among the waiting ones, as if never claimed: a cancel or a
+        replacement reaches them again (see unclaim.lua). Returns how many were put back."""
+        args: dict[Shard, list[Any]] = {}
+        for c in claimed:
+            args.setdefault(c.shard, []).extend((c.record.due_ms, c.member))
+        calls = [(self._unclaim, [k.due, k.inflight, k.claimed], a)
+                 for s, a in args.items() for k in (self.keys(s),)]  # fmt: skip
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
     def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
