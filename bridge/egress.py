@@ -133,7 +133,6 @@ class Egress:
         self._held_sent_ms = 0.0  # Redis ms: when held records were last produced
         self._held_lock = threading.Lock()
         self._held_wake = threading.Event()  # a record earlier than the sender's plan was held
-        self._sender_runs = False
         self._clock_ms = clock_ms
         # When each owned shard is claimed from next, on Redis's clock (from its last claim's
         # reply), and the earliest moment the tick allows; absent: unknown, claim at once.
@@ -302,17 +301,13 @@ class Egress:
         tick) until ``stop`` is set, serving delivery reports as it goes. The mover's claims —
         a round trip to Redis and the decoding of what it returns, tens of ms at high rates —
         would otherwise hold up every record falling due meanwhile."""
-        self._sender_runs = True
-        try:
-            while not stop.is_set():
-                self.sender_last_loop = time.monotonic()
-                self._held_wake.clear()  # before looking: a record held from here on wakes it
-                if self._redis_minus_local_ms is not None:  # nothing is held before a claim
-                    self._send_held(self._redis_now_ms())
-                self.producer.poll(0)
-                self._held_wake.wait(self._seconds_to_held())
-        finally:
-            self._sender_runs = False
+        while not stop.is_set():
+            self.sender_last_loop = time.monotonic()
+            self._held_wake.clear()  # before looking: a record held from here on wakes it
+            if self._redis_minus_local_ms is not None:  # nothing is held before a claim
+                self._send_held(self._redis_now_ms())
+            self.producer.poll(0)
+            self._held_wake.wait(self._seconds_to_held())
 
     def _hold(self, held: list[tuple[int, int, tuple[Shard, bytes]]]) -> None:
         """Keep records claimed ahead until their due time; wake the sender if one is due
@@ -480,8 +475,6 @@ class Egress:
         seconds = IDLE_WAIT_S
         if self._ack_by is not None:
             seconds = min(seconds, max(0.0, self._ack_by - time.monotonic()))
-        if self._held and not self._sender_runs:
-            seconds = min(seconds, self._seconds_to_held())
         first = min((self._claim_at(s) for s in self.owned), default=NEVER)
         if first != NEVER:
             seconds = min(seconds, max(0.0, (first - self._redis_now_ms()) / 1000))
@@ -497,8 +490,7 @@ class Egress:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
             # instead of waking for each one. While the sender has records to produce it polls
             # too: the mover then applies them at most half an ``ahead`` window later.
-            sender_polls = self._sender_runs and bool(self._held)
-            seconds = min(seconds, (self._ack_wait_ms if sender_polls else self.tick_ms) / 1000)
+            seconds = min(seconds, (self._ack_wait_ms if self._held else self.tick_ms) / 1000)
         if seconds > 0:
             self._wake.wait(seconds)
             self._wake.clear()

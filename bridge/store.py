@@ -185,13 +185,13 @@ class Claims(list[Claimed]):
         now_ms: int,
         next_ms: dict[Shard, int | None],
         received: float,
-        clock_ms: int | None = None,
+        clock_ms: int,
     ) -> None:
         super().__init__(records)
         self.now_ms = now_ms
         self.next_ms = next_ms
         self.received = received
-        self.clock_ms = now_ms if clock_ms is None else clock_ms
+        self.clock_ms = clock_ms
 
 
 def _ack_args(
@@ -607,7 +607,8 @@ class Store:
         ``ahead_ms``, records with the default delay-id due within that much of now are leased too
         (room permitting): the caller produces them when they fall due."""
         if not shards:
-            return Claims([], self.time_ms() if now_ms is None else now_ms, {}, time.monotonic())
+            now = self.time_ms() if now_ms is None else now_ms
+            return Claims([], now, {}, time.monotonic(), now)
         now_arg = "" if now_ms is None else str(now_ms)
         horizons = horizons or {}
         calls = []
