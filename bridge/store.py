@@ -666,8 +666,10 @@ class Store:
         args: dict[Shard, list[Any]] = {}
         for c in claimed:
             args.setdefault(c.shard, []).extend((c.record.due_ms, c.member))
-        calls = [(self._unclaim, [k.due, k.inflight, k.claimed], a)
-                 for s, a in args.items() for k in (self.keys(s),)]  # fmt: skip
+        calls: list[tuple[Script, list[str], list[Any]]] = []
+        for shard, pairs in args.items():
+            keys = self.keys(shard)
+            calls.append((self._unclaim, [keys.due, keys.inflight, keys.claimed], pairs))
         return sum(int(n) for n in self._run(calls)) if calls else 0
 
     def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
