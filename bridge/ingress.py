@@ -78,20 +78,32 @@ def headers_of(msg: Message) -> Headers:
 
 @dataclass
 class _Batch:
+    """What was read of each partition: the highest offset and the records to store (accepted
+    ones and cancels), the lowest offset and the newest record timestamp; and the records
+    rejected. Kept per partition, so a batch's bookkeeping is not per record."""
+
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = field(default_factory=dict)
     rejected: list[tuple[Message, Rejected]] = field(default_factory=list)
+    low: dict[Shard, int] = field(default_factory=dict)
+    newest_ms: dict[Shard, int] = field(default_factory=dict)
 
     def merge(self, later: _Batch) -> None:
         """Add a batch consumed after this one (offsets only grow within a partition)."""
         for shard, (high, records) in later.stored.items():
             mine = self.stored.setdefault(shard, (high, []))
             self.stored[shard] = (max(mine[0], high), mine[1] + records)
+        for shard, low in later.low.items():
+            self.low[shard] = min(low, self.low.get(shard, low))
+        for shard, ts in later.newest_ms.items():
+            self.newest_ms[shard] = max(ts, self.newest_ms.get(shard, ts))
         self.rejected += later.rejected
 
     def drop(self, shards: set[Shard]) -> None:
         """Leave out what was read of ``shards`` (read again, or by their next owner)."""
         for shard in shards:
             self.stored.pop(shard, None)
+            self.low.pop(shard, None)
+            self.newest_ms.pop(shard, None)
         self.rejected = [(m, r) for m, r in self.rejected if shard_of(m) not in shards]
 
 
@@ -388,9 +400,7 @@ class Ingress:
         return True
 
     def _handle(self, messages: list[Message], batch: _Batch) -> None:
-        back = self.positions.went_back(
-            (Shard(topic, partition), offset) for topic, partition, offset in map(coords, messages)
-        )
+        back = self.positions.went_back(batch.low.items())
         if back:
             messages = [m for m in messages if shard_of(m) not in back]
             batch.drop(back)
@@ -408,7 +418,7 @@ class Ingress:
             self.metrics.replaced.inc(added.replaced)
             self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
             self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
-        self._read_up_to(messages, set(batch.stored))
+        self._read_up_to(batch, set(batch.stored))
         counts: dict[str, int] = {}
         earliest: dict[Shard, int] = {}
         for shard, (_, records) in batch.stored.items():
@@ -421,31 +431,46 @@ class Ingress:
         if earliest:
             self._on_stored(earliest)
 
-    def _read_up_to(self, messages: list[Message], applied: set[Shard]) -> None:
+    def _read_up_to(self, batch: _Batch, applied: set[Shard]) -> None:
         """Move the horizons of the shards being caught up on past what this batch applied to
-        ``applied`` (nothing to do, and no per-record work, while none is caught up on)."""
-        behind = set(self.catch_up.ends()) & applied
-        if not behind:
-            return
-        newest: dict[Shard, int] = {}
-        for msg in messages:
-            topic, partition, _ = coords(msg)
-            shard = Shard(topic, partition)
-            if shard in behind:
-                ts_type, ts = msg.timestamp()
-                newest[shard] = max(newest.get(shard, 0), ts if ts_type != 0 else self._clock_ms())
-        for shard, ts in newest.items():
-            self.catch_up.read(shard, ts)
+        ``applied`` (its newest record timestamps; nothing to do while none is caught up on)."""
+        for shard in set(self.catch_up.ends()) & applied:
+            if shard in batch.newest_ms:
+                self.catch_up.read(shard, batch.newest_ms[shard])
 
     def _parse(self, messages: list[Message]) -> _Batch:
+        """Parse a consumed batch. Per record only what the record needs: the per-partition
+        figures are kept in locals while the partition stays the same (consumed batches come in
+        runs of one partition) and written to the batch when it changes."""
         now_ms = self._clock_ms()
         batch = _Batch()
+        shard: Shard | None = None
+        records: list[Scheduled | Cancel] = []
+        high = low = newest = 0
+
+        def keep() -> None:
+            if shard is None:
+                return
+            mine = batch.stored.get(shard)
+            batch.stored[shard] = (high, records) if mine is None else (max(mine[0], high), records)
+            batch.low[shard] = min(low, batch.low.get(shard, low))
+            batch.newest_ms[shard] = max(newest, batch.newest_ms.get(shard, newest))
+
         for msg in messages:
             topic, partition, offset = coords(msg)
-            shard = Shard(topic, partition)
-            high, records = batch.stored.setdefault(shard, (offset, []))
-            batch.stored[shard] = (max(high, offset), records)
             ts_type, ts = msg.timestamp()
+            if ts_type == 0:  # no timestamp: the moment it was read stands in
+                ts = now_ms
+            if shard is None or partition != shard.partition or topic != shard.topic:
+                keep()
+                shard = Shard(topic, partition)
+                known = batch.stored.get(shard)
+                records = [] if known is None else known[1]
+                high = low = offset
+                newest = ts
+            high = max(high, offset)
+            low = min(low, offset)
+            newest = max(newest, ts)
             try:
                 records.append(
                     parse_record(
@@ -467,6 +492,7 @@ class Ingress:
                 batch.rejected.append(
                     (msg, Rejected(Reason.BAD_HEADER, f"unparseable: {type(exc).__name__}: {exc}"))
                 )
+        keep()
         return batch
 
     def _dead_letter(self, rejected: list[tuple[Message, Rejected]]) -> None:

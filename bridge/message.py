@@ -244,9 +244,16 @@ class Scheduled:
     # When the bridge stored a record that was already due (epoch ms), else None: lateness counts
     # from the later of the due time and this, so it measures the bridge, not a late producer.
     stored_ms: int | None = None
+    # The delay-topic partition whose default delay-id ``delay_id`` is, when the parser or the
+    # stored encoding says so: spares building the origin per record to compare. None says
+    # nothing.
+    default_of: tuple[str, int] | None = field(default=None, compare=False)
 
     def given_id(self, topic: str, partition: int) -> str | None:
         """The delay-id its producer gave; None when it is the default one (the origin)."""
+        home = self.default_of
+        if home is not None and home[1] == partition and home[0] == topic:
+            return None
         return None if self.delay_id == origin(topic, partition, self.offset) else self.delay_id
 
     def late_from_ms(self) -> int:
@@ -392,6 +399,7 @@ def parse(
         headers=headers,
         delay_id=delay_id if delay_id is not None else origin(topic, partition, offset),
         stored_ms=now_ms if due_ms < now_ms else None,
+        default_of=(topic, partition) if delay_id is None else None,
     )
 
 
@@ -564,7 +572,10 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
             target = (next(v for k, v in headers if k == H_TARGET_TOPIC) or b"").decode()
         if delay_id is None:
             delay_id = (next(v for k, v in headers if k == H_ID) or b"").decode()
-        return Scheduled(offset, due_ms, target, key, value, headers, delay_id, stored_ms)
+        return Scheduled(
+            offset, due_ms, target, key, value, headers, delay_id, stored_ms,
+            default_of=(topic, partition) if flags & _DEFAULT_ID else None,
+        )  # fmt: skip
     except (struct.error, IndexError, UnicodeDecodeError, StopIteration) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None
 

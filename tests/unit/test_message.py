@@ -332,3 +332,17 @@ def test_any_headers_give_a_schedule_or_a_rejection(
         assert rejected.detail and "\n" not in rejected.detail
     else:
         assert rec.due_ms - NOW <= 7 * 86_400_000
+
+
+def test_a_default_delay_id_is_known_for_its_own_partition_only() -> None:
+    """The parser and the decoder mark a default delay-id with the partition it belongs to, so
+    ``given_id`` need not build it per record; asked about another partition, it still compares."""
+    rec = run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1h")])
+    assert rec.delay_id == "delay:2:41" and rec.default_of == ("delay", 2)
+    assert rec.given_id("delay", 2) is None
+    assert rec.given_id("delay", 0) == "delay:2:41"
+    stored = decode(encode(rec, "delay", 2), "delay", 2, rec.offset)
+    assert stored == rec and stored.default_of == ("delay", 2)
+    given = run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1h"), (H_ID, b"order-7")])
+    assert given.default_of is None and given.given_id("delay", 2) == "order-7"
+    assert decode(encode(given, "delay", 2), "delay", 2, 41).default_of is None
