@@ -118,6 +118,7 @@ class EgressConfig:
     lease: int = duration("30s")
     max_attempts: int = 3
     tick: int = duration("10ms")
+    send_tick: int = duration("3ms")
     ahead: int = duration("100ms")
 
 
@@ -344,6 +345,7 @@ def _validate(config: Config) -> None:
         ("ingress.linger", config.ingress.linger),
         ("ingress.hold", config.ingress.hold),
         ("egress.tick", config.egress.tick),
+        ("egress.send_tick", config.egress.send_tick),
         ("egress.ahead", config.egress.ahead),
     ):
         if not 0 <= ms <= 1000:

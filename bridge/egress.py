@@ -106,6 +106,7 @@ class Egress:
         lease_ms: int,
         max_attempts: int,
         tick_ms: int = 0,
+        send_tick_ms: int | None = None,
         ahead_ms: int = 0,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
@@ -121,6 +122,8 @@ class Egress:
         self.lease_ms = lease_ms
         self.max_attempts = max_attempts
         self.tick_ms = tick_ms
+        # Records claimed ahead are produced at most once per send tick (the tick when None).
+        self.send_tick_ms = tick_ms if send_tick_ms is None else send_tick_ms
         self.ahead_ms = ahead_ms
         # Delivered records are acknowledged with their shard's next claim or after this long:
         # with claims ahead, a claim comes every half window.
@@ -298,7 +301,7 @@ class Egress:
 
     def send_when_due(self, stop: threading.Event) -> None:
         """The sender thread: produce records claimed ahead at their due time (at most once a
-        tick) until ``stop`` is set, serving delivery reports as it goes. The mover's claims —
+        send tick) until ``stop`` is set, serving delivery reports as it goes. The mover's claims —
         a round trip to Redis and the decoding of what it returns, tens of ms at high rates —
         would otherwise hold up every record falling due meanwhile."""
         while not stop.is_set():
@@ -337,11 +340,11 @@ class Egress:
                 self._send(ident, pending)
 
     def _seconds_to_held(self) -> float:
-        """Until the first held record is due, at most once a tick after the last were sent
+        """Until the first held record is due, at most once a send tick after the last were sent
         (at most IDLE_WAIT_S)."""
         if not self._held or self._redis_minus_local_ms is None:
             return IDLE_WAIT_S
-        at = max(self._held[0][0], self._held_sent_ms + self.tick_ms)
+        at = max(self._held[0][0], self._held_sent_ms + self.send_tick_ms)
         return min(IDLE_WAIT_S, max(0.0, (at - self._redis_now_ms()) / 1000))
 
     def _release_held(self) -> None:

@@ -89,6 +89,7 @@ class Service:
             lease_ms=config.egress.lease,
             max_attempts=config.egress.max_attempts,
             tick_ms=config.egress.tick,
+            send_tick_ms=config.egress.send_tick,
             ahead_ms=config.egress.ahead,
             readiness=self.readiness,
             catch_up=catch_up,

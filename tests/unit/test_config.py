@@ -100,6 +100,7 @@ def test_environment_overrides_scalars() -> None:
         ({"egress": {"lease": "5s", "ahead": "1s"}}, {},
          "egress.ahead: must be at most a tenth of egress.lease (5s), got 1s"),
         ({"ingress": {"hold": "-1ms"}}, {}, "ingress.hold"),
+        ({"egress": {"send_tick": "5s"}}, {}, "egress.send_tick: must be between 0 and 1s, got 5s"),
         ({}, {"DELAY_BRIDGE_EGRESS__NOPE": "1"}, "DELAY_BRIDGE_EGRESS__NOPE names no config key"),
         ({}, {"DELAY_BRIDGE_NOPE__X": "1"}, "DELAY_BRIDGE_NOPE__X names no config key"),
         ({}, {"DELAY_BRIDGE_EGRESS__BATCH_SIZE": "ten"}, "egress.batch_size: expected an integer"),
