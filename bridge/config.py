@@ -118,7 +118,7 @@ class EgressConfig:
     lease: int = duration("30s")
     max_attempts: int = 3
     tick: int = duration("10ms")
-    send_tick: int = duration("3ms")
+    send_tick: int = duration("2ms")
     ahead: int = duration("100ms")
 
 
