@@ -130,7 +130,8 @@ class Egress:
         # Records claimed ahead are produced at most once per send tick (the tick when None), and
         # at most once per _send_every_ms: SEND_BATCH records' worth at the rate they fall due.
         self.send_tick_ms = tick_ms if send_tick_ms is None else send_tick_ms
-        self._send_every_ms = float(max(tick_ms, self.send_tick_ms))
+        self._send_every_max_ms = float(max(tick_ms, self.send_tick_ms))
+        self._send_every_ms = self._send_every_max_ms
         self.ahead_ms = ahead_ms
         # Delivered records are acknowledged with their shard's next claim or after this long:
         # with claims ahead, a claim comes every half window.
@@ -307,10 +308,10 @@ class Egress:
         return sum(1 for due_ms, _, _ in list(self._held) if due_ms > now_ms)
 
     def send_when_due(self, stop: threading.Event) -> None:
-        """The sender thread: produce records claimed ahead at their due time (at most once a
-        send tick) until ``stop`` is set, serving delivery reports as it goes. The mover's claims —
-        a round trip to Redis and the decoding of what it returns, tens of ms at high rates —
-        would otherwise hold up every record falling due meanwhile."""
+        """The sender thread: produce records claimed ahead at their due time (about SEND_BATCH at
+        a time, see :meth:`_seconds_to_held`) until ``stop`` is set, serving delivery reports as
+        it goes. The mover's claims — a round trip to Redis and the decoding of what it returns,
+        tens of ms at high rates — would otherwise hold up every record falling due meanwhile."""
         while not stop.is_set():
             self.sender_last_loop = time.monotonic()
             self._held_wake.clear()  # before looking: a record held from here on wakes it
@@ -342,12 +343,12 @@ class Egress:
                 due.append(heapq.heappop(self._held)[2])
             if not due:  # the other thread sent them
                 return
-            longest, gap = max(self.tick_ms, self.send_tick_ms), now_ms - self._held_sent_ms
-            if gap > 2 * longest:  # after a quiet spell: no rate to go by, start short
+            gap = now_ms - self._held_sent_ms
+            if gap > 2 * self._send_every_max_ms:  # after a quiet spell: no rate to go by
                 self._send_every_ms = self.send_tick_ms
             else:
                 every = gap * SEND_BATCH / len(due)
-                self._send_every_ms = min(longest, max(self.send_tick_ms, every))
+                self._send_every_ms = min(self._send_every_max_ms, max(self.send_tick_ms, every))
             self._held_sent_ms = now_ms
         for ident in due:
             pending = self._pending.get(ident)
