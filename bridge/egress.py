@@ -73,7 +73,7 @@ def backoff(base: float, cap: float, failures: int) -> float:
     return float(min(cap, base * 2 ** min(max(failures - 1, 0), 30)))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     claimed: Claimed
     attempts: int = 0
@@ -658,6 +658,7 @@ class Egress:
         """Count a batch of acknowledged records (with when each report came in): one label
         lookup per target, not per record."""
         per_target: Counter[str] = Counter()
+        late_s: list[float] = []
         dead_lettered = 0
         for pending, now_ms in delivered:
             record: Scheduled = pending.claimed.record
@@ -665,7 +666,8 @@ class Egress:
                 dead_lettered += 1
                 continue
             per_target[record.target] += 1
-            self.metrics.lateness.observe(max(0, now_ms - record.late_from_ms()) / 1000)
+            late_s.append(max(0, now_ms - record.late_from_ms()) / 1000)
+        self.metrics.lateness.observe_many(late_s)
         for target, n in per_target.items():
             self.metrics.delivered.labels(target_topic=target).inc(n)
         if dead_lettered:

@@ -5,6 +5,7 @@ Everything here is pure: no I/O, no clock. Callers pass the record's fields and 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import struct
@@ -80,10 +81,12 @@ _MAX_EPOCH_MS = 253_402_300_800_000
 MIN_EPOCH_MS = 946_684_800_000
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_duration_ms(text: str) -> int:
     """``"1500"`` → 1500; ``"250ms"``, ``"30s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"1h30m"`` → ms.
 
     Raises ValueError for anything else (negative, empty, unknown unit, repeated unit order).
+    Cached: producers use a handful of delays, and this runs per record.
     """
     text = text.strip()
     if text.isdigit():
@@ -225,13 +228,15 @@ class Rules:
 # ------------------------------------------------------------------ parsing a delay-topic record
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Scheduled:
     """A delay-topic record accepted for delivery, as it is stored in Redis.
 
     ``key`` and ``headers`` are the record's own, so a record that later fails delivery reaches
     the DLQ as it came in; :meth:`delivered_key` and :meth:`delivered_headers` give the shape
-    the target topic sees.
+    the target topic sees. Treat it as immutable: it is not frozen only because it is built
+    twice per record (parsed, then decoded) and a frozen dataclass's ``__init__`` costs four
+    times as much (~0.9 µs against ~0.2 µs for its nine fields).
     """
 
     offset: int

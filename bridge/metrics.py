@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -32,6 +33,25 @@ LATENESS_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
 )  # fmt: skip
+
+
+class BatchHistogram(Histogram):
+    """A :class:`Histogram` that also takes a batch of observations at once: one lock per
+    bucket touched instead of two per observation, and a binary search instead of a scan."""
+
+    def observe_many(self, amounts: Iterable[float]) -> None:
+        """The same as :meth:`observe` for each of ``amounts`` (no exemplars)."""
+        bounds = self._upper_bounds  # ends with +Inf, so every amount has a bucket
+        counts = [0] * len(bounds)
+        total = 0.0
+        for amount in amounts:
+            counts[bisect.bisect_left(bounds, amount)] += 1
+            total += amount
+        for bucket, count in zip(self._buckets, counts, strict=True):
+            if count:
+                bucket.inc(count)
+        if total:
+            self._sum.inc(total)
 
 
 class Metrics:
@@ -67,7 +87,7 @@ class Metrics:
             "Leases that expired and were handed out again",
             registry=registry,
         )
-        self.lateness = Histogram(
+        self.lateness = BatchHistogram(
             "delay_bridge_delivery_lateness_seconds",
             "Acknowledgement time minus due time",
             buckets=LATENESS_BUCKETS,

@@ -107,9 +107,10 @@ class LegacyKeys:
     records: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Claimed:
-    """A record handed out by :meth:`Store.claim`, leased until acknowledged or expired."""
+    """A record handed out by :meth:`Store.claim`, leased until acknowledged or expired. One
+    per claimed record, so not frozen (see :class:`Scheduled`); treat it as immutable."""
 
     shard: Shard
     member: bytes  # the in-flight member, the offset's 8 bytes: what ack and release take
