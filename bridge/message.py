@@ -456,18 +456,23 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
     # Per record, twice a record's life (here and decode): written as plain loops for speed.
     flags = 0
     target_header = id_header = _ABSENT
-    codes: list[int] = []
-    names: list[bytes | None] = []
-    values: list[bytes | None] = []
+    heads: list[tuple[int, bytes | None, bytes | None]] = []
+    longest = 0  # the longest header name or value
     for name, value in record.headers:
         code = _NAME_CODES.get(name, 0)
-        if code == _TARGET_CODE and target_header is _ABSENT:
-            target_header = value
-        elif code == _ID_CODE and id_header is _ABSENT:
-            id_header = value
-        codes.append(code)
-        names.append(None if code else name.encode())
-        values.append(value)
+        if code:
+            if code == _TARGET_CODE:
+                if target_header is _ABSENT:
+                    target_header = value
+            elif code == _ID_CODE and id_header is _ABSENT:
+                id_header = value
+            heads.append((code, None, value))
+        else:
+            encoded_name = name.encode()
+            longest = max(longest, len(encoded_name))
+            heads.append((code, encoded_name, value))
+        if value is not None and len(value) > longest:
+            longest = len(value)
     fields: list[bytes | None] = []
     target = record.target.encode()
     if target_header == target:
@@ -484,28 +489,31 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
             fields.append(delay_id)
     fields.append(record.key)
     fields.append(record.value)
+    for data in fields:
+        if data is not None and len(data) > longest:
+            longest = len(data)
     length, none = _NARROW, _NARROW_NONE
-    if any(len(f) >= _NARROW_NONE for f in (*fields, *names, *values) if f):
+    if longest >= _NARROW_NONE:
         length, none = _WIDE, _WIDE_NONE
         flags |= _WIDE_LENGTHS
     if record.stored_ms is not None:
         flags |= _STORED_AT
-    out = [_HEAD.pack(2, flags, record.due_ms, len(codes))]
+    out = [_HEAD.pack(2, flags, record.due_ms, len(heads))]
     if record.stored_ms is not None:
         out.append(_STORED.pack(record.stored_ms))
     pack = length.pack
     absent = pack(none)
-    for data in fields:
-        if data is None:
+    for field_data in fields:
+        if field_data is None:
             out.append(absent)
         else:
-            out.append(pack(len(data)))
-            out.append(data)
-    for code, name_bytes, data in zip(codes, names, values, strict=True):
+            out.append(pack(len(field_data)))
+            out.append(field_data)
+    for code, name_bytes, data in heads:
         out.append(_CODE_BYTES[code])
-        if not code:
-            out.append(pack(len(name_bytes)))  # type: ignore[arg-type]
-            out.append(name_bytes)  # type: ignore[arg-type]
+        if name_bytes is not None:
+            out.append(pack(len(name_bytes)))
+            out.append(name_bytes)
         if data is None:
             out.append(absent)
         else:
@@ -517,9 +525,9 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
 def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
     """Inverse of :func:`encode`; raises ValueError on a blob it does not understand."""
     try:
-        if blob[0] == 1:
-            return _decode_v1(blob)
         if blob[0] != 2:
+            if blob[0] == 1:
+                return _decode_v1(blob)
             raise ValueError(f"unknown stored record version {blob[0]}")
         _, flags, due_ms, count = _HEAD.unpack_from(blob, 0)
         pos, stored_ms = _HEAD.size, None
@@ -530,26 +538,28 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
             unpack, step, none = _WIDE.unpack_from, _WIDE.size, _WIDE_NONE
         else:
             unpack, step, none = _NARROW.unpack_from, _NARROW.size, _NARROW_NONE
-        # The length-prefixed fields in order, each None or its bytes; header name codes are
-        # read between them.
-        target = delay_id = None
-        taken: list[bytes | None] = []
+        # The length-prefixed fields in order — [target], [delay-id], key, value — each None or
+        # its bytes; then the headers, each a name code (0: the name follows) and a value.
+        fields: list[bytes | None] = []
         wanted = 2 + (not flags & _TARGET_IN_HEADER) + (not flags & (_DEFAULT_ID | _ID_IN_HEADER))
         for _ in range(wanted):
             (size,) = unpack(blob, pos)
             pos += step
             if size == none:
-                taken.append(None)
+                fields.append(None)
             else:
-                taken.append(blob[pos : pos + size])
-                pos += size
-        if not flags & _TARGET_IN_HEADER:
-            target = (taken.pop(0) or b"").decode()
+                end = pos + size
+                fields.append(blob[pos:end])
+                pos = end
+        value = fields.pop()
+        key = fields.pop()
+        target = delay_id = None
         if flags & _DEFAULT_ID:
             delay_id = origin(topic, partition, offset)
         elif not flags & _ID_IN_HEADER:
-            delay_id = (taken.pop(0) or b"").decode()
-        key, value = taken
+            delay_id = (fields.pop() or b"").decode()
+        if not flags & _TARGET_IN_HEADER:
+            target = (fields.pop() or b"").decode()
         headers: Headers = []
         for _ in range(count):
             code = blob[pos]
@@ -562,26 +572,31 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
                 if size == none:
                     name = ""
                 else:
-                    name = blob[pos : pos + size].decode()
-                    pos += size
+                    end = pos + size
+                    name = blob[pos:end].decode()
+                    pos = end
             (size,) = unpack(blob, pos)
             pos += step
-            if size == none:
-                headers.append((name, None))
-            else:
-                headers.append((name, blob[pos : pos + size]))
-                pos += size
+            data = None
+            if size != none:
+                end = pos + size
+                data = blob[pos:end]
+                pos = end
+            headers.append((name, data))
+            if code == _TARGET_CODE:
+                if target is None:
+                    target = (data or b"").decode()
+            elif code == _ID_CODE and delay_id is None:
+                delay_id = (data or b"").decode()
         if pos != len(blob):
             raise ValueError("stored record is longer than its fields")
-        if target is None:
-            target = (next(v for k, v in headers if k == H_TARGET_TOPIC) or b"").decode()
-        if delay_id is None:
-            delay_id = (next(v for k, v in headers if k == H_ID) or b"").decode()
+        if target is None or delay_id is None:
+            raise ValueError("stored record lacks the header its flags point to")
         return Scheduled(
             offset, due_ms, target, key, value, headers, delay_id, stored_ms,
             default_of=(topic, partition) if flags & _DEFAULT_ID else None,
         )  # fmt: skip
-    except (struct.error, IndexError, UnicodeDecodeError, StopIteration) as exc:
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None
 
 
