@@ -460,17 +460,14 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
     longest = 0  # the longest header name or value
     for name, value in record.headers:
         code = _NAME_CODES.get(name, 0)
-        if code:
-            if code == _TARGET_CODE:
-                if target_header is _ABSENT:
-                    target_header = value
-            elif code == _ID_CODE and id_header is _ABSENT:
-                id_header = value
-            heads.append((code, None, value))
-        else:
-            encoded_name = name.encode()
-            longest = max(longest, len(encoded_name))
-            heads.append((code, encoded_name, value))
+        if code == _TARGET_CODE and target_header is _ABSENT:
+            target_header = value
+        elif code == _ID_CODE and id_header is _ABSENT:
+            id_header = value
+        encoded_name = None if code else name.encode()
+        heads.append((code, encoded_name, value))
+        if encoded_name is not None and len(encoded_name) > longest:
+            longest = len(encoded_name)
         if value is not None and len(value) > longest:
             longest = len(value)
     fields: list[bytes | None] = []
@@ -583,9 +580,8 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
                 data = blob[pos:end]
                 pos = end
             headers.append((name, data))
-            if code == _TARGET_CODE:
-                if target is None:
-                    target = (data or b"").decode()
+            if code == _TARGET_CODE and target is None:
+                target = (data or b"").decode()
             elif code == _ID_CODE and delay_id is None:
                 delay_id = (data or b"").decode()
         if pos != len(blob):

@@ -36,8 +36,10 @@ LATENESS_BUCKETS = (
 
 
 class BatchHistogram(Histogram):
-    """A :class:`Histogram` that also takes a batch of observations at once: one lock per
-    bucket touched instead of two per observation, and a binary search instead of a scan."""
+    """An unlabelled :class:`Histogram` that also takes a batch of observations at once: one
+    lock per bucket touched instead of two per observation, and a binary search instead of a
+    scan. It reads the parent's bucket state (``_upper_bounds``, ``_buckets``, ``_sum``);
+    tests/unit/test_metrics_batch.py checks it against :meth:`observe`."""
 
     def observe_many(self, amounts: Iterable[float]) -> None:
         """The same as :meth:`observe` for each of ``amounts`` (no exemplars)."""
