@@ -60,6 +60,8 @@ local function call_chunked(command, key, list, options)
   return total, joined
 end
 
+local NO_BITS = string.rep('\0', 32)
+
 local function mark_pending(pending, low, members, on)
   local bits, buckets = {}, {}
   for _, member in ipairs(members) do
@@ -75,29 +77,35 @@ local function mark_pending(pending, low, members, on)
     return
   end
   local _, maps = call_chunked('HMGET', pending, buckets)
+  -- Records fall due in another order than their offsets, so an acknowledgement typically
+  -- touches a bucket for one or two offsets: only the bytes whose bits change are rewritten, and
+  -- a bucket is written back only if it changed.
   local put, listed, gone = {}, {}, {}
   for i, bucket in ipairs(buckets) do
-    local bytes = {}
-    for j = 1, 32 do
-      bytes[j] = maps[i] and string.byte(maps[i], j) or 0
-    end
+    local old = maps[i] or NO_BITS
+    local map = old
     for _, n in ipairs(bits[bucket]) do
       local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
+      local byte = string.byte(map, j)
+      local changed
       if on then
-        bytes[j] = bit.bor(bytes[j], mask)
+        changed = bit.bor(byte, mask)
       else
-        bytes[j] = bit.band(bytes[j], bit.bnot(mask))
+        changed = bit.band(byte, bit.bnot(mask))
+      end
+      if changed ~= byte then
+        map = string.sub(map, 1, j - 1) .. string.char(changed) .. string.sub(map, j + 1)
       end
     end
-    local any = false
-    for j = 1, 32 do
-      any = any or bytes[j] ~= 0
-    end
-    if any then
-      put[#put + 1] = bucket
-      put[#put + 1] = string.char(unpack(bytes))
-      listed[#listed + 1] = 0
-      listed[#listed + 1] = bucket
+    if map ~= NO_BITS then
+      if map ~= old then
+        put[#put + 1] = bucket
+        put[#put + 1] = map
+      end
+      if on then -- (listed already if it had bits; listing again costs little where offsets run)
+        listed[#listed + 1] = 0
+        listed[#listed + 1] = bucket
+      end
     elseif maps[i] then
       gone[#gone + 1] = bucket
     end
