@@ -102,7 +102,9 @@ local function mark_pending(pending, low, members, on)
         put[#put + 1] = bucket
         put[#put + 1] = map
       end
-      if on then -- (listed already if it had bits; listing again costs little where offsets run)
+      -- Setting bits lists the bucket even if it had some (then it is listed already): cheap
+      -- where offsets run in order, as in adds, and the index stays whole whatever came before.
+      if on then
         listed[#listed + 1] = 0
         listed[#listed + 1] = bucket
       end
