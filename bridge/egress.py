@@ -385,17 +385,17 @@ class Egress:
         return time.monotonic() * 1000 + self._redis_minus_local_ms
 
     def _to_claim(self, now: float) -> list[Shard]:
-        """The shards to claim from at ``now``: those whose claim is due, and — when one is and
-        records are claimed ahead — every other shard whose next claim is at most half a window
-        away and not held back (by a tick or a catch-up): one Redis call for them all, rather
-        than one per shard as their plans drift apart. A shard claimed a little before its plan
-        takes records due within the same window of now, none before their due time."""
-        due = [s for s in sorted(self.owned) if self._claim_at(s) <= now]
-        if not due or not self.ahead_ms:
-            return due
+        """The shards to claim from at ``now``: none unless one's claim is due; then every shard
+        not held back (by a tick or a catch-up) whose next claim is at most half an ``ahead``
+        window away — one Redis call for them all, rather than one per shard as their plans drift
+        apart (without claims ahead, exactly the due ones). A shard claimed a little before its
+        plan takes records due within the same window of now, none before their due time."""
+        owned = sorted(self.owned)
+        if not any(self._claim_at(s) <= now for s in owned):
+            return []
         soon = now + self.ahead_ms / 2
         return [
-            s for s in sorted(self.owned)
+            s for s in owned
             if self._not_before_ms.get(s, 0.0) <= now and self._next_ms.get(s, 0.0) <= soon
         ]  # fmt: skip
 

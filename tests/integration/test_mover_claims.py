@@ -56,7 +56,7 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
     for p, shard in enumerate(shards):
         records = [Scheduled(o, t0 + 10 * o + 3 * p, target, b"k", b"v", [], origin("delay", p, o))
                    for o in range(100)]  # fmt: skip
-        store.add({shard: (99, list(records))})
+        store.add({shard: (99, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
                            batch_size=500, lease_ms=30_000, max_attempts=3, tick_ms=10,
