@@ -66,10 +66,12 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
     if "precision" in names:
         say(f"precision at {capacity / 2:,.0f}/s, then a backlog of {sizes.backlog:,}")
         precision_and_backlog(servers, out, report, rate=capacity / 2,
-                              seconds=sizes.precision_s, backlog=sizes.backlog)  # fmt: skip
+                              seconds=sizes.precision_s, backlog=sizes.backlog,
+                              max_delay_ms=sizes.max_delay_ms)  # fmt: skip
     if "precision" in names:
         say(f"cost per record at 2,000/s for {sizes.precision_s:.0f} s, coalescing off and on")
-        steady_cost(servers, out, report, seconds=sizes.precision_s)
+        steady_cost(servers, out, report, seconds=sizes.precision_s,
+                    max_delay_ms=sizes.max_delay_ms)  # fmt: skip
     if "catchup" in names:
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
@@ -85,7 +87,8 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "
             "delays on standalone Redis, then the same on a 3-master Redis Cluster"
         )
-        redis_modes(servers, out, sizes.cluster, sizes.precision_s, report)
+        redis_modes(servers, out, sizes.cluster, sizes.precision_s, report,
+                    max_delay_ms=sizes.max_delay_ms)  # fmt: skip
     say("done")
     return report
 

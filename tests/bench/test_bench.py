@@ -19,7 +19,7 @@ from tests.conftest import Services
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000,
-            cluster=2000)  # fmt: skip
+            cluster=2000, max_delay_ms=2000)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
