@@ -9,10 +9,10 @@ deadline of its shards, and ingress wakes it early when it stores an earlier rec
 
 from __future__ import annotations
 
+import bisect
 import functools
-import heapq
-import itertools
 import logging
+import operator
 import threading
 import time
 from collections import Counter, defaultdict, deque
@@ -66,6 +66,7 @@ RETRIES_KEPT = 100_000  # failure counts remembered (records another replica too
 # sender waits up to the claim tick when records fall due slowly (20 a tick at 2,000/s) and as
 # little as the send tick when they come fast (every 2 ms at 10,000/s).
 SEND_BATCH = 20
+_DUE = operator.itemgetter(0)  # of a held record: (due ms, record)
 
 
 def backoff(base: float, cap: float, failures: int) -> float:
@@ -137,10 +138,12 @@ class Egress:
         # with claims ahead, a claim comes every half window.
         self._ack_wait_ms = max(tick_ms, ahead_ms // 2)
         # Records claimed ahead of their due time (see claim.lua), produced from memory when due:
-        # (due ms, tie-breaker, record), a heap; they are in _pending too. The sender thread
-        # (send_when_due) produces them, so a claim's round trip does not hold them up.
-        self._held: list[tuple[int, int, tuple[Shard, bytes]]] = []
-        self._held_seq = itertools.count()
+        # (due ms, record), sorted by due time, earlier claims first among equals; they are in
+        # _pending too. A claim's records come in runs already sorted, so a stable sort merges
+        # them in, and the due ones leave as one slice — not a heap operation per record. The
+        # sender thread (send_when_due) produces them, so a claim's round trip does not hold
+        # them up.
+        self._held: list[tuple[int, tuple[Shard, bytes]]] = []
         self._held_sent_ms = 0.0  # Redis ms: when held records were last produced
         self._held_lock = threading.Lock()
         self._held_wake = threading.Event()  # a record earlier than the sender's plan was held
@@ -263,7 +266,7 @@ class Egress:
         self._plan(claimed, per_shard, horizons)
         put_back = self._put_back_past_horizon(claimed)
         redelivered = 0
-        held: list[tuple[int, int, tuple[Shard, bytes]]] = []
+        held: list[tuple[int, tuple[Shard, bytes]]] = []
         for item in claimed:
             ident = (item.shard, item.member)
             if ident in put_back:
@@ -273,7 +276,7 @@ class Egress:
             if pending is None:
                 pending = self._pending[ident] = _Pending(item)
             if item.record.due_ms > claimed.now_ms:
-                held.append((item.record.due_ms, next(self._held_seq), ident))
+                held.append((item.record.due_ms, ident))
             else:
                 self._send(ident, pending)
         self._hold(held)
@@ -305,7 +308,8 @@ class Egress:
 
     def not_due(self, now_ms: int) -> int:
         """Records claimed ahead that are not due by ``now_ms`` (read by the metrics thread)."""
-        return sum(1 for due_ms, _, _ in list(self._held) if due_ms > now_ms)
+        held = list(self._held)
+        return len(held) - bisect.bisect_right(held, now_ms, key=_DUE)
 
     def send_when_due(self, stop: threading.Event) -> None:
         """The sender thread: produce records claimed ahead at their due time (about SEND_BATCH at
@@ -320,29 +324,27 @@ class Egress:
             self.producer.poll(0)
             self._held_wake.wait(self._seconds_to_held())
 
-    def _hold(self, held: list[tuple[int, int, tuple[Shard, bytes]]]) -> None:
+    def _hold(self, held: list[tuple[int, tuple[Shard, bytes]]]) -> None:
         """Keep records claimed ahead until their due time; wake the sender if one is due
         before what it waits for."""
         if not held:
             return
         with self._held_lock:
             first = self._held[0][0] if self._held else NEVER
-            for entry in held:
-                heapq.heappush(self._held, entry)
+            self._held.extend(held)
+            self._held.sort(key=_DUE)
             sooner = self._held[0][0] < first
         if sooner:
             self._held_wake.set()
 
     def _send_held(self, now_ms: float) -> None:
         """Produce the records claimed ahead whose due time has come (by Redis's clock)."""
-        if not self._held or self._held[0][0] > now_ms:
-            return
-        due = []
-        with self._held_lock:
-            while self._held and self._held[0][0] <= now_ms:
-                due.append(heapq.heappop(self._held)[2])
-            if not due:  # the other thread sent them
+        with self._held_lock:  # both threads send: the mover after a claim, and the sender
+            count = bisect.bisect_right(self._held, now_ms, key=_DUE)
+            if not count:
                 return
+            due = self._held[:count]
+            del self._held[:count]
             gap = now_ms - self._held_sent_ms
             if gap > 2 * self._send_every_max_ms:  # after a quiet spell: no rate to go by
                 self._send_every_ms = self.send_tick_ms
@@ -350,7 +352,7 @@ class Egress:
                 every = gap * SEND_BATCH / len(due)
                 self._send_every_ms = min(self._send_every_max_ms, max(self.send_tick_ms, every))
             self._held_sent_ms = now_ms
-        for ident in due:
+        for _, ident in due:
             pending = self._pending.get(ident)
             if pending is not None:
                 self._send(ident, pending)
@@ -358,16 +360,18 @@ class Egress:
     def _seconds_to_held(self) -> float:
         """Until the first held record is due, but no sooner than SEND_BATCH records' worth (at
         least a send tick, at most a tick) after the last were sent; at most IDLE_WAIT_S."""
-        if not self._held or self._redis_minus_local_ms is None:
+        with self._held_lock:  # the mover may send the last of them meanwhile
+            first = self._held[0][0] if self._held else None
+        if first is None or self._redis_minus_local_ms is None:
             return IDLE_WAIT_S
-        at = max(self._held[0][0], self._held_sent_ms + self._send_every_ms)
+        at = max(first, self._held_sent_ms + self._send_every_ms)
         return min(IDLE_WAIT_S, max(0.0, (at - self._redis_now_ms()) / 1000))
 
     def _release_held(self) -> None:
         """End the leases of records claimed ahead and not produced (shutdown): the next owner
         claims them at once."""
         with self._held_lock:
-            released = _by_shard(ident for _, _, ident in self._held)
+            released = _by_shard(ident for _, ident in self._held)
             self._held.clear()
         if not released:
             return
