@@ -66,11 +66,12 @@ local function mark_pending(pending, low, members, on)
   local bits, buckets = {}, {}
   for _, member in ipairs(members) do
     local bucket = string.sub(member, 1, 7)
-    if not bits[bucket] then
-      bits[bucket] = {}
+    local list = bits[bucket]
+    if not list then
+      list = {}
+      bits[bucket] = list
       buckets[#buckets + 1] = bucket
     end
-    local list = bits[bucket]
     list[#list + 1] = string.byte(member, 8)
   end
   if #buckets == 0 then
@@ -124,8 +125,8 @@ local function ack(keys, argv, first)
     return 0
   end
   local offsets = {}
-  for i = first + 1, first + n do
-    offsets[#offsets + 1] = argv[i]
+  for i = 1, n do
+    offsets[i] = argv[first + i]
   end
   call_chunked('ZREM', keys[1], offsets)
   local removed = call_chunked('HDEL', keys[2], offsets)

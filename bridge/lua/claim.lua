@@ -47,7 +47,8 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
 ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, ARGV, 7)
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
-local deadline = now + tonumber(ARGV[2])
+-- The lease deadline as text once: a number passed to redis.call is formatted per argument.
+local deadline = string.format('%d', now + tonumber(ARGV[2]))
 local out = {now, 0, -1, -1, now}
 local leases = {}
 
@@ -120,14 +121,12 @@ if room > 0 then
     end
     call_chunked('ZREM', KEYS[1], rest)
   end
-  local held = {}
+  local held, n, m, o = {}, #leases, 0, #out
   for _, member in ipairs(claimed) do
     local offset = string.sub(member, 1, 8)
-    leases[#leases + 1] = deadline
-    leases[#leases + 1] = offset
-    held[#held + 1] = offset
-    held[#held + 1] = member
-    out[#out + 1] = member
+    leases[n + 1], leases[n + 2], n = deadline, offset, n + 2
+    held[m + 1], held[m + 2], m = offset, member, m + 2
+    out[o + 1], o = member, o + 1
   end
   call_chunked('HSET', KEYS[3], held)
 end
