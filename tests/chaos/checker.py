@@ -30,7 +30,7 @@ from bridge.message import (
     Rules,
 )
 from bridge.store import Shard, Store
-from tests.chaos.workload import now_ms, seq_of
+from tests.chaos.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ class Checker:
     def _run(self) -> None:
         consumer = Consumer({
             "bootstrap.servers": self.bootstrap, "group.id": self.group,
-            "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "log_level": CLIENT_LOG_LEVEL,
         })  # fmt: skip
         consumer.subscribe(self.outputs)
         try:
@@ -134,7 +135,8 @@ class Checker:
 def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
     """Every record of ``topic``, read to its end."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
-                         "enable.auto.commit": False, "log_level": 3})  # fmt: skip
+                         "enable.auto.commit": False,
+                         "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
     try:
         ends = {}
         for p in range(partitions):

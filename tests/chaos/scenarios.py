@@ -36,7 +36,7 @@ from tests.chaos.checker import (
     wait_settled,
 )
 from tests.chaos.servers import Servers
-from tests.chaos.workload import Record, Workload, hostile, now_ms, steady
+from tests.chaos.workload import CLIENT_LOG_LEVEL, Record, Workload, hostile, now_ms, steady
 from tests.conftest import delete_keys, recreate_topic
 from tests.integration.harness import Bridge, bridge_env
 
@@ -109,7 +109,8 @@ class Run:
         self.prefix = f"{label}-{uid}"
         self.dir = workdir / f"{name}-{uid}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.admin = AdminClient({"bootstrap.servers": servers.bootstrap, "log_level": 3})
+        self.admin = AdminClient({"bootstrap.servers": servers.bootstrap,
+                                  "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
         topics = [NewTopic(self.delay, PARTITIONS, 1, config={"retention.ms": "-1"}),
                   NewTopic(self.target, PARTITIONS, 1, config=target_config or {}),
                   NewTopic(self.dlq, 1, 1)]  # fmt: skip
