@@ -599,7 +599,9 @@ class Egress:
             if pending is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
-                acked = self._acked.setdefault(ident[0], _Acked())
+                acked = self._acked.get(ident[0])
+                if acked is None:  # not setdefault: that builds an _Acked per record
+                    acked = self._acked[ident[0]] = _Acked()
                 acked.members.append(ident[1])
                 given = pending.claimed.given_id()
                 if given is not None:

@@ -90,8 +90,12 @@ class _Batch:
     def merge(self, later: _Batch) -> None:
         """Add a batch consumed after this one (offsets only grow within a partition)."""
         for shard, (high, records) in later.stored.items():
-            mine = self.stored.setdefault(shard, (high, []))
-            self.stored[shard] = (max(mine[0], high), mine[1] + records)
+            mine = self.stored.get(shard)
+            if mine is None:
+                self.stored[shard] = (high, records)
+            else:  # extended in place: a hold merges a linger's worth at a time
+                mine[1].extend(records)
+                self.stored[shard] = (max(mine[0], high), mine[1])
         for shard, low in later.low.items():
             self.low[shard] = min(low, self.low.get(shard, low))
         for shard, ts in later.newest_ms.items():
