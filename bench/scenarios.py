@@ -273,10 +273,9 @@ def _bare_pipe(run: Run, count: int) -> dict[str, int]:
 
 
 def precision_and_backlog(servers: Servers, workdir: Path, report: Report, *, rate: float,
-                          seconds: float, backlog: int,
-                          max_delay_ms: int = 10_000) -> None:  # fmt: skip
-    """Steady load at ``rate`` with delays uniform in 1 s to ``max_delay_ms`` (1-10 s by
-    default) for ``seconds`` (precision); then
+                          seconds: float, backlog: int, max_delay_ms: int) -> None:  # fmt: skip
+    """Steady load at ``rate`` with delays uniform in 1 s to ``max_delay_ms`` for ``seconds``
+    (precision); then
     ``backlog`` far-future records into the same shards (memory per record); then the same load
     again (lateness with the backlog)."""
     run = Run(servers, workdir, "precision", label="bench", target_config=ACK_STAMPS)
@@ -424,7 +423,7 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
 
 
 def redis_modes(servers: Servers, workdir: Path, count: int, seconds: float,
-                report: Report, *, max_delay_ms: int = 10_000) -> None:  # fmt: skip
+                report: Report, *, max_delay_ms: int) -> None:  # fmt: skip
     """The same two loads on the standalone Redis and on a 3-master Redis Cluster (3 replicas,
     ``scripts/services up redis-cluster``), one after the other in this run: ``count`` records due
     at once (end-to-end rate), then ``seconds`` of records due in 1 s to ``max_delay_ms`` at half
@@ -557,14 +556,14 @@ COALESCING_OFF: dict[str, object] = {
 
 
 def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: float,
-                max_delay_ms: int = 10_000) -> None:  # fmt: skip
-    """2,000 records/s with delays uniform in 1 s to ``max_delay_ms`` (1-10 s by default),
-    twice in this run: with the claim tick, claims ahead, ingest linger and hold switched off
-    (the baseline: a Redis call for every due millisecond), then with the defaults. Per record
-    over ``seconds`` / 2 of steady state (from the longest delay and a second on, the load going
-    on ``seconds`` / 2 after): the bridge's CPU time
-    (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls and the readiness
-    probe's SET: INFO commandstats); lateness at the acknowledgement over the whole run."""
+                max_delay_ms: int) -> None:  # fmt: skip
+    """2,000 records/s with delays uniform in 1 s to ``max_delay_ms``, twice in this run: with
+    the claim tick, claims ahead, ingest linger and hold switched off (the baseline: a Redis call
+    for every due millisecond), then with the defaults. Per record over ``seconds`` / 2 of steady
+    state (from the longest delay and a second on, the load going on ``seconds`` / 2 after): the
+    bridge's CPU time (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls
+    and the readiness probe's SET: INFO commandstats); lateness at the acknowledgement over the
+    whole run."""
     # The measurement starts once records fall due as fast as they arrive: before that the
     # bridge stores more records than it delivers, and dividing its CPU time by the records
     # delivered would overstate each one's cost (1.2-1.4x from 3 s in).

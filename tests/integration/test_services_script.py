@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,12 +18,11 @@ from kafka_cluster_id import cluster_id
 pytestmark = pytest.mark.integration
 
 
-def _kafka_libs() -> Path:
+def _kafka_libs() -> str:
     """Where scripts/services keeps the Kafka jars it runs (fetched by the session's services)."""
-    version = re.search(r"^KAFKA_VERSION=(\S+)$", SERVICES.read_text(), re.M)
-    assert version is not None
-    cache = Path(os.environ.get("DELAY_BRIDGE_CACHE_DIR", Path.home() / ".cache/delay-bridge"))
-    return cache / f"kafka-{version.group(1)}" / "libs"
+    out = subprocess.run([str(SERVICES), "info", "kafka"], check=True, capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return dict(line.split("=", 1) for line in out.split())["libs"]
 
 
 def _draws(*raw: bytes) -> Iterator[bytes]:
