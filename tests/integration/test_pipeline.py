@@ -397,7 +397,8 @@ def test_records_in_memory_do_not_keep_the_garbage_collector_busy(
     # a second or so and hold no reference cycles. With Python's default, a collection ran every
     # 700 of them (about a hundred a second at 10,000 records/s, a full one every few seconds):
     # a tenth of the bridge's CPU, and the interpreter held for up to 30 ms at a time while
-    # records fell due.
+    # records fell due. Every 10,000, a young collection still came every ~1,700 records moved
+    # (5-14 ms each, finding nothing): each claim and ingest batch allocates thousands at once.
     bridge = setup.bridge().start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "the bridge to join its group")
@@ -407,7 +408,7 @@ def test_records_in_memory_do_not_keep_the_garbage_collector_busy(
                 for g in range(3)]  # fmt: skip
 
     before = collections()
-    count = 5_000
+    count = 20_000
     headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"1s")]
     produce_all(setup.services.bootstrap, setup.delay,
                 [(None, f"v{i}".encode(), headers) for i in range(count)])  # fmt: skip
@@ -417,6 +418,5 @@ def test_records_in_memory_do_not_keep_the_garbage_collector_busy(
     finally:
         collector.close()
     young, middle, full = (a - b for a, b in zip(collections(), before, strict=True))
-    # 95 to 98 young collections before, 4 now.
-    assert young <= count / 500, f"{young:.0f} young collections for {count} records"
-    assert middle <= 1 and full == 0, f"{middle:.0f} middle and {full:.0f} full collections"
+    assert young <= 1, f"{young:.0f} young collections for {count} records"
+    assert middle == 0 and full == 0, f"{middle:.0f} middle and {full:.0f} full collections"
