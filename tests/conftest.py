@@ -36,12 +36,18 @@ class Services:
     redis_url: str
 
 
+def key_values(text: str) -> dict[str, str]:
+    """What ``scripts/services env`` and ``scripts/services info NAME`` print: one ``key=value``
+    per line."""
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+
 def _local_env() -> dict[str, str]:
     env = {**os.environ, "PYTHON": sys.executable}
     out = subprocess.run(
         [str(SERVICES), "env"], check=True, capture_output=True, text=True, env=env
     ).stdout
-    return dict(line.split("=", 1) for line in out.split())
+    return key_values(out)
 
 
 @pytest.fixture(scope="session")

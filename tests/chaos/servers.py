@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import SERVICES
+from tests.conftest import SERVICES, key_values
 
 KAFKA_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_KAFKA_PORT", "19192"))  # controller: +1
 REDIS_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_REDIS_PORT", "16479"))
@@ -69,7 +69,7 @@ class Servers:
         """Start a ``sentinel`` set or a ``redis-cluster`` of the harness's own (or restart its
         dead nodes); returns their addresses."""
         self._run("up", name)
-        return dict(line.split("=", 1) for line in self._run("info", name).split())
+        return key_values(self._run("info", name))
 
     def down_set(self, name: str) -> None:
         self._run("down", name)

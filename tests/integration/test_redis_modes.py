@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from tests.conftest import ROOT, SERVICES, delete_keys, wait_for
+from tests.conftest import ROOT, SERVICES, delete_keys, key_values, wait_for
 from tests.integration.harness import Bridge, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ def services(*args: str) -> str:
 
 def started(name: str) -> dict[str, str]:
     services("up", name)
-    return dict(line.split("=", 1) for line in services("info", name).split())
+    return key_values(services("info", name))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SERVICES, Services
+from tests.conftest import ROOT, SERVICES, Services, key_values
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from kafka_cluster_id import cluster_id
@@ -22,7 +22,7 @@ def _kafka_libs() -> str:
     """Where scripts/services keeps the Kafka jars it runs (fetched by the session's services)."""
     out = subprocess.run([str(SERVICES), "info", "kafka"], check=True, capture_output=True,
                          text=True).stdout  # fmt: skip
-    return dict(line.split("=", 1) for line in out.split())["libs"]
+    return key_values(out)["libs"]
 
 
 def _draws(*raw: bytes) -> Iterator[bytes]:
