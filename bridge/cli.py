@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
-from bridge import __version__
-from bridge.client import cancel_headers
+from bridge import __version__, ops
+from bridge.client import cancel_headers, partition_for
 from bridge.config import Config, dump, load, producer_settings
 from bridge.dialects import ETF1, parse_record
 from bridge.errors import BridgeError, ConfigError, UsageError
@@ -38,6 +38,8 @@ from bridge.message import (
 )
 
 EXIT_USAGE = 2
+# A record the CLI produces: key, value, headers, and its partition (None: by the key).
+Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a waiting record by its delay-id")
     with_config(cancel)
     cancel.add_argument("--id", required=True, help="delay-id of the record to cancel")
-    cancel.add_argument("--key", help="key of the record to cancel: the cancel must land in its "
-                        "partition (on an etf1 topic the key is the delay-id)")  # fmt: skip
+    cancel.add_argument("--key", help="key of the cancel record (default: the key of the record "
+                        "it cancels; on an etf1 topic the key is the delay-id)")  # fmt: skip
     cancel.add_argument("--topic", help="delay topic to produce to (default: the first in config)")
+    cancel.add_argument("--force", action="store_true", help="produce it even when the id waits "
+                        "nowhere (a record still on its way in), to --key's partition")  # fmt: skip
     cancel.add_argument(
         "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
     )
@@ -153,16 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _status(args: argparse.Namespace, config: Config) -> int:
-    from bridge import ops
-
     now, rows = ops.status(config)
     ops.print_status(now, rows, args.json)
     return 0
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    from bridge import ops
-
     if args.limit < 1:
         raise UsageError(f"--limit {args.limit}: at least 1")
     try:
@@ -279,11 +279,18 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
     headers = _headers(args, args.target)
     key = args.key.encode() if args.key is not None else None
     rules = config.rules()
+    partition = None
+    if args.id is not None:  # a replacement goes where the id waits, whatever the key says
+        _check(rules, topic, key, b"", headers)
+        count, found = ops.locate(config, topic, args.id)
+        if found:
+            partition = _choose([shard.partition for shard, _ in found], key, count,
+                                f"{args.id} waits in {topic}", "replacement")  # fmt: skip
 
-    def records() -> Iterator[tuple[bytes | None, bytes | None, Headers]]:
+    def records() -> Iterator[Outgoing]:
         for value in _values(args.value):
             _check(rules, topic, key, value, headers)
-            yield key, value, headers
+            yield key, value, headers, partition
 
     count = _send(config, topic, args.timeout, records(), "scheduled")
     if args.at is not None and count:
@@ -292,37 +299,66 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
 
 
 def _cancel(args: argparse.Namespace, config: Config) -> int:
-    """Produce the record that cancels the waiting record with ``--id``: a ``delay-cancel``
-    header, or on an etf1 topic a tombstone keyed by the id."""
+    """Produce the record that cancels the waiting record with ``--id`` — a ``delay-cancel``
+    header, or on an etf1 topic a tombstone keyed by the id — to each partition where the id
+    waits (looked up in Redis: the partition a key maps to depends on the producer's
+    partitioner). An id that waits nowhere is an error unless ``--force``."""
     topic = _delay_topic(args, config)
-    if config.topics.dialect.get(topic) == ETF1:
-        if args.key is not None and args.key != args.id:
-            raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
-        record: tuple[bytes | None, bytes | None, Headers] = (args.id.encode(), None, [])
+    etf1 = config.topics.dialect.get(topic) == ETF1
+    if etf1 and args.key is not None and args.key != args.id:
+        raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
+    try:
+        headers: Headers = [] if etf1 else list(cancel_headers(args.id))
+    except ValueError as exc:
+        raise UsageError(f"--id: {exc}") from None
+    given = args.id.encode() if etf1 else None if args.key is None else args.key.encode()
+    value = None if etf1 else b""
+    _check(config.rules(), topic, given if etf1 else b"k", value, headers)
+    count, found = ops.locate(config, topic, args.id)
+    records: list[Outgoing] = []
+    if not found:
+        if not args.force:
+            raise BridgeError(f"{args.id} waits in no partition of {topic} (already claimed or "
+                              "delivered, never scheduled, or not read by the bridge yet); "
+                              "nothing produced — --force produces the cancel anyway")  # fmt: skip
+        if given is None:
+            raise UsageError("--force needs --key: it picks the partition of a cancel for an id "
+                             "that waits nowhere")  # fmt: skip
+        records.append((given, value, headers, None))
     else:
-        if args.key is None:
-            raise UsageError("--key is required: a cancel must land in the partition of the "
-                             "record it cancels, so give it that record's key")  # fmt: skip
-        try:
-            headers: Headers = list(cancel_headers(args.id))
-        except ValueError as exc:
-            raise UsageError(f"--id: {exc}") from None
-        record = (args.key.encode(), b"", headers)
-    _check(config.rules(), topic, *record)
-    _send(config, topic, args.timeout, iter([record]), f"cancel of {args.id}")
+        if given is not None:
+            _choose([shard.partition for shard, _ in found], given, count,
+                    f"{args.id} waits in {topic}", "cancel")  # fmt: skip
+        if len(found) > 1:
+            print(f"delay-bridge: {args.id} waits in {len(found)} partitions of {topic} "
+                  f"({', '.join(str(s.partition) for s, _ in found)}): cancelling each",
+                  file=sys.stderr)  # fmt: skip
+        records += [(rec.key if given is None else given, value, headers, shard.partition)
+                    for shard, rec in found]  # fmt: skip
+    _send(config, topic, args.timeout, iter(records), f"cancel of {args.id}")
     return 0
 
 
-def _send(
-    config: Config,
-    topic: str,
-    timeout: str,
-    records: Iterator[tuple[bytes | None, bytes | None, Headers]],
-    what: str,
-) -> int:
-    """Produce ``records`` to ``topic`` (the first one is taken, and so checked, before
-    connecting); print each acknowledged offset as ``<what> topic:partition:offset``. Returns
-    how many were produced."""
+def _choose(partitions: list[int], key: bytes | None, count: int, where: str, what: str) -> int:
+    """The partition (of ``partitions``, where the id waits) a ``what`` goes to: the one
+    ``key`` maps to if it is among them, else the first; says so on stderr when the key maps
+    elsewhere, since that means the record's producer partitions differently."""
+    mapped = None if key is None else partition_for(key, count)
+    if mapped in partitions:
+        return mapped
+    chosen = partitions[0]
+    if mapped is not None:
+        print(f"delay-bridge: {where} partition {chosen}, so the {what} goes there; its "
+              f"key maps to partition {mapped} with Java's murmur2 partitioner (the record's "
+              "producer partitioned with another, e.g. librdkafka's default CRC32: use one "
+              "partitioner for a schedule and its cancels)", file=sys.stderr)  # fmt: skip
+    return chosen
+
+
+def _send(config: Config, topic: str, timeout: str, records: Iterator[Outgoing], what: str) -> int:
+    """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
+    first one is taken, and so checked, before connecting); print each acknowledged offset as
+    ``<what> topic:partition:offset``. Returns how many were produced."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
     try:
@@ -356,12 +392,13 @@ def _send(
         print(f"{what} {msg.topic()}:{msg.partition()}:{msg.offset()}")
 
     count = 0
-    record: tuple[bytes | None, bytes | None, Headers] | None = first
+    record: Outgoing | None = first
     try:
         while record is not None:
-            key, value, headers = record
+            key, value, headers, partition = record
+            fields = {} if partition is None else {"partition": partition}
             produce(producer, topic, value=value, key=key, headers=wire_headers(headers),
-                    on_delivery=report)  # fmt: skip
+                    on_delivery=report, **fields)  # fmt: skip
             producer.poll(0)
             count += 1
             record = next(records, None)

@@ -8,7 +8,11 @@
     producer.produce("delay", key=order_id, value=b"", headers=cancel_headers(expire))
 
 A cancel (or a replacement: the same ``delay_id`` again) must go to the partition of the record
-it refers to, so give it the same key. The values are checked here with the bridge's own rules
+it refers to: give it the same key **and the same partitioner**. librdkafka clients (kcat,
+confluent-kafka for Python and Go) hash keys with CRC32 by default, Java clients with murmur2, so
+one key can land in different partitions; set ``"partitioner": "murmur2_random"`` in a librdkafka
+producer to agree with Java and with ``delay-bridge cancel``, or pick the partition yourself with
+:func:`partition_for`. The values are checked here with the bridge's own rules
 (one of ``after``/``at``, durations, millisecond precision, id length), raising ``ValueError`` with
 the reason instead of a dead letter later. Only the standard library is needed: this module and
 :mod:`bridge.message` import neither redis, prometheus-client nor confluent-kafka.
@@ -26,12 +30,12 @@ from bridge.message import (
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
-    is_legal_topic,
     parse_duration_ms,
     parse_time_ms,
+    topic_refusal,
 )
 
-__all__ = ["cancel_headers", "delay_headers"]
+__all__ = ["cancel_headers", "delay_headers", "partition_for"]
 
 
 def delay_headers(
@@ -47,8 +51,11 @@ def delay_headers(
     ``at`` a moment (epoch milliseconds, RFC 3339 text, or a timezone-aware datetime), with an
     optional ``delay_id`` (a later record with the same id replaces this one while it waits)
     and the key the delivered record gets (``target_key``; default: the record's own key)."""
-    if not isinstance(target, str) or not is_legal_topic(target):
-        raise ValueError(f"target {target!r} is not a legal topic name")
+    if not isinstance(target, str):
+        raise ValueError(f"target {target!r} is not a topic name")
+    refusal = topic_refusal(target)
+    if refusal is not None:
+        raise ValueError(f"target {refusal}")
     if (after is None) == (at is None):
         raise ValueError("give exactly one of after= (a delay) or at= (a due time)")
     headers = [(H_TARGET_TOPIC, target.encode())]
@@ -68,6 +75,43 @@ def cancel_headers(delay_id: str) -> list[tuple[str, bytes]]:
     """The headers of a record that cancels the waiting record with ``delay_id`` (produce it
     with that record's key, so it lands in the same partition; its value is ignored)."""
     return [(H_CANCEL, _id(delay_id))]
+
+
+def partition_for(key: bytes | str, partitions: int) -> int:
+    """The partition of ``partitions`` that Java's default partitioner (and librdkafka's
+    ``murmur2_random``) gives a record with ``key``: murmur2 of the key bytes, made positive,
+    modulo the partition count."""
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise ValueError(f"partitions={partitions!r}: give the topic's partition count (>= 1)")
+    return (murmur2(raw) & 0x7FFFFFFF) % partitions
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of ``data`` (``org.apache.kafka.common.utils.Utils.murmur2``), as
+    a signed 32-bit integer."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    length = len(data)
+    h = (0x9747B28C ^ length) & mask
+    whole = length - length % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[whole:]
+    if len(tail) >= 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h ^= tail[0]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
 
 
 def _after(after: int | str | timedelta) -> str:

@@ -422,6 +422,13 @@ class Ingress:
             self.metrics.replaced.inc(added.replaced)
             self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
             self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
+            for shard, offset, delay_id in added.missed:
+                logger.warning(
+                    "cancel of %s at %s offset %d found no waiting record (already claimed or "
+                    "delivered, never scheduled, or waiting in another partition: a cancel needs "
+                    "its record's key and partitioner)", delay_id, shard, offset,
+                    extra={"repeat_key": "cancel-not-found"},
+                )  # fmt: skip
         self._read_up_to(batch, set(batch.stored))
         counts: dict[str, int] = {}
         earliest: dict[Shard, int] = {}

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 # Attributes every LogRecord has; anything else was passed in ``extra=`` and is context.
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "repeat_key"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -42,7 +42,8 @@ class RateLimit(logging.Filter):
     """Lets a warning or error through once per ``interval`` seconds: repeats of the same line
     (numbers aside, so "after 12ms" and "after 15ms" are one line, but "t[0]" and "t[1]" are
     two) are counted instead, and the next one let through says how many were held back. Lines
-    below WARNING always pass."""
+    below WARNING always pass. A line given ``extra={"repeat_key": k}`` is a repeat of every
+    other line with that key, whatever its text (one line per id would never repeat)."""
 
     def __init__(self, interval: float = REPEAT_INTERVAL_S, clock: Any = time.monotonic) -> None:
         super().__init__()
@@ -55,7 +56,8 @@ class RateLimit(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         message = record.getMessage()
-        key = (record.name, record.levelno, _NUMBERS.sub("#", message))
+        repeat = getattr(record, "repeat_key", None)
+        key = (record.name, record.levelno, repeat or _NUMBERS.sub("#", message))
         now = self._clock()
         with self._lock:
             if len(self._seen) > 10_000:

@@ -184,6 +184,16 @@ def is_legal_topic(name: str) -> bool:
     return name not in (".", "..") and _LEGAL_TOPIC.fullmatch(name) is not None
 
 
+def topic_refusal(name: str) -> str | None:
+    """Why no record may ever be delivered to ``name`` whatever the config (not a legal name,
+    or internal), or None; :meth:`Rules.target_refusal` adds what the config rules out."""
+    if not is_legal_topic(name):
+        return f"{name!r} is not a legal topic name"
+    if name.startswith("__"):
+        return f"{name!r} is an internal topic"
+    return None
+
+
 _REFUSALS_KEPT = 10_000
 
 
@@ -212,10 +222,9 @@ class Rules:
         return answer
 
     def _refusal(self, target: str) -> str | None:
-        if not is_legal_topic(target):
-            return f"{target!r} is not a legal topic name"
-        if target.startswith("__"):
-            return f"{target!r} is an internal topic"
+        always = topic_refusal(target)
+        if always is not None:
+            return always
         if target in self.delay_topics:
             return f"{target!r} is a delay topic"
         if target == self.dead_letter:

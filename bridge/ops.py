@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
-from bridge.message import decode, format_time_ms
+from bridge.message import Scheduled, decode, format_time_ms
 from bridge.redis_client import redis_client
 from bridge.store import Shard, Store, as_store_error, offset_of
 
@@ -97,6 +97,32 @@ def waiting(
               if partition is None or s.partition == partition]  # fmt: skip
     if partition is not None and not shards:
         raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
+    found = _find(config, shards, delay_id, due_before_ms, limit)
+    return [Waiting(due, rec.delay_id, rec.target,
+                    None if rec.key is None else rec.key.decode("utf-8", errors="replace"),
+                    len(rec.value or b""), shard.topic, shard.partition, rec.offset)
+            for due, shard, rec in found]  # fmt: skip
+
+
+def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[Shard, Scheduled]]]:
+    """``topic``'s partition count, and where the record with ``delay_id`` waits in it: (its
+    shard, the record) for each partition that holds one (a delay-id names a schedule per
+    partition), in partition order."""
+    shards = [s for s, _, _ in _partitions(config, [topic], offsets=False)]
+    found = _find(config, shards, delay_id, None, len(shards))
+    return len(shards), sorted(((shard, rec) for _, shard, rec in found),
+                               key=lambda sr: sr[0].partition)  # fmt: skip
+
+
+def _find(
+    config: Config,
+    shards: Sequence[Shard],
+    delay_id: str | None,
+    due_before_ms: int | None,
+    limit: int,
+) -> list[tuple[int, Shard, Scheduled]]:
+    """The ``limit`` earliest waiting records of ``shards`` (only the one with ``delay_id`` when
+    given), as (due ms, shard, record) in due order."""
     store = _store(config)
     top = "+inf" if due_before_ms is None else f"({due_before_ms}"
     try:
@@ -111,15 +137,9 @@ def waiting(
                 else:
                     page = _by_id(store, shard, delay_id)
             found += [(int(score), member, shard) for member, score in page]
-        out = []
-        for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: (x[0], x[1])):
-            rec = decode(member[8:], shard.topic, shard.partition, offset_of(member))
-            if due_before_ms is not None and due >= due_before_ms:
-                continue
-            key = None if rec.key is None else rec.key.decode("utf-8", errors="replace")
-            out.append(Waiting(due, rec.delay_id, rec.target, key, len(rec.value or b""),
-                               shard.topic, shard.partition, rec.offset))  # fmt: skip
-        return out
+        return [(due, shard, decode(member[8:], shard.topic, shard.partition, offset_of(member)))
+                for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
+                if due_before_ms is None or due < due_before_ms]  # fmt: skip
     finally:
         store.client.close()
 

@@ -152,6 +152,8 @@ class Added:
     replaced: int = 0
     cancelled: int = 0
     not_found: int = 0
+    # (shard, offset, delay-id) of the first few cancels per shard that found nothing
+    missed: tuple[tuple[Shard, int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -492,14 +494,17 @@ class Store:
                          rec.given_id(shard.topic, shard.partition) or ""]  # fmt: skip
             keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight]
             calls.append((self._add, keys, args))
-        counts, lost = [0, 0, 0, 0], {}
+        counts, lost, missed = [0, 0, 0, 0], {}, []
         for shard, reply in zip(shards, self._run(calls), strict=True):
             loss = _lost(int(reply[0]), int(reply[1]))
             if loss is None:
-                counts = [a + int(b) for a, b in zip(counts, reply[1:], strict=True)]
+                counts = [a + int(b) for a, b in zip(counts, reply[1:5], strict=True)]
+                missed += [(shard, int(reply[i]), _text(reply[i + 1]))
+                           for i in range(5, len(reply), 2)]  # fmt: skip
             else:
                 lost[shard] = loss
-        return Added(counts[0], lost, *counts[1:])
+        added, replaced, cancelled, not_found = counts
+        return Added(added, lost, replaced, cancelled, not_found, tuple(missed))
 
     def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
         """Move the shards' records from the earlier layout into this one, ``batch`` records per

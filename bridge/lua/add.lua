@@ -29,7 +29,8 @@ ARGV[2]  highest offset of the batch, including records sent to the DLQ instead 
 ARGV[3..] groups of four, ascending offsets: offset, due ms, member, delay-id — the delay-id ""
           unless the caller gave one; a cancel is offset, "", "", delay-id
 
-Returns: {0, records added, replaced, cancelled, cancels that found nothing}
+Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset
+          and delay-id of each of the first 10 cancels that found nothing}
        | {1, -1} shard state missing | {2, watermark} watermark went back
 ]]
 local mark = redis.call('HGET', KEYS[2], 'ingested')
@@ -67,6 +68,7 @@ end
 local watermark = tonumber(mark or '-1')
 local due, members = {}, {}
 local added, replaced, cancelled, missing = 0, 0, 0, 0
+local missed = {}
 for i = 3, #ARGV, 4 do
   if tonumber(ARGV[i]) > watermark then
     local due_ms, member, id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -75,6 +77,10 @@ for i = 3, #ARGV, 4 do
         cancelled = cancelled + 1
       else
         missing = missing + 1
+        if missing <= 10 then
+          missed[#missed + 1] = ARGV[i]
+          missed[#missed + 1] = id
+        end
       end
     elseif id == '' then
       -- No id, so nothing later in the batch can withdraw it: written in one go at the end.
@@ -97,4 +103,4 @@ mark_pending(KEYS[4], KEYS[3], members, true)
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end
-return {0, added + #members, replaced, cancelled, missing}
+return {0, added + #members, replaced, cancelled, missing, unpack(missed)}

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import pytest
 import redis
+from confluent_kafka import Producer
 
-from bridge.client import cancel_headers, delay_headers
+from bridge.client import cancel_headers, delay_headers, partition_for
 from tests.conftest import wait_for
 from tests.integration.harness import Bridge, Collector, Received, Setup, metric, produce_all
 
@@ -220,12 +221,21 @@ def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
     made = cli("produce", "--target", target, "--after", "3s", "--id", "reminder-9", "--key", "u9",
                "remind")  # fmt: skip
     assert made.returncode == 0, made.stderr
-    done = cli("cancel", "--id", "reminder-9", "--key", "u9")
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    # No --key: the cancel goes where Redis says the id waits, with the record's own key.
+    done = cli("cancel", "--id", "reminder-9")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"cancel of reminder-9 {setup.delay}:")
-    no_key = cli("cancel", "--id", "reminder-9")
-    assert no_key.returncode == 2 and "--key is required" in no_key.stderr
-    assert "Traceback" not in no_key.stderr
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
+             "the cancel counted")  # fmt: skip
+    gone = cli("cancel", "--id", "reminder-9")
+    assert gone.returncode == 1 and "reminder-9 waits in no partition" in gone.stderr
+    assert "--force" in gone.stderr and not gone.stdout
+    blind = cli("cancel", "--id", "reminder-9", "--force")
+    assert blind.returncode == 2 and "--force needs --key" in blind.stderr
+    forced = cli("cancel", "--id", "reminder-9", "--force", "--key", "u9")
+    assert forced.returncode == 0 and forced.stdout.startswith("cancel of reminder-9")
+    assert all("Traceback" not in p.stderr for p in (gone, blind, forced))
     after = cli("produce", "--target", target, "--after", "4s", "--key", "u9", "after")
     assert after.returncode == 0, after.stderr
     collector = setup.collector()
@@ -234,5 +244,72 @@ def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
     finally:
         collector.close()
     assert [r.value for r in collector.records] == [b"after"]
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1, 10,
+             "the forced cancel counted")  # fmt: skip
+    partition, offset = forced.stdout.split()[-1].split(":")[1:]
+    assert (f"cancel of reminder-9 at {setup.delay}[{partition}] offset {offset} found no "
+            "waiting record") in bridge.output()  # fmt: skip
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Records produced with librdkafka's default partitioner (CRC32, not Java's murmur2) are
+    cancelled and replaced from the command line in the partition where they wait."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    target = setup.targets[0]
+    ids = {n: f"expire-order-{n}" for n in range(40, 48)}
+    originals: list[Record] = [(f"order-{n}".encode(), b"original",
+                                delay_headers(target, after="8s", delay_id=ids[n]))
+                               for n in ids]  # fmt: skip
+    coords = produce_all(setup.services.bootstrap, setup.delay, originals)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= len(ids), 30,
+             "the originals stored")  # fmt: skip
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bridge", *args], env=bridge.env,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+    cancelled = {ids[n] for n in range(40, 44)}
+    moved = 0
+    for n, (partition, _) in zip(ids, coords, strict=True):
+        if n >= 44:
+            break
+        done = cli("cancel", "--id", ids[n], "--key", f"order-{n}")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"cancel of {ids[n]} {setup.delay}:{partition}:")
+        if partition_for(f"order-{n}", 3) != partition:  # CRC32 put it elsewhere than murmur2
+            moved += 1
+            assert f"waits in {setup.delay} partition {partition}" in done.stderr
+    assert moved, "no key of the test maps differently under the two partitioners"
+    for n in (44, 45):
+        done = cli("produce", "--target", target, "--after", "1s", "--id", ids[n], "--key",
+                   f"order-{n}", "replaced")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    expected = {ids[n]: b"replaced" if n in (44, 45) else b"original" for n in range(44, 48)}
+    collector = setup.collector()
+    try:
+        got = settle(setup, collector, expected, 8)
+    finally:
+        collector.close()
+    check(got, expected, cancelled)
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 4
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 0
+    assert metric(bridge, "delay_bridge_replaced_total") == 2
+
+
+def test_partition_for_is_where_a_murmur2_producer_puts_a_key(setup: Setup) -> None:
+    """bridge.client.partition_for against librdkafka's murmur2_random on the real broker (the
+    partitioner Java clients and the bridge's CLI use)."""
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap,
+                         "partitioner": "murmur2_random"})  # fmt: skip
+    keys = [f"order-{n}".encode() for n in range(60)] + [b"", "é-ü".encode(), bytes(range(7))]
+    landed: dict[bytes | None, int | None] = {}
+    for key in keys:
+        producer.produce(setup.delay, key=key, value=b"v",
+                         on_delivery=lambda err, msg: landed.update({msg.key(): msg.partition()}))  # fmt: skip
+    assert producer.flush(30) == 0
+    assert landed == {key: partition_for(key, 3) for key in keys}
+    assert len(set(landed.values())) == 3

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from bridge.client import cancel_headers, delay_headers
+from bridge import client
+from bridge.client import cancel_headers, delay_headers, partition_for
 from bridge.dialects import parse_record
 from bridge.message import Cancel, Rules, Scheduled, parse_duration_ms
 from tests.conftest import ROOT
@@ -86,11 +87,46 @@ def test_a_bad_target_or_cancel_id_is_a_value_error() -> None:
         cancel_headers("")
 
 
+@pytest.mark.parametrize(
+    "target",
+    ["__consumer_offsets", "__transaction_state", "__x", "a b", ".", "..", "x" * 250, "é",
+     "orders", "_one-underscore", "a.b_c-9", "x" * 249],
+)  # fmt: skip
+def test_a_target_is_refused_exactly_when_the_bridge_would_dead_letter_it(target: str) -> None:
+    """Whatever the config allows, the bridge dead-letters illegal and internal targets; the
+    helper refuses those, with the bridge's words, and nothing else."""
+    bridge = RULES.target_refusal(target)
+    if bridge is None:
+        assert scheduled(delay_headers(target, after=0)).target == target  # type: ignore[union-attr]
+    else:
+        with pytest.raises(ValueError, match=re.escape(bridge)):
+            delay_headers(target, after=0)
+
+
+@pytest.mark.parametrize(
+    ("key", "murmur2"),
+    [(b"21", -973932308), (b"foobar", -790332482), (b"a-little-bit-long-string", -985981536),
+     (b"a-little-bit-longer-string", -1486304829), (b"abc", 479470107),
+     (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971)],
+)  # fmt: skip
+def test_murmur2_is_kafkas(key: bytes, murmur2: int) -> None:
+    """The vectors of Kafka's own UtilsTest.testMurmur2."""
+    assert client.murmur2(key) == murmur2
+    assert partition_for(key, 7) == (murmur2 & 0x7FFFFFFF) % 7
+    assert partition_for(key.decode(), 7) == partition_for(key, 7)
+
+
+@pytest.mark.parametrize("partitions", [0, -1, True, 2.0])
+def test_partition_for_needs_a_partition_count(partitions: object) -> None:
+    with pytest.raises(ValueError, match="partition count"):
+        partition_for(b"k", partitions)  # type: ignore[arg-type]
+
+
 def test_importable_with_only_the_standard_library() -> None:
     code = ("import sys\n"
             "for name in ('redis', 'prometheus_client', 'confluent_kafka', 'yaml'):\n"
             "    sys.modules[name] = None  # any import of it fails\n"
-            "from bridge.client import delay_headers, cancel_headers\n"
+            "from bridge.client import delay_headers, cancel_headers, partition_for\n"
             "print(delay_headers('t', after='1s', delay_id='x'), cancel_headers('x'))\n")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           check=False)  # fmt: skip

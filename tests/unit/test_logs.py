@@ -34,3 +34,21 @@ def test_lines_about_different_partitions_are_not_repeats() -> None:
     limit = RateLimit(interval=30, clock=lambda: 0.0)
     assert all(limit.filter(record(f"delay topic orders[{p}] was deleted")) for p in range(3))
     assert not limit.filter(record("delay topic orders[2] was deleted"))
+
+
+def test_lines_with_one_repeat_key_are_repeats_whatever_their_text() -> None:
+    now = [0.0]
+    limit = RateLimit(interval=30, clock=lambda: now[0])
+
+    def cancel(delay_id: str) -> logging.LogRecord:
+        line = record("cancel of %s found nothing", delay_id, level=logging.WARNING)
+        line.repeat_key = "cancel-not-found"
+        return line
+
+    assert limit.filter(cancel("a"))
+    assert not limit.filter(cancel("b")) and not limit.filter(cancel("c"))
+    assert limit.filter(record("cancel of %s found nothing", "d", level=logging.WARNING))
+    now[0] = 30.0
+    late = cancel("e")
+    assert limit.filter(late)
+    assert late.getMessage() == "cancel of e found nothing (2 more like this in the last 30s)"
