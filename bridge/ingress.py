@@ -158,6 +158,10 @@ class Ingress:
         self._next_commit = 0.0
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
         self.joined = False
+        # Partitions lost with the group session (Kafka unreachable), until the group forms
+        # again: nobody else can own them meanwhile, so their backlog is still this replica's
+        # to report (bridge.metrics.Sampler).
+        self.lost: frozenset[Shard] = frozenset()
         self._paused_until = 0.0
         self._failures = 0
         self.last_loop = time.monotonic()
@@ -207,6 +211,7 @@ class Ingress:
         consumer.incremental_assign(partitions)
         self._reading_again({s: tp.offset for s, tp in zip(shards, partitions, strict=True)})
         self.assigned.update(shards)
+        self.lost = frozenset()  # the group formed again: what is not ours now is another's
         self.joined = True
         if self._paused_until:
             consumer.pause(partitions)
@@ -226,6 +231,7 @@ class Ingress:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.joined = False
+        self.lost = self.lost | {Shard(tp.topic, tp.partition) for tp in partitions}
         self._drop(partitions, "lost")
 
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:

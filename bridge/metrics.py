@@ -222,7 +222,9 @@ class Metrics:
 
 
 class Sampler:
-    """Mirrors the Redis backlog of the owned shards into gauges, on a short timer."""
+    """Mirrors the Redis backlog of the owned shards into gauges, on a short timer — and of the
+    shards lost with the group session (Kafka unreachable) until the group forms again, so the
+    gauges keep saying what falls due in the very outage that keeps it from being delivered."""
 
     def __init__(
         self,
@@ -231,25 +233,31 @@ class Sampler:
         owned: Callable[[], Iterable[Shard]],
         ready: Callable[[], list[str]] = lambda: [],
         not_due: Callable[[int], int] = lambda now_ms: 0,
+        *,
+        lost: Callable[[], Iterable[Shard]] = frozenset,
+        due_by_ms: int | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.owned = owned
+        self.lost = lost
+        self.due_by_ms = due_by_ms  # records in flight count in the oldest (Store.backlog)
         self.ready = ready
         self.not_due = not_due  # records in flight that are not due yet (claimed ahead)
 
     def sample_once(self, now_ms: int | None = None) -> None:
-        """Read the backlog of the owned shards and set the gauges."""
-        shards = sorted(self.owned())
+        """Read the backlog of the owned (and lost) shards and set the gauges."""
+        owned = set(self.owned())
+        shards = sorted(owned | set(self.lost()))
         try:
-            backlog = self.store.backlog(shards, now_ms)
+            backlog = self.store.backlog(shards, now_ms, self.due_by_ms)
         except StoreError as exc:
             self.metrics.ready.set(0)
             self.metrics.redis_errors.labels(stage="metrics").inc()
             logger.warning("backlog sample failed: %s", exc)
             return
         m = self.metrics
-        m.owned_partitions.set(len(shards))
+        m.owned_partitions.set(len(owned))
         m.scheduled.set(backlog.scheduled)
         m.overdue.set(max(0, backlog.overdue + backlog.inflight - self.not_due(backlog.now_ms)))
         m.inflight.set(backlog.inflight)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
 
 KAFKA_TIMEOUT_S = 10.0
+METADATA_TIMEOUT_S = 5.0  # the first call: how long an operator waits in a Kafka outage
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,10 @@ class PartitionStatus:
     next_due_ms: int
     oldest_overdue_s: float
     watermark: int
-    committed: int
-    log_end: int
-    lag: int
+    # From Kafka; None when Kafka could not be read (the rest comes from Redis alone).
+    committed: int | None
+    log_end: int | None
+    lag: int | None
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
         now = store.time_ms()
         marks = store.watermarks([s for s, _, _ in partitions])
         for shard, committed, end in partitions:
-            backlog = store.backlog([shard], now)
+            backlog = store.backlog([shard], now, config.egress.lease - config.egress.ahead)
             k = store.keys(shard)
             with as_store_error():
                 first = cast(list[tuple[bytes, float]],
@@ -75,7 +77,8 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
                 shard.topic, shard.partition, backlog.scheduled + backlog.overdue,
                 backlog.overdue, backlog.inflight, int(first[0][1]) if first else -1,
                 round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
-                mark, committed, end, max(0, end - (mark + 1)) if end >= 0 else -1,
+                mark, committed, end,
+                None if end is None else max(0, end - (mark + 1)) if end >= 0 else -1,
             ))  # fmt: skip
         return now, rows
     finally:
@@ -176,7 +179,7 @@ def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPar
     it is (raises KafkaException when Kafka does not answer)."""
     from confluent_kafka import TopicPartition
 
-    meta = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+    meta = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
     if meta is None or meta.error is not None:
         why = meta.error.str() if meta is not None and meta.error else "unknown topic"
         raise BridgeError(f"{what} {topic}: {why}")
@@ -194,9 +197,10 @@ def _store(config: Config) -> Store:
 
 def _partitions(
     config: Config, topics: Sequence[str], *, offsets: bool = True
-) -> list[tuple[Shard, int, int]]:
+) -> list[tuple[Shard, int | None, int | None]]:
     """(shard, committed offset or -1, log end offset or -1) of every partition of ``topics``,
-    read with a consumer of the bridge's group that never joins it."""
+    read with a consumer of the bridge's group that never joins it. When Kafka cannot be read,
+    the partitions Redis holds, with both offsets None (unknown), said once on stderr."""
     from confluent_kafka import Consumer, KafkaException
 
     unknown = [t for t in topics if t not in config.topics.delay]
@@ -209,25 +213,32 @@ def _partitions(
         if not offsets:
             return [(Shard(tp.topic, tp.partition), -1, -1) for tp in tps]
         committed = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
-        out = []
+        out: list[tuple[Shard, int | None, int | None]] = []
         for tp, done in zip(tps, committed, strict=True):
             _, end = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
             out.append((Shard(tp.topic, tp.partition), max(done.offset, -1), end))
         return out
     except KafkaException as exc:
-        where = config.kafka.bootstrap_servers
-        raise BridgeError(f"cannot read the delay topics from Kafka at {where}: "
-                          f"{exc.args[0].str()}") from None  # fmt: skip
+        print(f"delay-bridge: cannot read the delay topics from Kafka at "
+              f"{config.kafka.bootstrap_servers} ({exc.args[0].str()}): showing what Redis "
+              "holds, Kafka's columns unknown", file=sys.stderr)  # fmt: skip
     finally:
         consumer.close()
+    store = _store(config)
+    try:
+        return [(shard, None, None) for topic in topics for shard in store.stored_shards(topic)]
+    finally:
+        store.client.close()
 
 
 # ------------------------------------------------------------------ printing
 
 
 def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> None:
-    totals: dict[str, float] = {name: sum(getattr(r, name) for r in rows)
-                                for name in ("waiting", "overdue", "in_flight", "lag")}  # fmt: skip
+    totals: dict[str, float | None] = {name: sum(getattr(r, name) for r in rows)
+                                       for name in ("waiting", "overdue", "in_flight")}  # fmt: skip
+    lags = [r.lag for r in rows]
+    totals["lag"] = None if None in lags else sum(lag for lag in lags if lag is not None)
     nexts = [r.next_due_ms for r in rows if r.next_due_ms >= 0]
     totals["next_due_ms"] = min(nexts, default=-1)
     totals["oldest_overdue_s"] = max((r.oldest_overdue_s for r in rows), default=0.0)
@@ -240,11 +251,12 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
               "oldest overdue", "watermark", "committed", "log end", "lag"]  # fmt: skip
     table = [[r.topic, str(r.partition), f"{r.waiting:,}", f"{r.overdue:,}", f"{r.in_flight:,}",
               _when(r.next_due_ms), _age(r.oldest_overdue_s), str(r.watermark),
-              str(r.committed), str(r.log_end), f"{r.lag:,}"] for r in rows]  # fmt: skip
-    oldest = float(totals["oldest_overdue_s"])
+              _kafka(r.committed, "{}"), _kafka(r.log_end, "{}"), _kafka(r.lag)]
+             for r in rows]  # fmt: skip
     table.append(["total", "", f"{totals['waiting']:,}", f"{totals['overdue']:,}",
-                  f"{totals['in_flight']:,}", _when(int(totals["next_due_ms"])), _age(oldest),
-                  "", "", "", f"{totals['lag']:,}"])  # fmt: skip
+                  f"{totals['in_flight']:,}", _when(int(totals["next_due_ms"] or -1)),
+                  _age(float(totals["oldest_overdue_s"] or 0)), "", "", "",
+                  _kafka(totals["lag"])])  # fmt: skip
     _print_table(header, table)
     print(f"(Redis time {format_time_ms(now_ms)})")
 
@@ -266,6 +278,11 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _kafka(figure: float | None, style: str = "{:,}") -> str:
+    """A figure read from Kafka: ``?`` when Kafka could not be read."""
+    return "?" if figure is None else style.format(int(figure))
 
 
 def _when(ms: int) -> str:

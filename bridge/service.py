@@ -118,7 +118,8 @@ class Service:
             catch_up=catch_up,
         )
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
-                               self.egress.not_due)  # fmt: skip
+                               self.egress.not_due, lost=lambda: self.ingress.lost,
+                               due_by_ms=config.egress.lease - config.egress.ahead)  # fmt: skip
         self.http = HttpServer(
             config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
         )

@@ -223,6 +223,18 @@ def offset_of(member: bytes) -> int:
     return int(_OFFSET.unpack_from(member)[0])
 
 
+def _tag(prefix: str, topic: str, partition: str) -> str:
+    """A shard's key prefix: the deployment's prefix, then the shard's hash tag (with an empty
+    ``partition``: the text every shard key of ``topic`` starts with, up to its partition)."""
+    head = f"{prefix}:{{{topic}:"
+    return f"{head}{partition}}}" if partition else head
+
+
+def _glob(text: str) -> str:
+    """``text`` with Redis glob's special characters escaped."""
+    return "".join("\\" + c if c in "*?[]\\^" else c for c in text)
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -349,7 +361,7 @@ class Store:
         if before_prefix:  # the names of the builds before that (see relocate.lua)
             tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
         else:
-            tag = f"{self.prefix}:{{{shard.topic}:{shard.partition}}}"
+            tag = _tag(self.prefix, shard.topic, str(shard.partition))
         if shard.incarnation:
             tag = f"{tag}:retired:{shard.incarnation}"
         return [f"{tag}:{name}" for name in names]
@@ -703,6 +715,16 @@ class Store:
             values = pipe.execute()
         return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
 
+    def stored_shards(self, topic: str) -> list[Shard]:
+        """The live shards of ``topic`` that Redis holds state for, by partition: what the
+        operator commands read when Kafka cannot say which partitions the topic has."""
+        pattern = f"{_tag(_glob(self.prefix), _glob(topic), '*')}:meta"
+        with as_store_error():
+            names = [_text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
+        head = _tag(self.prefix, topic, "")
+        partitions = {n[len(head) : n.index("}", len(head))] for n in names if n.startswith(head)}
+        return [Shard(topic, p) for p in sorted(int(p) for p in partitions if p.isdigit())]
+
     def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
         when it cannot be read (CONFIG is often denied on managed Redis)."""
@@ -716,13 +738,17 @@ class Store:
             seconds, micros = cast(tuple[int, int], self.client.time())
         return seconds * 1000 + micros // 1000
 
-    def backlog(self, shards: Sequence[Shard], now_ms: int | None = None) -> Backlog:
-        """Scheduled, overdue and in-flight counts and the oldest overdue due time, summed."""
+    def backlog(
+        self, shards: Sequence[Shard], now_ms: int | None = None, due_by_ms: int | None = None
+    ) -> Backlog:
+        """Scheduled, overdue and in-flight counts and the oldest overdue due time, summed; with
+        ``due_by_ms`` (``egress.lease - egress.ahead``), a record in flight counts in the oldest
+        from its lease deadline minus that, a time by which it was due (stats.lua)."""
         if not shards:
             return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
-        now_arg = "" if now_ms is None else str(now_ms)
+        args = ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
         calls: list[tuple[Script, list[str], list[Any]]] = [
-            (self._stats, [self.keys(s).due, self.keys(s).inflight], [now_arg]) for s in shards
+            (self._stats, [self.keys(s).due, self.keys(s).inflight], args) for s in shards
         ]
         replies = [[int(v) for v in reply] for reply in self._run(calls)]
         oldest = [r[4] for r in replies if r[4] >= 0]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import random
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -38,7 +40,7 @@ from tests.chaos.checker import (
 from tests.chaos.servers import Servers
 from tests.chaos.workload import CLIENT_LOG_LEVEL, Record, Workload, hostile, now_ms, steady
 from tests.conftest import delete_keys, recreate_topic
-from tests.integration.harness import Bridge, bridge_env
+from tests.integration.harness import Bridge, bridge_env, metric
 
 PARTITIONS = 3
 MAX_DELAY_MS = 5000
@@ -314,6 +316,52 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
         run.servers.kill("kafka")
         run.servers.up("kafka")
     return run.finish(workload, "Kafka broker restart", f"{size.faults} x kill -9 of the broker")
+
+
+def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
+    """The broker down for ``size.outage_s``, longer than the group session, so the bridge loses
+    its partitions while records fall due: the gauges keep saying what is overdue (from Redis),
+    ``status`` answers from Redis alone, /readyz names Kafka; all is delivered once it is back."""
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    run.at(size.seconds / 3)
+    run.servers.kill("kafka")
+    down = time.monotonic()
+    overdue = oldest = 0.0
+    readyz = ""
+    status: subprocess.CompletedProcess[str] | None = None
+    while time.monotonic() - down < size.outage_s:
+        time.sleep(0.5)  # sampling the gauges over the outage, not waiting on a condition
+        if bridge.output().count("lost ") == 0:
+            continue  # the group session has not run out yet
+        # The last reading counts: seconds after the partitions were lost, at the outage's end.
+        overdue = metric(bridge, "delay_bridge_overdue_messages")
+        oldest = metric(bridge, "delay_bridge_oldest_overdue_seconds")
+        readyz = bridge.get("/readyz")[1]
+        if status is None and time.monotonic() - down > size.outage_s / 2:
+            status = subprocess.run([sys.executable, "-m", "bridge", "status", "--json"],
+                                    env=bridge.env, capture_output=True, text=True, timeout=60,
+                                    check=False)  # fmt: skip
+    run.servers.up("kafka")
+    recovered = wait_ready(bridge, 90)
+    result = run.finish(workload, "Kafka outage",
+                        f"broker down for {size.outage_s:.0f} s (partitions lost)")  # fmt: skip
+    rows = json.loads(status.stdout)["partitions"] if status and status.returncode == 0 else []
+    result.checks.update({
+        "ready before": ready_before, "partitions lost": bridge.output().count("lost ") > 0,
+        "overdue gauge > 0 at the outage's end": overdue > 0,
+        "oldest overdue > 5 s at the outage's end": oldest > 5,
+        "/readyz names kafka": "kafka" in readyz,
+        "status from Redis alone": len(rows) == PARTITIONS
+        and all(r["log_end"] is None and r["waiting"] >= 0 for r in rows),
+        "recovered by itself": recovered,
+    })  # fmt: skip
+    result.notes.append(f"at the outage's end: {overdue:,.0f} overdue, oldest {oldest:.1f} s")
+    if status is not None and status.returncode != 0:
+        result.notes.append(f"status: {status.stderr.strip()[:200]}")
+    return result
 
 
 def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
@@ -646,6 +694,11 @@ SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
     "redis-restart-always": (redis_restart("always"), Size(3000, 10, 1), Size(50_000, 30, 3)),
     "redis-restart-everysec": (redis_restart("everysec"), Size(3000, 10, 1), Size(50_000, 30, 3)),
     "kafka-restart": (kafka_restart, Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "kafka-outage": (
+        kafka_outage,
+        Size(2000, 20, 1, outage_s=16),
+        Size(30_000, 60, 1, outage_s=40),
+    ),
     "redis-unreachable": (
         redis_unreachable,
         Size(3000, 20, 1, outage_s=10),

@@ -76,6 +76,34 @@ def test_records_claimed_ahead_are_in_flight_but_not_overdue(
     assert value(registry, "delay_bridge_overdue_messages") == 2
 
 
+def test_lost_shards_and_records_stuck_in_flight_are_still_reported(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    """Kafka unreachable: the partitions are lost with the group session, and what was claimed
+    before cannot be delivered. The gauges still say what is overdue, and how old it is."""
+    store = Store(redis_client, f"test-{unique}")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    owned, lost = Shard("d", 0), Shard("d", 1)
+    lease, ahead = 30_000, 100
+    store.add({lost: (2, [Scheduled(i, due, "t", None, b"v", [], f"d:1:{i}")
+                          for i, due in enumerate((T0, T0 + 1, T0 + 5000))])})  # fmt: skip
+    assert len(store.claim([lost], 2, lease, now_ms=T0 + 1)) == 2  # claimed, never delivered
+    sampler = Sampler(store, metrics, lambda: {owned}, lost=lambda: {lost},
+                      due_by_ms=lease - ahead)  # fmt: skip
+    sampler.sample_once(now_ms=T0 + 20_000)
+    assert value(registry, "delay_bridge_overdue_messages") == 3  # one waiting, two in flight
+    assert value(registry, "delay_bridge_inflight_messages") == 2
+    # The waiting one is 15 s overdue; the ones in flight were due by their claim + ahead.
+    assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(19.999 - 0.1)
+    store.ack({lost: [c.member for c in store.claim([lost], 2, lease, now_ms=T0 + 30_002)]})
+    sampler.sample_once(now_ms=T0 + 30_003)  # the expired leases went out again, and landed
+    assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(25.003)
+    assert value(registry, "delay_bridge_owned_partitions") == 1
+    Sampler(store, metrics, lambda: {owned}).sample_once(now_ms=T0 + 20_000)
+    assert value(registry, "delay_bridge_overdue_messages") == 0  # not ours: not reported
+
+
 def test_ingest_lag_from_librdkafka_statistics(
     services: Services, topics: TopicFactory, unique: str
 ) -> None:
