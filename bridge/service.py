@@ -125,6 +125,7 @@ class Service:
         )
         self.stop_event = threading.Event()
         self._errors: list[BaseException] = []
+        self._waiting_for_redis = False
 
     def _on_stats(self, stats_json: str) -> None:
         marks = self.ingress.marks
@@ -178,9 +179,11 @@ class Service:
     def ready(self) -> list[str]:
         """Problems that mean the bridge cannot do its work now."""
         problems = self.readiness.problems()
-        if self.brokers_up == 0 and not self.ingress.joined:
-            problems.append("kafka unreachable")
-        if not self.ingress.joined:
+        # While the bridge waits for Redis before joining, the consumer has not tried Kafka:
+        # Redis is the cause, and named alone.
+        if not self.ingress.joined and not self._waiting_for_redis:
+            if self.brokers_up == 0:
+                problems.append("kafka unreachable")
             problems.append("consumer has not joined its group")
         if self.stop_event.is_set():
             problems.append("stopping")
@@ -253,6 +256,7 @@ class Service:
         Redis (or is refused by it) must not hold partitions it cannot serve. Returns False if
         stopped while waiting."""
         attempt = 0
+        self._waiting_for_redis = True
         while not self.probes.redis_once():
             # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
             self.ingress.last_loop = self.egress.last_loop = time.monotonic()
@@ -264,6 +268,7 @@ class Service:
             attempt += 1
             if self.stop_event.wait(backoff):
                 return False
+        self._waiting_for_redis = False
         if attempt:
             logger.info("redis takes writes after %d attempts; joining the consumer group", attempt)
         return True

@@ -135,11 +135,22 @@ def test_a_bridge_that_redis_refuses_never_joins_the_group(
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 503, 30, "/readyz 503")
     wait_for(lambda: "not joining the consumer group" in bridge.output(), 30, "the log line")
-    assert "refused the credentials" in bridge.get("/readyz")[1]
+    body = bridge.get("/readyz")[1]
+    assert "refused the credentials" in body
+    assert "kafka" not in body and "consumer" not in body  # Redis is the cause, and named alone
     assert bridge.get("/healthz")[0] == 200  # waiting, not stuck
     group = f"bridge-{setup.unique}"
     [described] = admin.describe_consumer_groups([group]).values()
     assert described.result(timeout=10).members == []
+
+
+def test_an_unreachable_redis_is_named_alone(setup: Setup, bridges: list[Bridge]) -> None:
+    bridge = setup.bridge(redis__url=f"redis://127.0.0.1:{free_port()}/0").start()
+    bridges.append(bridge)
+    wait_for(lambda: "not joining the consumer group" in bridge.output(), 30, "the log line")
+    status, body = bridge.get("/readyz")
+    assert status == 503 and "redis" in body.lower()
+    assert "kafka" not in body and "consumer" not in body, body
 
 
 def test_permission_errors_are_named(
