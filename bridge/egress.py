@@ -79,6 +79,7 @@ class _Pending:
     claimed: Claimed
     attempts: int = 0
     dead_letter: bool = False
+    error: str = ""  # Kafka's last refusal, for the DLQ's delay-error-detail
 
 
 @dataclass
@@ -577,7 +578,7 @@ class Egress:
         return dead_letter_headers(
             record.headers,
             Reason.DELIVERY_FAILED,
-            f"delivery to {record.target} failed {pending.attempts} times",
+            f"delivery to {record.target} failed {pending.attempts} times: {pending.error}",
             origin(shard.topic, shard.partition, record.offset),
         )
 
@@ -614,6 +615,7 @@ class Egress:
                 continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
+                pending.error = f"{err.name()}: {err.str()}"
                 if pending.attempts >= self.max_attempts:
                     pending.dead_letter = True
                     logger.warning(

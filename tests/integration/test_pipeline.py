@@ -180,17 +180,21 @@ def test_two_bridges_split_the_partitions(setup: Setup, bridges: list[Bridge]) -
     assert sum(delivered_counts) >= len(expected)
 
 
-def test_unknown_target_topic_is_dead_lettered(setup: Setup, bridges: list[Bridge]) -> None:
+def test_unknown_target_topic_is_dead_lettered(
+    setup: Setup, bridges: list[Bridge], topics: TopicFactory
+) -> None:
     missing = f"missing-{setup.unique}"
+    small = topics("small", 1, {"max.message.bytes": "1000"})
     produce_all(setup.services.bootstrap, setup.delay, [
         (b"k", b"lost?", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms"), ("h", b"1")]),
+        (b"big", b"x" * 2000, [(H_TARGET_TOPIC, small.encode()), (H_AFTER, b"0ms")]),
     ])  # fmt: skip
     expected = schedule(setup, 20, seed=6, max_delay_ms=1500)
     bridges.append(setup.bridge(egress__max_attempts="2").start())
     collector = setup.collector()
     try:
         collector.until(
-            lambda rs: len(collector.of(setup.dlq)) >= 1, 90, "delivery-failed in the DLQ"
+            lambda rs: len(collector.of(setup.dlq)) >= 2, 90, "delivery-failed in the DLQ"
         )
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
@@ -198,9 +202,14 @@ def test_unknown_target_topic_is_dead_lettered(setup: Setup, bridges: list[Bridg
         )  # fmt: skip
     finally:
         collector.close()
-    (dead,) = collector.of(setup.dlq)
-    assert dead.header(H_ERROR) == b"delivery-failed"
-    assert missing.encode() in (dead.header(H_ERROR_DETAIL) or b"")
+    (dead,) = [r for r in collector.of(setup.dlq) if r.key == b"k"]
+    (big,) = [r for r in collector.of(setup.dlq) if r.key == b"big"]
+    assert dead.header(H_ERROR) == big.header(H_ERROR) == b"delivery-failed"
+    # The detail names the target and Kafka's own error, as the broker or librdkafka gave it.
+    detail = (dead.header(H_ERROR_DETAIL) or b"").decode()
+    assert missing in detail and "UNKNOWN_TOPIC" in detail, detail
+    detail = (big.header(H_ERROR_DETAIL) or b"").decode()
+    assert small in detail and "MSG_SIZE_TOO_LARGE" in detail, detail
     origin_topic, _, origin_offset = (dead.header(H_ORIGIN) or b"").decode().split(":")
     assert (origin_topic, origin_offset) == (setup.delay, "0")
     assert (dead.key, dead.value, dead.header("h")) == (b"k", b"lost?", b"1")
