@@ -8,7 +8,9 @@ with code 2 (1 for a failed run); never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -38,6 +40,7 @@ from bridge.message import (
 )
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
 # A record the CLI produces: key, value, headers, and its partition (None: by the key).
 Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]
 
@@ -154,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `status | head`: the reader has what it wanted
+        # Python would flush stdout again at exit and complain; point it at nothing instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _status(args: argparse.Namespace, config: Config) -> int:
@@ -292,7 +299,8 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
             _check(rules, topic, key, value, headers)
             yield key, value, headers, partition
 
-    count = _send(config, topic, args.timeout, records(), "scheduled")
+    target = args.target or config.topics.default_target[topic]
+    count = _send(config, topic, args.timeout, records(), "scheduled", target=target)
     if args.at is not None and count:
         print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
     return 0
@@ -355,10 +363,19 @@ def _choose(partitions: list[int], key: bytes | None, count: int, where: str, wh
     return chosen
 
 
-def _send(config: Config, topic: str, timeout: str, records: Iterator[Outgoing], what: str) -> int:
+def _send(
+    config: Config,
+    topic: str,
+    timeout: str,
+    records: Iterator[Outgoing],
+    what: str,
+    *,
+    target: str | None = None,
+) -> int:
     """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
     first one is taken, and so checked, before connecting); print each acknowledged offset as
-    ``<what> topic:partition:offset``. Returns how many were produced."""
+    ``<what> topic:partition:offset``; warn when the records' ``target`` topic does not exist.
+    Returns how many were produced."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
     try:
@@ -383,6 +400,13 @@ def _send(config: Config, topic: str, timeout: str, records: Iterator[Outgoing],
                           f"{timeout}: {last}") from None  # fmt: skip
     if topic_meta.error is not None:
         raise BridgeError(f"cannot produce to {topic}: {topic_meta.error.str()}")
+    if target is not None:
+        with contextlib.suppress(KafkaException):  # the warning is a courtesy, never a failure
+            meta = producer.list_topics(target, timeout=timeout_ms / 1000).topics.get(target)
+            if meta is None or meta.error is not None:
+                print(f"delay-bridge: warning: target topic {target} does not exist (yet): if it "
+                      "is still missing when the records fall due, the bridge dead-letters them "
+                      "as delivery-failed", file=sys.stderr)  # fmt: skip
     failures: list[str] = []
 
     def report(err: KafkaError | None, msg: Message) -> None:

@@ -179,3 +179,23 @@ def test_dlq_replay_refuses_bad_input_in_one_line(setup: Setup) -> None:
         proc = cli(setup, "dlq", "replay", *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(setup: Setup, held: dict[str, Any]) -> None:
+    """``status | head`` and ``list | head``: the reader is gone before the table is written."""
+    env = setup.bridge().env
+    for command in ("status", "list --limit 100"):
+        proc = subprocess.run(f"{sys.executable} -m bridge {command} | true", shell=True,
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+                              check=False)  # fmt: skip
+        assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_produce_warns_of_a_target_that_does_not_exist(setup: Setup) -> None:
+    missing = f"nowhere-{setup.unique}"
+    proc = cli(setup, "produce", "--target", missing, "--after", "1h", "--key", "k", "v")
+    assert proc.returncode == 0, proc.stderr  # it may be created before the record is due
+    assert f"warning: target topic {missing} does not exist" in proc.stderr
+    assert proc.stdout.startswith("scheduled")
+    there = cli(setup, "produce", "--target", setup.targets[0], "--after", "1h", "v")
+    assert there.returncode == 0 and "warning" not in there.stderr, there.stderr
