@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     again.add_argument("--until", help="only records dead-lettered before: epoch ms or RFC 3339")
     again.add_argument("--limit", type=int, help="replay at most this many")
+    again.add_argument("--from-beginning", action="store_true",
+                       help="read the whole DLQ, not from where the last replay stopped "
+                       "(with filters: what earlier filtered runs passed over)")  # fmt: skip
     again.add_argument("--dry-run", action="store_true",
                        help="count what would be replayed; produce and commit nothing")  # fmt: skip
     return parser
@@ -199,6 +202,7 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
             raise UsageError(f"{flag}: {exc}") from None
     done = replay.replay(config, reasons=args.reason, since_ms=window[0], until_ms=window[1],
                          limit=args.limit, dry_run=args.dry_run,
+                         from_beginning=args.from_beginning,
                          progress=replay.terminal_progress)  # fmt: skip
     if sys.stderr.isatty() and sum(done.replayed.values()) >= replay.PROGRESS_EVERY:
         print(file=sys.stderr)

@@ -8,8 +8,10 @@ A replayed record has its original key, value and headers, minus what the DLQ ad
 where it ends when the command starts, in the consumer group ``<kafka.group_id>.dlq-replay``,
 whose offsets are committed once the replayed records are acknowledged: a second run starts where
 the first stopped, and replays nothing twice. Records the filters (``--reason``, ``--since``,
-``--until``) leave out are passed over in that group too; ``--dry-run`` reads and counts without
-producing or committing anything.
+``--until``) leave out are passed over in that group too — the summary says how many, and that
+``--from-beginning`` (read the whole DLQ again, whatever the group committed) with filters that
+select them gets them back; ``--dry-run`` reads and counts without producing or committing
+anything.
 """
 
 from __future__ import annotations
@@ -38,13 +40,19 @@ class Replayed:
     left_out: int = 0
     not_ours: int = 0
     dry_run: bool = False
+    group: str = ""
 
     def summary(self) -> str:
         verb = "would replay" if self.dry_run else "replayed"
         reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.replayed.items()))
         line = f"{verb} {sum(self.replayed.values())}" + (f" ({reasons})" if reasons else "")
         line += f"; {self.left_out} left out by the filters"
-        return line + f"; {self.not_ours} skipped: their origin is not a configured delay topic"
+        line += f"; {self.not_ours} skipped: their origin is not a configured delay topic"
+        if self.left_out and not self.dry_run:
+            line += (f"\n{self.left_out} left out are passed over for good in the group "
+                     f"{self.group}: replay them with --from-beginning and filters that select "
+                     "them (e.g. --reason)")  # fmt: skip
+        return line
 
 
 def replay(
@@ -55,6 +63,7 @@ def replay(
     until_ms: int | None = None,
     limit: int | None = None,
     dry_run: bool = False,
+    from_beginning: bool = False,
     progress: Callable[[int], None] = lambda n: None,
 ) -> Replayed:
     """Replay the DLQ's records as the module docstring says; returns what was done."""
@@ -65,7 +74,7 @@ def replay(
     consumer = Consumer({**consumer_settings(config), "group.id": group, "log_level": 0,
                          "enable.auto.commit": "false", "statistics.interval.ms": "0"})  # fmt: skip
     producer = None if dry_run else Producer({**producer_settings(config), "log_level": 0})
-    done = Replayed(dry_run=dry_run)
+    done = Replayed(dry_run=dry_run, group=group)
     failures: list[str] = []
     try:
         tps = topic_partitions(consumer, dlq, "DLQ topic")
@@ -73,7 +82,7 @@ def replay(
         ends: dict[int, int] = {}
         for tp in starts:
             low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
-            tp.offset = max(tp.offset, low)
+            tp.offset = low if from_beginning else max(tp.offset, low)
             if tp.offset < high:
                 ends[tp.partition] = high
         consumer.assign([tp for tp in starts if tp.partition in ends])

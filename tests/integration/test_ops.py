@@ -199,3 +199,37 @@ def test_produce_warns_of_a_target_that_does_not_exist(setup: Setup) -> None:
     assert proc.stdout.startswith("scheduled")
     there = cli(setup, "produce", "--target", setup.targets[0], "--after", "1h", "v")
     assert there.returncode == 0 and "warning" not in there.stderr, there.stderr
+
+
+def test_a_filtered_dlq_replay_says_what_it_passed_over_and_how_to_get_it_back(
+    setup: Setup,
+) -> None:
+    origin = f"{setup.delay}:0:7".encode()
+    dead: list[tuple[bytes, bytes, Headers]] = [
+        (f"k{i}".encode(), f"v{i}".encode(),
+         [(H_ERROR, reason), (H_ORIGIN, origin), (H_TARGET_TOPIC, setup.targets[0].encode()),
+          (H_AFTER, b"1h")])
+        for i, reason in enumerate([b"delivery-failed", b"target-not-allowed"] * 2)
+    ]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.dlq, dead)
+
+    def replay(*args: str) -> list[str]:
+        proc = cli(setup, "dlq", "replay", *args)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().splitlines()
+
+    first = replay("--reason", "delivery-failed")
+    assert first[0].startswith("replayed 2 (2 delivery-failed); 2 left out by the filters")
+    assert first[1] == (f"2 left out are passed over for good in the group "
+                        f"bridge-{setup.unique}.dlq-replay: replay them with --from-beginning "
+                        "and filters that select them (e.g. --reason)")  # fmt: skip
+    assert replay()[0].startswith("replayed 0; 0 left out")  # passed over, as it said
+    back = replay("--from-beginning", "--reason", "target-not-allowed")
+    assert back[0].startswith("replayed 2 (2 target-not-allowed); 2 left out")
+    assert replay()[0].startswith("replayed 0; 0 left out")  # and the group is past them again
+    got = Collector(setup.services.bootstrap, [setup.delay], f"c-{setup.unique}")
+    try:
+        got.until(lambda rs: len(rs) >= 4, 30, "the four replayed records")
+    finally:
+        got.close()
+    assert sorted(r.value for r in got.records) == [b"v0", b"v1", b"v2", b"v3"]
