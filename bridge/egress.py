@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError as ClientError
 from confluent_kafka import KafkaException, Message, Producer
 
 from bridge.catchup import CatchUp
-from bridge.errors import StoreError
+from bridge.errors import StoreError, WriteRefused
 from bridge.health import Readiness
 from bridge.kafka import produce
 from bridge.message import (
@@ -502,7 +502,8 @@ class Egress:
                 failures += 1
                 wait = backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S, failures)
                 self.metrics.redis_errors.labels(stage="egress").inc()
-                self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}")
+                self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}",
+                                    write_refused=isinstance(exc, WriteRefused))  # fmt: skip
                 logger.error("mover backing off %.1fs: %s", wait, exc)
                 stop.wait(wait)
 

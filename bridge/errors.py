@@ -19,5 +19,9 @@ class StoreError(BridgeError):
     """Redis could not be reached or a store script failed."""
 
 
+class WriteRefused(StoreError):
+    """Redis answered but refused to write: out of memory, or a read-only replica."""
+
+
 class KafkaError(BridgeError):
     """A Kafka client reported an error the bridge cannot handle locally."""

@@ -29,17 +29,31 @@ class Readiness:
 
     def __init__(self) -> None:
         self._faults: dict[str, str] = {}
+        self._refused: set[str] = set()  # the checks failing because Redis refused a write
         self._lock = threading.Lock()
 
-    def fail(self, check: str, detail: str) -> None:
-        """Record that ``check`` fails, with a one-line ``detail`` naming what is at fault."""
+    def fail(self, check: str, detail: str, *, write_refused: bool = False) -> None:
+        """Record that ``check`` fails, with a one-line ``detail`` naming what is at fault, and
+        whether it failed because Redis refused one of its writes (out of memory, read-only)."""
         with self._lock:
             self._faults[check] = detail
+            if write_refused:
+                self._refused.add(check)
+            else:
+                self._refused.discard(check)
 
     def ok(self, check: str) -> None:
         """``check`` passes again."""
         with self._lock:
             self._faults.pop(check, None)
+            self._refused.discard(check)
+
+    def writes_refused(self) -> bool:
+        """Whether a stage's last write to Redis was refused (and none of its writes has gone
+        through since): Redis may still take the probe's tiny write — a batch of records carries
+        its own size into Redis's memory — yet not the bridge's."""
+        with self._lock:
+            return bool(self._refused)
 
     def problems(self) -> list[str]:
         """The failing checks' details, in a stable order."""
@@ -72,7 +86,8 @@ class Probes:
         self._next_topic_probe = 0.0
 
     def redis_once(self) -> bool:
-        """Write to Redis once; returns whether it worked (the fault is in /readyz if not)."""
+        """Write to Redis once; returns whether it worked (the fault is in /readyz if not).
+        Redis counts as writable only if the stages' own writes go through too."""
         try:
             self.store.probe()
         except StoreError as exc:
@@ -82,7 +97,7 @@ class Probes:
             return False
         self.readiness.ok("redis")
         if self.writable is not None:
-            self.writable.set(1)
+            self.writable.set(0 if self.readiness.writes_refused() else 1)
         return True
 
     def topics_once(self) -> None:

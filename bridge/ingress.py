@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError as ClientError
 
 from bridge.catchup import CatchUp
 from bridge.dialects import parse_record
-from bridge.errors import BridgeError, KafkaError, StoreError
+from bridge.errors import BridgeError, KafkaError, StoreError, WriteRefused
 from bridge.health import Readiness
 from bridge.kafka import produce
 from bridge.message import (
@@ -562,7 +562,8 @@ class Ingress:
         self._failures += 1
         if isinstance(exc, StoreError):
             self.metrics.redis_errors.labels(stage="ingress").inc()
-        self.readiness.fail("ingress", f"ingress cannot store records: {exc}")
+        self.readiness.fail("ingress", f"ingress cannot store records: {exc}",
+                            write_refused=isinstance(exc, WriteRefused))  # fmt: skip
         logger.error("batch not stored, retrying in %.1fs: %s", backoff, exc)
         self._rewind(messages)
         self._pause(backoff)

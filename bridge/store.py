@@ -44,7 +44,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
-from bridge.errors import StoreError
+from bridge.errors import StoreError, WriteRefused
 from bridge.message import Cancel, Scheduled, decode, encode
 
 logger = logging.getLogger(__name__)
@@ -281,6 +281,12 @@ def as_store_error() -> Iterator[None]:
     try:
         yield
     except redis.RedisError as exc:
+        text = str(exc)
+        refused = isinstance(
+            exc, redis.exceptions.OutOfMemoryError | redis.exceptions.ReadOnlyError
+        )
+        if refused or "OOM command not allowed" in text or "READONLY" in text:
+            raise WriteRefused(describe_redis_error(exc)) from exc
         raise StoreError(describe_redis_error(exc)) from exc
     except redis.exceptions.RedisClusterException as exc:
         # redis-py's cluster client's own errors (a slot no node serves, no node answers while it

@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
 from confluent_kafka.admin import AdminClient
 
+from bridge.client import cancel_headers, delay_headers
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.conftest import free_port
@@ -125,6 +127,41 @@ def test_a_read_only_redis_turns_readyz_red_and_names_it(
         collector.until(lambda rs: len(rs) >= 5, 60, "the records produced while read-only")
     finally:
         collector.close()
+
+
+def test_redis_out_of_memory_shows_in_the_writable_gauge_and_counts_each_cancel_once(
+    setup: Setup, scratch_redis: str, bridges: list[Bridge]
+) -> None:
+    """Redis a little below maxmemory: a batch of real records (whose own arguments take memory)
+    is refused while the probe's tiny write still fits. The gauge must say Redis does not take
+    the bridge's writes, and a cancel in such a batch is counted once, when it is applied."""
+    bridge = setup.bridge(redis__url=scratch_redis).start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0]
+    produce_all(setup.services.bootstrap, setup.delay,
+                [(b"k", b"remind", delay_headers(target, after="1h", delay_id="remind-1"))])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the first record")
+    client = redis.Redis.from_url(scratch_redis)
+    used = int(cast(dict[str, Any], client.info("memory"))["used_memory"])
+    client.config_set("maxmemory", used + 300_000)
+    try:
+        big = [(b"k", b"x" * 20_000, delay_headers(target, after="1h", delay_id=f"big-{i}"))
+               for i in range(60)]  # fmt: skip
+        produce_all(setup.services.bootstrap, setup.delay,
+                    [*big, (b"k", b"", cancel_headers("remind-1"))])  # fmt: skip
+        wait_for(lambda: "out of memory" in bridge.get("/readyz")[1], 30, "/readyz names OOM")
+        wait_for(lambda: metric(bridge, "delay_bridge_redis_writable") == 0, 10,
+                 "the writable gauge at 0 while real writes are refused")  # fmt: skip
+        assert client.set("the-probe-still-fits", b"1")  # what the probe does: it fits
+    finally:
+        client.config_set("maxmemory", 0)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 61, 60, "every record")
+    wait_for(lambda: metric(bridge, "delay_bridge_redis_writable") == 1, 10, "writable again")
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready again")
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 0
+    client.close()
 
 
 def test_a_bridge_that_redis_refuses_never_joins_the_group(
