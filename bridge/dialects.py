@@ -5,7 +5,10 @@ contract before :func:`bridge.message.parse` validates it.
 etf1/kafka-message-scheduler, so its producers work unchanged: ``scheduler-epoch`` (unix seconds)
 is the due time, ``scheduler-target-topic`` and ``scheduler-target-key`` the target and its key,
 the record key is the delay-id, and a tombstone (no value) with that key cancels the schedule.
-Pure, like :mod:`bridge.message`.
+Its consumers too: the record is delivered as etf1 delivers it — the schedule's headers, its
+``scheduler-*`` ones included, plus ``scheduler-timestamp`` (the schedule's timestamp, unix
+seconds), ``scheduler-key`` and ``scheduler-topic``, and a null key when no target key is given
+(etf1's runner/kafka/handler.go). Pure, like :mod:`bridge.message`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ ETF1 = "etf1"
 ETF1_EPOCH = "scheduler-epoch"
 ETF1_TARGET_TOPIC = "scheduler-target-topic"
 ETF1_TARGET_KEY = "scheduler-target-key"
+# What etf1 adds to a record it delivers.
+ETF1_TIMESTAMP = "scheduler-timestamp"
+ETF1_KEY = "scheduler-key"
+ETF1_TOPIC = "scheduler-topic"
+# An epoch this large is milliseconds (unix seconds reach it in the year 5138).
+ETF1_MS_EPOCH = 100_000_000_000
 # etf1 header -> the contract's header it becomes (the due time is converted on the way).
 _ETF1_AS = {ETF1_EPOCH: H_DELIVER_AT, ETF1_TARGET_TOPIC: H_TARGET_TOPIC,
             ETF1_TARGET_KEY: H_TARGET_KEY}  # fmt: skip
@@ -49,7 +58,8 @@ def parse_record(
 ) -> Scheduled | Cancel:
     """:func:`bridge.message.parse` for a record of ``topic``, in the dialect it speaks."""
     if rules.dialects.get(topic) == ETF1:
-        translated = from_etf1(offset, key, value, headers)
+        stamp_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
+        translated = from_etf1(offset, key, value, headers, topic=topic, timestamp_ms=stamp_ms)
         if isinstance(translated, Cancel):
             return translated
         headers = translated
@@ -59,11 +69,18 @@ def parse_record(
 
 
 def from_etf1(
-    offset: int, key: bytes | None, value: bytes | None, headers: Headers
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    *,
+    topic: str,
+    timestamp_ms: int,
 ) -> Headers | Cancel:
-    """An etf1 record as this contract's headers (scheduler-* replaced by their delay-*
-    counterparts, the key as delay-id), or the :class:`Cancel` a tombstone is; raises
-    :class:`Rejected` for a record etf1 would not take either."""
+    """An etf1 record as this contract's headers — its own headers and those etf1 adds on
+    delivery, then the delay-* control headers that say the same (stripped on delivery), the key
+    as delay-id — or the :class:`Cancel` a tombstone is; raises :class:`Rejected` for a record
+    etf1 would not take either."""
     if not key:
         raise Rejected(Reason.BAD_HEADER, "an etf1 record needs a key: it is the schedule's id")
     if len(key) > MAX_ID_BYTES:
@@ -77,19 +94,25 @@ def from_etf1(
     if value is None:
         return Cancel(offset, delay_id)
     theirs: dict[str, bytes] = {}
-    kept: Headers = []
     for name, hvalue in headers:
-        if name not in _ETF1_AS:
-            kept.append((name, hvalue))
-        elif name in theirs:
-            raise Rejected(Reason.BAD_HEADER, f"header {name} appears more than once")
-        else:
+        if name in _ETF1_AS:
+            if name in theirs:
+                raise Rejected(Reason.BAD_HEADER, f"header {name} appears more than once")
             theirs[name] = hvalue or b""
     if ETF1_EPOCH not in theirs:
         raise Rejected(Reason.MISSING_DUE_TIME, f"no {ETF1_EPOCH} header (unix seconds)")
     text = theirs[ETF1_EPOCH].decode("utf-8", errors="replace").strip()
     if not text.isdigit():
         raise Rejected(Reason.BAD_DUE_TIME, f"{ETF1_EPOCH} {text[:40]!r} is not unix seconds")
+    if int(text) >= ETF1_MS_EPOCH:
+        raise Rejected(Reason.BAD_DUE_TIME, f"{ETF1_EPOCH} {text} looks like milliseconds: etf1 "
+                       "takes unix seconds")  # fmt: skip
     # An epoch in the past is due at once; the contract's floor for epoch ms is 2000-01-01.
-    theirs[ETF1_EPOCH] = str(max(int(text) * 1000, MIN_EPOCH_MS)).encode()
-    return [*kept, *((_ETF1_AS[name], v) for name, v in theirs.items()), (H_ID, key)]
+    control: Headers = [(H_DELIVER_AT, str(max(int(text) * 1000, MIN_EPOCH_MS)).encode())]
+    if ETF1_TARGET_TOPIC in theirs:
+        control.append((H_TARGET_TOPIC, theirs[ETF1_TARGET_TOPIC]))
+    # etf1 delivers the target key, or none: a null key, not the schedule's id.
+    control += [(H_TARGET_KEY, theirs.get(ETF1_TARGET_KEY)), (H_ID, key)]
+    added: Headers = [(ETF1_TIMESTAMP, str(timestamp_ms // 1000).encode()), (ETF1_KEY, key),
+                      (ETF1_TOPIC, topic.encode())]  # fmt: skip
+    return [*headers, *added, *control]

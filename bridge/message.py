@@ -275,10 +275,11 @@ class Scheduled:
         return max(self.due_ms, self.stored_ms or self.due_ms)
 
     def delivered_key(self) -> bytes | None:
-        """``delay-target-key`` when the record has one, else its own key."""
+        """``delay-target-key`` when the record has one (a null one: a null key), else its own
+        key."""
         for name, value in self.headers:
             if name == H_TARGET_KEY:
-                return value or b""
+                return value
         return self.key
 
     def delivered_headers(self) -> Headers:

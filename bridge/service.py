@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from bridge import __version__
 from bridge.catchup import CatchUp
 from bridge.config import Config, admin_settings, consumer_settings, producer_settings
+from bridge.dialects import ETF1
 from bridge.egress import Egress
 from bridge.errors import StoreError
 from bridge.health import Probes, Readiness
@@ -158,6 +159,7 @@ class Service:
             {**admin_settings(self.config), "logger": _kafka_logger("admin")},
             self.config.topics.delay,
             self.config.limits.max_delay,
+            key_is_id={t for t, d in self.config.topics.dialect.items() if d == ETF1},
         )
 
     def health(self) -> list[str]:

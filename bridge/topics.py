@@ -10,7 +10,7 @@ retention, or compaction can delete a record that is still waiting.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError as ConfluentError
@@ -25,8 +25,12 @@ logger = logging.getLogger(__name__)
 DESCRIBE_TIMEOUT_S = 10.0
 
 
-def retention_problems(topic: str, settings: Mapping[str, str], max_delay_ms: int) -> list[str]:
-    """What in a delay topic's configuration can delete records before they are due."""
+def retention_problems(
+    topic: str, settings: Mapping[str, str], max_delay_ms: int, *, key_is_id: bool = False
+) -> list[str]:
+    """What in a delay topic's configuration can delete records before they are due. Where the
+    record key is the delay-id (the etf1 dialect), compaction keeps the latest record per id —
+    the one a replacement or cancel leaves in force — so it deletes nothing still waiting."""
     problems = []
     retention_ms = int(settings.get("retention.ms", "-1"))
     if 0 <= retention_ms < max_delay_ms:
@@ -43,7 +47,7 @@ def retention_problems(topic: str, settings: Mapping[str, str], max_delay_ms: in
             "retention can delete records that are still scheduled, and a Redis that lost its "
             "data could not be rebuilt from the topic. Set retention.bytes=-1"
         )
-    if "compact" in settings.get("cleanup.policy", "delete"):
+    if "compact" in settings.get("cleanup.policy", "delete") and not key_is_id:
         problems.append(
             f"delay topic {topic} has cleanup.policy={settings['cleanup.policy']}: compaction "
             "removes older records with the same key that may still be scheduled. "
@@ -52,8 +56,15 @@ def retention_problems(topic: str, settings: Mapping[str, str], max_delay_ms: in
     return problems
 
 
-def check_retention(admin_conf: Mapping[str, Any], topics: Sequence[str], max_delay_ms: int) -> int:
-    """Warn loudly for every delay topic that cannot rebuild Redis; returns how many warnings."""
+def check_retention(
+    admin_conf: Mapping[str, Any],
+    topics: Sequence[str],
+    max_delay_ms: int,
+    *,
+    key_is_id: Collection[str] = (),
+) -> int:
+    """Warn loudly for every delay topic that cannot rebuild Redis; returns how many warnings.
+    ``key_is_id``: the topics whose record key is the delay-id (see :func:`retention_problems`)."""
     admin = AdminClient(dict(admin_conf))
     resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
     warnings = 0
@@ -62,7 +73,8 @@ def check_retention(admin_conf: Mapping[str, Any], topics: Sequence[str], max_de
         for resource, future in futures.items():
             entries = future.result(timeout=DESCRIBE_TIMEOUT_S)
             settings = {name: str(entry.value) for name, entry in entries.items()}
-            for problem in retention_problems(resource.name, settings, max_delay_ms):
+            for problem in retention_problems(resource.name, settings, max_delay_ms,
+                                              key_is_id=resource.name in key_is_id):  # fmt: skip
                 logger.warning("DELAY TOPIC CANNOT REBUILD REDIS: %s", problem)
                 warnings += 1
     except (KafkaException, TimeoutError) as exc:

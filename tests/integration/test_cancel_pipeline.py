@@ -201,12 +201,35 @@ def test_the_etf1_dialect_takes_what_an_etf1_producer_sends(
                         "the etf1 schedules")  # fmt: skip
     finally:
         collector.close()
-    assert sorted((r.key, r.value, r.delay_id) for r in collector.records) == [
-        (b"order-1", b"expire 1", "timeout-1"), (b"timeout-3", b"late", "timeout-3")]  # fmt: skip
+    # What etf1 itself delivers: the target key, or a null key when none is given ...
+    assert sorted((r.key or b"", r.value, r.delay_id) for r in collector.records) == [
+        (b"", b"late", "timeout-3"), (b"order-1", b"expire 1", "timeout-1")]  # fmt: skip
     [first] = [r for r in collector.records if r.value == b"expire 1"]
+    [late] = [r for r in collector.records if r.value == b"late"]
+    assert late.key is None
     assert first.due_ms == int(epoch) * 1000 <= first.timestamp_ms
-    assert not any(name.startswith("scheduler-") for name, _ in first.headers)
+    # ... with the schedule's own headers and the three etf1 adds on delivery.
+    produced = {r.key: r for r in produced_records(setup)}
+    etf1_headers = {n: v for n, v in first.headers if n.startswith("scheduler-")}
+    assert etf1_headers == {
+        "scheduler-epoch": epoch, "scheduler-target-topic": target,
+        "scheduler-target-key": b"order-1", "scheduler-key": b"timeout-1",
+        "scheduler-topic": setup.delay.encode(),
+        "scheduler-timestamp": str(produced[b"timeout-1"].timestamp_ms // 1000).encode(),
+    }  # fmt: skip
+    assert [n for n, _ in first.headers if n.startswith("scheduler-")][:3] == [
+        "scheduler-epoch", "scheduler-target-topic", "scheduler-target-key"]  # fmt: skip
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def produced_records(setup: Setup) -> list[Received]:
+    """Every record of the delay topic, read from its beginning."""
+    reader = Collector(setup.services.bootstrap, [setup.delay], f"read-{setup.unique}")
+    try:
+        reader.until(lambda rs: len(rs) >= 4, 30, "the delay topic's records")
+    finally:
+        reader.close()
+    return reader.records
 
 
 def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:

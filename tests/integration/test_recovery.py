@@ -160,6 +160,9 @@ def test_retention_shorter_than_max_delay_is_reported(
     assert f"delay topic {short} keeps records for retention.ms=60000 (1m)" in caplog.text
     assert forever not in caplog.text
     assert check_retention(admin, [short], max_delay_ms=60_000) == 0
+    compacted = topics("compacted", config={"cleanup.policy": "compact"})
+    assert check_retention(admin, [compacted], 60_000, key_is_id={compacted}) == 0  # etf1's
+    assert check_retention(admin, [compacted], 60_000) == 1
     started = time.monotonic()
     unreachable = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}
     assert check_retention(unreachable, [short], 60_000) == 0

@@ -90,14 +90,20 @@ def test_an_etf1_record_is_scheduled_with_its_key_as_the_delay_id() -> None:
     assert rec.delay_id == "timeout-o-1" and rec.given_id("legacy", 1) == "timeout-o-1"
     assert rec.delivered_key() == b"o-1"
     assert rec.value == b"payload"
-    # Delivered like any record: the control headers gone, the bridge's own added.
-    assert rec.delivered_headers() == [("trace", b"t"), (H_ID, b"timeout-o-1"),
-                                       ("delay-due-at", b"1790000100000")]  # fmt: skip
+    # Delivered as etf1 delivers it: the schedule's headers, then etf1's three (the schedule's
+    # timestamp in unix seconds, its key and topic), then the bridge's own.
+    assert rec.delivered_headers() == [
+        *etf1(scheduler_target_key=b"o-1"), ("trace", b"t"),
+        ("scheduler-timestamp", str(NOW // 1000).encode()), ("scheduler-key", b"timeout-o-1"),
+        ("scheduler-topic", b"legacy"), (H_ID, b"timeout-o-1"), ("delay-due-at", b"1790000100000"),
+    ]  # fmt: skip
 
 
-def test_without_a_target_key_the_record_key_is_kept() -> None:
+def test_without_a_target_key_the_delivered_key_is_null_as_with_etf1() -> None:
     rec = read(etf1(), topic="legacy", key=b"job")
-    assert isinstance(rec, Scheduled) and rec.delivered_key() == b"job"
+    assert isinstance(rec, Scheduled) and rec.delivered_key() is None
+    plain = read([(H_TARGET_TOPIC, b"t"), (H_AFTER, b"1s")], key=b"job")
+    assert isinstance(plain, Scheduled) and plain.delivered_key() == b"job"  # the default stays
 
 
 def test_an_etf1_tombstone_cancels_its_key() -> None:
@@ -120,6 +126,8 @@ def test_a_past_epoch_is_due_at_once() -> None:
         (etf1(epoch=b"1790000100.5"), b"k", Reason.BAD_DUE_TIME, "is not unix seconds"),
         (etf1(epoch=b"soon"), b"k", Reason.BAD_DUE_TIME, "is not unix seconds"),
         (etf1(epoch=b"9790000100"), b"k", Reason.DELAY_TOO_LONG, "limits.max_delay"),
+        (etf1(epoch=b"1790000100000"), b"k", Reason.BAD_DUE_TIME,
+         "scheduler-epoch 1790000100000 looks like milliseconds: etf1 takes unix seconds"),
         ([("scheduler-epoch", b"1790000100")], b"k", Reason.MISSING_TARGET, "no delay-target"),
         (etf1(target=b"delay"), b"k", Reason.TARGET_NOT_ALLOWED, "is a delay topic"),
         ([*etf1(), ("scheduler-epoch", b"1")], b"k", Reason.BAD_HEADER, "more than once"),
