@@ -73,6 +73,28 @@ class RateLimit(logging.Filter):
         return True
 
 
+class KafkaNoise(logging.Filter):
+    """Lowers librdkafka lines that are not the operator's concern: an idempotent producer's
+    "Failed to acquire idempotence PID … retrying" while a (re)started broker loads its
+    coordinator (librdkafka retries by itself: INFO), and a refused connection once the bridge
+    is stopping (a broker that was restarted has left a stale connection behind: DEBUG). A fault
+    that lasts still shows: in /readyz, in the bridge's own lines, and in librdkafka's others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        text = record.getMessage()
+        if text.startswith("GETPID") and "retrying" in text:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        elif self.stopping and "Connection refused" in text:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 def setup(level: str, as_json: bool) -> None:
     """Configure the root logger once: level, and text or JSON lines on stdout."""
     handler = logging.StreamHandler(sys.stdout)

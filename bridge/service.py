@@ -25,6 +25,7 @@ from bridge.errors import StoreError
 from bridge.health import Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
+from bridge.logs import KafkaNoise
 from bridge.metrics import Metrics, Sampler
 from bridge.redis_client import redis_client
 from bridge.store import Shard, Store
@@ -56,8 +57,15 @@ SWITCH_INTERVAL_S = 0.001
 GC_THRESHOLDS = (100_000, 10, 10)
 
 
+# librdkafka's own lines, routed into the log; lowered where they are not the operator's concern.
+_KAFKA_NOISE = KafkaNoise()
+
+
 def _kafka_logger(name: str) -> logging.Logger:
-    return logging.getLogger(f"librdkafka.{name}")
+    kafka = logging.getLogger(f"librdkafka.{name}")
+    if _KAFKA_NOISE not in kafka.filters:
+        kafka.addFilter(_KAFKA_NOISE)
+    return kafka
 
 
 class Service:
@@ -65,6 +73,7 @@ class Service:
 
     def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
         self.config = config
+        _KAFKA_NOISE.stopping = False
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.metrics.declare_delay_topics(config.topics.delay)
@@ -230,6 +239,7 @@ class Service:
         sampler_thread = self._thread("sampler", self.sampler.run)
         self.stop_event.wait()
         logger.info("stopping")
+        _KAFKA_NOISE.stopping = True
         self.egress.wake_up()  # cut its sleep short
         # Reverse order of start: ingress stops consuming and commits; egress finishes its batch.
         ingress_thread.join()

@@ -315,7 +315,20 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
         run.at(moment)
         run.servers.kill("kafka")
         run.servers.up("kafka")
-    return run.finish(workload, "Kafka broker restart", f"{size.faults} x kill -9 of the broker")
+    result = run.finish(workload, "Kafka broker restart", f"{size.faults} x kill -9 of the broker")
+    # What librdkafka says of a restart it rides out is not the operator's concern: no warning
+    # that the restarted broker's coordinator is still loading, no connection refused by the
+    # killed broker logged while the bridge shuts down afterwards.
+    stopped = bridge.stop() == 0
+    log = bridge.output()
+    shutdown = log[log.rfind("stopping") :] if "stopping" in log else ""
+    loud = [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+    noise = [line for line in loud if "GETPID" in line]
+    noise += [line for line in loud if "Connection refused" in line and line in shutdown]
+    result.checks.update({"stopped cleanly": stopped, "no librdkafka noise": not noise})
+    if noise:
+        result.notes.append(f"noise: {noise[0][:200]}")
+    return result
 
 
 def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:

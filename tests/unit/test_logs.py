@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from bridge.logs import RateLimit
+from bridge.logs import KafkaNoise, RateLimit
 
 
 def record(message: str, *args: object, level: int = logging.ERROR) -> logging.LogRecord:
@@ -52,3 +52,22 @@ def test_lines_with_one_repeat_key_are_repeats_whatever_their_text() -> None:
     late = cancel("e")
     assert limit.filter(late)
     assert late.getMessage() == "cancel of e found nothing (2 more like this in the last 30s)"
+
+
+def test_librdkafka_lines_that_are_not_the_operators_concern_are_lowered() -> None:
+    noise = KafkaNoise()
+
+    def line(text: str) -> logging.LogRecord:
+        return record("%s", text, level=logging.WARNING)
+
+    pid = line("GETPID [rdkafka#producer-1] [thrd:main]: Failed to acquire idempotence PID from "
+               "broker 127.0.0.1:19092/1: Broker: Coordinator load in progress: retrying")  # fmt: skip
+    refused = line("FAIL [rdkafka#producer-1] [thrd:127.0.0.1:19092/1]: Connect to "
+                   "ipv4#127.0.0.1:19092 failed: Connection refused (after 0ms in state CONNECT)")  # fmt: skip
+    assert noise.filter(pid) and pid.levelno == logging.INFO
+    assert noise.filter(refused) and refused.levelno == logging.WARNING  # running: it matters
+    noise.stopping = True
+    late = line(refused.getMessage())
+    assert noise.filter(late) and late.levelno == logging.DEBUG
+    other = line("FAIL [rdkafka#producer-1]: SASL authentication failed")
+    assert noise.filter(other) and other.levelno == logging.WARNING
