@@ -16,7 +16,7 @@ from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import Scheduled, decode, format_time_ms
 from bridge.redis_client import redis_client
-from bridge.store import Shard, Store, as_store_error, offset_of
+from bridge.store import Shard, Store, as_store_error, glob_escape, offset_of
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
@@ -159,7 +159,7 @@ def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[bytes, float
         # A default id names its offset; its due time is unknown, so the offset's records
         # are looked for among the due index's members that start with it.
         prefix = int(tail).to_bytes(8, "big")
-        members = store.client.zscan_iter(store.keys(shard).due, match=_glob(prefix) + b"*",
+        members = store.client.zscan_iter(store.keys(shard).due, match=glob_escape(prefix) + b"*",
                                           score_cast_func=float)  # fmt: skip
         return [(m, s) for m, s in members if m.startswith(prefix)]
     offset, due = entry[:8], entry[8:].decode()
@@ -167,11 +167,6 @@ def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[bytes, float
     page = cast(list[tuple[bytes, float]],
                 store.client.zrangebyscore(due_index, due, due, withscores=True))  # fmt: skip
     return [(m, s) for m, s in page if m.startswith(offset)]
-
-
-def _glob(raw: bytes) -> bytes:
-    """``raw`` with Redis glob's special characters escaped."""
-    return b"".join(b"\\" + bytes((c,)) if c in b"*?[]\\^" else bytes((c,)) for c in raw)
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:

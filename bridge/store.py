@@ -230,9 +230,13 @@ def _tag(prefix: str, topic: str, partition: str) -> str:
     return f"{head}{partition}}}" if partition else head
 
 
+def glob_escape(raw: bytes) -> bytes:
+    """``raw`` with Redis glob's special characters escaped (for SCAN's MATCH)."""
+    return b"".join(b"\\" + bytes((c,)) if c in b"*?[]\\^" else bytes((c,)) for c in raw)
+
+
 def _glob(text: str) -> str:
-    """``text`` with Redis glob's special characters escaped."""
-    return "".join("\\" + c if c in "*?[]\\^" else c for c in text)
+    return glob_escape(text.encode()).decode()
 
 
 def _text(value: bytes | str) -> str:
