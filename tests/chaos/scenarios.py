@@ -327,7 +327,7 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
     noise += [line for line in loud if "Connection refused" in line and line in shutdown]
     result.checks.update({"stopped cleanly": stopped, "no librdkafka noise": not noise})
     if noise:
-        result.notes.append(f"noise: {noise[0][:200]}")
+        result.notes.append(f"noise: {len(noise)}: " + " | ".join(n[:160] for n in noise[:4]))
     return result
 
 
