@@ -215,8 +215,8 @@ def _partitions(
         return out
     except KafkaException as exc:
         print(f"delay-bridge: cannot read the delay topics from Kafka at "
-              f"{config.kafka.bootstrap_servers} ({exc.args[0].str()}): showing what Redis "
-              "holds, Kafka's columns unknown", file=sys.stderr)  # fmt: skip
+              f"{config.kafka.bootstrap_servers} ({exc.args[0].str()}): using the partitions "
+              "Redis holds, Kafka's figures unknown", file=sys.stderr)  # fmt: skip
     finally:
         consumer.close()
     store = _store(config)
