@@ -121,6 +121,12 @@ class EgressConfig:
     send_tick: int = duration("2ms")
     ahead: int = duration("100ms")
 
+    @property
+    def due_by_ms(self) -> int:
+        """A record in flight was due by its lease deadline minus this: it was claimed at most
+        ``ahead`` before it fell due, under a ``lease`` (see stats.lua)."""
+        return self.lease - self.ahead
+
 
 @dataclass(frozen=True)
 class LimitsConfig:

@@ -66,7 +66,7 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
         now = store.time_ms()
         marks = store.watermarks([s for s, _, _ in partitions])
         for shard, committed, end in partitions:
-            backlog = store.backlog([shard], now, config.egress.lease - config.egress.ahead)
+            backlog = store.backlog([shard], now, config.egress.due_by_ms)
             k = store.keys(shard)
             with as_store_error():
                 first = cast(list[tuple[bytes, float]],

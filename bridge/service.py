@@ -129,7 +129,7 @@ class Service:
         )
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
                                self.egress.not_due, lost=lambda: self.ingress.lost,
-                               due_by_ms=config.egress.lease - config.egress.ahead)  # fmt: skip
+                               due_by_ms=config.egress.due_by_ms)  # fmt: skip
         self.http = HttpServer(
             config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
         )

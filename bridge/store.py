@@ -752,8 +752,8 @@ class Store:
         self, shards: Sequence[Shard], now_ms: int | None = None, due_by_ms: int | None = None
     ) -> Backlog:
         """Scheduled, overdue and in-flight counts and the oldest overdue due time, summed; with
-        ``due_by_ms`` (``egress.lease - egress.ahead``), a record in flight counts in the oldest
-        from its lease deadline minus that, a time by which it was due (stats.lua)."""
+        ``due_by_ms`` (``EgressConfig.due_by_ms``), a record in flight counts in the oldest from
+        its lease deadline minus that, a time by which it was due (stats.lua)."""
         if not shards:
             return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
         args = ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]

@@ -20,7 +20,7 @@ local oldest = -1
 if overdue > 0 then
   oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
 end
-if inflight > 0 and ARGV[2] and ARGV[2] ~= '' then
+if inflight > 0 and ARGV[2] ~= '' then
   local due_by = tonumber(redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]) - tonumber(ARGV[2])
   if due_by <= now and (oldest < 0 or due_by < oldest) then
     oldest = due_by
