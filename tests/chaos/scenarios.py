@@ -47,6 +47,8 @@ MAX_DELAY_MS = 5000
 SETTLE_TIMEOUT_S = 180.0
 # A bridge SIGKILLed and restarted at once delivers again within this: a restart, not a timeout.
 RECOVERY_BOUND_MS = 10_000
+# A rolling update of the chart's StatefulSet stalls a partition no longer than this.
+ROLLOUT_BOUND_MS = 2_000
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,9 @@ class Run:
                 future.result(timeout=30)
 
 
+Scenario = Callable[[Run, Size, random.Random], Result]
+
+
 def moments(rng: random.Random, count: int, start: float, end: float) -> list[float]:
     return sorted(rng.uniform(start, end) for _ in range(count))
 
@@ -276,7 +281,7 @@ def bridge_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
-def redis_restart(fsync: str) -> Callable[[Run, Size, random.Random], Result]:
+def redis_restart(fsync: str) -> Scenario:
     def scenario(run: Run, size: Size, rng: random.Random) -> Result:
         run.servers.set_appendfsync(fsync)
         run.bridge()
@@ -434,6 +439,63 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
         live[i] = run.bridge(f"pod-{i}")
     return run.finish(workload, "rebalance storm",
                       f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
+
+
+def wait_spread(bridges: list[Bridge], timeout: float = 60) -> bool:
+    """Wait until every delay partition is owned and each bridge owns one at least: the group has
+    settled, so a fault's effect is not mixed with the first assignment's."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            owned = [metric(b, "delay_bridge_owned_partitions") for b in bridges]
+            if sum(owned) == PARTITIONS and min(owned) >= 1:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def rollout(how: str) -> Scenario:
+    """Three replicas (static group members, the bridge's own session and heartbeat) replaced one
+    after the other under steady load, as Kubernetes rolls the chart's workload: a
+    ``statefulset`` stops a pod and then starts its replacement under the same name (the same
+    member, back with the same partitions without a rebalance); a ``deployment`` starts a pod
+    under a new name, waits for it to be ready, then stops an old one, whose static membership
+    holds its partitions until its session times out."""
+
+    def scenario(run: Run, size: Size, rng: random.Random) -> Result:
+        names = [f"pod-{i}" for i in range(3)]
+        live = [run.bridge(name) for name in names]
+        settled = all(wait_ready(b) for b in live) and wait_spread(live)
+        workload = run.workload(
+            steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+        )
+        run.at(3.0)
+        ready, stopped = True, []
+        for round_ in range(size.faults):
+            for i, old in enumerate(list(live)):
+                if how == "deployment":
+                    names[i] = f"pod-{i}-{round_ + 1}"
+                    live[i] = run.bridge(names[i])
+                    ready = wait_ready(live[i]) and ready
+                old.signal(signal.SIGTERM)
+                stopped.append(old.wait(60))
+                if how == "statefulset":
+                    live[i] = run.bridge(names[i])
+                    ready = wait_ready(live[i]) and ready
+        result = run.finish(workload, f"rollout ({how})", f"3 replicas replaced one by one, "
+                            f"{size.faults} time{'s' if size.faults > 1 else ''}")  # fmt: skip
+        result.checks.update({
+            "group settled before": settled, "each replacement ready": ready,
+            "each replica stopped cleanly": stopped == [0] * len(stopped),
+        })  # fmt: skip
+        if how == "statefulset":  # the chart's default: no stall
+            result.checks[f"max lateness <= {ROLLOUT_BOUND_MS / 1000:.0f} s"] = (
+                result.account.max_lateness_ms <= ROLLOUT_BOUND_MS
+            )
+        return result
+
+    scenario.__doc__ = f"A rolling update of three replicas, as a {how} does it."
+    return scenario
 
 
 def _flood(count: int, target: str, seed: int, bad_every: int = 2) -> list[Record]:
@@ -699,10 +761,8 @@ def _slot_served(nodes: list[str], key: bytes) -> bool:
         cluster.close()
 
 
-Scenario = Callable[[Run, Size, random.Random], Result]
-
-# name → (scenario, quick size for `make test`, full size for `make chaos`)
-SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
+# name → (scenario, quick size for `make test` (None: only in `make chaos`), full size)
+SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "bridge-sigkill": (bridge_sigkill, Size(4000, 12, 3), Size(100_000, 60, 20)),
     "redis-restart-always": (redis_restart("always"), Size(3000, 10, 1), Size(50_000, 30, 3)),
     "redis-restart-everysec": (redis_restart("everysec"), Size(3000, 10, 1), Size(50_000, 30, 3)),
@@ -718,6 +778,8 @@ SCENARIOS: dict[str, tuple[Scenario, Size, Size]] = {
         Size(30_000, 60, 1, outage_s=30),
     ),
     "rebalance-storm": (rebalance_storm, Size(4000, 12, 4), Size(100_000, 60, 20)),
+    "rollout": (rollout("statefulset"), Size(3000, 20, 1), Size(30_000, 120, 3)),
+    "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
     "redis-lost": (redis_lost, Size(3000, 10, 1), Size(50_000, 30, 2)),
     "topic-recreated": (topic_recreated, Size(3000, 10, 1), Size(50_000, 30, 2)),
@@ -737,6 +799,8 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     overrides: dict[str, object] = {}
     if name == "hostile-input":
         overrides["limits__max_record_bytes"] = 100_000
+    if name.startswith("rollout"):
+        overrides["kafka__consumer"] = {}  # the bridge's own session and heartbeat
     if name in ("bridge-sigkill", "rebalance-storm"):
         overrides["egress__lease"] = "30s"  # the default: recovery must not wait for it
     ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)

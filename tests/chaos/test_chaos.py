@@ -1,4 +1,4 @@
-"""A short version of every chaos scenario: nothing lost, nothing early, every check holds."""
+"""A short version of every chaos scenario that has one: nothing lost, nothing early, every check holds."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     chaos.down()
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("name", [name for name, (_, quick, _) in SCENARIOS.items() if quick])
 def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
     _, quick, _ = SCENARIOS[name]
+    assert quick is not None
     result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
     account = result.account
     print(f"{name}: {result.row()}")

@@ -55,8 +55,14 @@ def kinds(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def workload(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The bridge's StatefulSet or Deployment."""
+    [found] = [d for d in docs if d["kind"] in ("StatefulSet", "Deployment")]
+    return found
+
+
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    [c] = kinds(docs)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    [c] = workload(docs)["spec"]["template"]["spec"]["containers"]
     return dict(c)
 
 
@@ -70,8 +76,12 @@ def test_helm_lint_strict(helm: str, values: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["-f", str(ALL_VALUES), "--api-versions", MONITORING]],
-    ids=["default", "all-features"],
+    [
+        [],
+        ["-f", str(ALL_VALUES), "--api-versions", MONITORING],
+        ["--set", "workloadKind=Deployment"],
+    ],
+    ids=["default", "all-features", "deployment"],
 )
 def test_rendered_manifests_pass_strict_schemas(helm: str, args: list[str], tmp_path: Path) -> None:
     docs = render(helm, *args)
@@ -85,7 +95,7 @@ def test_rendered_manifests_pass_strict_schemas(helm: str, args: list[str], tmp_
         except kubernetes_validate.ValidationError as err:
             errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {err.message}")
     assert errors == []
-    if args:
+    if MONITORING in args:
         # The operator's kinds have no bundled schema: the rules go through promtool instead.
         assert sorted(d["kind"] for d in crds) == ["PrometheusRule", "ServiceMonitor"]
         rule = next(d for d in crds if d["kind"] == "PrometheusRule")
@@ -102,7 +112,7 @@ def test_rendered_manifests_pass_strict_schemas(helm: str, args: list[str], tmp_
 
 def test_default_render_has_the_expected_objects(helm: str) -> None:
     assert sorted(kinds(render(helm))) == sorted([
-        "ConfigMap/rel-delay-bridge", "Deployment", "PodDisruptionBudget", "Service",
+        "ConfigMap/rel-delay-bridge", "StatefulSet", "PodDisruptionBudget", "Service",
         "ServiceAccount", "Pod",  # the helm test hook
     ])  # fmt: skip
     # Asked for, but the cluster does not serve the operator's API: nothing rendered, no error.
@@ -116,13 +126,13 @@ def test_default_render_has_the_expected_objects(helm: str) -> None:
         full["ConfigMap/rel-delay-bridge-dashboard"]["metadata"]["labels"]["grafana_dashboard"]
         == "1"
     )
-    assert "replicas" not in full["Deployment"]["spec"]  # the HPA owns it
+    assert "replicas" not in full["StatefulSet"]["spec"]  # the HPA owns it
 
 
 @pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES)]], ids=["default", "all"])
 def test_restricted_pod_security(helm: str, values: list[str]) -> None:
     docs = render(helm, *values)
-    pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
+    pod = workload(docs)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert (
         isinstance(pod["securityContext"]["runAsUser"], int)
@@ -160,7 +170,7 @@ def test_probes_point_at_the_real_endpoints(helm: str) -> None:
 
 def test_checksum_annotation_follows_the_config(helm: str) -> None:
     def checksum(*args: str) -> str:
-        deployment = kinds(render(helm, *args))["Deployment"]
+        deployment = workload(render(helm, *args))
         return str(deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
     base = checksum()
@@ -233,7 +243,7 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
         assert common["ssl.ca.location"] == str(tls / "kafka/ca.crt")
         assert common["security.protocol"] == "SASL_SSL"  # the user's, not the chart's default
         assert "ssl.certificate.location" not in common  # no certKey given
-        pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
+        pod = workload(docs)["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["secrets"]["secret"] == {"secretName": "delay-bridge-passwords"}
         assert volumes["tls-kafka"]["secret"] == {"secretName": "kafka-tls"}
@@ -315,12 +325,12 @@ def test_mistakes_fail_at_render_time_naming_the_key(
 
 def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
     docs = render(helm)
-    pod = kinds(docs)["Deployment"]["spec"]["template"]["spec"]
+    pod = workload(docs)["spec"]["template"]["spec"]
     spread = pod["topologySpreadConstraints"]
     assert [c["topologyKey"] for c in spread] == ["topology.kubernetes.io/zone",
                                                   "kubernetes.io/hostname"]  # fmt: skip
     assert all(c["whenUnsatisfiable"] == "ScheduleAnyway" for c in spread)
-    selector = kinds(docs)["Deployment"]["spec"]["selector"]["matchLabels"]
+    selector = workload(docs)["spec"]["selector"]["matchLabels"]
     assert all(c["labelSelector"]["matchLabels"] == selector for c in spread)
     # The bridge's stop: up to 10 s of deliveries in flight, then up to 30 s of DLQ flush.
     assert pod["terminationGracePeriodSeconds"] > 40
@@ -328,7 +338,7 @@ def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
     test_labels = kinds(docs)["Pod"]["metadata"]["labels"]
     assert not set(selector.items()) <= set(test_labels.items())
     assert kinds(docs)["Pod"]["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    own = kinds(render(helm, "--set", "spreadReplicas=false"))["Deployment"]
+    own = workload(render(helm, "--set", "spreadReplicas=false"))
     assert "topologySpreadConstraints" not in own["spec"]["template"]["spec"]
 
 
@@ -344,3 +354,30 @@ def test_each_pod_is_a_static_group_member_named_after_itself(helm: str) -> None
     assert by_name["X"]["value"] == "1"
     off = container(render(helm, "--set", "staticMembership=false"))
     assert "DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID" not in {e["name"] for e in off.get("env", [])}
+
+
+def test_a_statefulset_by_default_so_a_rolled_pod_rejoins_as_the_same_member(helm: str) -> None:
+    """Under a StatefulSet a replaced pod keeps its name, hence its group instance id: it takes its
+    partitions back without a rebalance (the `rollout` chaos scenario measures it). A Deployment
+    stays available, starting the new pod first, and the HPA follows the kind."""
+    docs = render(helm, "--set", "autoscaling.enabled=true")
+    sts = workload(docs)
+    assert sts["kind"] == "StatefulSet"
+    assert sts["spec"]["serviceName"] == kinds(docs)["Service"]["metadata"]["name"]
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"  # a crash-looping pod blocks no other
+    assert sts["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert "volumeClaimTemplates" not in sts["spec"]  # nothing on disk: the state is in Redis
+    assert kinds(docs)["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    deployment = render(
+        helm, "--set", "workloadKind=Deployment", "--set", "autoscaling.enabled=true"
+    )
+    dep = workload(deployment)
+    assert dep["kind"] == "Deployment"
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}
+    }  # fmt: skip
+    assert "serviceName" not in dep["spec"]
+    target = kinds(deployment)["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert target["kind"] == "Deployment"
+    own = workload(render(helm, "--set", "updateStrategy.type=OnDelete"))
+    assert own["spec"]["updateStrategy"] == {"type": "OnDelete"}
