@@ -3,6 +3,7 @@ rendered manifests must say (security, probes, config, labels)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bridge.config import from_mapping, kafka_settings
 from tests.conftest import ROOT
 
 CHART = ROOT / "helm" / "delay-bridge"
@@ -381,3 +383,68 @@ def test_a_statefulset_by_default_so_a_rolled_pod_rejoins_as_the_same_member(hel
     assert target["kind"] == "Deployment"
     own = workload(render(helm, "--set", "updateStrategy.type=OnDelete"))
     assert own["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def _materialised(docs: list[dict[str, Any]], secrets: Path) -> Any:
+    """The bridge's config as the pod reads it: the chart's Secret written where it is mounted."""
+    secrets.mkdir()
+    for key, value in kinds(docs).get("Secret", {}).get("data", {}).items():
+        (secrets / key).write_bytes(base64.b64decode(value))
+    text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    return from_mapping(yaml.safe_load(text.replace("/var/run/secrets/delay-bridge", str(secrets))),
+                        env={})  # fmt: skip
+
+
+# Every librdkafka property librdkafka itself marks sensitive, and a few more by name.
+SECRET_PROPERTIES = [
+    ("common", "sasl.password"), ("producer", "sasl.password"), ("consumer", "sasl.password"),
+    ("common", "ssl.key.password"), ("producer", "ssl.key.password"),
+    ("common", "ssl.keystore.password"), ("common", "ssl.key.pem"),
+    ("common", "sasl.oauthbearer.client.secret"), ("consumer", "sasl.oauthbearer.client.secret"),
+    ("common", "sasl.oauthbearer.config"), ("common", "sasl.jaas.config"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("role", "name"), SECRET_PROPERTIES)
+def test_every_secret_kafka_property_goes_to_the_secret_never_a_configmap(
+    helm: str, role: str, name: str, tmp_path: Path
+) -> None:
+    value = f"s3cr3t-{role}-{name}"
+    escaped = name.replace(".", "\\.")
+    docs = render(helm, "--set-string", f"config.kafka.{role}.{escaped}={value}",
+                  "--set", "metrics.grafanaDashboard.enabled=true")  # fmt: skip
+    configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert len(configmaps) == 2 and not any(value in yaml.safe_dump(d) for d in configmaps)
+    secret = kinds(docs)["Secret"]["data"]
+    assert base64.b64encode(value.encode()).decode() in secret.values()
+    # The bridge, reading the mounted Secret, hands librdkafka the same property and value.
+    config = _materialised(docs, tmp_path / "secrets")
+    role_for = "consumer" if role == "common" else role
+    assert kafka_settings(config, role_for)[name] == value
+    pod = workload(docs)["spec"]["template"]["spec"]
+    assert {"name": "secrets", "secret": {"secretName": "rel-delay-bridge"}} in pod["volumes"]
+    # With a Secret of the user's own, an inline secret has nowhere to go: refused, naming it.
+    proc = subprocess.run([helm, "template", "rel", str(CHART), "--set-string",
+                           f"config.kafka.{role}.{escaped}={value}", "--set",
+                           "auth.existingSecret=mine"], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert proc.returncode != 0 and "cannot be used with auth.existingSecret" in proc.stderr
+    assert name in proc.stderr and value not in proc.stderr
+
+
+def test_a_password_inside_the_redis_url_goes_to_the_secret(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, "--set", "config.redis.url=rediss://app:url-pw@redis:6380/2")
+    configmap = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    assert "url-pw" not in configmap
+    config = _materialised(docs, tmp_path / "secrets")
+    assert config.redis.url == "rediss://app@redis:6380/2"  # the user stays, for ACLs
+    assert config.redis_password() == "url-pw"
+    anonymous = render(helm, "--set", "config.redis.url=redis://:pw2@redis:6379/0")
+    text = kinds(anonymous)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    assert "pw2" not in text and "redis://redis:6379/0" in text
+    proc = subprocess.run([helm, "template", "rel", str(CHART), "--set",
+                           "config.redis.url=redis://:p%40ss@redis:6379/0"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert (
+        proc.returncode != 0 and "config.redis.url: its password is percent-encoded" in proc.stderr
+    )

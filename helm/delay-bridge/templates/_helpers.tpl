@@ -74,37 +74,76 @@ Name of the Secret with the passwords: the user's, or the one the chart creates.
 {{- end }}
 
 {{/*
-A password given inline, in auth or (never rendered into the ConfigMap) in config: it goes into
-the chart's Secret.
+Whether a librdkafka property's name marks it secret ("true" or ""): passwords, secrets,
+passphrases, private keys, JAAS and OAUTHBEARER configs. A `<name>_file` is a path, not a secret.
 */}}
-{{- define "delay-bridge.kafkaPassword" -}}
-{{- .Values.auth.kafkaPassword | default (index (dig "kafka" "common" dict .Values.config) "sasl.password" | default "") }}
-{{- end }}
-{{- define "delay-bridge.redisPassword" -}}
-{{- .Values.auth.redisPassword | default (dig "redis" "password" "" .Values.config) }}
-{{- end }}
-{{- define "delay-bridge.sentinelPassword" -}}
-{{- .Values.auth.sentinelPassword | default (dig "redis" "sentinel" "password" "" .Values.config) }}
+{{- define "delay-bridge.isSecretProperty" -}}
+{{- if and (regexMatch "(?i)password|secret|passphrase|credential|jaas|oauthbearer\\.config|key\\.pem" .) (not (hasSuffix "_file" .)) }}true{{ end }}
 {{- end }}
 
 {{/*
-Key of the Kafka / Redis / Sentinel password in that Secret ("" when none).
+config.redis.url split into the URL without its password ("url") and the password ("password").
 */}}
-{{- define "delay-bridge.kafkaPasswordKey" -}}
-{{- if .Values.auth.existingSecret }}{{ .Values.auth.kafkaPasswordKey }}{{ else if include "delay-bridge.kafkaPassword" . }}kafka-password{{ end }}
+{{- define "delay-bridge.redisUrl" -}}
+{{- $url := dig "redis" "url" "" .Values.config }}
+{{- $parts := urlParse $url }}
+{{- $user := $parts.userinfo }}
+{{- $password := "" }}
+{{- if contains ":" $parts.userinfo }}
+{{- $user = regexReplaceAll ":.*$" $parts.userinfo "" }}
+{{- $password = regexReplaceAll "^[^:]*:" $parts.userinfo "" }}
+{{- if contains "%" $password }}
+{{- fail "config.redis.url: its password is percent-encoded; give it unencoded in auth.redisPassword (or a Secret of yours) and leave it out of the URL" }}
 {{- end }}
-{{- define "delay-bridge.redisPasswordKey" -}}
-{{- if .Values.auth.existingSecret }}{{ .Values.auth.redisPasswordKey }}{{ else if include "delay-bridge.redisPassword" . }}redis-password{{ end }}
+{{- $url = urlJoin (set (omit $parts "userinfo") "userinfo" $user) }}
 {{- end }}
-{{- define "delay-bridge.sentinelPasswordKey" -}}
-{{- if .Values.auth.existingSecret }}{{ .Values.auth.sentinelPasswordKey }}{{ else if include "delay-bridge.sentinelPassword" . }}sentinel-password{{ end }}
+{{- toYaml (dict "url" $url "password" $password) }}
+{{- end }}
+
+{{/*
+Every secret given inline, as Secret key → value: the auth.* passwords, those in config
+(redis.password, redis.sentinel.password, the password in redis.url) and each librdkafka property
+of config.kafka.common / consumer / producer whose name marks it secret (kafka.<role>.<name>).
+None of them reaches the ConfigMap: they go into the chart's Secret.
+*/}}
+{{- define "delay-bridge.inlineSecrets" -}}
+{{- $out := dict }}
+{{- $kafka := default (dict) .Values.config.kafka }}
+{{- with .Values.auth.kafkaPassword | default (index (default (dict) $kafka.common) "sasl.password") }}
+{{- $_ := set $out "kafka-password" (toString .) }}
+{{- end }}
+{{- $redis := default (dict) .Values.config.redis }}
+{{- with .Values.auth.redisPassword | default $redis.password | default (include "delay-bridge.redisUrl" . | fromYaml).password }}
+{{- $_ := set $out "redis-password" (toString .) }}
+{{- end }}
+{{- with .Values.auth.sentinelPassword | default (dig "sentinel" "password" "" $redis) }}
+{{- $_ := set $out "sentinel-password" (toString .) }}
+{{- end }}
+{{- range $role := list "common" "consumer" "producer" }}
+{{- range $name, $value := (index $kafka $role | default (dict)) }}
+{{- if and (include "delay-bridge.isSecretProperty" $name) (not (and (eq $role "common") (eq $name "sasl.password"))) }}
+{{- $_ := set $out (printf "kafka.%s.%s" $role $name) (toString $value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/*
+Key of the Kafka / Redis / Sentinel password in the mounted Secret ("" when none).
+*/}}
+{{- define "delay-bridge.passwordKey" -}}
+{{- $ctx := index . 0 }}
+{{- $name := index . 1 }}
+{{- if $ctx.Values.auth.existingSecret }}{{ index $ctx.Values.auth (printf "%sPasswordKey" $name) }}
+{{- else if hasKey (include "delay-bridge.inlineSecrets" $ctx | fromYaml) (printf "%s-password" $name) }}{{ $name }}-password{{ end }}
 {{- end }}
 
 {{/*
 Whether the pod mounts the passwords Secret ("true" or "").
 */}}
 {{- define "delay-bridge.hasSecret" -}}
-{{- if or (include "delay-bridge.kafkaPasswordKey" .) (include "delay-bridge.redisPasswordKey" .) (include "delay-bridge.sentinelPasswordKey" .) }}true{{ end }}
+{{- if or (include "delay-bridge.passwordKey" (list . "kafka")) (include "delay-bridge.passwordKey" (list . "redis")) (include "delay-bridge.passwordKey" (list . "sentinel")) (ne (include "delay-bridge.inlineSecrets" .) "{}") }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -125,34 +164,61 @@ The bridge's YAML config: values.config, with the HTTP port of the Service and t
 files of the mounted Secret.
 */}}
 {{- define "delay-bridge.config" -}}
-{{- if and .Values.auth.existingSecret (or (include "delay-bridge.kafkaPassword" .) (include "delay-bridge.redisPassword" .) (include "delay-bridge.sentinelPassword" .)) }}
-{{- fail "a password given inline (auth.*Password, config.redis.password, config.redis.sentinel.password, config.kafka.common.sasl.password) cannot be used with auth.existingSecret: put it in that Secret and name its key in auth.*PasswordKey" }}
+{{- $inline := include "delay-bridge.inlineSecrets" . | fromYaml }}
+{{- if and .Values.auth.existingSecret $inline }}
+{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" }}
+{{- $given := list }}
+{{- range $key := keys $inline | sortAlpha }}
+{{- $given = append $given (get $named $key | default (printf "config.%s" $key)) }}
 {{- end }}
+{{- fail (printf "%s: a secret given inline cannot be used with auth.existingSecret: put it in that Secret and name its key in auth.*PasswordKey (or point <property>_file at it)" (join "; " $given)) }}
+{{- end }}
+{{- $dir := "/var/run/secrets/delay-bridge" }}
 {{- $config := deepCopy .Values.config }}
+{{- with $config.http }}
+{{- if and (hasKey . "port") (ne (int .port) (int $.Values.service.port)) }}
+{{- fail (printf "config.http.port: %v differs from service.port (%v); the chart serves HTTP on service.port: set that alone" .port $.Values.service.port) }}
+{{- end }}
+{{- end }}
 {{- $_ := set $config "http" (dict "host" "0.0.0.0" "port" (int .Values.service.port)) }}
 {{- $kafka := default (dict) $config.kafka }}
-{{- $common := omit (default (dict) $kafka.common) "sasl.password" }}
-{{- if include "delay-bridge.kafkaPasswordKey" . }}
-{{- $_ := set $common "sasl.password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.kafkaPasswordKey" .)) }}
+{{- range $role := list "common" "consumer" "producer" }}
+{{- $settings := dict }}
+{{- range $name, $value := (index $kafka $role | default (dict)) }}
+{{- if include "delay-bridge.isSecretProperty" $name }}
+{{- $key := ternary "kafka-password" (printf "kafka.%s.%s" $role $name) (and (eq $role "common") (eq $name "sasl.password")) }}
+{{- if hasKey $inline $key }}
+{{- $_ := set $settings (printf "%s_file" $name) (printf "%s/%s" $dir $key) }}
 {{- end }}
-{{- with .Values.tls.kafka }}
-{{- if .existingSecret }}
-{{- $files := include "delay-bridge.tlsFiles" (dict "tls" . "dir" "/var/run/secrets/delay-bridge-tls/kafka" "keys" (list "ssl.ca.location" "ssl.certificate.location" "ssl.key.location")) | fromYaml }}
-{{- $common = merge $common $files (dict "security.protocol" "SSL") }}
+{{- else }}
+{{- $_ := set $settings $name $value }}
 {{- end }}
 {{- end }}
-{{- $_ := set $kafka "common" $common }}
+{{- if and (eq $role "common") (include "delay-bridge.passwordKey" (list $ "kafka")) }}
+{{- $_ := set $settings "sasl.password_file" (printf "%s/%s" $dir (include "delay-bridge.passwordKey" (list $ "kafka"))) }}
+{{- end }}
+{{- if and (eq $role "common") $.Values.tls.kafka.existingSecret }}
+{{- $files := include "delay-bridge.tlsFiles" (dict "tls" $.Values.tls.kafka "dir" "/var/run/secrets/delay-bridge-tls/kafka" "keys" (list "ssl.ca.location" "ssl.certificate.location" "ssl.key.location")) | fromYaml }}
+{{- $settings = merge $settings $files (dict "security.protocol" "SSL") }}
+{{- end }}
+{{- if or $settings (eq $role "common") (hasKey $kafka $role) }}
+{{- $_ := set $kafka $role $settings }}
+{{- end }}
+{{- end }}
 {{- $_ := set $config "kafka" $kafka }}
 {{- $redis := omit (default (dict) $config.redis) "password" }}
+{{- if $redis.url }}
+{{- $_ := set $redis "url" (include "delay-bridge.redisUrl" . | fromYaml).url }}
+{{- end }}
 {{- if $redis.sentinel }}
 {{- $_ := set $redis "sentinel" (omit $redis.sentinel "password") }}
 {{- end }}
-{{- if include "delay-bridge.redisPasswordKey" . }}
-{{- $_ := set $redis "password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.redisPasswordKey" .)) }}
+{{- with include "delay-bridge.passwordKey" (list . "redis") }}
+{{- $_ := set $redis "password_file" (printf "%s/%s" $dir .) }}
 {{- end }}
-{{- if include "delay-bridge.sentinelPasswordKey" . }}
+{{- with include "delay-bridge.passwordKey" (list . "sentinel") }}
 {{- $sentinel := default (dict) $redis.sentinel }}
-{{- $_ := set $sentinel "password_file" (printf "/var/run/secrets/delay-bridge/%s" (include "delay-bridge.sentinelPasswordKey" .)) }}
+{{- $_ := set $sentinel "password_file" (printf "%s/%s" $dir .) }}
 {{- $_ := set $redis "sentinel" $sentinel }}
 {{- end }}
 {{- with .Values.tls.redis }}
