@@ -6,8 +6,11 @@
 Every value of the chart gets the type of its default; the chart's own groups take no unknown
 key. Under ``config`` the schema mirrors :class:`bridge.config.Config`: the same keys and no
 other (a typo fails ``helm lint`` / ``helm template`` naming it), lists as arrays, flags as
-booleans, durations as text or milliseconds. Kubernetes objects passed through as they are
-(probes, security contexts, resources, affinity, ...) are only checked to be objects or lists.
+booleans, durations as text or milliseconds — and the single-value rules of ``delay-bridge
+check-config`` (duration syntax, enums, minimums, topic names; ``CONFIG_RULES``). The rules that
+span several keys, or need a duration's value, are the chart's ``delay-bridge.validate`` template.
+Kubernetes objects passed through as they are (probes, security contexts, resources, affinity,
+...) are only checked to be objects or lists.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bridge.config import Config  # noqa: E402
+from bridge.message import DIALECTS  # noqa: E402
 
 CHART = ROOT / "helm" / "delay-bridge"
 SCHEMA = CHART / "values.schema.json"
@@ -39,10 +43,53 @@ PASSTHROUGH = {
 }  # fmt: skip
 REQUIRED_CONFIG = {"kafka": ["bootstrap_servers"], "redis": ["url"]}
 SCALAR = ["string", "number", "boolean"]
+# parse_duration_ms: digits alone (ms), or units from the largest to the smallest, at least one.
+DURATION = {"allOf": [
+    {"pattern": r"^\s*([0-9]+|([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?)\s*$"},
+    {"pattern": "[0-9]"},
+]}  # fmt: skip
+# A duration that must be above 0: no digit but zeros.
+POSITIVE_DURATION = {"minimum": 1, "not": {"type": "string", "pattern": r"^\s*[0dhms]*\s*$"}}
+TOPIC = {"pattern": r"^[a-zA-Z0-9._-]{1,249}$", "not": {"enum": [".", ".."]}}
+# check-config's rules on single values (config._validate), by config path.
+CONFIG_RULES: dict[str, dict[str, Any]] = {
+    "kafka.bootstrap_servers": {"minLength": 1},
+    "kafka.group_id": {"minLength": 1},
+    "kafka.group_instance_id": {"pattern": r"^[a-zA-Z0-9._-]{0,249}$"},
+    "redis.url": {"minLength": 1, "pattern": "^(redis|rediss|unix)://"},
+    "redis.key_prefix": {"pattern": "^[^{}]+$"},
+    "redis.socket_timeout": POSITIVE_DURATION,
+    "redis.sentinel.nodes": {"items": {"type": "string", "pattern": "^.+:[0-9]+$"}},
+    "topics.delay": {"minItems": 1, "items": {"type": "string", **TOPIC}},
+    "topics.dead_letter": TOPIC,
+    "topics.dialect": {"additionalProperties": {"enum": list(DIALECTS)}},
+    "ingress.batch_size": {"minimum": 1},
+    "egress.batch_size": {"minimum": 1, "maximum": 10_000},
+    "egress.lease": POSITIVE_DURATION,
+    "egress.max_attempts": {"minimum": 1},
+    **{path: {"minimum": 0, "maximum": 1000} for path in (
+        "ingress.linger", "ingress.hold", "egress.tick", "egress.send_tick", "egress.ahead")},
+    "limits.max_delay": POSITIVE_DURATION,
+    "limits.max_record_bytes": {"minimum": 1},
+    "http.port": {"minimum": 0, "maximum": 65535},
+    "logging.level": {
+        "pattern": "^(?i)(critical|fatal|error|warn|warning|info|debug|notset)$",
+    },
+}  # fmt: skip
+# The chart's own values that take one of a few.
+VALUE_RULES: dict[str, dict[str, Any]] = {
+    "workloadKind": {"enum": ["StatefulSet", "Deployment"]},
+    "replicaCount": {"minimum": 0},
+    "service.port": {"minimum": 1, "maximum": 65535},
+}
 
 
 def of_value(value: Any, path: str) -> dict[str, Any]:
     """The schema of a chart value, from its default."""
+    return {**_of_value(value, path), **VALUE_RULES.get(path, {})}
+
+
+def _of_value(value: Any, path: str) -> dict[str, Any]:
     if path == "config":
         return of_dataclass(Config, "")
     if path in PASSTHROUGH:
@@ -68,19 +115,22 @@ def of_dataclass(cls: type[Any], path: str) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
     if path in REQUIRED_CONFIG:
         out["required"] = REQUIRED_CONFIG[path]
-        for key in REQUIRED_CONFIG[path]:
-            props[key]["minLength"] = 1
     if not path:
         out["required"] = sorted(REQUIRED_CONFIG)
     return out
 
 
 def of_field(hint: Any, f: dataclasses.Field[Any], path: str) -> dict[str, Any]:
+    return {**_of_field(hint, f, path), **CONFIG_RULES.get(path, {})}
+
+
+def _of_field(hint: Any, f: dataclasses.Field[Any], path: str) -> dict[str, Any]:
     if dataclasses.is_dataclass(hint):
         return of_dataclass(hint, path)  # type: ignore[arg-type]
     origin = typing.get_origin(hint)
     if f.metadata.get("duration"):
-        return {"type": ["string", "integer"], "description": "a duration: 30s, 15m, 2h, or ms"}
+        return {"type": ["string", "integer"], "minimum": 0, **DURATION,
+                "description": "a duration: 30s, 15m, 2h, 1h30m, or ms"}  # fmt: skip
     if hint is bool:
         return {"type": "boolean"}
     if hint is int:

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bridge.config import from_mapping, kafka_settings
+from bridge.config import ConfigError, from_mapping, kafka_settings
 from tests.conftest import ROOT
 
 CHART = ROOT / "helm" / "delay-bridge"
@@ -448,3 +448,103 @@ def test_a_password_inside_the_redis_url_goes_to_the_secret(helm: str, tmp_path:
     assert (
         proc.returncode != 0 and "config.redis.url: its password is percent-encoded" in proc.stderr
     )
+
+
+def _chart_config(*pairs: tuple[str, Any]) -> dict[str, Any]:
+    """values.yaml's config with ``pairs`` (dotted path under config, value) set in it."""
+    config: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
+    for path, value in pairs:
+        *parents, leaf = path.split("/")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return config
+
+
+# (what is set under config, as path/with/slashes → value; the key check-config names; the key
+# the chart names). The four of the issue first, then one per rule of check-config.
+CHECK_CONFIG_MISTAKES = [
+    ([("egress/lease", "30x")], "egress.lease", "config.egress.lease"),
+    ([("logging/level", "verbose")], "logging.level", "config.logging.level"),
+    ([("limits/max_delay", 0)], "limits.max_delay", "config.limits.max_delay"),
+    ([("topics/dead_letter", "delay")], "topics.dead_letter", "config.topics.dead_letter"),
+    ([("limits/max_delay", "0s")], "limits.max_delay", "config.limits.max_delay"),
+    ([("egress/lease", "0m0s")], "egress.lease", "config.egress.lease"),
+    ([("egress/lease", "30s1h")], "egress.lease", "config.egress.lease"),
+    ([("egress/lease", "900ms")], "egress.ahead", "config.egress.ahead"),
+    ([("egress/ahead", "2s")], "egress.ahead", "config.egress.ahead"),
+    ([("ingress/linger", 1500)], "ingress.linger", "config.ingress.linger"),
+    ([("ingress/hold", "1s1ms")], "ingress.hold", "config.ingress.hold"),
+    ([("ingress/batch_size", 0)], "ingress.batch_size", "config.ingress.batch_size"),
+    ([("egress/batch_size", 20_000)], "egress.batch_size", "config.egress.batch_size"),
+    ([("egress/max_attempts", 0)], "egress.max_attempts", "config.egress.max_attempts"),
+    ([("limits/max_record_bytes", 0)], "limits.max_record_bytes", "config.limits.max_record_bytes"),
+    ([("redis/socket_timeout", "0s")], "redis.socket_timeout", "config.redis.socket_timeout"),
+    ([("topics/dialect", {"delay": "kafka-streams"})], "topics.dialect.delay", "config.topics.dialect"),
+    ([("topics/dialect", {"other": "etf1"})], "topics.dialect.other", "config.topics.dialect.other"),
+    ([("topics/default_target", {"other": "x"})], "topics.default_target.other",
+     "config.topics.default_target.other"),
+    ([("topics/delay", [])], "topics.delay", "config.topics.delay"),
+    ([("topics/delay", ["bad topic"])], "topics", "config.topics.delay"),
+    ([("topics/dead_letter", "..")], "topics", "config.topics.dead_letter"),
+    ([("redis/key_prefix", "a{b}")], "redis.key_prefix", "config.redis.key_prefix"),
+    ([("redis/url", "http://redis:6379")], "redis.url", "config.redis.url"),
+    ([("redis/sentinel/nodes", ["sentinel"])], "redis.sentinel.nodes", "config.redis.sentinel.nodes"),
+    ([("redis/cluster", True), ("redis/sentinel/nodes", ["s:26379"])], "redis.cluster",
+     "config.redis.cluster"),
+    ([("kafka/group_instance_id", "pod 0")], "kafka.group_instance_id",
+     "config.kafka.group_instance_id"),
+    ([("kafka/producer", {"delivery.timeout.ms": "30000"})], "kafka.producer.delivery.timeout.ms",
+     "config.kafka.producer.delivery.timeout.ms"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("pairs", "bridge_key", "chart_key"), CHECK_CONFIG_MISTAKES,
+                         ids=[c[1] + "=" + str(c[0][-1][1]) for c in CHECK_CONFIG_MISTAKES])  # fmt: skip
+def test_what_check_config_rejects_the_chart_rejects_naming_the_key(
+    helm: str, pairs: list[tuple[str, Any]], bridge_key: str, chart_key: str, tmp_path: Path
+) -> None:
+    """The schema (and, across keys, the chart's validate template) is the bridge's validation:
+    a mistake fails `helm template` and `helm lint --strict`, not the pod's start."""
+    with pytest.raises(ConfigError) as refused:
+        from_mapping(_chart_config(*pairs), env={})
+    assert str(refused.value).startswith(bridge_key), refused.value
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": _chart_config(*pairs)}))
+    for command in (["template", "rel"], ["lint", "--strict"]):
+        proc = subprocess.run([helm, *command, str(CHART), "-f", str(values)], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert proc.returncode != 0, f"helm {command[0]} took {pairs}"
+        assert chart_key in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("pairs", [
+    [("egress/lease", "1h30m"), ("logging/level", "debug"), ("limits/max_delay", "30d")],
+    [("egress/lease", "10s"), ("egress/ahead", "1s"), ("ingress/linger", "1000ms")],
+    [("egress/lease", 5000), ("kafka/producer", {"delivery.timeout.ms": "4999"})],
+    [("topics/delay", ["a", "b"]), ("topics/dialect", {"b": "etf1"}), ("topics/dead_letter", "c")],
+    [("http", {"port": 9464})],
+])  # fmt: skip
+def test_what_check_config_takes_the_chart_takes(
+    helm: str, pairs: list[tuple[str, Any]], tmp_path: Path
+) -> None:
+    from_mapping(_chart_config(*pairs), env={})
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": _chart_config(*pairs)}))
+    for command in (["template", "rel"], ["lint", "--strict"]):
+        proc = subprocess.run([helm, *command, str(CHART), "-f", str(values)], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_http_port_is_one_value(helm: str) -> None:
+    config = kinds(render(helm, "--set", "service.port=8080"))["ConfigMap/rel-delay-bridge"]
+    assert yaml.safe_load(config["data"]["bridge.yaml"])["http"]["port"] == 8080
+    for command in (["template", "rel"], ["lint", "--strict"]):
+        proc = subprocess.run([helm, *command, str(CHART), "--set", "config.http.port=8081"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert proc.returncode != 0
+        assert (
+            "config.http.port: 8081 differs from service.port (9464)" in proc.stdout + proc.stderr
+        )

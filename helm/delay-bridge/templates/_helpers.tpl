@@ -165,21 +165,8 @@ files of the mounted Secret.
 */}}
 {{- define "delay-bridge.config" -}}
 {{- $inline := include "delay-bridge.inlineSecrets" . | fromYaml }}
-{{- if and .Values.auth.existingSecret $inline }}
-{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" }}
-{{- $given := list }}
-{{- range $key := keys $inline | sortAlpha }}
-{{- $given = append $given (get $named $key | default (printf "config.%s" $key)) }}
-{{- end }}
-{{- fail (printf "%s: a secret given inline cannot be used with auth.existingSecret: put it in that Secret and name its key in auth.*PasswordKey (or point <property>_file at it)" (join "; " $given)) }}
-{{- end }}
 {{- $dir := "/var/run/secrets/delay-bridge" }}
 {{- $config := deepCopy .Values.config }}
-{{- with $config.http }}
-{{- if and (hasKey . "port") (ne (int .port) (int $.Values.service.port)) }}
-{{- fail (printf "config.http.port: %v differs from service.port (%v); the chart serves HTTP on service.port: set that alone" .port $.Values.service.port) }}
-{{- end }}
-{{- end }}
 {{- $_ := set $config "http" (dict "host" "0.0.0.0" "port" (int .Values.service.port)) }}
 {{- $kafka := default (dict) $config.kafka }}
 {{- range $role := list "common" "consumer" "producer" }}
@@ -229,4 +216,83 @@ files of the mounted Secret.
 {{- end }}
 {{- $_ := set $config "redis" $redis }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/*
+A duration of the bridge's config in milliseconds: digits alone, or 1h30m, 250ms, ... (the
+schema has checked the syntax).
+*/}}
+{{- define "delay-bridge.ms" -}}
+{{- if kindIs "string" . }}
+{{- $text := trim . }}
+{{- if regexMatch "^[0-9]+$" $text }}{{ $text }}{{ else }}
+{{- $unit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 }}
+{{- $total := 0 }}
+{{- range $part := regexFindAll "[0-9]+(ms|s|m|h|d)" $text -1 }}
+{{- $total = add $total (mul (regexFind "^[0-9]+" $part | int64) (get $unit (regexReplaceAll "^[0-9]+" $part ""))) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+{{- else }}{{ int64 . }}{{ end }}
+{{- end }}
+
+{{/*
+check-config's rules that JSON Schema cannot say (values.schema.json has the others): those
+across keys, and ranges of durations written with units (defaults are the bridge's own); and the
+chart's own: no inline secret beside auth.existingSecret, http.port is service.port.
+*/}}
+{{- define "delay-bridge.validate" -}}
+{{- $c := .Values.config }}
+{{- $inline := include "delay-bridge.inlineSecrets" . | fromYaml }}
+{{- if and .Values.auth.existingSecret $inline }}
+{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" }}
+{{- $given := list }}
+{{- range $key := keys $inline | sortAlpha }}
+{{- $given = append $given (get $named $key | default (printf "config.%s" $key)) }}
+{{- end }}
+{{- include "delay-bridge.fail" (printf "%s: a secret given inline cannot be used with auth.existingSecret: put it in that Secret and name its key in auth.*PasswordKey (or point <property>_file at it)" (join "; " $given)) }}
+{{- end }}
+{{- with $c.http }}
+{{- if and (hasKey . "port") (ne (int .port) (int $.Values.service.port)) }}
+{{- include "delay-bridge.fail" (printf "config.http.port: %v differs from service.port (%v); the chart serves HTTP on service.port: set that alone" .port $.Values.service.port) }}
+{{- end }}
+{{- end }}
+{{- $delay := dig "topics" "delay" (list "delay") $c }}
+{{- $dlq := dig "topics" "dead_letter" "delay.dlq" $c }}
+{{- if has $dlq $delay }}
+{{- include "delay-bridge.fail" (printf "config.topics.dead_letter: must not be a delay topic (%s is one of config.topics.delay)" $dlq) }}
+{{- end }}
+{{- range $key := list "default_target" "dialect" }}
+{{- range $topic, $_ := dig "topics" $key (dict) $c }}
+{{- if not (has $topic $delay) }}
+{{- include "delay-bridge.fail" (printf "config.topics.%s.%s: not one of config.topics.delay" $key $topic) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $path := list "ingress.linger" "ingress.hold" "egress.tick" "egress.send_tick" "egress.ahead" }}
+{{- $value := dig (splitList "." $path | first) (splitList "." $path | last) "" $c }}
+{{- if and (ne (toString $value) "") (gt (include "delay-bridge.ms" $value | int64) 1000) }}
+{{- include "delay-bridge.fail" (printf "config.%s: must be between 0 and 1s, got %v" $path $value) }}
+{{- end }}
+{{- end }}
+{{- $lease := include "delay-bridge.ms" (dig "egress" "lease" "30s" $c) | int64 }}
+{{- $ahead := dig "egress" "ahead" "100ms" $c }}
+{{- if gt (mul (include "delay-bridge.ms" $ahead | int64) 10) $lease }}
+{{- include "delay-bridge.fail" (printf "config.egress.ahead: must be at most a tenth of config.egress.lease (%v), got %v" (dig "egress" "lease" "30s" $c) $ahead) }}
+{{- end }}
+{{- $timeout := index (dig "kafka" "producer" (dict) $c) "delivery.timeout.ms" | default (index (dig "kafka" "common" (dict) $c) "delivery.timeout.ms") }}
+{{- if and $timeout (ge (int64 $timeout) $lease) }}
+{{- include "delay-bridge.fail" (printf "config.kafka.producer.delivery.timeout.ms: %v must be below config.egress.lease (%d ms), or a lease would expire while its record is in flight" $timeout $lease) }}
+{{- end }}
+{{- if and (dig "redis" "sentinel" "nodes" (list) $c) (dig "redis" "cluster" false $c) }}
+{{- include "delay-bridge.fail" "config.redis.cluster and config.redis.sentinel.nodes: choose one (a cluster fails over by itself)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Stop the render with a message. Under `helm lint`, where fail only logs, the message is also
+written out: templates/validate.yaml turns it into an object lint refuses.
+*/}}
+{{- define "delay-bridge.fail" -}}
+{{- fail . }}{{ . }}
 {{- end }}
