@@ -16,7 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bridge.config import ConfigError, from_mapping, kafka_settings
+from bridge.config import from_mapping, kafka_settings
+from bridge.errors import ConfigError
 from tests.conftest import ROOT
 
 CHART = ROOT / "helm" / "delay-bridge"
@@ -464,7 +465,7 @@ def _chart_config(*pairs: tuple[str, Any]) -> dict[str, Any]:
 
 # (what is set under config, as path/with/slashes → value; the key check-config names; the key
 # the chart names). The four of the issue first, then one per rule of check-config.
-CHECK_CONFIG_MISTAKES = [
+CHECK_CONFIG_MISTAKES: list[tuple[list[tuple[str, Any]], str, str]] = [
     ([("egress/lease", "30x")], "egress.lease", "config.egress.lease"),
     ([("logging/level", "verbose")], "logging.level", "config.logging.level"),
     ([("limits/max_delay", 0)], "limits.max_delay", "config.limits.max_delay"),
