@@ -38,8 +38,10 @@ PASSTHROUGH = {
     "serviceAccount.annotations", "podAnnotations", "podLabels", "podSecurityContext",
     "securityContext", "updateStrategy", "startupProbe", "livenessProbe", "readinessProbe",
     "resources", "nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
-    "metrics.serviceMonitor.labels", "metrics.prometheusRule.labels",
-    "metrics.grafanaDashboard.labels",
+    "metrics.serviceMonitor.labels", "metrics.serviceMonitor.relabelings",
+    "metrics.serviceMonitor.metricRelabelings", "metrics.serviceMonitor.namespaceSelector",
+    "metrics.prometheusRule.labels", "metrics.prometheusRule.ruleLabels",
+    "metrics.prometheusRule.additionalRules", "metrics.grafanaDashboard.labels",
 }  # fmt: skip
 REQUIRED_CONFIG = {"kafka": ["bootstrap_servers"], "redis": ["url"]}
 SCALAR = ["string", "number", "boolean"]
@@ -76,11 +78,20 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
         "pattern": "^(?i)(critical|fatal|error|warn|warning|info|debug|notset)$",
     },
 }  # fmt: skip
+# One alert's values (metrics.prometheusRule.rules.<alert>).
+ALERT_RULE: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
+    "disabled": {"type": "boolean"},
+    "severity": {"type": "string", "minLength": 1},
+    "for": {"type": ["string", "integer"], "pattern": "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$",
+            "maximum": 0, "minimum": 0},
+    "threshold": {"type": "number", "minimum": 0},
+}}  # fmt: skip
 # The chart's own values that take one of a few.
 VALUE_RULES: dict[str, dict[str, Any]] = {
     "workloadKind": {"enum": ["StatefulSet", "Deployment"]},
     "replicaCount": {"minimum": 0},
     "service.port": {"minimum": 1, "maximum": 65535},
+    "metrics.serviceMonitor.scrapeTimeout": {"pattern": "^(([0-9]+(ms|s|m|h))+)?$"},
 }
 
 
@@ -92,6 +103,8 @@ def of_value(value: Any, path: str) -> dict[str, Any]:
 def _of_value(value: Any, path: str) -> dict[str, Any]:
     if path == "config":
         return of_dataclass(Config, "")
+    if path.startswith("metrics.prometheusRule.rules."):
+        return ALERT_RULE
     if path in PASSTHROUGH:
         return {"type": "array" if isinstance(value, list) else "object"}
     if isinstance(value, bool):

@@ -40,9 +40,11 @@ def helm() -> str:
     return out.stdout.strip()
 
 
-def render(helm: str, *args: str) -> list[dict[str, Any]]:
+def render(
+    helm: str, *args: str, release: str = "rel", namespace: str = "apps"
+) -> list[dict[str, Any]]:
     proc = subprocess.run(
-        [helm, "template", "rel", str(CHART), "--namespace", "apps",
+        [helm, "template", release, str(CHART), "--namespace", namespace,
          "--kube-version", KUBE_VERSION, *args],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
