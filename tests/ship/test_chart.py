@@ -295,6 +295,17 @@ def test_values_are_documented_and_the_readme_lists_them() -> None:
     assert chart_values.problems() == []
     readme = (CHART / "README.md").read_text()
     assert chart_values.table() in readme, "run: python scripts/chart_values.py --write"
+    # The prose quotes values.yaml's defaults: it must quote them as they are.
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    requests, limits = values["resources"]["requests"], values["resources"]["limits"]
+    quoted = [
+        f"{values['replicaCount']} replicas",
+        f"a {values['workloadKind']}",
+        f"requests `cpu: {requests['cpu']}, memory: {requests['memory']}`",
+        f"`memory: {limits['memory']}` limit",
+        f"`terminationGracePeriodSeconds: {values['terminationGracePeriodSeconds']}`",
+    ]
+    assert [q for q in quoted if q not in " ".join(readme.split())] == []
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["appVersion"] == __import__("bridge").__version__
