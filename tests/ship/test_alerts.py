@@ -13,9 +13,7 @@ import pytest
 import yaml
 
 from tests.integration.test_observability import exported_names, metric_names
-from tests.ship.test_chart import CHART, MONITORING, helm, render
-
-__all__ = ["helm"]  # the fixture, shared with test_chart
+from tests.ship.test_chart import CHART, MONITORING, render
 
 pytestmark = pytest.mark.ship
 

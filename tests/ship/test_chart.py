@@ -32,14 +32,6 @@ import chart_values  # noqa: E402
 pytestmark = pytest.mark.ship
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
-    subprocess.run([str(ROOT / "scripts" / "tools"), "helm"], check=True)
-    out = subprocess.run([str(ROOT / "scripts" / "tools"), "path", "helm"], check=True,
-                         capture_output=True, text=True)  # fmt: skip
-    return out.stdout.strip()
-
-
 def render(
     helm: str, *args: str, release: str = "rel", namespace: str = "apps"
 ) -> list[dict[str, Any]]:

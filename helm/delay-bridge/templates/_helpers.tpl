@@ -82,6 +82,14 @@ passphrases, private keys, JAAS and OAUTHBEARER configs. A `<name>_file` is a pa
 {{- end }}
 
 {{/*
+The Secret key of a secret librdkafka property, (list role name): kafka.<role>.<name>, except the
+SASL password of every client, which keeps its historic key kafka-password.
+*/}}
+{{- define "delay-bridge.propertySecretKey" -}}
+{{- if eq (join "." .) "common.sasl.password" }}kafka-password{{ else }}kafka.{{ join "." . }}{{ end }}
+{{- end }}
+
+{{/*
 config.redis.url split into the URL without its password ("url") and the password ("password").
 */}}
 {{- define "delay-bridge.redisUrl" -}}
@@ -109,9 +117,6 @@ None of them reaches the ConfigMap: they go into the chart's Secret.
 {{- define "delay-bridge.inlineSecrets" -}}
 {{- $out := dict }}
 {{- $kafka := default (dict) .Values.config.kafka }}
-{{- with .Values.auth.kafkaPassword | default (index (default (dict) $kafka.common) "sasl.password") }}
-{{- $_ := set $out "kafka-password" (toString .) }}
-{{- end }}
 {{- $redis := default (dict) .Values.config.redis }}
 {{- with .Values.auth.redisPassword | default $redis.password | default (include "delay-bridge.redisUrl" . | fromYaml).password }}
 {{- $_ := set $out "redis-password" (toString .) }}
@@ -121,10 +126,13 @@ None of them reaches the ConfigMap: they go into the chart's Secret.
 {{- end }}
 {{- range $role := list "common" "consumer" "producer" }}
 {{- range $name, $value := (index $kafka $role | default (dict)) }}
-{{- if and (include "delay-bridge.isSecretProperty" $name) (not (and (eq $role "common") (eq $name "sasl.password"))) }}
-{{- $_ := set $out (printf "kafka.%s.%s" $role $name) (toString $value) }}
+{{- if and (include "delay-bridge.isSecretProperty" $name) (toString $value) }}
+{{- $_ := set $out (include "delay-bridge.propertySecretKey" (list $role $name)) (toString $value) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- with .Values.auth.kafkaPassword }}
+{{- $_ := set $out "kafka-password" (toString .) }}
 {{- end }}
 {{- toYaml $out }}
 {{- end }}
@@ -173,7 +181,7 @@ files of the mounted Secret.
 {{- $settings := dict }}
 {{- range $name, $value := (index $kafka $role | default (dict)) }}
 {{- if include "delay-bridge.isSecretProperty" $name }}
-{{- $key := ternary "kafka-password" (printf "kafka.%s.%s" $role $name) (and (eq $role "common") (eq $name "sasl.password")) }}
+{{- $key := include "delay-bridge.propertySecretKey" (list $role $name) }}
 {{- if hasKey $inline $key }}
 {{- $_ := set $settings (printf "%s_file" $name) (printf "%s/%s" $dir $key) }}
 {{- end }}
