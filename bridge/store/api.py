@@ -1,0 +1,322 @@
+"""The store API: records added, claimed, acknowledged and released per shard, and what waits.
+
+One shard per delay-topic partition (key names: :mod:`bridge.store.keys`); every read-then-write
+is a Lua script, and calls over several shards go out in one pipeline: one round trip per batch,
+never per record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+import redis
+
+from bridge.message import Cancel, Scheduled, decode
+from bridge.store.keys import (
+    Keys,
+    LegacyKeys,
+    Shard,
+    ShardKeys,
+    member,
+    offset_bytes,
+    offset_of,
+    text,
+)
+from bridge.store.layout import Layout
+from bridge.store.redis_errors import as_store_error
+from bridge.store.results import (
+    Added,
+    Backlog,
+    Bound,
+    Claimed,
+    Claims,
+    Lows,
+    lost_from,
+)
+from bridge.store.scripts import Call, Scripts
+
+# Records due within this long before a claim are "on time" and get half of every claim, so an
+# overdue backlog drains without holding up records falling due now (claim.lua).
+ON_TIME_WINDOW_MS = 1000
+
+
+def _expected(watermark: int | None) -> str:
+    return "" if watermark is None else str(watermark)
+
+
+def _ack_args(
+    shard: Shard,
+    members: Mapping[Shard, Sequence[bytes]],
+    ids: Mapping[Shard, Sequence[tuple[str, bytes]]],
+) -> list[Any]:
+    """A shard's acknowledgements as ack() in _lib.lua reads them: n, n offsets, then (delay-id,
+    offset) pairs."""
+    batch = members.get(shard, ())
+    return [len(batch), *batch, *(x for pair in ids.get(shard, ()) for x in pair)]
+
+
+class Store:
+    """Scheduled records in Redis, addressed by shard."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._keys = Keys(prefix)
+        self._scripts = Scripts(client)
+        self.layout = Layout(client, self._keys, self._scripts)
+
+    def keys(self, shard: Shard) -> ShardKeys:
+        """The shard's Redis keys."""
+        return self._keys.of(shard)
+
+    def legacy_keys(self, shard: Shard) -> LegacyKeys:
+        """The shard's keys in the earlier layout, which :meth:`upgrade` empties."""
+        return self._keys.legacy(shard)
+
+    def relocate(self, shards: Sequence[Shard]) -> int:
+        """See :meth:`Layout.relocate`."""
+        return self.layout.relocate(shards)
+
+    def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
+        """See :meth:`Layout.upgrade`."""
+        return self.layout.upgrade(shards, batch)
+
+    def bind(
+        self, topic_ids: Mapping[Shard, str], force: Sequence[Shard] = ()
+    ) -> dict[Shard, Bound]:
+        """See :meth:`Layout.bind`."""
+        return self.layout.bind(topic_ids, force)
+
+    def retired(self, shards: Sequence[Shard]) -> set[Shard]:
+        """See :meth:`Layout.retired`."""
+        return self.layout.retired(shards)
+
+    def forget_retired(self, shard: Shard) -> bool:
+        """See :meth:`Layout.forget_retired`."""
+        return self.layout.forget_retired(shard)
+
+    def probe_key(self) -> str:
+        """The key :meth:`probe` writes."""
+        return f"{self.prefix}:probe"
+
+    def probe(self) -> None:
+        """Write to Redis; raise :class:`StoreError` naming the cause unless it takes writes."""
+        with as_store_error():
+            self.client.set(self.probe_key(), b"1", px=60_000)
+
+    def add(
+        self,
+        batches: Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]],
+        expected: Mapping[Shard, int] | None = None,
+    ) -> Added:
+        """Store records per shard and move each shard's watermark to the batch's high offset.
+
+        ``batches`` maps a shard to (highest offset handled, records to store); ``expected`` the
+        watermark the caller last saw per shard. A shard whose state Redis lost is refused whole
+        and reported in :attr:`Added.lost`.
+        """
+        expected = expected or {}
+        shards = list(batches)
+        calls = []
+        for shard in shards:
+            high, records = batches[shard]
+            k = self.keys(shard)
+            args: list[Any] = [_expected(expected.get(shard)), high]
+            for rec in records:
+                if isinstance(rec, Cancel):
+                    args += [rec.offset, "", "", rec.delay_id]
+                    continue
+                args += [rec.offset, rec.due_ms, member(rec, shard.topic, shard.partition),
+                         rec.given_id(shard.topic, shard.partition) or ""]  # fmt: skip
+            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight]
+            calls.append(("add", keys, args))
+        counts, lost, missed = [0, 0, 0, 0], {}, []
+        for shard, reply in zip(shards, self._scripts.run(calls), strict=True):
+            loss = lost_from(int(reply[0]), int(reply[1]))
+            if loss is None:
+                counts = [a + int(b) for a, b in zip(counts, reply[1:5], strict=True)]
+                missed += [(shard, int(reply[i]), text(reply[i + 1]))
+                           for i in range(5, len(reply), 2)]  # fmt: skip
+            else:
+                lost[shard] = loss
+        added, replaced, cancelled, not_found = counts
+        return Added(added, lost, replaced, cancelled, not_found, tuple(missed))
+
+    def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
+        """The offset to commit for each shard: its lowest pending offset, else watermark + 1.
+
+        A shard Redis holds nothing for is left out, unless the caller expected a watermark for
+        it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
+        Records still in the earlier layout are moved first, so they hold the low offset down.
+        """
+        shards = list(expected)
+        self.upgrade(shards)
+        calls: list[Call] = []
+        for shard in shards:
+            k = self.keys(shard)
+            args = [_expected(expected[shard]), max_buckets]
+            calls.append(("low", [k.meta, k.low, k.pending], args))
+        offsets, lost = {}, {}
+        for shard, (status, mark, low) in zip(
+            shards, self._scripts.run(calls) if calls else [], strict=True
+        ):
+            loss = lost_from(int(status), int(mark))
+            if loss is None:
+                offsets[shard] = offset_of(low) if low else int(mark) + 1
+            elif loss.watermark is not None or expected[shard] is not None:
+                lost[shard] = loss
+        return Lows(offsets, lost)
+
+    def claim(
+        self,
+        shards: Sequence[Shard],
+        limit: int,
+        lease_ms: int,
+        now_ms: int | None = None,
+        horizons: Mapping[Shard, int] | None = None,
+        *,
+        ahead_ms: int = 0,
+        acks: Mapping[Shard, Sequence[bytes]] | None = None,
+        ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
+    ) -> Claims:
+        """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
+        and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
+        records due by its horizon (see bridge.catchup). The reply also says when each shard
+        next has work, so the mover plans its sleep without another call. ``acks`` (and ``ids``)
+        of a shard claimed from are applied first in the same call, as :meth:`ack` would. With
+        ``ahead_ms``, records with the default delay-id due within that much of now are leased too
+        (room permitting): the caller produces them when they fall due."""
+        if not shards:
+            now = self.time_ms() if now_ms is None else now_ms
+            return Claims([], now, {}, time.monotonic(), now)
+        now_arg = "" if now_ms is None else str(now_ms)
+        horizons = horizons or {}
+        calls = []
+        for shard in shards:
+            k = self.keys(shard)
+            horizon = horizons.get(shard)
+            args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
+                    "" if horizon is None else horizon, ahead_ms,
+                    *_ack_args(shard, acks or {}, ids or {})]  # fmt: skip
+            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids]
+            calls.append(("claim", keys, args))
+        out: list[Claimed] = []
+        next_ms: dict[Shard, int | None] = {}
+        replies = self._scripts.run(calls)
+        received = time.monotonic()  # before decoding: each record decoded would lag the clock
+        for shard, reply in zip(shards, replies, strict=True):
+            redelivered = int(reply[1])
+            times = [int(t) for t in reply[2:4] if int(t) >= 0]
+            next_ms[shard] = min(times) if times else None
+            for i, item in enumerate(reply[5:]):
+                record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
+                out.append(Claimed(shard, item[:8], record, i < redelivered))
+        # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
+        return Claims(out, int(replies[0][0]), next_ms, received, int(replies[-1][4]))
+
+    def ack(
+        self,
+        members: Mapping[Shard, Sequence[bytes]],
+        ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
+    ) -> int:
+        """Remove records Kafka acknowledged; ``ids`` names those of them with a caller-given
+        delay-id (delay-id, member), which leave the id index too. Returns how many were still
+        there."""
+        calls: list[Call] = []
+        for shard, batch in members.items():
+            if batch:
+                k = self.keys(shard)
+                keys = [k.inflight, k.claimed, k.low, k.pending, k.ids]
+                calls.append(("ack", keys, _ack_args(shard, members, ids or {})))
+        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+
+    def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
+        """End the leases of unacknowledged records so they are claimable at once, or after
+        ``retry_in_ms`` (a back-off)."""
+        calls: list[Call] = [
+            ("release", [self.keys(s).inflight], [retry_in_ms, *m]) for s, m in members.items() if m
+        ]
+        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+
+    def unclaim(self, claimed: Iterable[Claimed]) -> int:
+        """Put claimed records back among the waiting ones, as if never claimed: a cancel or a
+        replacement reaches them again (see unclaim.lua). Returns how many were put back."""
+        args: dict[Shard, list[Any]] = {}
+        for c in claimed:
+            args.setdefault(c.shard, []).extend((c.record.due_ms, c.member))
+        calls: list[Call] = []
+        for shard, pairs in args.items():
+            keys = self.keys(shard)
+            calls.append(("unclaim", [keys.due, keys.inflight, keys.claimed], pairs))
+        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+
+    def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
+        """End the leases in each shard except the ``held`` offsets (the caller's own in-flight
+        records), so the new owner of a partition redelivers what its earlier owner left at once
+        (see take_over.lua). Returns how many leases ended."""
+        calls: list[Call] = [
+            ("take_over", [self.keys(s).inflight], list(offsets)) for s, offsets in held.items()
+        ]
+        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+
+    def is_pending(self, shard: Shard, offset: int) -> bool:
+        """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
+        key = offset_bytes(offset)
+        with as_store_error():
+            bitmap = cast(bytes | None, self.client.hget(self.keys(shard).pending, key[:7]))  # type: ignore[arg-type]
+        return bitmap is not None and bool(bitmap[key[7] // 8] & 1 << key[7] % 8)
+
+    def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
+        """The ingest watermark of each shard that has one."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hget(self.keys(shard).meta, "ingested")
+            values = pipe.execute()
+        return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
+
+    def stored_shards(self, topic: str) -> list[Shard]:
+        """The live shards of ``topic`` that Redis holds state for, by partition: what the
+        operator commands read when Kafka cannot say which partitions the topic has."""
+        pattern = self._keys.meta_pattern(topic)
+        with as_store_error():
+            names = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
+        partitions = {p for p in (self._keys.partition_of(n, topic) for n in names) if p}
+        return [Shard(topic, p) for p in sorted(int(p) for p in partitions if p.isdigit())]
+
+    def eviction_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
+        when it cannot be read (CONFIG is often denied on managed Redis)."""
+        with as_store_error():
+            reply = cast(dict[str, str], self.client.config_get("maxmemory-policy"))
+        return reply.get("maxmemory-policy")
+
+    def time_ms(self) -> int:
+        """Redis's clock."""
+        with as_store_error():
+            seconds, micros = cast(tuple[int, int], self.client.time())
+        return seconds * 1000 + micros // 1000
+
+    def backlog(
+        self, shards: Sequence[Shard], now_ms: int | None = None, due_by_ms: int | None = None
+    ) -> Backlog:
+        """Scheduled, overdue and in-flight counts and the oldest overdue due time, summed; with
+        ``due_by_ms`` (``EgressConfig.due_by_ms``), a record in flight counts in the oldest from
+        its lease deadline minus that, a time by which it was due (stats.lua)."""
+        if not shards:
+            return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
+        args = ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
+        calls: list[Call] = [
+            ("stats", [self.keys(s).due, self.keys(s).inflight], args) for s in shards
+        ]
+        replies = [[int(v) for v in reply] for reply in self._scripts.run(calls)]
+        oldest = [r[4] for r in replies if r[4] >= 0]
+        return Backlog(
+            now_ms=replies[0][0],
+            scheduled=sum(r[1] for r in replies),
+            overdue=sum(r[2] for r in replies),
+            inflight=sum(r[3] for r in replies),
+            oldest_due_ms=min(oldest) if oldest else None,
+        )

@@ -1,0 +1,160 @@
+"""Where a shard lives in Redis: its key names and the encoding of its members.
+
+Per shard, all keys are ``<prefix>:{<topic>:<partition>}:<name>``: they share one hash tag, so the
+multi-key scripts run on Redis Cluster, and every key starts with the prefix, so one ACL key
+pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
+``{<prefix>:<topic>:<partition>}:<name>``, are moved by :meth:`Layout.relocate`):
+
+* ``…:schedule``  ZSET member → due ms: the records waiting. A member *is* the record: its
+  offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). Records
+  with the same due time sort in offset order, and each costs Redis one entry (an index beside a
+  HASH of records cost about 70 bytes more per record);
+* ``…:leases``    ZSET offset (8 bytes) → lease deadline ms, and ``…:claimed`` HASH offset →
+  member: the records in flight (a few batches per bridge), addressed by offset so that
+  acknowledging a record sends 8 bytes, not the record;
+* ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark);
+* ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
+  offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
+  offset): the lowest pending offset — the one to commit — is read without scanning records;
+* ``…:ids``       the delay-id index: only records with a caller-given delay-id.
+
+The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
+Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
+re-reading the delay topic from there (:mod:`bridge.ingress`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from bridge.message import Scheduled, encode
+
+_OFFSET = struct.Struct(">Q")
+_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids")
+_LEGACY_KEY_NAMES = ("due", "inflight", "records")
+
+
+class Shard(NamedTuple):
+    """One delay-topic partition's slice of the store; with an ``incarnation`` label, the records
+    left from an earlier incarnation of its topic (see :meth:`Store.bind`), which the mover
+    delivers but nothing adds to."""
+
+    topic: str
+    partition: int
+    incarnation: str = ""
+
+    def base(self) -> Shard:
+        """The live shard of this partition."""
+        return Shard(self.topic, self.partition)
+
+    def __str__(self) -> str:
+        name = f"{self.topic}[{self.partition}]"
+        return f"{name} (retired incarnation {self.incarnation})" if self.incarnation else name
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The Redis keys of one shard."""
+
+    due: str
+    inflight: str
+    claimed: str
+    meta: str
+    low: str
+    pending: str
+    ids: str  # the id index: only records with a caller-given delay-id
+
+    def all(self) -> tuple[str, ...]:
+        return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending,
+                self.ids)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LegacyKeys:
+    """The keys of one shard in the earlier layout (see upgrade.lua)."""
+
+    due: str
+    inflight: str
+    records: str
+
+
+class Keys:
+    """The only place key names are built, under one deployment's prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def of(self, shard: Shard) -> ShardKeys:
+        """The shard's keys."""
+        return ShardKeys(*self.names(shard, _KEY_NAMES))
+
+    def legacy(self, shard: Shard) -> LegacyKeys:
+        """The shard's keys in the earlier layout, which :meth:`Layout.upgrade` empties."""
+        return LegacyKeys(*self.names(shard, _LEGACY_KEY_NAMES))
+
+    def retired_set(self, shard: Shard) -> str:
+        """The SET of a shard's retired incarnation labels."""
+        return self.names(shard.base(), ("retired",))[0]
+
+    def names(
+        self, shard: Shard, names: Sequence[str], *, before_prefix: bool = False
+    ) -> list[str]:
+        """Keys of ``shard`` with these names; ``before_prefix``: as the builds before every key
+        started with the prefix named them (see relocate.lua)."""
+        # Every key starts with the prefix (one ACL pattern "~<prefix>:*" covers a deployment),
+        # then the shard's hash tag, so a shard's keys share one Redis Cluster slot.
+        if before_prefix:
+            tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
+        else:
+            tag = _tag(self.prefix, shard.topic, str(shard.partition))
+        if shard.incarnation:
+            tag = f"{tag}:retired:{shard.incarnation}"
+        return [f"{tag}:{name}" for name in names]
+
+    def meta_pattern(self, topic: str) -> str:
+        """A SCAN pattern matching the meta key of every live shard of ``topic``."""
+        return f"{_tag(_glob(self.prefix), _glob(topic), '*')}:meta"
+
+    def partition_of(self, name: str, topic: str) -> str | None:
+        """The partition text in a shard key of ``topic`` (None: not one)."""
+        head = _tag(self.prefix, topic, "")
+        return name[len(head) : name.index("}", len(head))] if name.startswith(head) else None
+
+
+def offset_bytes(offset: int) -> bytes:
+    """A delay-topic offset as the 8 bytes that start its member (and order its bucket)."""
+    return _OFFSET.pack(offset)
+
+
+def member(record: Scheduled, topic: str, partition: int) -> bytes:
+    """The due-index member of a record: its offset, then the encoded record."""
+    return _OFFSET.pack(record.offset) + encode(record, topic, partition)
+
+
+def offset_of(member: bytes) -> int:
+    """The delay-topic offset of a member (or of its first 8 bytes)."""
+    return int(_OFFSET.unpack_from(member)[0])
+
+
+def glob_escape(raw: bytes) -> bytes:
+    """``raw`` with Redis glob's special characters escaped (for SCAN's MATCH)."""
+    return b"".join(b"\\" + bytes((c,)) if c in b"*?[]\\^" else bytes((c,)) for c in raw)
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _tag(prefix: str, topic: str, partition: str) -> str:
+    """A shard's key prefix: the deployment's prefix, then the shard's hash tag (with an empty
+    ``partition``: the text every shard key of ``topic`` starts with, up to its partition)."""
+    head = f"{prefix}:{{{topic}:"
+    return f"{head}{partition}}}" if partition else head
+
+
+def _glob(raw: str) -> str:
+    return glob_escape(raw.encode()).decode()

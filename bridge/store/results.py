@@ -1,0 +1,109 @@
+"""What the store's calls return: claimed records, and the outcome of adds, binds and reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from bridge.message import Scheduled
+from bridge.store.keys import Shard
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A record handed out by :meth:`Store.claim`, leased until acknowledged or expired. One
+    per claimed record, so not frozen (see :class:`Scheduled`); treat it as immutable."""
+
+    shard: Shard
+    member: bytes  # the in-flight member, the offset's 8 bytes: what ack and release take
+    record: Scheduled
+    redelivery: bool
+
+    def given_id(self) -> str | None:
+        """The record's delay-id if its producer gave one (only those are in the id index)."""
+        return self.record.given_id(self.shard.topic, self.shard.partition)
+
+
+class Bound(NamedTuple):
+    """What :meth:`Store.bind` did to a shard: whether it ``replaced`` the state of an earlier
+    incarnation (bound to ``stored_id``, up to ``watermark``), and the ``retired`` shard now
+    holding that incarnation's ``records`` (None when it held none)."""
+
+    replaced: bool
+    stored_id: str
+    records: int = 0
+    watermark: int | None = None
+    retired: Shard | None = None
+
+
+class Lost(NamedTuple):
+    """Redis no longer holds what was written to a shard: its state is gone (``watermark`` is
+    None) or its watermark went back to ``watermark``."""
+
+    watermark: int | None
+
+
+@dataclass(frozen=True)
+class Added:
+    """What :meth:`Store.add` did: records stored, waiting records replaced by a later one with
+    their delay-id, cancels applied and cancels that found nothing waiting, and the shards it
+    refused as lost."""
+
+    count: int
+    lost: dict[Shard, Lost]
+    replaced: int = 0
+    cancelled: int = 0
+    not_found: int = 0
+    # (shard, offset, delay-id) of the first few cancels per shard that found nothing
+    missed: tuple[tuple[Shard, int, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Lows:
+    """What :meth:`Store.lows` found: the offset to commit per shard, and the lost shards."""
+
+    offsets: dict[Shard, int]
+    lost: dict[Shard, Lost]
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits in a set of shards, for the gauges."""
+
+    now_ms: int
+    scheduled: int
+    overdue: int
+    inflight: int
+    oldest_due_ms: int | None
+
+
+class Claims(list[Claimed]):
+    """The records a claim handed out, with Redis's clock at the claim (``now_ms``), its clock
+    when the claim ended (``clock_ms``) and the local ``time.monotonic()`` when the reply came in
+    (``received``: later than Redis read ``clock_ms``, so Redis's clock carried on from there is
+    never ahead of Redis's) and, per shard claimed from, its earliest due time or lease deadline
+    left (``next_ms``; None: nothing)."""
+
+    def __init__(
+        self,
+        records: list[Claimed],
+        now_ms: int,
+        next_ms: dict[Shard, int | None],
+        received: float,
+        clock_ms: int,
+    ) -> None:
+        super().__init__(records)
+        self.now_ms = now_ms
+        self.next_ms = next_ms
+        self.received = received
+        self.clock_ms = clock_ms
+
+
+def lost_from(status: int, watermark: int) -> Lost | None:
+    """A script's status as a :class:`Lost` (None: the shard is fine)."""
+    # The scripts' status codes: 0 fine, 1 state missing, 2 watermark went back.
+    if status == 1:
+        return Lost(None)
+    if status == 2:
+        return Lost(watermark)
+    return None

@@ -1,0 +1,104 @@
+"""The Lua scripts: loaded once, run in one pipeline per call, routed by slot on Redis Cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from importlib import resources
+from typing import Any, cast
+
+import redis
+from redis.cluster import RedisCluster
+
+from bridge.store.redis_errors import as_store_error
+
+CLUSTER_ATTEMPTS = 3  # tries of a script call whose slot moved (Redis Cluster failover, resharding)
+NAMES = ("add", "claim", "ack", "release", "take_over", "stats", "low", "upgrade", "incarnation",
+         "retired", "relocate", "unclaim")  # fmt: skip
+
+# One script call: the script's name, its keys, its arguments.
+Call = tuple[str, list[str], list[Any]]
+
+
+def _lua(name: str) -> str:
+    return resources.files("bridge.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+class Scripts:
+    """The store's scripts on one Redis (or Redis Cluster), each registered once."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        # Redis scripts cannot import; the shared helpers are prepended instead.
+        lib = _lua("_lib")
+        self._scripts = {n: client.register_script(lib + "\n" + _lua(n)) for n in NAMES}
+
+    def run(self, calls: Iterable[Call]) -> list[Any]:
+        """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
+        registered scripts would first ask SCRIPT EXISTS, a second round trip every call.) A
+        Redis that does not know a script (restarted, flushed) gets them all loaded, then the
+        calls again: a repeated add, ack or release changes nothing, and records a repeated
+        claim leased first are handed out again when the lease ends, as after a lost reply."""
+        calls = list(calls)
+        with as_store_error():
+            try:
+                return self._evalsha(calls)
+            except redis.exceptions.NoScriptError:
+                for script in self._scripts.values():  # on Redis Cluster: on every master
+                    self.client.script_load(script.script)
+                return self._evalsha(calls)
+
+    def _evalsha(self, calls: list[Call]) -> list[Any]:
+        if isinstance(self.client, RedisCluster):
+            return self._evalsha_cluster(calls)
+        pipe = self.client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        replies: list[Any] = pipe.execute()
+        return replies
+
+    def _evalsha_cluster(self, calls: list[Call]) -> list[Any]:
+        """Redis Cluster: the calls split by the master holding each shard's slot (every key of a
+        shard shares its hash tag), one pipeline per master. Calls refused because a slot moved
+        (MOVED/ASK, a failover) are sent again once the client has the new slot map; the rest
+        stand."""
+        cluster = cast(RedisCluster, self.client)
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(CLUSTER_ATTEMPTS):
+            by_node: dict[str, tuple[Any, list[int]]] = {}
+            for i in todo:
+                node = cluster.get_node_from_key(calls[i][1][0])  # type: ignore[no-untyped-call]
+                by_node.setdefault(node.name, (node, []))[1].append(i)
+            moved: list[int] = []
+            for node, indexes in by_node.values():
+                # A node learnt from a MOVED reply (another thread's call) has no connection yet.
+                connection = cluster.get_redis_connection(node)
+                pipe = connection.pipeline(transaction=False)
+                for i in indexes:
+                    name, keys, args = calls[i]
+                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                try:
+                    results = pipe.execute(raise_on_error=False)
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    moved += indexes  # the master is gone: its replica takes over its slots
+                    continue
+                for i, result in zip(indexes, results, strict=True):
+                    if isinstance(
+                        result,
+                        redis.exceptions.AskError
+                        | redis.exceptions.MovedError
+                        | redis.exceptions.TryAgainError
+                        | redis.exceptions.ClusterDownError,
+                    ):
+                        moved.append(i)
+                    elif isinstance(result, Exception):
+                        raise result
+                    else:
+                        replies[i] = result
+            if not moved:
+                return replies
+            cluster.nodes_manager.initialize()  # type: ignore[no-untyped-call]  # new slot map
+            todo = moved
+        raise redis.exceptions.ConnectionError(
+            f"{len(todo)} script calls found no master for their slot in {CLUSTER_ATTEMPTS} tries"
+        )
