@@ -106,8 +106,8 @@ class Layout:
         for shard in shards:
             k = self.keys.of(shard)
             old = self.keys.of(Shard(shard.topic, shard.partition, labels[shard]))
-            retired = self.keys.retired_set(shard)
-            keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, retired, old.due,
+            labelled = self.keys.retired_set(shard)
+            keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, labelled, old.due,
                     old.inflight, old.claimed, k.ids]  # fmt: skip
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
             calls.append(("incarnation", keys, args))

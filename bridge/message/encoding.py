@@ -1,0 +1,226 @@
+"""The stored encoding: a scheduled record packed as Redis holds it, and read back."""
+
+from __future__ import annotations
+
+import struct
+
+from bridge.message.headers import (
+    H_AFTER,
+    H_DELIVER_AT,
+    H_ID,
+    H_TARGET_KEY,
+    H_TARGET_TOPIC,
+    Headers,
+    Scheduled,
+    origin,
+)
+
+# Version 2 (written): >B version, B flags, q due ms, H header count; then, with flag STORED_AT,
+# q the moment the bridge stored a record that was already due; then length-prefixed
+# fields — the target unless flag TARGET_IN_HEADER (it is the delay-target-topic header's
+# value), the delay-id unless flag DEFAULT_ID (it is <topic>:<partition>:<offset>) or flag
+# ID_IN_HEADER (it is the delay-id header's value), key, value,
+# and per header a name byte (the code of a known name, or 0 and the name length-prefixed) and
+# the value. Lengths are >H with 0xFFFF for None, or >I with 0xFFFFFFFF for None when flag WIDE
+# says a field is 65535 bytes or longer. The offset is the Redis member's; topic and partition
+# are the shard's. Every byte saved here is saved on every record Redis holds.
+#
+# Version 1 (still read, so records stored before an upgrade are delivered): >B version, q due
+# ms, q offset, H header count, then target, delay-id, key, value and the headers' names and
+# values, each with a >I length (0xFFFFFFFF for None).
+
+_HEAD = struct.Struct(">BBqH")
+_HEAD_V1 = struct.Struct(">BqqH")
+_NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
+_WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
+# Stored flags: never renumber (claim.lua reads the version byte and DEFAULT_ID too).
+_TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT, _ID_IN_HEADER = 1, 2, 4, 8, 16
+_STORED = struct.Struct(">q")
+# Codes are stored: append only, never reorder.
+_KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
+_NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
+_TARGET_CODE, _ID_CODE = _NAME_CODES[H_TARGET_TOPIC], _NAME_CODES[H_ID]
+_CODE_BYTES = [bytes((code,)) for code in range(len(_KNOWN_NAMES) + 1)]
+_ABSENT = object()  # a header not present (None is a header present without a value)
+
+
+def encode(record: Scheduled, topic: str, partition: int) -> bytes:
+    """Pack a :class:`Scheduled` of delay-topic partition ``topic``/``partition`` into the
+    compact binary form kept in Redis."""
+    # Per record, twice a record's life (here and decode): written as plain loops for speed.
+    flags = 0
+    target_header = id_header = _ABSENT
+    heads: list[tuple[int, bytes | None, bytes | None]] = []
+    longest = 0  # the longest header name or value
+    for name, value in record.headers:
+        code = _NAME_CODES.get(name, 0)
+        if code == _TARGET_CODE and target_header is _ABSENT:
+            target_header = value
+        elif code == _ID_CODE and id_header is _ABSENT:
+            id_header = value
+        encoded_name = None if code else name.encode()
+        heads.append((code, encoded_name, value))
+        if encoded_name is not None and len(encoded_name) > longest:
+            longest = len(encoded_name)
+        if value is not None and len(value) > longest:
+            longest = len(value)
+    fields: list[bytes | None] = []
+    target = record.target.encode()
+    if target_header == target:
+        flags |= _TARGET_IN_HEADER
+    else:
+        fields.append(target)
+    if record.given_id(topic, partition) is None:
+        flags |= _DEFAULT_ID
+    else:
+        delay_id = record.delay_id.encode()
+        if id_header == delay_id:
+            flags |= _ID_IN_HEADER
+        else:
+            fields.append(delay_id)
+    fields.append(record.key)
+    fields.append(record.value)
+    for data in fields:
+        if data is not None and len(data) > longest:
+            longest = len(data)
+    length, none = _NARROW, _NARROW_NONE
+    if longest >= _NARROW_NONE:
+        length, none = _WIDE, _WIDE_NONE
+        flags |= _WIDE_LENGTHS
+    if record.stored_ms is not None:
+        flags |= _STORED_AT
+    out = [_HEAD.pack(2, flags, record.due_ms, len(heads))]
+    if record.stored_ms is not None:
+        out.append(_STORED.pack(record.stored_ms))
+    pack = length.pack
+    absent = pack(none)
+    for field_data in fields:
+        if field_data is None:
+            out.append(absent)
+        else:
+            out.append(pack(len(field_data)))
+            out.append(field_data)
+    for code, name_bytes, data in heads:
+        out.append(_CODE_BYTES[code])
+        if name_bytes is not None:
+            out.append(pack(len(name_bytes)))
+            out.append(name_bytes)
+        if data is None:
+            out.append(absent)
+        else:
+            out.append(pack(len(data)))
+            out.append(data)
+    return b"".join(out)
+
+
+def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
+    """Inverse of :func:`encode`; raises ValueError on a blob it does not understand."""
+    try:
+        if blob[0] != 2:
+            if blob[0] == 1:
+                return _decode_v1(blob)
+            raise ValueError(f"unknown stored record version {blob[0]}")
+        _, flags, due_ms, count = _HEAD.unpack_from(blob, 0)
+        pos, stored_ms = _HEAD.size, None
+        if flags & _STORED_AT:
+            (stored_ms,) = _STORED.unpack_from(blob, pos)
+            pos += _STORED.size
+        if flags & _WIDE_LENGTHS:
+            unpack, step, none = _WIDE.unpack_from, _WIDE.size, _WIDE_NONE
+        else:
+            unpack, step, none = _NARROW.unpack_from, _NARROW.size, _NARROW_NONE
+        # The length-prefixed fields in order — [target], [delay-id], key, value — each None or
+        # its bytes; then the headers, each a name code (0: the name follows) and a value.
+        fields: list[bytes | None] = []
+        wanted = 2 + (not flags & _TARGET_IN_HEADER) + (not flags & (_DEFAULT_ID | _ID_IN_HEADER))
+        for _ in range(wanted):
+            (size,) = unpack(blob, pos)
+            pos += step
+            if size == none:
+                fields.append(None)
+            else:
+                end = pos + size
+                fields.append(blob[pos:end])
+                pos = end
+        value = fields.pop()
+        key = fields.pop()
+        target = delay_id = None
+        if flags & _DEFAULT_ID:
+            delay_id = origin(topic, partition, offset)
+        elif not flags & _ID_IN_HEADER:
+            delay_id = (fields.pop() or b"").decode()
+        if not flags & _TARGET_IN_HEADER:
+            target = (fields.pop() or b"").decode()
+        headers: Headers = []
+        for _ in range(count):
+            code = blob[pos]
+            pos += 1
+            if code:
+                name = _KNOWN_NAMES[code - 1]
+            else:
+                (size,) = unpack(blob, pos)
+                pos += step
+                if size == none:
+                    name = ""
+                else:
+                    end = pos + size
+                    name = blob[pos:end].decode()
+                    pos = end
+            (size,) = unpack(blob, pos)
+            pos += step
+            data = None
+            if size != none:
+                end = pos + size
+                data = blob[pos:end]
+                pos = end
+            headers.append((name, data))
+            if code == _TARGET_CODE and target is None:
+                target = (data or b"").decode()
+            elif code == _ID_CODE and delay_id is None:
+                delay_id = (data or b"").decode()
+        if pos != len(blob):
+            raise ValueError("stored record is longer than its fields")
+        if target is None or delay_id is None:
+            raise ValueError("stored record lacks the header its flags point to")
+        return Scheduled(
+            offset, due_ms, target, key, value, headers, delay_id, stored_ms,
+            default_of=(topic, partition) if flags & _DEFAULT_ID else None,
+        )  # fmt: skip
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise ValueError(f"stored record does not decode: {exc}") from None
+
+
+class _Reader:
+    """Length-prefixed fields of a stored record, in order."""
+
+    def __init__(self, blob: bytes, pos: int, length: struct.Struct, none: int) -> None:
+        self.blob, self.pos, self.length, self.none = blob, pos, length, none
+
+    def take(self) -> bytes | None:
+        (size,) = self.length.unpack_from(self.blob, self.pos)
+        self.pos += self.length.size
+        if size == self.none:
+            return None
+        data = self.blob[self.pos : self.pos + size]
+        self.pos += size
+        return data
+
+    def text(self) -> str:
+        return (self.take() or b"").decode()
+
+    def byte(self) -> int:
+        self.pos += 1
+        return self.blob[self.pos - 1]
+
+    def end(self) -> None:
+        if self.pos != len(self.blob):
+            raise ValueError("stored record is longer than its fields")
+
+
+def _decode_v1(blob: bytes) -> Scheduled:
+    _, due_ms, offset, count = _HEAD_V1.unpack_from(blob, 0)
+    r = _Reader(blob, _HEAD_V1.size, _WIDE, _WIDE_NONE)
+    target, delay_id, key, value = r.text(), r.text(), r.take(), r.take()
+    headers: Headers = [(r.text(), r.take()) for _ in range(count)]
+    r.end()
+    return Scheduled(offset, due_ms, target, key, value, headers, delay_id)

@@ -1,0 +1,152 @@
+"""The header contract: header names, DLQ reasons, and the records it yields.
+
+The control headers come in on a delay-topic record; :class:`Scheduled` gives the delivered
+record's shape, :func:`dead_letter_headers` the DLQ's. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import cast
+
+Headers = list[tuple[str, bytes | None]]
+WireHeaders = list[tuple[str, str | bytes | None]]
+
+
+def wire_headers(headers: Headers) -> WireHeaders:
+    """The same list, typed as the Kafka client's ``produce`` takes it."""
+    return cast(WireHeaders, headers)
+
+
+H_TARGET_TOPIC = "delay-target-topic"
+H_DELIVER_AT = "delay-deliver-at"
+H_AFTER = "delay-after"
+H_TARGET_KEY = "delay-target-key"
+H_ID = "delay-id"
+H_CANCEL = "delay-cancel"
+H_DUE_AT = "delay-due-at"
+H_ERROR = "delay-error"
+H_ERROR_DETAIL = "delay-error-detail"
+H_ORIGIN = "delay-origin"
+
+CONTROL_HEADERS = frozenset({H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_CANCEL})
+# Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
+# so a record that passes through the bridge twice never carries a stale due time.
+STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT}
+MAX_ID_BYTES = 256
+# The header sets a delay topic may speak (topics.dialect): this contract's, and that of
+# etf1/kafka-message-scheduler (see bridge.dialects).
+DIALECTS = ("delay-bridge", "etf1")
+
+
+class Reason(StrEnum):
+    """DLQ reason codes (the ``delay-error`` header)."""
+
+    MISSING_DUE_TIME = "missing-due-time"
+    CONFLICTING_DUE_TIME = "conflicting-due-time"
+    BAD_DUE_TIME = "bad-due-time"
+    DELAY_TOO_LONG = "delay-too-long"
+    MISSING_TARGET = "missing-target"
+    TARGET_NOT_ALLOWED = "target-not-allowed"
+    TOO_LARGE = "too-large"
+    BAD_HEADER = "bad-header"
+    DELIVERY_FAILED = "delivery-failed"
+
+
+class Rejected(Exception):
+    """A delay-topic record that cannot be scheduled: goes to the DLQ with ``reason``."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(slots=True)
+class Scheduled:
+    """A delay-topic record accepted for delivery, as it is stored in Redis.
+
+    ``key`` and ``headers`` are the record's own, so a record that later fails delivery reaches
+    the DLQ as it came in; :meth:`delivered_key` and :meth:`delivered_headers` give the shape
+    the target topic sees. Treat it as immutable: it is not frozen only because it is built
+    twice per record (parsed, then decoded) and a frozen dataclass's ``__init__`` costs four
+    times as much (~0.9 µs against ~0.2 µs for its nine fields).
+    """
+
+    offset: int
+    due_ms: int
+    target: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    delay_id: str
+    # When the bridge stored a record that was already due (epoch ms), else None: lateness counts
+    # from the later of the due time and this, so it measures the bridge, not a late producer.
+    stored_ms: int | None = None
+    # The delay-topic partition whose default delay-id ``delay_id`` is, when the parser or the
+    # stored encoding says so: spares building the origin per record to compare. None says
+    # nothing.
+    default_of: tuple[str, int] | None = field(default=None, compare=False)
+
+    def given_id(self, topic: str, partition: int) -> str | None:
+        """The delay-id its producer gave; None when it is the default one (the origin)."""
+        home = self.default_of
+        if home is not None and home[1] == partition and home[0] == topic:
+            return None
+        return None if self.delay_id == origin(topic, partition, self.offset) else self.delay_id
+
+    def late_from_ms(self) -> int:
+        """The moment from which a delivery counts as late."""
+        return max(self.due_ms, self.stored_ms or self.due_ms)
+
+    def delivered_key(self) -> bytes | None:
+        """``delay-target-key`` when the record has one (a null one: a null key), else its own
+        key."""
+        for name, value in self.headers:
+            if name == H_TARGET_KEY:
+                return value
+        return self.key
+
+    def delivered_headers(self) -> Headers:
+        """The headers of the delivered record: originals without control headers, plus ours."""
+        kept = [(k, v) for k, v in self.headers if k not in STRIPPED_ON_DELIVERY]
+        kept.append((H_ID, self.delay_id.encode()))
+        kept.append((H_DUE_AT, str(self.due_ms).encode()))
+        return kept
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A delay-topic record that withdraws the waiting record with ``delay_id`` from its
+    partition: stored nowhere, delivered nowhere."""
+
+    offset: int
+    delay_id: str
+
+
+def origin(topic: str, partition: int, offset: int) -> str:
+    """``<topic>:<partition>:<offset>``: the default delay-id and the DLQ ``delay-origin``."""
+    return f"{topic}:{partition}:{offset}"
+
+
+def record_size(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> int:
+    """Bytes of key + value + header names and values, as ``limits.max_record_bytes`` counts."""
+    size = len(key or b"") + len(value or b"")
+    for name, hvalue in headers:
+        size += len(name) + len(hvalue or b"")
+    return size
+
+
+def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_text: str) -> Headers:
+    """Original headers plus ``delay-error``, ``delay-error-detail`` and ``delay-origin``."""
+    one_line = " ".join(detail.split())[:1000]
+    return [
+        *headers,
+        (H_ERROR, reason.value.encode()),
+        (H_ERROR_DETAIL, one_line.encode()),
+        (H_ORIGIN, origin_text.encode()),
+    ]

@@ -1,0 +1,176 @@
+"""A delay-topic record read against the contract's rules: scheduled, cancelled or rejected.
+
+Everything here is pure: no I/O, no clock. Callers pass the record's fields and ``now_ms``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from bridge.message.headers import (
+    CONTROL_HEADERS,
+    H_AFTER,
+    H_CANCEL,
+    H_DELIVER_AT,
+    H_ID,
+    H_TARGET_TOPIC,
+    MAX_ID_BYTES,
+    Cancel,
+    Headers,
+    Reason,
+    Rejected,
+    Scheduled,
+    origin,
+    record_size,
+)
+from bridge.message.values import (
+    format_duration_ms,
+    format_time_ms,
+    parse_duration_ms,
+    parse_time_ms,
+    topic_refusal,
+)
+
+_REFUSALS_KEPT = 10_000
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the contract lets through, from the config."""
+
+    delay_topics: frozenset[str]
+    default_targets: dict[str, str]
+    allowed_targets: tuple[re.Pattern[str], ...]
+    dead_letter: str
+    max_delay_ms: int
+    max_record_bytes: int
+    dialects: dict[str, str] = field(default_factory=dict)  # delay topic -> header set
+    # Answers of target_refusal by target: a handful of targets take every record.
+    _refusals: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def target_refusal(self, target: str) -> str | None:
+        """Why ``target`` may not receive records, or None when it may."""
+        if target in self._refusals:
+            return self._refusals[target]
+        if len(self._refusals) >= _REFUSALS_KEPT:
+            self._refusals.clear()
+        answer = self._refusal(target)
+        self._refusals[target] = answer
+        return answer
+
+    def _refusal(self, target: str) -> str | None:
+        always = topic_refusal(target)
+        if always is not None:
+            return always
+        if target in self.delay_topics:
+            return f"{target!r} is a delay topic"
+        if target == self.dead_letter:
+            return f"{target!r} is the dead-letter topic"
+        if not any(p.fullmatch(target) for p in self.allowed_targets):
+            return f"{target!r} matches no pattern in topics.allowed_targets"
+        return None
+
+
+def _control(headers: Headers) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for name, value in headers:
+        if name in CONTROL_HEADERS:
+            if name in found:
+                raise Rejected(Reason.BAD_HEADER, f"header {name} appears more than once")
+            found[name] = value or b""
+    return found
+
+
+def _text(control: dict[str, bytes], name: str) -> str | None:
+    raw = control.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Rejected(Reason.BAD_HEADER, f"header {name} is not valid UTF-8") from None
+
+
+def parse(
+    rules: Rules,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    now_ms: int,
+) -> Scheduled | Cancel:
+    """Turn a delay-topic record into a :class:`Scheduled` (or a :class:`Cancel`), or raise
+    :class:`Rejected`.
+
+    ``timestamp_ms`` is the record's own timestamp (relative delays count from it, so a record
+    read twice gets the same due time); when the record has none, ``now_ms`` stands in.
+    """
+    size = record_size(key, value, headers)
+    if size > rules.max_record_bytes:
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",
+        )
+    control = _control(headers)
+    target = _text(control, H_TARGET_TOPIC)
+    deliver_at = _text(control, H_DELIVER_AT)
+    after = _text(control, H_AFTER)
+    delay_id = _text(control, H_ID)
+    cancel = _text(control, H_CANCEL)
+
+    for name, text in ((H_ID, delay_id), (H_CANCEL, cancel)):
+        if text is not None and not 1 <= len(control[name]) <= MAX_ID_BYTES:
+            raise Rejected(Reason.BAD_HEADER, f"header {name} must be 1 to {MAX_ID_BYTES} bytes")
+    if cancel is not None:
+        extra = [h for h in (H_DELIVER_AT, H_AFTER, H_TARGET_TOPIC) if h in control]
+        if extra:
+            raise Rejected(Reason.BAD_HEADER, f"a {H_CANCEL} record schedules nothing: it "
+                           f"must not carry {' or '.join(extra)}")  # fmt: skip
+        return Cancel(offset, cancel)
+
+    base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
+    if deliver_at is None and after is None:
+        raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
+    if deliver_at is not None and after is not None:
+        raise Rejected(Reason.CONFLICTING_DUE_TIME, f"both {H_DELIVER_AT} and {H_AFTER} are set")
+    try:
+        if deliver_at is not None:
+            due_ms = parse_time_ms(deliver_at)
+        else:
+            due_ms = base_ms + parse_duration_ms(after or "")
+    except ValueError as exc:
+        raise Rejected(Reason.BAD_DUE_TIME, str(exc)) from None
+    if due_ms - now_ms > rules.max_delay_ms:
+        raise Rejected(
+            Reason.DELAY_TOO_LONG,
+            f"due {format_time_ms(due_ms)} is further out than limits.max_delay "
+            f"({format_duration_ms(rules.max_delay_ms)})",
+        )
+
+    if not target:
+        target = rules.default_targets.get(topic)
+        if not target:
+            raise Rejected(
+                Reason.MISSING_TARGET,
+                f"no {H_TARGET_TOPIC} header and no default target for {topic}",
+            )
+    refusal = rules.target_refusal(target)
+    if refusal is not None:
+        raise Rejected(Reason.TARGET_NOT_ALLOWED, refusal)
+
+    return Scheduled(
+        offset=offset,
+        due_ms=due_ms,
+        target=target,
+        key=key,
+        value=value,
+        headers=headers,
+        delay_id=delay_id if delay_id is not None else origin(topic, partition, offset),
+        stored_ms=now_ms if due_ms < now_ms else None,
+        default_of=(topic, partition) if delay_id is None else None,
+    )

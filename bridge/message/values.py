@@ -1,0 +1,129 @@
+"""Header values as the contract writes them: durations, due times, topic names."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+)
+# Epoch milliseconds past this (year 10000) are certainly a unit mistake (µs or ns); before
+# 2000-01-01 almost always epoch seconds taken for milliseconds (1.7e9 s is 1970 in ms).
+_MAX_EPOCH_MS = 253_402_300_800_000
+MIN_EPOCH_MS = 946_684_800_000
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_duration_ms(text: str) -> int:
+    """``"1500"`` → 1500; ``"250ms"``, ``"30s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"1h30m"`` → ms.
+
+    Raises ValueError for anything else (negative, empty, unknown unit, repeated unit order).
+    Cached: producers use a handful of delays, and this runs per record.
+    """
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    pos = total = 0
+    last_rank = -1
+    ranks = ["d", "h", "m", "s", "ms"]
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 250ms, 30s, 15m, 2h, 7d, 1h30m)")
+        rank = ranks.index(match.group(2))
+        if rank <= last_rank:
+            raise ValueError(f"not a duration: {text!r} (units must go from largest to smallest)")
+        last_rank = rank
+        total += int(match.group(1)) * _UNIT_MS[match.group(2)]
+        pos = match.end()
+    if pos == 0:
+        raise ValueError("empty duration")
+    return total
+
+
+def format_duration_ms(ms: int) -> str:
+    """The shortest duration string that :func:`parse_duration_ms` reads back as ``ms``."""
+    if ms == 0:
+        return "0s"
+    parts = []
+    for unit in ("d", "h", "m", "s", "ms"):
+        size = _UNIT_MS[unit]
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(parts)
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch milliseconds (digits) or RFC 3339 with an offset → epoch ms.
+
+    Fractions below a millisecond round up, so a record is never due before the time it names.
+    Epoch milliseconds before 2000-01-01 are refused: they are almost always epoch seconds.
+    """
+    text = text.strip()
+    if text.isdigit():
+        value = int(text)
+        if value >= _MAX_EPOCH_MS:
+            raise ValueError(f"epoch milliseconds out of range: {text}")
+        if value < MIN_EPOCH_MS:
+            raise ValueError(
+                f"{text} as epoch milliseconds is before 2000-01-01 ({format_time_ms(value)}); "
+                f"it looks like epoch seconds: give milliseconds ({text}000)"
+            )
+        return value
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"not a time: {text!r} (use epoch milliseconds or RFC 3339, e.g. 2026-11-21T10:00:00Z)"
+        )
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, offset = match.group(7) or "", match.group(8)
+    if offset in ("Z", "z"):
+        tz = UTC
+    else:
+        sign = 1 if offset[0] == "+" else -1
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 23 or minutes > 59:
+            raise ValueError(f"bad UTC offset in {text!r}")
+        tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
+    try:
+        # RFC 3339 allows a leap second (:60); it is the same instant as :59 + 1 s.
+        leap = second == 60
+        moment = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=tz)
+    except ValueError as exc:
+        raise ValueError(f"not a time: {text!r} ({exc})") from None
+    whole_ms = int(moment.timestamp()) * 1000 + (1000 if leap else 0)
+    frac_ms = math.ceil(int(fraction) * 1000 / 10 ** len(fraction)) if fraction else 0
+    return whole_ms + frac_ms
+
+
+def format_time_ms(ms: int) -> str:
+    """Epoch ms → RFC 3339 UTC with milliseconds (plain ms outside the years 1 to 9999)."""
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms after the epoch"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def is_legal_topic(name: str) -> bool:
+    """Kafka's own rule for topic names."""
+    return name not in (".", "..") and _LEGAL_TOPIC.fullmatch(name) is not None
+
+
+def topic_refusal(name: str) -> str | None:
+    """Why no record may ever be delivered to ``name`` whatever the config (not a legal name,
+    or internal), or None; :meth:`Rules.target_refusal` adds what the config rules out."""
+    if not is_legal_topic(name):
+        return f"{name!r} is not a legal topic name"
+    if name.startswith("__"):
+        return f"{name!r} is an internal topic"
+    return None
