@@ -1,10 +1,8 @@
-"""Configuration: frozen dataclasses with typed defaults, loaded strictly from YAML and env.
+"""Loading the config: YAML, then environment overrides, read strictly and validated.
 
 Unknown keys, wrong types and bad values stop start-up with :class:`ConfigError`, whose one-line
 message names the key path. ``DELAY_BRIDGE_<PATH>`` environment variables (``__`` between
-levels) override scalar keys. librdkafka maps (``kafka.common/consumer/producer``) pass through
-untouched, except that a ``<property>_file`` entry is replaced by ``<property>`` read from that
-file, so Kubernetes Secrets can be mounted.
+levels) override scalar keys.
 """
 
 from __future__ import annotations
@@ -15,17 +13,18 @@ import os
 import re
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union, get_origin, get_type_hints
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import yaml
 
+from bridge.config.librdkafka import consumer_settings, producer_settings
+from bridge.config.schema import Config
 from bridge.errors import ConfigError
 from bridge.message import (
     DIALECTS,
-    Rules,
     format_duration_ms,
     is_legal_topic,
     parse_duration_ms,
@@ -34,164 +33,6 @@ from bridge.message import (
 DEFAULT_PATH = "config/bridge.yaml"
 ENV_PATH = "DELAY_BRIDGE_CONFIG"
 ENV_PREFIX = "DELAY_BRIDGE_"
-REDACTED = "***"
-_SECRET_KEY = re.compile(
-    r"password|secret|token|credential|jaas|oauthbearer\.config|key\.pem", re.I
-)
-
-
-def duration(default: str) -> Any:
-    """A field holding milliseconds, written in YAML as a duration (``30s``, ``1h30m``)."""
-    return field(default=parse_duration_ms(default), metadata={"duration": True})
-
-
-@dataclass(frozen=True)
-class KafkaConfig:
-    """Where Kafka is and how the clients talk to it."""
-
-    bootstrap_servers: str = "127.0.0.1:9092"
-    group_id: str = "delay-bridge"
-    group_instance_id: str = ""
-    common: dict[str, str] = field(default_factory=dict)
-    consumer: dict[str, str] = field(default_factory=dict)
-    producer: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SentinelConfig:
-    """Redis Sentinel: the master is found through the sentinels (when ``nodes`` is not empty)."""
-
-    master: str = "mymaster"
-    nodes: tuple[str, ...] = ()
-    password: str = ""
-    password_file: str = ""
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    """TLS to Redis (also implied by a ``rediss://`` URL)."""
-
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    """Where Redis is and how keys are named."""
-
-    url: str = "redis://127.0.0.1:6379/0"
-    password: str = ""
-    password_file: str = ""
-    key_prefix: str = "delay-bridge"
-    socket_timeout: int = duration("5s")
-    cluster: bool = False
-    sentinel: SentinelConfig = field(default_factory=SentinelConfig)
-    tls: TlsConfig = field(default_factory=TlsConfig)
-
-
-@dataclass(frozen=True)
-class TopicsConfig:
-    """Which topics are read, where records may go, and where failures go."""
-
-    delay: tuple[str, ...] = ("delay",)
-    default_target: dict[str, str] = field(default_factory=dict)
-    allowed_targets: tuple[str, ...] = (".*",)
-    dead_letter: str = "delay.dlq"
-    dialect: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class IngressConfig:
-    """The delay-topic consumer."""
-
-    batch_size: int = 500
-    linger: int = duration("10ms")
-    hold: int = duration("100ms")
-
-
-@dataclass(frozen=True)
-class EgressConfig:
-    """The mover that claims due records and produces them."""
-
-    batch_size: int = 500
-    lease: int = duration("30s")
-    max_attempts: int = 3
-    tick: int = duration("10ms")
-    send_tick: int = duration("2ms")
-    ahead: int = duration("100ms")
-
-    @property
-    def due_by_ms(self) -> int:
-        """A record in flight was due by its lease deadline minus this: it was claimed at most
-        ``ahead`` before it fell due, under a ``lease`` (see stats.lua)."""
-        return self.lease - self.ahead
-
-
-@dataclass(frozen=True)
-class LimitsConfig:
-    """What a delay-topic record may ask for."""
-
-    max_delay: int = duration("365d")
-    max_record_bytes: int = 1048576
-
-
-@dataclass(frozen=True)
-class HttpConfig:
-    """The metrics and health endpoints."""
-
-    host: str = "0.0.0.0"
-    port: int = 9464
-
-
-@dataclass(frozen=True)
-class LoggingConfig:
-    """Log level and format."""
-
-    level: str = "INFO"
-    json: bool = False
-
-
-@dataclass(frozen=True)
-class Config:
-    """The whole configuration."""
-
-    kafka: KafkaConfig = field(default_factory=KafkaConfig)
-    redis: RedisConfig = field(default_factory=RedisConfig)
-    topics: TopicsConfig = field(default_factory=TopicsConfig)
-    ingress: IngressConfig = field(default_factory=IngressConfig)
-    egress: EgressConfig = field(default_factory=EgressConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    http: HttpConfig = field(default_factory=HttpConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-
-    def rules(self) -> Rules:
-        """The message-contract rules this config sets."""
-        return Rules(
-            delay_topics=frozenset(self.topics.delay),
-            default_targets=dict(self.topics.default_target),
-            allowed_targets=tuple(re.compile(p) for p in self.topics.allowed_targets),
-            dead_letter=self.topics.dead_letter,
-            max_delay_ms=self.limits.max_delay,
-            max_record_bytes=self.limits.max_record_bytes,
-            dialects=dict(self.topics.dialect),
-        )
-
-    def redis_password(self) -> str | None:
-        """The Redis password from ``redis.password_file`` or ``redis.password``, if any."""
-        if self.redis.password_file:
-            return _read_secret(self.redis.password_file, "redis.password_file")
-        return self.redis.password or None
-
-    def sentinel_password(self) -> str | None:
-        """The sentinels' own password from ``redis.sentinel.password_file`` or ``.password``."""
-        sentinel = self.redis.sentinel
-        if sentinel.password_file:
-            return _read_secret(sentinel.password_file, "redis.sentinel.password_file")
-        return sentinel.password or None
-
-
-# ------------------------------------------------------------------ loading
 
 
 def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -433,147 +274,3 @@ def _validate(config: Config) -> None:
             f"kafka.producer.delivery.timeout.ms: {timeout} must be below egress.lease "
             f"({config.egress.lease} ms), or a lease would expire while its record is in flight"
         )
-
-
-# ------------------------------------------------------------------ librdkafka settings
-
-
-def _read_secret(path: str, key: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
-
-
-def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in settings.items():
-        if key.endswith("_file"):
-            out[key[: -len("_file")]] = _read_secret(value, f"{path}.{key}")
-        else:
-            out[key] = value
-    return out
-
-
-def admin_settings(config: Config) -> dict[str, str]:
-    """librdkafka properties every client shares (and the admin client uses alone)."""
-    merged = {"bootstrap.servers": config.kafka.bootstrap_servers}
-    merged.update(_resolve_files(config.kafka.common, "kafka.common"))
-    return merged
-
-
-def kafka_settings(config: Config, role: str) -> dict[str, str]:
-    """librdkafka properties for ``role`` (``consumer`` or ``producer``): common, then role."""
-    merged = admin_settings(config)
-    merged.update(_resolve_files(getattr(config.kafka, role), f"kafka.{role}"))
-    return merged
-
-
-# What the bridge's guarantees rest on: a user setting that contradicts one is a config error.
-_CONSUMER_FIXED = {
-    "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
-    "partition.assignment.strategy": "cooperative-sticky",
-}
-_PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all"}
-
-
-def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]:
-    """Delay-topic consumer properties: defaults, then the user's, then the fixed ones.
-
-    ``member``: for the bridge's own group member, the only consumer that may carry
-    ``group.instance.id`` (another consumer with it would fence the running replica)."""
-    settings = {
-        "group.id": config.kafka.group_id,
-        "auto.offset.reset": "earliest",  # a new group must not skip records already waiting
-        "enable.auto.commit": "true",
-        "auto.commit.interval.ms": "1000",
-        "enable.partition.eof": "false",
-        "statistics.interval.ms": "5000",  # ingest lag and broker state for the metrics
-        # A replica that dies for good hands its partitions on after this long (librdkafka's
-        # 45 s default); a restarted static member is back without waiting for it at all.
-        "session.timeout.ms": "10000",
-        "heartbeat.interval.ms": "3000",
-        # A fetch waits up to 10 ms for records to gather (or returns at 1 MB) instead of
-        # returning with the first one: at 2,000 records/s that is ~100 fetches a second instead
-        # of ~700, each a wake-up of librdkafka's and the ingress's threads (about a fifth of
-        # the CPU per record in `make bench`). A record due within 10 ms of being produced may
-        # be stored up to 10 ms later; an idle replica fetches 100 times a second.
-        "fetch.wait.max.ms": "10",
-        "fetch.min.bytes": "1048576",
-    }
-    if config.kafka.group_instance_id:
-        settings["group.instance.id"] = config.kafka.group_instance_id
-    settings.update(kafka_settings(config, "consumer"))
-    if not member:
-        settings.pop("group.instance.id", None)
-    return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
-
-
-def producer_settings(config: Config) -> dict[str, str]:
-    """Target/DLQ producer properties: defaults, then the user's, then the fixed ones."""
-    settings = {
-        # Records are produced the moment they are due: waiting 5 ms (librdkafka's default) to
-        # fill batches added 2 ms to the median lateness in `make bench`; a claim's records are
-        # produced together anyway.
-        "linger.ms": "1",
-        # Java's partitioner, so a key lands where the services' own Java producers put it.
-        "partitioner": "murmur2_random",
-        # Below the lease, so a record is never leased out again while still in flight.
-        "delivery.timeout.ms": str(min(120_000, config.egress.lease * 2 // 3)),
-        "message.max.bytes": str(max(1_000_000, config.limits.max_record_bytes + 65_536)),
-        "topic.metadata.propagation.max.ms": "5000",
-    }
-    settings.update(kafka_settings(config, "producer"))
-    return _fix(settings, _PRODUCER_FIXED, "kafka.producer")
-
-
-def _fix(settings: dict[str, str], fixed: dict[str, str], path: str) -> dict[str, str]:
-    for key, value in fixed.items():
-        if settings.get(key, value).lower() != value:
-            raise ConfigError(f"{path}.{key}: must be {value} (the delivery guarantees rely on it)")
-        settings[key] = value
-    return settings
-
-
-# ------------------------------------------------------------------ showing it
-
-
-def redact(config: Config) -> dict[str, Any]:
-    """The effective config as plain data, with secrets replaced by ``***``."""
-    return _shown(config)
-
-
-def _shown(value: Any) -> dict[str, Any]:
-    shown: dict[str, Any] = {}
-    for f in fields(value):
-        item = getattr(value, f.name)
-        if dataclasses.is_dataclass(item):
-            item = _shown(item)
-        elif f.metadata.get("duration"):
-            item = format_duration_ms(item)
-        elif isinstance(item, tuple):
-            item = list(item)
-        elif isinstance(item, dict):
-            item = {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in item.items()}
-        elif f.name == "password" and item:
-            item = REDACTED
-        elif f.name == "url" and isinstance(item, str):
-            item = redact_url(item)
-        shown[f.name] = item
-    return shown
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password, if any, replaced: for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}{port}"))
-
-
-def dump(config: Config) -> str:
-    """YAML of :func:`redact`."""
-    return yaml.safe_dump(redact(config), sort_keys=False)

@@ -1,0 +1,24 @@
+"""The configuration: its schema, loaded strictly from YAML and the environment, and shown."""
+
+from bridge.config.librdkafka import (
+    admin_settings,
+    consumer_settings,
+    kafka_settings,
+    producer_settings,
+)
+from bridge.config.loader import from_mapping, load
+from bridge.config.schema import Config
+from bridge.config.show import dump, redact, redact_url
+
+__all__ = [
+    "Config",
+    "admin_settings",
+    "consumer_settings",
+    "dump",
+    "from_mapping",
+    "kafka_settings",
+    "load",
+    "producer_settings",
+    "redact",
+    "redact_url",
+]

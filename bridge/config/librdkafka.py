@@ -1,0 +1,103 @@
+"""The librdkafka settings each Kafka client gets from the config.
+
+The librdkafka maps (``kafka.common/consumer/producer``) pass through untouched, except that a
+``<property>_file`` entry is replaced by ``<property>`` read from that file, so Kubernetes Secrets
+can be mounted; settings the bridge's guarantees rest on are fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from bridge.config.schema import Config, read_secret
+from bridge.errors import ConfigError
+
+
+def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in settings.items():
+        if key.endswith("_file"):
+            out[key[: -len("_file")]] = read_secret(value, f"{path}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def admin_settings(config: Config) -> dict[str, str]:
+    """librdkafka properties every client shares (and the admin client uses alone)."""
+    merged = {"bootstrap.servers": config.kafka.bootstrap_servers}
+    merged.update(_resolve_files(config.kafka.common, "kafka.common"))
+    return merged
+
+
+def kafka_settings(config: Config, role: str) -> dict[str, str]:
+    """librdkafka properties for ``role`` (``consumer`` or ``producer``): common, then role."""
+    merged = admin_settings(config)
+    merged.update(_resolve_files(getattr(config.kafka, role), f"kafka.{role}"))
+    return merged
+
+
+# What the bridge's guarantees rest on: a user setting that contradicts one is a config error.
+_CONSUMER_FIXED = {
+    "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
+    "partition.assignment.strategy": "cooperative-sticky",
+}
+_PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all"}
+
+
+def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]:
+    """Delay-topic consumer properties: defaults, then the user's, then the fixed ones.
+
+    ``member``: for the bridge's own group member, the only consumer that may carry
+    ``group.instance.id`` (another consumer with it would fence the running replica)."""
+    settings = {
+        "group.id": config.kafka.group_id,
+        "auto.offset.reset": "earliest",  # a new group must not skip records already waiting
+        "enable.auto.commit": "true",
+        "auto.commit.interval.ms": "1000",
+        "enable.partition.eof": "false",
+        "statistics.interval.ms": "5000",  # ingest lag and broker state for the metrics
+        # A replica that dies for good hands its partitions on after this long (librdkafka's
+        # 45 s default); a restarted static member is back without waiting for it at all.
+        "session.timeout.ms": "10000",
+        "heartbeat.interval.ms": "3000",
+        # A fetch waits up to 10 ms for records to gather (or returns at 1 MB) instead of
+        # returning with the first one: at 2,000 records/s that is ~100 fetches a second instead
+        # of ~700, each a wake-up of librdkafka's and the ingress's threads (about a fifth of
+        # the CPU per record in `make bench`). A record due within 10 ms of being produced may
+        # be stored up to 10 ms later; an idle replica fetches 100 times a second.
+        "fetch.wait.max.ms": "10",
+        "fetch.min.bytes": "1048576",
+    }
+    if config.kafka.group_instance_id:
+        settings["group.instance.id"] = config.kafka.group_instance_id
+    settings.update(kafka_settings(config, "consumer"))
+    if not member:
+        settings.pop("group.instance.id", None)
+    return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
+
+
+def producer_settings(config: Config) -> dict[str, str]:
+    """Target/DLQ producer properties: defaults, then the user's, then the fixed ones."""
+    settings = {
+        # Records are produced the moment they are due: waiting 5 ms (librdkafka's default) to
+        # fill batches added 2 ms to the median lateness in `make bench`; a claim's records are
+        # produced together anyway.
+        "linger.ms": "1",
+        # Java's partitioner, so a key lands where the services' own Java producers put it.
+        "partitioner": "murmur2_random",
+        # Below the lease, so a record is never leased out again while still in flight.
+        "delivery.timeout.ms": str(min(120_000, config.egress.lease * 2 // 3)),
+        "message.max.bytes": str(max(1_000_000, config.limits.max_record_bytes + 65_536)),
+        "topic.metadata.propagation.max.ms": "5000",
+    }
+    settings.update(kafka_settings(config, "producer"))
+    return _fix(settings, _PRODUCER_FIXED, "kafka.producer")
+
+
+def _fix(settings: dict[str, str], fixed: dict[str, str], path: str) -> dict[str, str]:
+    for key, value in fixed.items():
+        if settings.get(key, value).lower() != value:
+            raise ConfigError(f"{path}.{key}: must be {value} (the delivery guarantees rely on it)")
+        settings[key] = value
+    return settings

@@ -1,0 +1,173 @@
+"""The config schema: frozen dataclasses with typed defaults, one per section."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge.errors import ConfigError
+from bridge.message import (
+    Rules,
+    parse_duration_ms,
+)
+
+
+def duration(default: str) -> Any:
+    """A field holding milliseconds, written in YAML as a duration (``30s``, ``1h30m``)."""
+    return field(default=parse_duration_ms(default), metadata={"duration": True})
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where Kafka is and how the clients talk to it."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "delay-bridge"
+    group_instance_id: str = ""
+    common: dict[str, str] = field(default_factory=dict)
+    consumer: dict[str, str] = field(default_factory=dict)
+    producer: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SentinelConfig:
+    """Redis Sentinel: the master is found through the sentinels (when ``nodes`` is not empty)."""
+
+    master: str = "mymaster"
+    nodes: tuple[str, ...] = ()
+    password: str = ""
+    password_file: str = ""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS to Redis (also implied by a ``rediss://`` URL)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Where Redis is and how keys are named."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    password: str = ""
+    password_file: str = ""
+    key_prefix: str = "delay-bridge"
+    socket_timeout: int = duration("5s")
+    cluster: bool = False
+    sentinel: SentinelConfig = field(default_factory=SentinelConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    """Which topics are read, where records may go, and where failures go."""
+
+    delay: tuple[str, ...] = ("delay",)
+    default_target: dict[str, str] = field(default_factory=dict)
+    allowed_targets: tuple[str, ...] = (".*",)
+    dead_letter: str = "delay.dlq"
+    dialect: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IngressConfig:
+    """The delay-topic consumer."""
+
+    batch_size: int = 500
+    linger: int = duration("10ms")
+    hold: int = duration("100ms")
+
+
+@dataclass(frozen=True)
+class EgressConfig:
+    """The mover that claims due records and produces them."""
+
+    batch_size: int = 500
+    lease: int = duration("30s")
+    max_attempts: int = 3
+    tick: int = duration("10ms")
+    send_tick: int = duration("2ms")
+    ahead: int = duration("100ms")
+
+    @property
+    def due_by_ms(self) -> int:
+        """A record in flight was due by its lease deadline minus this: it was claimed at most
+        ``ahead`` before it fell due, under a ``lease`` (see stats.lua)."""
+        return self.lease - self.ahead
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """What a delay-topic record may ask for."""
+
+    max_delay: int = duration("365d")
+    max_record_bytes: int = 1048576
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The metrics and health endpoints."""
+
+    host: str = "0.0.0.0"
+    port: int = 9464
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Log level and format."""
+
+    level: str = "INFO"
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    ingress: IngressConfig = field(default_factory=IngressConfig)
+    egress: EgressConfig = field(default_factory=EgressConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def rules(self) -> Rules:
+        """The message-contract rules this config sets."""
+        return Rules(
+            delay_topics=frozenset(self.topics.delay),
+            default_targets=dict(self.topics.default_target),
+            allowed_targets=tuple(re.compile(p) for p in self.topics.allowed_targets),
+            dead_letter=self.topics.dead_letter,
+            max_delay_ms=self.limits.max_delay,
+            max_record_bytes=self.limits.max_record_bytes,
+            dialects=dict(self.topics.dialect),
+        )
+
+    def redis_password(self) -> str | None:
+        """The Redis password from ``redis.password_file`` or ``redis.password``, if any."""
+        if self.redis.password_file:
+            return read_secret(self.redis.password_file, "redis.password_file")
+        return self.redis.password or None
+
+    def sentinel_password(self) -> str | None:
+        """The sentinels' own password from ``redis.sentinel.password_file`` or ``.password``."""
+        sentinel = self.redis.sentinel
+        if sentinel.password_file:
+            return read_secret(sentinel.password_file, "redis.sentinel.password_file")
+        return sentinel.password or None
+
+
+def read_secret(path: str, key: str) -> str:
+    """The contents of a mounted secret file, for the config key ``key`` that names it."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
