@@ -10,7 +10,7 @@ import redis
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from bridge.egress import Egress, _Pending
+from bridge.egress import Egress, Pending
 from bridge.message import Scheduled, origin
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard, Store
@@ -35,7 +35,7 @@ class WatchedEgress(Egress):
     now_ms = 0
     early: list[tuple[int, int]]
 
-    def _send(self, ident: tuple[Shard, bytes], pending: _Pending) -> None:
+    def _send(self, ident: tuple[Shard, bytes], pending: Pending) -> None:
         if pending.claimed.record.due_ms > self.now_ms:
             self.early.append((pending.claimed.record.due_ms, self.now_ms))
         super()._send(ident, pending)

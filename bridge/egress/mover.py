@@ -1,0 +1,324 @@
+"""The mover: claims due records from the owned shards and hands them to be produced.
+
+It sleeps until the earliest due time or lease deadline of its shards (:mod:`.plan`), and ingress
+wakes it early when it stores an earlier record. Records claimed ahead wait in memory for their
+due time (:mod:`.sender`); delivery reports settle what was produced (:mod:`.settle`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from confluent_kafka import Producer
+
+from bridge.catchup import CatchUp
+from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
+from bridge.egress.sender import Sender
+from bridge.egress.settle import Deliveries, Ident, Pending, backoff
+from bridge.errors import StoreError, WriteRefused
+from bridge.health import Readiness
+from bridge.metrics import Metrics
+from bridge.store import Claims, Shard, Store
+
+logger = logging.getLogger(__name__)
+
+INFLIGHT_POLL_S = 0.05
+# Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
+ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 2.0
+
+
+class Egress:
+    """The mover. Runs in one thread; delivery reports are served on that thread."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        store: Store,
+        metrics: Metrics,
+        *,
+        dead_letter: str,
+        batch_size: int,
+        lease_ms: int,
+        max_attempts: int,
+        tick_ms: int = 0,
+        send_tick_ms: int | None = None,
+        ahead_ms: int = 0,
+        readiness: Readiness | None = None,
+        catch_up: CatchUp | None = None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.producer = producer
+        self.catch_up = catch_up or CatchUp()
+        self.readiness = readiness or Readiness()
+        self.store = store
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.lease_ms = lease_ms
+        self.tick_ms = tick_ms
+        self.ahead_ms = ahead_ms
+        # Delivered records are acknowledged with their shard's next claim or after this long:
+        # with claims ahead, a claim comes every half window.
+        self._ack_wait_ms = max(tick_ms, ahead_ms // 2)
+        self.clock = RedisClock()
+        self.plan = Plan(tick_ms, ahead_ms)
+        self.deliveries = Deliveries(
+            producer, store, metrics, self.readiness, dead_letter=dead_letter,
+            max_attempts=max_attempts, ack_wait_ms=self._ack_wait_ms, clock_ms=clock_ms,
+            send=self._send, on_retry=self._claim_again,
+        )  # fmt: skip
+        self.sender = Sender(
+            tick_ms, tick_ms if send_tick_ms is None else send_tick_ms, clock=self.clock,
+            deliveries=self.deliveries, send=self._send, producer=producer, store=store,
+        )  # fmt: skip
+        self._pending = self.deliveries.pending  # the same dict, read per claimed record
+        self._stored: dict[Shard, int] = {}  # earliest due time ingress stored since the last step
+        self.owned: frozenset[Shard] = frozenset()
+        self._wake = threading.Event()
+        # Shards assigned since the last step: their earlier owner's leases end first.
+        self._taking_over: set[Shard] = set()
+        self._lock = threading.Lock()
+        self.last_loop = time.monotonic()
+
+    # -------------------------------------------------------------- called from ingress
+
+    def add_shards(self, shards: set[Shard]) -> None:
+        """Start moving records of newly assigned partitions; the leases their earlier owner
+        left end before the first claim (see take_over.lua)."""
+        with self._lock:
+            self._taking_over |= shards
+        self.owned = self.owned | shards
+        self._wake.set()
+
+    def remove_shards(self, shards: set[Shard]) -> None:
+        """Stop claiming from revoked partitions and their retired incarnations (in-flight
+        records still get acknowledged)."""
+        gone = {s.base() for s in shards}
+        with self._lock:
+            self._taking_over = {s for s in self._taking_over if s.base() not in gone}
+        self.owned = frozenset(s for s in self.owned if s.base() not in gone)
+
+    def settle(self, shards: set[Shard], timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until no record of these partitions is in flight, so their
+        next owner, which ends the leases it finds, does not deliver them again; returns how many
+        are still in flight (their next owner may duplicate them). Called by the consumer's
+        thread while the mover runs."""
+        return self.deliveries.wait_settled(shards, timeout_s)
+
+    def notify(self, earliest: Mapping[Shard, int]) -> None:
+        """Ingress stored records due from these times on; wake up in case one is sooner than
+        planned."""
+        with self._lock:
+            for shard, due_ms in earliest.items():
+                self._stored[shard] = min(due_ms, self._stored.get(shard, due_ms))
+        self._wake.set()
+
+    def wake_up(self) -> None:
+        """Cut the mover's and the sender's sleep short (stopping)."""
+        self._wake.set()
+        self.sender.wake.set()
+
+    # -------------------------------------------------------------- the loop
+
+    @property
+    def max_inflight(self) -> int:
+        """Records produced and unacknowledged at most: claims stop there. Ten batches keep the
+        producer busy while delivery reports of earlier ones come back (two cost 13% of the
+        end-to-end rate in `make bench`); all are leased, so a crash redelivers at most this
+        many."""
+        return self.batch_size * 10
+
+    @property
+    def inflight(self) -> int:
+        """Records produced and not yet acknowledged."""
+        return len(self._pending)
+
+    def step(self, now_ms: int | None = None) -> int:
+        """Serve delivery reports, then claim and produce what is due. Returns records claimed.
+
+        ``now_ms`` replaces Redis's clock for the claim (tests); the loop passes None.
+        """
+        self.last_loop = time.monotonic()
+        self.producer.poll(0)
+        self.deliveries.settle()
+        if self._taking_over:
+            self._take_over()
+        if self._stored:
+            with self._lock:
+                stored, self._stored = self._stored, {}
+            self.plan.stored(stored, self.catch_up.horizons())
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        self.sender.send_due(now)
+        room = self.max_inflight - len(self._pending)
+        shards = self.plan.to_claim(self.owned, now)
+        if not shards or room <= 0:
+            self._ack()
+            return 0
+        per_shard = max(1, min(self.batch_size, room // len(shards)))
+        horizons = self.catch_up.horizons()
+        # The acknowledgements of a shard claimed from go along in its claim's call.
+        acked = self.deliveries.acked
+        acks = {s: acked[s] for s in shards if s in acked}
+        claimed = self.store.claim(
+            shards, per_shard, self.lease_ms, now_ms, horizons, ahead_ms=self.ahead_ms,
+            acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
+        )  # fmt: skip
+        self.deliveries.acknowledged(acks)
+        self._ack()
+        self.clock.set(claimed)
+        for shard in self.plan.claimed(claimed, per_shard, horizons):
+            self._forget_if_drained(shard)
+        put_back = self._put_back_past_horizon(claimed)
+        redelivered = 0
+        held: list[tuple[int, Ident]] = []
+        for item in claimed:
+            ident = (item.shard, item.member)
+            if ident in put_back:
+                continue
+            redelivered += item.redelivery
+            pending = self._pending.get(ident)
+            if pending is None:
+                pending = self._pending[ident] = Pending(item)
+            if item.record.due_ms > claimed.now_ms:
+                held.append((item.record.due_ms, ident))
+            else:
+                self._send(ident, pending)
+        self.sender.hold(held)
+        if redelivered:
+            self.metrics.redelivered.inc(redelivered)
+        self.producer.poll(0)
+        return len(claimed)
+
+    def _send(self, ident: Ident, pending: Pending) -> None:
+        """Produce a claimed record: the one place every record leaves by."""
+        self.deliveries.produce(ident, pending)
+
+    def _ack(self, force: bool = False) -> None:
+        self.deliveries.ack(force or self.inflight >= self.max_inflight)
+
+    def _put_back_past_horizon(self, claims: Claims) -> set[Ident]:
+        """The ingress may begin catching up on a partition after the mover read the horizons
+        and before Redis ran its claim (it re-reads after Redis lost its state, or a partition is
+        assigned): a cancel may then sit in the part of the log it has yet to read. Records
+        claimed past the horizon such a catch-up set are not produced: they go back among the
+        waiting ones, where a cancel reaches them, until the horizon passes them. (A lease that
+        ran out is not: its record was claimed before, and a claimed record is past cancel.)
+        Returns them."""
+        horizons = self.catch_up.horizons()
+        if not horizons:
+            return set()
+        past = [c for c in claims
+                if c.shard in horizons and c.record.due_ms > horizons[c.shard]
+                and not c.redelivery and (c.shard, c.member) not in self._pending]  # fmt: skip
+        if past:
+            self.store.unclaim(past)
+            self.plan.hold_back({c.shard for c in past}, claims.now_ms + HOLD_WAIT_S * 1000)
+            logger.info("%d records claimed as a catch-up began wait for it", len(past))
+        return {(c.shard, c.member) for c in past}
+
+    def not_due(self, now_ms: int) -> int:
+        """Records claimed ahead that are not due by ``now_ms`` (read by the metrics thread)."""
+        return self.sender.not_due(now_ms)
+
+    def send_when_due(self, stop: threading.Event) -> None:
+        """The sender thread (see :class:`Sender`)."""
+        self.sender.run(stop)
+
+    @property
+    def sender_last_loop(self) -> float:
+        """When the sender thread last went round its loop (monotonic s)."""
+        return self.sender.last_loop
+
+    @sender_last_loop.setter
+    def sender_last_loop(self, value: float) -> None:
+        self.sender.last_loop = value
+
+    def _claim_again(self, members: Mapping[Shard, Sequence[bytes]], wait_ms: int) -> None:
+        """Released records are claimable after ``wait_ms``: plan their shards' next claim then,
+        not when their leases would have run out."""
+        self.plan.claim_again(members, self.clock.now_ms() + wait_ms)  # released after a claim
+
+    def _forget_if_drained(self, shard: Shard) -> None:
+        if self.store.forget_retired(shard):  # nothing left of that incarnation
+            logger.info("delivered every record left in %s", shard)
+            self.owned = self.owned - {shard}
+            self.plan.forget([shard])
+
+    def _take_over(self) -> None:
+        with self._lock:
+            shards, self._taking_over = self._taking_over, set()
+        self.plan.forget(shards)  # nothing known of them yet: claim at once
+        held: dict[Shard, list[bytes]] = {s: [] for s in shards}
+        for shard, member in self._pending:
+            if shard in held:
+                held[shard].append(member)
+        try:
+            ended = self.store.take_over(held)
+        except StoreError:
+            with self._lock:
+                self._taking_over |= shards & self.owned
+            raise
+        if ended:
+            logger.info("took back %d leases an earlier owner of %s left", ended,
+                        ", ".join(str(s) for s in sorted(shards)))  # fmt: skip
+
+    def run(self, stop: threading.Event) -> None:
+        """Move records until ``stop`` is set, then drain what is in flight."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                self.step()
+                if failures:
+                    failures = 0
+                    self.readiness.ok("mover")
+                    logger.info("mover reaches redis again")
+                if self.inflight >= self.max_inflight:
+                    # At capacity: poll returns as soon as the first delivery report is in.
+                    self.producer.poll(INFLIGHT_POLL_S)
+                    continue
+                self._wait(self._seconds_to_next())
+            except StoreError as exc:
+                failures += 1
+                wait = backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S, failures)
+                self.metrics.redis_errors.labels(stage="egress").inc()
+                self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}",
+                                    write_refused=isinstance(exc, WriteRefused))  # fmt: skip
+                logger.error("mover backing off %.1fs: %s", wait, exc)
+                stop.wait(wait)
+
+    def _seconds_to_next(self) -> float:
+        """Until the first owned shard is to be claimed from or the delivery reports applied
+        (at most IDLE_WAIT_S)."""
+        if self._stored or self._taking_over:
+            return 0.0
+        seconds = IDLE_WAIT_S
+        ack_by = self.deliveries.ack_by
+        if ack_by is not None:
+            seconds = min(seconds, max(0.0, ack_by - time.monotonic()))
+        first = self.plan.first(self.owned)
+        if first != NEVER:
+            seconds = min(seconds, max(0.0, (first - self.clock.now_ms()) / 1000))
+        return seconds
+
+    def _wait(self, seconds: float) -> None:
+        if self._pending and not self.tick_ms:
+            # Delivery reports arrive through poll, which returns at the first; keep the slice
+            # short so an earlier record stored meanwhile by ingress is not held up long.
+            self.producer.poll(min(seconds, INFLIGHT_POLL_S))
+            return
+        if self._pending:
+            # Reports are applied once per tick anyway: collect them at the next step (poll(0))
+            # instead of waking for each one. While the sender has records to produce it polls
+            # too: the mover then applies them at most half an ``ahead`` window later.
+            seconds = min(seconds, (self._ack_wait_ms if len(self.sender) else self.tick_ms) / 1000)
+        if seconds > 0:
+            self._wake.wait(seconds)
+            self._wake.clear()
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for in-flight deliveries; release the unacknowledged rest."""
+        deadline = time.monotonic() + timeout_s
+        self.sender.release()
+        self.deliveries.drain(deadline)

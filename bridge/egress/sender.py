@@ -1,0 +1,150 @@
+"""The sender: records claimed ahead of their due time, held in memory and produced when it comes.
+
+The sender thread (:meth:`Sender.run`) produces them about SEND_BATCH at a time, so a claim's
+round trip — tens of ms at high rates, with the decoding of what it returns — does not hold up
+records falling due meanwhile. Every wake-up costs librdkafka a produce request per target
+partition it touches, so the sender waits up to the claim tick when records fall due slowly (20 a
+tick at 2,000/s) and as little as the send tick when they come fast (every 2 ms at 10,000/s).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import operator
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+
+from bridge.egress.plan import IDLE_WAIT_S, RedisClock
+from bridge.egress.settle import Deliveries, Ident, Pending, by_shard
+from bridge.errors import StoreError
+from bridge.store import Store
+
+logger = logging.getLogger(__name__)
+
+SEND_BATCH = 20  # records produced about this many at a time while they keep falling due
+_DUE = operator.itemgetter(0)  # of a held record: (due ms, record)
+
+
+class Sender:
+    """Records claimed ahead: (due ms, record), sorted by due time, earlier claims first among
+    equals. A claim's records come in runs already sorted, so a stable sort merges them in, and
+    the due ones leave as one slice — not a heap operation per record. Both the mover (after a
+    claim) and the sender thread send the due ones."""
+
+    def __init__(
+        self,
+        tick_ms: int,
+        send_tick_ms: int,
+        *,
+        clock: RedisClock,
+        deliveries: Deliveries,
+        send: Callable[[Ident, Pending], None],
+        producer: Producer,
+        store: Store,
+    ) -> None:
+        self.clock = clock
+        self.deliveries = deliveries
+        self._send = send
+        self.producer = producer
+        self.store = store
+        self.last_loop = time.monotonic()
+        # Produced at most once per send tick, and at most once per _every_ms: SEND_BATCH
+        # records' worth at the rate they fall due.
+        self.send_tick_ms = send_tick_ms
+        self._every_max_ms = float(max(tick_ms, send_tick_ms))
+        self._every_ms = self._every_max_ms
+        self._held: list[tuple[int, Ident]] = []
+        self._sent_ms = 0.0  # Redis ms: when held records were last taken
+        self._lock = threading.Lock()
+        self.wake = threading.Event()  # a record earlier than the sender's plan was held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, held: list[tuple[int, Ident]]) -> None:
+        """Keep records until their due time; wake the sender if one is due before what it
+        waits for."""
+        if not held:
+            return
+        with self._lock:
+            first = self._held[0][0] if self._held else float("inf")
+            self._held.extend(held)
+            self._held.sort(key=_DUE)
+            sooner = self._held[0][0] < first
+        if sooner:
+            self.wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """The sender thread: produce records claimed ahead at their due time until ``stop`` is
+        set, serving delivery reports as it goes."""
+        while not stop.is_set():
+            self.last_loop = time.monotonic()
+            self.wake.clear()  # before looking: a record held from here on wakes it
+            if self.clock.known:  # nothing is held before a claim
+                self.send_due(self.clock.now_ms())
+            self.producer.poll(0)
+            self.wake.wait(self._seconds_to_next())
+
+    def send_due(self, now_ms: float) -> None:
+        """Produce the records whose due time has come (by Redis's clock)."""
+        pending = self.deliveries.pending
+        for ident in self._take_due(now_ms):  # both threads send: the mover and the sender
+            one = pending.get(ident)
+            if one is not None:
+                self._send(ident, one)
+
+    def _seconds_to_next(self) -> float:
+        """Until the held records are next to be sent; at most IDLE_WAIT_S."""
+        at = self._next_send_ms()
+        if at is None or not self.clock.known:
+            return IDLE_WAIT_S
+        return min(IDLE_WAIT_S, max(0.0, (at - self.clock.now_ms()) / 1000))
+
+    def release(self) -> None:
+        """End the leases of records held and not produced (shutdown): the next owner claims
+        them at once."""
+        with self._lock:
+            released = by_shard(ident for _, ident in self._held)
+            self._held.clear()
+        if not released:
+            return
+        try:
+            self.store.release(released)
+        except StoreError as exc:  # their leases run out instead; the in-flight rest still drains
+            logger.warning("records claimed ahead not released (%s); their leases will expire", exc)
+        self.deliveries.forget(released)
+
+    def _take_due(self, now_ms: float) -> list[Ident]:
+        """The records whose due time has come by ``now_ms`` (Redis's clock), in due order."""
+        with self._lock:
+            count = bisect.bisect_right(self._held, now_ms, key=_DUE)
+            if not count:
+                return []
+            due = self._held[:count]
+            del self._held[:count]
+            gap = now_ms - self._sent_ms
+            if gap > 2 * self._every_max_ms:  # after a quiet spell: no rate to go by
+                self._every_ms = self.send_tick_ms
+            else:
+                every = gap * SEND_BATCH / len(due)
+                self._every_ms = min(self._every_max_ms, max(self.send_tick_ms, every))
+            self._sent_ms = now_ms
+        return [ident for _, ident in due]
+
+    def _next_send_ms(self) -> float | None:
+        """When the next records are to be taken (Redis ms): the first due time, but no sooner
+        than SEND_BATCH records' worth (at least a send tick, at most a tick) after the last were
+        taken. None: nothing held."""
+        with self._lock:  # the mover may take the last of them meanwhile
+            if not self._held:
+                return None
+            return max(self._held[0][0], self._sent_ms + self._every_ms)
+
+    def not_due(self, now_ms: int) -> int:
+        """Records held that are not due by ``now_ms`` (read by the metrics thread)."""
+        held = list(self._held)
+        return len(held) - bisect.bisect_right(held, now_ms, key=_DUE)

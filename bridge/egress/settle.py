@@ -1,0 +1,295 @@
+"""Claimed records produced, and their delivery reports settled: acknowledged, retried or DLQ'd.
+
+A record leaves Redis only from a successful delivery report. Permanent failures (unknown
+topic, too large, not authorized) are retried ``max_attempts`` times, then the record goes to the
+DLQ as ``delivery-failed`` and is acknowledged once the DLQ has it. Transient failures end the
+lease so the record is claimed again after a back-off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError as ClientError
+from confluent_kafka import KafkaException, Message, Producer
+
+from bridge.health import Readiness
+from bridge.kafka import produce
+from bridge.message import Reason, Scheduled, dead_letter_headers, origin, wire_headers
+from bridge.metrics import Metrics
+from bridge.store import Claimed, Shard, Store
+
+logger = logging.getLogger(__name__)
+
+PERMANENT_ERRORS = frozenset(
+    {
+        ClientError.UNKNOWN_TOPIC_OR_PART,
+        ClientError._UNKNOWN_TOPIC,
+        ClientError._UNKNOWN_PARTITION,
+        ClientError.MSG_SIZE_TOO_LARGE,
+        ClientError.RECORD_LIST_TOO_LARGE,
+        ClientError.TOPIC_AUTHORIZATION_FAILED,
+        ClientError.CLUSTER_AUTHORIZATION_FAILED,
+        ClientError.TOPIC_EXCEPTION,
+        ClientError.INVALID_RECORD,
+        ClientError._INVALID_ARG,
+    }
+)
+# A record whose delivery failed is claimable again after this long, doubling per failure.
+RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS = 500, 5_000
+RETRIES_KEPT = 100_000  # failure counts remembered (records another replica took are forgotten)
+
+Ident = tuple[Shard, bytes]  # a claimed record: its shard and member
+
+
+def backoff(base: float, cap: float, failures: int) -> float:
+    """``base`` doubled per failure after the first, at most ``cap``."""
+    return float(min(cap, base * 2 ** min(max(failures - 1, 0), 30)))
+
+
+@dataclass(slots=True)
+class Pending:
+    """A claimed record produced (or about to be) and not yet acknowledged."""
+
+    claimed: Claimed
+    attempts: int = 0
+    dead_letter: bool = False
+    error: str = ""  # Kafka's last refusal, for the DLQ's delay-error-detail
+
+
+@dataclass
+class Acked:
+    """A shard's delivered records whose acknowledgement Redis has not applied yet."""
+
+    members: list[bytes] = field(default_factory=list)
+    ids: list[tuple[str, bytes]] = field(default_factory=list)  # those in the id index
+    delivered: list[tuple[Pending, int]] = field(default_factory=list)  # with the report's time
+
+
+def by_shard(idents: Iterable[Ident]) -> dict[Shard, list[bytes]]:
+    """Records (shard, member) grouped by shard, as the store's calls take them."""
+    grouped: dict[Shard, list[bytes]] = defaultdict(list)
+    for shard, member in idents:
+        grouped[shard].append(member)
+    return grouped
+
+
+class Deliveries:
+    """The records in flight: produced, their delivery reports applied on the mover's thread."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        store: Store,
+        metrics: Metrics,
+        readiness: Readiness,
+        *,
+        dead_letter: str,
+        max_attempts: int,
+        ack_wait_ms: int,
+        clock_ms: Callable[[], int],
+        send: Callable[[Ident, Pending], None],
+        on_retry: Callable[[Mapping[Shard, Sequence[bytes]], int], None],
+    ) -> None:
+        self.producer = producer
+        self.store = store
+        self.metrics = metrics
+        self.readiness = readiness
+        self.dead_letter = dead_letter
+        self.max_attempts = max_attempts
+        self._ack_wait_ms = ack_wait_ms
+        self._clock_ms = clock_ms
+        self._send = send  # the one way a record is produced (a subclass of the mover may watch)
+        self._on_retry = on_retry
+        self.pending: dict[Ident, Pending] = {}
+        # Delivery reports not applied yet: (record, error, epoch ms when it came in). Appended
+        # by whichever thread polls the producer, taken from the left by the mover.
+        self._reports: deque[tuple[Ident, ClientError | None, int]] = deque()
+        # Delivered records per shard, acknowledged in Redis with the shard's next claim or, at the
+        # latest, at ack_by (monotonic s): one call takes a tick's worth.
+        self.acked: dict[Shard, Acked] = {}
+        self.ack_by: float | None = None
+        # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
+        self._retries: dict[Ident, int] = {}
+        # Notified whenever in-flight records settle; revocation waits on it.
+        self._settled = threading.Condition()
+
+    def produce(self, ident: Ident, pending: Pending) -> None:
+        """Produce a claimed record to its target (or, given up on, to the DLQ)."""
+        record = pending.claimed.record
+        callback = functools.partial(self._on_delivery, ident)
+        if pending.dead_letter:
+            topic, key, headers = self.dead_letter, record.key, self._dlq_headers(pending)
+        else:
+            topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
+        # The producer stamps the record; never earlier than the due time, whatever the local clock.
+        timestamp = max(self._clock_ms(), record.due_ms)
+        try:
+            produce(
+                self.producer, topic, value=record.value, key=key, headers=wire_headers(headers),
+                timestamp=timestamp, on_delivery=callback,
+            )  # fmt: skip
+        except KafkaException as exc:
+            # Refused locally (e.g. larger than message.max.bytes): same path as a report.
+            self._reports.append((ident, exc.args[0], self._clock_ms()))
+
+    def _dlq_headers(self, pending: Pending) -> list[tuple[str, bytes | None]]:
+        record = pending.claimed.record
+        shard = pending.claimed.shard
+        return dead_letter_headers(
+            record.headers,
+            Reason.DELIVERY_FAILED,
+            f"delivery to {record.target} failed {pending.attempts} times: {pending.error}",
+            origin(shard.topic, shard.partition, record.offset),
+        )
+
+    def _on_delivery(self, ident: Ident, err: ClientError | None, _msg: Message) -> None:
+        self._reports.append((ident, err, self._clock_ms()))
+
+    def settle(self) -> None:
+        """Take in delivery reports: successes wait to be acknowledged (see :meth:`ack`),
+        failures are retried or dead-lettered."""
+        if not self._reports:
+            return
+        reports = [self._reports.popleft() for _ in range(len(self._reports))]
+        retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
+        failed: Counter[tuple[str, str, int]] = Counter()
+        for ident, err, at_ms in reports:
+            pending = self.pending.get(ident)
+            if pending is None:
+                continue  # a second report for a record delivered twice after a lease expiry
+            if err is None:
+                acked = self.acked.get(ident[0])
+                if acked is None:  # not setdefault: that builds an Acked per record
+                    acked = self.acked[ident[0]] = Acked()
+                acked.members.append(ident[1])
+                given = pending.claimed.given_id()
+                if given is not None:
+                    acked.ids.append((given, ident[1]))
+                acked.delivered.append((pending, at_ms))
+                self._retries.pop(ident, None)
+                if self.ack_by is None:  # counted from when the report came in
+                    waited_ms = max(0, self._clock_ms() - at_ms)
+                    self.ack_by = time.monotonic() + (self._ack_wait_ms - waited_ms) / 1000
+                continue
+            if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
+                pending.attempts += 1
+                pending.error = f"{err.name()}: {err.str()}"
+                if pending.attempts >= self.max_attempts:
+                    pending.dead_letter = True
+                    logger.warning(
+                        "delivery of %s to %s failed %d times (%s); dead-lettering",
+                        pending.claimed.record.delay_id, pending.claimed.record.target,
+                        pending.attempts, err.str(),
+                    )  # fmt: skip
+                self._send(ident, pending)
+                continue
+            topic = self.dead_letter if pending.dead_letter else pending.claimed.record.target
+            if len(self._retries) >= RETRIES_KEPT:
+                self._retries.clear()
+            tries = self._retries[ident] = self._retries.get(ident, 0) + 1
+            wait_ms = int(backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, tries))
+            retry[wait_ms][ident[0]].append(ident[1])
+            failed[(topic, err.str(), wait_ms)] += 1
+        for wait_ms, members in retry.items():
+            self.store.release(members, wait_ms)
+            self.forget(members)
+            self._on_retry(members, wait_ms)
+        self._report_failures(failed)
+
+    def ack(self, force: bool = False) -> None:
+        """Acknowledge delivered records in Redis: a tick (or half an ``ahead`` window) after the
+        first report came in, at once when ``force`` (claims of their shards take them along
+        sooner)."""
+        if not self.acked:
+            return
+        if not force and self.ack_by is not None and time.monotonic() < self.ack_by:
+            return
+        acks = self.acked
+        self.store.ack({s: a.members for s, a in acks.items()}, {s: a.ids for s, a in acks.items()})
+        self.acknowledged(acks)
+
+    def acknowledged(self, acks: Mapping[Shard, Acked]) -> None:
+        """Redis applied ``acks``: forget and count their records."""
+        if not acks:
+            return
+        self.forget({shard: a.members for shard, a in acks.items()})
+        self._count([d for a in acks.values() for d in a.delivered])
+        self.acked = {s: a for s, a in self.acked.items() if s not in acks}
+        if not self.acked:
+            self.ack_by = None
+
+    def _report_failures(self, failed: Counter[tuple[str, str, int]]) -> None:
+        """One line per topic and error; a DLQ that refuses records also fails /readyz."""
+        for (topic, error, wait_ms), n in sorted(failed.items()):
+            if topic == self.dead_letter:
+                self.metrics.dlq_errors.inc(n)
+                self.readiness.fail("dlq-writes", f"DLQ produce to {topic} failed: {error}")
+            logger.warning("%d deliveries to %s failed (%s); retrying in %.1fs", n, topic, error,
+                           wait_ms / 1000)  # fmt: skip
+
+    def forget(self, members: Mapping[Shard, Sequence[bytes]]) -> None:
+        """These records are no longer in flight (acknowledged, or released to be claimed)."""
+        for shard, batch in members.items():
+            for m in batch:
+                self.pending.pop((shard, m), None)
+        with self._settled:
+            self._settled.notify_all()
+
+    def _count(self, delivered: list[tuple[Pending, int]]) -> None:
+        """Count a batch of acknowledged records (with when each report came in): one label
+        lookup per target, not per record."""
+        per_target: Counter[str] = Counter()
+        late_s: list[float] = []
+        dead_lettered = 0
+        for pending, now_ms in delivered:
+            record: Scheduled = pending.claimed.record
+            if pending.dead_letter:
+                dead_lettered += 1
+                continue
+            per_target[record.target] += 1
+            late_s.append(max(0, now_ms - record.late_from_ms()) / 1000)
+        self.metrics.lateness.observe_many(late_s)
+        for target, n in per_target.items():
+            self.metrics.delivered.labels(target_topic=target).inc(n)
+        if dead_lettered:
+            self.metrics.dead_lettered.labels(reason=Reason.DELIVERY_FAILED.value).inc(
+                dead_lettered
+            )
+            self.readiness.ok("dlq-writes")
+
+    def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until no record of these partitions is in flight; returns
+        how many still are. Called from another thread than the mover's."""
+        gone = {s.base() for s in shards}
+
+        def left() -> int:
+            # list() copies the keys in one step, while the mover's thread may change the dict
+            return sum(1 for s, _ in list(self.pending) if s.base() in gone)
+
+        with self._settled:
+            self._settled.wait_for(lambda: left() == 0, timeout_s)
+            return left()
+
+    def drain(self, deadline: float) -> None:
+        """Wait until ``deadline`` (monotonic s) for the records in flight; release the leases of
+        those unacknowledged then (shutdown)."""
+        while self.pending and time.monotonic() < deadline:
+            self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            self.settle()
+            self.ack(force=True)
+        if self.pending:
+            released = by_shard(self.pending)
+            logger.warning(
+                "%d records unacknowledged at shutdown; leases released", len(self.pending)
+            )
+            self.store.release(released)
+            self.pending.clear()
+            with self._settled:
+                self._settled.notify_all()
