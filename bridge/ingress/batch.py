@@ -1,0 +1,125 @@
+"""A consumed batch: parsed per record, kept per partition (what to store, what to dead-letter)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import cast
+
+from confluent_kafka import Message
+
+from bridge.dialects import parse_record
+from bridge.message import Cancel, Headers, Reason, Rejected, Rules, Scheduled, origin
+from bridge.store import Shard
+
+logger = logging.getLogger(__name__)
+
+
+def coords(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed message, which always has all three."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
+def shard_of(msg: Message) -> Shard:
+    """The delay-topic partition a consumed message came from."""
+    topic, partition, _ = coords(msg)
+    return Shard(topic, partition)
+
+
+def headers_of(msg: Message) -> Headers:
+    """A consumed message's headers as a list (the client returns None for none)."""
+    return cast(Headers, list(msg.headers() or []))
+
+
+@dataclass
+class Batch:
+    """What was read of each partition: the highest offset and the records to store (accepted
+    ones and cancels), the lowest offset and the newest record timestamp; and the records
+    rejected. Kept per partition, so a batch's bookkeeping is not per record."""
+
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = field(default_factory=dict)
+    rejected: list[tuple[Message, Rejected]] = field(default_factory=list)
+    low: dict[Shard, int] = field(default_factory=dict)
+    newest_ms: dict[Shard, int] = field(default_factory=dict)
+
+    def merge(self, later: Batch) -> None:
+        """Add a batch consumed after this one (offsets only grow within a partition)."""
+        for shard, (high, records) in later.stored.items():
+            mine = self.stored.get(shard)
+            if mine is None:
+                self.stored[shard] = (high, records)
+            else:  # extended in place: a hold merges a linger's worth at a time
+                mine[1].extend(records)
+                self.stored[shard] = (max(mine[0], high), mine[1])
+        for shard, low in later.low.items():
+            self.low[shard] = min(low, self.low.get(shard, low))
+        for shard, ts in later.newest_ms.items():
+            self.newest_ms[shard] = max(ts, self.newest_ms.get(shard, ts))
+        self.rejected += later.rejected
+
+    def drop(self, shards: set[Shard]) -> None:
+        """Leave out what was read of ``shards`` (read again, or by their next owner)."""
+        for shard in shards:
+            self.stored.pop(shard, None)
+            self.low.pop(shard, None)
+            self.newest_ms.pop(shard, None)
+        self.rejected = [(m, r) for m, r in self.rejected if shard_of(m) not in shards]
+
+
+def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
+    """Parse a consumed batch. Per record only what the record needs: the per-partition
+    figures are kept in locals while the partition stays the same (consumed batches come in
+    runs of one partition) and written to the batch when it changes."""
+    batch = Batch()
+    shard: Shard | None = None
+    records: list[Scheduled | Cancel] = []
+    high = low = newest = 0
+
+    def keep() -> None:
+        if shard is None:
+            return
+        mine = batch.stored.get(shard)
+        batch.stored[shard] = (high, records) if mine is None else (max(mine[0], high), records)
+        batch.low[shard] = min(low, batch.low.get(shard, low))
+        batch.newest_ms[shard] = max(newest, batch.newest_ms.get(shard, newest))
+
+    for msg in messages:
+        topic, partition, offset = coords(msg)
+        ts_type, ts = msg.timestamp()
+        if ts_type == 0:  # no timestamp: the moment it was read stands in
+            ts = now_ms
+        if shard is None or partition != shard.partition or topic != shard.topic:
+            keep()
+            shard = Shard(topic, partition)
+            known = batch.stored.get(shard)
+            records = [] if known is None else known[1]
+            high = low = offset
+            newest = ts
+        high = max(high, offset)
+        low = min(low, offset)
+        newest = max(newest, ts)
+        try:
+            records.append(
+                parse_record(
+                    rules,
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
+                    timestamp_ms=ts if ts_type != 0 else None,
+                    key=msg.key(),
+                    value=msg.value(),
+                    headers=headers_of(msg),
+                    now_ms=now_ms,
+                )
+            )
+        except Rejected as rejection:
+            batch.rejected.append((msg, rejection))
+        except Exception as exc:  # a parser bug must not stop the partition on this record
+            logger.exception("parsing %s failed", origin(topic, partition, offset))
+            batch.rejected.append(
+                (msg, Rejected(Reason.BAD_HEADER, f"unparseable: {type(exc).__name__}: {exc}"))
+            )
+    keep()
+    return batch

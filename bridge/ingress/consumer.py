@@ -1,0 +1,302 @@
+"""The ingress loop: consume the delay topics, store valid records in Redis, dead-letter the rest.
+
+For each batch: parse → DLQ the invalid ones and wait for Kafka's acknowledgement → store the
+valid ones (and the shard watermark) in Redis. If Redis or the DLQ fails, the consumer rewinds to
+the batch's first offsets and pauses, so nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from bridge.catchup import CatchUp
+from bridge.errors import BridgeError, KafkaError, StoreError, WriteRefused
+from bridge.health import Readiness
+from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
+from bridge.ingress.dead_letter import DeadLetters
+from bridge.ingress.membership import Membership
+from bridge.message import Rules, Scheduled
+from bridge.metrics import Metrics
+from bridge.store import Shard, Store
+
+logger = logging.getLogger(__name__)
+
+COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
+RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+HOLD_SLICE_S = 0.01  # how often a hold looks at what came in when linger is 0
+TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
+
+
+class Ingress:
+    """The delay-topic consumer loop. Owns the consumer and a DLQ producer."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        dlq_producer: Producer,
+        store: Store,
+        rules: Rules,
+        metrics: Metrics,
+        *,
+        topics: Sequence[str],
+        batch_size: int,
+        linger_ms: int = 0,
+        hold_ms: int = 0,
+        on_assign: Callable[[set[Shard]], None],
+        on_revoke: Callable[[set[Shard]], None],
+        on_stored: Callable[[Mapping[Shard, int]], None],
+        topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
+        known_ids: Callable[[], Mapping[str, str]] = dict,
+        readiness: Readiness | None = None,
+        catch_up: CatchUp | None = None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.consumer = consumer
+        self.catch_up = catch_up or CatchUp()
+        self.store = store
+        self.rules = rules
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.linger_s = linger_ms / 1000
+        self.hold_ms = hold_ms
+        self._last_batch = 0.0  # monotonic s: when the last batch was consumed
+        self._on_stored = on_stored
+        self.readiness = readiness or Readiness()
+        self.dead_letters = DeadLetters(dlq_producer, rules, metrics, self.readiness)
+        self.membership = Membership(
+            consumer, store, metrics, self.catch_up, topics=topics, on_assign=on_assign,
+            on_revoke=on_revoke, topic_ids=topic_ids, known_ids=known_ids,
+            paused=lambda: bool(self._paused_until),
+        )  # fmt: skip
+        self.positions = self.membership.positions
+        self._clock_ms = clock_ms
+        self._next_commit = 0.0
+        self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
+        self._paused_until = 0.0
+        self._failures = 0
+        self.last_loop = time.monotonic()
+
+    @property
+    def assigned(self) -> set[Shard]:
+        """The delay-topic partitions this replica owns."""
+        return self.positions.assigned
+
+    @property
+    def marks(self) -> dict[Shard, int]:
+        """The watermark of each owned shard as last read or written by this process."""
+        return self.positions.marks
+
+    @property
+    def joined(self) -> bool:
+        """Whether the consumer is in its group (no session lost since it last joined)."""
+        return self.membership.joined
+
+    @property
+    def lost(self) -> frozenset[Shard]:
+        """Partitions lost with the group session, until the group forms again."""
+        return self.membership.lost
+
+    def subscribe(self) -> None:
+        """Join the consumer group on the delay topics."""
+        self.membership.subscribe()
+
+    def poll_once(self, timeout: float = 0.5) -> int:
+        """Consume one batch and handle it; returns how many records it held."""
+        self.last_loop = time.monotonic()
+        if self.last_loop >= self._next_commit:
+            self._next_commit = self.last_loop + COMMIT_INTERVAL_S
+            self.positions.store_lows(set(self.assigned))
+        if self.last_loop >= self._next_topic_check:
+            self._next_topic_check = self.last_loop + TOPIC_CHECK_INTERVAL_S
+            self.positions.check_incarnations()
+        if self._paused_until:
+            if time.monotonic() < self._paused_until:
+                self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
+                return 0
+            self._resume()
+        messages = self._consume(timeout)
+        if not messages:
+            self.membership.caught_up()
+            return 0
+        messages = [m for m in messages if not self._is_error(m)]
+        if not messages:
+            return 0
+        batch = parse_batch(messages, self.rules, self._clock_ms())
+        if self.hold_ms:
+            messages, batch = self._hold(messages, batch)
+        try:
+            self._handle(messages, batch)
+        except BridgeError as exc:
+            self._rewind_and_pause(messages, exc)
+            return 0
+        self.membership.caught_up()  # only now: what was consumed is applied
+        if self._failures:
+            self._failures = 0
+            self.readiness.ok("ingress")
+            logger.info("ingress stores batches again")
+        return len(messages)
+
+    def _consume(self, timeout: float) -> list[Message]:
+        # consume(n, timeout) waits for n messages or the timeout; poll returns on the first
+        # one, and what else is already fetched follows without waiting: no added latency.
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        messages = [first, *self.consumer.consume(self.batch_size - 1, 0)]
+        # While records keep arriving, a batch is stored at most once per linger: one Redis call
+        # per partition takes a linger's worth (a record after a quiet spell goes at once).
+        wait = self._last_batch + self.linger_s - time.monotonic()
+        if wait > 0 and len(messages) < self.batch_size:
+            messages += self.consumer.consume(self.batch_size - len(messages), wait)
+        self._last_batch = time.monotonic()
+        return messages
+
+    def _hold(self, messages: list[Message], batch: Batch) -> tuple[list[Message], Batch]:
+        """Keep consuming, a linger at a time, while nothing in hand is urgent — up to ``hold``
+        after the first record, so one Redis call per partition stores more of them. Urgent: a
+        record due within two holds (stored a hold before its due time at the latest), a cancel
+        or a record with its own delay-id (either may withdraw a record due soon), a dead letter,
+        or a full batch. Records of a partition revoked meanwhile are left to its next owner."""
+        deadline = time.monotonic() + self.hold_ms / 1000
+        urgent = self._urgent(batch)
+        while not urgent and len(messages) < self.batch_size:
+            wait = min(deadline - time.monotonic(), self.linger_s or HOLD_SLICE_S)
+            if wait <= 0:
+                break
+            more = [
+                m for m in self.consumer.consume(self.batch_size - len(messages), wait)
+                if not self._is_error(m)
+            ]  # fmt: skip
+            if more:
+                messages += more
+                later = parse_batch(more, self.rules, self._clock_ms())
+                urgent = self._urgent(later)
+                batch.merge(later)
+        gone = set(batch.stored) - self.assigned
+        if gone:
+            messages = [m for m in messages if shard_of(m) not in gone]
+            batch.drop(gone)
+        self._last_batch = time.monotonic()
+        return messages, batch
+
+    def _urgent(self, batch: Batch) -> bool:
+        if batch.rejected:
+            return True
+        soon = self._clock_ms() + 2 * self.hold_ms
+        for shard, (_, records) in batch.stored.items():
+            for rec in records:
+                if not isinstance(rec, Scheduled) or rec.due_ms <= soon:
+                    return True
+                if rec.given_id(shard.topic, shard.partition) is not None:
+                    return True
+        return False
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set."""
+        while not stop.is_set():
+            self.poll_once()
+
+    def close(self) -> None:
+        """Commit what is stored and leave the group."""
+        self.positions.store_lows(set(self.assigned), rebuild=False)
+        self.membership.commit()
+        self.consumer.close()
+        self.dead_letters.flush()
+
+    def _is_error(self, msg: Message) -> bool:
+        error = msg.error()
+        if error is None:
+            return False
+        if error.fatal():
+            raise KafkaError(f"fatal consumer error: {error}")
+        logger.warning("consumer: %s", error)
+        return True
+
+    def _handle(self, messages: list[Message], batch: Batch) -> None:
+        back = self.positions.went_back(batch.low.items())
+        if back:
+            messages = [m for m in messages if shard_of(m) not in back]
+            batch.drop(back)
+        if batch.rejected:
+            self.dead_letters.send(batch.rejected)
+        if batch.stored:
+            expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
+            added = self.store.add(batch.stored, expected)
+            for shard in added.lost:
+                del batch.stored[shard]  # refused whole: re-read after the rebuild
+            for shard, (high, _) in batch.stored.items():
+                self.marks[shard] = max(high, self.marks.get(shard, -1))
+            if added.lost:
+                self.positions.rebuild(added.lost)
+            self.metrics.replaced.inc(added.replaced)
+            self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
+            self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
+            for shard, offset, delay_id in added.missed:
+                logger.warning(
+                    "cancel of %s at %s offset %d found no waiting record (already claimed or "
+                    "delivered, never scheduled, or waiting in another partition: a cancel needs "
+                    "its record's key and partitioner)", delay_id, shard, offset,
+                    extra={"repeat_key": "cancel-not-found"},
+                )  # fmt: skip
+        self._read_up_to(batch, set(batch.stored))
+        counts: dict[str, int] = {}
+        earliest: dict[Shard, int] = {}
+        for shard, (_, records) in batch.stored.items():
+            dues = [rec.due_ms for rec in records if isinstance(rec, Scheduled)]
+            if dues:
+                counts[shard.topic] = counts.get(shard.topic, 0) + len(dues)
+                earliest[shard] = min(dues)
+        for topic, n in counts.items():
+            self.metrics.ingested.labels(delay_topic=topic).inc(n)
+        if earliest:
+            self._on_stored(earliest)
+
+    def _read_up_to(self, batch: Batch, applied: set[Shard]) -> None:
+        """Move the horizons of the shards being caught up on past what this batch applied to
+        ``applied`` (its newest record timestamps; nothing to do while none is caught up on)."""
+        for shard in set(self.catch_up.ends()) & applied:
+            if shard in batch.newest_ms:
+                self.catch_up.read(shard, batch.newest_ms[shard])
+
+    def _rewind_and_pause(self, messages: list[Message], exc: BridgeError) -> None:
+        backoff = RETRY_BACKOFF_S[min(self._failures, len(RETRY_BACKOFF_S) - 1)]
+        self._failures += 1
+        if isinstance(exc, StoreError):
+            self.metrics.redis_errors.labels(stage="ingress").inc()
+        self.readiness.fail("ingress", f"ingress cannot store records: {exc}",
+                            write_refused=isinstance(exc, WriteRefused))  # fmt: skip
+        logger.error("batch not stored, retrying in %.1fs: %s", backoff, exc)
+        self._rewind(messages)
+        self._pause(backoff)
+
+    def _rewind(self, messages: Sequence[Message]) -> None:
+        first: dict[Shard, int] = {}
+        for msg in messages:
+            topic, partition, offset = coords(msg)
+            shard = Shard(topic, partition)
+            first[shard] = min(first.get(shard, offset), offset)
+        for shard, offset in first.items():
+            if shard in self.assigned:
+                self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
+
+    def _pause(self, seconds: float) -> None:
+        self._paused_until = time.monotonic() + seconds
+        self.consumer.pause(self._assignment())
+
+    def _resume(self) -> None:
+        self._paused_until = 0.0
+        self.consumer.resume(self._assignment())
+
+    def _assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(s.topic, s.partition) for s in self.assigned]
+
+    def _discard(self, messages: Sequence[Message]) -> None:
+        """Messages fetched before a pause took effect are re-read after resuming."""
+        valid = [m for m in messages if m.error() is None]
+        if valid:
+            self._rewind(valid)

@@ -1,0 +1,174 @@
+"""The consumer's group membership: partitions assigned, revoked or lost, and where each is read.
+
+Where each partition resumes — the Redis watermark, the committed lowest pending offset — and
+the rebuilds when Redis or the delay topic no longer matches them are :mod:`bridge.positions`'.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from bridge.catchup import CatchUp
+from bridge.errors import StoreError
+from bridge.metrics import Metrics
+from bridge.positions import Positions
+from bridge.store import Bound, Shard, Store
+
+logger = logging.getLogger(__name__)
+
+WATERMARK_TIMEOUT_S = 5.0  # reading a partition's end offset, when it is read again
+
+
+class Membership:
+    """Group membership of the delay-topic consumer, and the catch-up it starts on a partition
+    read again."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        store: Store,
+        metrics: Metrics,
+        catch_up: CatchUp,
+        *,
+        topics: Sequence[str],
+        on_assign: Callable[[set[Shard]], None],
+        on_revoke: Callable[[set[Shard]], None],
+        topic_ids: Callable[[Sequence[str]], dict[str, str]],
+        known_ids: Callable[[], Mapping[str, str]],
+        paused: Callable[[], bool],
+    ) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.catch_up = catch_up
+        self.topics = list(topics)
+        self._on_assign_cb = on_assign
+        self._on_revoke_cb = on_revoke
+        self._paused = paused
+        self.positions = Positions(
+            consumer, store, metrics, topic_ids, on_retired=on_assign, known_ids=known_ids,
+            on_reread=self.reading_again,
+        )  # fmt: skip
+        self.joined = False
+        # Partitions lost with the group session (Kafka unreachable), until the group forms
+        # again: nobody else can own them meanwhile, so their backlog is still this replica's
+        # to report (bridge.metrics.Sampler).
+        self.lost: frozenset[Shard] = frozenset()
+
+    def subscribe(self) -> None:
+        """Join the consumer group on the delay topics."""
+        self.consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        shards = [Shard(tp.topic, tp.partition) for tp in partitions]
+        retired: set[Shard] = set()
+        replaced: dict[Shard, Bound] = {}
+        try:
+            # Keys under the names of earlier builds move first; records in the earlier store
+            # layout then become claimable (lows() retries that).
+            self.store.relocate(shards)
+            self.store.upgrade(shards)
+            replaced = self.positions.bind(shards)
+            marks = self.store.watermarks(shards)
+            retired = self.store.retired(shards)
+        except StoreError:
+            logger.warning("redis unreachable at assignment; resuming from committed offsets")
+            marks = {}
+        # Redis knows what it holds: resume right after it, which skips re-reading records
+        # already stored (or delivered) when the last commit was lost in a crash. A new
+        # incarnation of the topic is read from its beginning.
+        for tp, shard in zip(partitions, shards, strict=True):
+            if shard in replaced:
+                tp.offset = OFFSET_BEGINNING
+            elif shard in marks:
+                tp.offset = marks[shard] + 1
+                self.positions.marks[shard] = marks[shard]
+        consumer.incremental_assign(partitions)
+        self.reading_again({s: tp.offset for s, tp in zip(shards, partitions, strict=True)})
+        self.positions.assigned.update(shards)
+        self.lost = frozenset()  # the group formed again: what is not ours now is another's
+        self.joined = True
+        if self._paused():
+            consumer.pause(partitions)
+        logger.info(
+            "assigned %s",
+            ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
+            extra={"partitions": len(shards)},
+        )
+        self._on_assign_cb(set(shards) | retired)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.positions.store_lows(
+            {Shard(tp.topic, tp.partition) for tp in partitions}, rebuild=False
+        )
+        self.commit()
+        self._drop(partitions, "revoked")
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.joined = False
+        self.lost = self.lost | {Shard(tp.topic, tp.partition) for tp in partitions}
+        self._drop(partitions, "lost")
+
+    def _drop(self, partitions: list[TopicPartition], how: str) -> None:
+        shards = {Shard(tp.topic, tp.partition) for tp in partitions}
+        self.positions.assigned.difference_update(shards)
+        for shard in shards:
+            self.positions.marks.pop(shard, None)
+            self.catch_up.stop(shard)
+        logger.info(
+            "%s %s",
+            how,
+            ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
+            extra={"partitions": len(shards)},
+        )
+        self._on_revoke_cb(shards)
+
+    def reading_again(self, starts: Mapping[Shard, int]) -> None:
+        """The consumer reads these shards from these offsets (negative: the committed offset or
+        the beginning): hold their due records until it reaches where each partition ends now
+        (see bridge.catchup). Without the end offset the shard is not held: said once, the
+        records flow as they would have before."""
+        starts = dict(starts)
+        unknown = [s for s, offset in starts.items() if offset < 0 and offset != OFFSET_BEGINNING]
+        if unknown:  # from the committed offsets: one request for all of them
+            try:
+                committed = self.consumer.committed(
+                    [TopicPartition(s.topic, s.partition) for s in unknown], WATERMARK_TIMEOUT_S
+                )
+                starts.update({Shard(tp.topic, tp.partition): tp.offset for tp in committed})
+            except KafkaException as exc:
+                logger.warning("committed offsets not read, not holding records while catching "
+                               "up: %s", exc)  # fmt: skip
+                starts = {s: o for s, o in starts.items() if s not in unknown}
+        for shard, start in starts.items():
+            tp = TopicPartition(shard.topic, shard.partition)
+            try:
+                low, end = self.consumer.get_watermark_offsets(tp, WATERMARK_TIMEOUT_S,
+                                                               cached=False)  # fmt: skip
+            except KafkaException as exc:
+                logger.warning("end offset of %s[%d] not read, not holding its records while "
+                               "catching up: %s", shard.topic, shard.partition, exc)  # fmt: skip
+                continue
+            self.catch_up.start(shard, start if start >= 0 else low, end)
+
+    def caught_up(self) -> None:
+        """Release the shards whose read position reached the end they were held to."""
+        ends = self.catch_up.ends()
+        if not ends:
+            return
+        tps = [TopicPartition(s.topic, s.partition) for s in ends]
+        for tp in self.consumer.position(tps):
+            self.catch_up.reached(Shard(tp.topic, tp.partition), tp.offset)
+
+    def commit(self) -> None:
+        """Commit the offsets stored for the auto-commit (the lowest pending ones) now."""
+        try:
+            self.consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            # _NO_OFFSET: nothing stored since the last commit, which is fine.
+            if exc.args[0].code() != -168:
+                logger.warning("offset commit failed: %s", exc)
