@@ -1,5 +1,6 @@
-"""The ``delay-bridge`` command line: run, check-config, produce, cancel, status, list,
-dlq replay, --version.
+"""The ``delay-bridge`` command line, each subcommand a function of its own.
+
+Subcommands: run, check-config, produce, cancel, status, list, dlq replay, --version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.

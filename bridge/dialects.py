@@ -1,5 +1,6 @@
-"""The header sets a delay topic may speak (``topics.dialect``), each read into this bridge's own
-contract before :func:`bridge.message.parse` validates it.
+"""The header sets a delay topic may speak, each read into this bridge's own contract.
+
+Each is read (``topics.dialect``) before :func:`bridge.message.parse` validates the record.
 
 ``delay-bridge`` (the default) is the contract's own headers. ``etf1`` is that of
 etf1/kafka-message-scheduler, so its producers work unchanged: ``scheduler-epoch`` (unix seconds)

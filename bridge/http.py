@@ -1,5 +1,7 @@
-"""HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` (loops alive), ``/readyz`` (can work);
-GET and HEAD."""
+"""The HTTP endpoints: metrics, liveness and readiness.
+
+``/metrics`` (Prometheus), ``/healthz`` (loops alive), ``/readyz`` (can work); GET and HEAD.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Operator commands that read what the bridge holds, never write: ``status`` (per delay-topic
-partition: what waits, what is overdue or in flight, what falls due next, how far the ingress
-read and committed) and ``list`` (waiting records in due order). Every figure comes from an
-O(log n) Redis command or Kafka's offsets, so both answer at once on a backlog of millions."""
+"""Operator commands that read what the bridge holds and never write: status and list.
+
+``status`` (per delay-topic partition: what waits, what is overdue or in flight, what falls due
+next, how far the ingress read and committed) and ``list`` (waiting records in due order). Every
+figure comes from an O(log n) Redis command or Kafka's offsets, so both answer at once on a backlog
+of millions."""
 
 from __future__ import annotations
 

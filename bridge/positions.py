@@ -1,5 +1,6 @@
-"""Where each owned delay-topic partition resumes, and what happens when Redis or the topic
-no longer matches what was stored.
+"""Where each owned delay-topic partition resumes, and the rebuilds when that no longer holds.
+
+What happens when Redis or the topic no longer matches what was stored.
 
 Two positions per partition: the **watermark** in Redis (highest offset handled), where a consumer
 resumes after a restart or a rebalance; and the **committed offset** in Kafka, the lowest offset

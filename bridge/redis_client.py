@@ -1,5 +1,7 @@
-"""The one place a Redis client is made: standalone (``redis://``, ``rediss://``, ``unix://``),
-through Redis Sentinel, or Redis Cluster, with or without TLS. The rest of the bridge does not
+"""The one place a Redis client is made, whichever Redis mode the config names.
+
+Standalone (``redis://``, ``rediss://``, ``unix://``), through Redis Sentinel, or Redis Cluster,
+with or without TLS. The rest of the bridge does not
 know which (the store splits its script calls per cluster master itself)."""
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""``delay-bridge dlq replay``: send dead-lettered records back to the delay topic they came from,
-so the bridge validates and schedules them again — after the target topic was created, the
-allow-list widened, or a producer's mistake understood.
+"""``delay-bridge dlq replay``: dead-lettered records sent back to their delay topic.
+
+The records go back to the delay topic they came from, so the bridge validates and schedules them
+again — after the target topic was created, the allow-list widened, or a producer's mistake
+understood.
 
 A replayed record has its original key, value and headers, minus what the DLQ added
 (``delay-error``, ``delay-error-detail``, ``delay-origin``), and goes to the delay topic its

@@ -1,5 +1,7 @@
-"""What the bridge asks Kafka about its delay topics: their incarnation (topic id), and at
-start-up whether they can rebuild a Redis that lost its data.
+"""What the bridge asks Kafka about its delay topics: their incarnation and their retention.
+
+The incarnation is the topic id; the retention says, at start-up, whether they can rebuild a Redis
+that lost its data.
 
 The committed offset of a delay-topic partition is its lowest pending record, which can be as old
 as ``limits.max_delay``. If Redis loses its data, the bridge re-reads the topic from there — so the

@@ -1,0 +1,131 @@
+"""The package's shape: module and class sizes, module docstrings, imports (no cycle, no reach
+into another package's private modules)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "bridge"
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 300
+MAX_SUMMARY_CHARS = 100
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+def _package_of(module: str) -> str:
+    """The package a module belongs to (a package's __init__ belongs to its parent)."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imports(module: str) -> set[str]:
+    """The bridge modules ``module`` imports (anywhere in its body), as module names."""
+    found: set[str] = set()
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package up
+                package = _package_of(module).split(".")
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in MODULES and n != module)
+    return found
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_is_small_and_says_its_role(module: str) -> None:
+    lines = MODULES[module].read_text().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{module}: {lines} lines (at most {MAX_MODULE_LINES})"
+    doc = ast.get_docstring(TREES[module], clean=False)
+    assert doc, f"{module} has no docstring"
+    summary, _, rest = doc.partition("\n")
+    assert summary.strip() and summary.rstrip().endswith("."), (
+        f"{module}: the docstring's first line is not a sentence of its own: {summary!r}"
+    )
+    assert len(summary) <= MAX_SUMMARY_CHARS, f"{module}: summary line of {len(summary)} chars"
+    assert not rest or rest.startswith("\n"), f"{module}: the summary line runs on"
+
+
+def test_no_class_holds_two_roles() -> None:
+    big = [
+        f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for module, tree in TREES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    ]
+    assert not big, f"classes over {MAX_CLASS_LINES} lines: {big}"
+
+
+def test_no_import_cycle() -> None:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(GRAPH[module]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_packages_are_entered_through_their_public_face() -> None:
+    # bridge.<pkg>.<module> is the package's own business: others import bridge.<pkg>.
+    reaching = [
+        f"{module} imports {dep}"
+        for module, deps in GRAPH.items()
+        for dep in deps
+        if _package_of(dep) != "bridge"
+        and dep != _package_of(dep)
+        and not module.startswith(_package_of(dep) + ".")
+        and module != _package_of(dep)
+    ]
+    assert not reaching, reaching
+    for package in {_package_of(m) for m in MODULES} - {"bridge"}:
+        tree = TREES[package]
+        exported = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        ]
+        assert exported, f"{package}/__init__.py names no __all__"
+
+
+def test_a_package_module_does_not_import_its_own_package() -> None:
+    # From inside, the __init__ would be half-built: siblings are imported directly.
+    inward = [
+        f"{module} imports {dep}"
+        for module, deps in GRAPH.items()
+        for dep in deps
+        if dep != "bridge" and module.startswith(dep + ".")
+    ]
+    assert not inward, inward
