@@ -1,9 +1,7 @@
-"""The ``delay-bridge`` command line, each subcommand a function of its own.
+"""``delay-bridge produce`` and ``cancel``: records written to a delay topic from the command line.
 
-Subcommands: run, check-config, produce, cancel, status, list, dlq replay, --version.
-
-User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
-with code 2 (1 for a failed run); never a traceback.
+Each record is checked with the bridge's own rules before it is sent, so a mistake is an error
+now rather than a dead letter later; a cancel goes to the partition its record went to.
 """
 
 from __future__ import annotations
@@ -11,18 +9,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from collections.abc import Iterator
 
-from bridge import __version__, ops
+from bridge import ops
 from bridge.client import cancel_headers, partition_for
-from bridge.config import Config, dump, load, producer_settings
+from bridge.config import Config, producer_settings
 from bridge.dialects import ETF1, parse_record
-from bridge.errors import BridgeError, ConfigError, UsageError
-from bridge.kafka import check_settings, produce
+from bridge.errors import BridgeError, UsageError
+from bridge.kafka import produce
 from bridge.message import (
     CONTROL_HEADERS,
     H_AFTER,
@@ -40,185 +36,8 @@ from bridge.message import (
     wire_headers,
 )
 
-EXIT_USAGE = 2
-EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
 # A record the CLI produces: key, value, headers, and its partition (None: by the key).
 Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for every sub-command."""
-    parser = _Parser(prog="delay-bridge", description="Delayed delivery for Apache Kafka.")
-    parser.add_argument("--version", action="version", version=f"delay-bridge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "-c",
-            "--config",
-            help="config file (default: $DELAY_BRIDGE_CONFIG or config/bridge.yaml)",
-        )
-
-    with_config(sub.add_parser("run", help="run ingress, egress and metrics until SIGTERM/SIGINT"))
-    with_config(sub.add_parser("check-config", help="validate and print the effective config"))
-    produce = sub.add_parser("produce", help="schedule records from the shell")
-    with_config(produce)
-    produce.add_argument(
-        "--target", help="topic to deliver to (default: topics.default_target of the delay topic)"
-    )
-    when = produce.add_mutually_exclusive_group(required=True)
-    when.add_argument("--after", help="delay from now: 250ms, 30s, 15m, 2h, 7d, 1h30m")
-    when.add_argument("--at", help="due time: epoch ms or RFC 3339 (2026-11-21T10:00:00Z)")
-    produce.add_argument("--key", help="record key")
-    produce.add_argument("--target-key", help="key of the delivered record (default: --key)")
-    produce.add_argument("--id", help="delay-id: the schedule's id (1-256 bytes of UTF-8)")
-    produce.add_argument(
-        "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
-    )
-    produce.add_argument(
-        "--header", action="append", default=[], metavar="K=V", help="extra header (repeatable)"
-    )
-    produce.add_argument("--topic", help="delay topic to produce to (default: the first in config)")
-    produce.add_argument(
-        "value", nargs="?", default="-", help="record value; - (default) reads one record per line"
-    )
-    cancel = sub.add_parser("cancel", help="cancel a waiting record by its delay-id")
-    with_config(cancel)
-    cancel.add_argument("--id", required=True, help="delay-id of the record to cancel")
-    cancel.add_argument("--key", help="key of the cancel record (default: the key of the record "
-                        "it cancels; on an etf1 topic the key is the delay-id)")  # fmt: skip
-    cancel.add_argument("--topic", help="delay topic to produce to (default: the first in config)")
-    cancel.add_argument("--force", action="store_true", help="produce it even when the id waits "
-                        "nowhere (a record still on its way in), to --key's partition")  # fmt: skip
-    cancel.add_argument(
-        "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
-    )
-    status = sub.add_parser("status", help="per delay-topic partition: what waits, is overdue, "
-                            "in flight; offsets and lag (reads only)")  # fmt: skip
-    with_config(status)
-    status.add_argument("--json", action="store_true", help="JSON for scripts")
-    listing = sub.add_parser("list", help="waiting records in due order (reads only)")
-    with_config(listing)
-    listing.add_argument("--topic", help="one delay topic (default: all of topics.delay)")
-    listing.add_argument("--partition", type=int, help="one partition")
-    listing.add_argument("--id", help="the record with this delay-id")
-    listing.add_argument("--due-before", help="only records due before: epoch ms or RFC 3339")
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
-    listing.add_argument("--json", action="store_true", help="JSON for scripts")
-    dlq = sub.add_parser("dlq", help="the dead-letter topic")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
-    again = dlq_sub.add_parser("replay", help="send dead-lettered records back to their delay "
-                               "topic, to be validated and scheduled again")  # fmt: skip
-    with_config(again)
-    again.add_argument("--reason", action="append", default=[], metavar="R",
-                       help="only this delay-error (repeatable), e.g. delivery-failed")  # fmt: skip
-    again.add_argument(
-        "--since", help="only records dead-lettered at or after: epoch ms or RFC 3339"
-    )
-    again.add_argument("--until", help="only records dead-lettered before: epoch ms or RFC 3339")
-    again.add_argument("--limit", type=int, help="replay at most this many")
-    again.add_argument("--from-beginning", action="store_true",
-                       help="read the whole DLQ, not from where the last replay stopped "
-                       "(with filters: what earlier filtered runs passed over)")  # fmt: skip
-    again.add_argument("--dry-run", action="store_true",
-                       help="count what would be replayed; produce and commit nothing")  # fmt: skip
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "produce":
-            return _produce(args, load(args.config))
-        if args.command == "cancel":
-            return _cancel(args, load(args.config))
-        if args.command == "status":
-            return _status(args, load(args.config))
-        if args.command == "list":
-            return _list(args, load(args.config))
-        if args.command == "dlq":
-            return _replay(args, load(args.config))
-        config = load(args.config)
-        check_settings(config)
-        if args.command == "check-config":
-            sys.stdout.write(dump(config))
-            return 0
-        return _run(config)
-    except ConfigError as exc:
-        print(f"delay-bridge: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except UsageError as exc:
-        print(f"delay-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BridgeError as exc:
-        print(f"delay-bridge: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `status | head`: the reader has what it wanted
-        # Python would flush stdout again at exit and complain; point it at nothing instead.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
-
-
-def _status(args: argparse.Namespace, config: Config) -> int:
-    now, rows = ops.status(config)
-    ops.print_status(now, rows, args.json)
-    return 0
-
-
-def _list(args: argparse.Namespace, config: Config) -> int:
-    if args.limit < 1:
-        raise UsageError(f"--limit {args.limit}: at least 1")
-    try:
-        before = None if args.due_before is None else parse_time_ms(args.due_before)
-    except ValueError as exc:
-        raise UsageError(f"--due-before: {exc}") from None
-    records = ops.waiting(config, topic=args.topic, partition=args.partition, delay_id=args.id,
-                          due_before_ms=before, limit=args.limit)  # fmt: skip
-    ops.print_waiting(records, args.json)
-    return 0
-
-
-def _replay(args: argparse.Namespace, config: Config) -> int:
-    from bridge import replay
-
-    known = {r.value for r in Reason}
-    for reason in args.reason:
-        if reason not in known:
-            raise UsageError(f"--reason {reason}: not a delay-error ({', '.join(sorted(known))})")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit {args.limit}: at least 1")
-    window = []
-    for flag, text in (("--since", args.since), ("--until", args.until)):
-        try:
-            window.append(None if text is None else parse_time_ms(text))
-        except ValueError as exc:
-            raise UsageError(f"{flag}: {exc}") from None
-    done = replay.replay(config, reasons=args.reason, since_ms=window[0], until_ms=window[1],
-                         limit=args.limit, dry_run=args.dry_run,
-                         from_beginning=args.from_beginning,
-                         progress=replay.terminal_progress)  # fmt: skip
-    if sys.stderr.isatty() and sum(done.replayed.values()) >= replay.PROGRESS_EVERY:
-        print(file=sys.stderr)
-    print(done.summary())
-    return 0
-
-
-def _run(config: Config) -> int:
-    from bridge.logs import setup
-    from bridge.service import Service
-
-    setup(config.logging.level, config.logging.json)
-    service = Service(config)
-    service.install_signal_handlers()
-    return service.run()
 
 
 def _headers(args: argparse.Namespace, target: str | None) -> Headers:
@@ -284,7 +103,10 @@ def _delay_topic(args: argparse.Namespace, config: Config) -> str:
     return topic
 
 
-def _produce(args: argparse.Namespace, config: Config) -> int:
+def produce_command(args: argparse.Namespace, config: Config) -> int:
+    """Produce the record ``--value`` describes (one per line of ``-``: standard input) to the
+    delay topic, each checked with the bridge's own rules first; a replacement (``--id``) goes
+    to the partition where that id waits."""
     topic = _delay_topic(args, config)
     if args.target is None and topic not in config.topics.default_target:
         raise UsageError(f"--target is required: topics.default_target has none for {topic}")
@@ -311,7 +133,7 @@ def _produce(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _cancel(args: argparse.Namespace, config: Config) -> int:
+def cancel_command(args: argparse.Namespace, config: Config) -> int:
     """Produce the record that cancels the waiting record with ``--id`` — a ``delay-cancel``
     header, or on an etf1 topic a tombstone keyed by the id — to each partition where the id
     waits (looked up in Redis: the partition a key maps to depends on the producer's

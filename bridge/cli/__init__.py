@@ -1,0 +1,5 @@
+"""The ``delay-bridge`` command line."""
+
+from bridge.cli.entry import build_parser, main
+
+__all__ = ["build_parser", "main"]
