@@ -60,6 +60,17 @@ def test_the_image_runs_the_bridge(image: str) -> None:
     assert run(image, "id", "-u").stdout.strip() == "10001"
     # The chart's helm test pod asks /readyz with the image's own python.
     assert run(image, "python", "-c", "import urllib.request").returncode == 0
+    # The store's Lua scripts ship as package data of bridge.store, beside its modules.
+    listed = run(
+        image,
+        "python",
+        "-c",
+        "from importlib import resources; print(' '.join(sorted("
+        "p.name for p in resources.files('bridge.store').joinpath('lua').iterdir())))",
+    )
+    assert listed.stdout.split() == sorted(
+        p.name for p in (ROOT / "bridge/store/lua").glob("*.lua")
+    )
 
 
 def test_push_writes_the_image_where_it_is_told(image: str, tmp_path: Path) -> None:
