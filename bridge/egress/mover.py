@@ -82,8 +82,6 @@ class Egress:
         self._lock = threading.Lock()
         self.last_loop = time.monotonic()
 
-    # -------------------------------------------------------------- called from ingress
-
     def add_shards(self, shards: set[Shard]) -> None:
         """Start moving records of newly assigned partitions; the leases their earlier owner
         left end before the first claim (see take_over.lua)."""
@@ -119,8 +117,6 @@ class Egress:
         """Cut the mover's and the sender's sleep short (stopping)."""
         self._wake.set()
         self.sender.wake.set()
-
-    # -------------------------------------------------------------- the loop
 
     @property
     def max_inflight(self) -> int:
