@@ -1,6 +1,6 @@
 """Egress: due records claimed from Redis, produced to their targets, acknowledged on delivery."""
 
 from bridge.egress.mover import Egress
-from bridge.egress.settle import PERMANENT_ERRORS, Pending
+from bridge.egress.settle import Pending
 
-__all__ = ["PERMANENT_ERRORS", "Egress", "Pending"]
+__all__ = ["Egress", "Pending"]

@@ -285,11 +285,9 @@ class Deliveries:
             self.settle()
             self.ack(force=True)
         if self.pending:
-            released = by_shard(self.pending)
             logger.warning(
                 "%d records unacknowledged at shutdown; leases released", len(self.pending)
             )
+            released = by_shard(self.pending)
             self.store.release(released)
-            self.pending.clear()
-            with self._settled:
-                self._settled.notify_all()
+            self.forget(released)
