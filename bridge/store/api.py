@@ -22,9 +22,11 @@ from bridge.store.keys import (
     member,
     offset_bytes,
     offset_of,
+    reference,
     text,
 )
 from bridge.store.layout import Layout
+from bridge.store.references import References
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import (
     Added,
@@ -66,6 +68,7 @@ class Store:
         self._keys = Keys(prefix)
         self._scripts = Scripts(client)
         self.layout = Layout(client, self._keys, self._scripts)
+        self.references = References(client, self._keys, self._scripts)
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The shard's Redis keys."""
@@ -110,27 +113,36 @@ class Store:
         self,
         batches: Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]],
         expected: Mapping[Shard, int] | None = None,
+        *,
+        refer_after_ms: int | None = None,
+        bucket_ms: int = 60_000,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
         ``batches`` maps a shard to (highest offset handled, records to store); ``expected`` the
         watermark the caller last saw per shard. A shard whose state Redis lost is refused whole
-        and reported in :attr:`Added.lost`.
+        and reported in :attr:`Added.lost`. A record due after ``refer_after_ms`` is kept as a
+        reference (:mod:`bridge.store.references`) in a time bucket ``bucket_ms`` wide.
         """
         expected = expected or {}
+        refer_after = refer_after_ms if refer_after_ms is not None else 2**63
         shards = list(batches)
         calls = []
         for shard in shards:
             high, records = batches[shard]
             k = self.keys(shard)
-            args: list[Any] = [_expected(expected.get(shard)), high]
+            args: list[Any] = [_expected(expected.get(shard)), high, bucket_ms]
             for rec in records:
                 if isinstance(rec, Cancel):
                     args += [rec.offset, "", "", rec.delay_id]
                     continue
-                args += [rec.offset, rec.due_ms, member(rec, shard.topic, shard.partition),
+                if rec.due_ms > refer_after:
+                    stored = reference(rec.offset, rec.due_ms)
+                else:
+                    stored = member(rec, shard.topic, shard.partition)
+                args += [rec.offset, rec.due_ms, stored,
                          rec.given_id(shard.topic, shard.partition) or ""]  # fmt: skip
-            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight]
+            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due]
             calls.append(("add", keys, args))
         counts, lost, missed = [0, 0, 0, 0], {}, []
         for shard, reply in zip(shards, self._scripts.run(calls), strict=True):

@@ -16,7 +16,13 @@ pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
 * ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
   offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
   offset): the lowest pending offset — the one to commit — is read without scanning records;
-* ``…:ids``       the delay-id index: only records with a caller-given delay-id.
+* ``…:ids``       the delay-id index: only records with a caller-given delay-id;
+* ``…:refs``      HASH: records due too far out to keep whole (``store.payload_horizon``) as
+  references, 16 bytes each (the offset and the due ms, both 8 big-endian bytes), appended in
+  offset order to a chunk of their time bucket (field ``<bucket start ms>``; a full chunk is
+  renamed ``<bucket start ms>.<n>``), plus the fields ``count`` (references waiting) and ``seq``;
+  a reference is pending like a record, so a cancel clears its bit and it is never read back;
+* ``…:refs-due``  ZSET chunk field → its bucket's start ms: which chunks to read back when.
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
@@ -33,7 +39,9 @@ from typing import NamedTuple
 from bridge.message import Scheduled, encode
 
 _OFFSET = struct.Struct(">Q")
-_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids")
+_REFERENCE = struct.Struct(">Qq")
+REFERENCE_BYTES = _REFERENCE.size
+_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids", "refs", "refs-due")
 _LEGACY_KEY_NAMES = ("due", "inflight", "records")
 
 
@@ -66,10 +74,12 @@ class ShardKeys:
     low: str
     pending: str
     ids: str  # the id index: only records with a caller-given delay-id
+    refs: str  # references (far-future records) in chunks, with their count
+    refs_due: str  # chunk -> its bucket's start ms
 
     def all(self) -> tuple[str, ...]:
         return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending,
-                self.ids)  # fmt: skip
+                self.ids, self.refs, self.refs_due)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,16 @@ def offset_bytes(offset: int) -> bytes:
 def member(record: Scheduled, topic: str, partition: int) -> bytes:
     """The due-index member of a record: its offset, then the encoded record."""
     return _OFFSET.pack(record.offset) + encode(record, topic, partition)
+
+
+def reference(offset: int, due_ms: int) -> bytes:
+    """A far-future record as Redis keeps it until it is read back: offset and due ms."""
+    return _REFERENCE.pack(offset, due_ms)
+
+
+def references_in(chunk: bytes) -> list[tuple[int, int]]:
+    """The (offset, due ms) of each reference in a chunk, in the order they were added."""
+    return [(int(o), int(d)) for o, d in _REFERENCE.iter_unpack(chunk)]
 
 
 def offset_of(member: bytes) -> int:

@@ -13,6 +13,8 @@ the 8th its bit. A bucket with any bit set has a 32-byte bitmap in the pending H
 (score 0, so entries sort as bytes, i.e. by offset) in the low ZSET; the last bit cleared removes
 both, so the lowest pending offset is read without scanning records (low.lua).
 
+is_pending(pending, offset): whether the offset (8 big-endian bytes) has its pending bit set.
+
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is n, then n offsets (8 bytes
 each), then to the end pairs (delay-id, offset) for those with a caller-given delay-id; keys are
@@ -117,6 +119,15 @@ local function mark_pending(pending, low, members, on)
   call_chunked('ZADD', low, listed)
   call_chunked('HDEL', pending, gone)
   call_chunked('ZREM', low, gone)
+end
+
+local function is_pending(pending, offset)
+  local map = redis.call('HGET', pending, string.sub(offset, 1, 7))
+  if not map then
+    return false
+  end
+  local n = string.byte(offset, 8)
+  return bit.band(string.byte(map, math.floor(n / 8) + 1), bit.lshift(1, n % 8)) ~= 0
 end
 
 local function ack(keys, argv, first)

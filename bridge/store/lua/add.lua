@@ -9,6 +9,13 @@ a record costs Redis one entry. A record with a caller-given delay-id is also na
 same id replaces it while it waits, and a cancel (no due time) withdraws it. A record already
 claimed is past both: the replacement is simply scheduled, the cancel finds nothing.
 
+A record due further out than store.payload_horizon comes as a reference instead: its offset and
+due ms (16 bytes), which go to a chunk of its time bucket (due ms rounded down to ARGV[3]) in the
+references HASH, listed in the chunk index by the bucket's start, until the read-back stores the
+record whole (promote.lua). A reference is pending like a record; a cancel or a replacement that
+finds its record neither waiting nor in flight but pending has found a reference: it clears the
+bit, and the read-back skips the reference.
+
 A record whose offset is at or below the watermark was applied before (and may since have been
 delivered and removed), so it is skipped: reading the same delay-topic record twice applies it
 once, and re-reading a partition from an earlier offset gives the same final state.
@@ -24,10 +31,15 @@ KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
 KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
+KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting,
+                              "seq" -> chunks named so far
+KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
-ARGV[3..] groups of four, ascending offsets: offset, due ms, member, delay-id — the delay-id ""
-          unless the caller gave one; a cancel is offset, "", "", delay-id
+ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
+ARGV[4..] groups of four, ascending offsets: offset, due ms, member, delay-id — the delay-id ""
+          unless the caller gave one; a cancel is offset, "", "", delay-id; a reference's member
+          is its 16 bytes (a record's member is longer)
 
 Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset
           and delay-id of each of the first 10 cancels that found nothing}
@@ -59,17 +71,56 @@ local function withdraw(id)
       return true
     end
   end
-  if not redis.call('ZSCORE', KEYS[6], offset) then
-    redis.call('HDEL', KEYS[5], id)
+  if redis.call('ZSCORE', KEYS[6], offset) then
+    return false
+  end
+  redis.call('HDEL', KEYS[5], id)
+  if is_pending(KEYS[4], offset) then  -- a reference: never read back now
+    mark_pending(KEYS[4], KEYS[3], {offset}, false)
+    redis.call('HINCRBY', KEYS[7], 'count', -1)
+    return true
   end
   return false
 end
 
+local REFERENCE, CHUNK_BYTES = 16, 16 * 1024
+local buckets, bucket_starts = {}, {}
+local function refer(due_ms, pair)
+  local width = tonumber(ARGV[3])
+  local start = tonumber(due_ms)
+  start = start - start % width
+  local list = buckets[start]
+  if not list then
+    list = {}
+    buckets[start] = list
+    bucket_starts[#bucket_starts + 1] = start
+  end
+  list[#list + 1] = pair
+end
+
+-- Append the batch's references to the open chunk of their bucket (field "<start>"); a chunk
+-- that reaches CHUNK_BYTES is renamed "<start>.<seq>" and a new one opened, so a chunk is read
+-- back and promoted in one go whatever the bucket holds.
+local function append_references()
+  for _, start in ipairs(bucket_starts) do
+    local field = string.format('%d', start)
+    local open = (redis.call('HGET', KEYS[7], field) or '') .. table.concat(buckets[start])
+    while #open > CHUNK_BYTES do
+      local name = field .. '.' .. redis.call('HINCRBY', KEYS[7], 'seq', 1)
+      redis.call('HSET', KEYS[7], name, string.sub(open, 1, CHUNK_BYTES))
+      redis.call('ZADD', KEYS[8], start, name)
+      open = string.sub(open, CHUNK_BYTES + 1)
+    end
+    redis.call('HSET', KEYS[7], field, open)
+    redis.call('ZADD', KEYS[8], start, field)
+  end
+end
+
 local watermark = tonumber(mark or '-1')
 local due, members = {}, {}
-local added, replaced, cancelled, missing = 0, 0, 0, 0
+local added, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0
 local missed = {}
-for i = 3, #ARGV, 4 do
+for i = 4, #ARGV, 4 do
   if tonumber(ARGV[i]) > watermark then
     local due_ms, member, id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     if due_ms == '' then
@@ -84,14 +135,24 @@ for i = 3, #ARGV, 4 do
       end
     elseif id == '' then
       -- No id, so nothing later in the batch can withdraw it: written in one go at the end.
-      due[#due + 1] = due_ms
-      due[#due + 1] = member
+      if #member == REFERENCE then
+        refer(due_ms, member)
+        referred = referred + 1
+      else
+        due[#due + 1] = due_ms
+        due[#due + 1] = member
+      end
       members[#members + 1] = member
     else
       if withdraw(id) then
         replaced = replaced + 1
       end
-      redis.call('ZADD', KEYS[1], due_ms, member)
+      if #member == REFERENCE then
+        refer(due_ms, member)
+        redis.call('HINCRBY', KEYS[7], 'count', 1)
+      else
+        redis.call('ZADD', KEYS[1], due_ms, member)
+      end
       redis.call('HSET', KEYS[5], id, string.sub(member, 1, 8) .. due_ms)
       mark_pending(KEYS[4], KEYS[3], {member}, true)
       added = added + 1
@@ -100,6 +161,10 @@ for i = 3, #ARGV, 4 do
 end
 call_chunked('ZADD', KEYS[1], due)
 mark_pending(KEYS[4], KEYS[3], members, true)
+if referred > 0 then
+  redis.call('HINCRBY', KEYS[7], 'count', referred)
+end
+append_references()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end

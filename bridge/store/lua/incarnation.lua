@@ -5,8 +5,9 @@ state of an earlier one.
 A topic deleted and created again under the same name starts its offsets at 0 again, so the
 shard's watermark and pending offsets belong to the old topic and would make the bridge skip the
 new one's records. When the stored topic id differs from the current one (or the caller forces it,
-because the partition's offsets went back), the old incarnation's records — waiting and in flight —
-move under the retired keys, where the mover still delivers them, and the shard starts empty: no
+because the partition's offsets went back), the old incarnation's records — waiting, in flight and
+referenced (far-future records the read-back will find gone: they reach the DLQ as payload-missing
+at their due time) — move under the retired keys, where the mover still delivers them, and the shard starts empty: no
 watermark, no pending offsets. A shard without a stored topic id adopts the current one.
 
 KEYS[1]  due index          ZSET  member -> due ms
@@ -21,6 +22,9 @@ KEYS[9]  retired in-flight
 KEYS[10] retired claimed
 KEYS[11] id index         HASH  delay-id -> offset .. due ms (dropped: the new incarnation's
                                 cancels and replacements refer to its own records)
+KEYS[12] references       HASH  chunk -> references; "count" -> references waiting
+KEYS[13] chunk index      ZSET  chunk -> its bucket's start ms
+KEYS[14] retired references, KEYS[15] retired chunk index (under the label ARGV[2])
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
 ARGV[3]  "1" to retire even if the topic id is unchanged
@@ -41,9 +45,15 @@ if ARGV[3] ~= '1' and (not stored or stored == id) then
 end
 local mark = tonumber(redis.call('HGET', KEYS[4], 'ingested') or '-1')
 local moved = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+  + tonumber(redis.call('HGET', KEYS[12], 'count') or '0')
 for i = 1, 3 do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('RENAME', KEYS[i], KEYS[7 + i])
+  end
+end
+for i = 12, 13 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('RENAME', KEYS[i], KEYS[i + 2])
   end
 end
 if moved > 0 then

@@ -1,0 +1,91 @@
+"""References: far-future records kept as offset and due time until the read-back stores them whole.
+
+A record due further out than ``store.payload_horizon`` when it is read costs Redis 16 bytes in a
+chunk of its time bucket (see :mod:`bridge.store.keys` and add.lua) instead of its payload. The
+read-back (:mod:`bridge.readback`) asks for the chunks whose bucket starts within
+``store.fetch_ahead``, reads their records from the delay topic, and hands them back through
+:meth:`References.promote`, which stores them as records the mover claims as any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from bridge.store.keys import Keys, Shard, references_in, text
+from bridge.store.redis_errors import as_store_error
+from bridge.store.scripts import Call, Scripts
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a shard's references, as read: its field, its bucket's start and its bytes."""
+
+    shard: Shard
+    field: str
+    start_ms: int
+    data: bytes
+
+    def references(self) -> list[tuple[int, int]]:
+        """(offset, due ms) of each reference, in offset order."""
+        return references_in(self.data)
+
+
+class References:
+    """The references of every shard: what is due to be read back, and promoting it."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, scripts: Scripts) -> None:
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+
+    def due(self, shards: Sequence[Shard], until_ms: int, limit: int = 16) -> list[Chunk]:
+        """Up to ``limit`` chunks per shard whose bucket starts by ``until_ms``, earliest bucket
+        first (two round trips whatever the number of shards)."""
+        if not shards:
+            return []
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.zrangebyscore(
+                    self.keys.of(shard).refs_due, "-inf", until_ms, 0, limit, withscores=True
+                )
+            listed = cast(list[list[tuple[bytes, float]]], pipe.execute())
+            wanted = [(s, text(f), int(start)) for s, fields in zip(shards, listed, strict=True)
+                      for f, start in fields]  # fmt: skip
+            if not wanted:
+                return []
+            pipe = self.client.pipeline(transaction=False)
+            for shard, field, _ in wanted:
+                pipe.hget(self.keys.of(shard).refs, field)
+            data = cast(list[bytes | None], pipe.execute())
+        chunks = [Chunk(s, f, start, d) for (s, f, start), d in zip(wanted, data, strict=True) if d]
+        return sorted(chunks, key=lambda c: c.start_ms)
+
+    def promote(self, chunk: Chunk, members: Sequence[tuple[int, bytes]]) -> int | None:
+        """Store the records of ``chunk`` — (due ms, member) per reference, in its order — and drop
+        the references read; None when the chunk changed since it was read (promoted by another
+        caller, or renamed as it filled up): nothing was stored. Returns records stored (those
+        not cancelled meanwhile)."""
+        k = self.keys.of(chunk.shard)
+        args: list[Any] = [chunk.field, len(chunk.data), chunk.data[:16],
+                           "1" if chunk.shard.incarnation else "0"]  # fmt: skip
+        for due_ms, member in members:
+            args += [due_ms, member]
+        calls: list[Call] = [("promote", [k.due, k.refs, k.refs_due, k.pending], args)]
+        stored = int(self.scripts.run(calls)[0])
+        return None if stored < 0 else stored
+
+    def counts(self, shards: Sequence[Shard]) -> dict[Shard, int]:
+        """References waiting per shard."""
+        if not shards:
+            return {}
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hget(self.keys.of(shard).refs, "count")
+            values = pipe.execute()
+        return {s: int(v or 0) for s, v in zip(shards, values, strict=True)}

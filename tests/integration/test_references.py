@@ -1,0 +1,155 @@
+"""References (far-future records) in the real Redis: what they cost, cancels and replacements that
+reach them, promotion once and only once, and retired incarnations."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from bridge.message import Cancel, Scheduled
+from bridge.store import Shard, Store, offset_bytes
+from bridge.store.keys import member
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000_000
+BUCKET = 60_000
+SHARD = Shard("delay", 0)
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, unique: str) -> Store:
+    return Store(redis_client, f"test-{unique}")
+
+
+def rec(offset: int, due: int, delay_id: str = "", value: bytes = b"v" * 1000) -> Scheduled:
+    return Scheduled(offset, due, "out", b"k", value, [("h", b"1")],
+                     delay_id or f"delay:0:{offset}")  # fmt: skip
+
+
+def add(store: Store, *records: Scheduled | Cancel, horizon: int = T0) -> int:
+    top = max(r.offset for r in records)
+    return store.add({SHARD: (top, list(records))}, refer_after_ms=horizon, bucket_ms=BUCKET).count
+
+
+def promote_all(store: Store, until: int, records: dict[int, Scheduled]) -> int:
+    """Read back what is due by ``until`` from ``records`` (standing in for the delay topic)."""
+    stored = 0
+    while chunks := store.references.due([SHARD], until):
+        for chunk in chunks:
+            members = [(due, member(records[o], "delay", 0)) for o, due in chunk.references()]
+            n = store.references.promote(chunk, members)
+            assert n is not None
+            stored += n
+    return stored
+
+
+def test_a_far_future_record_is_a_reference_until_read_back(store: Store) -> None:
+    near, far = rec(0, T0 - 1), rec(1, T0 + 5 * BUCKET + 7)
+    assert add(store, near, far) == 2
+    assert store.client.zcard(store.keys(SHARD).due) == 1  # only the near one is whole
+    assert store.references.counts([SHARD]) == {SHARD: 1}
+    assert store.is_pending(SHARD, 1)  # held, so its offset is not committed past
+    assert store.references.due([SHARD], T0 + 5 * BUCKET - 1) == []  # its bucket starts later
+    assert promote_all(store, T0 + 5 * BUCKET, {1: far}) == 1
+    assert store.references.counts([SHARD]) == {SHARD: 0}
+    assert store.references.due([SHARD], T0 + 10 * BUCKET) == []
+    claimed = store.claim([SHARD], 10, 30_000, now_ms=T0 + 5 * BUCKET + 7)
+    assert [(c.record.offset, c.record.value) for c in claimed] == [(0, near.value), (1, far.value)]
+
+
+def test_a_reference_costs_redis_16_bytes_and_a_share_of_its_chunk(store: Store) -> None:
+    n = 20_000
+    records = [rec(i, T0 + 3_600_000 + i * 10) for i in range(n)]  # 200 s: four buckets
+    for first in range(0, n, 500):
+        add(store, *records[first : first + 500])
+    k = store.keys(SHARD)
+    used = sum(int(store.client.memory_usage(key, samples=0) or 0)
+               for key in (k.refs, k.refs_due, k.pending, k.low))  # fmt: skip
+    assert used / n <= 18, f"{used / n:.1f} bytes per reference"
+    assert store.client.zcard(k.due) == 0
+    assert store.references.counts([SHARD]) == {SHARD: n}
+    assert promote_all(store, T0 + 3_600_000 + 200_000, dict(enumerate(records))) == n
+    assert store.client.zcard(k.due) == n
+
+
+def test_cancel_and_replace_reach_references(store: Store) -> None:
+    far = T0 + 10 * BUCKET
+    add(store, rec(0, far, "a"), rec(1, far, "b"), rec(2, far + 1))
+    added = store.add({SHARD: (4, [Cancel(3, "a"), rec(4, far + 2, "b", b"new")])},
+                      refer_after_ms=T0, bucket_ms=BUCKET)  # fmt: skip
+    assert (added.cancelled, added.replaced, added.not_found) == (1, 1, 0)
+    assert store.references.counts([SHARD]) == {SHARD: 2}  # 2 and the replacement 4
+    assert not store.is_pending(SHARD, 0) and not store.is_pending(SHARD, 1)
+    assert store.client.hgetall(store.keys(SHARD).ids) == {
+        b"b": offset_bytes(4) + str(far + 2).encode()
+    }
+    records = {0: rec(0, far, "a"), 1: rec(1, far, "b"), 2: rec(2, far + 1),
+               4: rec(4, far + 2, "b", b"new")}  # fmt: skip
+    assert promote_all(store, far, records) == 2  # the cancelled and the replaced are skipped
+    claimed = store.claim([SHARD], 10, 30_000, now_ms=far + 2)
+    assert [(c.record.offset, c.record.value) for c in claimed] == [(2, records[2].value),
+                                                                    (4, b"new")]  # fmt: skip
+
+
+def test_a_cancel_in_the_same_batch_reaches_a_reference(store: Store) -> None:
+    far = T0 + 10 * BUCKET
+    added = store.add({SHARD: (1, [rec(0, far, "a"), Cancel(1, "a")])}, refer_after_ms=T0,
+                      bucket_ms=BUCKET)  # fmt: skip
+    assert added.cancelled == 1
+    assert store.references.counts([SHARD]) == {SHARD: 0}
+    assert promote_all(store, far, {0: rec(0, far, "a")}) == 0
+
+
+def test_a_chunk_is_promoted_once(store: Store) -> None:
+    far = T0 + 10 * BUCKET
+    records = {i: rec(i, far + i) for i in range(3)}
+    add(store, *records.values())
+    (chunk,) = store.references.due([SHARD], far)
+    members = [(due, member(records[o], "delay", 0)) for o, due in chunk.references()]
+    assert store.references.promote(chunk, members) == 3
+    assert store.references.promote(chunk, members) is None  # a second read-back: nothing
+    assert store.client.zcard(store.keys(SHARD).due) == 3
+    assert store.references.counts([SHARD]) == {SHARD: 0}
+
+
+def test_references_added_while_a_chunk_is_read_back_wait_for_the_next_read(store: Store) -> None:
+    far = T0 + 10 * BUCKET
+    records = {i: rec(i, far + i) for i in range(4)}
+    add(store, records[0], records[1])
+    (chunk,) = store.references.due([SHARD], far)
+    add(store, records[2], records[3])  # appended to the same chunk meanwhile
+    members = [(due, member(records[o], "delay", 0)) for o, due in chunk.references()]
+    assert store.references.promote(chunk, members) == 2
+    assert store.references.counts([SHARD]) == {SHARD: 2}
+    assert promote_all(store, far, records) == 2
+    assert store.client.zcard(store.keys(SHARD).due) == 4
+
+
+def test_a_full_chunk_moves_aside_and_a_stale_read_of_it_stores_nothing(store: Store) -> None:
+    far = T0 + 10 * BUCKET
+    records = {i: rec(i, far) for i in range(1500)}  # 1,024 references fill a chunk
+    add(store, *(records[i] for i in range(1000)))
+    (stale,) = store.references.due([SHARD], far)
+    add(store, *(records[i] for i in range(1000, 1500)))
+    stale_members = [(d, member(records[o], "delay", 0)) for o, d in stale.references()]
+    assert store.references.promote(stale, stale_members) is None
+    assert len(store.references.due([SHARD], far)) == 2
+    assert promote_all(store, far, records) == 1500
+
+
+def test_a_retired_incarnation_keeps_its_references(store: Store) -> None:
+    far = T0 + 10 * BUCKET
+    add(store, rec(0, far), rec(1, far + 1))
+    store.bind({SHARD: "first"})
+    bound = store.bind({SHARD: "second"})[SHARD]
+    assert bound.replaced and bound.records == 2 and bound.retired is not None
+    retired = bound.retired
+    assert store.references.counts([SHARD, retired]) == {SHARD: 0, retired: 2}
+    assert not store.forget_retired(retired)  # references left to read back
+    (chunk,) = store.references.due([retired], far)
+    assert [o for o, _ in chunk.references()] == [0, 1]
+    # The old topic is gone: what the read-back stores in their place goes to the DLQ.
+    assert store.references.promote(chunk, [(far, member(rec(0, far), "delay", 0)),
+                                            (far + 1, member(rec(1, far + 1), "delay", 0))]) == 2
+    assert len(store.claim([retired], 10, 30_000, now_ms=far + 1)) == 2
