@@ -128,7 +128,7 @@ def test_references_added_while_a_chunk_is_read_back_wait_for_the_next_read(stor
 
 def test_a_full_chunk_moves_aside_and_a_stale_read_of_it_stores_nothing(store: Store) -> None:
     far = T0 + 10 * BUCKET
-    records = {i: rec(i, far) for i in range(1500)}  # 1,024 references fill a chunk
+    records = {i: rec(i, far) for i in range(1500)}  # 1,023 references fill a chunk
     add(store, *(records[i] for i in range(1000)))
     (stale,) = store.references.due([SHARD], far)
     add(store, *(records[i] for i in range(1000, 1500)))

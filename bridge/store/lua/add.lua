@@ -83,7 +83,9 @@ local function withdraw(id)
   return false
 end
 
-local REFERENCE, CHUNK_BYTES = 16, 16 * 1024
+-- 1,023 references: with its 6 bytes of header a full chunk is 16,374 bytes, inside jemalloc's
+-- 16 KiB size class (1,024 would take the 20 KiB one).
+local REFERENCE, CHUNK_BYTES = 16, 16 * 1023
 local buckets, bucket_starts = {}, {}
 local function refer(due_ms, pair)
   local width = tonumber(ARGV[3])
