@@ -26,6 +26,7 @@ from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 2.0
+READ_BACK_RESULTS = ("stored", "missing", "refused")
 REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "offsets-went-back")
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
@@ -33,6 +34,9 @@ LATENESS_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
 )  # fmt: skip
+
+# How far ahead of the due time a reference was read back: store.fetch_ahead (2 min) is the norm.
+READ_BACK_BUCKETS = (0.0, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 
 
 class BatchHistogram(Histogram):
@@ -105,6 +109,44 @@ class Metrics:
             "Records already due and not yet delivered: waiting or in flight (owned partitions)",
             registry=registry,
         )
+        self.references = Gauge(
+            "delay_bridge_references_messages",
+            "Far-future records Redis holds as references, to be read back from the delay topic "
+            "store.fetch_ahead before they fall due (owned partitions)",
+            registry=registry,
+        )
+        self.stored_bytes = Gauge(
+            "delay_bridge_stored_bytes",
+            "Redis memory of the owned partitions' records (tier full: records held whole, waiting "
+            "or in flight; tier reference: references), from MEMORY USAGE with 5 samples per key",
+            ["tier"],
+            registry=registry,
+        )
+        self.read_back = Counter(
+            "delay_bridge_read_back",
+            "References read back from the delay topic: stored (whole, for delivery), missing "
+            "(the record was gone: DLQ as payload-missing at its due time) or refused (the rules "
+            "refuse it now: DLQ at its due time)",
+            ["result"],
+            registry=registry,
+        )
+        self.read_back_ahead = BatchHistogram(
+            "delay_bridge_read_back_seconds_ahead",
+            "How long before its due time a reference was read back and stored whole (0: late)",
+            buckets=READ_BACK_BUCKETS,
+            registry=registry,
+        )
+        self.read_back_fetched = Counter(
+            "delay_bridge_read_back_fetched",
+            "Delay-topic records the read-back consumed, those it skipped over included (fetched "
+            "/ read back: its read amplification)",
+            registry=registry,
+        )
+        self.read_back_fetched_bytes = Counter(
+            "delay_bridge_read_back_fetched_bytes",
+            "Key, value and header bytes of the delay-topic records the read-back consumed",
+            registry=registry,
+        )
         self.inflight = Gauge(
             "delay_bridge_inflight_messages",
             "Records claimed and awaiting Kafka's acknowledgement (owned partitions)",
@@ -174,6 +216,10 @@ class Metrics:
             self.redis_errors.labels(stage=stage)
         for result in ("cancelled", "not-found"):
             self.cancelled.labels(result=result)
+        for result in READ_BACK_RESULTS:
+            self.read_back.labels(result=result)
+        for tier in ("full", "reference"):
+            self.stored_bytes.labels(tier=tier)
 
     def declare_delay_topics(self, topics: Iterable[str]) -> None:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""
@@ -244,6 +290,7 @@ class Sampler:
         self.due_by_ms = due_by_ms  # records in flight count in the oldest (Store.backlog)
         self.ready = ready
         self.not_due = not_due  # records in flight that are not due yet (claimed ahead)
+        self._bytes_denied = False
 
     def sample_once(self, now_ms: int | None = None) -> None:
         """Read the backlog of the owned (and lost) shards and set the gauges."""
@@ -261,9 +308,23 @@ class Sampler:
         m.scheduled.set(backlog.scheduled)
         m.overdue.set(max(0, backlog.overdue + backlog.inflight - self.not_due(backlog.now_ms)))
         m.inflight.set(backlog.inflight)
+        m.references.set(backlog.references)
+        self._sample_bytes(sorted(owned))
         oldest = backlog.oldest_due_ms
         m.oldest_overdue.set(0 if oldest is None else max(0, backlog.now_ms - oldest) / 1000)
         m.ready.set(0 if self.ready() else 1)
+
+    def _sample_bytes(self, shards: list[Shard]) -> None:
+        if self._bytes_denied:
+            return
+        try:
+            tiers = self.store.stored_bytes(shards)
+        except StoreError as exc:  # MEMORY is often denied on managed Redis: the gauges stay 0
+            self._bytes_denied = True
+            logger.info("not sampling delay_bridge_stored_bytes: %s", exc)
+            return
+        for tier, n in tiers.items():
+            self.metrics.stored_bytes.labels(tier=tier).set(n)
 
     def run(self, stop: threading.Event) -> None:
         """Sample every couple of seconds until ``stop`` is set."""

@@ -71,6 +71,7 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "egress.max_attempts": {"minimum": 1},
     **{path: {"minimum": 0, "maximum": 1000} for path in (
         "ingress.linger", "ingress.hold", "egress.tick", "egress.send_tick", "egress.ahead")},
+    "store.fetch_ahead": POSITIVE_DURATION,
     "limits.max_delay": POSITIVE_DURATION,
     "limits.max_record_bytes": {"minimum": 1},
     "http.port": {"minimum": 0, "maximum": 65535},

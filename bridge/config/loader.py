@@ -203,6 +203,13 @@ def _validate(config: Config) -> None:
             f"({format_duration_ms(config.egress.lease)}), "
             f"got {format_duration_ms(config.egress.ahead)}"
         )
+    positive("store.fetch_ahead", config.store.fetch_ahead)
+    if config.store.payload_horizon <= config.store.fetch_ahead:
+        raise ConfigError(
+            f"store.payload_horizon: must be longer than store.fetch_ahead "
+            f"({format_duration_ms(config.store.fetch_ahead)}), "
+            f"got {format_duration_ms(config.store.payload_horizon)}"
+        )
     positive("limits.max_delay", config.limits.max_delay)
     positive("limits.max_record_bytes", config.limits.max_record_bytes)
     positive("redis.socket_timeout", config.redis.socket_timeout)

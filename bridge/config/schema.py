@@ -103,6 +103,23 @@ class EgressConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """Which records Redis holds whole, and which as references read back from the delay topic."""
+
+    references: bool = True
+    payload_horizon: int = duration("1h")
+    fetch_ahead: int = duration("2m")
+
+    @property
+    def bucket_ms(self) -> int:
+        """The width of a reference time bucket: half the span between the horizon and the read
+        back (1 s to 1 h). A bucket is read back ``fetch_ahead`` before it starts, so a record is
+        stored whole at most ``fetch_ahead`` + this before its due time, and a record kept as a
+        reference is never due for read-back already."""
+        return max(1000, min(3_600_000, (self.payload_horizon - self.fetch_ahead) // 2))
+
+
+@dataclass(frozen=True)
 class LimitsConfig:
     """What a delay-topic record may ask for."""
 
@@ -135,6 +152,7 @@ class Config:
     topics: TopicsConfig = field(default_factory=TopicsConfig)
     ingress: IngressConfig = field(default_factory=IngressConfig)
     egress: EgressConfig = field(default_factory=EgressConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -176,7 +176,7 @@ class Egress:
             redelivered += item.redelivery
             pending = self._pending.get(ident)
             if pending is None:
-                pending = self._pending[ident] = Pending(item)
+                pending = self._pending[ident] = Pending(item, dead_letter=item.record.dead_letter)
             if item.record.due_ms > claimed.now_ms:
                 held.append((item.record.due_ms, ident))
             else:

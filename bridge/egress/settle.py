@@ -1,6 +1,7 @@
 """Claimed records produced, and their delivery reports settled: acknowledged, retried or DLQ'd.
 
-A record leaves Redis only from a successful delivery report. Permanent failures (unknown
+A record leaves Redis only from a successful delivery report. A record stored bound for the DLQ
+(a far-future record whose payload was gone when it was read back) goes there at its due time. Permanent failures (unknown
 topic, too large, not authorized) are retried ``max_attempts`` times, then the record goes to the
 DLQ as ``delivery-failed`` and is acknowledged once the DLQ has it. Transient failures end the
 lease so the record is claimed again after a back-off.
@@ -21,7 +22,14 @@ from confluent_kafka import KafkaException, Message, Producer
 
 from bridge.health import Readiness
 from bridge.kafka import produce
-from bridge.message import Reason, Scheduled, dead_letter_headers, origin, wire_headers
+from bridge.message import (
+    Reason,
+    Scheduled,
+    dead_letter_headers,
+    dead_letter_reason,
+    origin,
+    wire_headers,
+)
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard, Store
 
@@ -141,6 +149,8 @@ class Deliveries:
 
     def _dlq_headers(self, pending: Pending) -> list[tuple[str, bytes | None]]:
         record = pending.claimed.record
+        if record.dead_letter:  # bound for the DLQ when it was stored, with its headers
+            return record.headers
         shard = pending.claimed.shard
         return dead_letter_headers(
             record.headers,
@@ -247,21 +257,21 @@ class Deliveries:
         lookup per target, not per record."""
         per_target: Counter[str] = Counter()
         late_s: list[float] = []
-        dead_lettered = 0
+        dead_lettered: Counter[str] = Counter()
         for pending, now_ms in delivered:
             record: Scheduled = pending.claimed.record
             if pending.dead_letter:
-                dead_lettered += 1
+                reason = dead_letter_reason(record.headers) if record.dead_letter else ""
+                dead_lettered[reason or Reason.DELIVERY_FAILED.value] += 1
                 continue
             per_target[record.target] += 1
             late_s.append(max(0, now_ms - record.late_from_ms()) / 1000)
         self.metrics.lateness.observe_many(late_s)
         for target, n in per_target.items():
             self.metrics.delivered.labels(target_topic=target).inc(n)
+        for reason, n in dead_lettered.items():
+            self.metrics.dead_lettered.labels(reason=reason).inc(n)
         if dead_lettered:
-            self.metrics.dead_lettered.labels(reason=Reason.DELIVERY_FAILED.value).inc(
-                dead_lettered
-            )
             self.readiness.ok("dlq-writes")
 
     def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:

@@ -53,6 +53,7 @@ class Reason(StrEnum):
     TOO_LARGE = "too-large"
     BAD_HEADER = "bad-header"
     DELIVERY_FAILED = "delivery-failed"
+    PAYLOAD_MISSING = "payload-missing"
 
 
 class Rejected(Exception):
@@ -97,6 +98,12 @@ class Scheduled:
             return None
         return None if self.delay_id == origin(topic, partition, self.offset) else self.delay_id
 
+    @property
+    def dead_letter(self) -> bool:
+        """Whether it goes to the DLQ at its due time (see :func:`dead_letter_when_due`): its
+        headers are the DLQ's already."""
+        return not self.target
+
     def late_from_ms(self) -> int:
         """The moment from which a delivery counts as late."""
         return max(self.due_ms, self.stored_ms or self.due_ms)
@@ -139,6 +146,33 @@ def record_size(
     for name, hvalue in headers:
         size += len(name) + len(hvalue or b"")
     return size
+
+
+def dead_letter_when_due(
+    topic: str,
+    partition: int,
+    offset: int,
+    due_ms: int,
+    reason: Reason,
+    detail: str,
+    message: tuple[bytes | None, bytes | None, Headers] = (None, None, []),
+) -> Scheduled:
+    """A record that reaches the DLQ at its due time instead of its target: a far-future record
+    whose payload was gone from the delay topic when it was read back (no key or value), or that
+    the rules refuse by then (``message``: its key, value and headers). No target marks it."""
+    key, value, headers = message
+    where = origin(topic, partition, offset)
+    return Scheduled(offset, due_ms, "", key, value,
+                     dead_letter_headers(headers, reason, detail, where), where,
+                     default_of=(topic, partition))  # fmt: skip
+
+
+def dead_letter_reason(headers: Headers) -> str:
+    """The ``delay-error`` of a record's DLQ headers ("" when it has none)."""
+    for name, value in reversed(headers):
+        if name == H_ERROR:
+            return (value or b"").decode(errors="replace")
+    return ""
 
 
 def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_text: str) -> Headers:

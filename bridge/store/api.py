@@ -320,9 +320,10 @@ class Store:
         if not shards:
             return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
         args = ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
-        calls: list[Call] = [
-            ("stats", [self.keys(s).due, self.keys(s).inflight], args) for s in shards
-        ]
+        calls: list[Call] = []
+        for shard in shards:
+            k = self.keys(shard)
+            calls.append(("stats", [k.due, k.inflight, k.refs], args))
         replies = [[int(v) for v in reply] for reply in self._scripts.run(calls)]
         oldest = [r[4] for r in replies if r[4] >= 0]
         return Backlog(
@@ -331,4 +332,25 @@ class Store:
             overdue=sum(r[2] for r in replies),
             inflight=sum(r[3] for r in replies),
             oldest_due_ms=min(oldest) if oldest else None,
+            references=sum(r[5] for r in replies),
         )
+
+    def stored_bytes(self, shards: Sequence[Shard]) -> dict[str, int]:
+        """Redis memory of the shards' records by tier — ``full`` (waiting or in flight, whole)
+        and ``reference`` — as MEMORY USAGE estimates it from 5 samples per key."""
+        tiers = {"full": 0, "reference": 0}
+        if not shards:
+            return tiers
+        named = []
+        for shard in shards:
+            k = self.keys(shard)
+            named += [("full", k.due), ("full", k.claimed), ("reference", k.refs),
+                      ("reference", k.refs_due)]  # fmt: skip
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for _, key in named:
+                pipe.memory_usage(key, samples=5)
+            sizes = pipe.execute()
+        for (tier, _), size in zip(named, sizes, strict=True):
+            tiers[tier] += int(size or 0)
+        return tiers

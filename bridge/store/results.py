@@ -75,6 +75,7 @@ class Backlog:
     overdue: int
     inflight: int
     oldest_due_ms: int | None
+    references: int = 0  # far-future records held as references
 
 
 class Claims(list[Claimed]):

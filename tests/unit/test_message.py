@@ -26,6 +26,8 @@ from bridge.message import (
     Rules,
     Scheduled,
     dead_letter_headers,
+    dead_letter_reason,
+    dead_letter_when_due,
     decode,
     encode,
     format_duration_ms,
@@ -212,8 +214,22 @@ def test_rejections(headers: Headers, reason: Reason) -> None:
 
 
 def test_every_reason_is_covered() -> None:
-    covered = {reason for _, reason in BAD_CASES} | {Reason.DELIVERY_FAILED}
+    # delivery-failed: test_pipeline.py; payload-missing: below and test_read_back.py
+    covered = {reason for _, reason in BAD_CASES} | {Reason.DELIVERY_FAILED, Reason.PAYLOAD_MISSING}
     assert covered == set(Reason)
+
+
+def test_a_record_bound_for_the_dlq_at_its_due_time_keeps_its_reason_when_stored() -> None:
+    gone = dead_letter_when_due("delay", 3, 42, 1_800_000_000_000, Reason.PAYLOAD_MISSING,
+                                "offset 42 was gone")  # fmt: skip
+    back = decode(encode(gone, "delay", 3), "delay", 3, 42)
+    assert back == gone and back.dead_letter and back.key is None and back.value is None
+    assert dead_letter_reason(back.headers) == "payload-missing"
+    assert dict(back.headers)[H_ORIGIN] == b"delay:3:42"
+    refused = dead_letter_when_due("delay", 3, 43, 1, Reason.TARGET_NOT_ALLOWED, "not now",
+                                   (b"k", b"v", [(H_TARGET_TOPIC, b"x")]))  # fmt: skip
+    assert refused.headers[0] == (H_TARGET_TOPIC, b"x") and refused.value == b"v"
+    assert not Scheduled(1, 1, "out", None, None, [], "id").dead_letter
 
 
 def test_too_large_counts_key_value_and_headers() -> None:

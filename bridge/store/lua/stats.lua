@@ -7,10 +7,12 @@ never delivered (Kafka unreachable) keeps aging in the gauge, and one claimed ah
 
 KEYS[1]  due index      ZSET  member -> due ms
 KEYS[2]  in-flight      ZSET  member -> lease deadline ms
+KEYS[3]  references     HASH  "count" -> references waiting
 ARGV[1]  now ms, or "" to read Redis TIME
 ARGV[2]  egress.lease - egress.ahead in ms, or "" to leave records in flight out of the oldest
 
-Returns: {now ms, scheduled (due later), overdue (due, unclaimed), in flight, oldest due ms or -1}
+Returns: {now ms, scheduled (due later), overdue (due, unclaimed), in flight, oldest due ms or -1,
+          references}
 ]]
 local now = now_ms(ARGV[1])
 local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now)
@@ -26,4 +28,5 @@ if inflight > 0 and ARGV[2] ~= '' then
     oldest = due_by
   end
 end
-return {now, scheduled, overdue, inflight, oldest}
+local references = tonumber(redis.call('HGET', KEYS[3], 'count') or '0')
+return {now, scheduled, overdue, inflight, oldest, references}
