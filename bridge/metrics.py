@@ -212,7 +212,7 @@ class Metrics:
         GCCollector(registry=registry)
         for reason in Reason:
             self.dead_lettered.labels(reason=reason.value)
-        for stage in ("ingress", "egress", "metrics"):
+        for stage in ("ingress", "egress", "read-back", "metrics"):
             self.redis_errors.labels(stage=stage)
         for result in ("cancelled", "not-found"):
             self.cancelled.labels(result=result)

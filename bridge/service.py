@@ -13,23 +13,30 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
 from bridge.catchup import CatchUp
-from bridge.config import Config, admin_settings, consumer_settings, producer_settings
+from bridge.config import (
+    Config,
+    admin_settings,
+    consumer_settings,
+    producer_settings,
+    read_back_settings,
+)
 from bridge.dialects import ETF1
 from bridge.egress import Egress
-from bridge.errors import StoreError
+from bridge.errors import ConfigError, StoreError
 from bridge.health import Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.logs import KafkaNoise
 from bridge.metrics import Metrics, Sampler
+from bridge.readback import ReadBack, Reader
 from bridge.redis_client import redis_client
 from bridge.store import Shard, Store
-from bridge.topics import Topics, check_retention
+from bridge.topics import Topics, check_retention, read_retention
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +126,8 @@ class Service:
             batch_size=config.ingress.batch_size,
             linger_ms=config.ingress.linger,
             hold_ms=config.ingress.hold,
+            payload_horizon_ms=config.store.payload_horizon if config.store.references else None,
+            bucket_ms=config.store.bucket_ms,
             on_assign=self.egress.add_shards,
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,
@@ -127,6 +136,16 @@ class Service:
             readiness=self.readiness,
             catch_up=catch_up,
         )
+        # Runs whether or not store.references is on: references stored before it was turned off
+        # are still read back.
+        reader = Reader(
+            Consumer({**read_back_settings(config), "logger": _kafka_logger("read-back")}),
+            on_fetched=self._on_fetched,
+        )
+        self.read_back = ReadBack(self.store, reader, config.rules(), self.metrics,
+                                  owned=lambda: self.egress.owned,
+                                  fetch_ahead_ms=config.store.fetch_ahead,
+                                  on_stored=self.egress.notify)  # fmt: skip
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
                                self.egress.not_due, lost=lambda: self.ingress.lost,
                                due_by_ms=config.egress.due_by_ms)  # fmt: skip
@@ -141,6 +160,10 @@ class Service:
         marks = self.ingress.marks
         positions = {s: marks[s] + 1 if s in marks else None for s in self.ingress.assigned}
         self.brokers_up = self.metrics.set_lag(positions, stats_json)
+
+    def _on_fetched(self, records: int, size: int) -> None:
+        self.metrics.read_back_fetched.inc(records)
+        self.metrics.read_back_fetched_bytes.inc(size)
 
     def _on_revoke(self, shards: set[Shard]) -> None:
         self.egress.remove_shards(shards)
@@ -164,12 +187,32 @@ class Service:
                 "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
                 "(an evicted record set cannot be noticed or rebuilt)", policy,
             )  # fmt: skip
-        check_retention(
-            {**admin_settings(self.config), "logger": _kafka_logger("admin")},
-            self.config.topics.delay,
-            self.config.limits.max_delay,
-            key_is_id={t for t, d in self.config.topics.dialect.items() if d == ETF1},
-        )
+        if not self.config.store.references:  # else checked before joining (_check_retention)
+            check_retention(*self._retention_args(), key_is_id=self._key_is_id())
+
+    def _retention_args(self) -> tuple[dict[str, Any], tuple[str, ...], int]:
+        admin = {**admin_settings(self.config), "logger": _kafka_logger("admin")}
+        return admin, self.config.topics.delay, self.config.limits.max_delay
+
+    def _key_is_id(self) -> set[str]:
+        return {t for t, d in self.config.topics.dialect.items() if d == ETF1}
+
+    def _check_retention(self) -> None:
+        """With store.references on, a far-future record lives only in its delay topic until it is
+        read back: a retention that can delete it first stops start-up (raises ConfigError)."""
+        if not self.config.store.references:
+            return
+        try:
+            problems = read_retention(*self._retention_args(), key_is_id=self._key_is_id())
+        except (KafkaException, TimeoutError) as exc:
+            logger.warning("could not read the delay topics' retention (%s); with "
+                           "store.references on it must cover limits.max_delay", exc)  # fmt: skip
+            return
+        if problems:
+            raise ConfigError(
+                f"store.references is on, so the delay topics must keep every record until it is "
+                f"due (or set store.references: false): {problems[0]}"
+            )
 
     def health(self) -> list[str]:
         """Problems that mean the process should be restarted: a main loop that stopped."""
@@ -180,6 +223,7 @@ class Service:
                 ("ingress", self.ingress.last_loop),
                 ("egress", self.egress.last_loop),
                 ("sender", self.egress.sender_last_loop),
+                ("read-back", self.read_back.last_loop),
             )
             if now - last > STALL_S
         ]
@@ -221,6 +265,7 @@ class Service:
             __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
             f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
         )  # fmt: skip
+        self._check_retention()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()
@@ -235,6 +280,7 @@ class Service:
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
         sender_thread = self._thread("sender", self.egress.send_when_due)
+        read_back_thread = self._thread("read-back", self.read_back.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
         sampler_thread = self._thread("sampler", self.sampler.run)
         self.stop_event.wait()
@@ -245,6 +291,7 @@ class Service:
         ingress_thread.join()
         egress_thread.join()
         sender_thread.join()
+        read_back_thread.join()
         sampler_thread.join()
         probes_thread.join()
         try:
@@ -272,7 +319,7 @@ class Service:
         while not self.probes.redis_once():
             # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
             self.ingress.last_loop = self.egress.last_loop = time.monotonic()
-            self.egress.sender_last_loop = self.egress.last_loop
+            self.egress.sender_last_loop = self.read_back.last_loop = self.egress.last_loop
             backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
             if attempt == 0:
                 logger.error("not joining the consumer group until Redis takes writes: %s",

@@ -67,22 +67,36 @@ def check_retention(
 ) -> int:
     """Warn loudly for every delay topic that cannot rebuild Redis; returns how many warnings.
     ``key_is_id``: the topics whose record key is the delay-id (see :func:`retention_problems`)."""
-    admin = AdminClient(dict(admin_conf))
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
-    warnings = 0
     try:
-        futures = admin.describe_configs(resources, request_timeout=DESCRIBE_TIMEOUT_S)
-        for resource, future in futures.items():
-            entries = future.result(timeout=DESCRIBE_TIMEOUT_S)
-            settings = {name: str(entry.value) for name, entry in entries.items()}
-            for problem in retention_problems(resource.name, settings, max_delay_ms,
-                                              key_is_id=resource.name in key_is_id):  # fmt: skip
-                logger.warning("DELAY TOPIC CANNOT REBUILD REDIS: %s", problem)
-                warnings += 1
+        problems = read_retention(admin_conf, topics, max_delay_ms, key_is_id=key_is_id)
     except (KafkaException, TimeoutError) as exc:
         logger.warning("could not read the delay topics' retention (%s); make sure it "
                        "covers limits.max_delay", exc)  # fmt: skip
-    return warnings
+        return 0
+    for problem in problems:
+        logger.warning("DELAY TOPIC CANNOT REBUILD REDIS: %s", problem)
+    return len(problems)
+
+
+def read_retention(
+    admin_conf: Mapping[str, Any],
+    topics: Sequence[str],
+    max_delay_ms: int,
+    *,
+    key_is_id: Collection[str] = (),
+) -> list[str]:
+    """The :func:`retention_problems` of the delay topics as Kafka describes them; raises
+    KafkaException or TimeoutError when Kafka does not say."""
+    admin = AdminClient(dict(admin_conf))
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
+    problems = []
+    futures = admin.describe_configs(resources, request_timeout=DESCRIBE_TIMEOUT_S)
+    for resource, future in futures.items():
+        entries = future.result(timeout=DESCRIBE_TIMEOUT_S)
+        settings = {name: str(entry.value) for name, entry in entries.items()}
+        problems += retention_problems(resource.name, settings, max_delay_ms,
+                                       key_is_id=resource.name in key_is_id)  # fmt: skip
+    return problems
 
 
 # Answers that mean "this topic is not there for the bridge", as opposed to "Kafka did not answer".

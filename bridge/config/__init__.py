@@ -5,6 +5,7 @@ from bridge.config.librdkafka import (
     consumer_settings,
     kafka_settings,
     producer_settings,
+    read_back_settings,
 )
 from bridge.config.loader import from_mapping, load
 from bridge.config.schema import Config
@@ -19,6 +20,7 @@ __all__ = [
     "kafka_settings",
     "load",
     "producer_settings",
+    "read_back_settings",
     "redact",
     "redact_url",
 ]

@@ -77,6 +77,23 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
     return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
 
 
+def read_back_settings(config: Config) -> dict[str, str]:
+    """The read-back consumer's properties (see bridge.readback): the delay-topic consumer's, but
+    assigned, never a group member, never committing; an offset gone from the log or past its
+    end is reported, not skipped over; a fetch after a seek returns at once."""
+    settings = consumer_settings(config)
+    settings.pop("statistics.interval.ms", None)
+    settings.update({
+        "group.id": f"{config.kafka.group_id}.read-back",  # never joined: librdkafka wants one
+        "enable.auto.commit": "false",
+        "auto.offset.reset": "error",
+        "enable.partition.eof": "true",
+        "fetch.wait.max.ms": "1",
+        "fetch.min.bytes": "1",
+    })  # fmt: skip
+    return settings
+
+
 def producer_settings(config: Config) -> dict[str, str]:
     """Target/DLQ producer properties: defaults, then the user's, then the fixed ones."""
     settings = {

@@ -1,10 +1,10 @@
 """Claimed records produced, and their delivery reports settled: acknowledged, retried or DLQ'd.
 
-A record leaves Redis only from a successful delivery report. A record stored bound for the DLQ
-(a far-future record whose payload was gone when it was read back) goes there at its due time. Permanent failures (unknown
-topic, too large, not authorized) are retried ``max_attempts`` times, then the record goes to the
-DLQ as ``delivery-failed`` and is acknowledged once the DLQ has it. Transient failures end the
-lease so the record is claimed again after a back-off.
+A record leaves Redis only from a successful delivery report. Permanent failures (unknown topic,
+too large, not authorized) are retried ``max_attempts`` times, then the record goes to the DLQ as
+``delivery-failed`` and is acknowledged once the DLQ has it. Transient failures end the lease so
+the record is claimed again after a back-off. A record stored bound for the DLQ (a far-future
+record whose payload was gone when it was read back) goes there at its due time.
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ class Ingress:
         batch_size: int,
         linger_ms: int = 0,
         hold_ms: int = 0,
+        payload_horizon_ms: int | None = None,
+        bucket_ms: int = 60_000,
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
         on_stored: Callable[[Mapping[Shard, int]], None],
@@ -64,6 +66,9 @@ class Ingress:
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000
         self.hold_ms = hold_ms
+        # Records due further out than this when stored are kept as references (None: none is).
+        self.payload_horizon_ms = payload_horizon_ms
+        self.bucket_ms = bucket_ms
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._on_stored = on_stored
         self.readiness = readiness or Readiness()
@@ -226,7 +231,10 @@ class Ingress:
             self.dead_letters.send(batch.rejected)
         if batch.stored:
             expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
-            added = self.store.add(batch.stored, expected)
+            horizon = self.payload_horizon_ms
+            refer_after = None if horizon is None else self._clock_ms() + horizon
+            added = self.store.add(batch.stored, expected, refer_after_ms=refer_after,
+                                   bucket_ms=self.bucket_ms)  # fmt: skip
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
             for shard, (high, _) in batch.stored.items():

@@ -153,6 +153,7 @@ def dead_letter_when_due(
     partition: int,
     offset: int,
     due_ms: int,
+    *,
     reason: Reason,
     detail: str,
     message: tuple[bytes | None, bytes | None, Headers] = (None, None, []),

@@ -26,8 +26,8 @@ from bridge.store.keys import (
     text,
 )
 from bridge.store.layout import Layout
-from bridge.store.references import References
 from bridge.store.redis_errors import as_store_error
+from bridge.store.references import References
 from bridge.store.results import (
     Added,
     Backlog,

@@ -1,4 +1,4 @@
-"""References: far-future records kept as offset and due time until the read-back stores them whole.
+"""References: far-future records kept as offset and due time until they are read back.
 
 A record due further out than ``store.payload_horizon`` when it is read costs Redis 16 bytes in a
 chunk of its time bucket (see :mod:`bridge.store.keys` and add.lua) instead of its payload. The

@@ -150,6 +150,14 @@ def test_a_retired_incarnation_keeps_its_references(store: Store) -> None:
     (chunk,) = store.references.due([retired], far)
     assert [o for o, _ in chunk.references()] == [0, 1]
     # The old topic is gone: what the read-back stores in their place goes to the DLQ.
-    assert store.references.promote(chunk, [(far, member(rec(0, far), "delay", 0)),
-                                            (far + 1, member(rec(1, far + 1), "delay", 0))]) == 2
+    assert (
+        store.references.promote(
+            chunk,
+            [
+                (far, member(rec(0, far), "delay", 0)),
+                (far + 1, member(rec(1, far + 1), "delay", 0)),
+            ],
+        )
+        == 2
+    )
     assert len(store.claim([retired], 10, 30_000, now_ms=far + 1)) == 2

@@ -220,14 +220,14 @@ def test_every_reason_is_covered() -> None:
 
 
 def test_a_record_bound_for_the_dlq_at_its_due_time_keeps_its_reason_when_stored() -> None:
-    gone = dead_letter_when_due("delay", 3, 42, 1_800_000_000_000, Reason.PAYLOAD_MISSING,
-                                "offset 42 was gone")  # fmt: skip
+    gone = dead_letter_when_due("delay", 3, 42, 1_800_000_000_000,
+                                reason=Reason.PAYLOAD_MISSING, detail="offset 42 was gone")  # fmt: skip
     back = decode(encode(gone, "delay", 3), "delay", 3, 42)
     assert back == gone and back.dead_letter and back.key is None and back.value is None
     assert dead_letter_reason(back.headers) == "payload-missing"
     assert dict(back.headers)[H_ORIGIN] == b"delay:3:42"
-    refused = dead_letter_when_due("delay", 3, 43, 1, Reason.TARGET_NOT_ALLOWED, "not now",
-                                   (b"k", b"v", [(H_TARGET_TOPIC, b"x")]))  # fmt: skip
+    refused = dead_letter_when_due("delay", 3, 43, 1, reason=Reason.TARGET_NOT_ALLOWED,
+                                   detail="not now", message=(b"k", b"v", [(H_TARGET_TOPIC, b"x")]))  # fmt: skip
     assert refused.headers[0] == (H_TARGET_TOPIC, b"x") and refused.value == b"v"
     assert not Scheduled(1, 1, "out", None, None, [], "id").dead_letter
 

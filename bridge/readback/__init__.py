@@ -1,0 +1,11 @@
+"""The read-back: references read from the delay topic shortly before they fall due.
+
+A far-future record is kept in Redis as a reference (see bridge.store.references) and stored whole
+again, from the delay topic, ``store.fetch_ahead`` before it is due.
+"""
+
+from bridge.readback.loop import ReadBack
+from bridge.readback.reader import Reader
+from bridge.readback.runs import runs
+
+__all__ = ["ReadBack", "Reader", "runs"]

@@ -1,0 +1,182 @@
+"""The read-back loop: references falling due soon, read from the delay topic and stored whole.
+
+What falls due within ``store.fetch_ahead`` is stored whole, so the mover delivers it as any record.
+
+Each pass asks Redis for the chunks of references whose time bucket starts within
+``store.fetch_ahead`` in the shards this replica owns, reads their records (:class:`Reader`),
+and promotes each chunk in one script call (promote.lua), which stores a chunk once whatever
+happens: a crash before it leaves the chunk to be read again, a chunk another replica promoted
+meanwhile is left alone. A record no longer in the topic, or one the rules refuse by now, is
+stored bound for the DLQ at its due time; a retired incarnation's references have no topic left
+to read: all of them are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from confluent_kafka import Message
+
+from bridge.dialects import parse_record
+from bridge.errors import BridgeError, StoreError
+from bridge.message import (
+    Headers,
+    Reason,
+    Rejected,
+    Rules,
+    Scheduled,
+    dead_letter_when_due,
+    format_time_ms,
+)
+from bridge.metrics import Metrics
+from bridge.readback.reader import Reader
+from bridge.store import Chunk, Shard, Store, member
+
+logger = logging.getLogger(__name__)
+
+RETRY_S = (0.5, 1.0, 2.0, 5.0)  # back-off after a failed pass
+
+
+class ReadBack:
+    """Promotes the owned shards' references falling due within ``fetch_ahead_ms``."""
+
+    def __init__(
+        self,
+        store: Store,
+        reader: Reader,
+        rules: Rules,
+        metrics: Metrics,
+        *,
+        owned: Callable[[], frozenset[Shard]],
+        fetch_ahead_ms: int,
+        on_stored: Callable[[Mapping[Shard, int]], None] = lambda earliest: None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.store = store
+        self.reader = reader
+        self.rules = rules
+        self.metrics = metrics
+        self.owned = owned
+        self.fetch_ahead_ms = fetch_ahead_ms
+        self._on_stored = on_stored
+        self._clock_ms = clock_ms  # parsing only (due times come from the references)
+        # How often a pass looks for chunks falling due: often enough that a bucket is read
+        # back within a few percent of fetch_ahead of when it could be.
+        self.interval_s = min(1.0, fetch_ahead_ms / 20_000)
+        self.last_loop = time.monotonic()
+        self._failures = 0
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass until ``stop`` is set; a failed pass is tried again after a back-off."""
+        try:
+            while not stop.is_set():
+                self.last_loop = time.monotonic()
+                try:
+                    busy = self.pass_once()
+                except BridgeError as exc:
+                    wait = RETRY_S[min(self._failures, len(RETRY_S) - 1)]
+                    self._failures += 1
+                    if isinstance(exc, StoreError):
+                        self.metrics.redis_errors.labels(stage="read-back").inc()
+                    logger.warning("read-back failed, retrying in %.1fs: %s", wait, exc,
+                                   extra={"repeat_key": "read-back-failed"})  # fmt: skip
+                    stop.wait(wait)
+                    continue
+                self._failures = 0
+                if not busy:
+                    stop.wait(self.interval_s)
+        finally:
+            self.reader.close()
+
+    def pass_once(self) -> int:
+        """Read back and promote what is due within ``fetch_ahead`` now; returns chunks done."""
+        owned = self.owned()
+        if not owned:
+            return 0
+        now = self.store.time_ms()
+        done = 0
+        chunks = self.store.references.due(sorted(owned), now + self.fetch_ahead_ms)
+        # Bucket by bucket; within one, a shard's chunks in offset order (one read on).
+        chunks.sort(key=lambda c: (c.start_ms, c.shard, c.data[:8]))
+        for chunk in chunks:
+            if chunk.shard not in self.owned():  # revoked meanwhile: its next owner reads it
+                continue
+            members = self._members(chunk)
+            stored = self.store.references.promote(chunk, [(d, m) for d, m, _ in members])
+            if stored is None:
+                continue  # promoted by another replica, or renamed as it filled: read again
+            done += 1
+            after = self.store.time_ms()
+            self.metrics.read_back_ahead.observe_many(
+                max(0.0, (due - after) / 1000) for due, _, _ in members
+            )
+            for result in ("stored", "missing", "refused"):
+                n = sum(1 for _, _, r in members if r == result)
+                if n:
+                    self.metrics.read_back.labels(result=result).inc(n)
+            self._on_stored({chunk.shard: min(due for due, _, _ in members)})
+        return done
+
+    def _members(self, chunk: Chunk) -> list[tuple[int, bytes, str]]:
+        """(due ms, member, result) for each reference of ``chunk``, in its order."""
+        shard = chunk.shard
+        refs = chunk.references()
+        if shard.incarnation:
+            messages: dict[int, Message | None] = {}
+            gone = ("its delay topic was deleted and created again (or its offsets went back) "
+                    "before it was read back")  # fmt: skip
+        else:
+            messages = self.reader.read(shard, [o for o, _ in refs])
+            gone = ("it was gone from the delay topic when it was read back (retention, "
+                    "delete-records, or the topic recreated)")  # fmt: skip
+        out = []
+        for offset, due in refs:
+            msg = messages.get(offset)
+            if msg is None:
+                detail = f"offset {offset} of {shard}: {gone}"
+                record, result = _missing(shard, offset, due, detail), "missing"
+            else:
+                record, result = self._parse(shard, offset, due, msg)
+            out.append((due, member(record, shard.topic, shard.partition), result))
+        return out
+
+    def _parse(self, shard: Shard, offset: int, due: int, msg: Message) -> tuple[Scheduled, str]:
+        ts_type, ts = msg.timestamp()
+        stamped = ts_type != 0
+        headers = cast(Headers, list(msg.headers() or []))
+        try:
+            record = parse_record(
+                self.rules, topic=shard.topic, partition=shard.partition, offset=offset,
+                timestamp_ms=ts if stamped else None, key=msg.key(), value=msg.value(),
+                headers=headers, now_ms=self._clock_ms(),
+            )  # fmt: skip
+        except Rejected as refused:
+            logger.warning("offset %d of %s, read back, is refused now: %s; dead-lettered at its "
+                           "due time", offset, shard, refused,
+                           extra={"repeat_key": "read-back-refused"})  # fmt: skip
+            detail = f"read back: {refused.detail}"
+            original = (msg.key(), msg.value(), headers)
+            return dead_letter_when_due(shard.topic, shard.partition, offset, due,
+                                        reason=refused.reason, detail=detail,
+                                        message=original), "refused"  # fmt: skip
+        # The reference says when it is due; a record due at another time (with a timestamp, its
+        # due time is the same however often it is read) is not the one referenced.
+        if not isinstance(record, Scheduled) or (stamped and record.due_ms != due):
+            detail = (f"offset {offset} of {shard} holds another record than the one referenced "
+                      f"(due {format_time_ms(due)}): the topic was recreated?")  # fmt: skip
+            return _missing(shard, offset, due, detail), "missing"
+        # Lateness counts from the due time: a reference was never the producer's delay.
+        return dataclasses.replace(record, due_ms=due, stored_ms=None), "stored"
+
+
+def _missing(shard: Shard, offset: int, due: int, detail: str) -> Scheduled:
+    """A record to dead-letter as payload-missing at ``due``, in place of one that is gone."""
+    logger.warning("%s (due %s); dead-lettered as payload-missing at its due time", detail,
+                   format_time_ms(due), extra={"repeat_key": "payload-missing"})  # fmt: skip
+    return dead_letter_when_due(shard.topic, shard.partition, offset, due,
+                                reason=Reason.PAYLOAD_MISSING, detail=detail)  # fmt: skip

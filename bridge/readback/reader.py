@@ -1,0 +1,128 @@
+"""Records read back from a delay topic by offset: runs of nearby offsets read on, gaps sought."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError as ClientError
+
+from bridge.errors import KafkaError
+from bridge.readback.runs import MAX_GAP, runs
+from bridge.store import Shard
+
+logger = logging.getLogger(__name__)
+
+STALL_S = 30.0  # a run that gets no record for this long fails (the next pass reads it again)
+POLL_S = 0.5
+BATCH = 500
+_GONE = frozenset({ClientError._AUTO_OFFSET_RESET, ClientError.OFFSET_OUT_OF_RANGE})
+
+
+class Reader:
+    """One consumer, assigned to one delay-topic partition at a time (no group, no commits)."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        *,
+        on_fetched: Callable[[int, int], None] = lambda records, size: None,
+        stall_s: float = STALL_S,
+    ) -> None:
+        self.consumer = consumer
+        self._on_fetched = on_fetched  # records consumed and their bytes, skipped ones included
+        self.stall_s = stall_s
+        self._assigned: Shard | None = None
+        self._next = -1  # the offset the consumer returns next in the assigned partition
+
+    def read(self, shard: Shard, offsets: Sequence[int]) -> dict[int, Message | None]:
+        """The record at each of ``offsets``, or None where the log no longer holds one (deleted
+        by retention or delete-records, or the log ends before it). Raises :class:`KafkaError`
+        when Kafka does not answer: nothing is decided about the offsets then."""
+        found: dict[int, Message | None] = {}
+        for run in runs(offsets):
+            self._read_run(shard, run, found)
+        return found
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self.consumer.close()
+
+    def _read_run(self, shard: Shard, wanted: list[int], found: dict[int, Message | None]) -> None:
+        self._position(shard, wanted[0])
+        i, deadline = 0, time.monotonic() + self.stall_s
+        while i < len(wanted):
+            if time.monotonic() > deadline:
+                raise KafkaError(f"read-back of {shard} offsets {wanted[i]}..{wanted[-1]} got no "
+                                 f"record for {self.stall_s:.0f}s")  # fmt: skip
+            # Never more than the run needs: what follows it stays unread for the next run.
+            want = max(1, min(BATCH, wanted[-1] - self._next + 1))
+            messages = self.consumer.consume(want, POLL_S)
+            size = 0
+            for msg in messages:
+                error = msg.error()
+                if error is not None:
+                    i = self._on_error(shard, error, wanted, i, found)
+                    if i >= len(wanted):
+                        break
+                    continue
+                offset = msg.offset()
+                assert offset is not None
+                self._next = offset + 1
+                size += len(msg.value() or b"") + len(msg.key() or b"")
+                while i < len(wanted) and wanted[i] < offset:  # skipped by the log: gone
+                    found[wanted[i]] = None
+                    i += 1
+                if i < len(wanted) and wanted[i] == offset:
+                    found[offset] = msg
+                    i += 1
+            if messages:
+                deadline = time.monotonic() + self.stall_s
+                self._on_fetched(len(messages), size)
+
+    def _on_error(
+        self, shard: Shard, error: ClientError, wanted: list[int], i: int,
+        found: dict[int, Message | None],
+    ) -> int:  # fmt: skip
+        """Handle a consumer event while reading ``wanted`` from index ``i``; returns the index
+        reading goes on from."""
+        code = error.code()
+        if code == ClientError._PARTITION_EOF:  # the log ends before the rest of the run
+            for offset in wanted[i:]:
+                found[offset] = None
+            return len(wanted)
+        if code in _GONE:  # the offset is outside the log: which ones are still in it?
+            tp = TopicPartition(shard.topic, shard.partition)
+            try:
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            except KafkaException as exc:
+                raise KafkaError(f"read-back of {shard}: {exc}") from None
+            while i < len(wanted) and (wanted[i] < low or wanted[i] >= high):
+                found[wanted[i]] = None
+                i += 1
+            if i < len(wanted):
+                self._seek(shard, wanted[i])
+            return i
+        if error.fatal():
+            raise KafkaError(f"read-back consumer: {error}")
+        logger.warning("read-back of %s: %s", shard, error, extra={"repeat_key": "read-back"})
+        return i
+
+    def _position(self, shard: Shard, offset: int) -> None:
+        """Make ``offset`` the next one read: read on when it lies a little ahead, else seek."""
+        if shard == self._assigned and self._next <= offset <= self._next + MAX_GAP:
+            return
+        self._seek(shard, offset)
+
+    def _seek(self, shard: Shard, offset: int) -> None:
+        tp = TopicPartition(shard.topic, shard.partition, offset)
+        try:
+            if shard != self._assigned:
+                raise KafkaException(ClientError(ClientError._STATE))
+            self.consumer.seek(tp)
+        except KafkaException:  # another partition, or not fetching yet: assign is a seek too
+            self.consumer.assign([tp])
+            self._assigned = shard
+        self._next = offset
