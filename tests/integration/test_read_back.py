@@ -8,6 +8,7 @@ import collections
 import signal
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -92,14 +93,20 @@ def test_far_future_records_are_read_back_and_delivered_on_time(
     bridge = one.bridge(**TIERS).start()
     bridges.append(bridge)
     before = now_ms()
-    far = [(f"far-{i}", FAR_MS + i * 50, []) for i in range(20)]
-    near = [(f"near-{i}", 500, []) for i in range(3)]
+    far: list[tuple[str, int | None, list[tuple[str, bytes]]]] = [
+        (f"far-{i}", FAR_MS + i * 50, []) for i in range(20)
+    ]
+    near: list[tuple[str, int | None, list[tuple[str, bytes]]]] = [
+        (f"near-{i}", 500, []) for i in range(3)
+    ]
     produce(one, *far, *near, ("far-id", FAR_MS, [(H_ID, b"mine")]))
     references(one, 21)
     store, shard = store_of(one)
-    assert store.client.zcard(store.keys(shard).due) <= 3  # the near ones, if not delivered yet
+    assert (
+        int(store.client.zcard(store.keys(shard).due)) <= 3
+    )  # the near ones, if not delivered yet
     store.client.close()
-    due = {v.encode(): before + d for v, d, _ in [*far, *near, ("far-id", FAR_MS, [])]}
+    due = {v.encode(): before + (d or 0) for v, d, _ in [*far, *near, ("far-id", FAR_MS, [])]}
     collector = one.collector()
     try:
         counts = on_time(collector, one, due)
@@ -143,7 +150,7 @@ def test_a_reference_whose_record_is_gone_reaches_the_dlq_at_its_due_time(
         future.result(timeout=30)
     collector = one.collector()
     try:
-        collector.until(lambda _: len(collector.of(one.dlq)) == 2 and collector.of(one.targets[0]),
+        collector.until(lambda _: len(collector.of(one.dlq)) == 2 and bool(collector.of(one.targets[0])),
                         60, "two payload-missing dead letters and the kept record")  # fmt: skip
         letters = sorted(collector.of(one.dlq), key=lambda r: r.header(H_ORIGIN) or b"")
     finally:
@@ -192,7 +199,7 @@ def test_references_of_a_recreated_topic_reach_the_dlq_as_payload_missing(
     produce(one, ("new-0", 0, []))  # offset 0 again, in the new incarnation
     collector = one.collector()
     try:
-        collector.until(lambda _: len(collector.of(one.dlq)) == 2 and collector.of(one.targets[0]),
+        collector.until(lambda _: len(collector.of(one.dlq)) == 2 and bool(collector.of(one.targets[0])),
                         60, "two payload-missing dead letters and the new record")  # fmt: skip
     finally:
         collector.close()

@@ -3,6 +3,8 @@ reach them, promotion once and only once, and retired incarnations."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import redis
 
@@ -64,7 +66,7 @@ def test_a_reference_costs_redis_16_bytes_and_a_share_of_its_chunk(store: Store)
     for first in range(0, n, 500):
         add(store, *records[first : first + 500])
     k = store.keys(SHARD)
-    used = sum(int(store.client.memory_usage(key, samples=0) or 0)
+    used = sum(int(cast(int | None, store.client.memory_usage(key, samples=0)) or 0)
                for key in (k.refs, k.refs_due, k.pending, k.low))  # fmt: skip
     assert used / n <= 18, f"{used / n:.1f} bytes per reference"
     assert store.client.zcard(k.due) == 0
