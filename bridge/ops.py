@@ -33,7 +33,8 @@ class PartitionStatus:
 
     topic: str
     partition: int
-    waiting: int
+    waiting: int  # held whole in Redis, due or not
+    references: int  # far-future records held as references until they are read back
     overdue: int
     in_flight: int
     next_due_ms: int
@@ -77,7 +78,8 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
             oldest = backlog.oldest_due_ms
             rows.append(PartitionStatus(
                 shard.topic, shard.partition, backlog.scheduled + backlog.overdue,
-                backlog.overdue, backlog.inflight, int(first[0][1]) if first else -1,
+                backlog.references, backlog.overdue, backlog.inflight,
+                int(first[0][1]) if first else -1,
                 round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
                 mark, committed, end,
                 None if end is None else max(0, end - (mark + 1)) if end >= 0 else -1,
@@ -233,7 +235,8 @@ def _partitions(
 
 def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> None:
     totals: dict[str, float | None] = {name: sum(getattr(r, name) for r in rows)
-                                       for name in ("waiting", "overdue", "in_flight")}  # fmt: skip
+                                       for name in ("waiting", "references", "overdue",
+                                                    "in_flight")}  # fmt: skip
     lags = [r.lag for r in rows]
     totals["lag"] = None if None in lags else sum(lag for lag in lags if lag is not None)
     nexts = [r.next_due_ms for r in rows if r.next_due_ms >= 0]
@@ -244,13 +247,15 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
                   sys.stdout, indent=2)  # fmt: skip
         print()
         return
-    header = ["topic", "partition", "waiting", "overdue", "in flight", "next due",
+    header = ["topic", "partition", "waiting", "references", "overdue", "in flight", "next due",
               "oldest overdue", "watermark", "committed", "log end", "lag"]  # fmt: skip
-    table = [[r.topic, str(r.partition), f"{r.waiting:,}", f"{r.overdue:,}", f"{r.in_flight:,}",
+    table = [[r.topic, str(r.partition), f"{r.waiting:,}", f"{r.references:,}", f"{r.overdue:,}",
+              f"{r.in_flight:,}",
               _when(r.next_due_ms), _age(r.oldest_overdue_s), str(r.watermark),
               _kafka(r.committed, "{}"), _kafka(r.log_end, "{}"), _kafka(r.lag)]
              for r in rows]  # fmt: skip
-    table.append(["total", "", f"{totals['waiting']:,}", f"{totals['overdue']:,}",
+    table.append(["total", "", f"{totals['waiting']:,}", f"{totals['references']:,}",
+                  f"{totals['overdue']:,}",
                   f"{totals['in_flight']:,}", _when(int(totals["next_due_ms"] or -1)),
                   _age(float(totals["oldest_overdue_s"] or 0)), "", "", "",
                   _kafka(totals["lag"])])  # fmt: skip

@@ -27,7 +27,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
-from bridge.store import Store
+from bridge.store import Shard, Store
 from tests.chaos.checker import (
     Account,
     Checker,
@@ -44,6 +44,8 @@ from tests.integration.harness import Bridge, bridge_env, metric
 
 PARTITIONS = 3
 MAX_DELAY_MS = 5000
+# read-back-sigkill: delays of records kept as references (store.payload_horizon 6 s).
+READ_BACK_MIN_MS, READ_BACK_MAX_MS = 8_000, 20_000
 SETTLE_TIMEOUT_S = 180.0
 # A bridge SIGKILLed and restarted at once delivers again within this: a restart, not a timeout.
 RECOVERY_BOUND_MS = 10_000
@@ -279,6 +281,40 @@ def bridge_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
         result.account.max_lateness_ms <= RECOVERY_BOUND_MS
     )
     return result
+
+
+def read_back_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
+    """Every record far enough out to be kept as a reference (store.payload_horizon 6 s, read back
+    3-4.5 s before it is due), the bridge SIGKILLed while references are being read back and
+    promoted, and started again at once: a chunk read but not promoted is read again, one promoted
+    is not stored twice."""
+    bridge = run.bridge("pod-0")
+    records = steady(size.records, run.target, READ_BACK_MAX_MS, rng.randrange(1 << 30),
+                     min_delay_ms=READ_BACK_MIN_MS)  # fmt: skip
+    workload = run.workload(records, size.seconds)
+    waiting = 0
+    # Read-back runs from ~4 s after the first record to ~4 s before the last one falls due.
+    for moment in moments(rng, size.faults, READ_BACK_MIN_MS / 1000 - 4,
+                          size.seconds + READ_BACK_MAX_MS / 1000 - 4):  # fmt: skip
+        run.at(moment)
+        waiting = max(waiting, _references(run))
+        bridge.kill()
+        bridge = run.bridge("pod-0")
+    result = run.finish(workload, "read-back SIGKILL", f"{size.faults} x SIGKILL of the bridge "
+                        "while it reads references back, and restart")  # fmt: skip
+    result.checks["records kept as references"] = waiting > 0
+    result.checks["none reported gone"] = run.log_count("payload-missing") == 0
+    result.notes.append(f"up to {waiting:,} references waiting at a kill")
+    return result
+
+
+def _references(run: Run) -> int:
+    client = run.servers.redis()
+    try:
+        shards = [Shard(run.delay, p) for p in range(PARTITIONS)]
+        return sum(Store(client, run.prefix).references.counts(shards).values())
+    finally:
+        client.close()
 
 
 def redis_restart(fsync: str) -> Scenario:
@@ -764,6 +800,7 @@ def _slot_served(nodes: list[str], key: bytes) -> bool:
 # name → (scenario, quick size for `make test` (None: only in `make chaos`), full size)
 SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "bridge-sigkill": (bridge_sigkill, Size(4000, 12, 3), Size(100_000, 60, 20)),
+    "read-back-sigkill": (read_back_sigkill, Size(3000, 10, 3), Size(50_000, 60, 12)),
     "redis-restart-always": (redis_restart("always"), Size(3000, 10, 1), Size(50_000, 30, 3)),
     "redis-restart-everysec": (redis_restart("everysec"), Size(3000, 10, 1), Size(50_000, 30, 3)),
     "kafka-restart": (kafka_restart, Size(3000, 10, 1), Size(50_000, 30, 2)),
@@ -801,6 +838,8 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         overrides["limits__max_record_bytes"] = 100_000
     if name.startswith("rollout"):
         overrides["kafka__consumer"] = {}  # the bridge's own session and heartbeat
+    if name == "read-back-sigkill":
+        overrides.update(store__payload_horizon="6s", store__fetch_ahead="3s")
     if name in ("bridge-sigkill", "rebalance-storm"):
         overrides["egress__lease"] = "30s"  # the default: recovery must not wait for it
     ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)

@@ -33,7 +33,8 @@ def cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def held(setup: Setup, redis_client: redis.Redis) -> dict[str, Any]:
     """Partition 0: three records due in an hour (one with a delay-id) and two overdue;
-    partition 1: one in flight and one due in two hours."""
+    partition 1: one in flight, one due in two hours, and one due in three hours kept as a
+    reference."""
     store = Store(redis_client, f"test-{setup.unique}")
     now = store.time_ms()
     p0, p1 = Shard(setup.delay, 0), Shard(setup.delay, 1)
@@ -48,6 +49,8 @@ def held(setup: Setup, redis_client: redis.Redis) -> dict[str, Any]:
     store.add({p1: (1, [Scheduled(0, now - 1000, target, None, b"v", [], f"{setup.delay}:1:0"),
                         Scheduled(1, now + 2 * HOUR, target, None, b"v", [],
                                   f"{setup.delay}:1:1")])})  # fmt: skip
+    far = Scheduled(2, now + 3 * HOUR, target, None, b"v", [], f"{setup.delay}:1:2")
+    store.add({p1: (2, [far])}, refer_after_ms=now + 2 * HOUR)
     assert len(store.claim([p1], 10, 60_000)) == 1
     return {"now": now}
 
@@ -62,18 +65,20 @@ def test_status_shows_every_state_per_partition(setup: Setup, held: dict[str, An
     assert (p0["waiting"], p0["overdue"], p0["in_flight"], p0["watermark"]) == (5, 2, 0, 4)
     assert p0["next_due_ms"] == held["now"] - 10_000
     assert 10 <= p0["oldest_overdue_s"] < 70
-    assert (p1["waiting"], p1["overdue"], p1["in_flight"], p1["watermark"]) == (1, 0, 1, 1)
+    assert (p1["waiting"], p1["overdue"], p1["in_flight"], p1["watermark"]) == (1, 0, 1, 2)
+    assert (p0["references"], p1["references"], p2["references"]) == (0, 1, 0)
     assert p1["next_due_ms"] == held["now"] + 2 * HOUR and p1["oldest_overdue_s"] == 0
     assert (p2["waiting"], p2["watermark"], p2["next_due_ms"]) == (0, -1, -1)
     for row in rows.values():  # nothing produced to the topic, nothing committed
         assert (row["committed"], row["log_end"], row["lag"]) == (-1, 0, 0)
     assert doc["totals"]["waiting"] == 6 and doc["totals"]["in_flight"] == 1
+    assert doc["totals"]["references"] == 1
     assert doc["totals"]["next_due_ms"] == held["now"] - 10_000
     text = cli(setup, "status")
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0].split()[:3] == ["topic", "partition", "waiting"]
-    assert lines[-2].split()[:2] == ["total", "6"]
+    assert lines[0].split()[:4] == ["topic", "partition", "waiting", "references"]
+    assert lines[-2].split()[:3] == ["total", "6", "1"]
 
 
 def test_list_shows_waiting_records_in_due_order(setup: Setup, held: dict[str, Any]) -> None:

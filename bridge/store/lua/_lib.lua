@@ -4,6 +4,8 @@ _lib: prepended to every script by bridge.store when it registers them (not a sc
 now_ms(given): the time as epoch milliseconds: `given` when a test passes one, else Redis TIME,
 so every replica reads one clock whatever its own says.
 
+append_grouped(groups, order, key, item): group items by key, keys in order of appearance.
+
 call_chunked(command, key, list, options): one variadic command over `list` in slices of CHUNK
 items, so a batch of any size passes Lua's unpack limit.
 
@@ -62,19 +64,23 @@ local function call_chunked(command, key, list, options)
   return total, joined
 end
 
+-- Append `item` to the list of `key` in `groups`, noting a new key's first appearance in `order`.
+local function append_grouped(groups, order, key, item)
+  local list = groups[key]
+  if not list then
+    list = {}
+    groups[key] = list
+    order[#order + 1] = key
+  end
+  list[#list + 1] = item
+end
+
 local NO_BITS = string.rep('\0', 32)
 
 local function mark_pending(pending, low, members, on)
   local bits, buckets = {}, {}
   for _, member in ipairs(members) do
-    local bucket = string.sub(member, 1, 7)
-    local list = bits[bucket]
-    if not list then
-      list = {}
-      bits[bucket] = list
-      buckets[#buckets + 1] = bucket
-    end
-    list[#list + 1] = string.byte(member, 8)
+    append_grouped(bits, buckets, string.sub(member, 1, 7), string.byte(member, 8))
   end
   if #buckets == 0 then
     return

@@ -88,16 +88,8 @@ end
 local REFERENCE, CHUNK_BYTES = 16, 16 * 1023
 local buckets, bucket_starts = {}, {}
 local function refer(due_ms, pair)
-  local width = tonumber(ARGV[3])
   local start = tonumber(due_ms)
-  start = start - start % width
-  local list = buckets[start]
-  if not list then
-    list = {}
-    buckets[start] = list
-    bucket_starts[#bucket_starts + 1] = start
-  end
-  list[#list + 1] = pair
+  append_grouped(buckets, bucket_starts, start - start % tonumber(ARGV[3]), pair)
 end
 
 -- Append the batch's references to the open chunk of their bucket (field "<start>"); a chunk
