@@ -1,0 +1,70 @@
+"""Redis bytes per far-future record kept as a reference: the store alone, no Kafka.
+
+    python -m bench.references_memory [--records N] [--partitions P] [--days D]
+
+Adds N records of 1 KiB (``--with-ids``: each with a delay-id of its own) due uniformly over D
+days (after the default payload horizon) to P shards under a unique prefix on the local Redis
+(``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port), 500 per shard per call as the ingress
+does, and prints Redis's ``used_memory`` growth per record; then deletes the keys. The
+whole-pipeline figures (bridge RSS, read-back rates) are for ``make bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+import uuid
+from typing import cast
+
+import redis
+
+from bridge.config.schema import StoreConfig
+from bridge.message import Scheduled
+from bridge.store import Shard, Store
+
+DAY_MS = 86_400_000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--with-ids", action="store_true", help="a delay-id of its own each")
+    args = parser.parse_args()
+    url = os.environ.get("DELAY_BRIDGE_REDIS__URL", "redis://127.0.0.1:16379/0")
+    client = redis.Redis.from_url(url)
+    prefix = f"bench-refs-{uuid.uuid4().hex[:8]}"
+    store, config, rng = Store(client, prefix), StoreConfig(), random.Random(1)
+    now = store.time_ms()
+    horizon = now + config.payload_horizon
+    used = cast(dict[str, int], client.info("memory"))["used_memory"]
+    started, offsets = time.monotonic(), [0] * args.partitions
+    added = 0
+    while added < args.records:
+        batches: dict[Shard, tuple[int, list[Scheduled]]] = {}
+        for p in range(args.partitions):
+            records = []
+            for o in range(offsets[p], offsets[p] + 500):
+                due = horizon + rng.randrange(args.days * DAY_MS)
+                delay_id = f"reminder-{p}-{o}" if args.with_ids else f"delay:{p}:{o}"
+                records.append(Scheduled(o, due, "out", b"k", b"v" * 1024, [], delay_id))
+            offsets[p] += 500
+            batches[Shard("delay", p)] = (offsets[p] - 1, records)
+        store.add(batches, refer_after_ms=horizon, bucket_ms=config.bucket_ms)
+        added += 500 * args.partitions
+    seconds = time.monotonic() - started
+    grown = cast(dict[str, int], client.info("memory"))["used_memory"] - used
+    ids = " with a delay-id each" if args.with_ids else ""
+    print(f"{added:,} references{ids} over {args.days} days in {args.partitions} partitions "
+          f"({config.bucket_ms // 60_000} min buckets): {grown / added:.1f} bytes each in Redis "
+          f"(used_memory +{grown:,}); stored at {added / seconds:,.0f}/s")  # fmt: skip
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        client.unlink(key)
+    client.close()
+
+
+if __name__ == "__main__":
+    main()
