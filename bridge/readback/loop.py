@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import cast
 
@@ -115,10 +116,8 @@ class ReadBack:
             self.metrics.read_back_ahead.observe_many(
                 max(0.0, (due - after) / 1000) for due, _, _ in members
             )
-            for result in ("stored", "missing", "refused"):
-                n = sum(1 for _, _, r in members if r == result)
-                if n:
-                    self.metrics.read_back.labels(result=result).inc(n)
+            for result, n in Counter(r for _, _, r in members).items():
+                self.metrics.read_back.labels(result=result).inc(n)
             self._on_stored({chunk.shard: min(due for due, _, _ in members)})
         return done
 
@@ -134,15 +133,22 @@ class ReadBack:
             messages = self.reader.read(shard, [o for o, _ in refs])
             gone = ("it was gone from the delay topic when it was read back (retention, "
                     "delete-records, or the topic recreated)")  # fmt: skip
-        out = []
+        out, missing = [], []
         for offset, due in refs:
             msg = messages.get(offset)
             if msg is None:
-                detail = f"offset {offset} of {shard}: {gone}"
-                record, result = _missing(shard, offset, due, detail), "missing"
+                record, result = (
+                    _missing(shard, offset, due, f"offset {offset} of {shard}: {gone}"),
+                    "missing",
+                )
+                missing.append(offset)
             else:
                 record, result = self._parse(shard, offset, due, msg)
             out.append((due, member(record, shard.topic, shard.partition), result))
+        if missing:  # one line a chunk, not a record
+            logger.warning("%d records of %s (offsets %d..%d): %s; dead-lettered as "
+                           "payload-missing at their due times", len(missing), shard, missing[0],
+                           missing[-1], gone, extra={"repeat_key": "payload-missing"})  # fmt: skip
         return out
 
     def _parse(self, shard: Shard, offset: int, due: int, msg: Message) -> tuple[Scheduled, str]:
@@ -169,6 +175,8 @@ class ReadBack:
         if not isinstance(record, Scheduled) or (stamped and record.due_ms != due):
             detail = (f"offset {offset} of {shard} holds another record than the one referenced "
                       f"(due {format_time_ms(due)}): the topic was recreated?")  # fmt: skip
+            logger.warning("%s; dead-lettered as payload-missing at its due time", detail,
+                           extra={"repeat_key": "payload-missing"})  # fmt: skip
             return _missing(shard, offset, due, detail), "missing"
         # Lateness counts from the due time: a reference was never the producer's delay.
         return dataclasses.replace(record, due_ms=due, stored_ms=None), "stored"
@@ -176,7 +184,5 @@ class ReadBack:
 
 def _missing(shard: Shard, offset: int, due: int, detail: str) -> Scheduled:
     """A record to dead-letter as payload-missing at ``due``, in place of one that is gone."""
-    logger.warning("%s (due %s); dead-lettered as payload-missing at its due time", detail,
-                   format_time_ms(due), extra={"repeat_key": "payload-missing"})  # fmt: skip
     return dead_letter_when_due(shard.topic, shard.partition, offset, due,
                                 reason=Reason.PAYLOAD_MISSING, detail=detail)  # fmt: skip

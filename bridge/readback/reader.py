@@ -118,11 +118,13 @@ class Reader:
 
     def _seek(self, shard: Shard, offset: int) -> None:
         tp = TopicPartition(shard.topic, shard.partition, offset)
-        try:
-            if shard != self._assigned:
-                raise KafkaException(ClientError(ClientError._STATE))
-            self.consumer.seek(tp)
-        except KafkaException:  # another partition, or not fetching yet: assign is a seek too
-            self.consumer.assign([tp])
-            self._assigned = shard
+        if shard == self._assigned:
+            try:
+                self.consumer.seek(tp)
+                self._next = offset
+                return
+            except KafkaException:  # not fetching yet: assigning again seeks too
+                pass
+        self.consumer.assign([tp])
+        self._assigned = shard
         self._next = offset

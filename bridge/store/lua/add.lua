@@ -87,9 +87,10 @@ end
 -- 16 KiB size class (1,024 would take the 20 KiB one).
 local REFERENCE, CHUNK_BYTES = 16, 16 * 1023
 local buckets, bucket_starts = {}, {}
+local width = tonumber(ARGV[3])
 local function refer(due_ms, pair)
   local start = tonumber(due_ms)
-  append_grouped(buckets, bucket_starts, start - start % tonumber(ARGV[3]), pair)
+  append_grouped(buckets, bucket_starts, start - start % width, pair)
 end
 
 -- Append the batch's references to the open chunk of their bucket (field "<start>"); a chunk
