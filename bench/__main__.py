@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import far_future
 from bench import report as rep
 from bench.scenarios import (
     FULL,
@@ -31,8 +32,11 @@ from bench.scenarios import (
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
-SCENARIOS = ("throughput", "precision", "catchup", "recovery", "cluster")
-DEFAULT = SCENARIOS[:4]  # cluster starts a Redis Cluster of its own: asked for by name
+SCENARIOS = ("throughput", "precision", "catchup", "recovery", "cluster", "far-future")
+# cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
+# lasts the spread of its scattered case twice: both asked for by name.
+DEFAULT = SCENARIOS[:4]
+READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
 LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
 
@@ -89,6 +93,18 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         )
         redis_modes(servers, out, sizes.cluster, sizes.precision_s, report,
                     max_delay_ms=sizes.max_delay_ms)  # fmt: skip
+    if "far-future" in names:
+        for count, size in sizes.held:
+            say(f"far-future: {count:,} records of {size} B due in 30 days, then a restart")
+            far_future.held(servers, out, report, count, size)
+        say(f"far-future: {sizes.contiguous:,} records due at one instant, read back")
+        far_future.contiguous(servers, out, report, sizes.contiguous, READ_BACK_VALUE)
+        say(
+            f"far-future: {sizes.scattered:,} records due at random over {sizes.spread_s:.0f} s, "
+            "read back"
+        )
+        far_future.scattered(servers, out, report, sizes.scattered, spread_s=sizes.spread_s,
+                             value_size=READ_BACK_VALUE)  # fmt: skip
     say("done")
     return report
 

@@ -62,12 +62,19 @@ class Sizes:
     # The longest delay of the steady loads (precision, cost per record, cluster), from 1 s: the
     # issue's loads use 10 s; the harness's own test, shorter, so that its runs drain sooner.
     max_delay_ms: int = 10_000
+    # far-future: (records, value bytes) held due in 30 days; records read back due at one
+    # instant (contiguous) and due at random over ``spread_s`` (scattered).
+    held: tuple[tuple[int, int], ...] = ((100_000, 1024), (1_000_000, 100))
+    contiguous: int = 200_000
+    scattered: int = 100_000
+    spread_s: float = 50.0
 
 
 QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,
               catchup=100_000, cluster=50_000)  # fmt: skip
 FULL = Sizes(throughput=500_000, values=(100, 1024), precision_s=60, backlog=1_000_000,
-             catchup=100_000, cluster=200_000)  # fmt: skip
+             catchup=100_000, cluster=200_000, held=((1_000_000, 1024), (10_000_000, 100)),
+             contiguous=1_000_000, scattered=1_000_000, spread_s=500.0)  # fmt: skip
 
 
 @dataclass

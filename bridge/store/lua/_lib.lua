@@ -15,7 +15,8 @@ the 8th its bit. A bucket with any bit set has a 32-byte bitmap in the pending H
 (score 0, so entries sort as bytes, i.e. by offset) in the low ZSET; the last bit cleared removes
 both, so the lowest pending offset is read without scanning records (low.lua).
 
-is_pending(pending, offset): whether the offset (8 big-endian bytes) has its pending bit set.
+is_pending(pending, offset, maps): whether the offset (8 big-endian bytes) has its pending bit set;
+`maps`, if given, keeps the bitmaps read (a script that asks for many offsets reads each once).
 
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is n, then n offsets (8 bytes
@@ -127,8 +128,15 @@ local function mark_pending(pending, low, members, on)
   call_chunked('ZREM', low, gone)
 end
 
-local function is_pending(pending, offset)
-  local map = redis.call('HGET', pending, string.sub(offset, 1, 7))
+local function is_pending(pending, offset, maps)
+  local bucket = string.sub(offset, 1, 7)
+  local map = maps and maps[bucket]
+  if map == nil then
+    map = redis.call('HGET', pending, bucket)
+    if maps then
+      maps[bucket] = map
+    end
+  end
   if not map then
     return false
   end

@@ -30,10 +30,10 @@ if not chunk or #chunk < read or string.sub(chunk, 1, 16) ~= ARGV[3] then
   return -1
 end
 local retired = ARGV[4] == '1'
-local due = {}
+local due, maps = {}, {}
 for i = 5, #ARGV, 2 do
   local member = ARGV[i + 1]
-  if retired or is_pending(KEYS[4], string.sub(member, 1, 8)) then
+  if retired or is_pending(KEYS[4], string.sub(member, 1, 8), maps) then
     due[#due + 1] = ARGV[i]
     due[#due + 1] = member
   end

@@ -1,0 +1,241 @@
+"""The far-future scenarios: records kept in Redis as references, their payload read back from
+Kafka shortly before they are due (README, "Far-future records").
+
+- ``held``: N records due in 30 days through the bridge with its defaults: Redis memory and the
+  bridge's RSS once all are stored, then a restart with all of them held: from the process start
+  to the first record due meanwhile acknowledged.
+- ``contiguous``: N records due at one instant, produced one after the other (contiguous
+  offsets): how fast they are read back and stored whole, then delivered.
+- ``scattered``: N records due at random over a spread (offsets uncorrelated with due times),
+  with the default horizon, fetch-ahead and bucket width scaled to the spread as the defaults
+  stand to one hour: every bucket holds the share of the log it holds at the defaults, so the
+  Kafka bytes read per record are the hour's; the read-back must go 3600 / spread times faster.
+  The records fall due at N / spread per second: ack lateness of records read back.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any, cast
+
+from bench.scenarios import (
+    ACK_STAMPS,
+    FAR_FUTURE,
+    Progress,
+    Report,
+    finished,
+    lateness_figures,
+    produce,
+    read_expected,
+    ready_bridge,
+    settled,
+    wait_delivered,
+)
+from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers
+from bridge.store import Shard, Store
+from tests.chaos.checker import Expected, settle
+from tests.chaos.scenarios import PARTITIONS, Run
+from tests.chaos.servers import Servers
+from tests.chaos.workload import Record, now_ms
+from tests.integration.harness import Bridge, metric
+
+KEYS = 997  # distinct keys, spread over the partitions
+PROBES = 100  # records due while the bridge is stopped, in the restart case
+HOUR_S = 3600.0
+HORIZON_S, FETCH_AHEAD_S = 3600.0, 120.0  # the defaults, which the scattered case scales
+
+
+def _keyed(headers: Headers, count: int) -> list[Record]:
+    """``count`` records with ``headers`` and one of KEYS keys each (shared objects: a list of
+    ten million costs its pointers only)."""
+    base = [Record(headers, key=b"k%d" % i) for i in range(KEYS)]
+    return (base * (count // KEYS + 1))[:count]
+
+
+def _rss_bytes(bridge: Bridge) -> int:
+    assert bridge.proc is not None
+    for line in Path(f"/proc/{bridge.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _used_memory(store: Store) -> int:
+    return int(cast(dict[str, Any], store.client.info("memory"))["used_memory"])
+
+
+def _references(store: Store, topic: str) -> int:
+    shards = [Shard(topic, p) for p in range(PARTITIONS)]
+    return sum(store.references.counts(shards).values())
+
+
+def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int) -> None:
+    """``count`` records of ``value_size`` B due in 30 days, the bridge's defaults: memory once
+    all are stored; then the restart case."""
+    name = f"far-future held {count:,} x {value_size} B"
+    run = Run(servers, workdir, "far-held", label="bench", target_config=ACK_STAMPS, watch=False)
+    store = Store(servers.redis(), run.prefix)
+    try:
+        bridge = ready_bridge(run)
+        redis_before, rss_before = _used_memory(store), _rss_bytes(bridge)
+        header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
+        started = time.monotonic()
+        workload = produce(run, _keyed(header, count), float("inf"), value_size=value_size)
+        progress = Progress(store, run.delay).start()
+        progress.wait(lambda i, s: i >= count, 3600, "far-future records stored")
+        seconds = time.monotonic() - started
+        finished(workload)
+        references = _references(store, run.delay)
+        if references != count:
+            report.problems.append(f"{name}: {references:,} of {count:,} kept as references")
+        grown, rss = _used_memory(store) - redis_before, _rss_bytes(bridge)
+        figures: dict[str, Any] = {
+            "records": count, "value_bytes": value_size, "references": references,
+            "seconds_to_store": round(seconds, 1), "stored_per_s": count / seconds,
+            "redis_bytes": grown, "redis_bytes_per_record": grown / count,
+            "bridge_rss_bytes": rss, "bridge_rss_before_bytes": rss_before,
+            "total_mb": (grown + rss) / 1e6,
+        }  # fmt: skip
+        figures.update(_restart(run, store, progress, bridge, count))
+        report.figures[name] = figures
+    finally:
+        store.client.close()
+        run.close()
+
+
+def _restart(run: Run, store: Store, progress: Progress, bridge: Bridge,
+             first_seq: int) -> dict[str, Any]:  # fmt: skip
+    """PROBES records due a few seconds out are stored; the bridge is stopped until they are due
+    and started again: from the process start to the first (and last) of them acknowledged."""
+    due = now_ms() + 4000
+    header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_DELIVER_AT, b"%d" % due)]
+    stored_before = progress.sample()[2]
+    finished(produce(run, _keyed(header, PROBES), float("inf"), first_seq=first_seq))
+    progress.wait(lambda i, s: s >= stored_before + PROBES, 60, "probes stored")
+    if now_ms() >= due:
+        raise RuntimeError("the probes were due before the bridge was stopped: lead too short")
+    bridge.stop()
+    time.sleep(max(0.0, (due + 1000 - now_ms()) / 1000))  # until they are due, not a sync
+    run.checker.start()
+    started_ms = now_ms()
+    bridge = ready_bridge(run)
+    ready_ms = now_ms()
+    seqs = range(first_seq, first_seq + PROBES)
+    wait_delivered(run, seqs, 60)
+    expected = {s: Expected(offset="", produced_ms=0, due_ms=due) for s in seqs}
+    account = settle(run.checker, expected, horizon_ms=now_ms())
+    acked = sorted(min(g.timestamp_ms for g in run.checker.delivered[s]) for s in seqs)
+    progress.stop()
+    bridge.stop()
+    return {
+        "restart_start_to_ready_s": (ready_ms - started_ms) / 1000,
+        "restart_start_to_first_due_acked_s": (acked[0] - started_ms) / 1000,
+        "restart_start_to_last_due_acked_s": (acked[-1] - started_ms) / 1000,
+        "restart_probes_lost": len(account.lost), "restart_probes_early": len(account.early),
+    }  # fmt: skip
+
+
+def contiguous(servers: Servers, workdir: Path, report: Report, count: int,
+               value_size: int) -> None:  # fmt: skip
+    """``count`` records due at one instant, produced one after the other: read-back rate."""
+    fetch_ahead_s = max(10.0, count / 25_000)  # twice the time the target rate needs
+    horizon_s = fetch_ahead_s + 20  # buckets of 10 s
+    lead_s = horizon_s + count / 20_000 + 10  # time to produce and store them all first
+    name = f"read-back contiguous {count:,} x {value_size} B"
+    run = _read_back_run(servers, workdir, "far-contiguous", horizon_s, fetch_ahead_s)
+    store = Store(servers.redis(), run.prefix)
+    try:
+        bridge = ready_bridge(run)
+        due = now_ms() + int(lead_s * 1000)
+        header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_DELIVER_AT, b"%d" % due)]
+        figures = _read_back(run, store, bridge, report, name=name,
+                             records=_keyed(header, count), value_size=value_size)  # fmt: skip
+        figures["fetch_ahead_s"], figures["payload_horizon_s"] = fetch_ahead_s, horizon_s
+        report.figures[name] = figures
+    finally:
+        store.client.close()
+        run.close()
+
+
+def scattered(servers: Servers, workdir: Path, report: Report, count: int, *, spread_s: float,
+              value_size: int) -> None:  # fmt: skip
+    """``count`` records due at random over ``spread_s``, offsets uncorrelated with due times,
+    horizon and fetch-ahead scaled to the spread as the defaults are to an hour."""
+    scale = spread_s / HOUR_S
+    horizon_s, fetch_ahead_s = HORIZON_S * scale, FETCH_AHEAD_S * scale
+    lead_s = horizon_s + count / 20_000 + 10
+    name = f"read-back scattered {count:,} x {value_size} B over {spread_s:.0f} s"
+    run = _read_back_run(servers, workdir, "far-scattered", horizon_s, fetch_ahead_s)
+    store = Store(servers.redis(), run.prefix)
+    try:
+        bridge = ready_bridge(run)
+        first = now_ms() + int(lead_s * 1000)
+        rng = random.Random(3)
+        target: Headers = [(H_TARGET_TOPIC, run.target.encode())]
+        records = [Record([*target, (H_DELIVER_AT, b"%d" % (first + rng.randrange(
+            int(spread_s * 1000))))], key=b"k%d" % (i % KEYS)) for i in range(count)]  # fmt: skip
+        figures = _read_back(run, store, bridge, report, name=name, records=records,
+                             value_size=value_size)  # fmt: skip
+        figures.update(spread_s=spread_s, due_per_s=count / spread_s, fetch_ahead_s=fetch_ahead_s,
+                       payload_horizon_s=horizon_s, hour_speed_up=1 / scale)  # fmt: skip
+        report.figures[name] = figures
+    finally:
+        store.client.close()
+        run.close()
+
+
+def _read_back_run(servers: Servers, workdir: Path, name: str, horizon_s: float,
+                   fetch_ahead_s: float) -> Run:  # fmt: skip
+    overrides: dict[str, object] = {
+        "store__payload_horizon": f"{int(horizon_s * 1000)}ms",
+        "store__fetch_ahead": f"{int(fetch_ahead_s * 1000)}ms",
+    }
+    return Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False,
+               overrides=overrides)  # fmt: skip
+
+
+def _read_back(run: Run, store: Store, bridge: Bridge, report: Report, *, name: str,
+               records: list[Record], value_size: int) -> dict[str, Any]:  # fmt: skip
+    """Produce ``records`` (each due past the payload horizon by the time it is stored), wait
+    until all are read back and delivered; figures of the read-back and of the deliveries."""
+    count = len(records)
+    progress = Progress(store, run.delay).start()
+    workload = produce(run, records, float("inf"), value_size=value_size)
+    progress.wait(lambda i, s: i >= count, 900, f"{name}: stored")
+    finished(workload)
+    references = _references(store, run.delay)
+    if references != count:
+        report.problems.append(f"{name}: {count - references:,} of {count:,} stored whole, not "
+                               "as references: the lead was too short")  # fmt: skip
+    deadline = time.monotonic() + 3600
+    while _references(store, run.delay) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.checker.start()
+    wait_delivered(run, range(count), 3600)
+    fetched = metric(bridge, "delay_bridge_read_back_fetched_total")
+    fetched_bytes = metric(bridge, "delay_bridge_read_back_fetched_bytes_total")
+    read_back = metric(bridge, 'delay_bridge_read_back_total{result="stored"}')
+    late = metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="0.0"}')
+    within_1s = metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="1.0"}')
+    progress.stop()
+    bridge.stop()
+    expected = read_expected(run)
+    account = settled(run, expected, range(count), report, name)
+    # Read-back progress from Redis: records stored whole (read back) and not yet delivered.
+    first = progress.first(lambda i, s: i >= count and s > 0)
+    peak = max(s for _, i, s in progress.samples if i >= count)
+    done = progress.first(lambda i, s: i >= count and s >= peak)
+    due = sorted(e.due_ms for e in expected.values() if e.due_ms is not None)
+    return {
+        "records": count, "value_bytes": value_size, "references": references,
+        "read_back": read_back, "read_back_late": late, "read_back_within_1s": within_1s,
+        "read_back_per_s": peak / max(1e-3, (done - first) / 1000) if peak == count else None,
+        "fetched_per_record": fetched / max(1.0, read_back),
+        "fetched_bytes_per_record": fetched_bytes / max(1.0, read_back),
+        "first_due_minus_last_read_back_s": (due[0] - done) / 1000 if peak == count else None,
+        "lost": len(account.lost), "early": len(account.early),
+        "duplicates": account.duplicates,
+        "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+    }  # fmt: skip
