@@ -97,8 +97,10 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         for count, size in sizes.held:
             say(f"far-future: {count:,} records of {size} B due in 30 days, then a restart")
             far_future.held(servers, out, report, count, size)
-        say(f"far-future: {sizes.contiguous:,} records due at one instant, read back")
-        far_future.contiguous(servers, out, report, sizes.contiguous, READ_BACK_VALUE)
+        for size in sizes.values:
+            say(f"far-future: {sizes.contiguous:,} records of {size} B due at one instant, read "
+                "back")  # fmt: skip
+            far_future.contiguous(servers, out, report, sizes.contiguous, size)
         say(
             f"far-future: {sizes.scattered:,} records due at random over {sizes.spread_s:.0f} s, "
             "read back"

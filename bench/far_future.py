@@ -140,9 +140,9 @@ def _restart(run: Run, store: Store, progress: Progress, bridge: Bridge,
 def contiguous(servers: Servers, workdir: Path, report: Report, count: int,
                value_size: int) -> None:  # fmt: skip
     """``count`` records due at one instant, produced one after the other: read-back rate."""
-    fetch_ahead_s = max(10.0, count / 25_000)  # twice the time the target rate needs
-    horizon_s = fetch_ahead_s + 20  # buckets of 10 s
-    lead_s = horizon_s + count / 20_000 + 10  # time to produce and store them all first
+    fetch_ahead_s = max(2.0, count / 25_000)  # twice the time the target rate needs
+    horizon_s = fetch_ahead_s + 4  # buckets of 2 s
+    lead_s = horizon_s + count / 20_000 + 5  # time to produce and store them all first
     name = f"read-back contiguous {count:,} x {value_size} B"
     run = _read_back_run(servers, workdir, "far-contiguous", horizon_s, fetch_ahead_s)
     store = Store(servers.redis(), run.prefix)
@@ -165,7 +165,7 @@ def scattered(servers: Servers, workdir: Path, report: Report, count: int, *, sp
     horizon and fetch-ahead scaled to the spread as the defaults are to an hour."""
     scale = spread_s / HOUR_S
     horizon_s, fetch_ahead_s = HORIZON_S * scale, FETCH_AHEAD_S * scale
-    lead_s = horizon_s + count / 20_000 + 10
+    lead_s = horizon_s + count / 20_000 + 5
     name = f"read-back scattered {count:,} x {value_size} B over {spread_s:.0f} s"
     run = _read_back_run(servers, workdir, "far-scattered", horizon_s, fetch_ahead_s)
     store = Store(servers.redis(), run.prefix)

@@ -75,7 +75,27 @@ def tables(report: Report) -> str:
         str(r["early"]), str(r["duplicates"]), f"**{r['kill_to_last_due_acked_s']} s**",
         *_lateness(r["due_after_kill_lateness_ms"]),
     ] for name in RECOVERY_CASES if (r := f.get(name))]  # fmt: skip
+    held = [[
+        f"{h['records']:,} x {h['value_bytes']} B", _rate(h["stored_per_s"]),
+        f"**{h['redis_bytes_per_record']:.1f}**", f"{h['redis_bytes'] / 1e6:.1f}",
+        f"{h['bridge_rss_bytes'] / 1e6:.0f}", f"**{h['total_mb']:.0f}**",
+        f"{h['restart_start_to_ready_s']:.2f} s",
+        f"**{h['restart_start_to_first_due_acked_s']:.2f} s**",
+    ] for name, h in f.items() if name.startswith("far-future held")]  # fmt: skip
+    read_back = [[
+        name.removeprefix("read-back "), f"{r['fetch_ahead_s']:.1f} s",
+        _rate(r["read_back_per_s"]) if r["read_back_per_s"] else "",
+        f"{r['read_back_late']:.0f}", f"{r['fetched_per_record']:.2f}",
+        f"{r['fetched_bytes_per_record']:,.0f}", str(r["lost"]), str(r["early"]),
+        *_lateness(r["ack_lateness_ms"]),
+    ] for name, r in f.items() if name.startswith("read-back")]  # fmt: skip
     return "\n".join([
+        *_section("Far-future records held (due in 30 days; the defaults)", [
+            "records", "stored", "Redis bytes/record", "Redis MB", "bridge RSS MB",
+            "RSS + Redis MB", "restart: start to ready", "start to first due acked"], held),
+        *_section("Read-back (records kept as references, read back from Kafka)", [
+            "case", "fetch ahead", "read back", "read back late", "fetched/record",
+            "Kafka bytes/record", "lost", "early", *[f"ack {q}" for q in quantiles]], read_back),
         *_section("Throughput (due at once)", [
             "records", "ingest", "egress", "end to end", "bare pipe", "e2e / pipe",
             "bare store add", "ingest / add", "bare claim+ack", "egress / claim+ack"], throughput),
@@ -154,9 +174,42 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
         out.append((f"takeover: within session.timeout.ms + 5 s = {bound:.0f} s",
                     f"{back} s (due after the kill: {worst:.2f} s late at most)",
                     max(back, worst) <= bound))  # fmt: skip
+    out += _far_future_targets(f)
     for name in RECOVERY_CASES:
         if name in f:
             bad = f[name]["lost"] + f[name]["early"]
+            out.append((f"{name}: 0 lost, 0 early", str(bad), bad == 0))
+    return out
+
+
+def _far_future_targets(f: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    out = []
+    for name, h in f.items():
+        if not name.startswith("far-future held"):
+            continue
+        what = f"{h['records']:,} x {h['value_bytes']} B"
+        per = h["redis_bytes_per_record"]
+        out.append((f"{what}: Redis <= 32 B per far-future record", f"{per:.1f} B", per <= 32))
+        if h["value_bytes"] == 1024:
+            total = h["total_mb"]
+            out.append((f"{what}: bridge RSS + Redis <= 120 MB (1,000,000 in the full run)",
+                        f"{total:.0f} MB", total <= 120))  # fmt: skip
+        first = h["restart_start_to_first_due_acked_s"]
+        out.append((f"{what} held: restart to first due record delivered <= 1 s",
+                    f"{first:.2f} s", first <= 1))  # fmt: skip
+    for name, r in f.items():
+        if name.startswith("read-back contiguous"):
+            rate = r["read_back_per_s"] or 0
+            out.append((f"{name}: >= 50,000 records/s read back", _rate(rate), rate >= 50_000))
+        if name.startswith("read-back scattered"):
+            late = r["read_back_late"] + r["lost"]
+            out.append((f"{name}: every record read back before it is due",
+                        f"{late:.0f} late", late == 0))  # fmt: skip
+            p99 = r["ack_lateness_ms"]["p99"]
+            out.append((f"{name}: ack p99 <= 25 ms at {r['due_per_s']:,.0f}/s", f"{p99} ms",
+                        p99 <= 25))  # fmt: skip
+        if name.startswith("read-back"):
+            bad = r["lost"] + r["early"]
             out.append((f"{name}: 0 lost, 0 early", str(bad), bad == 0))
     return out
 

@@ -68,6 +68,11 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         # be stored up to 10 ms later; an idle replica fetches 100 times a second.
         "fetch.wait.max.ms": "10",
         "fetch.min.bytes": "1048576",
+        # Prefetch at most 16 MB (librdkafka: 64 MB), and fetch again 10 ms (not 1 s) after the
+        # queue drained below it: reading a backlog of 1,000,000 1 KiB records, the bridge's RSS
+        # stays at 74 MB instead of 160 MB, and it stores 54,000 records/s instead of 40,000.
+        "queued.max.messages.kbytes": "16384",
+        "fetch.queue.backoff.ms": "10",
     }
     if config.kafka.group_instance_id:
         settings["group.instance.id"] = config.kafka.group_instance_id

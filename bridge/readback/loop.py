@@ -153,10 +153,8 @@ class ReadBack:
         for offset, due in refs:
             msg = messages.get(offset)
             if msg is None:
-                record, result = (
-                    _missing(shard, offset, due, f"offset {offset} of {shard}: {gone}"),
-                    "missing",
-                )
+                detail = f"offset {offset} of {shard} (due {format_time_ms(due)}): {gone}"
+                record, result = _missing(shard, offset, due, detail), "missing"
                 missing.append(offset)
             else:
                 record, result = self._parse(shard, offset, due, msg)

@@ -19,7 +19,8 @@ from tests.conftest import Services
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000,
-            cluster=2000, max_delay_ms=2000)  # fmt: skip
+            cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
+            scattered=3000, spread_s=6)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -96,3 +97,28 @@ def test_tables_report_missed_targets() -> None:
     held = {t: ok for t, _, ok in report.targets(r)}
     assert held == {"memory <= payload + 150 B per record": False,
                     "p99 with the backlog <= 2x without": True}  # fmt: skip
+
+
+def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
+    services: Services, tmp_path: Path
+) -> None:
+    kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
+    redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
+    servers = Servers(tmp_path, kafka_port=kafka_port, redis_port=redis_port)  # never started
+    result = run_all(servers, tmp_path, TOY, ["far-future"])
+    assert result.problems == []  # every record kept as a reference; none lost, early, misrouted
+    held = result.figures["far-future held 3,000 x 100 B"]
+    assert held["references"] == 3000 and held["redis_bytes_per_record"] > 0
+    assert held["bridge_rss_bytes"] > 0
+    assert held["restart_probes_lost"] == held["restart_probes_early"] == 0
+    assert held["restart_start_to_first_due_acked_s"] > 0
+    for name in ("read-back contiguous 3,000 x 100 B",
+                 "read-back scattered 3,000 x 1024 B over 6 s"):  # fmt: skip
+        r = result.figures[name]
+        assert r["references"] == r["read_back"] == 3000, name
+        assert r["lost"] == r["early"] == r["duplicates"] == 0, name
+        assert r["fetched_per_record"] >= 1 and r["fetched_bytes_per_record"] > 100, name
+    assert result.figures["read-back contiguous 3,000 x 100 B"]["read_back_per_s"] > 0
+    text = report.tables(result)
+    assert "Far-future records held" in text and "Read-back" in text
+    assert any("read back before it is due" in t for t, _, _ in report.targets(result))

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
@@ -22,10 +24,12 @@ from bridge.dialects import parse_record
 from bridge.message import (
     H_DUE_AT,
     H_ERROR,
+    H_ERROR_DETAIL,
     H_ID,
     H_ORIGIN,
     Cancel,
     Headers,
+    Reason,
     Rejected,
     Rules,
 )
@@ -57,6 +61,9 @@ class Expected:
     # A later valid record of its partition has its caller-given delay-id: it replaces this one
     # if it came while this one waited, so this one may never arrive.
     replaceable: bool = False
+    # Its delay topic was deleted while it may have waited as a reference (its payload still in
+    # Kafka): dead-lettered as payload-missing at its due time is right too.
+    payload_may_go: bool = False
 
 
 def _header(headers: Headers, name: str) -> bytes | None:
@@ -76,6 +83,9 @@ class Checker:
     delivered: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
     dead: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
     strays: int = 0
+    # (delay-origin, due ms) -> seq of records whose payload may go (Expected.payload_may_go):
+    # a payload-missing DLQ record has no value to read its seq from.
+    origins: dict[tuple[str, int], int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -118,18 +128,28 @@ class Checker:
         seen = now_ms()
         headers: Headers = list(msg.headers() or [])  # type: ignore[arg-type]
         seq = seq_of(msg.value())
-        if seq is None:
-            self.strays += 1
-            return
         due = _header(headers, H_DUE_AT)
         reason = _header(headers, H_ERROR)
         origin = _header(headers, H_ORIGIN)
+        if seq is None and reason == Reason.PAYLOAD_MISSING.value.encode() and origin:
+            seq = self.origins.get((origin.decode(), _due_in(_header(headers, H_ERROR_DETAIL))))
+        if seq is None:
+            self.strays += 1
+            return
         entry = Seen(
             seen, msg.timestamp()[1], (_header(headers, H_ID) or b"").decode(errors="replace"),
             int(due) if due else None, reason.decode() if reason else None,
             origin.decode() if origin else None,
         )  # fmt: skip
         (self.dead if msg.topic() == self.dlq else self.delivered)[seq].append(entry)
+
+
+def _due_in(detail: bytes | None) -> int:
+    """The due time a payload-missing detail names ("... (due <RFC 3339>) ..."), else -1."""
+    found = re.search(rb"\(due (\S+)\)", detail or b"")
+    if found is None:
+        return -1
+    return int(datetime.fromisoformat(found.group(1).decode()).timestamp() * 1000)
 
 
 def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
@@ -240,6 +260,16 @@ def settle(
                 acc.lost.append(exp.offset)
             continue
         assert exp.due_ms is not None
+        if (
+            dead
+            and not got
+            and exp.payload_may_go
+            and all(d.reason == Reason.PAYLOAD_MISSING.value for d in dead)
+        ):
+            acc.dead_lettered += 1
+            acc.early += [f"{exp.offset}: dead-lettered at {d.timestamp_ms} < due {exp.due_ms}"
+                          for d in dead if d.timestamp_ms < exp.due_ms]  # fmt: skip
+            continue
         if dead:
             acc.misrouted.append(f"{exp.offset}: valid, dead-lettered as {dead[0].reason}")
             continue

@@ -4,6 +4,7 @@ within a bounded time, and settles every delay-topic offset with the checker."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -575,52 +576,88 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
-def redis_lost(run: Run, size: Size, rng: random.Random) -> Result:
-    """Redis wiped (FLUSHALL) while records are scheduled: rebuilt from the delay topic."""
-    run.bridge()
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
-    for moment in moments(rng, size.faults, 3.0, size.seconds):
-        run.at(moment)
-        client = run.servers.redis()
-        client.flushall()
-        client.close()
-    result = run.finish(workload, "Redis lost entirely", f"{size.faults} x FLUSHALL mid-run")
-    result.checks["rebuilt"] = run.log_count("redis lost") > 0
-    return result
+def _delays(references: bool) -> tuple[int, int]:
+    """(min, max) delay: records kept as references (store.payload_horizon 6 s), or not."""
+    return (READ_BACK_MIN_MS, READ_BACK_MAX_MS) if references else (0, MAX_DELAY_MS)
 
 
-def topic_recreated(run: Run, size: Size, rng: random.Random) -> Result:
+def redis_lost(references: bool) -> Scenario:
+    """Redis wiped (FLUSHALL) while records are scheduled (``references``: waiting as references,
+    their payload in Kafka): rebuilt from the delay topic."""
+    low, high = _delays(references)
+
+    def scenario(run: Run, size: Size, rng: random.Random) -> Result:
+        run.bridge()
+        records = steady(size.records, run.target, high, rng.randrange(1 << 30), min_delay_ms=low)
+        workload = run.workload(records, size.seconds)
+        waiting = 0
+        for moment in moments(rng, size.faults, 3.0, size.seconds):
+            run.at(moment)
+            waiting = max(waiting, _references(run))
+            client = run.servers.redis()
+            client.flushall()
+            client.close()
+        result = run.finish(workload, "Redis lost entirely" + (", references waiting" * references),
+                            f"{size.faults} x FLUSHALL mid-run")  # fmt: skip
+        result.checks["rebuilt"] = run.log_count("redis lost") > 0
+        if references:
+            result.checks["references waiting at a FLUSHALL"] = waiting > 0
+            result.checks["none reported gone"] = run.log_count("payload-missing") == 0
+            result.notes.append(f"up to {waiting:,} references waiting at a FLUSHALL")
+        return result
+
+    return scenario
+
+
+def topic_recreated(references: bool) -> Scenario:
     """The delay topic deleted and created again under the same name, with records still waiting
-    in Redis: while the bridge is stopped, then (second fault) while it runs."""
-    bridge = run.bridge()
-    per = size.records // (size.faults + 1)
-    earlier: dict[int, Expected] = {}
-    seconds = size.seconds / (size.faults + 1)
-    for fault in range(size.faults):
-        workload = run.workload(steady(per, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                                seconds, first_seq=fault * per)  # fmt: skip
-        workload.join(600)
-        earlier.update(run.expected())  # this incarnation's records, before it is gone
-        if fault % 2 == 0:
-            bridge.signal(signal.SIGTERM)
-            bridge.wait(60)
-            run.recreate(run.delay, {"retention.ms": "-1"})
-            bridge = run.bridge()
-        else:
-            run.recreate(run.delay, {"retention.ms": "-1"})
-    last = size.records - per * size.faults
-    workload = run.workload(steady(last, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            seconds, first_seq=size.faults * per)  # fmt: skip
-    stopped = (size.faults + 1) // 2
-    result = run.finish(workload, "delay topic recreated",
-                        f"{size.faults} x delete and create the delay topic "
-                        f"({stopped} with the bridge stopped, {size.faults - stopped} running)",
-                        earlier=earlier)  # fmt: skip
-    noticed = run.log_count("was deleted and created again") + run.log_count("went back")
-    result.checks["every recreation noticed"] = noticed >= size.faults * PARTITIONS
-    result.notes.append(f"{noticed} partition resets logged")
-    return result
+    in Redis (``references``: as references, so their payload goes with the topic and they are
+    dead-lettered as payload-missing at their due times): while the bridge is stopped, then
+    (second fault) while it runs."""
+    low, high = _delays(references)
+
+    def scenario(run: Run, size: Size, rng: random.Random) -> Result:
+        bridge = run.bridge()
+        per = size.records // (size.faults + 1)
+        earlier: dict[int, Expected] = {}
+        seconds = size.seconds / (size.faults + 1)
+        waiting = 0
+        for fault in range(size.faults):
+            records = steady(per, run.target, high, rng.randrange(1 << 30), min_delay_ms=low)
+            workload = run.workload(records, seconds, first_seq=fault * per)
+            workload.join(600)
+            gone = run.expected()  # this incarnation's records, before it is gone
+            if references:
+                waiting = max(waiting, _references(run))
+                gone = {s: dataclasses.replace(e, payload_may_go=True) for s, e in gone.items()}
+                run.checker.origins.update({(e.offset, e.due_ms or -1): s for s, e in gone.items()})
+            earlier.update(gone)
+            if fault % 2 == 0:
+                bridge.signal(signal.SIGTERM)
+                bridge.wait(60)
+                run.recreate(run.delay, {"retention.ms": "-1"})
+                bridge = run.bridge()
+            else:
+                run.recreate(run.delay, {"retention.ms": "-1"})
+        last = size.records - per * size.faults
+        records = steady(last, run.target, high, rng.randrange(1 << 30), min_delay_ms=low)
+        workload = run.workload(records, seconds, first_seq=size.faults * per)
+        stopped = (size.faults + 1) // 2
+        result = run.finish(workload, "delay topic recreated" + (", references waiting" * references),
+                            f"{size.faults} x delete and create the delay topic "
+                            f"({stopped} with the bridge stopped, {size.faults - stopped} running)",
+                            earlier=earlier)  # fmt: skip
+        noticed = run.log_count("was deleted and created again") + run.log_count("went back")
+        result.checks["every recreation noticed"] = noticed >= size.faults * PARTITIONS
+        result.notes.append(f"{noticed} partition resets logged")
+        if references:
+            result.checks["references of the deleted topic dead-lettered"] = (
+                result.account.dead_lettered > 0
+            )
+            result.notes.append(f"up to {waiting:,} references waiting at a deletion")
+        return result
+
+    return scenario
 
 
 def dlq_missing(run: Run, size: Size, rng: random.Random) -> Result:
@@ -818,8 +855,11 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "rollout": (rollout("statefulset"), Size(3000, 20, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
-    "redis-lost": (redis_lost, Size(3000, 10, 1), Size(50_000, 30, 2)),
-    "topic-recreated": (topic_recreated, Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "redis-lost": (redis_lost(False), Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "topic-recreated": (topic_recreated(False), Size(3000, 10, 1), Size(50_000, 30, 2)),
+    # Their short versions are integration tests (tests/integration/test_read_back.py).
+    "redis-lost-references": (redis_lost(True), None, Size(50_000, 30, 2)),
+    "topic-recreated-references": (topic_recreated(True), None, Size(30_000, 30, 2)),
     "dlq-missing": (dlq_missing, Size(2000, 10, 1, outage_s=8), Size(30_000, 40, 1, outage_s=20)),
     "sentinel-failover": (sentinel_failover, Size(3000, 15, 2), Size(50_000, 60, 3)),
     "cluster-failover": (cluster_failover, Size(3000, 15, 1), Size(50_000, 60, 1)),
@@ -838,7 +878,7 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         overrides["limits__max_record_bytes"] = 100_000
     if name.startswith("rollout"):
         overrides["kafka__consumer"] = {}  # the bridge's own session and heartbeat
-    if name == "read-back-sigkill":
+    if name == "read-back-sigkill" or name.endswith("-references"):
         overrides.update(store__payload_horizon="6s", store__fetch_ahead="3s")
     if name in ("bridge-sigkill", "rebalance-storm"):
         overrides["egress__lease"] = "30s"  # the default: recovery must not wait for it
