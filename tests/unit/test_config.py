@@ -158,6 +158,9 @@ def test_producer_and_consumer_defaults() -> None:
     assert consumer["auto.offset.reset"] == "earliest"
     assert consumer["session.timeout.ms"] == "10000"
     assert (consumer["fetch.wait.max.ms"], consumer["fetch.min.bytes"]) == ("10", "1048576")
+    # A bounded prefetch, fetched again soon: RSS after a backlog, not a slower ingest.
+    assert consumer["queued.max.messages.kbytes"] == "16384"
+    assert consumer["fetch.queue.backoff.ms"] == "10"
     assert "group.instance.id" not in consumer_settings(Config(), member=True)
     mine = from_mapping({"kafka": {"consumer": {"fetch.wait.max.ms": "500"}}}, env={})
     assert consumer_settings(mine)["fetch.wait.max.ms"] == "500"  # the user's value wins
