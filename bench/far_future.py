@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -142,21 +143,13 @@ def contiguous(servers: Servers, workdir: Path, report: Report, count: int,
     """``count`` records due at one instant, produced one after the other: read-back rate."""
     fetch_ahead_s = max(2.0, count / 25_000)  # twice the time the target rate needs
     horizon_s = fetch_ahead_s + 4  # buckets of 2 s
-    lead_s = horizon_s + count / 20_000 + 5  # time to produce and store them all first
-    name = f"read-back contiguous {count:,} x {value_size} B"
-    run = _read_back_run(servers, workdir, "far-contiguous", horizon_s, fetch_ahead_s)
-    store = Store(servers.redis(), run.prefix)
-    try:
-        bridge = ready_bridge(run)
-        due = now_ms() + int(lead_s * 1000)
-        header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_DELIVER_AT, b"%d" % due)]
-        figures = _read_back(run, store, bridge, report, name=name,
-                             records=_keyed(header, count), value_size=value_size)  # fmt: skip
-        figures["fetch_ahead_s"], figures["payload_horizon_s"] = fetch_ahead_s, horizon_s
-        report.figures[name] = figures
-    finally:
-        store.client.close()
-        run.close()
+
+    def records(target: Headers, first_due_ms: int) -> list[Record]:
+        return _keyed([*target, (H_DELIVER_AT, b"%d" % first_due_ms)], count)
+
+    _read_back(servers, workdir, report, name=f"read-back contiguous {count:,} x {value_size} B",
+               count=count, horizon_s=horizon_s, fetch_ahead_s=fetch_ahead_s, make=records,
+               value_size=value_size)  # fmt: skip
 
 
 def scattered(servers: Servers, workdir: Path, report: Report, count: int, *, spread_s: float,
@@ -164,78 +157,79 @@ def scattered(servers: Servers, workdir: Path, report: Report, count: int, *, sp
     """``count`` records due at random over ``spread_s``, offsets uncorrelated with due times,
     horizon and fetch-ahead scaled to the spread as the defaults are to an hour."""
     scale = spread_s / HOUR_S
-    horizon_s, fetch_ahead_s = HORIZON_S * scale, FETCH_AHEAD_S * scale
-    lead_s = horizon_s + count / 20_000 + 5
-    name = f"read-back scattered {count:,} x {value_size} B over {spread_s:.0f} s"
-    run = _read_back_run(servers, workdir, "far-scattered", horizon_s, fetch_ahead_s)
-    store = Store(servers.redis(), run.prefix)
-    try:
-        bridge = ready_bridge(run)
-        first = now_ms() + int(lead_s * 1000)
-        rng = random.Random(3)
-        target: Headers = [(H_TARGET_TOPIC, run.target.encode())]
-        records = [Record([*target, (H_DELIVER_AT, b"%d" % (first + rng.randrange(
+    rng = random.Random(3)
+
+    def records(target: Headers, first_due_ms: int) -> list[Record]:
+        return [Record([*target, (H_DELIVER_AT, b"%d" % (first_due_ms + rng.randrange(
             int(spread_s * 1000))))], key=b"k%d" % (i % KEYS)) for i in range(count)]  # fmt: skip
-        figures = _read_back(run, store, bridge, report, name=name, records=records,
-                             value_size=value_size)  # fmt: skip
-        figures.update(spread_s=spread_s, due_per_s=count / spread_s, fetch_ahead_s=fetch_ahead_s,
-                       payload_horizon_s=horizon_s, hour_speed_up=1 / scale)  # fmt: skip
-        report.figures[name] = figures
-    finally:
-        store.client.close()
-        run.close()
+
+    name = f"read-back scattered {count:,} x {value_size} B over {spread_s:.0f} s"
+    figures = _read_back(servers, workdir, report, name=name, count=count,
+                         horizon_s=HORIZON_S * scale, fetch_ahead_s=FETCH_AHEAD_S * scale,
+                         make=records, value_size=value_size)  # fmt: skip
+    figures.update(spread_s=spread_s, due_per_s=count / spread_s, hour_speed_up=1 / scale)
 
 
-def _read_back_run(servers: Servers, workdir: Path, name: str, horizon_s: float,
-                   fetch_ahead_s: float) -> Run:  # fmt: skip
+def _read_back(servers: Servers, workdir: Path, report: Report, *, name: str, count: int,
+               horizon_s: float, fetch_ahead_s: float,
+               make: Callable[[Headers, int], list[Record]],
+               value_size: int) -> dict[str, Any]:  # fmt: skip
+    """A bridge with ``horizon_s`` and ``fetch_ahead_s``; the ``count`` records ``make(target
+    header, first due ms)`` builds — the first due once all can be stored past the horizon — are
+    produced, read back and delivered. The figures of the read-back and of the deliveries go to
+    ``report`` under ``name`` and are returned (to add to)."""
     overrides: dict[str, object] = {
         "store__payload_horizon": f"{int(horizon_s * 1000)}ms",
         "store__fetch_ahead": f"{int(fetch_ahead_s * 1000)}ms",
     }
-    return Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False,
-               overrides=overrides)  # fmt: skip
-
-
-def _read_back(run: Run, store: Store, bridge: Bridge, report: Report, *, name: str,
-               records: list[Record], value_size: int) -> dict[str, Any]:  # fmt: skip
-    """Produce ``records`` (each due past the payload horizon by the time it is stored), wait
-    until all are read back and delivered; figures of the read-back and of the deliveries."""
-    count = len(records)
-    progress = Progress(store, run.delay).start()
-    workload = produce(run, records, float("inf"), value_size=value_size)
-    progress.wait(lambda i, s: i >= count, 900, f"{name}: stored")
-    finished(workload)
-    references = _references(store, run.delay)
-    if references != count:
-        report.problems.append(f"{name}: {count - references:,} of {count:,} stored whole, not "
-                               "as references: the lead was too short")  # fmt: skip
-    deadline = time.monotonic() + 3600
-    while _references(store, run.delay) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    run.checker.start()
-    wait_delivered(run, range(count), 3600)
-    fetched = metric(bridge, "delay_bridge_read_back_fetched_total")
-    fetched_bytes = metric(bridge, "delay_bridge_read_back_fetched_bytes_total")
-    read_back = metric(bridge, 'delay_bridge_read_back_total{result="stored"}')
-    late = metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="0.0"}')
-    within_1s = metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="1.0"}')
-    progress.stop()
-    bridge.stop()
-    expected = read_expected(run)
-    account = settled(run, expected, range(count), report, name)
-    # Read-back progress from Redis: records stored whole (read back) and not yet delivered.
-    first = progress.first(lambda i, s: i >= count and s > 0)
-    peak = max(s for _, i, s in progress.samples if i >= count)
-    done = progress.first(lambda i, s: i >= count and s >= peak)
-    due = sorted(e.due_ms for e in expected.values() if e.due_ms is not None)
-    return {
-        "records": count, "value_bytes": value_size, "references": references,
-        "read_back": read_back, "read_back_late": late, "read_back_within_1s": within_1s,
-        "read_back_per_s": peak / max(1e-3, (done - first) / 1000) if peak == count else None,
-        "fetched_per_record": fetched / max(1.0, read_back),
-        "fetched_bytes_per_record": fetched_bytes / max(1.0, read_back),
-        "first_due_minus_last_read_back_s": (due[0] - done) / 1000 if peak == count else None,
-        "lost": len(account.lost), "early": len(account.early),
-        "duplicates": account.duplicates,
-        "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
-    }  # fmt: skip
+    run = Run(servers, workdir, "far-" + name.split()[1], label="bench",
+              target_config=ACK_STAMPS, watch=False, overrides=overrides)  # fmt: skip
+    store = Store(servers.redis(), run.prefix)
+    try:
+        bridge = ready_bridge(run)
+        lead_ms = int((horizon_s + count / 20_000 + 5) * 1000)  # to produce and store them all
+        records = make([(H_TARGET_TOPIC, run.target.encode())], now_ms() + lead_ms)
+        progress = Progress(store, run.delay).start()
+        workload = produce(run, records, float("inf"), value_size=value_size)
+        progress.wait(lambda i, s: i >= count, 900, f"{name}: stored")
+        finished(workload)
+        references = _references(store, run.delay)
+        if references != count:
+            report.problems.append(f"{name}: {count - references:,} of {count:,} stored whole, not "
+                                   "as references: the lead was too short")  # fmt: skip
+        deadline = time.monotonic() + 3600
+        while _references(store, run.delay) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run.checker.start()
+        wait_delivered(run, range(count), 3600)
+        fetched = metric(bridge, "delay_bridge_read_back_fetched_total")
+        fetched_bytes = metric(bridge, "delay_bridge_read_back_fetched_bytes_total")
+        read_back = metric(bridge, 'delay_bridge_read_back_total{result="stored"}')
+        late = metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="0.0"}')
+        within_1s = metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="1.0"}')
+        progress.stop()
+        bridge.stop()
+        expected = read_expected(run)
+        account = settled(run, expected, range(count), report, name)
+        # Read-back progress from Redis: records stored whole (read back) and not yet delivered.
+        first = progress.first(lambda i, s: i >= count and s > 0)
+        peak = max(s for _, i, s in progress.samples if i >= count)
+        done = progress.first(lambda i, s: i >= count and s >= peak)
+        due = sorted(e.due_ms for e in expected.values() if e.due_ms is not None)
+        figures = {
+            "records": count, "value_bytes": value_size, "references": references,
+            "read_back": read_back, "read_back_late": late, "read_back_within_1s": within_1s,
+            "read_back_per_s": peak / max(1e-3, (done - first) / 1000) if peak == count else None,
+            "fetched_per_record": fetched / max(1.0, read_back),
+            "fetched_bytes_per_record": fetched_bytes / max(1.0, read_back),
+            "first_due_minus_last_read_back_s": (due[0] - done) / 1000 if peak == count else None,
+            "lost": len(account.lost), "early": len(account.early),
+            "duplicates": account.duplicates,
+            "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+            "fetch_ahead_s": fetch_ahead_s, "payload_horizon_s": horizon_s,
+        }  # fmt: skip
+        report.figures[name] = figures
+        return figures
+    finally:
+        store.client.close()
+        run.close()
