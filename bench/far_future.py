@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from bench.scenarios import (
     ACK_STAMPS,
@@ -32,12 +32,13 @@ from bench.scenarios import (
     read_expected,
     ready_bridge,
     settled,
+    used_memory,
     wait_delivered,
 )
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers
-from bridge.store import Shard, Store
+from bridge.store import Store
 from tests.chaos.checker import Expected, settle
-from tests.chaos.scenarios import PARTITIONS, Run
+from tests.chaos.scenarios import Run, references_waiting
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, now_ms
 from tests.integration.harness import Bridge, metric
@@ -63,15 +64,6 @@ def _rss_bytes(bridge: Bridge) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def _used_memory(store: Store) -> int:
-    return int(cast(dict[str, Any], store.client.info("memory"))["used_memory"])
-
-
-def _references(store: Store, topic: str) -> int:
-    shards = [Shard(topic, p) for p in range(PARTITIONS)]
-    return sum(store.references.counts(shards).values())
-
-
 def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int) -> None:
     """``count`` records of ``value_size`` B due in 30 days, the bridge's defaults: memory once
     all are stored; then the restart case."""
@@ -80,7 +72,7 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
     store = Store(servers.redis(), run.prefix)
     try:
         bridge = ready_bridge(run)
-        redis_before, rss_before = _used_memory(store), _rss_bytes(bridge)
+        redis_before, rss_before = used_memory(store), _rss_bytes(bridge)
         header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
         started = time.monotonic()
         workload = produce(run, _keyed(header, count), float("inf"), value_size=value_size)
@@ -88,10 +80,10 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         progress.wait(lambda i, s: i >= count, 3600, "far-future records stored")
         seconds = time.monotonic() - started
         finished(workload)
-        references = _references(store, run.delay)
+        references = references_waiting(store, run.delay)
         if references != count:
             report.problems.append(f"{name}: {references:,} of {count:,} kept as references")
-        grown, rss = _used_memory(store) - redis_before, _rss_bytes(bridge)
+        grown, rss = used_memory(store) - redis_before, _rss_bytes(bridge)
         figures: dict[str, Any] = {
             "records": count, "value_bytes": value_size, "references": references,
             "seconds_to_store": round(seconds, 1), "stored_per_s": count / seconds,
@@ -193,12 +185,12 @@ def _read_back(servers: Servers, workdir: Path, report: Report, *, name: str, co
         workload = produce(run, records, float("inf"), value_size=value_size)
         progress.wait(lambda i, s: i >= count, 900, f"{name}: stored")
         finished(workload)
-        references = _references(store, run.delay)
+        references = references_waiting(store, run.delay)
         if references != count:
             report.problems.append(f"{name}: {count - references:,} of {count:,} stored whole, not "
                                    "as references: the lead was too short")  # fmt: skip
         deadline = time.monotonic() + 3600
-        while _references(store, run.delay) and time.monotonic() < deadline:
+        while references_waiting(store, run.delay) and time.monotonic() < deadline:
             time.sleep(0.05)
         run.checker.start()
         wait_delivered(run, range(count), 3600)

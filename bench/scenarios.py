@@ -331,7 +331,7 @@ def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
                   ids: bool = False) -> dict[str, Any]:  # fmt: skip
     """Produce ``count`` records due in 30 days (with a delay-id each if ``ids``); measure
     Redis's memory once all are stored."""
-    before = _used_memory(store)
+    before = used_memory(store)
     progress = Progress(store, run.delay)
     # By the watermarks, not by what Redis holds: records of an earlier phase may still be
     # leaving Redis (acknowledgements are applied once per tick), which the count would subtract.
@@ -344,7 +344,7 @@ def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
     progress.start().wait(lambda i, s: i >= ingested_before + count, 900, "backlog stored")
     progress.stop()
     seconds = time.monotonic() - started
-    after = _used_memory(store)
+    after = used_memory(store)
     payload = record_size(b"k1", value_of(first_seq), records[0].headers)
     return {
         "records": count,
@@ -355,7 +355,8 @@ def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
     }
 
 
-def _used_memory(store: Store) -> int:
+def used_memory(store: Store) -> int:
+    """Redis's ``used_memory``."""
     return int(cast(dict[str, Any], store.client.info("memory"))["used_memory"])
 
 

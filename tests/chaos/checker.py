@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
@@ -32,6 +31,7 @@ from bridge.message import (
     Reason,
     Rejected,
     Rules,
+    parse_time_ms,
 )
 from bridge.store import Shard, Store
 from tests.chaos.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
@@ -147,9 +147,7 @@ class Checker:
 def _due_in(detail: bytes | None) -> int:
     """The due time a payload-missing detail names ("... (due <RFC 3339>) ..."), else -1."""
     found = re.search(rb"\(due (\S+)\)", detail or b"")
-    if found is None:
-        return -1
-    return int(datetime.fromisoformat(found.group(1).decode()).timestamp() * 1000)
+    return -1 if found is None else parse_time_ms(found.group(1).decode())
 
 
 def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:

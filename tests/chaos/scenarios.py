@@ -309,11 +309,16 @@ def read_back_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
+def references_waiting(store: Store, topic: str) -> int:
+    """References waiting in ``topic``'s shards."""
+    shards = [Shard(topic, p) for p in range(PARTITIONS)]
+    return sum(store.references.counts(shards).values())
+
+
 def _references(run: Run) -> int:
     client = run.servers.redis()
     try:
-        shards = [Shard(run.delay, p) for p in range(PARTITIONS)]
-        return sum(Store(client, run.prefix).references.counts(shards).values())
+        return references_waiting(Store(client, run.prefix), run.delay)
     finally:
         client.close()
 
