@@ -35,7 +35,7 @@ LATENESS_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
 )  # fmt: skip
 
-# How far ahead of the due time a reference was read back: store.fetch_ahead (2 min) is the norm.
+# How far ahead of the due time a reference was read back: store.fetch_ahead (2 min) at least.
 READ_BACK_BUCKETS = (0.0, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 
 

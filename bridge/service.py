@@ -144,7 +144,7 @@ class Service:
         )
         self.read_back = ReadBack(self.store, reader, config.rules(), self.metrics,
                                   owned=lambda: self.egress.owned,
-                                  fetch_ahead_ms=config.store.fetch_ahead,
+                                  read_ahead_ms=config.store.read_ahead_ms,
                                   on_stored=self.egress.notify)  # fmt: skip
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
                                self.egress.not_due, lost=lambda: self.ingress.lost,

@@ -113,10 +113,17 @@ class StoreConfig:
     @property
     def bucket_ms(self) -> int:
         """The width of a reference time bucket: half the span between the horizon and the read
-        back (1 s to 1 h). A bucket is read back ``fetch_ahead`` before it starts, so a record is
-        stored whole at most ``fetch_ahead`` + this before its due time, and a record kept as a
-        reference is never due for read-back already."""
+        back (1 s to 1 h). A record kept as a reference is due a bucket after ``fetch_ahead``
+        from now at least, so it waits half a bucket at least before it is read back."""
         return max(1000, min(3_600_000, (self.payload_horizon - self.fetch_ahead) // 2))
+
+    @property
+    def read_ahead_ms(self) -> int:
+        """How long before a bucket starts its read-back begins: ``fetch_ahead``, and as long
+        again (at most half a bucket) to read it in. A bucket read within that is stored whole
+        ``fetch_ahead`` before its first record is due; every record is stored whole at most
+        this + a bucket before its due time (the defaults: 4 min + 29 min)."""
+        return self.fetch_ahead + min(self.fetch_ahead, self.bucket_ms // 2)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The read-back: references read from the delay topic shortly before they fall due.
 
 A far-future record is kept in Redis as a reference (see bridge.store.references) and stored whole
-again, from the delay topic, ``store.fetch_ahead`` before it is due.
+again, from the delay topic, at least ``store.fetch_ahead`` before it is due.
 """
 
 from bridge.readback.loop import ReadBack

@@ -3,7 +3,8 @@
 What falls due within ``store.fetch_ahead`` is stored whole, so the mover delivers it as any record.
 
 Each pass asks Redis for the chunks of references whose time bucket starts within
-``store.fetch_ahead`` in the shards this replica owns, reads their records (:class:`Reader`),
+``store.fetch_ahead`` and the time to read them (``StoreConfig.read_ahead_ms``) in the shards this
+replica owns, reads their records (:class:`Reader`),
 and promotes each chunk in one script call (promote.lua), which stores a chunk once whatever
 happens: a crash before it leaves the chunk to be read again, a chunk another replica promoted
 meanwhile is left alone. A record no longer in the topic, or one the rules refuse by now, is
@@ -44,7 +45,7 @@ RETRY_S = (0.5, 1.0, 2.0, 5.0)  # back-off after a failed pass
 
 
 class ReadBack:
-    """Promotes the owned shards' references falling due within ``fetch_ahead_ms``."""
+    """Promotes the owned shards' references whose bucket starts within ``read_ahead_ms``."""
 
     def __init__(
         self,
@@ -54,7 +55,7 @@ class ReadBack:
         metrics: Metrics,
         *,
         owned: Callable[[], frozenset[Shard]],
-        fetch_ahead_ms: int,
+        read_ahead_ms: int,
         on_stored: Callable[[Mapping[Shard, int]], None] = lambda earliest: None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
@@ -63,12 +64,12 @@ class ReadBack:
         self.rules = rules
         self.metrics = metrics
         self.owned = owned
-        self.fetch_ahead_ms = fetch_ahead_ms
+        self.read_ahead_ms = read_ahead_ms
         self._on_stored = on_stored
         self._clock_ms = clock_ms  # parsing only (due times come from the references)
         # How often a pass looks for chunks falling due: often enough that a bucket is read
-        # back within a few percent of fetch_ahead of when it could be.
-        self.interval_s = min(1.0, fetch_ahead_ms / 20_000)
+        # back within a few percent of the lead of when it could be.
+        self.interval_s = min(1.0, read_ahead_ms / 40_000)
         self.last_loop = time.monotonic()
         self._failures = 0
         self._promoter = ThreadPoolExecutor(1, thread_name_prefix="promote")
@@ -97,13 +98,14 @@ class ReadBack:
             self.reader.close()
 
     def pass_once(self) -> int:
-        """Read back and promote what is due within ``fetch_ahead`` now; returns chunks done."""
+        """Read back and promote the chunks whose bucket starts within ``read_ahead_ms``; returns
+        chunks done."""
         owned = self.owned()
         if not owned:
             return 0
         now = self.store.time_ms()
         done = 0
-        chunks = self.store.references.due(sorted(owned), now + self.fetch_ahead_ms)
+        chunks = self.store.references.due(sorted(owned), now + self.read_ahead_ms)
         # Bucket by bucket; within one, a shard's chunks in offset order (one read on).
         chunks.sort(key=lambda c: (c.start_ms, c.shard, c.data[:8]))
         # A chunk is promoted while the next one is read and parsed: Redis's half of the work
@@ -120,6 +122,7 @@ class ReadBack:
         finally:
             if promoting is not None:
                 done += promoting.result()
+            self.reader.release()
         return done
 
     def _promote(self, chunk: Chunk, members: list[tuple[int, bytes, str]]) -> bool:

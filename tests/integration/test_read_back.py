@@ -18,11 +18,13 @@ from confluent_kafka.admin import AdminClient
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
+    H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
     H_ID,
     H_ORIGIN,
     H_TARGET_TOPIC,
+    format_time_ms,
 )
 from bridge.store import Shard, Store
 from tests.conftest import Services, TopicFactory, wait_for
@@ -31,8 +33,8 @@ from tests.integration.test_recovery import wipe
 
 pytestmark = pytest.mark.integration
 
-# A record due more than 4 s out is kept as a reference and read back 2 s before its 1 s bucket
-# starts: 2-3 s before it is due.
+# A record due more than 4 s out is kept as a reference and read back from 2.5 s before its 1 s
+# bucket starts (fetch_ahead, and half a bucket to read it in): 2-3.5 s before it is due.
 TIERS = {"store__payload_horizon": "4s", "store__fetch_ahead": "2s"}
 FAR_MS = 9_000
 
@@ -115,9 +117,32 @@ def test_far_future_records_are_read_back_and_delivered_on_time(
     assert set(counts.values()) == {1}
     assert metric(bridge, 'delay_bridge_read_back_total{result="stored"}') == 21
     assert metric(bridge, "delay_bridge_read_back_seconds_ahead_count") == 21
-    # Read back 2-3 s ahead (1 s buckets, 2 s fetch_ahead): none of them at the last moment.
+    # Read back 2-3.5 s ahead (1 s buckets, 2 s fetch_ahead): none of them at the last moment.
     assert metric(bridge, 'delay_bridge_read_back_seconds_ahead_bucket{le="1.0"}') == 0
     assert metric(bridge, "delay_bridge_references_messages") == 0
+
+
+def test_a_bucket_is_read_back_fetch_ahead_before_its_first_record_is_due(
+    one: Setup, bridges: list[Bridge]
+) -> None:
+    """fetch_ahead is the lead every record gets, the first of its bucket too: reading a bucket
+    starts early enough to finish by then (here 2.5 s before the bucket starts)."""
+    bridges.append(one.bridge(**TIERS).start())
+    due = (now_ms() + FAR_MS) // 1000 * 1000  # the first instant of a 1 s bucket
+    headers = [
+        (H_TARGET_TOPIC, one.targets[0].encode()),
+        (H_DELIVER_AT, format_time_ms(due).encode()),
+    ]
+    produce(one, *[(f"first-{i}", None, headers) for i in range(5)])
+    references(one, 5)
+    store, shard = store_of(one)
+    try:
+        wait_for(lambda: store.references.counts([shard]) == {shard: 0}, 30, "the read-back",
+                 interval=0.01)  # fmt: skip
+        read_back_ms = now_ms()
+    finally:
+        store.client.close()
+    assert read_back_ms <= due - 2_000, f"read back {due - read_back_ms} ms before due"
 
 
 def test_cancel_and_replace_reach_references(one: Setup, bridges: list[Bridge]) -> None:

@@ -166,6 +166,24 @@ def test_producer_and_consumer_defaults() -> None:
     assert consumer_settings(mine)["fetch.wait.max.ms"] == "500"  # the user's value wins
 
 
+@pytest.mark.parametrize(
+    ("horizon", "fetch_ahead", "bucket_ms", "read_ahead_ms"),
+    [
+        ("1h", "2m", 1_740_000, 240_000),  # fetch_ahead twice: reading may take 2 min
+        ("4s", "2s", 1_000, 2_500),  # half a bucket: a new reference waits 0.5 s at least
+        ("30d", "2m", 3_600_000, 240_000),  # buckets of an hour at most
+    ],
+)
+def test_a_bucket_is_read_back_fetch_ahead_and_its_reading_time_before_it_starts(
+    horizon: str, fetch_ahead: str, bucket_ms: int, read_ahead_ms: int
+) -> None:
+    store = from_mapping({"store": {"payload_horizon": horizon, "fetch_ahead": fetch_ahead}},
+                         env={}).store  # fmt: skip
+    assert (store.bucket_ms, store.read_ahead_ms) == (bucket_ms, read_ahead_ms)
+    # A reference (due past the horizon) is never due for read-back when it is made.
+    assert store.payload_horizon - store.bucket_ms > store.read_ahead_ms
+
+
 def test_only_the_group_member_carries_the_instance_id() -> None:
     """Another consumer of the bridge (status, list, dlq replay) with the replica's
     group.instance.id would fence the running replica out of its group."""

@@ -1,0 +1,67 @@
+"""The read-back's consumer on the real broker: what it costs once it has nothing left to read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer
+
+from bridge.config import load, read_back_settings
+from bridge.readback import Reader
+from bridge.store import Shard
+from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.harness import produce_all
+
+pytestmark = pytest.mark.integration
+
+
+class Requests:
+    """Requests a consumer sent to the broker, from its statistics (every 100 ms, served by its
+    poll)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.reports = 0
+
+    def stats(self, stats_json: str) -> None:
+        self.sent = sum(b["tx"] for b in json.loads(stats_json)["brokers"].values())
+        self.reports += 1
+
+    def over(self, consumer: Consumer, reports: int) -> int:
+        """Requests sent between the next report and ``reports`` reports after it."""
+
+        def reported(count: int) -> bool:
+            consumer.poll(0.05)
+            return self.reports >= count
+
+        wait_for(lambda: reported(self.reports + 1), 10, "consumer statistics")
+        first, seen = self.sent, self.reports
+        wait_for(lambda: reported(seen + reports), 10 + reports, "consumer statistics")
+        return self.sent - first
+
+
+@pytest.fixture
+def reader(services: Services) -> Iterator[tuple[Reader, Requests]]:
+    config = load(None, {"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": services.bootstrap})
+    requests = Requests()
+    consumer = Consumer({**read_back_settings(config), "statistics.interval.ms": 100,
+                         "stats_cb": requests.stats})  # fmt: skip
+    made = Reader(consumer)
+    yield made, requests
+    made.close()
+
+
+def test_a_reader_done_reading_leaves_the_broker_alone(
+    services: Services, topics: TopicFactory, reader: tuple[Reader, Requests]
+) -> None:
+    read, requests = reader
+    topic = topics("delay", 1)
+    produce_all(services.bootstrap, topic, [(b"k", b"v", []) for _ in range(5)])
+    assert all(m is not None for m in read.read(Shard(topic, 0), [0, 4]).values())
+    read.release()
+    # Still assigned at the log's end, it fetched ~800 times a second (17% of the broker's core).
+    sent = requests.over(read.consumer, 20)  # 2 s
+    assert sent < 40, f"{sent} requests in 2 s with nothing to read"
+    assert [m.value() for m in read.read(Shard(topic, 0), [2]).values() if m] == [b"v"]
