@@ -153,6 +153,7 @@ class ReadBack:
             gone = ("it was gone from the delay topic when it was read back (retention, "
                     "delete-records, or the topic recreated)")  # fmt: skip
         out, missing = [], []
+        now_ms = self._clock_ms()  # one reading a chunk: its records were read together
         for offset, due in refs:
             msg = messages.get(offset)
             if msg is None:
@@ -160,7 +161,7 @@ class ReadBack:
                 record, result = _missing(shard, offset, due, detail), "missing"
                 missing.append(offset)
             else:
-                record, result = self._parse(shard, offset, due, msg)
+                record, result = self._parse(shard, offset, due, msg, now_ms)
             out.append((due, member(record, shard.topic, shard.partition), result))
         if missing:  # one line a chunk, not a record
             logger.warning("%d records of %s (offsets %d..%d): %s; dead-lettered as "
@@ -168,7 +169,9 @@ class ReadBack:
                            missing[-1], gone, extra={"repeat_key": "payload-missing"})  # fmt: skip
         return out
 
-    def _parse(self, shard: Shard, offset: int, due: int, msg: Message) -> tuple[Scheduled, str]:
+    def _parse(
+        self, shard: Shard, offset: int, due: int, msg: Message, now_ms: int
+    ) -> tuple[Scheduled, str]:
         ts_type, ts = msg.timestamp()
         stamped = ts_type != 0
         headers = cast(Headers, list(msg.headers() or []))
@@ -176,7 +179,7 @@ class ReadBack:
             record = parse_record(
                 self.rules, topic=shard.topic, partition=shard.partition, offset=offset,
                 timestamp_ms=ts if stamped else None, key=msg.key(), value=msg.value(),
-                headers=headers, now_ms=self._clock_ms(),
+                headers=headers, now_ms=now_ms,
             )  # fmt: skip
         except Rejected as refused:
             logger.warning("offset %d of %s, read back, is refused now: %s; dead-lettered at its "
