@@ -286,7 +286,7 @@ def bridge_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
 
 def read_back_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     """Every record far enough out to be kept as a reference (store.payload_horizon 6 s, read back
-    3-4.5 s before it is due), the bridge SIGKILLed while references are being read back and
+    3-5.25 s before it is due), the bridge SIGKILLed while references are being read back and
     promoted, and started again at once: a chunk read but not promoted is read again, one promoted
     is not stored twice."""
     bridge = run.bridge("pod-0")
