@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Message, Producer
 
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import ConfigError
+from bridge.message import Headers
 
 QUEUE_FULL_WAIT_S = 0.05
 
@@ -22,6 +23,11 @@ def produce(producer: Producer, topic: str, **fields: Any) -> None:
             return
         except BufferError:
             producer.poll(QUEUE_FULL_WAIT_S)
+
+
+def headers_of(msg: Message) -> Headers:
+    """A consumed message's headers as a list (the client returns None for none)."""
+    return cast(Headers, list(msg.headers() or []))
 
 
 def check_settings(config: Config) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import BridgeError
-from bridge.kafka import produce
-from bridge.message import H_ERROR, H_ERROR_DETAIL, H_ORIGIN, Headers, wire_headers
+from bridge.kafka import headers_of, produce
+from bridge.message import H_ERROR, H_ERROR_DETAIL, H_ORIGIN, wire_headers
 from bridge.ops import KAFKA_TIMEOUT_S, topic_partitions
 
 DLQ_HEADERS = frozenset({H_ERROR, H_ERROR_DETAIL, H_ORIGIN})
@@ -104,7 +104,7 @@ def replay(
             next_offsets[partition] = offset + 1
             if offset + 1 >= ends.get(partition, 0):
                 ends.pop(partition, None)
-            headers: Headers = list(msg.headers() or [])  # type: ignore[arg-type]
+            headers = headers_of(msg)
             found = {k: (v or b"").decode("utf-8", errors="replace") for k, v in headers
                      if k in DLQ_HEADERS}  # fmt: skip
             reason = found.get(H_ERROR, "")

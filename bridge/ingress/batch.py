@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import cast
 
 from confluent_kafka import Message
 
 from bridge.dialects import parse_record
-from bridge.message import Cancel, Headers, Reason, Rejected, Rules, Scheduled, origin
+from bridge.kafka import headers_of
+from bridge.message import Cancel, Reason, Rejected, Rules, Scheduled, origin
 from bridge.store import Shard
 
 logger = logging.getLogger(__name__)
@@ -26,11 +26,6 @@ def shard_of(msg: Message) -> Shard:
     """The delay-topic partition a consumed message came from."""
     topic, partition, _ = coords(msg)
     return Shard(topic, partition)
-
-
-def headers_of(msg: Message) -> Headers:
-    """A consumed message's headers as a list (the client returns None for none)."""
-    return cast(Headers, list(msg.headers() or []))
 
 
 @dataclass

@@ -11,8 +11,8 @@ from confluent_kafka import KafkaException, Message, Producer
 
 from bridge.errors import KafkaError
 from bridge.health import Readiness
-from bridge.ingress.batch import coords, headers_of
-from bridge.kafka import produce
+from bridge.ingress.batch import coords
+from bridge.kafka import headers_of, produce
 from bridge.message import Headers, Rejected, Rules, dead_letter_headers, origin, wire_headers
 from bridge.metrics import Metrics
 

@@ -1,6 +1,7 @@
 """The read-back loop: references falling due soon, read from the delay topic and stored whole.
 
-What falls due within ``store.fetch_ahead`` is stored whole, so the mover delivers it as any record.
+What falls due soon is stored whole, at least ``store.fetch_ahead`` before it is due, so the mover
+delivers it as any record.
 
 Each pass asks Redis for the chunks of references whose time bucket starts within
 ``store.fetch_ahead`` and the time to read them (``StoreConfig.read_ahead_ms``) in the shards this
@@ -20,14 +21,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import cast
 
 from confluent_kafka import Message
 
 from bridge.dialects import parse_record
 from bridge.errors import BridgeError, StoreError
+from bridge.kafka import headers_of
 from bridge.message import (
-    Headers,
     Reason,
     Rejected,
     Rules,
@@ -174,7 +174,7 @@ class ReadBack:
     ) -> tuple[Scheduled, str]:
         ts_type, ts = msg.timestamp()
         stamped = ts_type != 0
-        headers = cast(Headers, list(msg.headers() or []))
+        headers = headers_of(msg)
         try:
             record = parse_record(
                 self.rules, topic=shard.topic, partition=shard.partition, offset=offset,
