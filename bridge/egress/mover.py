@@ -160,6 +160,7 @@ class Egress:
         claimed = self.store.claim(
             shards, per_shard, self.lease_ms, now_ms, horizons, ahead_ms=self.ahead_ms,
             acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
+            epochs={s: a.epoch for s, a in acks.items()},
         )  # fmt: skip
         self.deliveries.acknowledged(acks)
         self._ack()
@@ -174,6 +175,9 @@ class Egress:
             if ident in put_back:
                 continue
             redelivered += item.redelivery
+            # A record still pending here, claimed again (its lease expired), is the same one.
+            # So is, for now, a new incarnation's record at the offset of one in flight from
+            # before a retire: its lease ends and it is claimed again once that one is settled.
             pending = self._pending.get(ident)
             if pending is None:
                 pending = self._pending[ident] = Pending(item, dead_letter=item.record.dead_letter)

@@ -73,8 +73,10 @@ class Pending:
 
 @dataclass
 class Acked:
-    """A shard's delivered records whose acknowledgement Redis has not applied yet."""
+    """A shard's delivered records whose acknowledgement Redis has not applied yet, all claimed in
+    one ``epoch`` of the shard (see :attr:`Claimed.epoch`)."""
 
+    epoch: str
     members: list[bytes] = field(default_factory=list)
     ids: list[tuple[str, bytes]] = field(default_factory=list)  # those in the id index
     delivered: list[tuple[Pending, int]] = field(default_factory=list)  # with the report's time
@@ -175,9 +177,13 @@ class Deliveries:
             if pending is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
+                epoch = pending.claimed.epoch
                 acked = self.acked.get(ident[0])
+                if acked is not None and acked.epoch != epoch:  # the shard's state was retired
+                    self._apply({ident[0]: acked})
+                    acked = None
                 if acked is None:  # not setdefault: that builds an Acked per record
-                    acked = self.acked[ident[0]] = Acked()
+                    acked = self.acked[ident[0]] = Acked(epoch)
                 acked.members.append(ident[1])
                 given = pending.claimed.given_id()
                 if given is not None:
@@ -221,8 +227,11 @@ class Deliveries:
             return
         if not force and self.ack_by is not None and time.monotonic() < self.ack_by:
             return
-        acks = self.acked
-        self.store.ack({s: a.members for s, a in acks.items()}, {s: a.ids for s, a in acks.items()})
+        self._apply(self.acked)
+
+    def _apply(self, acks: Mapping[Shard, Acked]) -> None:
+        self.store.ack({s: a.members for s, a in acks.items()}, {s: a.ids for s, a in acks.items()},
+                       {s: a.epoch for s, a in acks.items()})  # fmt: skip
         self.acknowledged(acks)
 
     def acknowledged(self, acks: Mapping[Shard, Acked]) -> None:

@@ -52,11 +52,13 @@ def _ack_args(
     shard: Shard,
     members: Mapping[Shard, Sequence[bytes]],
     ids: Mapping[Shard, Sequence[tuple[str, bytes]]],
+    epochs: Mapping[Shard, str],
 ) -> list[Any]:
-    """A shard's acknowledgements as ack() in _lib.lua reads them: n, n offsets, then (delay-id,
-    offset) pairs."""
+    """A shard's acknowledgements as ack() in _lib.lua reads them: the epoch they were claimed in,
+    n, n offsets, then (delay-id, offset) pairs."""
     batch = members.get(shard, ())
-    return [len(batch), *batch, *(x for pair in ids.get(shard, ()) for x in pair)]
+    return [epochs.get(shard, ""), len(batch), *batch,
+            *(x for pair in ids.get(shard, ()) for x in pair)]  # fmt: skip
 
 
 class Store:
@@ -192,12 +194,14 @@ class Store:
         ahead_ms: int = 0,
         acks: Mapping[Shard, Sequence[bytes]] | None = None,
         ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
+        epochs: Mapping[Shard, str] | None = None,
     ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
         records due by its horizon (see bridge.catchup). The reply also says when each shard
         next has work, so the mover plans its sleep without another call. ``acks`` (and ``ids``)
-        of a shard claimed from are applied first in the same call, as :meth:`ack` would. With
+        of a shard claimed from (claimed in ``epochs``) are applied first in the same call, as
+        :meth:`ack` would. With
         ``ahead_ms``, records with the default delay-id due within that much of now are leased too
         (room permitting): the caller produces them when they fall due."""
         if not shards:
@@ -211,8 +215,8 @@ class Store:
             horizon = horizons.get(shard)
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
                     "" if horizon is None else horizon, ahead_ms,
-                    *_ack_args(shard, acks or {}, ids or {})]  # fmt: skip
-            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids]
+                    *_ack_args(shard, acks or {}, ids or {}, epochs or {})]  # fmt: skip
+            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
             calls.append(("claim", keys, args))
         out: list[Claimed] = []
         next_ms: dict[Shard, int | None] = {}
@@ -222,9 +226,10 @@ class Store:
             redelivered = int(reply[1])
             times = [int(t) for t in reply[2:4] if int(t) >= 0]
             next_ms[shard] = min(times) if times else None
-            for i, item in enumerate(reply[5:]):
+            epoch = text(reply[5])
+            for i, item in enumerate(reply[6:]):
                 record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
-                out.append(Claimed(shard, item[:8], record, i < redelivered))
+                out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
         # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
         return Claims(out, int(replies[0][0]), next_ms, received, int(replies[-1][4]))
 
@@ -232,16 +237,18 @@ class Store:
         self,
         members: Mapping[Shard, Sequence[bytes]],
         ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
+        epochs: Mapping[Shard, str] | None = None,
     ) -> int:
         """Remove records Kafka acknowledged; ``ids`` names those of them with a caller-given
-        delay-id (delay-id, member), which leave the id index too. Returns how many were still
-        there."""
+        delay-id (delay-id, member), which leave the id index too; ``epochs`` the epoch each
+        shard's were claimed in (:attr:`Claimed.epoch`; default ""): records claimed before
+        their shard's state was retired are left alone. Returns how many were still there."""
         calls: list[Call] = []
         for shard, batch in members.items():
             if batch:
                 k = self.keys(shard)
-                keys = [k.inflight, k.claimed, k.low, k.pending, k.ids]
-                calls.append(("ack", keys, _ack_args(shard, members, ids or {})))
+                keys = [k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
+                calls.append(("ack", keys, _ack_args(shard, members, ids or {}, epochs or {})))
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

@@ -12,7 +12,9 @@ pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
 * ``…:leases``    ZSET offset (8 bytes) → lease deadline ms, and ``…:claimed`` HASH offset →
   member: the records in flight (a few batches per bridge), addressed by offset so that
   acknowledging a record sends 8 bytes, not the record;
-* ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark);
+* ``…:meta``      HASH ``ingested`` → the highest offset handled (the ingest watermark),
+  ``topic_id`` → the delay topic's incarnation, ``epoch`` → the label of the state's last retire
+  (acknowledgements name the epoch their records were claimed in);
 * ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
   offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
   offset): the lowest pending offset — the one to commit — is read without scanning records;

@@ -18,6 +18,9 @@ class Claimed:
     member: bytes  # the in-flight member, the offset's 8 bytes: what ack and release take
     record: Scheduled
     redelivery: bool
+    # The shard's epoch when it was claimed: its acknowledgement names it, so one that comes after
+    # the shard's state was retired (its topic recreated) leaves the new records alone.
+    epoch: str = ""
 
     def given_id(self) -> str | None:
         """The record's delay-id if its producer gave one (only those are in the id index)."""

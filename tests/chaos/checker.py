@@ -277,7 +277,7 @@ def settle(
             elif exp.replaceable:
                 acc.replaced += 1
             else:
-                acc.lost.append(exp.offset)
+                acc.lost.append(f"{exp.offset} (seq {seq})")  # seq: which incarnation's
             continue
         acc.delivered += 1
         acc.duplicates += len(got) - 1

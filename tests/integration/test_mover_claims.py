@@ -14,7 +14,7 @@ from bridge.egress import Egress, Pending
 from bridge.message import Scheduled, origin
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard, Store
-from tests.conftest import Services, TopicFactory
+from tests.conftest import Services, TopicFactory, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -76,4 +76,41 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
     assert all(len(call) == 3 for call in store.calls[joint:]), store.calls
     # About a call every half window over the second (claims ahead reach 100 ms past its end).
     assert len(store.calls) <= 1000 // 50 + 3, store.calls
+    assert producer.flush(10) == 0
+
+
+def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offsets(
+    services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str
+) -> None:
+    # The delay topic is recreated while the mover has its offset 0 in flight. The new
+    # incarnation's offset 0 is far out (a reference); its offset 1 is due now and delivered by
+    # the same mover. The old record's delivery report, applied after the retire, must not touch
+    # the new offset 0 (with its pending bit clear, the reference would never be read back).
+    target = topics("out", 1)
+    store = Store(redis_client, f"test-{unique}")
+    shard = Shard("delay", 0)
+    store.bind({shard: "id-1"})
+    t0 = store.time_ms()
+    store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"old", [], origin("delay", 0, 0))])})
+    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
+    egress = Egress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
+                    batch_size=10, lease_ms=30_000, max_attempts=3)  # fmt: skip
+    egress.add_shards({shard})
+    assert egress.step() == 1  # offset 0 of the old incarnation produced, not acknowledged
+    retired = store.bind({shard: "id-2"})[shard].retired
+    assert retired is not None
+    new = [Scheduled(0, t0 + 3_600_000, target, b"k", b"far", [], origin("delay", 0, 0)),
+           Scheduled(1, t0, target, b"k", b"now", [], origin("delay", 0, 1))]  # fmt: skip
+    store.add({shard: (1, new)}, refer_after_ms=t0 + 60_000)
+    egress.notify({shard: t0})
+    wait_for(
+        lambda: egress.step() >= 0 and not store.is_pending(shard, 1),
+        30,
+        "the new offset 1 delivered and acknowledged",
+    )
+    egress.deliveries.ack(force=True)
+    assert store.is_pending(shard, 0), "the new incarnation's offset 0 was acknowledged"
+    assert store.references.counts([shard]) == {shard: 1}
+    # The old record is still the retired incarnation's, in flight: delivered again later.
+    assert store.backlog([retired]).inflight == 1
     assert producer.flush(10) == 0

@@ -163,3 +163,22 @@ def test_a_retired_incarnation_keeps_its_references(store: Store) -> None:
         == 2
     )
     assert len(store.claim([retired], 10, 30_000, now_ms=far + 1)) == 2
+
+
+def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alone(
+    store: Store,
+) -> None:
+    """The topic recreated while a record of the old one was in flight: its delivery report, applied
+    after the retire, must not clear the pending bit of the new record at the same offset (a
+    reference with its bit clear is taken for cancelled and never read back)."""
+    far = T0 + 10 * BUCKET
+    store.bind({SHARD: "first"})
+    add(store, rec(0, T0))
+    [old] = store.claim([SHARD], 10, 30_000, now_ms=T0)
+    store.bind({SHARD: "second"})
+    new = rec(0, far, value=b"new")
+    add(store, new)  # offset 0 again, far out: a reference
+    store.ack({SHARD: [old.member]}, epochs={SHARD: old.epoch})
+    assert store.is_pending(SHARD, 0)
+    assert promote_all(store, far, {0: new}) == 1
+    assert [c.record.value for c in store.claim([SHARD], 10, 30_000, now_ms=far)] == [b"new"]

@@ -371,6 +371,28 @@ def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [0]
 
 
+def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alone(
+    store: Store,
+) -> None:
+    """A delivery report of the old incarnation's record, applied after the retire, must not end
+    the lease of the new record in flight at the same offset: its delivery fails and is released,
+    and it is claimed again."""
+    store.bind({SHARD: "id-1"})
+    add(store, rec(0, T0))
+    [old] = store.claim([SHARD], 1, LEASE, now_ms=T0)
+    store.bind({SHARD: "id-2"})
+    add(store, rec(0, T0 + 1))
+    [new] = store.claim([SHARD], 1, LEASE, now_ms=T0 + 1)
+    assert new.epoch != old.epoch
+    assert store.ack({SHARD: [old.member]}, epochs={SHARD: old.epoch}) == 0
+    assert store.release({SHARD: [new.member]}) == 1
+    [again] = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1)
+    assert (again.record.offset, again.record.due_ms, again.epoch) == (0, T0 + 1, new.epoch)
+    # Acknowledged in the epoch it was claimed in, it goes; the old one is the retired shard's.
+    assert store.ack({SHARD: [again.member]}, epochs={SHARD: again.epoch}) == 1
+    assert not store.is_pending(SHARD, 0)
+
+
 def test_offsets_that_went_back_retire_the_state_under_the_same_id(store: Store) -> None:
     store.bind({SHARD: "id-1"})
     add(store, rec(0, T0), high=9)

@@ -19,13 +19,16 @@ is_pending(pending, offset, maps): whether the offset (8 big-endian bytes) has i
 `maps`, if given, keeps the bitmaps read (a script that asks for many offsets reads each once).
 
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
-acknowledgements of its shard along, saving a call). argv[first] is n, then n offsets (8 bytes
-each), then to the end pairs (delay-id, offset) for those with a caller-given delay-id; keys are
-{in-flight, claimed, low, pending, id index}. An acknowledged offset is no longer pending even if
-a copy of it is still queued (re-read after Redis lost data): that copy is a duplicate, so its
-pending bit is cleared regardless. A delay-id leaves the id index with its record, unless the
-index already names a later record with that id (a replacement scheduled while this one was in
-flight). Returns the number of records removed.
+acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
+claimed in, argv[first + 1] n, then n offsets (8 bytes each), then to the end pairs (delay-id,
+offset) for those with a caller-given delay-id; keys are {in-flight, claimed, low, pending, id
+index, meta}. Acknowledgements of another epoch than the shard's (meta "epoch", set when
+incarnation.lua retires its state) are dropped: their records were retired, where the mover
+delivers them again, and the offsets now belong to other records. An acknowledged offset is no
+longer pending even if a copy of it is still queued (re-read after Redis lost data): that copy is
+a duplicate, so its pending bit is cleared regardless. A delay-id leaves the id index with its
+record, unless the index already names a later record with that id (a replacement scheduled while
+this one was in flight). Returns the number of records removed.
 ]]
 local function now_ms(given)
   if given ~= nil and given ~= '' then
@@ -145,10 +148,11 @@ local function is_pending(pending, offset, maps)
 end
 
 local function ack(keys, argv, first)
-  local n = tonumber(argv[first])
-  if n == 0 then
+  local n = tonumber(argv[first + 1])
+  if n == 0 or (redis.call('HGET', keys[6], 'epoch') or '') ~= argv[first] then
     return 0
   end
+  first = first + 1
   local offsets = {}
   for i = 1, n do
     offsets[i] = argv[first + i]

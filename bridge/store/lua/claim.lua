@@ -29,6 +29,7 @@ KEYS[3]  claimed        HASH  offset -> member
 KEYS[4]  low index      ZSET  offset bucket -> 0
 KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
+KEYS[7]  meta           HASH  "epoch" -> the state's epoch (see ack() in _lib.lua)
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
@@ -44,12 +45,13 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, ARGV, 7)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 7)
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
 local deadline = string.format('%d', now + tonumber(ARGV[2]))
-local out = {now, 0, -1, -1, now}
+local out = {now, 0, -1, -1, now, redis.call('HGET', KEYS[7], 'epoch') or ''}
+local HEAD = #out
 local leases = {}
 
 -- Expired leases: lease them again (a lease whose record is gone is dropped).
@@ -68,7 +70,7 @@ if #expired > 0 then
   end
   call_chunked('ZREM', KEYS[2], gone)
 end
-out[2] = #out - 5
+out[2] = #out - HEAD
 
 local room = limit - out[2]
 local upto = now

@@ -7,13 +7,16 @@ shard's watermark and pending offsets belong to the old topic and would make the
 new one's records. When the stored topic id differs from the current one (or the caller forces it,
 because the partition's offsets went back), the old incarnation's records — waiting, in flight and
 referenced (far-future records the read-back will find gone: they reach the DLQ as payload-missing
-at their due time) — move under the retired keys, where the mover still delivers them, and the shard starts empty: no
-watermark, no pending offsets. A shard without a stored topic id adopts the current one.
+at their due time) — move under the retired keys, where the mover still delivers them, and the
+shard starts empty: no watermark, no pending offsets, and a new epoch (the label), so that
+acknowledgements of records claimed before are not applied to the new records at their offsets
+(see ack() in _lib.lua). A shard without a stored topic id adopts the current one.
 
 KEYS[1]  due index          ZSET  member -> due ms
 KEYS[2]  in-flight          ZSET  offset -> lease deadline ms
 KEYS[3]  claimed            HASH  offset -> member
-KEYS[4]  meta               HASH  "ingested" -> watermark, "topic_id" -> incarnation
+KEYS[4]  meta               HASH  "ingested" -> watermark, "topic_id" -> incarnation, "epoch" -> the
+                                label of its last retire
 KEYS[5]  low index          ZSET  offset bucket -> 0
 KEYS[6]  pending            HASH  offset bucket -> bitmap of its pending offsets
 KEYS[7]  retired            SET   labels of retired incarnations still holding records
@@ -60,6 +63,7 @@ if moved > 0 then
   redis.call('SADD', KEYS[7], ARGV[2])
 end
 redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11])
+redis.call('HSET', KEYS[4], 'epoch', ARGV[2])
 if id ~= '' then
   redis.call('HSET', KEYS[4], 'topic_id', id)
 end
