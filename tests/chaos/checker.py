@@ -83,9 +83,10 @@ class Checker:
     delivered: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
     dead: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
     strays: int = 0
-    # (delay-origin, due ms) -> seq of records whose payload may go (Expected.payload_may_go):
-    # a payload-missing DLQ record has no value to read its seq from.
-    origins: dict[tuple[str, int], int] = field(default_factory=dict)
+    # (delay-origin, due ms) -> seqs of records whose payload may go (Expected.payload_may_go):
+    # a payload-missing DLQ record has no value to read its seq from. Records of two incarnations
+    # of a topic at one offset can be due at the same ms: each DLQ record takes one of them.
+    origins: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -124,6 +125,17 @@ class Checker:
         finally:
             consumer.close()
 
+    def add_origins(self, expected: dict[int, Expected]) -> None:
+        """Records whose payload may go: their payload-missing DLQ records count for them."""
+        for seq, exp in expected.items():
+            self.origins.setdefault((exp.offset, exp.due_ms or -1), []).append(seq)
+
+    def _origin_seq(self, origin: str, due_ms: int) -> int | None:
+        """The seq a payload-missing DLQ record of ``origin`` due at ``due_ms`` stands for: the
+        first record there not dead-lettered yet (a second copy goes to the last)."""
+        seqs = self.origins.get((origin, due_ms), [])
+        return next((s for s in seqs if not self.dead.get(s)), seqs[-1] if seqs else None)
+
     def _take(self, msg: Message) -> None:
         seen = now_ms()
         headers: Headers = list(msg.headers() or [])  # type: ignore[arg-type]
@@ -132,7 +144,7 @@ class Checker:
         reason = _header(headers, H_ERROR)
         origin = _header(headers, H_ORIGIN)
         if seq is None and reason == Reason.PAYLOAD_MISSING.value.encode() and origin:
-            seq = self.origins.get((origin.decode(), _due_in(_header(headers, H_ERROR_DETAIL))))
+            seq = self._origin_seq(origin.decode(), _due_in(_header(headers, H_ERROR_DETAIL)))
         if seq is None:
             self.strays += 1
             return

@@ -635,7 +635,7 @@ def topic_recreated(references: bool) -> Scenario:
             if references:
                 waiting = max(waiting, _references(run))
                 gone = {s: dataclasses.replace(e, payload_may_go=True) for s, e in gone.items()}
-                run.checker.origins.update({(e.offset, e.due_ms or -1): s for s, e in gone.items()})
+                run.checker.add_origins(gone)
             earlier.update(gone)
             if fault % 2 == 0:
                 bridge.signal(signal.SIGTERM)
