@@ -38,10 +38,10 @@ from tests.chaos.checker import (
     settle,
     wait_seen,
 )
-from tests.chaos.scenarios import PARTITIONS, Run, wait_ready
+from tests.chaos.scenarios import PARTITIONS, Run
 from tests.chaos.servers import Servers
 from tests.chaos.workload import Record, Workload, now_ms, steady, value_of
-from tests.integration.harness import ROOT, Bridge, bridge_env, metric
+from tests.integration.harness import ROOT, Bridge, bridge_env, metric, wait_ready
 
 SAMPLE_S = 0.01
 QUANTILES = (0.5, 0.9, 0.99, 0.999)

@@ -10,10 +10,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 
-def ready(admin: AdminClient, timeout: float) -> int:
-    """Exit 0 when the broker answers a metadata request listing topics."""
+def ready(admin: AdminClient, timeout: float, brokers: int = 1) -> int:
+    """Exit 0 when a metadata request lists topics and at least ``brokers`` brokers."""
     metadata = admin.list_topics(timeout=timeout)
-    return 0 if metadata.brokers else 1
+    return 0 if len(metadata.brokers) >= brokers else 1
 
 
 def create(
@@ -39,7 +39,8 @@ def main() -> int:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--timeout", type=float, default=5.0)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("ready")
+    ready_p = sub.add_parser("ready")
+    ready_p.add_argument("--brokers", type=int, default=1, help="how many must be up")
     create_p = sub.add_parser("create")
     create_p.add_argument("name")
     create_p.add_argument("--partitions", type=int, default=3)
@@ -49,7 +50,7 @@ def main() -> int:
     admin = AdminClient({"bootstrap.servers": args.bootstrap, "log_level": 0})
     try:
         if args.command == "ready":
-            return ready(admin, args.timeout)
+            return ready(admin, args.timeout, args.brokers)
         config = dict(item.split("=", 1) for item in args.config)
         return create(admin, args.name, args.partitions, config, args.timeout)
     except KafkaException as exc:

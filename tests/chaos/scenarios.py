@@ -29,6 +29,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Shard, Store
+from tests.chaos.brokers import broker_fault
 from tests.chaos.checker import (
     Account,
     Checker,
@@ -41,7 +42,7 @@ from tests.chaos.checker import (
 from tests.chaos.servers import Servers
 from tests.chaos.workload import CLIENT_LOG_LEVEL, Record, Workload, hostile, now_ms, steady
 from tests.conftest import delete_keys, recreate_topic
-from tests.integration.harness import Bridge, bridge_env, metric
+from tests.integration.harness import Bridge, bridge_env, metric, wait_ready
 
 PARTITIONS = 3
 MAX_DELAY_MS = 5000
@@ -105,6 +106,7 @@ class Run:
         *,
         label: str = "chaos",
         target_config: dict[str, str] | None = None,
+        delay_config: dict[str, str] | None = None,
         watch: bool = True,
         overrides: dict[str, object] | None = None,
     ) -> None:
@@ -118,9 +120,11 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.admin = AdminClient({"bootstrap.servers": servers.bootstrap,
                                   "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
-        topics = [NewTopic(self.delay, PARTITIONS, 1, config={"retention.ms": "-1"}),
-                  NewTopic(self.target, PARTITIONS, 1, config=target_config or {}),
-                  NewTopic(self.dlq, 1, 1)]  # fmt: skip
+        rf = servers.replication
+        delay = {"retention.ms": "-1", **(delay_config or {})}
+        topics = [NewTopic(self.delay, PARTITIONS, rf, config=delay),
+                  NewTopic(self.target, PARTITIONS, rf, config=target_config or {}),
+                  NewTopic(self.dlq, 1, rf)]  # fmt: skip
         for future in self.admin.create_topics(topics).values():
             future.result(timeout=30)
         document: dict[str, object] = {
@@ -247,18 +251,6 @@ Scenario = Callable[[Run, Size, random.Random], Result]
 
 def moments(rng: random.Random, count: int, start: float, end: float) -> list[float]:
     return sorted(rng.uniform(start, end) for _ in range(count))
-
-
-def wait_ready(bridge: Bridge, timeout: float = 90) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if bridge.proc is not None and bridge.proc.poll() is not None:
-            return False  # exited: the "no crash" check and its log say why
-        with contextlib.suppress(OSError):  # not listening yet
-            if bridge.get("/readyz")[0] == 200:
-                return True
-        time.sleep(0.2)
-    return False
 
 
 # ---------------------------------------------------------------- the scenarios
@@ -873,7 +865,11 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
         Size(3000, 15, 1, outage_s=6),
         Size(30_000, 60, 1, outage_s=20),
     ),
+    # On the three-broker cluster (tests/chaos/brokers.py), 600 records/s.
+    "leader-kill": (broker_fault("kill"), None, Size(60_000, 100, 1, outage_s=30)),
+    "broker-freeze": (broker_fault("freeze"), None, Size(60_000, 100, 1, outage_s=30)),
 }
+KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze"})
 
 
 def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: int) -> Result:
@@ -894,7 +890,12 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     elif ha_set == "redis-cluster":
         info = servers.up_set(ha_set)
         overrides.update(redis__url=info["url"], redis__cluster=True)
-    run = Run(servers, workdir, name, overrides=overrides, watch=name != "dlq-missing")
+    delay_config = None
+    if name in KAFKA_CLUSTER_SCENARIOS:
+        servers.kafka_cluster_up()
+        delay_config = {"message.timestamp.type": "LogAppendTime"}  # see tests/chaos/brokers.py
+    run = Run(servers, workdir, name, overrides=overrides, watch=name != "dlq-missing",
+              delay_config=delay_config)  # fmt: skip
     if ha_set:
         run.ha_nodes = info["nodes"].split(",")
     try:
@@ -903,3 +904,5 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         run.close()
         if ha_set:
             servers.down_set(ha_set)
+        if name in KAFKA_CLUSTER_SCENARIOS:
+            servers.kafka_cluster_down()

@@ -1,7 +1,8 @@
 """A Kafka broker and a Redis server of the harness's own, so faults never touch other tests.
 
 They are the same servers as ``scripts/services`` starts, on other ports and in another state
-directory; the script also kills them (SIGKILL) and reports their pids.
+directory; the script also kills them (SIGKILL) and reports their pids. A run on the three-broker
+Kafka cluster (``scripts/services up kafka-cluster``) uses it instead of the single broker.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ import redis
 from tests.conftest import SERVICES, key_values
 
 KAFKA_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_KAFKA_PORT", "19192"))  # controller: +1
+KAFKA_CLUSTER_PORT = KAFKA_PORT + 100  # brokers 1..3 on +0..+2, the cluster's controller on +10
 REDIS_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_REDIS_PORT", "16479"))
+
+
+@dataclass(frozen=True)
+class Broker:
+    """One broker of the Kafka cluster: its node id, port and pid (0: not running)."""
+
+    id: int
+    port: int
+    pid: int
 
 
 @dataclass
@@ -30,10 +41,17 @@ class Servers:
     appendfsync: str = "everysec"  # what a (re)started Redis runs with
     kafka_port: int = KAFKA_PORT  # the controller listens on the next port
     redis_port: int = REDIS_PORT
+    # While a run is on the three-broker cluster (kafka_cluster_up): its bootstrap servers.
+    cluster_bootstrap: str | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
+        return self.cluster_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def replication(self) -> int:
+        """The replication factor of the topics a run makes: 3 on the cluster."""
+        return 3 if self.cluster_bootstrap else 1
 
     @property
     def redis_url(self) -> str:
@@ -50,6 +68,7 @@ class Servers:
             "DELAY_BRIDGE_REDIS_APPENDFSYNC": self.appendfsync,
             "DELAY_BRIDGE_SENTINEL_BASE_PORT": str(self.redis_port + 2),
             "DELAY_BRIDGE_REDIS_CLUSTER_BASE_PORT": str(self.redis_port + 30),
+            "DELAY_BRIDGE_KAFKA_CLUSTER_BASE_PORT": str(self.kafka_port + 100),
         }
         proc = subprocess.run(
             [str(SERVICES), *args], env=env, capture_output=True, text=True, check=False
@@ -73,6 +92,29 @@ class Servers:
 
     def down_set(self, name: str) -> None:
         self._run("down", name)
+
+    def kafka_cluster_up(self) -> dict[int, Broker]:
+        """Start the three-broker cluster (or restart its stopped brokers) and point
+        :attr:`bootstrap` at it; returns its brokers by id."""
+        self._run("up", "kafka-cluster")
+        return self.brokers()
+
+    def kafka_cluster_down(self) -> None:
+        self._run("down", "kafka-cluster")
+        self.cluster_bootstrap = None
+
+    def brokers(self) -> dict[int, Broker]:
+        """The cluster's brokers as ``scripts/services info kafka-cluster`` lists them."""
+        out = self._run("info", "kafka-cluster")
+        brokers = {}
+        for line in out.splitlines():
+            if line.startswith("bootstrap="):
+                self.cluster_bootstrap = line.split("=", 1)[1]
+            elif line.startswith("broker="):
+                fields = dict(f.split("=", 1) for f in line.split())
+                broker = Broker(int(fields["broker"]), int(fields["port"]), int(fields["pid"]))
+                brokers[broker.id] = broker
+        return brokers
 
     def pid_on(self, port: int) -> int:
         """The pid of the redis-server of a set listening on ``port``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import random
 import re
@@ -104,6 +105,19 @@ class Bridge:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
+
+
+def wait_ready(bridge: Bridge, timeout: float = 90) -> bool:
+    """Whether /readyz answers 200 within ``timeout`` s (False at once if the bridge exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if bridge.proc is not None and bridge.proc.poll() is not None:
+            return False  # exited: the "no crash" check and its log say why
+        with contextlib.suppress(OSError):  # not listening yet
+            if bridge.get("/readyz")[0] == 200:
+                return True
+        time.sleep(0.2)
+    return False
 
 
 def metric(bridge: Bridge, name: str) -> float:
