@@ -200,10 +200,10 @@ class Store:
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
         records due by its horizon (see bridge.catchup). The reply also says when each shard
         next has work, so the mover plans its sleep without another call. ``acks`` (and ``ids``)
-        of a shard claimed from (claimed in ``epochs``) are applied first in the same call, as
-        :meth:`ack` would. With
-        ``ahead_ms``, records with the default delay-id due within that much of now are leased too
-        (room permitting): the caller produces them when they fall due."""
+        of a shard claimed from, claimed in its ``epochs``, are applied first in the same call,
+        as :meth:`ack` would. With ``ahead_ms``, records with the default delay-id due within
+        that much of now are leased too (room permitting): the caller produces them when they
+        fall due."""
         if not shards:
             now = self.time_ms() if now_ms is None else now_ms
             return Claims([], now, {}, time.monotonic(), now)

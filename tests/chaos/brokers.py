@@ -70,11 +70,11 @@ class Readyz:
 
 
 def lateness(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """The lateness (ms) of the records due within the ``windows`` (epoch ms, start to end) and
-    of those due after the first of them began."""
+    """The lateness (ms) of the records run.finish() settled that were due within the ``windows``
+    (epoch ms, start to end), and of those due after the first of them began."""
     during, after = [], []
     first = min(start for start, _ in windows)
-    for seq, exp in run.expected().items():
+    for seq, exp in run.settled.items():
         got = run.checker.delivered.get(seq)
         if not got or exp.due_ms is None:
             continue

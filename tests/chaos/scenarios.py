@@ -151,6 +151,7 @@ class Run:
             self.checker.start()
         self.uid = uid
         self.started = time.monotonic()
+        self.settled: dict[int, Expected] = {}  # what finish() accounted for, by seq
 
     def bridge(self, instance: str = "") -> Bridge:
         """Start a bridge; with ``instance``, a static group member of that name (a pod's name:
@@ -207,7 +208,7 @@ class Run:
         incarnation of it, read before it was deleted)."""
         workload.join(600)
         assert not workload.failed, f"the workload could not produce: {workload.failed[:3]}"
-        expected = {**(earlier or {}), **self.expected()}
+        expected = self.settled = {**(earlier or {}), **self.expected()}
         horizon = horizon_ms if horizon_ms is not None else max(
             (e.due_ms or 0 for e in expected.values()), default=0)  # fmt: skip
         wait_settled(self.checker, expected, horizon, SETTLE_TIMEOUT_S)

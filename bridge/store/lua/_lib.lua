@@ -148,19 +148,18 @@ local function is_pending(pending, offset, maps)
 end
 
 local function ack(keys, argv, first)
-  local n = tonumber(argv[first + 1])
-  if n == 0 or (redis.call('HGET', keys[6], 'epoch') or '') ~= argv[first] then
+  local epoch, n = argv[first], tonumber(argv[first + 1])
+  if n == 0 or (redis.call('HGET', keys[6], 'epoch') or '') ~= epoch then
     return 0
   end
-  first = first + 1
   local offsets = {}
   for i = 1, n do
-    offsets[i] = argv[first + i]
+    offsets[i] = argv[first + 1 + i]
   end
   call_chunked('ZREM', keys[1], offsets)
   local removed = call_chunked('HDEL', keys[2], offsets)
   mark_pending(keys[4], keys[3], offsets, false)
-  for i = first + n + 1, #argv, 2 do
+  for i = first + n + 2, #argv, 2 do
     local entry = redis.call('HGET', keys[5], argv[i])
     if entry and string.sub(entry, 1, 8) == argv[i + 1] then
       redis.call('HDEL', keys[5], argv[i])

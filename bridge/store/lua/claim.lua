@@ -37,10 +37,11 @@ ARGV[4]  the on-time window ms
 ARGV[5]  a horizon ms, or "": records due after it stay, however late (the ingress is still
          catching up on the shard's partition: see bridge.catchup)
 ARGV[6]  ahead ms: also lease default-id records due by now + this (0: none)
-ARGV[7..] acknowledgements, as ack.lua's ARGV: n, n offsets, then (delay-id, offset) pairs
+ARGV[7..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
-          Redis TIME at the end (now ms when given), member, member, ...} — the two times tell
+          Redis TIME at the end (now ms when given), the shard's epoch (its acknowledgements name
+          it), member, member, ...} — the two times tell
           the mover when the shard next has work, so it needs no other call to plan its sleep; the
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
