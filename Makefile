@@ -60,7 +60,8 @@ unit: $(STAMP)
 test: lint typecheck tools services
 	@export $$(scripts/services env) && $(PY) -m pytest $(PYTEST_ARGS)
 
-# The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479); prints
+# The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479; the broker
+# scenarios on a three-broker cluster, 19292-19294); prints
 # the README's Reliability table and writes build/chaos/results.json. CHAOS_ARGS: e.g. --quick,
 # or scenario names.
 CHAOS_ARGS ?=
