@@ -12,6 +12,7 @@ retention, or compaction can delete a record that is still waiting.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,11 @@ from bridge.message import format_duration_ms
 logger = logging.getLogger(__name__)
 
 DESCRIBE_TIMEOUT_S = 10.0
+# How long the ingress thread waits for a topic id: it asks on an assignment, with the partitions
+# held until the answer. A broker that stopped answering (frozen, or gone before Kafka fenced it)
+# can hold an admin request for the whole DESCRIBE_TIMEOUT_S; a shard without an answer is bound
+# by the next incarnation check instead (bridge.positions), as when Kafka is unreachable.
+ID_TIMEOUT_S = 2.0
 
 
 def retention_problems(
@@ -119,19 +125,23 @@ class Topics:
         """The topic ids of the latest answers, without asking Kafka."""
         return dict(self._known)
 
-    def describe(self, topics: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
-        """(topic → id, topic → why it is absent) for the topics Kafka answered about; a topic
-        Kafka did not answer about (unreachable, timed out) is in neither."""
+    def describe(
+        self, topics: Sequence[str], timeout_s: float = DESCRIBE_TIMEOUT_S
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """(topic → id, topic → why it is absent) for the topics Kafka answered about within
+        ``timeout_s``; a topic Kafka did not answer about (unreachable, timed out) is in neither."""
         ids: dict[str, str] = {}
         absent: dict[str, str] = {}
         if not topics:
             return ids, absent
         futures = self.admin.describe_topics(
-            TopicCollection(list(topics)), request_timeout=DESCRIBE_TIMEOUT_S
+            TopicCollection(list(topics)), request_timeout=timeout_s
         )
+        deadline = time.monotonic() + timeout_s
         for topic, future in futures.items():
             try:
-                ids[topic] = str(future.result(timeout=DESCRIBE_TIMEOUT_S).topic_id)
+                left = max(0.0, deadline - time.monotonic())
+                ids[topic] = str(future.result(timeout=left).topic_id)
             except KafkaException as exc:
                 error = exc.args[0]
                 if error.code() in _ABSENT:
@@ -140,15 +150,16 @@ class Topics:
                     logger.warning("could not describe topic %s: %s", topic, error.str())
             except TimeoutError:
                 logger.warning("could not describe topic %s: no answer in %.0fs", topic,
-                               DESCRIBE_TIMEOUT_S)  # fmt: skip
+                               timeout_s)  # fmt: skip
         self._known.update(ids)
         for topic in absent:
             self._known.pop(topic, None)
         return ids, absent
 
     def ids(self, topics: Sequence[str]) -> dict[str, str]:
-        """The topic ids Kafka told (a topic it did not is left out, and its check waits)."""
-        return self.describe(topics)[0]
+        """The topic ids Kafka told within ID_TIMEOUT_S (a topic it did not is left out, and its
+        check waits)."""
+        return self.describe(topics, ID_TIMEOUT_S)[0]
 
     def absent(self, topics: Sequence[str]) -> dict[str, str]:
         """The topics Kafka said are not there (or not visible to the bridge), with why."""

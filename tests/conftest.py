@@ -50,6 +50,21 @@ def _local_env() -> dict[str, str]:
     return key_values(out)
 
 
+def run_services(*args: str) -> str:
+    """``scripts/services ARGS``; its stdout (a failure fails the test with its stderr)."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run([str(SERVICES), *args], capture_output=True, text=True, env=env,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def started(name: str) -> dict[str, str]:
+    """``scripts/services up NAME``, then what ``info NAME`` prints."""
+    run_services("up", name)
+    return key_values(run_services("info", name))
+
+
 @pytest.fixture(scope="session")
 def services() -> Services:
     """The real Kafka and Redis: from the environment, else started by scripts/services."""

@@ -37,6 +37,14 @@ def kafka_settings(config: Config, role: str) -> dict[str, str]:
     return merged
 
 
+# How long a request to a broker may go unanswered before the client gives up on the connection
+# and looks for the partition's leader again (librdkafka: 60 s). A broker that stops answering
+# without closing its connections (a long GC pause, a network partition) is fenced by the cluster
+# after broker.session.timeout.ms (9 s by default) and its partitions get new leaders; until the
+# client gives up on it, the records in flight to it wait. The cost: a request that takes longer
+# than this on a healthy cluster is sent again (the producer is idempotent: no duplicate).
+SOCKET_TIMEOUT_MS = "10000"
+
 # What the bridge's guarantees rest on: a user setting that contradicts one is a config error.
 _CONSUMER_FIXED = {
     "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
@@ -61,6 +69,7 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         # 45 s default); a restarted static member is back without waiting for it at all.
         "session.timeout.ms": "10000",
         "heartbeat.interval.ms": "3000",
+        "socket.timeout.ms": SOCKET_TIMEOUT_MS,
         # A fetch waits up to 10 ms for records to gather (or returns at 1 MB) instead of
         # returning with the first one: at 2,000 records/s that is ~100 fetches a second instead
         # of ~700, each a wake-up of librdkafka's and the ingress's threads (about a fifth of
@@ -113,6 +122,7 @@ def producer_settings(config: Config) -> dict[str, str]:
         "delivery.timeout.ms": str(min(120_000, config.egress.lease * 2 // 3)),
         "message.max.bytes": str(max(1_000_000, config.limits.max_record_bytes + 65_536)),
         "topic.metadata.propagation.max.ms": "5000",
+        "socket.timeout.ms": SOCKET_TIMEOUT_MS,
     }
     settings.update(kafka_settings(config, "producer"))
     return _fix(settings, _PRODUCER_FIXED, "kafka.producer")

@@ -884,6 +884,10 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         overrides.update(store__payload_horizon="6s", store__fetch_ahead="3s")
     if name in ("bridge-sigkill", "rebalance-storm"):
         overrides["egress__lease"] = "30s"  # the default: recovery must not wait for it
+    if name in KAFKA_CLUSTER_SCENARIOS:
+        # What a user gets: the bridge's own group session and lease (so its producer's
+        # delivery.timeout.ms), not the harness's faster ones.
+        overrides.update(kafka__consumer={}, egress__lease="30s")
     ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)
     if ha_set == "sentinel":
         info = servers.up_set(ha_set)

@@ -3,7 +3,6 @@ TLS with a client certificate — each on real servers that scripts/services sta
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -16,36 +15,23 @@ from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from tests.conftest import ROOT, SERVICES, delete_keys, key_values, wait_for
+from tests.conftest import ROOT, delete_keys, run_services, started, wait_for
 from tests.integration.harness import Bridge, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
-
-
-def services(*args: str) -> str:
-    env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run([str(SERVICES), *args], capture_output=True, text=True, env=env,
-                          check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def started(name: str) -> dict[str, str]:
-    services("up", name)
-    return key_values(services("info", name))
 
 
 @pytest.fixture(scope="module")
 def sentinel_set() -> Iterator[dict[str, str]]:
     """A master, a replica and three sentinels of this module's own (failovers change them)."""
     yield started("sentinel")
-    services("down", "sentinel")
+    run_services("down", "sentinel")
 
 
 @pytest.fixture(scope="module")
 def tls_redis() -> Iterator[dict[str, str]]:
     yield started("redis-tls")
-    services("down", "redis-tls")
+    run_services("down", "redis-tls")
 
 
 def records(setup: Setup, count: int, tag: str) -> list[tuple[bytes, bytes, Headers]]:
@@ -129,7 +115,7 @@ def test_over_tls_with_a_client_certificate(
 def redis_cluster() -> Iterator[dict[str, str]]:
     """Three masters and three replicas of this module's own."""
     yield started("redis-cluster")
-    services("down", "redis-cluster")
+    run_services("down", "redis-cluster")
 
 
 def test_on_a_redis_cluster_with_a_master_failing_over(

@@ -157,6 +157,8 @@ def test_producer_and_consumer_defaults() -> None:
     assert consumer["partition.assignment.strategy"] == "cooperative-sticky"
     assert consumer["auto.offset.reset"] == "earliest"
     assert consumer["session.timeout.ms"] == "10000"
+    # A broker that stops answering is given up on after 10 s (librdkafka: 60 s), by both.
+    assert consumer["socket.timeout.ms"] == producer["socket.timeout.ms"] == "10000"
     assert (consumer["fetch.wait.max.ms"], consumer["fetch.min.bytes"]) == ("10", "1048576")
     # A bounded prefetch, fetched again soon: RSS after a backlog, not a slower ingest.
     assert consumer["queued.max.messages.kbytes"] == "16384"
