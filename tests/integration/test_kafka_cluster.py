@@ -15,7 +15,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from bridge.topics import ID_TIMEOUT_S, Topics
-from tests.conftest import run_services, started
+from tests.conftest import run_services, started, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,8 +50,14 @@ def test_the_cluster_replicates_every_topic_three_ways_and_wants_two_in_sync(
         os.kill(pid, 0)  # alive
     admin = AdminClient({"bootstrap.servers": cluster["bootstrap"]})
     topic = new_topic(admin)
-    meta = admin.list_topics(topic, timeout=10).topics[topic]
-    assert {len(p.replicas) for p in meta.partitions.values()} == {3}
+
+    def replicas() -> set[int]:
+        partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
+        return {len(p.replicas) for p in partitions}
+
+    # A broker answers for a new topic once the controller's record reached it.
+    wait_for(lambda: bool(replicas()), 30, f"the partitions of {topic} in the metadata")
+    assert replicas() == {3}
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     config = admin.describe_configs([resource])[resource].result(10)
     assert config["min.insync.replicas"].value == "2"
