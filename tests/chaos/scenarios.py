@@ -878,16 +878,15 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     overrides: dict[str, object] = {}
     if name == "hostile-input":
         overrides["limits__max_record_bytes"] = 100_000
-    if name.startswith("rollout"):
-        overrides["kafka__consumer"] = {}  # the bridge's own session and heartbeat
+    # What a user gets, not the harness's faster settings: the bridge's own group session and
+    # heartbeat, and the default lease (recovery must not wait for it; it also sets the
+    # producer's delivery.timeout.ms).
+    if name.startswith("rollout") or name in KAFKA_CLUSTER_SCENARIOS:
+        overrides["kafka__consumer"] = {}
+    if name in ("bridge-sigkill", "rebalance-storm") or name in KAFKA_CLUSTER_SCENARIOS:
+        overrides["egress__lease"] = "30s"
     if name == "read-back-sigkill" or name.endswith("-references"):
         overrides.update(store__payload_horizon="6s", store__fetch_ahead="3s")
-    if name in ("bridge-sigkill", "rebalance-storm"):
-        overrides["egress__lease"] = "30s"  # the default: recovery must not wait for it
-    if name in KAFKA_CLUSTER_SCENARIOS:
-        # What a user gets: the bridge's own group session and lease (so its producer's
-        # delivery.timeout.ms), not the harness's faster ones.
-        overrides.update(kafka__consumer={}, egress__lease="30s")
     ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)
     if ha_set == "sentinel":
         info = servers.up_set(ha_set)

@@ -32,6 +32,18 @@ class Broker:
     pid: int
 
 
+def cluster_brokers(info: str) -> dict[int, Broker]:
+    """The brokers by id in what ``scripts/services info kafka-cluster`` prints (one
+    ``broker=<id> port=<port> pid=<pid>`` line each)."""
+    brokers = {}
+    for line in info.splitlines():
+        if line.startswith("broker="):
+            fields = dict(f.split("=", 1) for f in line.split())
+            broker = Broker(int(fields["broker"]), int(fields["port"]), int(fields["pid"]))
+            brokers[broker.id] = broker
+    return brokers
+
+
 @dataclass
 class Servers:
     """Kafka on 127.0.0.1:19192 and Redis on 127.0.0.1:16479 (DELAY_BRIDGE_CHAOS_KAFKA_PORT,
@@ -106,15 +118,8 @@ class Servers:
     def brokers(self) -> dict[int, Broker]:
         """The cluster's brokers as ``scripts/services info kafka-cluster`` lists them."""
         out = self._run("info", "kafka-cluster")
-        brokers = {}
-        for line in out.splitlines():
-            if line.startswith("bootstrap="):
-                self.cluster_bootstrap = line.split("=", 1)[1]
-            elif line.startswith("broker="):
-                fields = dict(f.split("=", 1) for f in line.split())
-                broker = Broker(int(fields["broker"]), int(fields["port"]), int(fields["pid"]))
-                brokers[broker.id] = broker
-        return brokers
+        self.cluster_bootstrap = key_values(out)["bootstrap"]
+        return cluster_brokers(out)
 
     def pid_on(self, port: int) -> int:
         """The pid of the redis-server of a set listening on ``port``."""

@@ -15,6 +15,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from bridge.topics import ID_TIMEOUT_S, Topics
+from tests.chaos.servers import cluster_brokers
 from tests.conftest import run_services, started, wait_for
 
 pytestmark = pytest.mark.integration
@@ -28,10 +29,9 @@ def cluster() -> Iterator[dict[str, str]]:
 
 
 def broker_pids() -> dict[int, int]:
-    """broker id → pid, from the ``broker=<id> port=<port> pid=<pid>`` lines of ``info``."""
-    lines = run_services("info", "kafka-cluster").splitlines()
-    fields = [dict(f.split("=", 1) for f in line.split()) for line in lines if "pid=" in line]
-    return {int(f["broker"]): int(f["pid"]) for f in fields}
+    """broker id → pid, as ``scripts/services info kafka-cluster`` tells them now."""
+    brokers = cluster_brokers(run_services("info", "kafka-cluster"))
+    return {broker.id: broker.pid for broker in brokers.values()}
 
 
 def new_topic(admin: AdminClient, partitions: int = 3) -> str:
