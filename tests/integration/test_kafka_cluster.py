@@ -73,7 +73,9 @@ def test_brokers_that_stop_answering_hold_a_topic_id_question_no_longer_than_its
     admin_conf: dict[str, str | int | float | bool] = {"bootstrap.servers": cluster["bootstrap"]}
     topic = new_topic(AdminClient(admin_conf))
     topics = Topics(admin_conf)
-    assert topic in topics.ids([topic])
+    # A fresh cluster may take longer than ID_TIMEOUT_S for its first answer (connections, the
+    # controller's record reaching every broker): wait for one before the fault.
+    wait_for(lambda: topic in topics.ids([topic]), 30, f"the id of {topic}")
     pids = broker_pids().values()
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -86,4 +88,5 @@ def test_brokers_that_stop_answering_hold_a_topic_id_question_no_longer_than_its
             os.kill(pid, signal.SIGCONT)
     assert answered == {}
     assert waited < ID_TIMEOUT_S + 1, f"waited {waited:.1f}s for frozen brokers"
-    assert topic in topics.ids([topic])  # and answered again once they are back
+    # and answered again once they are back
+    wait_for(lambda: topic in topics.ids([topic]), 30, f"the id of {topic} after SIGCONT")
