@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck unit chaos bench bench-full image services services-down services-status topics tools clean
+.PHONY: run test lint typecheck unit chaos bench bench-full soak image services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,6 +84,11 @@ bench: $(BENCH_STAMP)
 
 bench-full: $(BENCH_STAMP)
 	$(PY) -m bench --full $(BENCH_ARGS)
+
+# An hour at 2,000 records/s on a three-broker cluster of its own, the bridge SIGKILLed every ten
+# minutes (bench/soak.py): build/soak/results.json and soak.png; the last result in BENCHMARKS.md.
+soak: $(BENCH_STAMP)
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

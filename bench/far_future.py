@@ -56,7 +56,7 @@ def _keyed(headers: Headers, count: int) -> list[Record]:
     return (base * (count // KEYS + 1))[:count]
 
 
-def _rss_bytes(bridge: Bridge) -> int:
+def rss_bytes(bridge: Bridge) -> int:
     assert bridge.proc is not None
     for line in Path(f"/proc/{bridge.proc.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -72,7 +72,7 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
     store = Store(servers.redis(), run.prefix)
     try:
         bridge = ready_bridge(run)
-        redis_before, rss_before = used_memory(store), _rss_bytes(bridge)
+        redis_before, rss_before = used_memory(store), rss_bytes(bridge)
         header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
         started = time.monotonic()
         workload = produce(run, _keyed(header, count), float("inf"), value_size=value_size)
@@ -83,7 +83,7 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         references = references_waiting(store, run.delay)
         if references != count:
             report.problems.append(f"{name}: {references:,} of {count:,} kept as references")
-        grown, rss = used_memory(store) - redis_before, _rss_bytes(bridge)
+        grown, rss = used_memory(store) - redis_before, rss_bytes(bridge)
         figures: dict[str, Any] = {
             "records": count, "value_bytes": value_size, "references": references,
             "seconds_to_store": round(seconds, 1), "stored_per_s": count / seconds,
