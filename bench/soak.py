@@ -244,11 +244,16 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
         first = Workload(servers.bootstrap, run.delay, Records(load, 0, preload), PRELOAD_RATE)
         steady = Workload(servers.bootstrap, run.delay, Records(load, preload, load.steady), rate,
                           first_seq=preload)  # fmt: skip
+
+        def begin() -> None:  # the steady load as soon as the preload is in
+            first.join(preload / PRELOAD_RATE * 3 + 60)
+            load.steady_start_ms = now_ms()
+            steady.start()
+
         first.start()
         started = time.monotonic()
-        first.join(preload / PRELOAD_RATE * 3 + 60)
-        load.steady_start_ms = now_ms()
-        steady.start()
+        starter = threading.Thread(target=begin, name="steady", daemon=True)
+        starter.start()
         rows: list[dict[str, Any]] = []
         kills: list[int] = []
         cpu, redis_cpu = meter.total(bridge), _redis_cpu(redis)
@@ -268,6 +273,7 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
                 meter.kill(bridge)
                 kills.append(now_ms())
                 bridge, born = run.bridge("pod-0"), minute
+        starter.join(60)
         steady.join(600)
         deadline = time.monotonic() + max_delay_s + 120
         while tally.missing() and time.monotonic() < deadline:
