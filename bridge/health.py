@@ -11,17 +11,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import Gauge
 
 from bridge.errors import StoreError
-from bridge.store import Store
+from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 2.0  # Redis writable
 TOPIC_PROBE_INTERVAL_S = 10.0  # the DLQ topic exists
+# An owned delay partition whose leader the consumer knows but fetches from no broker for this
+# long (two statistics documents, 5 s apart) is stuck inside librdkafka: a leader move takes it
+# from one broker to the next within a metadata round.
+UNFETCHED_S = 5.0
 
 
 class Readiness:
@@ -120,3 +125,52 @@ class Probes:
                 self._next_topic_probe = time.monotonic() + TOPIC_PROBE_INTERVAL_S
                 self.topics_once()
             stop.wait(PROBE_INTERVAL_S)
+
+
+class FetchWatch:
+    """The ``fetching`` check, from the consumer's statistics: an owned delay partition whose
+    leader is known but that librdkafka fetches from no broker for UNFETCHED_S.
+
+    librdkafka can leave a partition on its internal broker when one metadata update moves the
+    partition to a new leader and also drops its old broker (a broker fenced after it stopped
+    answering); it moves it again only when the leader epoch changes (confluentinc/librdkafka#4804,
+    still in librdkafka 2.16). Records produced to it would then not be read until its leadership
+    moves again, which may be much later than the broker's return; the ingress starts its consumer
+    again instead (:meth:`bridge.ingress.Ingress.restart_soon`).
+    """
+
+    def __init__(
+        self, readiness: Readiness, clock: Callable[[], float] = time.monotonic,
+        unfetched_s: float = UNFETCHED_S,
+    ) -> None:  # fmt: skip
+        self.readiness = readiness
+        self._clock = clock
+        self.unfetched_s = unfetched_s
+        self._since: dict[Shard, float] = {}  # unfetched since (monotonic)
+
+    def update(self, stats: Mapping[str, Any], owned: Collection[Shard]) -> list[Shard]:
+        """Take a statistics document; returns the partitions stuck for UNFETCHED_S or more."""
+        now = self._clock()
+        unfetched = []
+        for topic, t in stats.get("topics", {}).items():
+            for pid, p in t.get("partitions", {}).items():
+                shard = Shard(topic, int(pid))
+                if shard in owned and p.get("leader", -1) >= 0 and p.get("broker", -1) < 0:
+                    unfetched.append((shard, p["leader"]))
+        self._since = {s: self._since.get(s, now) for s, _ in unfetched}
+        stuck = [(s, leader) for s, leader in sorted(unfetched)
+                 if now - self._since[s] >= self.unfetched_s]  # fmt: skip
+        if not stuck:
+            self.readiness.ok("fetching")
+            return []
+        oldest = max(now - self._since[s] for s, _ in stuck)
+        names = ", ".join(f"{s.topic}[{s.partition}] (leader {leader})" for s, leader in stuck)
+        detail = (f"consumer fetches {names} from no broker for {oldest:.0f}s "
+                  "(librdkafka#4804): starting it again")  # fmt: skip
+        self.readiness.fail("fetching", detail)
+        logger.error("%s", detail)
+        return [s for s, _ in stuck]
+
+    def reset(self) -> None:
+        """Forget the waits seen so far (the consumer is started again)."""
+        self._since.clear()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -152,6 +152,18 @@ class Metrics:
             "Records claimed and awaiting Kafka's acknowledgement (owned partitions)",
             registry=registry,
         )
+        self.oldest_inflight = Gauge(
+            "delay_bridge_oldest_inflight_seconds",
+            "Age of the oldest record produced to Kafka and not yet acknowledged (0 when none)",
+            registry=registry,
+        )
+        self.delivery_errors = Counter(
+            "delay_bridge_delivery_errors",
+            "Delivery reports that were failures, by librdkafka error name (the record is retried "
+            "after a back-off, or dead-lettered after egress.max_attempts permanent ones)",
+            ["error"],
+            registry=registry,
+        )
         self.oldest_overdue = Gauge(
             "delay_bridge_oldest_overdue_seconds",
             "Age of the oldest due record not yet handed to Kafka (0 when none)",
@@ -228,7 +240,7 @@ class Metrics:
             for cause in REBUILD_CAUSES:
                 self.rebuilds.labels(delay_topic=topic, cause=cause)
 
-    def set_lag(self, positions: Mapping[Shard, int | None], stats_json: str) -> int:
+    def set_lag(self, positions: Mapping[Shard, int | None], stats: Mapping[str, Any]) -> int:
         """Update the lag gauges from a librdkafka statistics document; returns brokers up.
 
         ``positions`` is the next offset to store per owned shard (watermark + 1), or None when
@@ -236,7 +248,6 @@ class Metrics:
         committed offset is the lowest *pending* one, so librdkafka's own consumer_lag would count
         every scheduled record; the lag here counts only records not yet read into Redis.
         """
-        stats = json.loads(stats_json)
         # Only real brokers: librdkafka also lists its bootstrap and logical (GroupCoordinator)
         # connections, which have no node id.
         up = len({b.get("nodeid") for b in stats.get("brokers", {}).values()

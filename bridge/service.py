@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import signal
@@ -28,7 +29,7 @@ from bridge.config import (
 from bridge.dialects import ETF1
 from bridge.egress import Egress
 from bridge.errors import ConfigError, StoreError
-from bridge.health import Probes, Readiness
+from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.logs import KafkaNoise
@@ -97,6 +98,7 @@ class Service:
         }
         self.brokers_up = 0
         self.readiness = Readiness()
+        self.fetch_watch = FetchWatch(self.readiness)
         self.topics = Topics({**admin_settings(config), "logger": _kafka_logger("admin")})
         self.probes = Probes(self.store, self.readiness, config.topics.dead_letter,
                              self.topics.absent, writable=self.metrics.redis_writable,
@@ -135,6 +137,7 @@ class Service:
             known_ids=self.topics.known,
             readiness=self.readiness,
             catch_up=catch_up,
+            new_consumer=lambda: Consumer(consumer_conf),
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.
@@ -157,9 +160,15 @@ class Service:
         self._waiting_for_redis = False
 
     def _on_stats(self, stats_json: str) -> None:
+        stats = json.loads(stats_json)
         marks = self.ingress.marks
         positions = {s: marks[s] + 1 if s in marks else None for s in self.ingress.assigned}
-        self.brokers_up = self.metrics.set_lag(positions, stats_json)
+        self.brokers_up = self.metrics.set_lag(positions, stats)
+        stuck = self.fetch_watch.update(stats, positions.keys())
+        if stuck:
+            names = ", ".join(f"{s.topic}[{s.partition}]" for s in stuck)
+            self.ingress.restart_soon(f"librdkafka fetches {names} from no broker")
+            self.fetch_watch.reset()
 
     def _on_fetched(self, records: int, size: int) -> None:
         self.metrics.read_back_fetched.inc(records)

@@ -139,6 +139,7 @@ class Egress:
         self.last_loop = time.monotonic()
         self.producer.poll(0)
         self.deliveries.settle()
+        self.deliveries.watch()
         if self._taking_over:
             self._take_over()
         if self._stored:

@@ -49,6 +49,11 @@ PERMANENT_ERRORS = frozenset(
         ClientError._INVALID_ARG,
     }
 )
+# A record produced and not acknowledged for this long means Kafka is not taking writes (a leader
+# gone and not yet replaced, fewer in-sync replicas than min.insync.replicas): librdkafka retries
+# within delivery.timeout.ms without a report meanwhile, and a healthy cluster acknowledges
+# within milliseconds. /readyz says so, checked every WATCH_EVERY_S.
+STALL_S, WATCH_EVERY_S = 5.0, 1.0
 # A record whose delivery failed is claimable again after this long, doubling per failure.
 RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS = 500, 5_000
 RETRIES_KEPT = 100_000  # failure counts remembered (records another replica took are forgotten)
@@ -69,6 +74,7 @@ class Pending:
     attempts: int = 0
     dead_letter: bool = False
     error: str = ""  # Kafka's last refusal, for the DLQ's delay-error-detail
+    sent_s: float = 0.0  # monotonic, when last produced; 0 once Kafka acknowledged it
 
 
 @dataclass
@@ -129,6 +135,9 @@ class Deliveries:
         self._retries: dict[Ident, int] = {}
         # Notified whenever in-flight records settle; revocation waits on it.
         self._settled = threading.Condition()
+        # Topics whose last delivery report was a failure (retried), with the error.
+        self._failing: dict[str, str] = {}
+        self._next_watch = 0.0
 
     def produce(self, ident: Ident, pending: Pending) -> None:
         """Produce a claimed record to its target (or, given up on, to the DLQ)."""
@@ -140,6 +149,7 @@ class Deliveries:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
         timestamp = max(self._clock_ms(), record.due_ms)
+        pending.sent_s = time.monotonic()
         try:
             produce(
                 self.producer, topic, value=record.value, key=key, headers=wire_headers(headers),
@@ -172,11 +182,15 @@ class Deliveries:
         reports = [self._reports.popleft() for _ in range(len(self._reports))]
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
         failed: Counter[tuple[str, str, int]] = Counter()
+        errors: Counter[str] = Counter()
         for ident, err, at_ms in reports:
             pending = self.pending.get(ident)
             if pending is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
+                pending.sent_s = 0.0
+                if self._failing:
+                    self._failing.pop(self._topic(pending), None)
                 epoch = pending.claimed.epoch
                 acked = self.acked.get(ident[0])
                 if acked is not None and acked.epoch != epoch:  # the shard's state was retired
@@ -194,6 +208,7 @@ class Deliveries:
                     waited_ms = max(0, self._clock_ms() - at_ms)
                     self.ack_by = time.monotonic() + (self._ack_wait_ms - waited_ms) / 1000
                 continue
+            errors[err.name()] += 1
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
                 pending.error = f"{err.name()}: {err.str()}"
@@ -206,7 +221,8 @@ class Deliveries:
                     )  # fmt: skip
                 self._send(ident, pending)
                 continue
-            topic = self.dead_letter if pending.dead_letter else pending.claimed.record.target
+            topic = self._topic(pending)
+            self._failing[topic] = err.str()
             if len(self._retries) >= RETRIES_KEPT:
                 self._retries.clear()
             tries = self._retries[ident] = self._retries.get(ident, 0) + 1
@@ -217,7 +233,39 @@ class Deliveries:
             self.store.release(members, wait_ms)
             self.forget(members)
             self._on_retry(members, wait_ms)
+        for name, n in errors.items():
+            self.metrics.delivery_errors.labels(error=name).inc(n)
         self._report_failures(failed)
+
+    def _topic(self, pending: Pending) -> str:
+        return self.dead_letter if pending.dead_letter else pending.claimed.record.target
+
+    def watch(self) -> None:
+        """At most every WATCH_EVERY_S: the age of the oldest record produced and not
+        acknowledged (``delay_bridge_oldest_inflight_seconds``), and the ``deliveries`` check of
+        /readyz — failing while a record waits longer than STALL_S for Kafka or a topic's last
+        delivery report was a failure."""
+        now = time.monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + WATCH_EVERY_S
+        sent = [p for p in self.pending.values() if p.sent_s]
+        oldest = min(sent, key=lambda p: p.sent_s, default=None)
+        age = 0.0 if oldest is None else now - oldest.sent_s
+        self.metrics.oldest_inflight.set(age)
+        if oldest is not None and age > STALL_S:
+            stalled = sum(1 for p in sent if now - p.sent_s > STALL_S)
+            self.readiness.fail("deliveries", (
+                f"{stalled:,} deliveries not acknowledged by Kafka for more than {STALL_S:.0f}s "
+                f"(the oldest for {age:.0f}s, to {self._topic(oldest)}): its brokers are not "
+                "taking writes"
+            ))  # fmt: skip
+            return
+        if self._failing:
+            failing = "; ".join(f"to {t}: {e}" for t, e in sorted(self._failing.items()))
+            self.readiness.fail("deliveries", f"deliveries failing, retried: {failing}")
+        else:
+            self.readiness.ok("deliveries")
 
     def ack(self, force: bool = False) -> None:
         """Acknowledge delivered records in Redis: a tick (or half an ``ahead`` window) after the

@@ -30,6 +30,7 @@ COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for t
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 HOLD_SLICE_S = 0.01  # how often a hold looks at what came in when linger is 0
 TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
+RESTART_EVERY_S = 60.0  # the consumer is started again for a stuck partition at most this often
 
 
 class Ingress:
@@ -57,8 +58,12 @@ class Ingress:
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        new_consumer: Callable[[], Consumer] | None = None,
     ) -> None:
         self.consumer = consumer
+        self._new_consumer = new_consumer  # to start it again (restart_soon); None: never
+        self._restart_why = ""
+        self._next_restart = 0.0
         self.catch_up = catch_up or CatchUp()
         self.store = store
         self.rules = rules
@@ -110,8 +115,31 @@ class Ingress:
         """Join the consumer group on the delay topics."""
         self.membership.subscribe()
 
+    def restart_soon(self, why: str) -> None:
+        """Close the consumer and start a new one before the next batch (at most every
+        RESTART_EVERY_S): librdkafka can leave a partition fetched from no broker for good
+        (bridge.health.FetchWatch), and a new client reads it from its leader. Called from the
+        statistics callback, inside a poll of this thread, where the consumer cannot close."""
+        if self._new_consumer is not None and time.monotonic() >= self._next_restart:
+            self._restart_why = why
+
+    def _restart(self) -> None:
+        why, self._restart_why = self._restart_why, ""
+        self._next_restart = time.monotonic() + RESTART_EVERY_S
+        logger.warning("starting the delay-topic consumer again: %s", why)
+        self._close_consumer()
+        # What the close did not revoke (its partitions are taken up again by the new one: a
+        # static member at once, as a restarted replica is).
+        self.membership.release(set(self.assigned))
+        assert self._new_consumer is not None
+        consumer = self._new_consumer()
+        self.consumer = self.membership.consumer = self.positions.consumer = consumer
+        self.membership.subscribe()
+
     def poll_once(self, timeout: float = 0.5) -> int:
         """Consume one batch and handle it; returns how many records it held."""
+        if self._restart_why:
+            self._restart()
         self.last_loop = time.monotonic()
         if self.last_loop >= self._next_commit:
             self._next_commit = self.last_loop + COMMIT_INTERVAL_S
@@ -208,10 +236,13 @@ class Ingress:
 
     def close(self) -> None:
         """Commit what is stored and leave the group."""
+        self._close_consumer()
+        self.dead_letters.flush()
+
+    def _close_consumer(self) -> None:
         self.positions.store_lows(set(self.assigned), rebuild=False)
         self.membership.commit()
         self.consumer.close()
-        self.dead_letters.flush()
 
     def _is_error(self, msg: Message) -> bool:
         error = msg.error()

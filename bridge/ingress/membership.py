@@ -113,6 +113,12 @@ class Membership:
         self.lost = self.lost | {Shard(tp.topic, tp.partition) for tp in partitions}
         self._drop(partitions, "lost")
 
+    def release(self, shards: set[Shard]) -> None:
+        """Give up these partitions without the group telling (the consumer is closed)."""
+        if shards:
+            self.joined = False
+            self._drop([TopicPartition(s.topic, s.partition) for s in shards], "released")
+
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
         self.positions.assigned.difference_update(shards)

@@ -16,19 +16,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from confluent_kafka.admin import AdminClient
 
+from bridge.egress.settle import STALL_S
 from tests.chaos.checker import quantile
 from tests.chaos.workload import now_ms, steady
-from tests.integration.harness import Bridge, wait_ready
+from tests.conftest import wait_for
+from tests.integration.harness import Bridge, metric, wait_ready
 
 if TYPE_CHECKING:
     from tests.chaos.scenarios import Result, Run, Size
 
 MAX_DELAY_MS = 5000
 READYZ_EVERY_S = 0.25
+BROKER_STOP_S = 120.0  # a broker's controlled shutdown moves its leaderships first
+IN_SYNC_S = 120.0  # a restarted broker catches up and rejoins every ISR
 
 
 def leader_of_most(admin: AdminClient, topic: str) -> int:
@@ -67,6 +72,19 @@ class Readyz:
 
     def not_ready(self) -> list[tuple[int, int, str]]:
         return [s for s in self.samples if s[1] != 200]
+
+    def named(self, what: str, windows: list[tuple[int, int]]) -> bool:
+        """Whether a 503 within one of the ``windows`` named ``what``."""
+        return any(status != 200 and what in body and any(a <= at <= b for a, b in windows)
+                   for at, status, body in self.samples)  # fmt: skip
+
+    def note(self, result: Result) -> None:
+        """How long /readyz said 503, and the first reason it gave."""
+        not_ready = self.not_ready()
+        if not_ready:
+            seconds = len(not_ready) * READYZ_EVERY_S
+            result.notes.append(f"/readyz 503 for ~{seconds:.1f} s: {not_ready[0][2][:120]}")
+        result.checks["ready at the end"] = bool(self.samples) and self.samples[-1][1] == 200
 
 
 def lateness(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
@@ -123,14 +141,107 @@ def broker_fault(kind: str) -> Callable[[Run, Size, random.Random], Result]:
             f"({size.outage_s:.0f} s, three brokers)",
         )
         readyz.stop()
-        during, after = lateness(run, windows)
-        result.notes.append(f"due during the fault: {_seconds(during)}; after: {_seconds(after)}")
-        not_ready = readyz.not_ready()
-        if not_ready:
-            seconds = len(not_ready) * READYZ_EVERY_S
-            result.notes.append(f"/readyz 503 for ~{seconds:.1f} s: {not_ready[0][2][:120]}")
+        _lateness_note(result, run, windows)
+        readyz.note(result)
+        if readyz.named("from no broker", [(0, now_ms())]):
+            result.notes.append("/readyz named a delay partition fetched from no broker")
         result.checks["ready before"] = ready_before
-        result.checks["ready at the end"] = bool(readyz.samples) and readyz.samples[-1][1] == 200
         return result
 
     return scenario
+
+
+def _lateness_note(result: Result, run: Run, windows: list[tuple[int, int]]) -> None:
+    during, after = lateness(run, windows)
+    result.notes.append(f"due during the fault: {_seconds(during)}; after: {_seconds(after)}")
+
+
+def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
+    """Two of the three brokers SIGKILLed at once (the one leading most delay partitions and
+    another), started again after ``size.outage_s``: no partition keeps min.insync.replicas (2),
+    so Kafka takes no write. The bridge stops delivering and acknowledging (nothing leaves Redis
+    that Kafka did not take), says so in /readyz (``deliveries``) and in
+    ``delay_bridge_oldest_inflight_seconds``, and resumes by itself."""
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    readyz = Readyz(bridge).start()
+    records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
+    workload = run.workload(records, size.seconds)
+    windows: list[tuple[int, int]] = []
+    stalled_s = []
+    gap = size.seconds / (size.faults + 1)
+    for i in range(size.faults):
+        run.at(gap * (i + 1) - size.outage_s / 2)
+        brokers = run.servers.brokers()
+        leader = leader_of_most(run.admin, run.delay)
+        other = rng.choice(sorted(set(brokers) - {leader}))
+        start = now_ms()
+        for victim in (leader, other):
+            os.kill(brokers[victim].pid, signal.SIGKILL)
+        time.sleep(size.outage_s * 0.8)  # the fault's length, not a wait on a condition
+        stalled_s.append(metric(bridge, "delay_bridge_oldest_inflight_seconds"))
+        time.sleep(size.outage_s * 0.2)
+        run.servers.kafka_cluster_up()
+        windows.append((start, now_ms()))
+    result = run.finish(workload, "min.insync.replicas lost",
+                        f"{size.faults} x kill -9 of two of the three brokers "
+                        f"({size.outage_s:.0f} s)")  # fmt: skip
+    readyz.stop()
+    _lateness_note(result, run, windows)
+    readyz.note(result)
+    result.notes.append("oldest unacknowledged delivery late in the fault: "
+                        + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
+    result.checks["ready before"] = ready_before
+    result.checks["/readyz named the deliveries"] = readyz.named("deliveries", windows)
+    result.checks["the metric showed them waiting"] = all(s > STALL_S for s in stalled_s)
+    return result
+
+
+def broker_roll(run: Run, size: Size, rng: random.Random) -> Result:
+    """A rolling restart, as an upgrade does it: each broker in turn stopped (SIGTERM: a
+    controlled shutdown moves its leaderships away first), started again, and waited for until
+    every partition is fully in sync before the next one goes."""
+    bridge = run.bridge()
+    ready_before = wait_ready(bridge)
+    readyz = Readyz(bridge).start()
+    records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
+    workload = run.workload(records, size.seconds)
+    windows: list[tuple[int, int]] = []
+    for i in range(size.faults):
+        run.at(size.seconds * i / size.faults + 2)
+        start = now_ms()
+        for broker in sorted(run.servers.brokers()):
+            pid = run.servers.brokers()[broker].pid
+            os.kill(pid, signal.SIGTERM)
+            _wait_gone(pid, f"broker {broker}")
+            run.servers.kafka_cluster_up()
+            wait_for(lambda: _in_sync(run.admin), IN_SYNC_S, "every partition in sync")
+        windows.append((start, now_ms()))
+    result = run.finish(workload, "brokers rolled",
+                        f"{size.faults} x a rolling restart of the three brokers")  # fmt: skip
+    readyz.stop()
+    _lateness_note(result, run, windows)
+    readyz.note(result)
+    result.checks["ready before"] = ready_before
+    return result
+
+
+def _wait_gone(pid: int, what: str) -> None:
+    def gone() -> bool:  # exited (a zombie not reaped yet counts)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+    wait_for(gone, BROKER_STOP_S, f"{what} to stop")
+
+
+def _in_sync(admin: AdminClient) -> bool:
+    """Whether every partition of every topic has all its replicas in sync."""
+    try:
+        topics = admin.list_topics(timeout=5).topics.values()
+    except Exception:
+        return False
+    return all(len(p.isrs) == len(p.replicas) and p.leader >= 0
+               for t in topics for p in t.partitions.values())  # fmt: skip

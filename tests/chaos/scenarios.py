@@ -29,7 +29,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Shard, Store
-from tests.chaos.brokers import broker_fault
+from tests.chaos.brokers import broker_fault, broker_roll, isr_shrink
 from tests.chaos.checker import (
     Account,
     Checker,
@@ -869,8 +869,10 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     # On the three-broker cluster (tests/chaos/brokers.py), 600 records/s.
     "leader-kill": (broker_fault("kill"), None, Size(60_000, 100, 1, outage_s=30)),
     "broker-freeze": (broker_fault("freeze"), None, Size(60_000, 100, 1, outage_s=30)),
+    "isr-shrink": (isr_shrink, None, Size(60_000, 100, 1, outage_s=30)),
+    "broker-roll": (broker_roll, None, Size(60_000, 100, 1)),
 }
-KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze"})
+KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze", "isr-shrink", "broker-roll"})
 
 
 def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: int) -> Result:

@@ -8,15 +8,20 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
+from bridge.egress.settle import STALL_S
+from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.topics import ID_TIMEOUT_S, Topics
+from tests.chaos.brokers import leader_of_most
 from tests.chaos.servers import cluster_brokers
-from tests.conftest import run_services, started, wait_for
+from tests.conftest import Services, run_services, started, wait_for
+from tests.integration.harness import Bridge, bridge_env, metric, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +95,43 @@ def test_brokers_that_stop_answering_hold_a_topic_id_question_no_longer_than_its
     assert waited < ID_TIMEOUT_S + 1, f"waited {waited:.1f}s for frozen brokers"
     # and answered again once they are back
     wait_for(lambda: topic in topics.ids([topic]), 30, f"the id of {topic} after SIGCONT")
+
+
+def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_why(
+    cluster: dict[str, str], services: Services, tmp_path: Path
+) -> None:
+    """Two brokers of three killed: no partition keeps min.insync.replicas (2), so Kafka takes
+    no write, and librdkafka retries within delivery.timeout.ms without a report meanwhile. The
+    bridge must notice the wait itself: nothing acknowledged, /readyz names the deliveries, the
+    metric shows the wait; and it resumes by itself once the brokers are back."""
+    bootstrap = cluster["bootstrap"]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    delay, target, dlq = (new_topic(admin, 1) for _ in range(3))
+    env = bridge_env(bootstrap, services.redis_url, topics__delay=delay, topics__dead_letter=dlq,
+                     kafka__group_id=f"g-{delay}", redis__key_prefix=f"test-{delay}")  # fmt: skip
+    bridge = Bridge(env, tmp_path / "bridge.log").start()
+    delivered = f'delay_bridge_delivered_total{{target_topic="{target}"}}'
+    try:
+        wait_for(lambda: bridge.get("/readyz")[0] == 200, 90, "/readyz 200")
+        # Stored before the fault (its producer could not write either), due during it.
+        produce_all(bootstrap, delay, [(None, b"v", [(H_TARGET_TOPIC, target.encode()),
+                                                     (H_AFTER, b"6s")])] * 5)  # fmt: skip
+        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5, 30, "5 stored")
+        pids = broker_pids()
+        leader = leader_of_most(admin, target)
+        other = min(set(pids) - {leader})
+        for broker in (leader, other):
+            os.kill(pids[broker], signal.SIGKILL)
+
+        def refused() -> bool:
+            status, body = bridge.get("/readyz")
+            return status == 503 and "deliveries not acknowledged by Kafka" in body
+
+        wait_for(refused, 6 + STALL_S + 15, "/readyz to name the deliveries Kafka does not take")
+        assert metric(bridge, "delay_bridge_oldest_inflight_seconds") > STALL_S
+        assert metric(bridge, delivered) == 0  # nothing acknowledged that Kafka did not take
+        run_services("up", "kafka-cluster")  # starts the two again
+        wait_for(lambda: metric(bridge, delivered) == 5, 120, "the 5 delivered once Kafka is back")
+        wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "/readyz 200 again")
+    finally:
+        bridge.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -116,7 +117,7 @@ def test_ingest_lag_from_librdkafka_statistics(
     consumer = Consumer({
         "bootstrap.servers": services.bootstrap, "group.id": f"lag-{unique}",
         "enable.auto.commit": False, "statistics.interval.ms": 200,
-        "stats_cb": lambda js: metrics.set_lag(positions, js),
+        "stats_cb": lambda js: metrics.set_lag(positions, json.loads(js)),
     })  # fmt: skip
 
     def lag() -> float | None:

@@ -1,0 +1,61 @@
+"""The ingress starting its delay-topic consumer again while records flow: what it does for a
+partition librdkafka left fetched from no broker (bridge.health.FetchWatch), whose trigger only a
+broker fault sets off (`make chaos CHAOS_ARGS=broker-freeze`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bridge.config import from_mapping
+from bridge.message import H_AFTER, H_TARGET_TOPIC
+from bridge.service import Service
+from bridge.store import Shard
+from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.harness import Collector, bridge_env, produce_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("member", ["static", "dynamic"])
+def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partitions_back(
+    member: str, services: Services, topics: TopicFactory, unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    delay, target, dlq = topics("delay", 3), topics("out"), topics("dlq")
+    overrides = {"kafka__group_instance_id": f"pod-{unique}"} if member == "static" else {}
+    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
+                     topics__dead_letter=dlq, kafka__group_id=f"g-{unique}",
+                     redis__key_prefix=f"test-{unique}", **overrides)  # fmt: skip
+    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    everything = {Shard(delay, p) for p in range(3)}
+    runner = threading.Thread(target=service.run)
+    caplog.set_level(logging.INFO)
+    runner.start()
+    collector = Collector(services.bootstrap, [target], f"check-{unique}")
+    try:
+        wait_for(lambda: service.ingress.assigned == everything, 60, "the partitions assigned")
+
+        def records(first: int) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+            return [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()),
+                                              (H_AFTER, b"%dms" % (i % 50 * 20))])
+                    for i in range(first, first + 300)]  # fmt: skip
+
+        produce_all(services.bootstrap, delay, records(0))
+        service.ingress.restart_soon("a test")
+        wait_for(lambda: "starting the delay-topic consumer again: a test" in caplog.text, 30,
+                 "the consumer started again")  # fmt: skip
+        produce_all(services.bootstrap, delay, records(300))
+        collector.until(lambda got: {r.value for r in got} >= {b"v%d" % i for i in range(600)},
+                        90, "all 600 records delivered")  # fmt: skip
+        assert service.ingress.assigned == everything
+        service.ingress.restart_soon("again, within a minute")  # at most one a minute
+        assert not service.ingress._restart_why
+    finally:
+        service.stop_event.set()
+        runner.join(60)
+        collector.close()
+    assert not runner.is_alive()

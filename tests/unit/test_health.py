@@ -1,0 +1,60 @@
+"""The ``fetching`` readiness check, fed with librdkafka statistics documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.health import UNFETCHED_S, FetchWatch, Readiness
+from bridge.store import Shard
+
+
+def stats(**partitions: tuple[int, int]) -> dict[str, Any]:
+    """A statistics document of topic ``delay``: partition → (leader, broker fetched from)."""
+    parts = {pid.removeprefix("p"): {"leader": leader, "broker": broker}
+             for pid, (leader, broker) in partitions.items()}  # fmt: skip
+    parts["-1"] = {"leader": -1, "broker": -1}  # librdkafka's unassigned-partition entry
+    return {"topics": {"delay": {"partitions": parts}}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_partition_with_a_leader_fetched_from_no_broker_fails_readiness_once_it_lasts() -> None:
+    readiness, clock = Readiness(), Clock()
+    watch = FetchWatch(readiness, clock)
+    owned = {Shard("delay", 0), Shard("delay", 1)}
+    assert watch.update(stats(p0=(3, -1), p1=(2, 2)), owned) == []
+    clock.now += UNFETCHED_S - 1
+    assert watch.update(stats(p0=(3, -1), p1=(2, 2)), owned) == []  # a leader move takes this
+    assert readiness.problems() == []
+    clock.now += 1
+    assert watch.update(stats(p0=(3, -1), p1=(2, 2)), owned) == [Shard("delay", 0)]
+    [problem] = readiness.problems()
+    assert f"delay[0] (leader 3) from no broker for {UNFETCHED_S:.0f}s" in problem
+    assert watch.update(stats(p0=(3, 3), p1=(2, 2)), owned) == []  # fetched again
+    assert readiness.problems() == []
+    watch.update(stats(p0=(3, -1)), owned)
+    clock.now += UNFETCHED_S
+    watch.reset()  # the consumer started again: its wait starts again
+    assert watch.update(stats(p0=(3, -1)), owned) == []
+
+
+def test_no_leader_a_partition_not_owned_and_a_gap_in_the_wait_do_not_count() -> None:
+    readiness, clock = Readiness(), Clock()
+    watch = FetchWatch(readiness, clock)
+    owned = {Shard("delay", 0)}
+    for _ in range(3):
+        # no leader (every replica down: Kafka's fault, not a stuck client); p1 is not ours
+        assert watch.update(stats(p0=(-1, -1), p1=(3, -1)), owned) == []
+        clock.now += UNFETCHED_S
+    watch.update(stats(p0=(3, -1)), owned)
+    clock.now += UNFETCHED_S - 1
+    watch.update(stats(p0=(3, 3)), owned)  # fetched in between: the wait starts again
+    clock.now += 2
+    assert watch.update(stats(p0=(3, -1)), owned) == []
+    assert readiness.problems() == []
