@@ -78,12 +78,13 @@ class Load:
         return self.preload + self.steady
 
     def due_ms(self, i: int) -> int:
-        """When record ``i`` is due: its produce time as paced plus its delay. The preload's
-        delays have the density of a steady backlog's remaining waits (falling linearly to
-        ``max_delay_ms``); the steady load's are uniform in MIN_DELAY_MS..max_delay_ms."""
+        """When record ``i`` is due. The steady load's: its produce time as paced plus a delay
+        uniform in MIN_DELAY_MS..max_delay_ms. The preload's: the end of the preload plus a wait
+        with the density of a steady backlog's remaining waits (falling linearly to
+        ``max_delay_ms``), so the backlog is the steady one when the steady load starts."""
         r = _spread(i)
-        if i < self.preload:
-            return int(self.start_ms + i * 1000 / self.preload_rate
+        if i < self.preload:  # waiting from the end of the preload, as if produced at once
+            return int(self.start_ms + self.preload * 1000 / self.preload_rate
                        + self.max_delay_ms * (1 - (1 - r) ** 0.5))  # fmt: skip
         produced = self.steady_start_ms + (i - self.preload) * 1000 / self.rate
         return int(produced + MIN_DELAY_MS + r * (self.max_delay_ms - MIN_DELAY_MS))
