@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, Message
 from bench.far_future import rss_bytes
 from bench.scenarios import ACK_STAMPS
 from bridge.message import H_DELIVER_AT, H_DUE_AT, H_TARGET_TOPIC, Headers
+from tests.chaos.background import Background
 from tests.chaos.scenarios import Run
 from tests.chaos.servers import Servers
 from tests.chaos.workload import CLIENT_LOG_LEVEL, Record, Workload, now_ms, seq_of
@@ -120,7 +121,7 @@ class Records(Sequence[Record]):
 
 
 @dataclass
-class Tally:
+class Tally(Background):
     """Reads the target topic and the DLQ from their start in a thread, counting each seq's
     deliveries and binning the first one's lateness by the minute it was due."""
 
@@ -138,21 +139,10 @@ class Tally:
         default_factory=lambda: collections.defaultdict(collections.Counter)
     )
     delivered_in: collections.Counter[int] = field(default_factory=collections.Counter)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    thread_name = "tally"
 
     def __post_init__(self) -> None:
         self.seen = bytearray(len(self.load))
-
-    def start(self) -> Tally:
-        self._thread = threading.Thread(target=self._run, name="tally", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
 
     def _run(self) -> None:
         consumer = Consumer({

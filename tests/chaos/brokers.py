@@ -13,7 +13,6 @@ import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +22,9 @@ from typing import TYPE_CHECKING
 from confluent_kafka.admin import AdminClient
 
 from bridge.egress.settle import STALL_S
+from tests.chaos.background import Background
 from tests.chaos.checker import quantile
-from tests.chaos.workload import now_ms, steady
+from tests.chaos.workload import Workload, now_ms, steady
 from tests.conftest import wait_for
 from tests.integration.harness import Bridge, metric, wait_ready
 
@@ -45,23 +45,12 @@ def leader_of_most(admin: AdminClient, topic: str) -> int:
 
 
 @dataclass
-class Readyz:
+class Readyz(Background):
     """/readyz sampled in a thread every 0.25 s: (epoch ms, status, body)."""
 
     bridge: Bridge
     samples: list[tuple[int, int, str]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> Readyz:
-        self._thread = threading.Thread(target=self._run, name="readyz", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    thread_name = "readyz"
 
     def _run(self) -> None:
         while not self._stop.wait(READYZ_EVERY_S):
@@ -110,18 +99,44 @@ def _seconds(values: list[int]) -> str:
     return f"p99 {quantile(values, 0.99) / 1000:.2f} s, max {max(values, default=0) / 1000:.2f} s"
 
 
+@dataclass
+class Faulted:
+    """What every broker scenario runs: one bridge, /readyz sampled, the steady load, and the
+    windows (epoch ms) its faults lasted."""
+
+    run: Run
+    bridge: Bridge
+    ready_before: bool
+    readyz: Readyz
+    workload: Workload
+    windows: list[tuple[int, int]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, run: Run, size: Size, rng: random.Random) -> Faulted:
+        bridge = run.bridge()
+        ready_before = wait_ready(bridge)
+        readyz = Readyz(bridge).start()
+        records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
+        return cls(run, bridge, ready_before, readyz, run.workload(records, size.seconds))
+
+    def finish(self, scenario: str, faults: str) -> Result:
+        """Settle the run; the lateness due during the faults and after, and /readyz."""
+        result = self.run.finish(self.workload, scenario, faults)
+        self.readyz.stop()
+        during, after = lateness(self.run, self.windows)
+        result.notes.append(f"due during the fault: {_seconds(during)}; after: {_seconds(after)}")
+        self.readyz.note(result)
+        result.checks["ready before"] = self.ready_before
+        return result
+
+
 def broker_fault(kind: str) -> Callable[[Run, Size, random.Random], Result]:
     """``kill``: the broker leading most delay-topic partitions SIGKILLed, started again after
     ``size.outage_s``; ``freeze``: it stops answering (SIGSTOP) for ``size.outage_s``, then goes
     on (SIGCONT) — a long GC pause or a network partition."""
 
     def scenario(run: Run, size: Size, rng: random.Random) -> Result:
-        bridge = run.bridge()
-        ready_before = wait_ready(bridge)
-        readyz = Readyz(bridge).start()
-        records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
-        workload = run.workload(records, size.seconds)
-        windows: list[tuple[int, int]] = []
+        f = Faulted.start(run, size, rng)
         gap = size.seconds / (size.faults + 1)
         for i in range(size.faults):
             run.at(gap * (i + 1) - size.outage_s / 2)
@@ -133,28 +148,18 @@ def broker_fault(kind: str) -> Callable[[Run, Size, random.Random], Result]:
                 run.servers.kafka_cluster_up()
             else:
                 os.kill(broker.pid, signal.SIGCONT)
-            windows.append((start, now_ms()))
+            f.windows.append((start, now_ms()))
         what = "kill -9 of" if kind == "kill" else "SIGSTOP for"
-        result = run.finish(
-            workload,
+        result = f.finish(
             "partition leader killed" if kind == "kill" else "partition leader frozen",
             f"{size.faults} x {what} the broker leading most delay partitions "
             f"({size.outage_s:.0f} s, three brokers)",
         )
-        readyz.stop()
-        _lateness_note(result, run, windows)
-        readyz.note(result)
-        if readyz.named("from no broker", [(0, now_ms())]):
+        if f.readyz.named("from no broker", [(0, now_ms())]):
             result.notes.append("/readyz named a delay partition fetched from no broker")
-        result.checks["ready before"] = ready_before
         return result
 
     return scenario
-
-
-def _lateness_note(result: Result, run: Run, windows: list[tuple[int, int]]) -> None:
-    during, after = lateness(run, windows)
-    result.notes.append(f"due during the fault: {_seconds(during)}; after: {_seconds(after)}")
 
 
 def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
@@ -163,12 +168,7 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
     so Kafka takes no write. The bridge stops delivering and acknowledging (nothing leaves Redis
     that Kafka did not take), says so in /readyz (``deliveries``) and in
     ``delay_bridge_oldest_inflight_seconds``, and resumes by itself."""
-    bridge = run.bridge()
-    ready_before = wait_ready(bridge)
-    readyz = Readyz(bridge).start()
-    records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
-    workload = run.workload(records, size.seconds)
-    windows: list[tuple[int, int]] = []
+    f = Faulted.start(run, size, rng)
     stalled_s = []
     gap = size.seconds / (size.faults + 1)
     for i in range(size.faults):
@@ -183,20 +183,15 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
         while time.monotonic() < end:  # the fault's length, the metric sampled meanwhile
             time.sleep(1.0)
             with contextlib.suppress(OSError):
-                peak = max(peak, metric(bridge, "delay_bridge_oldest_inflight_seconds"))
+                peak = max(peak, metric(f.bridge, "delay_bridge_oldest_inflight_seconds"))
         stalled_s.append(peak)
         run.servers.kafka_cluster_up()
-        windows.append((start, now_ms()))
-    result = run.finish(workload, "min.insync.replicas lost",
-                        f"{size.faults} x kill -9 of two of the three brokers "
-                        f"({size.outage_s:.0f} s)")  # fmt: skip
-    readyz.stop()
-    _lateness_note(result, run, windows)
-    readyz.note(result)
+        f.windows.append((start, now_ms()))
+    result = f.finish("min.insync.replicas lost", f"{size.faults} x kill -9 of two of the "
+                      f"three brokers ({size.outage_s:.0f} s)")  # fmt: skip
     result.notes.append("delay_bridge_oldest_inflight_seconds peaked at "
                         + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
-    result.checks["ready before"] = ready_before
-    result.checks["/readyz named the deliveries"] = readyz.named("deliveries", windows)
+    result.checks["/readyz named the deliveries"] = f.readyz.named("deliveries", f.windows)
     result.checks["the metric showed them waiting"] = all(s > STALL_S for s in stalled_s)
     return result
 
@@ -205,12 +200,7 @@ def broker_roll(run: Run, size: Size, rng: random.Random) -> Result:
     """A rolling restart, as an upgrade does it: each broker in turn stopped (SIGTERM: a
     controlled shutdown moves its leaderships away first), started again, and waited for until
     every partition is fully in sync before the next one goes."""
-    bridge = run.bridge()
-    ready_before = wait_ready(bridge)
-    readyz = Readyz(bridge).start()
-    records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
-    workload = run.workload(records, size.seconds)
-    windows: list[tuple[int, int]] = []
+    f = Faulted.start(run, size, rng)
     for i in range(size.faults):
         run.at(size.seconds * i / size.faults + 2)
         start = now_ms()
@@ -220,14 +210,8 @@ def broker_roll(run: Run, size: Size, rng: random.Random) -> Result:
             _wait_gone(pid, f"broker {broker}")
             run.servers.kafka_cluster_up()
             wait_for(lambda: _in_sync(run.admin), IN_SYNC_S, "every partition in sync")
-        windows.append((start, now_ms()))
-    result = run.finish(workload, "brokers rolled",
-                        f"{size.faults} x a rolling restart of the three brokers")  # fmt: skip
-    readyz.stop()
-    _lateness_note(result, run, windows)
-    readyz.note(result)
-    result.checks["ready before"] = ready_before
-    return result
+        f.windows.append((start, now_ms()))
+    return f.finish("brokers rolled", f"{size.faults} x a rolling restart of the three brokers")
 
 
 def _wait_gone(pid: int, what: str) -> None:

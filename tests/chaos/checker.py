@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from bridge.message import (
     parse_time_ms,
 )
 from bridge.store import Shard, Store
+from tests.chaos.background import Background
 from tests.chaos.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
 
 
@@ -74,7 +74,7 @@ def _header(headers: Headers, name: str) -> bytes | None:
 
 
 @dataclass
-class Checker:
+class Checker(Background):
     """Collects the outputs in a thread; :meth:`account` settles every delay-topic offset."""
 
     bootstrap: str
@@ -87,23 +87,12 @@ class Checker:
     # a payload-missing DLQ record has no value to read its seq from. Records of two incarnations
     # of a topic at one offset can be due at the same ms: each DLQ record takes one of them.
     origins: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    thread_name = "checker"
 
     @property
     def dlq(self) -> str:
         """The last output topic is the DLQ."""
         return self.outputs[-1]
-
-    def start(self) -> Checker:
-        self._thread = threading.Thread(target=self._run, name="checker", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
 
     def _run(self) -> None:
         consumer = Consumer({
