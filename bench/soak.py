@@ -322,18 +322,18 @@ def _commit() -> str:
     return proc.stdout.strip()
 
 
-def _flat(values: list[float]) -> float:
-    """The largest distance from the median, as a fraction of it."""
+def _flat(values: list[float]) -> float | None:
+    """The largest distance from the median, as a fraction of it (None: no values)."""
     if not values:
-        return 0.0
+        return None
     median = sorted(values)[len(values) // 2]
     return max(abs(v - median) for v in values) / median if median else 0.0
 
 
-def _trend(values: list[float]) -> float:
-    """The mean of the last third over the mean of the first third."""
-    if not values:
-        return 0.0
+def _trend(values: list[float]) -> float | None:
+    """The mean of the last third over the mean of the first third (None: too few values)."""
+    if len(values) < 3:
+        return None
     third = max(1, len(values) // 3)
     first = sum(values[:third]) / third
     return (sum(values[-third:]) / third) / first if first else 0.0
@@ -343,26 +343,31 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """(target, measured, met): memory flat after the warm-up (the bridge's RSS once the process
     running is WARM_UP_MIN minutes old: a process started again after a kill grows back first),
     CPU per record and p99 without a trend (minutes without a kill, the last minute of the load
-    excluded: its records are due later), nothing lost, early or dead-lettered."""
+    excluded: its records are due later), nothing lost, early or dead-lettered. A run too short
+    to judge a target misses it."""
     after = [r for r in results["minutes"] if r["minute"] > WARM_UP_MIN]
     calm = [r for r in after[:-1] if not r["killed"]]
-    out = []
-    rss = _flat([r["rss_bytes"] for r in results["minutes"] if r["age_min"] > WARM_UP_MIN])
-    out.append((f"bridge RSS within {FLAT:.0%} of its median (processes over {WARM_UP_MIN} min "
-                "old)", f"{rss:.1%}", rss <= FLAT))  # fmt: skip
-    redis = _flat([r["redis_used_bytes"] for r in after])
-    out.append((f"Redis used_memory within {FLAT:.0%} of its median after minute {WARM_UP_MIN}",
-                f"{redis:.1%}", redis <= FLAT))  # fmt: skip
+    old = [r["rss_bytes"] for r in results["minutes"] if r["age_min"] > WARM_UP_MIN]
+    out = [
+        _judged(f"bridge RSS within {FLAT:.0%} of its median (processes over {WARM_UP_MIN} min "
+                "old)", _flat(old), FLAT, "{:.1%}"),
+        _judged(f"Redis used_memory within {FLAT:.0%} of its median after minute {WARM_UP_MIN}",
+                _flat([r["redis_used_bytes"] for r in after]), FLAT, "{:.1%}"),
+    ]  # fmt: skip
     for key, name in (("bridge_cpu_ms_per_record", "bridge CPU per record"),
                       ("p99_ms", "lateness p99 per minute")):  # fmt: skip
         trend = _trend([float(r[key]) for r in calm])
-        out.append((f"{name}: last third / first third <= {TREND:.2f} (minutes without a kill)",
-                    f"{trend:.2f}", trend <= TREND))  # fmt: skip
-    bad = (
-        results["lost"] + results["early"] + results["dead_lettered"] + results["wrong_due_header"]
-    )
+        out.append(_judged(f"{name}: last third / first third <= {TREND:.2f} (minutes without a "
+                           "kill)", trend, TREND, "{:.2f}"))  # fmt: skip
+    bad = sum(results[k] for k in ("lost", "early", "dead_lettered", "wrong_due_header"))
     out.append(("0 lost, 0 early, 0 dead-lettered, due-at as asked", str(bad), bad == 0))
     return out
+
+
+def _judged(target: str, value: float | None, limit: float, fmt: str) -> tuple[str, str, bool]:
+    if value is None:
+        return target, "too short to judge", False
+    return target, fmt.format(value), value <= limit
 
 
 def plot(results: dict[str, Any], path: Path) -> Path:
@@ -399,6 +404,38 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def report(results: dict[str, Any]) -> str:
+    """Markdown: the targets, the totals, and one row per minute."""
+    a = results["args"]
+    lines = [
+        f"# Soak: {a['minutes']:.0f} min at {a['rate']:,.0f} records/s, delays 1 s to "
+        f"{a['max_delay_s']:.0f} s, SIGKILL every {a['kill_every_min']:.0f} min",
+        "",
+        f"`{results['command']}` at {results.get('commit', '?')}: {results['records']:,} records "
+        f"({results['preload']:,} of them the preload), {results['kills']} kills; lost "
+        f"{results['lost']}, early {results['early']}, dead-lettered {results['dead_lettered']}, "
+        f"duplicates {results['duplicates']:,}; lateness p99 {results['p99_ms']:,} ms, max "
+        f"{results['max_ms']:,} ms.",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+        *(f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in results["targets"]),
+        "",
+        "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
+        "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed |",
+        "|" + "---|" * 11,
+    ]
+    mib = 1 << 20
+    for r in results["minutes"]:
+        lines.append(
+            f"| {r['minute']} | {r['age_min']} | {r['rss_bytes'] / mib:.1f} | "
+            f"{r['redis_used_bytes'] / mib:.1f} | {r['bridge_cpu_ms_per_record']:.3f} | "
+            f"{r['redis_cpu_ms_per_record']:.3f} | {r['delivered']:,} | {r['due']:,} | "
+            f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak",
@@ -409,25 +446,29 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000)
     parser.add_argument("--max-delay", type=float, default=600, help="seconds")
     parser.add_argument("--kill-every", type=float, default=10, help="minutes")
+    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",
+                        help="write report.md and soak.png again from a run's results")  # fmt: skip
     args = parser.parse_args()
     out = ROOT / "build" / "soak"
     out.mkdir(parents=True, exist_ok=True)
-    base = Path(os.environ.get("DELAY_BRIDGE_STATE_DIR", Path.home() / ".local/state/delay-bridge"))
-    servers = Servers(base / "soak", kafka_port=KAFKA_PORT, redis_port=REDIS_PORT)
-    servers.up("redis")
-    try:
-        results = soak(servers, out, minutes=args.minutes, rate=args.rate,
-                       max_delay_s=args.max_delay, kill_every_min=args.kill_every)  # fmt: skip
-    finally:
-        servers.down()
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if args.report:
+        results = json.loads(args.report.read_text())
+        results["targets"] = targets(results)
+    else:
+        base = Path(os.environ.get("DELAY_BRIDGE_STATE_DIR",
+                                   Path.home() / ".local/state/delay-bridge"))  # fmt: skip
+        servers = Servers(base / "soak", kafka_port=KAFKA_PORT, redis_port=REDIS_PORT)
+        servers.up("redis")
+        try:
+            results = soak(servers, out, minutes=args.minutes, rate=args.rate,
+                           max_delay_s=args.max_delay, kill_every_min=args.kill_every)  # fmt: skip
+        finally:
+            servers.down()
+        (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, out / "soak.png")
-    print("| target | measured | met |\n|---|---|---|")
-    for target, measured, met in results["targets"]:
-        print(f"| {target} | {measured} | {'yes' if met else 'NO'} |")
-    print(f"records {results['records']:,}, lost {results['lost']}, early {results['early']}, "
-          f"duplicates {results['duplicates']}, p99 {results['p99_ms']} ms, "
-          f"max {results['max_ms']} ms; {out / 'results.json'}, {out / 'soak.png'}")  # fmt: skip
+    (out / "report.md").write_text(report(results))
+    print(report(results).split("\n\n| minute")[0])
+    print(f"{out / 'results.json'}, {out / 'report.md'}, {out / 'soak.png'}")
     return 0 if all(met for _, _, met in results["targets"]) else 1
 
 
