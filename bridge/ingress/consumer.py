@@ -22,7 +22,7 @@ from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.membership import Membership
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
-from bridge.store import Shard, Store
+from bridge.store import Added, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -272,16 +272,7 @@ class Ingress:
                 self.marks[shard] = max(high, self.marks.get(shard, -1))
             if added.lost:
                 self.positions.rebuild(added.lost)
-            self.metrics.replaced.inc(added.replaced)
-            self.metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
-            self.metrics.cancelled.labels(result="not-found").inc(added.not_found)
-            for shard, offset, delay_id in added.missed:
-                logger.warning(
-                    "cancel of %s at %s offset %d found no waiting record (already claimed or "
-                    "delivered, never scheduled, or waiting in another partition: a cancel needs "
-                    "its record's key and partitioner)", delay_id, shard, offset,
-                    extra={"repeat_key": "cancel-not-found"},
-                )  # fmt: skip
+            _report(added, self.metrics)
         self._read_up_to(batch, set(batch.stored))
         counts: dict[str, int] = {}
         earliest: dict[Shard, int] = {}
@@ -339,3 +330,17 @@ class Ingress:
         valid = [m for m in messages if m.error() is None]
         if valid:
             self._rewind(valid)
+
+
+def _report(added: Added, metrics: Metrics) -> None:
+    """Count the replacements and cancels a store applied; log each cancel that found nothing."""
+    metrics.replaced.inc(added.replaced)
+    metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
+    metrics.cancelled.labels(result="not-found").inc(added.not_found)
+    for shard, offset, delay_id in added.missed:
+        logger.warning(
+            "cancel of %s at %s offset %d found no waiting record (already claimed or "
+            "delivered, never scheduled, or waiting in another partition: a cancel needs "
+            "its record's key and partitioner)", delay_id, shard, offset,
+            extra={"repeat_key": "cancel-not-found"},
+        )  # fmt: skip
