@@ -48,29 +48,38 @@ def run(image: str, *command: str) -> subprocess.CompletedProcess[str]:
                           check=False)  # fmt: skip
 
 
+# Run inside one container of the image (each container is a full copy of its rootfs with
+# buildah's vfs storage: seconds apiece): every command's exit code, stdout and stderr as JSON.
+IN_ONE_CONTAINER = """
+import json, subprocess, sys
+commands = json.loads(sys.argv[1])
+done = [subprocess.run(c, capture_output=True, text=True) for c in commands]
+print(json.dumps([[p.returncode, p.stdout, p.stderr] for p in done]))
+"""
+LIST_LUA = ("from importlib import resources; print(' '.join(sorted("
+            "p.name for p in resources.files('bridge.store').joinpath('lua').iterdir())))")  # fmt: skip
+
+
 def test_the_image_runs_the_bridge(image: str) -> None:
-    version = run(image, "delay-bridge", "--version")
-    assert version.returncode == 0, version.stderr
-    assert version.stdout.strip() == f"delay-bridge {__import__('bridge').__version__}"
-    # Through the entrypoint's init, as the pod runs it.
-    assert run(image, "tini", "--", "delay-bridge", "--version").returncode == 0
-    checked = run(image, "delay-bridge", "check-config")
-    assert checked.returncode == 0, checked.stderr
-    assert yaml.safe_load(checked.stdout)["logging"]["json"] is True  # JSON logs in the image
-    assert run(image, "id", "-u").stdout.strip() == "10001"
-    # The chart's helm test pod asks /readyz with the image's own python.
-    assert run(image, "python", "-c", "import urllib.request").returncode == 0
-    # The store's Lua scripts ship as package data of bridge.store, beside its modules.
-    listed = run(
-        image,
-        "python",
-        "-c",
-        "from importlib import resources; print(' '.join(sorted("
-        "p.name for p in resources.files('bridge.store').joinpath('lua').iterdir())))",
-    )
-    assert listed.stdout.split() == sorted(
-        p.name for p in (ROOT / "bridge/store/lua").glob("*.lua")
-    )
+    commands = [
+        ["delay-bridge", "--version"],
+        ["tini", "--", "delay-bridge", "--version"],  # through the entrypoint's init, as a pod
+        ["delay-bridge", "check-config"],
+        ["id", "-u"],
+        # The chart's helm test pod asks /readyz with the image's own python.
+        ["python", "-c", "import urllib.request"],
+        # The store's Lua scripts ship as package data of bridge.store, beside its modules.
+        ["python", "-c", LIST_LUA],
+    ]
+    proc = run(image, "python", "-c", IN_ONE_CONTAINER, json.dumps(commands))
+    assert proc.returncode == 0, proc.stderr
+    version, tini, checked, uid, urllib, listed = json.loads(proc.stdout)
+    for rc, _, err in (version, tini, checked, urllib, listed):
+        assert rc == 0, err
+    assert version[1].strip() == f"delay-bridge {__import__('bridge').__version__}"
+    assert yaml.safe_load(checked[1])["logging"]["json"] is True  # JSON logs in the image
+    assert uid[1].strip() == "10001"
+    assert listed[1].split() == sorted(p.name for p in (ROOT / "bridge/store/lua").glob("*.lua"))
 
 
 def test_push_writes_the_image_where_it_is_told(image: str, tmp_path: Path) -> None:
