@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,14 +42,7 @@ LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
 
 def local_servers() -> Servers:
     """The services ``scripts/services`` runs by default (its env overrides apply)."""
-    state = Path(
-        os.environ.get("DELAY_BRIDGE_STATE_DIR", Path.home() / ".local/state/delay-bridge")
-    )
-    return Servers(
-        state,
-        kafka_port=int(os.environ.get("DELAY_BRIDGE_KAFKA_PORT", LOCAL_KAFKA_PORT)),
-        redis_port=int(os.environ.get("DELAY_BRIDGE_REDIS_PORT", LOCAL_REDIS_PORT)),
-    )
+    return Servers.local()
 
 
 def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Report:

@@ -40,7 +40,7 @@ from bench.scenarios import ACK_STAMPS
 from bridge.message import H_DELIVER_AT, H_DUE_AT, H_TARGET_TOPIC, Headers
 from tests.chaos.background import Background
 from tests.chaos.scenarios import Run
-from tests.chaos.servers import Servers
+from tests.chaos.servers import STATE_DIR, Servers
 from tests.chaos.workload import CLIENT_LOG_LEVEL, Record, Workload, now_ms, seq_of
 from tests.conftest import ROOT
 from tests.integration.harness import Bridge, wait_ready
@@ -464,9 +464,7 @@ def main() -> int:
         results = json.loads(args.report.read_text())
         results["targets"] = targets(results)
     else:
-        base = Path(os.environ.get("DELAY_BRIDGE_STATE_DIR",
-                                   Path.home() / ".local/state/delay-bridge"))  # fmt: skip
-        servers = Servers(base / "soak", kafka_port=KAFKA_PORT, redis_port=REDIS_PORT)
+        servers = Servers(STATE_DIR / "soak", kafka_port=KAFKA_PORT, redis_port=REDIS_PORT)
         servers.up("redis")
         try:
             results = soak(servers, out, minutes=args.minutes, rate=args.rate,

@@ -23,16 +23,8 @@ TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup
             scattered=3000, spread_s=6)  # fmt: skip
 
 
-def on(services: Services, state: Path) -> Servers:
-    """The test session's Kafka and Redis as the harness's servers (the cluster scenario starts
-    a Redis Cluster of its own under ``state``)."""
-    kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
-    redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
-    return Servers(state, kafka_port=kafka_port, redis_port=redis_port)
-
-
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
-    servers = on(services, tmp_path)  # never started
+    servers = Servers.on(services, tmp_path)  # never started
     result = run_all(servers, tmp_path, TOY, ["throughput", "precision", "catchup"])
     assert result.problems == []  # nothing lost, early or misrouted in any scenario
     f = result.figures
@@ -64,7 +56,7 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
 def test_the_cluster_scenario_runs_on_both_redis_and_keeps_the_contract(
     services: Services, tmp_path: Path
 ) -> None:
-    servers = on(services, tmp_path)  # cluster of its own
+    servers = Servers.on(services, tmp_path)  # cluster of its own
     result = run_all(servers, tmp_path, TOY, ["cluster"])
     assert result.problems == []
     m = result.figures["redis modes"]
@@ -80,7 +72,7 @@ def test_the_cluster_scenario_runs_on_both_redis_and_keeps_the_contract(
 def test_the_recovery_scenario_kills_restarts_and_keeps_the_contract(
     services: Services, tmp_path: Path
 ) -> None:
-    servers = on(services, tmp_path)  # never started
+    servers = Servers.on(services, tmp_path)  # never started
     result = run_all(servers, tmp_path, TOY, ["recovery"])
     assert result.problems == []  # nothing lost or early around the SIGKILL
     for case, replicas in (("restart", 1), ("restart, dynamic member", 1), ("takeover", 2)):
@@ -104,7 +96,7 @@ def test_tables_report_missed_targets() -> None:
 def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
     services: Services, tmp_path: Path
 ) -> None:
-    servers = on(services, tmp_path)  # never started
+    servers = Servers.on(services, tmp_path)  # never started
     result = run_all(servers, tmp_path, TOY, ["far-future"])
     assert result.problems == []  # every record kept as a reference; none lost, early, misrouted
     held = result.figures["far-future held 3,000 x 100 B"]

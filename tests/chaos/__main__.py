@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from pathlib import Path
 
 from tests.chaos.scenarios import HEADER, SCENARIOS, Result, run_scenario
-from tests.chaos.servers import Servers
+from tests.chaos.servers import STATE_DIR, Servers
 from tests.conftest import ROOT
 
 
@@ -24,11 +22,6 @@ def table(results: list[Result]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r.row()) + " |" for r in results]
     return "\n".join(lines)
-
-
-def state_dir() -> Path:
-    base = os.environ.get("DELAY_BRIDGE_STATE_DIR", str(Path.home() / ".local/state/delay-bridge"))
-    return Path(base) / "chaos"
 
 
 def main() -> int:
@@ -44,7 +37,7 @@ def main() -> int:
     ]
     out = ROOT / "build" / "chaos"
     out.mkdir(parents=True, exist_ok=True)
-    servers = Servers(state_dir())
+    servers = Servers(STATE_DIR / "chaos")
     servers.up()
     results: list[Result] = []
     try:

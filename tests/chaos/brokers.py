@@ -1,9 +1,11 @@
 """Faults of a three-broker Kafka cluster (replication factor 3, min.insync.replicas 2).
 
 The runs of these scenarios use ``scripts/services up kafka-cluster`` instead of the single broker
-(see :func:`tests.chaos.scenarios.run_scenario`), and their delay topic stamps records with the
-broker's append time: lateness counts from the later of the due time and the append, so a
-producer the fault held up is not the bridge's lateness.
+(see :func:`tests.chaos.scenarios.run_scenario`), and their delay and target topics stamp records
+with the broker's append time. Lateness counts from the later of the due time and the append to
+the delay topic (a producer the fault held up is not the bridge's lateness) to the append to the
+target topic: when the record was in Kafka for its consumers. When the checker's own consumer
+saw it is reported beside (a consumer of the faulty cluster, it can wait on the fault itself).
 """
 
 from __future__ import annotations
@@ -77,9 +79,12 @@ class Readyz(Background):
         result.checks["ready at the end"] = bool(self.samples) and self.samples[-1][1] == 200
 
 
-def lateness(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+def lateness(
+    run: Run, windows: list[tuple[int, int]], *, seen: bool = False
+) -> tuple[list[int], list[int]]:
     """The lateness (ms) of the records run.finish() settled that were due within the ``windows``
-    (epoch ms, start to end), and of those due after the first of them began."""
+    (epoch ms, start to end), and of those due after the first of them began: to their append to
+    the target topic, or to when the checker saw them (``seen``)."""
     during, after = [], []
     first = min(start for start, _ in windows)
     for seq, exp in run.settled.items():
@@ -87,7 +92,7 @@ def lateness(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int], list[
         if not got or exp.due_ms is None:
             continue
         due = max(exp.due_ms, exp.produced_ms)
-        late = max(0, min(g.seen_ms for g in got) - due)
+        late = max(0, min(g.seen_ms if seen else g.timestamp_ms for g in got) - due)
         if any(start <= due < end for start, end in windows):
             during.append(late)
         elif due >= first:
@@ -123,8 +128,11 @@ class Faulted:
         """Settle the run; the lateness due during the faults and after, and /readyz."""
         result = self.run.finish(self.workload, scenario, faults)
         self.readyz.stop()
+        result.account.lateness_ms = result.account.stamp_lateness_ms  # to the append
         during, after = lateness(self.run, self.windows)
         result.notes.append(f"due during the fault: {_seconds(during)}; after: {_seconds(after)}")
+        seen, _ = lateness(self.run, self.windows, seen=True)
+        result.notes.append(f"the checker's consumer saw those due during it: {_seconds(seen)}")
         self.readyz.note(result)
         result.checks["ready before"] = self.ready_before
         return result
@@ -209,7 +217,7 @@ def broker_roll(run: Run, size: Size, rng: random.Random) -> Result:
             os.kill(pid, signal.SIGTERM)
             _wait_gone(pid, f"broker {broker}")
             run.servers.kafka_cluster_up()
-            wait_for(lambda: _in_sync(run.admin), IN_SYNC_S, "every partition in sync")
+            wait_for(lambda: in_sync(run.admin), IN_SYNC_S, "every partition in sync")
         f.windows.append((start, now_ms()))
     return f.finish("brokers rolled", f"{size.faults} x a rolling restart of the three brokers")
 
@@ -225,7 +233,7 @@ def _wait_gone(pid: int, what: str) -> None:
     wait_for(gone, BROKER_STOP_S, f"{what} to stop")
 
 
-def _in_sync(admin: AdminClient) -> bool:
+def in_sync(admin: AdminClient) -> bool:
     """Whether every partition of every topic has all its replicas in sync."""
     try:
         topics = admin.list_topics(timeout=5).topics.values()

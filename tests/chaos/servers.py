@@ -16,8 +16,12 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import SERVICES, key_values
+from tests.conftest import SERVICES, Services, key_values
 
+# Where scripts/services keeps its servers' data, logs and pids.
+STATE_DIR = Path(
+    os.environ.get("DELAY_BRIDGE_STATE_DIR", Path.home() / ".local/state/delay-bridge")
+)
 KAFKA_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_KAFKA_PORT", "19192"))  # controller: +1
 KAFKA_CLUSTER_PORT = KAFKA_PORT + 100  # brokers 1..3 on +0..+2, the cluster's controller on +10
 REDIS_PORT = int(os.environ.get("DELAY_BRIDGE_CHAOS_REDIS_PORT", "16479"))
@@ -53,8 +57,30 @@ class Servers:
     appendfsync: str = "everysec"  # what a (re)started Redis runs with
     kafka_port: int = KAFKA_PORT  # the controller listens on the next port
     redis_port: int = REDIS_PORT
+    kafka_cluster_port: int | None = None  # broker 1's; None: kafka_port + 100
     # While a run is on the three-broker cluster (kafka_cluster_up): its bootstrap servers.
     cluster_bootstrap: str | None = None
+
+    @classmethod
+    def local(cls) -> Servers:
+        """The servers ``scripts/services`` runs by default (its env overrides apply)."""
+        return cls(
+            STATE_DIR,
+            kafka_port=int(os.environ.get("DELAY_BRIDGE_KAFKA_PORT", "19092")),
+            redis_port=int(os.environ.get("DELAY_BRIDGE_REDIS_PORT", "16379")),
+            kafka_cluster_port=int(os.environ.get("DELAY_BRIDGE_KAFKA_CLUSTER_BASE_PORT", "19201")),
+        )
+
+    @classmethod
+    def on(
+        cls, services: Services, state_dir: Path, kafka_cluster_port: int | None = None
+    ) -> Servers:
+        """The test session's Kafka and Redis as the harness's servers (what it starts of its
+        own, a Redis Cluster or a Kafka cluster on ``kafka_cluster_port``, under ``state_dir``)."""
+        kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
+        redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
+        return cls(state_dir, kafka_port=kafka_port, redis_port=redis_port,
+                   kafka_cluster_port=kafka_cluster_port)  # fmt: skip
 
     @property
     def bootstrap(self) -> str:
@@ -80,7 +106,9 @@ class Servers:
             "DELAY_BRIDGE_REDIS_APPENDFSYNC": self.appendfsync,
             "DELAY_BRIDGE_SENTINEL_BASE_PORT": str(self.redis_port + 2),
             "DELAY_BRIDGE_REDIS_CLUSTER_BASE_PORT": str(self.redis_port + 30),
-            "DELAY_BRIDGE_KAFKA_CLUSTER_BASE_PORT": str(self.kafka_port + 100),
+            "DELAY_BRIDGE_KAFKA_CLUSTER_BASE_PORT": str(
+                self.kafka_cluster_port or self.kafka_port + 100
+            ),
         }
         proc = subprocess.run(
             [str(SERVICES), *args], env=env, capture_output=True, text=True, check=False
@@ -94,7 +122,9 @@ class Servers:
         self._run("up", *([what] if what else []))
 
     def down(self) -> None:
+        """Stop both, and the three-broker cluster if a run started it."""
         self._run("down")
+        self.kafka_cluster_down()
 
     def up_set(self, name: str) -> dict[str, str]:
         """Start a ``sentinel`` set or a ``redis-cluster`` of the harness's own (or restart its

@@ -212,11 +212,12 @@ def test_an_unreachable_kafka_does_not_flood_the_log(
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     try:
         wait_for(lambda: "Connection refused" in bridge.output(), 30, "the first connect error")
-        window = time.monotonic() + 20
-        wait_for(lambda: time.monotonic() > window, 25, "a 20 s window")
+        window = time.monotonic() + 12
+        wait_for(lambda: time.monotonic() > window, 15, "a 12 s window")
         noisy = [line for line in bridge.output().splitlines()
                  if " ERROR " in line or " WARNING " in line]  # fmt: skip
-        # One line per distinct fault (consumer, producers, admin), not one per reconnect.
+        # One line per distinct fault (consumer, producers, admin), not one per reconnect (each
+        # client reconnects several times in 12 s: librdkafka's backoff grows from 0.1 s to 10 s).
         assert len(noisy) <= 12, "\n".join(noisy)
     finally:
         bridge.kill()

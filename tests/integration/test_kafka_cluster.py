@@ -7,6 +7,7 @@ import os
 import signal
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from bridge.egress.settle import STALL_S
 from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.topics import ID_TIMEOUT_S, Topics
 from tests.chaos.brokers import leader_of_most
-from tests.chaos.servers import cluster_brokers
+from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
+from tests.chaos.servers import STATE_DIR, Servers, cluster_brokers
 from tests.conftest import Services, run_services, started, wait_for
 from tests.integration.harness import Bridge, bridge_env, metric, produce_all
 
@@ -135,3 +137,19 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "/readyz 200 again")
     finally:
         bridge.kill()
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n in KAFKA_CLUSTER_SCENARIOS
+                                  and SCENARIOS[n][1] is not None])  # fmt: skip
+def test_chaos_scenario_short(
+    name: str, services: Services, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The short version of a three-broker chaos scenario (tests/chaos/brokers.py), on this
+    module's cluster and the session's Redis."""
+    _, quick, _ = SCENARIOS[name]
+    assert quick is not None
+    base_port = min(b.port for b in cluster_brokers(run_services("info", "kafka-cluster")).values())
+    servers = Servers.on(services, STATE_DIR, kafka_cluster_port=base_port)
+    result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
+    assert_kept(result, tmp_path)
