@@ -494,10 +494,10 @@ def _one_mode(servers: Servers, workdir: Path, mode: str, *, overrides: dict[str
 
 # ---------------------------------------------------------------- 7: recovery after a SIGKILL
 
-# The bridge's own defaults (session.timeout.ms 10 s, egress.lease 30 s), not the chaos
+# The bridge's own defaults (session.timeout.ms 20 s, egress.lease 30 s), not the chaos
 # harness's shortened ones: recovery must not rest on short timeouts.
 DEFAULT_TIMEOUTS: dict[str, object] = {"kafka__consumer": {}, "egress__lease": "30s"}
-SESSION_TIMEOUT_S = 10.0
+SESSION_TIMEOUT_S = 20.0
 
 
 def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,

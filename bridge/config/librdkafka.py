@@ -66,8 +66,13 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         "enable.partition.eof": "false",
         "statistics.interval.ms": "5000",  # ingest lag and broker state for the metrics
         # A replica that dies for good hands its partitions on after this long (librdkafka's
-        # 45 s default); a restarted static member is back without waiting for it at all.
-        "session.timeout.ms": "10000",
+        # 45 s default); a restarted static member is back without waiting for it at all. It
+        # must outlast a broker that stops answering: Kafka fences it after 9 s and the
+        # heartbeats find the new coordinator only once a request to the old one has timed out
+        # (socket.timeout.ms, 10 s). At 10 s the session ran out first on a frozen broker and
+        # the group took 10-14 s to form again: 22-23 s of lateness; at 20 s, 11 s (make chaos
+        # CHAOS_ARGS=broker-freeze).
+        "session.timeout.ms": "20000",
         "heartbeat.interval.ms": "3000",
         "socket.timeout.ms": SOCKET_TIMEOUT_MS,
         # A fetch waits up to 10 ms for records to gather (or returns at 1 MB) instead of

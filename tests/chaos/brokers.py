@@ -37,6 +37,9 @@ MAX_DELAY_MS = 5000
 READYZ_EVERY_S = 0.25
 BROKER_STOP_S = 120.0  # a broker's controlled shutdown moves its leaderships first
 IN_SYNC_S = 120.0  # a restarted broker catches up and rejoins every ISR
+# A leader killed or frozen costs at most the cluster's fencing time (broker.session.timeout.ms,
+# 9 s by default) + 3 s of lateness.
+FENCED_LATENESS_S = 9.0 + 3.0
 
 
 def leader_of_most(admin: AdminClient, topic: str) -> int:
@@ -165,6 +168,9 @@ def broker_fault(kind: str) -> Callable[[Run, Size, random.Random], Result]:
         )
         if f.readyz.named("from no broker", [(0, now_ms())]):
             result.notes.append("/readyz named a delay partition fetched from no broker")
+        if size.outage_s >= 30:  # the full run: the short one's faults are barely fenced
+            within = result.account.max_lateness_ms <= FENCED_LATENESS_S * 1000
+            result.checks[f"lateness <= fencing + 3 s ({FENCED_LATENESS_S:.0f} s)"] = within
         return result
 
     return scenario

@@ -156,7 +156,8 @@ def test_producer_and_consumer_defaults() -> None:
     assert consumer["enable.auto.offset.store"] == "false"
     assert consumer["partition.assignment.strategy"] == "cooperative-sticky"
     assert consumer["auto.offset.reset"] == "earliest"
-    assert consumer["session.timeout.ms"] == "10000"
+    # Longer than a broker's fencing (9 s) plus the socket timeout, shorter than librdkafka's 45 s.
+    assert consumer["session.timeout.ms"] == "20000"
     # A broker that stops answering is given up on after 10 s (librdkafka: 60 s), by both.
     assert consumer["socket.timeout.ms"] == producer["socket.timeout.ms"] == "10000"
     assert (consumer["fetch.wait.max.ms"], consumer["fetch.min.bytes"]) == ("10", "1048576")
