@@ -77,7 +77,8 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             f"recovery: {RECOVERY_RATE:,.0f}/s for {sizes.precision_s:.0f} s, a bridge SIGKILLed "
             "half-way: restarted at once, then (two replicas) taken over"
         )
-        recovery(servers, out, report, rate=RECOVERY_RATE, seconds=sizes.precision_s)
+        recovery(servers, out, report, rate=RECOVERY_RATE, seconds=sizes.precision_s,
+                 session_ms=sizes.session_ms)  # fmt: skip
     if "cluster" in names:
         say(
             f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "

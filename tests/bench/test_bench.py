@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000,
             cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
-            scattered=3000, spread_s=6)  # fmt: skip
+            scattered=3000, spread_s=6, session_ms=6000)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:

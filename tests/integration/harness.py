@@ -332,3 +332,14 @@ def check_delivery(received: list[Received], expected: dict[str, int]) -> collec
         assert r.seen_ms >= expected[r.delay_id], f"{r.delay_id} arrived before its due time"
         assert r.timestamp_ms >= r.due_ms >= expected[r.delay_id] - 1
     return counts
+
+
+def fast_takeover(setup: Setup, name: str, **overrides: str) -> Bridge:
+    """A bridge whose partitions move within seconds of a SIGKILL (a short session timeout),
+    started."""
+    config = setup.tmp / "fast.yaml"  # librdkafka properties: a mapping the environment cannot set
+    config.write_text("kafka:\n  consumer: {session.timeout.ms: '6000', "
+                      "heartbeat.interval.ms: '1000'}\n")  # fmt: skip
+    bridge = setup.bridge(name, **overrides)
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    return bridge.start()

@@ -17,7 +17,15 @@ from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Collector, Received, Setup, metric, produce_all
+from tests.integration.harness import (
+    Bridge,
+    Collector,
+    Received,
+    Setup,
+    fast_takeover,
+    metric,
+    produce_all,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -84,16 +92,6 @@ def check(got: list[Received], expected: dict[str, bytes], cancelled: set[str]) 
     assert set(by_id) == set(expected)
     # Each arrives with its latest value only (a duplicate after a kill is the same record).
     assert {k: v for k, v in by_id.items() if v != {expected[k]}} == {}
-
-
-def fast_takeover(setup: Setup, name: str) -> Bridge:
-    """A bridge whose partitions move within seconds of a SIGKILL (a short session timeout)."""
-    config = setup.tmp / "fast.yaml"  # librdkafka properties: a mapping the environment cannot set
-    config.write_text("kafka:\n  consumer: {session.timeout.ms: '6000', "
-                      "heartbeat.interval.ms: '1000'}\n")  # fmt: skip
-    bridge = setup.bridge(name)
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    return bridge.start()
 
 
 def test_cancel_and_replace_hold_across_two_sigkills(setup: Setup, bridges: list[Bridge]) -> None:

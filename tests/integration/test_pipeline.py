@@ -32,6 +32,7 @@ from tests.integration.harness import (
     Setup,
     check_delivery,
     delivered,
+    fast_takeover,
     metric,
     produce_all,
     schedule,
@@ -100,7 +101,7 @@ def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge
 
 def test_sigkill_mid_run_loses_nothing(setup: Setup, bridges: list[Bridge]) -> None:
     expected = schedule(setup, 3000, seed=3, max_delay_ms=4000)
-    first = setup.bridge("first", egress__lease="3s").start()
+    first = fast_takeover(setup, "first", egress__lease="3s")
     bridges.append(first)
     collector = setup.collector()
     try:
@@ -109,7 +110,7 @@ def test_sigkill_mid_run_loses_nothing(setup: Setup, bridges: list[Bridge]) -> N
         )
         first.kill()  # SIGKILL with records in flight and offsets uncommitted
         assert len(delivered(collector, setup)) < len(expected)
-        bridges.append(setup.bridge("second", egress__lease="3s").start())
+        bridges.append(fast_takeover(setup, "second", egress__lease="3s"))
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
             90, "every record after the restart",
