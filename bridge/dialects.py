@@ -9,12 +9,24 @@ the record key is the delay-id, and a tombstone (no value) with that key cancels
 Its consumers too: the record is delivered as etf1 delivers it — the schedule's headers, its
 ``scheduler-*`` ones included, plus ``scheduler-timestamp`` (the schedule's timestamp, unix
 seconds), ``scheduler-key`` and ``scheduler-topic``, and a null key when no target key is given
-(etf1's runner/kafka/handler.go). Pure, like :mod:`bridge.message`.
+(etf1's runner/kafka/handler.go).
+
+``kaspr`` is the request topic of Kaspr's scheduler (its user guide, "Scheduler"):
+``x-scheduler-action`` ``ADD`` (the default), ``REPLACE`` or ``CANCEL``;
+``x-scheduler-deliver-to`` the target and ``x-scheduler-deliver-at`` the due time (ISO 8601, UTC
+unless it names an offset), both required by ADD and REPLACE; ``x-scheduler-request-id`` the
+delay-id, required by REPLACE and CANCEL. A past time is due at once. Kaspr delivers the record's
+key, value and headers without its ``x-scheduler-*`` ones, and so does the bridge (plus the
+contract's ``delay-id`` and ``delay-due-at``). Pure, like :mod:`bridge.message`.
 """
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
+
 from bridge.message import (
+    H_CANCEL,
     H_DELIVER_AT,
     H_ID,
     H_TARGET_KEY,
@@ -44,6 +56,14 @@ ETF1_MS_EPOCH = 100_000_000_000
 _ETF1_AS = {ETF1_EPOCH: H_DELIVER_AT, ETF1_TARGET_TOPIC: H_TARGET_TOPIC,
             ETF1_TARGET_KEY: H_TARGET_KEY}  # fmt: skip
 
+KASPR = "kaspr"
+KASPR_ACTION = "x-scheduler-action"
+KASPR_DELIVER_TO = "x-scheduler-deliver-to"
+KASPR_DELIVER_AT = "x-scheduler-deliver-at"
+KASPR_REQUEST_ID = "x-scheduler-request-id"
+KASPR_ADD, KASPR_REPLACE, KASPR_CANCEL = "ADD", "REPLACE", "CANCEL"
+_KASPR_HEADERS = frozenset({KASPR_ACTION, KASPR_DELIVER_TO, KASPR_DELIVER_AT, KASPR_REQUEST_ID})
+
 
 def parse_record(
     rules: Rules,
@@ -58,12 +78,15 @@ def parse_record(
     now_ms: int,
 ) -> Scheduled | Cancel:
     """:func:`bridge.message.parse` for a record of ``topic``, in the dialect it speaks."""
-    if rules.dialects.get(topic) == ETF1:
+    dialect = rules.dialects.get(topic)
+    if dialect == ETF1:
         stamp_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
         translated = from_etf1(offset, key, value, headers, topic=topic, timestamp_ms=stamp_ms)
         if isinstance(translated, Cancel):
             return translated
         headers = translated
+    elif dialect == KASPR:
+        headers = from_kaspr(headers, default_target=topic in rules.default_targets)
     return parse(rules, topic=topic, partition=partition, offset=offset,
                  timestamp_ms=timestamp_ms, key=key, value=value, headers=headers,
                  now_ms=now_ms)  # fmt: skip
@@ -117,3 +140,61 @@ def from_etf1(
     added: Headers = [(ETF1_TIMESTAMP, str(timestamp_ms // 1000).encode()), (ETF1_KEY, key),
                       (ETF1_TOPIC, topic.encode())]  # fmt: skip
     return [*headers, *added, *control]
+
+
+def from_kaspr(headers: Headers, *, default_target: bool = False) -> Headers:
+    """A Kaspr schedule request as this contract's headers: its own headers without the
+    ``x-scheduler-*`` ones (Kaspr delivers them so), then the ``delay-*`` control headers that say
+    the same — a CANCEL becomes a ``delay-cancel`` record; raises :class:`Rejected` for a request
+    Kaspr would reject too (a missing header), and for an action it does not name
+    (``default_target``: the config gives this topic a target, so ``x-scheduler-deliver-to`` may
+    be left out)."""
+    theirs: dict[str, str] = {}
+    kept: Headers = []
+    for name, hvalue in headers:
+        if name not in _KASPR_HEADERS:
+            kept.append((name, hvalue))
+            continue
+        if name in theirs:
+            raise Rejected(Reason.BAD_HEADER, f"header {name} appears more than once")
+        try:
+            theirs[name] = (hvalue or b"").decode("utf-8")
+        except UnicodeDecodeError:
+            raise Rejected(Reason.BAD_HEADER, f"header {name} is not valid UTF-8") from None
+    action = theirs.get(KASPR_ACTION, KASPR_ADD)
+    request_id = theirs.get(KASPR_REQUEST_ID) or None
+    if action not in (KASPR_ADD, KASPR_REPLACE, KASPR_CANCEL):
+        raise Rejected(Reason.BAD_HEADER, f"{KASPR_ACTION} {action[:40]!r} is not ADD, REPLACE "
+                       "or CANCEL (cron schedules are not supported)")  # fmt: skip
+    if action != KASPR_ADD and request_id is None:
+        raise Rejected(Reason.BAD_HEADER, f"a {action} needs {KASPR_REQUEST_ID}")
+    if action == KASPR_CANCEL:
+        assert request_id is not None
+        return [*kept, (H_CANCEL, request_id.encode())]
+    text = theirs.get(KASPR_DELIVER_AT)
+    if not text:
+        raise Rejected(Reason.MISSING_DUE_TIME, f"no {KASPR_DELIVER_AT} header (UTC ISO 8601)")
+    target = theirs.get(KASPR_DELIVER_TO)
+    if not target and not default_target:
+        raise Rejected(Reason.MISSING_TARGET, f"no {KASPR_DELIVER_TO} header")
+    # A past time is due at once; the contract's floor for epoch ms is 2000-01-01.
+    control: Headers = [(H_DELIVER_AT, str(max(kaspr_time_ms(text), MIN_EPOCH_MS)).encode())]
+    if target:
+        control.append((H_TARGET_TOPIC, target.encode()))
+    if request_id is not None:
+        control.append((H_ID, request_id.encode()))
+    return [*kept, *control]
+
+
+def kaspr_time_ms(text: str) -> int:
+    """``x-scheduler-deliver-at`` (ISO 8601; UTC unless it names an offset, as Kaspr reads it in
+    a UTC process) as epoch ms, a fraction of a millisecond rounded up: never early."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise Rejected(Reason.BAD_DUE_TIME, f"{KASPR_DELIVER_AT} {text[:60]!r} is not an ISO "
+                       "8601 time") from None  # fmt: skip
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    delta = when - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1000 + math.ceil(delta.microseconds / 1000)

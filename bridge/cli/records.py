@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from bridge import ops
 from bridge.client import cancel_headers, partition_for
 from bridge.config import Config, producer_settings
-from bridge.dialects import ETF1, parse_record
+from bridge.dialects import (
+    ETF1,
+    KASPR,
+    KASPR_ACTION,
+    KASPR_CANCEL,
+    KASPR_DELIVER_AT,
+    KASPR_DELIVER_TO,
+    KASPR_REQUEST_ID,
+    parse_record,
+)
 from bridge.errors import BridgeError, UsageError
 from bridge.kafka import produce
 from bridge.message import (
@@ -40,15 +49,10 @@ from bridge.message import (
 Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]
 
 
-def _headers(args: argparse.Namespace, target: str | None) -> Headers:
-    headers: Headers = []
-    for item in args.header:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--header {item!r}: expected NAME=VALUE")
-        if name in CONTROL_HEADERS:
-            raise UsageError(f"--header {name}: set it with its own option, not --header")
-        headers.append((name, value.encode()))
+def _headers(args: argparse.Namespace, target: str | None, dialect: str | None) -> Headers:
+    if dialect == KASPR:
+        return _kaspr_headers(args, target)
+    headers = _extra_headers(args)
     if target is not None:
         headers.append((H_TARGET_TOPIC, target.encode()))
     if args.after is not None:
@@ -59,6 +63,38 @@ def _headers(args: argparse.Namespace, target: str | None) -> Headers:
         headers.append((H_TARGET_KEY, args.target_key.encode()))
     if args.id is not None:
         headers.append((H_ID, args.id.encode()))
+    return headers
+
+
+def _extra_headers(args: argparse.Namespace) -> Headers:
+    headers: Headers = []
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--header {item!r}: expected NAME=VALUE")
+        if name in CONTROL_HEADERS or name.startswith("x-scheduler-"):
+            raise UsageError(f"--header {name}: set it with its own option, not --header")
+        headers.append((name, value.encode()))
+    return headers
+
+
+def _kaspr_headers(args: argparse.Namespace, target: str | None) -> Headers:
+    """A schedule request in Kaspr's headers: its due time is absolute (``--after`` counts from
+    now) and it has no target key."""
+    if args.target_key is not None:
+        raise UsageError("--target-key: Kaspr's headers have no target key (the record's own key "
+                         "is delivered)")  # fmt: skip
+    headers = _extra_headers(args)
+    try:
+        due_ms = (time.time_ns() // 1_000_000 + parse_duration_ms(args.after) if args.after
+                  is not None else parse_time_ms(args.at))  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(f"--after/--at: {exc}") from None
+    headers.append((KASPR_DELIVER_AT, format_time_ms(due_ms).encode()))
+    if target is not None:
+        headers.append((KASPR_DELIVER_TO, target.encode()))
+    if args.id is not None:
+        headers.append((KASPR_REQUEST_ID, args.id.encode()))
     return headers
 
 
@@ -110,7 +146,7 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
     topic = _delay_topic(args, config)
     if args.target is None and topic not in config.topics.default_target:
         raise UsageError(f"--target is required: topics.default_target has none for {topic}")
-    headers = _headers(args, args.target)
+    headers = _headers(args, args.target, config.topics.dialect.get(topic))
     key = args.key.encode() if args.key is not None else None
     rules = config.rules()
     partition = None
@@ -135,9 +171,9 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
 
 def cancel_command(args: argparse.Namespace, config: Config) -> int:
     """Produce the record that cancels the waiting record with ``--id`` — a ``delay-cancel``
-    header, or on an etf1 topic a tombstone keyed by the id — to each partition where the id
-    waits (looked up in Redis: the partition a key maps to depends on the producer's
-    partitioner). An id that waits nowhere is an error unless ``--force``."""
+    header, on an etf1 topic a tombstone keyed by the id, on a kaspr topic a CANCEL request — to
+    each partition where the id waits (looked up in Redis: the partition a key maps to depends
+    on the producer's partitioner). An id that waits nowhere is an error unless ``--force``."""
     topic = _delay_topic(args, config)
     etf1 = config.topics.dialect.get(topic) == ETF1
     if etf1 and args.key is not None and args.key != args.id:
@@ -146,6 +182,8 @@ def cancel_command(args: argparse.Namespace, config: Config) -> int:
         headers: Headers = [] if etf1 else list(cancel_headers(args.id))
     except ValueError as exc:
         raise UsageError(f"--id: {exc}") from None
+    if config.topics.dialect.get(topic) == KASPR:
+        headers = [(KASPR_ACTION, KASPR_CANCEL.encode()), (KASPR_REQUEST_ID, args.id.encode())]
     given = args.id.encode() if etf1 else None if args.key is None else args.key.encode()
     value = None if etf1 else b""
     _check(config.rules(), topic, given if etf1 else b"k", value, headers)

@@ -36,9 +36,9 @@ CONTROL_HEADERS = frozenset({H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY
 # so a record that passes through the bridge twice never carries a stale due time.
 STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT}
 MAX_ID_BYTES = 256
-# The header sets a delay topic may speak (topics.dialect): this contract's, and that of
-# etf1/kafka-message-scheduler (see bridge.dialects).
-DIALECTS = ("delay-bridge", "etf1")
+# The header sets a delay topic may speak (topics.dialect): this contract's, that of
+# etf1/kafka-message-scheduler and that of Kaspr's scheduler (see bridge.dialects).
+DIALECTS = ("delay-bridge", "etf1", "kaspr")
 
 
 class Reason(StrEnum):

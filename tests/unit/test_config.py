@@ -39,11 +39,13 @@ def test_documented_file_lists_every_key() -> None:
 
 def test_yaml_values_and_durations() -> None:
     config = from_mapping(
-        {"egress": {"lease": "1m30s", "batch_size": 100}, "topics": {"delay": ["a", "b"]}}, env={}
-    )
+        {"egress": {"lease": "1m30s", "batch_size": 100},
+         "topics": {"delay": ["a", "b"], "dialect": {"a": "kaspr", "b": "etf1"}}}, env={}
+    )  # fmt: skip
     assert config.egress.lease == 90_000
     assert config.egress.batch_size == 100
     assert config.topics.delay == ("a", "b")
+    assert config.topics.dialect == {"a": "kaspr", "b": "etf1"}
 
 
 def test_environment_overrides_scalars() -> None:
@@ -257,6 +259,24 @@ def test_cli_bad_yaml(tmp_path: Path) -> None:
     assert (
         proc.returncode == 2 and "not valid YAML" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--target-key", "k"], "--target-key: Kaspr's headers have no target key"),
+        (["--header", "x-scheduler-action=CANCEL"], "--header x-scheduler-action: set it with"),
+        (["--target", "delay"], "--target: 'delay' is a delay topic"),
+    ],
+)
+def test_cli_produce_on_a_kaspr_topic_checks_kasprs_headers(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    config = tmp_path / "bridge.yaml"
+    config.write_text("topics:\n  dialect: {delay: kaspr}\n")
+    proc = cli("produce", "-c", str(config), "--target", "t", "--after", "1s", *args, "v")
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_cli_check_config_and_version() -> None:

@@ -1,4 +1,4 @@
-"""Cancel records and the etf1 dialect, read into the contract (pure: no Kafka, no Redis)."""
+"""Cancel records and the etf1 and kaspr dialects, read into the contract (pure: no Kafka, no Redis)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from bridge.message import (
 
 NOW = 1_790_000_000_000
 RULES = Rules(
-    delay_topics=frozenset({"delay", "legacy"}),
-    default_targets={},
+    delay_topics=frozenset({"delay", "legacy", "kaspr", "kaspr-default"}),
+    default_targets={"kaspr-default": "fallback"},
     allowed_targets=(re.compile(".*"),),
     dead_letter="delay.dlq",
     max_delay_ms=parse_duration_ms("7d"),
     max_record_bytes=10_000,
-    dialects={"legacy": "etf1"},
+    dialects={"legacy": "etf1", "kaspr": "kaspr", "kaspr-default": "kaspr"},
 )
 
 
@@ -143,3 +143,120 @@ def test_what_etf1_would_refuse_goes_to_the_dlq(
 
 def test_etf1_headers_mean_nothing_on_a_delay_bridge_topic() -> None:
     assert rejected(etf1()).reason is Reason.MISSING_DUE_TIME
+
+
+# ------------------------------------------------------------------ kaspr
+
+# The example of Kaspr's user guide: due 2026-05-24T12:30:00Z; NOW is 2026-09-21.
+GUIDE_AT = b"2026-05-24T12:30:00Z"
+FUTURE_AT = b"2026-09-22T08:00:00Z"
+FUTURE_MS = 1_790_064_000_000
+
+
+def kaspr(action: bytes | None = None, *, at: bytes | None = FUTURE_AT,
+          to: bytes | None = b"reminders-topic", rid: bytes | None = b"reminder-order-123",
+          extra: Headers | None = None) -> Headers:  # fmt: skip
+    headers: Headers = list(extra or [])
+    for name, value in (("x-scheduler-action", action), ("x-scheduler-deliver-to", to),
+                        ("x-scheduler-deliver-at", at), ("x-scheduler-request-id", rid)):  # fmt: skip
+        if value is not None:
+            headers.append((name, value))
+    return headers
+
+
+def test_a_kaspr_add_is_scheduled_with_its_request_id_as_the_delay_id() -> None:
+    rec = read(kaspr(extra=[("trace", b"t")]), topic="kaspr", key=b"order-123", value=b"{}")
+    assert isinstance(rec, Scheduled)
+    assert rec.due_ms == FUTURE_MS
+    assert rec.target == "reminders-topic"
+    assert rec.delay_id == "reminder-order-123"
+    assert rec.delivered_key() == b"order-123"  # Kaspr delivers the record's own key
+    # Kaspr delivers the headers without its x-scheduler-* ones; the bridge adds its own two.
+    assert rec.delivered_headers() == [
+        ("trace", b"t"), (H_ID, b"reminder-order-123"), ("delay-due-at", str(FUTURE_MS).encode())
+    ]  # fmt: skip
+    assert read(kaspr(b"ADD"), topic="kaspr") == read(kaspr(), topic="kaspr")
+
+
+def test_a_kaspr_add_without_a_request_id_gets_the_default_delay_id() -> None:
+    rec = read(kaspr(rid=None), topic="kaspr")
+    assert isinstance(rec, Scheduled) and rec.delay_id == "kaspr:1:9"
+
+
+def test_a_kaspr_replace_is_a_schedule_with_the_same_id() -> None:
+    rec = read(kaspr(b"REPLACE", at=b"2026-09-22T09:00:00Z"), topic="kaspr")
+    assert isinstance(rec, Scheduled)
+    assert rec.delay_id == "reminder-order-123" and rec.due_ms == FUTURE_MS + 3_600_000
+
+
+def test_a_kaspr_cancel_names_only_its_request_id() -> None:
+    cancel = Cancel(9, "reminder-order-123")
+    assert read(kaspr(b"CANCEL", at=None, to=None), topic="kaspr") == cancel
+    # Kaspr reads nothing else of a CANCEL: its time and target are ignored, not refused.
+    assert read(kaspr(b"CANCEL"), topic="kaspr", value=None) == cancel
+
+
+def test_a_past_kaspr_time_is_due_at_once() -> None:
+    rec = read(kaspr(at=GUIDE_AT), topic="kaspr")
+    assert isinstance(rec, Scheduled)
+    assert rec.due_ms == 1_779_625_800_000 and rec.due_ms < NOW
+    long_ago = read(kaspr(at=b"1990-01-01T00:00:00Z"), topic="kaspr")
+    assert isinstance(long_ago, Scheduled) and long_ago.due_ms < NOW
+
+
+@pytest.mark.parametrize(
+    ("at", "due_ms"),
+    [
+        (b"2026-09-22T08:00:00Z", FUTURE_MS),
+        (b"2026-09-22T08:00:00+00:00", FUTURE_MS),
+        (b"2026-09-22T08:00:00", FUTURE_MS),  # no offset: UTC, as the guide says
+        (b"2026-09-22 08:00:00", FUTURE_MS),
+        (b"2026-09-22T10:00:00+02:00", FUTURE_MS),
+        (b"2026-09-22T08:00:00.250Z", FUTURE_MS + 250),
+        (b"2026-09-22T08:00:00.000001Z", FUTURE_MS + 1),  # rounded up: never early
+        (b"2026-09-22", FUTURE_MS - 8 * 3_600_000),
+    ],
+)
+def test_kaspr_times_are_iso_8601_in_utc(at: bytes, due_ms: int) -> None:
+    rec = read(kaspr(at=at), topic="kaspr")
+    assert isinstance(rec, Scheduled) and rec.due_ms == due_ms
+
+
+def test_a_kaspr_topic_with_a_default_target_needs_no_deliver_to() -> None:
+    rec = read(kaspr(to=None), topic="kaspr-default")
+    assert isinstance(rec, Scheduled) and rec.target == "fallback"
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason", "detail"),
+    [
+        (kaspr(at=None), Reason.MISSING_DUE_TIME, "no x-scheduler-deliver-at"),
+        (kaspr(to=None), Reason.MISSING_TARGET, "no x-scheduler-deliver-to"),
+        (kaspr(b"REPLACE", at=None), Reason.MISSING_DUE_TIME, "no x-scheduler-deliver-at"),
+        (kaspr(b"REPLACE", to=None), Reason.MISSING_TARGET, "no x-scheduler-deliver-to"),
+        (kaspr(b"REPLACE", rid=None), Reason.BAD_HEADER, "a REPLACE needs x-scheduler-request-id"),
+        (kaspr(b"CANCEL", rid=None), Reason.BAD_HEADER, "a CANCEL needs x-scheduler-request-id"),
+        (kaspr(b"CANCEL", rid=b""), Reason.BAD_HEADER, "a CANCEL needs x-scheduler-request-id"),
+        (kaspr(b"cancel"), Reason.BAD_HEADER, "'cancel' is not ADD, REPLACE or CANCEL"),
+        (kaspr(b"CRON_ADD"), Reason.BAD_HEADER, "cron schedules are not supported"),
+        (kaspr(at=b"tomorrow"), Reason.BAD_DUE_TIME, "'tomorrow' is not an ISO 8601 time"),
+        (kaspr(at=b"1790064000000"), Reason.BAD_DUE_TIME, "is not an ISO 8601 time"),
+        (kaspr(at=b"2027-09-22T08:00:00Z"), Reason.DELAY_TOO_LONG, "limits.max_delay"),
+        (kaspr(to=b"delay"), Reason.TARGET_NOT_ALLOWED, "is a delay topic"),
+        (kaspr(rid=b"r" * 257), Reason.BAD_HEADER, "delay-id must be 1 to 256 bytes"),
+        (kaspr(b"CANCEL", rid=b"r" * 257), Reason.BAD_HEADER, "must be 1 to 256 bytes"),
+        (kaspr(to=b"\xff"), Reason.BAD_HEADER, "x-scheduler-deliver-to is not valid UTF-8"),
+        (kaspr(extra=[("x-scheduler-deliver-at", FUTURE_AT)]), Reason.BAD_HEADER,
+         "x-scheduler-deliver-at appears more than once"),
+    ],
+)  # fmt: skip
+def test_what_kaspr_would_refuse_goes_to_the_dlq(
+    headers: Headers, reason: Reason, detail: str
+) -> None:
+    rejection = rejected(headers, topic="kaspr")
+    assert rejection.reason is reason
+    assert detail in rejection.detail
+
+
+def test_kaspr_headers_mean_nothing_on_a_delay_bridge_topic() -> None:
+    assert rejected(kaspr()).reason is Reason.MISSING_DUE_TIME
