@@ -27,6 +27,7 @@ from confluent_kafka.cimpl import NewTopic
 from redis.cluster import RedisCluster
 
 from bench.ceilings import bare_store
+from bridge.config import consumer_settings, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers, record_size
 from bridge.store import Shard, Store
 from tests.chaos.checker import (
@@ -497,10 +498,10 @@ def _one_mode(servers: Servers, workdir: Path, mode: str, *, overrides: dict[str
 
 # ---------------------------------------------------------------- 7: recovery after a SIGKILL
 
-# The bridge's own defaults (session.timeout.ms 20 s, egress.lease 30 s), not the chaos
-# harness's shortened ones: recovery must not rest on short timeouts.
+# The bridge's own defaults (session.timeout.ms, egress.lease 30 s), not the chaos harness's
+# shortened ones: recovery must not rest on short timeouts.
 DEFAULT_TIMEOUTS: dict[str, object] = {"kafka__consumer": {}, "egress__lease": "30s"}
-SESSION_TIMEOUT_S = 20.0
+SESSION_TIMEOUT_S = int(consumer_settings(from_mapping({}, env={}))["session.timeout.ms"]) / 1000
 
 
 def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,

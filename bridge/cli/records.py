@@ -86,8 +86,10 @@ def _kaspr_headers(args: argparse.Namespace, target: str | None) -> Headers:
                          "is delivered)")  # fmt: skip
     headers = _extra_headers(args)
     try:
-        due_ms = (time.time_ns() // 1_000_000 + parse_duration_ms(args.after) if args.after
-                  is not None else parse_time_ms(args.at))  # fmt: skip
+        if args.after is not None:
+            due_ms = time.time_ns() // 1_000_000 + parse_duration_ms(args.after)
+        else:
+            due_ms = parse_time_ms(args.at)
     except ValueError as exc:
         raise UsageError(f"--after/--at: {exc}") from None
     headers.append((KASPR_DELIVER_AT, format_time_ms(due_ms).encode()))
@@ -175,14 +177,15 @@ def cancel_command(args: argparse.Namespace, config: Config) -> int:
     each partition where the id waits (looked up in Redis: the partition a key maps to depends
     on the producer's partitioner). An id that waits nowhere is an error unless ``--force``."""
     topic = _delay_topic(args, config)
-    etf1 = config.topics.dialect.get(topic) == ETF1
+    dialect = config.topics.dialect.get(topic)
+    etf1 = dialect == ETF1
     if etf1 and args.key is not None and args.key != args.id:
         raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
     try:
-        headers: Headers = [] if etf1 else list(cancel_headers(args.id))
+        headers: Headers = [] if etf1 else list(cancel_headers(args.id))  # checks the id too
     except ValueError as exc:
         raise UsageError(f"--id: {exc}") from None
-    if config.topics.dialect.get(topic) == KASPR:
+    if dialect == KASPR:
         headers = [(KASPR_ACTION, KASPR_CANCEL.encode()), (KASPR_REQUEST_ID, args.id.encode())]
     given = args.id.encode() if etf1 else None if args.key is None else args.key.encode()
     value = None if etf1 else b""

@@ -334,12 +334,21 @@ def check_delivery(received: list[Received], expected: dict[str, int]) -> collec
     return counts
 
 
+def with_session_timeout(
+    setup: Setup, bridge: Bridge, session_ms: str, heartbeat_ms: str | None = None
+) -> Bridge:
+    """``bridge`` with the consumer's session.timeout.ms (and heartbeat.interval.ms) set, through
+    a config file: librdkafka properties are a mapping the environment cannot set."""
+    consumer = f"session.timeout.ms: '{session_ms}'"
+    if heartbeat_ms is not None:
+        consumer += f", heartbeat.interval.ms: '{heartbeat_ms}'"
+    config = setup.tmp / f"session-{session_ms}.yaml"
+    config.write_text(f"kafka:\n  consumer: {{{consumer}}}\n")
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    return bridge
+
+
 def fast_takeover(setup: Setup, name: str, **overrides: str) -> Bridge:
     """A bridge whose partitions move within seconds of a SIGKILL (a short session timeout),
     started."""
-    config = setup.tmp / "fast.yaml"  # librdkafka properties: a mapping the environment cannot set
-    config.write_text("kafka:\n  consumer: {session.timeout.ms: '6000', "
-                      "heartbeat.interval.ms: '1000'}\n")  # fmt: skip
-    bridge = setup.bridge(name, **overrides)
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    return bridge.start()
+    return with_session_timeout(setup, setup.bridge(name, **overrides), "6000", "1000").start()

@@ -11,7 +11,7 @@ import redis
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Setup, produce_all
+from tests.integration.harness import Bridge, Setup, produce_all, with_session_timeout
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +31,6 @@ def records_due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> int:
     produce_all(setup.services.bootstrap, setup.delay,
                 [(f"k{i}".encode(), f"{tag}-{i}".encode(), headers) for i in range(count)])  # fmt: skip
     return due
-
-
-def with_session_timeout(setup: Setup, bridge: Bridge, session_ms: str) -> Bridge:
-    config = setup.tmp / "bridge.yaml"  # a librdkafka map, which the environment cannot set
-    config.write_text(f"kafka:\n  consumer: {{session.timeout.ms: '{session_ms}'}}\n")
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    return bridge
 
 
 def test_leases_a_dead_replica_held_are_taken_back_at_assignment(
