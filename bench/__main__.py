@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench import far_future
 from bench import report as rep
+from bench.priority import priority
 from bench.scenarios import (
     FULL,
     QUICK,
@@ -31,10 +32,10 @@ from bench.scenarios import (
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
-SCENARIOS = ("throughput", "precision", "catchup", "recovery", "cluster", "far-future")
+SCENARIOS = ("throughput", "precision", "catchup", "priority", "recovery", "cluster", "far-future")
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
 # lasts the spread of its scattered case twice: both asked for by name.
-DEFAULT = SCENARIOS[:4]
+DEFAULT = SCENARIOS[:5]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
 LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
@@ -72,6 +73,13 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
         catch_up(servers, out, sizes.catchup, live, report)
+    if "priority" in names:
+        say(
+            f"priority: {sizes.priority:,} records due while stopped (10% high, 30% low), "
+            f"drained without a limit, then at {sizes.max_rate:,}/s with live high records"
+        )
+        priority(servers, out, sizes.priority, report, max_rate=sizes.max_rate,
+                 live_rate=sizes.live_rate)  # fmt: skip
     if "recovery" in names:
         say(
             f"recovery: {RECOVERY_RATE:,.0f}/s for {sizes.precision_s:.0f} s, a bridge SIGKILLed "

@@ -56,12 +56,14 @@ def _keyed(headers: Headers, count: int) -> list[Record]:
     return (base * (count // KEYS + 1))[:count]
 
 
-def rss_bytes(bridge: Bridge) -> int:
+def rss_bytes(bridge: Bridge, field: str = "VmRSS") -> int:
+    """The bridge's resident memory (``RssAnon``: without file-backed pages, such as the shared
+    libraries' code, which the kernel may evict and load again as memory runs short)."""
     assert bridge.proc is not None
     for line in Path(f"/proc/{bridge.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
 def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int) -> None:

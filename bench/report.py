@@ -55,6 +55,17 @@ def tables(report: Report) -> str:
         f"{drained['p50']} / {drained['max']} ms", f"{c['live_due_during_drain']:,}",
         f"{c['live_on_time_250ms']:,}", f"{live['p99']} / {live['max']} ms",
     ]] if c else []  # fmt: skip
+    prio = [[
+        label, f"{x['records']:,}", f"{x['max_rate']:,}/s" if x["max_rate"] else "none",
+        f"{x['drain_s']} s", _rate(x["drain_per_s"]),
+        *(f"{x['lateness_ms'][p]['p50']:,} / {x['lateness_ms'][p]['max']:,} ms"
+          for p in ("high", "normal", "low")),
+        f"{x['normal_before_last_high']:,} / {x['low_before_last_high']:,} / "
+        f"{x['low_before_last_normal']:,}",
+        f"{x['live_lateness_ms']['p99']} / {x['live_lateness_ms']['max']} ms" if "live" in x
+        else "",
+    ] for label, x in (("no limit", f.get("priority")),
+                       ("egress.max_rate", f.get("priority, rate-limited"))) if x]  # fmt: skip
     m = f.get("redis modes")
     modes = [[
         mode, _rate(m[mode]["end_to_end_per_s"]), f"{m[mode]['precision_records']:,}",
@@ -110,6 +121,12 @@ def tables(report: Report) -> str:
             "records", "stopped", "start to ready", "drained after start", "drain rate",
             "drained lateness p50 / max", "live due during drain", "live on time (<= 250 ms)",
             "live ack p99 / max"], catch_up),
+        *_section("Priority (records due at one instant while the bridge was stopped: 10% "
+                  "high, 60% normal, 30% low; lateness from the due time, at the append)", [
+            "limit", "records", "max_rate", "drain", "drain rate", "high p50 / max",
+            "normal p50 / max", "low p50 / max",
+            "normal / low before the last high, low before the last normal",
+            "live high ack p99 / max"], prio),
         *_section("Redis Cluster (3 masters + 3 replicas) next to standalone Redis, same run", [
             "redis", "end to end (due at once)", "records due in 1-10 s", "rate", "early",
             *[f"ack {q}" for q in quantiles]], modes),
@@ -147,6 +164,17 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
                     overhead <= 150))  # fmt: skip
         out.append(("p99 with the backlog <= 2x without", f"{b['p99_ratio']:.2f}x",
                     b["p99_ratio"] <= 2))  # fmt: skip
+    for name in ("priority", "priority, rate-limited"):
+        x = f.get(name)
+        if x:
+            out.append((f"{name}: every high record before the first low (one replica)",
+                        f"{x['low_before_last_high']:,} low before the last high",
+                        x["low_before_last_high"] == 0))  # fmt: skip
+    x = f.get("priority, rate-limited")
+    if x:
+        planned = x["records"] / x["max_rate"]
+        out.append((f"priority: the drain at max_rate takes {planned:g} s ± 10%",
+                    f"{x['drain_s']} s", abs(x["drain_s"] - planned) <= planned / 10))  # fmt: skip
     c = f.get("steady defaults")
     if c:
         late = c["ack_lateness_ms"]

@@ -72,6 +72,11 @@ class Sizes:
     # recovery: the consumer's session.timeout.ms (None: the bridge's default, what the figures
     # are about; the harness's own test shortens it, since it checks the contract only).
     session_ms: int | None = None
+    # priority: records due at one instant (10% high, 30% low, 60% normal), drained without a
+    # limit and at max_rate (records/s), while live high records arrive at live_rate.
+    priority: int = 300_000
+    max_rate: int = 20_000
+    live_rate: float = 200.0
 
 
 QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,

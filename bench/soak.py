@@ -256,6 +256,7 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
             now_cpu, now_redis_cpu = meter.total(bridge), _redis_cpu(redis)
             rows.append({
                 "minute": minute, "age_min": minute - born, "rss_bytes": rss_bytes(bridge),
+                "anon_bytes": rss_bytes(bridge, "RssAnon"),
                 "redis_used_bytes": _redis_info(redis, "memory", "used_memory"),
                 "bridge_cpu_s": now_cpu - cpu, "redis_cpu_s": now_redis_cpu - redis_cpu,
             })  # fmt: skip
@@ -426,6 +427,7 @@ def report(results: dict[str, Any]) -> str:
         "|---|---|---|",
         *(f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in results["targets"]),
         "",
+        *_anon(results),
         "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
         "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed |",
         "|" + "---|" * 11,
@@ -439,6 +441,18 @@ def report(results: dict[str, Any]) -> str:
             f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _anon(results: dict[str, Any]) -> list[str]:
+    """The RSS target's reading without file-backed pages (RssAnon), when the run recorded it."""
+    old = [r["anon_bytes"] for r in results["minutes"]
+           if r["age_min"] > WARM_UP_MIN and "anon_bytes" in r]  # fmt: skip
+    spread = _flat([float(v) for v in old]) if old else None
+    if spread is None:
+        return []
+    return [f"Bridge RSS without file-backed pages (RssAnon: the heap, not the shared libraries' "
+            f"code, which the kernel may evict and load again): {spread:.1%} from its median, "
+            f"{min(old) / (1 << 20):.1f} to {max(old) / (1 << 20):.1f} MiB.", ""]  # fmt: skip
 
 
 def _ms(value: float | None) -> str:

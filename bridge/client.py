@@ -27,9 +27,11 @@ from bridge.message import (
     H_CANCEL,
     H_DELIVER_AT,
     H_ID,
+    H_PRIORITY,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
+    Priority,
     parse_duration_ms,
     parse_time_ms,
     topic_refusal,
@@ -45,12 +47,15 @@ def delay_headers(
     at: int | str | datetime | None = None,
     delay_id: str | None = None,
     target_key: bytes | str | None = None,
+    priority: str | None = None,
 ) -> list[tuple[str, bytes]]:
     """The headers that schedule a record for ``target``: due ``after`` a delay counted from
     the record's timestamp (milliseconds, a duration such as ``"1h30m"``, or a timedelta) or
     ``at`` a moment (epoch milliseconds, RFC 3339 text, or a timezone-aware datetime), with an
     optional ``delay_id`` (a later record with the same id replaces this one while it waits)
-    and the key the delivered record gets (``target_key``; default: the record's own key)."""
+    and the key the delivered record gets (``target_key``; default: the record's own key), and
+    its ``priority`` among records due together: ``"high"``, ``"normal"`` (the default) or
+    ``"low"``."""
     if not isinstance(target, str):
         raise ValueError(f"target {target!r} is not a topic name")
     refusal = topic_refusal(target)
@@ -68,6 +73,10 @@ def delay_headers(
                         else bytes(target_key)))  # fmt: skip
     if delay_id is not None:
         headers.append((H_ID, _id(delay_id)))
+    if priority is not None:
+        if not isinstance(priority, str):
+            raise ValueError(f"priority {priority!r} is not one of high, normal, low")
+        headers.append((H_PRIORITY, Priority.of(priority).label.encode()))
     return headers
 
 

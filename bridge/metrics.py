@@ -21,7 +21,7 @@ from prometheus_client import (
 
 from bridge import __version__
 from bridge.errors import StoreError
-from bridge.message import Reason
+from bridge.message import Priority, Reason
 from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,9 @@ READ_BACK_BUCKETS = (0.0, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.
 
 
 class BatchHistogram(Histogram):
-    """An unlabelled :class:`Histogram` that also takes a batch of observations at once: one
-    lock per bucket touched instead of two per observation, and a binary search instead of a
-    scan. It reads the parent's bucket state (``_upper_bounds``, ``_buckets``, ``_sum``);
+    """A :class:`Histogram` (or a labelled one's child) that also takes a batch of observations at
+    once: one lock per bucket touched instead of two per observation, and a binary search instead
+    of a scan. It reads the parent's bucket state (``_upper_bounds``, ``_buckets``, ``_sum``);
     tests/unit/test_metrics_batch.py checks it against :meth:`observe`."""
 
     def observe_many(self, amounts: Iterable[float]) -> None:
@@ -95,7 +95,8 @@ class Metrics:
         )
         self.lateness = BatchHistogram(
             "delay_bridge_delivery_lateness_seconds",
-            "Acknowledgement time minus due time",
+            "Acknowledgement time minus due time, by the record's delay-priority",
+            ["priority"],
             buckets=LATENESS_BUCKETS,
             registry=registry,
         )
@@ -106,7 +107,9 @@ class Metrics:
         )
         self.overdue = Gauge(
             "delay_bridge_overdue_messages",
-            "Records already due and not yet delivered: waiting or in flight (owned partitions)",
+            "Records already due and not yet delivered: waiting or in flight (owned partitions), "
+            "by delay-priority",
+            ["priority"],
             registry=registry,
         )
         self.references = Gauge(
@@ -162,6 +165,12 @@ class Metrics:
             "Delivery reports that were failures, by librdkafka error name (the record is retried "
             "after a back-off, or dead-lettered after egress.max_attempts permanent ones)",
             ["error"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "delay_bridge_rate_limited",
+            "Records claimed at egress.max_rate while more were due: each waited for the rate",
+            ["target_topic"],
             registry=registry,
         )
         self.oldest_overdue = Gauge(
@@ -291,6 +300,7 @@ class Sampler:
         ready: Callable[[], list[str]] = lambda: [],
         not_due: Callable[[int], int] = lambda now_ms: 0,
         *,
+        due_in_flight: Callable[[int], Mapping[Priority, int]] = lambda now_ms: {},
         lost: Callable[[], Iterable[Shard]] = frozenset,
         due_by_ms: int | None = None,
     ) -> None:
@@ -301,6 +311,7 @@ class Sampler:
         self.due_by_ms = due_by_ms  # records in flight count in the oldest (Store.backlog)
         self.ready = ready
         self.not_due = not_due  # records in flight that are not due yet (claimed ahead)
+        self.due_in_flight = due_in_flight  # this process's records in flight and due, by priority
         self._bytes_denied = False
 
     def sample_once(self, now_ms: int | None = None) -> None:
@@ -317,7 +328,15 @@ class Sampler:
         m = self.metrics
         m.owned_partitions.set(len(owned))
         m.scheduled.set(backlog.scheduled)
-        m.overdue.set(max(0, backlog.overdue + backlog.inflight - self.not_due(backlog.now_ms)))
+        in_flight = max(0, backlog.inflight - self.not_due(backlog.now_ms))
+        known = self.due_in_flight(backlog.now_ms)
+        for priority in Priority:
+            overdue = backlog.overdue_by.get(priority, 0) + known.get(priority, 0)
+            if priority is Priority.NORMAL:
+                # In flight in Redis but not in this process (left by an earlier life, taken over
+                # at the next claim): their priority is in their record, which only a claim reads.
+                overdue += max(0, in_flight - sum(known.values()))
+            m.overdue.labels(priority=priority.label).set(overdue)
         m.inflight.set(backlog.inflight)
         m.references.set(backlog.references)
         self._sample_bytes(sorted(owned))
@@ -329,7 +348,7 @@ class Sampler:
         if self._bytes_denied:
             return
         try:
-            tiers = self.store.stored_bytes(shards)
+            tiers = self.store.inventory.stored_bytes(shards)
         except StoreError as exc:  # MEMORY is often denied on managed Redis: the gauges stay 0
             self._bytes_denied = True
             logger.info("not sampling delay_bridge_stored_bytes: %s", exc)

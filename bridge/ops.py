@@ -18,7 +18,7 @@ from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import Scheduled, decode, format_time_ms
 from bridge.redis_client import redis_client
-from bridge.store import Shard, Store, as_store_error, glob_escape, offset_of
+from bridge.store import Shard, Store, as_store_error, due_of, glob_escape, offset_of
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
@@ -58,6 +58,7 @@ class Waiting:
     topic: str
     partition: int
     offset: int
+    priority: str
 
 
 def status(config: Config) -> tuple[int, list[PartitionStatus]]:
@@ -70,16 +71,13 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
         marks = store.watermarks([s for s, _, _ in partitions])
         for shard, committed, end in partitions:
             backlog = store.backlog([shard], now, config.egress.due_by_ms)
-            k = store.keys(shard)
-            with as_store_error():
-                first = cast(list[tuple[bytes, float]],
-                             store.client.zrange(k.due, 0, 0, withscores=True))  # fmt: skip
+            first = store.inventory.first(shard)
             mark = marks.get(shard, -1)
             oldest = backlog.oldest_due_ms
             rows.append(PartitionStatus(
                 shard.topic, shard.partition, backlog.scheduled + backlog.overdue,
                 backlog.references, backlog.overdue, backlog.inflight,
-                int(first[0][1]) if first else -1,
+                -1 if first is None else first,
                 round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
                 mark, committed, end,
                 None if end is None else max(0, end - (mark + 1)) if end >= 0 else -1,
@@ -107,7 +105,8 @@ def waiting(
     found = _find(config, shards, delay_id, due_before_ms, limit)
     return [Waiting(due, rec.delay_id, rec.target,
                     None if rec.key is None else rec.key.decode("utf-8", errors="replace"),
-                    len(rec.value or b""), shard.topic, shard.partition, rec.offset)
+                    len(rec.value or b""), shard.topic, shard.partition, rec.offset,
+                    rec.priority.label)
             for due, shard, rec in found]  # fmt: skip
 
 
@@ -131,19 +130,14 @@ def _find(
     """The ``limit`` earliest waiting records of ``shards`` (only the one with ``delay_id`` when
     given), as (due ms, shard, record) in due order."""
     store = _store(config)
-    top = "+inf" if due_before_ms is None else f"({due_before_ms}"
     try:
         found: list[tuple[int, bytes, Shard]] = []
         for shard in shards:
-            k = store.keys(shard)
-            with as_store_error():
-                if delay_id is None:
-                    page = cast(list[tuple[bytes, float]],
-                                store.client.zrangebyscore(k.due, "-inf", top, start=0, num=limit,
-                                                           withscores=True))  # fmt: skip
-                else:
-                    page = _by_id(store, shard, delay_id)
-            found += [(int(score), member, shard) for member, score in page]
+            if delay_id is None:
+                page = store.inventory.page(shard, due_before_ms, limit)
+            else:
+                page = _by_id(store, shard, delay_id)
+            found += [(due, member, shard) for due, member in page]
         return [(due, shard, decode(member[8:], shard.topic, shard.partition, offset_of(member)))
                 for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
                 if due_before_ms is None or due < due_before_ms]  # fmt: skip
@@ -151,26 +145,24 @@ def _find(
         store.client.close()
 
 
-def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[bytes, float]]:
+def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[int, bytes]]:
     """The waiting record with a caller-given ``delay_id`` in ``shard``, through the id index
     (one lookup; a default ``<topic>:<partition>:<offset>`` id is not indexed, and its offset
-    says where it is)."""
-    entry = cast(bytes | None, store.client.hget(store.keys(shard).ids, delay_id))
-    if entry is None:
-        head, _, tail = delay_id.rpartition(":")
-        if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
-            return []
-        # A default id names its offset; its due time is unknown, so the offset's records
-        # are looked for among the due index's members that start with it.
-        prefix = int(tail).to_bytes(8, "big")
-        members = store.client.zscan_iter(store.keys(shard).due, match=glob_escape(prefix) + b"*",
-                                          score_cast_func=float)  # fmt: skip
-        return [(m, s) for m, s in members if m.startswith(prefix)]
-    offset, due = entry[:8], entry[8:].decode()
-    due_index = store.keys(shard).due
-    page = cast(list[tuple[bytes, float]],
-                store.client.zrangebyscore(due_index, due, due, withscores=True))  # fmt: skip
-    return [(m, s) for m, s in page if m.startswith(offset)]
+    says where it is), as [(due ms, member)] or []."""
+    with as_store_error():
+        entry = cast(bytes | None, store.client.hget(store.keys(shard).ids, delay_id))
+        if entry is None:
+            head, _, tail = delay_id.rpartition(":")
+            if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
+                return []
+            # A default id names its offset; its due time is unknown, so the offset's records
+            # are looked for among the due index's members that start with it.
+            prefix = int(tail).to_bytes(8, "big")
+            members = store.client.zscan_iter(store.keys(shard).due,
+                                              match=glob_escape(prefix) + b"*",
+                                              score_cast_func=float)  # fmt: skip
+            return [(due_of(s), m) for m, s in members if m.startswith(prefix)]
+    return store.inventory.at(shard, int(entry[8:]), entry[:8])
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:
@@ -268,9 +260,11 @@ def print_waiting(records: list[Waiting], as_json: bool) -> None:
         json.dump([asdict(r) for r in records], sys.stdout, indent=2)
         print()
         return
-    header = ["due", "delay-id", "target", "key", "value bytes", "topic", "partition", "offset"]
-    _print_table(header, [[_when(r.due_ms), r.delay_id, r.target, "" if r.key is None else r.key,
-                           str(r.value_bytes), r.topic, str(r.partition), str(r.offset)]
+    header = ["due", "delay-id", "target", "priority", "key", "value bytes", "topic", "partition",
+              "offset"]  # fmt: skip
+    _print_table(header, [[_when(r.due_ms), r.delay_id, r.target, r.priority,
+                           "" if r.key is None else r.key, str(r.value_bytes), r.topic,
+                           str(r.partition), str(r.offset)]
                           for r in records])  # fmt: skip
     if not records:
         print("(no waiting records)")

@@ -115,6 +115,7 @@ class Service:
             tick_ms=config.egress.tick,
             send_tick_ms=config.egress.send_tick,
             ahead_ms=config.egress.ahead,
+            max_rate=config.egress.max_rate,
             readiness=self.readiness,
             catch_up=catch_up,
         )
@@ -150,7 +151,8 @@ class Service:
                                   read_ahead_ms=config.store.read_ahead_ms,
                                   on_stored=self.egress.notify)  # fmt: skip
         self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
-                               self.egress.not_due, lost=lambda: self.ingress.lost,
+                               self.egress.sender.not_due, lost=lambda: self.ingress.lost,
+                               due_in_flight=self.egress.deliveries.due_in_flight,
                                due_by_ms=config.egress.due_by_ms)  # fmt: skip
         self.http = HttpServer(
             config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
@@ -231,7 +233,7 @@ class Service:
             for name, last in (
                 ("ingress", self.ingress.last_loop),
                 ("egress", self.egress.last_loop),
-                ("sender", self.egress.sender_last_loop),
+                ("sender", self.egress.sender.last_loop),
                 ("read-back", self.read_back.last_loop),
             )
             if now - last > STALL_S
@@ -328,7 +330,7 @@ class Service:
         while not self.probes.redis_once():
             # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
             self.ingress.last_loop = self.egress.last_loop = time.monotonic()
-            self.egress.sender_last_loop = self.read_back.last_loop = self.egress.last_loop
+            self.egress.sender.last_loop = self.read_back.last_loop = self.egress.last_loop
             backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
             if attempt == 0:
                 logger.error("not joining the consumer group until Redis takes writes: %s",

@@ -36,6 +36,16 @@ class Services:
     redis_url: str
 
 
+class Clock:
+    """A monotonic clock the test moves (``clock.now += s``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def key_values(text: str) -> dict[str, str]:
     """What ``scripts/services env`` and ``scripts/services info NAME`` print: one ``key=value``
     per line."""

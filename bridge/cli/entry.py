@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--target-key", help="key of the delivered record (default: --key)")
     produce.add_argument("--id", help="delay-id: the schedule's id (1-256 bytes of UTF-8)")
     produce.add_argument(
+        "--priority", help="who goes first among records due together: high, normal (default), low"
+    )
+    produce.add_argument(
         "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
     )
     produce.add_argument(

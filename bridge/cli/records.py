@@ -33,9 +33,11 @@ from bridge.message import (
     H_AFTER,
     H_DELIVER_AT,
     H_ID,
+    H_PRIORITY,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
+    Priority,
     Reason,
     Rejected,
     Rules,
@@ -75,6 +77,11 @@ def _extra_headers(args: argparse.Namespace) -> Headers:
         if name in CONTROL_HEADERS or name.startswith("x-scheduler-"):
             raise UsageError(f"--header {name}: set it with its own option, not --header")
         headers.append((name, value.encode()))
+    if args.priority is not None:  # every dialect reads it: none has a priority of its own
+        try:
+            headers.append((H_PRIORITY, Priority.of(args.priority).label.encode()))
+        except ValueError as exc:
+            raise UsageError(f"--priority: {exc}") from None
     return headers
 
 

@@ -203,6 +203,10 @@ def _validate(config: Config) -> None:
             f"({format_duration_ms(config.egress.lease)}), "
             f"got {format_duration_ms(config.egress.ahead)}"
         )
+    if config.egress.max_rate < 0:
+        raise ConfigError(
+            f"egress.max_rate: must be 0 (no limit) or more, got {config.egress.max_rate}"
+        )
     positive("store.fetch_ahead", config.store.fetch_ahead)
     if config.store.payload_horizon <= config.store.fetch_ahead:
         raise ConfigError(

@@ -94,6 +94,7 @@ class EgressConfig:
     tick: int = duration("10ms")
     send_tick: int = duration("2ms")
     ahead: int = duration("100ms")
+    max_rate: int = 0  # records/s per replica, 0: no limit
 
     @property
     def due_by_ms(self) -> int:

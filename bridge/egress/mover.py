@@ -15,13 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from confluent_kafka import Producer
 
 from bridge.catchup import CatchUp
+from bridge.egress.lanes import Lanes, lanes_min
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
+from bridge.egress.rate import RateLimit
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries, Ident, Pending, backoff
 from bridge.errors import StoreError, WriteRefused
 from bridge.health import Readiness
 from bridge.metrics import Metrics
-from bridge.store import Claims, Shard, Store
+from bridge.store import Claimed, Claims, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class Egress:
         tick_ms: int = 0,
         send_tick_ms: int | None = None,
         ahead_ms: int = 0,
+        max_rate: int = 0,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -74,7 +77,11 @@ class Egress:
             deliveries=self.deliveries, send=self._send, producer=producer, store=store,
         )  # fmt: skip
         self._pending = self.deliveries.pending  # the same dict, read per claimed record
-        self._stored: dict[Shard, int] = {}  # earliest due time ingress stored since the last step
+        self.lanes = Lanes(self.deliveries.draining)
+        self.rate = RateLimit(max_rate) if max_rate else None
+        self._starved = False  # the last step claimed nothing for want of the rate's tokens
+        # The earliest due time of each lane ingress stored since the last step.
+        self._stored: dict[Shard, tuple[int, int, int]] = {}
         self.owned: frozenset[Shard] = frozenset()
         self._wake = threading.Event()
         # Shards assigned since the last step: their earlier owner's leases end first.
@@ -105,12 +112,12 @@ class Egress:
         thread while the mover runs."""
         return self.deliveries.wait_settled(shards, timeout_s)
 
-    def notify(self, earliest: Mapping[Shard, int]) -> None:
-        """Ingress stored records due from these times on; wake up in case one is sooner than
-        planned."""
+    def notify(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> None:
+        """Ingress stored records due from these times on (the earliest of each priority lane,
+        -1: none); wake up in case one is sooner than planned."""
         with self._lock:
-            for shard, due_ms in earliest.items():
-                self._stored[shard] = min(due_ms, self._stored.get(shard, due_ms))
+            for shard, lanes in earliest.items():
+                self._stored[shard] = lanes_min(lanes, self._stored.get(shard, lanes))
         self._wake.set()
 
     def wake_up(self) -> None:
@@ -145,11 +152,17 @@ class Egress:
         if self._stored:
             with self._lock:
                 stored, self._stored = self._stored, {}
-            self.plan.stored(stored, self.catch_up.horizons())
+            self.plan.stored(self.lanes.stored(stored), self.catch_up.horizons())
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.sender.send_due(now)
         room = self.max_inflight - len(self._pending)
+        limited = False  # egress.max_rate leaves less room than the records in flight do
+        if self.rate is not None:
+            allowed = self.rate.allowance()
+            limited, room = allowed < room, min(room, allowed)
+        self.lanes.release(self.owned, self.plan)
         shards = self.plan.to_claim(self.owned, now)
+        self._starved = bool(shards) and limited and room <= 0
         if not shards or room <= 0:
             self._ack()
             return 0
@@ -161,14 +174,18 @@ class Egress:
         claimed = self.store.claim(
             shards, per_shard, self.lease_ms, now_ms, horizons, ahead_ms=self.ahead_ms,
             acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
-            epochs={s: a.epoch for s, a in acks.items()},
+            epochs={s: a.epoch for s, a in acks.items()}, lanes=self.lanes.limits(shards),
+            ahead_lanes=self.lanes.ahead(self.owned, now + self.ahead_ms),
         )  # fmt: skip
         self.deliveries.acknowledged(acks)
         self._ack()
         self.clock.set(claimed)
+        if self.rate is not None:
+            self.rate.count(claimed, self.metrics if limited else None)
         for shard in self.plan.claimed(claimed, per_shard, horizons):
             self._forget_if_drained(shard)
-        put_back = self._put_back_past_horizon(claimed)
+        backlog = self.lanes.claimed(claimed, self.plan)  # after the plan: it may hold some back
+        put_back = self._put_back(claimed, self.lanes.too_low(claimed, self._pending, backlog))
         redelivered = 0
         held: list[tuple[int, Ident]] = []
         for item in claimed:
@@ -181,7 +198,7 @@ class Egress:
             # before a retire: its lease ends and it is claimed again once that one is settled.
             pending = self._pending.get(ident)
             if pending is None:
-                pending = self._pending[ident] = Pending(item, dead_letter=item.record.dead_letter)
+                pending = self.deliveries.track(ident, item, backlog.holds(item))
             if item.record.due_ms > claimed.now_ms:
                 held.append((item.record.due_ms, ident))
             else:
@@ -199,42 +216,30 @@ class Egress:
     def _ack(self, force: bool = False) -> None:
         self.deliveries.ack(force or self.inflight >= self.max_inflight)
 
-    def _put_back_past_horizon(self, claims: Claims) -> set[Ident]:
-        """The ingress may begin catching up on a partition after the mover read the horizons
-        and before Redis ran its claim (it re-reads after Redis lost its state, or a partition is
-        assigned): a cancel may then sit in the part of the log it has yet to read. Records
-        claimed past the horizon such a catch-up set are not produced: they go back among the
-        waiting ones, where a cancel reaches them, until the horizon passes them. (A lease that
-        ran out is not: its record was claimed before, and a claimed record is past cancel.)
-        Returns them."""
+    def _put_back(self, claims: Claims, too_low: list[Claimed]) -> set[Ident]:
+        """Records claimed that are not to be produced yet go back among the waiting ones, as if
+        never claimed; returns them. ``too_low``: of a lower priority than records still due
+        elsewhere (:meth:`Lanes.too_low`). And the ingress may begin catching up on a partition
+        after the mover read the horizons and before Redis ran its claim (it re-reads after Redis
+        lost its state, or a partition is assigned): a cancel may then sit in the part of the log
+        it has yet to read. Records claimed past the horizon such a catch-up set wait where a
+        cancel reaches them until the horizon passes them. (A lease that ran out is not put back:
+        its record was claimed before, and a claimed record is past cancel.)"""
         horizons = self.catch_up.horizons()
-        if not horizons:
-            return set()
         past = [c for c in claims
                 if c.shard in horizons and c.record.due_ms > horizons[c.shard]
                 and not c.redelivery and (c.shard, c.member) not in self._pending]  # fmt: skip
         if past:
-            self.store.unclaim(past)
-            self.plan.hold_back({c.shard for c in past}, claims.now_ms + HOLD_WAIT_S * 1000)
             logger.info("%d records claimed as a catch-up began wait for it", len(past))
-        return {(c.shard, c.member) for c in past}
-
-    def not_due(self, now_ms: int) -> int:
-        """Records claimed ahead that are not due by ``now_ms`` (read by the metrics thread)."""
-        return self.sender.not_due(now_ms)
+        back = {(c.shard, c.member): c for c in (*past, *too_low)}
+        if back:
+            self.store.unclaim(back.values())
+            self.plan.hold_back({s for s, _ in back}, claims.now_ms + HOLD_WAIT_S * 1000)
+        return set(back)
 
     def send_when_due(self, stop: threading.Event) -> None:
         """The sender thread (see :class:`Sender`)."""
         self.sender.run(stop)
-
-    @property
-    def sender_last_loop(self) -> float:
-        """When the sender thread last went round its loop (monotonic s)."""
-        return self.sender.last_loop
-
-    @sender_last_loop.setter
-    def sender_last_loop(self, value: float) -> None:
-        self.sender.last_loop = value
 
     def _claim_again(self, members: Mapping[Shard, Sequence[bytes]], wait_ms: int) -> None:
         """Released records are claimable after ``wait_ms``: plan their shards' next claim then,
@@ -300,7 +305,10 @@ class Egress:
             seconds = min(seconds, max(0.0, ack_by - time.monotonic()))
         first = self.plan.first(self.owned)
         if first != NEVER:
-            seconds = min(seconds, max(0.0, (first - self.clock.now_ms()) / 1000))
+            until = max(0.0, (first - self.clock.now_ms()) / 1000)
+            if self._starved and self.rate is not None:  # records are due: the rate says when
+                until = max(until, self.rate.wait_s())
+            seconds = min(seconds, until)
         return seconds
 
     def _wait(self, seconds: float) -> None:

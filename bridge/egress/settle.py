@@ -23,6 +23,7 @@ from confluent_kafka import KafkaException, Message, Producer
 from bridge.health import Readiness
 from bridge.kafka import produce
 from bridge.message import (
+    Priority,
     Reason,
     Scheduled,
     dead_letter_headers,
@@ -75,6 +76,7 @@ class Pending:
     dead_letter: bool = False
     error: str = ""  # Kafka's last refusal, for the DLQ's delay-error-detail
     sent_s: float = 0.0  # monotonic, when last produced; 0 once Kafka acknowledged it
+    draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
 
 
 @dataclass
@@ -124,6 +126,8 @@ class Deliveries:
         self._send = send  # the one way a record is produced (a subclass of the mover may watch)
         self._on_retry = on_retry
         self.pending: dict[Ident, Pending] = {}
+        # Records in flight claimed from a backlog, by priority (see bridge.egress.lanes).
+        self.draining: Counter[Priority] = Counter()
         # Delivery reports not applied yet: (record, error, epoch ms when it came in). Appended
         # by whichever thread polls the producer, taken from the left by the mover.
         self._reports: deque[tuple[Ident, ClientError | None, int]] = deque()
@@ -301,11 +305,28 @@ class Deliveries:
             logger.warning("%d deliveries to %s failed (%s); retrying in %.1fs", n, topic, error,
                            wait_ms / 1000)  # fmt: skip
 
+    def track(self, ident: Ident, claimed: Claimed, draining: bool) -> Pending:
+        """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see
+        :meth:`Lanes.claimed`): it counts in :attr:`draining` until it is settled."""
+        pending = self.pending[ident] = Pending(claimed, dead_letter=claimed.record.dead_letter,
+                                                draining=draining)  # fmt: skip
+        if draining:
+            self.draining[claimed.record.priority] += 1
+        return pending
+
+    def due_in_flight(self, now_ms: int) -> Counter[Priority]:
+        """Records in flight and due by ``now_ms``, by priority (read by the metrics thread)."""
+        # list() copies the values in one step, while the mover's thread may change the dict.
+        return Counter(p.claimed.record.priority for p in list(self.pending.values())
+                       if p.claimed.record.due_ms <= now_ms)  # fmt: skip
+
     def forget(self, members: Mapping[Shard, Sequence[bytes]]) -> None:
         """These records are no longer in flight (acknowledged, or released to be claimed)."""
         for shard, batch in members.items():
             for m in batch:
-                self.pending.pop((shard, m), None)
+                gone = self.pending.pop((shard, m), None)
+                if gone is not None and gone.draining:
+                    self.draining[gone.claimed.record.priority] -= 1
         with self._settled:
             self._settled.notify_all()
 
@@ -313,7 +334,7 @@ class Deliveries:
         """Count a batch of acknowledged records (with when each report came in): one label
         lookup per target, not per record."""
         per_target: Counter[str] = Counter()
-        late_s: list[float] = []
+        late_s: dict[Priority, list[float]] = defaultdict(list)
         dead_lettered: Counter[str] = Counter()
         for pending, now_ms in delivered:
             record: Scheduled = pending.claimed.record
@@ -322,8 +343,9 @@ class Deliveries:
                 dead_lettered[reason or Reason.DELIVERY_FAILED.value] += 1
                 continue
             per_target[record.target] += 1
-            late_s.append(max(0, now_ms - record.late_from_ms()) / 1000)
-        self.metrics.lateness.observe_many(late_s)
+            late_s[record.priority].append(max(0, now_ms - record.late_from_ms()) / 1000)
+        for priority, amounts in late_s.items():
+            self.metrics.lateness.labels(priority=priority.label).observe_many(amounts)
         for target, n in per_target.items():
             self.metrics.delivered.labels(target_topic=target).inc(n)
         for reason, n in dead_lettered.items():

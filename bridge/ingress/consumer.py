@@ -22,7 +22,7 @@ from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.membership import Membership
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
-from bridge.store import Added, Shard, Store
+from bridge.store import Added, Shard, Store, lane_firsts
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Ingress:
         bucket_ms: int = 60_000,
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
-        on_stored: Callable[[Mapping[Shard, int]], None],
+        on_stored: Callable[[Mapping[Shard, tuple[int, int, int]]], None],
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
         known_ids: Callable[[], Mapping[str, str]] = dict,
         readiness: Readiness | None = None,
@@ -275,12 +275,12 @@ class Ingress:
             _report(added, self.metrics)
         self._read_up_to(batch, set(batch.stored))
         counts: dict[str, int] = {}
-        earliest: dict[Shard, int] = {}
+        earliest: dict[Shard, tuple[int, int, int]] = {}
         for shard, (_, records) in batch.stored.items():
-            dues = [rec.due_ms for rec in records if isinstance(rec, Scheduled)]
+            dues = [(rec.priority, rec.due_ms) for rec in records if isinstance(rec, Scheduled)]
             if dues:
                 counts[shard.topic] = counts.get(shard.topic, 0) + len(dues)
-                earliest[shard] = min(dues)
+                earliest[shard] = lane_firsts(dues)
         for topic, n in counts.items():
             self.metrics.ingested.labels(delay_topic=topic).inc(n)
         if earliest:

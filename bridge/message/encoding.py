@@ -11,6 +11,7 @@ from bridge.message.headers import (
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
+    Priority,
     Scheduled,
     origin,
 )
@@ -33,8 +34,11 @@ _HEAD = struct.Struct(">BBqH")
 _HEAD_V1 = struct.Struct(">BqqH")
 _NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
 _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
-# Stored flags: never renumber (claim.lua reads the version byte and DEFAULT_ID too).
+# Stored flags: never renumber (claim.lua reads the version byte and DEFAULT_ID too). HIGH and LOW
+# give the priority (neither: normal, as every record stored before priorities existed).
 _TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT, _ID_IN_HEADER = 1, 2, 4, 8, 16
+_HIGH, _LOW = 32, 64
+_PRIORITY_FLAGS = {Priority.HIGH: _HIGH, Priority.NORMAL: 0, Priority.LOW: _LOW}
 _STORED = struct.Struct(">q")
 # Codes are stored: append only, never reorder.
 _KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
@@ -48,7 +52,7 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
     """Pack a :class:`Scheduled` of delay-topic partition ``topic``/``partition`` into the
     compact binary form kept in Redis."""
     # Per record, twice a record's life (here and decode): written as plain loops for speed.
-    flags = 0
+    flags = _PRIORITY_FLAGS[record.priority]
     target_header = id_header = _ABSENT
     heads: list[tuple[int, bytes | None, bytes | None]] = []
     longest = 0  # the longest header name or value
@@ -185,9 +189,16 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
         return Scheduled(
             offset, due_ms, target, key, value, headers, delay_id, stored_ms,
             default_of=(topic, partition) if flags & _DEFAULT_ID else None,
+            priority=_priority(flags),
         )  # fmt: skip
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None
+
+
+def _priority(flags: int) -> Priority:
+    if flags & _HIGH:
+        return Priority.HIGH
+    return Priority.LOW if flags & _LOW else Priority.NORMAL
 
 
 class _Reader:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import cast
 
 Headers = list[tuple[str, bytes | None]]
@@ -26,12 +26,15 @@ H_AFTER = "delay-after"
 H_TARGET_KEY = "delay-target-key"
 H_ID = "delay-id"
 H_CANCEL = "delay-cancel"
+H_PRIORITY = "delay-priority"
 H_DUE_AT = "delay-due-at"
 H_ERROR = "delay-error"
 H_ERROR_DETAIL = "delay-error-detail"
 H_ORIGIN = "delay-origin"
 
-CONTROL_HEADERS = frozenset({H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_CANCEL})
+CONTROL_HEADERS = frozenset(
+    {H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_CANCEL, H_PRIORITY}
+)
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
 # so a record that passes through the bridge twice never carries a stale due time.
 STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT}
@@ -39,6 +42,29 @@ MAX_ID_BYTES = 256
 # The header sets a delay topic may speak (topics.dialect): this contract's, that of
 # etf1/kafka-message-scheduler and that of Kaspr's scheduler (see bridge.dialects).
 DIALECTS = ("delay-bridge", "etf1", "kaspr")
+
+
+class Priority(IntEnum):
+    """``delay-priority``: among records that are due, a lower value is claimed first."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+    @property
+    def label(self) -> str:
+        """The header's value, and the metrics' ``priority`` label."""
+        return self.name.lower()
+
+    @classmethod
+    def of(cls, text: str) -> Priority:
+        """The priority a header value names; ValueError for any other text."""
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(
+                f"{H_PRIORITY} must be one of {', '.join(p.label for p in cls)}, not {text!r}"
+            ) from None
 
 
 class Reason(StrEnum):
@@ -90,6 +116,7 @@ class Scheduled:
     # stored encoding says so: spares building the origin per record to compare. None says
     # nothing.
     default_of: tuple[str, int] | None = field(default=None, compare=False)
+    priority: Priority = Priority.NORMAL
 
     def given_id(self, topic: str, partition: int) -> str | None:
         """The delay-id its producer gave; None when it is the default one (the origin)."""

@@ -14,10 +14,12 @@ from bridge.message.headers import (
     H_CANCEL,
     H_DELIVER_AT,
     H_ID,
+    H_PRIORITY,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
     Cancel,
     Headers,
+    Priority,
     Reason,
     Rejected,
     Scheduled,
@@ -122,6 +124,7 @@ def parse(
     after = _text(control, H_AFTER)
     delay_id = _text(control, H_ID)
     cancel = _text(control, H_CANCEL)
+    priority_text = _text(control, H_PRIORITY)
 
     for name, text in ((H_ID, delay_id), (H_CANCEL, cancel)):
         if text is not None and not 1 <= len(control[name]) <= MAX_ID_BYTES:
@@ -152,6 +155,13 @@ def parse(
             f"({format_duration_ms(rules.max_delay_ms)})",
         )
 
+    priority = Priority.NORMAL
+    if priority_text is not None:
+        try:
+            priority = Priority.of(priority_text)
+        except ValueError as exc:
+            raise Rejected(Reason.BAD_HEADER, str(exc)) from None
+
     if not target:
         target = rules.default_targets.get(topic)
         if not target:
@@ -173,4 +183,5 @@ def parse(
         delay_id=delay_id if delay_id is not None else origin(topic, partition, offset),
         stored_ms=now_ms if due_ms < now_ms else None,
         default_of=(topic, partition) if delay_id is None else None,
+        priority=priority,
     )

@@ -37,7 +37,7 @@ from bridge.message import (
 )
 from bridge.metrics import Metrics
 from bridge.readback.reader import Reader
-from bridge.store import Chunk, Shard, Store, member
+from bridge.store import Chunk, Shard, Store, lane_firsts, lane_of, member, score
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ReadBack:
         *,
         owned: Callable[[], frozenset[Shard]],
         read_ahead_ms: int,
-        on_stored: Callable[[Mapping[Shard, int]], None] = lambda earliest: None,
+        on_stored: Callable[[Mapping[Shard, tuple[int, int, int]]], None] = lambda earliest: None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.store = store
@@ -125,23 +125,23 @@ class ReadBack:
             self.reader.release()
         return done
 
-    def _promote(self, chunk: Chunk, members: list[tuple[int, bytes, str]]) -> bool:
+    def _promote(self, chunk: Chunk, members: list[tuple[int, int, bytes, str]]) -> bool:
         """Promote ``chunk`` with its records read back; whether it was (not: promoted by another
         replica meanwhile, or renamed as it filled, so it is read again)."""
-        stored = self.store.references.promote(chunk, [(d, m) for d, m, _ in members])
+        stored = self.store.references.promote(chunk, [(s, m) for _, s, m, _ in members])
         if stored is None:
             return False
         after = self.store.time_ms()
         self.metrics.read_back_ahead.observe_many(
-            max(0.0, (due - after) / 1000) for due, _, _ in members
+            max(0.0, (due - after) / 1000) for due, _, _, _ in members
         )
-        for result, n in Counter(r for _, _, r in members).items():
+        for result, n in Counter(r for _, _, _, r in members).items():
             self.metrics.read_back.labels(result=result).inc(n)
-        self._on_stored({chunk.shard: min(due for due, _, _ in members)})
+        self._on_stored({chunk.shard: lane_firsts((lane_of(s), due) for due, s, _, _ in members)})
         return True
 
-    def _members(self, chunk: Chunk) -> list[tuple[int, bytes, str]]:
-        """(due ms, member, result) for each reference of ``chunk``, in its order."""
+    def _members(self, chunk: Chunk) -> list[tuple[int, int, bytes, str]]:
+        """(due ms, score, member, result) for each reference of ``chunk``, in its order."""
         shard = chunk.shard
         refs = chunk.references()
         if shard.incarnation:
@@ -162,7 +162,7 @@ class ReadBack:
                 missing.append(offset)
             else:
                 record, result = self._parse(shard, offset, due, msg, now_ms)
-            out.append((due, member(record, shard.topic, shard.partition), result))
+            out.append((due, score(record), member(record, shard.topic, shard.partition), result))
         if missing:  # one line a chunk, not a record
             logger.warning("%d records of %s (offsets %d..%d): %s; dead-lettered as "
                            "payload-missing at their due times", len(missing), shard, missing[0],

@@ -1,12 +1,24 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
-from bridge.store.api import Store
-from bridge.store.keys import Shard, ShardKeys, glob_escape, member, offset_bytes, offset_of
+from bridge.store.api import ON_TIME_WINDOW_MS, Store
+from bridge.store.keys import (
+    Shard,
+    ShardKeys,
+    due_of,
+    glob_escape,
+    lane_firsts,
+    lane_of,
+    member,
+    offset_bytes,
+    offset_of,
+    score,
+)
 from bridge.store.redis_errors import as_store_error
 from bridge.store.references import Chunk
 from bridge.store.results import Added, Backlog, Bound, Claimed, Claims, Lost, Lows
 
 __all__ = [
+    "ON_TIME_WINDOW_MS",
     "Added",
     "Backlog",
     "Bound",
@@ -19,8 +31,12 @@ __all__ = [
     "ShardKeys",
     "Store",
     "as_store_error",
+    "due_of",
     "glob_escape",
+    "lane_firsts",
+    "lane_of",
     "member",
     "offset_bytes",
     "offset_of",
+    "score",
 ]

@@ -13,7 +13,8 @@ from typing import Any, cast
 
 import redis
 
-from bridge.message import Cancel, Scheduled, decode
+from bridge.message import Cancel, Priority, Scheduled, decode
+from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
     LegacyKeys,
@@ -23,6 +24,7 @@ from bridge.store.keys import (
     offset_bytes,
     offset_of,
     reference,
+    score,
     text,
 )
 from bridge.store.layout import Layout
@@ -71,6 +73,7 @@ class Store:
         self._scripts = Scripts(client)
         self.layout = Layout(client, self._keys, self._scripts)
         self.references = References(client, self._keys, self._scripts)
+        self.inventory = Inventory(client, self._keys)
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The shard's Redis keys."""
@@ -138,12 +141,11 @@ class Store:
                 if isinstance(rec, Cancel):
                     args += [rec.offset, "", "", rec.delay_id]
                     continue
-                if rec.due_ms > refer_after:
-                    stored = reference(rec.offset, rec.due_ms)
+                if rec.due_ms > refer_after:  # its priority is read back with the record
+                    stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
                 else:
-                    stored = member(rec, shard.topic, shard.partition)
-                args += [rec.offset, rec.due_ms, stored,
-                         rec.given_id(shard.topic, shard.partition) or ""]  # fmt: skip
+                    stored, at = member(rec, shard.topic, shard.partition), score(rec)
+                args += [rec.offset, at, stored, rec.given_id(shard.topic, shard.partition) or ""]
             keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due]
             calls.append(("add", keys, args))
         counts, lost, missed = [0, 0, 0, 0], {}, []
@@ -195,6 +197,8 @@ class Store:
         acks: Mapping[Shard, Sequence[bytes]] | None = None,
         ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
         epochs: Mapping[Shard, str] | None = None,
+        lanes: Mapping[Shard, Priority] | None = None,
+        ahead_lanes: Priority | None = None,
     ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
@@ -203,7 +207,9 @@ class Store:
         of a shard claimed from, claimed in its ``epochs``, are applied first in the same call,
         as :meth:`ack` would. With ``ahead_ms``, records with the default delay-id due within
         that much of now are leased too (room permitting): the caller produces them when they
-        fall due."""
+        fall due. A shard in ``lanes`` gives only records of that priority or higher, and only
+        records of ``ahead_lanes`` or higher are claimed ahead; the reply says which priorities
+        still have records due and each lane's earliest due time (:class:`Claims`)."""
         if not shards:
             now = self.time_ms() if now_ms is None else now_ms
             return Claims([], now, {}, time.monotonic(), now)
@@ -213,8 +219,10 @@ class Store:
         for shard in shards:
             k = self.keys(shard)
             horizon = horizons.get(shard)
+            last = lanes.get(shard) if lanes else None
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
-                    "" if horizon is None else horizon, ahead_ms,
+                    "" if horizon is None else horizon, ahead_ms, "" if last is None else last + 1,
+                    "" if ahead_lanes is None else ahead_lanes + 1,
                     *_ack_args(shard, acks or {}, ids or {}, epochs or {})]  # fmt: skip
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
             calls.append(("claim", keys, args))
@@ -222,16 +230,24 @@ class Store:
         next_ms: dict[Shard, int | None] = {}
         replies = self._scripts.run(calls)
         received = time.monotonic()  # before decoding: each record decoded would lag the clock
+        due_lanes: dict[Shard, frozenset[Priority]] = {}
+        earliest: dict[Shard, tuple[int, int, int]] = {}
         for shard, reply in zip(shards, replies, strict=True):
             redelivered = int(reply[1])
             times = [int(t) for t in reply[2:4] if int(t) >= 0]
             next_ms[shard] = min(times) if times else None
             epoch = text(reply[5])
-            for i, item in enumerate(reply[6:]):
+            mask = int(reply[6])
+            if mask:
+                due_lanes[shard] = frozenset(p for p in Priority if mask & 1 << p)
+            earliest[shard] = (int(reply[7]), int(reply[8]), int(reply[9]))
+            for i, item in enumerate(reply[10:]):
                 record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
                 out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
         # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
-        return Claims(out, int(replies[0][0]), next_ms, received, int(replies[-1][4]))
+        return Claims(
+            out, int(replies[0][0]), next_ms, received, int(replies[-1][4]), due_lanes=due_lanes
+        )
 
     def ack(
         self,
@@ -264,7 +280,7 @@ class Store:
         replacement reaches them again (see unclaim.lua). Returns how many were put back."""
         args: dict[Shard, list[Any]] = {}
         for c in claimed:
-            args.setdefault(c.shard, []).extend((c.record.due_ms, c.member))
+            args.setdefault(c.shard, []).extend((score(c.record), c.member))
         calls: list[Call] = []
         for shard, pairs in args.items():
             keys = self.keys(shard)
@@ -340,24 +356,5 @@ class Store:
             inflight=sum(r[3] for r in replies),
             oldest_due_ms=min(oldest) if oldest else None,
             references=sum(r[5] for r in replies),
+            overdue_by={p: sum(r[6 + p] for r in replies) for p in Priority},
         )
-
-    def stored_bytes(self, shards: Sequence[Shard]) -> dict[str, int]:
-        """Redis memory of the shards' records by tier — ``full`` (waiting or in flight, whole)
-        and ``reference`` — as MEMORY USAGE estimates it from 5 samples per key."""
-        tiers = {"full": 0, "reference": 0}
-        if not shards:
-            return tiers
-        named = []
-        for shard in shards:
-            k = self.keys(shard)
-            named += [("full", k.due), ("full", k.claimed), ("reference", k.refs),
-                      ("reference", k.refs_due)]  # fmt: skip
-        with as_store_error():
-            pipe = self.client.pipeline(transaction=False)
-            for _, key in named:
-                pipe.memory_usage(key, samples=5)
-            sizes = pipe.execute()
-        for (tier, _), size in zip(named, sizes, strict=True):
-            tiers[tier] += int(size or 0)
-        return tiers

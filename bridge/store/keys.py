@@ -5,9 +5,12 @@ multi-key scripts run on Redis Cluster, and every key starts with the prefix, so
 pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
 ``{<prefix>:<topic>:<partition>}:<name>``, are moved by :meth:`Layout.relocate`):
 
-* ``…:schedule``  ZSET member → due ms: the records waiting. A member *is* the record: its
-  offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). Records
-  with the same due time sort in offset order, and each costs Redis one entry (an index beside a
+* ``…:schedule``  ZSET member → score: the records waiting. A member *is* the record: its
+  offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). The score
+  is the due ms plus the base of the record's priority lane (:func:`score`): each lane is a run of
+  scores of its own, high before normal before low, so a claim takes a lane's due records by rank
+  and records with the same due time and priority sort in offset order. A normal record's score
+  is its due ms, as before lanes existed. Each record costs Redis one entry (an index beside a
   HASH of records cost about 70 bytes more per record);
 * ``…:leases``    ZSET offset (8 bytes) → lease deadline ms, and ``…:claimed`` HASH offset →
   member: the records in flight (a few batches per bridge), addressed by offset so that
@@ -18,7 +21,9 @@ pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
 * ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
   offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
   offset): the lowest pending offset — the one to commit — is read without scanning records;
-* ``…:ids``       the delay-id index: only records with a caller-given delay-id;
+* ``…:ids``       the delay-id index: only records with a caller-given delay-id (its offset's 8
+  bytes, then its due ms as text — the due ms, not the score: a reference's lane is not known
+  until it is read back);
 * ``…:refs``      HASH: records due too far out to keep whole (``store.payload_horizon``) as
   references, 16 bytes each (the offset and the due ms, both 8 big-endian bytes), appended in
   offset order to a chunk of their time bucket (field ``<bucket start ms>``; a full chunk is
@@ -34,12 +39,16 @@ re-reading the delay topic from there (:mod:`bridge.ingress`).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bridge.message import Scheduled, encode
+from bridge.message import Priority, Scheduled, encode
 
+# The width of a priority lane's run of scores: above any due ms (the year 9999 is 2.5e14 ms), and
+# every score (|score| < 2^50) is an exact double. claim.lua and _lib.lua hold the same numbers.
+LANE_WIDTH = 2**49
+LANE_BASES = {Priority.HIGH: -LANE_WIDTH, Priority.NORMAL: 0, Priority.LOW: LANE_WIDTH}
 _OFFSET = struct.Struct(">Q")
 _REFERENCE = struct.Struct(">Qq")
 REFERENCE_BYTES = _REFERENCE.size
@@ -144,6 +153,33 @@ def offset_bytes(offset: int) -> bytes:
 def member(record: Scheduled, topic: str, partition: int) -> bytes:
     """The due-index member of a record: its offset, then the encoded record."""
     return _OFFSET.pack(record.offset) + encode(record, topic, partition)
+
+
+def score(record: Scheduled) -> int:
+    """A record's score in the due index: its due ms in its priority's lane."""
+    return record.due_ms + LANE_BASES[record.priority]
+
+
+def lane_firsts(records: Iterable[tuple[Priority, int]]) -> tuple[int, int, int]:
+    """The earliest due ms of each lane — high, normal, low; -1: none — among (priority, due ms)
+    pairs."""
+    first = [-1, -1, -1]
+    for priority, due in records:
+        if first[priority] < 0 or due < first[priority]:
+            first[priority] = due
+    return first[0], first[1], first[2]
+
+
+def lane_of(score_value: float) -> Priority:
+    """The priority whose lane a due-index score is in."""
+    return Priority.HIGH if score_value < 0 else Priority.LOW if score_value >= LANE_WIDTH else (
+        Priority.NORMAL)  # fmt: skip
+
+
+def due_of(score_value: float) -> int:
+    """The due ms a due-index score stands for, whatever its lane."""
+    due = int(score_value)
+    return due + LANE_WIDTH if due < 0 else due - LANE_WIDTH if due >= LANE_WIDTH else due
 
 
 def reference(offset: int, due_ms: int) -> bytes:

@@ -66,15 +66,15 @@ class References:
         return sorted(chunks, key=lambda c: c.start_ms)
 
     def promote(self, chunk: Chunk, members: Sequence[tuple[int, bytes]]) -> int | None:
-        """Store the records of ``chunk`` — (due ms, member) per reference, in its order — and drop
+        """Store the records of ``chunk`` — (score, member) per reference, in its order — and drop
         the references read; None when the chunk changed since it was read (promoted by another
         caller, or renamed as it filled up): nothing was stored. Returns records stored (those
         not cancelled meanwhile)."""
         k = self.keys.of(chunk.shard)
         args: list[Any] = [chunk.field, len(chunk.data), chunk.data[:16],
                            "1" if chunk.shard.incarnation else "0"]  # fmt: skip
-        for due_ms, member in members:
-            args += [due_ms, member]
+        for record_score, member in members:
+            args += [record_score, member]
         calls: list[Call] = [("promote", [k.due, k.refs, k.refs_due, k.pending], args)]
         stored = int(self.scripts.run(calls)[0])
         return None if stored < 0 else stored

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bridge.message import Scheduled
+from bridge.message import Priority, Scheduled
 from bridge.store.keys import Shard
 
 
@@ -79,6 +79,7 @@ class Backlog:
     inflight: int
     oldest_due_ms: int | None
     references: int = 0  # far-future records held as references
+    overdue_by: dict[Priority, int] = field(default_factory=dict)  # ``overdue`` by priority
 
 
 class Claims(list[Claimed]):
@@ -86,7 +87,9 @@ class Claims(list[Claimed]):
     when the claim ended (``clock_ms``) and the local ``time.monotonic()`` when the reply came in
     (``received``: later than Redis read ``clock_ms``, so Redis's clock carried on from there is
     never ahead of Redis's) and, per shard claimed from, its earliest due time or lease deadline
-    left (``next_ms``; None: nothing)."""
+    left (``next_ms``; None: nothing), the priorities it still has records due of
+    (``due_lanes``; a shard with none is left out) and the earliest due time left in each of
+    its lanes, high, normal and low (``earliest``; -1: none)."""
 
     def __init__(
         self,
@@ -95,12 +98,17 @@ class Claims(list[Claimed]):
         next_ms: dict[Shard, int | None],
         received: float,
         clock_ms: int,
+        *,
+        due_lanes: dict[Shard, frozenset[Priority]] | None = None,
+        earliest: dict[Shard, tuple[int, int, int]] | None = None,
     ) -> None:
         super().__init__(records)
         self.now_ms = now_ms
         self.next_ms = next_ms
         self.received = received
         self.clock_ms = clock_ms
+        self.due_lanes = due_lanes or {}
+        self.earliest = earliest or {}
 
 
 def lost_from(status: int, watermark: int) -> Lost | None:

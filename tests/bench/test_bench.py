@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 TOY = Sizes(throughput=3000, values=(100,), precision_s=2, backlog=3000, catchup=3000,
             cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
-            scattered=3000, spread_s=6, session_ms=6000)  # fmt: skip
+            scattered=3000, spread_s=6, session_ms=6000, priority=3000, max_rate=1500,
+            live_rate=20)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -114,3 +115,24 @@ def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
     text = report.tables(result)
     assert "Far-future records held" in text and "Read-back" in text
     assert any("read back before it is due" in t for t, _, _ in report.targets(result))
+
+
+def test_the_priority_scenario_drains_high_first_and_keeps_the_rate(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = run_all(servers, tmp_path, TOY, ["priority"])
+    assert result.problems == []  # nothing lost or early in either drain
+    for name in ("priority", "priority, rate-limited"):
+        x = result.figures[name]
+        assert x["records"] == 3000 and x["drain_s"] > 0
+        assert x["low_before_last_high"] == x["normal_before_last_high"] == 0
+        assert x["low_before_last_normal"] == 0
+    limited = result.figures["priority, rate-limited"]
+    assert limited["max_rate"] == 1500 and limited["live"] == 100
+    # At 1,500/s the 3,000 records take about 2 s (the harness checks the range, not this).
+    assert limited["drain_s"] >= 1.0
+    assert "Priority" in report.tables(result)
+    assert any(
+        t.startswith("priority: the drain at max_rate") for t, _, _ in report.targets(result)
+    )

@@ -40,7 +40,15 @@ from tests.chaos.checker import (
     wait_settled,
 )
 from tests.chaos.servers import Servers
-from tests.chaos.workload import CLIENT_LOG_LEVEL, Record, Workload, hostile, now_ms, steady
+from tests.chaos.workload import (
+    CLIENT_LOG_LEVEL,
+    Record,
+    Workload,
+    hostile,
+    now_ms,
+    prioritised,
+    steady,
+)
 from tests.conftest import delete_keys, recreate_topic, wait_for
 from tests.integration.harness import Bridge, bridge_env, metric, wait_ready
 
@@ -299,6 +307,26 @@ def read_back_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     result.checks["records kept as references"] = waiting > 0
     result.checks["none reported gone"] = run.log_count("payload-missing") == 0
     result.notes.append(f"up to {waiting:,} references waiting at a kill")
+    return result
+
+
+def priority_drain_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
+    """A backlog of mixed priorities (10% high, 30% low), all due at one instant, produced before
+    the bridge starts; drained at egress.max_rate (the records over ``size.seconds``), the bridge
+    SIGKILLed at random moments of the drain and started again at once as the same static member.
+    Records claimed from the backlog and in flight at a kill are delivered again, no more."""
+    due = str(now_ms() + 1000).encode()
+    workload = run.workload(prioritised(size.records, run.target, due), 0)
+    workload.join(120)
+    bridge = run.bridge("pod-0")
+    for moment in moments(rng, size.faults, 2.0, size.seconds):
+        run.at(moment)
+        bridge.kill()
+        bridge = run.bridge("pod-0")
+    result = run.finish(workload, "priority drain SIGKILL", f"{size.faults} x SIGKILL of the "
+                        "bridge during a rate-limited drain of mixed priorities, and restart")  # fmt: skip
+    rate = run.overrides["egress__max_rate"]
+    result.notes.append(f"egress.max_rate {rate}/s")
     return result
 
 
@@ -850,6 +878,8 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
         Size(30_000, 60, 1, outage_s=30),
     ),
     "rebalance-storm": (rebalance_storm, Size(4000, 12, 4), Size(100_000, 60, 20)),
+    # Its short version's contract is the bench harness's priority test and test_priority.py's.
+    "priority-drain-sigkill": (priority_drain_sigkill, None, Size(100_000, 50, 10)),
     "rollout": (rollout("statefulset"), Size(3000, 20, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
@@ -897,6 +927,8 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         overrides["kafka__consumer"] = {}
     if name in ("bridge-sigkill", "rebalance-storm") or name in KAFKA_CLUSTER_SCENARIOS:
         overrides["egress__lease"] = "30s"
+    if name == "priority-drain-sigkill":  # the drain takes the run's seconds
+        overrides["egress__max_rate"] = max(1, int(size.records / size.seconds))
     if name == "read-back-sigkill" or name.endswith("-references"):
         overrides.update(store__payload_horizon="6s", store__fetch_ahead="3s")
     ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)

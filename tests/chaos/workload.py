@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, Message, Producer
 
 from bridge.kafka import produce
-from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Headers, wire_headers
+from bridge.message import (
+    H_DELIVER_AT,
+    H_PRIORITY,
+    H_TARGET_TOPIC,
+    Headers,
+    Priority,
+    wire_headers,
+)
 
 FILLER = b"x" * 100
 # librdkafka's log level for the harness's own clients: critical only. The faults make them fail
@@ -119,6 +126,19 @@ def steady(
         Record(header, key=b"k%d" % (i % 997), delay_ms=rng.randint(min_delay_ms, max_delay_ms))
         for i in range(count)
     ]
+
+
+# A backlog's priorities, interleaved: 10% high, 60% normal, 30% low in every ten records.
+PRIORITY_MIX = (Priority.HIGH, Priority.NORMAL, Priority.LOW, Priority.NORMAL, Priority.NORMAL,
+                Priority.LOW, Priority.NORMAL, Priority.NORMAL, Priority.LOW, Priority.NORMAL)  # fmt: skip
+
+
+def prioritised(count: int, target: str, due: bytes) -> list[Record]:
+    """``count`` records due at ``due`` (a delay-deliver-at value), their priorities in
+    PRIORITY_MIX's order, keys cycling over the partitions: every partition gets every priority."""
+    return [Record([(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, due),
+                    (H_PRIORITY, PRIORITY_MIX[i % len(PRIORITY_MIX)].label.encode())],
+                   key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
 
 
 # ---------------------------------------------------------------- hostile input

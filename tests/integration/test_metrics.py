@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
-from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Scheduled
+from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Priority, Scheduled
 from bridge.metrics import Metrics, Sampler
 from bridge.service import Service
 from bridge.store import Shard, Store
@@ -29,6 +29,12 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     v = registry.get_sample_value(name, labels)
     assert v is not None, f"{name}{labels} is not exported"
     return v
+
+
+def overdue(registry: CollectorRegistry, priority: str | None = None) -> float:
+    """delay_bridge_overdue_messages of one priority, or of all."""
+    names = [priority] if priority else [p.label for p in Priority]
+    return sum(value(registry, "delay_bridge_overdue_messages", priority=p) for p in names)
 
 
 def test_backlog_gauges(redis_client: redis.Redis, unique: str) -> None:
@@ -47,10 +53,33 @@ def test_backlog_gauges(redis_client: redis.Redis, unique: str) -> None:
     Sampler(store, metrics, lambda: {a, b}).sample_once(now_ms=T0)
 
     assert value(registry, "delay_bridge_scheduled_messages") == 3
-    assert value(registry, "delay_bridge_overdue_messages") == 2  # one waiting, one in flight
+    assert overdue(registry) == overdue(registry, "normal") == 2  # one waiting, one in flight
     assert value(registry, "delay_bridge_inflight_messages") == 1
     assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(0.001)
     assert value(registry, "delay_bridge_owned_partitions") == 2
+
+
+def test_overdue_records_by_priority(redis_client: redis.Redis, unique: str) -> None:
+    store = Store(redis_client, f"test-{unique}")
+    registry = CollectorRegistry()
+    shard = Shard("d", 0)
+    store.add({shard: (3, [
+        Scheduled(0, T0 - 10, "t", None, b"v", [], "0", priority=Priority.HIGH),
+        Scheduled(1, T0 - 10, "t", None, b"v", [], "1", priority=Priority.LOW),
+        Scheduled(2, T0 - 5, "t", None, b"v", [], "2", priority=Priority.LOW),
+        Scheduled(3, T0 + 5, "t", None, b"v", [], "3", priority=Priority.HIGH),
+    ])})  # fmt: skip
+    claimed = store.claim([shard], 1, 30_000, now_ms=T0)
+    assert [c.record.priority for c in claimed] == [Priority.HIGH]  # the mover's, in flight
+
+    def due_in_flight(now_ms: int) -> dict[Priority, int]:  # Deliveries.due_in_flight
+        return {Priority.HIGH: sum(1 for c in claimed if c.record.due_ms <= now_ms)}
+
+    Sampler(store, Metrics(registry), lambda: {shard},
+            due_in_flight=due_in_flight).sample_once(now_ms=T0)  # fmt: skip
+    assert (overdue(registry, "high"), overdue(registry, "normal"), overdue(registry, "low")) == (
+        1, 0, 2)  # fmt: skip
+    assert value(registry, "delay_bridge_scheduled_messages") == 1
 
 
 def test_records_claimed_ahead_are_in_flight_but_not_overdue(
@@ -72,9 +101,9 @@ def test_records_claimed_ahead_are_in_flight_but_not_overdue(
     sampler = Sampler(store, metrics, lambda: {shard}, not_due=not_due)
     sampler.sample_once(now_ms=T0)
     assert value(registry, "delay_bridge_inflight_messages") == 3
-    assert value(registry, "delay_bridge_overdue_messages") == 1
+    assert overdue(registry) == 1
     sampler.sample_once(now_ms=T0 + 50)
-    assert value(registry, "delay_bridge_overdue_messages") == 2
+    assert overdue(registry) == 2
 
 
 def test_lost_shards_and_records_stuck_in_flight_are_still_reported(
@@ -93,7 +122,7 @@ def test_lost_shards_and_records_stuck_in_flight_are_still_reported(
     sampler = Sampler(store, metrics, lambda: {owned}, lost=lambda: {lost},
                       due_by_ms=lease - ahead)  # fmt: skip
     sampler.sample_once(now_ms=T0 + 20_000)
-    assert value(registry, "delay_bridge_overdue_messages") == 3  # one waiting, two in flight
+    assert overdue(registry) == 3  # one waiting, two in flight
     assert value(registry, "delay_bridge_inflight_messages") == 2
     # The waiting one is 15 s overdue; the ones in flight were due by their claim + ahead.
     assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(19.999 - 0.1)
@@ -102,7 +131,7 @@ def test_lost_shards_and_records_stuck_in_flight_are_still_reported(
     assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(25.003)
     assert value(registry, "delay_bridge_owned_partitions") == 1
     Sampler(store, metrics, lambda: {owned}).sample_once(now_ms=T0 + 20_000)
-    assert value(registry, "delay_bridge_overdue_messages") == 0  # not ours: not reported
+    assert overdue(registry) == 0  # not ours: not reported
 
 
 def test_ingest_lag_from_librdkafka_statistics(
@@ -190,7 +219,7 @@ def test_counters_after_an_end_to_end_run(
 
         wait_for(lambda: delivered() == 41, 60, "41 deliveries counted")
         wait_for(
-            lambda: (registry.get_sample_value("delay_bridge_overdue_messages") or 0) == 0,
+            lambda: overdue(registry) == 0,
             10,
             "backlog gauge to drain",
         )
@@ -205,12 +234,24 @@ def test_counters_after_an_end_to_end_run(
     assert value(registry, "delay_bridge_replaced_total") == 0
     for result in ("cancelled", "not-found"):
         assert value(registry, "delay_bridge_cancelled_total", result=result) == 0
-    assert value(registry, "delay_bridge_delivery_lateness_seconds_count") == 41
+    assert value(registry, "delay_bridge_delivery_lateness_seconds_count", priority="normal") == 41
     # The record due an hour before it was produced counts from when the bridge stored it: the
     # lateness measures the bridge, not the producer (it once added its whole hour).
-    assert value(registry, "delay_bridge_delivery_lateness_seconds_bucket", le="+Inf") == 41
-    assert value(registry, "delay_bridge_delivery_lateness_seconds_bucket", le="30.0") == 41
-    assert value(registry, "delay_bridge_delivery_lateness_seconds_sum") < 41 * 30
+    assert (
+        value(
+            registry, "delay_bridge_delivery_lateness_seconds_bucket", priority="normal", le="+Inf"
+        )
+        == 41
+    )
+    assert (
+        value(
+            registry, "delay_bridge_delivery_lateness_seconds_bucket", priority="normal", le="30.0"
+        )
+        == 41
+    )
+    assert (
+        value(registry, "delay_bridge_delivery_lateness_seconds_sum", priority="normal") < 41 * 30
+    )
 
 
 def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None:
@@ -221,6 +262,6 @@ def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None
     service.egress.last_loop = time.monotonic() - 61  # the mover has not come round for a minute
     assert service.health() == ["egress loop silent for 61s"]
     service.egress.last_loop = time.monotonic()
-    service.egress.sender_last_loop = time.monotonic() - 61  # nor the sender of held records
+    service.egress.sender.last_loop = time.monotonic() - 61  # nor the sender of held records
     assert service.health() == ["sender loop silent for 61s"]
     assert "consumer has not joined its group" in service.ready()

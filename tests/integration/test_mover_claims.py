@@ -102,7 +102,7 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     new = [Scheduled(0, t0 + 3_600_000, target, b"k", b"far", [], origin("delay", 0, 0)),
            Scheduled(1, t0, target, b"k", b"now", [], origin("delay", 0, 1))]  # fmt: skip
     store.add({shard: (1, new)}, refer_after_ms=t0 + 60_000)
-    egress.notify({shard: t0})
+    egress.notify({shard: (-1, t0, -1)})  # a normal record due at t0
     wait_for(
         lambda: egress.step() >= 0 and not store.is_pending(shard, 1),
         30,

@@ -14,7 +14,7 @@ import pytest
 import redis
 import yaml
 
-from bridge.message import H_AFTER, H_ERROR, H_ORIGIN, H_TARGET_TOPIC, Headers, Scheduled
+from bridge.message import H_AFTER, H_ERROR, H_ORIGIN, H_TARGET_TOPIC, Headers, Priority, Scheduled
 from bridge.store import Shard, Store
 from tests.conftest import ROOT, TopicFactory
 from tests.integration.harness import Bridge, Collector, Setup, produce_all
@@ -40,12 +40,16 @@ def held(setup: Setup, redis_client: redis.Redis) -> dict[str, Any]:
     p0, p1 = Shard(setup.delay, 0), Shard(setup.delay, 1)
     target = setup.targets[0]
 
-    def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v") -> Scheduled:
+    def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v",
+            priority: Priority = Priority.NORMAL) -> Scheduled:  # fmt: skip
         return Scheduled(offset, due, target, b"key-%d" % offset, value, [],
-                         delay_id or f"{setup.delay}:0:{offset}")  # fmt: skip
+                         delay_id or f"{setup.delay}:0:{offset}", priority=priority)  # fmt: skip
 
-    store.add({p0: (4, [rec(0, now - 10_000), rec(1, now - 5_000), rec(2, now + HOUR, "expire-7"),
-                        rec(3, now + HOUR + 1), rec(4, now + HOUR + 2, value=b"x" * 300)])})  # fmt: skip
+    # Of the three due in an hour, one high and one low: each lane is listed, in due order.
+    store.add({p0: (4, [rec(0, now - 10_000), rec(1, now - 5_000),
+                        rec(2, now + HOUR, "expire-7", priority=Priority.HIGH),
+                        rec(3, now + HOUR + 1, priority=Priority.LOW),
+                        rec(4, now + HOUR + 2, value=b"x" * 300)])})  # fmt: skip
     store.add({p1: (1, [Scheduled(0, now - 1000, target, None, b"v", [], f"{setup.delay}:1:0"),
                         Scheduled(1, now + 2 * HOUR, target, None, b"v", [],
                                   f"{setup.delay}:1:1")])})  # fmt: skip
@@ -91,6 +95,8 @@ def test_list_shows_waiting_records_in_due_order(setup: Setup, held: dict[str, A
     assert (third["delay_id"], third["target"], third["key"], third["value_bytes"]) == (
         "expire-7", setup.targets[0], "key-2", 1)  # fmt: skip
     assert records[4]["value_bytes"] == 300
+    assert [r["priority"] for r in records] == ["normal", "normal", "high", "low", "normal",
+                                                "normal"]  # fmt: skip
     page = json.loads(cli(setup, "list", "--json", "--limit", "2", "--partition", "0").stdout)
     assert [r["offset"] for r in page] == [0, 1]
     due_before = str(held["now"])
@@ -100,8 +106,10 @@ def test_list_shows_waiting_records_in_due_order(setup: Setup, held: dict[str, A
     assert [r["offset"] for r in by_id] == [2]
     by_origin = json.loads(cli(setup, "list", "--json", "--id", f"{setup.delay}:0:3").stdout)
     assert [r["offset"] for r in by_origin] == [3]
-    text = cli(setup, "list", "--limit", "1")
+    text = cli(setup, "list", "--limit", "3")
     assert text.returncode == 0 and "key-0" in text.stdout
+    assert text.stdout.splitlines()[0].split()[3] == "priority"
+    assert text.stdout.splitlines()[3].split()[3] == "high"
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,12 @@ def test_id_and_target_key_travel_with_the_record() -> None:
     assert scheduled(cancel_headers("expire-7")) == Cancel(5, "expire-7")
 
 
+def test_a_priority_travels_with_the_record() -> None:
+    for name in ("high", "normal", "low"):
+        rec = scheduled(delay_headers("t", after="1s", priority=name))
+        assert isinstance(rec, Scheduled) and rec.priority.label == name
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -71,6 +77,8 @@ def test_id_and_target_key_travel_with_the_record() -> None:
         ({"after": "1s", "delay_id": ""}, "delay_id must be 1 to 256 bytes"),
         ({"after": "1s", "delay_id": "x" * 257}, "delay_id must be 1 to 256 bytes"),
         ({"after": "1s", "delay_id": 7}, "delay_id must be text"),
+        ({"after": "1s", "priority": "urgent"}, "delay-priority must be one of high, normal, low"),
+        ({"after": "1s", "priority": 1}, "priority 1 is not one of high, normal, low"),
     ],
 )  # fmt: skip
 def test_what_the_bridge_would_refuse_is_a_value_error(

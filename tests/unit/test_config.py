@@ -218,6 +218,16 @@ def cli(
         (["produce", "--target", "t", "--at", "noon", "v"], {}, "--at"),
         (["produce", "--target", "__t", "--after", "1s", "v"], {}, "internal topic"),
         (["produce", "--target", "t", "--after", "1s", "--header", "novalue", "v"], {}, "--header"),
+        (
+            ["produce", "--target", "t", "--after", "1s", "--priority", "urgent", "v"],
+            {},
+            "--priority: delay-priority must be one of high, normal, low",
+        ),
+        (
+            ["produce", "--target", "t", "--after", "1s", "--header", "delay-priority=high", "v"],
+            {},
+            "set it with its own option",
+        ),
         (["produce", "--target", "t", "--after", "1s", "--at", "1", "v"], {}, "not allowed with"),
         (["produce", "--after", "1s", "v"], {}, "--target"),
         (["produce", "--target", "t", "--after", "400d", "v"], {}, "delay-too-long"),

@@ -6,6 +6,7 @@ from typing import Any
 
 from bridge.health import UNFETCHED_S, FetchWatch, Readiness
 from bridge.store import Shard
+from tests.conftest import Clock
 
 
 def stats(**partitions: tuple[int, int]) -> dict[str, Any]:
@@ -14,14 +15,6 @@ def stats(**partitions: tuple[int, int]) -> dict[str, Any]:
              for pid, (leader, broker) in partitions.items()}  # fmt: skip
     parts["-1"] = {"leader": -1, "broker": -1}  # librdkafka's unassigned-partition entry
     return {"topics": {"delay": {"partitions": parts}}}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_partition_with_a_leader_fetched_from_no_broker_fails_readiness_once_it_lasts() -> None:

@@ -18,9 +18,11 @@ from bridge.message import (
     H_ERROR_DETAIL,
     H_ID,
     H_ORIGIN,
+    H_PRIORITY,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
+    Priority,
     Reason,
     Rejected,
     Rules,
@@ -202,6 +204,12 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_ID, b"\xfe")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_AFTER, b"2s")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), ("pad", b"p" * 1000)], Reason.TOO_LARGE),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"urgent")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"0")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"\xff")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"high"),
+      (H_PRIORITY, b"low")], Reason.BAD_HEADER),
 ]  # fmt: skip
 
 
@@ -211,6 +219,26 @@ def test_rejections(headers: Headers, reason: Reason) -> None:
         run(headers)
     assert info.value.reason is reason
     assert info.value.detail and "\n" not in info.value.detail
+
+
+@pytest.mark.parametrize(("value", "priority"), [
+    (None, Priority.NORMAL), (b"high", Priority.HIGH), (b"normal", Priority.NORMAL),
+    (b"low", Priority.LOW), (b" High ", Priority.HIGH), (b"LOW", Priority.LOW),
+])  # fmt: skip
+def test_the_priority_header(value: bytes | None, priority: Priority) -> None:
+    headers: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), ("trace", b"t")]
+    if value is not None:
+        headers.append((H_PRIORITY, value))
+    rec = run(headers)
+    assert rec.priority is priority
+    assert rec.delivered_headers()[0] == ("trace", b"t")  # stripped on delivery, as every delay-*
+    assert H_PRIORITY not in dict(rec.delivered_headers())
+
+
+def test_a_bad_priority_names_the_values_it_takes() -> None:
+    with pytest.raises(Rejected) as info:
+        run([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"urgent")])
+    assert info.value.detail == "delay-priority must be one of high, normal, low, not 'urgent'"
 
 
 def test_every_reason_is_covered() -> None:
@@ -259,13 +287,15 @@ headers_st = st.lists(
     offset=st.integers(0, 2**62), due=st.integers(0, 2**53), target=st.text(min_size=1, max_size=30),
     key=st.one_of(st.none(), st.binary(max_size=40)), value=st.one_of(st.none(), st.binary(max_size=200)),
     headers=headers_st, delay_id=st.text(min_size=1, max_size=40),
+    priority=st.sampled_from(Priority),
 )  # fmt: skip
 def test_encoding_round_trips(
     offset: int, due: int, target: str, key: bytes | None, value: bytes | None,
-    headers: Headers, delay_id: str,
+    headers: Headers, delay_id: str, priority: Priority,
 ) -> None:  # fmt: skip
     for rec in (
         Scheduled(offset, due, target, key, value, headers, delay_id),
+        Scheduled(offset, due, target, key, value, headers, delay_id, priority=priority),
         # What the compact form leaves out: a target from the header, the default delay-id.
         Scheduled(offset, due, target, key, value,
                   [*headers, (H_TARGET_TOPIC, target.encode())], f"delay:3:{offset}"),
@@ -289,6 +319,15 @@ def test_encoding_is_compact() -> None:
     # + delay-after 1+2+3 + trace 1+2+5+2+2: less than the record, as known names take a byte
     # and the target and the default delay-id are not repeated.
     assert len(encode(rec, "delay", 2)) == 144 < payload
+
+
+def test_a_priority_costs_no_byte() -> None:
+    rec = Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41")
+    for priority in Priority:  # a flag bit: a normal record is stored as before lanes existed
+        stored = encode(Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41",
+                                  priority=priority), "delay", 2)  # fmt: skip
+        assert len(stored) == len(encode(rec, "delay", 2))
+        assert (stored == encode(rec, "delay", 2)) is (priority is Priority.NORMAL)
 
 
 def test_a_caller_delay_id_is_stored_once() -> None:

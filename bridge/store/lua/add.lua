@@ -3,9 +3,10 @@ add: apply a batch of one shard's delay-topic records in offset order — schedu
 and cancels — and advance its ingest watermark, atomically.
 
 A scheduled record is one member of the due index: its offset as 8 big-endian bytes, then the
-encoded record, scored by its due time — so records due at the same time sort in offset order, and
-a record costs Redis one entry. A record with a caller-given delay-id is also named in the id index
-(delay-id -> its offset's 8 bytes and its due ms), and only such a record: a later record with the
+encoded record, scored by its due time in its priority's lane (see LANES in _lib.lua) — so records
+due at the same time with the same priority sort in offset order, and a record costs Redis one
+entry. A record with a caller-given delay-id is also named in the id index (delay-id -> its
+offset's 8 bytes and its due ms, whatever its lane), and only such a record: a later record with the
 same id replaces it while it waits, and a cancel (no due time) withdraws it. A record already
 claimed is past both: the replacement is simply scheduled, the cancel finds nothing.
 
@@ -25,7 +26,7 @@ watermark is below that, Redis lost writes (data wiped, or a restart from an AOF
 second): nothing is written and the caller re-reads the delay topic from a point Redis still
 covers (see bridge.ingress).
 
-KEYS[1]  due index      ZSET  member -> due time (epoch ms)
+KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
@@ -37,9 +38,10 @@ KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
-ARGV[4..] groups of four, ascending offsets: offset, due ms, member, delay-id — the delay-id ""
+ARGV[4..] groups of four, ascending offsets: offset, score, member, delay-id — the delay-id ""
           unless the caller gave one; a cancel is offset, "", "", delay-id; a reference's member
-          is its 16 bytes (a record's member is longer)
+          is its 16 bytes (a record's member is longer) and its score its due ms (its priority is
+          read with the record)
 
 Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset
           and delay-id of each of the first 10 cancels that found nothing}
@@ -56,19 +58,24 @@ if ARGV[1] ~= '' then
 end
 
 -- Remove the waiting record the id index names for `id`; returns whether one was waiting. An
--- entry whose record is neither waiting nor in flight (delivered meanwhile) is dropped.
+-- entry whose record is neither waiting nor in flight (delivered meanwhile) is dropped. The entry
+-- gives the due ms, not the lane (a reference's priority is read with its record): each lane is
+-- looked in.
 local function withdraw(id)
   local entry = redis.call('HGET', KEYS[5], id)
   if not entry then
     return false
   end
-  local offset, due = string.sub(entry, 1, 8), string.sub(entry, 9)
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], due, due)) do
-    if string.sub(member, 1, 8) == offset then
-      redis.call('ZREM', KEYS[1], member)
-      redis.call('HDEL', KEYS[5], id)
-      mark_pending(KEYS[4], KEYS[3], {offset}, false)
-      return true
+  local offset, due = string.sub(entry, 1, 8), tonumber(string.sub(entry, 9))
+  for _, base in ipairs(LANES) do
+    local score = int(base + due)
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], score, score)) do
+      if string.sub(member, 1, 8) == offset then
+        redis.call('ZREM', KEYS[1], member)
+        redis.call('HDEL', KEYS[5], id)
+        mark_pending(KEYS[4], KEYS[3], {offset}, false)
+        return true
+      end
     end
   end
   if redis.call('ZSCORE', KEYS[6], offset) then
@@ -117,8 +124,8 @@ local added, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0
 local missed = {}
 for i = 4, #ARGV, 4 do
   if tonumber(ARGV[i]) > watermark then
-    local due_ms, member, id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-    if due_ms == '' then
+    local score, member, id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    if score == '' then
       if withdraw(id) then
         cancelled = cancelled + 1
       else
@@ -131,10 +138,10 @@ for i = 4, #ARGV, 4 do
     elseif id == '' then
       -- No id, so nothing later in the batch can withdraw it: written in one go at the end.
       if #member == REFERENCE then
-        refer(due_ms, member)
+        refer(score, member)
         referred = referred + 1
       else
-        due[#due + 1] = due_ms
+        due[#due + 1] = score
         due[#due + 1] = member
       end
       members[#members + 1] = member
@@ -143,12 +150,12 @@ for i = 4, #ARGV, 4 do
         replaced = replaced + 1
       end
       if #member == REFERENCE then
-        refer(due_ms, member)
+        refer(score, member)
         redis.call('HINCRBY', KEYS[7], 'count', 1)
       else
-        redis.call('ZADD', KEYS[1], due_ms, member)
+        redis.call('ZADD', KEYS[1], score, member)
       end
-      redis.call('HSET', KEYS[5], id, string.sub(member, 1, 8) .. due_ms)
+      redis.call('HSET', KEYS[5], id, string.sub(member, 1, 8) .. int(due_of(score)))
       mark_pending(KEYS[4], KEYS[3], {member}, true)
       added = added + 1
     end

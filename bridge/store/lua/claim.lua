@@ -2,15 +2,17 @@
 claim: hand out up to a batch of due records of one shard under a lease.
 
 Records whose lease has expired (claimed, never acknowledged) come first and are counted as
-redeliveries. The rest of the batch goes to records whose due time has come, in two lanes so that
-an overdue backlog (after an outage) cannot hold up records falling due now:
+redeliveries. The rest of the batch goes to records whose due time has come, priority lane by
+priority lane (high, normal, low: see LANES in _lib.lua), down to lane ARGV[7]: a lane's due
+records all leave before the next lane's first. Within a lane, an overdue backlog (after an
+outage) cannot hold up records falling due now:
 
 * on time: due within the last ARGV[4] ms — up to half of the room (rounded down), earliest first;
 * overdue: due before that — the rest of the room, earliest first;
-* on time again, if the overdue lane left room.
+* on time again, if the overdue records left room.
 
-With no backlog every record is in the on-time lane and the order is (due, offset), as it is within
-each lane. Both lanes are runs of ranks in the due index, so they leave it by rank (no record is
+With no backlog every record is on time and the order is (priority, due, offset), as it is within
+each part. Each part is a run of ranks in the due index, so it leaves by rank (no record is
 written out again to remove it). Each record handed out is kept under its offset in the claimed
 HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passes it.
 
@@ -20,10 +22,10 @@ the next ARGV[6] ms that carry the default delay-id — no cancel or replacement
 when Redis is asked; the mover produces each from memory at its due time, never earlier. A
 record with its own delay-id stays until it is due, so a late cancel still finds it.
 
-Acknowledgements of the shard's records the mover has collected come along (ARGV[7..]) and are
+Acknowledgements of the shard's records the mover has collected come along (ARGV[9..]) and are
 applied first, as ack.lua would: one call per shard, not two.
 
-KEYS[1]  due index      ZSET  member (offset + encoded record) -> due ms
+KEYS[1]  due index      ZSET  member (offset + encoded record) -> score (due ms in its lane)
 KEYS[2]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[3]  claimed        HASH  offset -> member
 KEYS[4]  low index      ZSET  offset bucket -> 0
@@ -37,21 +39,27 @@ ARGV[4]  the on-time window ms
 ARGV[5]  a horizon ms, or "": records due after it stay, however late (the ingress is still
          catching up on the shard's partition: see bridge.catchup)
 ARGV[6]  ahead ms: also lease default-id records due by now + this (0: none)
-ARGV[7..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
+ARGV[7]  the last lane to claim from (1 high, 2 normal, 3 low; "" for all): the mover holds
+         lower lanes back while another shard it owns has records of a higher one due
+ARGV[8]  the last lane to claim ahead from ("" for all): the mover claims a lane ahead only while
+         no shard it owns has records of a higher lane due within the window
+ARGV[9..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           Redis TIME at the end (now ms when given), the shard's epoch (its acknowledgements name
-          it), member, member, ...} — the two times tell
+          it), the lanes with records due left (bit 1 high, 2 normal, 4 low), the earliest due
+          ms left in each lane (high, normal, low; -1: none), member, member, ...} — the two
+          times tell
           the mover when the shard next has work, so it needs no other call to plan its sleep; the
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 7)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 9)
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
 local deadline = string.format('%d', now + tonumber(ARGV[2]))
-local out = {now, 0, -1, -1, now, redis.call('HGET', KEYS[7], 'epoch') or ''}
+local out = {now, 0, -1, -1, now, redis.call('HGET', KEYS[7], 'epoch') or '', 0, -1, -1, -1}
 local HEAD = #out
 local leases = {}
 
@@ -78,52 +86,90 @@ local upto = now
 if ARGV[5] and ARGV[5] ~= '' then
   upto = math.min(now, tonumber(ARGV[5]))
 end
-if room > 0 then
-  local edge = upto - tonumber(ARGV[4])
-  local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', edge)
-  local on_time = redis.call('ZCOUNT', KEYS[1], '(' .. edge, upto)
-  local take_on_time = math.min(math.floor(room / 2), on_time)
-  local take_overdue = math.min(room - take_on_time, overdue)
-  take_on_time = math.min(room - take_overdue, on_time)
-  -- Ranks: overdue records are 0 .. overdue - 1, on-time ones follow. The higher run leaves
-  -- first, so the lower run's ranks still hold.
-  local claimed = {}
-  if take_on_time > 0 then
-    claimed = redis.call('ZRANGE', KEYS[1], overdue, overdue + take_on_time - 1)
-    redis.call('ZREMRANGEBYRANK', KEYS[1], overdue, overdue + take_on_time - 1)
-  end
-  if take_overdue > 0 then
-    local late = redis.call('ZRANGE', KEYS[1], 0, take_overdue - 1)
-    redis.call('ZREMRANGEBYRANK', KEYS[1], 0, take_overdue - 1)
-    for _, member in ipairs(claimed) do
-      late[#late + 1] = member
+local last_lane = #LANES
+if ARGV[7] ~= '' then
+  last_lane = tonumber(ARGV[7])
+end
+local window = tonumber(ARGV[4])
+local claimed = {}
+for lane, base in ipairs(LANES) do
+  local due = redis.call('ZCOUNT', KEYS[1], int(base), int(base + upto))
+  if due > 0 and room > 0 and lane <= last_lane then
+    local edge = int(base + upto - window)
+    local first = 0  -- the lane's first rank: the records of the lanes before it come first
+    if lane > 1 then
+      first = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. int(base))
     end
-    claimed = late
-  end
-  room = room - #claimed
-  local ahead = tonumber(ARGV[6])
-  if room > 0 and ahead > 0 and upto == now then
-    -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of
-    -- which 2 is DEFAULT_ID (bridge.message.encode). Every record due by now has left (there
-    -- was room for all), so these are the index's first ranks: the leading run of default-id
-    -- records leaves by rank, those after the first caller-given id in one ZREM.
-    local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, now + ahead, 'LIMIT', 0, room)
-    local run, rest = 0, {}
-    for i, member in ipairs(later) do
-      if string.byte(member, 9) == 2 and bit.band(string.byte(member, 10), 2) ~= 0 then
+    local overdue = redis.call('ZCOUNT', KEYS[1], int(base), edge)
+    local on_time = due - overdue
+    local take_on_time = math.min(math.floor(room / 2), on_time)
+    local take_overdue = math.min(room - take_on_time, overdue)
+    take_on_time = math.min(room - take_overdue, on_time)
+    -- Ranks: the lane's overdue records are first .. first + overdue - 1, its on-time ones follow.
+    -- The higher run leaves first, so the lower run's ranks still hold.
+    local on_time_run = {}
+    if take_on_time > 0 then
+      local from = first + overdue
+      on_time_run = redis.call('ZRANGE', KEYS[1], from, from + take_on_time - 1)
+      redis.call('ZREMRANGEBYRANK', KEYS[1], from, from + take_on_time - 1)
+    end
+    if take_overdue > 0 then
+      for _, member in ipairs(redis.call('ZRANGE', KEYS[1], first, first + take_overdue - 1)) do
         claimed[#claimed + 1] = member
-        if run == i - 1 then
-          run = i
-        else
-          rest[#rest + 1] = member
+      end
+      redis.call('ZREMRANGEBYRANK', KEYS[1], first, first + take_overdue - 1)
+    end
+    for _, member in ipairs(on_time_run) do
+      claimed[#claimed + 1] = member
+    end
+    room = room - take_on_time - take_overdue
+    due = due - take_on_time - take_overdue
+  end
+  if due > 0 then
+    out[7] = bit.bor(out[7], bit.lshift(1, lane - 1))
+  end
+end
+local ahead = tonumber(ARGV[6])
+if room > 0 and ahead > 0 and upto == now and out[7] == 0 then
+  -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of which
+  -- 2 is DEFAULT_ID (bridge.message.encode). Every record due by now has left (there was room
+  -- for all), so these are their lane's first ranks: the leading run of default-id records
+  -- leaves by rank, those after the first caller-given id in one ZREM.
+  local last_ahead = #LANES
+  if ARGV[8] ~= '' then
+    last_ahead = tonumber(ARGV[8])
+  end
+  for lane, base in ipairs(LANES) do
+    if room <= 0 or lane > last_ahead then
+      break
+    end
+    local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(base + now),
+      int(base + now + ahead), 'LIMIT', 0, room)
+    if #later > 0 then
+      local run, rest = 0, {}
+      for i, member in ipairs(later) do
+        if string.byte(member, 9) == 2 and bit.band(string.byte(member, 10), 2) ~= 0 then
+          claimed[#claimed + 1] = member
+          room = room - 1
+          if run == i - 1 then
+            run = i
+          else
+            rest[#rest + 1] = member
+          end
         end
       end
+      if run > 0 then
+        local first = 0
+        if lane > 1 then
+          first = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. int(base))
+        end
+        redis.call('ZREMRANGEBYRANK', KEYS[1], first, first + run - 1)
+      end
+      call_chunked('ZREM', KEYS[1], rest)
     end
-    if run > 0 then
-      redis.call('ZREMRANGEBYRANK', KEYS[1], 0, run - 1)
-    end
-    call_chunked('ZREM', KEYS[1], rest)
   end
+end
+if #claimed > 0 then
   local held, n, m, o = {}, #leases, 0, #out
   for _, member in ipairs(claimed) do
     local offset = string.sub(member, 1, 8)
@@ -134,9 +180,19 @@ if room > 0 then
   call_chunked('HSET', KEYS[3], held)
 end
 call_chunked('ZADD', KEYS[2], leases)
-local due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+-- The earliest due time left: of each lane's first record.
+for lane, base in ipairs(LANES) do
+  local first = redis.call('ZRANGEBYSCORE', KEYS[1], int(base), '(' .. int(base + LANE),
+    'WITHSCORES', 'LIMIT', 0, 1)
+  if first[2] then
+    local due = tonumber(first[2]) - base
+    out[7 + lane] = due
+    if out[3] < 0 or due < out[3] then
+      out[3] = due
+    end
+  end
+end
 local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-out[3] = tonumber(due[2] or '-1')
 out[4] = tonumber(lease[2] or '-1')
 if ARGV[3] == '' then
   out[5] = now_ms('')

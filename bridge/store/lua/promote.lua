@@ -12,7 +12,7 @@ The chunk must still start with the reference the caller read first and hold at 
 it read; otherwise another caller promoted it, or adds renamed it (a chunk that fills up), and
 nothing is written. References appended after the caller read the chunk stay for the next read.
 
-KEYS[1]  due index      ZSET  member -> due ms
+KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting
 KEYS[3]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
@@ -20,7 +20,7 @@ ARGV[1]  the chunk's field
 ARGV[2]  how many bytes of it the caller read
 ARGV[3]  its first reference (16 bytes)
 ARGV[4]  "1" for a retired incarnation (no pending bits to look at), else "0"
-ARGV[5..] pairs, one per reference read, in the chunk's order: due ms, member
+ARGV[5..] pairs, one per reference read, in the chunk's order: score, member
 
 Returns: records stored, or -1 when the chunk is not the one the caller read
 ]]

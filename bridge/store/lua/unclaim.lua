@@ -3,10 +3,10 @@ unclaim: put claimed records back among the waiting ones, as if never claimed, s
 replacement reaches them again. Used when the ingress began catching up on their partition while
 their claim was on its way (bridge.egress): a cancel of theirs may still be unread.
 
-KEYS[1]  due index  ZSET  due ms -> member
+KEYS[1]  due index  ZSET  member -> score (due ms in its lane)
 KEYS[2]  in-flight  ZSET  offset -> lease deadline ms
 KEYS[3]  claimed    HASH  offset -> member
-ARGV     pairs: due ms, offset (8 bytes)
+ARGV     pairs: score, offset (8 bytes)
 
 Returns: the number of records put back (those still in flight; an acknowledged one is gone).
 ]]
