@@ -31,7 +31,6 @@ from tests.chaos.scenarios import Run
 from tests.chaos.servers import Servers
 from tests.chaos.workload import PRIORITY_MIX, Record, now_ms, prioritised
 
-MIX = PRIORITY_MIX  # 10% high, 30% low, 60% normal, interleaved in every partition
 LIVE_S = 5.0  # live high records arrive over this long from the restart (the rate-limited run)
 
 
@@ -77,7 +76,8 @@ def _drain(servers: Servers, workdir: Path, count: int, report: Report, *, max_r
         settled(run, expected, range(count), report, f"{name} backlog")
         stamps = {s: min(g.timestamp_ms for g in run.checker.delivered[s])
                   for s in range(count + len(live))}  # fmt: skip
-        by = {p: [stamps[s] for s in range(count) if MIX[s % len(MIX)] is p] for p in Priority}
+        mix = PRIORITY_MIX
+        by = {p: [stamps[s] for s in range(count) if mix[s % len(mix)] is p] for p in Priority}
         last_of = {p: max(by[p]) for p in Priority}
         first, last = min(stamps[s] for s in range(count)), max(stamps[s] for s in range(count))
         figures: dict[str, object] = {

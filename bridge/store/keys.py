@@ -178,8 +178,7 @@ def lane_of(score_value: float) -> Priority:
 
 def due_of(score_value: float) -> int:
     """The due ms a due-index score stands for, whatever its lane."""
-    due = int(score_value)
-    return due + LANE_WIDTH if due < 0 else due - LANE_WIDTH if due >= LANE_WIDTH else due
+    return int(score_value) - LANE_BASES[lane_of(score_value)]
 
 
 def reference(offset: int, due_ms: int) -> bytes:
