@@ -56,16 +56,6 @@ def _keyed(headers: Headers, count: int) -> list[Record]:
     return (base * (count // KEYS + 1))[:count]
 
 
-def rss_bytes(bridge: Bridge, field: str = "VmRSS") -> int:
-    """The bridge's resident memory (``RssAnon``: without file-backed pages, such as the shared
-    libraries' code, which the kernel may evict and load again as memory runs short)."""
-    assert bridge.proc is not None
-    for line in Path(f"/proc/{bridge.proc.pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field}")
-
-
 def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int) -> None:
     """``count`` records of ``value_size`` B due in 30 days, the bridge's defaults: memory once
     all are stored; then the restart case."""
@@ -74,7 +64,7 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
     store = Store(servers.redis(), run.prefix)
     try:
         bridge = ready_bridge(run)
-        redis_before, rss_before = used_memory(store), rss_bytes(bridge)
+        redis_before, rss_before = used_memory(store), bridge.memory()
         header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
         started = time.monotonic()
         workload = produce(run, _keyed(header, count), float("inf"), value_size=value_size)
@@ -85,7 +75,7 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         references = references_waiting(store, run.delay)
         if references != count:
             report.problems.append(f"{name}: {references:,} of {count:,} kept as references")
-        grown, rss = used_memory(store) - redis_before, rss_bytes(bridge)
+        grown, rss = used_memory(store) - redis_before, bridge.memory()
         figures: dict[str, Any] = {
             "records": count, "value_bytes": value_size, "references": references,
             "seconds_to_store": round(seconds, 1), "stored_per_s": count / seconds,

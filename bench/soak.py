@@ -35,7 +35,6 @@ from typing import Any, overload
 
 from confluent_kafka import Consumer, Message
 
-from bench.far_future import rss_bytes
 from bench.scenarios import ACK_STAMPS
 from bridge.message import H_DELIVER_AT, H_DUE_AT, H_TARGET_TOPIC, Headers
 from tests.chaos.background import Background
@@ -255,8 +254,8 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
             time.sleep(max(0.0, started + minute * 60 - time.monotonic()))  # the minute mark
             now_cpu, now_redis_cpu = meter.total(bridge), _redis_cpu(redis)
             rows.append({
-                "minute": minute, "age_min": minute - born, "rss_bytes": rss_bytes(bridge),
-                "anon_bytes": rss_bytes(bridge, "RssAnon"),
+                "minute": minute, "age_min": minute - born, "rss_bytes": bridge.memory(),
+                "anon_bytes": bridge.memory("RssAnon"),
                 "redis_used_bytes": _redis_info(redis, "memory", "used_memory"),
                 "bridge_cpu_s": now_cpu - cpu, "redis_cpu_s": now_redis_cpu - redis_cpu,
             })  # fmt: skip

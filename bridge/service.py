@@ -33,6 +33,7 @@ from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
 from bridge.logs import KafkaNoise
+from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
 from bridge.readback import ReadBack, Reader
 from bridge.redis_client import redis_client
@@ -294,7 +295,8 @@ class Service:
         read_back_thread = self._thread("read-back", self.read_back.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
         sampler_thread = self._thread("sampler", self.sampler.run)
-        self.stop_event.wait()
+        while not self.stop_event.wait(TRIM_INTERVAL_S):
+            release_free_memory()
         logger.info("stopping")
         _KAFKA_NOISE.stopping = True
         self.egress.wake_up()  # cut its sleep short

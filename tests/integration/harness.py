@@ -73,6 +73,16 @@ class Bridge:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def memory(self, field: str = "VmRSS") -> int:
+        """The process's resident memory in bytes, a ``/proc/<pid>/status`` field: ``VmRSS``, or
+        ``RssAnon`` (without file-backed pages, such as the shared libraries' code, which the
+        kernel may evict and load again as memory runs short)."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no {field} in /proc/{self.proc.pid}/status")
+
     def http_port(self, timeout: float = 30) -> int:
         """The port the bridge's HTTP server bound, from its start-up log line."""
         deadline = time.monotonic() + timeout
