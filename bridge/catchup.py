@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Container, Iterable
 
-from bridge.store import Shard
+from bridge.store import Claimed, Shard
 
 logger = logging.getLogger(__name__)
 
@@ -74,3 +75,18 @@ class CatchUp:
         """Shard -> the due time up to which its records may be claimed, for shards behind."""
         with self._lock:
             return dict(self._horizons)
+
+    def past(self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
+             ) -> list[Claimed]:  # fmt: skip
+        """The records of ``claims`` due past the horizon of their shard: a catch-up began after
+        the mover read the horizons and before Redis ran its claim (the ingress re-reads after
+        Redis lost its state, or a partition is assigned), so a cancel of theirs may still be
+        unread; they are put back until the horizon passes them. A lease that ran out, or a
+        record still ``in_flight``, is not: it was claimed before, and is past cancel."""
+        horizons = self.horizons()
+        past = [c for c in claims
+                if c.shard in horizons and c.record.due_ms > horizons[c.shard]
+                and not c.redelivery and (c.shard, c.member) not in in_flight]  # fmt: skip
+        if past:
+            logger.info("%d records claimed as a catch-up began wait for it", len(past))
+        return past

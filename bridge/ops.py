@@ -68,7 +68,7 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
     try:
         rows = []
         now = store.time_ms()
-        marks = store.watermarks([s for s, _, _ in partitions])
+        marks = store.inventory.watermarks([s for s, _, _ in partitions])
         for shard, committed, end in partitions:
             backlog = store.backlog([shard], now, config.egress.due_by_ms)
             first = store.inventory.first(shard)
@@ -156,12 +156,12 @@ def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[int, bytes]]
             if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
                 return []
             # A default id names its offset; its due time is unknown, so the offset's records
-            # are looked for among the due index's members that start with it.
+            # are looked for among the waiting members that start with it.
             prefix = int(tail).to_bytes(8, "big")
-            members = store.client.zscan_iter(store.keys(shard).due,
-                                              match=glob_escape(prefix) + b"*",
-                                              score_cast_func=float)  # fmt: skip
-            return [(due_of(s), m) for m, s in members if m.startswith(prefix)]
+            return [(due_of(s), m) for key in store.inventory.waiting_keys(shard)
+                    for m, s in store.client.zscan_iter(key, match=glob_escape(prefix) + b"*",
+                                                        score_cast_func=float)
+                    if m.startswith(prefix)]  # fmt: skip
     return store.inventory.at(shard, int(entry[8:]), entry[:8])
 
 
@@ -217,7 +217,8 @@ def _partitions(
         consumer.close()
     store = _store(config)
     try:
-        return [(shard, None, None) for topic in topics for shard in store.stored_shards(topic)]
+        return [(shard, None, None) for topic in topics
+                for shard in store.inventory.stored_shards(topic)]  # fmt: skip
     finally:
         store.client.close()
 

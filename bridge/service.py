@@ -117,6 +117,7 @@ class Service:
             send_tick_ms=config.egress.send_tick,
             ahead_ms=config.egress.ahead,
             max_rate=config.egress.max_rate,
+            max_rate_per_target=config.egress.max_rate_per_target,
             readiness=self.readiness,
             catch_up=catch_up,
         )

@@ -69,6 +69,9 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "egress.batch_size": {"minimum": 1, "maximum": 10_000},
     "egress.lease": POSITIVE_DURATION,
     "egress.max_attempts": {"minimum": 1},
+    "egress.max_rate": {"minimum": 0},
+    "egress.max_rate_per_target": {"propertyNames": TOPIC,
+                                   "additionalProperties": {"type": "integer", "minimum": 0}},
     **{path: {"minimum": 0, "maximum": 1000} for path in (
         "ingress.linger", "ingress.hold", "egress.tick", "egress.send_tick", "egress.ahead")},
     "store.fetch_ahead": POSITIVE_DURATION,

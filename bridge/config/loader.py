@@ -15,7 +15,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Union, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 import yaml
@@ -163,8 +163,11 @@ def _convert(hint: Any, value: Any, path: str, is_duration: bool) -> Any:
             raise ConfigError(f"{path}: a mapping cannot be set from the environment")
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
-        out: dict[str, str] = {}
+        out: dict[str, Any] = {}
         for k, v in value.items():
+            if get_args(hint)[1] is int:
+                out[str(k)] = _convert(int, v, f"{path}.{k}", False)
+                continue
             if not isinstance(v, str | int | float | bool):
                 raise ConfigError(f"{path}.{k}: expected a scalar, got {_show(v)}")
             out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
@@ -203,10 +206,12 @@ def _validate(config: Config) -> None:
             f"({format_duration_ms(config.egress.lease)}), "
             f"got {format_duration_ms(config.egress.ahead)}"
         )
-    if config.egress.max_rate < 0:
-        raise ConfigError(
-            f"egress.max_rate: must be 0 (no limit) or more, got {config.egress.max_rate}"
-        )
+    limits = {"egress.max_rate": config.egress.max_rate}
+    limits.update((f"egress.max_rate_per_target.{target}", rate)
+                  for target, rate in config.egress.max_rate_per_target.items())  # fmt: skip
+    for path, rate in limits.items():
+        if rate < 0:
+            raise ConfigError(f"{path}: must be 0 (no limit) or more, got {rate}")
     positive("store.fetch_ahead", config.store.fetch_ahead)
     if config.store.payload_horizon <= config.store.fetch_ahead:
         raise ConfigError(
@@ -239,6 +244,10 @@ def _validate(config: Config) -> None:
         refusal = config.rules().target_refusal(target)
         if refusal is not None:
             raise ConfigError(f"topics.default_target.{delay_topic}: {refusal}")
+    for target in config.egress.max_rate_per_target:
+        refusal = config.rules().target_refusal(target)
+        if refusal is not None:
+            raise ConfigError(f"egress.max_rate_per_target.{target}: {refusal}")
     for delay_topic, dialect in config.topics.dialect.items():
         if delay_topic not in config.topics.delay:
             raise ConfigError(f"topics.dialect.{delay_topic}: not one of topics.delay")

@@ -95,6 +95,7 @@ class EgressConfig:
     send_tick: int = duration("2ms")
     ahead: int = duration("100ms")
     max_rate: int = 0  # records/s per replica, 0: no limit
+    max_rate_per_target: dict[str, int] = field(default_factory=dict)  # target -> records/s
 
     @property
     def due_by_ms(self) -> int:

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from bridge.catchup import CatchUp
 from bridge.egress.lanes import Lanes, lanes_min
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
-from bridge.egress.rate import RateLimit
+from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries, Ident, Pending, backoff
 from bridge.errors import StoreError, WriteRefused
@@ -49,6 +49,7 @@ class Egress:
         send_tick_ms: int | None = None,
         ahead_ms: int = 0,
         max_rate: int = 0,
+        max_rate_per_target: Mapping[str, int] | None = None,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -79,6 +80,7 @@ class Egress:
         self._pending = self.deliveries.pending  # the same dict, read per claimed record
         self.lanes = Lanes(self.deliveries.draining)
         self.rate = RateLimit(max_rate) if max_rate else None
+        self.targets = TargetLimits(store, metrics, max_rate_per_target or {}, lease_ms)
         self._starved = False  # the last step claimed nothing for want of the rate's tokens
         # The earliest due time of each lane ingress stored since the last step.
         self._stored: dict[Shard, tuple[int, int, int]] = {}
@@ -104,6 +106,7 @@ class Egress:
         with self._lock:
             self._taking_over = {s for s in self._taking_over if s.base() not in gone}
         self.owned = frozenset(s for s in self.owned if s.base() not in gone)
+        self.targets.forget(self.owned)
 
     def settle(self, shards: set[Shard], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no record of these partitions is in flight, so their
@@ -139,7 +142,8 @@ class Egress:
         return len(self._pending)
 
     def step(self, now_ms: int | None = None) -> int:
-        """Serve delivery reports, then claim and produce what is due. Returns records claimed.
+        """Serve delivery reports, then claim and produce what is due. Returns the records claimed
+        and kept (not put back, nor set aside for their target's rate).
 
         ``now_ms`` replaces Redis's clock for the claim (tests); the loop passes None.
         """
@@ -163,9 +167,20 @@ class Egress:
         self.lanes.release(self.owned, self.plan)
         shards = self.plan.to_claim(self.owned, now)
         self._starved = bool(shards) and limited and room <= 0
-        if not shards or room <= 0:
+        claimed = 0
+        if shards and room > 0:
+            claimed = self._claim(shards, room, now, now_ms, limited)
+        else:
             self._ack()
-            return 0
+        if self.targets.waiting and room > claimed:
+            claimed += self._claim_waiting(now, now_ms, room - claimed)
+        self.producer.poll(0)
+        return claimed
+
+    def _claim(self, shards: list[Shard], room: int, now: float, now_ms: int | None,
+               limited: bool) -> int:  # fmt: skip
+        """Claim from the due indexes of ``shards`` and produce what is due; returns how many
+        records it took (not those put back or set aside for their target's rate)."""
         per_shard = max(1, min(self.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
         # The acknowledgements of a shard claimed from go along in its claim's call.
@@ -180,34 +195,24 @@ class Egress:
         self.deliveries.acknowledged(acks)
         self._ack()
         self.clock.set(claimed)
-        if self.rate is not None:
-            self.rate.count(claimed, self.metrics if limited else None)
         for shard in self.plan.claimed(claimed, per_shard, horizons):
             self._forget_if_drained(shard)
         backlog = self.lanes.claimed(claimed, self.plan)  # after the plan: it may hold some back
         put_back = self._put_back(claimed, self.lanes.too_low(claimed, self._pending, backlog))
-        redelivered = 0
-        held: list[tuple[int, Ident]] = []
-        for item in claimed:
-            ident = (item.shard, item.member)
-            if ident in put_back:
-                continue
-            redelivered += item.redelivery
-            # A record still pending here, claimed again (its lease expired), is the same one.
-            # So is, for now, a new incarnation's record at the offset of one in flight from
-            # before a retire: its lease ends and it is claimed again once that one is settled.
-            pending = self._pending.get(ident)
-            if pending is None:
-                pending = self.deliveries.track(ident, item, backlog.holds(item))
-            if item.record.due_ms > claimed.now_ms:
-                held.append((item.record.due_ms, ident))
-            else:
-                self._send(ident, pending)
-        self.sender.hold(held)
-        if redelivered:
-            self.metrics.redelivered.inc(redelivered)
-        self.producer.poll(0)
-        return len(claimed)
+        put_back |= self.targets.hold(claimed, self._pending, put_back)
+        if self.rate is not None:
+            self.rate.count(claimed, self.metrics if limited else None, put_back)
+        self.sender.dispatch(claimed, put_back, backlog)
+        return len(claimed) - len(put_back)
+
+    def _claim_waiting(self, now: float, now_ms: int | None, room: int) -> int:
+        """Claim from the wait indexes what the rate-limited targets' rates allow now."""
+        got = self.targets.claim(now, now_ms, room, self.catch_up.horizons(), self.batch_size)
+        for claims in got:
+            if self.rate is not None:
+                self.rate.take(len(claims))
+            self.sender.dispatch(claims, set(), None)
+        return sum(len(c) for c in got)
 
     def _send(self, ident: Ident, pending: Pending) -> None:
         """Produce a claimed record: the one place every record leaves by."""
@@ -218,19 +223,9 @@ class Egress:
 
     def _put_back(self, claims: Claims, too_low: list[Claimed]) -> set[Ident]:
         """Records claimed that are not to be produced yet go back among the waiting ones, as if
-        never claimed; returns them. ``too_low``: of a lower priority than records still due
-        elsewhere (:meth:`Lanes.too_low`). And the ingress may begin catching up on a partition
-        after the mover read the horizons and before Redis ran its claim (it re-reads after Redis
-        lost its state, or a partition is assigned): a cancel may then sit in the part of the log
-        it has yet to read. Records claimed past the horizon such a catch-up set wait where a
-        cancel reaches them until the horizon passes them. (A lease that ran out is not put back:
-        its record was claimed before, and a claimed record is past cancel.)"""
-        horizons = self.catch_up.horizons()
-        past = [c for c in claims
-                if c.shard in horizons and c.record.due_ms > horizons[c.shard]
-                and not c.redelivery and (c.shard, c.member) not in self._pending]  # fmt: skip
-        if past:
-            logger.info("%d records claimed as a catch-up began wait for it", len(past))
+        never claimed; returns them: ``too_low`` (:meth:`Lanes.too_low`), and those past a
+        catch-up's horizon (:meth:`CatchUp.past`)."""
+        past = self.catch_up.past(claims, self._pending)
         back = {(c.shard, c.member): c for c in (*past, *too_low)}
         if back:
             self.store.unclaim(back.values())
@@ -269,6 +264,7 @@ class Egress:
         if ended:
             logger.info("took back %d leases an earlier owner of %s left", ended,
                         ", ".join(str(s) for s in sorted(shards)))  # fmt: skip
+        self.targets.learn(self.store.inventory.waits(sorted(shards)))
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""
@@ -309,7 +305,8 @@ class Egress:
             if self._starved and self.rate is not None:  # records are due: the rate says when
                 until = max(until, self.rate.wait_s())
             seconds = min(seconds, until)
-        return seconds
+        waiting = self.targets.wait_s(self.clock.now_ms())
+        return seconds if waiting is None else min(seconds, waiting)
 
     def _wait(self, seconds: float) -> None:
         if self._pending and not self.tick_ms:

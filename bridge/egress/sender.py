@@ -14,14 +14,15 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from confluent_kafka import Producer
 
+from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
 from bridge.egress.settle import Deliveries, Ident, Pending, by_shard
 from bridge.errors import StoreError
-from bridge.store import Store
+from bridge.store import Claims, Store
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,32 @@ class Sender:
 
     def __len__(self) -> int:
         return len(self._held)
+
+    def dispatch(self, claimed: Claims, skip: Container[Ident], backlog: Backlog | None) -> None:
+        """A claim's records: those due are produced now, the rest held until due, those in
+        ``skip`` (put back) left; what ``backlog`` holds counts as draining (Lanes)."""
+        redelivered = 0
+        held: list[tuple[int, Ident]] = []
+        pending_of = self.deliveries.pending.get
+        for item in claimed:
+            ident = (item.shard, item.member)
+            if ident in skip:
+                continue
+            redelivered += item.redelivery
+            # A record still pending here, claimed again (its lease expired), is the same one.
+            # So is, for now, a new incarnation's record at the offset of one in flight from
+            # before a retire: its lease ends and it is claimed again once that one is settled.
+            pending = pending_of(ident)
+            if pending is None:
+                draining = backlog is not None and backlog.holds(item)
+                pending = self.deliveries.track(ident, item, draining)
+            if item.record.due_ms > claimed.now_ms:
+                held.append((item.record.due_ms, ident))
+            else:
+                self._send(ident, pending)
+        self.hold(held)
+        if redelivered:
+            self.deliveries.metrics.redelivered.inc(redelivered)
 
     def hold(self, held: list[tuple[int, Ident]]) -> None:
         """Keep records until their due time; wake the sender if one is due before what it

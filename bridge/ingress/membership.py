@@ -73,7 +73,7 @@ class Membership:
             self.store.relocate(shards)
             self.store.upgrade(shards)
             replaced = self.positions.bind(shards)
-            marks = self.store.watermarks(shards)
+            marks = self.store.inventory.watermarks(shards)
             retired = self.store.retired(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from committed offsets")

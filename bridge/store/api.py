@@ -21,7 +21,6 @@ from bridge.store.keys import (
     Shard,
     ShardKeys,
     member,
-    offset_bytes,
     offset_of,
     reference,
     score,
@@ -61,6 +60,30 @@ def _ack_args(
     batch = members.get(shard, ())
     return [epochs.get(shard, ""), len(batch), *batch,
             *(x for pair in ids.get(shard, ()) for x in pair)]  # fmt: skip
+
+
+def _claims(shards: Sequence[Shard], replies: Sequence[Any]) -> Claims:
+    """The claim.lua replies of ``shards`` (one each, in order) as :class:`Claims`."""
+    received = time.monotonic()  # before decoding: each record decoded would lag the clock
+    out: list[Claimed] = []
+    next_ms: dict[Shard, int | None] = {}
+    due_lanes: dict[Shard, frozenset[Priority]] = {}
+    earliest: dict[Shard, tuple[int, int, int]] = {}
+    for shard, reply in zip(shards, replies, strict=True):
+        redelivered = int(reply[1])
+        times = [int(t) for t in reply[2:4] if int(t) >= 0]
+        next_ms[shard] = min(times) if times else None
+        epoch = text(reply[5])
+        mask = int(reply[6])
+        if mask:
+            due_lanes[shard] = frozenset(p for p in Priority if mask & 1 << p)
+        earliest[shard] = (int(reply[7]), int(reply[8]), int(reply[9]))
+        for i, item in enumerate(reply[10:]):
+            record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
+            out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
+    # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
+    return Claims(out, int(replies[0][0]), next_ms, received, int(replies[-1][4]),
+                  due_lanes=due_lanes, earliest=earliest)  # fmt: skip
 
 
 class Store:
@@ -146,7 +169,7 @@ class Store:
                 else:
                     stored, at = member(rec, shard.topic, shard.partition), score(rec)
                 args += [rec.offset, at, stored, rec.given_id(shard.topic, shard.partition) or ""]
-            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due]
+            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
             calls.append(("add", keys, args))
         counts, lost, missed = [0, 0, 0, 0], {}, []
         for shard, reply in zip(shards, self._scripts.run(calls), strict=True):
@@ -222,32 +245,45 @@ class Store:
             last = lanes.get(shard) if lanes else None
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
                     "" if horizon is None else horizon, ahead_ms, "" if last is None else last + 1,
-                    "" if ahead_lanes is None else ahead_lanes + 1,
+                    "" if ahead_lanes is None else ahead_lanes + 1, "",
                     *_ack_args(shard, acks or {}, ids or {}, epochs or {})]  # fmt: skip
-            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
+            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args))
-        out: list[Claimed] = []
-        next_ms: dict[Shard, int | None] = {}
-        replies = self._scripts.run(calls)
-        received = time.monotonic()  # before decoding: each record decoded would lag the clock
-        due_lanes: dict[Shard, frozenset[Priority]] = {}
-        earliest: dict[Shard, tuple[int, int, int]] = {}
-        for shard, reply in zip(shards, replies, strict=True):
-            redelivered = int(reply[1])
-            times = [int(t) for t in reply[2:4] if int(t) >= 0]
-            next_ms[shard] = min(times) if times else None
-            epoch = text(reply[5])
-            mask = int(reply[6])
-            if mask:
-                due_lanes[shard] = frozenset(p for p in Priority if mask & 1 << p)
-            earliest[shard] = (int(reply[7]), int(reply[8]), int(reply[9]))
-            for i, item in enumerate(reply[10:]):
-                record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
-                out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
-        # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
-        return Claims(
-            out, int(replies[0][0]), next_ms, received, int(replies[-1][4]), due_lanes=due_lanes
-        )
+        return _claims(shards, self._scripts.run(calls))
+
+    def claim_waiting(
+        self,
+        limits: Mapping[tuple[Shard, str], int],
+        lease_ms: int,
+        now_ms: int | None = None,
+        horizons: Mapping[Shard, int] | None = None,
+        lanes: Mapping[str, Priority] | None = None,
+    ) -> dict[str, Claims]:
+        """Lease due records from the wait indexes of rate-limited targets: up to ``limits[shard,
+        target]`` from each, only records of ``lanes[target]`` or higher priority, and from a
+        shard in ``horizons`` only records due by its horizon, as :meth:`claim` does. Returns
+        each target's claims; their ``due_lanes`` and ``earliest`` tell of the target's wait
+        index in each shard."""
+        now_arg = "" if now_ms is None else str(now_ms)
+        horizons, lanes = horizons or {}, lanes or {}
+        pairs = list(limits)
+        calls: list[Call] = []
+        for shard, target in pairs:
+            k = self.keys(shard)
+            horizon, last = horizons.get(shard), lanes.get(target)
+            args = [limits[shard, target], lease_ms, now_arg, ON_TIME_WINDOW_MS,
+                    "" if horizon is None else horizon, 0, "" if last is None else last + 1, "",
+                    target, *_ack_args(shard, {}, {}, {})]  # fmt: skip
+            keys = [self._keys.wait(shard, target), k.inflight, k.claimed, k.low, k.pending,
+                    k.ids, k.meta, k.waits]  # fmt: skip
+            calls.append(("claim", keys, args))
+        grouped: dict[str, tuple[list[Shard], list[Any]]] = {}
+        for (shard, target), reply in zip(pairs, self._scripts.run(calls) if calls else [],
+                                          strict=True):  # fmt: skip
+            shards, replies = grouped.setdefault(target, ([], []))
+            shards.append(shard)
+            replies.append(reply)
+        return {target: _claims(*group) for target, group in grouped.items()}
 
     def ack(
         self,
@@ -275,16 +311,20 @@ class Store:
         ]
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
 
-    def unclaim(self, claimed: Iterable[Claimed]) -> int:
+    def unclaim(self, claimed: Iterable[Claimed], wait: bool = False) -> int:
         """Put claimed records back among the waiting ones, as if never claimed: a cancel or a
-        replacement reaches them again (see unclaim.lua). Returns how many were put back."""
-        args: dict[Shard, list[Any]] = {}
+        replacement reaches them again (see unclaim.lua). With ``wait``, into their target's
+        wait index instead of the due index: records of a rate-limited target beyond its rate
+        (:meth:`claim`'s ``waiting``). Returns how many were put back."""
+        args: dict[tuple[Shard, str], list[Any]] = {}
         for c in claimed:
-            args.setdefault(c.shard, []).extend((score(c.record), c.member))
+            target = c.record.target if wait else ""
+            args.setdefault((c.shard, target), [target]).extend((score(c.record), c.member))
         calls: list[Call] = []
-        for shard, pairs in args.items():
-            keys = self.keys(shard)
-            calls.append(("unclaim", [keys.due, keys.inflight, keys.claimed], pairs))
+        for (shard, target), pairs in args.items():
+            k = self.keys(shard)
+            into = self._keys.wait(shard, target) if target else k.due
+            calls.append(("unclaim", [into, k.inflight, k.claimed, k.waits], pairs))
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
 
     def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
@@ -295,31 +335,6 @@ class Store:
             ("take_over", [self.keys(s).inflight], list(offsets)) for s, offsets in held.items()
         ]
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
-
-    def is_pending(self, shard: Shard, offset: int) -> bool:
-        """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
-        key = offset_bytes(offset)
-        with as_store_error():
-            bitmap = cast(bytes | None, self.client.hget(self.keys(shard).pending, key[:7]))  # type: ignore[arg-type]
-        return bitmap is not None and bool(bitmap[key[7] // 8] & 1 << key[7] % 8)
-
-    def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
-        """The ingest watermark of each shard that has one."""
-        with as_store_error():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in shards:
-                pipe.hget(self.keys(shard).meta, "ingested")
-            values = pipe.execute()
-        return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
-
-    def stored_shards(self, topic: str) -> list[Shard]:
-        """The live shards of ``topic`` that Redis holds state for, by partition: what the
-        operator commands read when Kafka cannot say which partitions the topic has."""
-        pattern = self._keys.meta_pattern(topic)
-        with as_store_error():
-            names = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
-        partitions = {p for p in (self._keys.partition_of(n, topic) for n in names) if p}
-        return [Shard(topic, p) for p in sorted(int(p) for p in partitions if p.isdigit())]
 
     def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
@@ -346,7 +361,7 @@ class Store:
         calls: list[Call] = []
         for shard in shards:
             k = self.keys(shard)
-            calls.append(("stats", [k.due, k.inflight, k.refs], args))
+            calls.append(("stats", [k.due, k.inflight, k.refs, k.waits], args))
         replies = [[int(v) for v in reply] for reply in self._scripts.run(calls)]
         oldest = [r[4] for r in replies if r[4] >= 0]
         return Backlog(

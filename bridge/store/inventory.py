@@ -1,7 +1,7 @@
 """What the shards hold, read and never written.
 
-Waiting records in due order whatever their priority (for the operator commands) and Redis memory
-by tier (for the gauges).
+Waiting records in due order whatever their priority (for the operator commands), which offsets
+are pending, the shards' watermarks and wait indexes, and Redis memory by tier (for the gauges).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import cast
 
 import redis
 
-from bridge.store.keys import LANE_BASES, LANE_WIDTH, Keys, Shard, due_of
+from bridge.store.keys import LANE_BASES, LANE_WIDTH, Keys, Shard, due_of, offset_bytes, text
 from bridge.store.redis_errors import as_store_error
 
 
@@ -41,21 +41,65 @@ class Inventory:
         self, shard: Shard, bounds: Callable[[int], tuple[int, int, int | None]]
     ) -> list[tuple[int, bytes]]:
         """(due ms, member) of the records of each priority lane scored within ``bounds(base)``
-        (lowest, highest, at most how many)."""
-        due_index = self.keys.of(shard).due
+        (lowest, highest, at most how many), in the due index and the wait indexes."""
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
-            for base in LANE_BASES.values():
-                low, high, limit = bounds(base)
-                pipe.zrangebyscore(due_index, low, high, start=None if limit is None else 0,
-                                   num=limit, withscores=True)  # fmt: skip
+            for key in self.waiting_keys(shard):
+                for base in LANE_BASES.values():
+                    low, high, limit = bounds(base)
+                    pipe.zrangebyscore(key, low, high, start=None if limit is None else 0,
+                                       num=limit, withscores=True)  # fmt: skip
             pages = cast(list[list[tuple[bytes, float]]], pipe.execute())
         return [(due_of(s), m) for page in pages for m, s in page]
+
+    def waiting_keys(self, shard: Shard) -> list[str]:
+        """The keys of the records waiting in ``shard``: its due index, then the wait index of
+        each rate-limited target that has records waiting for its rate (waiting_keys in
+        _lib.lua)."""
+        k = self.keys.of(shard)
+        with as_store_error():
+            targets = cast(set[bytes], self.client.smembers(k.waits))
+        return [k.due, *(self.keys.wait(shard, text(t)) for t in sorted(targets))]
 
     def first(self, shard: Shard) -> int | None:
         """The earliest due time of a record waiting in ``shard`` (None: none waits)."""
         first = self.page(shard, None, 1)
         return first[0][0] if first else None
+
+    def is_pending(self, shard: Shard, offset: int) -> bool:
+        """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
+        key = offset_bytes(offset)
+        with as_store_error():
+            bitmap = cast(bytes | None, self.client.hget(self.keys.of(shard).pending, key[:7]))  # type: ignore[arg-type]
+        return bitmap is not None and bool(bitmap[key[7] // 8] & 1 << key[7] % 8)
+
+    def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
+        """The ingest watermark of each shard that has one."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hget(self.keys.of(shard).meta, "ingested")
+            values = pipe.execute()
+        return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
+
+    def stored_shards(self, topic: str) -> list[Shard]:
+        """The live shards of ``topic`` that Redis holds state for, by partition: what the
+        operator commands read when Kafka cannot say which partitions the topic has."""
+        pattern = self.keys.meta_pattern(topic)
+        with as_store_error():
+            names = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
+        partitions = {p for p in (self.keys.partition_of(n, topic) for n in names) if p}
+        return [Shard(topic, p) for p in sorted(int(p) for p in partitions if p.isdigit())]
+
+    def waits(self, shards: Sequence[Shard]) -> dict[Shard, set[str]]:
+        """The targets with records in each shard's wait indexes (shards with none left out)."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.smembers(self.keys.of(shard).waits)
+            replies = pipe.execute()
+        return {s: {text(t) for t in targets}
+                for s, targets in zip(shards, replies, strict=True) if targets}  # fmt: skip
 
     def stored_bytes(self, shards: Sequence[Shard]) -> dict[str, int]:
         """Redis memory of the shards' records by tier — ``full`` (waiting or in flight, whole)
@@ -64,10 +108,12 @@ class Inventory:
         if not shards:
             return tiers
         named = []
+        waits = self.waits(shards)
         for shard in shards:
             k = self.keys.of(shard)
             named += [("full", k.due), ("full", k.claimed), ("reference", k.refs),
                       ("reference", k.refs_due)]  # fmt: skip
+            named += [("full", self.keys.wait(shard, t)) for t in waits.get(shard, ())]
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for _, key in named:

@@ -29,7 +29,11 @@ pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
   offset order to a chunk of their time bucket (field ``<bucket start ms>``; a full chunk is
   renamed ``<bucket start ms>.<n>``), plus the fields ``count`` (references waiting) and ``seq``;
   a reference is pending like a record, so a cancel clears its bit and it is never read back;
-* ``…:refs-due``  ZSET chunk field → its bucket's start ms: which chunks to read back when.
+* ``…:refs-due``  ZSET chunk field → its bucket's start ms: which chunks to read back when;
+* ``…:wait:<target>`` ZSET, scored like the due index: the due records of a target held to
+  ``egress.max_rate_per_target``, moved there from the due index when a claim took more of them
+  than the target's rate allowed, and claimed from there at that rate (so they hold up no other
+  target's records); ``…:waits`` the SET of the targets that have one.
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
@@ -52,7 +56,8 @@ LANE_BASES = {Priority.HIGH: -LANE_WIDTH, Priority.NORMAL: 0, Priority.LOW: LANE
 _OFFSET = struct.Struct(">Q")
 _REFERENCE = struct.Struct(">Qq")
 REFERENCE_BYTES = _REFERENCE.size
-_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids", "refs", "refs-due")
+_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids", "refs", "refs-due",
+              "waits")  # fmt: skip
 _LEGACY_KEY_NAMES = ("due", "inflight", "records")
 
 
@@ -87,10 +92,12 @@ class ShardKeys:
     ids: str  # the id index: only records with a caller-given delay-id
     refs: str  # references (far-future records) in chunks, with their count
     refs_due: str  # chunk -> its bucket's start ms
+    waits: str  # the targets with a wait index (see Keys.wait)
 
     def all(self) -> tuple[str, ...]:
+        """The shard's fixed keys (not its wait indexes, named by :attr:`waits`)."""
         return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending,
-                self.ids, self.refs, self.refs_due)  # fmt: skip
+                self.ids, self.refs, self.refs_due, self.waits)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,10 @@ class Keys:
     def legacy(self, shard: Shard) -> LegacyKeys:
         """The shard's keys in the earlier layout, which :meth:`Layout.upgrade` empties."""
         return LegacyKeys(*self.names(shard, _LEGACY_KEY_NAMES))
+
+    def wait(self, shard: Shard, target: str) -> str:
+        """The wait index of ``target``'s records in ``shard`` (wait_key in _lib.lua)."""
+        return self.names(shard, (f"wait:{target}",))[0]
 
     def retired_set(self, shard: Shard) -> str:
         """The SET of a shard's retired incarnation labels."""

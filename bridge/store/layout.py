@@ -109,7 +109,7 @@ class Layout:
             labelled = self.keys.retired_set(shard)
             keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, labelled, old.due,
                     old.inflight, old.claimed, k.ids, k.refs, k.refs_due, old.refs,
-                    old.refs_due]  # fmt: skip
+                    old.refs_due, k.waits, old.waits]  # fmt: skip
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
             calls.append(("incarnation", keys, args))
         out = {}
@@ -136,5 +136,6 @@ class Layout:
     def forget_retired(self, shard: Shard) -> bool:
         """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
         k = self.keys.of(shard)
-        keys = [self.keys.retired_set(shard), k.due, k.inflight, k.claimed, k.refs, k.refs_due]
+        keys = [self.keys.retired_set(shard), k.due, k.inflight, k.claimed, k.refs, k.refs_due,
+                k.waits]  # fmt: skip
         return bool(int(self.scripts.run([("retired", keys, [shard.incarnation])])[0]))

@@ -295,7 +295,7 @@ def settle(
 
 def _waiting(store: Store, where: str) -> bool:
     topic, partition, offset = where.rsplit(":", 2)
-    return store.is_pending(Shard(topic, int(partition)), int(offset))
+    return store.inventory.is_pending(Shard(topic, int(partition)), int(offset))
 
 
 def wait_settled(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bridge.store import Store
 from tests.conftest import Services, TopicFactory, delete_keys, wait_for
 from tests.integration.harness import Bridge, Setup
 
@@ -23,6 +24,12 @@ def clean_redis(services: Services, unique: str) -> Iterator[None]:
         delete_keys(client, unique)
     finally:
         client.close()
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, unique: str) -> Store:
+    """A store on the test session's Redis under a key prefix of the test's own."""
+    return Store(redis_client, f"test-{unique}")
 
 
 @pytest.fixture

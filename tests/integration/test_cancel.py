@@ -4,7 +4,6 @@ offset order within a batch, idempotent re-reads, and the id index's life next t
 from __future__ import annotations
 
 import pytest
-import redis
 
 from bridge.message import Cancel, Scheduled
 from bridge.store import Added, Shard, Store, offset_bytes
@@ -14,11 +13,6 @@ pytestmark = pytest.mark.integration
 T0 = 1_800_000_000_000
 LEASE = 30_000
 SHARD = Shard("delay", 0)
-
-
-@pytest.fixture
-def store(redis_client: redis.Redis, unique: str) -> Store:
-    return Store(redis_client, f"test-{unique}")
 
 
 def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v") -> Scheduled:
@@ -47,7 +41,10 @@ def test_a_later_record_with_the_same_id_replaces_the_waiting_one(store: Store) 
     assert (added.count, added.replaced) == (1, 1)
     assert waiting(store) == {1: ("other", b"v"), 2: ("job-7", b"second")}
     # The replaced record's offset is no longer pending: the commit moves past it.
-    assert store.is_pending(SHARD, 0) is False and store.is_pending(SHARD, 2) is True
+    assert (
+        store.inventory.is_pending(SHARD, 0) is False
+        and store.inventory.is_pending(SHARD, 2) is True
+    )
 
 
 def test_a_cancel_withdraws_the_waiting_record_and_counts_what_it_found(store: Store) -> None:

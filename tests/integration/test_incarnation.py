@@ -27,7 +27,9 @@ def stored(setup: Setup, watermark: int) -> None:
     client = redis.Redis.from_url(setup.services.redis_url)
     store, shard = Store(client, f"test-{setup.unique}"), Shard(setup.delay, 0)
     try:
-        wait_for(lambda: store.watermarks([shard]) == {shard: watermark}, 30, "records stored")
+        wait_for(
+            lambda: store.inventory.watermarks([shard]) == {shard: watermark}, 30, "records stored"
+        )
     finally:
         client.close()
 

@@ -104,12 +104,12 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     store.add({shard: (1, new)}, refer_after_ms=t0 + 60_000)
     egress.notify({shard: (-1, t0, -1)})  # a normal record due at t0
     wait_for(
-        lambda: egress.step() >= 0 and not store.is_pending(shard, 1),
+        lambda: egress.step() >= 0 and not store.inventory.is_pending(shard, 1),
         30,
         "the new offset 1 delivered and acknowledged",
     )
     egress.deliveries.ack(force=True)
-    assert store.is_pending(shard, 0), "the new incarnation's offset 0 was acknowledged"
+    assert store.inventory.is_pending(shard, 0), "the new incarnation's offset 0 was acknowledged"
     assert store.references.counts([shard]) == {shard: 1}
     # The old record is still the retired incarnation's, in flight: delivered again later.
     assert store.backlog([retired]).inflight == 1

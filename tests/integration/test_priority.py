@@ -5,12 +5,14 @@ gauges and the operator commands read."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import cast
 
 import pytest
-import redis
 
 from bridge.client import partition_for
+from bridge.egress.lanes import Lanes
+from bridge.egress.plan import Plan
 from bridge.message import H_DELIVER_AT, H_PRIORITY, H_TARGET_TOPIC, Cancel, Priority, Scheduled
 from bridge.store import Shard, Store, offset_bytes, score
 from bridge.store.keys import member
@@ -23,11 +25,6 @@ T0 = 1_800_000_000_000
 LEASE = 30_000
 SHARD = Shard("delay", 0)
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
-
-
-@pytest.fixture
-def store(redis_client: redis.Redis, unique: str) -> Store:
-    return Store(redis_client, f"test-{unique}")
 
 
 def rec(offset: int, due: int, priority: Priority = NORMAL, delay_id: str = "",
@@ -93,7 +90,7 @@ def test_cancel_and_replace_find_a_record_in_any_lane(store: Store) -> None:
     added = store.add({SHARD: (4, [Cancel(3, "a"), rec(4, T0 + 1, NORMAL, "b", b"new")])})
     assert (added.cancelled, added.replaced, added.not_found) == (1, 1, 0)
     assert claim(store, T0 + 1) == [(2, NORMAL), (4, NORMAL)]
-    assert not store.is_pending(SHARD, 0) and not store.is_pending(SHARD, 1)
+    assert not store.inventory.is_pending(SHARD, 0) and not store.inventory.is_pending(SHARD, 1)
 
 
 def test_a_reference_read_back_into_its_lane_is_still_reached_by_a_cancel(store: Store) -> None:
@@ -128,6 +125,20 @@ def test_records_claimed_ahead_come_from_every_lane_once_nothing_is_due(store: S
     # Ahead 100 ms: the default-id ones due by then; the one with its own id waits for its time.
     assert sorted(claim(store, T0, ahead_ms=100)) == [(0, LOW), (1, HIGH)]
     assert claim(store, T0 + 70) == [(2, NORMAL)]
+
+
+def test_once_the_high_records_are_claimed_normal_ones_are_claimed_ahead_again(
+    store: Store,
+) -> None:
+    """The mover claims a lane ahead only while no higher one is due within the window
+    (Lanes.ahead): it reads each lane's earliest due time from the ingress's notice and then from
+    every claim's reply, so once the high record is claimed, normal ones are claimed ahead again."""
+    lanes = Lanes(Counter())
+    add(store, rec(0, T0 + 50, HIGH), rec(1, T0 + 300, NORMAL))
+    lanes.stored({SHARD: (T0 + 50, T0 + 300, -1)})
+    assert lanes.ahead([SHARD], T0 + 1000) is HIGH
+    lanes.claimed(store.claim([SHARD], 10, LEASE, now_ms=T0 + 50), Plan(0, 0))
+    assert lanes.ahead([SHARD], T0 + 1000) is None
 
 
 def test_the_backlog_counts_overdue_records_by_priority(store: Store) -> None:

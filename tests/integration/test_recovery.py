@@ -136,7 +136,7 @@ def test_lost_writes_are_read_again(one: Setup, bridges: list[Bridge]) -> None:
     client = redis.Redis.from_url(one.services.redis_url)
     store = Store(client, f"test-{one.unique}")
     shard = Shard(one.delay, 0)
-    wait_for(lambda: store.watermarks([shard]) == {shard: 19}, 30, "all 20 stored")
+    wait_for(lambda: store.inventory.watermarks([shard]) == {shard: 19}, 30, "all 20 stored")
     keys = store.keys(shard)
     lost = [m for m in client.zrange(keys.due, 0, -1) if offset_of(m) >= 10]  # type: ignore[union-attr]
     assert len(lost) == 10

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import cast
 
 import pytest
-import redis
 
 from bridge.message import Cancel, Scheduled
 from bridge.store import Shard, Store, offset_bytes
@@ -17,11 +16,6 @@ pytestmark = pytest.mark.integration
 T0 = 1_800_000_000_000
 BUCKET = 60_000
 SHARD = Shard("delay", 0)
-
-
-@pytest.fixture
-def store(redis_client: redis.Redis, unique: str) -> Store:
-    return Store(redis_client, f"test-{unique}")
 
 
 def rec(offset: int, due: int, delay_id: str = "", value: bytes = b"v" * 1000) -> Scheduled:
@@ -51,7 +45,7 @@ def test_a_far_future_record_is_a_reference_until_read_back(store: Store) -> Non
     assert add(store, near, far) == 2
     assert store.client.zcard(store.keys(SHARD).due) == 1  # only the near one is whole
     assert store.references.counts([SHARD]) == {SHARD: 1}
-    assert store.is_pending(SHARD, 1)  # held, so its offset is not committed past
+    assert store.inventory.is_pending(SHARD, 1)  # held, so its offset is not committed past
     assert store.references.due([SHARD], T0 + 5 * BUCKET - 1) == []  # its bucket starts later
     assert promote_all(store, T0 + 5 * BUCKET, {1: far}) == 1
     assert store.references.counts([SHARD]) == {SHARD: 0}
@@ -82,7 +76,7 @@ def test_cancel_and_replace_reach_references(store: Store) -> None:
                       refer_after_ms=T0, bucket_ms=BUCKET)  # fmt: skip
     assert (added.cancelled, added.replaced, added.not_found) == (1, 1, 0)
     assert store.references.counts([SHARD]) == {SHARD: 2}  # 2 and the replacement 4
-    assert not store.is_pending(SHARD, 0) and not store.is_pending(SHARD, 1)
+    assert not store.inventory.is_pending(SHARD, 0) and not store.inventory.is_pending(SHARD, 1)
     assert store.client.hgetall(store.keys(SHARD).ids) == {
         b"b": offset_bytes(4) + str(far + 2).encode()
     }
@@ -179,6 +173,6 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     new = rec(0, far, value=b"new")
     add(store, new)  # offset 0 again, far out: a reference
     store.ack({SHARD: [old.member]}, epochs={SHARD: old.epoch})
-    assert store.is_pending(SHARD, 0)
+    assert store.inventory.is_pending(SHARD, 0)
     assert promote_all(store, far, {0: new}) == 1
     assert [c.record.value for c in store.claim([SHARD], 10, 30_000, now_ms=far)] == [b"new"]

@@ -21,11 +21,6 @@ T0 = 1_800_000_000_000
 LEASE = 30_000
 
 
-@pytest.fixture
-def store(redis_client: redis.Redis, unique: str) -> Store:
-    return Store(redis_client, f"test-{unique}")
-
-
 def rec(offset: int, due: int, target: str = "out") -> Scheduled:
     """A record with the default delay-id of SHARD (cancel and replace: test_cancel.py)."""
     return Scheduled(
@@ -107,14 +102,14 @@ def test_re_adding_is_a_no_op(store: Store) -> None:
     assert add(store, rec(0, T0), rec(1, T0 + 5)) == 0
     assert (store.backlog([SHARD], now_ms=T0).scheduled, store.backlog([SHARD]).inflight) == (1, 0)
     assert add(store, rec(1, T0 + 5), rec(2, T0)) == 1
-    assert store.watermarks([SHARD, Shard("delay", 7)]) == {SHARD: 2}
+    assert store.inventory.watermarks([SHARD, Shard("delay", 7)]) == {SHARD: 2}
 
 
 def test_watermark_moves_past_dead_lettered_offsets(store: Store) -> None:
     assert add(store, rec(3, T0), high=5) == 1
-    assert store.watermarks([SHARD]) == {SHARD: 5}
+    assert store.inventory.watermarks([SHARD]) == {SHARD: 5}
     assert add(store, rec(4, T0), high=4) == 0  # watermark never goes back
-    assert store.watermarks([SHARD]) == {SHARD: 5}
+    assert store.inventory.watermarks([SHARD]) == {SHARD: 5}
 
 
 def test_shards_are_independent_and_pipelined(store: Store) -> None:
@@ -165,7 +160,7 @@ def test_add_refuses_a_shard_whose_state_redis_lost(store: Store) -> None:
     store.client.delete(*store.keys(SHARD).all())  # Redis wiped
     added = store.add({SHARD: (2, [rec(2, T0)])}, expected={SHARD: 1})
     assert (added.count, added.lost) == (0, {SHARD: Lost(None)})
-    assert store.watermarks([SHARD]) == {}  # nothing written
+    assert store.inventory.watermarks([SHARD]) == {}  # nothing written
     # Without an expectation (a new owner that found no state) the shard is simply created.
     assert store.add({SHARD: (2, [rec(2, T0)])}).count == 1
 
@@ -203,7 +198,7 @@ def test_low_index_keeps_only_buckets_with_pending_offsets(store: Store) -> None
     # Offsets 0..999 are gone, 1000.. pending: buckets 0-2 emptied and left the index at once.
     assert store.client.zcard(keys.low) == store.client.hlen(keys.pending) == 2
     assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 1000}
-    assert [store.is_pending(SHARD, o) for o in (999, 1000, 1099, 1100)] == [
+    assert [store.inventory.is_pending(SHARD, o) for o in (999, 1000, 1099, 1100)] == [
         False,
         True,
         True,
@@ -229,7 +224,7 @@ def test_pending_offsets_follow_records_falling_due_out_of_offset_order(store: S
         pending -= set(offsets(claimed)[:acked])
         low = min(pending) if pending else count
         assert store.lows({SHARD: count - 1}).offsets == {SHARD: low}
-        assert [o for o in range(count) if store.is_pending(SHARD, o)] == sorted(pending)
+        assert [o for o in range(count) if store.inventory.is_pending(SHARD, o)] == sorted(pending)
         maps = cast(dict[bytes, bytes], store.client.hgetall(keys.pending))
         assert set(maps) == set(cast(list[bytes], store.client.zrange(keys.low, 0, -1)))
         assert all(len(m) == 32 and any(m) for m in maps.values())
@@ -267,7 +262,7 @@ def test_upgrade_moves_records_from_the_earlier_layout(store: Store) -> None:
     b = store.backlog([SHARD], now_ms=T0 + 10)
     assert (b.overdue, b.scheduled, b.inflight) == (9, 2489, 1)
     assert store.lows({SHARD: 2499}).offsets == {SHARD: 0}
-    assert not store.is_pending(SHARD, 4) and store.is_pending(SHARD, 3)
+    assert not store.inventory.is_pending(SHARD, 4) and store.inventory.is_pending(SHARD, 3)
     claimed = store.claim([SHARD], 3000, LEASE, now_ms=T0 + 2500)
     assert [c.record for c in claimed] == [
         records[3],
@@ -360,7 +355,10 @@ def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
     old = bound.retired
     assert old is not None and old.base() == SHARD and store.retired([SHARD]) == {old}
     # The live shard starts empty: no watermark, nothing to claim; offsets 0.. are new records.
-    assert store.watermarks([SHARD]) == {} and store.claim([SHARD], 10, LEASE, now_ms=T0) == []
+    assert (
+        store.inventory.watermarks([SHARD]) == {}
+        and store.claim([SHARD], 10, LEASE, now_ms=T0) == []
+    )
     assert add(store, rec(0, T0)) == 1
     # The old incarnation's records are still delivered, its in-flight one after its lease.
     assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + 5000)) == [2, 1]
@@ -390,7 +388,7 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     assert (again.record.offset, again.record.due_ms, again.epoch) == (0, T0 + 1, new.epoch)
     # Acknowledged in the epoch it was claimed in, it goes; the old one is the retired shard's.
     assert store.ack({SHARD: [again.member]}, epochs={SHARD: again.epoch}) == 1
-    assert not store.is_pending(SHARD, 0)
+    assert not store.inventory.is_pending(SHARD, 0)
 
 
 def test_offsets_that_went_back_retire_the_state_under_the_same_id(store: Store) -> None:
@@ -419,9 +417,9 @@ def test_keys_under_the_names_before_the_prefix_move(
     add(store, rec(0, T0), rec(1, T0), rec(2, T0 + 5000))
     [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
     assert _to_old_names(redis_client, store, SHARD) == 6
-    assert store.watermarks([SHARD]) == {}  # nothing under the new names
+    assert store.inventory.watermarks([SHARD]) == {}  # nothing under the new names
     assert store.relocate([SHARD]) == 6
-    assert store.watermarks([SHARD]) == {SHARD: 2}
+    assert store.inventory.watermarks([SHARD]) == {SHARD: 2}
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 5000)) == [1, 2]
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
     assert store.relocate([SHARD]) == 0
@@ -433,7 +431,7 @@ def test_keys_under_both_names_are_merged(store: Store, redis_client: redis.Redi
     _to_old_names(redis_client, store, SHARD)
     add(store, rec(5, T0 + 2000), rec(6, T0 + 3000), high=6)  # the new names, watermark 6
     assert store.relocate([SHARD]) == 4  # schedule, meta, low, pending in both
-    assert store.watermarks([SHARD]) == {SHARD: 6}
+    assert store.inventory.watermarks([SHARD]) == {SHARD: 6}
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)) == [0, 1, 5, 6]
     assert store.lows({SHARD: 6}).offsets == {SHARD: 0}  # the bitmaps were OR-ed
 

@@ -19,6 +19,7 @@ from bridge.config import (
     load,
     producer_settings,
 )
+from bridge.config.schema import EgressConfig
 from bridge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,8 @@ def test_yaml_values_and_durations() -> None:
         {"egress": {"lease": "1m30s", "batch_size": 100},
          "topics": {"delay": ["a", "b"], "dialect": {"a": "kaspr", "b": "etf1"}}}, env={}
     )  # fmt: skip
+    assert from_mapping({"egress": {"max_rate_per_target": {"orders": 500}}}, env={}).egress == (
+        EgressConfig(max_rate_per_target={"orders": 500}))  # fmt: skip
     assert config.egress.lease == 90_000
     assert config.egress.batch_size == 100
     assert config.topics.delay == ("a", "b")
@@ -85,6 +88,12 @@ def test_environment_overrides_scalars() -> None:
         ({"topics": {"default_target": {"delay": "__x"}}}, {}, "internal topic"),
         ({"topics": {"dialect": {"other": "etf1"}}}, {}, "topics.dialect.other: not one of"),
         ({"topics": {"dialect": {"delay": "etf2"}}}, {}, "topics.dialect.delay: unknown dialect"),
+        ({"egress": {"max_rate_per_target": {"t": "fast"}}}, {},
+         "egress.max_rate_per_target.t: expected an integer"),
+        ({"egress": {"max_rate_per_target": {"t": -1}}}, {},
+         "egress.max_rate_per_target.t: must be 0 (no limit) or more"),
+        ({"egress": {"max_rate_per_target": {"a b": 1}}}, {},
+         "egress.max_rate_per_target.a b: 'a b' is not a legal topic name"),
         ({"kafka": {"common": {"a": {"b": 1}}}}, {}, "kafka.common.a: expected a scalar"),
         ({"kafka": "x"}, {}, "kafka: expected a mapping"),
         ({"http": {"port": 70000}}, {}, "http.port"),

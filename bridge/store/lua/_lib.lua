@@ -6,6 +6,12 @@ its lane's base (bridge.store.keys.score): LANES lists the bases of the high, no
 in the order they are claimed, each lane the scores [base, base + LANE). due_of gives the due ms a
 score stands for.
 
+wait_key(waits, target): the wait index of a rate-limited target's records (egress.max_rate_per_target)
+in a shard, from the name of the shard's waits SET (`<shard>:waits` -> `<shard>:wait:<target>`, as
+bridge.store.keys names it). A script reaches a shard's wait indexes through the SET, which lists
+the targets that have one; they share the shard's hash tag, so its Cluster slot.
+waiting_keys(due, waits): the shard's due index, then each of its wait indexes.
+
 now_ms(given): the time as epoch milliseconds: `given` when a test passes one, else Redis TIME,
 so every replica reads one clock whatever its own says.
 
@@ -51,6 +57,18 @@ local function due_of(score)
     return s - LANE
   end
   return s
+end
+
+local function wait_key(waits, target)
+  return string.sub(waits, 1, -2) .. ':' .. target
+end
+
+local function waiting_keys(due, waits)
+  local keys = {due}
+  for _, target in ipairs(redis.call('SMEMBERS', waits)) do
+    keys[#keys + 1] = wait_key(waits, target)
+  end
+  return keys
 end
 
 local function now_ms(given)

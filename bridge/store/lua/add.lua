@@ -35,6 +35,8 @@ KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting,
                               "seq" -> chunks named so far
 KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
+KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lua): a cancel or
+                              a replacement reaches a record waiting for its target's rate there
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
@@ -57,26 +59,48 @@ if ARGV[1] ~= '' then
   end
 end
 
+-- Remove the record at `offset` due at `due` from the ZSET `key`, in whichever lane it is;
+-- returns whether it was there.
+local function take(key, offset, due)
+  for _, base in ipairs(LANES) do
+    local score = int(base + due)
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, score, score)) do
+      if string.sub(member, 1, 8) == offset then
+        redis.call('ZREM', key, member)
+        return true
+      end
+    end
+  end
+  return false
+end
+
 -- Remove the waiting record the id index names for `id`; returns whether one was waiting. An
 -- entry whose record is neither waiting nor in flight (delivered meanwhile) is dropped. The entry
 -- gives the due ms, not the lane (a reference's priority is read with its record): each lane is
--- looked in.
+-- looked in, in the due index, then in the wait indexes of rate-limited targets.
 local function withdraw(id)
   local entry = redis.call('HGET', KEYS[5], id)
   if not entry then
     return false
   end
   local offset, due = string.sub(entry, 1, 8), tonumber(string.sub(entry, 9))
-  for _, base in ipairs(LANES) do
-    local score = int(base + due)
-    for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], score, score)) do
-      if string.sub(member, 1, 8) == offset then
-        redis.call('ZREM', KEYS[1], member)
-        redis.call('HDEL', KEYS[5], id)
-        mark_pending(KEYS[4], KEYS[3], {offset}, false)
-        return true
+  local found = take(KEYS[1], offset, due)
+  if not found then
+    for _, target in ipairs(redis.call('SMEMBERS', KEYS[9])) do
+      local key = wait_key(KEYS[9], target)
+      if take(key, offset, due) then
+        if redis.call('EXISTS', key) == 0 then
+          redis.call('SREM', KEYS[9], target)
+        end
+        found = true
+        break
       end
     end
+  end
+  if found then
+    redis.call('HDEL', KEYS[5], id)
+    mark_pending(KEYS[4], KEYS[3], {offset}, false)
+    return true
   end
   if redis.call('ZSCORE', KEYS[6], offset) then
     return false

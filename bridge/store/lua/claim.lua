@@ -22,16 +22,22 @@ the next ARGV[6] ms that carry the default delay-id — no cancel or replacement
 when Redis is asked; the mover produces each from memory at its due time, never earlier. A
 record with its own delay-id stays until it is due, so a late cancel still finds it.
 
-Acknowledgements of the shard's records the mover has collected come along (ARGV[9..]) and are
+Acknowledgements of the shard's records the mover has collected come along (ARGV[10..]) and are
 applied first, as ack.lua would: one call per shard, not two.
 
-KEYS[1]  due index      ZSET  member (offset + encoded record) -> score (due ms in its lane)
+From a wait index (ARGV[9] names its target: egress.max_rate_per_target), KEYS[1] is that index:
+the due records it holds are claimed as above, up to the target's allowance; expired leases are
+left to the shard's claims from its due index, and a wait index claimed empty leaves the waits SET.
+
+KEYS[1]  due index      ZSET  member (offset + encoded record) -> score (due ms in its lane), or
+                              the wait index of ARGV[9]
 KEYS[2]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[3]  claimed        HASH  offset -> member
 KEYS[4]  low index      ZSET  offset bucket -> 0
 KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
 KEYS[7]  meta           HASH  "epoch" -> the state's epoch (see ack() in _lib.lua)
+KEYS[8]  waits          SET   targets with a wait index
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
@@ -43,7 +49,8 @@ ARGV[7]  the last lane to claim from (1 high, 2 normal, 3 low; "" for all): the 
          lower lanes back while another shard it owns has records of a higher one due
 ARGV[8]  the last lane to claim ahead from ("" for all): the mover claims a lane ahead only while
          no shard it owns has records of a higher lane due within the window
-ARGV[9..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
+ARGV[9]  the target whose wait index KEYS[1] is, or "" for the due index
+ARGV[10..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           Redis TIME at the end (now ms when given), the shard's epoch (its acknowledgements name
@@ -54,7 +61,8 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 9)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 10)
+local target = ARGV[9]
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
@@ -64,7 +72,10 @@ local HEAD = #out
 local leases = {}
 
 -- Expired leases: lease them again (a lease whose record is gone is dropped).
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+local expired = {}
+if target == '' then
+  expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+end
 if #expired > 0 then
   local _, members = call_chunked('HMGET', KEYS[3], expired)
   local gone = {}
@@ -191,6 +202,9 @@ for lane, base in ipairs(LANES) do
       out[3] = due
     end
   end
+end
+if target ~= '' and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('SREM', KEYS[8], target)
 end
 local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 out[4] = tonumber(lease[2] or '-1')

@@ -28,6 +28,8 @@ KEYS[11] id index         HASH  delay-id -> offset .. due ms (dropped: the new i
 KEYS[12] references       HASH  chunk -> references; "count" -> references waiting
 KEYS[13] chunk index      ZSET  chunk -> its bucket's start ms
 KEYS[14] retired references, KEYS[15] retired chunk index (under the label ARGV[2])
+KEYS[16] waits            SET   targets with a wait index (records waiting for their rate), each
+                                moved with the SET to KEYS[17], the retired waits
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
 ARGV[3]  "1" to retire even if the topic id is unchanged
@@ -49,6 +51,16 @@ end
 local mark = tonumber(redis.call('HGET', KEYS[4], 'ingested') or '-1')
 local moved = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
   + tonumber(redis.call('HGET', KEYS[12], 'count') or '0')
+for _, target in ipairs(redis.call('SMEMBERS', KEYS[16])) do
+  local key = wait_key(KEYS[16], target)
+  if redis.call('EXISTS', key) == 1 then
+    moved = moved + redis.call('ZCARD', key)
+    redis.call('RENAME', key, wait_key(KEYS[17], target))
+  end
+end
+if redis.call('EXISTS', KEYS[16]) == 1 then
+  redis.call('RENAME', KEYS[16], KEYS[17])
+end
 for i = 1, 3 do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('RENAME', KEYS[i], KEYS[7 + i])
