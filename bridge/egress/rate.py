@@ -118,6 +118,8 @@ class TargetLimits:
 
     def _over(self, claims: Iterable[Claimed], in_flight: Container[Ident],
               skip: Container[Ident]) -> list[Claimed]:  # fmt: skip
+        if not self.buckets:
+            return []
         taken: Counter[str] = Counter()
         out: list[Claimed] = []
         allowed: dict[str, int] = {}

@@ -345,23 +345,20 @@ def check_delivery(received: list[Received], expected: dict[str, int]) -> collec
 
 
 def with_session_timeout(
-    setup: Setup, bridge: Bridge, session_ms: str, heartbeat_ms: str | None = None,
-    config: str = "",
-) -> Bridge:  # fmt: skip
+    setup: Setup, bridge: Bridge, session_ms: str, heartbeat_ms: str | None = None
+) -> Bridge:
     """``bridge`` with the consumer's session.timeout.ms (and heartbeat.interval.ms) set, through
-    a config file (librdkafka properties are a mapping the environment cannot set), which holds
-    ``config`` (YAML: top-level sections other than kafka) too."""
+    a config file: librdkafka properties are a mapping the environment cannot set."""
     consumer = f"session.timeout.ms: '{session_ms}'"
     if heartbeat_ms is not None:
         consumer += f", heartbeat.interval.ms: '{heartbeat_ms}'"
-    path = setup.tmp / f"session-{session_ms}-{bridge.log.stem}.yaml"
-    path.write_text(f"kafka:\n  consumer: {{{consumer}}}\n{config}")
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(path)
+    config = setup.tmp / f"session-{session_ms}.yaml"
+    config.write_text(f"kafka:\n  consumer: {{{consumer}}}\n")
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
     return bridge
 
 
-def fast_takeover(setup: Setup, name: str, config: str = "", **overrides: str) -> Bridge:
+def fast_takeover(setup: Setup, name: str, **overrides: str) -> Bridge:
     """A bridge whose partitions move within seconds of a SIGKILL (a short session timeout),
-    started; ``config`` as :func:`with_session_timeout` takes it."""
-    bridge = setup.bridge(name, **overrides)
-    return with_session_timeout(setup, bridge, "6000", "1000", config).start()
+    started."""
+    return with_session_timeout(setup, setup.bridge(name, **overrides), "6000", "1000").start()

@@ -12,7 +12,7 @@ import pytest
 from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Cancel, Priority, Scheduled
 from bridge.store import Claims, Shard, Store
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Collector, Setup, fast_takeover, metric, produce_all
+from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -166,9 +166,12 @@ def test_records_waiting_for_their_rate_outlive_a_sigkill(
     """A bridge SIGKILLed while a limited target's records wait for its rate: the next one finds
     them in the wait indexes of the partitions it takes over and delivers every one."""
     slow = setup.targets[0]
-    config = f"egress:\n  max_rate_per_target: {{{slow}: 100}}\n"
-    first = fast_takeover(setup, "first", config)
-    bridges.append(first)
+    config = setup.tmp / "bridge.yaml"
+    config.write_text(f"egress:\n  max_rate_per_target: {{{slow}: 100}}\n")
+    # One static group member, started again: it takes its partitions back at once.
+    first = setup.bridge("first", kafka__group_instance_id="pod-0")
+    first.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(first.start())
     wait_for(lambda: first.get("/readyz")[0] == 200, 60, "ready")
     due = b"%d" % (time.time_ns() // 1_000_000)
     values = {b"v%d" % i for i in range(400)}
@@ -181,7 +184,9 @@ def test_records_waiting_for_their_rate_outlive_a_sigkill(
         waited = metric(first, f'delay_bridge_rate_limited_total{{target_topic="{slow}"}}')
         first.kill()
         assert waited >= 200, f"only {waited} records waited for the rate: the test is void"
-        bridges.append(fast_takeover(setup, "second", config))
+        second = setup.bridge("second", kafka__group_instance_id="pod-0")
+        second.env["DELAY_BRIDGE_CONFIG"] = str(config)
+        bridges.append(second.start())
         collector.until(lambda rs: {r.value for r in rs} >= values, 60, "every record")
     finally:
         collector.close()
