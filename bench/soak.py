@@ -11,7 +11,9 @@ minutes instead of filling for ``--max-delay`` seconds.
 
 Every minute: the bridge's RSS and CPU, Redis's ``used_memory`` and CPU, the records delivered
 and the lateness (the target topic's ``LogAppendTime`` minus the due time the load asked) of the
-records due in that minute. After the load, it waits for every record to be delivered: the ones
+records due in that minute; beside them the machine's own state, a baseline measured in the same
+run (:class:`Machine`): its busy cores, the time stolen by the host, and a fixed piece of work's
+CPU time. After the load, it waits for every record to be delivered: the ones
 never delivered are lost, the ones delivered before their due time early. Writes
 ``build/soak/results.json`` and ``build/soak/soak.png``; exits 1 if a record was lost, early or
 dead-lettered, or a target was missed.
@@ -195,6 +197,48 @@ def quantile(counts: collections.Counter[int], q: float) -> int:
     return 0
 
 
+PROBE_LOOPS = 300_000  # ~12 ms of pure Python on this machine
+
+
+def probe_ms() -> float:
+    """The CPU time of a fixed piece of pure-Python work, the least of five tries: the speed of
+    this machine's cores right now (another guest on the same host slows them), in milliseconds.
+    Thread CPU time, so waiting for the GIL or a core does not count."""
+    best = float("inf")
+    for _ in range(5):
+        started, x = time.thread_time(), 0
+        for i in range(PROBE_LOOPS):
+            x += i * i
+        best = min(best, time.thread_time() - started)
+    return best * 1000
+
+
+def _cpu_ticks() -> list[int]:
+    """user, nice, system, idle, iowait, irq, softirq, steal of all cores (/proc/stat)."""
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
+@dataclass
+class Machine:
+    """The machine's state over each minute, a baseline measured in the same run for the bridge's
+    figures: the cores busy (of ``os.cpu_count()``), the cores' time the host gave to others
+    (steal), and :func:`probe_ms`. A slower host shows in all of the bridge's timings at once."""
+
+    last: list[int] = field(default_factory=_cpu_ticks)
+
+    def sample(self) -> dict[str, float]:
+        now = _cpu_ticks()
+        delta = [b - a for a, b in zip(self.last, now, strict=True)]
+        self.last = now
+        share = (os.cpu_count() or 1) / (sum(delta) or 1)
+        idle, steal = delta[3] + delta[4], delta[7]
+        return {
+            "machine_busy_cores": (sum(delta) - idle - steal) * share,
+            "machine_steal_cores": steal * share,
+            "probe_ms": probe_ms(),
+        }
+
+
 @dataclass
 class Meter:
     """The bridge's CPU seconds across its lives (a SIGKILLed one's last reading kept)."""
@@ -247,7 +291,7 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
         starter.start()
         rows: list[dict[str, Any]] = []
         kills: list[int] = []
-        cpu, redis_cpu = meter.total(bridge), _redis_cpu(redis)
+        cpu, redis_cpu, machine = meter.total(bridge), _redis_cpu(redis), Machine()
         end_min = int(preload / PRELOAD_RATE / 60 + minutes) + 1
         born = 0  # the minute mark the bridge running now was started at
         for minute in range(1, end_min + 1):
@@ -258,6 +302,7 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
                 "anon_bytes": bridge.memory("RssAnon"),
                 "redis_used_bytes": _redis_info(redis, "memory", "used_memory"),
                 "bridge_cpu_s": now_cpu - cpu, "redis_cpu_s": now_redis_cpu - redis_cpu,
+                **machine.sample(),
             })  # fmt: skip
             cpu, redis_cpu = now_cpu, now_redis_cpu
             print(f"   minute {minute}: {rows[-1]}", file=sys.stderr, flush=True)
@@ -349,7 +394,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     (minutes without a kill, the last one left out), nothing lost, early or dead-lettered. A run
     too short to judge a target misses it."""
     after = [r for r in results["minutes"] if r["minute"] > WARM_UP_MIN]
-    calm = [r for r in after[:-1] if not r["killed"]]
+    calm = _calm(results)
     old = [r["rss_bytes"] for r in results["minutes"] if r["age_min"] > WARM_UP_MIN]
     out = [
         _judged(f"bridge RSS within {FLAT:.0%} of its median (processes over {WARM_UP_MIN} min "
@@ -365,6 +410,12 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     bad = sum(results[k] for k in ("lost", "early", "dead_lettered", "wrong_due_header"))
     out.append(("0 lost, 0 early, 0 dead-lettered, due-at as asked", str(bad), bad == 0))
     return out
+
+
+def _calm(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The minutes the trends compare: after the warm-up, without a kill, not the last."""
+    after = [r for r in results["minutes"] if r["minute"] > WARM_UP_MIN]
+    return [r for r in after[:-1] if not r["killed"]]
 
 
 def _judged(target: str, value: float | None, limit: float, fmt: str) -> tuple[str, str, bool]:
@@ -427,9 +478,11 @@ def report(results: dict[str, Any]) -> str:
         *(f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in results["targets"]),
         "",
         *_anon(results),
+        *_machine(results),
         "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
-        "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed |",
-        "|" + "---|" * 11,
+        "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed | busy cores | "
+        "steal cores | probe ms |",
+        "|" + "---|" * 14,
     ]
     mib = 1 << 20
     for r in results["minutes"]:
@@ -437,9 +490,34 @@ def report(results: dict[str, Any]) -> str:
             f"| {r['minute']} | {r['age_min']} | {r['rss_bytes'] / mib:.1f} | "
             f"{r['redis_used_bytes'] / mib:.1f} | {_ms(r['bridge_cpu_ms_per_record'])} | "
             f"{_ms(r['redis_cpu_ms_per_record'])} | {r['delivered']:,} | {r['due']:,} | "
-            f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} |"
+            f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} | "
+            f"{_fixed(r.get('machine_busy_cores'), 2)} | "
+            f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('probe_ms'), 1)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _machine(results: dict[str, Any]) -> list[str]:
+    """The machine's baseline over the minutes the trends compare, when the run recorded it."""
+    calm = [r for r in _calm(results) if "probe_ms" in r]
+    if len(calm) < 3:
+        return []
+    third = len(calm) // 3
+
+    def thirds(key: str, digits: int) -> str:
+        first = statistics.median(r[key] for r in calm[:third])
+        last = statistics.median(r[key] for r in calm[-third:])
+        return f"{first:.{digits}f} → {last:.{digits}f}"
+
+    return [f"The machine over the same minutes, medians of the first and last third (a baseline "
+            f"measured in the same run, not a target): probe {thirds('probe_ms', 1)} ms (a fixed "
+            f"piece of pure-Python work's CPU time: the host's speed), busy cores "
+            f"{thirds('machine_busy_cores', 2)} of {os.cpu_count()}, steal "
+            f"{thirds('machine_steal_cores', 3)} cores.", ""]  # fmt: skip
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
 
 
 def _anon(results: dict[str, Any]) -> list[str]:
