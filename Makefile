@@ -86,7 +86,7 @@ bench-full: $(BENCH_STAMP)
 	$(PY) -m bench --full $(BENCH_ARGS)
 
 # An hour at 2,000 records/s on a three-broker cluster of its own, the bridge SIGKILLed every ten
-# minutes (bench/soak.py): build/soak/results.json, report.md and soak.png; the last result in
+# minutes (bench/soak/): build/soak/results.json, report.md and soak.png; the last result in
 # BENCHMARKS.md and docs/bench/soak.md.
 soak: $(BENCH_STAMP)
 	$(PY) -m bench.soak $(SOAK_ARGS)

@@ -1,0 +1,122 @@
+"""The soak's report (Markdown, a row per minute) and its plot."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.soak.judge import WARM_UP_MIN, calm, flat
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["minutes"]
+    t = [r["minute"] for r in rows]
+    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    mib = 1 << 20
+    axes[0].plot(t, [r["rss_bytes"] / mib for r in rows], label="bridge RSS")
+    axes[0].plot(t, [r["redis_used_bytes"] / mib for r in rows], label="Redis used_memory")
+    axes[0].set(ylabel="MiB", title="Memory")
+    delivering = [r for r in rows if r["delivered"]]
+    for who, label in (("bridge", "bridge"), ("redis", "Redis")):
+        axes[1].plot([r["minute"] for r in delivering],
+                     [r[f"{who}_cpu_ms_per_record"] for r in delivering], label=label)  # fmt: skip
+    axes[1].set(ylabel="CPU ms / record", title="CPU per record delivered")
+    axes[2].plot(t, [r["p99_ms"] for r in rows], label="p99")
+    axes[2].set_yscale("log")
+    axes[2].set(ylabel="ms (log)", title="Lateness of the records due in the minute")
+    axes[3].plot(t, [r["delivered"] for r in rows], label="delivered")
+    axes[3].set(ylabel="records", xlabel="minute", title="Records delivered per minute")
+    for ax in axes:
+        for r in rows:
+            if r["killed"]:
+                ax.axvline(r["minute"], color="tab:red", lw=0.6, ls=":")
+        ax.legend(loc="upper right")
+    fig.suptitle(f"Soak: {results['args']['rate']:.0f} records/s, SIGKILL every "
+                 f"{results['args']['kill_every_min']:.0f} min (red), three brokers")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def report(results: dict[str, Any]) -> str:
+    """Markdown: the targets, the totals, and one row per minute."""
+    a = results["args"]
+    lines = [
+        f"# Soak: {a['minutes']:.0f} min at {a['rate']:,.0f} records/s, delays 1 s to "
+        f"{a['max_delay_s']:.0f} s, SIGKILL every {a['kill_every_min']:.0f} min",
+        "",
+        f"`{results['command']}` at {results.get('commit', '?')}: {results['records']:,} records "
+        f"({results['preload']:,} of them the preload), {results['kills']} kills; lost "
+        f"{results['lost']}, early {results['early']}, dead-lettered {results['dead_lettered']}, "
+        f"duplicates {results['duplicates']:,}; lateness p99 {results['p99_ms']:,} ms, max "
+        f"{results['max_ms']:,} ms.",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+        *(f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in results["targets"]),
+        "",
+        *_anon(results),
+        *_machine(results),
+        "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
+        "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed | busy cores | "
+        "steal cores | probe ms |",
+        "|" + "---|" * 14,
+    ]
+    mib = 1 << 20
+    for r in results["minutes"]:
+        lines.append(
+            f"| {r['minute']} | {r['age_min']} | {r['rss_bytes'] / mib:.1f} | "
+            f"{r['redis_used_bytes'] / mib:.1f} | {_ms(r['bridge_cpu_ms_per_record'])} | "
+            f"{_ms(r['redis_cpu_ms_per_record'])} | {r['delivered']:,} | {r['due']:,} | "
+            f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} | "
+            f"{_fixed(r.get('machine_busy_cores'), 2)} | "
+            f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('probe_ms'), 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _machine(results: dict[str, Any]) -> list[str]:
+    """The machine's baseline over the minutes the trends compare, when the run recorded it."""
+    rows = [r for r in calm(results) if "probe_ms" in r]
+    if len(rows) < 3:
+        return []
+    third = len(rows) // 3
+
+    def thirds(key: str, digits: int) -> str:
+        first = statistics.median(r[key] for r in rows[:third])
+        last = statistics.median(r[key] for r in rows[-third:])
+        return f"{first:.{digits}f} → {last:.{digits}f}"
+
+    return [f"The machine over the same minutes, medians of the first and last third (a baseline "
+            f"measured in the same run, not a target): probe {thirds('probe_ms', 1)} ms (a fixed "
+            f"piece of pure-Python work's CPU time: the host's speed), busy cores "
+            f"{thirds('machine_busy_cores', 2)} of {os.cpu_count()}, steal "
+            f"{thirds('machine_steal_cores', 3)} cores.", ""]  # fmt: skip
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _anon(results: dict[str, Any]) -> list[str]:
+    """The RSS target's reading without file-backed pages (RssAnon), when the run recorded it."""
+    old = [r["anon_bytes"] for r in results["minutes"]
+           if r["age_min"] > WARM_UP_MIN and "anon_bytes" in r]  # fmt: skip
+    spread = flat([float(v) for v in old]) if old else None
+    if spread is None:
+        return []
+    return [f"Bridge RSS without file-backed pages (RssAnon: the heap, not the shared libraries' "
+            f"code, which the kernel may evict and load again): {spread:.1%} from its median, "
+            f"{min(old) / (1 << 20):.1f} to {max(old) / (1 << 20):.1f} MiB.", ""]  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None or value > 1000 else f"{value:.3f}"  # > 1 s: no record delivered

@@ -1,0 +1,127 @@
+"""The soak's own logic without servers: its records' due times, the lateness quantile, the
+targets it judges and the report it writes."""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+
+import pytest
+
+from bench.soak.judge import TREND, WARM_UP_MIN, flat, targets
+from bench.soak.load import MIN_DELAY_MS, Load
+from bench.soak.meters import Machine
+from bench.soak.report import report
+from bench.soak.tally import quantile
+
+MIB = 1 << 20
+
+
+def _minute(minute: int, *, p99: int = 30, cpu: float = 0.1, age: int | None = None,
+            killed: bool = False, rss: int = 50 * MIB, **more: float) -> dict[str, Any]:  # fmt: skip
+    return {
+        "minute": minute, "age_min": minute if age is None else age, "rss_bytes": rss,
+        "anon_bytes": rss // 2, "redis_used_bytes": 160 * MIB, "bridge_cpu_s": cpu * 120,
+        "redis_cpu_s": 6.0, "delivered": 120_000, "due": 120_000, "p99_ms": p99, "max_ms": p99 * 3,
+        "killed": killed, "bridge_cpu_ms_per_record": cpu, "redis_cpu_ms_per_record": 0.05,
+        **more,
+    }  # fmt: skip
+
+
+def _results(rows: list[dict[str, Any]], **totals: int) -> dict[str, Any]:
+    results = {
+        "command": "make soak", "commit": "abc1234", "records": 1000, "preload": 100, "kills": 0,
+        "lost": 0, "early": 0, "dead_lettered": 0, "wrong_due_header": 0, "duplicates": 0,
+        "p99_ms": 30, "max_ms": 90, "minutes": rows,
+        "args": {"minutes": 60, "rate": 2000, "max_delay_s": 600, "kill_every_min": 10},
+    }  # fmt: skip
+    results.update(totals)
+    results["targets"] = targets(results)
+    return results
+
+
+def _met(results: dict[str, Any]) -> dict[str, bool]:
+    return {name.split(":")[0].split(" within")[0]: ok for name, _, ok in results["targets"]}
+
+
+def test_the_load_keeps_its_records_due_where_it_promises() -> None:
+    load = Load("out", start_ms=1_000_000, preload=1000, steady=5000, rate=2000.0,
+                max_delay_ms=600_000, steady_start_ms=2_000_000)  # fmt: skip
+    preload_end = 1_000_000 + 1000 * 1000 / load.preload_rate
+    for i in range(1000):  # from the end of the preload, within the longest delay
+        assert preload_end <= load.due_ms(i) <= preload_end + 600_000
+    for i in range(1000, 6000):  # its produce time plus 1 s .. max_delay
+        produced = 2_000_000 + (i - 1000) * 1000 / 2000.0
+        assert produced + MIN_DELAY_MS - 1 <= load.due_ms(i) <= produced + 600_000
+    assert load.due_ms(1234) == load.due_ms(1234)  # the same on every read: not stored
+    assert len(load) == 6000
+
+
+def test_quantile_reads_a_counter_of_values() -> None:
+    counts = collections.Counter({5: 900, 40: 90, 700: 10})
+    assert quantile(counts, 0.5) == 5
+    assert quantile(counts, 0.95) == 40
+    assert quantile(counts, 0.999) == 700
+    assert quantile(collections.Counter(), 0.99) == 0
+
+
+def test_flat_is_the_largest_distance_from_the_median() -> None:
+    assert flat([100.0, 104.0, 97.0]) == pytest.approx(0.04)
+    assert flat([]) is None
+
+
+def test_a_steady_run_meets_every_target() -> None:
+    rows = [_minute(m, age=(m - 1) % 10 + 1, killed=m % 10 == 1 and m > 1) for m in range(1, 41)]
+    results = _results(rows)
+    assert all(ok for _, _, ok in results["targets"]), results["targets"]
+
+
+def test_a_lateness_that_grows_misses_its_target_and_a_killed_minute_does_not_count() -> None:
+    growing = [_minute(m, p99=20 + m) for m in range(1, 41)]
+    assert _met(_results(growing))["lateness p99 per minute"] is False
+    # A kill's minute is late by nature: one at the end of the run makes no trend.
+    spiked = [_minute(m, p99=900 if m == 38 else 30, killed=m == 38) for m in range(1, 41)]
+    assert _met(_results(spiked))["lateness p99 per minute"] is True
+
+
+def test_cpu_per_record_growing_past_the_trend_misses() -> None:
+    rows = [_minute(m, cpu=0.1 * (1 + (TREND - 1) * 2 * m / 40)) for m in range(1, 41)]
+    assert _met(_results(rows))["bridge CPU per record"] is False
+
+
+def test_rss_is_judged_on_processes_past_their_warm_up() -> None:
+    young = [_minute(m, age=1 if m == 20 else m, rss=80 * MIB if m == 20 else 50 * MIB)
+             for m in range(1, 41)]  # fmt: skip
+    assert _met(_results(young))["bridge RSS"] is True
+    old = [_minute(m, rss=80 * MIB if m == WARM_UP_MIN + 10 else 50 * MIB) for m in range(1, 41)]
+    assert _met(_results(old))["bridge RSS"] is False
+
+
+def test_a_lost_record_or_a_short_run_misses() -> None:
+    rows = [_minute(m) for m in range(1, 41)]
+    assert not all(ok for _, _, ok in _results(rows, lost=1)["targets"])
+    short = _results([_minute(m) for m in range(1, 4)])
+    assert [m for _, m, ok in short["targets"] if not ok][:2] == ["too short to judge"] * 2
+
+
+def test_the_machine_is_sampled_in_cores_and_milliseconds() -> None:
+    machine = Machine()
+    sum(i * i for i in range(200_000))  # some work to count
+    sample = machine.sample()
+    assert 0 < sample["machine_busy_cores"] <= (os.cpu_count() or 1)
+    assert 0 <= sample["machine_steal_cores"] <= (os.cpu_count() or 1)
+    assert 0 < sample["probe_ms"] < 10_000
+
+
+def test_the_report_shows_the_machine_when_the_run_recorded_it() -> None:
+    plain = report(_results([_minute(m) for m in range(1, 41)]))
+    assert "| 0 | yes |" in plain and "The machine" not in plain  # a run from before the probe
+    rows = [_minute(m, machine_busy_cores=1.25, machine_steal_cores=0.0, probe_ms=12.0 + m / 10)
+            for m in range(1, 41)]  # fmt: skip
+    text = report(_results(rows))
+    assert "probe 13.1 → 15.4 ms" in text
+    assert (
+        "| 40 | 40 | 50.0 | 160.0 | 0.100 | 0.050 | 120,000 | 120,000 | 30 | 90 |  | 1.25 | "
+        "0.000 | 16.0 |" in text
+    )
