@@ -1,4 +1,4 @@
-"""The soak's meters: the bridge's CPU across its lives, and the machine's state each minute."""
+"""The soak's meters: the bridge's CPU across its lives, Redis's and the machine's state."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.integration.harness import Bridge
 
 PROBE_LOOPS = 300_000  # ~12 ms of pure Python on this machine
+# The memory probe reads this many bytes scattered over a buffer larger than any CPU cache.
+MEMORY_PROBE_BYTES, MEMORY_PROBE_READS = 64 << 20, 200_000
 
 
 def probe_ms() -> float:
@@ -25,6 +28,26 @@ def probe_ms() -> float:
     return best * 1000
 
 
+class MemoryProbe:
+    """The CPU time of reading :data:`MEMORY_PROBE_READS` bytes at fixed scattered places of a
+    64 MiB buffer, the least of three tries, in milliseconds: most reads miss every cache, so it
+    slows with the host's memory, which :func:`probe_ms` (arithmetic in the caches) does not see."""
+
+    def __init__(self) -> None:
+        # Written, so every page is a page of its own (a zeroed buffer maps one shared zero page).
+        self.buffer = bytearray(b"\x01") * MEMORY_PROBE_BYTES
+        self.places = [(i * 2654435761) % MEMORY_PROBE_BYTES for i in range(MEMORY_PROBE_READS)]
+
+    def ms(self) -> float:
+        best = float("inf")
+        for _ in range(3):
+            started, total, buffer = time.thread_time(), 0, self.buffer
+            for place in self.places:
+                total += buffer[place]
+            best = min(best, time.thread_time() - started)
+        return best * 1000
+
+
 def _cpu_ticks() -> list[int]:
     """user, nice, system, idle, iowait, irq, softirq, steal of all cores (/proc/stat)."""
     return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -34,9 +57,11 @@ def _cpu_ticks() -> list[int]:
 class Machine:
     """The machine's state over each minute, a baseline measured in the same run for the bridge's
     figures: the cores busy (of ``os.cpu_count()``), the cores' time the host gave to others
-    (steal), and :func:`probe_ms`. A slower host shows in all of the bridge's timings at once."""
+    (steal), :func:`probe_ms` and the :class:`MemoryProbe`. A slower host shows in all of the
+    bridge's timings at once."""
 
     last: list[int] = field(default_factory=_cpu_ticks)
+    memory: MemoryProbe = field(default_factory=MemoryProbe)
 
     def sample(self) -> dict[str, float]:
         now = _cpu_ticks()
@@ -48,7 +73,48 @@ class Machine:
             "machine_busy_cores": (sum(delta) - idle - steal) * share,
             "machine_steal_cores": steal * share,
             "probe_ms": probe_ms(),
+            "memory_probe_ms": self.memory.ms(),
         }
+
+
+@dataclass
+class RedisMeter:
+    """Redis over each minute: its memory, its CPU, and what a command and a script call cost it on
+    average (``INFO commandstats``: a script's time includes the commands it runs, which are
+    counted on their own too, so the two are kept apart) and its allocator's fragmentation."""
+
+    client: Any
+    last: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.last = self._totals()
+
+    def _totals(self) -> dict[str, float]:
+        cpu = self.client.info("cpu")
+        totals = {"cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+                  "calls": 0.0, "usec": 0.0, "script_calls": 0.0, "script_usec": 0.0}  # fmt: skip
+        for name, stats in self.client.info("commandstats").items():
+            kind = "script_" if name.startswith(("cmdstat_eval", "cmdstat_fcall")) else ""
+            totals[f"{kind}calls"] += stats["calls"]
+            totals[f"{kind}usec"] += stats["usec"]
+        return totals
+
+    def sample(self) -> dict[str, float | None]:
+        now = self._totals()
+        delta = {k: now[k] - self.last[k] for k in now}
+        self.last = now
+        memory = self.client.info("memory")
+        return {
+            "redis_used_bytes": int(memory["used_memory"]),
+            "redis_fragmentation": float(memory["mem_fragmentation_ratio"]),
+            "redis_cpu_s": delta["cpu_s"],
+            "redis_usec_per_command": _per(delta["usec"], delta["calls"]),
+            "redis_usec_per_script": _per(delta["script_usec"], delta["script_calls"]),
+        }
+
+
+def _per(total: float, count: float) -> float | None:
+    return total / count if count else None
 
 
 @dataclass

@@ -67,8 +67,8 @@ def report(results: dict[str, Any]) -> str:
         *_machine(results),
         "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
         "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed | busy cores | "
-        "steal cores | probe ms |",
-        "|" + "---|" * 14,
+        "steal cores | probe ms | memory probe ms | Redis µs/command | Redis µs/script |",
+        "|" + "---|" * 17,
     ]
     mib = 1 << 20
     for r in results["minutes"]:
@@ -78,28 +78,41 @@ def report(results: dict[str, Any]) -> str:
             f"{_ms(r['redis_cpu_ms_per_record'])} | {r['delivered']:,} | {r['due']:,} | "
             f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} | "
             f"{_fixed(r.get('machine_busy_cores'), 2)} | "
-            f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('probe_ms'), 1)} |"
+            f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('probe_ms'), 1)} | "
+            f"{_fixed(r.get('memory_probe_ms'), 1)} | {_fixed(r.get('redis_usec_per_command'), 1)} "
+            f"| {_fixed(r.get('redis_usec_per_script'), 0)} |"
         )
     return "\n".join(lines) + "\n"
 
 
+# What the baseline line names, in its order: row key, words, digits.
+BASELINE = (
+    ("probe_ms", "probe {} ms (pure-Python arithmetic's CPU time: the cores' speed)", 1),
+    ("memory_probe_ms", "memory probe {} ms (scattered reads of 64 MiB)", 1),
+    ("machine_busy_cores", "busy cores {}", 2),
+    ("machine_steal_cores", "steal {} cores", 3),
+    ("redis_usec_per_command", "Redis {} µs per command", 1),
+    ("redis_usec_per_script", "{} µs per script call", 0),
+    ("redis_fragmentation", "fragmentation {}", 2),
+)
+
+
 def _machine(results: dict[str, Any]) -> list[str]:
-    """The machine's baseline over the minutes the trends compare, when the run recorded it."""
-    rows = [r for r in calm(results) if "probe_ms" in r]
-    if len(rows) < 3:
-        return []
+    """The machine's and Redis's baseline over the minutes the trends compare: what the run
+    recorded of :data:`BASELINE`, the median of the first third against the last's."""
+    rows = calm(results)
     third = len(rows) // 3
-
-    def thirds(key: str, digits: int) -> str:
-        first = statistics.median(r[key] for r in rows[:third])
-        last = statistics.median(r[key] for r in rows[-third:])
-        return f"{first:.{digits}f} → {last:.{digits}f}"
-
-    return [f"The machine over the same minutes, medians of the first and last third (a baseline "
-            f"measured in the same run, not a target): probe {thirds('probe_ms', 1)} ms (a fixed "
-            f"piece of pure-Python work's CPU time: the host's speed), busy cores "
-            f"{thirds('machine_busy_cores', 2)} of {os.cpu_count()}, steal "
-            f"{thirds('machine_steal_cores', 3)} cores.", ""]  # fmt: skip
+    parts = []
+    for key, words, digits in BASELINE:
+        if third and all(r.get(key) is not None for r in rows):
+            first = statistics.median(r[key] for r in rows[:third])
+            last = statistics.median(r[key] for r in rows[-third:])
+            parts.append(words.format(f"{first:.{digits}f} → {last:.{digits}f}"))
+    if not parts:
+        return []
+    return [f"The machine and Redis over the same minutes, medians of the first and last third (a "
+            f"baseline measured in the same run, not a target; {os.cpu_count()} cores): "
+            f"{', '.join(parts)}.", ""]  # fmt: skip
 
 
 def _fixed(value: float | None, digits: int) -> str:

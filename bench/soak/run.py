@@ -13,7 +13,7 @@ from typing import Any
 from bench.scenarios import ACK_STAMPS
 from bench.soak.judge import targets
 from bench.soak.load import MIN_DELAY_MS, PRELOAD_RATE, Load, Records
-from bench.soak.meters import Machine, Meter
+from bench.soak.meters import Machine, Meter, RedisMeter
 from bench.soak.tally import Tally, quantile
 from tests.chaos.scenarios import Run
 from tests.chaos.servers import Servers
@@ -58,20 +58,18 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
         starter.start()
         rows: list[dict[str, Any]] = []
         kills: list[int] = []
-        cpu, redis_cpu, machine = meter.total(bridge), _redis_cpu(redis), Machine()
+        cpu, redis_meter, machine = meter.total(bridge), RedisMeter(redis), Machine()
         end_min = int(preload / PRELOAD_RATE / 60 + minutes) + 1
         born = 0  # the minute mark the bridge running now was started at
         for minute in range(1, end_min + 1):
             time.sleep(max(0.0, started + minute * 60 - time.monotonic()))  # the minute mark
-            now_cpu, now_redis_cpu = meter.total(bridge), _redis_cpu(redis)
+            now_cpu = meter.total(bridge)
             rows.append({
                 "minute": minute, "age_min": minute - born, "rss_bytes": bridge.memory(),
-                "anon_bytes": bridge.memory("RssAnon"),
-                "redis_used_bytes": _redis_info(redis, "memory", "used_memory"),
-                "bridge_cpu_s": now_cpu - cpu, "redis_cpu_s": now_redis_cpu - redis_cpu,
-                **machine.sample(),
+                "anon_bytes": bridge.memory("RssAnon"), "bridge_cpu_s": now_cpu - cpu,
+                **redis_meter.sample(), **machine.sample(),
             })  # fmt: skip
-            cpu, redis_cpu = now_cpu, now_redis_cpu
+            cpu = now_cpu
             print(f"   minute {minute}: {rows[-1]}", file=sys.stderr, flush=True)
             if minute % kill_every_min == 0 and minute < end_min:
                 meter.kill(bridge)
@@ -91,15 +89,6 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
         redis.close()
         run.close()
         servers.kafka_cluster_down()
-
-
-def _redis_info(client: Any, section: str, key: str) -> int:
-    return int(client.info(section)[key])
-
-
-def _redis_cpu(client: Any) -> float:
-    cpu = client.info("cpu")
-    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
 
 def _results(load: Load, tally: Tally, rows: list[dict[str, Any]], kills: list[int],

@@ -8,10 +8,11 @@ import os
 from typing import Any
 
 import pytest
+import redis
 
 from bench.soak.judge import TREND, WARM_UP_MIN, flat, targets
 from bench.soak.load import MIN_DELAY_MS, Load
-from bench.soak.meters import Machine
+from bench.soak.meters import Machine, RedisMeter
 from bench.soak.report import report
 from bench.soak.tally import quantile
 
@@ -112,6 +113,7 @@ def test_the_machine_is_sampled_in_cores_and_milliseconds() -> None:
     assert 0 < sample["machine_busy_cores"] <= (os.cpu_count() or 1)
     assert 0 <= sample["machine_steal_cores"] <= (os.cpu_count() or 1)
     assert 0 < sample["probe_ms"] < 10_000
+    assert 0 < sample["memory_probe_ms"] < 10_000
 
 
 def test_the_report_shows_the_machine_when_the_run_recorded_it() -> None:
@@ -125,3 +127,22 @@ def test_the_report_shows_the_machine_when_the_run_recorded_it() -> None:
         "| 40 | 40 | 50.0 | 160.0 | 0.100 | 0.050 | 120,000 | 120,000 | 30 | 90 |  | 1.25 | "
         "0.000 | 16.0 |" in text
     )
+
+
+@pytest.mark.integration
+def test_redis_is_metered_per_command_and_per_script(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    meter = RedisMeter(redis_client)
+    key = f"{unique}:soak-meter"
+    for i in range(200):
+        redis_client.zadd(key, {str(i): i})
+    script = redis_client.register_script("return redis.call('ZCARD', KEYS[1])")
+    assert [script(keys=[key]) for _ in range(20)] == [200] * 20
+    sample = meter.sample()
+    for key in ("redis_usec_per_command", "redis_usec_per_script", "redis_used_bytes",
+                "redis_fragmentation"):  # fmt: skip
+        value = sample[key]
+        assert value is not None and value > 0, key
+    cpu = sample["redis_cpu_s"]
+    assert cpu is not None and cpu >= 0
