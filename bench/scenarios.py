@@ -12,7 +12,6 @@ run that delivers early or loses a record says so.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -628,18 +627,20 @@ def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: flo
     )
 
 
+def redis_cpu_s(client: Any) -> float:
+    """Redis's CPU time so far, user and system (``INFO cpu``)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
 def _costs(client: Any, bridge: Bridge) -> dict[str, float]:
     """The bridge's CPU seconds, Redis's, the Redis calls so far and the records delivered."""
-    assert bridge.proc is not None
-    fields = Path(f"/proc/{bridge.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = client.info("cpu")
     stats = client.info("commandstats")
     calls = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
                 for c in ("evalsha", "eval", "set"))  # fmt: skip
     return {
-        "bridge_cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
-        "redis_cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+        "bridge_cpu_s": bridge.cpu_seconds(),
+        "redis_cpu_s": redis_cpu_s(client),
         "redis_calls": float(calls),
         "delivered": metric(bridge, "delay_bridge_delivered_total"),
     }

@@ -18,14 +18,22 @@ def flat(values: list[float]) -> float | None:
     return max(abs(v - median) for v in values) / median if median else 0.0
 
 
-def _trend(values: list[float]) -> float | None:
-    """The median of the last third over the median of the first third (None: too few values).
+def thirds(values: list[float]) -> tuple[float, float] | None:
+    """The medians of the first and of the last third of ``values`` (None: too few values).
     Medians: one disturbed minute must not make a trend, nor hide one."""
     if len(values) < 3:
         return None
     third = len(values) // 3
-    first = statistics.median(values[:third])
-    return statistics.median(values[-third:]) / first if first else 0.0
+    return statistics.median(values[:third]), statistics.median(values[-third:])
+
+
+def _trend(values: list[float]) -> float | None:
+    """The last third's median over the first third's (None: too few values)."""
+    medians = thirds(values)
+    if medians is None:
+        return None
+    first, last = medians
+    return last / first if first else 0.0
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
@@ -34,14 +42,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     the last minute, when the load ends, left out), CPU per record and p99 without a trend
     (minutes without a kill, the last one left out), nothing lost, early or dead-lettered. A run
     too short to judge a target misses it."""
-    after = [r for r in results["minutes"] if r["minute"] > WARM_UP_MIN]
     quiet = calm(results)
     old = [r["rss_bytes"] for r in results["minutes"] if r["age_min"] > WARM_UP_MIN]
     out = [
         _judged(f"bridge RSS within {FLAT:.0%} of its median (processes over {WARM_UP_MIN} min "
                 "old)", flat(old), FLAT, "{:.1%}"),
         _judged(f"Redis used_memory within {FLAT:.0%} of its median after minute {WARM_UP_MIN}",
-                flat([r["redis_used_bytes"] for r in after[:-1]]), FLAT, "{:.1%}"),
+                flat([r["redis_used_bytes"] for r in _settled(results)]), FLAT, "{:.1%}"),
     ]  # fmt: skip
     for key, name in (("bridge_cpu_ms_per_record", "bridge CPU per record"),
                       ("p99_ms", "lateness p99 per minute")):  # fmt: skip
@@ -53,10 +60,14 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def _settled(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The minutes after the warm-up but the last, when the load ends."""
+    return [r for r in results["minutes"] if r["minute"] > WARM_UP_MIN][:-1]
+
+
 def calm(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The minutes the trends compare: after the warm-up, without a kill, not the last."""
-    after = [r for r in results["minutes"] if r["minute"] > WARM_UP_MIN]
-    return [r for r in after[:-1] if not r["killed"]]
+    return [r for r in _settled(results) if not r["killed"]]
 
 
 def _judged(target: str, value: float | None, limit: float, fmt: str) -> tuple[str, str, bool]:

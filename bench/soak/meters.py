@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.scenarios import redis_cpu_s
 from tests.integration.harness import Bridge
 
 PROBE_LOOPS = 300_000  # ~12 ms of pure Python on this machine
@@ -15,17 +17,28 @@ PROBE_LOOPS = 300_000  # ~12 ms of pure Python on this machine
 MEMORY_PROBE_BYTES, MEMORY_PROBE_READS = 64 << 20, 200_000
 
 
-def probe_ms() -> float:
-    """The CPU time of a fixed piece of pure-Python work, the least of five tries: the speed of
-    this machine's cores right now (another guest on the same host slows them), in milliseconds.
-    Thread CPU time, so waiting for the GIL or a core does not count."""
+def least_cpu_ms(work: Callable[[], object], tries: int) -> float:
+    """The least thread CPU time of ``tries`` runs of ``work``, in milliseconds: waiting for the
+    GIL or a core does not count, and the least is the run nothing else disturbed."""
     best = float("inf")
-    for _ in range(5):
-        started, x = time.thread_time(), 0
-        for i in range(PROBE_LOOPS):
-            x += i * i
+    for _ in range(tries):
+        started = time.thread_time()
+        work()
         best = min(best, time.thread_time() - started)
     return best * 1000
+
+
+def _arithmetic() -> int:
+    x = 0
+    for i in range(PROBE_LOOPS):
+        x += i * i
+    return x
+
+
+def probe_ms() -> float:
+    """The CPU time of a fixed piece of pure-Python arithmetic, the least of five tries: the
+    speed of this machine's cores right now (another guest on the same host slows them)."""
+    return least_cpu_ms(_arithmetic, 5)
 
 
 class MemoryProbe:
@@ -38,14 +51,14 @@ class MemoryProbe:
         self.buffer = bytearray(b"\x01") * MEMORY_PROBE_BYTES
         self.places = [(i * 2654435761) % MEMORY_PROBE_BYTES for i in range(MEMORY_PROBE_READS)]
 
+    def _read(self) -> int:
+        total, buffer = 0, self.buffer
+        for place in self.places:
+            total += buffer[place]
+        return total
+
     def ms(self) -> float:
-        best = float("inf")
-        for _ in range(3):
-            started, total, buffer = time.thread_time(), 0, self.buffer
-            for place in self.places:
-                total += buffer[place]
-            best = min(best, time.thread_time() - started)
-        return best * 1000
+        return least_cpu_ms(self._read, 3)
 
 
 def _cpu_ticks() -> list[int]:
@@ -84,15 +97,14 @@ class RedisMeter:
     counted on their own too, so the two are kept apart) and its allocator's fragmentation."""
 
     client: Any
-    last: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(init=False)
 
     def __post_init__(self) -> None:
         self.last = self._totals()
 
     def _totals(self) -> dict[str, float]:
-        cpu = self.client.info("cpu")
-        totals = {"cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
-                  "calls": 0.0, "usec": 0.0, "script_calls": 0.0, "script_usec": 0.0}  # fmt: skip
+        totals = {"cpu_s": redis_cpu_s(self.client), "calls": 0.0, "usec": 0.0,
+                  "script_calls": 0.0, "script_usec": 0.0}  # fmt: skip
         for name, stats in self.client.info("commandstats").items():
             kind = "script_" if name.startswith(("cmdstat_eval", "cmdstat_fcall")) else ""
             totals[f"{kind}calls"] += stats["calls"]
@@ -123,15 +135,9 @@ class Meter:
 
     dead_cpu_s: float = 0.0
 
-    @staticmethod
-    def cpu_s(bridge: Bridge) -> float:
-        assert bridge.proc is not None
-        fields = Path(f"/proc/{bridge.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def total(self, bridge: Bridge) -> float:
-        return self.dead_cpu_s + self.cpu_s(bridge)
+        return self.dead_cpu_s + bridge.cpu_seconds()
 
     def kill(self, bridge: Bridge) -> None:
-        self.dead_cpu_s += self.cpu_s(bridge)
+        self.dead_cpu_s += bridge.cpu_seconds()
         bridge.kill()

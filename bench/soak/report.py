@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.soak.judge import WARM_UP_MIN, calm, flat
+from bench.soak.judge import WARM_UP_MIN, calm, flat, thirds
 
 
 def plot(results: dict[str, Any], path: Path) -> Path:
@@ -101,13 +100,13 @@ def _machine(results: dict[str, Any]) -> list[str]:
     """The machine's and Redis's baseline over the minutes the trends compare: what the run
     recorded of :data:`BASELINE`, the median of the first third against the last's."""
     rows = calm(results)
-    third = len(rows) // 3
     parts = []
     for key, words, digits in BASELINE:
-        if third and all(r.get(key) is not None for r in rows):
-            first = statistics.median(r[key] for r in rows[:third])
-            last = statistics.median(r[key] for r in rows[-third:])
-            parts.append(words.format(f"{first:.{digits}f} → {last:.{digits}f}"))
+        medians = None
+        if all(r.get(key) is not None for r in rows):
+            medians = thirds([float(r[key]) for r in rows])
+        if medians is not None:
+            parts.append(words.format(" → ".join(f"{m:.{digits}f}" for m in medians)))
     if not parts:
         return []
     return [f"The machine and Redis over the same minutes, medians of the first and last third (a "

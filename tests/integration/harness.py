@@ -83,6 +83,12 @@ class Bridge:
                 return int(line.split()[1]) * 1024
         raise RuntimeError(f"no {field} in /proc/{self.proc.pid}/status")
 
+    def cpu_seconds(self) -> float:
+        """The process's CPU time so far, user and system (``/proc/<pid>/stat``)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def http_port(self, timeout: float = 30) -> int:
         """The port the bridge's HTTP server bound, from its start-up log line."""
         deadline = time.monotonic() + timeout
