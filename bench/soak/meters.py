@@ -61,6 +61,19 @@ class MemoryProbe:
         return least_cpu_ms(self._read, 3)
 
 
+PRESSURES = ("cpu", "memory", "io")
+
+
+def _stalled_us() -> dict[str, int] | None:
+    """Microseconds in which some task waited for a core, memory or I/O since boot (the kernel's
+    pressure stall information, /proc/pressure; None where the kernel has none)."""
+    try:
+        return {name: int(Path(f"/proc/pressure/{name}").read_text().split("total=", 1)[1]
+                          .split()[0]) for name in PRESSURES}  # fmt: skip
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _cpu_ticks() -> list[int]:
     """user, nice, system, idle, iowait, irq, softirq, steal of all cores (/proc/stat)."""
     return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -69,25 +82,34 @@ def _cpu_ticks() -> list[int]:
 @dataclass
 class Machine:
     """The machine's state over each minute, a baseline measured in the same run for the bridge's
-    figures: the cores busy (of ``os.cpu_count()``), the cores' time the host gave to others
-    (steal), :func:`probe_ms` and the :class:`MemoryProbe`. A slower host shows in all of the
-    bridge's timings at once."""
+    figures: the cores busy (of ``os.cpu_count()``) and those in the kernel, the cores' time the
+    host gave to others (steal), the share of the minute in which some task waited for a core,
+    for memory or for I/O (pressure), :func:`probe_ms` and the :class:`MemoryProbe`. A slower or
+    busier host shows in all of the bridge's timings at once."""
 
     last: list[int] = field(default_factory=_cpu_ticks)
     memory: MemoryProbe = field(default_factory=MemoryProbe)
+    stalled: dict[str, int] | None = field(default_factory=_stalled_us)
+    at: float = field(default_factory=time.monotonic)
 
-    def sample(self) -> dict[str, float]:
-        now = _cpu_ticks()
+    def sample(self) -> dict[str, float | None]:
+        now, stalled, at = _cpu_ticks(), _stalled_us(), time.monotonic()
         delta = [b - a for a, b in zip(self.last, now, strict=True)]
-        self.last = now
         share = (os.cpu_count() or 1) / (sum(delta) or 1)
         idle, steal = delta[3] + delta[4], delta[7]
-        return {
+        sample: dict[str, float | None] = {
             "machine_busy_cores": (sum(delta) - idle - steal) * share,
+            "machine_system_cores": (delta[2] + delta[5] + delta[6]) * share,
             "machine_steal_cores": steal * share,
-            "probe_ms": probe_ms(),
-            "memory_probe_ms": self.memory.ms(),
         }
+        for name in PRESSURES:
+            sample[f"{name}_pressure"] = (
+                None
+                if stalled is None or self.stalled is None
+                else ((stalled[name] - self.stalled[name]) / 1e6 / ((at - self.at) or 1))
+            )
+        self.last, self.stalled, self.at = now, stalled, at
+        return sample | {"probe_ms": probe_ms(), "memory_probe_ms": self.memory.ms()}
 
 
 @dataclass

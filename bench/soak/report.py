@@ -66,8 +66,9 @@ def report(results: dict[str, Any]) -> str:
         *_machine(results),
         "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
         "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed | busy cores | "
-        "steal cores | probe ms | memory probe ms | Redis µs/command | Redis µs/script |",
-        "|" + "---|" * 17,
+        "steal cores | CPU pressure | probe ms | memory probe ms | Redis µs/command | "
+        "Redis µs/script |",
+        "|" + "---|" * 18,
     ]
     mib = 1 << 20
     for r in results["minutes"]:
@@ -77,7 +78,8 @@ def report(results: dict[str, Any]) -> str:
             f"{_ms(r['redis_cpu_ms_per_record'])} | {r['delivered']:,} | {r['due']:,} | "
             f"{r['p99_ms']:,} | {r['max_ms']:,} | {'yes' if r['killed'] else ''} | "
             f"{_fixed(r.get('machine_busy_cores'), 2)} | "
-            f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('probe_ms'), 1)} | "
+            f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('cpu_pressure'), 3)} | "
+            f"{_fixed(r.get('probe_ms'), 1)} | "
             f"{_fixed(r.get('memory_probe_ms'), 1)} | {_fixed(r.get('redis_usec_per_command'), 1)} "
             f"| {_fixed(r.get('redis_usec_per_script'), 0)} |"
         )
@@ -89,7 +91,11 @@ BASELINE = (
     ("probe_ms", "probe {} ms (pure-Python arithmetic's CPU time: the cores' speed)", 1),
     ("memory_probe_ms", "memory probe {} ms (scattered reads of 64 MiB)", 1),
     ("machine_busy_cores", "busy cores {}", 2),
+    ("machine_system_cores", "{} of them in the kernel", 2),
     ("machine_steal_cores", "steal {} cores", 3),
+    ("cpu_pressure", "some task waiting for a core {} of the time", 3),
+    ("memory_pressure", "for memory {}", 3),
+    ("io_pressure", "for I/O {}", 3),
     ("redis_usec_per_command", "Redis {} µs per command", 1),
     ("redis_usec_per_script", "{} µs per script call", 0),
     ("redis_fragmentation", "fragmentation {}", 2),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,9 +110,12 @@ def test_a_lost_record_or_a_short_run_misses() -> None:
 def test_the_machine_is_sampled_in_cores_and_milliseconds() -> None:
     machine = Machine()
     sum(i * i for i in range(200_000))  # some work to count
-    sample = machine.sample()
+    sample = {k: v for k, v in machine.sample().items() if v is not None}
     assert 0 < sample["machine_busy_cores"] <= (os.cpu_count() or 1)
     assert 0 <= sample["machine_steal_cores"] <= (os.cpu_count() or 1)
+    assert 0 <= sample["machine_system_cores"] <= sample["machine_busy_cores"]
+    if Path("/proc/pressure/cpu").exists():  # a kernel with pressure stall information
+        assert all(0 <= sample[f"{r}_pressure"] <= 1 for r in ("cpu", "memory", "io")), sample
     assert 0 < sample["probe_ms"] < 10_000
     assert 0 < sample["memory_probe_ms"] < 10_000
 
@@ -119,13 +123,14 @@ def test_the_machine_is_sampled_in_cores_and_milliseconds() -> None:
 def test_the_report_shows_the_machine_when_the_run_recorded_it() -> None:
     plain = report(_results([_minute(m) for m in range(1, 41)]))
     assert "| 0 | yes |" in plain and "The machine" not in plain  # a run from before the probe
-    rows = [_minute(m, machine_busy_cores=1.25, machine_steal_cores=0.0, probe_ms=12.0 + m / 10)
-            for m in range(1, 41)]  # fmt: skip
+    rows = [_minute(m, machine_busy_cores=1.25, machine_steal_cores=0.0, probe_ms=12.0 + m / 10,
+                    cpu_pressure=0.1 + m / 100) for m in range(1, 41)]  # fmt: skip
     text = report(_results(rows))
     assert "probe 13.1 → 15.4 ms" in text
+    assert "some task waiting for a core 0.210 → 0.440 of the time" in text
     assert (
         "| 40 | 40 | 50.0 | 160.0 | 0.100 | 0.050 | 120,000 | 120,000 | 30 | 90 |  | 1.25 | "
-        "0.000 | 16.0 |" in text
+        "0.000 | 0.500 | 16.0 |" in text
     )
 
 
