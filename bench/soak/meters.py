@@ -102,12 +102,11 @@ class Machine:
             "machine_system_cores": (delta[2] + delta[5] + delta[6]) * share,
             "machine_steal_cores": steal * share,
         }
+        seconds = (at - self.at) or 1
         for name in PRESSURES:
-            sample[f"{name}_pressure"] = (
-                None
-                if stalled is None or self.stalled is None
-                else ((stalled[name] - self.stalled[name]) / 1e6 / ((at - self.at) or 1))
-            )
+            waited = None if stalled is None or self.stalled is None else (
+                stalled[name] - self.stalled[name])  # fmt: skip
+            sample[f"{name}_pressure"] = None if waited is None else waited / 1e6 / seconds
         self.last, self.stalled, self.at = now, stalled, at
         return sample | {"probe_ms": probe_ms(), "memory_probe_ms": self.memory.ms()}
 
