@@ -14,7 +14,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 
 from confluent_kafka import Producer
 
@@ -61,6 +61,7 @@ class Sender:
         self._held: list[tuple[int, Ident]] = []
         self._sent_ms = 0.0  # Redis ms: when held records were last taken
         self._lock = threading.Lock()
+        self._sending = threading.Lock()  # from taking records to producing them (send_due)
         self.wake = threading.Event()  # a record earlier than the sender's plan was held
 
     def __len__(self) -> int:
@@ -71,6 +72,7 @@ class Sender:
         ``skip`` (put back) left; what ``backlog`` holds counts as draining (Lanes)."""
         redelivered = 0
         held: list[tuple[int, Ident]] = []
+        due: list[Ident] = []
         pending_of = self.deliveries.pending.get
         for item in claimed:
             ident = (item.shard, item.member)
@@ -80,15 +82,16 @@ class Sender:
             # A record still pending here, claimed again (its lease expired), is the same one.
             # So is, for now, a new incarnation's record at the offset of one in flight from
             # before a retire: its lease ends and it is claimed again once that one is settled.
-            pending = pending_of(ident)
-            if pending is None:
+            if pending_of(ident) is None:
                 draining = backlog is not None and backlog.holds(item)
-                pending = self.deliveries.track(ident, item, draining)
+                self.deliveries.track(ident, item, draining)
             if item.record.due_ms > claimed.now_ms:
                 held.append((item.record.due_ms, ident))
             else:
-                self._send(ident, pending)
+                due.append(ident)
         self.hold(held)
+        if due:
+            self.send_due(claimed.now_ms, due)
         if redelivered:
             self.deliveries.metrics.redelivered.inc(redelivered)
 
@@ -116,13 +119,20 @@ class Sender:
             self.producer.poll(0)
             self.wake.wait(self._seconds_to_next())
 
-    def send_due(self, now_ms: float) -> None:
-        """Produce the records whose due time has come (by Redis's clock)."""
+    def send_due(self, now_ms: float, claimed: Sequence[Ident] = ()) -> None:
+        """Produce the records held whose due time has come (by Redis's clock), then
+        ``claimed``: the due records of a claim just made, in its order (claim.lua's: a lane's
+        due records before the next lane's). Both threads send, the mover and the sender, and
+        one lock spans taking records and producing them: a slice one thread took is not
+        overtaken by what the other takes meanwhile, so Kafka appends records in the order they
+        were claimed — whichever thread sends them, however long one is held up."""
         pending = self.deliveries.pending
-        for ident in self._take_due(now_ms):  # both threads send: the mover and the sender
-            one = pending.get(ident)
-            if one is not None:
-                self._send(ident, one)
+        with self._sending:
+            # A claim's own records do not count for the sender's pace (see _take_due).
+            for ident in (*self._take_due(now_ms, pace=not claimed), *claimed):
+                one = pending.get(ident)
+                if one is not None:
+                    self._send(ident, one)
 
     def _seconds_to_next(self) -> float:
         """Until the held records are next to be sent; at most IDLE_WAIT_S."""
@@ -145,14 +155,17 @@ class Sender:
             logger.warning("records claimed ahead not released (%s); their leases will expire", exc)
         self.deliveries.forget(released)
 
-    def _take_due(self, now_ms: float) -> list[Ident]:
-        """The records whose due time has come by ``now_ms`` (Redis's clock), in due order."""
+    def _take_due(self, now_ms: float, pace: bool = True) -> list[Ident]:
+        """The records whose due time has come by ``now_ms`` (Redis's clock), in due order.
+        ``pace``: they set when the next are taken (not when a claim sends its own)."""
         with self._lock:
             count = bisect.bisect_right(self._held, now_ms, key=_DUE)
             if not count:
                 return []
             due = self._held[:count]
             del self._held[:count]
+            if not pace:
+                return [ident for _, ident in due]
             gap = now_ms - self._sent_ms
             if gap > 2 * self._every_max_ms:  # after a quiet spell: no rate to go by
                 self._every_ms = self.send_tick_ms

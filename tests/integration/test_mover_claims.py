@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,10 +12,11 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from bridge.egress import Egress, Pending
-from bridge.message import Scheduled, origin
+from bridge.message import Priority, Scheduled, origin
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard, Store
 from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.harness import Collector
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +116,63 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     # The old record is still the retired incarnation's, in flight: delivered again later.
     assert store.backlog([retired]).inflight == 1
     assert producer.flush(10) == 0
+
+
+class SlowSlice(Egress):
+    """The mover whose sender thread stalls in the middle of producing a slice of held records
+    (the GIL, a busy core) until the test lets it go on; notes the order records are produced in."""
+
+    produced: list[bytes | None]
+    stalled: threading.Event
+    go_on: threading.Event
+
+    def _send(self, ident: tuple[Shard, bytes], pending: Pending) -> None:
+        if threading.current_thread().name == "sender" and not self.stalled.is_set():
+            self.stalled.set()
+            self.go_on.wait(30)
+        self.produced.append(pending.claimed.record.value)
+        super()._send(ident, pending)
+
+
+def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_them(
+    services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str
+) -> None:
+    # High records claimed ahead wait in memory; at their due time the sender thread takes them
+    # and, half-way through producing them, stalls. Meanwhile the mover claims the normal records
+    # due at the same time and sends them itself: they must not overtake the high ones already
+    # taken, which Kafka would then append after them.
+    target = topics("out", 1)
+    store = Store(redis_client, f"test-{unique}")
+    shard = Shard("delay", 0)
+    t0 = store.time_ms() + 60_000
+    records = [Scheduled(o, t0, target, b"k", f"{p.label}-{o}".encode(), [],
+                         origin("delay", 0, o), priority=p)
+               for o, p in enumerate([Priority.HIGH] * 5 + [Priority.NORMAL] * 5)]  # fmt: skip
+    store.add({shard: (9, records)})
+    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
+    egress = SlowSlice(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
+                       batch_size=100, lease_ms=30_000, max_attempts=3, tick_ms=10,
+                       ahead_ms=100)  # fmt: skip
+    egress.produced, egress.stalled, egress.go_on = [], threading.Event(), threading.Event()
+    egress.add_shards({shard})
+    egress.step(now_ms=t0 - 200)  # learns what is due when
+    assert egress.step(now_ms=t0 - 50) == 5  # the high ones, ahead: held until t0
+    sender = threading.Thread(target=egress.sender.send_due, args=(t0,), name="sender")
+    sender.start()
+    assert egress.stalled.wait(30), "the sender thread never took the high records"
+    mover = threading.Thread(target=egress.step, kwargs={"now_ms": t0 + 1}, name="mover")
+    mover.start()
+    mover.join(1.0)  # the mover's claim either waits for the stalled slice or runs past it
+    egress.go_on.set()
+    sender.join(30)
+    mover.join(30)
+    labels = [(v or b"").split(b"-")[0] for v in egress.produced]
+    assert labels == [b"high"] * 5 + [b"normal"] * 5, egress.produced
+    assert producer.flush(10) == 0
+    collector = Collector(services.bootstrap, [target], f"check-{unique}")
+    try:
+        collector.until(lambda rs: len(rs) >= 10, 30, "every record delivered")
+    finally:
+        collector.close()
+    by_offset = [r.value for r in sorted(collector.records, key=lambda r: r.offset)]
+    assert by_offset == egress.produced
