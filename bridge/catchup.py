@@ -10,26 +10,45 @@ reading started, the mover claims from that shard only records due at or before 
 record timestamp read so far (the *horizon*): nothing produced before a record fell due is
 left unread when it is claimed. Records due later wait for the ingress, not the other way
 round, and a partition read at its end costs nothing.
+
+A partition read live can fall behind too — a burst, a slow Redis, a busy core — and a cancel
+then sits unread while the record it withdraws falls due. So while the ingress's last fetch of a
+partition saw records it has not applied yet, a record with its own delay-id (the only ones a
+cancel or a replacement can reach) is claimed only once the ingress has applied a record of its
+partition stamped at most LIVE_MARGIN_MS before its due time: a cancel produced that long before
+the due time always wins, however far behind the ingress reads. Keeping up, the ingress reads
+records tens of ms after they are produced, so nothing waits; records with the default delay-id
+never do. A partition whose read position has not moved for STALLED_S while the fetch saw more
+holds nothing: there is nothing there the ingress can read (a transaction's marker).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Container, Iterable
+import time
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from bridge.store import Claimed, Shard
 
 logger = logging.getLogger(__name__)
+
+LIVE_MARGIN_MS = 100  # a cancel produced this long before its record's due time always wins
+STALLED_S = 2.0  # a read position that has not moved this long while behind holds nothing
 
 
 class CatchUp:
     """Shards being read behind their end offset, and how far they are read (thread-safe:
     the ingress writes, the mover reads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._ends: dict[Shard, int] = {}
         self._horizons: dict[Shard, int] = {}
+        self._read: dict[Shard, int] = {}  # the newest record timestamp applied, of every shard
+        # Shards read live behind their end as the last fetch saw it: (position, since when).
+        self._behind: dict[Shard, tuple[int, float]] = {}
+        self._told: set[Shard] = set()  # shards read behind whose holding was logged
+        self._clock = clock
         self._lock = threading.Lock()
 
     def start(self, shard: Shard, position: int, end: int) -> None:
@@ -48,8 +67,21 @@ class CatchUp:
     def read(self, shard: Shard, timestamp_ms: int) -> None:
         """The ingress applied records of ``shard`` up to one with ``timestamp_ms``."""
         with self._lock:
+            self._read[shard] = max(self._read.get(shard, timestamp_ms), timestamp_ms)
             if shard in self._horizons:
                 self._horizons[shard] = max(self._horizons[shard], timestamp_ms)
+
+    def behind(self, positions: Mapping[Shard, int]) -> None:
+        """The shards the ingress reads behind their partition's end as its last fetch saw it,
+        with its read position in each (every other shard is read at its end)."""
+        now = self._clock()
+        with self._lock:
+            was = self._behind
+            self._behind = {
+                shard: known if (known := was.get(shard)) and known[0] == position
+                else (position, now)
+                for shard, position in positions.items()
+            }  # fmt: skip
 
     def reached(self, shard: Shard, position: int) -> None:
         """The ingress's next offset to read in ``shard`` is ``position``."""
@@ -65,6 +97,9 @@ class CatchUp:
         with self._lock:
             self._ends.pop(shard, None)
             self._horizons.pop(shard, None)
+            self._read.pop(shard, None)
+            self._behind.pop(shard, None)
+            self._told.discard(shard)
 
     def ends(self) -> dict[Shard, int]:
         """The shards being caught up on, with the offset each must reach."""
@@ -81,12 +116,35 @@ class CatchUp:
         """The records of ``claims`` due past the horizon of their shard: a catch-up began after
         the mover read the horizons and before Redis ran its claim (the ingress re-reads after
         Redis lost its state, or a partition is assigned), so a cancel of theirs may still be
-        unread; they are put back until the horizon passes them. A lease that ran out, or a
-        record still ``in_flight``, is not: it was claimed before, and is past cancel."""
-        horizons = self.horizons()
-        past = [c for c in claims
-                if c.shard in horizons and c.record.due_ms > horizons[c.shard]
-                and not c.redelivery and (c.shard, c.member) not in in_flight]  # fmt: skip
-        if past:
-            logger.info("%d records claimed as a catch-up began wait for it", len(past))
+        unread; they are put back until the horizon passes them. So are the records with their
+        own delay-id of a shard read live behind, due more than LIVE_MARGIN_MS after the newest
+        record the ingress applied there. A lease that ran out, or a record still
+        ``in_flight``, is not: it was claimed before, and is past cancel."""
+        now = self._clock()
+        with self._lock:
+            horizons = dict(self._horizons)
+            moving = [s for s, (_, since) in self._behind.items() if now - since < STALLED_S]
+            live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
+        past: list[Claimed] = []
+        behind: set[Shard] = set()  # shards read live behind with records put back
+        for c in claims:
+            shard, record = c.shard, c.record
+            if c.redelivery or (shard, c.member) in in_flight:
+                continue
+            if shard in horizons:
+                if record.due_ms > horizons[shard]:
+                    past.append(c)
+            elif shard in live and record.due_ms > live[shard] and c.given_id() is not None:
+                past.append(c)
+                behind.add(shard)
+        with self._lock:  # said once while a shard stays behind
+            new = behind - self._told
+            self._told = (self._told & set(live)) | behind
+        if new:
+            logger.info("the ingress reads %s behind: records with their own delay-id wait until "
+                        "it has read what was produced before they fell due",
+                        ", ".join(str(s) for s in sorted(new)))  # fmt: skip
+        caught = sum(c.shard not in behind for c in past)
+        if caught:
+            logger.info("%d records claimed as a catch-up began wait for it", caught)
         return past

@@ -287,9 +287,9 @@ class Ingress:
             self._on_stored(earliest)
 
     def _read_up_to(self, batch: Batch, applied: set[Shard]) -> None:
-        """Move the horizons of the shards being caught up on past what this batch applied to
-        ``applied`` (its newest record timestamps; nothing to do while none is caught up on)."""
-        for shard in set(self.catch_up.ends()) & applied:
+        """Tell how far this batch applied ``applied`` (its newest record timestamps): the
+        horizons of the shards caught up on, and of those read live (bridge.catchup)."""
+        for shard in applied:
             if shard in batch.newest_ms:
                 self.catch_up.read(shard, batch.newest_ms[shard])
 

@@ -162,13 +162,22 @@ class Membership:
             self.catch_up.start(shard, start if start >= 0 else low, end)
 
     def caught_up(self) -> None:
-        """Release the shards whose read position reached the end they were held to."""
-        ends = self.catch_up.ends()
-        if not ends:
+        """After a batch is applied, or none came: release the shards whose read position
+        reached the end they were held to, and tell which are read behind the end their last
+        fetch saw (librdkafka's cached high watermark: no request)."""
+        assigned = self.positions.assigned
+        if not assigned:
             return
-        tps = [TopicPartition(s.topic, s.partition) for s in ends]
+        ends = self.catch_up.ends()
+        behind: dict[Shard, int] = {}
+        tps = [TopicPartition(s.topic, s.partition) for s in assigned]
         for tp in self.consumer.position(tps):
-            self.catch_up.reached(Shard(tp.topic, tp.partition), tp.offset)
+            shard, position = Shard(tp.topic, tp.partition), tp.offset
+            if shard in ends:
+                self.catch_up.reached(shard, position)
+            if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
+                behind[shard] = position
+        self.catch_up.behind(behind)
 
     def commit(self) -> None:
         """Commit the offsets stored for the auto-commit (the lowest pending ones) now."""

@@ -424,3 +424,35 @@ def test_partition_for_is_where_a_murmur2_producer_puts_a_key(setup: Setup) -> N
     assert producer.flush(30) == 0
     assert landed == {key: partition_for(key, 3) for key in keys}
     assert len(set(landed.values())) == 3
+
+
+def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The ingress reads the partition live but falls behind (one record per batch: one Redis
+    call each), and the cancel of a record with its own delay-id, due in 1 s, is 3,000 records
+    behind it: read seconds later, after the record fell due. The cancel was
+    in the log before the due time, so it wins: the record waits for the ingress to read up to
+    its due time."""
+    target = setup.targets[0]
+    bridge = setup.bridge(ingress__batch_size="1").start()
+    bridges.append(bridge)
+    wait_for(lambda: "assigned" in bridge.output() and bridge.get("/readyz")[0] == 200, 60,
+             "the partitions assigned, read at their end")  # fmt: skip
+    key = b"order-1"
+    produce_all(setup.services.bootstrap, setup.delay, [
+        (key, b"expire", delay_headers(target, after="1s", delay_id="expire-1")),
+        *[(key, b"later", delay_headers(target, after="1h"))] * 3000,
+        (key, b"", cancel_headers("expire-1")),
+        (key, b"marker", delay_headers(target, after="0ms")),
+    ])  # fmt: skip
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == b"marker" for r in rs), 60, "the marker")
+    finally:
+        collector.close()
+    [marker] = [r for r in collector.records if r.value == b"marker"]
+    # The marker, produced after the record and due at once, was read after the cancel.
+    assert marker.timestamp_ms > marker.due_ms + 1000, "the cancel was read in time: test void"
+    assert [r.value for r in collector.records] == [b"marker"]
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1

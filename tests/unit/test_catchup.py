@@ -1,0 +1,72 @@
+"""What the mover puts back for an ingress reading behind (bridge.catchup), on made-up claims."""
+
+from __future__ import annotations
+
+from bridge.catchup import LIVE_MARGIN_MS, STALLED_S, CatchUp
+from bridge.message import Scheduled, origin
+from bridge.store import Claimed, Shard
+from bridge.store.keys import offset_bytes
+
+SHARD = Shard("delay", 0)
+T0 = 1_800_000_000_000
+
+
+def claimed(offset: int, due_ms: int, delay_id: str | None = None, *,
+            shard: Shard = SHARD, redelivery: bool = False) -> Claimed:  # fmt: skip
+    record = Scheduled(offset, due_ms, "out", b"k", b"v", [],
+                       delay_id or origin(shard.topic, shard.partition, offset))  # fmt: skip
+    return Claimed(shard, offset_bytes(offset), record, redelivery)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_read_live_behind_only_own_ids_due_past_the_read_records_wait() -> None:
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    catch_up.read(SHARD, T0)
+    catch_up.behind({SHARD: 10})
+    claims = [
+        claimed(1, T0 + LIVE_MARGIN_MS, "job-1"),  # produced by the margin before: read already
+        claimed(2, T0 + LIVE_MARGIN_MS + 1, "job-2"),  # its cancel may be unread
+        claimed(3, T0 + 60_000),  # the default delay-id: nothing can withdraw it
+        claimed(4, T0 + 60_000, "job-4", redelivery=True),  # claimed before: past cancel
+        claimed(5, T0 + 60_000, "job-5"),  # in flight
+    ]
+    assert [c.record.offset for c in catch_up.past(claims, {(SHARD, offset_bytes(5))})] == [2]
+    catch_up.read(SHARD, T0 + 1)  # the ingress moves on
+    assert catch_up.past(claims[1:2], ()) == []
+
+
+def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    catch_up.read(SHARD, T0)
+    late = [claimed(1, T0 + 60_000, "job-1")]
+    catch_up.behind({})  # the last fetch saw nothing more
+    assert catch_up.past(late, ()) == []
+    catch_up.behind({SHARD: 10})
+    assert len(catch_up.past(late, ())) == 1
+    clock.now += STALLED_S  # still behind, at the same position: nothing there it can read
+    catch_up.behind({SHARD: 10})
+    assert catch_up.past(late, ()) == []
+    catch_up.behind({SHARD: 11})  # it moves again
+    assert len(catch_up.past(late, ())) == 1
+    catch_up.stop(SHARD)  # revoked: not read here any more
+    assert catch_up.past(late, ()) == []
+
+
+def test_a_catch_up_holds_every_record_past_its_horizon() -> None:
+    catch_up = CatchUp(Clock())
+    catch_up.start(SHARD, 0, 100)
+    catch_up.read(SHARD, T0)
+    catch_up.behind({SHARD: 10})
+    claims = [claimed(1, T0), claimed(2, T0 + 1), claimed(3, T0 + 60_000, "job-3")]
+    assert [c.record.offset for c in catch_up.past(claims, ())] == [2, 3]
+    catch_up.reached(SHARD, 100)  # caught up; read live from here, still behind the fetch
+    assert [c.record.offset for c in catch_up.past(claims, ())] == [3]
