@@ -1,4 +1,5 @@
-"""The soak's meters: the bridge's CPU across its lives, Redis's and the machine's state."""
+"""The soak's meters: the bridge's CPU and its own lateness histograms across its lives, Redis's
+and the machine's state."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scenarios import redis_cpu_s
 from tests.integration.harness import Bridge
@@ -162,3 +165,67 @@ class Meter:
     def kill(self, bridge: Bridge) -> None:
         self.dead_cpu_s += bridge.cpu_seconds()
         bridge.kill()
+
+
+# The bridge's histograms the soak reads each minute: when it handed records to the producer,
+# and when Kafka acknowledged them (every priority), both from the due time.
+HISTOGRAMS = {"send": "delay_bridge_send_lateness_seconds",
+              "ack": "delay_bridge_delivery_lateness_seconds"}  # fmt: skip
+
+
+def _histograms(text: str) -> dict[str, dict[str, float]]:
+    """Each of HISTOGRAMS as {"count", "sum", and each bucket's upper bound: cumulative count},
+    summed over labels, from the Prometheus text format."""
+    names = {metric: short for short, metric in HISTOGRAMS.items()}
+    totals: dict[str, dict[str, float]] = {short: {} for short in HISTOGRAMS}
+    for family in text_string_to_metric_families(text):
+        short = names.get(family.name)
+        if short is None:
+            continue
+        for sample in family.samples:
+            kind = sample.name.removeprefix(family.name).lstrip("_")
+            key = sample.labels["le"] if kind == "bucket" else kind
+            if kind in ("bucket", "count", "sum"):
+                totals[short][key] = totals[short].get(key, 0.0) + sample.value
+    return totals
+
+
+def _spread(now: dict[str, float], last: dict[str, float]) -> dict[str, float | None]:
+    """Mean and p99 (the upper bound of the bucket it falls in) of the observations between two
+    readings of a histogram, in ms."""
+    count = now.get("count", 0.0) - last.get("count", 0.0)
+    if count <= 0:
+        return {"mean_ms": None, "p99_ms": None}
+    bounds = sorted((float(le), n - last.get(le, 0.0)) for le, n in now.items()
+                    if le not in ("count", "sum"))  # fmt: skip
+    p99 = next((bound for bound, n in bounds if n >= 0.99 * count), float("inf"))
+    return {"mean_ms": (now.get("sum", 0.0) - last.get("sum", 0.0)) / count * 1000,
+            "p99_ms": p99 * 1000}  # fmt: skip
+
+
+@dataclass
+class BridgeMeter:
+    """The bridge's own lateness over each minute, from its /metrics: the mean and p99 of when it
+    handed records to the producer (``send_*``) and of when Kafka acknowledged them (``ack_*``).
+    The first is the bridge's share of the lateness (its threads' wake-ups and pacing); what
+    lies between them is librdkafka's batching and the brokers'. A bridge started in the minute
+    counts from its start; one that does not answer gives nothing."""
+
+    bridge: Bridge | None = None
+    last: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def sample(self, bridge: Bridge) -> dict[str, float | None]:
+        if bridge is not self.bridge:
+            self.bridge, self.last = bridge, {}
+        try:
+            status, text = bridge.get("/metrics")
+        except OSError:
+            status, text = 0, ""
+        now = _histograms(text) if status == 200 else {}
+        sample: dict[str, float | None] = {}
+        for short in HISTOGRAMS:
+            spread = _spread(now.get(short, {}), self.last.get(short, {}))
+            sample.update({f"{short}_{k}": v for k, v in spread.items()})
+        if now:
+            self.last = now
+        return sample

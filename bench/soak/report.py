@@ -67,8 +67,8 @@ def report(results: dict[str, Any]) -> str:
         "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
         "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed | busy cores | "
         "steal cores | CPU pressure | probe ms | memory probe ms | Redis µs/command | "
-        "Redis µs/script |",
-        "|" + "---|" * 18,
+        "Redis µs/script | bridge hands over, mean ms | acknowledged, mean ms |",
+        "|" + "---|" * 20,
     ]
     mib = 1 << 20
     for r in results["minutes"]:
@@ -81,7 +81,8 @@ def report(results: dict[str, Any]) -> str:
             f"{_fixed(r.get('machine_steal_cores'), 3)} | {_fixed(r.get('cpu_pressure'), 3)} | "
             f"{_fixed(r.get('probe_ms'), 1)} | "
             f"{_fixed(r.get('memory_probe_ms'), 1)} | {_fixed(r.get('redis_usec_per_command'), 1)} "
-            f"| {_fixed(r.get('redis_usec_per_script'), 0)} |"
+            f"| {_fixed(r.get('redis_usec_per_script'), 0)} | {_fixed(r.get('send_mean_ms'), 2)} "
+            f"| {_fixed(r.get('ack_mean_ms'), 2)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -99,6 +100,8 @@ BASELINE = (
     ("redis_usec_per_command", "Redis {} µs per command", 1),
     ("redis_usec_per_script", "{} µs per script call", 0),
     ("redis_fragmentation", "fragmentation {}", 2),
+    ("send_mean_ms", "the bridge handing records over {} ms after their due time", 2),
+    ("ack_mean_ms", "Kafka acknowledging them {} ms after", 2),
 )
 
 

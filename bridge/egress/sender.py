@@ -128,11 +128,18 @@ class Sender:
         were claimed — whichever thread sends them, however long one is held up."""
         pending = self.deliveries.pending
         with self._sending:
+            sent: list[int] = []  # from when each counts as late
             # A claim's own records do not count for the sender's pace (see _take_due).
             for ident in (*self._take_due(now_ms, pace=not claimed), *claimed):
                 one = pending.get(ident)
                 if one is not None:
                     self._send(ident, one)
+                    sent.append(one.claimed.record.late_from_ms())
+            if sent and self.clock.known:
+                handed = self.clock.now_ms()
+                self.deliveries.metrics.send_lateness.observe_many(
+                    max(0.0, handed - late) / 1000 for late in sent
+                )
 
     def _seconds_to_next(self) -> float:
         """Until the held records are next to be sent; at most IDLE_WAIT_S."""

@@ -6,16 +6,19 @@ from __future__ import annotations
 import collections
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.soak.judge import TREND, WARM_UP_MIN, flat, targets
 from bench.soak.load import MIN_DELAY_MS, Load
-from bench.soak.meters import Machine, RedisMeter
+from bench.soak.meters import BridgeMeter, Machine, RedisMeter
 from bench.soak.report import report
 from bench.soak.tally import quantile
+from bridge.metrics import Metrics
+from tests.integration.harness import Bridge
 
 MIB = 1 << 20
 
@@ -151,3 +154,37 @@ def test_redis_is_metered_per_command_and_per_script(
         assert value is not None and value > 0, key
     cpu = sample["redis_cpu_s"]
     assert cpu is not None and cpu >= 0
+
+
+class _Answers:
+    """A bridge's /metrics as the soak's BridgeMeter reads it: the text of a real registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def get(self, path: str) -> tuple[int, str]:
+        assert path == "/metrics"
+        return 200, generate_latest(self.registry).decode()
+
+
+def test_the_bridge_s_own_lateness_is_read_per_minute_and_per_life() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    bridge = cast(Bridge, _Answers(registry))
+    meter = BridgeMeter()
+    metrics.send_lateness.observe_many([0.001] * 99 + [0.2])  # before the first reading
+    metrics.lateness.labels(priority="high").observe(0.004)
+    first = meter.sample(bridge)
+    assert first["send_p99_ms"] == 1.0 and first["send_mean_ms"] == pytest.approx(2.99)
+    assert first["ack_mean_ms"] == pytest.approx(4.0) and first["ack_p99_ms"] == 5.0
+    metrics.send_lateness.observe_many([0.003] * 100)  # the next minute's only
+    metrics.lateness.labels(priority="low").observe(0.03)  # summed over priorities
+    second = meter.sample(bridge)
+    assert second["send_p99_ms"] == 5.0 and second["send_mean_ms"] == pytest.approx(3.0)
+    assert second["ack_mean_ms"] == pytest.approx(30.0) and second["ack_p99_ms"] == 50.0
+    assert meter.sample(bridge) == {"send_mean_ms": None, "send_p99_ms": None,
+                                    "ack_mean_ms": None, "ack_p99_ms": None}  # fmt: skip
+    # A bridge killed and started again counts from its own start, not from the last one's.
+    restarted = CollectorRegistry()
+    Metrics(restarted).send_lateness.observe_many([0.0004] * 10)
+    assert meter.sample(cast(Bridge, _Answers(restarted)))["send_mean_ms"] == pytest.approx(0.4)

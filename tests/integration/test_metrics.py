@@ -252,6 +252,11 @@ def test_counters_after_an_end_to_end_run(
     assert (
         value(registry, "delay_bridge_delivery_lateness_seconds_sum", priority="normal") < 41 * 30
     )
+    # The bridge's own share: each record handed to the producer once, none counting the hour.
+    assert value(registry, "delay_bridge_send_lateness_seconds_count") == 41
+    assert value(registry, "delay_bridge_send_lateness_seconds_bucket", le="30.0") == 41
+    assert value(registry, "delay_bridge_send_lateness_seconds_sum") <= value(
+        registry, "delay_bridge_delivery_lateness_seconds_sum", priority="normal")  # fmt: skip
 
 
 def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None:
