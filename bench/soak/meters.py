@@ -4,6 +4,7 @@ and the machine's state."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.scenarios import redis_cpu_s
 from tests.integration.harness import Bridge
 
+REDIS_STALL_MS = 20  # Redis's latency monitor notes events at least this long
 PROBE_LOOPS = 300_000  # ~12 ms of pure Python on this machine
 # The memory probe reads this many bytes scattered over a buffer larger than any CPU cache.
 MEMORY_PROBE_BYTES, MEMORY_PROBE_READS = 64 << 20, 200_000
@@ -125,6 +127,8 @@ class RedisMeter:
 
     def __post_init__(self) -> None:
         self.last = self._totals()
+        self.client.config_set("latency-monitor-threshold", REDIS_STALL_MS)
+        self.client.execute_command("LATENCY", "RESET")
 
     def _totals(self) -> dict[str, float]:
         totals = {"cpu_s": redis_cpu_s(self.client), "calls": 0.0, "usec": 0.0,
@@ -135,18 +139,67 @@ class RedisMeter:
             totals[f"{kind}usec"] += stats["usec"]
         return totals
 
-    def sample(self) -> dict[str, float | None]:
+    def sample(self) -> dict[str, float | str | None]:
         now = self._totals()
         delta = {k: now[k] - self.last[k] for k in now}
         self.last = now
         memory = self.client.info("memory")
+        # Redis's latency monitor: its longest event over REDIS_STALL_MS since the last reading
+        # (a fork for the AOF rewrite, a write or fsync of the AOF, a slow command or script).
+        latest = self.client.execute_command("LATENCY", "LATEST")
+        events = [(float(e[3]), _text(e[0])) for e in latest]
+        self.client.execute_command("LATENCY", "RESET")
+        stall_ms, stall = max(events, default=(0.0, ""))
         return {
+            "redis_stall_ms": stall_ms,
+            "redis_stall": stall,
             "redis_used_bytes": int(memory["used_memory"]),
             "redis_fragmentation": float(memory["mem_fragmentation_ratio"]),
             "redis_cpu_s": delta["cpu_s"],
             "redis_usec_per_command": _per(delta["usec"], delta["calls"]),
             "redis_usec_per_script": _per(delta["script_usec"], delta["script_calls"]),
         }
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# A GC pause as the brokers' JVMs log it (-Xlog:gc): "... Pause Young (Normal) ... 4.321ms".
+_PAUSE = re.compile(r"\bPause\b.* (\d+(?:\.\d+)?)ms$")
+
+
+@dataclass
+class BrokerGC:
+    """The brokers' JVM pauses over each minute, from the GC log ``scripts/services`` has each
+    node of the cluster write: the longest and their total, every broker's together, in ms. A
+    broker that pauses stops appending for as long: the lateness's tail sees it first."""
+
+    logs: list[Path]
+    read: dict[Path, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.read = {log: log.stat().st_size if log.exists() else 0 for log in self.logs}
+
+    def sample(self) -> dict[str, float | None]:
+        pauses = [float(m.group(1)) for log in self.logs for line in self._new_lines(log)
+                  if (m := _PAUSE.search(line))]  # fmt: skip
+        return {"broker_gc_max_ms": max(pauses, default=0.0), "broker_gc_ms": sum(pauses)}
+
+    def _new_lines(self, log: Path) -> list[str]:
+        """The whole lines written since the last reading (all of a log a restarted JVM began)."""
+        try:
+            with log.open("rb") as f:
+                start = self.read.get(log, 0)
+                if f.seek(0, os.SEEK_END) < start:
+                    start = 0
+                f.seek(start)
+                data = f.read()
+        except OSError:
+            return []
+        whole = data.rfind(b"\n") + 1
+        self.read[log] = start + whole
+        return data[:whole].decode(errors="replace").splitlines()
 
 
 def _per(total: float, count: float) -> float | None:

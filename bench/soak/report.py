@@ -67,8 +67,9 @@ def report(results: dict[str, Any]) -> str:
         "| minute | bridge age (min) | bridge RSS MiB | Redis used MiB | bridge CPU ms/record | "
         "Redis CPU ms/record | delivered | due | p99 ms | max ms | killed | busy cores | "
         "steal cores | CPU pressure | probe ms | memory probe ms | Redis µs/command | "
-        "Redis µs/script | bridge hands over, mean ms | acknowledged, mean ms |",
-        "|" + "---|" * 20,
+        "Redis µs/script | bridge hands over, mean ms | acknowledged, mean ms | "
+        "brokers' longest GC pause ms | Redis's longest stall ms |",
+        "|" + "---|" * 22,
     ]
     mib = 1 << 20
     for r in results["minutes"]:
@@ -82,7 +83,8 @@ def report(results: dict[str, Any]) -> str:
             f"{_fixed(r.get('probe_ms'), 1)} | "
             f"{_fixed(r.get('memory_probe_ms'), 1)} | {_fixed(r.get('redis_usec_per_command'), 1)} "
             f"| {_fixed(r.get('redis_usec_per_script'), 0)} | {_fixed(r.get('send_mean_ms'), 2)} "
-            f"| {_fixed(r.get('ack_mean_ms'), 2)} |"
+            f"| {_fixed(r.get('ack_mean_ms'), 2)} | {_fixed(r.get('broker_gc_max_ms'), 1)} | "
+            f"{_stall(r)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -102,6 +104,8 @@ BASELINE = (
     ("redis_fragmentation", "fragmentation {}", 2),
     ("send_mean_ms", "the bridge handing records over {} ms after their due time", 2),
     ("ack_mean_ms", "Kafka acknowledging them {} ms after", 2),
+    ("broker_gc_ms", "the brokers paused for GC {} ms a minute", 0),
+    ("broker_gc_max_ms", "{} ms at the longest", 1),
 )
 
 
@@ -137,6 +141,13 @@ def _anon(results: dict[str, Any]) -> list[str]:
     return [f"Bridge RSS without file-backed pages (RssAnon: the heap, not the shared libraries' "
             f"code, which the kernel may evict and load again): {spread:.1%} from its median, "
             f"{min(old) / (1 << 20):.1f} to {max(old) / (1 << 20):.1f} MiB.", ""]  # fmt: skip
+
+
+def _stall(row: dict[str, Any]) -> str:
+    """Redis's longest latency event of the minute and its name ("" when none was noted)."""
+    if not row.get("redis_stall"):
+        return ""
+    return f"{row['redis_stall_ms']:.0f} ({row['redis_stall']})"
 
 
 def _ms(value: float | None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from bench.scenarios import ACK_STAMPS
 from bench.soak.judge import targets
 from bench.soak.load import MIN_DELAY_MS, PRELOAD_RATE, Load, Records
-from bench.soak.meters import BridgeMeter, Machine, Meter, RedisMeter
+from bench.soak.meters import BridgeMeter, BrokerGC, Machine, Meter, RedisMeter
 from bench.soak.tally import Tally, quantile
 from tests.chaos.scenarios import Run
 from tests.chaos.servers import Servers
@@ -59,7 +59,7 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
         rows: list[dict[str, Any]] = []
         kills: list[int] = []
         cpu, redis_meter, machine = meter.total(bridge), RedisMeter(redis), Machine()
-        own = BridgeMeter()
+        own, gc = BridgeMeter(), BrokerGC(servers.broker_gc_logs())
         end_min = int(preload / PRELOAD_RATE / 60 + minutes) + 1
         born = 0  # the minute mark the bridge running now was started at
         for minute in range(1, end_min + 1):
@@ -68,7 +68,7 @@ def soak(servers: Servers, out: Path, *, minutes: float, rate: float, max_delay_
             rows.append({
                 "minute": minute, "age_min": minute - born, "rss_bytes": bridge.memory(),
                 "anon_bytes": bridge.memory("RssAnon"), "bridge_cpu_s": now_cpu - cpu,
-                **redis_meter.sample(), **machine.sample(), **own.sample(bridge),
+                **redis_meter.sample(), **machine.sample(), **own.sample(bridge), **gc.sample(),
             })  # fmt: skip
             cpu = now_cpu
             print(f"   minute {minute}: {rows[-1]}", file=sys.stderr, flush=True)

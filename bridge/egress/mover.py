@@ -24,6 +24,7 @@ from bridge.errors import StoreError, WriteRefused
 from bridge.health import Readiness
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store
+from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class Egress:
         self._taking_over: set[Shard] = set()
         self._lock = threading.Lock()
         self.last_loop = time.monotonic()
+        self.turns = Turns("mover")
 
     def add_shards(self, shards: set[Shard]) -> None:
         """Start moving records of newly assigned partitions; the leases their earlier owner
@@ -151,6 +153,7 @@ class Egress:
         self.producer.poll(0)
         self.deliveries.settle()
         self.deliveries.watch()
+        self.turns.mark("applying delivery reports")
         if self._taking_over:
             self._take_over()
         if self._stored:
@@ -159,6 +162,7 @@ class Egress:
             self.plan.stored(self.lanes.stored(stored), self.catch_up.horizons())
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.sender.send_due(now)
+        self.turns.mark("producing held records")
         room = self.max_inflight - len(self._pending)
         limited = False  # egress.max_rate leaves less room than the records in flight do
         if self.rate is not None:
@@ -175,6 +179,7 @@ class Egress:
         if self.targets.waiting and room > claimed:
             claimed += self._claim_waiting(now, now_ms, room - claimed)
         self.producer.poll(0)
+        self.turns.mark("producing claimed records")
         return claimed
 
     def _claim(self, shards: list[Shard], room: int, now: float, now_ms: int | None,
@@ -192,6 +197,7 @@ class Egress:
             epochs={s: a.epoch for s, a in acks.items()}, lanes=self.lanes.limits(shards),
             ahead_lanes=self.lanes.ahead(self.owned, now + self.ahead_ms),
         )  # fmt: skip
+        self.turns.mark("claiming from redis")
         self.deliveries.acknowledged(acks)
         self._ack()
         self.clock.set(claimed)
@@ -270,6 +276,7 @@ class Egress:
         """Move records until ``stop`` is set, then drain what is in flight."""
         failures = 0
         while not stop.is_set():
+            self.turns.begin()
             try:
                 self.step()
                 if failures:
@@ -278,6 +285,7 @@ class Egress:
                     logger.info("mover reaches redis again")
                 if self.inflight >= self.max_inflight:
                     # At capacity: poll returns as soon as the first delivery report is in.
+                    self.turns.waits(INFLIGHT_POLL_S)
                     self.producer.poll(INFLIGHT_POLL_S)
                     continue
                 self._wait(self._seconds_to_next())
@@ -288,6 +296,7 @@ class Egress:
                 self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}",
                                     write_refused=isinstance(exc, WriteRefused))  # fmt: skip
                 logger.error("mover backing off %.1fs: %s", wait, exc)
+                self.turns.waits(wait)
                 stop.wait(wait)
 
     def _seconds_to_next(self) -> float:
@@ -312,6 +321,7 @@ class Egress:
         if self._pending and not self.tick_ms:
             # Delivery reports arrive through poll, which returns at the first; keep the slice
             # short so an earlier record stored meanwhile by ingress is not held up long.
+            self.turns.waits(min(seconds, INFLIGHT_POLL_S))
             self.producer.poll(min(seconds, INFLIGHT_POLL_S))
             return
         if self._pending:
@@ -319,6 +329,7 @@ class Egress:
             # instead of waking for each one. While the sender has records to produce it polls
             # too: the mover then applies them at most half an ``ahead`` window later.
             seconds = min(seconds, (self._ack_wait_ms if len(self.sender) else self.tick_ms) / 1000)
+        self.turns.waits(seconds)
         if seconds > 0:
             self._wake.wait(seconds)
             self._wake.clear()

@@ -23,6 +23,7 @@ from bridge.egress.plan import IDLE_WAIT_S, RedisClock
 from bridge.egress.settle import Deliveries, Ident, Pending, by_shard
 from bridge.errors import StoreError
 from bridge.store import Claims, Store
+from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
 
@@ -111,13 +112,19 @@ class Sender:
     def run(self, stop: threading.Event) -> None:
         """The sender thread: produce records claimed ahead at their due time until ``stop`` is
         set, serving delivery reports as it goes."""
+        turns = Turns("sender")
         while not stop.is_set():
+            turns.begin()
             self.last_loop = time.monotonic()
             self.wake.clear()  # before looking: a record held from here on wakes it
             if self.clock.known:  # nothing is held before a claim
                 self.send_due(self.clock.now_ms())
+            turns.mark("producing due records")
             self.producer.poll(0)
-            self.wake.wait(self._seconds_to_next())
+            turns.mark("serving delivery reports")
+            wait = self._seconds_to_next()
+            turns.waits(wait)
+            self.wake.wait(wait)
 
     def send_due(self, now_ms: float, claimed: Sequence[Ident] = ()) -> None:
         """Produce the records held whose due time has come (by Redis's clock), then

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.soak.judge import TREND, WARM_UP_MIN, flat, targets
 from bench.soak.load import MIN_DELAY_MS, Load
-from bench.soak.meters import BridgeMeter, Machine, RedisMeter
+from bench.soak.meters import BridgeMeter, BrokerGC, Machine, RedisMeter
 from bench.soak.report import report
 from bench.soak.tally import quantile
 from bridge.metrics import Metrics
@@ -128,7 +128,9 @@ def test_the_report_shows_the_machine_when_the_run_recorded_it() -> None:
     assert "| 0 | yes |" in plain and "The machine" not in plain  # a run from before the probe
     rows = [_minute(m, machine_busy_cores=1.25, machine_steal_cores=0.0, probe_ms=12.0 + m / 10,
                     cpu_pressure=0.1 + m / 100) for m in range(1, 41)]  # fmt: skip
+    rows[-1] |= {"broker_gc_max_ms": 41.5, "redis_stall": "aof-write", "redis_stall_ms": 230.0}
     text = report(_results(rows))
+    assert "| 41.5 | 230 (aof-write) |" in text
     assert "probe 13.1 → 15.4 ms" in text
     assert "some task waiting for a core 0.210 → 0.440 of the time" in text
     assert (
@@ -151,9 +153,51 @@ def test_redis_is_metered_per_command_and_per_script(
     for key in ("redis_usec_per_command", "redis_usec_per_script", "redis_used_bytes",
                 "redis_fragmentation"):  # fmt: skip
         value = sample[key]
-        assert value is not None and value > 0, key
+        assert isinstance(value, int | float) and value > 0, key
     cpu = sample["redis_cpu_s"]
-    assert cpu is not None and cpu >= 0
+    assert isinstance(cpu, float) and cpu >= 0
+    assert sample["redis_stall"] == "" and sample["redis_stall_ms"] == 0.0
+    # A script that keeps Redis busy for 60 ms: the latency monitor's "command" event.
+    busy = redis_client.register_script(
+        "local t = redis.call('TIME') local from = t[1] * 1e6 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - from > 60000 return 1"
+    )
+    assert busy() == 1
+    stalled = meter.sample()
+    assert stalled["redis_stall"] == "command"
+    assert isinstance(stalled["redis_stall_ms"], float) and stalled["redis_stall_ms"] >= 60
+    assert meter.sample()["redis_stall_ms"] == 0.0  # each minute's own
+
+
+# What a broker's JVM writes with -Xlog:gc:file=...:uptime (scripts/services), as JDK 17 words it.
+GC_LOG = """[0.033s] Using G1
+[0.868s] GC(0) Pause Young (Normal) (G1 Evacuation Pause) 51M->8M(1024M) 12.395ms
+[1.233s] GC(1) Pause Young (Concurrent Start) (G1 Humongous Allocation) 60M->9M(1024M) 5.502ms
+[1.240s] GC(2) Concurrent Mark Cycle 80.113ms
+[1.300s] GC(2) Pause Remark 20M->20M(1024M) 2.100ms
+"""
+
+
+def test_the_brokers_gc_pauses_are_read_per_minute_from_their_logs(tmp_path: Path) -> None:
+    one, two, absent = tmp_path / "1.log", tmp_path / "2.log", tmp_path / "3.log"
+    one.write_text(
+        "[0.010s] GC(0) Pause Young (Normal) (G1 Evacuation Pause) 5M->1M(1024M) 99.0ms\n"
+    )
+    two.write_text("")
+    gc = BrokerGC([one, two, absent])  # what was logged before it started is not the soak's
+    with two.open("a") as f:
+        f.write(GC_LOG + "[1.400s] GC(3) Pause Young (Normal) (G1 Evac")  # a line half written
+    sample = gc.sample()
+    assert sample["broker_gc_max_ms"] == pytest.approx(12.395)
+    assert sample["broker_gc_ms"] == pytest.approx(12.395 + 5.502 + 2.1)  # not the marking
+    with two.open("a") as f:
+        f.write("uation Pause) 60M->9M(1024M) 7.000ms\n")
+    assert gc.sample() == {"broker_gc_max_ms": 7.0, "broker_gc_ms": 7.0}
+    assert gc.sample() == {"broker_gc_max_ms": 0.0, "broker_gc_ms": 0.0}
+    two.write_text(
+        "[0.500s] GC(0) Pause Young (Normal) (G1 Evacuation Pause) 5M->1M(1024M) 3.0ms\n"
+    )
+    assert gc.sample()["broker_gc_ms"] == 3.0  # a broker started again: its new log from the top
 
 
 class _Answers:

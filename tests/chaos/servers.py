@@ -145,6 +145,11 @@ class Servers:
         self._run("down", "kafka-cluster")
         self.cluster_bootstrap = None
 
+    def broker_gc_logs(self) -> list[Path]:
+        """The GC logs the cluster's brokers write (their JVMs' pauses, ``scripts/services``)."""
+        cluster = self.state_dir / "kafka-cluster"
+        return [cluster / f"node-{b}" / "logs" / "gc.log" for b in sorted(self.brokers())]
+
     def brokers(self) -> dict[int, Broker]:
         """The cluster's brokers as ``scripts/services info kafka-cluster`` lists them."""
         out = self._run("info", "kafka-cluster")

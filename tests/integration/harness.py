@@ -292,6 +292,16 @@ class Setup:
     def collector(self) -> Collector:
         return Collector(self.services.bootstrap, [*self.targets, self.dlq], f"check-{self.unique}")
 
+    def await_value(self, value: bytes, timeout: float, what: str) -> list[Received]:
+        """Every record the targets and the dead-letter topic hold once one with ``value`` is
+        among them (a collector of their own, from the beginning)."""
+        collector = self.collector()
+        try:
+            collector.until(lambda rs: any(r.value == value for r in rs), timeout, what)
+        finally:
+            collector.close()
+        return collector.records
+
 
 def schedule(setup: Setup, count: int, seed: int, max_delay_ms: int = 3000) -> dict[str, int]:
     """Produce ``count`` valid records with mixed delays and header formats.

@@ -142,12 +142,8 @@ def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
     bridge = fast_takeover(setup, "bridge-2")
     bridges.append(bridge)
     produce_all(setup.services.bootstrap, setup.delay, marker)  # after the cancel, same partition
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: any(r.value == b"marker" for r in rs), 60, "the marker")
-    finally:
-        collector.close()
-    assert [r.value for r in collector.records] == [b"marker"]
+    records = setup.await_value(b"marker", 60, "the marker")
+    assert [r.value for r in records] == [b"marker"]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
 
 
@@ -352,12 +348,8 @@ def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
     assert all("Traceback" not in p.stderr for p in (gone, blind, forced))
     after = cli("produce", "--target", target, "--after", "4s", "--key", "u9", "after")
     assert after.returncode == 0, after.stderr
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: any(r.value == b"after" for r in rs), 60, "the later record")
-    finally:
-        collector.close()
-    assert [r.value for r in collector.records] == [b"after"]
+    records = setup.await_value(b"after", 60, "the later record")
+    assert [r.value for r in records] == [b"after"]
     wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1, 10,
              "the forced cancel counted")  # fmt: skip
     partition, offset = forced.stdout.split()[-1].split(":")[1:]
@@ -446,13 +438,8 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
         (key, b"", cancel_headers("expire-1")),
         (key, b"marker", delay_headers(target, after="0ms")),
     ])  # fmt: skip
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: any(r.value == b"marker" for r in rs), 60, "the marker")
-    finally:
-        collector.close()
-    [marker] = [r for r in collector.records if r.value == b"marker"]
+    [marker] = setup.await_value(b"marker", 60, "the marker")
+    assert marker.value == b"marker"
     # The marker, produced after the record and due at once, was read after the cancel.
     assert marker.timestamp_ms > marker.due_ms + 1000, "the cancel was read in time: test void"
-    assert [r.value for r in collector.records] == [b"marker"]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -176,3 +179,52 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
         collector.close()
     by_offset = [r.value for r in sorted(collector.records, key=lambda r: r.offset)]
     assert by_offset == egress.produced
+
+
+class SlowRedis(Store):
+    """The store whose next claim, once ``slow`` is set, Redis answers half a second late."""
+
+    slow: threading.Event
+
+    def claim(self, *args: Any, **kwargs: Any) -> Claims:
+        if self.slow.is_set():
+            self.slow.clear()
+            time.sleep(0.5)  # the fault: a slow round trip, not a wait for something
+        return super().claim(*args, **kwargs)
+
+
+def test_a_claim_redis_answers_late_is_logged_with_where_the_mover_s_turn_went(
+    services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    target = topics("out", 1)
+    store = SlowRedis(redis_client, f"test-{unique}")
+    store.slow = threading.Event()
+    shard = Shard("delay", 0)
+    t0 = store.time_ms()
+    store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"v", [], origin("delay", 0, 0))])})
+    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
+    egress = Egress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
+                    batch_size=100, lease_ms=30_000, max_attempts=3, tick_ms=10,
+                    ahead_ms=100)  # fmt: skip
+    egress.add_shards({shard})
+    store.slow.set()
+    stop = threading.Event()
+    mover = threading.Thread(target=egress.run, args=(stop,), name="mover")
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "mover loop" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="bridge.turns"):
+        mover.start()
+        try:
+            wait_for(lambda: bool(logged()), 30, "the slow turn logged")
+        finally:
+            stop.set()
+            mover.join(30)
+    [line] = logged()
+    claiming = re.search(r"claiming from redis ([\d,]+) ms", line)
+    assert claiming is not None, line
+    assert int(claiming.group(1).replace(",", "")) >= 500, line
+    assert egress.turns.slowest_s >= 0.5
+    assert producer.flush(10) == 0

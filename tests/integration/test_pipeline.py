@@ -282,12 +282,7 @@ def test_records_due_later_wait_to_be_stored_together_but_one_due_now_does_not(
     now_headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0s")]
     produce(producer, setup.delay, key=b"k", value=b"now", headers=now_headers)
     assert producer.flush(10) == 0
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: any(r.value == b"now" for r in rs), 30, "the record due now")
-    finally:
-        collector.close()
-    [now] = [r for r in collector.records if r.value == b"now"]
+    [now] = [r for r in setup.await_value(b"now", 30, "the record due now") if r.value == b"now"]
     late_ms = now.timestamp_ms - now.due_ms
     assert late_ms < 500, f"held {late_ms} ms with a 1 s hold: a record due now must not wait"
 
