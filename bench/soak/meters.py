@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scenarios import redis_cpu_s
+from bridge.store.scripts import script_names
 from tests.integration.harness import Bridge
 
 REDIS_STALL_MS = 20  # Redis's latency monitor notes events at least this long
@@ -129,6 +130,8 @@ class RedisMeter:
         self.last = self._totals()
         self.client.config_set("latency-monitor-threshold", REDIS_STALL_MS)
         self.client.execute_command("LATENCY", "RESET")
+        self.client.slowlog_reset()
+        self.scripts = script_names()
 
     def _totals(self) -> dict[str, float]:
         totals = {"cpu_s": redis_cpu_s(self.client), "calls": 0.0, "usec": 0.0,
@@ -149,7 +152,11 @@ class RedisMeter:
         latest = self.client.execute_command("LATENCY", "LATEST")
         events = [(float(e[3]), _text(e[0])) for e in latest]
         self.client.execute_command("LATENCY", "RESET")
+        slow = self.client.slowlog_get(128)
+        self.client.slowlog_reset()
         stall_ms, stall = max(events, default=(0.0, ""))
+        if stall.endswith("command") and slow:  # which: the slowest the slow log kept
+            stall += f": {self._named(max(slow, key=lambda e: e['duration'])['command'])}"
         return {
             "redis_stall_ms": stall_ms,
             "redis_stall": stall,
@@ -160,9 +167,17 @@ class RedisMeter:
             "redis_usec_per_script": _per(delta["script_usec"], delta["script_calls"]),
         }
 
+    def _named(self, command: bytes | str) -> str:
+        """A slow-log entry's command, a script call by the bridge script's name."""
+        words = _text(command).split()
+        if len(words) > 1 and words[0].upper() == "EVALSHA":
+            name = self.scripts.get(words[1])
+            return f"{name}.lua" if name else f"script {words[1][:8]}"
+        return words[0].upper() if words else "?"
+
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 # A GC pause as the brokers' JVMs log it (-Xlog:gc): "... Pause Young (Normal) ... 4.321ms".

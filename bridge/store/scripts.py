@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from importlib import resources
 from typing import Any, cast
@@ -23,14 +24,22 @@ def _lua(name: str) -> str:
     return resources.files("bridge.store").joinpath("lua", f"{name}.lua").read_text()
 
 
+def _source(name: str) -> str:
+    """A script as Redis runs it: Redis scripts cannot import, so the shared helpers come first."""
+    return _lua("_lib") + "\n" + _lua(name)
+
+
+def script_names() -> dict[str, str]:
+    """Each script's name by the SHA1 Redis knows it by (what EVALSHA in SLOWLOG shows)."""
+    return {hashlib.sha1(_source(n).encode()).hexdigest(): n for n in NAMES}
+
+
 class Scripts:
     """The store's scripts on one Redis (or Redis Cluster), each registered once."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        # Redis scripts cannot import; the shared helpers are prepended instead.
-        lib = _lua("_lib")
-        self._scripts = {n: client.register_script(lib + "\n" + _lua(n)) for n in NAMES}
+        self._scripts = {n: client.register_script(_source(n)) for n in NAMES}
 
     def run(self, calls: Iterable[Call]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of

@@ -18,6 +18,7 @@ from bench.soak.meters import BridgeMeter, BrokerGC, Machine, RedisMeter
 from bench.soak.report import report
 from bench.soak.tally import quantile
 from bridge.metrics import Metrics
+from bridge.store.scripts import Scripts, script_names
 from tests.integration.harness import Bridge
 
 MIB = 1 << 20
@@ -164,9 +165,19 @@ def test_redis_is_metered_per_command_and_per_script(
     )
     assert busy() == 1
     stalled = meter.sample()
-    assert stalled["redis_stall"] == "command"
+    assert stalled["redis_stall"] == f"command: script {busy.sha[:8]}"  # not one of the bridge's
     assert isinstance(stalled["redis_stall_ms"], float) and stalled["redis_stall_ms"] >= 60
+    assert busy(args=[b"\xec\xff"]) == 1  # a call whose arguments are not text
+    assert meter.sample()["redis_stall"] == f"command: script {busy.sha[:8]}"
     assert meter.sample()["redis_stall_ms"] == 0.0  # each minute's own
+
+
+def test_the_bridge_s_scripts_are_named_by_the_sha1_redis_runs_them_by(
+    redis_client: redis.Redis,
+) -> None:
+    names = script_names()
+    for name, script in Scripts(redis_client)._scripts.items():
+        assert names[script.sha] == name
 
 
 # What a broker's JVM writes with -Xlog:gc:file=...:uptime (scripts/services), as JDK 17 words it.
