@@ -292,7 +292,7 @@ class Service:
         probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
-        sender_thread = self._thread("sender", self.egress.send_when_due)
+        sender_thread = self._thread("sender", self.egress.sender.run)
         read_back_thread = self._thread("read-back", self.read_back.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
         sampler_thread = self._thread("sampler", self.sampler.run)

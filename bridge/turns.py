@@ -1,6 +1,8 @@
-"""A loop's slow turns, logged with where the time went: how an operator sees the bridge itself
-hold records up (a Redis call that took a second, a thread that woke a second late because the
-process got no core or no GIL), apart from Redis or Kafka being slow to answer."""
+"""A loop's slow turns, logged with where the time went.
+
+How an operator sees the bridge itself hold records up (a Redis call that took a second, a thread
+that woke a second late because the process got no core or no GIL), apart from Redis or Kafka
+being slow to answer."""
 
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ class Turns:
         self._parts[part] = self._parts.get(part, 0.0) + now - self._marked
         self._marked = now
 
-    def waits(self, seconds: float) -> None:
+    def waits(self, seconds: float) -> float:
+        """The turn now sleeps ``seconds`` (returned, to pass on to the wait)."""
         self._wait_s = max(0.0, seconds)
+        return seconds
 
     def _judge(self, over_s: float) -> None:
         self.slowest_s = max(self.slowest_s, over_s)

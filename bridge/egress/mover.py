@@ -238,10 +238,6 @@ class Egress:
             self.plan.hold_back({s for s, _ in back}, claims.now_ms + HOLD_WAIT_S * 1000)
         return set(back)
 
-    def send_when_due(self, stop: threading.Event) -> None:
-        """The sender thread (see :class:`Sender`)."""
-        self.sender.run(stop)
-
     def _claim_again(self, members: Mapping[Shard, Sequence[bytes]], wait_ms: int) -> None:
         """Released records are claimable after ``wait_ms``: plan their shards' next claim then,
         not when their leases would have run out."""
@@ -285,8 +281,7 @@ class Egress:
                     logger.info("mover reaches redis again")
                 if self.inflight >= self.max_inflight:
                     # At capacity: poll returns as soon as the first delivery report is in.
-                    self.turns.waits(INFLIGHT_POLL_S)
-                    self.producer.poll(INFLIGHT_POLL_S)
+                    self.producer.poll(self.turns.waits(INFLIGHT_POLL_S))
                     continue
                 self._wait(self._seconds_to_next())
             except StoreError as exc:
@@ -296,8 +291,7 @@ class Egress:
                 self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}",
                                     write_refused=isinstance(exc, WriteRefused))  # fmt: skip
                 logger.error("mover backing off %.1fs: %s", wait, exc)
-                self.turns.waits(wait)
-                stop.wait(wait)
+                stop.wait(self.turns.waits(wait))
 
     def _seconds_to_next(self) -> float:
         """Until the first owned shard is to be claimed from or the delivery reports applied
@@ -321,8 +315,7 @@ class Egress:
         if self._pending and not self.tick_ms:
             # Delivery reports arrive through poll, which returns at the first; keep the slice
             # short so an earlier record stored meanwhile by ingress is not held up long.
-            self.turns.waits(min(seconds, INFLIGHT_POLL_S))
-            self.producer.poll(min(seconds, INFLIGHT_POLL_S))
+            self.producer.poll(self.turns.waits(min(seconds, INFLIGHT_POLL_S)))
             return
         if self._pending:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
