@@ -122,9 +122,7 @@ class Sender:
             turns.mark("producing due records")
             self.producer.poll(0)
             turns.mark("serving delivery reports")
-            wait = self._seconds_to_next()
-            turns.waits(wait)
-            self.wake.wait(wait)
+            self.wake.wait(turns.waits(self._seconds_to_next()))
 
     def send_due(self, now_ms: float, claimed: Sequence[Ident] = ()) -> None:
         """Produce the records held whose due time has come (by Redis's clock), then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 from importlib import resources
@@ -20,6 +21,7 @@ NAMES = ("add", "claim", "ack", "release", "take_over", "stats", "low", "upgrade
 Call = tuple[str, list[str], list[Any]]
 
 
+@functools.cache
 def _lua(name: str) -> str:
     return resources.files("bridge.store").joinpath("lua", f"{name}.lua").read_text()
 
