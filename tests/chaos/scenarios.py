@@ -862,38 +862,40 @@ def _slot_served(nodes: list[str], key: bytes) -> bool:
 
 # name → (scenario, quick size for `make test` (None: only in `make chaos`), full size)
 SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
-    "bridge-sigkill": (bridge_sigkill, Size(4000, 12, 3), Size(100_000, 60, 20)),
-    "read-back-sigkill": (read_back_sigkill, Size(3000, 10, 3), Size(50_000, 60, 12)),
-    "redis-restart-always": (redis_restart("always"), Size(3000, 10, 1), Size(50_000, 30, 3)),
-    "redis-restart-everysec": (redis_restart("everysec"), Size(3000, 10, 1), Size(50_000, 30, 3)),
-    "kafka-restart": (kafka_restart, Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "bridge-sigkill": (bridge_sigkill, Size(3000, 8, 3), Size(100_000, 60, 20)),
+    "read-back-sigkill": (read_back_sigkill, Size(2000, 6, 3), Size(50_000, 60, 12)),
+    # Short only with everysec, the fsync that can lose the last second (the one to rebuild).
+    "redis-restart-always": (redis_restart("always"), None, Size(50_000, 30, 3)),
+    "redis-restart-everysec": (redis_restart("everysec"), Size(2000, 7, 1), Size(50_000, 30, 3)),
+    "kafka-restart": (kafka_restart, Size(2000, 7, 1), Size(50_000, 30, 2)),
     "kafka-outage": (
         kafka_outage,
-        Size(2000, 20, 1, outage_s=16),
+        Size(2000, 12, 1, outage_s=12),
         Size(30_000, 60, 1, outage_s=40),
     ),
     "redis-unreachable": (
         redis_unreachable,
-        Size(3000, 20, 1, outage_s=10),
+        Size(2000, 12, 1, outage_s=10),
         Size(30_000, 60, 1, outage_s=30),
     ),
-    "rebalance-storm": (rebalance_storm, Size(4000, 12, 4), Size(100_000, 60, 20)),
+    "rebalance-storm": (rebalance_storm, Size(3000, 8, 4), Size(100_000, 60, 20)),
     # Its short version's contract is the bench harness's priority test and test_priority.py's.
     "priority-drain-sigkill": (priority_drain_sigkill, None, Size(100_000, 50, 10)),
-    "rollout": (rollout("statefulset"), Size(3000, 20, 1), Size(30_000, 120, 3)),
+    "rollout": (rollout("statefulset"), Size(3000, 16, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
-    "redis-lost": (redis_lost(False), Size(3000, 10, 1), Size(50_000, 30, 2)),
-    "topic-recreated": (topic_recreated(False), Size(3000, 10, 1), Size(50_000, 30, 2)),
+    "redis-lost": (redis_lost(False), Size(2000, 7, 1), Size(50_000, 30, 2)),
+    "topic-recreated": (topic_recreated(False), Size(2000, 7, 1), Size(50_000, 30, 2)),
     # Their short versions are integration tests (tests/integration/test_read_back.py).
     "redis-lost-references": (redis_lost(True), None, Size(50_000, 30, 2)),
     "topic-recreated-references": (topic_recreated(True), None, Size(30_000, 30, 2)),
-    "dlq-missing": (dlq_missing, Size(2000, 10, 1, outage_s=8), Size(30_000, 40, 1, outage_s=20)),
-    "sentinel-failover": (sentinel_failover, Size(3000, 15, 2), Size(50_000, 60, 3)),
-    "cluster-failover": (cluster_failover, Size(3000, 15, 1), Size(50_000, 60, 1)),
+    # Its short version: test_faults.py's test_a_missing_dlq_turns_readyz_red_until_it_is_created.
+    "dlq-missing": (dlq_missing, None, Size(30_000, 40, 1, outage_s=20)),
+    "sentinel-failover": (sentinel_failover, Size(2000, 10, 2), Size(50_000, 60, 3)),
+    "cluster-failover": (cluster_failover, Size(2000, 10, 1), Size(50_000, 60, 1)),
     "redis-readonly": (
         redis_readonly,
-        Size(3000, 15, 1, outage_s=6),
+        Size(2000, 10, 1, outage_s=6),
         Size(30_000, 60, 1, outage_s=20),
     ),
     # On the three-broker cluster (tests/chaos/brokers.py), 600 records/s. The short versions
@@ -901,12 +903,12 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     # test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_why there.
     "leader-kill": (
         broker_fault("kill"),
-        Size(3000, 24, 1, outage_s=10),
+        Size(2000, 16, 1, outage_s=10),
         Size(60_000, 100, 1, outage_s=30),
     ),
     "broker-freeze": (
         broker_fault("freeze"),
-        Size(3000, 24, 1, outage_s=10),
+        Size(2000, 16, 1, outage_s=10),
         Size(60_000, 100, 1, outage_s=30),
     ),
     "isr-shrink": (isr_shrink, None, Size(60_000, 100, 1, outage_s=30)),
