@@ -884,8 +884,10 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "rollout": (rollout("statefulset"), Size(3000, 16, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
-    "redis-lost": (redis_lost(False), Size(2000, 7, 1), Size(50_000, 30, 2)),
-    "topic-recreated": (topic_recreated(False), Size(2000, 7, 1), Size(50_000, 30, 2)),
+    # Their short versions: test_recovery.py's test_redis_wiped_while_running_is_rebuilt_from_the_
+    # delay_topic and test_incarnation.py's test_a_recreated_delay_topic_is_read_from_its_beginning.
+    "redis-lost": (redis_lost(False), None, Size(50_000, 30, 2)),
+    "topic-recreated": (topic_recreated(False), None, Size(50_000, 30, 2)),
     # Their short versions are integration tests (tests/integration/test_read_back.py).
     "redis-lost-references": (redis_lost(True), None, Size(50_000, 30, 2)),
     "topic-recreated-references": (topic_recreated(True), None, Size(30_000, 30, 2)),
@@ -893,9 +895,10 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "dlq-missing": (dlq_missing, None, Size(30_000, 40, 1, outage_s=20)),
     "sentinel-failover": (sentinel_failover, Size(2000, 10, 2), Size(50_000, 60, 3)),
     "cluster-failover": (cluster_failover, Size(2000, 10, 1), Size(50_000, 60, 1)),
+    # Its short version: test_faults.py's test_a_read_only_redis_turns_readyz_red_and_names_it.
     "redis-readonly": (
         redis_readonly,
-        Size(2000, 10, 1, outage_s=6),
+        None,
         Size(30_000, 60, 1, outage_s=20),
     ),
     # On the three-broker cluster (tests/chaos/brokers.py), 600 records/s. The short versions

@@ -117,7 +117,7 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 90, "/readyz 200")
         # Stored before the fault (its producer could not write either), due during it.
         produce_all(bootstrap, delay, [(None, b"v", [(H_TARGET_TOPIC, target.encode()),
-                                                     (H_AFTER, b"6s")])] * 5)  # fmt: skip
+                                                     (H_AFTER, b"4s")])] * 5)  # fmt: skip
         wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5, 30, "5 stored")
         pids = broker_pids()
         leader = leader_of_most(admin, target)
@@ -129,7 +129,7 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
             status, body = bridge.get("/readyz")
             return status == 503 and "deliveries not acknowledged by Kafka" in body
 
-        wait_for(refused, 6 + STALL_S + 15, "/readyz to name the deliveries Kafka does not take")
+        wait_for(refused, 4 + STALL_S + 15, "/readyz to name the deliveries Kafka does not take")
         assert metric(bridge, "delay_bridge_oldest_inflight_seconds") > STALL_S
         assert metric(bridge, delivered) == 0  # nothing acknowledged that Kafka did not take
         run_services("up", "kafka-cluster")  # starts the two again
