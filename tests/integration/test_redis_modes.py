@@ -121,7 +121,10 @@ def redis_cluster() -> Iterator[dict[str, str]]:
 def test_on_a_redis_cluster_with_a_master_failing_over(
     setup: Setup, redis_cluster: dict[str, str], bridges: list[Bridge]
 ) -> None:
-    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true")
+    # A record whose release Redis refused while the cluster was down waits for its lease: a short
+    # one, so the test waits for the records, not for the 30 s default.
+    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true",
+                          egress__lease="10s")  # fmt: skip
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the cluster")
     client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
@@ -160,7 +163,10 @@ def test_on_a_redis_cluster_with_a_slot_nobody_serves(
     command (cluster-require-full-coverage) and redis-py's cluster client raises exceptions of
     its own, outside RedisError. Here the slot of a shard is taken from every node. The bridge
     stays up, /readyz names the fault, and once the slot is served again every record arrives."""
-    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true")
+    # A record whose release Redis refused while the cluster was down waits for its lease: a short
+    # one, so the test waits for the records, not for the 30 s default.
+    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true",
+                          egress__lease="10s")  # fmt: skip
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the cluster")
     client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
