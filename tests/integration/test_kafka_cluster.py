@@ -3,6 +3,7 @@ min.insync.replicas 2 (``scripts/services up kafka-cluster``), with its brokers 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -39,6 +40,15 @@ def broker_pids() -> dict[int, int]:
     """broker id → pid, as ``scripts/services info kafka-cluster`` tells them now."""
     brokers = cluster_brokers(run_services("info", "kafka-cluster"))
     return {broker.id: broker.pid for broker in brokers.values()}
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state T in /proc)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just exited
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return all(state in "Tt" for state in states)
 
 
 def new_topic(admin: AdminClient, partitions: int = 3) -> str:
@@ -87,6 +97,8 @@ def test_brokers_that_stop_answering_hold_a_topic_id_question_no_longer_than_its
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
+        # SIGSTOP lands asynchronously: ask only once every broker is stopped.
+        wait_for(lambda: all(_stopped(pid) for pid in pids), 10, "the brokers stopped")
         started_at = time.monotonic()
         answered = topics.ids([topic])
         waited = time.monotonic() - started_at
