@@ -228,13 +228,17 @@ def broker_roll(run: Run, size: Size, rng: random.Random) -> Result:
     return f.finish("brokers rolled", f"{size.faults} x a rolling restart of the three brokers")
 
 
+def proc_state(stat: Path) -> str | None:
+    """The state letter of a /proc/PID/stat or /proc/PID/task/TID/stat (None: gone)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def _wait_gone(pid: int, what: str) -> None:
     def gone() -> bool:  # exited (a zombie not reaped yet counts)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return True
-        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+        return proc_state(Path(f"/proc/{pid}/stat")) in (None, "Z")
 
     wait_for(gone, BROKER_STOP_S, f"{what} to stop")
 

@@ -3,7 +3,6 @@ min.insync.replicas 2 (``scripts/services up kafka-cluster``), with its brokers 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -20,7 +19,7 @@ from confluent_kafka.cimpl import NewTopic
 from bridge.egress.settle import STALL_S
 from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.topics import ID_TIMEOUT_S, Topics
-from tests.chaos.brokers import leader_of_most
+from tests.chaos.brokers import leader_of_most, proc_state
 from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
 from tests.chaos.servers import STATE_DIR, Servers, cluster_brokers
 from tests.conftest import Services, run_services, started, wait_for
@@ -44,11 +43,8 @@ def broker_pids() -> dict[int, int]:
 
 def _stopped(pid: int) -> bool:
     """Whether every thread of process ``pid`` is stopped (state T in /proc)."""
-    states = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):  # a thread that just exited
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-    return all(state in "Tt" for state in states)
+    states = (proc_state(task / "stat") for task in Path(f"/proc/{pid}/task").iterdir())
+    return all(state in (None, "T", "t") for state in states)  # None: a thread that just exited
 
 
 def new_topic(admin: AdminClient, partitions: int = 3) -> str:
