@@ -63,10 +63,14 @@ test: lint typecheck tools services
 # The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479; the broker
 # scenarios on a three-broker cluster, 19292-19294); prints
 # the README's Reliability table and writes build/chaos/results.json. CHAOS_ARGS: e.g. --quick,
-# or scenario names.
+# or scenario names. Then the model of the store (tests/integration/test_store_model.py) over
+# STORE_MODEL_EXAMPLES random sequences instead of make test's 60.
 CHAOS_ARGS ?=
+STORE_MODEL_EXAMPLES ?= 3000
 chaos: $(STAMP)
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+	STORE_MODEL_EXAMPLES=$(STORE_MODEL_EXAMPLES) $(PY) -m pytest -q --timeout 3600 \
+	  tests/integration/test_store_model.py
 
 # Benchmarks on the local services (BENCHMARKS.md): `make bench` is the quick run (a few
 # minutes), `make bench-full` the full sizes. Tables on stdout; build/bench/results.json and PNG

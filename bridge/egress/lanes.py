@@ -135,7 +135,10 @@ class Lanes:
         for shard, lanes in earliest.items():
             known = self._earliest.get(shard)
             self._earliest[shard] = lanes if known is None else lanes_min(known, lanes)
-        return {s: min(d for d in lanes if d >= 0) for s, lanes in earliest.items()}
+        firsts = {
+            s: min((d for d in lanes if d >= 0), default=None) for s, lanes in earliest.items()
+        }
+        return {s: first for s, first in firsts.items() if first is not None}
 
     def too_low(
         self, claims: Claims, in_flight: Container[Ident], backlog: Backlog

@@ -31,6 +31,7 @@ from bridge.message.headers import (
 )
 from bridge.message.rules import Rules, parse
 from bridge.message.values import (
+    MAX_EPOCH_MS,
     MIN_EPOCH_MS,
     format_duration_ms,
     format_time_ms,
@@ -54,6 +55,7 @@ __all__ = [
     "H_PRIORITY",
     "H_TARGET_KEY",
     "H_TARGET_TOPIC",
+    "MAX_EPOCH_MS",
     "MAX_ID_BYTES",
     "MIN_EPOCH_MS",
     "Cancel",

@@ -27,6 +27,8 @@ from bridge.message.headers import (
     record_size,
 )
 from bridge.message.values import (
+    MAX_EPOCH_MS,
+    MIN_EPOCH_MS,
     format_duration_ms,
     format_time_ms,
     parse_duration_ms,
@@ -153,6 +155,12 @@ def parse(
             Reason.DELAY_TOO_LONG,
             f"due {format_time_ms(due_ms)} is further out than limits.max_delay "
             f"({format_duration_ms(rules.max_delay_ms)})",
+        )
+    if not MIN_EPOCH_MS <= due_ms <= MAX_EPOCH_MS:  # delay-after from a record's own timestamp
+        raise Rejected(
+            Reason.BAD_DUE_TIME,
+            f"due {format_time_ms(due_ms)} ({H_AFTER} from the record's timestamp {base_ms}) "
+            "is outside 2000-01-01 to 9999-12-31",
         )
 
     priority = Priority.NORMAL

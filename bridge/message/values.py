@@ -12,10 +12,11 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
 )
-# Epoch milliseconds past this (year 10000) are certainly a unit mistake (µs or ns); before
-# 2000-01-01 almost always epoch seconds taken for milliseconds (1.7e9 s is 1970 in ms).
-_MAX_EPOCH_MS = 253_402_300_800_000
+# The due times the contract accepts: from 2000-01-01 (before it, epoch seconds taken for
+# milliseconds, 1.7e9 s being 1970 in ms, or a zero time) up to the end of the year 9999 (past it,
+# a unit mistake: µs or ns). The store's lanes are proven for this range (bridge.store.keys).
 MIN_EPOCH_MS = 946_684_800_000
+MAX_EPOCH_MS = 253_402_300_799_999
 
 
 @functools.lru_cache(maxsize=1024)
@@ -63,12 +64,14 @@ def parse_time_ms(text: str) -> int:
     """Epoch milliseconds (digits) or RFC 3339 with an offset → epoch ms.
 
     Fractions below a millisecond round up, so a record is never due before the time it names.
-    Epoch milliseconds before 2000-01-01 are refused: they are almost always epoch seconds.
+    A time before 2000-01-01 is refused however it is written: as epoch milliseconds it is almost
+    always epoch seconds, as RFC 3339 a zero value (Go's ``time.Time{}`` is year 1); and no due
+    time outside 2000-9999 reaches the store, whose arithmetic is proven for that range only.
     """
     text = text.strip()
     if text.isdigit():
         value = int(text)
-        if value >= _MAX_EPOCH_MS:
+        if value > MAX_EPOCH_MS:
             raise ValueError(f"epoch milliseconds out of range: {text}")
         if value < MIN_EPOCH_MS:
             raise ValueError(
@@ -99,7 +102,12 @@ def parse_time_ms(text: str) -> int:
         raise ValueError(f"not a time: {text!r} ({exc})") from None
     whole_ms = int(moment.timestamp()) * 1000 + (1000 if leap else 0)
     frac_ms = math.ceil(int(fraction) * 1000 / 10 ** len(fraction)) if fraction else 0
-    return whole_ms + frac_ms
+    value = whole_ms + frac_ms
+    if value < MIN_EPOCH_MS:
+        raise ValueError(f"{text} is before 2000-01-01: a zero or default time, not a due time")
+    if value > MAX_EPOCH_MS:
+        raise ValueError(f"{text} is after the year 9999")
+    return value
 
 
 def format_time_ms(ms: int) -> str:

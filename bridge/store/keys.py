@@ -8,9 +8,9 @@ pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
 * ``…:schedule``  ZSET member → score: the records waiting. A member *is* the record: its
   offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). The score
   is the due ms plus the base of the record's priority lane (:func:`score`): each lane is a run of
-  scores of its own, high before normal before low, so a claim takes a lane's due records by rank
-  and records with the same due time and priority sort in offset order. A normal record's score
-  is its due ms, as before lanes existed. Each record costs Redis one entry (an index beside a
+  scores of its own, high before normal before low, so a claim reads a lane's due records by
+  score and records with the same due time and priority sort in offset order. A normal record's
+  score is its due ms, as before lanes existed. Each record costs Redis one entry (an index beside a
   HASH of records cost about 70 bytes more per record);
 * ``…:leases``    ZSET offset (8 bytes) → lease deadline ms, and ``…:claimed`` HASH offset →
   member: the records in flight (a few batches per bridge), addressed by offset so that

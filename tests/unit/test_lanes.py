@@ -76,3 +76,10 @@ def test_a_lane_is_claimed_ahead_only_while_no_higher_one_falls_due_within_the_w
     assert lanes.ahead([A, B], NOW + 40) is None  # not yet
     lanes.claimed(Claims([], NOW, {B: None}, 0.0, NOW, earliest={B: (NOW + 90, -1, -1)}), plan)
     assert lanes.ahead([A, B], NOW + 100) is HIGH
+
+
+def test_stored_lanes_with_no_time_in_any_lane_plan_nothing() -> None:
+    """A batch whose lanes hold no due time (-1 each, or a value below zero from a store that took
+    a pre-1970 due time) crashed the egress loop with ``min() arg is an empty sequence``."""
+    lanes = Lanes(Counter())
+    assert lanes.stored({A: (-1, -1, -1), B: (-1, NOW, -5)}) == {B: NOW}

@@ -12,8 +12,8 @@ outage) cannot hold up records falling due now:
 * on time again, if the overdue records left room.
 
 With no backlog every record is on time and the order is (priority, due, offset), as it is within
-each part. Each part is a run of ranks in the due index, so it leaves by rank (no record is
-written out again to remove it). Each record handed out is kept under its offset in the claimed
+each part. Each part is read by score within its lane and removed by member, so exactly the
+records handed out leave the index. Each record handed out is kept under its offset in the claimed
 HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passes it.
 
 Ahead (ARGV[6] > 0, and no horizon): room left after the due records goes to records due within
@@ -107,34 +107,29 @@ for lane, base in ipairs(LANES) do
   local due = redis.call('ZCOUNT', KEYS[1], int(base), int(base + upto))
   if due > 0 and room > 0 and lane <= last_lane then
     local edge = int(base + upto - window)
-    local first = 0  -- the lane's first rank: the records of the lanes before it come first
-    if lane > 1 then
-      first = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. int(base))
-    end
     local overdue = redis.call('ZCOUNT', KEYS[1], int(base), edge)
     local on_time = due - overdue
     local take_on_time = math.min(math.floor(room / 2), on_time)
     local take_overdue = math.min(room - take_on_time, overdue)
     take_on_time = math.min(room - take_overdue, on_time)
-    -- Ranks: the lane's overdue records are first .. first + overdue - 1, its on-time ones follow.
-    -- The higher run leaves first, so the lower run's ranks still hold.
-    local on_time_run = {}
-    if take_on_time > 0 then
-      local from = first + overdue
-      on_time_run = redis.call('ZRANGE', KEYS[1], from, from + take_on_time - 1)
-      redis.call('ZREMRANGEBYRANK', KEYS[1], from, from + take_on_time - 1)
-    end
+    -- Each part is read by score within the lane and removed by member: what is removed is
+    -- exactly what is handed out, whatever else the index holds.
+    local taken = {}
     if take_overdue > 0 then
-      for _, member in ipairs(redis.call('ZRANGE', KEYS[1], first, first + take_overdue - 1)) do
-        claimed[#claimed + 1] = member
-      end
-      redis.call('ZREMRANGEBYRANK', KEYS[1], first, first + take_overdue - 1)
+      taken = redis.call('ZRANGEBYSCORE', KEYS[1], int(base), edge, 'LIMIT', 0, take_overdue)
     end
-    for _, member in ipairs(on_time_run) do
+    if take_on_time > 0 then
+      for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. edge, int(base + upto),
+          'LIMIT', 0, take_on_time)) do
+        taken[#taken + 1] = member
+      end
+    end
+    call_chunked('ZREM', KEYS[1], taken)
+    for _, member in ipairs(taken) do
       claimed[#claimed + 1] = member
     end
-    room = room - take_on_time - take_overdue
-    due = due - take_on_time - take_overdue
+    room = room - #taken
+    due = due - #taken
   end
   if due > 0 then
     out[7] = bit.bor(out[7], bit.lshift(1, lane - 1))
@@ -144,8 +139,7 @@ local ahead = tonumber(ARGV[6])
 if room > 0 and ahead > 0 and upto == now and out[7] == 0 then
   -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of which
   -- 2 is DEFAULT_ID (bridge.message.encode). Every record due by now has left (there was room
-  -- for all), so these are their lane's first ranks: the leading run of default-id records
-  -- leaves by rank, those after the first caller-given id in one ZREM.
+  -- for all); of those due next, the default-id ones leave, by member.
   local last_ahead = #LANES
   if ARGV[8] ~= '' then
     last_ahead = tonumber(ARGV[8])
@@ -156,28 +150,15 @@ if room > 0 and ahead > 0 and upto == now and out[7] == 0 then
     end
     local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(base + now),
       int(base + now + ahead), 'LIMIT', 0, room)
-    if #later > 0 then
-      local run, rest = 0, {}
-      for i, member in ipairs(later) do
-        if string.byte(member, 9) == 2 and bit.band(string.byte(member, 10), 2) ~= 0 then
-          claimed[#claimed + 1] = member
-          room = room - 1
-          if run == i - 1 then
-            run = i
-          else
-            rest[#rest + 1] = member
-          end
-        end
+    local taken = {}
+    for _, member in ipairs(later) do
+      if string.byte(member, 9) == 2 and bit.band(string.byte(member, 10), 2) ~= 0 then
+        taken[#taken + 1] = member
+        claimed[#claimed + 1] = member
       end
-      if run > 0 then
-        local first = 0
-        if lane > 1 then
-          first = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. int(base))
-        end
-        redis.call('ZREMRANGEBYRANK', KEYS[1], first, first + run - 1)
-      end
-      call_chunked('ZREM', KEYS[1], rest)
     end
+    room = room - #taken
+    call_chunked('ZREM', KEYS[1], taken)
   end
 end
 if #claimed > 0 then

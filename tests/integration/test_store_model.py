@@ -1,0 +1,464 @@
+"""A model of the store, checked against the real Lua scripts on the real Redis.
+
+Hypothesis drives :class:`~bridge.store.Store` through random sequences of what the ingress, the
+mover and the read-back do to it — adds (every priority, with and without ids, due times over the
+accepted range and the edges of the lanes), replacements, cancels, claims of due records and ahead,
+acknowledgements (of the current epoch and an old one), releases, leases running out and taken
+over, rate-limited records set aside and claimed from their wait index, references promoted, and
+Redis rolled back to an earlier snapshot then rebuilt from the delay topic — against a plain-Python
+model of what waits, what is leased and what is done. After every step:
+
+* nothing has left Redis that was not delivered (acknowledged), cancelled or replaced: the records
+  Redis holds (waiting, leased, referenced) are exactly the model's;
+* nothing was claimed before its due time by the claiming clock, nor leased twice at once;
+* the ingest watermark never goes back (but on a rollback, which the next add reports as lost);
+* the offset to commit is the model's lowest live offset (nothing live is committed past);
+* the gauges' counts (scheduled + overdue, in flight, references) are the model's.
+
+``make test`` runs a bounded number of sequences; ``make chaos`` (``STORE_MODEL_EXAMPLES``) many.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+import hypothesis.strategies as st
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from bridge.message import MAX_EPOCH_MS, MIN_EPOCH_MS, Cancel, Priority, Scheduled, origin
+from bridge.store import Claimed, Shard, Store, member, offset_bytes, score
+from bridge.store.keys import LANE_WIDTH, Keys, offset_of, references_in
+from tests.conftest import Services, delete_keys
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "delay"
+SHARDS = (Shard(TOPIC, 0), Shard(TOPIC, 1))
+TARGETS = ("out-a", "out-b")
+IDS = ("a", "b", "c")
+LEASE = 30_000
+BUCKET = 60_000
+HORIZON = 3_600_000  # records due further out than this are kept as references
+
+# Due times: relative to the model's clock (around the on-time window, the ahead window and the
+# reference horizon), and absolute ones at the edges of the accepted range.
+RELATIVE = st.sampled_from([-1_000_001, -1001, -1000, -999, -1, 0, 1, 50, 999, 1000, 5000,
+                            HORIZON, HORIZON + 1, HORIZON + BUCKET + 7])  # fmt: skip
+ABSOLUTE = st.sampled_from([MIN_EPOCH_MS, MIN_EPOCH_MS + 1, MAX_EPOCH_MS])
+
+
+@dataclass
+class Rec:
+    """What the model knows of one stored record."""
+
+    offset: int
+    due: int
+    priority: Priority
+    delay_id: str | None  # caller-given only
+    target: str
+    reference: bool = False  # kept as a reference, not yet promoted
+    waits_for: str = ""  # set aside in its target's wait index
+
+    def scheduled(self, shard: Shard) -> Scheduled:
+        return Scheduled(self.offset, self.due, self.target, b"k", f"v{self.offset}".encode(),
+                         [("h", b"1")], self.delay_id or origin(shard.topic, shard.partition,
+                         self.offset), priority=self.priority)  # fmt: skip
+
+
+@dataclass
+class ShardModel:
+    """One shard as the model sees it: the delay topic's log, and what Redis should hold."""
+
+    log: list[Scheduled | Cancel] = field(default_factory=list)  # every record ever produced
+    waiting: dict[int, Rec] = field(default_factory=dict)  # claimable, or a reference
+    leased: dict[int, tuple[Rec, int]] = field(default_factory=dict)  # offset -> (rec, deadline)
+    ids: dict[str, int] = field(default_factory=dict)  # delay-id -> offset of its latest record
+    watermark: int = -1  # as Redis holds it
+    seen: int | None = None  # the watermark the ingress last saw (None: none yet)
+
+    def copy(self) -> ShardModel:
+        return ShardModel(list(self.log), {o: replace(r) for o, r in self.waiting.items()},
+                          {o: (replace(r), d) for o, (r, d) in self.leased.items()},
+                          dict(self.ids), self.watermark, self.seen)  # fmt: skip
+
+    def live(self) -> set[int]:
+        return set(self.waiting) | set(self.leased)
+
+
+def apply(model: ShardModel, shard: Shard, records: list[Scheduled | Cancel], horizon: int) -> None:
+    """What add.lua should do with ``records`` (ascending offsets above the watermark)."""
+    for rec in records:
+        if rec.offset <= model.watermark:
+            continue
+        if isinstance(rec, Cancel):
+            withdraw(model, rec.delay_id)
+            continue
+        given = rec.given_id(shard.topic, shard.partition)
+        if given is not None:
+            withdraw(model, given)
+            model.ids[given] = rec.offset
+        model.waiting[rec.offset] = Rec(rec.offset, rec.due_ms, rec.priority, given, rec.target,
+                                        reference=rec.due_ms > horizon)  # fmt: skip
+    model.watermark = max(model.watermark, *(r.offset for r in records))
+
+
+def withdraw(model: ShardModel, delay_id: str) -> bool:
+    """A cancel or a replacement: the waiting record with this id leaves (a leased one stays)."""
+    offset = model.ids.get(delay_id)
+    if offset is None or offset in model.leased:
+        return False
+    del model.ids[delay_id]
+    return model.waiting.pop(offset, None) is not None
+
+
+class StoreModel(RuleBasedStateMachine):
+    """The store's scripts against the model (see the module's docstring)."""
+
+    def __init__(self, services: Services) -> None:
+        super().__init__()
+        self.client = redis.Redis.from_url(services.redis_url)
+        self.prefix = f"test-model-{uuid.uuid4().hex[:10]}"
+        self.store = Store(self.client, self.prefix)
+        self.now = self.store.time_ms() + 10_000  # ahead of Redis: leases outlive Redis's TIME
+        self.models = {s: ShardModel() for s in SHARDS}
+        self.epoch = ""
+        self.snapshot: tuple[dict[bytes, bytes], dict[Shard, ShardModel], int] | None = None
+
+    def teardown(self) -> None:
+        delete_keys(self.client, self.prefix)
+        self.client.close()
+
+    # -- the ingress ----------------------------------------------------------------------------
+
+    @initialize()
+    def bind(self) -> None:
+        self.store.bind({s: "topic-id-1" for s in SHARDS})
+
+    @rule(
+        shard=st.sampled_from(SHARDS),
+        batch=st.lists(
+            st.one_of(
+                st.tuples(
+                    st.just("schedule"),
+                    st.sampled_from(list(Priority)),
+                    st.one_of(RELATIVE, ABSOLUTE),
+                    st.sampled_from((None, *IDS)),
+                    st.sampled_from(TARGETS),
+                ),
+                st.tuples(st.just("cancel"), st.sampled_from(IDS)),
+            ),
+            min_size=1,
+            max_size=6,
+        ),
+    )
+    def add(self, shard: Shard, batch: list[tuple[Any, ...]]) -> None:
+        model = self.models[shard]
+        records: list[Scheduled | Cancel] = []
+        for op in batch:
+            offset = len(model.log)
+            if op[0] == "cancel":
+                rec: Scheduled | Cancel = Cancel(offset, op[1])
+            else:
+                _, priority, due, delay_id, target = op
+                due = due if due >= MIN_EPOCH_MS else self.now + due
+                due = min(max(due, MIN_EPOCH_MS), MAX_EPOCH_MS)
+                rec = Rec(offset, due, priority, delay_id, target).scheduled(shard)
+            model.log.append(rec)
+            records.append(rec)
+        self._ingest(shard, records)
+
+    def _ingest(self, shard: Shard, records: list[Scheduled | Cancel]) -> None:
+        model = self.models[shard]
+        expected = {shard: model.seen} if model.seen is not None else None
+        horizon = self.now + HORIZON
+        added = self.store.add({shard: (records[-1].offset, records)}, expected,
+                               refer_after_ms=horizon, bucket_ms=BUCKET)  # fmt: skip
+        if shard in added.lost:
+            # Redis lost writes (a rollback): the ingress re-reads the delay topic from the
+            # offset it committed, which nothing live is below, with no expectation.
+            committed = self._committed(shard)
+            again = [r for r in model.log if r.offset >= committed]
+            self.store.add({shard: (again[-1].offset, again)}, None, refer_after_ms=horizon,
+                           bucket_ms=BUCKET)  # fmt: skip
+            apply(model, shard, again, horizon)
+        else:
+            apply(model, shard, records, horizon)
+        model.seen = model.watermark
+
+    def _committed(self, shard: Shard) -> int:
+        lows = self.store.lows({shard: None})
+        return lows.offsets.get(shard, 0)
+
+    # -- the mover ------------------------------------------------------------------------------
+
+    @rule(
+        limit=st.integers(1, 8),
+        ahead=st.sampled_from([0, 0, 2000]),
+        cut=st.sampled_from([None, None, Priority.HIGH, Priority.NORMAL]),
+    )
+    def claim(self, limit: int, ahead: int, cut: Priority | None) -> None:
+        lanes = dict.fromkeys(SHARDS, cut) if cut is not None else None
+        claims = self.store.claim(SHARDS, limit, LEASE, now_ms=self.now, ahead_ms=ahead,
+                                  lanes=lanes)  # fmt: skip
+        assert claims.now_ms == self.now
+        by_shard: dict[Shard, list[Claimed]] = {}
+        for c in claims:
+            by_shard.setdefault(c.shard, []).append(c)
+        for shard in SHARDS:
+            self._claimed(shard, by_shard.get(shard, []), limit, ahead, cut)
+
+    def _claimed(
+        self, shard: Shard, got: list[Claimed], limit: int, ahead: int, cut: Priority | None
+    ) -> None:
+        model = self.models[shard]
+        assert len(got) <= limit
+        offsets = [c.record.offset for c in got]
+        assert len(set(offsets)) == len(offsets), f"claimed twice in one claim: {offsets}"
+        expired = {o for o, (_, deadline) in model.leased.items() if deadline <= self.now}
+        lanes_taken: set[Priority] = set()
+        for c in got:
+            o = c.record.offset
+            if c.redelivery:
+                assert o in expired, f"{shard} offset {o} handed out again under a live lease"
+                rec = model.leased[o][0]
+            else:
+                assert o not in model.leased, f"{shard} offset {o} leased twice"
+                assert o in model.waiting, f"{shard} offset {o} claimed but not waiting"
+                rec = model.waiting.pop(o)
+                assert not rec.reference and not rec.waits_for, (o, rec)
+                if rec.due > self.now:
+                    assert ahead and rec.delay_id is None and rec.due <= self.now + ahead, (
+                        f"{shard} offset {o} due {rec.due} claimed early at {self.now}"
+                    )
+                else:
+                    lanes_taken.add(rec.priority)
+                    assert cut is None or rec.priority <= cut, (rec, cut)
+            assert c.record.due_ms == rec.due and c.record.priority == rec.priority
+            model.leased[o] = (rec, self.now + LEASE)
+        # Every expired lease comes back first; then, room permitting, every due record.
+        back = [c for c in got if c.redelivery]
+        assert len(back) == min(len(expired), limit), (len(back), expired)
+        due = [r for r in model.waiting.values() if not r.reference and not r.waits_for
+               and r.due <= self.now and (cut is None or r.priority <= cut)]  # fmt: skip
+        if len(got) < limit:
+            assert not due, f"{shard}: room left in the claim, yet still due: {due}"
+        for rec in due:  # a lane's due records all leave before the next lane's first
+            assert all(rec.priority >= p for p in lanes_taken), (rec, lanes_taken)
+
+    @rule(data=st.data(), shard=st.sampled_from(SHARDS), old_epoch=st.booleans())
+    def ack(self, data: st.DataObject, shard: Shard, old_epoch: bool) -> None:
+        model = self.models[shard]
+        if not model.leased:
+            return
+        chosen = data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1,
+                                    unique=True))  # fmt: skip
+        ids = [(r.delay_id, offset_bytes(o)) for o in chosen
+               if (r := model.leased[o][0]).delay_id is not None]  # fmt: skip
+        epoch = "an-earlier-epoch" if old_epoch else self.epoch
+        removed = self.store.ack({shard: [offset_bytes(o) for o in chosen]}, {shard: ids},
+                                 {shard: epoch})  # fmt: skip
+        if old_epoch:
+            assert removed == 0
+            return
+        assert removed == len(chosen)
+        for o in chosen:
+            rec, _ = model.leased.pop(o)
+            if rec.delay_id is not None and model.ids.get(rec.delay_id) == o:
+                del model.ids[rec.delay_id]
+
+    @rule(data=st.data(), shard=st.sampled_from(SHARDS))
+    def release(self, data: st.DataObject, shard: Shard) -> None:
+        model = self.models[shard]
+        if not model.leased:
+            return
+        chosen = data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1,
+                                    unique=True))  # fmt: skip
+        changed = sum(1 for o in chosen if model.leased[o][1] != 0)
+        assert self.store.release({shard: [offset_bytes(o) for o in chosen]}) == changed
+        for o in chosen:
+            model.leased[o] = (model.leased[o][0], 0)
+
+    @rule(data=st.data(), shard=st.sampled_from(SHARDS), wait=st.booleans())
+    def unclaim(self, data: st.DataObject, shard: Shard, wait: bool) -> None:
+        model = self.models[shard]
+        if not model.leased:
+            return
+        chosen = data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1,
+                                    unique=True))  # fmt: skip
+        claimed = [Claimed(shard, offset_bytes(o), model.leased[o][0].scheduled(shard), False,
+                           self.epoch) for o in chosen]  # fmt: skip
+        assert self.store.unclaim(claimed, wait=wait) == len(chosen)
+        for o in chosen:
+            rec, _ = model.leased.pop(o)
+            rec.waits_for = rec.target if wait else ""
+            model.waiting[o] = rec
+
+    @rule(limit=st.integers(1, 4))
+    def claim_waiting(self, limit: int) -> None:
+        limits = {(s, t): limit for s in SHARDS for t in TARGETS}
+        got = self.store.claim_waiting(limits, LEASE, now_ms=self.now)
+        for target in TARGETS:
+            claims: list[Claimed] = got.get(target, [])
+            for shard in SHARDS:
+                model = self.models[shard]
+                mine = [c for c in claims if c.shard == shard]
+                assert len(mine) <= limit
+                for c in mine:
+                    o = c.record.offset
+                    rec = model.waiting.pop(o)
+                    assert rec.waits_for == target and rec.due <= self.now, (rec, self.now)
+                    rec.waits_for = ""
+                    model.leased[o] = (rec, self.now + LEASE)
+                left = [r for r in model.waiting.values() if r.waits_for == target
+                        and r.due <= self.now]  # fmt: skip
+                assert len(mine) == limit or not left, (target, left)
+
+    @rule(shard=st.sampled_from(SHARDS), keep=st.booleans())
+    def take_over(self, shard: Shard, keep: bool) -> None:
+        model = self.models[shard]
+        held = sorted(model.leased)[:1] if keep else []
+        self.store.take_over({shard: [offset_bytes(o) for o in held]})
+        for o, (rec, deadline) in list(model.leased.items()):
+            if o not in held and deadline > 0:
+                model.leased[o] = (rec, min(deadline, self.now))
+
+    @rule(ms=st.sampled_from([1, 999, 1000, 1001, LEASE, HORIZON // 2]))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+    # -- the read-back --------------------------------------------------------------------------
+
+    @rule(ahead=st.sampled_from([0, BUCKET, HORIZON + BUCKET]))
+    def promote(self, ahead: int) -> None:
+        for chunk in self.store.references.due(list(SHARDS), self.now + ahead):
+            model = self.models[chunk.shard]
+            members = []
+            for offset, due in chunk.references():
+                logged = model.log[offset]
+                assert isinstance(logged, Scheduled) and logged.due_ms == due
+                members.append((score(logged), member(logged, TOPIC, chunk.shard.partition)))
+            stored = self.store.references.promote(chunk, members)
+            assert stored is not None
+            promoted = [o for o, _ in chunk.references()
+                        if o in model.waiting and model.waiting[o].reference]  # fmt: skip
+            assert stored == len(promoted), (stored, promoted)
+            for o in promoted:
+                model.waiting[o].reference = False
+
+    # -- Redis rolled back ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.snapshot is None)
+    @rule()
+    def take_snapshot(self) -> None:
+        dumped = {}
+        for name in self.client.scan_iter(match=f"{self.prefix}:*", count=1000):
+            dumped[name] = cast(bytes, self.client.dump(name))
+        self.snapshot = (dumped, {s: m.copy() for s, m in self.models.items()}, self.now)
+
+    @precondition(lambda self: self.snapshot is not None)
+    @rule()
+    def roll_back(self) -> None:
+        """Redis restarts from an earlier snapshot: what was written since is gone. The model goes
+        back too, but for what the ingress saw (it notices on its next add) and the log (Kafka
+        keeps it); leases taken since are back as they were, so those records are delivered
+        again: at least once."""
+        assert self.snapshot is not None
+        dumped, models, _ = self.snapshot
+        delete_keys(self.client, self.prefix)
+        for name, value in dumped.items():
+            self.client.restore(name, 0, value, replace=True)
+        for shard, snapped in models.items():
+            then, now = snapped.copy(), self.models[shard]
+            then.log, then.seen = now.log, now.seen
+            self.models[shard] = then
+        self.snapshot = None
+
+    # -- what must hold after every step -------------------------------------------------------
+
+    @invariant()
+    def redis_holds_the_model(self) -> None:
+        for shard in SHARDS:
+            model, k = self.models[shard], self.store.keys(shard)
+            c = self.client
+            waiting = {offset_of(m): m for m in cast(list[bytes], c.zrange(k.due, 0, -1))}
+            waits = {}
+            for target in TARGETS:
+                for m in cast(list[bytes], c.zrange(Keys(self.prefix).wait(shard, target), 0, -1)):
+                    waits[offset_of(m)] = target
+            leased = {offset_of(o) for o in cast(list[bytes], c.zrange(k.inflight, 0, -1))}
+            claimed = {offset_of(o) for o in cast(list[bytes], c.hkeys(k.claimed))}
+            referenced = set()
+            for name, chunk in cast(dict[bytes, bytes], c.hgetall(k.refs)).items():
+                if name not in (b"count", b"seq"):
+                    referenced |= {o for o, _ in references_in(chunk)
+                                   if self.store.inventory.is_pending(shard, o)}  # fmt: skip
+            full = {o for o, r in model.waiting.items() if not r.reference and not r.waits_for}
+            assert set(waiting) == full, _diff(shard, "waiting", set(waiting), full)
+            for o, m in waiting.items():
+                assert self.client.zscore(k.due, m) == score(model.waiting[o].scheduled(shard))
+            want_waits = {o: r.waits_for for o, r in model.waiting.items() if r.waits_for}
+            assert waits == want_waits, (shard, waits, want_waits)
+            assert set(leased) == set(model.leased) == claimed, _diff(
+                shard, "leased", set(leased), set(model.leased))  # fmt: skip
+            refs = {o for o, r in model.waiting.items() if r.reference}
+            assert referenced == refs, _diff(shard, "referenced", referenced, refs)
+            mark = cast(bytes | None, c.hget(k.meta, "ingested"))
+            assert (int(mark) if mark is not None else -1) == model.watermark
+            if model.watermark >= 0:
+                live = model.live()
+                committed = self._committed(shard)
+                assert committed == (min(live) if live else model.watermark + 1), (
+                    shard, committed, sorted(live))  # fmt: skip
+
+    @invariant()
+    def gauges_count_the_model(self) -> None:
+        backlog = self.store.backlog(list(SHARDS), now_ms=self.now)
+        models = self.models.values()
+        waiting = sum(1 for m in models for r in m.waiting.values() if not r.reference)
+        assert backlog.scheduled + backlog.overdue == waiting
+        assert backlog.inflight == sum(len(m.leased) for m in models)
+        assert backlog.references == sum(
+            1 for m in models for r in m.waiting.values() if r.reference
+        )
+        overdue = sum(1 for m in models for r in m.waiting.values()
+                      if not r.reference and r.due <= self.now)  # fmt: skip
+        assert backlog.overdue == overdue
+
+
+def _diff(shard: Shard, what: str, redis_has: set[int], model_has: set[int]) -> str:
+    return (f"{shard} {what}: Redis only {sorted(redis_has - model_has)}, "
+            f"model only {sorted(model_has - redis_has)}")  # fmt: skip
+
+
+def test_the_store_behaves_as_its_model(services: Services) -> None:
+    examples = int(os.environ.get("STORE_MODEL_EXAMPLES", "60"))
+
+    class OnTheSessionsRedis(StoreModel):
+        def __init__(self) -> None:
+            super().__init__(services)
+
+    run_state_machine_as_test(
+        OnTheSessionsRedis,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+
+
+assert LANE_WIDTH > MAX_EPOCH_MS  # every accepted due time fits a lane

@@ -1,0 +1,173 @@
+"""Properties of the header parser over the edges of every range: each input is stored, cancelled
+or dead-lettered with the right reason, and nothing else (no other exception, no due time outside
+the range the store's arithmetic is proven for)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.message import (
+    CONTROL_HEADERS,
+    H_AFTER,
+    H_CANCEL,
+    H_DELIVER_AT,
+    H_ID,
+    H_PRIORITY,
+    H_TARGET_KEY,
+    H_TARGET_TOPIC,
+    MAX_EPOCH_MS,
+    MAX_ID_BYTES,
+    MIN_EPOCH_MS,
+    Cancel,
+    Headers,
+    Reason,
+    Rejected,
+    Rules,
+    Scheduled,
+    parse,
+    parse_duration_ms,
+    record_size,
+)
+
+NOW = 1_790_000_000_000
+LIMIT = 2000
+RULES = Rules(
+    delay_topics=frozenset({"delay"}),
+    default_targets={},
+    allowed_targets=(re.compile(r"orders.*"),),
+    dead_letter="delay.dlq",
+    max_delay_ms=parse_duration_ms("365d"),
+    max_record_bytes=LIMIT,
+)
+
+
+def outcome(headers: Headers, key: bytes | None = b"k", value: bytes | None = b"v",
+            timestamp_ms: int | None = NOW) -> Scheduled | Cancel | Reason:  # fmt: skip
+    try:
+        return parse(RULES, topic="delay", partition=0, offset=7, timestamp_ms=timestamp_ms,
+                     key=key, value=value, headers=headers, now_ms=NOW)  # fmt: skip
+    except Rejected as exc:
+        assert exc.detail and "\n" not in exc.detail
+        return exc.reason
+
+
+def rfc3339(moment: datetime, fraction: str) -> bytes:
+    return (moment.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z").encode()
+
+
+@settings(max_examples=400)
+@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59)),
+       st.sampled_from(["", ".0", ".5", ".000001", ".999999999"]))  # fmt: skip
+def test_a_due_time_from_year_1_to_9999_is_accepted_only_from_2000(
+    moment: datetime, fraction: str
+) -> None:
+    moment = moment.replace(microsecond=0)
+    got = outcome([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, rfc3339(moment, fraction))])
+    ms = int(moment.replace(tzinfo=UTC).timestamp() * 1000)
+    if ms < MIN_EPOCH_MS:
+        assert got is Reason.BAD_DUE_TIME
+    elif ms - NOW > RULES.max_delay_ms:
+        assert got is Reason.DELAY_TOO_LONG
+    else:
+        assert isinstance(got, Scheduled) and ms <= got.due_ms <= ms + 1000
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.integers(0, 10**20),
+                 st.sampled_from([MIN_EPOCH_MS - 1, MIN_EPOCH_MS, MAX_EPOCH_MS, MAX_EPOCH_MS + 1])))  # fmt: skip
+def test_epoch_milliseconds_anywhere(ms: int) -> None:
+    got = outcome([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, str(ms).encode())])
+    if not MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS:
+        assert got is Reason.BAD_DUE_TIME
+    elif ms - NOW > RULES.max_delay_ms:
+        assert got is Reason.DELAY_TOO_LONG
+    else:
+        assert isinstance(got, Scheduled) and got.due_ms == ms
+
+
+@given(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), st.integers(0, 10**16))
+def test_a_relative_delay_from_any_record_timestamp(timestamp: int | None, after: int) -> None:
+    got = outcome([(H_TARGET_TOPIC, b"orders"), (H_AFTER, str(after).encode())],
+                  timestamp_ms=timestamp)  # fmt: skip
+    base = timestamp if timestamp is not None and timestamp >= 0 else NOW
+    if base + after - NOW > RULES.max_delay_ms:
+        assert got is Reason.DELAY_TOO_LONG
+    elif base + after < MIN_EPOCH_MS:
+        assert got is Reason.BAD_DUE_TIME
+    else:
+        assert isinstance(got, Scheduled) and got.due_ms == base + after
+
+
+@given(st.integers(-3, 3), st.sampled_from(["key", "value", "header"]))
+def test_every_size_around_the_limit(delta: int, where: str) -> None:
+    headers: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")]
+    room = LIMIT - record_size(b"k", b"v", headers) + delta
+    key, value = b"k", b"v"
+    if where == "key":
+        key += b"x" * room
+    elif where == "value":
+        value += b"x" * room
+    else:
+        headers.append(("pad", b"x" * (room - 3)))
+    got = outcome(headers, key=key, value=value)
+    assert (got is Reason.TOO_LARGE) == (delta > 0)
+
+
+@given(st.sampled_from(sorted(CONTROL_HEADERS)))
+def test_every_control_header_twice_is_a_bad_header(name: str) -> None:
+    value = {H_TARGET_TOPIC: b"orders", H_AFTER: b"1s", H_DELIVER_AT: b"1790000000000",
+             H_PRIORITY: b"high", H_CANCEL: b"x", H_ID: b"x"}.get(name, b"x")  # fmt: skip
+    assert outcome([(H_TARGET_TOPIC, b"orders"), (name, value), (name, value)]) in (
+        Reason.BAD_HEADER,)  # fmt: skip
+
+
+@given(st.sampled_from(sorted(CONTROL_HEADERS - {H_TARGET_KEY})), st.binary(min_size=1, max_size=8))
+def test_a_control_header_that_is_not_utf8_is_a_bad_header(name: str, tail: bytes) -> None:
+    headers: Headers = [(name, b"\xff" + tail)]
+    if name != H_TARGET_TOPIC:
+        headers.append((H_TARGET_TOPIC, b"orders"))
+    got = outcome(headers)
+    assert got is Reason.BAD_HEADER
+
+
+@given(st.integers(0, MAX_ID_BYTES + 2), st.sampled_from([H_ID, H_CANCEL]))
+def test_ids_of_every_length(length: int, name: str) -> None:
+    headers: Headers = [(name, b"i" * length)]
+    if name == H_ID:
+        headers += [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")]
+    got = outcome(headers)
+    if not 1 <= length <= MAX_ID_BYTES:
+        assert got is Reason.BAD_HEADER
+    elif name == H_ID:
+        assert isinstance(got, Scheduled) and got.delay_id == "i" * length
+    else:
+        assert got == Cancel(7, "i" * length)
+
+
+_HEADER_NAMES = st.sampled_from([*sorted(CONTROL_HEADERS), "trace", "delay-other"])
+_HEADER_VALUES = st.one_of(
+    st.none(),
+    st.binary(max_size=12),
+    st.sampled_from([b"orders", b"orders.eu", b"__consumer_offsets", b"delay", b"delay.dlq",
+                     b"1s", b"0", b"-1", b"1h30m", b"1790000000000", b"1790000000",
+                     b"2026-11-21T10:00:00Z", b"0001-01-01T00:00:00Z", b"1969-12-31T23:59:59Z",
+                     b"9999-12-31T23:59:59.999999999Z", b"high", b"normal", b"low", b"urgent"]),
+)  # fmt: skip
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=6))
+def test_any_headers_are_stored_cancelled_or_dead_lettered(headers: Headers) -> None:
+    got = outcome(headers)
+    if isinstance(got, Scheduled):
+        assert MIN_EPOCH_MS <= got.due_ms <= MAX_EPOCH_MS
+        assert got.due_ms - NOW <= RULES.max_delay_ms
+        assert RULES.target_refusal(got.target) is None
+    elif isinstance(got, Cancel):
+        assert 1 <= len(got.delay_id.encode()) <= MAX_ID_BYTES
+    else:
+        assert isinstance(got, Reason)
