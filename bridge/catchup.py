@@ -19,7 +19,9 @@ partition stamped at most LIVE_MARGIN_MS before its due time: a cancel produced 
 the due time always wins, however far behind the ingress reads. Keeping up, the ingress reads
 records tens of ms after they are produced, so nothing waits; records with the default delay-id
 never do. A partition whose read position has not moved for STALLED_S while the fetch saw more
-holds nothing: there is nothing there the ingress can read (a transaction's marker).
+holds nothing: there is nothing there the ingress can read (a transaction's marker). A partition
+the ingress holds at a record the DLQ refused (bridge.ingress.holds) is behind however long it
+waits: what follows that record, cancels included, is unread.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class CatchUp:
         # Shards read live behind their end as the last fetch saw it: (position, since when).
         self._behind: dict[Shard, tuple[int, float]] = {}
         self._told: set[Shard] = set()  # shards read behind whose holding was logged
+        self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -83,6 +86,14 @@ class CatchUp:
                 for shard, position in positions.items()
             }  # fmt: skip
 
+    def block(self, shard: Shard, blocked: bool) -> None:
+        """The ingress holds ``shard`` at a record (or no longer does)."""
+        with self._lock:
+            if blocked:
+                self._blocked.add(shard)
+            else:
+                self._blocked.discard(shard)
+
     def reached(self, shard: Shard, position: int) -> None:
         """The ingress's next offset to read in ``shard`` is ``position``."""
         with self._lock:
@@ -100,6 +111,7 @@ class CatchUp:
             self._read.pop(shard, None)
             self._behind.pop(shard, None)
             self._told.discard(shard)
+            self._blocked.discard(shard)
 
     def ends(self) -> dict[Shard, int]:
         """The shards being caught up on, with the offset each must reach."""
@@ -123,7 +135,8 @@ class CatchUp:
         now = self._clock()
         with self._lock:
             horizons = dict(self._horizons)
-            moving = [s for s, (_, since) in self._behind.items() if now - since < STALLED_S]
+            moving = {s for s, (_, since) in self._behind.items() if now - since < STALLED_S}
+            moving |= self._blocked
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
         past: list[Claimed] = []
         behind: set[Shard] = set()  # shards read live behind with records put back

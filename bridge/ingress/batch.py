@@ -54,6 +54,33 @@ class Batch:
             self.newest_ms[shard] = max(ts, self.newest_ms.get(shard, ts))
         self.rejected += later.rejected
 
+    def urgent(self, soon_ms: int) -> bool:
+        """Whether to store it now rather than hold it for more (see ``Ingress._hold``): it has a
+        dead letter, a cancel, a record due by ``soon_ms``, or one with its own delay-id (either
+        may withdraw a record due soon)."""
+        if self.rejected:
+            return True
+        for shard, (_, records) in self.stored.items():
+            for rec in records:
+                if not isinstance(rec, Scheduled) or rec.due_ms <= soon_ms:
+                    return True
+                if rec.given_id(shard.topic, shard.partition) is not None:
+                    return True
+        return False
+
+    def stop_at(self, shard: Shard, offset: int, watermark: int) -> None:
+        """Keep only what was read of ``shard`` before ``offset`` (its partition is held there):
+        the records to store, and the watermark just below it (nothing, when that leaves no
+        record and the ``watermark`` stored is that far already). How far its records were read
+        is forgotten, so the shard counts as behind (bridge.catchup)."""
+        _, records = self.stored.get(shard, (offset - 1, []))
+        kept = [r for r in records if r.offset < offset]
+        if kept or offset - 1 > watermark:
+            self.stored[shard] = (offset - 1, kept)
+        else:
+            self.stored.pop(shard, None)
+        self.newest_ms.pop(shard, None)
+
     def drop(self, shards: set[Shard]) -> None:
         """Leave out what was read of ``shards`` (read again, or by their next owner)."""
         for shard in shards:

@@ -19,6 +19,7 @@ from bridge.errors import BridgeError, KafkaError, StoreError, WriteRefused
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
+from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
@@ -77,7 +78,8 @@ class Ingress:
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._on_stored = on_stored
         self.readiness = readiness or Readiness()
-        self.dead_letters = DeadLetters(dlq_producer, rules, metrics, self.readiness)
+        self.dead_letters = DeadLetters(dlq_producer, rules, metrics)
+        self.holds = Holds(self.readiness, self.catch_up)
         self.membership = Membership(
             consumer, store, metrics, self.catch_up, topics=topics, on_assign=on_assign,
             on_revoke=on_revoke, topic_ids=topic_ids, known_ids=known_ids,
@@ -152,6 +154,7 @@ class Ingress:
                 self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
                 return 0
             self._resume()
+        self.holds.read_again(self.consumer, self.assigned)
         messages = self._consume(timeout)
         if not messages:
             self.membership.caught_up()
@@ -196,7 +199,7 @@ class Ingress:
         or a record with its own delay-id (either may withdraw a record due soon), a dead letter,
         or a full batch. Records of a partition revoked meanwhile are left to its next owner."""
         deadline = time.monotonic() + self.hold_ms / 1000
-        urgent = self._urgent(batch)
+        urgent = batch.urgent(self._clock_ms() + 2 * self.hold_ms)
         while not urgent and len(messages) < self.batch_size:
             wait = min(deadline - time.monotonic(), self.linger_s or HOLD_SLICE_S)
             if wait <= 0:
@@ -208,7 +211,7 @@ class Ingress:
             if more:
                 messages += more
                 later = parse_batch(more, self.rules, self._clock_ms())
-                urgent = self._urgent(later)
+                urgent = later.urgent(self._clock_ms() + 2 * self.hold_ms)
                 batch.merge(later)
         gone = set(batch.stored) - self.assigned
         if gone:
@@ -216,18 +219,6 @@ class Ingress:
             batch.drop(gone)
         self._last_batch = time.monotonic()
         return messages, batch
-
-    def _urgent(self, batch: Batch) -> bool:
-        if batch.rejected:
-            return True
-        soon = self._clock_ms() + 2 * self.hold_ms
-        for shard, (_, records) in batch.stored.items():
-            for rec in records:
-                if not isinstance(rec, Scheduled) or rec.due_ms <= soon:
-                    return True
-                if rec.given_id(shard.topic, shard.partition) is not None:
-                    return True
-        return False
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
@@ -254,12 +245,16 @@ class Ingress:
         return True
 
     def _handle(self, messages: list[Message], batch: Batch) -> None:
-        back = self.positions.went_back(batch.low.items())
+        # Held partitions are read again from their record once their back-off is over; what
+        # came of them meanwhile (fetched before the hold) waits for that.
+        back = self.positions.went_back(batch.low.items()) | (set(batch.low) & self.holds.waiting())
         if back:
             messages = [m for m in messages if shard_of(m) not in back]
             batch.drop(back)
-        if batch.rejected:
-            self.dead_letters.send(batch.rejected)
+        refused = self.dead_letters.send(batch.rejected) if batch.rejected else {}
+        for shard, (offset, why) in refused.items():
+            batch.stop_at(shard, offset, self.marks.get(shard, -1))
+            self.holds.hold(self.consumer, shard, offset, why)
         if batch.stored:
             expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
             horizon = self.payload_horizon_ms
@@ -274,6 +269,7 @@ class Ingress:
                 self.positions.rebuild(added.lost)
             _report(added, self.metrics)
         self._read_up_to(batch, set(batch.stored))
+        self.holds.passed(set(batch.low) - set(refused))
         counts: dict[str, int] = {}
         earliest: dict[Shard, tuple[int, int, int]] = {}
         for shard, (_, records) in batch.stored.items():
@@ -320,7 +316,9 @@ class Ingress:
 
     def _resume(self) -> None:
         self._paused_until = 0.0
-        self.consumer.resume(self._assignment())
+        held = self.holds.waiting()
+        self.consumer.resume([tp for tp in self._assignment()
+                              if Shard(tp.topic, tp.partition) not in held])  # fmt: skip
 
     def _assignment(self) -> list[TopicPartition]:
         return [TopicPartition(s.topic, s.partition) for s in self.assigned]

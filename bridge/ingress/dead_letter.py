@@ -1,20 +1,23 @@
-"""Rejected delay-topic records sent to the DLQ with their reason, acknowledged before going on."""
+"""Rejected delay-topic records sent to the DLQ with their reason.
+
+Each copy is acknowledged or refused on its own: one too large for the DLQ goes again without its
+value, and one the DLQ refuses holds its own partition only (:class:`~bridge.ingress.holds.Holds`).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from confluent_kafka import KafkaError as ClientError
 from confluent_kafka import KafkaException, Message, Producer
 
-from bridge.errors import KafkaError
-from bridge.health import Readiness
-from bridge.ingress.batch import coords
+from bridge.ingress.batch import coords, shard_of
 from bridge.kafka import headers_of, produce
-from bridge.message import Headers, Rejected, Rules, dead_letter_headers, origin, wire_headers
+from bridge.message import Rejected, Rules, dead_letter_headers, origin, wire_headers
 from bridge.metrics import Metrics
+from bridge.store import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -23,60 +26,77 @@ DLQ_FLUSH_TIMEOUT_S = 30.0
 
 class DeadLetters:
     """The ingress's DLQ producer: a batch's rejected records go out, and Kafka acknowledges
-    them, before the batch's valid records are stored (else the batch is read again)."""
+    them, before the batch's valid records of their partitions are stored."""
 
-    def __init__(
-        self, producer: Producer, rules: Rules, metrics: Metrics, readiness: Readiness
-    ) -> None:
+    def __init__(self, producer: Producer, rules: Rules, metrics: Metrics) -> None:
         self.producer = producer
         self.rules = rules
         self.metrics = metrics
-        self.readiness = readiness
 
-    def send(self, rejected: list[tuple[Message, Rejected]]) -> None:
-        """Dead-letter these records and wait for Kafka to take them; raise
-        :class:`KafkaError` if it does not."""
-        errors: list[str] = []
-
-        def report(err: ClientError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err.str())
-
-        for msg, rejection in rejected:
-            where = origin(*coords(msg))
-            logger.info("dead-lettering %s: %s", where, rejection, extra={"origin": where})
-            headers = dead_letter_headers(
-                headers_of(msg), rejection.reason, rejection.detail, where
-            )
-            self._produce(msg.key(), msg.value(), headers, report)
-        remaining = self.producer.flush(DLQ_FLUSH_TIMEOUT_S)
-        if remaining or errors:
-            self.metrics.dlq_errors.inc(len(errors) + remaining)
-            detail = (f"DLQ produce to {self.rules.dead_letter} failed: "
-                      f"{errors[0] if errors else f'{remaining} unacknowledged'}")  # fmt: skip
-            self.readiness.fail("dlq-writes", detail)
-            raise KafkaError(detail)
-        self.readiness.ok("dlq-writes")
-        for reason, n in Counter(rejection.reason for _, rejection in rejected).items():
+    def send(self, rejected: list[tuple[Message, Rejected]]) -> dict[Shard, tuple[int, str]]:
+        """Dead-letter these records and wait for Kafka to take them. A copy the DLQ refuses as
+        too large (the bridge's producer or the DLQ topic) goes again without its value, which
+        stays in the delay topic at ``delay-origin``. Returns, per partition, the lowest offset
+        whose copy the DLQ still refused and why: its partition holds from there."""
+        failed = self._send(rejected, with_value=True)
+        too_large = [i for i, (code, _) in failed.items() if code == ClientError.MSG_SIZE_TOO_LARGE]
+        if too_large:
+            again = self._send([rejected[i] for i in too_large], with_value=False)
+            for n, i in enumerate(too_large):
+                if n in again:
+                    failed[i] = again[n]
+                else:
+                    del failed[i]
+        refused: dict[Shard, tuple[int, str]] = {}
+        for i, (_, why) in failed.items():
+            msg = rejected[i][0]
+            shard, offset = shard_of(msg), coords(msg)[2]
+            if shard not in refused or offset < refused[shard][0]:
+                refused[shard] = (offset, f"DLQ produce to {self.rules.dead_letter} failed: {why}")
+        if failed:
+            self.metrics.dlq_errors.inc(len(failed))
+        sent = Counter(r.reason for i, (_, r) in enumerate(rejected) if i not in failed)
+        for reason, n in sent.items():
             self.metrics.dead_lettered.labels(reason=reason.value).inc(n)
+        return refused
 
-    def _produce(
-        self,
-        key: str | bytes | None,
-        value: str | bytes | None,
-        headers: Headers,
-        report: Callable[[ClientError | None, Message], None],
-    ) -> None:
-        topic = self.rules.dead_letter
-        try:
-            produce(self.producer, topic, value=value, key=key, headers=wire_headers(headers),
-                    on_delivery=report)  # fmt: skip
-        except KafkaException as exc:
-            detail = f"DLQ produce to {topic} failed: {exc.args[0].str()}"
-            self.metrics.dlq_errors.inc()
-            self.readiness.fail("dlq-writes", detail)
-            raise KafkaError(detail) from exc
-        self.producer.poll(0)
+    def _send(
+        self, rejected: Sequence[tuple[Message, Rejected]], *, with_value: bool
+    ) -> dict[int, tuple[int | None, str]]:
+        """Produce the DLQ copies and wait for Kafka; returns the refused ones by index, with the
+        error's code (None: no answer in time) and text."""
+        failed: dict[int, tuple[int | None, str]] = {}
+        waiting: set[int] = set()
+
+        def report(i: int) -> object:
+            def on_delivery(err: ClientError | None, _msg: Message) -> None:
+                waiting.discard(i)
+                if err is not None:
+                    failed[i] = (err.code(), err.str())
+
+            return on_delivery
+
+        for i, (msg, rejection) in enumerate(rejected):
+            where = origin(*coords(msg))
+            value, detail = msg.value(), rejection.detail
+            if not with_value:
+                detail += (f" (value of {len(value or b'')} bytes left out: the whole copy is "
+                           f"larger than the DLQ takes; it stays at {where})")  # fmt: skip
+                value = None
+            logger.info("dead-lettering %s: %s", where, rejection, extra={"origin": where})
+            headers = dead_letter_headers(headers_of(msg), rejection.reason, detail, where)
+            try:
+                produce(self.producer, self.rules.dead_letter, value=value, key=msg.key(),
+                        headers=wire_headers(headers), on_delivery=report(i))  # fmt: skip
+                waiting.add(i)
+            except KafkaException as exc:
+                error = exc.args[0]
+                failed[i] = (error.code(), error.str())
+            self.producer.poll(0)
+        self.producer.flush(DLQ_FLUSH_TIMEOUT_S)
+        for i in waiting:
+            failed[i] = (None, f"not acknowledged within {DLQ_FLUSH_TIMEOUT_S:.0f} s")
+        return failed
 
     def flush(self) -> None:
         """Wait for what is still on its way to the DLQ (shutdown)."""

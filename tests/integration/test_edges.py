@@ -4,10 +4,24 @@ its own, and nothing it carries stops the rest or takes the process down."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
-from bridge.message import H_DELIVER_AT, H_ERROR, H_ERROR_DETAIL, H_PRIORITY, H_TARGET_TOPIC
+from bridge.kafka import produce
+from bridge.message import (
+    H_AFTER,
+    H_DELIVER_AT,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ORIGIN,
+    H_PRIORITY,
+    H_TARGET_TOPIC,
+    Headers,
+)
+from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import Bridge, Setup, produce_all
 
 pytestmark = pytest.mark.integration
@@ -53,3 +67,85 @@ def test_due_times_before_2000_are_dead_lettered_and_the_rest_delivered_once(
         assert r.header(H_ERROR) == b"bad-due-time", value
         assert b"before 2000-01-01" in (r.header(H_ERROR_DETAIL) or b""), value
     assert bridge.proc is not None and bridge.proc.poll() is None, bridge.output()
+
+
+ToPartition = list[tuple[int, bytes | None, Headers]]
+
+
+def _deliver_one_per_partition(setup: Setup, partitions: int, tag: str) -> ToPartition:
+    return [(p, f"{tag}-{p}".encode(), [(H_TARGET_TOPIC, setup.targets[0].encode()),
+                                        (H_AFTER, b"0ms")]) for p in range(partitions)]  # fmt: skip
+
+
+def _produce(bootstrap: str, topic: str, records: ToPartition, **settings: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **settings})
+    for partition, value, headers in records:
+        produce(producer, topic, partition=partition, key=b"k", value=value, headers=headers)
+    assert producer.flush(30) == 0
+
+
+def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
+) -> None:
+    """A 2 MB record (compressed by its producer) on a delay topic that takes 5 MB is too-large;
+    its DLQ copy was refused (by the bridge's producer, and by a DLQ topic that takes less), the
+    batch was retried forever and nothing was ingested on any partition."""
+    setup = Setup(services, topics("delay", 3, config={"max.message.bytes": "5242880"}),
+                  [topics("out")], topics("dlq", config={"max.message.bytes": "4000"}), unique,
+                  tmp_path)  # fmt: skip
+    target = setup.targets[0].encode()
+    oversized: ToPartition = [
+        (0, b"x" * 2_000_000, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),  # too-large
+        (1, b"y" * 10_000, [(H_TARGET_TOPIC, b"bad\xff"), (H_AFTER, b"0ms")]),  # bad-header
+    ]
+    _produce(services.bootstrap, setup.delay, oversized, **{"compression.type": "lz4",
+             "message.max.bytes": "5242880"})  # fmt: skip
+    _produce(services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
+    bridges.append(setup.bridge().start())
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 5, 60, "3 deliveries and 2 dead letters")
+    finally:
+        collector.close()
+    assert sorted(r.value or b"" for r in collector.of(setup.targets[0])) == [
+        b"after-0", b"after-1", b"after-2"]  # fmt: skip
+    dead = {int((r.header(H_ORIGIN) or b"").split(b":")[1]): r for r in collector.of(setup.dlq)}
+    assert set(dead) == {0, 1}
+    for partition, reason, size in ((0, b"too-large", 2_000_000), (1, b"bad-header", 10_000)):
+        r = dead[partition]
+        assert r.value is None and r.key == b"k"
+        assert r.header(H_ERROR) == reason
+        detail = (r.header(H_ERROR_DETAIL) or b"").decode()
+        assert f"value of {size} bytes left out" in detail, detail
+        assert r.header(H_TARGET_TOPIC) is not None  # the headers are kept
+
+
+def test_a_dlq_refusal_holds_its_partition_only(
+    setup: Setup, topics: TopicFactory, bridges: list[Bridge], admin: AdminClient
+) -> None:
+    """A record the DLQ refuses (here: the DLQ does not exist yet) holds its own partition from its
+    offset on; the other partitions go on, and /readyz names the partition held."""
+    admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
+    bad: ToPartition = [(0, b"bad", [(H_AFTER, b"0ms")])]  # no target: missing-target
+    _produce(setup.services.bootstrap, setup.delay, bad)
+    _produce(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 2, 60, "the other partitions' deliveries")
+        assert sorted(r.value or b"" for r in collector.records) == [b"after-1", b"after-2"]
+        body = bridge.get("/readyz")
+        assert body[0] == 503 and f"{setup.delay}[0] waits at offset 0" in body[1], body
+        topics.recreate(setup.dlq)
+    finally:
+        collector.close()
+    collector = setup.collector()  # subscribed once the DLQ exists
+    try:
+        collector.until(lambda rs: len(rs) >= 4, 60, "the held record and the one after it")
+        collector.poll(1.0)  # a duplicate would show up now
+    finally:
+        collector.close()
+    assert sorted(r.value or b"" for r in collector.records) == [
+        b"after-0", b"after-1", b"after-2", b"bad"]  # fmt: skip
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz 200 once the DLQ exists")
