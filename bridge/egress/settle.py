@@ -2,9 +2,11 @@
 
 A record leaves Redis only from a successful delivery report. Permanent failures (unknown topic,
 too large, not authorized) are retried ``max_attempts`` times, then the record goes to the DLQ as
-``delivery-failed`` and is acknowledged once the DLQ has it. Transient failures end the lease so
-the record is claimed again after a back-off. A record stored bound for the DLQ (a far-future
-record whose payload was gone when it was read back) goes there at its due time.
+``delivery-failed`` and is acknowledged once the DLQ has it; a copy the DLQ refuses as too large
+goes again without its value (it stays in the delay topic at ``delay-origin``), and a record the
+DLQ refuses otherwise stays bound for it when it is claimed again. Transient failures end the
+lease so the record is claimed again after a back-off. A record stored bound for the DLQ (a
+far-future record whose payload was gone when it was read back) goes there at its due time.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ PERMANENT_ERRORS = frozenset(
         ClientError._INVALID_ARG,
     }
 )
+TOO_LARGE = frozenset({ClientError.MSG_SIZE_TOO_LARGE, ClientError.RECORD_LIST_TOO_LARGE})
 # A record produced and not acknowledged for this long means Kafka is not taking writes (a leader
 # gone and not yet replaced, fewer in-sync replicas than min.insync.replicas): librdkafka retries
 # within delivery.timeout.ms without a report meanwhile, and a healthy cluster acknowledges
@@ -77,6 +80,7 @@ class Pending:
     error: str = ""  # Kafka's last refusal, for the DLQ's delay-error-detail
     sent_s: float = 0.0  # monotonic, when last produced; 0 once Kafka acknowledged it
     draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
+    value_left_out: bool = False  # its DLQ copy goes without its value (too large with it)
 
 
 @dataclass
@@ -137,6 +141,8 @@ class Deliveries:
         self.ack_by: float | None = None
         # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
         self._retries: dict[Ident, int] = {}
+        # Records given up on whose DLQ copy failed: claimed again, they go to the DLQ at once.
+        self._given_up: dict[Ident, Pending] = {}
         # Notified whenever in-flight records settle; revocation waits on it.
         self._settled = threading.Condition()
         # Topics whose last delivery report was a failure (retried), with the error.
@@ -154,9 +160,10 @@ class Deliveries:
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
         timestamp = max(self._clock_ms(), record.due_ms)
         pending.sent_s = time.monotonic()
+        value = None if pending.value_left_out else record.value
         try:
             produce(
-                self.producer, topic, value=record.value, key=key, headers=wire_headers(headers),
+                self.producer, topic, value=value, key=key, headers=wire_headers(headers),
                 timestamp=timestamp, on_delivery=callback,
             )  # fmt: skip
         except KafkaException as exc:
@@ -168,12 +175,12 @@ class Deliveries:
         if record.dead_letter:  # bound for the DLQ when it was stored, with its headers
             return record.headers
         shard = pending.claimed.shard
-        return dead_letter_headers(
-            record.headers,
-            Reason.DELIVERY_FAILED,
-            f"delivery to {record.target} failed {pending.attempts} times: {pending.error}",
-            origin(shard.topic, shard.partition, record.offset),
-        )
+        where = origin(shard.topic, shard.partition, record.offset)
+        detail = f"delivery to {record.target} failed {pending.attempts} times: {pending.error}"
+        if pending.value_left_out:
+            detail += (f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
+                       f"larger than the DLQ takes; it stays at {where})")  # fmt: skip
+        return dead_letter_headers(record.headers, Reason.DELIVERY_FAILED, detail, where)
 
     def _on_delivery(self, ident: Ident, err: ClientError | None, _msg: Message) -> None:
         self._reports.append((ident, err, self._clock_ms()))
@@ -208,11 +215,16 @@ class Deliveries:
                     acked.ids.append((given, ident[1]))
                 acked.delivered.append((pending, at_ms))
                 self._retries.pop(ident, None)
+                self._given_up.pop(ident, None)
                 if self.ack_by is None:  # counted from when the report came in
                     waited_ms = max(0, self._clock_ms() - at_ms)
                     self.ack_by = time.monotonic() + (self._ack_wait_ms - waited_ms) / 1000
                 continue
             errors[err.name()] += 1
+            if pending.dead_letter and err.code() in TOO_LARGE and not pending.value_left_out:
+                pending.value_left_out = True
+                self._send(ident, pending)
+                continue
             if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
                 pending.attempts += 1
                 pending.error = f"{err.name()}: {err.str()}"
@@ -229,6 +241,9 @@ class Deliveries:
             self._failing[topic] = err.str()
             if len(self._retries) >= RETRIES_KEPT:
                 self._retries.clear()
+                self._given_up.clear()
+            if pending.dead_letter and not pending.claimed.record.dead_letter:
+                self._given_up[ident] = pending
             tries = self._retries[ident] = self._retries.get(ident, 0) + 1
             wait_ms = int(backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, tries))
             retry[wait_ms][ident[0]].append(ident[1])
@@ -308,8 +323,12 @@ class Deliveries:
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> Pending:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see
         :meth:`Lanes.claimed`): it counts in :attr:`draining` until it is settled."""
-        pending = self.pending[ident] = Pending(claimed, dead_letter=claimed.record.dead_letter,
-                                                draining=draining)  # fmt: skip
+        pending = Pending(claimed, dead_letter=claimed.record.dead_letter, draining=draining)
+        given_up = self._given_up.get(ident)
+        if given_up is not None:  # its attempts are spent: the DLQ's turn again
+            pending.dead_letter, pending.attempts = True, given_up.attempts
+            pending.error, pending.value_left_out = given_up.error, given_up.value_left_out
+        self.pending[ident] = pending
         if draining:
             self.draining[claimed.record.priority] += 1
         return pending

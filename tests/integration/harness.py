@@ -292,7 +292,7 @@ class Setup:
     def collector(self) -> Collector:
         return Collector(self.services.bootstrap, [*self.targets, self.dlq], f"check-{self.unique}")
 
-    def await_value(self, value: bytes, timeout: float, what: str) -> list[Received]:
+    def await_value(self, value: bytes | None, timeout: float, what: str) -> list[Received]:
         """Every record the targets and the dead-letter topic hold once one with ``value`` is
         among them (a collector of their own, from the beginning)."""
         collector = self.collector()

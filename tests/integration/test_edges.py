@@ -149,3 +149,21 @@ def test_a_dlq_refusal_holds_its_partition_only(
     assert sorted(r.value or b"" for r in collector.records) == [
         b"after-0", b"after-1", b"after-2", b"bad"]  # fmt: skip
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz 200 once the DLQ exists")
+
+
+def test_a_delivery_failed_copy_too_large_for_the_dlq_goes_without_its_value(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
+) -> None:
+    """A record its target refuses as too large goes to the DLQ as delivery-failed; a DLQ that
+    refused the copy too had it released, claimed again with its attempts back at 0, forever."""
+    small = {"max.message.bytes": "1000"}
+    setup = Setup(services, topics("delay"), [topics("out", config=small)],
+                  topics("dlq", config=small), unique, tmp_path)  # fmt: skip
+    bridges.append(setup.bridge(egress__max_attempts="2").start())
+    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")]
+    produce_all(services.bootstrap, setup.delay, [(b"k", b"x" * 5000, headers)])
+    dead = setup.await_value(None, 60, "the dead letter")
+    assert [r.topic for r in dead] == [setup.dlq]
+    assert dead[0].header(H_ERROR) == b"delivery-failed" and dead[0].key == b"k"
+    detail = (dead[0].header(H_ERROR_DETAIL) or b"").decode()
+    assert "failed 2 times" in detail and "value of 5000 bytes left out" in detail, detail

@@ -55,9 +55,10 @@ def test_a_missing_dlq_turns_readyz_red_until_it_is_created(
 def test_a_target_and_dlq_refusing_records_back_off_instead_of_spinning(
     services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
 ) -> None:
-    small = {"max.message.bytes": "1000"}  # both refuse the 2 kB records at once, every time
+    small = {"max.message.bytes": "1000"}  # the target refuses the 2 kB records every time
+    tiny = {"max.message.bytes": "100"}  # the DLQ refuses them even without their value
     setup = Setup(services, topics("delay"), [topics("out", config=small)],
-                  topics("dlq", config=small), unique, tmp_path)  # fmt: skip
+                  topics("dlq", config=tiny), unique, tmp_path)  # fmt: skip
     bridge = setup.bridge(egress__max_attempts="1").start()
     bridges.append(bridge)
     produce_all(services.bootstrap, setup.delay,
