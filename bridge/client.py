@@ -20,7 +20,7 @@ the reason instead of a dead letter later. Only the standard library is needed: 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from bridge.message import (
     H_AFTER,
@@ -126,10 +126,8 @@ def murmur2(data: bytes) -> int:
 def _after(after: int | str | timedelta) -> str:
     if isinstance(after, bool):
         raise ValueError(f"after={after!r} is not a delay")
-    if isinstance(after, timedelta):
-        if after % timedelta(milliseconds=1):
-            raise ValueError(f"after={after} has a part below a millisecond, the delay's unit")
-        after = after // timedelta(milliseconds=1)
+    if isinstance(after, timedelta):  # a part below a millisecond rounds up: never early
+        after = -(-after // timedelta(milliseconds=1))
     if isinstance(after, int):
         if after < 0:
             raise ValueError(f"after={after} is negative")
@@ -140,17 +138,17 @@ def _after(after: int | str | timedelta) -> str:
     return after
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _at(at: int | str | datetime) -> str:
     if isinstance(at, bool):
         raise ValueError(f"at={at!r} is not a time")
     if isinstance(at, datetime):
         if at.tzinfo is None or at.utcoffset() is None:
             raise ValueError(f"at={at.isoformat()} has no timezone: give an aware datetime")
-        if at.microsecond % 1000:
-            raise ValueError(
-                f"at={at.isoformat()} has a part below a millisecond, the due time's unit"
-            )
-        at = int(at.timestamp()) * 1000 + at.microsecond // 1000
+        # A part below a millisecond rounds up, as in the header: never early.
+        at = -(-(at - _EPOCH) // timedelta(milliseconds=1))
     if isinstance(at, int):
         at = str(at)
     if not isinstance(at, str):
