@@ -88,6 +88,9 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         # (docs/bench/history.md).
         "queued.max.messages.kbytes": "16384",
         "fetch.queue.backoff.ms": "10",
+        # A delay topic that gains partitions is seen within this long, and the group rebalances
+        # to consume them (librdkafka's 5 min default left them unread that long).
+        "topic.metadata.refresh.interval.ms": "10000",
     }
     if config.kafka.group_instance_id:
         settings["group.instance.id"] = config.kafka.group_instance_id

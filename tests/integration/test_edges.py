@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from bridge.kafka import produce
 from bridge.message import (
@@ -167,3 +167,24 @@ def test_a_delivery_failed_copy_too_large_for_the_dlq_goes_without_its_value(
     assert dead[0].header(H_ERROR) == b"delivery-failed" and dead[0].key == b"k"
     detail = (dead[0].header(H_ERROR_DETAIL) or b"").decode()
     assert "failed 2 times" in detail and "value of 5000 bytes left out" in detail, detail
+
+
+def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
+    setup: Setup, bridges: list[Bridge], admin: AdminClient
+) -> None:
+    """librdkafka refreshes topic metadata every 5 minutes by default: a partition added to a
+    delay topic was not assigned 40 s later, and its records waited unread."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    admin.create_partitions([NewPartitions(setup.delay, 6)])[setup.delay].result(timeout=30)
+    grown = time.monotonic()
+    _produce(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 6, "grown"))
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 6, 30, "a record from each of the 6 partitions")
+    finally:
+        collector.close()
+    assert time.monotonic() - grown < 30
+    assert sorted(r.value or b"" for r in collector.records) == [
+        f"grown-{p}".encode() for p in range(6)]  # fmt: skip
