@@ -116,7 +116,7 @@ def from_etf1(
     except UnicodeDecodeError:
         raise Rejected(Reason.BAD_HEADER, "an etf1 key is the delay-id: it must be UTF-8") from None
     if value is None:
-        return Cancel(offset, delay_id)
+        return Cancel(offset, delay_id, timestamp_ms)
     theirs: dict[str, bytes] = {}
     for name, hvalue in headers:
         if name in _ETF1_AS:

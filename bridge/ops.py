@@ -18,7 +18,15 @@ from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import Scheduled, decode, format_time_ms
 from bridge.redis_client import redis_client
-from bridge.store import Shard, Store, as_store_error, due_of, glob_escape, offset_of
+from bridge.store import (
+    Shard,
+    Store,
+    as_store_error,
+    due_of,
+    glob_escape,
+    offset_of,
+    read_id_entry,
+)
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
@@ -162,7 +170,8 @@ def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[int, bytes]]
                     for m, s in store.client.zscan_iter(key, match=glob_escape(prefix) + b"*",
                                                         score_cast_func=float)
                     if m.startswith(prefix)]  # fmt: skip
-    return store.inventory.at(shard, int(entry[8:]), entry[:8])
+    offset, due, _ = read_id_entry(entry)
+    return store.inventory.at(shard, due, offset)
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:

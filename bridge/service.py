@@ -138,6 +138,7 @@ class Service:
             on_stored=self.egress.notify,
             topic_ids=self.topics.ids,
             known_ids=self.topics.known,
+            partitions=self.topics.partitions,
             readiness=self.readiness,
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),

@@ -120,6 +120,11 @@ class Topics:
     def __init__(self, admin_conf: Mapping[str, Any]) -> None:
         self.admin = AdminClient(dict(admin_conf))
         self._known: dict[str, str] = {}
+        self._partitions: dict[str, int] = {}
+
+    def partitions(self) -> dict[str, int]:
+        """The partition count of each topic of the latest answers, without asking Kafka."""
+        return dict(self._partitions)
 
     def known(self) -> dict[str, str]:
         """The topic ids of the latest answers, without asking Kafka."""
@@ -141,7 +146,9 @@ class Topics:
         for topic, future in futures.items():
             try:
                 left = max(0.0, deadline - time.monotonic())
-                ids[topic] = str(future.result(timeout=left).topic_id)
+                description = future.result(timeout=left)
+                ids[topic] = str(description.topic_id)
+                self._partitions[topic] = len(description.partitions)
             except KafkaException as exc:
                 error = exc.args[0]
                 if error.code() in _ABSENT:
@@ -154,6 +161,7 @@ class Topics:
         self._known.update(ids)
         for topic in absent:
             self._known.pop(topic, None)
+            self._partitions.pop(topic, None)
         return ids, absent
 
     def ids(self, topics: Sequence[str]) -> dict[str, str]:

@@ -56,6 +56,7 @@ class Ingress:
         on_stored: Callable[[Mapping[Shard, tuple[int, int, int]]], None],
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
         known_ids: Callable[[], Mapping[str, str]] = dict,
+        partitions: Callable[[], Mapping[str, int]] = dict,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -87,6 +88,7 @@ class Ingress:
         )  # fmt: skip
         self.positions = self.membership.positions
         self._clock_ms = clock_ms
+        self._partitions = partitions  # delay topic -> partition count, as Kafka last said
         self._next_commit = 0.0
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
         self._paused_until = 0.0
@@ -259,8 +261,11 @@ class Ingress:
             expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
             horizon = self.payload_horizon_ms
             refer_after = None if horizon is None else self._clock_ms() + horizon
+            partitions = dict(self._partitions())
+            for shard in self.assigned:  # a topic grown since Kafka was last asked
+                partitions[shard.topic] = max(partitions.get(shard.topic, 0), shard.partition + 1)
             added = self.store.add(batch.stored, expected, refer_after_ms=refer_after,
-                                   bucket_ms=self.bucket_ms)  # fmt: skip
+                                   bucket_ms=self.bucket_ms, partitions=partitions)  # fmt: skip
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
             for shard, (high, _) in batch.stored.items():
@@ -337,8 +342,7 @@ def _report(added: Added, metrics: Metrics) -> None:
     metrics.cancelled.labels(result="not-found").inc(added.not_found)
     for shard, offset, delay_id in added.missed:
         logger.warning(
-            "cancel of %s at %s offset %d found no waiting record (already claimed or "
-            "delivered, never scheduled, or waiting in another partition: a cancel needs "
-            "its record's key and partitioner)", delay_id, shard, offset,
+            "cancel of %s at %s offset %d found no waiting record in any partition of its "
+            "topic (already claimed or delivered, or never scheduled)", delay_id, shard, offset,
             extra={"repeat_key": "cancel-not-found"},
         )  # fmt: skip

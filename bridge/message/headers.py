@@ -117,6 +117,10 @@ class Scheduled:
     # nothing.
     default_of: tuple[str, int] | None = field(default=None, compare=False)
     priority: Priority = Priority.NORMAL
+    # The record's own timestamp (its read time when it has none): a cancel or replacement read
+    # in another partition withdraws it only if stamped no earlier. Not kept in Redis's encoding
+    # (the id index keeps it for records with a caller-given id).
+    timestamp_ms: int = field(default=0, compare=False)
 
     def given_id(self, topic: str, partition: int) -> str | None:
         """The delay-id its producer gave; None when it is the default one (the origin)."""
@@ -153,11 +157,13 @@ class Scheduled:
 
 @dataclass(frozen=True)
 class Cancel:
-    """A delay-topic record that withdraws the waiting record with ``delay_id`` from its
-    partition: stored nowhere, delivered nowhere."""
+    """A delay-topic record that withdraws the waiting record with ``delay_id`` from its delay
+    topic (stamped no later than ``timestamp_ms`` when it waits in another partition): stored
+    nowhere, delivered nowhere."""
 
     offset: int
     delay_id: str
+    timestamp_ms: int = field(default=0, compare=False)
 
 
 def origin(topic: str, partition: int, offset: int) -> str:

@@ -128,6 +128,7 @@ def parse(
     cancel = _text(control, H_CANCEL)
     priority_text = _text(control, H_PRIORITY)
 
+    base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
     for name, text in ((H_ID, delay_id), (H_CANCEL, cancel)):
         if text is not None and not 1 <= len(control[name]) <= MAX_ID_BYTES:
             raise Rejected(Reason.BAD_HEADER, f"header {name} must be 1 to {MAX_ID_BYTES} bytes")
@@ -136,9 +137,7 @@ def parse(
         if extra:
             raise Rejected(Reason.BAD_HEADER, f"a {H_CANCEL} record schedules nothing: it "
                            f"must not carry {' or '.join(extra)}")  # fmt: skip
-        return Cancel(offset, cancel)
-
-    base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
+        return Cancel(offset, cancel, base_ms)
     if deliver_at is None and after is None:
         raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
     if deliver_at is not None and after is not None:
@@ -192,4 +191,5 @@ def parse(
         stored_ms=now_ms if due_ms < now_ms else None,
         default_of=(topic, partition) if delay_id is None else None,
         priority=priority,
+        timestamp_ms=base_ms,
     )

@@ -11,6 +11,7 @@ from bridge.store.keys import (
     member,
     offset_bytes,
     offset_of,
+    read_id_entry,
     score,
 )
 from bridge.store.redis_errors import as_store_error
@@ -38,5 +39,6 @@ __all__ = [
     "member",
     "offset_bytes",
     "offset_of",
+    "read_id_entry",
     "score",
 ]

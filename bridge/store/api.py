@@ -14,6 +14,7 @@ from typing import Any, cast
 import redis
 
 from bridge.message import Cancel, Priority, Scheduled, decode
+from bridge.store.across import withdraw_elsewhere
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -144,13 +145,17 @@ class Store:
         *,
         refer_after_ms: int | None = None,
         bucket_ms: int = 60_000,
+        partitions: Mapping[str, int] | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
         ``batches`` maps a shard to (highest offset handled, records to store); ``expected`` the
         watermark the caller last saw per shard. A shard whose state Redis lost is refused whole
         and reported in :attr:`Added.lost`. A record due after ``refer_after_ms`` is kept as a
-        reference (:mod:`bridge.store.references`) in a time bucket ``bucket_ms`` wide.
+        reference (:mod:`bridge.store.references`) in a time bucket ``bucket_ms`` wide. A cancel
+        or a record with a caller-given id that finds nothing in its own shard withdraws what it
+        names in the other partitions of its topic (``partitions``: topic -> partition count;
+        see withdraw.lua), if stamped no later.
         """
         expected = expected or {}
         refer_after = refer_after_ms if refer_after_ms is not None else 2**63
@@ -162,26 +167,34 @@ class Store:
             args: list[Any] = [_expected(expected.get(shard)), high, bucket_ms]
             for rec in records:
                 if isinstance(rec, Cancel):
-                    args += [rec.offset, "", "", rec.delay_id]
+                    args += [rec.offset, "", "", rec.delay_id, rec.timestamp_ms]
                     continue
                 if rec.due_ms > refer_after:  # its priority is read back with the record
                     stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
                 else:
                     stored, at = member(rec, shard.topic, shard.partition), score(rec)
-                args += [rec.offset, at, stored, rec.given_id(shard.topic, shard.partition) or ""]
+                given = rec.given_id(shard.topic, shard.partition) or ""
+                args += [rec.offset, at, stored, given, rec.timestamp_ms]
             keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
             calls.append(("add", keys, args))
-        counts, lost, missed = [0, 0, 0, 0], {}, []
+        counts, lost = [0, 0, 0, 0], {}
+        unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
         for shard, reply in zip(shards, self._scripts.run(calls), strict=True):
             loss = lost_from(int(reply[0]), int(reply[1]))
             if loss is None:
                 counts = [a + int(b) for a, b in zip(counts, reply[1:5], strict=True)]
-                missed += [(shard, int(reply[i]), text(reply[i + 1]))
-                           for i in range(5, len(reply), 2)]  # fmt: skip
+                by_offset = {r.offset: r for r in batches[shard][1]}
+                unmatched += [(shard, by_offset[int(o)]) for o in reply[5::2]]
             else:
                 lost[shard] = loss
+        found = withdraw_elsewhere(self._scripts, self._keys, unmatched, partitions or {})
+        missed = [(s, r.offset, r.delay_id) for s, r in unmatched
+                  if isinstance(r, Cancel) and (s, r.offset) not in found]  # fmt: skip
         added, replaced, cancelled, not_found = counts
-        return Added(added, lost, replaced, cancelled, not_found, tuple(missed))
+        across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
+        replaced += len(found) - across
+        return Added(added, lost, replaced, cancelled + across, not_found - across,
+                     tuple(missed))  # fmt: skip
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """The offset to commit for each shard: its lowest pending offset, else watermark + 1.

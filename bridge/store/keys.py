@@ -22,8 +22,8 @@ pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
   offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
   offset): the lowest pending offset — the one to commit — is read without scanning records;
 * ``…:ids``       the delay-id index: only records with a caller-given delay-id (its offset's 8
-  bytes, then its due ms as text — the due ms, not the score: a reference's lane is not known
-  until it is read back);
+  bytes, then its due ms and its record timestamp as text, ``<due>:<timestamp>`` — the due ms,
+  not the score: a reference's lane is not known until it is read back; :func:`read_id_entry`);
 * ``…:refs``      HASH: records due too far out to keep whole (``store.payload_horizon``) as
   references, 16 bytes each (the offset and the due ms, both 8 big-endian bytes), appended in
   offset order to a chunk of their time bucket (field ``<bucket start ms>``; a full chunk is
@@ -200,6 +200,13 @@ def reference(offset: int, due_ms: int) -> bytes:
 def references_in(chunk: bytes) -> list[tuple[int, int]]:
     """The (offset, due ms) of each reference in a chunk, in the order they were added."""
     return [(int(o), int(d)) for o, d in _REFERENCE.iter_unpack(chunk)]
+
+
+def read_id_entry(entry: bytes) -> tuple[bytes, int, int]:
+    """An id index entry's offset (its 8 bytes), due ms and record timestamp (id_entry in
+    _lib.lua; 0 when the entry has none)."""
+    due, _, stamped = entry[8:].partition(b":")
+    return entry[:8], int(due), int(stamped or 0)
 
 
 def offset_of(member: bytes) -> int:

@@ -15,7 +15,7 @@ from bridge.store.redis_errors import as_store_error
 
 CLUSTER_ATTEMPTS = 3  # tries of a script call whose slot moved (Redis Cluster failover, resharding)
 NAMES = ("add", "claim", "ack", "release", "take_over", "stats", "low", "upgrade", "incarnation",
-         "retired", "relocate", "unclaim", "promote")  # fmt: skip
+         "retired", "relocate", "unclaim", "promote", "withdraw")  # fmt: skip
 
 # One script call: the script's name, its keys, its arguments.
 Call = tuple[str, list[str], list[Any]]

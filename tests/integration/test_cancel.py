@@ -52,7 +52,7 @@ def test_a_cancel_withdraws_the_waiting_record_and_counts_what_it_found(store: S
     added = apply(store, Cancel(2, "order-1"), Cancel(3, "never-scheduled"))
     assert (added.count, added.cancelled, added.not_found) == (0, 1, 1)
     assert waiting(store) == {1: ("order-2", b"v")}
-    assert index(store) == {b"order-2": offset_bytes(1) + str(T0 + 5000).encode()}
+    assert index(store) == {b"order-2": offset_bytes(1) + f"{T0 + 5000}:0".encode()}
     assert store.lows({SHARD: 3}).offsets == {SHARD: 1}  # 0, 2 and 3 are done
 
 
@@ -86,7 +86,7 @@ def test_a_claimed_record_is_past_cancel_and_replace(store: Store) -> None:
     assert (added.count, added.replaced) == (1, 0)
     # The in-flight one's acknowledgement leaves the index naming the newer record.
     assert store.ack({SHARD: [claimed.member]}, {SHARD: [("job", claimed.member)]}) == 1
-    assert index(store) == {b"job": offset_bytes(2) + str(T0 + 1000).encode()}
+    assert index(store) == {b"job": offset_bytes(2) + f"{T0 + 1000}:0".encode()}
     added = apply(store, Cancel(3, "job"))
     assert added.cancelled == 1 and waiting(store) == {}
     assert index(store) == {}

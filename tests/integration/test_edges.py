@@ -8,21 +8,24 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewPartitions
 
 from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
+    H_CANCEL,
     H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
+    H_ID,
     H_ORIGIN,
     H_PRIORITY,
     H_TARGET_TOPIC,
     Headers,
 )
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Setup, produce_all
+from tests.integration.harness import Bridge, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -188,3 +191,30 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
     assert time.monotonic() - grown < 30
     assert sorted(r.value or b"" for r in collector.records) == [
         f"grown-{p}".encode() for p in range(6)]  # fmt: skip
+
+
+def test_a_cancel_or_replacement_in_another_partition_finds_its_record(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A schedule's identity is (delay topic, delay-id): a cancel produced with another
+    partitioner (or after the topic grew) landed in another partition, found nothing, and the
+    record was delivered; a replacement there delivered both."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    target = setup.targets[0].encode()
+
+    def schedule(delay_id: bytes, after: bytes) -> Headers:
+        return [(H_TARGET_TOPIC, target), (H_AFTER, after), (H_ID, delay_id)]
+
+    _produce(setup.services.bootstrap, setup.delay,
+             [(0, b"cancelled", schedule(b"order-9", b"8s")),
+              (0, b"replaced", schedule(b"order-10", b"8s"))])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 2, 30, "both stored")
+    _produce(setup.services.bootstrap, setup.delay,
+             [(1, None, [(H_CANCEL, b"order-9")]),
+              (2, b"replacement", schedule(b"order-10", b"1s")),
+              (2, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"9s")])])  # fmt: skip
+    records = setup.await_value(b"marker", 60, "the marker, due after the others")
+    assert sorted(r.value or b"" for r in records) == [b"marker", b"replacement"]
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    assert metric(bridge, "delay_bridge_replaced_total") == 1

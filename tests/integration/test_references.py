@@ -78,7 +78,7 @@ def test_cancel_and_replace_reach_references(store: Store) -> None:
     assert store.references.counts([SHARD]) == {SHARD: 2}  # 2 and the replacement 4
     assert not store.inventory.is_pending(SHARD, 0) and not store.inventory.is_pending(SHARD, 1)
     assert store.client.hgetall(store.keys(SHARD).ids) == {
-        b"b": offset_bytes(4) + str(far + 2).encode()
+        b"b": offset_bytes(4) + f"{far + 2}:0".encode()
     }
     records = {0: rec(0, far, "a"), 1: rec(1, far, "b"), 2: rec(2, far + 1),
                4: rec(4, far + 2, "b", b"new")}  # fmt: skip

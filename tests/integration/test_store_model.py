@@ -3,7 +3,8 @@
 Hypothesis drives :class:`~bridge.store.Store` through random sequences of what the ingress, the
 mover and the read-back do to it — adds (every priority, with and without ids, due times over the
 accepted range and the edges of the lanes), replacements, cancels, claims of due records and ahead,
-acknowledgements (of the current epoch and an old one), releases, leases running out and taken
+cancels and replacements read in the topic's other partition (withdrawn there only if the
+record is stamped no later), acknowledgements (of the current epoch and an old one), releases, leases running out and taken
 over, rate-limited records set aside and claimed from their wait index, references promoted, and
 Redis rolled back to an earlier snapshot then rebuilt from the delay topic — against a plain-Python
 model of what waits, what is leased and what is done. After every step:
@@ -49,6 +50,7 @@ TOPIC = "delay"
 SHARDS = (Shard(TOPIC, 0), Shard(TOPIC, 1))
 TARGETS = ("out-a", "out-b")
 IDS = ("a", "b", "c")
+T0 = 1_900_000_000_000  # 2030-03-17
 LEASE = 30_000
 BUCKET = 60_000
 HORIZON = 3_600_000  # records due further out than this are kept as references
@@ -69,13 +71,14 @@ class Rec:
     priority: Priority
     delay_id: str | None  # caller-given only
     target: str
+    ts: int = 0  # a cancel read in another partition withdraws it only if stamped no earlier
     reference: bool = False  # kept as a reference, not yet promoted
     waits_for: str = ""  # set aside in its target's wait index
 
     def scheduled(self, shard: Shard) -> Scheduled:
         return Scheduled(self.offset, self.due, self.target, b"k", f"v{self.offset}".encode(),
                          [("h", b"1")], self.delay_id or origin(shard.topic, shard.partition,
-                         self.offset), priority=self.priority)  # fmt: skip
+                         self.offset), priority=self.priority, timestamp_ms=self.ts)  # fmt: skip
 
 
 @dataclass
@@ -98,30 +101,40 @@ class ShardModel:
         return set(self.waiting) | set(self.leased)
 
 
-def apply(model: ShardModel, shard: Shard, records: list[Scheduled | Cancel], horizon: int) -> None:
-    """What add.lua should do with ``records`` (ascending offsets above the watermark)."""
+def apply(models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled | Cancel],
+          horizon: int) -> None:  # fmt: skip
+    """What add.lua (and withdraw.lua, in the topic's other partitions) should do with
+    ``records`` (ascending offsets above the watermark)."""
+    model = models[shard]
     for rec in records:
         if rec.offset <= model.watermark:
             continue
+        given = rec.delay_id if isinstance(rec, Cancel) else rec.given_id(TOPIC, shard.partition)
+        if given is not None and not withdraw(model, given):
+            for other in SHARDS:
+                if other != shard and withdraw(models[other], given, rec.timestamp_ms):
+                    break
         if isinstance(rec, Cancel):
-            withdraw(model, rec.delay_id)
             continue
-        given = rec.given_id(shard.topic, shard.partition)
         if given is not None:
-            withdraw(model, given)
             model.ids[given] = rec.offset
         model.waiting[rec.offset] = Rec(rec.offset, rec.due_ms, rec.priority, given, rec.target,
-                                        reference=rec.due_ms > horizon)  # fmt: skip
+                                        rec.timestamp_ms, reference=rec.due_ms > horizon)  # fmt: skip
     model.watermark = max(model.watermark, *(r.offset for r in records))
 
 
-def withdraw(model: ShardModel, delay_id: str) -> bool:
-    """A cancel or a replacement: the waiting record with this id leaves (a leased one stays)."""
+def withdraw(model: ShardModel, delay_id: str, not_after: int | None = None) -> bool:
+    """A cancel or a replacement: the waiting record with this id leaves (a leased one stays);
+    read in another partition (``not_after``), only if stamped no later."""
     offset = model.ids.get(delay_id)
-    if offset is None or offset in model.leased:
+    if offset is None:
+        return False
+    rec = model.waiting[offset] if offset in model.waiting else model.leased[offset][0]
+    if (not_after is not None and rec.ts > not_after) or offset in model.leased:
         return False
     del model.ids[delay_id]
-    return model.waiting.pop(offset, None) is not None
+    del model.waiting[offset]
+    return True
 
 
 class StoreModel(RuleBasedStateMachine):
@@ -132,7 +145,8 @@ class StoreModel(RuleBasedStateMachine):
         self.client = redis.Redis.from_url(services.redis_url)
         self.prefix = f"test-model-{uuid.uuid4().hex[:10]}"
         self.store = Store(self.client, self.prefix)
-        self.now = self.store.time_ms() + 10_000  # ahead of Redis: leases outlive Redis's TIME
+        self.now = T0  # a fixed clock, so a failure replays; later than Redis's own TIME, which
+        # take_over compares leases with
         self.models = {s: ShardModel() for s in SHARDS}
         self.epoch = ""
         self.snapshot: tuple[dict[bytes, bytes], dict[Shard, ShardModel], int] | None = None
@@ -163,19 +177,21 @@ class StoreModel(RuleBasedStateMachine):
             min_size=1,
             max_size=6,
         ),
+        skew=st.sampled_from([-2000, 0, 0, 2000]),
     )
-    def add(self, shard: Shard, batch: list[tuple[Any, ...]]) -> None:
+    def add(self, shard: Shard, batch: list[tuple[Any, ...]], skew: int) -> None:
         model = self.models[shard]
         records: list[Scheduled | Cancel] = []
         for op in batch:
             offset = len(model.log)
+            stamped = self.now + skew  # the producer's clock
             if op[0] == "cancel":
-                rec: Scheduled | Cancel = Cancel(offset, op[1])
+                rec: Scheduled | Cancel = Cancel(offset, op[1], stamped)
             else:
                 _, priority, due, delay_id, target = op
                 due = due if due >= MIN_EPOCH_MS else self.now + due
                 due = min(max(due, MIN_EPOCH_MS), MAX_EPOCH_MS)
-                rec = Rec(offset, due, priority, delay_id, target).scheduled(shard)
+                rec = Rec(offset, due, priority, delay_id, target, stamped).scheduled(shard)
             model.log.append(rec)
             records.append(rec)
         self._ingest(shard, records)
@@ -185,17 +201,18 @@ class StoreModel(RuleBasedStateMachine):
         expected = {shard: model.seen} if model.seen is not None else None
         horizon = self.now + HORIZON
         added = self.store.add({shard: (records[-1].offset, records)}, expected,
-                               refer_after_ms=horizon, bucket_ms=BUCKET)  # fmt: skip
+                               refer_after_ms=horizon, bucket_ms=BUCKET,
+                               partitions={TOPIC: len(SHARDS)})  # fmt: skip
         if shard in added.lost:
             # Redis lost writes (a rollback): the ingress re-reads the delay topic from the
             # offset it committed, which nothing live is below, with no expectation.
             committed = self._committed(shard)
             again = [r for r in model.log if r.offset >= committed]
             self.store.add({shard: (again[-1].offset, again)}, None, refer_after_ms=horizon,
-                           bucket_ms=BUCKET)  # fmt: skip
-            apply(model, shard, again, horizon)
+                           bucket_ms=BUCKET, partitions={TOPIC: len(SHARDS)})  # fmt: skip
+            apply(self.models, shard, again, horizon)
         else:
-            apply(model, shard, records, horizon)
+            apply(self.models, shard, records, horizon)
         model.seen = model.watermark
 
     def _committed(self, shard: Shard) -> int:

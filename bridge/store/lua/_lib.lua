@@ -29,6 +29,19 @@ both, so the lowest pending offset is read without scanning records (low.lua).
 is_pending(pending, offset, maps): whether the offset (8 big-endian bytes) has its pending bit set;
 `maps`, if given, keeps the bitmaps read (a script that asks for many offsets reads each once).
 
+id_entry(offset, due, timestamp) / read_id_entry(entry): an id index entry — the record's offset
+(8 bytes), its due ms (not its score: a reference's lane is not known until it is read back) and
+its record timestamp, "<offset><due>:<timestamp>" — and its three parts (timestamp 0 if absent).
+
+withdraw(shard, id, not_after): remove the waiting record the id index of `shard` names for `id`
+(a cancel or a replacement); returns whether one was waiting. `shard` names the keys: due, ids,
+low, pending, inflight, refs, waits. With `not_after` (a record timestamp: a cancel or replacement
+read in another partition of the topic), only a record stamped no later is withdrawn — a schedule
+produced after the cancel stands. An entry whose record is neither waiting nor in flight
+(delivered meanwhile) is dropped. The entry gives the due ms, not the lane: each lane is looked
+in, in the due index, then in the wait indexes of rate-limited targets; a record in none of them,
+not in flight yet pending, is a reference: its pending bit cleared, it is never read back.
+
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
 claimed in, argv[first + 1] n, then n offsets (8 bytes each), then to the end pairs (delay-id,
@@ -186,6 +199,74 @@ local function is_pending(pending, offset, maps)
   end
   local n = string.byte(offset, 8)
   return bit.band(string.byte(map, math.floor(n / 8) + 1), bit.lshift(1, n % 8)) ~= 0
+end
+
+local function id_entry(offset, due, timestamp)
+  return offset .. int(due) .. ':' .. timestamp
+end
+
+local function read_id_entry(entry)
+  local rest = string.sub(entry, 9)
+  local colon = string.find(rest, ':', 1, true)
+  if not colon then
+    return string.sub(entry, 1, 8), tonumber(rest), 0
+  end
+  return string.sub(entry, 1, 8), tonumber(string.sub(rest, 1, colon - 1)),
+    tonumber(string.sub(rest, colon + 1))
+end
+
+-- Remove the record at `offset` due at `due` from the ZSET `key`, in whichever lane it is;
+-- returns whether it was there.
+local function take(key, offset, due)
+  for _, base in ipairs(LANES) do
+    local score = int(base + due)
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, score, score)) do
+      if string.sub(member, 1, 8) == offset then
+        redis.call('ZREM', key, member)
+        return true
+      end
+    end
+  end
+  return false
+end
+
+local function withdraw(shard, id, not_after)
+  local entry = redis.call('HGET', shard.ids, id)
+  if not entry then
+    return false
+  end
+  local offset, due, stamped = read_id_entry(entry)
+  if not_after and stamped > not_after then
+    return false
+  end
+  local found = take(shard.due, offset, due)
+  if not found then
+    for _, target in ipairs(redis.call('SMEMBERS', shard.waits)) do
+      local key = wait_key(shard.waits, target)
+      if take(key, offset, due) then
+        if redis.call('EXISTS', key) == 0 then
+          redis.call('SREM', shard.waits, target)
+        end
+        found = true
+        break
+      end
+    end
+  end
+  if found then
+    redis.call('HDEL', shard.ids, id)
+    mark_pending(shard.pending, shard.low, {offset}, false)
+    return true
+  end
+  if redis.call('ZSCORE', shard.inflight, offset) then
+    return false
+  end
+  redis.call('HDEL', shard.ids, id)
+  if is_pending(shard.pending, offset) then  -- a reference: never read back now
+    mark_pending(shard.pending, shard.low, {offset}, false)
+    redis.call('HINCRBY', shard.refs, 'count', -1)
+    return true
+  end
+  return false
 end
 
 local function ack(keys, argv, first)

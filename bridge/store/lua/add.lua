@@ -30,7 +30,7 @@ KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
-KEYS[5]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
+KEYS[5]  id index       HASH  delay-id -> offset (8 bytes), due ms, record timestamp (id_entry)
 KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting,
                               "seq" -> chunks named so far
@@ -40,13 +40,14 @@ KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lu
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
-ARGV[4..] groups of four, ascending offsets: offset, score, member, delay-id — the delay-id ""
-          unless the caller gave one; a cancel is offset, "", "", delay-id; a reference's member
-          is its 16 bytes (a record's member is longer) and its score its due ms (its priority is
-          read with the record)
+ARGV[4..] groups of five, ascending offsets: offset, score, member, delay-id, record timestamp —
+          the delay-id "" unless the caller gave one; a cancel is offset, "", "", delay-id,
+          timestamp; a reference's member is its 16 bytes (a record's member is longer) and its
+          score its due ms (its priority is read with the record)
 
-Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset
-          and delay-id of each of the first 10 cancels that found nothing}
+Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset and
+          delay-id of each cancel that found nothing and each record with a caller-given id that
+          replaced nothing here: the caller looks for theirs in the topic's other partitions}
        | {1, -1} shard state missing | {2, watermark} watermark went back
 ]]
 local mark = redis.call('HGET', KEYS[2], 'ingested')
@@ -57,61 +58,6 @@ if ARGV[1] ~= '' then
   if tonumber(mark) < tonumber(ARGV[1]) then
     return {2, tonumber(mark)}
   end
-end
-
--- Remove the record at `offset` due at `due` from the ZSET `key`, in whichever lane it is;
--- returns whether it was there.
-local function take(key, offset, due)
-  for _, base in ipairs(LANES) do
-    local score = int(base + due)
-    for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, score, score)) do
-      if string.sub(member, 1, 8) == offset then
-        redis.call('ZREM', key, member)
-        return true
-      end
-    end
-  end
-  return false
-end
-
--- Remove the waiting record the id index names for `id`; returns whether one was waiting. An
--- entry whose record is neither waiting nor in flight (delivered meanwhile) is dropped. The entry
--- gives the due ms, not the lane (a reference's priority is read with its record): each lane is
--- looked in, in the due index, then in the wait indexes of rate-limited targets.
-local function withdraw(id)
-  local entry = redis.call('HGET', KEYS[5], id)
-  if not entry then
-    return false
-  end
-  local offset, due = string.sub(entry, 1, 8), tonumber(string.sub(entry, 9))
-  local found = take(KEYS[1], offset, due)
-  if not found then
-    for _, target in ipairs(redis.call('SMEMBERS', KEYS[9])) do
-      local key = wait_key(KEYS[9], target)
-      if take(key, offset, due) then
-        if redis.call('EXISTS', key) == 0 then
-          redis.call('SREM', KEYS[9], target)
-        end
-        found = true
-        break
-      end
-    end
-  end
-  if found then
-    redis.call('HDEL', KEYS[5], id)
-    mark_pending(KEYS[4], KEYS[3], {offset}, false)
-    return true
-  end
-  if redis.call('ZSCORE', KEYS[6], offset) then
-    return false
-  end
-  redis.call('HDEL', KEYS[5], id)
-  if is_pending(KEYS[4], offset) then  -- a reference: never read back now
-    mark_pending(KEYS[4], KEYS[3], {offset}, false)
-    redis.call('HINCRBY', KEYS[7], 'count', -1)
-    return true
-  end
-  return false
 end
 
 -- 1,023 references: with its 6 bytes of header a full chunk is 16,374 bytes, inside jemalloc's
@@ -142,22 +88,22 @@ local function append_references()
   end
 end
 
+local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
+               inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9]}
 local watermark = tonumber(mark or '-1')
 local due, members = {}, {}
 local added, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0
-local missed = {}
-for i = 4, #ARGV, 4 do
+local unmatched = {}
+for i = 4, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
-    local score, member, id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    local score, member, id, stamped = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     if score == '' then
-      if withdraw(id) then
+      if withdraw(shard, id) then
         cancelled = cancelled + 1
       else
         missing = missing + 1
-        if missing <= 10 then
-          missed[#missed + 1] = ARGV[i]
-          missed[#missed + 1] = id
-        end
+        unmatched[#unmatched + 1] = ARGV[i]
+        unmatched[#unmatched + 1] = id
       end
     elseif id == '' then
       -- No id, so nothing later in the batch can withdraw it: written in one go at the end.
@@ -170,8 +116,11 @@ for i = 4, #ARGV, 4 do
       end
       members[#members + 1] = member
     else
-      if withdraw(id) then
+      if withdraw(shard, id) then
         replaced = replaced + 1
+      else
+        unmatched[#unmatched + 1] = ARGV[i]
+        unmatched[#unmatched + 1] = id
       end
       if #member == REFERENCE then
         refer(score, member)
@@ -179,7 +128,7 @@ for i = 4, #ARGV, 4 do
       else
         redis.call('ZADD', KEYS[1], score, member)
       end
-      redis.call('HSET', KEYS[5], id, string.sub(member, 1, 8) .. int(due_of(score)))
+      redis.call('HSET', KEYS[5], id, id_entry(string.sub(member, 1, 8), due_of(score), stamped))
       mark_pending(KEYS[4], KEYS[3], {member}, true)
       added = added + 1
     end
@@ -194,4 +143,4 @@ append_references()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end
-return {0, added + #members, replaced, cancelled, missing, unpack(missed)}
+return {0, added + #members, replaced, cancelled, missing, unpack(unmatched)}

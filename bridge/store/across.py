@@ -1,0 +1,50 @@
+"""A schedule's identity is (delay topic, delay-id): cancels and replacements across partitions.
+
+add.lua applies a cancel or a replacement in its own partition's shard, in offset order. One that
+finds nothing there (a producer whose partitioner differs from the schedule's, a topic that gained
+partitions since) withdraws what it names in the topic's other partitions, if that record is
+stamped no later than itself (withdraw.lua): a schedule produced after a cancel stands. Such a
+cancel is applied when the ingress reads it, so it wins against its record's due time only if read
+before then (the same partition gives the stronger guarantee: see README, Cancel and replace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from bridge.message import Cancel, Scheduled
+from bridge.store.keys import Keys, Shard, text
+from bridge.store.scripts import Call, Scripts
+
+
+def withdraw_elsewhere(
+    scripts: Scripts,
+    keys: Keys,
+    unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
+    partitions: Mapping[str, int],
+) -> set[tuple[Shard, int]]:
+    """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
+    their topic; returns the (shard, offset) of those that found their record."""
+    by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
+    for shard, rec in unmatched:
+        if partitions.get(shard.topic, 0) > 1:
+            by_topic.setdefault(shard.topic, []).append((shard, rec))
+    calls: list[Call] = []
+    asked: list[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] = []
+    for topic, items in by_topic.items():
+        for partition in range(partitions[topic]):
+            there = Shard(topic, partition)
+            theirs = [(s, r) for s, r in items if s.partition != partition]
+            if not theirs:
+                continue
+            k = keys.of(there)
+            args = [x for _, r in theirs for x in (r.delay_id, r.timestamp_ms)]
+            calls.append(("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs,
+                                       k.waits], args))  # fmt: skip
+            asked.append((there, theirs))
+    found: set[tuple[Shard, int]] = set()
+    for (_, theirs), reply in zip(asked, scripts.run(calls) if calls else [],
+                                  strict=True):  # fmt: skip
+        withdrawn = {text(i) for i in reply}
+        found |= {(s, r.offset) for s, r in theirs if r.delay_id in withdrawn}
+    return found

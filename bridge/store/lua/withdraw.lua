@@ -1,0 +1,28 @@
+--[[
+withdraw: cancels and replacements read in another partition of the shard's delay topic: remove
+the waiting records they name here (a schedule's identity is its delay topic and delay-id).
+
+Each comes with its record timestamp: only a record stamped no later is withdrawn, so a schedule
+produced after the cancel stands (see withdraw in _lib.lua). Run by the ingress for the cancels
+and the records with a caller-given id that add.lua found nothing for in their own partition.
+
+KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
+KEYS[2]  id index       HASH  delay-id -> id_entry (offset, due ms, record timestamp)
+KEYS[3]  low index      ZSET  offset bucket -> 0
+KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
+KEYS[5]  in-flight      ZSET  offset -> lease deadline ms
+KEYS[6]  references     HASH  "count" -> references waiting
+KEYS[7]  waits          SET   targets with a wait index
+ARGV[1..] pairs: delay-id, record timestamp of the cancel or replacement
+
+Returns: the delay-ids withdrawn here
+]]
+local shard = {due = KEYS[1], ids = KEYS[2], low = KEYS[3], pending = KEYS[4],
+               inflight = KEYS[5], refs = KEYS[6], waits = KEYS[7]}
+local withdrawn = {}
+for i = 1, #ARGV, 2 do
+  if withdraw(shard, ARGV[i], tonumber(ARGV[i + 1])) then
+    withdrawn[#withdrawn + 1] = ARGV[i]
+  end
+end
+return withdrawn
