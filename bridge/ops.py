@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
@@ -21,11 +21,7 @@ from bridge.redis_client import redis_client
 from bridge.store import (
     Shard,
     Store,
-    as_store_error,
-    due_of,
-    glob_escape,
     offset_of,
-    read_id_entry,
 )
 
 if TYPE_CHECKING:
@@ -144,34 +140,13 @@ def _find(
             if delay_id is None:
                 page = store.inventory.page(shard, due_before_ms, limit)
             else:
-                page = _by_id(store, shard, delay_id)
+                page = store.inventory.by_id(shard, delay_id)
             found += [(due, member, shard) for due, member in page]
         return [(due, shard, decode(member[8:], shard.topic, shard.partition, offset_of(member)))
                 for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
                 if due_before_ms is None or due < due_before_ms]  # fmt: skip
     finally:
         store.client.close()
-
-
-def _by_id(store: Store, shard: Shard, delay_id: str) -> list[tuple[int, bytes]]:
-    """The waiting record with a caller-given ``delay_id`` in ``shard``, through the id index
-    (one lookup; a default ``<topic>:<partition>:<offset>`` id is not indexed, and its offset
-    says where it is), as [(due ms, member)] or []."""
-    with as_store_error():
-        entry = cast(bytes | None, store.client.hget(store.keys(shard).ids, delay_id))
-        if entry is None:
-            head, _, tail = delay_id.rpartition(":")
-            if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
-                return []
-            # A default id names its offset; its due time is unknown, so the offset's records
-            # are looked for among the waiting members that start with it.
-            prefix = int(tail).to_bytes(8, "big")
-            return [(due_of(s), m) for key in store.inventory.waiting_keys(shard)
-                    for m, s in store.client.zscan_iter(key, match=glob_escape(prefix) + b"*",
-                                                        score_cast_func=float)
-                    if m.startswith(prefix)]  # fmt: skip
-    offset, due, _ = read_id_entry(entry)
-    return store.inventory.at(shard, due, offset)
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:

@@ -6,6 +6,9 @@ partitions since) withdraws what it names in the topic's other partitions, if th
 stamped no later than itself (withdraw.lua): a schedule produced after a cancel stands. Such a
 cancel is applied when the ingress reads it, so it wins against its record's due time only if read
 before then (the same partition gives the stronger guarantee: see README, Cancel and replace).
+
+A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a cancel of one,
+in the partition it names, finds its record by offset (:func:`default_id_entry`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from bridge.message import Cancel, Scheduled
-from bridge.store.keys import Keys, Shard, text
+from bridge.store.inventory import Inventory
+from bridge.store.keys import Keys, Shard, default_id_offset, id_entry, offset_bytes, text
 from bridge.store.scripts import Call, Scripts
 
 
@@ -48,3 +52,23 @@ def withdraw_elsewhere(
         withdrawn = {text(i) for i in reply}
         found |= {(s, r.offset) for s, r in theirs if r.delay_id in withdrawn}
     return found
+
+
+def default_id_entry(
+    inventory: Inventory,
+    shard: Shard,
+    delay_id: str,
+    batch: Sequence[Scheduled | Cancel],
+    refer_after_ms: int,
+) -> bytes:
+    """For a cancel of a default delay-id of ``shard``, an id entry naming its record where it
+    waits — in Redis, or earlier in the ``batch`` being added (kept as a reference if due after
+    ``refer_after_ms``); due -1 when in no index (a reference, or gone) — b"" for any other id."""
+    offset = default_id_offset(shard, delay_id)
+    if offset is None:
+        return b""
+    for rec in batch:
+        if rec.offset == offset and isinstance(rec, Scheduled):
+            return id_entry(offset_bytes(offset), -1 if rec.due_ms > refer_after_ms else rec.due_ms)
+    found = inventory.by_id(shard, delay_id)
+    return id_entry(offset_bytes(offset), found[0][0] if found else -1)

@@ -14,7 +14,7 @@ from typing import Any, cast
 import redis
 
 from bridge.message import Cancel, Priority, Scheduled, decode
-from bridge.store.across import withdraw_elsewhere
+from bridge.store.across import default_id_entry, withdraw_elsewhere
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -167,7 +167,9 @@ class Store:
             args: list[Any] = [_expected(expected.get(shard)), high, bucket_ms]
             for rec in records:
                 if isinstance(rec, Cancel):
-                    args += [rec.offset, "", "", rec.delay_id, rec.timestamp_ms]
+                    where = default_id_entry(self.inventory, shard, rec.delay_id, records,
+                                             refer_after)  # fmt: skip
+                    args += [rec.offset, "", where, rec.delay_id, rec.timestamp_ms]
                     continue
                 if rec.due_ms > refer_after:  # its priority is read back with the record
                     stored, at = reference(rec.offset, rec.due_ms), rec.due_ms

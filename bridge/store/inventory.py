@@ -12,7 +12,18 @@ from typing import cast
 
 import redis
 
-from bridge.store.keys import LANE_BASES, LANE_WIDTH, Keys, Shard, due_of, offset_bytes, text
+from bridge.store.keys import (
+    LANE_BASES,
+    LANE_WIDTH,
+    Keys,
+    Shard,
+    default_id_offset,
+    due_of,
+    glob_escape,
+    offset_bytes,
+    read_id_entry,
+    text,
+)
 from bridge.store.redis_errors import as_store_error
 
 
@@ -36,6 +47,25 @@ class Inventory:
         whichever lane: [(due ms, member)] or []."""
         found = self._lanes(shard, lambda base: (base + due_ms, base + due_ms, None))
         return [(due, m) for due, m in found if m.startswith(offset)]
+
+    def by_id(self, shard: Shard, delay_id: str) -> list[tuple[int, bytes]]:
+        """The waiting record with ``delay_id`` in ``shard``: [(due ms, member)] or []. A
+        caller-given id through the id index (one lookup); a default id of this shard
+        (``<topic>:<partition>:<offset>``, not indexed) among the waiting members that start
+        with its offset (its due time is unknown: a scan, for rare lookups)."""
+        with as_store_error():
+            entry = cast(bytes | None, self.client.hget(self.keys.of(shard).ids, delay_id))
+            if entry is not None:
+                offset, due, _ = read_id_entry(entry)
+                return self.at(shard, due, offset)
+            offset_number = default_id_offset(shard, delay_id)
+            if offset_number is None:
+                return []
+            prefix = offset_bytes(offset_number)
+            return [(due_of(s), m) for key in self.waiting_keys(shard)
+                    for m, s in self.client.zscan_iter(key, match=glob_escape(prefix) + b"*",
+                                                       score_cast_func=float)
+                    if m.startswith(prefix)]  # fmt: skip
 
     def _lanes(
         self, shard: Shard, bounds: Callable[[int], tuple[int, int, int | None]]

@@ -202,11 +202,26 @@ def references_in(chunk: bytes) -> list[tuple[int, int]]:
     return [(int(o), int(d)) for o, d in _REFERENCE.iter_unpack(chunk)]
 
 
+def id_entry(offset: bytes, due_ms: int, timestamp_ms: int = 0) -> bytes:
+    """An id index entry (id_entry in _lib.lua): the offset's 8 bytes, the due ms, the record
+    timestamp."""
+    return offset + f"{due_ms}:{timestamp_ms}".encode()
+
+
 def read_id_entry(entry: bytes) -> tuple[bytes, int, int]:
     """An id index entry's offset (its 8 bytes), due ms and record timestamp (id_entry in
     _lib.lua; 0 when the entry has none)."""
     due, _, stamped = entry[8:].partition(b":")
     return entry[:8], int(due), int(stamped or 0)
+
+
+def default_id_offset(shard: Shard, delay_id: str) -> int | None:
+    """The offset a default delay-id ``<topic>:<partition>:<offset>`` of ``shard`` names (None:
+    not one of its default ids)."""
+    head, _, tail = delay_id.rpartition(":")
+    if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
+        return None
+    return int(tail)
 
 
 def offset_of(member: bytes) -> int:

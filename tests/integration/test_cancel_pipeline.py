@@ -443,3 +443,27 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     # The marker, produced after the record and due at once, was read after the cancel.
     assert marker.timestamp_ms > marker.due_ms + 1000, "the cancel was read in time: test void"
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def test_a_default_delay_id_cancels_like_any_other(setup: Setup, bridges: list[Bridge]) -> None:
+    """``cancel --id <topic>:<partition>:<offset>`` (the id `list` shows for a record produced
+    without one) printed a success line and exited 0, while the bridge found nothing (the id index
+    holds caller-given ids only) and delivered the record."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    cli = cli_of(bridge)
+    target = setup.targets[0]
+    made = cli("produce", "--target", target, "--after", "4s", "--key", "u1", "plain")
+    assert made.returncode == 0, made.stderr
+    default_id = made.stdout.split()[-1]  # <topic>:<partition>:<offset>
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    listed = cli("list", "--id", default_id)
+    assert listed.returncode == 0 and default_id in listed.stdout, listed.stdout
+    done = cli("cancel", "--id", default_id)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
+             "the cancel counted")  # fmt: skip
+    after = cli("produce", "--target", target, "--after", "5s", "--key", "u1", "after")
+    assert after.returncode == 0, after.stderr
+    records = setup.await_value(b"after", 60, "the later record")
+    assert [r.value for r in records] == [b"after"]

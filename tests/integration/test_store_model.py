@@ -41,7 +41,7 @@ from hypothesis.stateful import (
 
 from bridge.message import MAX_EPOCH_MS, MIN_EPOCH_MS, Cancel, Priority, Scheduled, origin
 from bridge.store import Claimed, Shard, Store, member, offset_bytes, score
-from bridge.store.keys import LANE_WIDTH, Keys, offset_of, references_in
+from bridge.store.keys import LANE_WIDTH, Keys, default_id_offset, offset_of, references_in
 from tests.conftest import Services, delete_keys
 
 pytestmark = pytest.mark.integration
@@ -88,7 +88,8 @@ class ShardModel:
     log: list[Scheduled | Cancel] = field(default_factory=list)  # every record ever produced
     waiting: dict[int, Rec] = field(default_factory=dict)  # claimable, or a reference
     leased: dict[int, tuple[Rec, int]] = field(default_factory=dict)  # offset -> (rec, deadline)
-    ids: dict[str, int] = field(default_factory=dict)  # delay-id -> offset of its latest record
+    # delay-id -> (offset, timestamp) of its latest record (stale once that record is gone)
+    ids: dict[str, tuple[int, int]] = field(default_factory=dict)
     watermark: int = -1  # as Redis holds it
     seen: int | None = None  # the watermark the ingress last saw (None: none yet)
 
@@ -110,14 +111,18 @@ def apply(models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled
         if rec.offset <= model.watermark:
             continue
         given = rec.delay_id if isinstance(rec, Cancel) else rec.given_id(TOPIC, shard.partition)
-        if given is not None and not withdraw(model, given):
+        named = default_id_offset(shard, rec.delay_id) if isinstance(rec, Cancel) else None
+        if named is not None:  # a default id: its record, by offset
+            if named in model.waiting and named not in model.leased:
+                del model.waiting[named]
+        elif given is not None and not withdraw(model, given):
             for other in SHARDS:
                 if other != shard and withdraw(models[other], given, rec.timestamp_ms):
                     break
         if isinstance(rec, Cancel):
             continue
         if given is not None:
-            model.ids[given] = rec.offset
+            model.ids[given] = (rec.offset, rec.timestamp_ms)
         model.waiting[rec.offset] = Rec(rec.offset, rec.due_ms, rec.priority, given, rec.target,
                                         rec.timestamp_ms, reference=rec.due_ms > horizon)  # fmt: skip
     model.watermark = max(model.watermark, *(r.offset for r in records))
@@ -126,15 +131,16 @@ def apply(models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled
 def withdraw(model: ShardModel, delay_id: str, not_after: int | None = None) -> bool:
     """A cancel or a replacement: the waiting record with this id leaves (a leased one stays);
     read in another partition (``not_after``), only if stamped no later."""
-    offset = model.ids.get(delay_id)
-    if offset is None:
+    entry = model.ids.get(delay_id)
+    if entry is None:
         return False
-    rec = model.waiting[offset] if offset in model.waiting else model.leased[offset][0]
-    if (not_after is not None and rec.ts > not_after) or offset in model.leased:
+    offset, stamped = entry
+    if not_after is not None and stamped > not_after:
+        return False
+    if offset in model.leased:
         return False
     del model.ids[delay_id]
-    del model.waiting[offset]
-    return True
+    return model.waiting.pop(offset, None) is not None
 
 
 class StoreModel(RuleBasedStateMachine):
@@ -173,6 +179,7 @@ class StoreModel(RuleBasedStateMachine):
                     st.sampled_from(TARGETS),
                 ),
                 st.tuples(st.just("cancel"), st.sampled_from(IDS)),
+                st.tuples(st.just("cancel-default"), st.integers(0, 24)),
             ),
             min_size=1,
             max_size=6,
@@ -187,6 +194,8 @@ class StoreModel(RuleBasedStateMachine):
             stamped = self.now + skew  # the producer's clock
             if op[0] == "cancel":
                 rec: Scheduled | Cancel = Cancel(offset, op[1], stamped)
+            elif op[0] == "cancel-default":  # the id `list` shows for a record without its own
+                rec = Cancel(offset, origin(TOPIC, shard.partition, min(op[1], offset)), stamped)
             else:
                 _, priority, due, delay_id, target = op
                 due = due if due >= MIN_EPOCH_MS else self.now + due
@@ -293,7 +302,7 @@ class StoreModel(RuleBasedStateMachine):
         assert removed == len(chosen)
         for o in chosen:
             rec, _ = model.leased.pop(o)
-            if rec.delay_id is not None and model.ids.get(rec.delay_id) == o:
+            if rec.delay_id is not None and model.ids.get(rec.delay_id, (None,))[0] == o:
                 del model.ids[rec.delay_id]
 
     @rule(data=st.data(), shard=st.sampled_from(SHARDS))

@@ -41,6 +41,8 @@ produced after the cancel stands. An entry whose record is neither waiting nor i
 (delivered meanwhile) is dropped. The entry gives the due ms, not the lane: each lane is looked
 in, in the due index, then in the wait indexes of rate-limited targets; a record in none of them,
 not in flight yet pending, is a reference: its pending bit cleared, it is never read back.
+withdraw_at(shard, offset, due) does the same for the record at `offset` due at `due` (-1: a
+reference, or not waiting), however it is known: a default delay-id is not in the id index.
 
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
@@ -230,15 +232,9 @@ local function take(key, offset, due)
   return false
 end
 
-local function withdraw(shard, id, not_after)
-  local entry = redis.call('HGET', shard.ids, id)
-  if not entry then
-    return false
-  end
-  local offset, due, stamped = read_id_entry(entry)
-  if not_after and stamped > not_after then
-    return false
-  end
+-- The record at `offset` due at `due` leaves, wherever it waits (see withdraw above); returns
+-- whether it did, and whether it is in flight instead.
+local function withdraw_at(shard, offset, due)
   local found = take(shard.due, offset, due)
   if not found then
     for _, target in ipairs(redis.call('SMEMBERS', shard.waits)) do
@@ -252,21 +248,33 @@ local function withdraw(shard, id, not_after)
       end
     end
   end
-  if found then
-    redis.call('HDEL', shard.ids, id)
-    mark_pending(shard.pending, shard.low, {offset}, false)
-    return true
+  if not found then
+    if redis.call('ZSCORE', shard.inflight, offset) then
+      return false, true
+    end
+    if not is_pending(shard.pending, offset) then
+      return false, false
+    end
+    redis.call('HINCRBY', shard.refs, 'count', -1)  -- a reference: never read back now
   end
-  if redis.call('ZSCORE', shard.inflight, offset) then
+  mark_pending(shard.pending, shard.low, {offset}, false)
+  return true, false
+end
+
+local function withdraw(shard, id, not_after)
+  local entry = redis.call('HGET', shard.ids, id)
+  if not entry then
     return false
   end
-  redis.call('HDEL', shard.ids, id)
-  if is_pending(shard.pending, offset) then  -- a reference: never read back now
-    mark_pending(shard.pending, shard.low, {offset}, false)
-    redis.call('HINCRBY', shard.refs, 'count', -1)
-    return true
+  local offset, due, stamped = read_id_entry(entry)
+  if not_after and stamped > not_after then
+    return false
   end
-  return false
+  local done, in_flight = withdraw_at(shard, offset, due)
+  if not in_flight then
+    redis.call('HDEL', shard.ids, id)
+  end
+  return done
 end
 
 local function ack(keys, argv, first)

@@ -41,8 +41,9 @@ ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
 ARGV[4..] groups of five, ascending offsets: offset, score, member, delay-id, record timestamp —
-          the delay-id "" unless the caller gave one; a cancel is offset, "", "", delay-id,
-          timestamp; a reference's member is its 16 bytes (a record's member is longer) and its
+          the delay-id "" unless the caller gave one; a cancel is offset, "", where, delay-id,
+          timestamp — `where` "" but for a default delay-id of this shard (not in the id index):
+          then an id_entry naming its record (its due ms -1 when it waits in no index); a reference's member is its 16 bytes (a record's member is longer) and its
           score its due ms (its priority is read with the record)
 
 Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset and
@@ -92,13 +93,30 @@ local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
                inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9]}
 local watermark = tonumber(mark or '-1')
 local due, members = {}, {}
-local added, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0
+local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched = {}
+
+-- Write the records without an id held back so far (see below).
+local function flush()
+  call_chunked('ZADD', KEYS[1], due)
+  mark_pending(KEYS[4], KEYS[3], members, true)
+  if referred > 0 then
+    redis.call('HINCRBY', KEYS[7], 'count', referred)
+  end
+  due, members, referred = {}, {}, 0
+end
+
 for i = 4, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
     local score, member, id, stamped = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     if score == '' then
-      if withdraw(shard, id) then
+      local done = withdraw(shard, id)
+      if not done and member ~= '' then  -- a default id: where the caller found its record
+        flush()  -- it may be one of this batch's
+        local offset, at = read_id_entry(member)
+        done = withdraw_at(shard, offset, at)
+      end
+      if done then
         cancelled = cancelled + 1
       else
         missing = missing + 1
@@ -106,7 +124,8 @@ for i = 4, #ARGV, 5 do
         unmatched[#unmatched + 1] = id
       end
     elseif id == '' then
-      -- No id, so nothing later in the batch can withdraw it: written in one go at the end.
+      -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
+      -- written in one go (at the end, or before such a cancel).
       if #member == REFERENCE then
         refer(score, member)
         referred = referred + 1
@@ -115,6 +134,7 @@ for i = 4, #ARGV, 5 do
         due[#due + 1] = member
       end
       members[#members + 1] = member
+      plain = plain + 1
     else
       if withdraw(shard, id) then
         replaced = replaced + 1
@@ -134,13 +154,9 @@ for i = 4, #ARGV, 5 do
     end
   end
 end
-call_chunked('ZADD', KEYS[1], due)
-mark_pending(KEYS[4], KEYS[3], members, true)
-if referred > 0 then
-  redis.call('HINCRBY', KEYS[7], 'count', referred)
-end
+flush()
 append_references()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end
-return {0, added + #members, replaced, cancelled, missing, unpack(unmatched)}
+return {0, added + plain, replaced, cancelled, missing, unpack(unmatched)}
