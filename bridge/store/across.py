@@ -57,18 +57,18 @@ def withdraw_elsewhere(
 def default_id_entry(
     inventory: Inventory,
     shard: Shard,
-    delay_id: str,
+    cancel: Cancel,
     batch: Sequence[Scheduled | Cancel],
     refer_after_ms: int,
 ) -> bytes:
-    """For a cancel of a default delay-id of ``shard``, an id entry naming its record where it
+    """For a ``cancel`` of a default delay-id of ``shard``, an id entry naming its record where it
     waits — in Redis, or earlier in the ``batch`` being added (kept as a reference if due after
     ``refer_after_ms``); due -1 when in no index (a reference, or gone) — b"" for any other id."""
-    offset = default_id_offset(shard, delay_id)
+    offset = default_id_offset(shard, cancel.delay_id)
     if offset is None:
         return b""
     for rec in batch:
         if rec.offset == offset and isinstance(rec, Scheduled):
             return id_entry(offset_bytes(offset), -1 if rec.due_ms > refer_after_ms else rec.due_ms)
-    found = inventory.by_id(shard, delay_id)
+    found = inventory.by_id(shard, cancel.delay_id)
     return id_entry(offset_bytes(offset), found[0][0] if found else -1)

@@ -167,8 +167,7 @@ class Store:
             args: list[Any] = [_expected(expected.get(shard)), high, bucket_ms]
             for rec in records:
                 if isinstance(rec, Cancel):
-                    where = default_id_entry(self.inventory, shard, rec.delay_id, records,
-                                             refer_after)  # fmt: skip
+                    where = default_id_entry(self.inventory, shard, rec, records, refer_after)
                     args += [rec.offset, "", where, rec.delay_id, rec.timestamp_ms]
                     continue
                 if rec.due_ms > refer_after:  # its priority is read back with the record
