@@ -254,6 +254,8 @@ class Metrics:
             self.read_back.labels(result=result)
         for tier in ("full", "reference"):
             self.stored_bytes.labels(tier=tier)
+        for priority in Priority:  # a series from the start: 0, not "no data", to alert on
+            self.lateness.labels(priority=priority.label)
 
     def declare_delay_topics(self, topics: Iterable[str]) -> None:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from bridge.metrics import LATENESS_BUCKETS, BatchHistogram
+from bridge.metrics import LATENESS_BUCKETS, BatchHistogram, Metrics
 
 # Every bucket edge exactly (``le`` is inclusive), just above each, zero and past the last edge.
 VALUES = [0.0, *LATENESS_BUCKETS, *(b + 1e-9 for b in LATENESS_BUCKETS), 7200.0, 0.0004]
@@ -38,3 +38,15 @@ def test_a_batch_of_observations_counts_as_one_observation_each() -> None:
     assert total == pytest.approx(sum(VALUES), rel=1e-12)
     assert 'lateness_bucket{le="0.001"} 3.0' in one_by_one  # 0, 0.0004 and 0.001 itself
     assert f"lateness_count {float(len(VALUES))}" in one_by_one
+
+
+def test_the_lateness_of_every_priority_has_a_series_before_any_delivery() -> None:
+    """Labelled by priority, the histogram had no series until the first delivery: dashboards
+    and alerts saw "no data" instead of 0."""
+    registry = CollectorRegistry()
+    Metrics(registry)
+    for priority in ("high", "normal", "low"):
+        count = registry.get_sample_value(
+            "delay_bridge_delivery_lateness_seconds_count", {"priority": priority}
+        )
+        assert count == 0.0, priority
