@@ -14,10 +14,20 @@ in the partition it names, finds its record by offset (:func:`default_id_entry`)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from bridge.message import Cancel, Scheduled
 from bridge.store.inventory import Inventory
-from bridge.store.keys import Keys, Shard, default_id_offset, id_entry, offset_bytes, text
+from bridge.store.keys import (
+    Keys,
+    Shard,
+    default_id_offset,
+    id_entry,
+    offset_bytes,
+    read_id_entry,
+    text,
+)
+from bridge.store.redis_errors import as_store_error
 from bridge.store.scripts import Call, Scripts
 
 
@@ -28,29 +38,42 @@ def withdraw_elsewhere(
     partitions: Mapping[str, int],
 ) -> set[tuple[Shard, int]]:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
-    their topic; returns the (shard, offset) of those that found their record."""
+    their topic; returns the (shard, offset) of those that found their record. The id indexes
+    are read first (one HMGET per other partition, in one round trip) and withdraw.lua runs only
+    where one names a record stamped no later: a record with its own id first seen, the usual
+    case, costs a hash lookup per other partition, not a script's."""
     by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
     for shard, rec in unmatched:
         if partitions.get(shard.topic, 0) > 1:
             by_topic.setdefault(shard.topic, []).append((shard, rec))
-    calls: list[Call] = []
     asked: list[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] = []
     for topic, items in by_topic.items():
         for partition in range(partitions[topic]):
-            there = Shard(topic, partition)
             theirs = [(s, r) for s, r in items if s.partition != partition]
-            if not theirs:
-                continue
+            if theirs:
+                asked.append((Shard(topic, partition), theirs))
+    if not asked:
+        return set()
+    with as_store_error():
+        pipe = scripts.client.pipeline(transaction=False)
+        for there, theirs in asked:
+            pipe.hmget(keys.of(there).ids, [r.delay_id for _, r in theirs])
+        entries = cast(list[list[bytes | None]], pipe.execute())
+    calls: list[Call] = []
+    named: list[list[tuple[Shard, Scheduled | Cancel]]] = []
+    for (there, theirs), found_entries in zip(asked, entries, strict=True):
+        hits = [(s, r) for (s, r), e in zip(theirs, found_entries, strict=True)
+                if e is not None and read_id_entry(e)[2] <= r.timestamp_ms]  # fmt: skip
+        if hits:
             k = keys.of(there)
-            args = [x for _, r in theirs for x in (r.delay_id, r.timestamp_ms)]
+            args = [x for _, r in hits for x in (r.delay_id, r.timestamp_ms)]
             calls.append(("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs,
                                        k.waits], args))  # fmt: skip
-            asked.append((there, theirs))
+            named.append(hits)
     found: set[tuple[Shard, int]] = set()
-    for (_, theirs), reply in zip(asked, scripts.run(calls) if calls else [],
-                                  strict=True):  # fmt: skip
+    for hits, reply in zip(named, scripts.run(calls) if calls else [], strict=True):
         withdrawn = {text(i) for i in reply}
-        found |= {(s, r.offset) for s, r in theirs if r.delay_id in withdrawn}
+        found |= {(s, r.offset) for s, r in hits if r.delay_id in withdrawn}
     return found
 
 
