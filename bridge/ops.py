@@ -14,14 +14,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from bridge.config import Config, consumer_settings
+from bridge.config import Config, consumer_settings, read_back_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import Scheduled, decode, format_time_ms
 from bridge.redis_client import redis_client
 from bridge.store import (
+    REFERENCE_BYTES,
     Shard,
     Store,
     offset_of,
+    references_in,
 )
 
 if TYPE_CHECKING:
@@ -142,11 +144,48 @@ def _find(
             else:
                 page = store.inventory.by_id(shard, delay_id)
             found += [(due, member, shard) for due, member in page]
-        return [(due, shard, decode(member[8:], shard.topic, shard.partition, offset_of(member)))
-                for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
-                if due_before_ms is None or due < due_before_ms]  # fmt: skip
+        chosen = [(due, member, shard)
+                  for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
+                  if due_before_ms is None or due < due_before_ms]  # fmt: skip
+        far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
+        read = _read_back(config, far, store.time_ms()) if far else {}
+        return [(due, shard, read[shard, member] if len(member) == REFERENCE_BYTES
+                 else decode(member[8:], shard.topic, shard.partition, offset_of(member)))
+                for due, member, shard in chosen]  # fmt: skip
     finally:
         store.client.close()
+
+
+def _read_back(
+    config: Config, far: Sequence[tuple[Shard, bytes]], now_ms: int
+) -> dict[tuple[Shard, bytes], Scheduled]:
+    """The records that references stand for, read from the delay topic as the read-back reads
+    them (one consumer, never a group member): a record's tier does not show in the tools. A
+    record gone from the topic, or Kafka unreachable, shows as bound for the DLQ."""
+    from confluent_kafka import Consumer, KafkaException
+
+    from bridge.readback import Reader, missing_record, parse_read_back
+
+    rules = config.rules()
+    out: dict[tuple[Shard, bytes], Scheduled] = {}
+    reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
+    try:
+        for shard in sorted({s for s, _ in far}):
+            refs = {references_in(m)[0]: m for s, m in far if s == shard}
+            try:
+                messages = reader.read(shard, [offset for offset, _ in refs])
+            except (BridgeError, KafkaException) as exc:
+                messages, why = {}, f"not read back from Kafka: {exc}"
+            else:
+                why = "gone from the delay topic"
+            for (offset, due), stored in refs.items():
+                msg = messages.get(offset)
+                out[shard, stored] = (missing_record(shard, offset, due, why) if msg is None else
+                                      parse_read_back(rules, shard, (offset, due), msg,
+                                                      now_ms)[0])  # fmt: skip
+    finally:
+        reader.close()
+    return out
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:

@@ -158,10 +158,10 @@ class ReadBack:
             msg = messages.get(offset)
             if msg is None:
                 detail = f"offset {offset} of {shard} (due {format_time_ms(due)}): {gone}"
-                record, result = _missing(shard, offset, due, detail), "missing"
+                record, result = missing_record(shard, offset, due, detail), "missing"
                 missing.append(offset)
             else:
-                record, result = self._parse(shard, offset, due, msg, now_ms)
+                record, result = parse_read_back(self.rules, shard, (offset, due), msg, now_ms)
             out.append((due, score(record), member(record, shard.topic, shard.partition), result))
         if missing:  # one line a chunk, not a record
             logger.warning("%d records of %s (offsets %d..%d): %s; dead-lettered as "
@@ -169,43 +169,49 @@ class ReadBack:
                            missing[-1], gone, extra={"repeat_key": "payload-missing"})  # fmt: skip
         return out
 
-    def _parse(
-        self, shard: Shard, offset: int, due: int, msg: Message, now_ms: int
-    ) -> tuple[Scheduled, str]:
-        ts_type, ts = msg.timestamp()
-        stamped = ts_type != 0
-        headers = headers_of(msg)
-        try:
-            record = parse_record(
-                self.rules, topic=shard.topic, partition=shard.partition, offset=offset,
-                timestamp_ms=ts if stamped else None, key=msg.key(), value=msg.value(),
-                headers=headers, now_ms=now_ms,
-            )  # fmt: skip
-        except Rejected as refused:
-            logger.warning("offset %d of %s, read back, is refused now: %s; dead-lettered at its "
-                           "due time", offset, shard, refused,
-                           extra={"repeat_key": "read-back-refused"})  # fmt: skip
-            detail = f"read back: {refused.detail}"
-            original = (msg.key(), msg.value(), headers)
-            return dead_letter_when_due(shard.topic, shard.partition, offset, due,
-                                        reason=refused.reason, detail=detail,
-                                        message=original), "refused"  # fmt: skip
-        # The reference says when it is due; a record due at another time (with a timestamp, its
-        # due time is the same however often it is read) is not the one referenced.
-        if not isinstance(record, Scheduled) or (stamped and record.due_ms != due):
-            detail = (f"offset {offset} of {shard} holds another record than the one referenced "
-                      f"(due {format_time_ms(due)}): the topic was recreated?")  # fmt: skip
-            logger.warning("%s; dead-lettered as payload-missing at its due time", detail,
-                           extra={"repeat_key": "payload-missing"})  # fmt: skip
-            return _missing(shard, offset, due, detail), "missing"
-        # Lateness counts from the due time: a reference was never the producer's delay. (The
-        # record was parsed just now and is not shared: set in place, dataclasses.replace costs
-        # a tenth of a record's read-back.)
-        record.due_ms, record.stored_ms = due, None
-        return record, "stored"
+
+def parse_read_back(
+    rules: Rules, shard: Shard, reference: tuple[int, int], msg: Message, now_ms: int
+) -> tuple[Scheduled, str]:
+    """The record a reference (``offset``, ``due``) stands for, read back as ``msg``, as it is
+    stored: itself, or bound for the DLQ when the rules refuse it now or ``msg`` is another
+    record than the one referenced; with the read-back result (``stored``, ``refused``,
+    ``missing``)."""
+    offset, due = reference
+    ts_type, ts = msg.timestamp()
+    stamped = ts_type != 0
+    headers = headers_of(msg)
+    try:
+        record = parse_record(
+            rules, topic=shard.topic, partition=shard.partition, offset=offset,
+            timestamp_ms=ts if stamped else None, key=msg.key(), value=msg.value(),
+            headers=headers, now_ms=now_ms,
+        )  # fmt: skip
+    except Rejected as refused:
+        logger.warning("offset %d of %s, read back, is refused now: %s; dead-lettered at its "
+                       "due time", offset, shard, refused,
+                       extra={"repeat_key": "read-back-refused"})  # fmt: skip
+        detail = f"read back: {refused.detail}"
+        original = (msg.key(), msg.value(), headers)
+        return dead_letter_when_due(shard.topic, shard.partition, offset, due,
+                                    reason=refused.reason, detail=detail,
+                                    message=original), "refused"  # fmt: skip
+    # The reference says when it is due; a record due at another time (with a timestamp, its
+    # due time is the same however often it is read) is not the one referenced.
+    if not isinstance(record, Scheduled) or (stamped and record.due_ms != due):
+        detail = (f"offset {offset} of {shard} holds another record than the one referenced "
+                  f"(due {format_time_ms(due)}): the topic was recreated?")  # fmt: skip
+        logger.warning("%s; dead-lettered as payload-missing at its due time", detail,
+                       extra={"repeat_key": "payload-missing"})  # fmt: skip
+        return missing_record(shard, offset, due, detail), "missing"
+    # Lateness counts from the due time: a reference was never the producer's delay. (The
+    # record was parsed just now and is not shared: set in place, dataclasses.replace costs
+    # a tenth of a record's read-back.)
+    record.due_ms, record.stored_ms = due, None
+    return record, "stored"
 
 
-def _missing(shard: Shard, offset: int, due: int, detail: str) -> Scheduled:
+def missing_record(shard: Shard, offset: int, due: int, detail: str) -> Scheduled:
     """A record to dead-letter as payload-missing at ``due``, in place of one that is gone."""
     return dead_letter_when_due(shard.topic, shard.partition, offset, due,
                                 reason=Reason.PAYLOAD_MISSING, detail=detail)  # fmt: skip

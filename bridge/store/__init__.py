@@ -2,6 +2,7 @@
 
 from bridge.store.api import ON_TIME_WINDOW_MS, Store
 from bridge.store.keys import (
+    REFERENCE_BYTES,
     Shard,
     ShardKeys,
     due_of,
@@ -12,6 +13,7 @@ from bridge.store.keys import (
     offset_bytes,
     offset_of,
     read_id_entry,
+    references_in,
     score,
 )
 from bridge.store.redis_errors import as_store_error
@@ -20,6 +22,7 @@ from bridge.store.results import Added, Backlog, Bound, Claimed, Claims, Lost, L
 
 __all__ = [
     "ON_TIME_WINDOW_MS",
+    "REFERENCE_BYTES",
     "Added",
     "Backlog",
     "Bound",
@@ -40,5 +43,6 @@ __all__ = [
     "offset_bytes",
     "offset_of",
     "read_id_entry",
+    "references_in",
     "score",
 ]

@@ -21,7 +21,10 @@ from bridge.store.keys import (
     due_of,
     glob_escape,
     offset_bytes,
+    offset_of,
     read_id_entry,
+    reference,
+    references_in,
     text,
 )
 from bridge.store.redis_errors import as_store_error
@@ -38,9 +41,29 @@ class Inventory:
         self, shard: Shard, due_before_ms: int | None = None, limit: int = 20
     ) -> list[tuple[int, bytes]]:
         """The ``limit`` earliest records waiting in ``shard`` (due before ``due_before_ms`` if
-        given), whatever their priority: (due ms, member) in due order."""
+        given), whatever their priority or tier: (due ms, member) in due order, a reference's
+        member its 16 bytes (:func:`bridge.store.keys.reference`)."""
         last = LANE_WIDTH - 1 if due_before_ms is None else due_before_ms - 1
-        return heapq.nsmallest(limit, self._lanes(shard, lambda base: (base, base + last, limit)))
+        whole = self._lanes(shard, lambda base: (base, base + last, limit))
+        return heapq.nsmallest(limit, whole + self.references(shard, last, limit))
+
+    def references(self, shard: Shard, last_ms: int, limit: int) -> list[tuple[int, bytes]]:
+        """At least the ``limit`` earliest references waiting in ``shard`` due by ``last_ms``
+        (not cancelled: still pending), as (due ms, its 16 bytes); their chunks are read in
+        bucket order until the next bucket starts after the ``limit``-th due time found."""
+        k = self.keys.of(shard)
+        found: list[tuple[int, bytes]] = []
+        with as_store_error():
+            chunks = cast(list[tuple[bytes, float]], self.client.zrangebyscore(
+                k.refs_due, "-inf", last_ms, withscores=True))  # fmt: skip
+            for field, start in chunks:
+                if len(found) >= limit and heapq.nsmallest(limit, found)[-1][0] < start:
+                    break
+                data = cast(bytes | None, self.client.hget(k.refs, text(field)))
+                for offset, due in references_in(data or b""):
+                    if due <= last_ms and self.is_pending(shard, offset):
+                        found.append((due, reference(offset, due)))
+        return found
 
     def at(self, shard: Shard, due_ms: int, offset: bytes) -> list[tuple[int, bytes]]:
         """The record at ``offset`` (8 bytes) if it waits in ``shard`` due at ``due_ms``, in
@@ -57,7 +80,7 @@ class Inventory:
             entry = cast(bytes | None, self.client.hget(self.keys.of(shard).ids, delay_id))
             if entry is not None:
                 offset, due, _ = read_id_entry(entry)
-                return self.at(shard, due, offset)
+                return self.at(shard, due, offset) or self._reference(shard, offset, due)
             offset_number = default_id_offset(shard, delay_id)
             if offset_number is None:
                 return []
@@ -66,6 +89,16 @@ class Inventory:
                     for m, s in self.client.zscan_iter(key, match=glob_escape(prefix) + b"*",
                                                        score_cast_func=float)
                     if m.startswith(prefix)]  # fmt: skip
+
+    def _reference(self, shard: Shard, offset: bytes, due_ms: int) -> list[tuple[int, bytes]]:
+        """The record at ``offset``, waiting in no index, as a reference if it is one (pending,
+        not in flight): [(due ms, its 16 bytes)] or []."""
+        number = offset_of(offset)
+        with as_store_error():
+            in_flight = self.client.zscore(self.keys.of(shard).inflight, offset) is not None
+        if in_flight or not self.is_pending(shard, number):
+            return []
+        return [(due_ms, reference(number, due_ms))]
 
     def _lanes(
         self, shard: Shard, bounds: Callable[[int], tuple[int, int, int | None]]

@@ -4,6 +4,7 @@ from the command line."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -467,3 +468,35 @@ def test_a_default_delay_id_cancels_like_any_other(setup: Setup, bridges: list[B
     assert after.returncode == 0, after.stderr
     records = setup.await_value(b"after", 60, "the later record")
     assert [r.value for r in records] == [b"after"]
+
+
+def test_far_future_records_show_in_the_tools_as_any_other(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record due past store.payload_horizon is kept as a reference: list --id said "(no
+    waiting records)", cancel --id said it waits in no partition (and exited 1), status showed no
+    next due time, list --due-before left it out. Its tier is an internal matter."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    cli = cli_of(bridge)
+    made = cli("produce", "--target", setup.targets[0], "--after", "2h", "--id", "far-id",
+               "--key", "k-far", "far away")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    partition = int(made.stdout.split()[-1].split(":")[1])
+    listed = cli("list", "--id", "far-id", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert (row["delay_id"], row["target"], row["key"], row["value_bytes"]) == (
+        "far-id", setup.targets[0], "k-far", len(b"far away"))  # fmt: skip
+    in_3h = str(time.time_ns() // 1_000_000 + 3 * 3_600_000)
+    before = cli("list", "--due-before", in_3h, "--json")
+    assert [r["delay_id"] for r in json.loads(before.stdout)] == ["far-id"], before.stdout
+    status = json.loads(cli("status", "--json").stdout)
+    [mine] = [p for p in status["partitions"] if p["partition"] == partition]
+    assert mine["references"] == 1 and mine["next_due_ms"] == row["due_ms"], mine
+    done = cli("cancel", "--id", "far-id")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
+             "the cancel counted")  # fmt: skip
+    assert json.loads(cli("list", "--id", "far-id", "--json").stdout) == []
