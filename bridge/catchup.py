@@ -51,6 +51,10 @@ class CatchUp:
         self._behind: dict[Shard, tuple[int, float]] = {}
         self._told: set[Shard] = set()  # shards read behind whose holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
+        # The Redis watermark of each owned shard as the ingress last read or wrote it: written
+        # by the ingress's thread (bridge.positions), copied whole by the mover's (one C call
+        # under the GIL), which claims nothing new from a shard Redis has rolled back below it.
+        self.marks: dict[Shard, int] = {}
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -117,6 +121,10 @@ class CatchUp:
         """The shards being caught up on, with the offset each must reach."""
         with self._lock:
             return dict(self._ends)
+
+    def watermarks(self) -> dict[Shard, int]:
+        """Shard -> the watermark the ingress last saw in Redis (see :meth:`Store.claim`)."""
+        return dict(self.marks)
 
     def horizons(self) -> dict[Shard, int]:
         """Shard -> the due time up to which its records may be claimed, for shards behind."""

@@ -46,6 +46,7 @@ class Positions:
         on_retired: Callable[[set[Shard]], None],
         known_ids: Callable[[], Mapping[str, str]] = dict,
         on_reread: Callable[[Mapping[Shard, int]], None] = lambda starts: None,
+        marks: dict[Shard, int] | None = None,
     ) -> None:
         self.consumer = consumer
         self.store = store
@@ -55,8 +56,9 @@ class Positions:
         self._on_retired = on_retired
         self._on_reread = on_reread  # shards sought back, with the offset each is read from
         self.assigned: set[Shard] = set()
-        # The Redis watermark of each owned shard as last read or written by this process.
-        self.marks: dict[Shard, int] = {}
+        # The Redis watermark of each owned shard as last read or written by this process (the
+        # mover reads it too: CatchUp.marks).
+        self.marks: dict[Shard, int] = {} if marks is None else marks
 
     def store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
         """Store each shard's lowest pending offset for the next commit (auto or explicit)."""
@@ -133,7 +135,7 @@ class Positions:
         bind = {s: ids.get(s.topic, "") for s in shards if s.topic in ids or s in went_back}
         if not bind:
             return {}
-        replaced = {s: b for s, b in self.store.bind(bind, went_back).items() if b.replaced}
+        replaced = {s: b for s, b in self.store.layout.bind(bind, went_back).items() if b.replaced}
         for shard, bound in replaced.items():
             topic_id = ids.get(shard.topic, "")
             if bound.stored_id and topic_id and bound.stored_id != topic_id:

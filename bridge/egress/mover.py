@@ -196,6 +196,7 @@ class Egress:
             acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
             epochs={s: a.epoch for s, a in acks.items()}, lanes=self.lanes.limits(shards),
             ahead_lanes=self.lanes.ahead(self.owned, now + self.ahead_ms),
+            watermarks=self.catch_up.watermarks(),
         )  # fmt: skip
         self.turns.mark("claiming from redis")
         self.deliveries.acknowledged(acks)
@@ -213,7 +214,7 @@ class Egress:
 
     def _claim_waiting(self, now: float, now_ms: int | None, room: int) -> int:
         """Claim from the wait indexes what the rate-limited targets' rates allow now."""
-        got = self.targets.claim(now, now_ms, room, self.catch_up.horizons(), self.batch_size)
+        got = self.targets.claim(now, now_ms, room, self.catch_up, self.batch_size)
         for claims in got:
             if self.rate is not None:
                 self.rate.take(len(claims))
@@ -244,7 +245,7 @@ class Egress:
         self.plan.claim_again(members, self.clock.now_ms() + wait_ms)  # released after a claim
 
     def _forget_if_drained(self, shard: Shard) -> None:
-        if self.store.forget_retired(shard):  # nothing left of that incarnation
+        if self.store.layout.forget_retired(shard):  # nothing left of that incarnation
             logger.info("delivered every record left in %s", shard)
             self.owned = self.owned - {shard}
             self.plan.forget([shard])

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 
+from bridge.catchup import CatchUp
 from bridge.egress.plan import HOLD_WAIT_S
 from bridge.egress.settle import Ident
 from bridge.message import Priority
@@ -141,15 +142,17 @@ class TargetLimits:
             self.waiting.setdefault(c.record.target, {})[c.shard] = -1
         return out
 
-    def claim(self, now: float, now_ms: int | None, room: int, horizons: Mapping[Shard, int],
+    def claim(self, now: float, now_ms: int | None, room: int, catch_up: CatchUp,
               batch: int) -> list[Claims]:  # fmt: skip
         """Claim from the wait indexes what the targets' rates allow now (at most ``room`` in
         all): the claims of each target claimed from. ``now`` is Redis's clock as the mover
-        carries it on, ``now_ms`` the time the claim is to use (None: Redis's)."""
+        carries it on, ``now_ms`` the time the claim is to use (None: Redis's); ``catch_up``
+        gives the horizons and watermarks, as for the due indexes."""
         limits = self._limits(now, room, batch)
         if not limits:
             return []
-        got = self.store.claim_waiting(limits, self.lease_ms, now_ms, horizons, self._lanes())
+        got = self.store.claim_waiting(limits, self.lease_ms, now_ms, catch_up.horizons(),
+                                       self._lanes(), watermarks=catch_up.watermarks())  # fmt: skip
         self._claimed(got)
         return list(got.values())
 

@@ -49,7 +49,7 @@ class Membership:
         self._paused = paused
         self.positions = Positions(
             consumer, store, metrics, topic_ids, on_retired=on_assign, known_ids=known_ids,
-            on_reread=self.reading_again,
+            on_reread=self.reading_again, marks=catch_up.marks,
         )  # fmt: skip
         self.joined = False
         # Partitions lost with the group session (Kafka unreachable), until the group forms
@@ -70,11 +70,11 @@ class Membership:
         try:
             # Keys under the names of earlier builds move first; records in the earlier store
             # layout then become claimable (lows() retries that).
-            self.store.relocate(shards)
-            self.store.upgrade(shards)
+            self.store.layout.relocate(shards)
+            self.store.layout.upgrade(shards)
             replaced = self.positions.bind(shards)
             marks = self.store.inventory.watermarks(shards)
-            retired = self.store.retired(shards)
+            retired = self.store.layout.retired(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from committed offsets")
             marks = {}

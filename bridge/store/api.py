@@ -33,7 +33,6 @@ from bridge.store.references import References
 from bridge.store.results import (
     Added,
     Backlog,
-    Bound,
     Claimed,
     Claims,
     Lows,
@@ -106,28 +105,6 @@ class Store:
     def legacy_keys(self, shard: Shard) -> LegacyKeys:
         """The shard's keys in the earlier layout, which :meth:`upgrade` empties."""
         return self._keys.legacy(shard)
-
-    def relocate(self, shards: Sequence[Shard]) -> int:
-        """See :meth:`Layout.relocate`."""
-        return self.layout.relocate(shards)
-
-    def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
-        """See :meth:`Layout.upgrade`."""
-        return self.layout.upgrade(shards, batch)
-
-    def bind(
-        self, topic_ids: Mapping[Shard, str], force: Sequence[Shard] = ()
-    ) -> dict[Shard, Bound]:
-        """See :meth:`Layout.bind`."""
-        return self.layout.bind(topic_ids, force)
-
-    def retired(self, shards: Sequence[Shard]) -> set[Shard]:
-        """See :meth:`Layout.retired`."""
-        return self.layout.retired(shards)
-
-    def forget_retired(self, shard: Shard) -> bool:
-        """See :meth:`Layout.forget_retired`."""
-        return self.layout.forget_retired(shard)
 
     def probe_key(self) -> str:
         """The key :meth:`probe` writes."""
@@ -205,7 +182,7 @@ class Store:
         Records still in the earlier layout are moved first, so they hold the low offset down.
         """
         shards = list(expected)
-        self.upgrade(shards)
+        self.layout.upgrade(shards)
         calls: list[Call] = []
         for shard in shards:
             k = self.keys(shard)
@@ -236,6 +213,7 @@ class Store:
         epochs: Mapping[Shard, str] | None = None,
         lanes: Mapping[Shard, Priority] | None = None,
         ahead_lanes: Priority | None = None,
+        watermarks: Mapping[Shard, int] | None = None,
     ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
@@ -246,7 +224,9 @@ class Store:
         that much of now are leased too (room permitting): the caller produces them when they
         fall due. A shard in ``lanes`` gives only records of that priority or higher, and only
         records of ``ahead_lanes`` or higher are claimed ahead; the reply says which priorities
-        still have records due and each lane's earliest due time (:class:`Claims`)."""
+        still have records due and each lane's earliest due time (:class:`Claims`). From a shard
+        whose Redis watermark is below its ``watermarks`` entry (the ingress's; Redis rolled
+        back) nothing new is claimed until the ingress has read it again (see claim.lua)."""
         if not shards:
             now = self.time_ms() if now_ms is None else now_ms
             return Claims([], now, {}, time.monotonic(), now)
@@ -260,6 +240,7 @@ class Store:
             args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
                     "" if horizon is None else horizon, ahead_ms, "" if last is None else last + 1,
                     "" if ahead_lanes is None else ahead_lanes + 1, "",
+                    _expected((watermarks or {}).get(shard)),
                     *_ack_args(shard, acks or {}, ids or {}, epochs or {})]  # fmt: skip
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args))
@@ -272,10 +253,13 @@ class Store:
         now_ms: int | None = None,
         horizons: Mapping[Shard, int] | None = None,
         lanes: Mapping[str, Priority] | None = None,
+        *,
+        watermarks: Mapping[Shard, int] | None = None,
     ) -> dict[str, Claims]:
         """Lease due records from the wait indexes of rate-limited targets: up to ``limits[shard,
         target]`` from each, only records of ``lanes[target]`` or higher priority, and from a
-        shard in ``horizons`` only records due by its horizon, as :meth:`claim` does. Returns
+        shard in ``horizons`` only records due by its horizon, and ``watermarks``, as
+        :meth:`claim` does. Returns
         each target's claims; their ``due_lanes`` and ``earliest`` tell of the target's wait
         index in each shard."""
         now_arg = "" if now_ms is None else str(now_ms)
@@ -287,7 +271,8 @@ class Store:
             horizon, last = horizons.get(shard), lanes.get(target)
             args = [limits[shard, target], lease_ms, now_arg, ON_TIME_WINDOW_MS,
                     "" if horizon is None else horizon, 0, "" if last is None else last + 1, "",
-                    target, *_ack_args(shard, {}, {}, {})]  # fmt: skip
+                    target, _expected((watermarks or {}).get(shard)),
+                    *_ack_args(shard, {}, {}, {})]  # fmt: skip
             keys = [self._keys.wait(shard, target), k.inflight, k.claimed, k.low, k.pending,
                     k.ids, k.meta, k.waits]  # fmt: skip
             calls.append(("claim", keys, args))

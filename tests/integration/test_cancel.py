@@ -140,3 +140,24 @@ def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Stor
     assert index(store) != {}
     assert apply(store, Cancel(1, "job")).not_found == 1
     assert index(store) == {}
+
+
+def test_nothing_new_is_claimed_from_a_shard_redis_rolled_back_until_it_is_read_again(
+    store: Store,
+) -> None:
+    """Redis rolled back (an AOF tail, a failover) to before a cancel: the mover claimed the
+    record the lost cancel had withdrawn before the ingress noticed, since claim.lua read no
+    watermark. Given the one the ingress last saw, it claims nothing new from that shard."""
+    apply(store, rec(0, T0, "x"), rec(1, T0 + 10))
+    k = store.keys(SHARD)
+    snapshot = {name: store.client.dump(name) for name in k.all() if store.client.exists(name)}
+    assert apply(store, Cancel(2, "x")).cancelled == 1
+    for name in k.all():  # the rollback: Redis as it was before the cancel
+        store.client.delete(name)
+    for name, value in snapshot.items():
+        store.client.restore(name, 0, value)  # type: ignore[arg-type]
+    seen = {SHARD: 2}  # the ingress applied the cancel
+    held = store.claim([SHARD], 10, LEASE, now_ms=T0 + 10, watermarks=seen)
+    assert held == [] and held.next_ms[SHARD] == T0 + 10 + 250  # asked again in a moment
+    assert store.lows(dict(seen)).lost  # what makes the ingress read it again
+    assert [c.record.offset for c in store.claim([SHARD], 10, LEASE, now_ms=T0 + 10)] == [0, 1]

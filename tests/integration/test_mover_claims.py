@@ -94,7 +94,7 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     target = topics("out", 1)
     store = Store(redis_client, f"test-{unique}")
     shard = Shard("delay", 0)
-    store.bind({shard: "id-1"})
+    store.layout.bind({shard: "id-1"})
     t0 = store.time_ms()
     store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"old", [], origin("delay", 0, 0))])})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
@@ -102,7 +102,7 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
                     batch_size=10, lease_ms=30_000, max_attempts=3)  # fmt: skip
     egress.add_shards({shard})
     assert egress.step() == 1  # offset 0 of the old incarnation produced, not acknowledged
-    retired = store.bind({shard: "id-2"})[shard].retired
+    retired = store.layout.bind({shard: "id-2"})[shard].retired
     assert retired is not None
     new = [Scheduled(0, t0 + 3_600_000, target, b"k", b"far", [], origin("delay", 0, 0)),
            Scheduled(1, t0, target, b"k", b"now", [], origin("delay", 0, 1))]  # fmt: skip

@@ -96,15 +96,15 @@ def test_the_gauges_and_list_count_the_records_waiting_for_a_rate(store: Store) 
 def test_a_retired_incarnation_keeps_what_waits_for_a_rate(store: Store) -> None:
     add(store, to("slow", 0, T0 - 10))
     assert set_aside(store, "slow") == 1
-    bound = store.bind({SHARD: "topic-id-2"}, force=[SHARD])[SHARD]
+    bound = store.layout.bind({SHARD: "topic-id-2"}, force=[SHARD])[SHARD]
     retired = bound.retired
     assert retired is not None and bound.records == 1
     assert store.inventory.waits([SHARD, retired]) == {retired: {"slow"}}
-    assert not store.forget_retired(retired), "forgotten while a record waits for its rate"
+    assert not store.layout.forget_retired(retired), "forgotten while a record waits for its rate"
     claims = store.claim_waiting({(retired, "slow"): 10}, LEASE, now_ms=T0)["slow"]
     assert offsets(claims) == [0]
     store.ack({retired: [claims[0].member]}, None, {retired: claims[0].epoch})
-    assert store.forget_retired(retired)
+    assert store.layout.forget_retired(retired)
 
 
 def test_a_rate_limited_target_holds_up_no_other_target(

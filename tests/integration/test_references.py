@@ -137,12 +137,12 @@ def test_a_full_chunk_moves_aside_and_a_stale_read_of_it_stores_nothing(store: S
 def test_a_retired_incarnation_keeps_its_references(store: Store) -> None:
     far = T0 + 10 * BUCKET
     add(store, rec(0, far), rec(1, far + 1))
-    store.bind({SHARD: "first"})
-    bound = store.bind({SHARD: "second"})[SHARD]
+    store.layout.bind({SHARD: "first"})
+    bound = store.layout.bind({SHARD: "second"})[SHARD]
     assert bound.replaced and bound.records == 2 and bound.retired is not None
     retired = bound.retired
     assert store.references.counts([SHARD, retired]) == {SHARD: 0, retired: 2}
-    assert not store.forget_retired(retired)  # references left to read back
+    assert not store.layout.forget_retired(retired)  # references left to read back
     (chunk,) = store.references.due([retired], far)
     assert [o for o, _ in chunk.references()] == [0, 1]
     # The old topic is gone: what the read-back stores in their place goes to the DLQ.
@@ -166,10 +166,10 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     after the retire, must not clear the pending bit of the new record at the same offset (a
     reference with its bit clear is taken for cancelled and never read back)."""
     far = T0 + 10 * BUCKET
-    store.bind({SHARD: "first"})
+    store.layout.bind({SHARD: "first"})
     add(store, rec(0, T0))
     [old] = store.claim([SHARD], 10, 30_000, now_ms=T0)
-    store.bind({SHARD: "second"})
+    store.layout.bind({SHARD: "second"})
     new = rec(0, far, value=b"new")
     add(store, new)  # offset 0 again, far out: a reference
     store.ack({SHARD: [old.member]}, epochs={SHARD: old.epoch})

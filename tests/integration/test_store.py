@@ -258,9 +258,9 @@ def test_upgrade_moves_records_from_the_earlier_layout(store: Store) -> None:
     store.client.zadd(old.due, {offset_bytes(o): T0 + o for o in records if o != 3})
     store.client.zadd(old.inflight, {offset_bytes(3): T0 + 5})
     store.client.hset(keys.meta, "ingested", "2499")
-    assert store.upgrade([SHARD], batch=1000) == 2499
+    assert store.layout.upgrade([SHARD], batch=1000) == 2499
     assert store.client.exists(*old.__dict__.values()) == 0
-    assert store.upgrade([SHARD]) == 0
+    assert store.layout.upgrade([SHARD]) == 0
     b = store.backlog([SHARD], now_ms=T0 + 10)
     assert (b.overdue, b.scheduled, b.inflight) == (9, 2489, 1)
     assert store.lows({SHARD: 2499}).offsets == {SHARD: 0}
@@ -347,15 +347,15 @@ def test_a_claim_reads_redis_clock_again_at_its_end(
 
 
 def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
-    assert store.bind({SHARD: "id-1"})[SHARD].replaced is False  # adopted
+    assert store.layout.bind({SHARD: "id-1"})[SHARD].replaced is False  # adopted
     add(store, rec(0, T0), rec(1, T0 + 5000), rec(2, T0))
     [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
-    assert store.bind({SHARD: "id-1"})[SHARD].replaced is False
-    bound = store.bind({SHARD: "id-2"})[SHARD]
+    assert store.layout.bind({SHARD: "id-1"})[SHARD].replaced is False
+    bound = store.layout.bind({SHARD: "id-2"})[SHARD]
     assert (bound.replaced, bound.stored_id, bound.records, bound.watermark) == (
         True, "id-1", 3, 2)  # fmt: skip
     old = bound.retired
-    assert old is not None and old.base() == SHARD and store.retired([SHARD]) == {old}
+    assert old is not None and old.base() == SHARD and store.layout.retired([SHARD]) == {old}
     # The live shard starts empty: no watermark, nothing to claim; offsets 0.. are new records.
     assert (
         store.inventory.watermarks([SHARD]) == {}
@@ -365,9 +365,9 @@ def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
     # The old incarnation's records are still delivered, its in-flight one after its lease.
     assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + 5000)) == [2, 1]
     assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
-    assert store.forget_retired(old) is False  # still in flight
+    assert store.layout.forget_retired(old) is False  # still in flight
     assert store.ack({old: [offset_bytes(i) for i in range(3)]}) == 3
-    assert store.forget_retired(old) is True and store.retired([SHARD]) == set()
+    assert store.layout.forget_retired(old) is True and store.layout.retired([SHARD]) == set()
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [0]
 
 
@@ -377,10 +377,10 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     """A delivery report of the old incarnation's record, applied after the retire, must not end
     the lease of the new record in flight at the same offset: its delivery fails and is released,
     and it is claimed again."""
-    store.bind({SHARD: "id-1"})
+    store.layout.bind({SHARD: "id-1"})
     add(store, rec(0, T0))
     [old] = store.claim([SHARD], 1, LEASE, now_ms=T0)
-    store.bind({SHARD: "id-2"})
+    store.layout.bind({SHARD: "id-2"})
     add(store, rec(0, T0 + 1))
     [new] = store.claim([SHARD], 1, LEASE, now_ms=T0 + 1)
     assert new.epoch != old.epoch
@@ -394,13 +394,13 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
 
 
 def test_offsets_that_went_back_retire_the_state_under_the_same_id(store: Store) -> None:
-    store.bind({SHARD: "id-1"})
+    store.layout.bind({SHARD: "id-1"})
     add(store, rec(0, T0), high=9)
-    bound = store.bind({SHARD: ""}, force=[SHARD])[SHARD]  # id unknown: the stored one stays
+    bound = store.layout.bind({SHARD: ""}, force=[SHARD])[SHARD]  # id unknown: the stored one stays
     assert bound.replaced and bound.records == 1 and bound.watermark == 9
-    assert store.bind({SHARD: "id-1"})[SHARD].replaced is False
+    assert store.layout.bind({SHARD: "id-1"})[SHARD].replaced is False
     empty = Shard("delay", 1)
-    assert store.bind({empty: "x"}, force=[empty])[empty].retired is None  # nothing to keep
+    assert store.layout.bind({empty: "x"}, force=[empty])[empty].retired is None  # nothing to keep
 
 
 def _to_old_names(client: redis.Redis, store: Store, shard: Shard) -> int:
@@ -420,11 +420,11 @@ def test_keys_under_the_names_before_the_prefix_move(
     [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
     assert _to_old_names(redis_client, store, SHARD) == 6
     assert store.inventory.watermarks([SHARD]) == {}  # nothing under the new names
-    assert store.relocate([SHARD]) == 6
+    assert store.layout.relocate([SHARD]) == 6
     assert store.inventory.watermarks([SHARD]) == {SHARD: 2}
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 5000)) == [1, 2]
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
-    assert store.relocate([SHARD]) == 0
+    assert store.layout.relocate([SHARD]) == 0
 
 
 def test_keys_under_both_names_are_merged(store: Store, redis_client: redis.Redis) -> None:
@@ -432,7 +432,7 @@ def test_keys_under_both_names_are_merged(store: Store, redis_client: redis.Redi
     add(store, rec(0, T0), rec(1, T0 + 1000))
     _to_old_names(redis_client, store, SHARD)
     add(store, rec(5, T0 + 2000), rec(6, T0 + 3000), high=6)  # the new names, watermark 6
-    assert store.relocate([SHARD]) == 4  # schedule, meta, low, pending in both
+    assert store.layout.relocate([SHARD]) == 4  # schedule, meta, low, pending in both
     assert store.inventory.watermarks([SHARD]) == {SHARD: 6}
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)) == [0, 1, 5, 6]
     assert store.lows({SHARD: 6}).offsets == {SHARD: 0}  # the bitmaps were OR-ed

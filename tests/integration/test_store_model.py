@@ -6,7 +6,8 @@ accepted range and the edges of the lanes), replacements, cancels, claims of due
 cancels and replacements read in the topic's other partition (withdrawn there only if the
 record is stamped no later), acknowledgements (of the current epoch and an old one), releases, leases running out and taken
 over, rate-limited records set aside and claimed from their wait index, references promoted, and
-Redis rolled back to an earlier snapshot then rebuilt from the delay topic — against a plain-Python
+Redis rolled back to an earlier snapshot (nothing new claimed from it until the ingress has read
+it again) then rebuilt from the delay topic — against a plain-Python
 model of what waits, what is leased and what is done. After every step:
 
 * nothing has left Redis that was not delivered (acknowledged), cancelled or replaced: the records
@@ -165,7 +166,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @initialize()
     def bind(self) -> None:
-        self.store.bind({s: "topic-id-1" for s in SHARDS})
+        self.store.layout.bind({s: "topic-id-1" for s in SHARDS})
 
     @rule(
         shard=st.sampled_from(SHARDS),
@@ -238,13 +239,23 @@ class StoreModel(RuleBasedStateMachine):
     def claim(self, limit: int, ahead: int, cut: Priority | None) -> None:
         lanes = dict.fromkeys(SHARDS, cut) if cut is not None else None
         claims = self.store.claim(SHARDS, limit, LEASE, now_ms=self.now, ahead_ms=ahead,
-                                  lanes=lanes)  # fmt: skip
+                                  lanes=lanes, watermarks=self._seen())  # fmt: skip
         assert claims.now_ms == self.now
         by_shard: dict[Shard, list[Claimed]] = {}
         for c in claims:
             by_shard.setdefault(c.shard, []).append(c)
         for shard in SHARDS:
             self._claimed(shard, by_shard.get(shard, []), limit, ahead, cut)
+
+    def _seen(self) -> dict[Shard, int]:
+        """The watermark the ingress last saw per shard, as the mover passes it."""
+        return {s: m.seen for s, m in self.models.items() if m.seen is not None}
+
+    def _rolled_back(self, shard: Shard) -> bool:
+        """Redis lost writes of ``shard`` the ingress has not noticed yet: nothing new is
+        claimed from it (a cancel among them may be what is missing)."""
+        model = self.models[shard]
+        return model.seen is not None and model.watermark < model.seen
 
     def _claimed(
         self, shard: Shard, got: list[Claimed], limit: int, ahead: int, cut: Priority | None
@@ -261,6 +272,7 @@ class StoreModel(RuleBasedStateMachine):
                 assert o in expired, f"{shard} offset {o} handed out again under a live lease"
                 rec = model.leased[o][0]
             else:
+                assert not self._rolled_back(shard), f"{shard} offset {o} claimed, rolled back"
                 assert o not in model.leased, f"{shard} offset {o} leased twice"
                 assert o in model.waiting, f"{shard} offset {o} claimed but not waiting"
                 rec = model.waiting.pop(o)
@@ -279,7 +291,7 @@ class StoreModel(RuleBasedStateMachine):
         assert len(back) == min(len(expired), limit), (len(back), expired)
         due = [r for r in model.waiting.values() if not r.reference and not r.waits_for
                and r.due <= self.now and (cut is None or r.priority <= cut)]  # fmt: skip
-        if len(got) < limit:
+        if len(got) < limit and not self._rolled_back(shard):
             assert not due, f"{shard}: room left in the claim, yet still due: {due}"
         for rec in due:  # a lane's due records all leave before the next lane's first
             assert all(rec.priority >= p for p in lanes_taken), (rec, lanes_taken)
@@ -335,13 +347,14 @@ class StoreModel(RuleBasedStateMachine):
     @rule(limit=st.integers(1, 4))
     def claim_waiting(self, limit: int) -> None:
         limits = {(s, t): limit for s in SHARDS for t in TARGETS}
-        got = self.store.claim_waiting(limits, LEASE, now_ms=self.now)
+        got = self.store.claim_waiting(limits, LEASE, now_ms=self.now, watermarks=self._seen())
         for target in TARGETS:
             claims: list[Claimed] = got.get(target, [])
             for shard in SHARDS:
                 model = self.models[shard]
                 mine = [c for c in claims if c.shard == shard]
                 assert len(mine) <= limit
+                assert not mine or not self._rolled_back(shard), (shard, mine)
                 for c in mine:
                     o = c.record.offset
                     rec = model.waiting.pop(o)
@@ -350,7 +363,7 @@ class StoreModel(RuleBasedStateMachine):
                     model.leased[o] = (rec, self.now + LEASE)
                 left = [r for r in model.waiting.values() if r.waits_for == target
                         and r.due <= self.now]  # fmt: skip
-                assert len(mine) == limit or not left, (target, left)
+                assert len(mine) == limit or not left or self._rolled_back(shard), (target, left)
 
     @rule(shard=st.sampled_from(SHARDS), keep=st.booleans())
     def take_over(self, shard: Shard, keep: bool) -> None:

@@ -50,7 +50,11 @@ ARGV[7]  the last lane to claim from (1 high, 2 normal, 3 low; "" for all): the 
 ARGV[8]  the last lane to claim ahead from ("" for all): the mover claims a lane ahead only while
          no shard it owns has records of a higher lane due within the window
 ARGV[9]  the target whose wait index KEYS[1] is, or "" for the due index
-ARGV[10..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
+ARGV[10] the ingest watermark the caller's ingress last saw, or "": a shard whose watermark is
+         below it (or gone) lost writes Redis had taken — a rollback: an AOF tail, a failover — and
+         until the ingress has read them again (a cancel among them), nothing new is claimed from
+         it; expired leases still are, and its next work is said to be a moment away
+ARGV[11..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           Redis TIME at the end (now ms when given), the shard's epoch (its acknowledgements name
@@ -61,7 +65,7 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 10)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 11)
 local target = ARGV[9]
 local now = now_ms(ARGV[3])
 local limit = tonumber(ARGV[1])
@@ -93,6 +97,14 @@ end
 out[2] = #out - HEAD
 
 local room = limit - out[2]
+local rolled_back = false
+if ARGV[10] ~= '' then
+  local mark = redis.call('HGET', KEYS[7], 'ingested')
+  rolled_back = not mark or tonumber(mark) < tonumber(ARGV[10])
+end
+if rolled_back then
+  room = 0
+end
 local upto = now
 if ARGV[5] and ARGV[5] ~= '' then
   upto = math.min(now, tonumber(ARGV[5]))
@@ -172,8 +184,8 @@ if #claimed > 0 then
   call_chunked('HSET', KEYS[3], held)
 end
 call_chunked('ZADD', KEYS[2], leases)
--- The earliest due time left: of each lane's first record.
-for lane, base in ipairs(LANES) do
+-- The earliest due time left: of each lane's first record (rolled back: a moment from now).
+for lane, base in ipairs(rolled_back and {} or LANES) do
   local first = redis.call('ZRANGEBYSCORE', KEYS[1], int(base), '(' .. int(base + LANE),
     'WITHSCORES', 'LIMIT', 0, 1)
   if first[2] then
@@ -183,6 +195,9 @@ for lane, base in ipairs(LANES) do
       out[3] = due
     end
   end
+end
+if rolled_back then
+  out[3] = now + 250
 end
 if target ~= '' and redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('SREM', KEYS[8], target)
