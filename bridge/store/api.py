@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled, decode
 from bridge.store.across import default_id_entry, withdraw_elsewhere
@@ -62,8 +63,9 @@ def _ack_args(
             *(x for pair in ids.get(shard, ()) for x in pair)]  # fmt: skip
 
 
-def _claims(shards: Sequence[Shard], replies: Sequence[Any]) -> Claims:
-    """The claim.lua replies of ``shards`` (one each, in order) as :class:`Claims`."""
+def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool = True) -> Claims:
+    """The claim.lua replies of ``shards`` (one each, in order) as :class:`Claims`;
+    ``one_clock``: all from one Redis (not a Cluster's several masters)."""
     received = time.monotonic()  # before decoding: each record decoded would lag the clock
     out: list[Claimed] = []
     next_ms: dict[Shard, int | None] = {}
@@ -81,9 +83,14 @@ def _claims(shards: Sequence[Shard], replies: Sequence[Any]) -> Claims:
         for i, item in enumerate(reply[10:]):
             record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
             out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
-    # The last script ran last (one Redis; on a Cluster, one master's clock, as now_ms is).
-    return Claims(out, int(replies[0][0]), next_ms, received, int(replies[-1][4]),
-                  due_lanes=due_lanes, earliest=earliest)  # fmt: skip
+    # One Redis runs the scripts one after the other: its clock at the end of the last is the
+    # latest reading. On Redis Cluster each ran by its own master's clock: the earliest reading
+    # is the one the mover carries on (records claimed ahead are produced by it), so no master's
+    # clock sees a record leave early; the claim's now is the earliest start either way.
+    ends = [int(r[4]) for r in replies]
+    return Claims(out, min(int(r[0]) for r in replies), next_ms, received,
+                  ends[-1] if one_clock else min(ends), due_lanes=due_lanes,
+                  earliest=earliest)  # fmt: skip
 
 
 class Store:
@@ -97,6 +104,7 @@ class Store:
         self.layout = Layout(client, self._keys, self._scripts)
         self.references = References(client, self._keys, self._scripts)
         self.inventory = Inventory(client, self._keys)
+        self._one_clock = not isinstance(client, RedisCluster)
 
     def keys(self, shard: Shard) -> ShardKeys:
         """The shard's Redis keys."""
@@ -244,7 +252,7 @@ class Store:
                     *_ack_args(shard, acks or {}, ids or {}, epochs or {})]  # fmt: skip
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args))
-        return _claims(shards, self._scripts.run(calls))
+        return _claims(shards, self._scripts.run(calls), one_clock=self._one_clock)
 
     def claim_waiting(
         self,
@@ -282,7 +290,7 @@ class Store:
             shards, replies = grouped.setdefault(target, ([], []))
             shards.append(shard)
             replies.append(reply)
-        return {target: _claims(*group) for target, group in grouped.items()}
+        return {t: _claims(*group, one_clock=self._one_clock) for t, group in grouped.items()}
 
     def ack(
         self,
