@@ -298,11 +298,9 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), shard=st.sampled_from(SHARDS), old_epoch=st.booleans())
     def ack(self, data: st.DataObject, shard: Shard, old_epoch: bool) -> None:
-        model = self.models[shard]
-        if not model.leased:
+        model, chosen = self.models[shard], _some_leased(data, self.models[shard])
+        if not chosen:
             return
-        chosen = data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1,
-                                    unique=True))  # fmt: skip
         ids = [(r.delay_id, offset_bytes(o)) for o in chosen
                if (r := model.leased[o][0]).delay_id is not None]  # fmt: skip
         epoch = "an-earlier-epoch" if old_epoch else self.epoch
@@ -319,11 +317,9 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), shard=st.sampled_from(SHARDS))
     def release(self, data: st.DataObject, shard: Shard) -> None:
-        model = self.models[shard]
-        if not model.leased:
+        model, chosen = self.models[shard], _some_leased(data, self.models[shard])
+        if not chosen:
             return
-        chosen = data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1,
-                                    unique=True))  # fmt: skip
         changed = sum(1 for o in chosen if model.leased[o][1] != 0)
         assert self.store.release({shard: [offset_bytes(o) for o in chosen]}) == changed
         for o in chosen:
@@ -331,11 +327,9 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), shard=st.sampled_from(SHARDS), wait=st.booleans())
     def unclaim(self, data: st.DataObject, shard: Shard, wait: bool) -> None:
-        model = self.models[shard]
-        if not model.leased:
+        model, chosen = self.models[shard], _some_leased(data, self.models[shard])
+        if not chosen:
             return
-        chosen = data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1,
-                                    unique=True))  # fmt: skip
         claimed = [Claimed(shard, offset_bytes(o), model.leased[o][0].scheduled(shard), False,
                            self.epoch) for o in chosen]  # fmt: skip
         assert self.store.unclaim(claimed, wait=wait) == len(chosen)
@@ -475,6 +469,13 @@ class StoreModel(RuleBasedStateMachine):
         overdue = sum(1 for m in models for r in m.waiting.values()
                       if not r.reference and r.due <= self.now)  # fmt: skip
         assert backlog.overdue == overdue
+
+
+def _some_leased(data: st.DataObject, model: ShardModel) -> list[int]:
+    """Some of the offsets ``model`` has leased, drawn ([] when none is)."""
+    if not model.leased:
+        return []
+    return data.draw(st.lists(st.sampled_from(sorted(model.leased)), min_size=1, unique=True))
 
 
 def _diff(shard: Shard, what: str, redis_has: set[int], model_has: set[int]) -> str:
