@@ -58,8 +58,9 @@ class Expected:
     due_ms: int | None = None  # deliver at this time
     delay_id: str = ""
     reason: str | None = None  # or dead-letter with this reason
-    # A later valid record of its partition has its caller-given delay-id: it replaces this one
-    # if it came while this one waited, so this one may never arrive.
+    # Another valid record has its caller-given delay-id (later in its partition, or stamped no
+    # earlier in another): it replaces this one if it came while this one waited, so this one
+    # may never arrive.
     replaceable: bool = False
     # Its delay topic was deleted while it may have waited as a reference (its payload still in
     # Kafka): dead-lettered as payload-missing at its due time is right too.
@@ -176,7 +177,8 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
 def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     """What each delay-topic record asks for, by seq."""
     out = {}
-    by_id: dict[tuple[str, int, str], list[int]] = {}  # (topic, partition, given id) -> seqs
+    # (topic, given id) -> (partition, offset, timestamp, seq) of each record with it
+    by_id: dict[tuple[str, str], list[tuple[int, int, int, int]]] = {}
     for msg in sorted(messages, key=lambda m: (m.topic() or "", m.partition() or 0,
                                                  m.offset() or 0)):  # fmt: skip
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -197,12 +199,17 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
             out[seq] = Expected(where, ts, due_ms=rec.due_ms, delay_id=rec.delay_id)
             given = rec.given_id(topic, partition)
             if given is not None:
-                by_id.setdefault((topic, partition, given), []).append(seq)
+                by_id.setdefault((topic, given), []).append((partition, offset, ts, seq))
         except Rejected as rejection:
             out[seq] = Expected(where, ts, reason=rejection.reason.value)
-    for seqs in by_id.values():
-        for seq in seqs[:-1]:
-            out[seq] = dataclasses.replace(out[seq], replaceable=True)
+    # A schedule's identity is (delay topic, delay-id): a record is replaced by a later one with
+    # its id in its partition, or by one in another partition stamped no earlier (whichever of
+    # the two the ingress reads second withdraws the other, if it still waits).
+    for records in by_id.values():
+        for partition, offset, ts, seq in records:
+            if any((p == partition and o > offset) or (p != partition and t >= ts)
+                   for p, o, t, _ in records):  # fmt: skip
+                out[seq] = dataclasses.replace(out[seq], replaceable=True)
     return out
 
 
