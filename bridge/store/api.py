@@ -169,8 +169,9 @@ class Store:
             loss = lost_from(int(reply[0]), int(reply[1]))
             if loss is None:
                 counts = [a + int(b) for a, b in zip(counts, reply[1:5], strict=True)]
-                by_offset = {r.offset: r for r in batches[shard][1]}
-                unmatched += [(shard, by_offset[int(o)]) for o in reply[5::2]]
+                if len(reply) > 5:  # only then is a record looked up by its offset
+                    by_offset = {r.offset: r for r in batches[shard][1]}
+                    unmatched += [(shard, by_offset[int(o)]) for o in reply[5::2]]
             else:
                 lost[shard] = loss
         found = withdraw_elsewhere(self._scripts, self._keys, unmatched, partitions or {})

@@ -60,10 +60,25 @@ class Inventory:
                 if len(found) >= limit and heapq.nsmallest(limit, found)[-1][0] < start:
                     break
                 data = cast(bytes | None, self.client.hget(k.refs, text(field)))
-                for offset, due in references_in(data or b""):
-                    if due <= last_ms and self.is_pending(shard, offset):
-                        found.append((due, reference(offset, due)))
+                refs = [(o, d) for o, d in references_in(data or b"") if d <= last_ms]
+                pending = self._pending_of([o for o, _ in refs], k.pending)
+                found += [(d, reference(o, d)) for o, d in refs if o in pending]
         return found
+
+    def _pending_of(self, offsets: Sequence[int], pending_key: str) -> set[int]:
+        """Which of ``offsets`` are pending, their bitmaps read in one call."""
+        buckets = sorted({offset_bytes(o)[:7] for o in offsets})
+        if not buckets:
+            return set()
+        maps = dict(zip(buckets, cast(list[bytes | None], self.client.hmget(
+            pending_key, buckets)), strict=True))  # fmt: skip
+        out = set()
+        for o in offsets:
+            key = offset_bytes(o)
+            bitmap = maps[key[:7]]
+            if bitmap is not None and bitmap[key[7] // 8] & 1 << key[7] % 8:
+                out.add(o)
+        return out
 
     def at(self, shard: Shard, due_ms: int, offset: bytes) -> list[tuple[int, bytes]]:
         """The record at ``offset`` (8 bytes) if it waits in ``shard`` due at ``due_ms``, in
@@ -131,10 +146,8 @@ class Inventory:
 
     def is_pending(self, shard: Shard, offset: int) -> bool:
         """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
-        key = offset_bytes(offset)
         with as_store_error():
-            bitmap = cast(bytes | None, self.client.hget(self.keys.of(shard).pending, key[:7]))  # type: ignore[arg-type]
-        return bitmap is not None and bool(bitmap[key[7] // 8] & 1 << key[7] % 8)
+            return offset in self._pending_of([offset], self.keys.of(shard).pending)
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""
