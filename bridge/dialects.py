@@ -22,6 +22,7 @@ contract's ``delay-id`` and ``delay-due-at``). Pure, like :mod:`bridge.message`.
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import UTC, datetime
 
@@ -39,8 +40,11 @@ from bridge.message import (
     Rejected,
     Rules,
     Scheduled,
+    origin,
     parse,
 )
+
+logger = logging.getLogger(__name__)
 
 ETF1 = "etf1"
 ETF1_EPOCH = "scheduler-epoch"
@@ -77,19 +81,27 @@ def parse_record(
     headers: Headers,
     now_ms: int,
 ) -> Scheduled | Cancel:
-    """:func:`bridge.message.parse` for a record of ``topic``, in the dialect it speaks."""
-    dialect = rules.dialects.get(topic)
-    if dialect == ETF1:
-        stamp_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
-        translated = from_etf1(offset, key, value, headers, topic=topic, timestamp_ms=stamp_ms)
-        if isinstance(translated, Cancel):
-            return translated
-        headers = translated
-    elif dialect == KASPR:
-        headers = from_kaspr(headers, default_target=topic in rules.default_targets)
-    return parse(rules, topic=topic, partition=partition, offset=offset,
-                 timestamp_ms=timestamp_ms, key=key, value=value, headers=headers,
-                 now_ms=now_ms)  # fmt: skip
+    """:func:`bridge.message.parse` for a record of ``topic``, in the dialect it speaks. Raises
+    :class:`Rejected` and nothing else: a record the parser fails on (a bug) is a ``bad-header``
+    "unparseable", dead-lettered on its own, not the end of the loop that read it."""
+    try:
+        dialect = rules.dialects.get(topic)
+        if dialect == ETF1:
+            stamp_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
+            translated = from_etf1(offset, key, value, headers, topic=topic, timestamp_ms=stamp_ms)
+            if isinstance(translated, Cancel):
+                return translated
+            headers = translated
+        elif dialect == KASPR:
+            headers = from_kaspr(headers, default_target=topic in rules.default_targets)
+        return parse(rules, topic=topic, partition=partition, offset=offset,
+                     timestamp_ms=timestamp_ms, key=key, value=value, headers=headers,
+                     now_ms=now_ms)  # fmt: skip
+    except Rejected:
+        raise
+    except Exception as exc:
+        logger.exception("parsing %s failed", origin(topic, partition, offset))
+        raise Rejected(Reason.BAD_HEADER, f"unparseable: {type(exc).__name__}: {exc}") from exc
 
 
 def from_etf1(

@@ -6,6 +6,7 @@ import logging
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer
+from confluent_kafka import KafkaError as ClientError
 
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import ConfigError
@@ -16,13 +17,20 @@ QUEUE_FULL_WAIT_S = 0.05
 
 def produce(producer: Producer, topic: str, **fields: Any) -> None:
     """``Producer.produce``, waiting for delivery reports to make room while librdkafka's local
-    queue is full. Other errors (e.g. a record over ``message.max.bytes``) are the caller's."""
+    queue is full. Other refusals (e.g. a record over ``message.max.bytes``) raise
+    KafkaException, the caller's to handle per record: a value the client cannot take at all is
+    one too (``_INVALID_ARG``), never an error that ends the caller's loop."""
     while True:
         try:
             producer.produce(topic, **fields)
             return
         except BufferError:
             producer.poll(QUEUE_FULL_WAIT_S)
+        except KafkaException:
+            raise
+        except Exception as exc:
+            refusal = ClientError(ClientError._INVALID_ARG, f"{type(exc).__name__}: {exc}")
+            raise KafkaException(refusal) from exc
 
 
 def headers_of(msg: Message) -> Headers:

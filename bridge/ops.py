@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 from bridge.config import Config, consumer_settings, read_back_settings
 from bridge.errors import BridgeError, UsageError
-from bridge.message import Scheduled, decode, format_time_ms
+from bridge.message import Scheduled, format_time_ms
 from bridge.redis_client import redis_client
 from bridge.store import (
     REFERENCE_BYTES,
     Shard,
     Store,
-    offset_of,
     references_in,
+    stored_record,
 )
 
 if TYPE_CHECKING:
@@ -148,9 +148,10 @@ def _find(
                   for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
                   if due_before_ms is None or due < due_before_ms]  # fmt: skip
         far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
-        read = _read_back(config, far, store.time_ms()) if far else {}
+        now_ms = store.time_ms()
+        read = _read_back(config, far, now_ms) if far else {}
         return [(due, shard, read[shard, member] if len(member) == REFERENCE_BYTES
-                 else decode(member[8:], shard.topic, shard.partition, offset_of(member)))
+                 else stored_record(member, shard, now_ms))
                 for due, member, shard in chosen]  # fmt: skip
     finally:
         store.client.close()

@@ -20,7 +20,7 @@ from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries, Ident, Pending, backoff
-from bridge.errors import StoreError, WriteRefused
+from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store
@@ -102,8 +102,7 @@ class Egress:
         self._wake.set()
 
     def remove_shards(self, shards: set[Shard]) -> None:
-        """Stop claiming from revoked partitions and their retired incarnations (in-flight
-        records still get acknowledged)."""
+        """Stop claiming from revoked partitions and their retired incarnations."""
         gone = {s.base() for s in shards}
         with self._lock:
             self._taking_over = {s for s in self._taking_over if s.base() not in gone}
@@ -285,13 +284,14 @@ class Egress:
                     self.producer.poll(self.turns.waits(INFLIGHT_POLL_S))
                     continue
                 self._wait(self._seconds_to_next())
-            except StoreError as exc:
+            except Exception as exc:  # Redis away, or a bug: claimed records' leases run out
                 failures += 1
                 wait = backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S, failures)
-                self.metrics.redis_errors.labels(stage="egress").inc()
+                if isinstance(exc, StoreError):
+                    self.metrics.redis_errors.labels(stage="egress").inc()
                 self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}",
                                     write_refused=isinstance(exc, WriteRefused))  # fmt: skip
-                logger.error("mover backing off %.1fs: %s", wait, exc)
+                log_failed_turn(logger, exc, "mover backing off %.1fs: %s", wait, exc)
                 stop.wait(self.turns.waits(wait))
 
     def _seconds_to_next(self) -> float:

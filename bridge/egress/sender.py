@@ -21,11 +21,13 @@ from confluent_kafka import Producer
 from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
 from bridge.egress.settle import Deliveries, Ident, Pending, by_shard
-from bridge.errors import StoreError
+from bridge.errors import StoreError, log_failed_turn
 from bridge.store import Claims, Store
 from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
+
+FAILED_WAIT_S = 1.0  # after a turn that failed (a bug): no busy loop of tracebacks
 
 SEND_BATCH = 20  # records produced about this many at a time while they keep falling due
 _DUE = operator.itemgetter(0)  # of a held record: (due ms, record)
@@ -118,7 +120,11 @@ class Sender:
             self.last_loop = time.monotonic()
             self.wake.clear()  # before looking: a record held from here on wakes it
             if self.clock.known:  # nothing is held before a claim
-                self.send_due(self.clock.now_ms())
+                try:
+                    self.send_due(self.clock.now_ms())
+                except Exception as exc:  # a bug: what it held is leased, claimed again later
+                    log_failed_turn(logger, exc, "sender: %s", exc)
+                    stop.wait(turns.waits(FAILED_WAIT_S))
             turns.mark("producing due records")
             self.producer.poll(0)
             turns.mark("serving delivery reports")

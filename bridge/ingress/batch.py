@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 
 from bridge.dialects import parse_record
 from bridge.kafka import headers_of
-from bridge.message import Cancel, Reason, Rejected, Rules, Scheduled, origin
+from bridge.message import Cancel, Rejected, Rules, Scheduled
 from bridge.store import Shard
-
-logger = logging.getLogger(__name__)
 
 
 def coords(msg: Message) -> tuple[str, int, int]:
@@ -136,12 +133,7 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
                     now_ms=now_ms,
                 )
             )
-        except Rejected as rejection:
+        except Rejected as rejection:  # a parser bug too (see parse_record)
             batch.rejected.append((msg, rejection))
-        except Exception as exc:  # a parser bug must not stop the partition on this record
-            logger.exception("parsing %s failed", origin(topic, partition, offset))
-            batch.rejected.append(
-                (msg, Rejected(Reason.BAD_HEADER, f"unparseable: {type(exc).__name__}: {exc}"))
-            )
     keep()
     return batch

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from bridge.catchup import CatchUp
-from bridge.errors import BridgeError, KafkaError, StoreError, WriteRefused
+from bridge.errors import KafkaError, StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
@@ -169,7 +169,7 @@ class Ingress:
             messages, batch = self._hold(messages, batch)
         try:
             self._handle(messages, batch)
-        except BridgeError as exc:
+        except Exception as exc:  # Redis or Kafka away, or a bug: read the batch again later
             self._rewind_and_pause(messages, exc)
             return 0
         self.membership.caught_up()  # only now: what was consumed is applied
@@ -294,14 +294,14 @@ class Ingress:
             if shard in batch.newest_ms:
                 self.catch_up.read(shard, batch.newest_ms[shard])
 
-    def _rewind_and_pause(self, messages: list[Message], exc: BridgeError) -> None:
+    def _rewind_and_pause(self, messages: list[Message], exc: Exception) -> None:
         backoff = RETRY_BACKOFF_S[min(self._failures, len(RETRY_BACKOFF_S) - 1)]
         self._failures += 1
         if isinstance(exc, StoreError):
             self.metrics.redis_errors.labels(stage="ingress").inc()
         self.readiness.fail("ingress", f"ingress cannot store records: {exc}",
                             write_refused=isinstance(exc, WriteRefused))  # fmt: skip
-        logger.error("batch not stored, retrying in %.1fs: %s", backoff, exc)
+        log_failed_turn(logger, exc, "batch not stored, retrying in %.1fs: %s", backoff, exc)
         self._rewind(messages)
         self._pause(backoff)
 

@@ -23,8 +23,10 @@ from bridge.message.headers import (
 # ID_IN_HEADER (it is the delay-id header's value), key, value,
 # and per header a name byte (the code of a known name, or 0 and the name length-prefixed) and
 # the value. Lengths are >H with 0xFFFF for None, or >I with 0xFFFFFFFF for None when flag WIDE
-# says a field is 65535 bytes or longer. The offset is the Redis member's; topic and partition
-# are the shard's. Every byte saved here is saved on every record Redis holds.
+# says a field is 65535 bytes or longer. With flag MANY_HEADERS (65536 headers or more: Kafka sets
+# no limit) the head's count is 0 and the count follows it as >I, before the stored moment. The
+# offset is the Redis member's; topic and partition are the shard's. Every byte saved here is
+# saved on every record Redis holds.
 #
 # Version 1 (still read, so records stored before an upgrade are delivered): >B version, q due
 # ms, q offset, H header count, then target, delay-id, key, value and the headers' names and
@@ -37,13 +39,14 @@ _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
 # Stored flags: never renumber (claim.lua reads the version byte and DEFAULT_ID too). HIGH and LOW
 # give the priority (neither: normal, as every record stored before priorities existed).
 _TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT, _ID_IN_HEADER = 1, 2, 4, 8, 16
-_HIGH, _LOW = 32, 64
+_HIGH, _LOW, _MANY_HEADERS = 32, 64, 128
 _PRIORITY_FLAGS = {Priority.HIGH: _HIGH, Priority.NORMAL: 0, Priority.LOW: _LOW}
 # A record's priority from its flags, one lookup per record decoded (a function call per record
 # cost the bare claim + ack rate 4%); both bits set is not written, and reads as high.
 _PRIORITY_OF = {0: Priority.NORMAL, _HIGH: Priority.HIGH, _LOW: Priority.LOW,
                 _HIGH | _LOW: Priority.HIGH}  # fmt: skip
 _STORED = struct.Struct(">q")
+_COUNT = struct.Struct(">I")
 # Codes are stored: append only, never reorder.
 _KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
 _NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
@@ -97,7 +100,11 @@ def encode(record: Scheduled, topic: str, partition: int) -> bytes:
         flags |= _WIDE_LENGTHS
     if record.stored_ms is not None:
         flags |= _STORED_AT
-    out = [_HEAD.pack(2, flags, record.due_ms, len(heads))]
+    count = len(heads)
+    if count > _NARROW_NONE:
+        out = [_HEAD.pack(2, flags | _MANY_HEADERS, record.due_ms, 0), _COUNT.pack(count)]
+    else:
+        out = [_HEAD.pack(2, flags, record.due_ms, count)]
     if record.stored_ms is not None:
         out.append(_STORED.pack(record.stored_ms))
     pack = length.pack
@@ -130,6 +137,9 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
             raise ValueError(f"unknown stored record version {blob[0]}")
         _, flags, due_ms, count = _HEAD.unpack_from(blob, 0)
         pos, stored_ms = _HEAD.size, None
+        if flags & _MANY_HEADERS:
+            (count,) = _COUNT.unpack_from(blob, pos)
+            pos += _COUNT.size
         if flags & _STORED_AT:
             (stored_ms,) = _STORED.unpack_from(blob, pos)
             pos += _STORED.size

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from confluent_kafka import Message
 
 from bridge.dialects import parse_record
-from bridge.errors import BridgeError, StoreError
+from bridge.errors import StoreError, log_failed_turn
 from bridge.kafka import headers_of
 from bridge.message import (
     Reason,
@@ -81,13 +81,14 @@ class ReadBack:
                 self.last_loop = time.monotonic()
                 try:
                     busy = self.pass_once()
-                except BridgeError as exc:
+                except Exception as exc:  # Redis or Kafka away, or a bug: read again later
                     wait = RETRY_S[min(self._failures, len(RETRY_S) - 1)]
                     self._failures += 1
                     if isinstance(exc, StoreError):
                         self.metrics.redis_errors.labels(stage="read-back").inc()
-                    logger.warning("read-back failed, retrying in %.1fs: %s", wait, exc,
-                                   extra={"repeat_key": "read-back-failed"})  # fmt: skip
+                    log_failed_turn(logger, exc, "read-back failed, retrying in %.1fs: %s", wait,
+                                    exc, level=logging.WARNING,
+                                    extra={"repeat_key": "read-back-failed"})  # fmt: skip
                     stop.wait(wait)
                     continue
                 self._failures = 0

@@ -15,6 +15,7 @@ from bridge.store.keys import (
     read_id_entry,
     references_in,
     score,
+    stored_record,
 )
 from bridge.store.redis_errors import as_store_error
 from bridge.store.references import Chunk
@@ -45,4 +46,5 @@ __all__ = [
     "read_id_entry",
     "references_in",
     "score",
+    "stored_record",
 ]

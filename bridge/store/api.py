@@ -14,7 +14,7 @@ from typing import Any, cast
 import redis
 from redis.cluster import RedisCluster
 
-from bridge.message import Cancel, Priority, Scheduled, decode
+from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.across import default_id_entry, withdraw_elsewhere
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
@@ -26,6 +26,7 @@ from bridge.store.keys import (
     offset_of,
     reference,
     score,
+    stored_record,
     text,
 )
 from bridge.store.layout import Layout
@@ -81,7 +82,7 @@ def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool 
             due_lanes[shard] = frozenset(p for p in Priority if mask & 1 << p)
         earliest[shard] = (int(reply[7]), int(reply[8]), int(reply[9]))
         for i, item in enumerate(reply[10:]):
-            record = decode(item[8:], shard.topic, shard.partition, offset_of(item))
+            record = stored_record(item, shard, int(reply[0]))
             out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
     # One Redis runs the scripts one after the other: its clock at the end of the last is the
     # latest reading. On Redis Cluster each ran by its own master's clock: the earliest reading

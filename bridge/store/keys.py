@@ -47,7 +47,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bridge.message import Priority, Scheduled, encode
+from bridge.message import (
+    Priority,
+    Reason,
+    Scheduled,
+    dead_letter_when_due,
+    decode,
+    encode,
+    format_time_ms,
+    origin,
+)
 
 # The width of a priority lane's run of scores: above any due ms (the year 9999 is 2.5e14 ms), and
 # every score (|score| < 2^50) is an exact double. claim.lua and _lib.lua hold the same numbers.
@@ -164,6 +173,21 @@ def offset_bytes(offset: int) -> bytes:
 def member(record: Scheduled, topic: str, partition: int) -> bytes:
     """The due-index member of a record: its offset, then the encoded record."""
     return _OFFSET.pack(record.offset) + encode(record, topic, partition)
+
+
+def stored_record(item: bytes, shard: Shard, now_ms: int) -> Scheduled:
+    """The record a due-index member of ``shard`` holds; one whose encoding does not decode (a
+    corrupted or foreign value: the store writes none) is bound for the DLQ as payload-missing
+    at ``now_ms``, so that it never stops a loop or a listing."""
+    offset = offset_of(item)
+    try:
+        return decode(item[8:], shard.topic, shard.partition, offset)
+    except Exception as exc:  # whatever the bytes: a record's fate, not the process's
+        where = origin(shard.topic, shard.partition, offset)
+        detail = (f"its copy in Redis, read at {format_time_ms(now_ms)}, does not decode "
+                  f"({exc}); the record stays in the delay topic at {where}")  # fmt: skip
+        return dead_letter_when_due(shard.topic, shard.partition, offset, now_ms,
+                                    reason=Reason.PAYLOAD_MISSING, detail=detail)  # fmt: skip
 
 
 def score(record: Scheduled) -> int:

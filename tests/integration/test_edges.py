@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
+import redis
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
@@ -25,7 +27,7 @@ from bridge.message import (
     Headers,
 )
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Setup, metric, produce_all
+from tests.integration.harness import Bridge, Setup, metric, produce_all, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -245,3 +247,44 @@ def test_a_cancel_behind_a_held_record_still_wins(
     topics.recreate(setup.dlq)
     records = setup.await_value(b"marker", 60, "the marker")
     assert sorted(r.value or b"" for r in records) == [b"marker", b"needs-the-dlq"]
+
+
+def test_each_loop_meets_the_values_that_stopped_it_and_goes_on(
+    setup: Setup, bridges: list[Bridge], redis_client: redis.Redis
+) -> None:
+    """What once took a loop (and the process) down now decides one record's fate:
+    - a record with 70,000 headers (Kafka sets no limit) stopped the ingress: the stored form
+      had two bytes for the count. Stored and delivered whole now, with every header;
+    - a stored record whose bytes do not decode (corrupted in Redis, or written by another
+      program) stopped the mover. It goes to the DLQ as payload-missing, its origin named."""
+    target = setup.targets[0].encode()
+    many: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), *[("h", None)] * 70_000]
+    due_later = str(time.time_ns() // 1_000_000 + 60_000).encode()
+    _produce(setup.services.bootstrap, setup.delay, [
+        (0, b"many-headers", many),
+        (1, b"corrupted", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, due_later)]),
+    ])  # fmt: skip
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 1, 60, "the record with 70,000 headers")
+        delivered = collector.records[0]
+        assert delivered.value == b"many-headers"
+        assert sum(1 for name, _ in delivered.headers if name == "h") == 70_000
+        # The other record, stored for a minute from now, is corrupted in place, due now.
+        due = f"test-{setup.unique}:{{{setup.delay}:1}}:schedule"
+        wait_for(lambda: redis_client.zcard(due) == 1, 30, "the second record stored")
+        (stored,) = cast(list[bytes], redis_client.zrange(due, 0, 0))
+        redis_client.zadd(due, {stored[:8] + b"\x09not a record": time.time_ns() // 1_000_000})
+        redis_client.zrem(due, stored)
+        collector.until(lambda rs: len(rs) >= 2, 60, "the corrupted record dead-lettered")
+    finally:
+        collector.close()
+    (dead,) = collector.of(setup.dlq)
+    assert dead.header(H_ERROR) == b"payload-missing"
+    assert dead.header(H_ORIGIN) == f"{setup.delay}:1:0".encode()
+    assert b"does not decode" in (dead.header(H_ERROR_DETAIL) or b"")
+    assert len(collector.of(setup.targets[0])) == 1
+    assert bridge.proc is not None and bridge.proc.poll() is None, bridge.output()
+    assert wait_ready(bridge)

@@ -311,6 +311,18 @@ def test_long_fields_round_trip() -> None:
     assert decode(encode(rec, "delay", 0), "delay", 0, 7) == rec
 
 
+@pytest.mark.parametrize("count", [65_535, 65_536, 70_000])
+def test_any_number_of_headers_round_trips(count: int) -> None:
+    # Kafka sets no limit on a record's headers; 70,000 empty ones fit in 350 kB. (Once a count
+    # above 65,535 stopped the ingress: the stored form had two bytes for it.)
+    headers: Headers = [(H_TARGET_TOPIC, b"orders"), *[("", None)] * (count - 1)]
+    rec = Scheduled(7, NOW, "orders", None, b"v", headers, "delay:0:7")
+    stored = encode(rec, "delay", 0)
+    assert decode(stored, "delay", 0, 7) == rec
+    # Up to 65,535 the form is the one stored before larger counts were possible.
+    assert (struct.unpack_from(">H", stored, 10)[0] == count) is (count <= 65_535)
+
+
 def test_encoding_is_compact() -> None:
     headers: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"30s"), ("trace", b"t1")]
     rec = Scheduled(41, NOW, "orders", b"k", b"v" * 100, headers, "delay:2:41")

@@ -28,6 +28,8 @@ from bridge.message import (
     Rejected,
     Rules,
     Scheduled,
+    decode,
+    encode,
     parse,
     parse_duration_ms,
     record_size,
@@ -164,6 +166,8 @@ _HEADER_VALUES = st.one_of(
 def test_any_headers_are_stored_cancelled_or_dead_lettered(headers: Headers) -> None:
     got = outcome(headers)
     if isinstance(got, Scheduled):
+        # What the parser stores, the store can hold: the stored encoding gives it back.
+        assert decode(encode(got, "delay", 0), "delay", 0, got.offset) == got
         assert MIN_EPOCH_MS <= got.due_ms <= MAX_EPOCH_MS
         assert got.due_ms - NOW <= RULES.max_delay_ms
         assert RULES.target_refusal(got.target) is None
