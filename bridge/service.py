@@ -15,6 +15,7 @@ from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaError as ClientError
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
@@ -28,7 +29,7 @@ from bridge.config import (
 )
 from bridge.dialects import ETF1
 from bridge.egress import Egress
-from bridge.errors import ConfigError, StoreError
+from bridge.errors import ConfigError, KafkaError, StoreError
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
@@ -77,6 +78,33 @@ def _kafka_logger(name: str) -> logging.Logger:
     return kafka
 
 
+def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
+    admin = {**admin_settings(config), "logger": _kafka_logger("admin")}
+    return admin, config.topics.delay, config.limits.max_delay
+
+
+def _key_is_id(config: Config) -> set[str]:
+    return {t for t, d in config.topics.dialect.items() if d == ETF1}
+
+
+def _check_retention(config: Config) -> None:
+    """With store.references on, a far-future record lives only in its delay topic until it is
+    read back: a retention that can delete it first stops start-up (raises ConfigError)."""
+    if not config.store.references:
+        return
+    try:
+        problems = read_retention(*_retention_args(config), key_is_id=_key_is_id(config))
+    except (KafkaException, TimeoutError) as exc:
+        logger.warning("could not read the delay topics' retention (%s); with "
+                       "store.references on it must cover limits.max_delay", exc)  # fmt: skip
+        return
+    if problems:
+        raise ConfigError(
+            f"store.references is on, so the delay topics must keep every record until it is "
+            f"due (or set store.references: false): {problems[0]}"
+        )
+
+
 class Service:
     """One bridge process: ingress and egress threads around a shared store."""
 
@@ -91,6 +119,7 @@ class Service:
         producer_conf: dict[str, Any] = {
             **producer_settings(config),
             "logger": _kafka_logger("producer"),
+            "error_cb": self._on_producer_error,
         }
         consumer_conf: dict[str, Any] = {
             **consumer_settings(config, member=True),
@@ -175,6 +204,17 @@ class Service:
             self.ingress.restart_soon(f"librdkafka fetches {names} from no broker")
             self.fetch_watch.reset()
 
+    def _on_producer_error(self, error: ClientError) -> None:
+        """A fatal error leaves a producer unusable (librdkafka: the idempotent producer can no
+        longer keep its order and no-duplicate guarantees): every delivery would fail from then
+        on, retried forever behind a green /healthz. The bridge stops instead, exit code 1, for
+        its supervisor to start it with new clients; records in flight are leased and claimed
+        again. Other errors are librdkafka's to retry (its log says them)."""
+        if error.fatal():
+            logger.critical("the producer failed fatally, stopping: %s", error)
+            self._errors.append(KafkaError(f"fatal producer error: {error}"))
+            self.stop_event.set()
+
     def _on_fetched(self, records: int, size: int) -> None:
         self.metrics.read_back_fetched.inc(records)
         self.metrics.read_back_fetched_bytes.inc(size)
@@ -202,31 +242,7 @@ class Service:
                 "(an evicted record set cannot be noticed or rebuilt)", policy,
             )  # fmt: skip
         if not self.config.store.references:  # else checked before joining (_check_retention)
-            check_retention(*self._retention_args(), key_is_id=self._key_is_id())
-
-    def _retention_args(self) -> tuple[dict[str, Any], tuple[str, ...], int]:
-        admin = {**admin_settings(self.config), "logger": _kafka_logger("admin")}
-        return admin, self.config.topics.delay, self.config.limits.max_delay
-
-    def _key_is_id(self) -> set[str]:
-        return {t for t, d in self.config.topics.dialect.items() if d == ETF1}
-
-    def _check_retention(self) -> None:
-        """With store.references on, a far-future record lives only in its delay topic until it is
-        read back: a retention that can delete it first stops start-up (raises ConfigError)."""
-        if not self.config.store.references:
-            return
-        try:
-            problems = read_retention(*self._retention_args(), key_is_id=self._key_is_id())
-        except (KafkaException, TimeoutError) as exc:
-            logger.warning("could not read the delay topics' retention (%s); with "
-                           "store.references on it must cover limits.max_delay", exc)  # fmt: skip
-            return
-        if problems:
-            raise ConfigError(
-                f"store.references is on, so the delay topics must keep every record until it is "
-                f"due (or set store.references: false): {problems[0]}"
-            )
+            check_retention(*_retention_args(self.config), key_is_id=_key_is_id(self.config))
 
     def health(self) -> list[str]:
         """Problems that mean the process should be restarted: a main loop that stopped."""
@@ -242,7 +258,7 @@ class Service:
             if now - last > STALL_S
         ]
         if self._errors:
-            problems.append(f"a loop crashed: {self._errors[0]!r}")
+            problems.append(f"stopped: {self._errors[0]!r}")
         return problems
 
     def ready(self) -> list[str]:
@@ -279,7 +295,7 @@ class Service:
             __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
             f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
         )  # fmt: skip
-        self._check_retention()
+        _check_retention(self.config)
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()

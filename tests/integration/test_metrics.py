@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import KafkaError as ClientError
 from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
@@ -270,3 +271,20 @@ def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None
     service.egress.sender.last_loop = time.monotonic() - 61  # nor the sender of held records
     assert service.health() == ["sender loop silent for 61s"]
     assert "consumer has not joined its group" in service.ready()
+
+
+def test_a_fatal_producer_error_stops_the_bridge(services: Services, unique: str) -> None:
+    """A fatal error leaves librdkafka's idempotent producer unusable: every delivery failed
+    from then on and was retried forever, while /healthz stayed green. Kafka here has no
+    authorizer or fault hook to make one (see the trust issue's note): the producer's own error
+    callback is handed the error librdkafka would hand it."""
+    env = bridge_env(services.bootstrap, services.redis_url, kafka__group_id=f"g-{unique}",
+                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    service._on_producer_error(ClientError(ClientError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert service.health() == [] and not service.stop_event.is_set()
+    service._on_producer_error(ClientError(
+        ClientError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desynchronised", fatal=True))  # fmt: skip
+    assert service.stop_event.is_set()
+    (problem,) = service.health()
+    assert "fatal producer error" in problem and "sequence desynchronised" in problem
