@@ -109,7 +109,7 @@ class Layout:
             labelled = self.keys.retired_set(shard)
             keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, labelled, old.due,
                     old.inflight, old.claimed, k.ids, k.refs, k.refs_due, old.refs,
-                    old.refs_due, k.waits, old.waits]  # fmt: skip
+                    old.refs_due, k.waits, old.waits, old.pending]  # fmt: skip
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
             calls.append(("incarnation", keys, args))
         out = {}
@@ -137,5 +137,5 @@ class Layout:
         """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
         k = self.keys.of(shard)
         keys = [self.keys.retired_set(shard), k.due, k.inflight, k.claimed, k.refs, k.refs_due,
-                k.waits]  # fmt: skip
+                k.waits, k.pending]  # fmt: skip
         return bool(int(self.scripts.run([("retired", keys, [shard.incarnation])])[0]))

@@ -176,3 +176,25 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     assert store.inventory.is_pending(SHARD, 0)
     assert promote_all(store, far, {0: new}) == 1
     assert [c.record.value for c in store.claim([SHARD], 10, 30_000, now_ms=far)] == [b"new"]
+
+
+def test_a_reference_cancelled_before_a_retire_stays_cancelled(store: Store) -> None:
+    """The topic recreated after a far-future record was cancelled: the retired references were
+    all stored (payload-missing, to the DLQ) as if none had been cancelled, and the references
+    gauge went below zero (the cancel had counted it out already)."""
+    far = T0 + 10 * BUCKET
+    store.layout.bind({SHARD: "first"})
+    add(store, rec(0, far, "a"), rec(1, far + 1), Cancel(2, "a"))
+    bound = store.layout.bind({SHARD: "second"})[SHARD]
+    retired = bound.retired
+    assert retired is not None and bound.records == 1
+    assert store.references.counts([retired]) == {retired: 1}
+    (chunk,) = store.references.due([retired], far + 1)
+    members = [(due, member(rec(o, due), "delay", 0)) for o, due in chunk.references()]
+    assert store.references.promote(chunk, members) == 1
+    assert store.references.counts([retired]) == {retired: 0}
+    [claimed] = store.claim([retired], 10, 30_000, now_ms=far + 1)
+    assert claimed.record.offset == 1
+    store.ack({retired: [claimed.member]}, epochs={retired: claimed.epoch})
+    assert store.layout.forget_retired(retired)  # nothing of it left behind
+    assert not [k for k in store.client.scan_iter(f"{store.prefix}:*retired*")]

@@ -30,6 +30,9 @@ KEYS[13] chunk index      ZSET  chunk -> its bucket's start ms
 KEYS[14] retired references, KEYS[15] retired chunk index (under the label ARGV[2])
 KEYS[16] waits            SET   targets with a wait index (records waiting for their rate), each
                                 moved with the SET to KEYS[17], the retired waits
+KEYS[18] retired pending  (KEYS[6] under the label, kept with the references: a reference
+                                cancelled before the retire stays cancelled; the retired
+                                references' field "pending" says the bits were kept)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
 ARGV[3]  "1" to retire even if the topic id is unchanged
@@ -66,10 +69,15 @@ for i = 1, 3 do
     redis.call('RENAME', KEYS[i], KEYS[7 + i])
   end
 end
-for i = 12, 13 do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('RENAME', KEYS[i], KEYS[i + 2])
+if redis.call('EXISTS', KEYS[12]) == 1 then
+  redis.call('RENAME', KEYS[12], KEYS[14])
+  redis.call('HSET', KEYS[14], 'pending', '1')
+  if redis.call('EXISTS', KEYS[6]) == 1 then
+    redis.call('RENAME', KEYS[6], KEYS[18])
   end
+end
+if redis.call('EXISTS', KEYS[13]) == 1 then
+  redis.call('RENAME', KEYS[13], KEYS[15])
 end
 if moved > 0 then
   redis.call('SADD', KEYS[7], ARGV[2])

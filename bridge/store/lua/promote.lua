@@ -5,8 +5,9 @@ from the delay topic, and drop the references it read — atomically, so a chunk
 The caller read the chunk (its first `bytes` bytes) and passes, for each reference in it, the
 member to store: the record read back, or a record for the DLQ (its payload was gone, or it no
 longer passes the rules). A reference whose pending bit is clear was cancelled or replaced while
-it waited: its member is not stored. A retired incarnation has no pending bits (nothing can
-cancel into it): all its members are stored.
+it waited: its member is not stored. A retired incarnation keeps the pending bits it had (nothing
+cancels into it after the retire); one retired before they were kept (no field "pending" in its
+references) has none to look at: all its members are stored.
 
 The chunk must still start with the reference the caller read first and hold at least the bytes
 it read; otherwise another caller promoted it, or adds renamed it (a chunk that fills up), and
@@ -19,7 +20,7 @@ KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 ARGV[1]  the chunk's field
 ARGV[2]  how many bytes of it the caller read
 ARGV[3]  its first reference (16 bytes)
-ARGV[4]  "1" for a retired incarnation (no pending bits to look at), else "0"
+ARGV[4]  "1" for a retired incarnation, else "0"
 ARGV[5..] pairs, one per reference read, in the chunk's order: score, member
 
 Returns: records stored, or -1 when the chunk is not the one the caller read
@@ -29,7 +30,7 @@ local read = tonumber(ARGV[2])
 if not chunk or #chunk < read or string.sub(chunk, 1, 16) ~= ARGV[3] then
   return -1
 end
-local retired = ARGV[4] == '1'
+local retired = ARGV[4] == '1' and redis.call('HGET', KEYS[2], 'pending') ~= '1'
 local due, maps = {}, {}
 for i = 5, #ARGV, 2 do
   local member = ARGV[i + 1]

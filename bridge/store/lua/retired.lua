@@ -9,6 +9,7 @@ KEYS[4]  retired claimed    HASH  offset -> member
 KEYS[5]  retired references HASH  chunk -> references
 KEYS[6]  retired chunk index ZSET chunk -> its bucket's start ms
 KEYS[7]  retired waits      SET   targets with a wait index (records waiting for their rate)
+KEYS[8]  retired pending    HASH  offset bucket -> bitmap (kept for its references)
 ARGV[1]  the label
 
 Returns: 1 if it was empty and is forgotten, else 0 (records left)
@@ -17,6 +18,6 @@ if redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3]) + redis.call('ZCA
     + redis.call('SCARD', KEYS[7]) > 0 then
   return 0
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8])
 redis.call('SREM', KEYS[1], ARGV[1])
 return 1
