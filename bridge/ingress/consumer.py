@@ -302,18 +302,8 @@ class Ingress:
         self.readiness.fail("ingress", f"ingress cannot store records: {exc}",
                             write_refused=isinstance(exc, WriteRefused))  # fmt: skip
         log_failed_turn(logger, exc, "batch not stored, retrying in %.1fs: %s", backoff, exc)
-        self._rewind(messages)
+        _rewind(self.consumer, messages, self.assigned, self.marks)
         self._pause(backoff)
-
-    def _rewind(self, messages: Sequence[Message]) -> None:
-        first: dict[Shard, int] = {}
-        for msg in messages:
-            topic, partition, offset = coords(msg)
-            shard = Shard(topic, partition)
-            first[shard] = min(first.get(shard, offset), offset)
-        for shard, offset in first.items():
-            if shard in self.assigned:
-                self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
 
     def _pause(self, seconds: float) -> None:
         self._paused_until = time.monotonic() + seconds
@@ -332,7 +322,24 @@ class Ingress:
         """Messages fetched before a pause took effect are re-read after resuming."""
         valid = [m for m in messages if m.error() is None]
         if valid:
-            self._rewind(valid)
+            _rewind(self.consumer, valid, self.assigned, self.marks)
+
+
+def _rewind(
+    consumer: Consumer, messages: Sequence[Message], assigned: set[Shard], marks: dict[Shard, int]
+) -> None:
+    """Read ``messages`` again, but not what of them was applied already (up to ``marks``): read
+    from its start, a partition a batch that failed half-way had stored would look like one
+    whose offsets went back, and be retired."""
+    first: dict[Shard, int] = {}
+    for msg in messages:
+        topic, partition, offset = coords(msg)
+        shard = Shard(topic, partition)
+        first[shard] = min(first.get(shard, offset), offset)
+    for shard, offset in first.items():
+        if shard in assigned:
+            start = max(offset, marks.get(shard, -1) + 1)
+            consumer.seek(TopicPartition(shard.topic, shard.partition, start))
 
 
 def _report(added: Added, metrics: Metrics) -> None:
