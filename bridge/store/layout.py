@@ -39,6 +39,7 @@ class Layout:
         self.keys = keys
         self.scripts = scripts
         self._relocation_denied = False
+        self._labels: dict[Shard, str] = {}  # retires asked for and not answered yet
 
     def relocate(self, shards: Sequence[Shard]) -> int:
         """Move the shards' keys from the names before every key started with the prefix (see
@@ -101,7 +102,9 @@ class Layout:
         mover drains, and starts empty, to be read from the beginning of the log.
         """
         shards = list(topic_ids)
-        labels = {s: uuid.uuid4().hex[:12] for s in shards}
+        # A label is kept until its shard's reply arrives: asked again, a retire that ran but
+        # whose reply was lost is answered as it was (incarnation.lua), not taken for done.
+        labels = {s: self._labels.setdefault(s, uuid.uuid4().hex[:12]) for s in shards}
         calls: list[Call] = []
         for shard in shards:
             k = self.keys.of(shard)
@@ -121,6 +124,8 @@ class Layout:
             moved, mark = int(reply[2]), int(reply[3])
             retired = Shard(shard.topic, shard.partition, labels[shard]) if moved else None
             out[shard] = Bound(True, stored, moved, None if mark < 0 else mark, retired)
+        for shard in shards:
+            del self._labels[shard]
         return out
 
     def retired(self, shards: Sequence[Shard]) -> set[Shard]:

@@ -4,12 +4,19 @@ reach them, promotion once and only once, and retired incarnations."""
 from __future__ import annotations
 
 from typing import cast
+from urllib.parse import urlparse
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from bridge.errors import StoreError
 from bridge.message import Cancel, Scheduled
 from bridge.store import Shard, Store, offset_bytes
 from bridge.store.keys import member
+from tests.conftest import Services
+from tests.integration.wire import LossyRelay
 
 pytestmark = pytest.mark.integration
 
@@ -198,3 +205,31 @@ def test_a_reference_cancelled_before_a_retire_stays_cancelled(store: Store) -> 
     store.ack({retired: [claimed.member]}, epochs={retired: claimed.epoch})
     assert store.layout.forget_retired(retired)  # nothing of it left behind
     assert not [k for k in store.client.scan_iter(f"{store.prefix}:*retired*")]
+
+
+def test_a_retire_whose_reply_was_lost_is_answered_when_asked_again(
+    store: Store, services: Services
+) -> None:
+    """The connection broke after the retire ran and before its reply arrived. Asked again, the
+    shard was bound already, so the retired incarnation and its records were never handed to the
+    mover (until the partition's next assignment), nor the partition read from its beginning."""
+    store.layout.bind({SHARD: "first"})
+    add(store, rec(0, T0), rec(1, T0 + 10 * BUCKET))
+    url = urlparse(services.redis_url)
+    relay = LossyRelay((url.hostname or "127.0.0.1", url.port or 6379))
+    client = redis.Redis(port=relay.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+    lossy = Store(client, store.prefix)
+    try:
+        lossy.probe()
+        relay.lose_replies = True
+        with pytest.raises(StoreError):
+            lossy.layout.bind({SHARD: "second"})
+        assert store.client.smembers(store.layout.keys.retired_set(SHARD))  # it ran
+        relay.lose_replies = False
+        bound = lossy.layout.bind({SHARD: "second"})[SHARD]  # asked again after the failure
+    finally:
+        client.close()
+        relay.close()
+    assert bound.replaced and bound.records == 2 and bound.retired is not None
+    assert store.layout.retired([SHARD]) == {bound.retired}
+    assert not store.layout.bind({SHARD: "second"})[SHARD].replaced  # once only

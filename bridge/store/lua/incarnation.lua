@@ -37,9 +37,19 @@ ARGV[1]  the topic id now, or "" when it could not be read (the stored one is ke
 ARGV[2]  the label to retire under
 ARGV[3]  "1" to retire even if the topic id is unchanged
 
+A retire asked again under the same label (its reply was lost: the caller keeps the label until
+it has one) is answered as it was the first time, from the meta's "retire" field.
+
 Returns: {0, stored id or ""} bound, nothing retired
        | {1, stored id or "", records retired, watermark or -1} the old state retired
 ]]
+if redis.call('HGET', KEYS[4], 'epoch') == ARGV[2] then
+  local done = redis.call('HGET', KEYS[4], 'retire')
+  if done then
+    local was, moved, mark = string.match(done, '^(.*) (%-?%d+) (%-?%d+)$')
+    return {1, was, tonumber(moved), tonumber(mark)}
+  end
+end
 local stored = redis.call('HGET', KEYS[4], 'topic_id')
 local id = ARGV[1]
 if id == '' then
@@ -83,7 +93,8 @@ if moved > 0 then
   redis.call('SADD', KEYS[7], ARGV[2])
 end
 redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11])
-redis.call('HSET', KEYS[4], 'epoch', ARGV[2])
+redis.call('HSET', KEYS[4], 'epoch', ARGV[2], 'retire',
+  (stored or '') .. ' ' .. moved .. ' ' .. mark)
 if id ~= '' then
   redis.call('HSET', KEYS[4], 'topic_id', id)
 end
