@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
 from collections.abc import Iterable
 from importlib import resources
 from typing import Any, cast
@@ -13,7 +14,10 @@ from redis.cluster import RedisCluster
 
 from bridge.store.redis_errors import as_store_error
 
-CLUSTER_ATTEMPTS = 3  # tries of a script call whose slot moved (Redis Cluster failover, resharding)
+# A script call whose slot moved (Redis Cluster failover) or is moving (resharding: TRYAGAIN while
+# its keys are half moved) is sent again after a pause, doubling from the first to the last, for
+# up to CLUSTER_WAIT_S; the other calls' replies stand meanwhile.
+CLUSTER_PAUSES_S, CLUSTER_WAIT_S = (0.02, 0.5), 5.0
 NAMES = ("add", "claim", "ack", "release", "take_over", "stats", "low", "upgrade", "incarnation",
          "retired", "relocate", "unclaim", "promote", "withdraw")  # fmt: skip
 
@@ -70,12 +74,13 @@ class Scripts:
     def _evalsha_cluster(self, calls: list[Call]) -> list[Any]:
         """Redis Cluster: the calls split by the master holding each shard's slot (every key of a
         shard shares its hash tag), one pipeline per master. Calls refused because a slot moved
-        (MOVED/ASK, a failover) are sent again once the client has the new slot map; the rest
-        stand."""
+        or is moving (MOVED, ASK, TRYAGAIN: a failover, a resharding) are sent again after a
+        pause, with the slot map read again; the rest stand."""
         cluster = cast(RedisCluster, self.client)
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
-        for _ in range(CLUSTER_ATTEMPTS):
+        deadline, pause = time.monotonic() + CLUSTER_WAIT_S, CLUSTER_PAUSES_S[0]
+        while True:
             by_node: dict[str, tuple[Any, list[int]]] = {}
             for i in todo:
                 node = cluster.get_node_from_key(calls[i][1][0])  # type: ignore[no-untyped-call]
@@ -108,8 +113,12 @@ class Scripts:
                         replies[i] = result
             if not moved:
                 return replies
+            if time.monotonic() + pause > deadline:
+                raise redis.exceptions.ConnectionError(
+                    f"{len(moved)} script calls found no master to take them for their slot in "
+                    f"{CLUSTER_WAIT_S:.0f}s (a failover or a slot migration not over)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, CLUSTER_PAUSES_S[1])
             cluster.nodes_manager.initialize()  # type: ignore[no-untyped-call]  # new slot map
             todo = moved
-        raise redis.exceptions.ConnectionError(
-            f"{len(todo)} script calls found no master for their slot in {CLUSTER_ATTEMPTS} tries"
-        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -13,7 +14,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers, Scheduled
 from bridge.store import Shard, Store
 from tests.conftest import ROOT, delete_keys, run_services, started, wait_for
 from tests.integration.harness import Bridge, Setup, metric, produce_all
@@ -292,3 +293,57 @@ def test_as_the_least_privileged_acl_user_the_readme_documents(
     expected = ("could not check that Redis does not evict", "names of earlier builds",
                 "not sampling delay_bridge_stored_bytes")  # fmt: skip
     assert all(any(e in line for e in expected) for line in denied), denied
+
+
+def test_a_slot_migrating_under_a_store_call_is_waited_for(
+    redis_cluster: dict[str, str], unique: str
+) -> None:
+    """A slot moved to another master (resharding: CLUSTER SETSLOT … MIGRATING, then MIGRATE of
+    its keys one by one) while a shard's keys are half moved: its script is refused with TRYAGAIN.
+    Three tries in a row without a pause, then the whole multi-shard pipeline failed, the other
+    shards' replies (a claim's leased records) with it. The call now waits for the move."""
+    client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
+    store = Store(client, f"test-{unique}")
+    moving, staying = Shard(f"t-{unique}", 0), Shard(f"t-{unique}", 1)
+    due = 1_800_000_000_000
+    ids = {p: _cli(p, "cluster", "myid").strip() for p in _ports(redis_cluster)}
+    try:
+        for shard in (moving, staying):
+            store.add({shard: (0, [Scheduled(0, due, "out", b"k", b"v", [], "id")])})
+        keys = list(client.scan_iter(match=f"*{moving.topic}:0*"))
+        source = client.get_node_from_key(keys[0])
+        dest = next(p for p in ids if p != source.port)
+        slot = client.keyslot(keys[0])
+        _cli(dest, "cluster", "setslot", str(slot), "importing", ids[source.port])
+        _cli(source.port, "cluster", "setslot", str(slot), "migrating", ids[dest])
+        _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys",
+             keys[0].decode())  # half moved: one key at the destination  # fmt: skip
+
+        def finish() -> None:  # once a script call was refused, as an operator's next move
+            wait_for(lambda: _tryagains(source.port) > refused, 10, "a call refused, TRYAGAIN")
+            _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys",
+                 *(k.decode() for k in keys[1:]))  # fmt: skip
+            for port in ids:
+                _cli(port, "cluster", "setslot", str(slot), "node", ids[dest])
+
+        refused = _tryagains(source.port)
+        mover = threading.Thread(target=finish)
+        mover.start()
+        claimed = store.claim([moving, staying], 10, 30_000, now_ms=due)
+        mover.join()
+        assert sorted(c.shard for c in claimed) == [moving, staying]
+    finally:
+        delete_keys_cluster(client, unique)
+        client.close()
+
+
+def _tryagains(port: int) -> int:
+    """How many commands the node on ``port`` refused with TRYAGAIN (INFO errorstats)."""
+    for line in _cli(port, "info", "errorstats").splitlines():
+        if line.startswith("errorstat_TRYAGAIN:count="):
+            return int(line.split("=", 1)[1].split(",")[0])
+    return 0
+
+
+def _ports(cluster: dict[str, str]) -> list[int]:
+    return [int(n.split(":")[1]) for n in cluster["nodes"].split(",")]
