@@ -12,6 +12,7 @@ from typing import Any, cast
 import redis
 from redis.cluster import RedisCluster
 
+from bridge.store.keys import text
 from bridge.store.redis_errors import as_store_error
 
 # A script call whose slot moved (Redis Cluster failover) or is moving (resharding: TRYAGAIN while
@@ -23,6 +24,15 @@ NAMES = ("add", "claim", "ack", "release", "take_over", "stats", "low", "upgrade
 
 # One script call: the script's name, its keys, its arguments.
 Call = tuple[str, list[str], list[Any]]
+# Scripts that reach a shard's wait indexes through its waits SET declare them after their own
+# keys (this many): Redis Cluster routes and migrates by declared keys. A call that left one out
+# is answered {"undeclared", keys...} before it writes anything, and runs again with them.
+OWN_KEYS = {"add": 9, "withdraw": 7, "stats": 4, "incarnation": 18}
+UNDECLARED = b"undeclared"
+
+
+def _undeclared(reply: Any) -> bool:
+    return isinstance(reply, list) and bool(reply) and reply[0] == UNDECLARED
 
 
 @functools.cache
@@ -46,6 +56,9 @@ class Scripts:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._scripts = {n: client.register_script(_source(n)) for n in NAMES}
+        # The wait indexes each call declared last, by script and first key (its shard): the
+        # SET lists the same targets call after call, so a call is run again only when it grew.
+        self._declared: dict[tuple[str, str], list[str]] = {}
 
     def run(self, calls: Iterable[Call]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
@@ -53,14 +66,31 @@ class Scripts:
         Redis that does not know a script (restarted, flushed) gets them all loaded, then the
         calls again: a repeated add, ack or release changes nothing, and records a repeated
         claim leased first are handed out again when the lease ends, as after a lost reply."""
-        calls = list(calls)
+        calls = [self._declare(call) for call in calls]
         with as_store_error():
             try:
-                return self._evalsha(calls)
+                replies = self._evalsha(calls)
             except redis.exceptions.NoScriptError:
                 for script in self._scripts.values():  # on Redis Cluster: on every master
                     self.client.script_load(script.script)
-                return self._evalsha(calls)
+                replies = self._evalsha(calls)
+            for _ in range(3):  # a SET that grows between two calls: a target at a time
+                again = [i for i, r in enumerate(replies) if _undeclared(r)]
+                if not again:
+                    return replies
+                for i in again:
+                    name, keys, args = calls[i]
+                    waits = [text(k) for k in replies[i][1:]]
+                    self._declared[name, keys[0]] = waits
+                    calls[i] = (name, keys[: OWN_KEYS[name]] + waits, args)
+                for i, reply in zip(again, self._evalsha([calls[i] for i in again]), strict=True):
+                    replies[i] = reply
+            raise redis.exceptions.ResponseError("the wait indexes kept changing under a call")
+
+    def _declare(self, call: Call) -> Call:
+        name, keys, args = call
+        waits = self._declared.get((name, keys[0])) if name in OWN_KEYS else None
+        return (name, keys + waits, args) if waits else call
 
     def _evalsha(self, calls: list[Call]) -> list[Any]:
         if isinstance(self.client, RedisCluster):

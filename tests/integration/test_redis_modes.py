@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers, Scheduled
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Cancel, Headers, Scheduled
 from bridge.store import Shard, Store
 from tests.conftest import ROOT, delete_keys, run_services, started, wait_for
 from tests.integration.harness import Bridge, Setup, metric, produce_all
@@ -347,3 +347,104 @@ def _tryagains(port: int) -> int:
 
 def _ports(cluster: dict[str, str]) -> list[int]:
     return [int(n.split(":")[1]) for n in cluster["nodes"].split(",")]
+
+
+def test_a_retire_during_a_slot_migration_keeps_the_records_waiting_for_their_rate(
+    redis_cluster: dict[str, str], unique: str
+) -> None:
+    """A shard's wait index (records held for their target's rate) is reached through its waits
+    SET, and was not declared to Redis: with the index already moved to the new master and the SET
+    not yet, the retire of a recreated topic saw no index, moved the SET and left the index under
+    the live shard's name, listed nowhere: its records were never delivered."""
+    client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
+    store = Store(client, f"test-{unique}")
+    shard = Shard(f"t-{unique}", 0)
+    due = 1_800_000_000_000
+    ids = {p: _cli(p, "cluster", "myid").strip() for p in _ports(redis_cluster)}
+    try:
+        store.layout.bind({shard: "first"})
+        store.add(
+            {shard: (1, [Scheduled(o, due, "slow", b"k", b"v", [], f"id-{o}") for o in (0, 1)])}
+        )
+        claimed = store.claim([shard], 10, 30_000, now_ms=due)
+        assert store.unclaim(claimed, wait=True) == 2  # both wait for their target's rate
+        wait_index = store.layout.keys.wait(shard, "slow")
+        source = client.get_node_from_key(wait_index)
+        dest = next(p for p in ids if p != source.port)
+        slot = client.keyslot(wait_index)
+        keys = [k.decode() for k in client.scan_iter(match=f"*{shard.topic}:0*")]
+        _cli(dest, "cluster", "setslot", str(slot), "importing", ids[source.port])
+        _cli(source.port, "cluster", "setslot", str(slot), "migrating", ids[dest])
+        _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", wait_index)
+
+        def finish() -> None:  # once a script call was refused, as an operator's next move
+            wait_for(lambda: _tryagains(source.port) > refused, 10, "a call refused, TRYAGAIN")
+            rest = [k for k in keys if k != wait_index]
+            _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", *rest)
+            for port in ids:
+                _cli(port, "cluster", "setslot", str(slot), "node", ids[dest])
+
+        refused = _tryagains(source.port)
+        mover = threading.Thread(target=finish)
+        mover.start()
+        bound = store.layout.bind({shard: "second"})[shard]  # the topic was recreated
+        mover.join()
+        assert bound.retired is not None and bound.records == 2
+        assert not client.exists(wait_index)  # nothing left under the live shard's name
+        claims = store.claim_waiting({(bound.retired, "slow"): 10}, 30_000, now_ms=due)
+        assert sorted(c.record.offset for c in claims["slow"]) == [0, 1]
+    finally:
+        delete_keys_cluster(client, unique)
+        client.close()
+
+
+def test_a_cancel_during_a_slot_migration_reaches_a_record_waiting_for_its_rate(
+    redis_cluster: dict[str, str], unique: str
+) -> None:
+    """add.lua reached a shard's wait indexes (records held for their target's rate) through its
+    waits SET without declaring them: with every declared key still on the old master and the
+    wait index moved already, Redis refused the script ("a non local key") and the whole batch
+    failed until the migration was over; declared, the call is refused with TRYAGAIN and waits."""
+    client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
+    store = Store(client, f"test-{unique}")
+    shard = Shard(f"t-{unique}", 0)
+    due = 1_800_000_000_000
+    ids = {p: _cli(p, "cluster", "myid").strip() for p in _ports(redis_cluster)}
+
+    def rec(offset: int, target: str, at: int = due) -> Scheduled:
+        return Scheduled(offset, at, target, b"k", b"v", [], f"id-{offset}")
+
+    try:
+        store.layout.bind({shard: "first"})
+        # Every key add.lua declares exists: records due and in flight, an id, a reference.
+        store.add({shard: (3, [rec(0, "slow"), rec(1, "out"), rec(2, "out"),
+                               rec(3, "out", due + 86_400_000)])}, refer_after_ms=due + 3_600_000)  # fmt: skip
+        claimed = store.claim([shard], 2, 30_000, now_ms=due)
+        assert {c.record.target for c in claimed} == {"slow", "out"}
+        assert store.unclaim([c for c in claimed if c.record.target == "slow"], wait=True) == 1
+        wait_index = store.layout.keys.wait(shard, "slow")
+        source = client.get_node_from_key(wait_index)
+        dest = next(p for p in ids if p != source.port)
+        slot = client.keyslot(wait_index)
+        keys = [k.decode() for k in client.scan_iter(match=f"*{shard.topic}:0*")]
+        _cli(dest, "cluster", "setslot", str(slot), "importing", ids[source.port])
+        _cli(source.port, "cluster", "setslot", str(slot), "migrating", ids[dest])
+        _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", wait_index)
+
+        def finish() -> None:  # once a script call was refused, as an operator's next move
+            wait_for(lambda: _tryagains(source.port) > refused, 10, "a call refused, TRYAGAIN")
+            rest = [k for k in keys if k != wait_index]
+            _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", *rest)
+            for port in ids:
+                _cli(port, "cluster", "setslot", str(slot), "node", ids[dest])
+
+        refused = _tryagains(source.port)
+        mover = threading.Thread(target=finish, daemon=True)
+        mover.start()
+        added = store.add({shard: (4, [Cancel(4, "id-0")])})
+        mover.join(15)
+        assert added.cancelled == 1, added
+        assert not client.exists(wait_index)
+    finally:
+        delete_keys_cluster(client, unique)
+        client.close()

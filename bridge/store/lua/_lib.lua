@@ -10,7 +10,13 @@ wait_key(waits, target): the wait index of a rate-limited target's records (egre
 in a shard, from the name of the shard's waits SET (`<shard>:waits` -> `<shard>:wait:<target>`, as
 bridge.store.keys names it). A script reaches a shard's wait indexes through the SET, which lists
 the targets that have one; they share the shard's hash tag, so its Cluster slot.
-waiting_keys(due, waits): the shard's due index, then each of its wait indexes.
+wait_keys(waits, under): the wait indexes the SET `waits` lists, named as under the SET `under`
+(default: `waits` itself). waiting_keys(due, waits): the shard's due index, then those.
+undeclared(first, needed): a script that reaches wait indexes declares them after its own keys,
+from KEYS[first] on (bridge.store.scripts keeps the list per shard); nil when every key in
+`needed` is declared, else the reply {"undeclared", every needed key} for the caller to run the
+script again with them. Called before any write: Redis Cluster routes and migrates by declared
+keys (an undeclared key half-way through a slot migration is refused as "non local").
 
 now_ms(given): the time as epoch milliseconds: `given` when a test passes one, else Redis TIME,
 so every replica reads one clock whatever its own says.
@@ -78,12 +84,35 @@ local function wait_key(waits, target)
   return string.sub(waits, 1, -2) .. ':' .. target
 end
 
-local function waiting_keys(due, waits)
-  local keys = {due}
+local function wait_keys(waits, under)
+  local keys = {}
   for _, target in ipairs(redis.call('SMEMBERS', waits)) do
-    keys[#keys + 1] = wait_key(waits, target)
+    keys[#keys + 1] = wait_key(under or waits, target)
   end
   return keys
+end
+
+local function waiting_keys(due, waits)
+  local keys = wait_keys(waits)
+  table.insert(keys, 1, due)
+  return keys
+end
+
+local function undeclared(first, needed)
+  local declared = {}
+  for i = first, #KEYS do
+    declared[KEYS[i]] = true
+  end
+  for _, key in ipairs(needed) do
+    if not declared[key] then
+      local reply = {'undeclared'}
+      for _, k in ipairs(needed) do
+        reply[#reply + 1] = k
+      end
+      return reply
+    end
+  end
+  return nil
 end
 
 local function now_ms(given)

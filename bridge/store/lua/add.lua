@@ -37,6 +37,7 @@ KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> re
 KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lua): a cancel or
                               a replacement reaches a record waiting for its target's rate there
+KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
@@ -50,7 +51,12 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing, the
           delay-id of each cancel that found nothing and each record with a caller-given id that
           replaced nothing here: the caller looks for theirs in the topic's other partitions}
        | {1, -1} shard state missing | {2, watermark} watermark went back
+       | {"undeclared", wait indexes...}
 ]]
+local refused = undeclared(10, wait_keys(KEYS[9]))
+if refused then
+  return refused
+end
 local mark = redis.call('HGET', KEYS[2], 'ingested')
 if ARGV[1] ~= '' then
   if not mark then

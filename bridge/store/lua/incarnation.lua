@@ -33,6 +33,8 @@ KEYS[16] waits            SET   targets with a wait index (records waiting for t
 KEYS[18] retired pending  (KEYS[6] under the label, kept with the references: a reference
                                 cancelled before the retire stays cancelled; the retired
                                 references' field "pending" says the bits were kept)
+KEYS[19..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
+           _lib.lua)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
 ARGV[3]  "1" to retire even if the topic id is unchanged
@@ -40,9 +42,18 @@ ARGV[3]  "1" to retire even if the topic id is unchanged
 A retire asked again under the same label (its reply was lost: the caller keeps the label until
 it has one) is answered as it was the first time, from the meta's "retire" field.
 
-Returns: {0, stored id or ""} bound, nothing retired
+Returns: {"undeclared", wait indexes...}
+       | {0, stored id or ""} bound, nothing retired
        | {1, stored id or "", records retired, watermark or -1} the old state retired
 ]]
+local waits_now, waits_retired = wait_keys(KEYS[16]), wait_keys(KEYS[16], KEYS[17])
+for _, key in ipairs(waits_retired) do
+  waits_now[#waits_now + 1] = key
+end
+local refused = undeclared(19, waits_now)
+if refused then
+  return refused
+end
 if redis.call('HGET', KEYS[4], 'epoch') == ARGV[2] then
   local done = redis.call('HGET', KEYS[4], 'retire')
   if done then
@@ -91,6 +102,8 @@ if redis.call('EXISTS', KEYS[13]) == 1 then
 end
 if moved > 0 then
   redis.call('SADD', KEYS[7], ARGV[2])
+else  -- what is left of its references (all cancelled) is nobody's to read
+  redis.call('DEL', KEYS[14], KEYS[15], KEYS[18])
 end
 redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11])
 redis.call('HSET', KEYS[4], 'epoch', ARGV[2], 'retire',

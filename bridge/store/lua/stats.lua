@@ -9,12 +9,17 @@ KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  in-flight      ZSET  member -> lease deadline ms
 KEYS[3]  references     HASH  "count" -> references waiting
 KEYS[4]  waits          SET   targets with a wait index: their records count as the due index's
+KEYS[5..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  now ms, or "" to read Redis TIME
 ARGV[2]  egress.lease - egress.ahead in ms, or "" to leave records in flight out of the oldest
 
-Returns: {now ms, scheduled (due later), overdue (due, unclaimed), in flight, oldest due ms or -1,
+Returns: {"undeclared", wait indexes...} | {now ms, scheduled (due later), overdue (due, unclaimed), in flight, oldest due ms or -1,
           references, overdue high, overdue normal, overdue low}
 ]]
+local refused = undeclared(5, wait_keys(KEYS[4]))
+if refused then
+  return refused
+end
 local now = now_ms(ARGV[1])
 local out = {now, 0, 0, redis.call('ZCARD', KEYS[2]), -1, 0}
 local overdue, waiting = 0, 0

@@ -13,10 +13,15 @@ KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[6]  references     HASH  "count" -> references waiting
 KEYS[7]  waits          SET   targets with a wait index
+KEYS[8..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] pairs: delay-id, record timestamp of the cancel or replacement
 
-Returns: the delay-ids withdrawn here
+Returns: the delay-ids withdrawn here | {"undeclared", wait indexes...}
 ]]
+local refused = undeclared(8, wait_keys(KEYS[7]))
+if refused then
+  return refused
+end
 local shard = {due = KEYS[1], ids = KEYS[2], low = KEYS[3], pending = KEYS[4],
                inflight = KEYS[5], refs = KEYS[6], waits = KEYS[7]}
 local withdrawn = {}
