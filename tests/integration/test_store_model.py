@@ -7,7 +7,9 @@ cancels and replacements read in the topic's other partition (withdrawn there on
 record is stamped no later), acknowledgements (of the current epoch and an old one), releases, leases running out and taken
 over, rate-limited records set aside and claimed from their wait index, references promoted, and
 Redis rolled back to an earlier snapshot (nothing new claimed from it until the ingress has read
-it again) then rebuilt from the delay topic — against a plain-Python
+it again) then rebuilt from the delay topic, and the delay topic recreated (the shard's state
+retired under a label, its records still delivered from there, the new incarnation's offsets
+starting at 0 again beside them) — against a plain-Python
 model of what waits, what is leased and what is done. After every step:
 
 * nothing has left Redis that was not delivered (acknowledged), cancelled or replaced: the records
@@ -154,8 +156,10 @@ class StoreModel(RuleBasedStateMachine):
         self.store = Store(self.client, self.prefix)
         self.now = T0  # a fixed clock, so a failure replays; later than Redis's own TIME, which
         # take_over compares leases with
+        # The live shards, then the retired incarnations (a delay topic recreated) still known.
         self.models = {s: ShardModel() for s in SHARDS}
-        self.epoch = ""
+        self.epochs: dict[Shard, str] = {}  # the live shards' epochs (their last retire's label)
+        self.incarnation = 1
         self.snapshot: tuple[dict[bytes, bytes], dict[Shard, ShardModel], int] | None = None
 
     def teardown(self) -> None:
@@ -167,6 +171,46 @@ class StoreModel(RuleBasedStateMachine):
     @initialize()
     def bind(self) -> None:
         self.store.layout.bind({s: "topic-id-1" for s in SHARDS})
+
+    def _all(self) -> list[Shard]:
+        return list(self.models)
+
+    @rule(shard=st.sampled_from(SHARDS), went_back=st.booleans())
+    def recreate(self, shard: Shard, went_back: bool) -> None:
+        """The delay topic is deleted and created again (a new topic id), or the partition's
+        offsets went back (forced): the shard's records move to a retired incarnation the mover
+        drains, and the shard starts empty, its log from offset 0 again. (Redis snapshots taken
+        before are dropped: a rollback across a retire would retire again, not modelled.)"""
+        self.incarnation += 1
+        topic_id = "topic-id-1" if went_back else f"topic-id-{self.incarnation}"
+        force = [shard] if went_back else []
+        bound = self.store.layout.bind({shard: topic_id}, force)[shard]
+        old = self.models[shard]
+        assert bound.replaced, bound
+        held = len(old.waiting) + len(old.leased)
+        assert bound.records == held, (bound, held)
+        assert (bound.retired is not None) == (held > 0), bound
+        if bound.retired is not None:
+            retired = ShardModel(old.log, old.waiting, old.leased)
+            self.models[bound.retired] = retired
+        self.models[shard] = ShardModel()
+        epoch = self.client.hget(self.store.keys(shard).meta, "epoch")
+        self.epochs[shard] = cast(bytes, epoch).decode()
+        self.snapshot = None
+
+    @rule()
+    def forget_retired(self) -> None:
+        """The mover forgets a retired incarnation once nothing is left in it: never before."""
+        for shard in [s for s in self.models if s.incarnation]:
+            model = self.models[shard]
+            chunks = self.client.zcard(self.store.keys(shard).refs_due)
+            forgotten = self.store.layout.forget_retired(shard)
+            if forgotten:
+                assert not model.live(), (shard, model.live())
+                assert not list(self.client.scan_iter(match=f"*:retired:{shard.incarnation}:*"))
+                del self.models[shard]
+            else:
+                assert model.live() or chunks, shard
 
     @rule(
         shard=st.sampled_from(SHARDS),
@@ -237,14 +281,15 @@ class StoreModel(RuleBasedStateMachine):
         cut=st.sampled_from([None, None, Priority.HIGH, Priority.NORMAL]),
     )
     def claim(self, limit: int, ahead: int, cut: Priority | None) -> None:
-        lanes = dict.fromkeys(SHARDS, cut) if cut is not None else None
-        claims = self.store.claim(SHARDS, limit, LEASE, now_ms=self.now, ahead_ms=ahead,
+        shards = self._all()
+        lanes = dict.fromkeys(shards, cut) if cut is not None else None
+        claims = self.store.claim(shards, limit, LEASE, now_ms=self.now, ahead_ms=ahead,
                                   lanes=lanes, watermarks=self._seen())  # fmt: skip
         assert claims.now_ms == self.now
         by_shard: dict[Shard, list[Claimed]] = {}
         for c in claims:
             by_shard.setdefault(c.shard, []).append(c)
-        for shard in SHARDS:
+        for shard in shards:
             self._claimed(shard, by_shard.get(shard, []), limit, ahead, cut)
 
     def _seen(self) -> dict[Shard, int]:
@@ -296,14 +341,15 @@ class StoreModel(RuleBasedStateMachine):
         for rec in due:  # a lane's due records all leave before the next lane's first
             assert all(rec.priority >= p for p in lanes_taken), (rec, lanes_taken)
 
-    @rule(data=st.data(), shard=st.sampled_from(SHARDS), old_epoch=st.booleans())
-    def ack(self, data: st.DataObject, shard: Shard, old_epoch: bool) -> None:
+    @rule(data=st.data(), old_epoch=st.booleans())
+    def ack(self, data: st.DataObject, old_epoch: bool) -> None:
+        shard = data.draw(st.sampled_from(self._all()))
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
         ids = [(r.delay_id, offset_bytes(o)) for o in chosen
                if (r := model.leased[o][0]).delay_id is not None]  # fmt: skip
-        epoch = "an-earlier-epoch" if old_epoch else self.epoch
+        epoch = "an-earlier-epoch" if old_epoch else self.epochs.get(shard, "")
         removed = self.store.ack({shard: [offset_bytes(o) for o in chosen]}, {shard: ids},
                                  {shard: epoch})  # fmt: skip
         if old_epoch:
@@ -315,8 +361,9 @@ class StoreModel(RuleBasedStateMachine):
             if rec.delay_id is not None and model.ids.get(rec.delay_id, (None,))[0] == o:
                 del model.ids[rec.delay_id]
 
-    @rule(data=st.data(), shard=st.sampled_from(SHARDS))
-    def release(self, data: st.DataObject, shard: Shard) -> None:
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        shard = data.draw(st.sampled_from(self._all()))
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
@@ -325,13 +372,14 @@ class StoreModel(RuleBasedStateMachine):
         for o in chosen:
             model.leased[o] = (model.leased[o][0], 0)
 
-    @rule(data=st.data(), shard=st.sampled_from(SHARDS), wait=st.booleans())
-    def unclaim(self, data: st.DataObject, shard: Shard, wait: bool) -> None:
+    @rule(data=st.data(), wait=st.booleans())
+    def unclaim(self, data: st.DataObject, wait: bool) -> None:
+        shard = data.draw(st.sampled_from(self._all()))
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
         claimed = [Claimed(shard, offset_bytes(o), model.leased[o][0].scheduled(shard), False,
-                           self.epoch) for o in chosen]  # fmt: skip
+                           self.epochs.get(shard, "")) for o in chosen]  # fmt: skip
         assert self.store.unclaim(claimed, wait=wait) == len(chosen)
         for o in chosen:
             rec, _ = model.leased.pop(o)
@@ -340,11 +388,11 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 4))
     def claim_waiting(self, limit: int) -> None:
-        limits = {(s, t): limit for s in SHARDS for t in TARGETS}
+        limits = {(s, t): limit for s in self._all() for t in TARGETS}
         got = self.store.claim_waiting(limits, LEASE, now_ms=self.now, watermarks=self._seen())
         for target in TARGETS:
             claims: list[Claimed] = got.get(target, [])
-            for shard in SHARDS:
+            for shard in self._all():
                 model = self.models[shard]
                 mine = [c for c in claims if c.shard == shard]
                 assert len(mine) <= limit
@@ -359,8 +407,9 @@ class StoreModel(RuleBasedStateMachine):
                         and r.due <= self.now]  # fmt: skip
                 assert len(mine) == limit or not left or self._rolled_back(shard), (target, left)
 
-    @rule(shard=st.sampled_from(SHARDS), keep=st.booleans())
-    def take_over(self, shard: Shard, keep: bool) -> None:
+    @rule(data=st.data(), keep=st.booleans())
+    def take_over(self, data: st.DataObject, keep: bool) -> None:
+        shard = data.draw(st.sampled_from(self._all()))
         model = self.models[shard]
         held = sorted(model.leased)[:1] if keep else []
         self.store.take_over({shard: [offset_bytes(o) for o in held]})
@@ -376,7 +425,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(ahead=st.sampled_from([0, BUCKET, HORIZON + BUCKET]))
     def promote(self, ahead: int) -> None:
-        for chunk in self.store.references.due(list(SHARDS), self.now + ahead):
+        for chunk in self.store.references.due(self._all(), self.now + ahead):
             model = self.models[chunk.shard]
             members = []
             for offset, due in chunk.references():
@@ -413,8 +462,8 @@ class StoreModel(RuleBasedStateMachine):
         delete_keys(self.client, self.prefix)
         for name, value in dumped.items():
             self.client.restore(name, 0, value, replace=True)
-        for shard, snapped in models.items():
-            then, now = snapped.copy(), self.models[shard]
+        for shard, snapped in models.items():  # a retired incarnation forgotten since is back
+            then, now = snapped.copy(), self.models.get(shard, snapped)
             then.log, then.seen = now.log, now.seen
             self.models[shard] = then
         self.snapshot = None
@@ -423,7 +472,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @invariant()
     def redis_holds_the_model(self) -> None:
-        for shard in SHARDS:
+        for shard in self._all():
             model, k = self.models[shard], self.store.keys(shard)
             c = self.client
             waiting = {offset_of(m): m for m in cast(list[bytes], c.zrange(k.due, 0, -1))}
@@ -435,7 +484,7 @@ class StoreModel(RuleBasedStateMachine):
             claimed = {offset_of(o) for o in cast(list[bytes], c.hkeys(k.claimed))}
             referenced = set()
             for name, chunk in cast(dict[bytes, bytes], c.hgetall(k.refs)).items():
-                if name not in (b"count", b"seq"):
+                if name not in (b"count", b"seq", b"pending"):
                     referenced |= {o for o, _ in references_in(chunk)
                                    if self.store.inventory.is_pending(shard, o)}  # fmt: skip
             full = {o for o, r in model.waiting.items() if not r.reference and not r.waits_for}
@@ -458,7 +507,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @invariant()
     def gauges_count_the_model(self) -> None:
-        backlog = self.store.backlog(list(SHARDS), now_ms=self.now)
+        backlog = self.store.backlog(self._all(), now_ms=self.now)
         models = self.models.values()
         waiting = sum(1 for m in models for r in m.waiting.values() if not r.reference)
         assert backlog.scheduled + backlog.overdue == waiting
