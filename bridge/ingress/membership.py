@@ -68,10 +68,6 @@ class Membership:
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
         try:
-            # Keys under the names of earlier builds move first; records in the earlier store
-            # layout then become claimable (lows() retries that).
-            self.store.layout.relocate(shards)
-            self.store.layout.upgrade(shards)
             replaced = self.positions.bind(shards)
             marks = self.store.inventory.watermarks(shards)
             retired = self.store.layout.retired(shards)

@@ -16,8 +16,9 @@ from bridge.message.headers import (
     origin,
 )
 
-# Version 2 (written): >B version, B flags, q due ms, H header count; then, with flag STORED_AT,
-# q the moment the bridge stored a record that was already due; then length-prefixed
+# Version 2 (the only one; the byte leaves room for another): >B version, B flags, q due ms,
+# H header count; then, with flag STORED_AT, q the moment the bridge stored a record that was
+# already due; then length-prefixed
 # fields — the target unless flag TARGET_IN_HEADER (it is the delay-target-topic header's
 # value), the delay-id unless flag DEFAULT_ID (it is <topic>:<partition>:<offset>) or flag
 # ID_IN_HEADER (it is the delay-id header's value), key, value,
@@ -27,13 +28,9 @@ from bridge.message.headers import (
 # no limit) the head's count is 0 and the count follows it as >I, before the stored moment. The
 # offset is the Redis member's; topic and partition are the shard's. Every byte saved here is
 # saved on every record Redis holds.
-#
-# Version 1 (still read, so records stored before an upgrade are delivered): >B version, q due
-# ms, q offset, H header count, then target, delay-id, key, value and the headers' names and
-# values, each with a >I length (0xFFFFFFFF for None).
+
 
 _HEAD = struct.Struct(">BBqH")
-_HEAD_V1 = struct.Struct(">BqqH")
 _NARROW, _NARROW_NONE = struct.Struct(">H"), 0xFFFF
 _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
 # Stored flags: never renumber (claim.lua reads the version byte and DEFAULT_ID too). HIGH and LOW
@@ -132,8 +129,6 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
     """Inverse of :func:`encode`; raises ValueError on a blob it does not understand."""
     try:
         if blob[0] != 2:
-            if blob[0] == 1:
-                return _decode_v1(blob)
             raise ValueError(f"unknown stored record version {blob[0]}")
         _, flags, due_ms, count = _HEAD.unpack_from(blob, 0)
         pos, stored_ms = _HEAD.size, None
@@ -207,39 +202,3 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
         )  # fmt: skip
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None
-
-
-class _Reader:
-    """Length-prefixed fields of a stored record, in order."""
-
-    def __init__(self, blob: bytes, pos: int, length: struct.Struct, none: int) -> None:
-        self.blob, self.pos, self.length, self.none = blob, pos, length, none
-
-    def take(self) -> bytes | None:
-        (size,) = self.length.unpack_from(self.blob, self.pos)
-        self.pos += self.length.size
-        if size == self.none:
-            return None
-        data = self.blob[self.pos : self.pos + size]
-        self.pos += size
-        return data
-
-    def text(self) -> str:
-        return (self.take() or b"").decode()
-
-    def byte(self) -> int:
-        self.pos += 1
-        return self.blob[self.pos - 1]
-
-    def end(self) -> None:
-        if self.pos != len(self.blob):
-            raise ValueError("stored record is longer than its fields")
-
-
-def _decode_v1(blob: bytes) -> Scheduled:
-    _, due_ms, offset, count = _HEAD_V1.unpack_from(blob, 0)
-    r = _Reader(blob, _HEAD_V1.size, _WIDE, _WIDE_NONE)
-    target, delay_id, key, value = r.text(), r.text(), r.take(), r.take()
-    headers: Headers = [(r.text(), r.take()) for _ in range(count)]
-    r.end()
-    return Scheduled(offset, due_ms, target, key, value, headers, delay_id)

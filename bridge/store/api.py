@@ -19,7 +19,6 @@ from bridge.store.across import default_id_entry, withdraw_elsewhere
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
-    LegacyKeys,
     Shard,
     ShardKeys,
     member,
@@ -111,10 +110,6 @@ class Store:
         """The shard's Redis keys."""
         return self._keys.of(shard)
 
-    def legacy_keys(self, shard: Shard) -> LegacyKeys:
-        """The shard's keys in the earlier layout, which :meth:`upgrade` empties."""
-        return self._keys.legacy(shard)
-
     def probe_key(self) -> str:
         """The key :meth:`probe` writes."""
         return f"{self.prefix}:probe"
@@ -189,10 +184,8 @@ class Store:
 
         A shard Redis holds nothing for is left out, unless the caller expected a watermark for
         it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
-        Records still in the earlier layout are moved first, so they hold the low offset down.
         """
         shards = list(expected)
-        self.layout.upgrade(shards)
         calls: list[Call] = []
         for shard in shards:
             k = self.keys(shard)

@@ -2,8 +2,7 @@
 
 Per shard, all keys are ``<prefix>:{<topic>:<partition>}:<name>``: they share one hash tag, so the
 multi-key scripts run on Redis Cluster, and every key starts with the prefix, so one ACL key
-pattern ``~<prefix>:*`` covers a deployment (keys of earlier builds, named
-``{<prefix>:<topic>:<partition>}:<name>``, are moved by :meth:`Layout.relocate`):
+pattern ``~<prefix>:*`` covers a deployment:
 
 * ``…:schedule``  ZSET member → score: the records waiting. A member *is* the record: its
   offset as 8 big-endian bytes, then the encoded record (:func:`bridge.message.encode`). The score
@@ -67,7 +66,6 @@ _REFERENCE = struct.Struct(">Qq")
 REFERENCE_BYTES = _REFERENCE.size
 _KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids", "refs", "refs-due",
               "waits")  # fmt: skip
-_LEGACY_KEY_NAMES = ("due", "inflight", "records")
 
 
 class Shard(NamedTuple):
@@ -109,15 +107,6 @@ class ShardKeys:
                 self.ids, self.refs, self.refs_due, self.waits)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class LegacyKeys:
-    """The keys of one shard in the earlier layout (see upgrade.lua)."""
-
-    due: str
-    inflight: str
-    records: str
-
-
 class Keys:
     """The only place key names are built, under one deployment's prefix."""
 
@@ -128,10 +117,6 @@ class Keys:
         """The shard's keys."""
         return ShardKeys(*self.names(shard, _KEY_NAMES))
 
-    def legacy(self, shard: Shard) -> LegacyKeys:
-        """The shard's keys in the earlier layout, which :meth:`Layout.upgrade` empties."""
-        return LegacyKeys(*self.names(shard, _LEGACY_KEY_NAMES))
-
     def wait(self, shard: Shard, target: str) -> str:
         """The wait index of ``target``'s records in ``shard`` (wait_key in _lib.lua)."""
         return self.names(shard, (f"wait:{target}",))[0]
@@ -140,17 +125,11 @@ class Keys:
         """The SET of a shard's retired incarnation labels."""
         return self.names(shard.base(), ("retired",))[0]
 
-    def names(
-        self, shard: Shard, names: Sequence[str], *, before_prefix: bool = False
-    ) -> list[str]:
-        """Keys of ``shard`` with these names; ``before_prefix``: as the builds before every key
-        started with the prefix named them (see relocate.lua)."""
+    def names(self, shard: Shard, names: Sequence[str]) -> list[str]:
+        """Keys of ``shard`` with these names."""
         # Every key starts with the prefix (one ACL pattern "~<prefix>:*" covers a deployment),
         # then the shard's hash tag, so a shard's keys share one Redis Cluster slot.
-        if before_prefix:
-            tag = f"{{{self.prefix}:{shard.topic}:{shard.partition}}}"
-        else:
-            tag = _tag(self.prefix, shard.topic, str(shard.partition))
+        tag = _tag(self.prefix, shard.topic, str(shard.partition))
         if shard.incarnation:
             tag = f"{tag}:retired:{shard.incarnation}"
         return [f"{tag}:{name}" for name in names]

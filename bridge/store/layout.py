@@ -1,10 +1,8 @@
-"""Earlier layouts and incarnations: keys moved from earlier builds' names, shards bound to topics.
+"""Incarnations: shards bound to their delay topic's current incarnation, and the retired ones.
 
-Shards written in the earlier layout (``…:due``/``…:inflight`` of offsets beside a ``…:records``
-HASH) are moved into today's by :meth:`Layout.upgrade` before the ingress computes their low
-offset or the egress claims from them; keys under the names before every key started with the
-prefix are moved by :meth:`Layout.relocate`; :meth:`Layout.bind` retires the records of a topic
-that was deleted and created again.
+:meth:`Layout.bind` retires the records of a topic that was deleted and created again (or whose
+offsets went back) to a shard the mover drains; :meth:`Layout.forget_retired` drops one once
+nothing is left in it.
 """
 
 from __future__ import annotations
@@ -14,9 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import redis
-from redis.cluster import RedisCluster
 
-from bridge.errors import StoreError
 from bridge.store.keys import Keys, Shard, text
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Bound
@@ -24,73 +20,15 @@ from bridge.store.scripts import Call, Scripts
 
 logger = logging.getLogger(__name__)
 
-# Every key a shard may have, and how relocate.lua merges two copies of it (the first three are
-# all a retired incarnation has).
-RELOCATED = (("schedule", "zset"), ("leases", "zset"), ("claimed", "hash"), ("meta", "meta"),
-              ("low", "zset"), ("pending", "bitmaps"), ("retired", "set"), ("due", "zset"),
-              ("inflight", "zset"), ("records", "hash"))  # fmt: skip
-
 
 class Layout:
-    """Moves shards between key names, layouts and incarnations of their topic."""
+    """Binds shards to incarnations of their topic, and retires the earlier ones."""
 
     def __init__(self, client: redis.Redis, keys: Keys, scripts: Scripts) -> None:
         self.client = client
         self.keys = keys
         self.scripts = scripts
-        self._relocation_denied = False
         self._labels: dict[Shard, str] = {}  # retires asked for and not answered yet
-
-    def relocate(self, shards: Sequence[Shard]) -> int:
-        """Move the shards' keys from the names before every key started with the prefix (see
-        relocate.lua); returns how many keys moved. A no-op on Redis Cluster, where those builds
-        did not run."""
-        if isinstance(self.client, RedisCluster) or not shards or self._relocation_denied:
-            return 0
-        try:
-            with as_store_error():
-                pipe = self.client.pipeline(transaction=False)
-                for shard in shards:
-                    pipe.smembers(self.keys.names(shard, ("retired",), before_prefix=True)[0])
-                labels = pipe.execute()
-        except StoreError as exc:
-            if not isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
-                raise
-            # A least-privilege user limited to "~<prefix>:*" sees no older names, and needs not.
-            logger.info("not looking for keys under the names of earlier builds: %s", exc)
-            self._relocation_denied = True
-            return 0
-        calls: list[Call] = []
-        for shard, retired in zip(shards, labels, strict=True):
-            keys: list[str] = []
-            kinds: list[str] = []
-            for incarnation in ["", *(text(label) for label in retired)]:
-                one = Shard(shard.topic, shard.partition, incarnation)
-                names = RELOCATED if not incarnation else RELOCATED[:3]
-                olds = self.keys.names(one, [n for n, _ in names], before_prefix=True)
-                news = self.keys.names(one, [n for n, _ in names])
-                for (_, kind), old, new in zip(names, olds, news, strict=True):
-                    keys += [old, new]
-                    kinds.append(kind)
-            calls.append(("relocate", keys, kinds))
-        return sum(int(n) for n in self.scripts.run(calls))
-
-    def upgrade(self, shards: Sequence[Shard], batch: int = 1000) -> int:
-        """Move the shards' records from the earlier layout into this one, ``batch`` records per
-        shard and round trip, until none is left. Returns how many moved; a shard with nothing
-        to move costs one script call that finds the old keys empty."""
-        moved, todo = 0, list(shards)
-        while todo:
-            calls: list[Call] = []
-            for shard in todo:
-                old, k = self.keys.legacy(shard), self.keys.of(shard)
-                keys = [old.due, old.inflight, old.records, k.due, k.inflight, k.claimed, k.low,
-                        k.pending]  # fmt: skip
-                calls.append(("upgrade", keys, [batch]))
-            replies = self.scripts.run(calls)
-            moved += sum(int(n) for n, _ in replies)
-            todo = [s for s, (_, left) in zip(todo, replies, strict=True) if int(left)]
-        return moved
 
     def bind(
         self, topic_ids: Mapping[Shard, str], force: Sequence[Shard] = ()

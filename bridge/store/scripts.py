@@ -19,8 +19,20 @@ from bridge.store.redis_errors import as_store_error
 # its keys are half moved) is sent again after a pause, doubling from the first to the last, for
 # up to CLUSTER_WAIT_S; the other calls' replies stand meanwhile.
 CLUSTER_PAUSES_S, CLUSTER_WAIT_S = (0.02, 0.5), 5.0
-NAMES = ("add", "claim", "ack", "release", "take_over", "stats", "low", "upgrade", "incarnation",
-         "retired", "relocate", "unclaim", "promote", "withdraw")  # fmt: skip
+NAMES = (
+    "add",
+    "claim",
+    "ack",
+    "release",
+    "take_over",
+    "stats",
+    "low",
+    "incarnation",
+    "retired",
+    "unclaim",
+    "promote",
+    "withdraw",
+)
 
 # One script call: the script's name, its keys, its arguments.
 Call = tuple[str, list[str], list[Any]]

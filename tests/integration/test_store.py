@@ -43,9 +43,8 @@ def offsets(claimed: list) -> list[int]:  # type: ignore[type-arg]
 
 def test_keys_share_one_hash_tag(store: Store) -> None:
     shard = Shard("delay", 3)
-    names = [*store.keys(shard).all(), *store.legacy_keys(shard).__dict__.values(),
-             Keys(store.prefix).wait(shard, "orders")]  # fmt: skip
-    assert len(set(names)) == 14
+    names = [*store.keys(shard).all(), Keys(store.prefix).wait(shard, "orders")]
+    assert len(set(names)) == 11
     assert {k.split("}")[0] for k in names} == {f"{store.prefix}:{{delay:3"}
     assert all(k.startswith(f"{store.prefix}:") for k in names)  # one ACL pattern covers them
 
@@ -246,35 +245,6 @@ def test_low_drops_buckets_without_pending_offsets_and_stays_conservative_when_b
     assert store.client.zcard(keys.low) == 1
 
 
-def test_upgrade_moves_records_from_the_earlier_layout(store: Store) -> None:
-    old, keys = store.legacy_keys(SHARD), store.keys(SHARD)
-    # The earlier layout: 8-byte offsets in the due and in-flight ZSETs, records in a HASH. Offset
-    # 3 is in flight (lease ends at T0 + 5), offset 4 has no record (delivered meanwhile).
-    records = {o: rec(o, T0 + o) for o in range(2500)}
-    for start in range(0, 2500, 500):
-        store.client.hset(old.records, mapping={
-            offset_bytes(o): encode(records[o], SHARD.topic, SHARD.partition) for o in range(start, start + 500) if o != 4
-        })  # fmt: skip
-    store.client.zadd(old.due, {offset_bytes(o): T0 + o for o in records if o != 3})
-    store.client.zadd(old.inflight, {offset_bytes(3): T0 + 5})
-    store.client.hset(keys.meta, "ingested", "2499")
-    assert store.layout.upgrade([SHARD], batch=1000) == 2499
-    assert store.client.exists(*old.__dict__.values()) == 0
-    assert store.layout.upgrade([SHARD]) == 0
-    b = store.backlog([SHARD], now_ms=T0 + 10)
-    assert (b.overdue, b.scheduled, b.inflight) == (9, 2489, 1)
-    assert store.lows({SHARD: 2499}).offsets == {SHARD: 0}
-    assert not store.inventory.is_pending(SHARD, 4) and store.inventory.is_pending(SHARD, 3)
-    claimed = store.claim([SHARD], 3000, LEASE, now_ms=T0 + 2500)
-    assert [c.record for c in claimed] == [
-        records[3],
-        *(records[o] for o in records if o not in (3, 4)),
-    ]
-    assert claimed[0].redelivery and not claimed[1].redelivery
-    store.ack({SHARD: [c.member for c in claimed]})
-    assert store.lows({SHARD: 2499}).offsets == {SHARD: 2500}
-
-
 def test_a_record_is_one_entry_holding_the_record(store: Store) -> None:
     add(store, *(rec(i, T0) for i in range(300)))
     keys = store.keys(SHARD)
@@ -401,41 +371,6 @@ def test_offsets_that_went_back_retire_the_state_under_the_same_id(store: Store)
     assert store.layout.bind({SHARD: "id-1"})[SHARD].replaced is False
     empty = Shard("delay", 1)
     assert store.layout.bind({empty: "x"}, force=[empty])[empty].retired is None  # nothing to keep
-
-
-def _to_old_names(client: redis.Redis, store: Store, shard: Shard) -> int:
-    """Rename a shard's keys to the names builds before the prefix-first layout used."""
-    moved = 0
-    for key in client.scan_iter(match=f"{store.prefix}:{{{shard.topic}:{shard.partition}}}:*"):
-        name = key.decode().split("}:", 1)[1]
-        client.rename(key, f"{{{store.prefix}:{shard.topic}:{shard.partition}}}:{name}")
-        moved += 1
-    return moved
-
-
-def test_keys_under_the_names_before_the_prefix_move(
-    store: Store, redis_client: redis.Redis
-) -> None:
-    add(store, rec(0, T0), rec(1, T0), rec(2, T0 + 5000))
-    [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
-    assert _to_old_names(redis_client, store, SHARD) == 6
-    assert store.inventory.watermarks([SHARD]) == {}  # nothing under the new names
-    assert store.layout.relocate([SHARD]) == 6
-    assert store.inventory.watermarks([SHARD]) == {SHARD: 2}
-    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 5000)) == [1, 2]
-    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
-    assert store.layout.relocate([SHARD]) == 0
-
-
-def test_keys_under_both_names_are_merged(store: Store, redis_client: redis.Redis) -> None:
-    """A rolling upgrade: an earlier build wrote the old names after this one wrote the new."""
-    add(store, rec(0, T0), rec(1, T0 + 1000))
-    _to_old_names(redis_client, store, SHARD)
-    add(store, rec(5, T0 + 2000), rec(6, T0 + 3000), high=6)  # the new names, watermark 6
-    assert store.layout.relocate([SHARD]) == 4  # schedule, meta, low, pending in both
-    assert store.inventory.watermarks([SHARD]) == {SHARD: 6}
-    assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)) == [0, 1, 5, 6]
-    assert store.lows({SHARD: 6}).offsets == {SHARD: 0}  # the bitmaps were OR-ed
 
 
 def test_a_connection_closed_under_a_read_is_a_store_error(

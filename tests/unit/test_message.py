@@ -350,18 +350,6 @@ def test_a_caller_delay_id_is_stored_once() -> None:
     assert len(encode(with_id, "delay", 2)) - len(encode(without, "delay", 2)) == 1 + 2 + 15
 
 
-def test_records_stored_by_version_1_are_still_read() -> None:
-    v1 = (b"\x01" + struct.pack(">qqH", NOW, 41, 1) + b"\x00\x00\x00\x06orders"
-          + b"\x00\x00\x00\x02id" + b"\xff\xff\xff\xff" + b"\x00\x00\x00\x01v"
-          + b"\x00\x00\x00\x01h" + b"\x00\x00\x00\x011")  # fmt: skip
-    assert decode(v1, "delay", 0, 41) == Scheduled(
-        41, NOW, "orders", None, b"v", [("h", b"1")], "id"
-    )
-
-
-@pytest.mark.parametrize(
-    "damage", [lambda b: b"\x09" + b[1:], lambda b: b[:-1], lambda b: b + b"x"]
-)
 def test_decode_refuses_what_it_does_not_understand(damage: Callable[[bytes], bytes]) -> None:
     blob = encode(Scheduled(1, 2, "t", None, b"v", [("h", b"1")], "i"), "delay", 0)
     with pytest.raises(ValueError):

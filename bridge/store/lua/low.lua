@@ -6,8 +6,8 @@ delay topic from it after Redis lost its data rebuilds every pending record. It 
 pending record's offset, or watermark + 1 when nothing is pending.
 
 The lowest bucket of the low index has the lowest pending offset as its lowest set bit
-(mark_pending in _lib.lua keeps the two in step). A bucket without pending bits (left by the
-earlier layout, see upgrade.lua) is dropped and the next one read, at most ARGV[2] buckets per
+(mark_pending in _lib.lua keeps the two in step). A bucket without pending bits (which
+mark_pending never leaves: a defence) is dropped and the next one read, at most ARGV[2] buckets per
 call; reaching that bound returns the start of the next bucket, which is still at or below the
 lowest pending offset.
 
