@@ -350,6 +350,10 @@ def test_a_caller_delay_id_is_stored_once() -> None:
     assert len(encode(with_id, "delay", 2)) - len(encode(without, "delay", 2)) == 1 + 2 + 15
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: b"\x09" + b[1:], lambda b: b"\x01" + b[1:], lambda b: b[:-1], lambda b: b + b"x"],
+)
 def test_decode_refuses_what_it_does_not_understand(damage: Callable[[bytes], bytes]) -> None:
     blob = encode(Scheduled(1, 2, "t", None, b"v", [("h", b"1")], "i"), "delay", 0)
     with pytest.raises(ValueError):
