@@ -16,6 +16,7 @@ from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.across import default_id_entry, withdraw_elsewhere
+from bridge.store.claim_call import NO_ACKS, AckBatch, ClaimArgs, ClaimReply, watermark_arg
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -26,7 +27,6 @@ from bridge.store.keys import (
     reference,
     score,
     stored_record,
-    text,
 )
 from bridge.store.layout import Layout
 from bridge.store.redis_errors import as_store_error
@@ -41,26 +41,17 @@ from bridge.store.results import (
 )
 from bridge.store.scripts import Call, Scripts
 
-# Records due within this long before a claim are "on time" and get half of every claim, so an
-# overdue backlog drains without holding up records falling due now (claim.lua).
-ON_TIME_WINDOW_MS = 1000
 
-
-def _expected(watermark: int | None) -> str:
-    return "" if watermark is None else str(watermark)
-
-
-def _ack_args(
+def _acks(
     shard: Shard,
-    members: Mapping[Shard, Sequence[bytes]],
-    ids: Mapping[Shard, Sequence[tuple[str, bytes]]],
-    epochs: Mapping[Shard, str],
-) -> list[Any]:
-    """A shard's acknowledgements as ack() in _lib.lua reads them: the epoch they were claimed in,
-    n, n offsets, then (delay-id, offset) pairs."""
-    batch = members.get(shard, ())
-    return [epochs.get(shard, ""), len(batch), *batch,
-            *(x for pair in ids.get(shard, ()) for x in pair)]  # fmt: skip
+    members: Mapping[Shard, Sequence[bytes]] | None,
+    ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None,
+    epochs: Mapping[Shard, str] | None,
+) -> AckBatch:
+    """A shard's acknowledgements out of the per-shard maps the callers pass."""
+    if not members or shard not in members:
+        return NO_ACKS
+    return AckBatch((epochs or {}).get(shard, ""), members[shard], (ids or {}).get(shard, ()))
 
 
 def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool = True) -> Claims:
@@ -71,24 +62,21 @@ def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool 
     next_ms: dict[Shard, int | None] = {}
     due_lanes: dict[Shard, frozenset[Priority]] = {}
     earliest: dict[Shard, tuple[int, int, int]] = {}
-    for shard, reply in zip(shards, replies, strict=True):
-        redelivered = int(reply[1])
-        times = [int(t) for t in reply[2:4] if int(t) >= 0]
-        next_ms[shard] = min(times) if times else None
-        epoch = text(reply[5])
-        mask = int(reply[6])
-        if mask:
-            due_lanes[shard] = frozenset(p for p in Priority if mask & 1 << p)
-        earliest[shard] = (int(reply[7]), int(reply[8]), int(reply[9]))
-        for i, item in enumerate(reply[10:]):
-            record = stored_record(item, shard, int(reply[0]))
-            out.append(Claimed(shard, item[:8], record, i < redelivered, epoch))
+    read = [ClaimReply.read(reply) for reply in replies]
+    for shard, r in zip(shards, read, strict=True):
+        next_ms[shard] = r.next_ms()
+        if r.due_lanes:
+            due_lanes[shard] = r.due_lanes
+        earliest[shard] = r.earliest
+        for i, item in enumerate(r.members):
+            record = stored_record(item, shard, r.now_ms)
+            out.append(Claimed(shard, item[:8], record, i < r.redelivered, r.epoch))
     # One Redis runs the scripts one after the other: its clock at the end of the last is the
     # latest reading. On Redis Cluster each ran by its own master's clock: the earliest reading
     # is the one the mover carries on (records claimed ahead are produced by it), so no master's
     # clock sees a record leave early; the claim's now is the earliest start either way.
-    ends = [int(r[4]) for r in replies]
-    return Claims(out, min(int(r[0]) for r in replies), next_ms, received,
+    ends = [r.clock_ms for r in read]
+    return Claims(out, min(r.now_ms for r in read), next_ms, received,
                   ends[-1] if one_clock else min(ends), due_lanes=due_lanes,
                   earliest=earliest)  # fmt: skip
 
@@ -145,7 +133,7 @@ class Store:
         for shard in shards:
             high, records = batches[shard]
             k = self.keys(shard)
-            args: list[Any] = [_expected(expected.get(shard)), high, bucket_ms]
+            args: list[Any] = [watermark_arg(expected.get(shard)), high, bucket_ms]
             for rec in records:
                 if isinstance(rec, Cancel):
                     where = default_id_entry(self.inventory, shard, rec, records, refer_after)
@@ -189,7 +177,7 @@ class Store:
         calls: list[Call] = []
         for shard in shards:
             k = self.keys(shard)
-            args = [_expected(expected[shard]), max_buckets]
+            args = [watermark_arg(expected[shard]), max_buckets]
             calls.append(("low", [k.meta, k.low, k.pending], args))
         offsets, lost = {}, {}
         for shard, (status, mark, low) in zip(
@@ -233,20 +221,16 @@ class Store:
         if not shards:
             now = self.time_ms() if now_ms is None else now_ms
             return Claims([], now, {}, time.monotonic(), now)
-        now_arg = "" if now_ms is None else str(now_ms)
-        horizons = horizons or {}
+        horizons, lanes, watermarks = horizons or {}, lanes or {}, watermarks or {}
         calls = []
         for shard in shards:
             k = self.keys(shard)
-            horizon = horizons.get(shard)
-            last = lanes.get(shard) if lanes else None
-            args = [limit, lease_ms, now_arg, ON_TIME_WINDOW_MS,
-                    "" if horizon is None else horizon, ahead_ms, "" if last is None else last + 1,
-                    "" if ahead_lanes is None else ahead_lanes + 1, "",
-                    _expected((watermarks or {}).get(shard)),
-                    *_ack_args(shard, acks or {}, ids or {}, epochs or {})]  # fmt: skip
+            args = ClaimArgs(
+                limit, lease_ms, now_ms, horizons.get(shard), ahead_ms, lanes.get(shard),
+                ahead_lanes, watermark=watermarks.get(shard), acks=_acks(shard, acks, ids, epochs),
+            )  # fmt: skip
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
-            calls.append(("claim", keys, args))
+            calls.append(("claim", keys, args.argv()))
         return _claims(shards, self._scripts.run(calls), one_clock=self._one_clock)
 
     def claim_waiting(
@@ -265,20 +249,17 @@ class Store:
         :meth:`claim` does. Returns
         each target's claims; their ``due_lanes`` and ``earliest`` tell of the target's wait
         index in each shard."""
-        now_arg = "" if now_ms is None else str(now_ms)
-        horizons, lanes = horizons or {}, lanes or {}
+        horizons, lanes, watermarks = horizons or {}, lanes or {}, watermarks or {}
         pairs = list(limits)
         calls: list[Call] = []
         for shard, target in pairs:
             k = self.keys(shard)
-            horizon, last = horizons.get(shard), lanes.get(target)
-            args = [limits[shard, target], lease_ms, now_arg, ON_TIME_WINDOW_MS,
-                    "" if horizon is None else horizon, 0, "" if last is None else last + 1, "",
-                    target, _expected((watermarks or {}).get(shard)),
-                    *_ack_args(shard, {}, {}, {})]  # fmt: skip
+            args = ClaimArgs(limits[shard, target], lease_ms, now_ms, horizons.get(shard),
+                             last_lane=lanes.get(target), target=target,
+                             watermark=watermarks.get(shard))  # fmt: skip
             keys = [self._keys.wait(shard, target), k.inflight, k.claimed, k.low, k.pending,
                     k.ids, k.meta, k.waits]  # fmt: skip
-            calls.append(("claim", keys, args))
+            calls.append(("claim", keys, args.argv()))
         grouped: dict[str, tuple[list[Shard], list[Any]]] = {}
         for (shard, target), reply in zip(pairs, self._scripts.run(calls) if calls else [],
                                           strict=True):  # fmt: skip
@@ -302,7 +283,7 @@ class Store:
             if batch:
                 k = self.keys(shard)
                 keys = [k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
-                calls.append(("ack", keys, _ack_args(shard, members, ids or {}, epochs or {})))
+                calls.append(("ack", keys, _acks(shard, members, ids, epochs).argv()))
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

@@ -58,7 +58,7 @@ from bridge.message import (
 )
 
 # The width of a priority lane's run of scores: above any due ms (the year 9999 is 2.5e14 ms), and
-# every score (|score| < 2^50) is an exact double. claim.lua and _lib.lua hold the same numbers.
+# every score (|score| < 2^50) is an exact double. The scripts get it as LANE (scripts._source).
 LANE_WIDTH = 2**49
 LANE_BASES = {Priority.HIGH: -LANE_WIDTH, Priority.NORMAL: 0, Priority.LOW: LANE_WIDTH}
 _OFFSET = struct.Struct(">Q")

@@ -12,7 +12,7 @@ from typing import Any, cast
 import redis
 from redis.cluster import RedisCluster
 
-from bridge.store.keys import text
+from bridge.store.keys import LANE_WIDTH, text
 from bridge.store.redis_errors import as_store_error
 
 # A script call whose slot moved (Redis Cluster failover) or is moving (resharding: TRYAGAIN while
@@ -53,8 +53,9 @@ def _lua(name: str) -> str:
 
 
 def _source(name: str) -> str:
-    """A script as Redis runs it: Redis scripts cannot import, so the shared helpers come first."""
-    return _lua("_lib") + "\n" + _lua(name)
+    """A script as Redis runs it: Redis scripts cannot import, so the constants they share with
+    Python and the shared helpers come first."""
+    return f"local LANE = {LANE_WIDTH}\n" + _lua("_lib") + "\n" + _lua(name)
 
 
 def script_names() -> dict[str, str]:

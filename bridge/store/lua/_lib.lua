@@ -1,7 +1,8 @@
 --[[
 _lib: prepended to every script by bridge.store when it registers them (not a script itself).
 
-LANE, LANES, due_of(score): priority lanes in the due index. A record's score is its due ms plus
+LANE (set by bridge.store.scripts from bridge.store.keys.LANE_WIDTH, before this file), LANES,
+due_of(score): priority lanes in the due index. A record's score is its due ms plus
 its lane's base (bridge.store.keys.score): LANES lists the bases of the high, normal and low lanes,
 in the order they are claimed, each lane the scores [base, base + LANE). due_of gives the due ms a
 score stands for.
@@ -62,7 +63,6 @@ a duplicate, so its pending bit is cleared regardless. A delay-id leaves the id 
 record, unless the index already names a later record with that id (a replacement scheduled while
 this one was in flight). Returns the number of records removed.
 ]]
-local LANE = 562949953421312  -- 2^49: bridge.store.keys.LANE_WIDTH
 local LANES = {-LANE, 0, LANE}
 
 -- A number as integer text: Lua's own formatting keeps 14 digits, a lane's scores have up to 16.
