@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck unit chaos bench bench-full soak image services services-down services-status topics tools clean
+.PHONY: run test lint typecheck docs unit chaos bench bench-full soak image services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,15 +54,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict
 
+# The reference site (docs/, mkdocs.yml) into build/site; --strict: a broken link or anchor fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test: lint typecheck tools services
+test: lint typecheck docs tools services
 	@export $$(scripts/services env) && $(PY) -m pytest $(PYTEST_ARGS)
 
 # The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479; the broker
 # scenarios on a three-broker cluster, 19292-19294); prints
-# the README's Reliability table and writes build/chaos/results.json. CHAOS_ARGS: e.g. --quick,
+# the Reliability table (docs/reliability.md) and writes build/chaos/results.json. CHAOS_ARGS: e.g. --quick,
 # or scenario names. Then the model of the store (tests/integration/test_store_model.py) over
 # STORE_MODEL_EXAMPLES random sequences instead of make test's 60.
 CHAOS_ARGS ?=

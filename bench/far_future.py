@@ -1,5 +1,5 @@
 """The far-future scenarios: records kept in Redis as references, their payload read back from
-Kafka shortly before they are due (README, "Far-future records").
+Kafka shortly before they are due (docs/reliability.md, "Far-future records").
 
 - ``held``: N records due in 30 days through the bridge with its defaults: Redis memory and the
   bridge's RSS once all are stored, then a restart with all of them held: from the process start

@@ -5,7 +5,7 @@ finds nothing there (a producer whose partitioner differs from the schedule's, a
 partitions since) withdraws what it names in the topic's other partitions, if that record is
 stamped no later than itself (withdraw.lua): a schedule produced after a cancel stands. Such a
 cancel is applied when the ingress reads it, so it wins against its record's due time only if read
-before then (the same partition gives the stronger guarantee: see README, Cancel and replace).
+before then (the same partition gives the stronger guarantee: see docs/cancel-replace.md).
 
 A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a cancel of one,
 in the partition it names, finds its record by offset (:func:`default_id_entry`).

@@ -1,7 +1,7 @@
 """``python -m tests.chaos [--quick] [--seed N] [SCENARIO ...]``: run scenarios, print the table.
 
 Starts the harness's own Kafka and Redis (127.0.0.1:19192 and :16479, state in
-``$DELAY_BRIDGE_STATE_DIR/chaos``), runs each scenario, prints a Markdown table (the README's
+``$DELAY_BRIDGE_STATE_DIR/chaos``), runs each scenario, prints a Markdown table (docs/reliability.md's
 Reliability section) and writes ``build/chaos/results.json``. Exits 1 if any scenario lost a
 record, delivered early or failed a check.
 """

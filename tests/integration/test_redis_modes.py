@@ -276,10 +276,10 @@ def delete_keys_cluster(client: RedisCluster, marker: str) -> None:
         client.delete(key)
 
 
-def test_as_the_least_privileged_acl_user_the_readme_documents(
+def test_as_the_least_privileged_acl_user_the_docs_document(
     setup: Setup, acl_user: Callable[..., str], bridges: list[Bridge]
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "redis.md").read_text()
     [line] = [x for x in readme.splitlines() if x.startswith("ACL SETUSER delay-bridge on ")]
     rules = line.split()[4:]  # after ACL SETUSER <user> on
     assert "~delay-bridge:*" in rules and "-@all" in rules
