@@ -26,7 +26,7 @@ class WriteRefused(StoreError):
     """Redis answered but refused to write: out of memory, or a read-only replica."""
 
 
-class KafkaError(BridgeError):
+class KafkaFault(BridgeError):
     """A Kafka client reported an error the bridge cannot handle locally."""
 
 

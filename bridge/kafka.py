@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer
-from confluent_kafka import KafkaError as ClientError
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import ConfigError
@@ -29,7 +28,7 @@ def produce(producer: Producer, topic: str, **fields: Any) -> None:
         except KafkaException:
             raise
         except Exception as exc:
-            refusal = ClientError(ClientError._INVALID_ARG, f"{type(exc).__name__}: {exc}")
+            refusal = KafkaError(KafkaError._INVALID_ARG, f"{type(exc).__name__}: {exc}")
             raise KafkaException(refusal) from exc
 
 

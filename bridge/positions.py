@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from bridge.errors import KafkaError, StoreError
+from bridge.errors import KafkaFault, StoreError
 from bridge.metrics import Metrics
 from bridge.store import Bound, Lost, Shard, Store
 
@@ -78,7 +78,7 @@ class Positions:
         except StoreError as exc:
             self.metrics.redis_errors.labels(stage="ingress").inc()
             logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
-        except (KafkaException, KafkaError) as exc:
+        except (KafkaException, KafkaFault) as exc:
             logger.warning("storing offsets failed: %s", exc)
 
     def rebuild(self, lost: dict[Shard, Lost]) -> None:
@@ -91,7 +91,7 @@ class Positions:
                     [TopicPartition(s.topic, s.partition) for s in missing], COMMITTED_TIMEOUT_S
                 )
             except KafkaException as exc:
-                raise KafkaError(f"reading committed offsets for a rebuild failed: {exc}") from exc
+                raise KafkaFault(f"reading committed offsets for a rebuild failed: {exc}") from exc
             for tp in committed:
                 where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
         starts: dict[Shard, int] = {}

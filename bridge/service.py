@@ -14,8 +14,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka import KafkaError as ClientError
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
@@ -29,7 +28,7 @@ from bridge.config import (
 )
 from bridge.dialects import ETF1
 from bridge.egress import Egress
-from bridge.errors import ConfigError, KafkaError, StoreError
+from bridge.errors import ConfigError, KafkaFault, StoreError
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
@@ -204,7 +203,7 @@ class Service:
             self.ingress.restart_soon(f"librdkafka fetches {names} from no broker")
             self.fetch_watch.reset()
 
-    def _on_producer_error(self, error: ClientError) -> None:
+    def _on_producer_error(self, error: KafkaError) -> None:
         """A fatal error leaves a producer unusable (librdkafka: the idempotent producer can no
         longer keep its order and no-duplicate guarantees): every delivery would fail from then
         on, retried forever behind a green /healthz. The bridge stops instead, exit code 1, for
@@ -212,7 +211,7 @@ class Service:
         again. Other errors are librdkafka's to retry (its log says them)."""
         if error.fatal():
             logger.critical("the producer failed fatally, stopping: %s", error)
-            self._errors.append(KafkaError(f"fatal producer error: {error}"))
+            self._errors.append(KafkaFault(f"fatal producer error: {error}"))
             self.stop_event.set()
 
     def _on_fetched(self, records: int, size: int) -> None:

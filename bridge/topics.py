@@ -16,8 +16,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError as ConfluentError
-from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
@@ -107,8 +106,8 @@ def read_retention(
 
 # Answers that mean "this topic is not there for the bridge", as opposed to "Kafka did not answer".
 _ABSENT = {
-    ConfluentError.UNKNOWN_TOPIC_OR_PART: "it does not exist",
-    ConfluentError.TOPIC_AUTHORIZATION_FAILED: "not authorized to describe it",
+    KafkaError.UNKNOWN_TOPIC_OR_PART: "it does not exist",
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "not authorized to describe it",
 }
 
 

@@ -19,8 +19,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError as ClientError
-from confluent_kafka import KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.health import Readiness
 from bridge.kafka import produce
@@ -40,19 +39,19 @@ logger = logging.getLogger(__name__)
 
 PERMANENT_ERRORS = frozenset(
     {
-        ClientError.UNKNOWN_TOPIC_OR_PART,
-        ClientError._UNKNOWN_TOPIC,
-        ClientError._UNKNOWN_PARTITION,
-        ClientError.MSG_SIZE_TOO_LARGE,
-        ClientError.RECORD_LIST_TOO_LARGE,
-        ClientError.TOPIC_AUTHORIZATION_FAILED,
-        ClientError.CLUSTER_AUTHORIZATION_FAILED,
-        ClientError.TOPIC_EXCEPTION,
-        ClientError.INVALID_RECORD,
-        ClientError._INVALID_ARG,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.INVALID_RECORD,
+        KafkaError._INVALID_ARG,
     }
 )
-TOO_LARGE = frozenset({ClientError.MSG_SIZE_TOO_LARGE, ClientError.RECORD_LIST_TOO_LARGE})
+TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 # A record produced and not acknowledged for this long means Kafka is not taking writes (a leader
 # gone and not yet replaced, fewer in-sync replicas than min.insync.replicas): librdkafka retries
 # within delivery.timeout.ms without a report meanwhile, and a healthy cluster acknowledges
@@ -134,7 +133,7 @@ class Deliveries:
         self.draining: Counter[Priority] = Counter()
         # Delivery reports not applied yet: (record, error, epoch ms when it came in). Appended
         # by whichever thread polls the producer, taken from the left by the mover.
-        self._reports: deque[tuple[Ident, ClientError | None, int]] = deque()
+        self._reports: deque[tuple[Ident, KafkaError | None, int]] = deque()
         # Delivered records per shard, acknowledged in Redis with the shard's next claim or, at the
         # latest, at ack_by (monotonic s): one call takes a tick's worth.
         self.acked: dict[Shard, Acked] = {}
@@ -182,7 +181,7 @@ class Deliveries:
                        f"larger than the DLQ takes; it stays at {where})")  # fmt: skip
         return dead_letter_headers(record.headers, Reason.DELIVERY_FAILED, detail, where)
 
-    def _on_delivery(self, ident: Ident, err: ClientError | None, _msg: Message) -> None:
+    def _on_delivery(self, ident: Ident, err: KafkaError | None, _msg: Message) -> None:
         self._reports.append((ident, err, self._clock_ms()))
 
     def settle(self) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from bridge.catchup import CatchUp
-from bridge.errors import KafkaError, StoreError, WriteRefused, log_failed_turn
+from bridge.errors import KafkaFault, StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
@@ -242,7 +242,7 @@ class Ingress:
         if error is None:
             return False
         if error.fatal():
-            raise KafkaError(f"fatal consumer error: {error}")
+            raise KafkaFault(f"fatal consumer error: {error}")
         logger.warning("consumer: %s", error)
         return True
 

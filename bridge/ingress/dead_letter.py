@@ -10,8 +10,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError as ClientError
-from confluent_kafka import KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.ingress.batch import coords, shard_of
 from bridge.kafka import headers_of, produce
@@ -39,7 +38,7 @@ class DeadLetters:
         stays in the delay topic at ``delay-origin``. Returns, per partition, the lowest offset
         whose copy the DLQ still refused and why: its partition holds from there."""
         failed = self._send(rejected, with_value=True)
-        too_large = [i for i, (code, _) in failed.items() if code == ClientError.MSG_SIZE_TOO_LARGE]
+        too_large = [i for i, (code, _) in failed.items() if code == KafkaError.MSG_SIZE_TOO_LARGE]
         if too_large:
             again = self._send([rejected[i] for i in too_large], with_value=False)
             for n, i in enumerate(too_large):
@@ -69,7 +68,7 @@ class DeadLetters:
         waiting: set[int] = set()
 
         def report(i: int) -> object:
-            def on_delivery(err: ClientError | None, _msg: Message) -> None:
+            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
                 waiting.discard(i)
                 if err is not None:
                     failed[i] = (err.code(), err.str())

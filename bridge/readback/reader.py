@@ -6,10 +6,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from confluent_kafka import KafkaError as ClientError
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from bridge.errors import KafkaError
+from bridge.errors import KafkaFault
 from bridge.readback.runs import MAX_GAP, runs
 from bridge.store import Shard
 
@@ -18,7 +17,7 @@ logger = logging.getLogger(__name__)
 STALL_S = 30.0  # a run that gets no record for this long fails (the next pass reads it again)
 POLL_S = 0.5
 BATCH = 500
-_GONE = frozenset({ClientError._AUTO_OFFSET_RESET, ClientError.OFFSET_OUT_OF_RANGE})
+_GONE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
 
 
 class Reader:
@@ -40,7 +39,7 @@ class Reader:
 
     def read(self, shard: Shard, offsets: Sequence[int]) -> dict[int, Message | None]:
         """The record at each of ``offsets``, or None where the log no longer holds one (deleted
-        by retention or delete-records, or the log ends before it). Raises :class:`KafkaError`
+        by retention or delete-records, or the log ends before it). Raises :class:`KafkaFault`
         when Kafka does not answer: nothing is decided about the offsets then."""
         if shard.topic not in self._known:
             self._learn(shard.topic)
@@ -56,7 +55,7 @@ class Reader:
             try:
                 self.consumer.unassign()
             except KafkaException as exc:
-                raise KafkaError(f"read-back consumer: {exc}") from None
+                raise KafkaFault(f"read-back consumer: {exc}") from None
             self._assigned = None
 
     def close(self) -> None:
@@ -68,7 +67,7 @@ class Reader:
         i, deadline = 0, time.monotonic() + self.stall_s
         while i < len(wanted):
             if time.monotonic() > deadline:
-                raise KafkaError(f"read-back of {shard} offsets {wanted[i]}..{wanted[-1]} got no "
+                raise KafkaFault(f"read-back of {shard} offsets {wanted[i]}..{wanted[-1]} got no "
                                  f"record for {self.stall_s:.0f}s")  # fmt: skip
             # Never more than the run needs: what follows it stays unread for the next run.
             want = max(1, min(BATCH, wanted[-1] - self._next + 1))
@@ -96,13 +95,13 @@ class Reader:
                 self._on_fetched(len(messages), size)
 
     def _on_error(
-        self, shard: Shard, error: ClientError, wanted: list[int], i: int,
+        self, shard: Shard, error: KafkaError, wanted: list[int], i: int,
         found: dict[int, Message | None],
     ) -> int:  # fmt: skip
         """Handle a consumer event while reading ``wanted`` from index ``i``; returns the index
         reading goes on from."""
         code = error.code()
-        if code == ClientError._PARTITION_EOF:  # the log ends before the rest of the run
+        if code == KafkaError._PARTITION_EOF:  # the log ends before the rest of the run
             for offset in wanted[i:]:
                 found[offset] = None
             return len(wanted)
@@ -111,7 +110,7 @@ class Reader:
             try:
                 low, high = self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)
             except KafkaException as exc:
-                raise KafkaError(f"read-back of {shard}: {exc}") from None
+                raise KafkaFault(f"read-back of {shard}: {exc}") from None
             while i < len(wanted) and (wanted[i] < low or wanted[i] >= high):
                 found[wanted[i]] = None
                 i += 1
@@ -119,7 +118,7 @@ class Reader:
                 self._seek(shard, wanted[i])
             return i
         if error.fatal():
-            raise KafkaError(f"read-back consumer: {error}")
+            raise KafkaFault(f"read-back consumer: {error}")
         logger.warning("read-back of %s: %s", shard, error, extra={"repeat_key": "read-back"})
         return i
 
@@ -129,7 +128,7 @@ class Reader:
         try:
             self.consumer.list_topics(topic, timeout=10)
         except KafkaException as exc:
-            raise KafkaError(f"read-back of {topic}: {exc}") from None
+            raise KafkaFault(f"read-back of {topic}: {exc}") from None
         self._known.add(topic)
 
     def _position(self, shard: Shard, offset: int) -> None:

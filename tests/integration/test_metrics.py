@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka import KafkaError as ClientError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
@@ -281,10 +280,10 @@ def test_a_fatal_producer_error_stops_the_bridge(services: Services, unique: str
     env = bridge_env(services.bootstrap, services.redis_url, kafka__group_id=f"g-{unique}",
                      redis__key_prefix=f"test-{unique}")  # fmt: skip
     service = Service(from_mapping({}, env=env), CollectorRegistry())
-    service._on_producer_error(ClientError(ClientError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    service._on_producer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
     assert service.health() == [] and not service.stop_event.is_set()
-    service._on_producer_error(ClientError(
-        ClientError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desynchronised", fatal=True))  # fmt: skip
+    service._on_producer_error(KafkaError(
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desynchronised", fatal=True))  # fmt: skip
     assert service.stop_event.is_set()
     (problem,) = service.health()
     assert "fatal producer error" in problem and "sequence desynchronised" in problem
