@@ -1,7 +1,7 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
 from bridge.store.api import Store
-from bridge.store.claim_call import ON_TIME_WINDOW_MS
+from bridge.store.calls import ON_TIME_WINDOW_MS
 from bridge.store.keys import (
     REFERENCE_BYTES,
     Shard,

@@ -16,7 +16,17 @@ from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.across import default_id_entry, withdraw_elsewhere
-from bridge.store.claim_call import NO_ACKS, AckBatch, ClaimArgs, ClaimReply, watermark_arg
+from bridge.store.calls import (
+    NO_ACKS,
+    AckBatch,
+    AddEntry,
+    AddReply,
+    ClaimArgs,
+    ClaimReply,
+    StatsReply,
+    add_argv,
+    watermark_arg,
+)
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -133,31 +143,31 @@ class Store:
         for shard in shards:
             high, records = batches[shard]
             k = self.keys(shard)
-            args: list[Any] = [watermark_arg(expected.get(shard)), high, bucket_ms]
+            entries: list[AddEntry] = []
             for rec in records:
                 if isinstance(rec, Cancel):
                     where = default_id_entry(self.inventory, shard, rec, records, refer_after)
-                    args += [rec.offset, "", where, rec.delay_id, rec.timestamp_ms]
+                    entries.append(AddEntry(rec.offset, "", where, rec.delay_id, rec.timestamp_ms))
                     continue
                 if rec.due_ms > refer_after:  # its priority is read back with the record
                     stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
                 else:
                     stored, at = member(rec, shard.topic, shard.partition), score(rec)
                 given = rec.given_id(shard.topic, shard.partition) or ""
-                args += [rec.offset, at, stored, given, rec.timestamp_ms]
+                entries.append(AddEntry(rec.offset, at, stored, given, rec.timestamp_ms))
             keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
-            calls.append(("add", keys, args))
+            calls.append(("add", keys, add_argv(expected.get(shard), high, bucket_ms, entries)))
         counts, lost = [0, 0, 0, 0], {}
         unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
         for shard, reply in zip(shards, self._scripts.run(calls), strict=True):
-            loss = lost_from(int(reply[0]), int(reply[1]))
-            if loss is None:
-                counts = [a + int(b) for a, b in zip(counts, reply[1:5], strict=True)]
-                if len(reply) > 5:  # only then is a record looked up by its offset
-                    by_offset = {r.offset: r for r in batches[shard][1]}
-                    unmatched += [(shard, by_offset[int(o)]) for o in reply[5::2]]
-            else:
-                lost[shard] = loss
+            r = AddReply.read(reply)
+            if r.loss is not None:
+                lost[shard] = r.loss
+                continue
+            counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
+            if r.unmatched:  # only then is a record looked up by its offset
+                by_offset = {rec.offset: rec for rec in batches[shard][1]}
+                unmatched += [(shard, by_offset[o]) for o in r.unmatched]
         found = withdraw_elsewhere(self._scripts, self._keys, unmatched, partitions or {})
         missed = [(s, r.offset, r.delay_id) for s, r in unmatched
                   if isinstance(r, Cancel) and (s, r.offset) not in found]  # fmt: skip
@@ -345,14 +355,14 @@ class Store:
         for shard in shards:
             k = self.keys(shard)
             calls.append(("stats", [k.due, k.inflight, k.refs, k.waits], args))
-        replies = [[int(v) for v in reply] for reply in self._scripts.run(calls)]
-        oldest = [r[4] for r in replies if r[4] >= 0]
+        replies = [StatsReply.read(reply) for reply in self._scripts.run(calls)]
+        oldest = [r.oldest_due_ms for r in replies if r.oldest_due_ms is not None]
         return Backlog(
-            now_ms=replies[0][0],
-            scheduled=sum(r[1] for r in replies),
-            overdue=sum(r[2] for r in replies),
-            inflight=sum(r[3] for r in replies),
+            now_ms=replies[0].now_ms,
+            scheduled=sum(r.scheduled for r in replies),
+            overdue=sum(r.overdue for r in replies),
+            inflight=sum(r.inflight for r in replies),
             oldest_due_ms=min(oldest) if oldest else None,
-            references=sum(r[5] for r in replies),
-            overdue_by={p: sum(r[6 + p] for r in replies) for p in Priority},
+            references=sum(r.references for r in replies),
+            overdue_by={p: sum(r.overdue_by[p] for r in replies) for p in Priority},
         )

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import redis
 
+from bridge.store.calls import BindReply
 from bridge.store.keys import Keys, Shard, text
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Bound
@@ -55,13 +56,9 @@ class Layout:
             calls.append(("incarnation", keys, args))
         out = {}
         for shard, reply in zip(shards, self.scripts.run(calls) if calls else [], strict=True):
-            stored = text(reply[1])
-            if int(reply[0]) == 0:
-                out[shard] = Bound(False, stored)
-                continue
-            moved, mark = int(reply[2]), int(reply[3])
-            retired = Shard(shard.topic, shard.partition, labels[shard]) if moved else None
-            out[shard] = Bound(True, stored, moved, None if mark < 0 else mark, retired)
+            r = BindReply.read(reply)
+            retired = Shard(shard.topic, shard.partition, labels[shard]) if r.records else None
+            out[shard] = Bound(r.retired, r.stored_id, r.records, r.watermark, retired)
         for shard in shards:
             del self._labels[shard]
         return out

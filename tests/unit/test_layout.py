@@ -127,3 +127,21 @@ def test_a_package_module_does_not_import_its_own_package() -> None:
         if dep != "bridge" and module.startswith(dep + ".")
     ]
     assert not inward, inward
+
+
+# A script's reply is read in one place (bridge/store/calls.py); the runner looks only for the
+# "undeclared" answer every script may give.
+REPLY_READERS = {"bridge.store.calls", "bridge.store.scripts"}
+
+
+def test_script_replies_are_read_in_one_place() -> None:
+    indexed = [
+        f"{module}:{node.lineno}"
+        for module, tree in TREES.items()
+        if module not in REPLY_READERS
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "reply"
+    ]
+    assert not indexed, indexed

@@ -1,6 +1,6 @@
-"""claim.lua's boundary: its arguments and its reply as named types, built and read here only.
+"""The scripts' boundaries: each script's arguments and reply as named types, built and read here.
 
-The script takes its arguments by position and answers with a flat list (see its header); nothing
+A script takes its arguments by position and answers with a flat list (see its header); nothing
 else in the bridge indexes into either.
 """
 
@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from bridge.message import Priority
 from bridge.store.keys import text
+from bridge.store.results import Lost, lost_from
 
 # Records due within this long before a claim are "on time" and get half of every claim, so an
 # overdue backlog drains without holding up records falling due now (claim.lua).
@@ -112,3 +113,79 @@ class ClaimReply(NamedTuple):
 def _time(value: Any) -> int | None:
     ms = int(value)
     return ms if ms >= 0 else None
+
+
+class AddEntry(NamedTuple):
+    """One record or cancel of an add.lua call: its ARGV group of five."""
+
+    offset: int
+    score: int | str  # due-index score, or due ms (a reference); "": a cancel
+    member: bytes | str  # what is stored; for a cancel, where its default id's record is ("": none)
+    delay_id: str  # the caller-given delay-id ("": none), or the id a cancel names
+    timestamp_ms: int  # the record's timestamp: a cancel in another partition withdraws no later
+
+
+def add_argv(
+    watermark: int | None, high: int, bucket_ms: int, entries: list[AddEntry]
+) -> list[Any]:
+    """add.lua's ARGV."""
+    argv: list[Any] = [watermark_arg(watermark), high, bucket_ms]
+    for entry in entries:
+        argv += entry
+    return argv
+
+
+class AddReply(NamedTuple):
+    """add.lua's reply, read."""
+
+    loss: Lost | None  # the shard's state lost (nothing was added), else None
+    added: int
+    replaced: int
+    cancelled: int
+    not_found: int
+    # The offsets of the cancels that found nothing here and of the records with a caller-given id
+    # that replaced nothing here: the caller looks for theirs in the topic's other partitions.
+    unmatched: list[int]
+
+    @classmethod
+    def read(cls, reply: Sequence[Any]) -> AddReply:
+        """The reply as Redis sent it."""
+        loss = lost_from(int(reply[0]), int(reply[1]))
+        if loss is not None:
+            return cls(loss, 0, 0, 0, 0, [])
+        added, replaced, cancelled, not_found = (int(n) for n in reply[1:5])
+        return cls(None, added, replaced, cancelled, not_found, [int(o) for o in reply[5::2]])
+
+
+class StatsReply(NamedTuple):
+    """stats.lua's reply, read: one shard's backlog figures."""
+
+    now_ms: int
+    scheduled: int  # due later
+    overdue: int  # due, not claimed
+    inflight: int
+    oldest_due_ms: int | None  # the oldest overdue (or in flight) record's due time
+    references: int
+    overdue_by: tuple[int, int, int]  # overdue per lane: high, normal, low
+
+    @classmethod
+    def read(cls, reply: Sequence[Any]) -> StatsReply:
+        """The reply as Redis sent it."""
+        n = [int(v) for v in reply]
+        return cls(n[0], n[1], n[2], n[3], _time(n[4]), n[5], (n[6], n[7], n[8]))
+
+
+class BindReply(NamedTuple):
+    """incarnation.lua's reply, read."""
+
+    retired: bool  # the shard's state belonged to an earlier incarnation and was retired
+    stored_id: str  # the topic id the shard was bound to
+    records: int = 0  # records retired
+    watermark: int | None = None  # the retired state's watermark
+
+    @classmethod
+    def read(cls, reply: Sequence[Any]) -> BindReply:
+        """The reply as Redis sent it."""
+        if int(reply[0]) == 0:
+            return cls(False, text(reply[1]))
+        return cls(True, text(reply[1]), int(reply[2]), _time(reply[3]))
