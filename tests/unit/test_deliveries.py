@@ -1,0 +1,168 @@
+"""The decisions Deliveries makes on delivery reports — acknowledge, retry after a back-off,
+dead-letter, send a DLQ copy without its value, keep a record bound for the DLQ, drain — with a
+producer and a store that only record what they are asked (the real ones: the integration
+tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from confluent_kafka import KafkaError, Producer
+from prometheus_client import CollectorRegistry
+
+from bridge.egress.settle import Deliveries, Ident, Pending
+from bridge.health import Readiness
+from bridge.message import (
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ORIGIN,
+    Reason,
+    Scheduled,
+    dead_letter_when_due,
+)
+from bridge.metrics import Metrics
+from bridge.store import Claimed, Shard, Store, offset_bytes
+
+SHARD = Shard("delay", 0)
+NOW = 1_800_000_000_000
+
+
+@dataclass
+class Sent:
+    topic: str
+    value: bytes | None
+    headers: dict[str, bytes | None]
+    report: Any  # on_delivery(err, msg)
+
+
+@dataclass
+class FakeProducer:
+    sent: list[Sent] = field(default_factory=list)
+
+    def produce(self, topic: str, *, value: bytes | None, headers: list[tuple[str, bytes | None]],
+                on_delivery: Any, **_: Any) -> None:  # fmt: skip
+        self.sent.append(Sent(topic, value, dict(headers), on_delivery))
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+
+@dataclass
+class FakeStore:
+    released: list[tuple[dict[Shard, list[bytes]], int]] = field(default_factory=list)
+    acked: list[dict[Shard, Sequence[bytes]]] = field(default_factory=list)
+
+    def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
+        self.released.append(({s: list(m) for s, m in members.items()}, retry_in_ms))
+        return sum(len(m) for m in members.values())
+
+    def ack(self, members: Mapping[Shard, Sequence[bytes]], *_: Any) -> int:
+        self.acked.append(dict(members))
+        return sum(len(m) for m in members.values())
+
+
+class Setup:
+    def __init__(self, max_attempts: int = 2) -> None:
+        self.producer, self.store = FakeProducer(), FakeStore()
+        self.retried: list[tuple[dict[Shard, list[bytes]], int]] = []
+        self.deliveries = Deliveries(
+            cast(Producer, self.producer), cast(Store, self.store),
+            Metrics(CollectorRegistry()), Readiness(), dead_letter="delay.dlq",
+            max_attempts=max_attempts, ack_wait_ms=0, clock_ms=lambda: NOW,
+            send=self._send,
+            on_retry=lambda members, wait: self.retried.append(
+                ({s: list(m) for s, m in members.items()}, wait)),
+        )  # fmt: skip
+
+    def _send(self, ident: Ident, pending: Pending) -> None:  # as the mover's one way out
+        self.deliveries.produce(ident, pending)
+
+    def claim(self, offset: int, value: bytes = b"v") -> Ident:
+        record = Scheduled(offset, NOW, "orders", b"k", value, [("h", b"1")], "id")
+        ident = (SHARD, offset_bytes(offset))
+        pending = self.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
+        self.deliveries.produce(ident, pending)
+        return ident
+
+    def report(self, error: int | None) -> None:
+        """The last record produced gets its delivery report; the mover applies it."""
+        err = None if error is None else KafkaError(error, "refused")
+        self.producer.sent[-1].report(err, None)
+        self.deliveries.settle()
+
+
+def test_a_delivered_record_is_acknowledged_and_leaves_the_records_in_flight() -> None:
+    s = Setup()
+    ident = s.claim(7)
+    s.report(None)
+    s.deliveries.ack(force=True)
+    assert s.store.acked == [{SHARD: [ident[1]]}]
+    assert not s.deliveries.pending
+
+
+def test_a_permanent_refusal_is_retried_then_dead_lettered_with_kafkas_error() -> None:
+    s = Setup(max_attempts=2)
+    ident = s.claim(7)
+    s.report(KafkaError.UNKNOWN_TOPIC_OR_PART)  # attempt 1: produced again at once
+    assert [x.topic for x in s.producer.sent] == ["orders", "orders"]
+    s.report(KafkaError.UNKNOWN_TOPIC_OR_PART)  # attempt 2 of 2: the DLQ's turn
+    dlq = s.producer.sent[-1]
+    assert dlq.topic == "delay.dlq" and dlq.value == b"v"
+    assert dlq.headers[H_ERROR] == b"delivery-failed"
+    assert dlq.headers[H_ORIGIN] == b"delay:0:7"
+    assert b"delivery to orders failed 2 times: UNKNOWN_TOPIC_OR_PART" in (
+        dlq.headers[H_ERROR_DETAIL] or b"")  # fmt: skip
+    s.report(None)
+    s.deliveries.ack(force=True)
+    assert s.store.acked == [{SHARD: [ident[1]]}] and not s.store.released
+
+
+def test_a_dlq_copy_too_large_goes_again_without_its_value() -> None:
+    s = Setup(max_attempts=1)
+    s.claim(7, value=b"x" * 5000)
+    s.report(KafkaError.MSG_SIZE_TOO_LARGE)  # the target refuses it: to the DLQ
+    s.report(KafkaError.MSG_SIZE_TOO_LARGE)  # the DLQ refuses the copy too
+    copy = s.producer.sent[-1]
+    assert copy.topic == "delay.dlq" and copy.value is None
+    assert b"value of 5000 bytes left out" in (copy.headers[H_ERROR_DETAIL] or b"")
+
+
+def test_a_transient_failure_ends_the_lease_after_a_doubling_back_off() -> None:
+    s = Setup()
+    ident = s.claim(7)
+    s.report(KafkaError._MSG_TIMED_OUT)
+    assert s.store.released == [({SHARD: [ident[1]]}, 500)]
+    assert s.retried == [({SHARD: [ident[1]]}, 500)]
+    assert not s.deliveries.pending  # claimed again after the back-off
+    s.claim(7)  # claimed again
+    s.report(KafkaError._MSG_TIMED_OUT)
+    assert s.store.released[-1] == ({SHARD: [ident[1]]}, 1000)
+
+
+def test_a_record_whose_dlq_copy_failed_goes_to_the_dlq_again_when_claimed_again() -> None:
+    s = Setup(max_attempts=1)
+    s.claim(7)
+    s.report(KafkaError.UNKNOWN_TOPIC_OR_PART)  # given up: to the DLQ
+    s.report(KafkaError._MSG_TIMED_OUT)  # the DLQ copy times out: released
+    s.claim(7)  # claimed again after the back-off: its attempts stay spent
+    assert s.producer.sent[-1].topic == "delay.dlq"
+
+
+def test_drain_releases_what_kafka_never_acknowledged() -> None:
+    s = Setup()
+    ident = s.claim(7)
+    s.deliveries.drain(deadline=0.0)  # shutting down, no report came
+    assert s.store.released == [({SHARD: [ident[1]]}, 0)]
+    assert not s.deliveries.pending
+
+
+def test_a_record_stored_bound_for_the_dlq_goes_there_with_its_own_reason() -> None:
+    s = Setup()
+    record = dead_letter_when_due("delay", 0, 7, NOW, reason=Reason.PAYLOAD_MISSING, detail="gone")
+    ident = (SHARD, offset_bytes(7))
+    pending: Pending = s.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
+    s.deliveries.produce(ident, pending)
+    sent = s.producer.sent[-1]
+    assert sent.topic == "delay.dlq" and sent.headers[H_ERROR] == b"payload-missing"
