@@ -1,7 +1,8 @@
 """The decisions Deliveries makes on delivery reports — acknowledge, retry after a back-off,
-dead-letter, send a DLQ copy without its value, keep a record bound for the DLQ, drain — with a
-producer and a store that only record what they are asked (the real ones: the integration
-tests)."""
+dead-letter, send a DLQ copy without its value, keep a record bound for the DLQ, drain — and the
+Sender's (records claimed ahead produced at their due time, never before; released at shutdown),
+with a producer and a store that only record what they are asked (the real ones: the
+integration tests)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, Producer
 from prometheus_client import CollectorRegistry
 
+from bridge.egress.plan import RedisClock
+from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries, Ident, Pending
 from bridge.health import Readiness
 from bridge.message import (
@@ -23,7 +26,7 @@ from bridge.message import (
     dead_letter_when_due,
 )
 from bridge.metrics import Metrics
-from bridge.store import Claimed, Shard, Store, offset_bytes
+from bridge.store import Claimed, Claims, Shard, Store, offset_bytes
 
 SHARD = Shard("delay", 0)
 NOW = 1_800_000_000_000
@@ -166,3 +169,37 @@ def test_a_record_stored_bound_for_the_dlq_goes_there_with_its_own_reason() -> N
     s.deliveries.produce(ident, pending)
     sent = s.producer.sent[-1]
     assert sent.topic == "delay.dlq" and sent.headers[H_ERROR] == b"payload-missing"
+
+
+def _sender(s: Setup) -> Sender:
+    return Sender(0, 0, clock=RedisClock(), deliveries=s.deliveries, send=s._send,
+                  producer=cast(Producer, s.producer), store=cast(Store, s.store))  # fmt: skip
+
+
+def _claims(now_ms: int, dues: list[tuple[int, int]]) -> Claims:
+    records = [Claimed(SHARD, offset_bytes(o), Scheduled(o, due, "orders", b"k", b"%d" % o, [], "id"),
+                       False) for o, due in dues]  # fmt: skip
+    return Claims(records, now_ms, {}, 0.0, now_ms)
+
+
+def test_records_claimed_ahead_are_produced_at_their_due_time_never_before() -> None:
+    s = Setup()
+    sender = _sender(s)
+    # Claimed at NOW: offset 1 is due, 2 and 3 are due later (3 before 2).
+    sender.dispatch(_claims(NOW, [(1, NOW), (2, NOW + 200), (3, NOW + 100)]), set(), None)
+    assert [x.value for x in s.producer.sent] == [b"1"] and len(sender) == 2
+    sender.send_due(NOW + 99)
+    assert len(s.producer.sent) == 1  # nothing early
+    sender.send_due(NOW + 100)
+    sender.send_due(NOW + 250)
+    assert [x.value for x in s.producer.sent] == [b"1", b"3", b"2"] and len(sender) == 0
+
+
+def test_records_held_at_shutdown_are_released_for_the_next_owner() -> None:
+    s = Setup()
+    sender = _sender(s)
+    sender.dispatch(_claims(NOW, [(1, NOW + 500), (2, NOW + 600)]), {(SHARD, offset_bytes(2))},
+                    None)  # offset 2 was put back: not held  # fmt: skip
+    sender.release()
+    assert s.store.released == [({SHARD: [offset_bytes(1)]}, 0)]
+    assert not s.deliveries.pending and not s.producer.sent
