@@ -134,33 +134,18 @@ class Service:
                              also_describe=config.topics.delay)  # fmt: skip
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         self.egress = Egress(
-            Producer(producer_conf),
-            self.store,
-            self.metrics,
-            dead_letter=config.topics.dead_letter,
-            batch_size=config.egress.batch_size,
-            lease_ms=config.egress.lease,
-            max_attempts=config.egress.max_attempts,
-            tick_ms=config.egress.tick,
-            send_tick_ms=config.egress.send_tick,
-            ahead_ms=config.egress.ahead,
-            max_rate=config.egress.max_rate,
-            max_rate_per_target=config.egress.max_rate_per_target,
-            readiness=self.readiness,
-            catch_up=catch_up,
-        )
+            Producer(producer_conf), self.store, self.metrics, config.egress,
+            dead_letter=config.topics.dead_letter, readiness=self.readiness, catch_up=catch_up,
+        )  # fmt: skip
         self.ingress = Ingress(
             Consumer(consumer_conf),
             Producer(producer_conf),
             self.store,
             config.rules(),
             self.metrics,
+            config=config.ingress,
+            store_config=config.store,
             topics=config.topics.delay,
-            batch_size=config.ingress.batch_size,
-            linger_ms=config.ingress.linger,
-            hold_ms=config.ingress.hold,
-            payload_horizon_ms=config.store.payload_horizon if config.store.references else None,
-            bucket_ms=config.store.bucket_ms,
             on_assign=self.egress.add_shards,
             on_revoke=self._on_revoke,
             on_stored=self.egress.notify,

@@ -8,11 +8,14 @@ from bridge.config.librdkafka import (
     read_back_settings,
 )
 from bridge.config.loader import from_mapping, load
-from bridge.config.schema import Config
+from bridge.config.schema import Config, EgressConfig, IngressConfig, StoreConfig
 from bridge.config.show import dump, redact, redact_url
 
 __all__ = [
     "Config",
+    "EgressConfig",
+    "IngressConfig",
+    "StoreConfig",
     "admin_settings",
     "consumer_settings",
     "dump",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from confluent_kafka import Producer
 
 from bridge.catchup import CatchUp
+from bridge.config import EgressConfig
 from bridge.egress.lanes import Lanes, lanes_min
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
@@ -41,16 +42,9 @@ class Egress:
         producer: Producer,
         store: Store,
         metrics: Metrics,
+        config: EgressConfig,
         *,
         dead_letter: str,
-        batch_size: int,
-        lease_ms: int,
-        max_attempts: int,
-        tick_ms: int = 0,
-        send_tick_ms: int | None = None,
-        ahead_ms: int = 0,
-        max_rate: int = 0,
-        max_rate_per_target: Mapping[str, int] | None = None,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -60,10 +54,10 @@ class Egress:
         self.readiness = readiness or Readiness()
         self.store = store
         self.metrics = metrics
-        self.batch_size = batch_size
-        self.lease_ms = lease_ms
-        self.tick_ms = tick_ms
-        self.ahead_ms = ahead_ms
+        self.batch_size = config.batch_size
+        self.lease_ms = lease_ms = config.lease
+        self.tick_ms = tick_ms = config.tick
+        self.ahead_ms = ahead_ms = config.ahead
         # Delivered records are acknowledged with their shard's next claim or after this long:
         # with claims ahead, a claim comes every half window.
         self._ack_wait_ms = max(tick_ms, ahead_ms // 2)
@@ -71,17 +65,17 @@ class Egress:
         self.plan = Plan(tick_ms, ahead_ms)
         self.deliveries = Deliveries(
             producer, store, metrics, self.readiness, dead_letter=dead_letter,
-            max_attempts=max_attempts, ack_wait_ms=self._ack_wait_ms, clock_ms=clock_ms,
+            max_attempts=config.max_attempts, ack_wait_ms=self._ack_wait_ms, clock_ms=clock_ms,
             send=self._send, on_retry=self._claim_again,
         )  # fmt: skip
         self.sender = Sender(
-            tick_ms, tick_ms if send_tick_ms is None else send_tick_ms, clock=self.clock,
+            tick_ms, config.send_tick, clock=self.clock,
             deliveries=self.deliveries, send=self._send, producer=producer, store=store,
         )  # fmt: skip
         self._pending = self.deliveries.pending  # the same dict, read per claimed record
         self.lanes = Lanes(self.deliveries.draining)
-        self.rate = RateLimit(max_rate) if max_rate else None
-        self.targets = TargetLimits(store, metrics, max_rate_per_target or {}, lease_ms)
+        self.rate = RateLimit(config.max_rate) if config.max_rate else None
+        self.targets = TargetLimits(store, metrics, config.max_rate_per_target, lease_ms)
         self._starved = False  # the last step claimed nothing for want of the rate's tokens
         # The earliest due time of each lane ingress stored since the last step.
         self._stored: dict[Shard, tuple[int, int, int]] = {}

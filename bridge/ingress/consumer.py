@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from bridge.catchup import CatchUp
+from bridge.config import IngressConfig, StoreConfig
 from bridge.errors import KafkaFault, StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
@@ -45,12 +46,9 @@ class Ingress:
         rules: Rules,
         metrics: Metrics,
         *,
+        config: IngressConfig,
+        store_config: StoreConfig,
         topics: Sequence[str],
-        batch_size: int,
-        linger_ms: int = 0,
-        hold_ms: int = 0,
-        payload_horizon_ms: int | None = None,
-        bucket_ms: int = 60_000,
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
         on_stored: Callable[[Mapping[Shard, tuple[int, int, int]]], None],
@@ -70,12 +68,12 @@ class Ingress:
         self.store = store
         self.rules = rules
         self.metrics = metrics
-        self.batch_size = batch_size
-        self.linger_s = linger_ms / 1000
-        self.hold_ms = hold_ms
+        self.batch_size = config.batch_size
+        self.linger_s = config.linger / 1000
+        self.hold_ms = config.hold
         # Records due further out than this when stored are kept as references (None: none is).
-        self.payload_horizon_ms = payload_horizon_ms
-        self.bucket_ms = bucket_ms
+        self.payload_horizon_ms = store_config.payload_horizon if store_config.references else None
+        self.bucket_ms = store_config.bucket_ms
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._on_stored = on_stored
         self.readiness = readiness or Readiness()

@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from bridge.catchup import CatchUp
+from bridge.config import EgressConfig
 from bridge.egress import Egress
 from bridge.message import Cancel, Scheduled
 from bridge.metrics import Metrics
@@ -48,8 +49,9 @@ def test_a_record_claimed_as_a_catch_up_begins_waits_for_it(
     record = Scheduled(0, now - 1, "out", b"k", b"v", [], "job-1")
     store.add({SHARD: (0, [record])})
     producer = Producer({"bootstrap.servers": services.bootstrap})
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
-                    batch_size=10, lease_ms=30_000, max_attempts=3, catch_up=catch_up)  # fmt: skip
+    config = EgressConfig(batch_size=10, tick=0, send_tick=0, ahead=0)
+    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq",
+                    catch_up=catch_up)  # fmt: skip
     egress.add_shards({SHARD})
     egress.step()
     assert catch_up.horizons() == {SHARD: 0}

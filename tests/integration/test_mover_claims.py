@@ -14,6 +14,7 @@ import redis
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
+from bridge.config import EgressConfig
 from bridge.egress import Egress, Pending
 from bridge.message import Priority, Scheduled, origin
 from bridge.metrics import Metrics
@@ -63,9 +64,8 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
                    for o in range(100)]  # fmt: skip
         store.add({shard: (99, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
-    egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
-                           batch_size=500, lease_ms=30_000, max_attempts=3, tick_ms=10,
-                           ahead_ms=100)  # fmt: skip
+    config = EgressConfig(batch_size=500, tick=10, send_tick=10, ahead=100)
+    egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
     egress.early = []
     egress.add_shards(set(shards[:2]))
     claimed = 0
@@ -98,8 +98,8 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     t0 = store.time_ms()
     store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"old", [], origin("delay", 0, 0))])})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
-                    batch_size=10, lease_ms=30_000, max_attempts=3)  # fmt: skip
+    config = EgressConfig(batch_size=10, tick=0, send_tick=0, ahead=0)
+    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
     egress.add_shards({shard})
     assert egress.step() == 1  # offset 0 of the old incarnation produced, not acknowledged
     retired = store.layout.bind({shard: "id-2"})[shard].retired
@@ -153,9 +153,8 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
                for o, p in enumerate([Priority.HIGH] * 5 + [Priority.NORMAL] * 5)]  # fmt: skip
     store.add({shard: (9, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
-    egress = SlowSlice(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
-                       batch_size=100, lease_ms=30_000, max_attempts=3, tick_ms=10,
-                       ahead_ms=100)  # fmt: skip
+    config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
+    egress = SlowSlice(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
     egress.produced, egress.stalled, egress.go_on = [], threading.Event(), threading.Event()
     egress.add_shards({shard})
     egress.step(now_ms=t0 - 200)  # learns what is due when
@@ -204,9 +203,8 @@ def test_a_claim_redis_answers_late_is_logged_with_where_the_mover_s_turn_went(
     t0 = store.time_ms()
     store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"v", [], origin("delay", 0, 0))])})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), dead_letter="dlq",
-                    batch_size=100, lease_ms=30_000, max_attempts=3, tick_ms=10,
-                    ahead_ms=100)  # fmt: skip
+    config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
+    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
     egress.add_shards({shard})
     store.slow.set()
     stop = threading.Event()
