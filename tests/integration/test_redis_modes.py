@@ -295,6 +295,48 @@ def test_as_the_least_privileged_acl_user_the_docs_document(
     assert all(any(e in line for e in expected) for line in denied), denied
 
 
+class _Migration:
+    """A slot half moved from its master to another, as a resharding does it: CLUSTER SETSLOT
+    IMPORTING on the new master and MIGRATING on the old, then MIGRATE of ``first`` (the rest of
+    the slot's ``keys`` stay). :meth:`start` finishes it in a thread once the old master refused a
+    call with TRYAGAIN (the operator's next move): the rest migrated, the slot given to the new
+    master. Each command's answer is checked (redis-cli exits 0 on an error reply)."""
+
+    def __init__(self, client: RedisCluster, keys: list[str], first: list[str]) -> None:
+        source = client.get_node_from_key(first[0])  # type: ignore[no-untyped-call]
+        self.source, self.keys, self.first = source.port, keys, first
+        masters = sorted(n.port for n in client.get_primaries())  # type: ignore[no-untyped-call]
+        self.dest = next(p for p in masters if p != self.source)
+        self.ids = {p: _cli(p, "cluster", "myid").strip() for p in masters}
+        self.slot = str(client.keyslot(first[0]))  # type: ignore[no-untyped-call]
+        _ok(self.dest, "cluster", "setslot", self.slot, "importing", self.ids[self.source])
+        _ok(self.source, "cluster", "setslot", self.slot, "migrating", self.ids[self.dest])
+        self._migrate(first)
+        self.refused = _tryagains(self.source)
+        self.thread = threading.Thread(target=self._finish)
+
+    def _migrate(self, keys: list[str]) -> None:
+        _ok(self.source, "migrate", "127.0.0.1", str(self.dest), "", "0", "5000", "keys", *keys)
+
+    def _finish(self) -> None:
+        wait_for(lambda: _tryagains(self.source) > self.refused, 10, "a call refused, TRYAGAIN")
+        self._migrate([k for k in self.keys if k not in self.first])
+        for port in self.ids:
+            _ok(port, "cluster", "setslot", self.slot, "node", self.ids[self.dest])
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+
+
+def _ok(port: int, *args: str) -> None:
+    answer = _cli(port, *args).strip()
+    assert answer == "OK", f"redis-cli -p {port} {' '.join(args)}: {answer}"
+
+
 def test_a_slot_migrating_under_a_store_call_is_waited_for(
     redis_cluster: dict[str, str], unique: str
 ) -> None:
@@ -306,31 +348,14 @@ def test_a_slot_migrating_under_a_store_call_is_waited_for(
     store = Store(client, f"test-{unique}")
     moving, staying = Shard(f"t-{unique}", 0), Shard(f"t-{unique}", 1)
     due = 1_800_000_000_000
-    ids = {p: _cli(p, "cluster", "myid").strip() for p in _ports(redis_cluster)}
     try:
         for shard in (moving, staying):
             store.add({shard: (0, [Scheduled(0, due, "out", b"k", b"v", [], "id")])})
-        keys = list(client.scan_iter(match=f"*{moving.topic}:0*"))
-        source = client.get_node_from_key(keys[0])
-        dest = next(p for p in ids if p != source.port)
-        slot = client.keyslot(keys[0])
-        _cli(dest, "cluster", "setslot", str(slot), "importing", ids[source.port])
-        _cli(source.port, "cluster", "setslot", str(slot), "migrating", ids[dest])
-        _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys",
-             keys[0].decode())  # half moved: one key at the destination  # fmt: skip
-
-        def finish() -> None:  # once a script call was refused, as an operator's next move
-            wait_for(lambda: _tryagains(source.port) > refused, 10, "a call refused, TRYAGAIN")
-            _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys",
-                 *(k.decode() for k in keys[1:]))  # fmt: skip
-            for port in ids:
-                _cli(port, "cluster", "setslot", str(slot), "node", ids[dest])
-
-        refused = _tryagains(source.port)
-        mover = threading.Thread(target=finish)
-        mover.start()
+        keys = [k.decode() for k in client.scan_iter(match=f"*{moving.topic}:0*")]
+        migration = _Migration(client, keys, keys[:1])  # half moved: one key at the destination
+        migration.start()
         claimed = store.claim([moving, staying], 10, 30_000, now_ms=due)
-        mover.join()
+        migration.join()
         assert sorted(c.shard for c in claimed) == [moving, staying]
     finally:
         delete_keys_cluster(client, unique)
@@ -345,10 +370,6 @@ def _tryagains(port: int) -> int:
     return 0
 
 
-def _ports(cluster: dict[str, str]) -> list[int]:
-    return [int(n.split(":")[1]) for n in cluster["nodes"].split(",")]
-
-
 def test_a_retire_during_a_slot_migration_keeps_the_records_waiting_for_their_rate(
     redis_cluster: dict[str, str], unique: str
 ) -> None:
@@ -360,7 +381,6 @@ def test_a_retire_during_a_slot_migration_keeps_the_records_waiting_for_their_ra
     store = Store(client, f"test-{unique}")
     shard = Shard(f"t-{unique}", 0)
     due = 1_800_000_000_000
-    ids = {p: _cli(p, "cluster", "myid").strip() for p in _ports(redis_cluster)}
     try:
         store.layout.bind({shard: "first"})
         store.add(
@@ -369,26 +389,11 @@ def test_a_retire_during_a_slot_migration_keeps_the_records_waiting_for_their_ra
         claimed = store.claim([shard], 10, 30_000, now_ms=due)
         assert store.unclaim(claimed, wait=True) == 2  # both wait for their target's rate
         wait_index = store.layout.keys.wait(shard, "slow")
-        source = client.get_node_from_key(wait_index)
-        dest = next(p for p in ids if p != source.port)
-        slot = client.keyslot(wait_index)
         keys = [k.decode() for k in client.scan_iter(match=f"*{shard.topic}:0*")]
-        _cli(dest, "cluster", "setslot", str(slot), "importing", ids[source.port])
-        _cli(source.port, "cluster", "setslot", str(slot), "migrating", ids[dest])
-        _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", wait_index)
-
-        def finish() -> None:  # once a script call was refused, as an operator's next move
-            wait_for(lambda: _tryagains(source.port) > refused, 10, "a call refused, TRYAGAIN")
-            rest = [k for k in keys if k != wait_index]
-            _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", *rest)
-            for port in ids:
-                _cli(port, "cluster", "setslot", str(slot), "node", ids[dest])
-
-        refused = _tryagains(source.port)
-        mover = threading.Thread(target=finish)
-        mover.start()
+        migration = _Migration(client, keys, [wait_index])
+        migration.start()
         bound = store.layout.bind({shard: "second"})[shard]  # the topic was recreated
-        mover.join()
+        migration.join()
         assert bound.retired is not None and bound.records == 2
         assert not client.exists(wait_index)  # nothing left under the live shard's name
         claims = store.claim_waiting({(bound.retired, "slow"): 10}, 30_000, now_ms=due)
@@ -409,7 +414,6 @@ def test_a_cancel_during_a_slot_migration_reaches_a_record_waiting_for_its_rate(
     store = Store(client, f"test-{unique}")
     shard = Shard(f"t-{unique}", 0)
     due = 1_800_000_000_000
-    ids = {p: _cli(p, "cluster", "myid").strip() for p in _ports(redis_cluster)}
 
     def rec(offset: int, target: str, at: int = due) -> Scheduled:
         return Scheduled(offset, at, target, b"k", b"v", [], f"id-{offset}")
@@ -423,26 +427,11 @@ def test_a_cancel_during_a_slot_migration_reaches_a_record_waiting_for_its_rate(
         assert {c.record.target for c in claimed} == {"slow", "out"}
         assert store.unclaim([c for c in claimed if c.record.target == "slow"], wait=True) == 1
         wait_index = store.layout.keys.wait(shard, "slow")
-        source = client.get_node_from_key(wait_index)
-        dest = next(p for p in ids if p != source.port)
-        slot = client.keyslot(wait_index)
         keys = [k.decode() for k in client.scan_iter(match=f"*{shard.topic}:0*")]
-        _cli(dest, "cluster", "setslot", str(slot), "importing", ids[source.port])
-        _cli(source.port, "cluster", "setslot", str(slot), "migrating", ids[dest])
-        _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", wait_index)
-
-        def finish() -> None:  # once a script call was refused, as an operator's next move
-            wait_for(lambda: _tryagains(source.port) > refused, 10, "a call refused, TRYAGAIN")
-            rest = [k for k in keys if k != wait_index]
-            _cli(source.port, "migrate", "127.0.0.1", str(dest), "", "0", "5000", "keys", *rest)
-            for port in ids:
-                _cli(port, "cluster", "setslot", str(slot), "node", ids[dest])
-
-        refused = _tryagains(source.port)
-        mover = threading.Thread(target=finish, daemon=True)
-        mover.start()
+        migration = _Migration(client, keys, [wait_index])
+        migration.start()
         added = store.add({shard: (4, [Cancel(4, "id-0")])})
-        mover.join(15)
+        migration.join()
         assert added.cancelled == 1, added
         assert not client.exists(wait_index)
     finally:
