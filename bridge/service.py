@@ -52,17 +52,11 @@ REDIS_WAIT_S = (0.5, 1.0, 2.0, 5.0)  # back-off while waiting for Redis before j
 # 5 ms). The mover waits for it after every Redis reply and delivery report, while the ingress
 # parses batches: at 5 ms those waits added up to tens of ms of lateness.
 SWITCH_INTERVAL_S = 0.001
-# Python's cycle collector runs each time 700 more container objects are alive than at its last
-# run. The records in memory (parsed, claimed ahead, in flight) are such objects, live a second
-# or so and form no cycles: at 10,000 records/s it ran ~140 times a second, a full collection
-# every few seconds (~20 ms with the interpreter held), a tenth of the bridge's CPU, and found
-# nothing. Each claim and ingest batch allocates thousands of them at once, so even every
-# 10,000 a young collection came about once per 1,700 records moved (5-14 ms each, the
-# interpreter held while records fell due). Every 100,000 it stays a net for real cycles that
-# the records' rise and fall does not reach (none in a drain of 200,000 records at the default
-# egress.batch_size; ten times that many in flight would, with a longer pause when it comes).
-# What start-up built is frozen out of the collections (gc.freeze), so one walks only what came
-# later.
+# The records in memory (parsed, claimed ahead, in flight) are container objects that live a
+# second or so and form no cycles: the cycle collector runs once 100,000 more are alive (not
+# Python's 700), so it stays a net for real cycles without walking the records many times a
+# second; what start-up built is frozen out of it (gc.freeze). Measured: docs/bench/history.md,
+# "The cycle collector".
 GC_THRESHOLDS = (100_000, 10, 10)
 
 

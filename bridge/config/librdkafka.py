@@ -76,16 +76,14 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         "heartbeat.interval.ms": "3000",
         "socket.timeout.ms": SOCKET_TIMEOUT_MS,
         # A fetch waits up to 10 ms for records to gather (or returns at 1 MB) instead of
-        # returning with the first one: at 2,000 records/s that is ~100 fetches a second instead
-        # of ~700, each a wake-up of librdkafka's and the ingress's threads (about a fifth of
-        # the CPU per record in `make bench`). A record due within 10 ms of being produced may
-        # be stored up to 10 ms later; an idle replica fetches 100 times a second.
+        # returning with the first one: far fewer wake-ups of librdkafka's and the ingress's
+        # threads per record (docs/bench/history.md). A record due within 10 ms of being
+        # produced may be stored up to 10 ms later; an idle replica fetches 100 times a second.
         "fetch.wait.max.ms": "10",
         "fetch.min.bytes": "1048576",
         # Prefetch at most 16 MB (librdkafka: 64 MB), and fetch again 10 ms (not 1 s) after the
-        # queue drained below it: reading a backlog of 1,000,000 1 KiB records, the bridge's RSS
-        # stays at 74 MB instead of 160 MB; `make bench` throughput moved within its spread
-        # (docs/bench/history.md).
+        # queue drained below it: the prefetch bounds the bridge's memory while it reads a
+        # backlog, at no cost in throughput (docs/bench/history.md).
         "queued.max.messages.kbytes": "16384",
         "fetch.queue.backoff.ms": "10",
         # A delay topic that gains partitions is seen within this long, and the group rebalances
@@ -120,9 +118,9 @@ def read_back_settings(config: Config) -> dict[str, str]:
 def producer_settings(config: Config) -> dict[str, str]:
     """Target/DLQ producer properties: defaults, then the user's, then the fixed ones."""
     settings = {
-        # Records are produced the moment they are due: waiting 5 ms (librdkafka's default) to
-        # fill batches added 2 ms to the median lateness in `make bench`; a claim's records are
-        # produced together anyway.
+        # Records are produced the moment they are due, not after librdkafka's 5 ms wait to
+        # fill batches (lateness: docs/bench/history.md); a claim's records go out together
+        # anyway.
         "linger.ms": "1",
         # Java's partitioner, so a key lands where the services' own Java producers put it.
         "partitioner": "murmur2_random",

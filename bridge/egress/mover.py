@@ -126,9 +126,8 @@ class Egress:
     @property
     def max_inflight(self) -> int:
         """Records produced and unacknowledged at most: claims stop there. Ten batches keep the
-        producer busy while delivery reports of earlier ones come back (two cost 13% of the
-        end-to-end rate in `make bench`); all are leased, so a crash redelivers at most this
-        many."""
+        producer busy while delivery reports of earlier ones come back (fewer cost throughput:
+        docs/bench/history.md); all are leased, so a crash redelivers at most this many."""
         return self.batch_size * 10
 
     @property

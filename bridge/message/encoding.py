@@ -38,8 +38,8 @@ _WIDE, _WIDE_NONE = struct.Struct(">I"), 0xFFFFFFFF
 _TARGET_IN_HEADER, _DEFAULT_ID, _WIDE_LENGTHS, _STORED_AT, _ID_IN_HEADER = 1, 2, 4, 8, 16
 _HIGH, _LOW, _MANY_HEADERS = 32, 64, 128
 _PRIORITY_FLAGS = {Priority.HIGH: _HIGH, Priority.NORMAL: 0, Priority.LOW: _LOW}
-# A record's priority from its flags, one lookup per record decoded (a function call per record
-# cost the bare claim + ack rate 4%); both bits set is not written, and reads as high.
+# A record's priority from its flags, one lookup per record decoded (not a call: this runs per
+# record); both bits set is not written, and reads as high.
 _PRIORITY_OF = {0: Priority.NORMAL, _HIGH: Priority.HIGH, _LOW: Priority.LOW,
                 _HIGH | _LOW: Priority.HIGH}  # fmt: skip
 _STORED = struct.Struct(">q")

@@ -110,7 +110,7 @@ class ReadBack:
         # Bucket by bucket; within one, a shard's chunks in offset order (one read on).
         chunks.sort(key=lambda c: (c.start_ms, c.shard, c.data[:8]))
         # A chunk is promoted while the next one is read and parsed: Redis's half of the work
-        # overlaps the interpreter's (1.5x the records per second for 1 KiB records).
+        # overlaps the interpreter's (docs/bench/history.md, far-future records).
         promoting: Future[bool] | None = None
         try:
             for chunk in chunks:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Offsets this close are read in one run, the records between them consumed and skipped over. A
-# seek costs a fetch round trip and discards what was prefetched: measured on the local broker
-# (confluent-kafka, 1 KiB records), reading on costs ~5 µs a record and a seek 1.2-3.5 ms, so a
-# gap of ~250-700 records costs as much as a seek.
+# Offsets this close are read in one run, the records between them consumed and skipped over: a
+# seek costs a fetch round trip and discards what was prefetched, as much as reading on over a
+# few hundred records (docs/bench/history.md, far-future records).
 MAX_GAP = 500
 
 
