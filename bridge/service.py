@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from prometheus_client import CollectorRegistry
@@ -69,6 +69,12 @@ def _kafka_logger(name: str) -> logging.Logger:
     if _KAFKA_NOISE not in kafka.filters:
         kafka.addFilter(_KAFKA_NOISE)
     return kafka
+
+
+class _Loop(Protocol):
+    """A main loop: stamps ``last_loop`` (monotonic s) each time it comes round."""
+
+    last_loop: float
 
 
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
@@ -226,18 +232,18 @@ class Service:
         """Problems that mean the process should be restarted: a main loop that stopped."""
         now = time.monotonic()
         problems = [
-            f"{name} loop silent for {now - last:.0f}s"
-            for name, last in (
-                ("ingress", self.ingress.last_loop),
-                ("egress", self.egress.last_loop),
-                ("sender", self.egress.sender.last_loop),
-                ("read-back", self.read_back.last_loop),
-            )
-            if now - last > STALL_S
+            f"{name} loop silent for {now - loop.last_loop:.0f}s"
+            for name, loop in self._loops()
+            if now - loop.last_loop > STALL_S
         ]
         if self._errors:
             problems.append(f"stopped: {self._errors[0]!r}")
         return problems
+
+    def _loops(self) -> list[tuple[str, _Loop]]:
+        """The main loops /healthz watches, each stamping ``last_loop`` as it comes round."""
+        return [("ingress", self.ingress), ("egress", self.egress),
+                ("sender", self.egress.sender), ("read-back", self.read_back)]  # fmt: skip
 
     def ready(self) -> list[str]:
         """Problems that mean the bridge cannot do its work now."""
@@ -327,8 +333,8 @@ class Service:
         self._waiting_for_redis = True
         while not self.probes.redis_once():
             # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
-            self.ingress.last_loop = self.egress.last_loop = time.monotonic()
-            self.egress.sender.last_loop = self.read_back.last_loop = self.egress.last_loop
+            for _, loop in self._loops():
+                loop.last_loop = time.monotonic()
             backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
             if attempt == 0:
                 logger.error("not joining the consumer group until Redis takes writes: %s",

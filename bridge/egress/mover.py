@@ -72,7 +72,6 @@ class Egress:
             tick_ms, config.send_tick, clock=self.clock,
             deliveries=self.deliveries, send=self._send, producer=producer, store=store,
         )  # fmt: skip
-        self._pending = self.deliveries.pending  # the same dict, read per claimed record
         self.lanes = Lanes(self.deliveries.draining)
         self.rate = RateLimit(config.max_rate) if config.max_rate else None
         self.targets = TargetLimits(store, metrics, config.max_rate_per_target, lease_ms)
@@ -133,7 +132,7 @@ class Egress:
     @property
     def inflight(self) -> int:
         """Records produced and not yet acknowledged."""
-        return len(self._pending)
+        return len(self.deliveries.pending)
 
     def step(self, now_ms: int | None = None) -> int:
         """Serve delivery reports, then claim and produce what is due. Returns the records claimed
@@ -155,7 +154,7 @@ class Egress:
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.sender.send_due(now)
         self.turns.mark("producing held records")
-        room = self.max_inflight - len(self._pending)
+        room = self.max_inflight - len(self.deliveries.pending)
         limited = False  # egress.max_rate leaves less room than the records in flight do
         if self.rate is not None:
             allowed = self.rate.allowance()
@@ -197,8 +196,10 @@ class Egress:
         for shard in self.plan.claimed(claimed, per_shard, horizons):
             self._forget_if_drained(shard)
         backlog = self.lanes.claimed(claimed, self.plan)  # after the plan: it may hold some back
-        put_back = self._put_back(claimed, self.lanes.too_low(claimed, self._pending, backlog))
-        put_back |= self.targets.hold(claimed, self._pending, put_back)
+        put_back = self._put_back(
+            claimed, self.lanes.too_low(claimed, self.deliveries.pending, backlog)
+        )
+        put_back |= self.targets.hold(claimed, self.deliveries.pending, put_back)
         if self.rate is not None:
             self.rate.count(claimed, self.metrics if limited else None, put_back)
         self.sender.dispatch(claimed, put_back, backlog)
@@ -224,7 +225,7 @@ class Egress:
         """Records claimed that are not to be produced yet go back among the waiting ones, as if
         never claimed; returns them: ``too_low`` (:meth:`Lanes.too_low`), and those past a
         catch-up's horizon (:meth:`CatchUp.past`)."""
-        past = self.catch_up.past(claims, self._pending)
+        past = self.catch_up.past(claims, self.deliveries.pending)
         back = {(c.shard, c.member): c for c in (*past, *too_low)}
         if back:
             self.store.unclaim(back.values())
@@ -247,7 +248,7 @@ class Egress:
             shards, self._taking_over = self._taking_over, set()
         self.plan.forget(shards)  # nothing known of them yet: claim at once
         held: dict[Shard, list[bytes]] = {s: [] for s in shards}
-        for shard, member in self._pending:
+        for shard, member in self.deliveries.pending:
             if shard in held:
                 held[shard].append(member)
         try:
@@ -306,12 +307,12 @@ class Egress:
         return seconds if waiting is None else min(seconds, waiting)
 
     def _wait(self, seconds: float) -> None:
-        if self._pending and not self.tick_ms:
+        if self.deliveries.pending and not self.tick_ms:
             # Delivery reports arrive through poll, which returns at the first; keep the slice
             # short so an earlier record stored meanwhile by ingress is not held up long.
             self.producer.poll(self.turns.waits(min(seconds, INFLIGHT_POLL_S)))
             return
-        if self._pending:
+        if self.deliveries.pending:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
             # instead of waking for each one. While the sender has records to produce it polls
             # too: the mover then applies them at most half an ``ahead`` window later.
