@@ -67,9 +67,13 @@ class CatchUp:
         with self._lock:
             self._ends[shard] = end
             self._horizons[shard] = 0
-        logger.info("catching up on %s[%d] up to offset %d: records are claimed only once the "
-                    "records produced before they fell due are read", shard.topic,
-                    shard.partition, end)  # fmt: skip
+        logger.info(
+            "catching up on %s[%d] up to offset %d: records are claimed only once the "
+            "records produced before they fell due are read",
+            shard.topic,
+            shard.partition,
+            end,
+        )
 
     def read(self, shard: Shard, timestamp_ms: int) -> None:
         """The ingress applied records of ``shard`` up to one with ``timestamp_ms``."""
@@ -85,10 +89,11 @@ class CatchUp:
         with self._lock:
             was = self._behind
             self._behind = {
-                shard: known if (known := was.get(shard)) and known[0] == position
+                shard: known
+                if (known := was.get(shard)) and known[0] == position
                 else (position, now)
                 for shard, position in positions.items()
-            }  # fmt: skip
+            }
 
     def block(self, shard: Shard, blocked: bool) -> None:
         """The ingress holds ``shard`` at a record (or no longer does)."""
@@ -131,8 +136,9 @@ class CatchUp:
         with self._lock:
             return dict(self._horizons)
 
-    def past(self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
-             ) -> list[Claimed]:  # fmt: skip
+    def past(
+        self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
+    ) -> list[Claimed]:
         """The records of ``claims`` due past the horizon of their shard: a catch-up began after
         the mover read the horizons and before Redis ran its claim (the ingress re-reads after
         Redis lost its state, or a partition is assigned), so a cancel of theirs may still be
@@ -162,9 +168,11 @@ class CatchUp:
             new = behind - self._told
             self._told = (self._told & set(live)) | behind
         if new:
-            logger.info("the ingress reads %s behind: records with their own delay-id wait until "
-                        "it has read what was produced before they fell due",
-                        ", ".join(str(s) for s in sorted(new)))  # fmt: skip
+            logger.info(
+                "the ingress reads %s behind: records with their own delay-id wait until "
+                "it has read what was produced before they fell due",
+                ", ".join(str(s) for s in sorted(new)),
+            )
         caught = sum(c.shard not in behind for c in past)
         if caught:
             logger.info("%d records claimed as a catch-up began wait for it", caught)

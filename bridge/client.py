@@ -69,8 +69,12 @@ def delay_headers(
     else:
         headers.append((H_DELIVER_AT, _at(at).encode()))  # type: ignore[arg-type]
     if target_key is not None:
-        headers.append((H_TARGET_KEY, target_key.encode() if isinstance(target_key, str)
-                        else bytes(target_key)))  # fmt: skip
+        headers.append(
+            (
+                H_TARGET_KEY,
+                target_key.encode() if isinstance(target_key, str) else bytes(target_key),
+            )
+        )
     if delay_id is not None:
         headers.append((H_ID, _id(delay_id)))
     if priority is not None:

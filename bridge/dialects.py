@@ -57,8 +57,11 @@ ETF1_TOPIC = "scheduler-topic"
 # An epoch this large is milliseconds (unix seconds reach it in the year 5138).
 ETF1_MS_EPOCH = 100_000_000_000
 # etf1 header -> the contract's header it becomes (the due time is converted on the way).
-_ETF1_AS = {ETF1_EPOCH: H_DELIVER_AT, ETF1_TARGET_TOPIC: H_TARGET_TOPIC,
-            ETF1_TARGET_KEY: H_TARGET_KEY}  # fmt: skip
+_ETF1_AS = {
+    ETF1_EPOCH: H_DELIVER_AT,
+    ETF1_TARGET_TOPIC: H_TARGET_TOPIC,
+    ETF1_TARGET_KEY: H_TARGET_KEY,
+}
 
 KASPR = "kaspr"
 KASPR_ACTION = "x-scheduler-action"
@@ -94,9 +97,17 @@ def parse_record(
             headers = translated
         elif dialect == KASPR:
             headers = from_kaspr(headers, default_target=topic in rules.default_targets)
-        return parse(rules, topic=topic, partition=partition, offset=offset,
-                     timestamp_ms=timestamp_ms, key=key, value=value, headers=headers,
-                     now_ms=now_ms)  # fmt: skip
+        return parse(
+            rules,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            timestamp_ms=timestamp_ms,
+            key=key,
+            value=value,
+            headers=headers,
+            now_ms=now_ms,
+        )
     except Rejected:
         raise
     except Exception as exc:
@@ -141,16 +152,21 @@ def from_etf1(
     if not text.isdigit():
         raise Rejected(Reason.BAD_DUE_TIME, f"{ETF1_EPOCH} {text[:40]!r} is not unix seconds")
     if int(text) >= ETF1_MS_EPOCH:
-        raise Rejected(Reason.BAD_DUE_TIME, f"{ETF1_EPOCH} {text} looks like milliseconds: etf1 "
-                       "takes unix seconds")  # fmt: skip
+        raise Rejected(
+            Reason.BAD_DUE_TIME,
+            f"{ETF1_EPOCH} {text} looks like milliseconds: etf1 takes unix seconds",
+        )
     # An epoch in the past is due at once; the contract's floor for epoch ms is 2000-01-01.
     control: Headers = [(H_DELIVER_AT, str(max(int(text) * 1000, MIN_EPOCH_MS)).encode())]
     if ETF1_TARGET_TOPIC in theirs:
         control.append((H_TARGET_TOPIC, theirs[ETF1_TARGET_TOPIC]))
     # etf1 delivers the target key, or none: a null key, not the schedule's id.
     control += [(H_TARGET_KEY, theirs.get(ETF1_TARGET_KEY)), (H_ID, key)]
-    added: Headers = [(ETF1_TIMESTAMP, str(timestamp_ms // 1000).encode()), (ETF1_KEY, key),
-                      (ETF1_TOPIC, topic.encode())]  # fmt: skip
+    added: Headers = [
+        (ETF1_TIMESTAMP, str(timestamp_ms // 1000).encode()),
+        (ETF1_KEY, key),
+        (ETF1_TOPIC, topic.encode()),
+    ]
     return [*headers, *added, *control]
 
 
@@ -176,8 +192,11 @@ def from_kaspr(headers: Headers, *, default_target: bool = False) -> Headers:
     action = theirs.get(KASPR_ACTION, KASPR_ADD)
     request_id = theirs.get(KASPR_REQUEST_ID) or None
     if action not in (KASPR_ADD, KASPR_REPLACE, KASPR_CANCEL):
-        raise Rejected(Reason.BAD_HEADER, f"{KASPR_ACTION} {action[:40]!r} is not ADD, REPLACE "
-                       "or CANCEL (cron schedules are not supported)")  # fmt: skip
+        raise Rejected(
+            Reason.BAD_HEADER,
+            f"{KASPR_ACTION} {action[:40]!r} is not ADD, REPLACE "
+            "or CANCEL (cron schedules are not supported)",
+        )
     if action != KASPR_ADD and request_id is None:
         raise Rejected(Reason.BAD_HEADER, f"a {action} needs {KASPR_REQUEST_ID}")
     if action == KASPR_CANCEL:
@@ -204,8 +223,9 @@ def kaspr_time_ms(text: str) -> int:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise Rejected(Reason.BAD_DUE_TIME, f"{KASPR_DELIVER_AT} {text[:60]!r} is not an ISO "
-                       "8601 time") from None  # fmt: skip
+        raise Rejected(
+            Reason.BAD_DUE_TIME, f"{KASPR_DELIVER_AT} {text[:60]!r} is not an ISO 8601 time"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     delta = when - datetime(1970, 1, 1, tzinfo=UTC)

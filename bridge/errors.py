@@ -31,12 +31,17 @@ class KafkaFault(BridgeError):
 
 
 def log_failed_turn(
-    logger: logging.Logger, exc: Exception, message: str, *args: object,
-    level: int = logging.ERROR, extra: Mapping[str, object] | None = None,
-) -> None:  # fmt: skip
+    logger: logging.Logger,
+    exc: Exception,
+    message: str,
+    *args: object,
+    level: int = logging.ERROR,
+    extra: Mapping[str, object] | None = None,
+) -> None:
     """Log a turn of a main loop that failed and is tried again: a fault the loop expects (a
     :class:`BridgeError`: Redis or Kafka away) in one line, anything else — a bug, a value
     nobody foresaw — with its traceback. Either way the loop goes on: no value takes the process
     down. ``message`` is a %-format of ``args``."""
-    logger.log(level, message, *args, exc_info=None if isinstance(exc, BridgeError) else exc,
-               extra=extra)  # fmt: skip
+    logger.log(
+        level, message, *args, exc_info=None if isinstance(exc, BridgeError) else exc, extra=extra
+    )

@@ -111,8 +111,11 @@ class Probes:
         if self.dead_letter in missing:
             detail = f"DLQ topic {self.dead_letter} is not usable: {missing[self.dead_letter]}"
             if self.readiness.problems().count(detail) == 0:
-                logger.error("%s; records that fail validation cannot be dead-lettered, so "
-                             "their partitions stop until it is created", detail)  # fmt: skip
+                logger.error(
+                    "%s; records that fail validation cannot be dead-lettered, so "
+                    "their partitions stop until it is created",
+                    detail,
+                )
             self.readiness.fail("dlq-topic", detail)
         else:
             self.readiness.ok("dlq-topic")
@@ -140,9 +143,11 @@ class FetchWatch:
     """
 
     def __init__(
-        self, readiness: Readiness, clock: Callable[[], float] = time.monotonic,
+        self,
+        readiness: Readiness,
+        clock: Callable[[], float] = time.monotonic,
         unfetched_s: float = UNFETCHED_S,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.readiness = readiness
         self._clock = clock
         self.unfetched_s = unfetched_s
@@ -158,15 +163,20 @@ class FetchWatch:
                 if shard in owned and p.get("leader", -1) >= 0 and p.get("broker", -1) < 0:
                     unfetched.append((shard, p["leader"]))
         self._since = {s: self._since.get(s, now) for s, _ in unfetched}
-        stuck = [(s, leader) for s, leader in sorted(unfetched)
-                 if now - self._since[s] >= self.unfetched_s]  # fmt: skip
+        stuck = [
+            (s, leader)
+            for s, leader in sorted(unfetched)
+            if now - self._since[s] >= self.unfetched_s
+        ]
         if not stuck:
             self.readiness.ok("fetching")
             return []
         oldest = max(now - self._since[s] for s, _ in stuck)
         names = ", ".join(f"{s.topic}[{s.partition}] (leader {leader})" for s, leader in stuck)
-        detail = (f"consumer fetches {names} from no broker for {oldest:.0f}s "
-                  "(librdkafka#4804): starting it again")  # fmt: skip
+        detail = (
+            f"consumer fetches {names} from no broker for {oldest:.0f}s "
+            "(librdkafka#4804): starting it again"
+        )
         self.readiness.fail("fetching", detail)
         logger.error("%s", detail)
         return [s for s, _ in stuck]

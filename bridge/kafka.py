@@ -41,8 +41,10 @@ def check_settings(config: Config) -> None:
     """Build (without starting) every Kafka client the bridge would, so that what librdkafka
     rejects — an unknown property, a bad value — stops start-up (and ``check-config``) with one
     line naming the config key, not a traceback from deep inside ``run``."""
-    for role, settings in (("consumer", consumer_settings(config, member=True)),
-                           ("producer", producer_settings(config))):  # fmt: skip
+    for role, settings in (
+        ("consumer", consumer_settings(config, member=True)),
+        ("producer", producer_settings(config)),
+    ):
         message = _refusal(role, settings)
         if message is not None:
             raise ConfigError(f"{_culprit(config, role, settings, message)}: {message}")
@@ -69,8 +71,12 @@ def _culprit(config: Config, role: str, settings: dict[str, str], message: str) 
     """The config key behind librdkafka's refusal: one its message names, else the one without
     which the client builds (librdkafka names an alias by its canonical name, and a property can
     fail only beside another, so the message alone cannot always say)."""
-    given = [(section, key) for section in (role, "common")
-             for key in getattr(config.kafka, section) if not key.endswith("_file")]  # fmt: skip
+    given = [
+        (section, key)
+        for section in (role, "common")
+        for key in getattr(config.kafka, section)
+        if not key.endswith("_file")
+    ]
     for section, key in sorted(given, key=lambda sk: -len(sk[1])):
         if key in message:
             return f"kafka.{section}.{key}"

@@ -31,14 +31,43 @@ REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "o
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
 LATENESS_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    1800.0,
+    3600.0,
+)
 
 # The bridge's own share of the lateness: finer, since the sender hands records over within ms.
 SEND_LATENESS_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    5.0,
+    30.0,
+)
 
 # How far ahead of the due time a reference was read back: store.fetch_ahead (2 min) at least.
 READ_BACK_BUCKETS = (0.0, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
@@ -274,8 +303,13 @@ class Metrics:
         """
         # Only real brokers: librdkafka also lists its bootstrap and logical (GroupCoordinator)
         # connections, which have no node id.
-        up = len({b.get("nodeid") for b in stats.get("brokers", {}).values()
-                  if b.get("state") == "UP" and b.get("nodeid", -1) >= 0})  # fmt: skip
+        up = len(
+            {
+                b.get("nodeid")
+                for b in stats.get("brokers", {}).values()
+                if b.get("state") == "UP" and b.get("nodeid", -1) >= 0
+            }
+        )
         self.kafka_brokers_up.set(up)
         for topic, t in stats.get("topics", {}).items():
             for pid, p in t.get("partitions", {}).items():

@@ -80,14 +80,22 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
             first = store.inventory.first(shard)
             mark = marks.get(shard, -1)
             oldest = backlog.oldest_due_ms
-            rows.append(PartitionStatus(
-                shard.topic, shard.partition, backlog.scheduled + backlog.overdue,
-                backlog.references, backlog.overdue, backlog.inflight,
-                -1 if first is None else first,
-                round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
-                mark, committed, end,
-                None if end is None else max(0, end - (mark + 1)) if end >= 0 else -1,
-            ))  # fmt: skip
+            rows.append(
+                PartitionStatus(
+                    shard.topic,
+                    shard.partition,
+                    backlog.scheduled + backlog.overdue,
+                    backlog.references,
+                    backlog.overdue,
+                    backlog.inflight,
+                    -1 if first is None else first,
+                    round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
+                    mark,
+                    committed,
+                    end,
+                    None if end is None else max(0, end - (mark + 1)) if end >= 0 else -1,
+                )
+            )
         return now, rows
     finally:
         store.client.close()
@@ -104,16 +112,28 @@ def waiting(
 ) -> list[Waiting]:
     """Waiting records in due order (the ``limit`` earliest over the partitions asked for)."""
     topics = [topic] if topic else list(config.topics.delay)
-    shards = [s for s, _, _ in _partitions(config, topics, offsets=False)
-              if partition is None or s.partition == partition]  # fmt: skip
+    shards = [
+        s
+        for s, _, _ in _partitions(config, topics, offsets=False)
+        if partition is None or s.partition == partition
+    ]
     if partition is not None and not shards:
         raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
     found = _find(config, shards, delay_id, due_before_ms, limit)
-    return [Waiting(due, rec.delay_id, rec.target,
-                    None if rec.key is None else rec.key.decode("utf-8", errors="replace"),
-                    len(rec.value or b""), shard.topic, shard.partition, rec.offset,
-                    rec.priority.label)
-            for due, shard, rec in found]  # fmt: skip
+    return [
+        Waiting(
+            due,
+            rec.delay_id,
+            rec.target,
+            None if rec.key is None else rec.key.decode("utf-8", errors="replace"),
+            len(rec.value or b""),
+            shard.topic,
+            shard.partition,
+            rec.offset,
+            rec.priority.label,
+        )
+        for due, shard, rec in found
+    ]
 
 
 def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[Shard, Scheduled]]]:
@@ -122,8 +142,9 @@ def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[S
     partition), in partition order."""
     shards = [s for s, _, _ in _partitions(config, [topic], offsets=False)]
     found = _find(config, shards, delay_id, None, len(shards))
-    return len(shards), sorted(((shard, rec) for _, shard, rec in found),
-                               key=lambda sr: sr[0].partition)  # fmt: skip
+    return len(shards), sorted(
+        ((shard, rec) for _, shard, rec in found), key=lambda sr: sr[0].partition
+    )
 
 
 def _find(
@@ -144,15 +165,24 @@ def _find(
             else:
                 page = store.inventory.by_id(shard, delay_id)
             found += [(due, member, shard) for due, member in page]
-        chosen = [(due, member, shard)
-                  for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
-                  if due_before_ms is None or due < due_before_ms]  # fmt: skip
+        chosen = [
+            (due, member, shard)
+            for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
+            if due_before_ms is None or due < due_before_ms
+        ]
         far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
         now_ms = store.time_ms()
         read = _read_back(config, far, now_ms) if far else {}
-        return [(due, shard, read[shard, member] if len(member) == REFERENCE_BYTES
-                 else stored_record(member, shard, now_ms))
-                for due, member, shard in chosen]  # fmt: skip
+        return [
+            (
+                due,
+                shard,
+                read[shard, member]
+                if len(member) == REFERENCE_BYTES
+                else stored_record(member, shard, now_ms),
+            )
+            for due, member, shard in chosen
+        ]
     finally:
         store.client.close()
 
@@ -181,9 +211,11 @@ def _read_back(
                 why = "gone from the delay topic"
             for (offset, due), stored in refs.items():
                 msg = messages.get(offset)
-                out[shard, stored] = (missing_record(shard, offset, due, why) if msg is None else
-                                      parse_read_back(rules, shard, (offset, due), msg,
-                                                      now_ms)[0])  # fmt: skip
+                out[shard, stored] = (
+                    missing_record(shard, offset, due, why)
+                    if msg is None
+                    else parse_read_back(rules, shard, (offset, due), msg, now_ms)[0]
+                )
     finally:
         reader.close()
     return out
@@ -220,8 +252,9 @@ def _partitions(
 
     unknown = [t for t in topics if t not in config.topics.delay]
     if unknown:
-        raise UsageError(f"--topic {unknown[0]}: not one of topics.delay "
-                         f"({', '.join(config.topics.delay)})")  # fmt: skip
+        raise UsageError(
+            f"--topic {unknown[0]}: not one of topics.delay ({', '.join(config.topics.delay)})"
+        )
     consumer = Consumer({**consumer_settings(config), "log_level": 0})
     try:
         tps = [tp for topic in topics for tp in topic_partitions(consumer, topic, "delay topic")]
@@ -234,15 +267,21 @@ def _partitions(
             out.append((Shard(tp.topic, tp.partition), max(done.offset, -1), end))
         return out
     except KafkaException as exc:
-        print(f"delay-bridge: cannot read the delay topics from Kafka at "
-              f"{config.kafka.bootstrap_servers} ({exc.args[0].str()}): using the partitions "
-              "Redis holds, Kafka's figures unknown", file=sys.stderr)  # fmt: skip
+        print(
+            f"delay-bridge: cannot read the delay topics from Kafka at "
+            f"{config.kafka.bootstrap_servers} ({exc.args[0].str()}): using the partitions "
+            "Redis holds, Kafka's figures unknown",
+            file=sys.stderr,
+        )
     finally:
         consumer.close()
     store = _store(config)
     try:
-        return [(shard, None, None) for topic in topics
-                for shard in store.inventory.stored_shards(topic)]  # fmt: skip
+        return [
+            (shard, None, None)
+            for topic in topics
+            for shard in store.inventory.stored_shards(topic)
+        ]
     finally:
         store.client.close()
 
@@ -251,31 +290,70 @@ def _partitions(
 
 
 def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> None:
-    totals: dict[str, float | None] = {name: sum(getattr(r, name) for r in rows)
-                                       for name in ("waiting", "references", "overdue",
-                                                    "in_flight")}  # fmt: skip
+    totals: dict[str, float | None] = {
+        name: sum(getattr(r, name) for r in rows)
+        for name in ("waiting", "references", "overdue", "in_flight")
+    }
     lags = [r.lag for r in rows]
     totals["lag"] = None if None in lags else sum(lag for lag in lags if lag is not None)
     nexts = [r.next_due_ms for r in rows if r.next_due_ms >= 0]
     totals["next_due_ms"] = min(nexts, default=-1)
     totals["oldest_overdue_s"] = max((r.oldest_overdue_s for r in rows), default=0.0)
     if as_json:
-        json.dump({"now_ms": now_ms, "partitions": [asdict(r) for r in rows], "totals": totals},
-                  sys.stdout, indent=2)  # fmt: skip
+        json.dump(
+            {"now_ms": now_ms, "partitions": [asdict(r) for r in rows], "totals": totals},
+            sys.stdout,
+            indent=2,
+        )
         print()
         return
-    header = ["topic", "partition", "waiting", "references", "overdue", "in flight", "next due",
-              "oldest overdue", "watermark", "committed", "log end", "lag"]  # fmt: skip
-    table = [[r.topic, str(r.partition), f"{r.waiting:,}", f"{r.references:,}", f"{r.overdue:,}",
-              f"{r.in_flight:,}",
-              _when(r.next_due_ms), _age(r.oldest_overdue_s), str(r.watermark),
-              _kafka(r.committed, "{}"), _kafka(r.log_end, "{}"), _kafka(r.lag)]
-             for r in rows]  # fmt: skip
-    table.append(["total", "", f"{totals['waiting']:,}", f"{totals['references']:,}",
-                  f"{totals['overdue']:,}",
-                  f"{totals['in_flight']:,}", _when(int(totals["next_due_ms"] or -1)),
-                  _age(float(totals["oldest_overdue_s"] or 0)), "", "", "",
-                  _kafka(totals["lag"])])  # fmt: skip
+    header = [
+        "topic",
+        "partition",
+        "waiting",
+        "references",
+        "overdue",
+        "in flight",
+        "next due",
+        "oldest overdue",
+        "watermark",
+        "committed",
+        "log end",
+        "lag",
+    ]
+    table = [
+        [
+            r.topic,
+            str(r.partition),
+            f"{r.waiting:,}",
+            f"{r.references:,}",
+            f"{r.overdue:,}",
+            f"{r.in_flight:,}",
+            _when(r.next_due_ms),
+            _age(r.oldest_overdue_s),
+            str(r.watermark),
+            _kafka(r.committed, "{}"),
+            _kafka(r.log_end, "{}"),
+            _kafka(r.lag),
+        ]
+        for r in rows
+    ]
+    table.append(
+        [
+            "total",
+            "",
+            f"{totals['waiting']:,}",
+            f"{totals['references']:,}",
+            f"{totals['overdue']:,}",
+            f"{totals['in_flight']:,}",
+            _when(int(totals["next_due_ms"] or -1)),
+            _age(float(totals["oldest_overdue_s"] or 0)),
+            "",
+            "",
+            "",
+            _kafka(totals["lag"]),
+        ]
+    )
     _print_table(header, table)
     print(f"(Redis time {format_time_ms(now_ms)})")
 
@@ -285,12 +363,34 @@ def print_waiting(records: list[Waiting], as_json: bool) -> None:
         json.dump([asdict(r) for r in records], sys.stdout, indent=2)
         print()
         return
-    header = ["due", "delay-id", "target", "priority", "key", "value bytes", "topic", "partition",
-              "offset"]  # fmt: skip
-    _print_table(header, [[_when(r.due_ms), r.delay_id, r.target, r.priority,
-                           "" if r.key is None else r.key, str(r.value_bytes), r.topic,
-                           str(r.partition), str(r.offset)]
-                          for r in records])  # fmt: skip
+    header = [
+        "due",
+        "delay-id",
+        "target",
+        "priority",
+        "key",
+        "value bytes",
+        "topic",
+        "partition",
+        "offset",
+    ]
+    _print_table(
+        header,
+        [
+            [
+                _when(r.due_ms),
+                r.delay_id,
+                r.target,
+                r.priority,
+                "" if r.key is None else r.key,
+                str(r.value_bytes),
+                r.topic,
+                str(r.partition),
+                str(r.offset),
+            ]
+            for r in records
+        ],
+    )
     if not records:
         print("(no waiting records)")
 

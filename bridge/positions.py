@@ -105,14 +105,19 @@ class Positions:
                 logger.error(
                     "redis lost the state of %s (watermark %s): rebuilding it from committed "
                     "offset %s; records delivered since then are delivered again",
-                    name, had, offset if offset >= 0 else "earliest",
-                )  # fmt: skip
+                    name,
+                    had,
+                    offset if offset >= 0 else "earliest",
+                )
             else:
                 offset = loss.watermark + 1
                 logger.error(
                     "redis lost writes to %s (watermark back from %s to %d): re-reading from %d",
-                    name, had, loss.watermark, offset,
-                )  # fmt: skip
+                    name,
+                    had,
+                    loss.watermark,
+                    offset,
+                )
                 self.marks[shard] = loss.watermark
             self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
             starts[shard] = offset
@@ -150,8 +155,11 @@ class Positions:
             logger.error(
                 "delay topic %s %s: reading it again from its beginning; the %d records Redis "
                 "held from before are still delivered, records delivered before may be "
-                "delivered again", shard, what, bound.records,
-            )  # fmt: skip
+                "delivered again",
+                shard,
+                what,
+                bound.records,
+            )
             self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
             self.marks.pop(shard, None)
         return replaced

@@ -31,8 +31,11 @@ def redis_client(config: Config) -> redis.Redis:
     if password:
         kwargs["password"] = password
     url = r.url
-    files = (("ssl_ca_certs", r.tls.ca_file), ("ssl_certfile", r.tls.cert_file),
-             ("ssl_keyfile", r.tls.key_file))  # fmt: skip
+    files = (
+        ("ssl_ca_certs", r.tls.ca_file),
+        ("ssl_certfile", r.tls.cert_file),
+        ("ssl_keyfile", r.tls.key_file),
+    )
     tls = {key: path for key, path in files if path}
     parts = urlsplit(url)
     if tls and parts.scheme == "redis":
@@ -42,8 +45,10 @@ def redis_client(config: Config) -> redis.Redis:
             cluster: redis.Redis = RedisCluster.from_url(url, **kwargs, **tls)  # type: ignore[no-untyped-call]
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             # The cluster client learns the slot map as it is made: no node, no client.
-            raise StoreError(f"redis cluster at {redact_url(r.url)} gave no slot map at start-up "
-                             f"(redis.url must name a reachable node): {exc}") from exc  # fmt: skip
+            raise StoreError(
+                f"redis cluster at {redact_url(r.url)} gave no slot map at start-up "
+                f"(redis.url must name a reachable node): {exc}"
+            ) from exc
         return cluster
     if not r.sentinel.nodes:
         return redis.Redis.from_url(url, **kwargs, **tls)

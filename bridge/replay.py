@@ -51,9 +51,11 @@ class Replayed:
         line += f"; {self.left_out} left out by the filters"
         line += f"; {self.not_ours} skipped: their origin is not a configured delay topic"
         if self.left_out and not self.dry_run:
-            line += (f"\n{self.left_out} left out are passed over for good in the group "
-                     f"{self.group}: replay them with --from-beginning and filters that select "
-                     "them (e.g. --reason)")  # fmt: skip
+            line += (
+                f"\n{self.left_out} left out are passed over for good in the group "
+                f"{self.group}: replay them with --from-beginning and filters that select "
+                "them (e.g. --reason)"
+            )
         return line
 
 
@@ -73,8 +75,15 @@ def replay(
 
     dlq = config.topics.dead_letter
     group = f"{config.kafka.group_id}.dlq-replay"
-    consumer = Consumer({**consumer_settings(config), "group.id": group, "log_level": 0,
-                         "enable.auto.commit": "false", "statistics.interval.ms": "0"})  # fmt: skip
+    consumer = Consumer(
+        {
+            **consumer_settings(config),
+            "group.id": group,
+            "log_level": 0,
+            "enable.auto.commit": "false",
+            "statistics.interval.ms": "0",
+        }
+    )
     producer = None if dry_run else Producer({**producer_settings(config), "log_level": 0})
     done = Replayed(dry_run=dry_run, group=group)
     failures: list[str] = []
@@ -94,8 +103,9 @@ def replay(
             msg = consumer.poll(1.0)
             if msg is None:  # the end may be a transaction marker no record is read at
                 at = consumer.position([TopicPartition(dlq, p) for p in ends])
-                ends = {tp.partition: ends[tp.partition] for tp in at
-                        if tp.offset < ends[tp.partition]}  # fmt: skip
+                ends = {
+                    tp.partition: ends[tp.partition] for tp in at if tp.offset < ends[tp.partition]
+                }
                 continue
             error = msg.error()
             if error is not None:
@@ -105,8 +115,11 @@ def replay(
             if offset + 1 >= ends.get(partition, 0):
                 ends.pop(partition, None)
             headers = headers_of(msg)
-            found = {k: (v or b"").decode("utf-8", errors="replace") for k, v in headers
-                     if k in DLQ_HEADERS}  # fmt: skip
+            found = {
+                k: (v or b"").decode("utf-8", errors="replace")
+                for k, v in headers
+                if k in DLQ_HEADERS
+            }
             reason = found.get(H_ERROR, "")
             stamp = msg.timestamp()[1]
             if (
@@ -127,8 +140,14 @@ def replay(
                     if err is not None:
                         failures.append(str(err))
 
-                produce(producer, topic, value=msg.value(), key=msg.key(),
-                        headers=wire_headers(kept), on_delivery=report)  # fmt: skip
+                produce(
+                    producer,
+                    topic,
+                    value=msg.value(),
+                    key=msg.key(),
+                    headers=wire_headers(kept),
+                    on_delivery=report,
+                )
                 producer.poll(0)
             done.replayed[reason or "(no reason)"] += 1
             progress(sum(done.replayed.values()))
@@ -138,8 +157,10 @@ def replay(
                 why = failures[0] if failures else f"{remaining} records not acknowledged"
                 raise BridgeError(f"replay stopped, nothing committed: producing failed: {why}")
             if next_offsets:
-                consumer.commit(offsets=[TopicPartition(dlq, p, o) for p, o in
-                                         next_offsets.items()], asynchronous=False)  # fmt: skip
+                consumer.commit(
+                    offsets=[TopicPartition(dlq, p, o) for p, o in next_offsets.items()],
+                    asynchronous=False,
+                )
         return done
     except KafkaException as exc:
         raise BridgeError(f"replay failed: {exc.args[0].str()}") from None

@@ -75,8 +75,10 @@ def check_retention(
     try:
         problems = read_retention(admin_conf, topics, max_delay_ms, key_is_id=key_is_id)
     except (KafkaException, TimeoutError) as exc:
-        logger.warning("could not read the delay topics' retention (%s); make sure it "
-                       "covers limits.max_delay", exc)  # fmt: skip
+        logger.warning(
+            "could not read the delay topics' retention (%s); make sure it covers limits.max_delay",
+            exc,
+        )
         return 0
     for problem in problems:
         logger.warning("DELAY TOPIC CANNOT REBUILD REDIS: %s", problem)
@@ -99,8 +101,9 @@ def read_retention(
     for resource, future in futures.items():
         entries = future.result(timeout=DESCRIBE_TIMEOUT_S)
         settings = {name: str(entry.value) for name, entry in entries.items()}
-        problems += retention_problems(resource.name, settings, max_delay_ms,
-                                       key_is_id=resource.name in key_is_id)  # fmt: skip
+        problems += retention_problems(
+            resource.name, settings, max_delay_ms, key_is_id=resource.name in key_is_id
+        )
     return problems
 
 
@@ -155,8 +158,7 @@ class Topics:
                 else:
                     logger.warning("could not describe topic %s: %s", topic, error.str())
             except TimeoutError:
-                logger.warning("could not describe topic %s: no answer in %.0fs", topic,
-                               timeout_s)  # fmt: skip
+                logger.warning("could not describe topic %s: no answer in %.0fs", topic, timeout_s)
         self._known.update(ids)
         for topic in absent:
             self._known.pop(topic, None)

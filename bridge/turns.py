@@ -58,5 +58,10 @@ class Turns:
             for name, seconds in self._parts.items()
             if seconds >= 0.0005
         )
-        logger.warning("the %s loop's turn ran %s ms past its %s ms wait: %s", self.loop,
-                       f"{over_s * 1000:,.0f}", f"{self._wait_s * 1000:,.0f}", parts)  # fmt: skip
+        logger.warning(
+            "the %s loop's turn ran %s ms past its %s ms wait: %s",
+            self.loop,
+            f"{over_s * 1000:,.0f}",
+            f"{self._wait_s * 1000:,.0f}",
+            parts,
+        )

@@ -75,16 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a waiting record by its delay-id")
     with_config(cancel)
     cancel.add_argument("--id", required=True, help="delay-id of the record to cancel")
-    cancel.add_argument("--key", help="key of the cancel record (default: the key of the record "
-                        "it cancels; on an etf1 topic the key is the delay-id)")  # fmt: skip
+    cancel.add_argument(
+        "--key",
+        help="key of the cancel record (default: the key of the record "
+        "it cancels; on an etf1 topic the key is the delay-id)",
+    )
     cancel.add_argument("--topic", help="delay topic to produce to (default: the first in config)")
-    cancel.add_argument("--force", action="store_true", help="produce it even when the id waits "
-                        "nowhere (a record still on its way in), to --key's partition")  # fmt: skip
+    cancel.add_argument(
+        "--force",
+        action="store_true",
+        help="produce it even when the id waits "
+        "nowhere (a record still on its way in), to --key's partition",
+    )
     cancel.add_argument(
         "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
     )
-    status = sub.add_parser("status", help="per delay-topic partition: what waits, is overdue, "
-                            "in flight; offsets and lag (reads only)")  # fmt: skip
+    status = sub.add_parser(
+        "status",
+        help="per delay-topic partition: what waits, is overdue, "
+        "in flight; offsets and lag (reads only)",
+    )
     with_config(status)
     status.add_argument("--json", action="store_true", help="JSON for scripts")
     listing = sub.add_parser("list", help="waiting records in due order (reads only)")
@@ -97,21 +107,35 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="JSON for scripts")
     dlq = sub.add_parser("dlq", help="the dead-letter topic")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
-    again = dlq_sub.add_parser("replay", help="send dead-lettered records back to their delay "
-                               "topic, to be validated and scheduled again")  # fmt: skip
+    again = dlq_sub.add_parser(
+        "replay",
+        help="send dead-lettered records back to their delay "
+        "topic, to be validated and scheduled again",
+    )
     with_config(again)
-    again.add_argument("--reason", action="append", default=[], metavar="R",
-                       help="only this delay-error (repeatable), e.g. delivery-failed")  # fmt: skip
+    again.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        metavar="R",
+        help="only this delay-error (repeatable), e.g. delivery-failed",
+    )
     again.add_argument(
         "--since", help="only records dead-lettered at or after: epoch ms or RFC 3339"
     )
     again.add_argument("--until", help="only records dead-lettered before: epoch ms or RFC 3339")
     again.add_argument("--limit", type=int, help="replay at most this many")
-    again.add_argument("--from-beginning", action="store_true",
-                       help="read the whole DLQ, not from where the last replay stopped "
-                       "(with filters: what earlier filtered runs passed over)")  # fmt: skip
-    again.add_argument("--dry-run", action="store_true",
-                       help="count what would be replayed; produce and commit nothing")  # fmt: skip
+    again.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="read the whole DLQ, not from where the last replay stopped "
+        "(with filters: what earlier filtered runs passed over)",
+    )
+    again.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be replayed; produce and commit nothing",
+    )
     return parser
 
 
@@ -165,8 +189,14 @@ def _list(args: argparse.Namespace, config: Config) -> int:
         before = None if args.due_before is None else parse_time_ms(args.due_before)
     except ValueError as exc:
         raise UsageError(f"--due-before: {exc}") from None
-    records = ops.waiting(config, topic=args.topic, partition=args.partition, delay_id=args.id,
-                          due_before_ms=before, limit=args.limit)  # fmt: skip
+    records = ops.waiting(
+        config,
+        topic=args.topic,
+        partition=args.partition,
+        delay_id=args.id,
+        due_before_ms=before,
+        limit=args.limit,
+    )
     ops.print_waiting(records, args.json)
     return 0
 
@@ -186,10 +216,16 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
             window.append(None if text is None else parse_time_ms(text))
         except ValueError as exc:
             raise UsageError(f"{flag}: {exc}") from None
-    done = replay.replay(config, reasons=args.reason, since_ms=window[0], until_ms=window[1],
-                         limit=args.limit, dry_run=args.dry_run,
-                         from_beginning=args.from_beginning,
-                         progress=replay.terminal_progress)  # fmt: skip
+    done = replay.replay(
+        config,
+        reasons=args.reason,
+        since_ms=window[0],
+        until_ms=window[1],
+        limit=args.limit,
+        dry_run=args.dry_run,
+        from_beginning=args.from_beginning,
+        progress=replay.terminal_progress,
+    )
     if sys.stderr.isatty() and sum(done.replayed.values()) >= replay.PROGRESS_EVERY:
         print(file=sys.stderr)
     print(done.summary())

@@ -89,8 +89,9 @@ def _kaspr_headers(args: argparse.Namespace, target: str | None) -> Headers:
     """A schedule request in Kaspr's headers: its due time is absolute (``--after`` counts from
     now) and it has no target key."""
     if args.target_key is not None:
-        raise UsageError("--target-key: Kaspr's headers have no target key (the record's own key "
-                         "is delivered)")  # fmt: skip
+        raise UsageError(
+            "--target-key: Kaspr's headers have no target key (the record's own key is delivered)"
+        )
     headers = _extra_headers(args)
     try:
         if args.after is not None:
@@ -112,8 +113,10 @@ def _values(value: str) -> Iterator[bytes]:
         yield value.encode()
         return
     if sys.stdin.isatty():
-        print("delay-bridge: reading values from stdin, one record per line (Ctrl-D ends)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "delay-bridge: reading values from stdin, one record per line (Ctrl-D ends)",
+            file=sys.stderr,
+        )
     for line in sys.stdin.buffer:
         yield line.rstrip(b"\r\n")
 
@@ -124,8 +127,17 @@ def _check(
     """Refuse what the bridge would dead-letter a second later, with the bridge's own rules."""
     now = time.time_ns() // 1_000_000
     try:
-        parse_record(rules, topic=topic, partition=0, offset=0, timestamp_ms=now, key=key,
-                     value=value, headers=headers, now_ms=now)  # fmt: skip
+        parse_record(
+            rules,
+            topic=topic,
+            partition=0,
+            offset=0,
+            timestamp_ms=now,
+            key=key,
+            value=value,
+            headers=headers,
+            now_ms=now,
+        )
     except Rejected as rejection:
         flag = {
             Reason.BAD_DUE_TIME: "--after/--at: ",
@@ -163,8 +175,13 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
         _check(rules, topic, key, b"", headers)
         count, found = ops.locate(config, topic, args.id)
         if found:
-            partition = _choose([shard.partition for shard, _ in found], key, count,
-                                f"{args.id} waits in {topic}", "replacement")  # fmt: skip
+            partition = _choose(
+                [shard.partition for shard, _ in found],
+                key,
+                count,
+                f"{args.id} waits in {topic}",
+                "replacement",
+            )
 
     def records() -> Iterator[Outgoing]:
         for value in _values(args.value):
@@ -201,23 +218,36 @@ def cancel_command(args: argparse.Namespace, config: Config) -> int:
     records: list[Outgoing] = []
     if not found:
         if not args.force:
-            raise BridgeError(f"{args.id} waits in no partition of {topic} (already claimed or "
-                              "delivered, never scheduled, or not read by the bridge yet); "
-                              "nothing produced — --force produces the cancel anyway")  # fmt: skip
+            raise BridgeError(
+                f"{args.id} waits in no partition of {topic} (already claimed or "
+                "delivered, never scheduled, or not read by the bridge yet); "
+                "nothing produced — --force produces the cancel anyway"
+            )
         if given is None:
-            raise UsageError("--force needs --key: it picks the partition of a cancel for an id "
-                             "that waits nowhere")  # fmt: skip
+            raise UsageError(
+                "--force needs --key: it picks the partition of a cancel for an id "
+                "that waits nowhere"
+            )
         records.append((given, value, headers, None))
     else:
         if given is not None:
-            _choose([shard.partition for shard, _ in found], given, count,
-                    f"{args.id} waits in {topic}", "cancel")  # fmt: skip
+            _choose(
+                [shard.partition for shard, _ in found],
+                given,
+                count,
+                f"{args.id} waits in {topic}",
+                "cancel",
+            )
         if len(found) > 1:
-            print(f"delay-bridge: {args.id} waits in {len(found)} partitions of {topic} "
-                  f"({', '.join(str(s.partition) for s, _ in found)}): cancelling each",
-                  file=sys.stderr)  # fmt: skip
-        records += [(rec.key if given is None else given, value, headers, shard.partition)
-                    for shard, rec in found]  # fmt: skip
+            print(
+                f"delay-bridge: {args.id} waits in {len(found)} partitions of {topic} "
+                f"({', '.join(str(s.partition) for s, _ in found)}): cancelling each",
+                file=sys.stderr,
+            )
+        records += [
+            (rec.key if given is None else given, value, headers, shard.partition)
+            for shard, rec in found
+        ]
     _send(config, topic, args.timeout, iter(records), f"cancel of {args.id}")
     return 0
 
@@ -231,10 +261,13 @@ def _choose(partitions: list[int], key: bytes | None, count: int, where: str, wh
         return mapped
     chosen = partitions[0]
     if mapped is not None:
-        print(f"delay-bridge: {where} partition {chosen}, so the {what} goes there; its "
-              f"key maps to partition {mapped} with Java's murmur2 partitioner (the record's "
-              "producer partitioned with another, e.g. librdkafka's default CRC32: use one "
-              "partitioner for a schedule and its cancels)", file=sys.stderr)  # fmt: skip
+        print(
+            f"delay-bridge: {where} partition {chosen}, so the {what} goes there; its "
+            f"key maps to partition {mapped} with Java's murmur2 partitioner (the record's "
+            "producer partitioned with another, e.g. librdkafka's default CRC32: use one "
+            "partitioner for a schedule and its cancels)",
+            file=sys.stderr,
+        )
     return chosen
 
 
@@ -263,25 +296,33 @@ def _send(
     errors: list[str] = []
     quiet = logging.getLogger("librdkafka.cli")
     quiet.propagate = False  # librdkafka's own lines would repeat every reconnect
-    settings = {**producer_settings(config), "delivery.timeout.ms": str(timeout_ms),
-                "logger": quiet, "error_cb": lambda err: errors.append(err.str())}  # fmt: skip
+    settings = {
+        **producer_settings(config),
+        "delivery.timeout.ms": str(timeout_ms),
+        "logger": quiet,
+        "error_cb": lambda err: errors.append(err.str()),
+    }
     producer = Producer(settings)
     # Connect first: a record's timestamp is taken at produce(), and --after counts from it.
     try:
         topic_meta = producer.list_topics(topic, timeout=timeout_ms / 1000).topics[topic]
     except KafkaException as exc:
         last = errors[-1] if errors else exc.args[0].str()
-        raise BridgeError(f"cannot reach Kafka at {config.kafka.bootstrap_servers} within "
-                          f"{timeout}: {last}") from None  # fmt: skip
+        raise BridgeError(
+            f"cannot reach Kafka at {config.kafka.bootstrap_servers} within {timeout}: {last}"
+        ) from None
     if topic_meta.error is not None:
         raise BridgeError(f"cannot produce to {topic}: {topic_meta.error.str()}")
     if target is not None:
         with contextlib.suppress(KafkaException):  # the warning is a courtesy, never a failure
             meta = producer.list_topics(target, timeout=timeout_ms / 1000).topics.get(target)
             if meta is None or meta.error is not None:
-                print(f"delay-bridge: warning: target topic {target} does not exist (yet): if it "
-                      "is still missing when the records fall due, the bridge dead-letters them "
-                      "as delivery-failed", file=sys.stderr)  # fmt: skip
+                print(
+                    f"delay-bridge: warning: target topic {target} does not exist (yet): if it "
+                    "is still missing when the records fall due, the bridge dead-letters them "
+                    "as delivery-failed",
+                    file=sys.stderr,
+                )
     failures: list[str] = []
 
     def report(err: KafkaError | None, msg: Message) -> None:
@@ -296,8 +337,15 @@ def _send(
         while record is not None:
             key, value, headers, partition = record
             fields = {} if partition is None else {"partition": partition}
-            produce(producer, topic, value=value, key=key, headers=wire_headers(headers),
-                    on_delivery=report, **fields)  # fmt: skip
+            produce(
+                producer,
+                topic,
+                value=value,
+                key=key,
+                headers=wire_headers(headers),
+                on_delivery=report,
+                **fields,
+            )
             producer.poll(0)
             count += 1
             record = next(records, None)

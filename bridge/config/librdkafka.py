@@ -104,14 +104,16 @@ def read_back_settings(config: Config) -> dict[str, str]:
     end is reported, not skipped over; a fetch after a seek returns at once."""
     settings = consumer_settings(config)
     settings.pop("statistics.interval.ms", None)
-    settings.update({
-        "group.id": f"{config.kafka.group_id}.read-back",  # never joined: librdkafka wants one
-        "enable.auto.commit": "false",
-        "auto.offset.reset": "error",
-        "enable.partition.eof": "true",
-        "fetch.wait.max.ms": "1",
-        "fetch.min.bytes": "1",
-    })  # fmt: skip
+    settings.update(
+        {
+            "group.id": f"{config.kafka.group_id}.read-back",  # never joined: librdkafka wants one
+            "enable.auto.commit": "false",
+            "auto.offset.reset": "error",
+            "enable.partition.eof": "true",
+            "fetch.wait.max.ms": "1",
+            "fetch.min.bytes": "1",
+        }
+    )
     return settings
 
 

@@ -207,8 +207,10 @@ def _validate(config: Config) -> None:
             f"got {format_duration_ms(config.egress.ahead)}"
         )
     limits = {"egress.max_rate": config.egress.max_rate}
-    limits.update((f"egress.max_rate_per_target.{target}", rate)
-                  for target, rate in config.egress.max_rate_per_target.items())  # fmt: skip
+    limits.update(
+        (f"egress.max_rate_per_target.{target}", rate)
+        for target, rate in config.egress.max_rate_per_target.items()
+    )
     for path, rate in limits.items():
         if rate < 0:
             raise ConfigError(f"{path}: must be 0 (no limit) or more, got {rate}")
@@ -252,12 +254,16 @@ def _validate(config: Config) -> None:
         if delay_topic not in config.topics.delay:
             raise ConfigError(f"topics.dialect.{delay_topic}: not one of topics.delay")
         if dialect not in DIALECTS:
-            raise ConfigError(f"topics.dialect.{delay_topic}: unknown dialect {dialect!r} "
-                              f"(one of {', '.join(DIALECTS)})")  # fmt: skip
+            raise ConfigError(
+                f"topics.dialect.{delay_topic}: unknown dialect {dialect!r} "
+                f"(one of {', '.join(DIALECTS)})"
+            )
     instance = config.kafka.group_instance_id
     if instance and not is_legal_topic(instance):
-        raise ConfigError(f"kafka.group_instance_id: {instance!r} is not a legal instance id "
-                          "(at most 249 of a-z A-Z 0-9 . _ -)")  # fmt: skip
+        raise ConfigError(
+            f"kafka.group_instance_id: {instance!r} is not a legal instance id "
+            "(at most 249 of a-z A-Z 0-9 . _ -)"
+        )
     if config.topics.dead_letter in config.topics.delay:
         raise ConfigError("topics.dead_letter: must not be a delay topic")
     if (
@@ -275,8 +281,9 @@ def _validate(config: Config) -> None:
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"redis.sentinel.nodes: expected host:port, got {node!r}")
     if config.redis.sentinel.nodes and config.redis.cluster:
-        raise ConfigError("redis.cluster and redis.sentinel.nodes: choose one (a cluster fails "
-                          "over by itself)")  # fmt: skip
+        raise ConfigError(
+            "redis.cluster and redis.sentinel.nodes: choose one (a cluster fails over by itself)"
+        )
     if config.redis.sentinel.nodes and not config.redis.sentinel.master:
         raise ConfigError("redis.sentinel.master: the master's name is needed with sentinel nodes")
     config.sentinel_password()

@@ -23,8 +23,9 @@ from bridge.store import ON_TIME_WINDOW_MS, Claimed, Claims, Shard
 
 def lanes_min(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
     """Lane by lane, the earlier of two earliest due times (-1: none)."""
-    high, normal, low = (min(i, j) if i >= 0 and j >= 0 else max(i, j)
-                         for i, j in zip(a, b, strict=True))  # fmt: skip
+    high, normal, low = (
+        min(i, j) if i >= 0 and j >= 0 else max(i, j) for i, j in zip(a, b, strict=True)
+    )
     return high, normal, low
 
 
@@ -44,7 +45,8 @@ class Backlog:
             return False
         record = claimed.record
         return record.due_ms < self.overdue_before_ms or (claimed.shard, record.priority) in (
-            self.lanes)  # fmt: skip
+            self.lanes
+        )
 
 
 class Lanes:

@@ -71,9 +71,10 @@ class Plan:
             return []
         soon = now + self.ahead_ms / 2
         return [
-            s for s in shards
+            s
+            for s in shards
             if self._not_before_ms.get(s, 0.0) <= now and self._next_ms.get(s, 0.0) <= soon
-        ]  # fmt: skip
+        ]
 
     def stored(self, earliest: Mapping[Shard, int], horizons: Mapping[Shard, int]) -> None:
         """Records ingress stored meanwhile may fall due before a shard's planned claim."""

@@ -76,8 +76,14 @@ class TargetLimits:
     from the due index join them, so they leave in order. A target with records waiting but no
     rate (taken out of the configuration) has them claimed without a limit."""
 
-    def __init__(self, store: Store, metrics: Metrics, rates: Mapping[str, int], lease_ms: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        rates: Mapping[str, int],
+        lease_ms: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.lease_ms = lease_ms
@@ -103,8 +109,9 @@ class TargetLimits:
                 del self.waiting[target]
                 self._due.pop(target, None)
 
-    def hold(self, claims: Iterable[Claimed], in_flight: Container[Ident],
-             skip: Container[Ident]) -> set[Ident]:  # fmt: skip
+    def hold(
+        self, claims: Iterable[Claimed], in_flight: Container[Ident], skip: Container[Ident]
+    ) -> set[Ident]:
         """Records of a claim from the due indexes beyond their target's rate — what its bucket
         holds now — or behind records of it already waiting go to wait in their target's wait
         index, counted in ``delay_bridge_rate_limited_total``; returns them. ``in_flight``
@@ -117,8 +124,9 @@ class TargetLimits:
             self.metrics.rate_limited.labels(target_topic=target).inc(n)
         return {(c.shard, c.member) for c in over}
 
-    def _over(self, claims: Iterable[Claimed], in_flight: Container[Ident],
-              skip: Container[Ident]) -> list[Claimed]:  # fmt: skip
+    def _over(
+        self, claims: Iterable[Claimed], in_flight: Container[Ident], skip: Container[Ident]
+    ) -> list[Claimed]:
         if not self.buckets:
             return []
         taken: Counter[str] = Counter()
@@ -142,8 +150,9 @@ class TargetLimits:
             self.waiting.setdefault(c.record.target, {})[c.shard] = -1
         return out
 
-    def claim(self, now: float, now_ms: int | None, room: int, catch_up: CatchUp,
-              batch: int) -> list[Claims]:  # fmt: skip
+    def claim(
+        self, now: float, now_ms: int | None, room: int, catch_up: CatchUp, batch: int
+    ) -> list[Claims]:
         """Claim from the wait indexes what the targets' rates allow now (at most ``room`` in
         all): the claims of each target claimed from. ``now`` is Redis's clock as the mover
         carries it on, ``now_ms`` the time the claim is to use (None: Redis's); ``catch_up``
@@ -151,8 +160,14 @@ class TargetLimits:
         limits = self._limits(now, room, batch)
         if not limits:
             return []
-        got = self.store.claim_waiting(limits, self.lease_ms, now_ms, catch_up.horizons(),
-                                       self._lanes(), watermarks=catch_up.watermarks())  # fmt: skip
+        got = self.store.claim_waiting(
+            limits,
+            self.lease_ms,
+            now_ms,
+            catch_up.horizons(),
+            self._lanes(),
+            watermarks=catch_up.watermarks(),
+        )
         self._claimed(got)
         return list(got.values())
 
@@ -175,8 +190,11 @@ class TargetLimits:
     def _lanes(self) -> dict[str, Priority]:
         """The lowest priority to claim of each target: the highest any of its shards still has
         due, so its records leave in priority order across shards."""
-        return {t: min(p for lanes in due.values() for p in lanes)
-                for t, due in self._due.items() if any(due.values())}  # fmt: skip
+        return {
+            t: min(p for lanes in due.values() for p in lanes)
+            for t, due in self._due.items()
+            if any(due.values())
+        }
 
     def _claimed(self, claims: Mapping[str, Claims]) -> None:
         """Take what each target's claim from its wait indexes said: records taken from its

@@ -79,14 +79,22 @@ class DeadLetters:
             where = origin(*coords(msg))
             value, detail = msg.value(), rejection.detail
             if not with_value:
-                detail += (f" (value of {len(value or b'')} bytes left out: the whole copy is "
-                           f"larger than the DLQ takes; it stays at {where})")  # fmt: skip
+                detail += (
+                    f" (value of {len(value or b'')} bytes left out: the whole copy is "
+                    f"larger than the DLQ takes; it stays at {where})"
+                )
                 value = None
             logger.info("dead-lettering %s: %s", where, rejection, extra={"origin": where})
             headers = dead_letter_headers(headers_of(msg), rejection.reason, detail, where)
             try:
-                produce(self.producer, self.rules.dead_letter, value=value, key=msg.key(),
-                        headers=wire_headers(headers), on_delivery=report(i))  # fmt: skip
+                produce(
+                    self.producer,
+                    self.rules.dead_letter,
+                    value=value,
+                    key=msg.key(),
+                    headers=wire_headers(headers),
+                    on_delivery=report(i),
+                )
                 waiting.add(i)
             except KafkaException as exc:
                 error = exc.args[0]

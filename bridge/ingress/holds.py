@@ -56,8 +56,13 @@ class Holds:
         self._held[shard] = Hold(offset, why, now + backoff, tries)
         self.catch_up.block(shard, True)
         if tries == 1:
-            logger.error("%s waits at offset %d, read again every few seconds while the other "
-                         "partitions go on: %s", shard, offset, why)  # fmt: skip
+            logger.error(
+                "%s waits at offset %d, read again every few seconds while the other "
+                "partitions go on: %s",
+                shard,
+                offset,
+                why,
+            )
         self._tell()
 
     def read_again(self, consumer: Consumer, assigned: set[Shard]) -> None:
@@ -101,5 +106,6 @@ class Holds:
             self.readiness.ok(CHECK)
             return
         held = sorted(self._held.items())
-        self.readiness.fail(CHECK, "; ".join(f"{s} waits at offset {h.offset}: {h.why}"
-                                             for s, h in held))  # fmt: skip
+        self.readiness.fail(
+            CHECK, "; ".join(f"{s} waits at offset {h.offset}: {h.why}" for s, h in held)
+        )

@@ -48,9 +48,15 @@ class Membership:
         self._on_revoke_cb = on_revoke
         self._paused = paused
         self.positions = Positions(
-            consumer, store, metrics, topic_ids, on_retired=on_assign, known_ids=known_ids,
-            on_reread=self.reading_again, marks=catch_up.marks,
-        )  # fmt: skip
+            consumer,
+            store,
+            metrics,
+            topic_ids,
+            on_retired=on_assign,
+            known_ids=known_ids,
+            on_reread=self.reading_again,
+            marks=catch_up.marks,
+        )
         self.joined = False
         # Partitions lost with the group session (Kafka unreachable), until the group forms
         # again: nobody else can own them meanwhile, so their backlog is still this replica's
@@ -143,17 +149,23 @@ class Membership:
                 )
                 starts.update({Shard(tp.topic, tp.partition): tp.offset for tp in committed})
             except KafkaException as exc:
-                logger.warning("committed offsets not read, not holding records while catching "
-                               "up: %s", exc)  # fmt: skip
+                logger.warning(
+                    "committed offsets not read, not holding records while catching up: %s", exc
+                )
                 starts = {s: o for s, o in starts.items() if s not in unknown}
         for shard, start in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)
             try:
-                low, end = self.consumer.get_watermark_offsets(tp, WATERMARK_TIMEOUT_S,
-                                                               cached=False)  # fmt: skip
+                low, end = self.consumer.get_watermark_offsets(
+                    tp, WATERMARK_TIMEOUT_S, cached=False
+                )
             except KafkaException as exc:
-                logger.warning("end offset of %s[%d] not read, not holding its records while "
-                               "catching up: %s", shard.topic, shard.partition, exc)  # fmt: skip
+                logger.warning(
+                    "end offset of %s[%d] not read, not holding its records while catching up: %s",
+                    shard.topic,
+                    shard.partition,
+                    exc,
+                )
                 continue
             self.catch_up.start(shard, start if start >= 0 else low, end)
 

@@ -40,8 +40,12 @@ _HIGH, _LOW, _MANY_HEADERS = 32, 64, 128
 _PRIORITY_FLAGS = {Priority.HIGH: _HIGH, Priority.NORMAL: 0, Priority.LOW: _LOW}
 # A record's priority from its flags, one lookup per record decoded (not a call: this runs per
 # record); both bits set is not written, and reads as high.
-_PRIORITY_OF = {0: Priority.NORMAL, _HIGH: Priority.HIGH, _LOW: Priority.LOW,
-                _HIGH | _LOW: Priority.HIGH}  # fmt: skip
+_PRIORITY_OF = {
+    0: Priority.NORMAL,
+    _HIGH: Priority.HIGH,
+    _LOW: Priority.LOW,
+    _HIGH | _LOW: Priority.HIGH,
+}
 _STORED = struct.Struct(">q")
 _COUNT = struct.Struct(">I")
 # Codes are stored: append only, never reorder.
@@ -196,9 +200,16 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
         if target is None or delay_id is None:
             raise ValueError("stored record lacks the header its flags point to")
         return Scheduled(
-            offset, due_ms, target, key, value, headers, delay_id, stored_ms,
+            offset,
+            due_ms,
+            target,
+            key,
+            value,
+            headers,
+            delay_id,
+            stored_ms,
             default_of=(topic, partition) if flags & _DEFAULT_ID else None,
             priority=_PRIORITY_OF[flags & (_HIGH | _LOW)],
-        )  # fmt: skip
+        )
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None

@@ -196,9 +196,16 @@ def dead_letter_when_due(
     the rules refuse by then (``message``: its key, value and headers). No target marks it."""
     key, value, headers = message
     where = origin(topic, partition, offset)
-    return Scheduled(offset, due_ms, "", key, value,
-                     dead_letter_headers(headers, reason, detail, where), where,
-                     default_of=(topic, partition))  # fmt: skip
+    return Scheduled(
+        offset,
+        due_ms,
+        "",
+        key,
+        value,
+        dead_letter_headers(headers, reason, detail, where),
+        where,
+        default_of=(topic, partition),
+    )
 
 
 def dead_letter_reason(headers: Headers) -> str:

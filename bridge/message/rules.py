@@ -135,8 +135,10 @@ def parse(
     if cancel is not None:
         extra = [h for h in (H_DELIVER_AT, H_AFTER, H_TARGET_TOPIC) if h in control]
         if extra:
-            raise Rejected(Reason.BAD_HEADER, f"a {H_CANCEL} record schedules nothing: it "
-                           f"must not carry {' or '.join(extra)}")  # fmt: skip
+            raise Rejected(
+                Reason.BAD_HEADER,
+                f"a {H_CANCEL} record schedules nothing: it must not carry {' or '.join(extra)}",
+            )
         return Cancel(offset, cancel, base_ms)
     if deliver_at is None and after is None:
         raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")

@@ -86,9 +86,15 @@ class ReadBack:
                     self._failures += 1
                     if isinstance(exc, StoreError):
                         self.metrics.redis_errors.labels(stage="read-back").inc()
-                    log_failed_turn(logger, exc, "read-back failed, retrying in %.1fs: %s", wait,
-                                    exc, level=logging.WARNING,
-                                    extra={"repeat_key": "read-back-failed"})  # fmt: skip
+                    log_failed_turn(
+                        logger,
+                        exc,
+                        "read-back failed, retrying in %.1fs: %s",
+                        wait,
+                        exc,
+                        level=logging.WARNING,
+                        extra={"repeat_key": "read-back-failed"},
+                    )
                     stop.wait(wait)
                     continue
                 self._failures = 0
@@ -147,12 +153,16 @@ class ReadBack:
         refs = chunk.references()
         if shard.incarnation:
             messages: dict[int, Message | None] = {}
-            gone = ("its delay topic was deleted and created again (or its offsets went back) "
-                    "before it was read back")  # fmt: skip
+            gone = (
+                "its delay topic was deleted and created again (or its offsets went back) "
+                "before it was read back"
+            )
         else:
             messages = self.reader.read(shard, [o for o, _ in refs])
-            gone = ("it was gone from the delay topic when it was read back (retention, "
-                    "delete-records, or the topic recreated)")  # fmt: skip
+            gone = (
+                "it was gone from the delay topic when it was read back (retention, "
+                "delete-records, or the topic recreated)"
+            )
         out, missing = [], []
         now_ms = self._clock_ms()  # one reading a chunk: its records were read together
         for offset, due in refs:
@@ -165,9 +175,16 @@ class ReadBack:
                 record, result = parse_read_back(self.rules, shard, (offset, due), msg, now_ms)
             out.append((due, score(record), member(record, shard.topic, shard.partition), result))
         if missing:  # one line a chunk, not a record
-            logger.warning("%d records of %s (offsets %d..%d): %s; dead-lettered as "
-                           "payload-missing at their due times", len(missing), shard, missing[0],
-                           missing[-1], gone, extra={"repeat_key": "payload-missing"})  # fmt: skip
+            logger.warning(
+                "%d records of %s (offsets %d..%d): %s; dead-lettered as "
+                "payload-missing at their due times",
+                len(missing),
+                shard,
+                missing[0],
+                missing[-1],
+                gone,
+                extra={"repeat_key": "payload-missing"},
+            )
         return out
 
 
@@ -184,26 +201,47 @@ def parse_read_back(
     headers = headers_of(msg)
     try:
         record = parse_record(
-            rules, topic=shard.topic, partition=shard.partition, offset=offset,
-            timestamp_ms=ts if stamped else None, key=msg.key(), value=msg.value(),
-            headers=headers, now_ms=now_ms,
-        )  # fmt: skip
+            rules,
+            topic=shard.topic,
+            partition=shard.partition,
+            offset=offset,
+            timestamp_ms=ts if stamped else None,
+            key=msg.key(),
+            value=msg.value(),
+            headers=headers,
+            now_ms=now_ms,
+        )
     except Rejected as refused:
-        logger.warning("offset %d of %s, read back, is refused now: %s; dead-lettered at its "
-                       "due time", offset, shard, refused,
-                       extra={"repeat_key": "read-back-refused"})  # fmt: skip
+        logger.warning(
+            "offset %d of %s, read back, is refused now: %s; dead-lettered at its due time",
+            offset,
+            shard,
+            refused,
+            extra={"repeat_key": "read-back-refused"},
+        )
         detail = f"read back: {refused.detail}"
         original = (msg.key(), msg.value(), headers)
-        return dead_letter_when_due(shard.topic, shard.partition, offset, due,
-                                    reason=refused.reason, detail=detail,
-                                    message=original), "refused"  # fmt: skip
+        return dead_letter_when_due(
+            shard.topic,
+            shard.partition,
+            offset,
+            due,
+            reason=refused.reason,
+            detail=detail,
+            message=original,
+        ), "refused"
     # The reference says when it is due; a record due at another time (with a timestamp, its
     # due time is the same however often it is read) is not the one referenced.
     if not isinstance(record, Scheduled) or (stamped and record.due_ms != due):
-        detail = (f"offset {offset} of {shard} holds another record than the one referenced "
-                  f"(due {format_time_ms(due)}): the topic was recreated?")  # fmt: skip
-        logger.warning("%s; dead-lettered as payload-missing at its due time", detail,
-                       extra={"repeat_key": "payload-missing"})  # fmt: skip
+        detail = (
+            f"offset {offset} of {shard} holds another record than the one referenced "
+            f"(due {format_time_ms(due)}): the topic was recreated?"
+        )
+        logger.warning(
+            "%s; dead-lettered as payload-missing at its due time",
+            detail,
+            extra={"repeat_key": "payload-missing"},
+        )
         return missing_record(shard, offset, due, detail), "missing"
     # Lateness counts from the due time: a reference was never the producer's delay. (The
     # record was parsed just now and is not shared: set in place, dataclasses.replace costs
@@ -214,5 +252,6 @@ def parse_read_back(
 
 def missing_record(shard: Shard, offset: int, due: int, detail: str) -> Scheduled:
     """A record to dead-letter as payload-missing at ``due``, in place of one that is gone."""
-    return dead_letter_when_due(shard.topic, shard.partition, offset, due,
-                                reason=Reason.PAYLOAD_MISSING, detail=detail)  # fmt: skip
+    return dead_letter_when_due(
+        shard.topic, shard.partition, offset, due, reason=Reason.PAYLOAD_MISSING, detail=detail
+    )

@@ -67,8 +67,10 @@ class Reader:
         i, deadline = 0, time.monotonic() + self.stall_s
         while i < len(wanted):
             if time.monotonic() > deadline:
-                raise KafkaFault(f"read-back of {shard} offsets {wanted[i]}..{wanted[-1]} got no "
-                                 f"record for {self.stall_s:.0f}s")  # fmt: skip
+                raise KafkaFault(
+                    f"read-back of {shard} offsets {wanted[i]}..{wanted[-1]} got no "
+                    f"record for {self.stall_s:.0f}s"
+                )
             # Never more than the run needs: what follows it stays unread for the next run.
             want = max(1, min(BATCH, wanted[-1] - self._next + 1))
             messages = self.consumer.consume(want, POLL_S)
@@ -95,9 +97,13 @@ class Reader:
                 self._on_fetched(len(messages), size)
 
     def _on_error(
-        self, shard: Shard, error: KafkaError, wanted: list[int], i: int,
+        self,
+        shard: Shard,
+        error: KafkaError,
+        wanted: list[int],
+        i: int,
         found: dict[int, Message | None],
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Handle a consumer event while reading ``wanted`` from index ``i``; returns the index
         reading goes on from."""
         code = error.code()

@@ -62,13 +62,17 @@ def withdraw_elsewhere(
     calls: list[Call] = []
     named: list[list[tuple[Shard, Scheduled | Cancel]]] = []
     for (there, theirs), found_entries in zip(asked, entries, strict=True):
-        hits = [(s, r) for (s, r), e in zip(theirs, found_entries, strict=True)
-                if e is not None and read_id_entry(e)[2] <= r.timestamp_ms]  # fmt: skip
+        hits = [
+            (s, r)
+            for (s, r), e in zip(theirs, found_entries, strict=True)
+            if e is not None and read_id_entry(e)[2] <= r.timestamp_ms
+        ]
         if hits:
             k = keys.of(there)
             args = [x for _, r in hits for x in (r.delay_id, r.timestamp_ms)]
-            calls.append(("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs,
-                                       k.waits], args))  # fmt: skip
+            calls.append(
+                ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
+            )
             named.append(hits)
     found: set[tuple[Shard, int]] = set()
     for hits, reply in zip(named, scripts.run(calls) if calls else [], strict=True):

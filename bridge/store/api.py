@@ -86,9 +86,15 @@ def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool 
     # is the one the mover carries on (records claimed ahead are produced by it), so no master's
     # clock sees a record leave early; the claim's now is the earliest start either way.
     ends = [r.clock_ms for r in read]
-    return Claims(out, min(r.now_ms for r in read), next_ms, received,
-                  ends[-1] if one_clock else min(ends), due_lanes=due_lanes,
-                  earliest=earliest)  # fmt: skip
+    return Claims(
+        out,
+        min(r.now_ms for r in read),
+        next_ms,
+        received,
+        ends[-1] if one_clock else min(ends),
+        due_lanes=due_lanes,
+        earliest=earliest,
+    )
 
 
 class Store:
@@ -169,13 +175,15 @@ class Store:
                 by_offset = {rec.offset: rec for rec in batches[shard][1]}
                 unmatched += [(shard, by_offset[o]) for o in r.unmatched]
         found = withdraw_elsewhere(self._scripts, self._keys, unmatched, partitions or {})
-        missed = [(s, r.offset, r.delay_id) for s, r in unmatched
-                  if isinstance(r, Cancel) and (s, r.offset) not in found]  # fmt: skip
+        missed = [
+            (s, r.offset, r.delay_id)
+            for s, r in unmatched
+            if isinstance(r, Cancel) and (s, r.offset) not in found
+        ]
         added, replaced, cancelled, not_found = counts
         across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
         replaced += len(found) - across
-        return Added(added, lost, replaced, cancelled + across, not_found - across,
-                     tuple(missed))  # fmt: skip
+        return Added(added, lost, replaced, cancelled + across, not_found - across, tuple(missed))
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """The offset to commit for each shard: its lowest pending offset, else watermark + 1.
@@ -236,9 +244,16 @@ class Store:
         for shard in shards:
             k = self.keys(shard)
             args = ClaimArgs(
-                limit, lease_ms, now_ms, horizons.get(shard), ahead_ms, lanes.get(shard),
-                ahead_lanes, watermark=watermarks.get(shard), acks=_acks(shard, acks, ids, epochs),
-            )  # fmt: skip
+                limit,
+                lease_ms,
+                now_ms,
+                horizons.get(shard),
+                ahead_ms,
+                lanes.get(shard),
+                ahead_lanes,
+                watermark=watermarks.get(shard),
+                acks=_acks(shard, acks, ids, epochs),
+            )
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args.argv()))
         return _claims(shards, self._scripts.run(calls), one_clock=self._one_clock)
@@ -264,15 +279,30 @@ class Store:
         calls: list[Call] = []
         for shard, target in pairs:
             k = self.keys(shard)
-            args = ClaimArgs(limits[shard, target], lease_ms, now_ms, horizons.get(shard),
-                             last_lane=lanes.get(target), target=target,
-                             watermark=watermarks.get(shard))  # fmt: skip
-            keys = [self._keys.wait(shard, target), k.inflight, k.claimed, k.low, k.pending,
-                    k.ids, k.meta, k.waits]  # fmt: skip
+            args = ClaimArgs(
+                limits[shard, target],
+                lease_ms,
+                now_ms,
+                horizons.get(shard),
+                last_lane=lanes.get(target),
+                target=target,
+                watermark=watermarks.get(shard),
+            )
+            keys = [
+                self._keys.wait(shard, target),
+                k.inflight,
+                k.claimed,
+                k.low,
+                k.pending,
+                k.ids,
+                k.meta,
+                k.waits,
+            ]
             calls.append(("claim", keys, args.argv()))
         grouped: dict[str, tuple[list[Shard], list[Any]]] = {}
-        for (shard, target), reply in zip(pairs, self._scripts.run(calls) if calls else [],
-                                          strict=True):  # fmt: skip
+        for (shard, target), reply in zip(
+            pairs, self._scripts.run(calls) if calls else [], strict=True
+        ):
             shards, replies = grouped.setdefault(target, ([], []))
             shards.append(shard)
             replies.append(reply)

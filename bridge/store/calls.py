@@ -31,8 +31,12 @@ class AckBatch:
 
     def argv(self) -> list[Any]:
         """As ack() in _lib.lua reads them: epoch, n, n offsets, then (delay-id, offset) pairs."""
-        return [self.epoch, len(self.members), *self.members,
-                *(x for pair in self.ids for x in pair)]  # fmt: skip
+        return [
+            self.epoch,
+            len(self.members),
+            *self.members,
+            *(x for pair in self.ids for x in pair),
+        ]
 
 
 NO_ACKS = AckBatch()

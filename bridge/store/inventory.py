@@ -54,8 +54,10 @@ class Inventory:
         k = self.keys.of(shard)
         found: list[tuple[int, bytes]] = []
         with as_store_error():
-            chunks = cast(list[tuple[bytes, float]], self.client.zrangebyscore(
-                k.refs_due, "-inf", last_ms, withscores=True))  # fmt: skip
+            chunks = cast(
+                list[tuple[bytes, float]],
+                self.client.zrangebyscore(k.refs_due, "-inf", last_ms, withscores=True),
+            )
             for field, start in chunks:
                 if len(found) >= limit and heapq.nsmallest(limit, found)[-1][0] < start:
                     break
@@ -70,8 +72,13 @@ class Inventory:
         buckets = sorted({offset_bytes(o)[:7] for o in offsets})
         if not buckets:
             return set()
-        maps = dict(zip(buckets, cast(list[bytes | None], self.client.hmget(
-            pending_key, buckets)), strict=True))  # fmt: skip
+        maps = dict(
+            zip(
+                buckets,
+                cast(list[bytes | None], self.client.hmget(pending_key, buckets)),
+                strict=True,
+            )
+        )
         out = set()
         for o in offsets:
             key = offset_bytes(o)
@@ -100,10 +107,14 @@ class Inventory:
             if offset_number is None:
                 return []
             prefix = offset_bytes(offset_number)
-            return [(due_of(s), m) for key in self.waiting_keys(shard)
-                    for m, s in self.client.zscan_iter(key, match=glob_escape(prefix) + b"*",
-                                                       score_cast_func=float)
-                    if m.startswith(prefix)]  # fmt: skip
+            return [
+                (due_of(s), m)
+                for key in self.waiting_keys(shard)
+                for m, s in self.client.zscan_iter(
+                    key, match=glob_escape(prefix) + b"*", score_cast_func=float
+                )
+                if m.startswith(prefix)
+            ]
 
     def _reference(self, shard: Shard, offset: bytes, due_ms: int) -> list[tuple[int, bytes]]:
         """The record at ``offset``, waiting in no index, as a reference if it is one (pending,
@@ -125,8 +136,14 @@ class Inventory:
             for key in self.waiting_keys(shard):
                 for base in LANE_BASES.values():
                     low, high, limit = bounds(base)
-                    pipe.zrangebyscore(key, low, high, start=None if limit is None else 0,
-                                       num=limit, withscores=True)  # fmt: skip
+                    pipe.zrangebyscore(
+                        key,
+                        low,
+                        high,
+                        start=None if limit is None else 0,
+                        num=limit,
+                        withscores=True,
+                    )
             pages = cast(list[list[tuple[bytes, float]]], pipe.execute())
         return [(due_of(s), m) for page in pages for m, s in page]
 
@@ -174,8 +191,11 @@ class Inventory:
             for shard in shards:
                 pipe.smembers(self.keys.of(shard).waits)
             replies = pipe.execute()
-        return {s: {text(t) for t in targets}
-                for s, targets in zip(shards, replies, strict=True) if targets}  # fmt: skip
+        return {
+            s: {text(t) for t in targets}
+            for s, targets in zip(shards, replies, strict=True)
+            if targets
+        }
 
     def stored_bytes(self, shards: Sequence[Shard]) -> dict[str, int]:
         """Redis memory of the shards' records by tier — ``full`` (waiting or in flight, whole)
@@ -187,8 +207,12 @@ class Inventory:
         waits = self.waits(shards)
         for shard in shards:
             k = self.keys.of(shard)
-            named += [("full", k.due), ("full", k.claimed), ("reference", k.refs),
-                      ("reference", k.refs_due)]  # fmt: skip
+            named += [
+                ("full", k.due),
+                ("full", k.claimed),
+                ("reference", k.refs),
+                ("reference", k.refs_due),
+            ]
             named += [("full", self.keys.wait(shard, t)) for t in waits.get(shard, ())]
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)

@@ -64,8 +64,18 @@ LANE_BASES = {Priority.HIGH: -LANE_WIDTH, Priority.NORMAL: 0, Priority.LOW: LANE
 _OFFSET = struct.Struct(">Q")
 _REFERENCE = struct.Struct(">Qq")
 REFERENCE_BYTES = _REFERENCE.size
-_KEY_NAMES = ("schedule", "leases", "claimed", "meta", "low", "pending", "ids", "refs", "refs-due",
-              "waits")  # fmt: skip
+_KEY_NAMES = (
+    "schedule",
+    "leases",
+    "claimed",
+    "meta",
+    "low",
+    "pending",
+    "ids",
+    "refs",
+    "refs-due",
+    "waits",
+)
 
 
 class Shard(NamedTuple):
@@ -103,8 +113,18 @@ class ShardKeys:
 
     def all(self) -> tuple[str, ...]:
         """The shard's fixed keys (not its wait indexes, named by :attr:`waits`)."""
-        return (self.due, self.inflight, self.claimed, self.meta, self.low, self.pending,
-                self.ids, self.refs, self.refs_due, self.waits)  # fmt: skip
+        return (
+            self.due,
+            self.inflight,
+            self.claimed,
+            self.meta,
+            self.low,
+            self.pending,
+            self.ids,
+            self.refs,
+            self.refs_due,
+            self.waits,
+        )
 
 
 class Keys:
@@ -163,10 +183,18 @@ def stored_record(item: bytes, shard: Shard, now_ms: int) -> Scheduled:
         return decode(item[8:], shard.topic, shard.partition, offset)
     except Exception as exc:  # whatever the bytes: a record's fate, not the process's
         where = origin(shard.topic, shard.partition, offset)
-        detail = (f"its copy in Redis, read at {format_time_ms(now_ms)}, does not decode "
-                  f"({exc}); the record stays in the delay topic at {where}")  # fmt: skip
-        return dead_letter_when_due(shard.topic, shard.partition, offset, now_ms,
-                                    reason=Reason.PAYLOAD_MISSING, detail=detail)  # fmt: skip
+        detail = (
+            f"its copy in Redis, read at {format_time_ms(now_ms)}, does not decode "
+            f"({exc}); the record stays in the delay topic at {where}"
+        )
+        return dead_letter_when_due(
+            shard.topic,
+            shard.partition,
+            offset,
+            now_ms,
+            reason=Reason.PAYLOAD_MISSING,
+            detail=detail,
+        )
 
 
 def score(record: Scheduled) -> int:
@@ -186,8 +214,13 @@ def lane_firsts(records: Iterable[tuple[Priority, int]]) -> tuple[int, int, int]
 
 def lane_of(score_value: float) -> Priority:
     """The priority whose lane a due-index score is in."""
-    return Priority.HIGH if score_value < 0 else Priority.LOW if score_value >= LANE_WIDTH else (
-        Priority.NORMAL)  # fmt: skip
+    return (
+        Priority.HIGH
+        if score_value < 0
+        else Priority.LOW
+        if score_value >= LANE_WIDTH
+        else (Priority.NORMAL)
+    )
 
 
 def due_of(score_value: float) -> int:

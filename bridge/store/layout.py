@@ -49,9 +49,26 @@ class Layout:
             k = self.keys.of(shard)
             old = self.keys.of(Shard(shard.topic, shard.partition, labels[shard]))
             labelled = self.keys.retired_set(shard)
-            keys = [k.due, k.inflight, k.claimed, k.meta, k.low, k.pending, labelled, old.due,
-                    old.inflight, old.claimed, k.ids, k.refs, k.refs_due, old.refs,
-                    old.refs_due, k.waits, old.waits, old.pending]  # fmt: skip
+            keys = [
+                k.due,
+                k.inflight,
+                k.claimed,
+                k.meta,
+                k.low,
+                k.pending,
+                labelled,
+                old.due,
+                old.inflight,
+                old.claimed,
+                k.ids,
+                k.refs,
+                k.refs_due,
+                old.refs,
+                old.refs_due,
+                k.waits,
+                old.waits,
+                old.pending,
+            ]
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
             calls.append(("incarnation", keys, args))
         out = {}
@@ -70,12 +87,23 @@ class Layout:
             for shard in shards:
                 pipe.smembers(self.keys.retired_set(shard))
             replies = pipe.execute()
-        return {Shard(s.topic, s.partition, text(label))
-                for s, labels in zip(shards, replies, strict=True) for label in labels}  # fmt: skip
+        return {
+            Shard(s.topic, s.partition, text(label))
+            for s, labels in zip(shards, replies, strict=True)
+            for label in labels
+        }
 
     def forget_retired(self, shard: Shard) -> bool:
         """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
         k = self.keys.of(shard)
-        keys = [self.keys.retired_set(shard), k.due, k.inflight, k.claimed, k.refs, k.refs_due,
-                k.waits, k.pending]  # fmt: skip
+        keys = [
+            self.keys.retired_set(shard),
+            k.due,
+            k.inflight,
+            k.claimed,
+            k.refs,
+            k.refs_due,
+            k.waits,
+            k.pending,
+        ]
         return bool(int(self.scripts.run([("retired", keys, [shard.incarnation])])[0]))

@@ -16,8 +16,10 @@ def describe_redis_error(exc: redis.RedisError) -> str:
     replica, a missing ACL permission or a full memory are not outages."""
     text = " ".join(str(exc).split())
     if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text:
-        return (f"redis is read-only (READONLY): the bridge talks to a replica, not the master "
-                f"(after a failover?): {text}")  # fmt: skip
+        return (
+            f"redis is read-only (READONLY): the bridge talks to a replica, not the master "
+            f"(after a failover?): {text}"
+        )
     if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
         return f"redis refused permission (NOPERM): the ACL user lacks a command or key: {text}"
     if isinstance(exc, redis.exceptions.AuthenticationError) or "WRONGPASS" in text:
@@ -27,8 +29,10 @@ def describe_redis_error(exc: redis.RedisError) -> str:
     if isinstance(exc, redis.exceptions.BusyLoadingError):
         return f"redis is loading its data set: {text}"
     if isinstance(exc, redis.exceptions.ClusterDownError) or text.startswith("CLUSTERDOWN"):
-        return (f"redis cluster is down (CLUSTERDOWN): a slot has no reachable master until "
-                f"a replica takes over or the master returns: {text}")  # fmt: skip
+        return (
+            f"redis cluster is down (CLUSTERDOWN): a slot has no reachable master until "
+            f"a replica takes over or the master returns: {text}"
+        )
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return f"redis unreachable: {text}"
     return f"redis: {text}"

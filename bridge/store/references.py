@@ -54,8 +54,11 @@ class References:
                     self.keys.of(shard).refs_due, "-inf", until_ms, 0, limit, withscores=True
                 )
             listed = cast(list[list[tuple[bytes, float]]], pipe.execute())
-            wanted = [(s, text(f), int(start)) for s, fields in zip(shards, listed, strict=True)
-                      for f, start in fields]  # fmt: skip
+            wanted = [
+                (s, text(f), int(start))
+                for s, fields in zip(shards, listed, strict=True)
+                for f, start in fields
+            ]
             if not wanted:
                 return []
             pipe = self.client.pipeline(transaction=False)
@@ -71,8 +74,12 @@ class References:
         caller, or renamed as it filled up): nothing was stored. Returns records stored (those
         not cancelled meanwhile)."""
         k = self.keys.of(chunk.shard)
-        args: list[Any] = [chunk.field, len(chunk.data), chunk.data[:16],
-                           "1" if chunk.shard.incarnation else "0"]  # fmt: skip
+        args: list[Any] = [
+            chunk.field,
+            len(chunk.data),
+            chunk.data[:16],
+            "1" if chunk.shard.incarnation else "0",
+        ]
         for record_score, member in members:
             args += [record_score, member]
         calls: list[Call] = [("promote", [k.due, k.refs, k.refs_due, k.pending], args)]
