@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import NamedTuple
 
 from bridge.message import (
@@ -64,18 +64,21 @@ LANE_BASES = {Priority.HIGH: -LANE_WIDTH, Priority.NORMAL: 0, Priority.LOW: LANE
 _OFFSET = struct.Struct(">Q")
 _REFERENCE = struct.Struct(">Qq")
 REFERENCE_BYTES = _REFERENCE.size
-_KEY_NAMES = (
-    "schedule",
-    "leases",
-    "claimed",
-    "meta",
-    "low",
-    "pending",
-    "ids",
-    "refs",
-    "refs-due",
-    "waits",
-)
+# Each ShardKeys field and the name its key has in Redis, the one mapping between the two: the
+# field says what the code does with the key (the due index, the records in flight), the name is
+# what an operator sees (delay_bridge_scheduled_messages counts what "schedule" holds).
+_KEY_NAMES = {
+    "due": "schedule",
+    "inflight": "leases",
+    "claimed": "claimed",
+    "meta": "meta",
+    "low": "low",
+    "pending": "pending",
+    "ids": "ids",
+    "refs": "refs",
+    "refs_due": "refs-due",
+    "waits": "waits",
+}
 
 
 class Shard(NamedTuple):
@@ -113,18 +116,7 @@ class ShardKeys:
 
     def all(self) -> tuple[str, ...]:
         """The shard's fixed keys (not its wait indexes, named by :attr:`waits`)."""
-        return (
-            self.due,
-            self.inflight,
-            self.claimed,
-            self.meta,
-            self.low,
-            self.pending,
-            self.ids,
-            self.refs,
-            self.refs_due,
-            self.waits,
-        )
+        return astuple(self)
 
 
 class Keys:
@@ -132,10 +124,15 @@ class Keys:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        self._of: dict[Shard, ShardKeys] = {}
 
     def of(self, shard: Shard) -> ShardKeys:
         """The shard's keys."""
-        return ShardKeys(*self.names(shard, _KEY_NAMES))
+        keys = self._of.get(shard)
+        if keys is None:  # built once a shard: every store call asks
+            names = self.names(shard, list(_KEY_NAMES.values()))
+            keys = self._of[shard] = ShardKeys(**dict(zip(_KEY_NAMES, names, strict=True)))
+        return keys
 
     def wait(self, shard: Shard, target: str) -> str:
         """The wait index of ``target``'s records in ``shard`` (wait_key in _lib.lua)."""
