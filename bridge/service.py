@@ -71,6 +71,22 @@ def _kafka_logger(name: str) -> logging.Logger:
     return kafka
 
 
+def _summary(registry: CollectorRegistry, seconds: float) -> None:
+    """The run's totals, one line at exit."""
+
+    def total(metric: str) -> int:
+        return int(sum(s.value for m in registry.collect() for s in m.samples if s.name == metric))
+
+    logger.info(
+        "stopped after %.1fs: %d ingested, %d delivered, %d dead-lettered, %d redelivered",
+        seconds,
+        total("delay_bridge_ingested_total"),
+        total("delay_bridge_delivered_total"),
+        total("delay_bridge_dead_lettered_total"),
+        total("delay_bridge_redelivered_total"),
+    )
+
+
 class _Loop(Protocol):
     """A main loop: stamps ``last_loop`` (monotonic s) each time it comes round."""
 
@@ -94,8 +110,11 @@ def _check_retention(config: Config) -> None:
     try:
         problems = read_retention(*_retention_args(config), key_is_id=_key_is_id(config))
     except (KafkaException, TimeoutError) as exc:
-        logger.warning("could not read the delay topics' retention (%s); with "
-                       "store.references on it must cover limits.max_delay", exc)  # fmt: skip
+        logger.warning(
+            "could not read the delay topics' retention (%s); with "
+            "store.references on it must cover limits.max_delay",
+            exc,
+        )
         return
     if problems:
         raise ConfigError(
@@ -129,14 +148,24 @@ class Service:
         self.readiness = Readiness()
         self.fetch_watch = FetchWatch(self.readiness)
         self.topics = Topics({**admin_settings(config), "logger": _kafka_logger("admin")})
-        self.probes = Probes(self.store, self.readiness, config.topics.dead_letter,
-                             self.topics.absent, writable=self.metrics.redis_writable,
-                             also_describe=config.topics.delay)  # fmt: skip
+        self.probes = Probes(
+            self.store,
+            self.readiness,
+            config.topics.dead_letter,
+            self.topics.absent,
+            writable=self.metrics.redis_writable,
+            also_describe=config.topics.delay,
+        )
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         self.egress = Egress(
-            Producer(producer_conf), self.store, self.metrics, config.egress,
-            dead_letter=config.topics.dead_letter, readiness=self.readiness, catch_up=catch_up,
-        )  # fmt: skip
+            Producer(producer_conf),
+            self.store,
+            self.metrics,
+            config.egress,
+            dead_letter=config.topics.dead_letter,
+            readiness=self.readiness,
+            catch_up=catch_up,
+        )
         self.ingress = Ingress(
             Consumer(consumer_conf),
             Producer(producer_conf),
@@ -162,14 +191,25 @@ class Service:
             Consumer({**read_back_settings(config), "logger": _kafka_logger("read-back")}),
             on_fetched=self._on_fetched,
         )
-        self.read_back = ReadBack(self.store, reader, config.rules(), self.metrics,
-                                  owned=lambda: self.egress.owned,
-                                  read_ahead_ms=config.store.read_ahead_ms,
-                                  on_stored=self.egress.notify)  # fmt: skip
-        self.sampler = Sampler(self.store, self.metrics, lambda: self.egress.owned, self.ready,
-                               self.egress.sender.not_due, lost=lambda: self.ingress.lost,
-                               due_in_flight=self.egress.deliveries.due_in_flight,
-                               due_by_ms=config.egress.due_by_ms)  # fmt: skip
+        self.read_back = ReadBack(
+            self.store,
+            reader,
+            config.rules(),
+            self.metrics,
+            owned=lambda: self.egress.owned,
+            read_ahead_ms=config.store.read_ahead_ms,
+            on_stored=self.egress.notify,
+        )
+        self.sampler = Sampler(
+            self.store,
+            self.metrics,
+            lambda: self.egress.owned,
+            self.ready,
+            self.egress.sender.not_due,
+            lost=lambda: self.ingress.lost,
+            due_in_flight=self.egress.deliveries.due_in_flight,
+            due_by_ms=config.egress.due_by_ms,
+        )
         self.http = HttpServer(
             config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
         )
@@ -207,8 +247,12 @@ class Service:
         self.egress.remove_shards(shards)
         left = self.egress.settle(shards, REVOKE_SETTLE_S)
         if left:
-            logger.warning("%d records of revoked partitions still in flight after %.0fs; their "
-                           "next owner may deliver them again", left, REVOKE_SETTLE_S)  # fmt: skip
+            logger.warning(
+                "%d records of revoked partitions still in flight after %.0fs; their "
+                "next owner may deliver them again",
+                left,
+                REVOKE_SETTLE_S,
+            )
         self.metrics.forget_partitions(shards)
 
     def _check_rebuildable(self) -> None:
@@ -217,14 +261,18 @@ class Service:
         try:
             policy = self.store.eviction_policy()
         except StoreError as exc:
-            logger.warning("could not check that Redis does not evict (%s): make sure its "
-                           "maxmemory-policy is noeviction", exc)  # fmt: skip
+            logger.warning(
+                "could not check that Redis does not evict (%s): make sure its "
+                "maxmemory-policy is noeviction",
+                exc,
+            )
             policy = None
         if policy is not None and policy != "noeviction":
             logger.warning(
                 "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
-                "(an evicted record set cannot be noticed or rebuilt)", policy,
-            )  # fmt: skip
+                "(an evicted record set cannot be noticed or rebuilt)",
+                policy,
+            )
         if not self.config.store.references:  # else checked before joining (_check_retention)
             check_retention(*_retention_args(self.config), key_is_id=_key_is_id(self.config))
 
@@ -242,8 +290,12 @@ class Service:
 
     def _loops(self) -> list[tuple[str, _Loop]]:
         """The main loops /healthz watches, each stamping ``last_loop`` as it comes round."""
-        return [("ingress", self.ingress), ("egress", self.egress),
-                ("sender", self.egress.sender), ("read-back", self.read_back)]  # fmt: skip
+        return [
+            ("ingress", self.ingress),
+            ("egress", self.egress),
+            ("sender", self.egress.sender),
+            ("read-back", self.read_back),
+        ]
 
     def ready(self) -> list[str]:
         """Problems that mean the bridge cannot do its work now."""
@@ -276,9 +328,11 @@ class Service:
         started = time.monotonic()
         logger.info(
             "delay-bridge %s starting: delay topics %s, group %s%s",
-            __version__, ",".join(self.config.topics.delay), self.config.kafka.group_id,
+            __version__,
+            ",".join(self.config.topics.delay),
+            self.config.kafka.group_id,
             f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
-        )  # fmt: skip
+        )
         _check_retention(self.config)
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
@@ -322,7 +376,7 @@ class Service:
     def _stop(self, started: float) -> int:
         self.http.stop()
         self.redis.close()
-        self._summary(time.monotonic() - started)
+        _summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0
 
     def _wait_for_redis(self) -> bool:
@@ -337,8 +391,10 @@ class Service:
                 loop.last_loop = time.monotonic()
             backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
             if attempt == 0:
-                logger.error("not joining the consumer group until Redis takes writes: %s",
-                             self.readiness.problems()[0])  # fmt: skip
+                logger.error(
+                    "not joining the consumer group until Redis takes writes: %s",
+                    self.readiness.problems()[0],
+                )
             attempt += 1
             if self.stop_event.wait(backoff):
                 return False
@@ -346,21 +402,6 @@ class Service:
         if attempt:
             logger.info("redis takes writes after %d attempts; joining the consumer group", attempt)
         return True
-
-    def _summary(self, seconds: float) -> None:
-        def total(metric: str) -> int:
-            return int(
-                sum(s.value for m in self.registry.collect() for s in m.samples if s.name == metric)
-            )
-
-        logger.info(
-            "stopped after %.1fs: %d ingested, %d delivered, %d dead-lettered, %d redelivered",
-            seconds,
-            total("delay_bridge_ingested_total"),
-            total("delay_bridge_delivered_total"),
-            total("delay_bridge_dead_lettered_total"),
-            total("delay_bridge_redelivered_total"),
-        )
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT set the stop event; a second SIGINT exits at once."""

@@ -101,6 +101,32 @@ def by_shard(idents: Iterable[Ident]) -> dict[Shard, list[bytes]]:
     return grouped
 
 
+def count_acknowledged(
+    metrics: Metrics, readiness: Readiness, delivered: list[tuple[Pending, int]]
+) -> None:
+    """Count a batch of acknowledged records (with when each report came in): one label
+    lookup per target, not per record."""
+    per_target: Counter[str] = Counter()
+    late_s: dict[Priority, list[float]] = defaultdict(list)
+    dead_lettered: Counter[str] = Counter()
+    for pending, now_ms in delivered:
+        record: Scheduled = pending.claimed.record
+        if pending.dead_letter:
+            reason = dead_letter_reason(record.headers) if record.dead_letter else ""
+            dead_lettered[reason or Reason.DELIVERY_FAILED.value] += 1
+            continue
+        per_target[record.target] += 1
+        late_s[record.priority].append(max(0, now_ms - record.late_from_ms()) / 1000)
+    for priority, amounts in late_s.items():
+        metrics.lateness.labels(priority=priority.label).observe_many(amounts)
+    for target, n in per_target.items():
+        metrics.delivered.labels(target_topic=target).inc(n)
+    for reason, n in dead_lettered.items():
+        metrics.dead_lettered.labels(reason=reason).inc(n)
+    if dead_lettered:
+        readiness.ok("dlq-writes")
+
+
 class Deliveries:
     """The records in flight: produced, their delivery reports applied on the mover's thread."""
 
@@ -162,9 +188,14 @@ class Deliveries:
         value = None if pending.value_left_out else record.value
         try:
             produce(
-                self.producer, topic, value=value, key=key, headers=wire_headers(headers),
-                timestamp=timestamp, on_delivery=callback,
-            )  # fmt: skip
+                self.producer,
+                topic,
+                value=value,
+                key=key,
+                headers=wire_headers(headers),
+                timestamp=timestamp,
+                on_delivery=callback,
+            )
         except KafkaException as exc:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms()))
@@ -177,8 +208,10 @@ class Deliveries:
         where = origin(shard.topic, shard.partition, record.offset)
         detail = f"delivery to {record.target} failed {pending.attempts} times: {pending.error}"
         if pending.value_left_out:
-            detail += (f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
-                       f"larger than the DLQ takes; it stays at {where})")  # fmt: skip
+            detail += (
+                f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
+                f"larger than the DLQ takes; it stays at {where})"
+            )
         return dead_letter_headers(record.headers, Reason.DELIVERY_FAILED, detail, where)
 
     def _on_delivery(self, ident: Ident, err: KafkaError | None, _msg: Message) -> None:
@@ -231,9 +264,11 @@ class Deliveries:
                     pending.dead_letter = True
                     logger.warning(
                         "delivery of %s to %s failed %d times (%s); dead-lettering",
-                        pending.claimed.record.delay_id, pending.claimed.record.target,
-                        pending.attempts, err.str(),
-                    )  # fmt: skip
+                        pending.claimed.record.delay_id,
+                        pending.claimed.record.target,
+                        pending.attempts,
+                        err.str(),
+                    )
                 self._send(ident, pending)
                 continue
             topic = self._topic(pending)
@@ -273,11 +308,12 @@ class Deliveries:
         self.metrics.oldest_inflight.set(age)
         if oldest is not None and age > STALL_S:
             stalled = sum(1 for p in sent if now - p.sent_s > STALL_S)
-            self.readiness.fail("deliveries", (
+            why = (
                 f"{stalled:,} deliveries not acknowledged by Kafka for more than {STALL_S:.0f}s "
                 f"(the oldest for {age:.0f}s, to {self._topic(oldest)}): its brokers are not "
                 "taking writes"
-            ))  # fmt: skip
+            )
+            self.readiness.fail("deliveries", why)
             return
         if self._failing:
             failing = "; ".join(f"to {t}: {e}" for t, e in sorted(self._failing.items()))
@@ -296,8 +332,11 @@ class Deliveries:
         self._apply(self.acked)
 
     def _apply(self, acks: Mapping[Shard, Acked]) -> None:
-        self.store.ack({s: a.members for s, a in acks.items()}, {s: a.ids for s, a in acks.items()},
-                       {s: a.epoch for s, a in acks.items()})  # fmt: skip
+        self.store.ack(
+            {s: a.members for s, a in acks.items()},
+            {s: a.ids for s, a in acks.items()},
+            {s: a.epoch for s, a in acks.items()},
+        )
         self.acknowledged(acks)
 
     def acknowledged(self, acks: Mapping[Shard, Acked]) -> None:
@@ -305,7 +344,9 @@ class Deliveries:
         if not acks:
             return
         self.forget({shard: a.members for shard, a in acks.items()})
-        self._count([d for a in acks.values() for d in a.delivered])
+        count_acknowledged(
+            self.metrics, self.readiness, [d for a in acks.values() for d in a.delivered]
+        )
         self.acked = {s: a for s, a in self.acked.items() if s not in acks}
         if not self.acked:
             self.ack_by = None
@@ -316,8 +357,13 @@ class Deliveries:
             if topic == self.dead_letter:
                 self.metrics.dlq_errors.inc(n)
                 self.readiness.fail("dlq-writes", f"DLQ produce to {topic} failed: {error}")
-            logger.warning("%d deliveries to %s failed (%s); retrying in %.1fs", n, topic, error,
-                           wait_ms / 1000)  # fmt: skip
+            logger.warning(
+                "%d deliveries to %s failed (%s); retrying in %.1fs",
+                n,
+                topic,
+                error,
+                wait_ms / 1000,
+            )
 
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> Pending:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see
@@ -335,8 +381,11 @@ class Deliveries:
     def due_in_flight(self, now_ms: int) -> Counter[Priority]:
         """Records in flight and due by ``now_ms``, by priority (read by the metrics thread)."""
         # list() copies the values in one step, while the mover's thread may change the dict.
-        return Counter(p.claimed.record.priority for p in list(self.pending.values())
-                       if p.claimed.record.due_ms <= now_ms)  # fmt: skip
+        return Counter(
+            p.claimed.record.priority
+            for p in list(self.pending.values())
+            if p.claimed.record.due_ms <= now_ms
+        )
 
     def forget(self, members: Mapping[Shard, Sequence[bytes]]) -> None:
         """These records are no longer in flight (acknowledged, or released to be claimed)."""
@@ -347,29 +396,6 @@ class Deliveries:
                     self.draining[gone.claimed.record.priority] -= 1
         with self._settled:
             self._settled.notify_all()
-
-    def _count(self, delivered: list[tuple[Pending, int]]) -> None:
-        """Count a batch of acknowledged records (with when each report came in): one label
-        lookup per target, not per record."""
-        per_target: Counter[str] = Counter()
-        late_s: dict[Priority, list[float]] = defaultdict(list)
-        dead_lettered: Counter[str] = Counter()
-        for pending, now_ms in delivered:
-            record: Scheduled = pending.claimed.record
-            if pending.dead_letter:
-                reason = dead_letter_reason(record.headers) if record.dead_letter else ""
-                dead_lettered[reason or Reason.DELIVERY_FAILED.value] += 1
-                continue
-            per_target[record.target] += 1
-            late_s[record.priority].append(max(0, now_ms - record.late_from_ms()) / 1000)
-        for priority, amounts in late_s.items():
-            self.metrics.lateness.labels(priority=priority.label).observe_many(amounts)
-        for target, n in per_target.items():
-            self.metrics.delivered.labels(target_topic=target).inc(n)
-        for reason, n in dead_lettered.items():
-            self.metrics.dead_lettered.labels(reason=reason).inc(n)
-        if dead_lettered:
-            self.readiness.ok("dlq-writes")
 
     def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no record of these partitions is in flight; returns

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
@@ -80,10 +80,17 @@ class Ingress:
         self.dead_letters = DeadLetters(dlq_producer, rules, metrics)
         self.holds = Holds(self.readiness, self.catch_up)
         self.membership = Membership(
-            consumer, store, metrics, self.catch_up, topics=topics, on_assign=on_assign,
-            on_revoke=on_revoke, topic_ids=topic_ids, known_ids=known_ids,
+            consumer,
+            store,
+            metrics,
+            self.catch_up,
+            topics=topics,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+            topic_ids=topic_ids,
+            known_ids=known_ids,
             paused=lambda: bool(self._paused_until),
-        )  # fmt: skip
+        )
         self.positions = self.membership.positions
         self._clock_ms = clock_ms
         self._partitions = partitions  # delay topic -> partition count, as Kafka last said
@@ -205,9 +212,10 @@ class Ingress:
             if wait <= 0:
                 break
             more = [
-                m for m in self.consumer.consume(self.batch_size - len(messages), wait)
+                m
+                for m in self.consumer.consume(self.batch_size - len(messages), wait)
                 if not self._is_error(m)
-            ]  # fmt: skip
+            ]
             if more:
                 messages += more
                 later = parse_batch(more, self.rules, self._clock_ms())
@@ -262,8 +270,13 @@ class Ingress:
             partitions = dict(self._partitions())
             for shard in self.assigned:  # a topic grown since Kafka was last asked
                 partitions[shard.topic] = max(partitions.get(shard.topic, 0), shard.partition + 1)
-            added = self.store.add(batch.stored, expected, refer_after_ms=refer_after,
-                                   bucket_ms=self.bucket_ms, partitions=partitions)  # fmt: skip
+            added = self.store.add(
+                batch.stored,
+                expected,
+                refer_after_ms=refer_after,
+                bucket_ms=self.bucket_ms,
+                partitions=partitions,
+            )
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
             for shard, (high, _) in batch.stored.items():
@@ -297,30 +310,32 @@ class Ingress:
         self._failures += 1
         if isinstance(exc, StoreError):
             self.metrics.redis_errors.labels(stage="ingress").inc()
-        self.readiness.fail("ingress", f"ingress cannot store records: {exc}",
-                            write_refused=isinstance(exc, WriteRefused))  # fmt: skip
+        self.readiness.fail(
+            "ingress",
+            f"ingress cannot store records: {exc}",
+            write_refused=isinstance(exc, WriteRefused),
+        )
         log_failed_turn(logger, exc, "batch not stored, retrying in %.1fs: %s", backoff, exc)
         _rewind(self.consumer, messages, self.assigned, self.marks)
         self._pause(backoff)
 
     def _pause(self, seconds: float) -> None:
         self._paused_until = time.monotonic() + seconds
-        self.consumer.pause(self._assignment())
+        self.consumer.pause(_partitions(self.assigned))
 
     def _resume(self) -> None:
         self._paused_until = 0.0
-        held = self.holds.waiting()
-        self.consumer.resume([tp for tp in self._assignment()
-                              if Shard(tp.topic, tp.partition) not in held])  # fmt: skip
-
-    def _assignment(self) -> list[TopicPartition]:
-        return [TopicPartition(s.topic, s.partition) for s in self.assigned]
+        self.consumer.resume(_partitions(self.assigned - self.holds.waiting()))
 
     def _discard(self, messages: Sequence[Message]) -> None:
         """Messages fetched before a pause took effect are re-read after resuming."""
         valid = [m for m in messages if m.error() is None]
         if valid:
             _rewind(self.consumer, valid, self.assigned, self.marks)
+
+
+def _partitions(shards: Iterable[Shard]) -> list[TopicPartition]:
+    return [TopicPartition(s.topic, s.partition) for s in shards]
 
 
 def _rewind(
@@ -348,6 +363,9 @@ def _report(added: Added, metrics: Metrics) -> None:
     for shard, offset, delay_id in added.missed:
         logger.warning(
             "cancel of %s at %s offset %d found no waiting record in any partition of its "
-            "topic (already claimed or delivered, or never scheduled)", delay_id, shard, offset,
+            "topic (already claimed or delivered, or never scheduled)",
+            delay_id,
+            shard,
+            offset,
             extra={"repeat_key": "cancel-not-found"},
-        )  # fmt: skip
+        )
