@@ -245,7 +245,7 @@ class Service:
 
     def _on_revoke(self, shards: set[Shard]) -> None:
         self.egress.remove_shards(shards)
-        left = self.egress.settle(shards, REVOKE_SETTLE_S)
+        left = self.egress.wait_settled(shards, REVOKE_SETTLE_S)
         if left:
             logger.warning(
                 "%d records of revoked partitions still in flight after %.0fs; their "

@@ -20,7 +20,7 @@ from bridge.egress.lanes import Lanes, lanes_min
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
-from bridge.egress.settle import Deliveries, Ident, Pending, backoff
+from bridge.egress.settle import Deliveries, Ident, InFlight, backoff
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.metrics import Metrics
@@ -105,7 +105,7 @@ class Egress:
         self.owned = frozenset(s for s in self.owned if s.base() not in gone)
         self.targets.forget(self.owned)
 
-    def settle(self, shards: set[Shard], timeout_s: float) -> int:
+    def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no record of these partitions is in flight, so their
         next owner, which ends the leases it finds, does not deliver them again; returns how many
         are still in flight (their next owner may duplicate them). Called by the consumer's
@@ -135,7 +135,7 @@ class Egress:
     @property
     def inflight(self) -> int:
         """Records produced and not yet acknowledged."""
-        return len(self.deliveries.pending)
+        return len(self.deliveries.in_flight)
 
     def step(self, now_ms: int | None = None) -> int:
         """Serve delivery reports, then claim and produce what is due. Returns the records claimed
@@ -145,7 +145,7 @@ class Egress:
         """
         self.last_loop = time.monotonic()
         self.producer.poll(0)
-        self.deliveries.settle()
+        self.deliveries.apply_reports()
         self.deliveries.watch()
         self.turns.mark("applying delivery reports")
         if self._taking_over:
@@ -157,7 +157,7 @@ class Egress:
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.sender.send_due(now)
         self.turns.mark("producing held records")
-        room = self.max_inflight - len(self.deliveries.pending)
+        room = self.max_inflight - len(self.deliveries.in_flight)
         limited = False  # egress.max_rate leaves less room than the records in flight do
         if self.rate is not None:
             allowed = self.rate.allowance()
@@ -200,9 +200,9 @@ class Egress:
             self._forget_if_drained(shard)
         backlog = self.lanes.claimed(claimed, self.plan)  # after the plan: it may hold some back
         put_back = self._put_back(
-            claimed, self.lanes.too_low(claimed, self.deliveries.pending, backlog)
+            claimed, self.lanes.too_low(claimed, self.deliveries.in_flight, backlog)
         )
-        put_back |= self.targets.hold(claimed, self.deliveries.pending, put_back)
+        put_back |= self.targets.hold(claimed, self.deliveries.in_flight, put_back)
         if self.rate is not None:
             self.rate.count(claimed, self.metrics if limited else None, put_back)
         self.sender.dispatch(claimed, put_back, backlog)
@@ -217,9 +217,9 @@ class Egress:
             self.sender.dispatch(claims, set(), None)
         return sum(len(c) for c in got)
 
-    def _send(self, ident: Ident, pending: Pending) -> None:
+    def _send(self, ident: Ident, inflight: InFlight) -> None:
         """Produce a claimed record: the one place every record leaves by."""
-        self.deliveries.produce(ident, pending)
+        self.deliveries.produce(ident, inflight)
 
     def _ack(self, force: bool = False) -> None:
         self.deliveries.ack(force or self.inflight >= self.max_inflight)
@@ -228,7 +228,7 @@ class Egress:
         """Records claimed that are not to be produced yet go back among the waiting ones, as if
         never claimed; returns them: ``too_low`` (:meth:`Lanes.too_low`), and those past a
         catch-up's horizon (:meth:`CatchUp.past`)."""
-        past = self.catch_up.past(claims, self.deliveries.pending)
+        past = self.catch_up.past(claims, self.deliveries.in_flight)
         back = {(c.shard, c.member): c for c in (*past, *too_low)}
         if back:
             self.store.unclaim(back.values())
@@ -251,7 +251,7 @@ class Egress:
             shards, self._taking_over = self._taking_over, set()
         self.plan.forget(shards)  # nothing known of them yet: claim at once
         held: dict[Shard, list[bytes]] = {s: [] for s in shards}
-        for shard, member in self.deliveries.pending:
+        for shard, member in self.deliveries.in_flight:
             if shard in held:
                 held[shard].append(member)
         try:
@@ -310,12 +310,12 @@ class Egress:
         return seconds if waiting is None else min(seconds, waiting)
 
     def _wait(self, seconds: float) -> None:
-        if self.deliveries.pending and not self.tick_ms:
+        if self.deliveries.in_flight and not self.tick_ms:
             # Delivery reports arrive through poll, which returns at the first; keep the slice
             # short so an earlier record stored meanwhile by ingress is not held up long.
             self.producer.poll(self.turns.waits(min(seconds, INFLIGHT_POLL_S)))
             return
-        if self.deliveries.pending:
+        if self.deliveries.in_flight:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
             # instead of waking for each one. While the sender has records to produce it polls
             # too: the mover then applies them at most half an ``ahead`` window later.

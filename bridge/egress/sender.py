@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
-from bridge.egress.settle import Deliveries, Ident, Pending, by_shard
+from bridge.egress.settle import Deliveries, Ident, InFlight, by_shard
 from bridge.errors import StoreError, log_failed_turn
 from bridge.store import Claims, Store
 from bridge.turns import Turns
@@ -46,7 +46,7 @@ class Sender:
         *,
         clock: RedisClock,
         deliveries: Deliveries,
-        send: Callable[[Ident, Pending], None],
+        send: Callable[[Ident, InFlight], None],
         producer: Producer,
         store: Store,
     ) -> None:
@@ -76,16 +76,16 @@ class Sender:
         redelivered = 0
         held: list[tuple[int, Ident]] = []
         due: list[Ident] = []
-        pending_of = self.deliveries.pending.get
+        inflight_of = self.deliveries.in_flight.get
         for item in claimed:
             ident = (item.shard, item.member)
             if ident in skip:
                 continue
             redelivered += item.redelivery
-            # A record still pending here, claimed again (its lease expired), is the same one.
+            # A record still in flight here, claimed again (its lease expired), is the same one.
             # So is, for now, a new incarnation's record at the offset of one in flight from
             # before a retire: its lease ends and it is claimed again once that one is settled.
-            if pending_of(ident) is None:
+            if inflight_of(ident) is None:
                 draining = backlog is not None and backlog.holds(item)
                 self.deliveries.track(ident, item, draining)
             if item.record.due_ms > claimed.now_ms:
@@ -137,12 +137,12 @@ class Sender:
         one lock spans taking records and producing them: a slice one thread took is not
         overtaken by what the other takes meanwhile, so Kafka appends records in the order they
         were claimed — whichever thread sends them, however long one is held up."""
-        pending = self.deliveries.pending
+        inflight = self.deliveries.in_flight
         with self._sending:
             sent: list[int] = []  # from when each counts as late
             # A claim's own records do not count for the sender's pace (see _take_due).
             for ident in (*self._take_due(now_ms, pace=not claimed), *claimed):
-                one = pending.get(ident)
+                one = inflight.get(ident)
                 if one is not None:
                     self._send(ident, one)
                     sent.append(one.claimed.record.late_from_ms())

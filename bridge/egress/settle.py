@@ -70,7 +70,7 @@ def backoff(base: float, cap: float, failures: int) -> float:
 
 
 @dataclass(slots=True)
-class Pending:
+class InFlight:
     """A claimed record produced (or about to be) and not yet acknowledged."""
 
     claimed: Claimed
@@ -90,7 +90,7 @@ class Acked:
     epoch: str
     members: list[bytes] = field(default_factory=list)
     ids: list[tuple[str, bytes]] = field(default_factory=list)  # those in the id index
-    delivered: list[tuple[Pending, int]] = field(default_factory=list)  # with the report's time
+    delivered: list[tuple[InFlight, int]] = field(default_factory=list)  # with the report's time
 
 
 def by_shard(idents: Iterable[Ident]) -> dict[Shard, list[bytes]]:
@@ -102,16 +102,16 @@ def by_shard(idents: Iterable[Ident]) -> dict[Shard, list[bytes]]:
 
 
 def count_acknowledged(
-    metrics: Metrics, readiness: Readiness, delivered: list[tuple[Pending, int]]
+    metrics: Metrics, readiness: Readiness, delivered: list[tuple[InFlight, int]]
 ) -> None:
     """Count a batch of acknowledged records (with when each report came in): one label
     lookup per target, not per record."""
     per_target: Counter[str] = Counter()
     late_s: dict[Priority, list[float]] = defaultdict(list)
     dead_lettered: Counter[str] = Counter()
-    for pending, now_ms in delivered:
-        record: Scheduled = pending.claimed.record
-        if pending.dead_letter:
+    for inflight, now_ms in delivered:
+        record: Scheduled = inflight.claimed.record
+        if inflight.dead_letter:
             reason = dead_letter_reason(record.headers) if record.dead_letter else ""
             dead_lettered[reason or Reason.DELIVERY_FAILED.value] += 1
             continue
@@ -141,7 +141,7 @@ class Deliveries:
         max_attempts: int,
         ack_wait_ms: int,
         clock_ms: Callable[[], int],
-        send: Callable[[Ident, Pending], None],
+        send: Callable[[Ident, InFlight], None],
         on_retry: Callable[[Mapping[Shard, Sequence[bytes]], int], None],
     ) -> None:
         self.producer = producer
@@ -154,7 +154,7 @@ class Deliveries:
         self._clock_ms = clock_ms
         self._send = send  # the one way a record is produced (a subclass of the mover may watch)
         self._on_retry = on_retry
-        self.pending: dict[Ident, Pending] = {}
+        self.in_flight: dict[Ident, InFlight] = {}
         # Records in flight claimed from a backlog, by priority (see bridge.egress.lanes).
         self.draining: Counter[Priority] = Counter()
         # Delivery reports not applied yet: (record, error, epoch ms when it came in). Appended
@@ -167,25 +167,25 @@ class Deliveries:
         # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
         self._retries: dict[Ident, int] = {}
         # Records given up on whose DLQ copy failed: claimed again, they go to the DLQ at once.
-        self._given_up: dict[Ident, Pending] = {}
+        self._given_up: dict[Ident, InFlight] = {}
         # Notified whenever in-flight records settle; revocation waits on it.
         self._settled = threading.Condition()
         # Topics whose last delivery report was a failure (retried), with the error.
         self._failing: dict[str, str] = {}
         self._next_watch = 0.0
 
-    def produce(self, ident: Ident, pending: Pending) -> None:
+    def produce(self, ident: Ident, inflight: InFlight) -> None:
         """Produce a claimed record to its target (or, given up on, to the DLQ)."""
-        record = pending.claimed.record
+        record = inflight.claimed.record
         callback = functools.partial(self._on_delivery, ident)
-        if pending.dead_letter:
-            topic, key, headers = self.dead_letter, record.key, self._dlq_headers(pending)
+        if inflight.dead_letter:
+            topic, key, headers = self.dead_letter, record.key, self._dlq_headers(inflight)
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
         timestamp = max(self._clock_ms(), record.due_ms)
-        pending.sent_s = time.monotonic()
-        value = None if pending.value_left_out else record.value
+        inflight.sent_s = time.monotonic()
+        value = None if inflight.value_left_out else record.value
         try:
             produce(
                 self.producer,
@@ -200,14 +200,14 @@ class Deliveries:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms()))
 
-    def _dlq_headers(self, pending: Pending) -> list[tuple[str, bytes | None]]:
-        record = pending.claimed.record
+    def _dlq_headers(self, inflight: InFlight) -> list[tuple[str, bytes | None]]:
+        record = inflight.claimed.record
         if record.dead_letter:  # bound for the DLQ when it was stored, with its headers
             return record.headers
-        shard = pending.claimed.shard
+        shard = inflight.claimed.shard
         where = origin(shard.topic, shard.partition, record.offset)
-        detail = f"delivery to {record.target} failed {pending.attempts} times: {pending.error}"
-        if pending.value_left_out:
+        detail = f"delivery to {record.target} failed {inflight.attempts} times: {inflight.error}"
+        if inflight.value_left_out:
             detail += (
                 f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
                 f"larger than the DLQ takes; it stays at {where})"
@@ -217,7 +217,7 @@ class Deliveries:
     def _on_delivery(self, ident: Ident, err: KafkaError | None, _msg: Message) -> None:
         self._reports.append((ident, err, self._clock_ms()))
 
-    def settle(self) -> None:
+    def apply_reports(self) -> None:
         """Take in delivery reports: successes wait to be acknowledged (see :meth:`ack`),
         failures are retried or dead-lettered."""
         if not self._reports:
@@ -227,14 +227,14 @@ class Deliveries:
         failed: Counter[tuple[str, str, int]] = Counter()
         errors: Counter[str] = Counter()
         for ident, err, at_ms in reports:
-            pending = self.pending.get(ident)
-            if pending is None:
+            inflight = self.in_flight.get(ident)
+            if inflight is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
-                pending.sent_s = 0.0
+                inflight.sent_s = 0.0
                 if self._failing:
-                    self._failing.pop(self._topic(pending), None)
-                epoch = pending.claimed.epoch
+                    self._failing.pop(self._topic(inflight), None)
+                epoch = inflight.claimed.epoch
                 acked = self.acked.get(ident[0])
                 if acked is not None and acked.epoch != epoch:  # the shard's state was retired
                     self._apply({ident[0]: acked})
@@ -242,10 +242,10 @@ class Deliveries:
                 if acked is None:  # not setdefault: that builds an Acked per record
                     acked = self.acked[ident[0]] = Acked(epoch)
                 acked.members.append(ident[1])
-                given = pending.claimed.given_id()
+                given = inflight.claimed.given_id()
                 if given is not None:
                     acked.ids.append((given, ident[1]))
-                acked.delivered.append((pending, at_ms))
+                acked.delivered.append((inflight, at_ms))
                 self._retries.pop(ident, None)
                 self._given_up.pop(ident, None)
                 if self.ack_by is None:  # counted from when the report came in
@@ -253,31 +253,31 @@ class Deliveries:
                     self.ack_by = time.monotonic() + (self._ack_wait_ms - waited_ms) / 1000
                 continue
             errors[err.name()] += 1
-            if pending.dead_letter and err.code() in TOO_LARGE and not pending.value_left_out:
-                pending.value_left_out = True
-                self._send(ident, pending)
+            if inflight.dead_letter and err.code() in TOO_LARGE and not inflight.value_left_out:
+                inflight.value_left_out = True
+                self._send(ident, inflight)
                 continue
-            if err.code() in PERMANENT_ERRORS and not pending.dead_letter:
-                pending.attempts += 1
-                pending.error = f"{err.name()}: {err.str()}"
-                if pending.attempts >= self.max_attempts:
-                    pending.dead_letter = True
+            if err.code() in PERMANENT_ERRORS and not inflight.dead_letter:
+                inflight.attempts += 1
+                inflight.error = f"{err.name()}: {err.str()}"
+                if inflight.attempts >= self.max_attempts:
+                    inflight.dead_letter = True
                     logger.warning(
                         "delivery of %s to %s failed %d times (%s); dead-lettering",
-                        pending.claimed.record.delay_id,
-                        pending.claimed.record.target,
-                        pending.attempts,
+                        inflight.claimed.record.delay_id,
+                        inflight.claimed.record.target,
+                        inflight.attempts,
                         err.str(),
                     )
-                self._send(ident, pending)
+                self._send(ident, inflight)
                 continue
-            topic = self._topic(pending)
+            topic = self._topic(inflight)
             self._failing[topic] = err.str()
             if len(self._retries) >= RETRIES_KEPT:
                 self._retries.clear()
                 self._given_up.clear()
-            if pending.dead_letter and not pending.claimed.record.dead_letter:
-                self._given_up[ident] = pending
+            if inflight.dead_letter and not inflight.claimed.record.dead_letter:
+                self._given_up[ident] = inflight
             tries = self._retries[ident] = self._retries.get(ident, 0) + 1
             wait_ms = int(backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, tries))
             retry[wait_ms][ident[0]].append(ident[1])
@@ -290,8 +290,8 @@ class Deliveries:
             self.metrics.delivery_errors.labels(error=name).inc(n)
         self._report_failures(failed)
 
-    def _topic(self, pending: Pending) -> str:
-        return self.dead_letter if pending.dead_letter else pending.claimed.record.target
+    def _topic(self, inflight: InFlight) -> str:
+        return self.dead_letter if inflight.dead_letter else inflight.claimed.record.target
 
     def watch(self) -> None:
         """At most every WATCH_EVERY_S: the age of the oldest record produced and not
@@ -302,7 +302,7 @@ class Deliveries:
         if now < self._next_watch:
             return
         self._next_watch = now + WATCH_EVERY_S
-        sent = [p for p in self.pending.values() if p.sent_s]
+        sent = [p for p in self.in_flight.values() if p.sent_s]
         oldest = min(sent, key=lambda p: p.sent_s, default=None)
         age = 0.0 if oldest is None else now - oldest.sent_s
         self.metrics.oldest_inflight.set(age)
@@ -365,25 +365,25 @@ class Deliveries:
                 wait_ms / 1000,
             )
 
-    def track(self, ident: Ident, claimed: Claimed, draining: bool) -> Pending:
+    def track(self, ident: Ident, claimed: Claimed, draining: bool) -> InFlight:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see
         :meth:`Lanes.claimed`): it counts in :attr:`draining` until it is settled."""
-        pending = Pending(claimed, dead_letter=claimed.record.dead_letter, draining=draining)
+        inflight = InFlight(claimed, dead_letter=claimed.record.dead_letter, draining=draining)
         given_up = self._given_up.get(ident)
         if given_up is not None:  # its attempts are spent: the DLQ's turn again
-            pending.dead_letter, pending.attempts = True, given_up.attempts
-            pending.error, pending.value_left_out = given_up.error, given_up.value_left_out
-        self.pending[ident] = pending
+            inflight.dead_letter, inflight.attempts = True, given_up.attempts
+            inflight.error, inflight.value_left_out = given_up.error, given_up.value_left_out
+        self.in_flight[ident] = inflight
         if draining:
             self.draining[claimed.record.priority] += 1
-        return pending
+        return inflight
 
     def due_in_flight(self, now_ms: int) -> Counter[Priority]:
         """Records in flight and due by ``now_ms``, by priority (read by the metrics thread)."""
         # list() copies the values in one step, while the mover's thread may change the dict.
         return Counter(
             p.claimed.record.priority
-            for p in list(self.pending.values())
+            for p in list(self.in_flight.values())
             if p.claimed.record.due_ms <= now_ms
         )
 
@@ -391,7 +391,7 @@ class Deliveries:
         """These records are no longer in flight (acknowledged, or released to be claimed)."""
         for shard, batch in members.items():
             for m in batch:
-                gone = self.pending.pop((shard, m), None)
+                gone = self.in_flight.pop((shard, m), None)
                 if gone is not None and gone.draining:
                     self.draining[gone.claimed.record.priority] -= 1
         with self._settled:
@@ -404,7 +404,7 @@ class Deliveries:
 
         def left() -> int:
             # list() copies the keys in one step, while the mover's thread may change the dict
-            return sum(1 for s, _ in list(self.pending) if s.base() in gone)
+            return sum(1 for s, _ in list(self.in_flight) if s.base() in gone)
 
         with self._settled:
             self._settled.wait_for(lambda: left() == 0, timeout_s)
@@ -413,14 +413,14 @@ class Deliveries:
     def drain(self, deadline: float) -> None:
         """Wait until ``deadline`` (monotonic s) for the records in flight; release the leases of
         those unacknowledged then (shutdown)."""
-        while self.pending and time.monotonic() < deadline:
+        while self.in_flight and time.monotonic() < deadline:
             self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-            self.settle()
+            self.apply_reports()
             self.ack(force=True)
-        if self.pending:
+        if self.in_flight:
             logger.warning(
-                "%d records unacknowledged at shutdown; leases released", len(self.pending)
+                "%d records unacknowledged at shutdown; leases released", len(self.in_flight)
             )
-            released = by_shard(self.pending)
+            released = by_shard(self.in_flight)
             self.store.release(released)
             self.forget(released)

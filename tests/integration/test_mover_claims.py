@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from bridge.config import EgressConfig
-from bridge.egress import Egress, Pending
+from bridge.egress import Egress, InFlight
 from bridge.message import Priority, Scheduled, origin
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard, Store
@@ -41,7 +41,7 @@ class WatchedEgress(Egress):
     now_ms = 0
     early: list[tuple[int, int]]
 
-    def _send(self, ident: tuple[Shard, bytes], pending: Pending) -> None:
+    def _send(self, ident: tuple[Shard, bytes], pending: InFlight) -> None:
         if pending.claimed.record.due_ms > self.now_ms:
             self.early.append((pending.claimed.record.due_ms, self.now_ms))
         super()._send(ident, pending)
@@ -129,7 +129,7 @@ class SlowSlice(Egress):
     stalled: threading.Event
     go_on: threading.Event
 
-    def _send(self, ident: tuple[Shard, bytes], pending: Pending) -> None:
+    def _send(self, ident: tuple[Shard, bytes], pending: InFlight) -> None:
         if threading.current_thread().name == "sender" and not self.stalled.is_set():
             self.stalled.set()
             self.go_on.wait(30)

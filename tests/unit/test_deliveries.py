@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.egress.plan import RedisClock
 from bridge.egress.sender import Sender
-from bridge.egress.settle import Deliveries, Ident, Pending
+from bridge.egress.settle import Deliveries, Ident, InFlight
 from bridge.health import Readiness
 from bridge.message import (
     H_ERROR,
@@ -79,21 +79,21 @@ class Setup:
                 ({s: list(m) for s, m in members.items()}, wait)),
         )  # fmt: skip
 
-    def _send(self, ident: Ident, pending: Pending) -> None:  # as the mover's one way out
-        self.deliveries.produce(ident, pending)
+    def _send(self, ident: Ident, inflight: InFlight) -> None:  # as the mover's one way out
+        self.deliveries.produce(ident, inflight)
 
     def claim(self, offset: int, value: bytes = b"v") -> Ident:
         record = Scheduled(offset, NOW, "orders", b"k", value, [("h", b"1")], "id")
         ident = (SHARD, offset_bytes(offset))
-        pending = self.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
-        self.deliveries.produce(ident, pending)
+        inflight = self.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
+        self.deliveries.produce(ident, inflight)
         return ident
 
     def report(self, error: int | None) -> None:
         """The last record produced gets its delivery report; the mover applies it."""
         err = None if error is None else KafkaError(error, "refused")
         self.producer.sent[-1].report(err, None)
-        self.deliveries.settle()
+        self.deliveries.apply_reports()
 
 
 def test_a_delivered_record_is_acknowledged_and_leaves_the_records_in_flight() -> None:
@@ -102,7 +102,7 @@ def test_a_delivered_record_is_acknowledged_and_leaves_the_records_in_flight() -
     s.report(None)
     s.deliveries.ack(force=True)
     assert s.store.acked == [{SHARD: [ident[1]]}]
-    assert not s.deliveries.pending
+    assert not s.deliveries.in_flight
 
 
 def test_a_permanent_refusal_is_retried_then_dead_lettered_with_kafkas_error() -> None:
@@ -138,7 +138,7 @@ def test_a_transient_failure_ends_the_lease_after_a_doubling_back_off() -> None:
     s.report(KafkaError._MSG_TIMED_OUT)
     assert s.store.released == [({SHARD: [ident[1]]}, 500)]
     assert s.retried == [({SHARD: [ident[1]]}, 500)]
-    assert not s.deliveries.pending  # claimed again after the back-off
+    assert not s.deliveries.in_flight  # claimed again after the back-off
     s.claim(7)  # claimed again
     s.report(KafkaError._MSG_TIMED_OUT)
     assert s.store.released[-1] == ({SHARD: [ident[1]]}, 1000)
@@ -158,15 +158,15 @@ def test_drain_releases_what_kafka_never_acknowledged() -> None:
     ident = s.claim(7)
     s.deliveries.drain(deadline=0.0)  # shutting down, no report came
     assert s.store.released == [({SHARD: [ident[1]]}, 0)]
-    assert not s.deliveries.pending
+    assert not s.deliveries.in_flight
 
 
 def test_a_record_stored_bound_for_the_dlq_goes_there_with_its_own_reason() -> None:
     s = Setup()
     record = dead_letter_when_due("delay", 0, 7, NOW, reason=Reason.PAYLOAD_MISSING, detail="gone")
     ident = (SHARD, offset_bytes(7))
-    pending: Pending = s.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
-    s.deliveries.produce(ident, pending)
+    inflight: InFlight = s.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
+    s.deliveries.produce(ident, inflight)
     sent = s.producer.sent[-1]
     assert sent.topic == "delay.dlq" and sent.headers[H_ERROR] == b"payload-missing"
 
@@ -202,4 +202,4 @@ def test_records_held_at_shutdown_are_released_for_the_next_owner() -> None:
                     None)  # offset 2 was put back: not held  # fmt: skip
     sender.release()
     assert s.store.released == [({SHARD: [offset_bytes(1)]}, 0)]
-    assert not s.deliveries.pending and not s.producer.sent
+    assert not s.deliveries.in_flight and not s.producer.sent
