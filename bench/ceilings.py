@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from bridge.config import Config
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers, Scheduled, origin
-from bridge.store import Shard, Store
+from bridge.store import AckBatch, Shard, Store
 from tests.chaos.scenarios import PARTITIONS
 from tests.chaos.workload import now_ms, value_of
 
@@ -54,9 +54,9 @@ def bare_store(
         claimed = store.claim(shards, per_shard, LEASE_MS)
         if not claimed:
             raise RuntimeError(f"bare store: {left} records not claimable")
-        acks: dict[Shard, list[bytes]] = defaultdict(list)
+        acks: dict[Shard, AckBatch] = defaultdict(AckBatch)
         for item in claimed:
-            acks[item.shard].append(item.member)
+            acks[item.shard].members.append(item.member)
         left -= store.ack(acks)
     done = time.perf_counter()
     for shard in shards:

@@ -347,9 +347,8 @@ class Sampler:
         metrics: Metrics,
         owned: Callable[[], Iterable[Shard]],
         ready: Callable[[], list[str]] = lambda: [],
-        not_due: Callable[[int], int] = lambda now_ms: 0,
         *,
-        due_in_flight: Callable[[int], Mapping[Priority, int]] = lambda now_ms: {},
+        in_memory: Callable[[int], tuple[int, Mapping[Priority, int]]] = lambda now_ms: (0, {}),
         lost: Callable[[], Iterable[Shard]] = frozenset,
         due_by_ms: int | None = None,
     ) -> None:
@@ -359,8 +358,9 @@ class Sampler:
         self.lost = lost
         self.due_by_ms = due_by_ms  # records in flight count in the oldest (Store.backlog)
         self.ready = ready
-        self.not_due = not_due  # records in flight that are not due yet (claimed ahead)
-        self.due_in_flight = due_in_flight  # this process's records in flight and due, by priority
+        # This process's records in flight: how many are not due yet (claimed ahead), and how
+        # many are due, by priority (Egress.readings).
+        self.in_memory = in_memory
         self._bytes_denied = False
 
     def sample_once(self, now_ms: int | None = None) -> None:
@@ -377,8 +377,8 @@ class Sampler:
         m = self.metrics
         m.owned_partitions.set(len(owned))
         m.scheduled.set(backlog.scheduled)
-        in_flight = max(0, backlog.inflight - self.not_due(backlog.now_ms))
-        known = self.due_in_flight(backlog.now_ms)
+        not_due, known = self.in_memory(backlog.now_ms)
+        in_flight = max(0, backlog.inflight - not_due)
         for priority in Priority:
             overdue = backlog.overdue_by.get(priority, 0) + known.get(priority, 0)
             if priority is Priority.NORMAL:

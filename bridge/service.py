@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from prometheus_client import CollectorRegistry
@@ -85,12 +85,6 @@ def _summary(registry: CollectorRegistry, seconds: float) -> None:
         total("delay_bridge_dead_lettered_total"),
         total("delay_bridge_redelivered_total"),
     )
-
-
-class _Loop(Protocol):
-    """A main loop: stamps ``last_loop`` (monotonic s) each time it comes round."""
-
-    last_loop: float
 
 
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
@@ -205,9 +199,8 @@ class Service:
             self.metrics,
             lambda: self.egress.owned,
             self.ready,
-            self.egress.sender.not_due,
+            in_memory=self.egress.readings,
             lost=lambda: self.ingress.lost,
-            due_in_flight=self.egress.deliveries.due_in_flight,
             due_by_ms=config.egress.due_by_ms,
         )
         self.http = HttpServer(
@@ -216,6 +209,8 @@ class Service:
         self.stop_event = threading.Event()
         self._errors: list[BaseException] = []
         self._waiting_for_redis = False
+        # When the main loops started, after the wait for Redis: their silence counts from then.
+        self._loops_started = 0.0
 
     def _on_stats(self, stats_json: str) -> None:
         stats = json.loads(stats_json)
@@ -279,23 +274,24 @@ class Service:
     def health(self) -> list[str]:
         """Problems that mean the process should be restarted: a main loop that stopped."""
         now = time.monotonic()
+        # Waiting for Redis, no loop runs yet: not stuck (/readyz names the Redis fault).
+        since = now if self._waiting_for_redis else self._loops_started
         problems = [
-            f"{name} loop silent for {now - loop.last_loop:.0f}s"
-            for name, loop in self._loops()
-            if now - loop.last_loop > STALL_S
+            f"{name} loop silent for {now - last:.0f}s"
+            for name, last in self._last_loops().items()
+            if now - max(last, since) > STALL_S
         ]
         if self._errors:
             problems.append(f"stopped: {self._errors[0]!r}")
         return problems
 
-    def _loops(self) -> list[tuple[str, _Loop]]:
-        """The main loops /healthz watches, each stamping ``last_loop`` as it comes round."""
-        return [
-            ("ingress", self.ingress),
-            ("egress", self.egress),
-            ("sender", self.egress.sender),
-            ("read-back", self.read_back),
-        ]
+    def _last_loops(self) -> dict[str, float]:
+        """When each main loop /healthz watches last came round (monotonic s)."""
+        return {
+            "ingress": self.ingress.last_loop,
+            **self.egress.last_loops(),
+            "read-back": self.read_back.last_loop,
+        }
 
     def ready(self) -> list[str]:
         """Problems that mean the bridge cannot do its work now."""
@@ -347,7 +343,7 @@ class Service:
         probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)
-        sender_thread = self._thread("sender", self.egress.sender.run)
+        sender_thread = self._thread("sender", self.egress.run_sender)
         read_back_thread = self._thread("read-back", self.read_back.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
         sampler_thread = self._thread("sampler", self.sampler.run)
@@ -386,9 +382,6 @@ class Service:
         attempt = 0
         self._waiting_for_redis = True
         while not self.probes.redis_once():
-            # Not stuck, waiting: keep /healthz green; /readyz names the Redis fault.
-            for _, loop in self._loops():
-                loop.last_loop = time.monotonic()
             backoff = REDIS_WAIT_S[min(attempt, len(REDIS_WAIT_S) - 1)]
             if attempt == 0:
                 logger.error(
@@ -399,6 +392,7 @@ class Service:
             if self.stop_event.wait(backoff):
                 return False
         self._waiting_for_redis = False
+        self._loops_started = time.monotonic()
         if attempt:
             logger.info("redis takes writes after %d attempts; joining the consumer group", attempt)
         return True

@@ -12,11 +12,10 @@ records in flight were not claimed from a backlog.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
+from bridge.egress.failures import Ident
 from bridge.egress.plan import HOLD_WAIT_S, Plan
-from bridge.egress.settle import Ident
 from bridge.message import Priority
 from bridge.store import ON_TIME_WINDOW_MS, Claimed, Claims, Shard
 
@@ -51,9 +50,10 @@ class Backlog:
 
 class Lanes:
     """The lowest priority the mover claims now, from what the last claim of each shard said is
-    due and the backlog's records in flight (``draining``, which the deliveries keep)."""
+    due and the priorities of the backlog's records in flight (``draining``: the deliveries'
+    :meth:`Deliveries.draining_lanes`)."""
 
-    def __init__(self, draining: Counter[Priority]) -> None:
+    def __init__(self, draining: Callable[[], set[Priority]]) -> None:
         self.draining = draining
         self._due: dict[Shard, frozenset[Priority]] = {}  # shards with records due, by priority
         self._held: set[Shard] = set()  # shards with only lower priorities due: held back
@@ -62,7 +62,7 @@ class Lanes:
     def cut(self) -> Priority | None:
         """The lowest priority to claim now (None: every one)."""
         due = {p for lanes in self._due.values() for p in lanes}
-        due.update(p for p, n in self.draining.items() if n > 0)
+        due.update(self.draining())
         first = min(due, default=None)
         return None if first is None or first is Priority.LOW else first
 
@@ -110,7 +110,7 @@ class Lanes:
         """Take what a claim says is due per shard, and hold back for a moment the shards with
         only lower priorities than the cut due (else the loop would claim them again at once, for
         nothing). Returns what the claim took from a backlog (:class:`Backlog`): those records
-        count in ``draining`` until they are settled, and a lower lane waits for them. A record
+        count as draining until they are settled, and a lower lane waits for them. A record
         that falls due during another lane's drain is claimed before the lower lanes' records,
         but they do not wait for its acknowledgement."""
         backlog: set[tuple[Shard, Priority]] = set()
@@ -128,7 +128,7 @@ class Lanes:
             held = [s for s, lanes in self._due.items() if min(lanes) > cut]
             plan.hold_back(held, claims.now_ms + HOLD_WAIT_S * 1000)
             self._held.update(held)
-        active = bool(backlog) or any(n > 0 for n in self.draining.values())
+        active = bool(backlog) or bool(self.draining())
         return Backlog(backlog, claims.now_ms - ON_TIME_WINDOW_MS if active else None)
 
     def stored(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> dict[Shard, int]:

@@ -10,19 +10,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import Producer
 
 from bridge.catchup import CatchUp
 from bridge.config import EgressConfig
+from bridge.egress.failures import Ident, backoff
 from bridge.egress.lanes import Lanes, lanes_min
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
-from bridge.egress.settle import Deliveries, Ident, InFlight, backoff
+from bridge.egress.settle import Deliveries
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
+from bridge.message import Priority
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store
 from bridge.turns import Turns
@@ -34,11 +37,12 @@ INFLIGHT_POLL_S = 0.05
 ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 2.0
 
 
-# The six "fmt: skip" lines in this class keep it within the structure test's 300 lines, ruff
-# laying them out would take 26 more; the egress re-cut (one owner of in-flight state) is to
-# shrink it first. They are the only ones in bridge/.
 class Egress:
-    """The mover. Runs in one thread; delivery reports are served on that thread."""
+    """The mover and its sender: claims records, keeps those claimed ahead until due (a
+    :class:`Sender`, on its own thread) and produces them through one :class:`Deliveries`, the
+    owner of every record in flight. The mover runs on one thread and serves delivery reports."""
+
+    deliveries_type = Deliveries  # a test may watch every record produced through a subclass
 
     def __init__(
         self,
@@ -57,27 +61,23 @@ class Egress:
         self.readiness = readiness or Readiness()
         self.store = store
         self.metrics = metrics
-        self.batch_size = config.batch_size
-        self.lease_ms = lease_ms = config.lease
-        self.tick_ms = tick_ms = config.tick
-        self.ahead_ms = ahead_ms = config.ahead
-        # Delivered records are acknowledged with their shard's next claim or after this long:
-        # with claims ahead, a claim comes every half window.
-        self._ack_wait_ms = max(tick_ms, ahead_ms // 2)
+        self.config = config
         self.clock = RedisClock()
-        self.plan = Plan(tick_ms, ahead_ms)
-        self.deliveries = Deliveries(
-            producer, store, metrics, self.readiness, dead_letter=dead_letter,
-            max_attempts=config.max_attempts, ack_wait_ms=self._ack_wait_ms, clock_ms=clock_ms,
-            send=self._send, on_retry=self._claim_again,
-        )  # fmt: skip
-        self.sender = Sender(
-            tick_ms, config.send_tick, clock=self.clock,
-            deliveries=self.deliveries, send=self._send, producer=producer, store=store,
-        )  # fmt: skip
-        self.lanes = Lanes(self.deliveries.draining)
+        self.plan = Plan(config.tick, config.ahead)
+        self.deliveries = self.deliveries_type(
+            producer,
+            store,
+            metrics,
+            self.readiness,
+            config,
+            dead_letter=dead_letter,
+            clock_ms=clock_ms,
+            on_retry=self._claim_again,
+        )
+        self.sender = Sender(config, self.clock, self.deliveries)
+        self.lanes = Lanes(self.deliveries.draining_lanes)
         self.rate = RateLimit(config.max_rate) if config.max_rate else None
-        self.targets = TargetLimits(store, metrics, config.max_rate_per_target, lease_ms)
+        self.targets = TargetLimits(store, metrics, config.max_rate_per_target, config.lease)
         self._starved = False  # the last step claimed nothing for want of the rate's tokens
         # The earliest due time of each lane ingress stored since the last step.
         self._stored: dict[Shard, tuple[int, int, int]] = {}
@@ -112,6 +112,18 @@ class Egress:
         thread while the mover runs."""
         return self.deliveries.wait_settled(shards, timeout_s)
 
+    def run_sender(self, stop: threading.Event) -> None:
+        """The sender thread: produce records claimed ahead at their due time until ``stop``."""
+        self.sender.run(stop)
+
+    def last_loops(self) -> dict[str, float]:
+        """When the mover's and the sender's loops last came round (monotonic s)."""
+        return {"egress": self.last_loop, "sender": self.sender.last_loop}
+
+    def readings(self, now_ms: int) -> tuple[int, Counter[Priority]]:
+        """Records claimed ahead not due by ``now_ms``, and in flight and due, by priority."""
+        return self.sender.not_due(now_ms), self.deliveries.due_in_flight(now_ms)
+
     def notify(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> None:
         """Ingress stored records due from these times on (the earliest of each priority lane,
         -1: none); wake up in case one is sooner than planned."""
@@ -124,18 +136,6 @@ class Egress:
         """Cut the mover's and the sender's sleep short (stopping)."""
         self._wake.set()
         self.sender.wake.set()
-
-    @property
-    def max_inflight(self) -> int:
-        """Records produced and unacknowledged at most: claims stop there. Ten batches keep the
-        producer busy while delivery reports of earlier ones come back (fewer cost throughput:
-        docs/bench/history.md); all are leased, so a crash redelivers at most this many."""
-        return self.batch_size * 10
-
-    @property
-    def inflight(self) -> int:
-        """Records produced and not yet acknowledged."""
-        return len(self.deliveries.in_flight)
 
     def step(self, now_ms: int | None = None) -> int:
         """Serve delivery reports, then claim and produce what is due. Returns the records claimed
@@ -157,7 +157,7 @@ class Egress:
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.sender.send_due(now)
         self.turns.mark("producing held records")
-        room = self.max_inflight - len(self.deliveries.in_flight)
+        room = self.deliveries.room()
         limited = False  # egress.max_rate leaves less room than the records in flight do
         if self.rate is not None:
             allowed = self.rate.allowance()
@@ -169,32 +169,36 @@ class Egress:
         if shards and room > 0:
             claimed = self._claim(shards, room, now, now_ms, limited)
         else:
-            self._ack()
+            self.deliveries.ack()
         if self.targets.waiting and room > claimed:
             claimed += self._claim_waiting(now, now_ms, room - claimed)
         self.producer.poll(0)
         self.turns.mark("producing claimed records")
         return claimed
 
-    def _claim(self, shards: list[Shard], room: int, now: float, now_ms: int | None,
-               limited: bool) -> int:  # fmt: skip
+    def _claim(
+        self, shards: list[Shard], room: int, now: float, now_ms: int | None, limited: bool
+    ) -> int:
         """Claim from the due indexes of ``shards`` and produce what is due; returns how many
         records it took (not those put back or set aside for their target's rate)."""
-        per_shard = max(1, min(self.batch_size, room // len(shards)))
+        per_shard = max(1, min(self.config.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
-        # The acknowledgements of a shard claimed from go along in its claim's call.
-        acked = self.deliveries.acked
-        acks = {s: acked[s] for s in shards if s in acked}
+        acks = self.deliveries.acks_of(shards)
         claimed = self.store.claim(
-            shards, per_shard, self.lease_ms, now_ms, horizons, ahead_ms=self.ahead_ms,
-            acks={s: a.members for s, a in acks.items()}, ids={s: a.ids for s, a in acks.items()},
-            epochs={s: a.epoch for s, a in acks.items()}, lanes=self.lanes.limits(shards),
-            ahead_lanes=self.lanes.ahead(self.owned, now + self.ahead_ms),
+            shards,
+            per_shard,
+            self.config.lease,
+            now_ms,
+            horizons,
+            ahead_ms=self.config.ahead,
+            acks=acks,
+            lanes=self.lanes.limits(shards),
+            ahead_lanes=self.lanes.ahead(self.owned, now + self.config.ahead),
             watermarks=self.catch_up.watermarks(),
-        )  # fmt: skip
+        )
         self.turns.mark("claiming from redis")
         self.deliveries.acknowledged(acks)
-        self._ack()
+        self.deliveries.ack()
         self.clock.set(claimed)
         for shard in self.plan.claimed(claimed, per_shard, horizons):
             self._forget_if_drained(shard)
@@ -210,19 +214,12 @@ class Egress:
 
     def _claim_waiting(self, now: float, now_ms: int | None, room: int) -> int:
         """Claim from the wait indexes what the rate-limited targets' rates allow now."""
-        got = self.targets.claim(now, now_ms, room, self.catch_up, self.batch_size)
+        got = self.targets.claim(now, now_ms, room, self.catch_up, self.config.batch_size)
         for claims in got:
             if self.rate is not None:
                 self.rate.take(len(claims))
             self.sender.dispatch(claims, set(), None)
         return sum(len(c) for c in got)
-
-    def _send(self, ident: Ident, inflight: InFlight) -> None:
-        """Produce a claimed record: the one place every record leaves by."""
-        self.deliveries.produce(ident, inflight)
-
-    def _ack(self, force: bool = False) -> None:
-        self.deliveries.ack(force or self.inflight >= self.max_inflight)
 
     def _put_back(self, claims: Claims, too_low: list[Claimed]) -> set[Ident]:
         """Records claimed that are not to be produced yet go back among the waiting ones, as if
@@ -250,19 +247,18 @@ class Egress:
         with self._lock:
             shards, self._taking_over = self._taking_over, set()
         self.plan.forget(shards)  # nothing known of them yet: claim at once
-        held: dict[Shard, list[bytes]] = {s: [] for s in shards}
-        for shard, member in self.deliveries.in_flight:
-            if shard in held:
-                held[shard].append(member)
         try:
-            ended = self.store.take_over(held)
+            ended = self.store.take_over(self.deliveries.of_shards(shards))
         except StoreError:
             with self._lock:
                 self._taking_over |= shards & self.owned
             raise
         if ended:
-            logger.info("took back %d leases an earlier owner of %s left", ended,
-                        ", ".join(str(s) for s in sorted(shards)))  # fmt: skip
+            logger.info(
+                "took back %d leases an earlier owner of %s left",
+                ended,
+                ", ".join(str(s) for s in sorted(shards)),
+            )
         self.targets.learn(self.store.inventory.waits(sorted(shards)))
 
     def run(self, stop: threading.Event) -> None:
@@ -276,7 +272,7 @@ class Egress:
                     failures = 0
                     self.readiness.ok("mover")
                     logger.info("mover reaches redis again")
-                if self.inflight >= self.max_inflight:
+                if self.deliveries.room() <= 0:
                     # At capacity: poll returns as soon as the first delivery report is in.
                     self.producer.poll(self.turns.waits(INFLIGHT_POLL_S))
                     continue
@@ -286,8 +282,11 @@ class Egress:
                 wait = backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S, failures)
                 if isinstance(exc, StoreError):
                     self.metrics.redis_errors.labels(stage="egress").inc()
-                self.readiness.fail("mover", f"mover cannot claim or acknowledge records: {exc}",
-                                    write_refused=isinstance(exc, WriteRefused))  # fmt: skip
+                self.readiness.fail(
+                    "mover",
+                    f"mover cannot claim or acknowledge records: {exc}",
+                    write_refused=isinstance(exc, WriteRefused),
+                )
                 log_failed_turn(logger, exc, "mover backing off %.1fs: %s", wait, exc)
                 stop.wait(self.turns.waits(wait))
 
@@ -310,7 +309,8 @@ class Egress:
         return seconds if waiting is None else min(seconds, waiting)
 
     def _wait(self, seconds: float) -> None:
-        if self.deliveries.in_flight and not self.tick_ms:
+        tick_ms = self.config.tick
+        if self.deliveries.in_flight and not tick_ms:
             # Delivery reports arrive through poll, which returns at the first; keep the slice
             # short so an earlier record stored meanwhile by ingress is not held up long.
             self.producer.poll(self.turns.waits(min(seconds, INFLIGHT_POLL_S)))
@@ -319,7 +319,7 @@ class Egress:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
             # instead of waking for each one. While the sender has records to produce it polls
             # too: the mover then applies them at most half an ``ahead`` window later.
-            seconds = min(seconds, (self._ack_wait_ms if len(self.sender) else self.tick_ms) / 1000)
+            seconds = min(seconds, (self.deliveries.ack_wait_ms if self.sender else tick_ms) / 1000)
         self.turns.waits(seconds)
         if seconds > 0:
             self._wake.wait(seconds)

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 
 from bridge.catchup import CatchUp
+from bridge.egress.failures import Ident
 from bridge.egress.plan import HOLD_WAIT_S
-from bridge.egress.settle import Ident
 from bridge.message import Priority
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store

@@ -14,15 +14,15 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 
-from confluent_kafka import Producer
-
+from bridge.config import EgressConfig
+from bridge.egress.failures import Ident
 from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
-from bridge.egress.settle import Deliveries, Ident, InFlight, by_shard
+from bridge.egress.settle import Deliveries, by_shard
 from bridge.errors import StoreError, log_failed_turn
-from bridge.store import Claims, Store
+from bridge.store import Claims
 from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
@@ -39,27 +39,14 @@ class Sender:
     the due ones leave as one slice — not a heap operation per record. Both the mover (after a
     claim) and the sender thread send the due ones."""
 
-    def __init__(
-        self,
-        tick_ms: int,
-        send_tick_ms: int,
-        *,
-        clock: RedisClock,
-        deliveries: Deliveries,
-        send: Callable[[Ident, InFlight], None],
-        producer: Producer,
-        store: Store,
-    ) -> None:
+    def __init__(self, config: EgressConfig, clock: RedisClock, deliveries: Deliveries) -> None:
         self.clock = clock
         self.deliveries = deliveries
-        self._send = send
-        self.producer = producer
-        self.store = store
         self.last_loop = time.monotonic()
         # Produced at most once per send tick, and at most once per _every_ms: SEND_BATCH
         # records' worth at the rate they fall due.
-        self.send_tick_ms = send_tick_ms
-        self._every_max_ms = float(max(tick_ms, send_tick_ms))
+        self.send_tick_ms = config.send_tick
+        self._every_max_ms = float(max(config.tick, config.send_tick))
         self._every_ms = self._every_max_ms
         self._held: list[tuple[int, Ident]] = []
         self._sent_ms = 0.0  # Redis ms: when held records were last taken
@@ -126,7 +113,7 @@ class Sender:
                     log_failed_turn(logger, exc, "sender: %s", exc)
                     stop.wait(turns.waits(FAILED_WAIT_S))
             turns.mark("producing due records")
-            self.producer.poll(0)
+            self.deliveries.poll(0)
             turns.mark("serving delivery reports")
             self.wake.wait(turns.waits(self._seconds_to_next()))
 
@@ -144,7 +131,7 @@ class Sender:
             for ident in (*self._take_due(now_ms, pace=not claimed), *claimed):
                 one = inflight.get(ident)
                 if one is not None:
-                    self._send(ident, one)
+                    self.deliveries.produce(ident, one)
                     sent.append(one.claimed.record.late_from_ms())
             if sent and self.clock.known:
                 handed = self.clock.now_ms()
@@ -168,10 +155,9 @@ class Sender:
         if not released:
             return
         try:
-            self.store.release(released)
+            self.deliveries.release(released)
         except StoreError as exc:  # their leases run out instead; the in-flight rest still drains
             logger.warning("records claimed ahead not released (%s); their leases will expire", exc)
-        self.deliveries.forget(released)
 
     def _take_due(self, now_ms: float, pace: bool = True) -> list[Ident]:
         """The records whose due time has come by ``now_ms`` (Redis's clock), in due order.

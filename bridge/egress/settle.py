@@ -1,12 +1,8 @@
-"""Claimed records produced, and their delivery reports settled: acknowledged, retried or DLQ'd.
+"""Claimed records produced, and their delivery reports settled.
 
-A record leaves Redis only from a successful delivery report. Permanent failures (unknown topic,
-too large, not authorized) are retried ``max_attempts`` times, then the record goes to the DLQ as
-``delivery-failed`` and is acknowledged once the DLQ has it; a copy the DLQ refuses as too large
-goes again without its value (it stays in the delay topic at ``delay-origin``), and a record the
-DLQ refuses otherwise stays bound for it when it is claimed again. Transient failures end the
-lease so the record is claimed again after a back-off. A record stored bound for the DLQ (a
-far-future record whose payload was gone when it was read back) goes there at its due time.
+A delivered record is acknowledged; a failed one is handed to :mod:`.failures`, which says whether
+it is produced again, claimed again after a back-off, or dead-lettered. A record leaves Redis only from a successful delivery report: its acknowledgement goes along with
+its shard's next claim, or at the latest a tick later (one call takes a tick's worth).
 """
 
 from __future__ import annotations
@@ -21,75 +17,29 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from bridge.config import EgressConfig
+from bridge.egress.failures import Failures, Ident, InFlight
 from bridge.health import Readiness
 from bridge.kafka import produce
-from bridge.message import (
-    Priority,
-    Reason,
-    Scheduled,
-    dead_letter_headers,
-    dead_letter_reason,
-    origin,
-    wire_headers,
-)
+from bridge.message import Priority, Reason, Scheduled, dead_letter_reason, wire_headers
 from bridge.metrics import Metrics
-from bridge.store import Claimed, Shard, Store
+from bridge.store import AckBatch, Claimed, Shard, Store
 
 logger = logging.getLogger(__name__)
 
-PERMANENT_ERRORS = frozenset(
-    {
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError.INVALID_RECORD,
-        KafkaError._INVALID_ARG,
-    }
-)
-TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 # A record produced and not acknowledged for this long means Kafka is not taking writes (a leader
 # gone and not yet replaced, fewer in-sync replicas than min.insync.replicas): librdkafka retries
 # within delivery.timeout.ms without a report meanwhile, and a healthy cluster acknowledges
 # within milliseconds. /readyz says so, checked every WATCH_EVERY_S.
 STALL_S, WATCH_EVERY_S = 5.0, 1.0
-# A record whose delivery failed is claimable again after this long, doubling per failure.
-RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS = 500, 5_000
-RETRIES_KEPT = 100_000  # failure counts remembered (records another replica took are forgotten)
-
-Ident = tuple[Shard, bytes]  # a claimed record: its shard and member
-
-
-def backoff(base: float, cap: float, failures: int) -> float:
-    """``base`` doubled per failure after the first, at most ``cap``."""
-    return float(min(cap, base * 2 ** min(max(failures - 1, 0), 30)))
 
 
 @dataclass(slots=True)
-class InFlight:
-    """A claimed record produced (or about to be) and not yet acknowledged."""
-
-    claimed: Claimed
-    attempts: int = 0
-    dead_letter: bool = False
-    error: str = ""  # Kafka's last refusal, for the DLQ's delay-error-detail
-    sent_s: float = 0.0  # monotonic, when last produced; 0 once Kafka acknowledged it
-    draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
-    value_left_out: bool = False  # its DLQ copy goes without its value (too large with it)
-
-
-@dataclass
-class Acked:
+class Acked(AckBatch):
     """A shard's delivered records whose acknowledgement Redis has not applied yet, all claimed in
-    one ``epoch`` of the shard (see :attr:`Claimed.epoch`)."""
+    one ``epoch`` of the shard (see :attr:`Claimed.epoch`), with what the metrics count of them
+    once it has."""
 
-    epoch: str
-    members: list[bytes] = field(default_factory=list)
-    ids: list[tuple[str, bytes]] = field(default_factory=list)  # those in the id index
     delivered: list[tuple[InFlight, int]] = field(default_factory=list)  # with the report's time
 
 
@@ -136,23 +86,27 @@ class Deliveries:
         store: Store,
         metrics: Metrics,
         readiness: Readiness,
+        config: EgressConfig,
         *,
         dead_letter: str,
-        max_attempts: int,
-        ack_wait_ms: int,
         clock_ms: Callable[[], int],
-        send: Callable[[Ident, InFlight], None],
         on_retry: Callable[[Mapping[Shard, Sequence[bytes]], int], None],
     ) -> None:
         self.producer = producer
         self.store = store
         self.metrics = metrics
         self.readiness = readiness
-        self.dead_letter = dead_letter
-        self.max_attempts = max_attempts
-        self._ack_wait_ms = ack_wait_ms
+        self.failures = Failures(
+            metrics, readiness, dead_letter=dead_letter, max_attempts=config.max_attempts
+        )
+        # Delivered records are acknowledged with their shard's next claim or after this long:
+        # with claims ahead, a claim comes every half window.
+        self.ack_wait_ms = max(config.tick, config.ahead // 2)
+        # Records in flight at most: claims stop there. Ten batches keep the producer busy while
+        # delivery reports of earlier ones come back (fewer cost throughput:
+        # docs/bench/history.md); all are leased, so a crash redelivers at most this many.
+        self._capacity = config.batch_size * 10
         self._clock_ms = clock_ms
-        self._send = send  # the one way a record is produced (a subclass of the mover may watch)
         self._on_retry = on_retry
         self.in_flight: dict[Ident, InFlight] = {}
         # Records in flight claimed from a backlog, by priority (see bridge.egress.lanes).
@@ -164,22 +118,17 @@ class Deliveries:
         # latest, at ack_by (monotonic s): one call takes a tick's worth.
         self.acked: dict[Shard, Acked] = {}
         self.ack_by: float | None = None
-        # Failed deliveries in a row per record, for its back-off; dropped when it is delivered.
-        self._retries: dict[Ident, int] = {}
-        # Records given up on whose DLQ copy failed: claimed again, they go to the DLQ at once.
-        self._given_up: dict[Ident, InFlight] = {}
         # Notified whenever in-flight records settle; revocation waits on it.
         self._settled = threading.Condition()
-        # Topics whose last delivery report was a failure (retried), with the error.
-        self._failing: dict[str, str] = {}
         self._next_watch = 0.0
 
     def produce(self, ident: Ident, inflight: InFlight) -> None:
-        """Produce a claimed record to its target (or, given up on, to the DLQ)."""
+        """Produce a claimed record to its target (or, given up on, to the DLQ): the one place
+        every record leaves by."""
         record = inflight.claimed.record
         callback = functools.partial(self._on_delivery, ident)
         if inflight.dead_letter:
-            topic, key, headers = self.dead_letter, record.key, self._dlq_headers(inflight)
+            topic, key, headers = self.failures.dead_letter, record.key, inflight.dlq_headers()
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
@@ -200,19 +149,10 @@ class Deliveries:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms()))
 
-    def _dlq_headers(self, inflight: InFlight) -> list[tuple[str, bytes | None]]:
-        record = inflight.claimed.record
-        if record.dead_letter:  # bound for the DLQ when it was stored, with its headers
-            return record.headers
-        shard = inflight.claimed.shard
-        where = origin(shard.topic, shard.partition, record.offset)
-        detail = f"delivery to {record.target} failed {inflight.attempts} times: {inflight.error}"
-        if inflight.value_left_out:
-            detail += (
-                f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
-                f"larger than the DLQ takes; it stays at {where})"
-            )
-        return dead_letter_headers(record.headers, Reason.DELIVERY_FAILED, detail, where)
+    def poll(self, timeout_s: float) -> None:
+        """Serve the producer's delivery reports (queued for :meth:`apply_reports`), waiting up
+        to ``timeout_s`` for the first."""
+        self.producer.poll(timeout_s)
 
     def _on_delivery(self, ident: Ident, err: KafkaError | None, _msg: Message) -> None:
         self._reports.append((ident, err, self._clock_ms()))
@@ -224,74 +164,43 @@ class Deliveries:
             return
         reports = [self._reports.popleft() for _ in range(len(self._reports))]
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
-        failed: Counter[tuple[str, str, int]] = Counter()
-        errors: Counter[str] = Counter()
         for ident, err, at_ms in reports:
             inflight = self.in_flight.get(ident)
             if inflight is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
-                inflight.sent_s = 0.0
-                if self._failing:
-                    self._failing.pop(self._topic(inflight), None)
-                epoch = inflight.claimed.epoch
-                acked = self.acked.get(ident[0])
-                if acked is not None and acked.epoch != epoch:  # the shard's state was retired
-                    self._apply({ident[0]: acked})
-                    acked = None
-                if acked is None:  # not setdefault: that builds an Acked per record
-                    acked = self.acked[ident[0]] = Acked(epoch)
-                acked.members.append(ident[1])
-                given = inflight.claimed.given_id()
-                if given is not None:
-                    acked.ids.append((given, ident[1]))
-                acked.delivered.append((inflight, at_ms))
-                self._retries.pop(ident, None)
-                self._given_up.pop(ident, None)
-                if self.ack_by is None:  # counted from when the report came in
-                    waited_ms = max(0, self._clock_ms() - at_ms)
-                    self.ack_by = time.monotonic() + (self._ack_wait_ms - waited_ms) / 1000
+                self._delivered(ident, inflight, at_ms)
                 continue
-            errors[err.name()] += 1
-            if inflight.dead_letter and err.code() in TOO_LARGE and not inflight.value_left_out:
-                inflight.value_left_out = True
-                self._send(ident, inflight)
-                continue
-            if err.code() in PERMANENT_ERRORS and not inflight.dead_letter:
-                inflight.attempts += 1
-                inflight.error = f"{err.name()}: {err.str()}"
-                if inflight.attempts >= self.max_attempts:
-                    inflight.dead_letter = True
-                    logger.warning(
-                        "delivery of %s to %s failed %d times (%s); dead-lettering",
-                        inflight.claimed.record.delay_id,
-                        inflight.claimed.record.target,
-                        inflight.attempts,
-                        err.str(),
-                    )
-                self._send(ident, inflight)
-                continue
-            topic = self._topic(inflight)
-            self._failing[topic] = err.str()
-            if len(self._retries) >= RETRIES_KEPT:
-                self._retries.clear()
-                self._given_up.clear()
-            if inflight.dead_letter and not inflight.claimed.record.dead_letter:
-                self._given_up[ident] = inflight
-            tries = self._retries[ident] = self._retries.get(ident, 0) + 1
-            wait_ms = int(backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, tries))
-            retry[wait_ms][ident[0]].append(ident[1])
-            failed[(topic, err.str(), wait_ms)] += 1
+            wait_ms = self.failures.failed(ident, inflight, err)
+            if wait_ms is None:
+                self.produce(ident, inflight)
+            else:
+                retry[wait_ms][ident[0]].append(ident[1])
         for wait_ms, members in retry.items():
             self.store.release(members, wait_ms)
             self.forget(members)
             self._on_retry(members, wait_ms)
-        for name, n in errors.items():
-            self.metrics.delivery_errors.labels(error=name).inc(n)
-        self._report_failures(failed)
+        self.failures.report_batch()
 
-    def _topic(self, inflight: InFlight) -> str:
-        return self.dead_letter if inflight.dead_letter else inflight.claimed.record.target
+    def _delivered(self, ident: Ident, inflight: InFlight, at_ms: int) -> None:
+        """Kafka has the record: it waits to be acknowledged, with its shard's others."""
+        inflight.sent_s = 0.0
+        self.failures.delivered(ident, inflight)
+        epoch = inflight.claimed.epoch
+        acked = self.acked.get(ident[0])
+        if acked is not None and acked.epoch != epoch:  # the shard's state was retired
+            self._apply({ident[0]: acked})
+            acked = None
+        if acked is None:  # not setdefault: that builds an Acked per record
+            acked = self.acked[ident[0]] = Acked(epoch)
+        acked.members.append(ident[1])
+        given = inflight.claimed.given_id()
+        if given is not None:
+            acked.ids.append((given, ident[1]))
+        acked.delivered.append((inflight, at_ms))
+        if self.ack_by is None:  # counted from when the report came in
+            waited_ms = max(0, self._clock_ms() - at_ms)
+            self.ack_by = time.monotonic() + (self.ack_wait_ms - waited_ms) / 1000
 
     def watch(self) -> None:
         """At most every WATCH_EVERY_S: the age of the oldest record produced and not
@@ -310,33 +219,30 @@ class Deliveries:
             stalled = sum(1 for p in sent if now - p.sent_s > STALL_S)
             why = (
                 f"{stalled:,} deliveries not acknowledged by Kafka for more than {STALL_S:.0f}s "
-                f"(the oldest for {age:.0f}s, to {self._topic(oldest)}): its brokers are not "
-                "taking writes"
+                f"(the oldest for {age:.0f}s, to {self.failures.topic(oldest)}): its brokers are "
+                "not taking writes"
             )
             self.readiness.fail("deliveries", why)
             return
-        if self._failing:
-            failing = "; ".join(f"to {t}: {e}" for t, e in sorted(self._failing.items()))
+        if self.failures.failing:
+            failing = "; ".join(f"to {t}: {e}" for t, e in sorted(self.failures.failing.items()))
             self.readiness.fail("deliveries", f"deliveries failing, retried: {failing}")
         else:
             self.readiness.ok("deliveries")
 
     def ack(self, force: bool = False) -> None:
         """Acknowledge delivered records in Redis: a tick (or half an ``ahead`` window) after the
-        first report came in, at once when ``force`` (claims of their shards take them along
-        sooner)."""
+        first report came in, at once when ``force`` or no room is left (claims of their shards
+        take them along sooner)."""
         if not self.acked:
             return
+        force = force or self.room() <= 0
         if not force and self.ack_by is not None and time.monotonic() < self.ack_by:
             return
         self._apply(self.acked)
 
     def _apply(self, acks: Mapping[Shard, Acked]) -> None:
-        self.store.ack(
-            {s: a.members for s, a in acks.items()},
-            {s: a.ids for s, a in acks.items()},
-            {s: a.epoch for s, a in acks.items()},
-        )
+        self.store.ack(acks)
         self.acknowledged(acks)
 
     def acknowledged(self, acks: Mapping[Shard, Acked]) -> None:
@@ -351,32 +257,43 @@ class Deliveries:
         if not self.acked:
             self.ack_by = None
 
-    def _report_failures(self, failed: Counter[tuple[str, str, int]]) -> None:
-        """One line per topic and error; a DLQ that refuses records also fails /readyz."""
-        for (topic, error, wait_ms), n in sorted(failed.items()):
-            if topic == self.dead_letter:
-                self.metrics.dlq_errors.inc(n)
-                self.readiness.fail("dlq-writes", f"DLQ produce to {topic} failed: {error}")
-            logger.warning(
-                "%d deliveries to %s failed (%s); retrying in %.1fs",
-                n,
-                topic,
-                error,
-                wait_ms / 1000,
-            )
-
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> InFlight:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see
         :meth:`Lanes.claimed`): it counts in :attr:`draining` until it is settled."""
         inflight = InFlight(claimed, dead_letter=claimed.record.dead_letter, draining=draining)
-        given_up = self._given_up.get(ident)
-        if given_up is not None:  # its attempts are spent: the DLQ's turn again
-            inflight.dead_letter, inflight.attempts = True, given_up.attempts
-            inflight.error, inflight.value_left_out = given_up.error, given_up.value_left_out
+        self.failures.resume(ident, inflight)
         self.in_flight[ident] = inflight
         if draining:
             self.draining[claimed.record.priority] += 1
         return inflight
+
+    def room(self) -> int:
+        """How many more records may be claimed (and produced) now."""
+        return self._capacity - len(self.in_flight)
+
+    def acks_of(self, shards: Iterable[Shard]) -> dict[Shard, Acked]:
+        """The acknowledgements waiting for ``shards``: a claim of theirs takes them along."""
+        return {s: a for s in shards if (a := self.acked.get(s)) is not None}
+
+    def release(self, members: Mapping[Shard, Sequence[bytes]]) -> None:
+        """End the leases of records not produced or not acknowledged (shutdown): the next owner
+        claims them at once. Forgotten here even if Redis fails (their leases run out)."""
+        try:
+            self.store.release(members)
+        finally:
+            self.forget(members)
+
+    def draining_lanes(self) -> set[Priority]:
+        """The priorities of the records in flight claimed from a backlog (see Lanes)."""
+        return {p for p, n in self.draining.items() if n > 0}
+
+    def of_shards(self, shards: set[Shard]) -> dict[Shard, list[bytes]]:
+        """The records in flight of ``shards``, each shard's (empty if none)."""
+        held: dict[Shard, list[bytes]] = {s: [] for s in shards}
+        for shard, member in self.in_flight:
+            if shard in held:
+                held[shard].append(member)
+        return held
 
     def due_in_flight(self, now_ms: int) -> Counter[Priority]:
         """Records in flight and due by ``now_ms``, by priority (read by the metrics thread)."""
@@ -421,6 +338,4 @@ class Deliveries:
             logger.warning(
                 "%d records unacknowledged at shutdown; leases released", len(self.in_flight)
             )
-            released = by_shard(self.in_flight)
-            self.store.release(released)
-            self.forget(released)
+            self.release(by_shard(self.in_flight))

@@ -1,7 +1,7 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
 from bridge.store.api import Store
-from bridge.store.calls import ON_TIME_WINDOW_MS
+from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
 from bridge.store.keys import (
     REFERENCE_BYTES,
     Shard,
@@ -25,6 +25,7 @@ from bridge.store.results import Added, Backlog, Bound, Claimed, Claims, Lost, L
 __all__ = [
     "ON_TIME_WINDOW_MS",
     "REFERENCE_BYTES",
+    "AckBatch",
     "Added",
     "Backlog",
     "Bound",

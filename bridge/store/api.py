@@ -17,7 +17,6 @@ from redis.cluster import RedisCluster
 from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.across import default_id_entry, withdraw_elsewhere
 from bridge.store.calls import (
-    NO_ACKS,
     AckBatch,
     AddEntry,
     AddReply,
@@ -50,18 +49,6 @@ from bridge.store.results import (
     lost_from,
 )
 from bridge.store.scripts import Call, Scripts
-
-
-def _acks(
-    shard: Shard,
-    members: Mapping[Shard, Sequence[bytes]] | None,
-    ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None,
-    epochs: Mapping[Shard, str] | None,
-) -> AckBatch:
-    """A shard's acknowledgements out of the per-shard maps the callers pass."""
-    if not members or shard not in members:
-        return NO_ACKS
-    return AckBatch((epochs or {}).get(shard, ""), members[shard], (ids or {}).get(shard, ()))
 
 
 def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool = True) -> Claims:
@@ -217,9 +204,7 @@ class Store:
         horizons: Mapping[Shard, int] | None = None,
         *,
         ahead_ms: int = 0,
-        acks: Mapping[Shard, Sequence[bytes]] | None = None,
-        ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
-        epochs: Mapping[Shard, str] | None = None,
+        acks: Mapping[Shard, AckBatch] | None = None,
         lanes: Mapping[Shard, Priority] | None = None,
         ahead_lanes: Priority | None = None,
         watermarks: Mapping[Shard, int] | None = None,
@@ -227,12 +212,12 @@ class Store:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
         records due by its horizon (see bridge.catchup). The reply also says when each shard
-        next has work, so the mover plans its sleep without another call. ``acks`` (and ``ids``)
-        of a shard claimed from, claimed in its ``epochs``, are applied first in the same call,
-        as :meth:`ack` would. With ``ahead_ms``, records with the default delay-id due within
-        that much of now are leased too (room permitting): the caller produces them when they
-        fall due. A shard in ``lanes`` gives only records of that priority or higher, and only
-        records of ``ahead_lanes`` or higher are claimed ahead; the reply says which priorities
+        next has work, so the mover plans its sleep without another call. The ``acks`` of a shard
+        claimed from are applied first in the same call, as :meth:`ack` would. With
+        ``ahead_ms``, records with the default delay-id due within that much of now are leased
+        too (room permitting): the caller produces them when they fall due. A shard in
+        ``lanes`` gives only records of that priority or higher, and only records of
+        ``ahead_lanes`` or higher are claimed ahead; the reply says which priorities
         still have records due and each lane's earliest due time (:class:`Claims`). From a shard
         whose Redis watermark is below its ``watermarks`` entry (the ingress's; Redis rolled
         back) nothing new is claimed until the ingress has read it again (see claim.lua)."""
@@ -252,7 +237,7 @@ class Store:
                 lanes.get(shard),
                 ahead_lanes,
                 watermark=watermarks.get(shard),
-                acks=_acks(shard, acks, ids, epochs),
+                acks=(acks or {}).get(shard),
             )
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args.argv()))
@@ -308,22 +293,17 @@ class Store:
             replies.append(reply)
         return {t: _claims(*group, one_clock=self._one_clock) for t, group in grouped.items()}
 
-    def ack(
-        self,
-        members: Mapping[Shard, Sequence[bytes]],
-        ids: Mapping[Shard, Sequence[tuple[str, bytes]]] | None = None,
-        epochs: Mapping[Shard, str] | None = None,
-    ) -> int:
-        """Remove records Kafka acknowledged; ``ids`` names those of them with a caller-given
-        delay-id (delay-id, member), which leave the id index too; ``epochs`` the epoch each
-        shard's were claimed in (:attr:`Claimed.epoch`; default ""): records claimed before
-        their shard's state was retired are left alone. Returns how many were still there."""
+    def ack(self, acks: Mapping[Shard, AckBatch]) -> int:
+        """Remove records Kafka acknowledged (:class:`AckBatch`): those with a caller-given
+        delay-id leave the id index too, and records claimed before their shard's state was
+        retired (another epoch than the batch's, :attr:`Claimed.epoch`) are left alone. Returns
+        how many were still there."""
         calls: list[Call] = []
-        for shard, batch in members.items():
-            if batch:
+        for shard, batch in acks.items():
+            if batch.members:
                 k = self.keys(shard)
                 keys = [k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
-                calls.append(("ack", keys, _acks(shard, members, ids, epochs).argv()))
+                calls.append(("ack", keys, batch.argv()))
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

@@ -7,7 +7,7 @@ else in the bridge indexes into either.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bridge.message import Priority
@@ -19,15 +19,16 @@ from bridge.store.results import Lost, lost_from
 ON_TIME_WINDOW_MS = 1000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AckBatch:
     """One shard's delivered records to acknowledge: the epoch they were claimed in, their
     offsets (8 bytes each: the claimed members), and (delay-id, offset) for those with a
-    caller-given delay-id, which leave the id index with them (ack() in _lib.lua)."""
+    caller-given delay-id, which leave the id index with them (ack() in _lib.lua). The egress
+    fills one per shard as delivery reports come in (bridge.egress.settle.Acked)."""
 
     epoch: str = ""
-    members: Sequence[bytes] = ()
-    ids: Sequence[tuple[str, bytes]] = ()
+    members: list[bytes] = field(default_factory=list)
+    ids: list[tuple[str, bytes]] = field(default_factory=list)
 
     def argv(self) -> list[Any]:
         """As ack() in _lib.lua reads them: epoch, n, n offsets, then (delay-id, offset) pairs."""
@@ -37,9 +38,6 @@ class AckBatch:
             *self.members,
             *(x for pair in self.ids for x in pair),
         ]
-
-
-NO_ACKS = AckBatch()
 
 
 def watermark_arg(watermark: int | None) -> str:
@@ -60,7 +58,7 @@ class ClaimArgs:
     last_ahead_lane: Priority | None = None  # the lowest priority claimed ahead (None: all)
     target: str = ""  # a rate-limited target whose wait index is claimed from ("": the due index)
     watermark: int | None = None  # the ingress's; a shard below it rolled back
-    acks: AckBatch = NO_ACKS  # applied first, in the same call
+    acks: AckBatch | None = None  # applied first, in the same call
 
     def argv(self) -> list[Any]:
         """claim.lua's ARGV."""
@@ -75,7 +73,7 @@ class ClaimArgs:
             "" if self.last_ahead_lane is None else self.last_ahead_lane + 1,
             self.target,
             watermark_arg(self.watermark),
-            *self.acks.argv(),
+            *(self.acks or AckBatch()).argv(),
         ]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.message import Cancel, Scheduled
-from bridge.store import Added, Shard, Store, offset_bytes
+from bridge.store import AckBatch, Added, Shard, Store, offset_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,9 @@ def test_a_claimed_record_is_past_cancel_and_replace(store: Store) -> None:
     added = apply(store, rec(2, T0 + 1000, "job", b"again"))  # scheduled besides, not replacing
     assert (added.count, added.replaced) == (1, 0)
     # The in-flight one's acknowledgement leaves the index naming the newer record.
-    assert store.ack({SHARD: [claimed.member]}, {SHARD: [("job", claimed.member)]}) == 1
+    assert (
+        store.ack({SHARD: AckBatch(members=[claimed.member], ids=[("job", claimed.member)])}) == 1
+    )
     assert index(store) == {b"job": offset_bytes(2) + f"{T0 + 1000}:0".encode()}
     added = apply(store, Cancel(3, "job"))
     assert added.cancelled == 1 and waiting(store) == {}
@@ -99,7 +101,7 @@ def test_the_index_lives_and_dies_with_its_records(store: Store) -> None:
     claimed = store.claim([SHARD], 100, LEASE, now_ms=T0)
     ids = [(c.given_id(), c.member) for c in claimed if c.given_id()]
     assert sorted(i for i, _ in ids) == ["x", "y"]  # type: ignore[type-var]
-    store.ack({SHARD: [c.member for c in claimed]}, {SHARD: ids})  # type: ignore[dict-item]
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed], ids=ids)})  # type: ignore[arg-type]
     assert not store.client.exists(store.keys(SHARD).ids)
 
 
@@ -110,11 +112,12 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
     job = next(c for c in first if c.given_id())
     # Record 0 was delivered (its report came in): acknowledged in the next claim's call, it is
     # not handed out again although its lease has run out, and leaves the id index with it.
-    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: [job.member]},
-                        ids={SHARD: [("job", job.member)]})  # fmt: skip
+    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], ids=[("job", job.member)])})  # fmt: skip
     assert sorted((c.record.offset, c.redelivery) for c in again) == [(1, True), (2, False)]
     assert index(store) == {}
-    store.claim([SHARD], 10, LEASE, now_ms=T0 + 6, acks={SHARD: [c.member for c in again]})
+    store.claim(
+        [SHARD], 10, LEASE, now_ms=T0 + 6, acks={SHARD: AckBatch(members=[c.member for c in again])}
+    )
     assert store.backlog([SHARD]).inflight == 0
     assert store.client.hlen(store.keys(SHARD).pending) == 0  # nothing pending: all acknowledged
 
@@ -136,7 +139,9 @@ def test_only_records_no_cancel_can_reach_are_claimed_ahead(store: Store) -> Non
 def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Store) -> None:
     apply(store, rec(0, T0, "job"))
     [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
-    store.ack({SHARD: [claimed.member]})  # acknowledged without its id (an earlier build)
+    store.ack(
+        {SHARD: AckBatch(members=[claimed.member])}
+    )  # acknowledged without its id (an earlier build)
     assert index(store) != {}
     assert apply(store, Cancel(1, "job")).not_found == 1
     assert index(store) == {}

@@ -55,7 +55,9 @@ def test_a_record_claimed_as_a_catch_up_begins_waits_for_it(
     egress.add_shards({SHARD})
     egress.step()
     assert catch_up.horizons() == {SHARD: 0}
-    assert egress.inflight == 0, "a record claimed as its partition's catch-up began was produced"
+    assert not egress.deliveries.in_flight, (
+        "a record claimed as its partition's catch-up began was produced"
+    )
     backlog = store.backlog([SHARD])
     assert (backlog.overdue, backlog.inflight) == (1, 0)  # waiting again, not in flight
     # ... where the cancel the ingress is about to re-read finds it.

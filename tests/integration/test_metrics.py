@@ -16,7 +16,7 @@ from bridge.config import from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Priority, Scheduled
 from bridge.metrics import Metrics, Sampler
 from bridge.service import Service
-from bridge.store import Shard, Store
+from bridge.store import AckBatch, Shard, Store
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import bridge_env, produce_all
 
@@ -72,11 +72,10 @@ def test_overdue_records_by_priority(redis_client: redis.Redis, unique: str) -> 
     claimed = store.claim([shard], 1, 30_000, now_ms=T0)
     assert [c.record.priority for c in claimed] == [Priority.HIGH]  # the mover's, in flight
 
-    def due_in_flight(now_ms: int) -> dict[Priority, int]:  # Deliveries.due_in_flight
-        return {Priority.HIGH: sum(1 for c in claimed if c.record.due_ms <= now_ms)}
+    def in_memory(now_ms: int) -> tuple[int, dict[Priority, int]]:  # as Egress.readings
+        return 0, {Priority.HIGH: sum(1 for c in claimed if c.record.due_ms <= now_ms)}
 
-    Sampler(store, Metrics(registry), lambda: {shard},
-            due_in_flight=due_in_flight).sample_once(now_ms=T0)  # fmt: skip
+    Sampler(store, Metrics(registry), lambda: {shard}, in_memory=in_memory).sample_once(now_ms=T0)
     assert (overdue(registry, "high"), overdue(registry, "normal"), overdue(registry, "low")) == (
         1, 0, 2)  # fmt: skip
     assert value(registry, "delay_bridge_scheduled_messages") == 1
@@ -95,10 +94,10 @@ def test_records_claimed_ahead_are_in_flight_but_not_overdue(
     claimed = store.claim([shard], 10, 30_000, now_ms=T0, ahead_ms=100)
     assert len(claimed) == 3  # one due, two claimed ahead
 
-    def not_due(now_ms: int) -> int:  # what the mover holds back (Egress.not_due)
-        return sum(1 for c in claimed if c.record.due_ms > now_ms)
+    def in_memory(now_ms: int) -> tuple[int, dict[Priority, int]]:  # as Egress.readings
+        return sum(1 for c in claimed if c.record.due_ms > now_ms), {}  # what it holds back
 
-    sampler = Sampler(store, metrics, lambda: {shard}, not_due=not_due)
+    sampler = Sampler(store, metrics, lambda: {shard}, in_memory=in_memory)
     sampler.sample_once(now_ms=T0)
     assert value(registry, "delay_bridge_inflight_messages") == 3
     assert overdue(registry) == 1
@@ -126,7 +125,13 @@ def test_lost_shards_and_records_stuck_in_flight_are_still_reported(
     assert value(registry, "delay_bridge_inflight_messages") == 2
     # The waiting one is 15 s overdue; the ones in flight were due by their claim + ahead.
     assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(19.999 - 0.1)
-    store.ack({lost: [c.member for c in store.claim([lost], 2, lease, now_ms=T0 + 30_002)]})
+    store.ack(
+        {
+            lost: AckBatch(
+                members=[c.member for c in store.claim([lost], 2, lease, now_ms=T0 + 30_002)]
+            )
+        }
+    )
     sampler.sample_once(now_ms=T0 + 30_003)  # the expired leases went out again, and landed
     assert value(registry, "delay_bridge_oldest_overdue_seconds") == pytest.approx(25.003)
     assert value(registry, "delay_bridge_owned_partitions") == 1

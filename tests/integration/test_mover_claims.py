@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.config import EgressConfig
 from bridge.egress import Egress, InFlight
+from bridge.egress.settle import Deliveries
 from bridge.message import Priority, Scheduled, origin
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard, Store
@@ -35,16 +36,20 @@ class CountingStore(Store):
         return super().claim(shards, *args, **kwargs)
 
 
-class WatchedEgress(Egress):
-    """The mover, noting when (by the time the test passes) each record is produced."""
+class Watched(Deliveries):
+    """Deliveries noting when (by the time the test passes) each record is produced."""
 
     now_ms = 0
     early: list[tuple[int, int]]
 
-    def _send(self, ident: tuple[Shard, bytes], pending: InFlight) -> None:
-        if pending.claimed.record.due_ms > self.now_ms:
-            self.early.append((pending.claimed.record.due_ms, self.now_ms))
-        super()._send(ident, pending)
+    def produce(self, ident: tuple[Shard, bytes], inflight: InFlight) -> None:
+        if inflight.claimed.record.due_ms > self.now_ms:
+            self.early.append((inflight.claimed.record.due_ms, self.now_ms))
+        super().produce(ident, inflight)
+
+
+class WatchedEgress(Egress):
+    deliveries_type = Watched
 
 
 def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
@@ -66,16 +71,17 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=500, tick=10, send_tick=10, ahead=100)
     egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
-    egress.early = []
+    watched = cast(Watched, egress.deliveries)
+    watched.early = []
     egress.add_shards(set(shards[:2]))
     claimed = 0
     for now in range(t0, t0 + 1100, 5):
         if now == t0 + 20:
             egress.add_shards({shards[2]})
-        egress.now_ms = now
+        watched.now_ms = now
         claimed += egress.step(now_ms=now)
     assert claimed == 300
-    assert egress.early == [], "records produced before their due time"
+    assert watched.early == [], "records produced before their due time"
     joint = next((i for i, call in enumerate(store.calls) if len(call) == 3), None)
     assert joint is not None, f"no call claimed from all three: {store.calls}"
     assert all(len(call) == 3 for call in store.calls[joint:]), store.calls
@@ -121,20 +127,24 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     assert producer.flush(10) == 0
 
 
-class SlowSlice(Egress):
-    """The mover whose sender thread stalls in the middle of producing a slice of held records
+class Stalling(Deliveries):
+    """Deliveries whose sender thread stalls in the middle of producing a slice of held records
     (the GIL, a busy core) until the test lets it go on; notes the order records are produced in."""
 
     produced: list[bytes | None]
     stalled: threading.Event
     go_on: threading.Event
 
-    def _send(self, ident: tuple[Shard, bytes], pending: InFlight) -> None:
+    def produce(self, ident: tuple[Shard, bytes], inflight: InFlight) -> None:
         if threading.current_thread().name == "sender" and not self.stalled.is_set():
             self.stalled.set()
             self.go_on.wait(30)
-        self.produced.append(pending.claimed.record.value)
-        super()._send(ident, pending)
+        self.produced.append(inflight.claimed.record.value)
+        super().produce(ident, inflight)
+
+
+class SlowSlice(Egress):
+    deliveries_type = Stalling
 
 
 def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_them(
@@ -155,21 +165,22 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
     egress = SlowSlice(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
-    egress.produced, egress.stalled, egress.go_on = [], threading.Event(), threading.Event()
+    slow = cast(Stalling, egress.deliveries)
+    slow.produced, slow.stalled, slow.go_on = [], threading.Event(), threading.Event()
     egress.add_shards({shard})
     egress.step(now_ms=t0 - 200)  # learns what is due when
     assert egress.step(now_ms=t0 - 50) == 5  # the high ones, ahead: held until t0
     sender = threading.Thread(target=egress.sender.send_due, args=(t0,), name="sender")
     sender.start()
-    assert egress.stalled.wait(30), "the sender thread never took the high records"
+    assert slow.stalled.wait(30), "the sender thread never took the high records"
     mover = threading.Thread(target=egress.step, kwargs={"now_ms": t0 + 1}, name="mover")
     mover.start()
     mover.join(1.0)  # the mover's claim either waits for the stalled slice or runs past it
-    egress.go_on.set()
+    slow.go_on.set()
     sender.join(30)
     mover.join(30)
-    labels = [(v or b"").split(b"-")[0] for v in egress.produced]
-    assert labels == [b"high"] * 5 + [b"normal"] * 5, egress.produced
+    labels = [(v or b"").split(b"-")[0] for v in slow.produced]
+    assert labels == [b"high"] * 5 + [b"normal"] * 5, slow.produced
     assert producer.flush(10) == 0
     collector = Collector(services.bootstrap, [target], f"check-{unique}")
     try:
@@ -177,7 +188,7 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
     finally:
         collector.close()
     by_offset = [r.value for r in sorted(collector.records, key=lambda r: r.offset)]
-    assert by_offset == egress.produced
+    assert by_offset == slow.produced
 
 
 class SlowRedis(Store):

@@ -5,7 +5,6 @@ gauges and the operator commands read."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import cast
 
 import pytest
@@ -133,7 +132,7 @@ def test_once_the_high_records_are_claimed_normal_ones_are_claimed_ahead_again(
     """The mover claims a lane ahead only while no higher one is due within the window
     (Lanes.ahead): it reads each lane's earliest due time from the ingress's notice and then from
     every claim's reply, so once the high record is claimed, normal ones are claimed ahead again."""
-    lanes = Lanes(Counter())
+    lanes = Lanes(set)
     add(store, rec(0, T0 + 50, HIGH), rec(1, T0 + 300, NORMAL))
     lanes.stored({SHARD: (T0 + 50, T0 + 300, -1)})
     assert lanes.ahead([SHARD], T0 + 1000) is HIGH

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Cancel, Priority, Scheduled
-from bridge.store import Claims, Shard, Store
+from bridge.store import AckBatch, Claims, Shard, Store
 from tests.conftest import wait_for
 from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all
 
@@ -103,7 +103,7 @@ def test_a_retired_incarnation_keeps_what_waits_for_a_rate(store: Store) -> None
     assert not store.layout.forget_retired(retired), "forgotten while a record waits for its rate"
     claims = store.claim_waiting({(retired, "slow"): 10}, LEASE, now_ms=T0)["slow"]
     assert offsets(claims) == [0]
-    store.ack({retired: [claims[0].member]}, None, {retired: claims[0].epoch})
+    store.ack({retired: AckBatch(claims[0].epoch, [claims[0].member])})
     assert store.layout.forget_retired(retired)
 
 

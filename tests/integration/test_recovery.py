@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bridge.errors import StoreError
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
-from bridge.store import Shard, Store, offset_of
+from bridge.store import AckBatch, Shard, Store, offset_of
 from bridge.topics import check_retention
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import Bridge, Collector, Setup, produce_all
@@ -142,7 +142,9 @@ def test_lost_writes_are_read_again(one: Setup, bridges: list[Bridge]) -> None:
     assert len(lost) == 10
     client.hset(keys.meta, "ingested", "9")
     client.zrem(keys.due, *lost)
-    store.ack({shard: lost})  # clears their pending bits: the lost writes had set them
+    store.ack(
+        {shard: AckBatch(members=lost)}
+    )  # clears their pending bits: the lost writes had set them
     client.close()
     counts = delivered_once(one, 20, "every record after the re-read")
     assert "redis lost writes" in bridge.output()

@@ -13,7 +13,7 @@ from redis.retry import Retry
 
 from bridge.errors import StoreError
 from bridge.message import Cancel, Scheduled
-from bridge.store import Shard, Store, offset_bytes
+from bridge.store import AckBatch, Shard, Store, offset_bytes
 from bridge.store.keys import member
 from tests.conftest import Services
 from tests.integration.wire import LossyRelay
@@ -179,7 +179,7 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     store.layout.bind({SHARD: "second"})
     new = rec(0, far, value=b"new")
     add(store, new)  # offset 0 again, far out: a reference
-    store.ack({SHARD: [old.member]}, epochs={SHARD: old.epoch})
+    store.ack({SHARD: AckBatch(old.epoch, [old.member])})
     assert store.inventory.is_pending(SHARD, 0)
     assert promote_all(store, far, {0: new}) == 1
     assert [c.record.value for c in store.claim([SHARD], 10, 30_000, now_ms=far)] == [b"new"]
@@ -202,7 +202,7 @@ def test_a_reference_cancelled_before_a_retire_stays_cancelled(store: Store) -> 
     assert store.references.counts([retired]) == {retired: 0}
     [claimed] = store.claim([retired], 10, 30_000, now_ms=far + 1)
     assert claimed.record.offset == 1
-    store.ack({retired: [claimed.member]}, epochs={retired: claimed.epoch})
+    store.ack({retired: AckBatch(claimed.epoch, [claimed.member])})
     assert store.layout.forget_retired(retired)  # nothing of it left behind
     assert not [k for k in store.client.scan_iter(f"{store.prefix}:*retired*")]
 

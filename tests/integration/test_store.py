@@ -12,7 +12,7 @@ import redis
 
 from bridge.errors import StoreError
 from bridge.message import Scheduled, encode
-from bridge.store import Lost, Shard, Store, as_store_error, offset_bytes
+from bridge.store import AckBatch, Lost, Shard, Store, as_store_error, offset_bytes
 from bridge.store.keys import Keys
 from tests.conftest import Services, wait_for
 
@@ -84,12 +84,12 @@ def test_lease_expiry_makes_a_record_claimable_again(store: Store) -> None:
 def test_ack_removes_and_release_hands_out_again(store: Store) -> None:
     add(store, rec(0, T0), rec(1, T0))
     claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
-    assert store.ack({SHARD: [claimed[0].member]}) == 1
-    assert store.ack({SHARD: [claimed[0].member]}) == 0  # idempotent
+    assert store.ack({SHARD: AckBatch(members=[claimed[0].member])}) == 1
+    assert store.ack({SHARD: AckBatch(members=[claimed[0].member])}) == 0  # idempotent
     assert store.release({SHARD: [claimed[1].member, offset_bytes(99)]}) == 1
     again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1)
     assert offsets(again) == [1] and again[0].redelivery
-    store.ack({SHARD: [again[0].member]})
+    store.ack({SHARD: AckBatch(members=[again[0].member])})
     assert store.backlog([SHARD]).inflight == 0
     assert store.client.exists(*store.keys(SHARD).all()) == 1  # only the watermark is left
 
@@ -97,7 +97,7 @@ def test_ack_removes_and_release_hands_out_again(store: Store) -> None:
 def test_re_adding_is_a_no_op(store: Store) -> None:
     assert add(store, rec(0, T0), rec(1, T0 + 5)) == 2
     claimed = store.claim([SHARD], 1, LEASE, now_ms=T0)
-    store.ack({SHARD: [claimed[0].member]})
+    store.ack({SHARD: AckBatch(members=[claimed[0].member])})
     # The same records read again (e.g. after a crash before the offset commit): nothing comes
     # back, not even the one already delivered.
     assert add(store, rec(0, T0), rec(1, T0 + 5)) == 0
@@ -132,7 +132,7 @@ def test_a_claim_says_when_its_shard_next_has_work_by_redis_time(store: Store) -
     assert abs(claims.now_ms - now) < 5_000
     # The lease of record 0 ends (claims.now_ms + 1 s) before record 1 is due.
     assert claims.next_ms == {SHARD: claims.now_ms + 1_000}
-    store.ack({SHARD: [claims[0].member]})
+    store.ack({SHARD: AckBatch(members=[claims[0].member])})
     assert store.claim([SHARD], 10, 1_000).next_ms == {SHARD: now + 60_000}
 
 
@@ -182,9 +182,15 @@ def test_low_is_the_lowest_pending_offset(store: Store) -> None:
     claimed = store.claim([SHARD], 2, LEASE, now_ms=T0 + 10)
     assert offsets(claimed) == [6, 7]
     assert store.lows({SHARD: 9}).offsets == {SHARD: 5}  # in flight still counts as pending
-    store.ack({SHARD: [c.member for c in claimed]})
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed])})
     assert store.lows({SHARD: 9}).offsets == {SHARD: 5}
-    store.ack({SHARD: [c.member for c in store.claim([SHARD], 5, LEASE, now_ms=T0 + 50)]})
+    store.ack(
+        {
+            SHARD: AckBatch(
+                members=[c.member for c in store.claim([SHARD], 5, LEASE, now_ms=T0 + 50)]
+            )
+        }
+    )
     assert store.lows({SHARD: 9}).offsets == {SHARD: 10}  # nothing pending: watermark + 1
 
 
@@ -195,7 +201,7 @@ def test_low_index_keeps_only_buckets_with_pending_offsets(store: Store) -> None
     keys = store.keys(SHARD)
     assert store.client.zcard(keys.low) == 5  # buckets 0..4 (offsets 0..1279)
     while claimed := store.claim([SHARD], 500, LEASE, now_ms=T0):
-        store.ack({SHARD: [c.member for c in claimed]})
+        store.ack({SHARD: AckBatch(members=[c.member for c in claimed])})
     # Offsets 0..999 are gone, 1000.. pending: buckets 0-2 emptied and left the index at once.
     assert store.client.zcard(keys.low) == store.client.hlen(keys.pending) == 2
     assert store.lows({SHARD: 1099}, max_buckets=1).offsets == {SHARD: 1000}
@@ -220,7 +226,7 @@ def test_pending_offsets_follow_records_falling_due_out_of_offset_order(store: S
         members = [c.member for c in claimed]
         # Some rounds leave half their claim in flight and release it: still pending.
         acked = len(claimed) // 2 if rng.random() < 0.3 else len(claimed)
-        store.ack({SHARD: members[:acked]})
+        store.ack({SHARD: AckBatch(members=members[:acked])})
         store.release({SHARD: members[acked:]})
         pending -= set(offsets(claimed)[:acked])
         low = min(pending) if pending else count
@@ -288,7 +294,7 @@ def test_many_records_move_in_one_claim(store: Store) -> None:
     add(store, *(rec(i, T0) for i in range(2500)))
     claimed = store.claim([SHARD], 2400, LEASE, now_ms=T0)
     assert offsets(claimed) == list(range(2400))
-    assert store.ack({SHARD: [c.member for c in claimed]}) == 2400
+    assert store.ack({SHARD: AckBatch(members=[c.member for c in claimed])}) == 2400
     assert offsets(store.claim([SHARD], 2400, LEASE, now_ms=T0)) == list(range(2400, 2500))
 
 
@@ -336,7 +342,7 @@ def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
     assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + 5000)) == [2, 1]
     assert offsets(store.claim([old], 10, LEASE, now_ms=T0 + LEASE)) == [leased.record.offset]
     assert store.layout.forget_retired(old) is False  # still in flight
-    assert store.ack({old: [offset_bytes(i) for i in range(3)]}) == 3
+    assert store.ack({old: AckBatch(members=[offset_bytes(i) for i in range(3)])}) == 3
     assert store.layout.forget_retired(old) is True and store.layout.retired([SHARD]) == set()
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [0]
 
@@ -354,12 +360,12 @@ def test_an_acknowledgement_from_before_a_retire_leaves_the_new_incarnation_alon
     add(store, rec(0, T0 + 1))
     [new] = store.claim([SHARD], 1, LEASE, now_ms=T0 + 1)
     assert new.epoch != old.epoch
-    assert store.ack({SHARD: [old.member]}, epochs={SHARD: old.epoch}) == 0
+    assert store.ack({SHARD: AckBatch(old.epoch, [old.member])}) == 0
     assert store.release({SHARD: [new.member]}) == 1
     [again] = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1)
     assert (again.record.offset, again.record.due_ms, again.epoch) == (0, T0 + 1, new.epoch)
     # Acknowledged in the epoch it was claimed in, it goes; the old one is the retired shard's.
-    assert store.ack({SHARD: [again.member]}, epochs={SHARD: again.epoch}) == 1
+    assert store.ack({SHARD: AckBatch(again.epoch, [again.member])}) == 1
     assert not store.inventory.is_pending(SHARD, 0)
 
 

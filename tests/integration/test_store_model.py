@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 )
 
 from bridge.message import MAX_EPOCH_MS, MIN_EPOCH_MS, Cancel, Priority, Scheduled, origin
-from bridge.store import Claimed, Shard, Store, member, offset_bytes, score
+from bridge.store import AckBatch, Claimed, Shard, Store, member, offset_bytes, score
 from bridge.store.keys import LANE_WIDTH, Keys, default_id_offset, offset_of, references_in
 from tests.conftest import Services, delete_keys
 
@@ -350,8 +350,7 @@ class StoreModel(RuleBasedStateMachine):
         ids = [(r.delay_id, offset_bytes(o)) for o in chosen
                if (r := model.leased[o][0]).delay_id is not None]  # fmt: skip
         epoch = "an-earlier-epoch" if old_epoch else self.epochs.get(shard, "")
-        removed = self.store.ack({shard: [offset_bytes(o) for o in chosen]}, {shard: ids},
-                                 {shard: epoch})  # fmt: skip
+        removed = self.store.ack({shard: AckBatch(epoch, [offset_bytes(o) for o in chosen], ids)})
         if old_epoch:
             assert removed == 0
             return

@@ -13,9 +13,11 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, Producer
 from prometheus_client import CollectorRegistry
 
+from bridge.config import EgressConfig
+from bridge.egress.failures import Ident, InFlight
 from bridge.egress.plan import RedisClock
 from bridge.egress.sender import Sender
-from bridge.egress.settle import Deliveries, Ident, InFlight
+from bridge.egress.settle import Deliveries
 from bridge.health import Readiness
 from bridge.message import (
     H_ERROR,
@@ -26,7 +28,7 @@ from bridge.message import (
     dead_letter_when_due,
 )
 from bridge.metrics import Metrics
-from bridge.store import Claimed, Claims, Shard, Store, offset_bytes
+from bridge.store import AckBatch, Claimed, Claims, Shard, Store, offset_bytes
 
 SHARD = Shard("delay", 0)
 NOW = 1_800_000_000_000
@@ -55,32 +57,29 @@ class FakeProducer:
 @dataclass
 class FakeStore:
     released: list[tuple[dict[Shard, list[bytes]], int]] = field(default_factory=list)
-    acked: list[dict[Shard, Sequence[bytes]]] = field(default_factory=list)
+    acked: list[dict[Shard, list[bytes]]] = field(default_factory=list)
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
         self.released.append(({s: list(m) for s, m in members.items()}, retry_in_ms))
         return sum(len(m) for m in members.values())
 
-    def ack(self, members: Mapping[Shard, Sequence[bytes]], *_: Any) -> int:
-        self.acked.append(dict(members))
-        return sum(len(m) for m in members.values())
+    def ack(self, acks: Mapping[Shard, AckBatch]) -> int:
+        self.acked.append({s: list(a.members) for s, a in acks.items()})
+        return sum(len(a.members) for a in acks.values())
 
 
 class Setup:
     def __init__(self, max_attempts: int = 2) -> None:
         self.producer, self.store = FakeProducer(), FakeStore()
         self.retried: list[tuple[dict[Shard, list[bytes]], int]] = []
+        self.config = EgressConfig(max_attempts=max_attempts, tick=0, send_tick=0, ahead=0)
         self.deliveries = Deliveries(
             cast(Producer, self.producer), cast(Store, self.store),
-            Metrics(CollectorRegistry()), Readiness(), dead_letter="delay.dlq",
-            max_attempts=max_attempts, ack_wait_ms=0, clock_ms=lambda: NOW,
-            send=self._send,
+            Metrics(CollectorRegistry()), Readiness(), self.config, dead_letter="delay.dlq",
+            clock_ms=lambda: NOW,
             on_retry=lambda members, wait: self.retried.append(
                 ({s: list(m) for s, m in members.items()}, wait)),
         )  # fmt: skip
-
-    def _send(self, ident: Ident, inflight: InFlight) -> None:  # as the mover's one way out
-        self.deliveries.produce(ident, inflight)
 
     def claim(self, offset: int, value: bytes = b"v") -> Ident:
         record = Scheduled(offset, NOW, "orders", b"k", value, [("h", b"1")], "id")
@@ -172,8 +171,7 @@ def test_a_record_stored_bound_for_the_dlq_goes_there_with_its_own_reason() -> N
 
 
 def _sender(s: Setup) -> Sender:
-    return Sender(0, 0, clock=RedisClock(), deliveries=s.deliveries, send=s._send,
-                  producer=cast(Producer, s.producer), store=cast(Store, s.store))  # fmt: skip
+    return Sender(s.config, RedisClock(), s.deliveries)
 
 
 def _claims(now_ms: int, dues: list[tuple[int, int]]) -> Claims:
