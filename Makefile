@@ -42,7 +42,8 @@ services-status:
 topics: services
 	@export $$(scripts/services env) && \
 	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay --partitions $(DELAY_PARTITIONS) --config retention.ms=-1 && \
-	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay.dlq --partitions 1
+	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay.dlq --partitions 1 && \
+	  $(PY) scripts/kafka_admin.py --bootstrap "$$DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS" create delay.journal --partitions $(DELAY_PARTITIONS) --config retention.ms=-1
 
 run: topics
 	@export $$(scripts/services env) && exec $(VENV)/bin/delay-bridge run -c $(CONFIG)

@@ -29,6 +29,7 @@ from bench.scenarios import (
     steady_cost,
     throughput,
 )
+from tests.chaos import scenarios as chaos
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
@@ -118,7 +119,11 @@ def main() -> int:
                         help=f"default: {', '.join(DEFAULT)}")  # fmt: skip
     parser.add_argument("--full", action="store_true", help="the full sizes (make bench-full)")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
+    parser.add_argument(
+        "--no-journal", action="store_true", help="bridges without a journal (to measure its cost)"
+    )
     args = parser.parse_args()
+    chaos.JOURNAL = not args.no_journal
     args.out.mkdir(parents=True, exist_ok=True)
     servers = local_servers()
     servers.up()

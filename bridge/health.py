@@ -69,7 +69,7 @@ class Readiness:
 class Probes:
     """Checks what no stage would notice by itself: that Redis takes writes (a master, not a
     replica left behind by a failover; not out of memory; the ACL lets it) and that the DLQ topic
-    exists. It runs on a thread of its own, so these checks never hold up a stage."""
+    and the journal exist. It runs on a thread of its own, so these checks never hold up a stage."""
 
     def __init__(
         self,
@@ -80,6 +80,7 @@ class Probes:
         *,
         writable: Gauge | None = None,
         also_describe: Sequence[str] = (),
+        journal: str = "",
     ) -> None:
         self.store = store
         # Described with the DLQ so their topic ids stay fresh for the ingress's incarnation check.
@@ -87,6 +88,7 @@ class Probes:
         self.writable = writable
         self.readiness = readiness
         self.dead_letter = dead_letter
+        self.journal = journal
         self._missing_topics = missing_topics
         self._next_topic_probe = 0.0
 
@@ -106,8 +108,16 @@ class Probes:
         return True
 
     def topics_once(self) -> None:
-        """Check that the DLQ topic exists."""
-        missing = self._missing_topics([self.dead_letter, *self.also_describe])
+        """Check that the DLQ topic and the journal exist."""
+        journal = [self.journal] if self.journal else []
+        missing = self._missing_topics([self.dead_letter, *journal, *self.also_describe])
+        if self.journal in missing:
+            detail = f"journal topic {self.journal} is not usable: {missing[self.journal]}"
+            if self.readiness.problems().count(detail) == 0:
+                logger.error("%s; records are delivered without their fates journaled", detail)
+            self.readiness.fail("journal-topic", detail)
+        else:
+            self.readiness.ok("journal-topic")
         if self.dead_letter in missing:
             detail = f"DLQ topic {self.dead_letter} is not usable: {missing[self.dead_letter]}"
             if self.readiness.problems().count(detail) == 0:

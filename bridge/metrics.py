@@ -242,6 +242,18 @@ class Metrics:
             "retried with back-off and their partition waits",
             registry=registry,
         )
+        self.journal_written = Counter(
+            "delay_bridge_journal_written",
+            "Journal entries Kafka took: each a record's fate (delivered, cancelled, replaced, "
+            "dead-lettered, expired)",
+            registry=registry,
+        )
+        self.journal_failures = Counter(
+            "delay_bridge_journal_failures",
+            "Journal entries Kafka refused (missing topic, no permission, broker down); delivery "
+            "goes on without them",
+            registry=registry,
+        )
         self.redis_errors = Counter(
             "delay_bridge_redis_errors",
             "Redis calls that failed (the stage retries with back-off)",

@@ -70,7 +70,7 @@ class Waiting:
 def status(config: Config) -> tuple[int, list[PartitionStatus]]:
     """Redis's now and every configured delay-topic partition's status."""
     partitions = _partitions(config, config.topics.delay)
-    store = _store(config)
+    store = store_of(config)
     try:
         rows = []
         now = store.time_ms()
@@ -156,7 +156,7 @@ def _find(
 ) -> list[tuple[int, Shard, Scheduled]]:
     """The ``limit`` earliest waiting records of ``shards`` (only the one with ``delay_id`` when
     given), as (due ms, shard, record) in due order."""
-    store = _store(config)
+    store = store_of(config)
     try:
         found: list[tuple[int, bytes, Shard]] = []
         for shard in shards:
@@ -233,7 +233,8 @@ def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPar
     return [TopicPartition(topic, p) for p in sorted(meta.partitions)]
 
 
-def _store(config: Config) -> Store:
+def store_of(config: Config) -> Store:
+    """The store the tools read, or a BridgeError naming why Redis cannot be reached."""
     try:
         return Store(redis_client(config), config.redis.key_prefix)
     except BridgeError:
@@ -275,7 +276,7 @@ def _partitions(
         )
     finally:
         consumer.close()
-    store = _store(config)
+    store = store_of(config)
     try:
         return [
             (shard, None, None)

@@ -32,6 +32,7 @@ from bridge.errors import ConfigError, KafkaFault, StoreError
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress
+from bridge.journal import Journal
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
@@ -85,6 +86,14 @@ def _summary(registry: CollectorRegistry, seconds: float) -> None:
         total("delay_bridge_dead_lettered_total"),
         total("delay_bridge_redelivered_total"),
     )
+
+
+def _journal(
+    config: Config, producer: Producer, metrics: Metrics, readiness: Readiness
+) -> Journal | None:
+    """The journal, written through ``producer`` (None: topics.journal is "")."""
+    topic = config.topics.journal
+    return Journal(producer, topic, metrics, readiness) if topic else None
 
 
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
@@ -149,20 +158,24 @@ class Service:
             self.topics.absent,
             writable=self.metrics.redis_writable,
             also_describe=config.topics.delay,
+            journal=config.topics.journal,
         )
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
+        producer = Producer(producer_conf)
         self.egress = Egress(
-            Producer(producer_conf),
+            producer,
             self.store,
             self.metrics,
             config.egress,
             dead_letter=config.topics.dead_letter,
             readiness=self.readiness,
             catch_up=catch_up,
+            journal=_journal(config, producer, self.metrics, self.readiness),
         )
+        dlq_producer = Producer(producer_conf)
         self.ingress = Ingress(
             Consumer(consumer_conf),
-            Producer(producer_conf),
+            dlq_producer,
             self.store,
             config.rules(),
             self.metrics,
@@ -178,6 +191,7 @@ class Service:
             readiness=self.readiness,
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),
+            journal=_journal(config, dlq_producer, self.metrics, self.readiness),
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.

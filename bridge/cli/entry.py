@@ -1,6 +1,6 @@
 """The ``delay-bridge`` command line: arguments parsed, a subcommand run, errors in one line.
 
-Subcommands: run, check-config, produce, cancel, status, list, dlq replay, --version.
+Subcommands: run, check-config, produce, cancel, status, list, trace, dlq replay, --version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -19,10 +20,7 @@ from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
-from bridge.message import (
-    Reason,
-    parse_time_ms,
-)
+from bridge.message import Reason, parse_duration_ms, parse_time_ms
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
@@ -105,6 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--due-before", help="only records due before: epoch ms or RFC 3339")
     listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
     listing.add_argument("--json", action="store_true", help="JSON for scripts")
+    tracing = sub.add_parser(
+        "trace", help="a record's whole life: waiting, delivered, cancelled… (reads only)"
+    )
+    with_config(tracing)
+    which = tracing.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", help="the record's delay-id")
+    which.add_argument("--origin", help="the record's place: TOPIC:PARTITION:OFFSET")
+    tracing.add_argument("--topic", help="the delay topic of --id (default: all of topics.delay)")
+    tracing.add_argument(
+        "--since",
+        help="for an --id no longer waiting: read the journal from (epoch ms, RFC 3339, or a "
+        "duration back from now such as 7d; default 1d)",
+    )
+    tracing.add_argument("--json", action="store_true", help="JSON for scripts")
     dlq = sub.add_parser("dlq", help="the dead-letter topic")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
     again = dlq_sub.add_parser(
@@ -153,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list(args, load(args.config))
         if args.command == "dlq":
             return _replay(args, load(args.config))
+        if args.command == "trace":
+            return _trace(args, load(args.config))
         config = load(args.config)
         check_settings(config)
         if args.command == "check-config":
@@ -198,6 +212,36 @@ def _list(args: argparse.Namespace, config: Config) -> int:
         limit=args.limit,
     )
     ops.print_waiting(records, args.json)
+    return 0
+
+
+def _trace(args: argparse.Namespace, config: Config) -> int:
+    from bridge import trace
+
+    now_ms = time.time_ns() // 1_000_000
+    since = None
+    if args.since is not None:
+        try:
+            since = now_ms - parse_duration_ms(args.since)
+        except ValueError:
+            try:
+                since = parse_time_ms(args.since)
+            except ValueError as exc:
+                raise UsageError(f"--since: {exc}") from None
+    traced = trace.trace(
+        config, delay_id=args.id, at=args.origin, topic=args.topic, since_ms=since, now_ms=now_ms
+    )
+    trace.print_trace(traced, args.json)
+    if traced.fate == "unknown":
+        what = f"--id {args.id}" if args.id else f"--origin {args.origin}"
+        why = (
+            "stored, but neither in Redis nor in the journal (not read by the bridge yet, or "
+            "its fate was not journaled)"
+            if traced.events
+            else "no trace in Redis or the journal"
+        )
+        print(f"delay-bridge: {what}: {why}", file=sys.stderr)
+        return 1
     return 0
 
 

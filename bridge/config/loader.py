@@ -232,7 +232,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"logging.level: unknown level {config.logging.level!r}")
     if not config.topics.delay:
         raise ConfigError("topics.delay: at least one delay topic is needed")
-    for topic in (*config.topics.delay, config.topics.dead_letter):
+    for topic in (*config.topics.delay, config.topics.dead_letter, *config.journal_topics()):
         if not is_legal_topic(topic):
             raise ConfigError(f"topics: {topic!r} is not a legal topic name")
     for pattern in config.topics.allowed_targets:
@@ -266,6 +266,8 @@ def _validate(config: Config) -> None:
         )
     if config.topics.dead_letter in config.topics.delay:
         raise ConfigError("topics.dead_letter: must not be a delay topic")
+    if config.topics.journal in (*config.topics.delay, config.topics.dead_letter):
+        raise ConfigError("topics.journal: must be neither a delay topic nor the DLQ")
     if (
         not config.redis.key_prefix
         or "{" in config.redis.key_prefix

@@ -73,6 +73,7 @@ class TopicsConfig:
     allowed_targets: tuple[str, ...] = (".*",)
     dead_letter: str = "delay.dlq"
     dialect: dict[str, str] = field(default_factory=dict)
+    journal: str = "delay.journal"  # "": no journal
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,10 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def journal_topics(self) -> tuple[str, ...]:
+        """The journal topic, if there is one."""
+        return (self.topics.journal,) if self.topics.journal else ()
 
     def rules(self) -> Rules:
         """The message-contract rules this config sets."""

@@ -62,6 +62,7 @@ class InFlight:
     sent_s: float = 0.0  # monotonic, when last produced; 0 once Kafka acknowledged it
     draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
     value_left_out: bool = False  # its DLQ copy goes without its value (too large with it)
+    placed: tuple[int, int] = (-1, -1)  # where Kafka put it: partition, offset
 
     def dlq_headers(self) -> list[tuple[str, bytes | None]]:
         """The headers of its DLQ copy."""

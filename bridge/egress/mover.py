@@ -25,6 +25,7 @@ from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
+from bridge.journal import Journal
 from bridge.message import Priority
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store
@@ -55,6 +56,7 @@ class Egress:
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        journal: Journal | None = None,
     ) -> None:
         self.producer = producer
         self.catch_up = catch_up or CatchUp()
@@ -73,6 +75,7 @@ class Egress:
             dead_letter=dead_letter,
             clock_ms=clock_ms,
             on_retry=self._claim_again,
+            journal=journal,
         )
         self.sender = Sender(config, self.clock, self.deliveries)
         self.lanes = Lanes(self.deliveries.draining_lanes)

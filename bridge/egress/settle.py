@@ -1,8 +1,9 @@
 """Claimed records produced, and their delivery reports settled.
 
 A delivered record is acknowledged; a failed one is handed to :mod:`.failures`, which says whether
-it is produced again, claimed again after a back-off, or dead-lettered. A record leaves Redis only from a successful delivery report: its acknowledgement goes along with
-its shard's next claim, or at the latest a tick later (one call takes a tick's worth).
+it is produced again, claimed again after a back-off, or dead-lettered. A record leaves Redis only
+from a successful delivery report: its acknowledgement goes along with its shard's next claim, or
+at the latest a tick later (one call takes a tick's worth), and its fate goes to the journal then.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight
 from bridge.health import Readiness
+from bridge.journal import Journal, delivered_entry
 from bridge.kafka import produce
 from bridge.message import Priority, Reason, Scheduled, dead_letter_reason, wire_headers
 from bridge.metrics import Metrics
@@ -91,6 +93,7 @@ class Deliveries:
         dead_letter: str,
         clock_ms: Callable[[], int],
         on_retry: Callable[[Mapping[Shard, Sequence[bytes]], int], None],
+        journal: Journal | None = None,
     ) -> None:
         self.producer = producer
         self.store = store
@@ -108,12 +111,14 @@ class Deliveries:
         self._capacity = config.batch_size * 10
         self._clock_ms = clock_ms
         self._on_retry = on_retry
+        self.journal = journal
         self.in_flight: dict[Ident, InFlight] = {}
         # Records in flight claimed from a backlog, by priority (see bridge.egress.lanes).
         self.draining: Counter[Priority] = Counter()
-        # Delivery reports not applied yet: (record, error, epoch ms when it came in). Appended
-        # by whichever thread polls the producer, taken from the left by the mover.
-        self._reports: deque[tuple[Ident, KafkaError | None, int]] = deque()
+        # Delivery reports not applied yet: (record, error, epoch ms when it came in, where Kafka
+        # put it: partition and offset). Appended by whichever thread polls the producer, taken
+        # from the left by the mover.
+        self._reports: deque[tuple[Ident, KafkaError | None, int, int, int]] = deque()
         # Delivered records per shard, acknowledged in Redis with the shard's next claim or, at the
         # latest, at ack_by (monotonic s): one call takes a tick's worth.
         self.acked: dict[Shard, Acked] = {}
@@ -147,15 +152,16 @@ class Deliveries:
             )
         except KafkaException as exc:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
-            self._reports.append((ident, exc.args[0], self._clock_ms()))
+            self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))
 
     def poll(self, timeout_s: float) -> None:
         """Serve the producer's delivery reports (queued for :meth:`apply_reports`), waiting up
         to ``timeout_s`` for the first."""
         self.producer.poll(timeout_s)
 
-    def _on_delivery(self, ident: Ident, err: KafkaError | None, _msg: Message) -> None:
-        self._reports.append((ident, err, self._clock_ms()))
+    def _on_delivery(self, ident: Ident, err: KafkaError | None, msg: Message) -> None:
+        partition, offset = msg.partition(), msg.offset()
+        self._reports.append((ident, err, self._clock_ms(), partition or 0, offset or 0))
 
     def apply_reports(self) -> None:
         """Take in delivery reports: successes wait to be acknowledged (see :meth:`ack`),
@@ -164,11 +170,12 @@ class Deliveries:
             return
         reports = [self._reports.popleft() for _ in range(len(self._reports))]
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
-        for ident, err, at_ms in reports:
+        for ident, err, at_ms, partition, offset in reports:
             inflight = self.in_flight.get(ident)
             if inflight is None:
                 continue  # a second report for a record delivered twice after a lease expiry
             if err is None:
+                inflight.placed = (partition, offset)
                 self._delivered(ident, inflight, at_ms)
                 continue
             wait_ms = self.failures.failed(ident, inflight, err)
@@ -249,6 +256,8 @@ class Deliveries:
         """Redis applied ``acks``: forget and count their records."""
         if not acks:
             return
+        if self.journal is not None:
+            self._journal(acks)
         self.forget({shard: a.members for shard, a in acks.items()})
         count_acknowledged(
             self.metrics, self.readiness, [d for a in acks.values() for d in a.delivered]
@@ -256,6 +265,22 @@ class Deliveries:
         self.acked = {s: a for s, a in self.acked.items() if s not in acks}
         if not self.acked:
             self.ack_by = None
+
+    def _journal(self, acks: Mapping[Shard, Acked]) -> None:
+        """Journal the fates of acknowledged records: delivered, or dead-lettered."""
+        assert self.journal is not None
+        dlq = self.failures.dead_letter
+        for shard, acked in acks.items():
+            entries = []
+            for inflight, at_ms in acked.delivered:
+                record = inflight.claimed.record
+                if not inflight.dead_letter:
+                    entries.append(delivered_entry(record, at_ms, record.target, inflight.placed))
+                    continue
+                reason = dead_letter_reason(record.headers) if record.dead_letter else ""
+                reason = reason or Reason.DELIVERY_FAILED.value
+                entries.append(delivered_entry(record, at_ms, dlq, inflight.placed, reason))
+            self.journal.write(shard, entries)
 
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> InFlight:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see

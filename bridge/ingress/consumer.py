@@ -22,6 +22,7 @@ from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership
+from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
 from bridge.store import Added, Shard, Store, lane_firsts
@@ -59,6 +60,7 @@ class Ingress:
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         new_consumer: Callable[[], Consumer] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.consumer = consumer
         self._new_consumer = new_consumer  # to start it again (restart_soon); None: never
@@ -77,7 +79,7 @@ class Ingress:
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._on_stored = on_stored
         self.readiness = readiness or Readiness()
-        self.dead_letters = DeadLetters(dlq_producer, rules, metrics)
+        self.dead_letters = DeadLetters(dlq_producer, rules, metrics, journal)
         self.holds = Holds(self.readiness, self.catch_up)
         self.membership = Membership(
             consumer,
@@ -153,6 +155,7 @@ class Ingress:
         if self.last_loop >= self._next_commit:
             self._next_commit = self.last_loop + COMMIT_INTERVAL_S
             self.positions.store_lows(set(self.assigned))
+            self.dead_letters.producer.poll(0)  # the journal's delivery reports
         if self.last_loop >= self._next_topic_check:
             self._next_topic_check = self.last_loop + TOPIC_CHECK_INTERVAL_S
             self.positions.check_incarnations()
@@ -283,7 +286,7 @@ class Ingress:
                 self.marks[shard] = max(high, self.marks.get(shard, -1))
             if added.lost:
                 self.positions.rebuild(added.lost)
-            _report(added, self.metrics)
+            _report(added, self.metrics, self.dead_letters.journal, self._clock_ms)
         self._read_up_to(batch, set(batch.stored))
         self.holds.passed(set(batch.low) - set(refused))
         counts: dict[str, int] = {}
@@ -355,8 +358,13 @@ def _rewind(
             consumer.seek(TopicPartition(shard.topic, shard.partition, start))
 
 
-def _report(added: Added, metrics: Metrics) -> None:
-    """Count the replacements and cancels a store applied; log each cancel that found nothing."""
+def _report(
+    added: Added, metrics: Metrics, journal: Journal | None, clock_ms: Callable[[], int]
+) -> None:
+    """Count the replacements and cancels a store applied and journal what they withdrew; log
+    each cancel that found nothing."""
+    if added.withdrawn and journal is not None:
+        journal.withdrawn(added.withdrawn, clock_ms())
     metrics.replaced.inc(added.replaced)
     metrics.cancelled.labels(result="cancelled").inc(added.cancelled)
     metrics.cancelled.labels(result="not-found").inc(added.not_found)

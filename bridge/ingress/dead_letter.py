@@ -7,14 +7,16 @@ value, and one the DLQ refuses holds its own partition only (:class:`~bridge.ing
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.ingress.batch import coords, shard_of
+from bridge.journal import Entry, Fate, Journal
 from bridge.kafka import headers_of, produce
-from bridge.message import Rejected, Rules, dead_letter_headers, origin, wire_headers
+from bridge.message import H_ID, Rejected, Rules, dead_letter_headers, origin, wire_headers
 from bridge.metrics import Metrics
 from bridge.store import Shard
 
@@ -27,25 +29,31 @@ class DeadLetters:
     """The ingress's DLQ producer: a batch's rejected records go out, and Kafka acknowledges
     them, before the batch's valid records of their partitions are stored."""
 
-    def __init__(self, producer: Producer, rules: Rules, metrics: Metrics) -> None:
+    def __init__(
+        self, producer: Producer, rules: Rules, metrics: Metrics, journal: Journal | None = None
+    ) -> None:
         self.producer = producer
         self.rules = rules
         self.metrics = metrics
+        self.journal = journal
 
     def send(self, rejected: list[tuple[Message, Rejected]]) -> dict[Shard, tuple[int, str]]:
         """Dead-letter these records and wait for Kafka to take them. A copy the DLQ refuses as
         too large (the bridge's producer or the DLQ topic) goes again without its value, which
         stays in the delay topic at ``delay-origin``. Returns, per partition, the lowest offset
         whose copy the DLQ still refused and why: its partition holds from there."""
-        failed = self._send(rejected, with_value=True)
+        failed, placed = self._send(rejected, with_value=True)
         too_large = [i for i, (code, _) in failed.items() if code == KafkaError.MSG_SIZE_TOO_LARGE]
         if too_large:
-            again = self._send([rejected[i] for i in too_large], with_value=False)
+            again, placed_again = self._send([rejected[i] for i in too_large], with_value=False)
             for n, i in enumerate(too_large):
                 if n in again:
                     failed[i] = again[n]
                 else:
                     del failed[i]
+                    placed[i] = placed_again[n]
+        if self.journal is not None:
+            self._journal(rejected, placed)
         refused: dict[Shard, tuple[int, str]] = {}
         for i, (_, why) in failed.items():
             msg = rejected[i][0]
@@ -59,19 +67,45 @@ class DeadLetters:
             self.metrics.dead_lettered.labels(reason=reason.value).inc(n)
         return refused
 
+    def _journal(
+        self, rejected: Sequence[tuple[Message, Rejected]], placed: dict[int, tuple[int, int]]
+    ) -> None:
+        """Journal the fates of the records the DLQ took, by partition."""
+        assert self.journal is not None
+        at_ms = time.time_ns() // 1_000_000
+        by_shard: dict[Shard, list[Entry]] = {}
+        for i, (partition, offset) in sorted(placed.items()):
+            msg, rejection = rejected[i]
+            topic, shard_partition, record_offset = coords(msg)
+            given = dict(headers_of(msg)).get(H_ID)
+            try:
+                delay_id = given.decode() if given else origin(*coords(msg))
+            except UnicodeDecodeError:
+                delay_id = origin(*coords(msg))
+            entry = Entry(
+                Fate.DEAD_LETTERED, record_offset, delay_id, -1, at_ms, self.rules.dead_letter,
+                partition, offset, reason=rejection.reason.value,
+            )  # fmt: skip
+            by_shard.setdefault(Shard(topic, shard_partition), []).append(entry)
+        for shard, entries in by_shard.items():
+            self.journal.write(shard, entries)
+
     def _send(
         self, rejected: Sequence[tuple[Message, Rejected]], *, with_value: bool
-    ) -> dict[int, tuple[int | None, str]]:
+    ) -> tuple[dict[int, tuple[int | None, str]], dict[int, tuple[int, int]]]:
         """Produce the DLQ copies and wait for Kafka; returns the refused ones by index, with the
-        error's code (None: no answer in time) and text."""
+        error's code (None: no answer in time) and text, and where the DLQ put the others."""
         failed: dict[int, tuple[int | None, str]] = {}
+        placed: dict[int, tuple[int, int]] = {}
         waiting: set[int] = set()
 
         def report(i: int) -> object:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 waiting.discard(i)
                 if err is not None:
                     failed[i] = (err.code(), err.str())
+                else:
+                    placed[i] = (msg.partition() or 0, msg.offset() or 0)
 
             return on_delivery
 
@@ -103,7 +137,7 @@ class DeadLetters:
         self.producer.flush(DLQ_FLUSH_TIMEOUT_S)
         for i in waiting:
             failed[i] = (None, f"not acknowledged within {DLQ_FLUSH_TIMEOUT_S:.0f} s")
-        return failed
+        return failed, placed
 
     def flush(self) -> None:
         """Wait for what is still on its way to the DLQ (shutdown)."""

@@ -20,7 +20,7 @@ from bridge.store.keys import (
 )
 from bridge.store.redis_errors import as_store_error
 from bridge.store.references import Chunk
-from bridge.store.results import Added, Backlog, Bound, Claimed, Claims, Lost, Lows
+from bridge.store.results import Added, Backlog, Bound, Claimed, Claims, Lost, Lows, Withdrawn
 
 __all__ = [
     "ON_TIME_WINDOW_MS",
@@ -37,6 +37,7 @@ __all__ = [
     "Shard",
     "ShardKeys",
     "Store",
+    "Withdrawn",
     "as_store_error",
     "due_of",
     "glob_escape",

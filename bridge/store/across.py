@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from bridge.message import Cancel, Scheduled
+from bridge.store.calls import withdrawn_from
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -25,7 +26,6 @@ from bridge.store.keys import (
     id_entry,
     offset_bytes,
     read_id_entry,
-    text,
 )
 from bridge.store.redis_errors import as_store_error
 from bridge.store.scripts import Call, Scripts
@@ -36,9 +36,10 @@ def withdraw_elsewhere(
     keys: Keys,
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
-) -> set[tuple[Shard, int]]:
+) -> dict[tuple[Shard, int], tuple[Shard, int, int]]:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
-    their topic; returns the (shard, offset) of those that found their record. The id indexes
+    their topic; returns, for the (shard, offset) of each that found its record, where that
+    record was and its due time: (shard, offset, due ms or -1). The id indexes
     are read first (one HMGET per other partition, in one round trip) and withdraw.lua runs only
     where one names a record stamped no later: a record with its own id first seen, the usual
     case, costs a hash lookup per other partition, not a script's."""
@@ -53,14 +54,14 @@ def withdraw_elsewhere(
             if theirs:
                 asked.append((Shard(topic, partition), theirs))
     if not asked:
-        return set()
+        return {}
     with as_store_error():
         pipe = scripts.client.pipeline(transaction=False)
         for there, theirs in asked:
             pipe.hmget(keys.of(there).ids, [r.delay_id for _, r in theirs])
         entries = cast(list[list[bytes | None]], pipe.execute())
     calls: list[Call] = []
-    named: list[list[tuple[Shard, Scheduled | Cancel]]] = []
+    named: list[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] = []
     for (there, theirs), found_entries in zip(asked, entries, strict=True):
         hits = [
             (s, r)
@@ -73,11 +74,13 @@ def withdraw_elsewhere(
             calls.append(
                 ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
             )
-            named.append(hits)
-    found: set[tuple[Shard, int]] = set()
-    for hits, reply in zip(named, scripts.run(calls) if calls else [], strict=True):
-        withdrawn = {text(i) for i in reply}
-        found |= {(s, r.offset) for s, r in hits if r.delay_id in withdrawn}
+            named.append((there, hits))
+    found: dict[tuple[Shard, int], tuple[Shard, int, int]] = {}
+    for (there, hits), reply in zip(named, scripts.run(calls) if calls else [], strict=True):
+        withdrawn = withdrawn_from(reply)
+        for s, r in hits:
+            if r.delay_id in withdrawn:
+                found[s, r.offset] = (there, *withdrawn[r.delay_id])
     return found
 
 

@@ -45,10 +45,51 @@ from bridge.store.results import (
     Backlog,
     Claimed,
     Claims,
+    Lost,
     Lows,
+    Withdrawn,
     lost_from,
 )
 from bridge.store.scripts import Call, Scripts
+
+
+def _added(
+    counts: list[int],
+    lost: dict[Shard, Lost],
+    unmatched: list[tuple[Shard, Scheduled | Cancel]],
+    withdrawn: list[Withdrawn],
+    found: Mapping[tuple[Shard, int], tuple[Shard, int, int]],
+) -> Added:
+    """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
+    with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
+    withdrawn += [
+        _withdrawn(found[s, r.offset], s, r) for s, r in unmatched if (s, r.offset) in found
+    ]
+    missed = [
+        (s, r.offset, r.delay_id)
+        for s, r in unmatched
+        if isinstance(r, Cancel) and (s, r.offset) not in found
+    ]
+    added, replaced, cancelled, not_found = counts
+    across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
+    replaced += len(found) - across
+    return Added(
+        added,
+        lost,
+        replaced,
+        cancelled + across,
+        not_found - across,
+        tuple(missed),
+        tuple(withdrawn),
+    )
+
+
+def _withdrawn(where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel) -> Withdrawn:
+    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms)."""
+    shard, offset, due = where
+    cancel = isinstance(record, Cancel)
+    delay_id = record.delay_id
+    return Withdrawn(shard, offset, due, delay_id, by, record.offset, cancel)
 
 
 def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool = True) -> Claims:
@@ -152,25 +193,22 @@ class Store:
             calls.append(("add", keys, add_argv(expected.get(shard), high, bucket_ms, entries)))
         counts, lost = [0, 0, 0, 0], {}
         unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
+        withdrawn: list[Withdrawn] = []
         for shard, reply in zip(shards, self._scripts.run(calls), strict=True):
             r = AddReply.read(reply)
             if r.loss is not None:
                 lost[shard] = r.loss
                 continue
             counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
-            if r.unmatched:  # only then is a record looked up by its offset
+            if r.unmatched or r.withdrawn:  # only then is a record looked up by its offset
                 by_offset = {rec.offset: rec for rec in batches[shard][1]}
                 unmatched += [(shard, by_offset[o]) for o in r.unmatched]
+                withdrawn += [
+                    _withdrawn((shard, offset, due), shard, by_offset[by])
+                    for offset, due, by in r.withdrawn
+                ]
         found = withdraw_elsewhere(self._scripts, self._keys, unmatched, partitions or {})
-        missed = [
-            (s, r.offset, r.delay_id)
-            for s, r in unmatched
-            if isinstance(r, Cancel) and (s, r.offset) not in found
-        ]
-        added, replaced, cancelled, not_found = counts
-        across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
-        replaced += len(found) - across
-        return Added(added, lost, replaced, cancelled + across, not_found - across, tuple(missed))
+        return _added(counts, lost, unmatched, withdrawn, found)
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """The offset to commit for each shard: its lowest pending offset, else watermark + 1.

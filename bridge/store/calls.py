@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bridge.message import Priority
-from bridge.store.keys import text
+from bridge.store.keys import offset_of, text
 from bridge.store.results import Lost, lost_from
 
 # Records due within this long before a claim are "on time" and get half of every claim, so an
@@ -148,15 +148,32 @@ class AddReply(NamedTuple):
     # The offsets of the cancels that found nothing here and of the records with a caller-given id
     # that replaced nothing here: the caller looks for theirs in the topic's other partitions.
     unmatched: list[int]
+    # What was withdrawn: (its offset, its due ms or -1, the offset of the record that did it).
+    withdrawn: list[tuple[int, int, int]]
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> AddReply:
         """The reply as Redis sent it."""
         loss = lost_from(int(reply[0]), int(reply[1]))
         if loss is not None:
-            return cls(loss, 0, 0, 0, 0, [])
-        added, replaced, cancelled, not_found = (int(n) for n in reply[1:5])
-        return cls(None, added, replaced, cancelled, not_found, [int(o) for o in reply[5::2]])
+            return cls(loss, 0, 0, 0, 0, [], [])
+        added, replaced, cancelled, not_found, pairs = (int(n) for n in reply[1:6])
+        end = 6 + 2 * pairs
+        rest = reply[end:]
+        withdrawn = [
+            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2])) for i in range(0, len(rest), 3)
+        ]
+        unmatched = [int(o) for o in reply[6:end:2]]
+        return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn)
+
+
+def withdrawn_from(reply: Sequence[Any]) -> dict[str, tuple[int, int]]:
+    """withdraw.lua's reply, read: each delay-id withdrawn, with its record's offset and due
+    ms (-1: a reference)."""
+    return {
+        text(reply[i]): (offset_of(reply[i + 1]), int(reply[i + 2]))
+        for i in range(0, len(reply), 3)
+    }
 
 
 class StatsReply(NamedTuple):

@@ -161,6 +161,13 @@ class Inventory:
         first = self.page(shard, None, 1)
         return first[0][0] if first else None
 
+    def in_flight(self, shard: Shard, offset: int) -> bool:
+        """Whether the record at ``offset`` is claimed and not yet acknowledged."""
+        with as_store_error():
+            return (
+                self.client.zscore(self.keys.of(shard).inflight, offset_bytes(offset)) is not None
+            )
+
     def is_pending(self, shard: Shard, offset: int) -> bool:
         """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
         with as_store_error():

@@ -46,6 +46,19 @@ class Lost(NamedTuple):
     watermark: int | None
 
 
+class Withdrawn(NamedTuple):
+    """A waiting record a cancel or a replacement withdrew: where it was (its ``shard`` and
+    ``offset``), its due time (-1: a reference) and delay-id, and the record that did it."""
+
+    shard: Shard
+    offset: int
+    due_ms: int
+    delay_id: str
+    by: Shard
+    by_offset: int
+    cancelled: bool  # else replaced
+
+
 @dataclass(frozen=True)
 class Added:
     """What :meth:`Store.add` did: records stored, waiting records replaced by a later one with
@@ -59,6 +72,7 @@ class Added:
     not_found: int = 0
     # (shard, offset, delay-id) of the first few cancels per shard that found nothing
     missed: tuple[tuple[Shard, int, str], ...] = ()
+    withdrawn: tuple[Withdrawn, ...] = ()  # what the cancels and replacements withdrew
 
 
 @dataclass(frozen=True)

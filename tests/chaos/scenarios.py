@@ -53,6 +53,7 @@ from tests.conftest import delete_keys, recreate_topic, wait_for
 from tests.integration.harness import Bridge, bridge_env, metric, wait_ready
 
 PARTITIONS = 3
+JOURNAL = True  # bridges write a journal (python -m bench --no-journal: without)
 MAX_DELAY_MS = 5000
 # read-back-sigkill: delays of records kept as references (store.payload_horizon 6 s).
 READ_BACK_MIN_MS, READ_BACK_MAX_MS = 8_000, 20_000
@@ -123,6 +124,7 @@ class Run:
         uid = uuid.uuid4().hex[:8]
         self.delay, self.target, self.dlq = (f"{label}-{name}-{uid}", f"out-{name}-{uid}",
                                              f"dlq-{name}-{uid}")  # fmt: skip
+        self.journal = f"journal-{name}-{uid}"
         self.prefix = f"{label}-{uid}"
         self.dir = workdir / f"{name}-{uid}"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +134,7 @@ class Run:
         delay = {"retention.ms": "-1", **(delay_config or {})}
         topics = [NewTopic(self.delay, PARTITIONS, rf, config=delay),
                   NewTopic(self.target, PARTITIONS, rf, config=target_config or {}),
-                  NewTopic(self.dlq, 1, rf)]  # fmt: skip
+                  NewTopic(self.dlq, 1, rf), NewTopic(self.journal, PARTITIONS, rf)]  # fmt: skip
         for future in self.admin.create_topics(topics).values():
             future.result(timeout=30)
         document: dict[str, object] = {
@@ -143,6 +145,7 @@ class Run:
             },
             "redis": {"key_prefix": self.prefix},
             "topics": {"delay": [self.delay], "dead_letter": self.dlq,
+                       "journal": self.journal if JOURNAL else "",
                        "allowed_targets": [re.escape(self.target)]},
             "egress": {"lease": "5s"},
         }  # fmt: skip
@@ -250,7 +253,8 @@ class Run:
             delete_keys(client, self.prefix)  # a benchmark's backlog is hundreds of MB
         finally:
             client.close()
-        for future in self.admin.delete_topics([self.delay, self.target, self.dlq]).values():
+        gone = [self.delay, self.target, self.dlq, self.journal]
+        for future in self.admin.delete_topics(gone).values():
             with contextlib.suppress(Exception):  # the topics are unique anyway
                 future.result(timeout=30)
 

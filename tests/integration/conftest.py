@@ -36,7 +36,7 @@ def store(redis_client: redis.Redis, unique: str) -> Store:
 def setup(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
     return Setup(
         services, topics("delay", 3), [topics("out-a", 2), topics("out-b", 1)], topics("dlq"),
-        unique, tmp_path,
+        unique, tmp_path, topics("journal", 2),
     )  # fmt: skip
 
 

@@ -279,11 +279,12 @@ class Setup:
     dlq: str
     unique: str
     tmp: Path
+    journal: str
 
     def bridge(self, name: str = "bridge", **overrides: str) -> Bridge:
         env = bridge_env(
             self.services.bootstrap, self.services.redis_url,
-            topics__delay=self.delay, topics__dead_letter=self.dlq,
+            topics__delay=self.delay, topics__dead_letter=self.dlq, topics__journal=self.journal,
             kafka__group_id=f"bridge-{self.unique}", redis__key_prefix=f"test-{self.unique}",
             **overrides,
         )  # fmt: skip

@@ -28,7 +28,8 @@ def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partiti
     delay, target, dlq = topics("delay", 3), topics("out"), topics("dlq")
     overrides = {"kafka__group_instance_id": f"pod-{unique}"} if member == "static" else {}
     env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, kafka__group_id=f"g-{unique}",
+                     topics__dead_letter=dlq, topics__journal=topics("journal"),
+                     kafka__group_id=f"g-{unique}",
                      redis__key_prefix=f"test-{unique}", **overrides)  # fmt: skip
     service = Service(from_mapping({}, env=env), CollectorRegistry())
     everything = {Shard(delay, p) for p in range(3)}

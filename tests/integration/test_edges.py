@@ -97,7 +97,7 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
     batch was retried forever and nothing was ingested on any partition."""
     setup = Setup(services, topics("delay", 3, config={"max.message.bytes": "5242880"}),
                   [topics("out")], topics("dlq", config={"max.message.bytes": "4000"}), unique,
-                  tmp_path)  # fmt: skip
+                  tmp_path, topics("journal"))  # fmt: skip
     target = setup.targets[0].encode()
     oversized: ToPartition = [
         (0, b"x" * 2_000_000, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),  # too-large
@@ -163,7 +163,7 @@ def test_a_delivery_failed_copy_too_large_for_the_dlq_goes_without_its_value(
     refused the copy too had it released, claimed again with its attempts back at 0, forever."""
     small = {"max.message.bytes": "1000"}
     setup = Setup(services, topics("delay"), [topics("out", config=small)],
-                  topics("dlq", config=small), unique, tmp_path)  # fmt: skip
+                  topics("dlq", config=small), unique, tmp_path, topics("journal"))  # fmt: skip
     bridges.append(setup.bridge(egress__max_attempts="2").start())
     headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")]
     produce_all(services.bootstrap, setup.delay, [(b"k", b"x" * 5000, headers)])

@@ -58,7 +58,7 @@ def test_a_target_and_dlq_refusing_records_back_off_instead_of_spinning(
     small = {"max.message.bytes": "1000"}  # the target refuses the 2 kB records every time
     tiny = {"max.message.bytes": "100"}  # the DLQ refuses them even without their value
     setup = Setup(services, topics("delay"), [topics("out", config=small)],
-                  topics("dlq", config=tiny), unique, tmp_path)  # fmt: skip
+                  topics("dlq", config=tiny), unique, tmp_path, topics("journal"))  # fmt: skip
     bridge = setup.bridge(egress__max_attempts="1").start()
     bridges.append(bridge)
     produce_all(services.bootstrap, setup.delay,
@@ -87,7 +87,7 @@ def test_a_record_refused_for_a_while_is_retried_after_its_back_off_not_its_leas
     within that back-off — not when its 120 s lease would have run out."""
     small = {"max.message.bytes": "1000"}
     setup = Setup(services, topics("delay"), [topics("out", config=small)], topics("dlq"),
-                  unique, tmp_path)  # fmt: skip
+                  unique, tmp_path, topics("journal"))  # fmt: skip
     topics.admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
     bridge = setup.bridge(egress__max_attempts="1", egress__lease="120s").start()
     bridges.append(bridge)

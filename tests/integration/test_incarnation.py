@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
     return Setup(services, topics("delay", 1, config={"retention.ms": "-1"}), [topics("out", 1)],
-                 topics("dlq"), unique, tmp_path)  # fmt: skip
+                 topics("dlq"), unique, tmp_path, topics("journal"))  # fmt: skip
 
 
 def stored(setup: Setup, watermark: int) -> None:

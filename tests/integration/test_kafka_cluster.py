@@ -116,9 +116,9 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
     metric shows the wait; and it resumes by itself once the brokers are back."""
     bootstrap = cluster["bootstrap"]
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    delay, target, dlq = (new_topic(admin, 1) for _ in range(3))
+    delay, target, dlq, journal = (new_topic(admin, 1) for _ in range(4))
     env = bridge_env(bootstrap, services.redis_url, topics__delay=delay, topics__dead_letter=dlq,
-                     kafka__group_id=f"g-{delay}", redis__key_prefix=f"test-{delay}")  # fmt: skip
+                     topics__journal=journal, kafka__group_id=f"g-{delay}", redis__key_prefix=f"test-{delay}")  # fmt: skip
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     delivered = f'delay_bridge_delivered_total{{target_topic="{target}"}}'
     try:

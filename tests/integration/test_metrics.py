@@ -184,8 +184,8 @@ def test_counters_after_an_end_to_end_run(
 ) -> None:
     delay, target, dlq = topics("delay", 2), topics("out"), topics("dlq")
     env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+                     topics__dead_letter=dlq, topics__journal=topics("journal"),
+                     kafka__group_id=f"g-{unique}", redis__key_prefix=f"test-{unique}")  # fmt: skip
     config = from_mapping({}, env=env)
     registry = CollectorRegistry()
     service = Service(config, registry)

@@ -80,7 +80,8 @@ def running(
 ) -> Iterator[tuple[Bridge, str, str]]:
     delay, target = topics("delay", 2), topics("out")
     env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=topics("dlq"), kafka__group_id=f"g-{unique}",
+                     topics__dead_letter=topics("dlq"),
+                     topics__journal=topics("journal"), kafka__group_id=f"g-{unique}",
                      redis__key_prefix=f"test-{unique}", logging__json="true")  # fmt: skip
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     try:

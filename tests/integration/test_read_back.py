@@ -41,7 +41,15 @@ FAR_MS = 9_000
 
 @pytest.fixture
 def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
-    return Setup(services, topics("delay", 1), [topics("out", 1)], topics("dlq"), unique, tmp_path)
+    return Setup(
+        services,
+        topics("delay", 1),
+        [topics("out", 1)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
 
 
 def now_ms() -> int:
@@ -239,7 +247,7 @@ def test_a_retention_shorter_than_max_delay_stops_start_up_with_references(
     services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
 ) -> None:
     short = Setup(services, topics("delay", 1, config={"retention.ms": "86400000"}),
-                  [topics("out", 1)], topics("dlq"), unique, tmp_path)  # fmt: skip
+                  [topics("out", 1)], topics("dlq"), unique, tmp_path, topics("journal"))  # fmt: skip
     refused = short.bridge("refused", limits__max_delay="2d").start()
     bridges.append(refused)
     assert refused.wait(60) == 2

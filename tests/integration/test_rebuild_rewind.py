@@ -33,7 +33,7 @@ def test_a_batch_read_again_after_a_failed_rebuild_retires_nothing(
     retired and read from its beginning, and every record delivered from it would go again."""
     delay, target, dlq = topics("delay", 2), topics("out"), topics("dlq")
     env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, kafka__group_id=f"g-{unique}",
+                     topics__dead_letter=dlq, topics__journal=topics("journal"), kafka__group_id=f"g-{unique}",
                      redis__key_prefix=f"test-{unique}")  # fmt: skip
     # No commit during the test: the loss is found by the batch's add, not by the commit's read.
     monkeypatch.setattr(bridge.ingress.consumer, "COMMIT_INTERVAL_S", 3600.0)

@@ -25,7 +25,15 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
     """One delay partition, so offsets are predictable."""
-    return Setup(services, topics("delay", 1), [topics("out", 1)], topics("dlq"), unique, tmp_path)
+    return Setup(
+        services,
+        topics("delay", 1),
+        [topics("out", 1)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
 
 
 def due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> list[int]:

@@ -43,6 +43,20 @@ class Sent:
 
 
 @dataclass
+class Placed:
+    """A delivery report's message: where Kafka put the record."""
+
+    at_partition: int
+    at_offset: int
+
+    def partition(self) -> int:
+        return self.at_partition
+
+    def offset(self) -> int:
+        return self.at_offset
+
+
+@dataclass
 class FakeProducer:
     sent: list[Sent] = field(default_factory=list)
 
@@ -91,7 +105,7 @@ class Setup:
     def report(self, error: int | None) -> None:
         """The last record produced gets its delivery report; the mover applies it."""
         err = None if error is None else KafkaError(error, "refused")
-        self.producer.sent[-1].report(err, None)
+        self.producer.sent[-1].report(err, Placed(0, len(self.producer.sent)))
         self.deliveries.apply_reports()
 
 

@@ -303,7 +303,7 @@ local function withdraw(shard, id, not_after)
   if not in_flight then
     redis.call('HDEL', shard.ids, id)
   end
-  return done
+  return done, offset, due
 end
 
 local function ack(keys, argv, first)

@@ -47,9 +47,12 @@ ARGV[4..] groups of five, ascending offsets: offset, score, member, delay-id, re
           then an id_entry naming its record (its due ms -1 when it waits in no index); a reference's member is its 16 bytes (a record's member is longer) and its
           score its due ms (its priority is read with the record)
 
-Returns: {0, records added, replaced, cancelled, cancels that found nothing, then the offset and
-          delay-id of each cancel that found nothing and each record with a caller-given id that
-          replaced nothing here: the caller looks for theirs in the topic's other partitions}
+Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, then U pairs: the
+          offset and delay-id of each cancel that found nothing and each record with a
+          caller-given id that replaced nothing here (the caller looks for theirs in the topic's
+          other partitions), then triples for each record withdrawn: its offset (8 bytes), its
+          due ms (-1: a reference) and the offset of the cancel or replacement that withdrew it
+          (the journal's cancelled and replaced entries)}
        | {1, -1} shard state missing | {2, watermark} watermark went back
        | {"undeclared", wait indexes...}
 ]]
@@ -100,7 +103,12 @@ local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
 local watermark = tonumber(mark or '-1')
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
-local unmatched = {}
+local unmatched, withdrawn = {}, {}
+local function withdrew(offset, due, by)
+  withdrawn[#withdrawn + 1] = offset
+  withdrawn[#withdrawn + 1] = due
+  withdrawn[#withdrawn + 1] = by
+end
 
 -- Write the records without an id held back so far (see below).
 local function flush()
@@ -116,13 +124,14 @@ for i = 4, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
     local score, member, id, stamped = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     if score == '' then
-      local done = withdraw(shard, id)
+      local done, offset, at = withdraw(shard, id)
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
-        local offset, at = read_id_entry(member)
+        offset, at = read_id_entry(member)
         done = withdraw_at(shard, offset, at)
       end
       if done then
+        withdrew(offset, at, ARGV[i])
         cancelled = cancelled + 1
       else
         missing = missing + 1
@@ -142,7 +151,9 @@ for i = 4, #ARGV, 5 do
       members[#members + 1] = member
       plain = plain + 1
     else
-      if withdraw(shard, id) then
+      local done, offset, at = withdraw(shard, id)
+      if done then
+        withdrew(offset, at, ARGV[i])
         replaced = replaced + 1
       else
         unmatched[#unmatched + 1] = ARGV[i]
@@ -165,4 +176,10 @@ append_references()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end
-return {0, added + plain, replaced, cancelled, missing, unpack(unmatched)}
+local reply = {0, added + plain, replaced, cancelled, missing, #unmatched / 2}
+for _, list in ipairs({unmatched, withdrawn}) do
+  for _, x in ipairs(list) do
+    reply[#reply + 1] = x
+  end
+end
+return reply

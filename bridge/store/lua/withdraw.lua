@@ -16,7 +16,8 @@ KEYS[7]  waits          SET   targets with a wait index
 KEYS[8..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] pairs: delay-id, record timestamp of the cancel or replacement
 
-Returns: the delay-ids withdrawn here | {"undeclared", wait indexes...}
+Returns: triples for what was withdrawn here: the delay-id, the record's offset (8 bytes) and its
+         due ms (-1: a reference) | {"undeclared", wait indexes...}
 ]]
 local refused = undeclared(8, wait_keys(KEYS[7]))
 if refused then
@@ -26,8 +27,11 @@ local shard = {due = KEYS[1], ids = KEYS[2], low = KEYS[3], pending = KEYS[4],
                inflight = KEYS[5], refs = KEYS[6], waits = KEYS[7]}
 local withdrawn = {}
 for i = 1, #ARGV, 2 do
-  if withdraw(shard, ARGV[i], tonumber(ARGV[i + 1])) then
+  local done, offset, due = withdraw(shard, ARGV[i], tonumber(ARGV[i + 1]))
+  if done then
     withdrawn[#withdrawn + 1] = ARGV[i]
+    withdrawn[#withdrawn + 1] = offset
+    withdrawn[#withdrawn + 1] = due
   end
 end
 return withdrawn

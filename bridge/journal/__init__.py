@@ -1,0 +1,27 @@
+"""The journal: every record's fate on a Kafka topic, written by the stages, read by ``trace``."""
+
+from bridge.journal.entries import (
+    FORMAT_VERSION,
+    H_JOURNAL,
+    Batch,
+    Entry,
+    Fate,
+    decode_entries,
+    delivered_entry,
+    encode_entries,
+    journal_key,
+)
+from bridge.journal.writer import Journal
+
+__all__ = [
+    "FORMAT_VERSION",
+    "H_JOURNAL",
+    "Batch",
+    "Entry",
+    "Fate",
+    "Journal",
+    "decode_entries",
+    "delivered_entry",
+    "encode_entries",
+    "journal_key",
+]

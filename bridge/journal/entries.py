@@ -1,0 +1,159 @@
+"""The journal's format: what one Kafka record of the journal topic holds, version 1.
+
+One journal record holds the fates of a batch of records of one delay-topic partition:
+
+* key: ``<delay topic>:<partition>`` (UTF-8), so every entry of a partition lands on one journal
+  partition, in the order it was written;
+* header ``delay-journal``: the format version, ``1``;
+* timestamp: when the bridge wrote it;
+* value: JSON, ``{"topic": …, "partition": …, "entries": [entry, …]}``, an entry being
+  ``{"fate", "offset", "id", "due", "at"}`` and, by fate, ``"target"``, ``"target_partition"``,
+  ``"target_offset"`` (delivered; dead-lettered: where its DLQ copy is), ``"by"`` (cancelled,
+  replaced: the origin ``topic:partition:offset`` of the record that did it), ``"reason"``
+  (dead-lettered, expired). ``offset`` is the record's delay-topic offset, ``id`` its delay-id
+  (the caller's, else its default ``topic:partition:offset``), ``due`` its due time and ``at``
+  when its fate was sealed, both epoch milliseconds.
+
+A later version adds fields or fates; a reader skips what it does not know, and a record whose
+version it does not know (docs/journal.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from bridge.message import Scheduled
+
+H_JOURNAL = "delay-journal"
+FORMAT_VERSION = 1
+_VERSION_BYTES = str(FORMAT_VERSION).encode()
+
+
+class Fate(StrEnum):
+    """How a record's life ended (``trace`` adds "waiting" and "in-flight" for the living)."""
+
+    DELIVERED = "delivered"
+    CANCELLED = "cancelled"
+    REPLACED = "replaced"
+    DEAD_LETTERED = "dead-lettered"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record's fate (see the module's docstring for the fields)."""
+
+    fate: Fate
+    offset: int
+    delay_id: str
+    due_ms: int
+    at_ms: int
+    target: str = ""
+    target_partition: int = -1
+    target_offset: int = -1
+    by: str = ""
+    reason: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The entry as the journal stores it: the fields its fate has, no empty ones."""
+        out: dict[str, Any] = {
+            "fate": self.fate.value,
+            "offset": self.offset,
+            "id": self.delay_id,
+            "due": self.due_ms,
+            "at": self.at_ms,
+        }
+        if self.target:
+            out["target"] = self.target
+            out["target_partition"] = self.target_partition
+            out["target_offset"] = self.target_offset
+        if self.by:
+            out["by"] = self.by
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Entry | None:
+        """An entry as stored; None for a fate this version does not know."""
+        try:
+            fate = Fate(raw["fate"])
+        except ValueError:
+            return None
+        return cls(
+            fate,
+            int(raw["offset"]),
+            str(raw["id"]),
+            int(raw["due"]),
+            int(raw["at"]),
+            str(raw.get("target", "")),
+            int(raw.get("target_partition", -1)),
+            int(raw.get("target_offset", -1)),
+            str(raw.get("by", "")),
+            str(raw.get("reason", "")),
+        )
+
+
+def delivered_entry(
+    record: Scheduled, at_ms: int, target: str, placed: tuple[int, int], reason: str = ""
+) -> dict[str, Any]:
+    """A delivered record's entry as the journal stores it, or a dead-lettered one's with its
+    ``reason`` (``target`` the DLQ); built per record, so a dict, not an :class:`Entry`."""
+    entry = {
+        "fate": "dead-lettered" if reason else "delivered",
+        "offset": record.offset,
+        "id": record.delay_id,
+        "due": record.due_ms,
+        "at": at_ms,
+        "target": target,
+        "target_partition": placed[0],
+        "target_offset": placed[1],
+    }
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+def journal_key(topic: str, partition: int) -> bytes:
+    """The key of a delay-topic partition's journal records."""
+    return f"{topic}:{partition}".encode()
+
+
+def encode_entries(
+    topic: str, partition: int, entries: list[Entry] | list[dict[str, Any]]
+) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """One journal record: its key, value and headers."""
+    raw = [e.as_json() if isinstance(e, Entry) else e for e in entries]
+    value = {"topic": topic, "partition": partition, "entries": raw}
+    return (
+        journal_key(topic, partition),
+        json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(),
+        [(H_JOURNAL, _VERSION_BYTES)],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A journal record read back: the delay-topic partition its entries are of."""
+
+    topic: str
+    partition: int
+    entries: list[Entry]
+
+
+def decode_entries(
+    value: bytes | None, headers: list[tuple[str, bytes | None]] | None
+) -> Batch | None:
+    """A journal record's entries; None for a record that is not one this version reads."""
+    version = dict(headers or ()).get(H_JOURNAL)
+    if version != _VERSION_BYTES or value is None:
+        return None
+    try:
+        raw = json.loads(value)
+        entries = [e for e in map(Entry.from_json, raw["entries"]) if e is not None]
+        return Batch(str(raw["topic"]), int(raw["partition"]), entries)
+    except (ValueError, KeyError, TypeError):
+        return None

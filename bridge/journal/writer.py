@@ -1,0 +1,80 @@
+"""Writes the journal: a batch of one delay-topic partition's fates per Kafka record.
+
+Delivery does not wait for the journal (at-least-once mode): an entry Kafka refuses is counted in
+``delay_bridge_journal_failures_total`` and named in /readyz, and the records go on being
+delivered. What such an outage costs is what the journal would have given: ``trace`` does not know
+those fates, and a Redis rebuild meanwhile delivers those records again (docs/journal.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from bridge.health import Readiness
+from bridge.journal.entries import Entry, Fate, encode_entries
+from bridge.kafka import produce
+from bridge.message import origin
+from bridge.metrics import Metrics
+from bridge.store import Shard, Withdrawn
+
+logger = logging.getLogger(__name__)
+
+
+class Journal:
+    """The journal topic, written through a stage's own producer: its delivery reports are
+    served wherever that producer is polled."""
+
+    def __init__(self, producer: Producer, topic: str, metrics: Metrics, readiness: Readiness):
+        self.producer = producer
+        self.topic = topic
+        self.metrics = metrics
+        self.readiness = readiness
+        self._failing = False
+
+    def write(self, shard: Shard, entries: list[Entry] | list[dict[str, Any]]) -> None:
+        """Journal the fates of records of ``shard`` (one Kafka record)."""
+        if not entries:
+            return
+        key, value, headers = encode_entries(shard.topic, shard.partition, entries)
+        try:
+            produce(
+                self.producer,
+                self.topic,
+                key=key,
+                value=value,
+                headers=headers,
+                on_delivery=functools.partial(self._written, len(entries)),
+            )
+        except KafkaException as exc:  # refused locally (too large for message.max.bytes)
+            self._written(len(entries), exc.args[0], None)
+
+    def withdrawn(self, records: Sequence[Withdrawn], at_ms: int) -> None:
+        """Journal what cancels and replacements withdrew, by the shard each record was in."""
+        by_shard: dict[Shard, list[Entry]] = {}
+        for w in records:
+            fate = Fate.CANCELLED if w.cancelled else Fate.REPLACED
+            by = origin(w.by.topic, w.by.partition, w.by_offset)
+            entry = Entry(fate, w.offset, w.delay_id, w.due_ms, at_ms, by=by)
+            by_shard.setdefault(w.shard, []).append(entry)
+        for shard, entries in by_shard.items():
+            self.write(shard, entries)
+
+    def _written(self, count: int, err: KafkaError | None, _msg: Message | None) -> None:
+        if err is None:
+            self.metrics.journal_written.inc(count)
+            if self._failing:
+                self._failing = False
+                self.readiness.ok("journal-writes")
+                logger.info("the journal %s takes entries again", self.topic)
+            return
+        self.metrics.journal_failures.inc(count)
+        detail = f"journal {self.topic} refused {count} entries: {err.str()}"
+        if not self._failing:
+            self._failing = True
+            logger.error("%s; delivery goes on without them", detail)
+        self.readiness.fail("journal-writes", detail)

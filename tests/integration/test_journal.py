@@ -1,0 +1,240 @@
+"""The journal on the real servers: every record's fate, where the bridge put it, keyed by its
+delay-topic partition; a journal Kafka refuses shows in /readyz and a metric while delivery goes
+on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.cimpl import NewTopic
+
+from bridge.journal import Batch, Fate, decode_entries, journal_key
+from bridge.kafka import produce
+from bridge.message import H_AFTER, H_CANCEL, H_ID, H_TARGET_TOPIC, Headers, wire_headers
+from tests.conftest import TopicFactory, wait_for
+from tests.integration.harness import (
+    ROOT,
+    Bridge,
+    Collector,
+    Received,
+    Setup,
+    metric,
+    produce_all,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def read_journal(setup: Setup, until: int, timeout: float = 60) -> list[tuple[Received, Batch]]:
+    """The journal's records from its beginning, decoded, once they hold ``until`` entries."""
+    collector = Collector(setup.services.bootstrap, [setup.journal], f"journal-{time.time_ns()}")
+
+    def batches() -> list[tuple[Received, Batch]]:
+        got = [(r, decode_entries(r.value, r.headers)) for r in collector.records]
+        return [(r, b) for r, b in got if b is not None]
+
+    try:
+        collector.until(lambda _: sum(len(b.entries) for _, b in batches()) >= until, timeout,
+                        f"{until} journal entries")  # fmt: skip
+        collector.poll(0.5)  # and nothing more
+    finally:
+        collector.close()
+    return batches()
+
+
+def test_every_delivered_and_dead_lettered_record_is_journaled_where_it_went(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge(egress__max_attempts="1").start()
+    bridges.append(bridge)
+    target = setup.targets[0].encode()
+    records: list[tuple[bytes | None, bytes | None, Headers]] = [
+        (b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"100ms")]) for i in range(40)
+    ]
+    records += [(b"id", b"with-id", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_ID, b"o-1")])]
+    # Allowed by the bridge's rules, refused by Kafka: dead-lettered as delivery-failed.
+    records += [(b"x", b"lost", [(H_TARGET_TOPIC, b"no-such-topic-anywhere"), (H_AFTER, b"0ms")])]
+    records += [(b"bad", b"invalid", [(H_AFTER, b"0ms")])]  # no target: refused at ingest
+    coords = produce_all(setup.services.bootstrap, setup.delay, records)
+    delivered = setup.await_value(b"lost", 60, "the refused record in the DLQ")
+    assert any(r.value == b"invalid" for r in setup.await_value(b"invalid", 60, "the invalid"))
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= len(records), 60, "every record delivered")
+    finally:
+        collector.close()
+    journal = read_journal(setup, len(records))
+    entries = {(b.partition, e.offset): (r, b, e) for r, b in journal for e in b.entries}
+    assert len(entries) == len(records) == sum(len(b.entries) for _, b in journal)  # once each
+    where = {(r.value): r for r in collector.records}
+    for (partition, offset), (_, value, _) in zip(coords, records, strict=True):
+        received, batch, entry = entries[partition, offset]
+        assert batch.topic == setup.delay and received.key == journal_key(setup.delay, partition)
+        got = where[value]
+        assert (entry.target, entry.target_partition, entry.target_offset) == (
+            got.topic, got.partition, got.offset)  # fmt: skip
+        if value == b"invalid":  # never scheduled: its default id, no due time
+            assert (entry.fate, entry.reason) == (Fate.DEAD_LETTERED, "missing-target")
+            assert entry.delay_id == f"{setup.delay}:{partition}:{offset}" and entry.due_ms == -1
+            assert got.topic == setup.dlq
+            continue
+        assert entry.at_ms >= entry.due_ms > 0
+        if value == b"lost":  # its DLQ copy carries the headers it came with
+            assert (entry.fate, entry.reason) == (Fate.DEAD_LETTERED, "delivery-failed")
+            assert entry.delay_id == f"{setup.delay}:{partition}:{offset}"
+            assert got.topic == setup.dlq
+        else:  # the delivered record carries its delay-id and due time
+            assert entry.delay_id == got.delay_id and entry.due_ms == got.due_ms
+            assert entry.fate is Fate.DELIVERED and not entry.reason
+    assert entries[coords[40]][2].delay_id == "o-1"
+    # One delay partition's entries share one journal partition.
+    placed: dict[int, set[int]] = {}
+    for received, batch in journal:
+        placed.setdefault(batch.partition, set()).add(received.partition)
+    assert all(len(p) == 1 for p in placed.values()), placed
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") == len(records), 10,
+             "every entry counted as written")  # fmt: skip
+    assert metric(bridge, "delay_bridge_journal_failures_total") == 0
+    assert delivered
+
+
+def test_a_missing_journal_shows_in_readyz_and_delivery_goes_on(
+    setup: Setup, bridges: list[Bridge], topics: TopicFactory
+) -> None:
+    topics.admin.delete_topics([setup.journal])[setup.journal].result(timeout=30)
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+
+    def names_the_journal() -> bool:
+        status, body = bridge.get("/readyz")
+        return status == 503 and f"journal topic {setup.journal} is not usable" in body
+
+    wait_for(names_the_journal, 60, "/readyz to name the missing journal")
+    target = setup.targets[0].encode()
+    produce_all(setup.services.bootstrap, setup.delay,
+                [(b"k", b"still-delivered", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])])  # fmt: skip
+    assert setup.await_value(b"still-delivered", 60, "delivery without a journal")
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_failures_total") >= 1, 120,
+             "the refused entry counted")  # fmt: skip
+    assert metric(bridge, "delay_bridge_journal_written_total") == 0
+    # Created again: the next entry is taken and /readyz is green again.
+    topics.admin.create_topics([NewTopic(setup.journal, 1, 1)])[setup.journal].result(timeout=30)
+    produce_all(setup.services.bootstrap, setup.delay,
+                [(b"k", b"journaled", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])])  # fmt: skip
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 120, "/readyz green once the journal is back")
+    assert metric(bridge, "delay_bridge_journal_written_total") >= 1
+
+
+def produce_partition(
+    setup: Setup, partition: int, record: tuple[bytes | None, bytes | None, Headers]
+) -> int:
+    """Produce ``record`` to one partition of the delay topic; returns its offset."""
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap})
+    offsets: list[int] = []
+    key, value, headers = record
+    produce(producer, setup.delay, partition=partition, key=key, value=value,
+            headers=wire_headers(headers),
+            on_delivery=lambda err, msg: offsets.append(msg.offset()))  # fmt: skip
+    assert producer.flush(30) == 0 and len(offsets) == 1
+    return offsets[0]
+
+
+def trace(setup: Setup, *args: str) -> tuple[int, dict[str, Any], str]:
+    """``delay-bridge trace ARGS --json``: exit code, the JSON, stderr."""
+    proc = subprocess.run([sys.executable, "-m", "bridge", "trace", *args, "--json"], cwd=ROOT,
+                          env=setup.bridge().env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout else {}, proc.stderr
+
+
+def test_trace_follows_a_record_from_waiting_to_delivered(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    (p_id, o_id), (p_plain, o_plain) = produce_all(setup.services.bootstrap, setup.delay, [
+        (b"order-7", b"reminder", [(H_TARGET_TOPIC, target), (H_AFTER, b"4s"),
+                                   (H_ID, b"order-7")]),
+        (b"k", b"plain", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),
+    ])  # fmt: skip
+    wait_for(lambda: trace(setup, "--id", "order-7")[1].get("fate") == "waiting", 30,
+             "trace to see the record waiting")  # fmt: skip
+    got = setup.await_value(b"reminder", 60, "the reminder delivered")
+    delivered = next(r for r in got if r.value == b"reminder")
+    wait_for(lambda: trace(setup, "--id", "order-7")[1].get("fate") == "delivered", 30,
+             "trace to find the delivery in the journal")  # fmt: skip
+    code, out, _ = trace(setup, "--id", "order-7")
+    assert code == 0 and out["id"] == "order-7"
+    assert out["origin"] == f"{setup.delay}:{p_id}:{o_id}"
+    assert out["delivered"]["topic"] == delivered.topic
+    assert (out["delivered"]["partition"], out["delivered"]["offset"]) == (
+        delivered.partition, delivered.offset)  # fmt: skip
+    assert [e["event"] for e in out["events"]] == ["stored", "delivered"]
+    assert out["events"][1]["late_ms"] >= 0 and out["events"][0]["due"] == delivered.due_ms
+    # A record with the default delay-id, by its origin (which is that id).
+    origin = f"{setup.delay}:{p_plain}:{o_plain}"
+    code, out, _ = trace(setup, "--origin", origin)
+    assert (code, out["fate"], out["id"]) == (0, "delivered", origin)
+    assert trace(setup, "--id", origin)[1]["fate"] == "delivered"
+    # Nothing known: said, exit 1.
+    code, out, err = trace(setup, "--id", "never-scheduled", "--since", "1h")
+    assert code == 1 and out["fate"] == "unknown" and "--id never-scheduled: no trace" in err
+
+
+def test_cancelled_and_replaced_records_are_journaled_and_traced(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A cancel and a replacement in the record's own partition, and a cancel produced to another
+    partition: each withdrawn record's entry names the record that withdrew it."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+
+    def later(delay_id: bytes, value: bytes) -> tuple[bytes, bytes, Headers]:
+        return (delay_id, value, [(H_TARGET_TOPIC, target), (H_AFTER, b"1h"), (H_ID, delay_id)])
+
+    placed = produce_all(setup.services.bootstrap, setup.delay,
+                         [later(b"to-cancel", b"a"), later(b"to-replace", b"b"),
+                          later(b"cancel-across", b"c")])  # fmt: skip
+    wait_for(lambda: trace(setup, "--id", "cancel-across")[1].get("fate") == "waiting", 30,
+             "the records stored")  # fmt: skip
+    (p_cancel, o_cancel), (p_replace, o_replace), (p_across, o_across) = placed
+    other = (p_across + 1) % 3
+    by = produce_all(setup.services.bootstrap, setup.delay, [
+        (b"to-cancel", None, [(H_CANCEL, b"to-cancel")]),
+        later(b"to-replace", b"b2"),
+    ])  # fmt: skip
+    # The cancel of "cancel-across" goes to another partition than its record's.
+    across = produce_partition(setup, other, (b"x", None, [(H_CANCEL, b"cancel-across")]))
+    journal = read_journal(setup, 3)
+    entries = {(b.partition, e.offset): e for _, b in journal for e in b.entries}
+    assert len(entries) == 3
+    cancelled = entries[p_cancel, o_cancel]
+    assert (cancelled.fate, cancelled.delay_id) == (Fate.CANCELLED, "to-cancel")
+    assert cancelled.by == f"{setup.delay}:{by[0][0]}:{by[0][1]}"
+    replaced = entries[p_replace, o_replace]
+    assert (replaced.fate, replaced.by) == (Fate.REPLACED, f"{setup.delay}:{by[1][0]}:{by[1][1]}")
+    far = entries[p_across, o_across]
+    assert (far.fate, far.by) == (Fate.CANCELLED, f"{setup.delay}:{other}:{across}")
+    assert all(e.due_ms > e.at_ms for e in entries.values())  # withdrawn before they fell due
+    code, out, _ = trace(setup, "--id", "to-cancel")
+    assert (code, out["fate"], out["origin"]) == (
+        0,
+        "cancelled",
+        f"{setup.delay}:{p_cancel}:{o_cancel}",
+    )
+    assert out["events"][-1]["by"] == cancelled.by
+    # The replacement waits; the record it replaced has its own fate, by its origin.
+    assert trace(setup, "--id", "to-replace")[1]["fate"] == "waiting"
+    assert (
+        trace(setup, "--origin", f"{setup.delay}:{p_replace}:{o_replace}")[1]["fate"] == "replaced"
+    )

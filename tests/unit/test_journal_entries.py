@@ -1,0 +1,64 @@
+"""The journal's format, version 1: what a journal record holds, and what a reader skips."""
+
+from __future__ import annotations
+
+import json
+
+from bridge.journal import (
+    H_JOURNAL,
+    Entry,
+    Fate,
+    decode_entries,
+    delivered_entry,
+    encode_entries,
+    journal_key,
+)
+from bridge.message import Scheduled
+
+RECORD = Scheduled(7, 1_800_000_000_000, "orders", b"k", b"v", [], "order-1")
+
+
+def test_a_batch_goes_out_keyed_by_its_delay_partition_and_comes_back_as_written() -> None:
+    entries = [
+        Entry(Fate.CANCELLED, 3, "a", 10, 20, by="delay:0:9"),
+        Entry(Fate.DEAD_LETTERED, 4, "delay:0:4", 10, 30, "delay.dlq", 0, 55, reason="too-large"),
+        Entry(Fate.DELIVERED, 7, "order-1", 1_800_000_000_000, 1_800_000_000_004, "orders", 2, 9),
+    ]
+    key, value, headers = encode_entries("delay", 0, entries)
+    assert key == journal_key("delay", 0) == b"delay:0"
+    assert headers == [(H_JOURNAL, b"1")]
+    batch = decode_entries(value, list(headers))
+    assert batch is not None and (batch.topic, batch.partition) == ("delay", 0)
+    assert batch.entries == entries
+
+
+def test_the_hot_path_entry_is_the_documented_one() -> None:
+    built = delivered_entry(RECORD, 1_800_000_000_004, "orders", (2, 9))
+    assert Entry.from_json(built) == Entry(
+        Fate.DELIVERED, 7, "order-1", 1_800_000_000_000, 1_800_000_000_004, "orders", 2, 9
+    )
+    dead = Entry.from_json(delivered_entry(RECORD, 5, "delay.dlq", (0, 1), "delivery-failed"))
+    assert dead is not None and (dead.fate, dead.reason) == (Fate.DEAD_LETTERED, "delivery-failed")
+
+
+def test_a_stored_entry_has_only_the_fields_of_its_fate() -> None:
+    _, value, _ = encode_entries("delay", 1, [Entry(Fate.CANCELLED, 3, "a", 10, 20, by="d:1:4")])
+    assert json.loads(value) == {
+        "topic": "delay",
+        "partition": 1,
+        "entries": [{"fate": "cancelled", "offset": 3, "id": "a", "due": 10, "at": 20,
+                     "by": "d:1:4"}],
+    }  # fmt: skip
+
+
+def test_a_reader_skips_fates_and_versions_it_does_not_know() -> None:
+    value = json.dumps({"topic": "d", "partition": 0, "entries": [
+        {"fate": "teleported", "offset": 1, "id": "x", "due": 1, "at": 2},
+        {"fate": "expired", "offset": 2, "id": "y", "due": 1, "at": 2, "reason": "expired",
+         "new_field": True},
+    ]}).encode()  # fmt: skip
+    batch = decode_entries(value, [(H_JOURNAL, b"1")])
+    assert batch is not None and [e.fate for e in batch.entries] == [Fate.EXPIRED]
+    assert decode_entries(value, [(H_JOURNAL, b"2")]) is None
+    assert decode_entries(value, []) is None
+    assert decode_entries(b"not json", [(H_JOURNAL, b"1")]) is None
