@@ -31,8 +31,8 @@ from bridge.egress import Egress
 from bridge.errors import ConfigError, KafkaFault, StoreError
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
-from bridge.ingress import Ingress
-from bridge.journal import Journal
+from bridge.ingress import Ingress, Settled
+from bridge.journal import Journal, JournalReader
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
@@ -192,6 +192,7 @@ class Service:
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),
             journal=_journal(config, dlq_producer, self.metrics, self.readiness),
+            settled=Settled((lambda: JournalReader(config)) if config.topics.journal else None),
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.

@@ -15,24 +15,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-
-from bridge.client import partition_for
-from bridge.config import Config, read_back_settings
-from bridge.dialects import parse_record
+from bridge.config import Config
 from bridge.errors import BridgeError, UsageError
-from bridge.journal import Entry, Fate, decode_entries, journal_key
-from bridge.kafka import headers_of
-from bridge.message import Cancel, Rejected, Scheduled, format_time_ms, origin
+from bridge.journal import Entry, Fate, JournalReader
+from bridge.message import Cancel, Scheduled, format_time_ms, origin
 from bridge.store import Shard
 
 BEFORE_DUE_MS = 60_000  # the search for a final fate starts this long before the due time
 DEFAULT_SINCE_MS = 24 * 3600 * 1000
-TIMEOUT_S = 10.0
 _ORIGIN = re.compile(r"^([A-Za-z0-9._-]+):(\d+):(\d+)$")
 
 
@@ -90,7 +83,7 @@ def trace(
                 shard, waiting = found[0]
                 offset = waiting.offset
                 break
-    reader = _JournalReader(config)
+    reader = JournalReader(config)
     try:
         record, produced_ms = (None, None) if shard is None else reader.delay_record(shard, offset)
         if shard is not None:
@@ -104,8 +97,8 @@ def trace(
             traced.fate = "waiting"
             traced.events.append({"event": "waiting", "due": waiting.due_ms})
             return traced
-        entries = reader.search(shard, offset, traced.delay_id, record, produced_ms,
-                                since_ms=since_ms, now_ms=now_ms, topic=topic)  # fmt: skip
+        entries = _search(reader, shard, offset, traced.delay_id, (record, produced_ms),
+                          since_ms=since_ms, now_ms=now_ms, topic=topic)  # fmt: skip
         if shard is None and entries:  # found by its id alone: where it was stored, now known
             shard, offset = entries[0][0], entries[0][1].offset
             record, produced_ms = reader.delay_record(shard, offset)
@@ -172,155 +165,40 @@ def _event(entry: Entry) -> dict[str, Any]:
     return event
 
 
-class _JournalReader:
-    """One consumer outside any group, assigned partition by partition."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.journal = config.topics.journal
-        self.consumer = Consumer({**read_back_settings(config), "log_level": 0})
-        self._partitions: int | None = None
-
-    def close(self) -> None:
-        self.consumer.close()
-
-    def delay_record(
-        self, shard: Shard, offset: int
-    ) -> tuple[Scheduled | Cancel | None, int | None]:
-        """The delay-topic record at ``offset`` (None when the log no longer holds it), and when
-        it was produced."""
-        msg = self._one(TopicPartition(shard.topic, shard.partition, offset))
-        if msg is None or msg.offset() != offset:
-            return None, None
-        ts_type, ts = msg.timestamp()
-        stamped = ts if ts_type != 0 else None
-        try:
-            record = parse_record(
-                self.config.rules(),
-                topic=shard.topic,
-                partition=shard.partition,
-                offset=offset,
-                timestamp_ms=stamped,
-                key=msg.key(),
-                value=msg.value(),
-                headers=headers_of(msg),
-                now_ms=stamped or 0,
-            )
-        except Rejected:
-            return None, stamped
-        return record, stamped
-
-    def search(
-        self,
-        shard: Shard | None,
-        offset: int,
-        delay_id: str,
-        record: Scheduled | Cancel | None,
-        produced_ms: int | None,
-        *,
-        since_ms: int | None,
-        now_ms: int,
-        topic: str | None,
-    ) -> list[tuple[Shard, Entry]]:
-        """The journal's entries for the record, oldest first."""
-        if not self.journal:
-            raise BridgeError('no journal (topics.journal is ""): only waiting records are traced')
-        count = self._count()
-        if shard is None:  # a caller's delay-id and nothing else: every partition, from since
-            start = since_ms if since_ms is not None else now_ms - DEFAULT_SINCE_MS
-            found: list[tuple[Shard, Entry]] = []
-            for partition in range(count):
-                found += self._scan(partition, start, None, lambda s, e: e.delay_id == delay_id
-                                    and (topic is None or s.topic == topic))  # fmt: skip
-            return sorted(found, key=lambda se: se[1].at_ms)
-        partition = partition_for(journal_key(shard.topic, shard.partition), count)
-
-        def mine(s: Shard, e: Entry) -> bool:
-            return s == shard and e.offset == offset
-
-        due_ms = record.due_ms if isinstance(record, Scheduled) else None
-        first = since_ms if since_ms is not None else (produced_ms or 0)
-        if due_ms is None:
-            return self._scan(partition, first, None, mine)
-        split = max(first, due_ms - BEFORE_DUE_MS)
-        late = self._scan(partition, split, None, mine)
-        return late or self._scan(partition, first, split, mine)
-
-    def _count(self) -> int:
-        if self._partitions is None:
-            try:
-                meta = self.consumer.list_topics(self.journal, timeout=TIMEOUT_S)
-            except KafkaException as exc:
-                raise BridgeError(f"Kafka did not answer: {exc}") from None
-            topic = meta.topics.get(self.journal)
-            if topic is None or topic.error is not None or not topic.partitions:
-                raise BridgeError(f"journal topic {self.journal}: unknown topic")
-            self._partitions = len(topic.partitions)
-        return self._partitions
-
-    def _scan(
-        self, partition: int, from_ms: int, until_ms: int | None, wanted: Any
-    ) -> list[tuple[Shard, Entry]]:
-        """The entries ``wanted`` (shard, entry) in the journal records of ``partition``
-        written from ``from_ms`` on (until ``until_ms``, else to the end as it is now)."""
+def _search(
+    reader: JournalReader,
+    shard: Shard | None,
+    offset: int,
+    delay_id: str,
+    known: tuple[Scheduled | Cancel | None, int | None],
+    *,
+    since_ms: int | None,
+    now_ms: int,
+    topic: str | None,
+) -> list[tuple[Shard, Entry]]:
+    """The journal's entries for the record (``known``: its delay-topic record and when it was
+    produced, if read), oldest first."""
+    if not reader.journal:
+        raise BridgeError('topics.journal is "": no journal, only waiting records are traced')
+    if shard is None:  # a caller's delay-id and nothing else: every partition, from since
+        start = since_ms if since_ms is not None else now_ms - DEFAULT_SINCE_MS
         found: list[tuple[Shard, Entry]] = []
-        for msg in self._records(partition, from_ms, until_ms):
-            batch = decode_entries(msg.value(), headers_of(msg))
-            if batch is None:
-                continue
-            s = Shard(batch.topic, batch.partition)
-            found += [(s, e) for e in batch.entries if wanted(s, e)]
-        return found
+        for partition in range(reader.partitions()):
+            found += reader.scan(partition, start, None, lambda s, e: e.delay_id == delay_id
+                                 and (topic is None or s.topic == topic))  # fmt: skip
+        return sorted(found, key=lambda se: se[1].at_ms)
+    partition = reader.partition_of(shard)
 
-    def _records(self, partition: int, from_ms: int, until_ms: int | None) -> Iterator[Message]:
-        tp = TopicPartition(self.journal, partition)
-        try:
-            _, end = self.consumer.get_watermark_offsets(tp, timeout=TIMEOUT_S)
-            start = self._offset_for(partition, from_ms, end)
-            stop = end if until_ms is None else self._offset_for(partition, until_ms, end)
-        except KafkaException as exc:
-            raise BridgeError(f"Kafka did not answer: {exc}") from None
-        if start >= stop:
-            return
-        self.consumer.assign([TopicPartition(self.journal, partition, start)])
-        try:
-            position = start
-            while position < stop:
-                batch = self.consumer.consume(500, TIMEOUT_S)
-                if not batch:
-                    raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
-                for msg in batch:
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return  # the end, before ``stop`` (a gap: compaction, markers)
-                        continue
-                    position = (msg.offset() or 0) + 1
-                    if position > stop:
-                        return
-                    yield msg
-        finally:
-            self.consumer.unassign()
+    def mine(s: Shard, e: Entry) -> bool:
+        return s == shard and e.offset == offset
 
-    def _offset_for(self, partition: int, at_ms: int, end: int) -> int:
-        found = self.consumer.offsets_for_times(
-            [TopicPartition(self.journal, partition, max(0, at_ms))], timeout=TIMEOUT_S
-        )[0].offset
-        return end if found < 0 else found
-
-    def _one(self, tp: TopicPartition) -> Message | None:
-        try:
-            self.consumer.assign([tp])
-            for _ in range(3):
-                for msg in self.consumer.consume(1, TIMEOUT_S / 3):
-                    if msg.error() is None:
-                        return msg
-                    return None
-        except KafkaException as exc:
-            raise BridgeError(f"Kafka did not answer: {exc}") from None
-        finally:
-            self.consumer.unassign()
-        return None
+    record, produced_ms = known
+    first = since_ms if since_ms is not None else (produced_ms or 0)
+    if not isinstance(record, Scheduled):
+        return reader.scan(partition, first, None, mine)
+    split = max(first, record.due_ms - BEFORE_DUE_MS)
+    late = reader.scan(partition, split, None, mine)
+    return late or reader.scan(partition, first, split, mine)
 
 
 def print_trace(traced: Traced, as_json: bool) -> None:

@@ -1,5 +1,6 @@
 """Ingress: the delay topics consumed, valid records stored in Redis, the rest dead-lettered."""
 
 from bridge.ingress.consumer import Ingress
+from bridge.ingress.settled import Settled
 
-__all__ = ["Ingress"]
+__all__ = ["Ingress", "Settled"]

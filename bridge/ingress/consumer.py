@@ -22,6 +22,7 @@ from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership
+from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
@@ -61,6 +62,7 @@ class Ingress:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         new_consumer: Callable[[], Consumer] | None = None,
         journal: Journal | None = None,
+        settled: Settled | None = None,
     ) -> None:
         self.consumer = consumer
         self._new_consumer = new_consumer  # to start it again (restart_soon); None: never
@@ -70,9 +72,7 @@ class Ingress:
         self.store = store
         self.rules = rules
         self.metrics = metrics
-        self.batch_size = config.batch_size
-        self.linger_s = config.linger / 1000
-        self.hold_ms = config.hold
+        self.config = config  # batch_size, linger (ms), hold (ms)
         # Records due further out than this when stored are kept as references (None: none is).
         self.payload_horizon_ms = store_config.payload_horizon if store_config.references else None
         self.bucket_ms = store_config.bucket_ms
@@ -92,6 +92,7 @@ class Ingress:
             topic_ids=topic_ids,
             known_ids=known_ids,
             paused=lambda: bool(self._paused_until),
+            settled=settled,
         )
         self.positions = self.membership.positions
         self._clock_ms = clock_ms
@@ -161,7 +162,7 @@ class Ingress:
             self.positions.check_incarnations()
         if self._paused_until:
             if time.monotonic() < self._paused_until:
-                self._discard(self.consumer.consume(self.batch_size, min(timeout, 0.1)))
+                self._discard(self.consumer.consume(self.config.batch_size, min(timeout, 0.1)))
                 return 0
             self._resume()
         self.holds.read_again(self.consumer, self.assigned)
@@ -173,7 +174,7 @@ class Ingress:
         if not messages:
             return 0
         batch = parse_batch(messages, self.rules, self._clock_ms())
-        if self.hold_ms:
+        if self.config.hold:
             messages, batch = self._hold(messages, batch)
         try:
             self._handle(messages, batch)
@@ -193,12 +194,12 @@ class Ingress:
         first = self.consumer.poll(timeout)
         if first is None:
             return []
-        messages = [first, *self.consumer.consume(self.batch_size - 1, 0)]
+        messages = [first, *self.consumer.consume(self.config.batch_size - 1, 0)]
         # While records keep arriving, a batch is stored at most once per linger: one Redis call
         # per partition takes a linger's worth (a record after a quiet spell goes at once).
-        wait = self._last_batch + self.linger_s - time.monotonic()
-        if wait > 0 and len(messages) < self.batch_size:
-            messages += self.consumer.consume(self.batch_size - len(messages), wait)
+        wait = self._last_batch + self.config.linger / 1000 - time.monotonic()
+        if wait > 0 and len(messages) < self.config.batch_size:
+            messages += self.consumer.consume(self.config.batch_size - len(messages), wait)
         self._last_batch = time.monotonic()
         return messages
 
@@ -208,21 +209,21 @@ class Ingress:
         record due within two holds (stored a hold before its due time at the latest), a cancel
         or a record with its own delay-id (either may withdraw a record due soon), a dead letter,
         or a full batch. Records of a partition revoked meanwhile are left to its next owner."""
-        deadline = time.monotonic() + self.hold_ms / 1000
-        urgent = batch.urgent(self._clock_ms() + 2 * self.hold_ms)
-        while not urgent and len(messages) < self.batch_size:
-            wait = min(deadline - time.monotonic(), self.linger_s or HOLD_SLICE_S)
+        deadline = time.monotonic() + self.config.hold / 1000
+        urgent = batch.urgent(self._clock_ms() + 2 * self.config.hold)
+        while not urgent and len(messages) < self.config.batch_size:
+            wait = min(deadline - time.monotonic(), self.config.linger / 1000 or HOLD_SLICE_S)
             if wait <= 0:
                 break
             more = [
                 m
-                for m in self.consumer.consume(self.batch_size - len(messages), wait)
+                for m in self.consumer.consume(self.config.batch_size - len(messages), wait)
                 if not self._is_error(m)
             ]
             if more:
                 messages += more
                 later = parse_batch(more, self.rules, self._clock_ms())
-                urgent = later.urgent(self._clock_ms() + 2 * self.hold_ms)
+                urgent = later.urgent(self._clock_ms() + 2 * self.config.hold)
                 batch.merge(later)
         gone = set(batch.stored) - self.assigned
         if gone:
@@ -267,6 +268,7 @@ class Ingress:
             batch.stop_at(shard, offset, self.marks.get(shard, -1))
             self.holds.hold(self.consumer, shard, offset, why)
         if batch.stored:
+            self.membership.settled.drop(batch.stored)
             expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
             horizon = self.payload_horizon_ms
             refer_after = None if horizon is None else self._clock_ms() + horizon

@@ -7,12 +7,13 @@ the rebuilds when Redis or the delay topic no longer matches them are :mod:`brid
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
+from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions
 from bridge.store import Bound, Shard, Store
@@ -39,8 +40,10 @@ class Membership:
         topic_ids: Callable[[Sequence[str]], dict[str, str]],
         known_ids: Callable[[], Mapping[str, str]],
         paused: Callable[[], bool],
+        settled: Settled | None = None,
     ) -> None:
         self.consumer = consumer
+        self.settled = settled or Settled(None)
         self.store = store
         self.catch_up = catch_up
         self.topics = list(topics)
@@ -54,7 +57,10 @@ class Membership:
             topic_ids,
             on_retired=on_assign,
             known_ids=known_ids,
-            on_reread=self.reading_again,
+            # A new incarnation is read from its beginning (OFFSET_BEGINNING) as new.
+            on_reread=lambda starts: self.reading_again(
+                starts, again=[s for s, o in starts.items() if o != OFFSET_BEGINNING]
+            ),
             marks=catch_up.marks,
         )
         self.joined = False
@@ -90,7 +96,11 @@ class Membership:
                 tp.offset = marks[shard] + 1
                 self.positions.marks[shard] = marks[shard]
         consumer.incremental_assign(partitions)
-        self.reading_again({s: tp.offset for s, tp in zip(shards, partitions, strict=True)})
+        starts = {s: tp.offset for s, tp in zip(shards, partitions, strict=True)}
+        # Read with no state in Redis (wiped while stopped): stored before, maybe settled since.
+        self.reading_again(
+            starts, again=[s for s in shards if s not in marks and s not in replaced]
+        )
         self.positions.assigned.update(shards)
         self.lost = frozenset()  # the group formed again: what is not ours now is another's
         self.joined = True
@@ -124,6 +134,7 @@ class Membership:
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
         self.positions.assigned.difference_update(shards)
+        self.settled.forget(shards)
         for shard in shards:
             self.positions.marks.pop(shard, None)
             self.catch_up.stop(shard)
@@ -135,11 +146,12 @@ class Membership:
         )
         self._on_revoke_cb(shards)
 
-    def reading_again(self, starts: Mapping[Shard, int]) -> None:
+    def reading_again(self, starts: Mapping[Shard, int], again: Collection[Shard] = ()) -> None:
         """The consumer reads these shards from these offsets (negative: the committed offset or
         the beginning): hold their due records until it reaches where each partition ends now
         (see bridge.catchup). Without the end offset the shard is not held: said once, the
-        records flow as they would have before."""
+        records flow as they would have before. Those read ``again`` (stored before) leave out
+        what the journal says is settled since."""
         starts = dict(starts)
         unknown = [s for s, offset in starts.items() if offset < 0 and offset != OFFSET_BEGINNING]
         if unknown:  # from the committed offsets: one request for all of them
@@ -148,12 +160,16 @@ class Membership:
                     [TopicPartition(s.topic, s.partition) for s in unknown], WATERMARK_TIMEOUT_S
                 )
                 starts.update({Shard(tp.topic, tp.partition): tp.offset for tp in committed})
+                # Never committed: never stored here before, nothing of it can be settled.
+                again = [s for s in again if starts[s] >= 0 or s not in unknown]
             except KafkaException as exc:
                 logger.warning(
                     "committed offsets not read, not holding records while catching up: %s", exc
                 )
                 starts = {s: o for s, o in starts.items() if s not in unknown}
-        for shard, start in starts.items():
+                again = [s for s in again if s not in unknown]
+        reread: dict[Shard, int] = {}
+        for shard, asked in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)
             try:
                 low, end = self.consumer.get_watermark_offsets(
@@ -167,7 +183,11 @@ class Membership:
                     exc,
                 )
                 continue
-            self.catch_up.start(shard, start if start >= 0 else low, end)
+            start = asked if asked >= 0 else low
+            self.catch_up.start(shard, start, end)
+            if shard in again and start < end:
+                reread[shard] = start
+        self.settled.load(reread)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

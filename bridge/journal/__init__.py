@@ -11,6 +11,7 @@ from bridge.journal.entries import (
     encode_entries,
     journal_key,
 )
+from bridge.journal.reader import JournalReader
 from bridge.journal.writer import Journal
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Entry",
     "Fate",
     "Journal",
+    "JournalReader",
     "decode_entries",
     "delivered_entry",
     "encode_entries",

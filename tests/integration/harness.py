@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
 from confluent_kafka import Consumer, Message, Producer
 
 from bridge.kafka import produce
@@ -302,6 +303,15 @@ class Setup:
         finally:
             collector.close()
         return collector.records
+
+
+def wipe(setup: Setup) -> int:
+    """Delete every key of the bridge's prefix, as a Redis that lost its data would."""
+    client = redis.Redis.from_url(setup.services.redis_url)
+    keys = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
+    client.delete(*keys)
+    client.close()
+    return len(keys)
 
 
 def schedule(setup: Setup, count: int, seed: int, max_delay_ms: int = 3000) -> dict[str, int]:

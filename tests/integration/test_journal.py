@@ -5,9 +5,11 @@ on."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from tests.integration.harness import (
     Setup,
     metric,
     produce_all,
+    wipe,
 )
 
 pytestmark = pytest.mark.integration
@@ -238,3 +241,42 @@ def test_cancelled_and_replaced_records_are_journaled_and_traced(
     assert (
         trace(setup, "--origin", f"{setup.delay}:{p_replace}:{o_replace}")[1]["fate"] == "replaced"
     )
+
+
+@pytest.mark.parametrize("when", ["running", "stopped"])
+def test_a_rebuild_does_not_deliver_again_what_the_journal_holds(
+    setup: Setup, bridges: list[Bridge], when: str
+) -> None:
+    """Offset 0 waits (due in 12 s) and pins the committed offset; offsets 1-60 are delivered.
+    Redis then loses everything, with the bridge running or stopped: the rebuild re-reads from
+    offset 0, and before the journal every one of the 60 was delivered a second time."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    target = setup.targets[0].encode()
+    key = b"one-partition"  # all in one partition, so offset 0 holds its commit back
+    records: list[tuple[bytes | None, bytes | None, Headers]] = [
+        (key, b"waits", [(H_TARGET_TOPIC, target), (H_AFTER, b"12s")])
+    ]
+    records += [(key, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])
+                for i in range(60)]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 60, 60,
+             "the 60 delivered and journaled")  # fmt: skip
+    if when == "stopped":
+        bridge.signal(signal.SIGTERM)
+        assert bridge.wait(30) == 0
+        assert wipe(setup) > 0
+        bridges.append(setup.bridge("again").start())
+    else:
+        assert wipe(setup) > 0
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == b"waits" for r in rs), 60, "the waiting one")
+        collector.poll(2.0)  # and anything delivered again after it
+    finally:
+        collector.close()
+    counts = Counter(r.value for r in collector.records)
+    assert len(counts) == 61 and max(counts.values()) == 1, {
+        v: n for v, n in counts.items() if n > 1
+    }
+    assert "the journal holds the fate of 60 records since" in bridges[-1].output()

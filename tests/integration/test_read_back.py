@@ -28,8 +28,7 @@ from bridge.message import (
 )
 from bridge.store import Shard, Store
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all
-from tests.integration.test_recovery import wipe
+from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all, wipe
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import AckBatch, Shard, Store, offset_of
 from bridge.topics import check_retention
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Collector, Setup, produce_all
+from tests.integration.harness import Bridge, Collector, Setup, produce_all, wipe
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +53,6 @@ def committed(setup: Setup) -> int:
         return int(tp.offset)
     finally:
         consumer.close()
-
-
-def wipe(setup: Setup) -> int:
-    """Delete every key of the bridge's prefix, as a Redis that lost its data would."""
-    client = redis.Redis.from_url(setup.services.redis_url)
-    keys = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
-    client.delete(*keys)
-    client.close()
-    return len(keys)
 
 
 def values_delivered(collector: Collector, setup: Setup) -> collections.Counter[bytes]:

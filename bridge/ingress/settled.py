@@ -1,0 +1,83 @@
+"""What a re-read must not schedule again: records whose fate the journal holds.
+
+When the ingress reads a partition again from below what Redis had stored — Redis lost its state
+(wiped, or restarted empty), or writes (a failover, an AOF tail), or was wiped while the bridge
+was stopped — the records it meets were stored before, and some were delivered, cancelled,
+replaced or dead-lettered since. Redis, which knew, lost it; the journal did not. Before the
+re-read starts, the journal's entries for the partition from there on are read (located by the
+time of the first record re-read, :meth:`JournalReader.settled`), and those records are left
+out of what is stored again. What was delivered and not yet journaled when Redis lost it is
+delivered again: at most the records in flight then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from bridge.errors import BridgeError
+from bridge.journal import JournalReader
+from bridge.message import Cancel, Scheduled
+from bridge.store import Shard
+
+logger = logging.getLogger(__name__)
+
+
+class Settled:
+    """The journal's settled offsets of the partitions read again, until the read passes them."""
+
+    def __init__(self, reader: Callable[[], JournalReader] | None) -> None:
+        self._reader = reader  # None: no journal
+        self._offsets: dict[Shard, frozenset[int]] = {}
+        self._last: dict[Shard, int] = {}
+
+    def load(self, starts: Mapping[Shard, int]) -> None:
+        """These partitions are read again from these offsets: learn what of them is settled."""
+        if self._reader is None or not starts:
+            return
+        reader = self._reader()
+        try:
+            for shard, start in starts.items():
+                try:
+                    offsets = reader.settled(shard, start)
+                except BridgeError as exc:
+                    logger.warning(
+                        "journal not read for the re-read of %s[%d] from offset %d (%s): "
+                        "records delivered since are delivered again",
+                        shard.topic,
+                        shard.partition,
+                        start,
+                        exc,
+                    )
+                    continue
+                if offsets:
+                    self._offsets[shard], self._last[shard] = offsets, max(offsets)
+                    logger.info(
+                        "%s[%d] is read again from offset %d; the journal holds the fate of "
+                        "%d records since, which are not scheduled again",
+                        shard.topic,
+                        shard.partition,
+                        start,
+                        len(offsets),
+                    )
+        finally:
+            reader.close()
+
+    def drop(self, stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]]) -> int:
+        """Leave out of ``stored`` (a batch's records by partition, with the highest offset
+        read) the settled ones; returns how many."""
+        dropped = 0
+        for shard in [s for s in stored if s in self._offsets]:
+            high, records = stored[shard]
+            settled = self._offsets[shard]
+            kept = [r for r in records if r.offset not in settled or isinstance(r, Cancel)]
+            dropped += len(records) - len(kept)
+            stored[shard] = (high, kept)
+            if high >= self._last[shard]:
+                del self._offsets[shard], self._last[shard]
+        return dropped
+
+    def forget(self, shards: set[Shard]) -> None:
+        """These partitions are no longer read here."""
+        for shard in shards & set(self._offsets):
+            del self._offsets[shard], self._last[shard]

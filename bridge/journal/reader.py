@@ -1,0 +1,157 @@
+"""Reads the journal back: the entries of one delay-topic partition, located by time.
+
+A partition's entries are on one journal partition (the one a producer with murmur2 puts the key
+``<topic>:<partition>`` on), written in order; Kafka's offsets-for-times says where to start
+reading for a given time, so no read starts at the journal's beginning unless asked to. Used by
+``trace`` and by the rebuilds (:meth:`JournalReader.settled`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from bridge.client import partition_for
+from bridge.config import Config, read_back_settings
+from bridge.dialects import parse_record
+from bridge.errors import BridgeError
+from bridge.journal.entries import Entry, decode_entries, journal_key
+from bridge.kafka import headers_of
+from bridge.message import Cancel, Rejected, Scheduled
+from bridge.store import Shard
+
+TIMEOUT_S = 10.0
+# Producers stamp records with their own clocks: entries of records at or after an offset are read
+# from this long before that record's timestamp.
+CLOCK_SLACK_MS = 60_000
+
+Wanted = Callable[[Shard, Entry], bool]
+
+
+class JournalReader:
+    """One consumer outside any group, assigned a partition at a time."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.journal = config.topics.journal
+        self.consumer = Consumer({**read_back_settings(config), "log_level": 0})
+        self._partitions: int | None = None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def partition_of(self, shard: Shard) -> int:
+        """The journal partition of ``shard``'s entries."""
+        return partition_for(journal_key(shard.topic, shard.partition), self.partitions())
+
+    def partitions(self) -> int:
+        """How many partitions the journal topic has."""
+        if self._partitions is None:
+            try:
+                meta = self.consumer.list_topics(self.journal, timeout=TIMEOUT_S)
+            except KafkaException as exc:
+                raise BridgeError(f"Kafka did not answer: {exc}") from None
+            topic = meta.topics.get(self.journal)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise BridgeError(f"journal topic {self.journal}: unknown topic")
+            self._partitions = len(topic.partitions)
+        return self._partitions
+
+    def settled(self, shard: Shard, start: int) -> frozenset[int]:
+        """The offsets from ``start`` on of ``shard``'s records whose fate the journal holds
+        (delivered, cancelled, replaced, dead-lettered): what a rebuild from ``start`` must not
+        schedule again. Read from when the record at ``start`` was produced."""
+        _, stamped = self.delay_record(shard, start)
+        from_ms = 0 if stamped is None else stamped - CLOCK_SLACK_MS
+        entries = self.scan(self.partition_of(shard), from_ms, None,
+                            lambda s, e: s == shard and e.offset >= start)  # fmt: skip
+        return frozenset(e.offset for _, e in entries)
+
+    def delay_record(
+        self, shard: Shard, offset: int
+    ) -> tuple[Scheduled | Cancel | None, int | None]:
+        """The delay-topic record at ``offset`` (None when the log no longer holds it, or it is
+        not one the rules take), and when it was produced."""
+        msg = self._one(TopicPartition(shard.topic, shard.partition, offset))
+        if msg is None or msg.offset() != offset:
+            return None, None
+        ts_type, ts = msg.timestamp()
+        stamped = ts if ts_type != 0 else None
+        try:
+            record = parse_record(
+                self.config.rules(),
+                topic=shard.topic,
+                partition=shard.partition,
+                offset=offset,
+                timestamp_ms=stamped,
+                key=msg.key(),
+                value=msg.value(),
+                headers=headers_of(msg),
+                now_ms=stamped or 0,
+            )
+        except Rejected:
+            return None, stamped
+        return record, stamped
+
+    def scan(
+        self, partition: int, from_ms: int, until_ms: int | None, wanted: Wanted
+    ) -> list[tuple[Shard, Entry]]:
+        """The entries ``wanted`` (shard, entry) in the journal records of ``partition``
+        written from ``from_ms`` on (until ``until_ms``, else to the end as it is now)."""
+        found: list[tuple[Shard, Entry]] = []
+        for msg in self._records(partition, from_ms, until_ms):
+            batch = decode_entries(msg.value(), headers_of(msg))
+            if batch is None:
+                continue
+            s = Shard(batch.topic, batch.partition)
+            found += [(s, e) for e in batch.entries if wanted(s, e)]
+        return found
+
+    def _records(self, partition: int, from_ms: int, until_ms: int | None) -> Iterator[Message]:
+        tp = TopicPartition(self.journal, partition)
+        try:
+            _, end = self.consumer.get_watermark_offsets(tp, timeout=TIMEOUT_S)
+            start = self._offset_for(partition, from_ms, end)
+            stop = end if until_ms is None else self._offset_for(partition, until_ms, end)
+        except KafkaException as exc:
+            raise BridgeError(f"Kafka did not answer: {exc}") from None
+        if start >= stop:
+            return
+        self.consumer.assign([TopicPartition(self.journal, partition, start)])
+        try:
+            position = start
+            while position < stop:
+                batch = self.consumer.consume(500, TIMEOUT_S)
+                if not batch:
+                    raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
+                for msg in batch:
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return  # the end, before ``stop`` (a gap: compaction, markers)
+                        continue
+                    position = (msg.offset() or 0) + 1
+                    if position > stop:
+                        return
+                    yield msg
+        finally:
+            self.consumer.unassign()
+
+    def _offset_for(self, partition: int, at_ms: int, end: int) -> int:
+        found = self.consumer.offsets_for_times(
+            [TopicPartition(self.journal, partition, max(0, at_ms))], timeout=TIMEOUT_S
+        )[0].offset
+        return end if found < 0 else found
+
+    def _one(self, tp: TopicPartition) -> Message | None:
+        try:
+            self.consumer.assign([tp])
+            for _ in range(3):
+                for msg in self.consumer.consume(1, TIMEOUT_S / 3):
+                    return msg if msg.error() is None else None
+        except KafkaException as exc:
+            raise BridgeError(f"Kafka did not answer: {exc}") from None
+        finally:
+            self.consumer.unassign()
+        return None
