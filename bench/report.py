@@ -33,7 +33,8 @@ def tables(report: Report) -> str:
          _rate(t["egress_per_s"]), _rate(t["end_to_end_per_s"]), _rate(t["bare_pipe_per_s"]),
          f"**{t['end_to_end_vs_pipe']:.0%}**", _rate(t["bare_store_add_per_s"]),
          f"{t['ingest_vs_store_add']:.0%}", _rate(t["bare_store_claim_ack_per_s"]),
-         f"{t['egress_vs_store_claim_ack']:.0%}"]
+         f"{t['egress_vs_store_claim_ack']:.0%}",
+         f"{t['journal_bytes_per_record']:.0f}" if t.get("journal_bytes_per_record") else "off"]
         for name, t in f.items() if name.startswith("throughput")
     ]  # fmt: skip
     precision = [
@@ -109,7 +110,8 @@ def tables(report: Report) -> str:
             "Kafka bytes/record", "lost", "early", *[f"ack {q}" for q in quantiles]], read_back),
         *_section("Throughput (due at once)", [
             "records", "ingest", "egress", "end to end", "bare pipe", "e2e / pipe",
-            "bare store add", "ingest / add", "bare claim+ack", "egress / claim+ack"], throughput),
+            "bare store add", "ingest / add", "bare claim+ack", "egress / claim+ack",
+            "journal bytes/record"], throughput),
         *_section("Precision (delays uniform in 1-10 s; lateness at the acknowledgement and at "
                   "a consumer)", ["load", "rate", "records", "early",
                                   *[f"ack {q}" for q in quantiles],

@@ -22,13 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 from redis.cluster import RedisCluster
 
 from bench.ceilings import bare_store
 from bridge.config import consumer_settings, from_mapping
+from bridge.kafka import headers_of
 from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers, record_size
 from bridge.store import Shard, Store
+from tests.chaos import scenarios as chaos
 from tests.chaos.checker import (
     Account,
     Expected,
@@ -218,6 +221,29 @@ def finished(workload: Workload, timeout: float = 600) -> None:
 # ---------------------------------------------------------------- 1 + 2: throughput and ceilings
 
 
+def journal_bytes(run: Run) -> int:
+    """What the run's journal holds, as its records' keys, values and headers (librdkafka
+    compresses nothing by default: about what the log stores, less the batches' own headers)."""
+    settings = {"bootstrap.servers": run.servers.bootstrap, "group.id": f"j-{run.uid}",
+                "enable.partition.eof": True, "auto.offset.reset": "earliest"}  # fmt: skip
+    consumer = Consumer(settings)
+    total, ends = 0, 0
+    try:
+        meta = consumer.list_topics(run.journal, timeout=10).topics[run.journal]
+        consumer.assign([TopicPartition(run.journal, p, 0) for p in meta.partitions])
+        while ends < len(meta.partitions):
+            for msg in consumer.consume(1000, 10):
+                error = msg.error()
+                if error is not None:
+                    ends += error.code() == KafkaError._PARTITION_EOF
+                    continue
+                total += len(msg.key() or b"") + len(msg.value() or b"")
+                total += sum(len(k) + len(v or b"") for k, v in headers_of(msg))
+    finally:
+        consumer.close()
+    return total
+
+
 def throughput(servers: Servers, workdir: Path, count: int, value_size: int,
                report: Report) -> float:  # fmt: skip
     """``count`` records due at once, produced before the bridge starts; the bare pipe reads the
@@ -257,6 +283,8 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int,
         wait_delivered(run, range(count), 300)
         account = settled(run, read_expected(run), range(count), report, name)
         rates["duplicates"] = account.duplicates
+        if chaos.JOURNAL:
+            rates["journal_bytes_per_record"] = journal_bytes(run) / count
         report.figures[name] = rates
         report.series[name] = [((t - started) / 1000, i, i - s) for t, i, s in progress.samples]
         return float(rates["end_to_end_per_s"])
