@@ -475,6 +475,8 @@ CHECK_CONFIG_MISTAKES: list[tuple[list[tuple[str, Any]], str, str]] = [
     ([("logging/level", "verbose")], "logging.level", "config.logging.level"),
     ([("limits/max_delay", 0)], "limits.max_delay", "config.limits.max_delay"),
     ([("topics/dead_letter", "delay")], "topics.dead_letter", "config.topics.dead_letter"),
+    ([("topics/journal", "delay.dlq")], "topics.journal", "config.topics.journal"),
+    ([("topics/journal", "no spaces")], "topics", "config.topics.journal"),
     ([("limits/max_delay", "0s")], "limits.max_delay", "config.limits.max_delay"),
     ([("egress/lease", "0m0s")], "egress.lease", "config.egress.lease"),
     ([("egress/lease", "30s1h")], "egress.lease", "config.egress.lease"),
@@ -530,6 +532,7 @@ def test_what_check_config_rejects_the_chart_rejects_naming_the_key(
     [("egress/lease", "10s"), ("egress/ahead", "1s"), ("ingress/linger", "1000ms")],
     [("egress/lease", 5000), ("kafka/producer", {"delivery.timeout.ms": "4999"})],
     [("topics/delay", ["a", "b"]), ("topics/dialect", {"b": "etf1"}), ("topics/dead_letter", "c")],
+    [("topics/journal", "")],
     [("http", {"port": 9464})],
 ])  # fmt: skip
 def test_what_check_config_takes_the_chart_takes(

@@ -270,6 +270,10 @@ chart's own: no inline secret beside auth.existingSecret, http.port is service.p
 {{- if has $dlq $delay }}
 {{- include "delay-bridge.fail" (printf "config.topics.dead_letter: must not be a delay topic (%s is one of config.topics.delay)" $dlq) }}
 {{- end }}
+{{- $journal := dig "topics" "journal" "delay.journal" $c }}
+{{- if and $journal (or (has $journal $delay) (eq $journal $dlq)) }}
+{{- include "delay-bridge.fail" (printf "config.topics.journal: must be neither a delay topic nor the DLQ (%s)" $journal) }}
+{{- end }}
 {{- range $key := list "default_target" "dialect" }}
 {{- range $topic, $_ := dig "topics" $key (dict) $c }}
 {{- if not (has $topic $delay) }}
