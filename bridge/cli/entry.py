@@ -220,14 +220,16 @@ def _trace(args: argparse.Namespace, config: Config) -> int:
 
     now_ms = time.time_ns() // 1_000_000
     since = None
-    if args.since is not None:
+    if args.since is not None:  # a time, else a duration back from now
         try:
-            since = now_ms - parse_duration_ms(args.since)
+            since = parse_time_ms(args.since)
         except ValueError:
             try:
-                since = parse_time_ms(args.since)
-            except ValueError as exc:
-                raise UsageError(f"--since: {exc}") from None
+                since = now_ms - parse_duration_ms(args.since)
+            except ValueError:
+                raise UsageError(
+                    f"--since {args.since}: not a time (epoch ms, RFC 3339) nor a duration (7d)"
+                ) from None
     traced = trace.trace(
         config, delay_id=args.id, at=args.origin, topic=args.topic, since_ms=since, now_ms=now_ms
     )
