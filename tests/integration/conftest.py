@@ -41,6 +41,13 @@ def setup(services: Services, topics: TopicFactory, unique: str, tmp_path: Path)
 
 
 @pytest.fixture
+def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
+    """One delay partition, so offsets are predictable."""
+    return Setup(services, topics("delay", 1), [topics("out", 1)], topics("dlq"), unique,
+                 tmp_path, topics("journal"))  # fmt: skip
+
+
+@pytest.fixture
 def bridges() -> Iterator[list[Bridge]]:
     running: list[Bridge] = []
     yield running

@@ -38,19 +38,6 @@ TIERS = {"store__payload_horizon": "4s", "store__fetch_ahead": "2s"}
 FAR_MS = 9_000
 
 
-@pytest.fixture
-def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
-    return Setup(
-        services,
-        topics("delay", 1),
-        [topics("out", 1)],
-        topics("dlq"),
-        unique,
-        tmp_path,
-        topics("journal"),
-    )
-
-
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 

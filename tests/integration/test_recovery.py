@@ -6,7 +6,6 @@ import collections
 import logging
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import redis
@@ -20,20 +19,6 @@ from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import Bridge, Collector, Setup, produce_all, wipe
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
-    """One delay partition, so offsets are predictable."""
-    return Setup(
-        services,
-        topics("delay", 1),
-        [topics("out", 1)],
-        topics("dlq"),
-        unique,
-        tmp_path,
-        topics("journal"),
-    )
 
 
 def due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> list[int]:
