@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError
 
 from bridge.health import Readiness
-from bridge.message import Reason, dead_letter_headers, origin
+from bridge.message import Reason, dead_letter_headers, dead_letter_reason, origin
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard
 
@@ -63,6 +63,12 @@ class InFlight:
     draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
     value_left_out: bool = False  # its DLQ copy goes without its value (too large with it)
     placed: tuple[int, int] = (-1, -1)  # where Kafka put it: partition, offset
+
+    def dlq_reason(self) -> str:
+        """Its DLQ copy's ``delay-error``: the one it was stored with, else delivery-failed."""
+        record = self.claimed.record
+        reason = dead_letter_reason(record.headers) if record.dead_letter else ""
+        return reason or Reason.DELIVERY_FAILED.value
 
     def dlq_headers(self) -> list[tuple[str, bytes | None]]:
         """The headers of its DLQ copy."""

@@ -23,7 +23,7 @@ from bridge.egress.failures import Failures, Ident, InFlight
 from bridge.health import Readiness
 from bridge.journal import Journal, delivered_entry
 from bridge.kafka import produce
-from bridge.message import Priority, Reason, Scheduled, dead_letter_reason, wire_headers
+from bridge.message import Priority, Scheduled, wire_headers
 from bridge.metrics import Metrics
 from bridge.store import AckBatch, Claimed, Shard, Store
 
@@ -64,8 +64,7 @@ def count_acknowledged(
     for inflight, now_ms in delivered:
         record: Scheduled = inflight.claimed.record
         if inflight.dead_letter:
-            reason = dead_letter_reason(record.headers) if record.dead_letter else ""
-            dead_lettered[reason or Reason.DELIVERY_FAILED.value] += 1
+            dead_lettered[inflight.dlq_reason()] += 1
             continue
         per_target[record.target] += 1
         late_s[record.priority].append(max(0, now_ms - record.late_from_ms()) / 1000)
@@ -277,8 +276,7 @@ class Deliveries:
                 if not inflight.dead_letter:
                     entries.append(delivered_entry(record, at_ms, record.target, inflight.placed))
                     continue
-                reason = dead_letter_reason(record.headers) if record.dead_letter else ""
-                reason = reason or Reason.DELIVERY_FAILED.value
+                reason = inflight.dlq_reason()
                 entries.append(delivered_entry(record, at_ms, dlq, inflight.placed, reason))
             self.journal.write(shard, entries)
 
