@@ -5,10 +5,11 @@ The journal is searched by time, never from its start: a record's fate sits on t
 partition of its delay-topic partition (the partition a producer with murmur2 puts the key
 ``<topic>:<partition>`` on), written at or after its due time when it was delivered,
 dead-lettered or expired, and between its storing and its due time when it was cancelled or
-replaced. So the search reads from a minute before its due time to the end of that partition
-first, then from when the record was produced up to there. A record known only by a delay-id of
-the caller's that no longer waits has no due time to go by: the search reads every journal
-partition from ``since`` (a day back by default).
+replaced. So the search reads from a minute before its due time on, then from when the record
+was produced up to there, and stops at the first fate found; it decodes only the journal records
+of the record's partition that hold its offset. A record known only by a delay-id of the
+caller's that no longer waits has no due time to go by: the search reads every journal partition
+from ``since`` (a day back by default), decoding only the journal records that hold that id.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from bridge.config import Config
 from bridge.errors import BridgeError, UsageError
-from bridge.journal import Entry, Fate, JournalReader
+from bridge.journal import Entry, Fate, JournalReader, Sought, field_bytes
 from bridge.message import Cancel, Scheduled, format_time_ms, origin
 from bridge.store import Shard
 
@@ -183,22 +184,24 @@ def _search(
     if shard is None:  # a caller's delay-id and nothing else: every partition, from since
         start = since_ms if since_ms is not None else now_ms - DEFAULT_SINCE_MS
         found: list[tuple[Shard, Entry]] = []
+        by_id = Sought(needle=field_bytes("id", delay_id))
         for partition in range(reader.partitions()):
             found += reader.scan(partition, start, None, lambda s, e: e.delay_id == delay_id
-                                 and (topic is None or s.topic == topic))  # fmt: skip
+                                 and (topic is None or s.topic == topic), by_id)  # fmt: skip
         return sorted(found, key=lambda se: se[1].at_ms)
     partition = reader.partition_of(shard)
+    sought = Sought(shard, field_bytes("offset", offset), first=True)  # one fate, then done
 
-    def mine(s: Shard, e: Entry) -> bool:
-        return s == shard and e.offset == offset
+    def mine(_: Shard, e: Entry) -> bool:
+        return e.offset == offset
 
     record, produced_ms = known
     first = since_ms if since_ms is not None else (produced_ms or 0)
     if not isinstance(record, Scheduled):
-        return reader.scan(partition, first, None, mine)
+        return reader.scan(partition, first, None, mine, sought)
     split = max(first, record.due_ms - BEFORE_DUE_MS)
-    late = reader.scan(partition, split, None, mine)
-    return late or reader.scan(partition, first, split, mine)
+    late = reader.scan(partition, split, None, mine, sought)
+    return late or reader.scan(partition, first, split, mine, sought)
 
 
 def print_trace(traced: Traced, as_json: bool) -> None:

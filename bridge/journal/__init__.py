@@ -9,9 +9,10 @@ from bridge.journal.entries import (
     decode_entries,
     delivered_entry,
     encode_entries,
+    field_bytes,
     journal_key,
 )
-from bridge.journal.reader import JournalReader
+from bridge.journal.reader import JournalReader, Sought
 from bridge.journal.writer import Journal
 
 __all__ = [
@@ -22,8 +23,10 @@ __all__ = [
     "Fate",
     "Journal",
     "JournalReader",
+    "Sought",
     "decode_entries",
     "delivered_entry",
     "encode_entries",
+    "field_bytes",
     "journal_key",
 ]

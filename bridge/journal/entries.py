@@ -122,6 +122,16 @@ def journal_key(topic: str, partition: int) -> bytes:
     return f"{topic}:{partition}".encode()
 
 
+def field_bytes(name: str, value: str | int) -> bytes:
+    """``"name":value`` as :func:`encode_entries` writes it: bytes the value of any journal record
+    holding an entry with that field contains (a filter before decoding, never a match itself)."""
+    return _dumps({name: value})[1:-1]
+
+
+def _dumps(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def encode_entries(
     topic: str, partition: int, entries: list[Entry] | list[dict[str, Any]]
 ) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
@@ -130,7 +140,7 @@ def encode_entries(
     value = {"topic": topic, "partition": partition, "entries": raw}
     return (
         journal_key(topic, partition),
-        json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(),
+        _dumps(value),
         [(H_JOURNAL, _VERSION_BYTES)],
     )
 

@@ -8,7 +8,9 @@ reading for a given time, so no read starts at the journal's beginning unless as
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -22,11 +24,23 @@ from bridge.message import Cancel, Rejected, Scheduled
 from bridge.store import Shard
 
 TIMEOUT_S = 10.0
+POLL_S = 0.05
 # Producers stamp records with their own clocks: entries of records at or after an offset are read
 # from this long before that record's timestamp.
 CLOCK_SLACK_MS = 60_000
 
 Wanted = Callable[[Shard, Entry], bool]
+
+
+@dataclass(frozen=True)
+class Sought:
+    """What a scan looks for, to skip journal records without decoding them: those of another
+    ``shard``; those whose value lacks ``needle`` (bytes every wanted entry's JSON holds, see
+    :func:`needle_of`); everything after the first record with a wanted entry (``first``)."""
+
+    shard: Shard | None = None
+    needle: bytes = b""
+    first: bool = False
 
 
 class JournalReader:
@@ -65,7 +79,7 @@ class JournalReader:
         _, stamped = self.delay_record(shard, start)
         from_ms = 0 if stamped is None else stamped - CLOCK_SLACK_MS
         entries = self.scan(self.partition_of(shard), from_ms, None,
-                            lambda s, e: s == shard and e.offset >= start)  # fmt: skip
+                            lambda s, e: e.offset >= start, Sought(shard))  # fmt: skip
         return frozenset(e.offset for _, e in entries)
 
     def delay_record(
@@ -95,17 +109,36 @@ class JournalReader:
         return record, stamped
 
     def scan(
-        self, partition: int, from_ms: int, until_ms: int | None, wanted: Wanted
+        self,
+        partition: int,
+        from_ms: int,
+        until_ms: int | None,
+        wanted: Wanted,
+        sought: Sought | None = None,
     ) -> list[tuple[Shard, Entry]]:
         """The entries ``wanted`` (shard, entry) in the journal records of ``partition``
-        written from ``from_ms`` on (until ``until_ms``, else to the end as it is now)."""
+        written from ``from_ms`` on (until ``until_ms``, else to the end as it is now), narrowed
+        to what ``sought`` names: the records decoded are only those that may hold it."""
+        sought = sought or Sought()
+        key = (
+            None
+            if sought.shard is None
+            else journal_key(sought.shard.topic, sought.shard.partition)
+        )
         found: list[tuple[Shard, Entry]] = []
         for msg in self._records(partition, from_ms, until_ms):
-            batch = decode_entries(msg.value(), headers_of(msg))
+            value = msg.value()
+            if key is not None and msg.key() != key:
+                continue
+            if value is None or (sought.needle and sought.needle not in value):
+                continue
+            batch = decode_entries(value, headers_of(msg))
             if batch is None:
                 continue
             s = Shard(batch.topic, batch.partition)
             found += [(s, e) for e in batch.entries if wanted(s, e)]
+            if found and sought.first:
+                break
         return found
 
     def _records(self, partition: int, from_ms: int, until_ms: int | None) -> Iterator[Message]:
@@ -120,10 +153,14 @@ class JournalReader:
             return
         self.consumer.assign([TopicPartition(self.journal, partition, start)])
         try:
-            position = start
+            position, answered = start, time.monotonic()
             while position < stop:
-                batch = self.consumer.consume(500, TIMEOUT_S)
-                if not batch:
+                # consume() returns when it has them all or at its timeout: a short one, so the
+                # last batch short of 500 is not held for the whole wait.
+                batch = self.consumer.consume(500, POLL_S)
+                if batch:
+                    answered = time.monotonic()
+                elif time.monotonic() - answered > TIMEOUT_S:
                     raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
                 for msg in batch:
                     error = msg.error()

@@ -11,6 +11,7 @@ from bridge.journal import (
     decode_entries,
     delivered_entry,
     encode_entries,
+    field_bytes,
     journal_key,
 )
 from bridge.message import Scheduled
@@ -62,3 +63,16 @@ def test_a_reader_skips_fates_and_versions_it_does_not_know() -> None:
     assert decode_entries(value, [(H_JOURNAL, b"2")]) is None
     assert decode_entries(value, []) is None
     assert decode_entries(b"not json", [(H_JOURNAL, b"1")]) is None
+
+
+def test_the_bytes_a_scan_filters_on_are_in_every_record_that_holds_the_entry() -> None:
+    """``trace`` decodes only the journal records holding these bytes: a mismatch with the
+    encoder (quotes, non-ASCII, spacing) would hide a record's fate."""
+    odd = 'order "7" ✓ \\ 🙂'
+    entries = [Entry(Fate.REPLACED, 12, odd, 10, 20, by="delay:0:13")]
+    _, value, _ = encode_entries("delay", 0, entries)
+    assert field_bytes("id", odd) in value and field_bytes("offset", 12) in value
+    assert field_bytes("id", "order") not in value  # a prefix of the id is not its field
+    built = delivered_entry(RECORD, 5, "orders", (0, 1))
+    _, value, _ = encode_entries("delay", 0, [built])
+    assert field_bytes("id", "order-1") in value and field_bytes("offset", 7) in value
