@@ -80,8 +80,9 @@ chaos: $(STAMP)
 # Benchmarks on the local services (BENCHMARKS.md): `make bench` is the quick run (a few
 # minutes), `make bench-full` the full sizes. Tables on stdout; build/bench/results.json and PNG
 # plots (matplotlib, the `bench` extra). BENCH_ARGS: scenario names (throughput precision catchup
-# recovery by default; cluster, Redis Cluster next to standalone Redis, and far-future,
-# records kept as references and read back, when named).
+# priority recovery by default; cluster, Redis Cluster next to standalone Redis, far-future,
+# records kept as references and read back, and trace, a journal of millions of entries, when
+# named).
 BENCH_STAMP := $(VENV)/.bench-stamp
 BENCH_ARGS ?=
 $(BENCH_STAMP): $(STAMP)

@@ -29,13 +29,24 @@ from bench.scenarios import (
     steady_cost,
     throughput,
 )
+from bench.trace_journal import trace
 from tests.chaos import scenarios as chaos
 from tests.chaos.servers import Servers
 from tests.conftest import ROOT
 
-SCENARIOS = ("throughput", "precision", "catchup", "priority", "recovery", "cluster", "far-future")
+SCENARIOS = (
+    "throughput",
+    "precision",
+    "catchup",
+    "priority",
+    "recovery",
+    "cluster",
+    "far-future",
+    "trace",
+)
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
-# lasts the spread of its scattered case twice: both asked for by name.
+# lasts the spread of its scattered case twice; trace writes ten million journal entries (full):
+# each asked for by name.
 DEFAULT = SCENARIOS[:5]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
@@ -109,6 +120,10 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         )
         far_future.scattered(servers, out, report, sizes.scattered, spread_s=sizes.spread_s,
                              value_size=READ_BACK_VALUE)  # fmt: skip
+    if "trace" in names:
+        say(f"trace: a journal of {sizes.journal:,} entries over two days, records delivered a "
+            "day ago traced")  # fmt: skip
+        trace(servers, out, report, sizes.journal)
     say("done")
     return report
 

@@ -101,7 +101,17 @@ def tables(report: Report) -> str:
         f"{r['fetched_bytes_per_record']:,.0f}", str(r["lost"]), str(r["early"]),
         *_lateness(r["ack_lateness_ms"]),
     ] for name, r in f.items() if name.startswith("read-back")]  # fmt: skip
+    traced = [[
+        f"{t['entries']:,}", f"{t['stored_bytes_per_entry']:.0f}" if "stored_bytes_per_entry" in t
+        else "", f"{t['process_start_s']:.2f} s", f"**{t['on_time_s']:.2f} s**",
+        f"{t['hour_late_s']:.2f} s", f"{t['by_id_since_25h_s']:.2f} s",
+    ] for name, t in f.items() if name.startswith("trace")]  # fmt: skip
     return "\n".join([
+        *_section("Trace (records delivered a day ago; a journal written over two days, all on "
+                  "the traced partition)", [
+            "journal entries", "broker bytes/entry (zstd)", "process start (--version)",
+            "delivered on time", "delivered an hour late", "by caller id, --since 25h"],
+            traced),
         *_section("Far-future records held (due in 30 days; the defaults)", [
             "records", "stored", "Redis bytes/record", "Redis MB", "bridge RSS MB",
             "RSS + Redis MB", "restart: start to ready", "start to first due acked"], held),
@@ -205,6 +215,10 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
                     f"{back} s (due after the kill: {worst:.2f} s late at most)",
                     max(back, worst) <= bound))  # fmt: skip
     out += _far_future_targets(f)
+    for name, t in f.items():
+        if name.startswith("trace"):
+            out.append((f"{name}: a record delivered a day ago traced within 1 s",
+                        f"{t['on_time_s']:.2f} s", t["on_time_s"] <= 1))  # fmt: skip
     for name in RECOVERY_CASES:
         if name in f:
             bad = f[name]["lost"] + f[name]["early"]

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.bench]
 TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=3000, catchup=3000,
             cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
             scattered=3000, spread_s=4, session_ms=6000, priority=3000, max_rate=1500,
-            live_rate=20)  # fmt: skip
+            live_rate=20, journal=20_000)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -136,3 +136,16 @@ def test_the_priority_scenario_drains_high_first_and_keeps_the_rate(
     assert any(
         t.startswith("priority: the drain at max_rate") for t, _, _ in report.targets(result)
     )
+
+
+def test_the_trace_scenario_finds_what_was_delivered_a_day_ago(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = run_all(servers, tmp_path, TOY, ["trace"])
+    assert result.problems == []  # each trace found the delivery, where it went
+    t = result.figures["trace, 20,002 journal entries"]
+    assert t["process_start_s"] > 0 and t["on_time_s"] > 0 and t["hour_late_s"] > 0
+    assert t["by_id_since_25h_s"] > 0
+    assert "Trace" in report.tables(result)
+    assert any("traced within 1 s" in t for t, _, _ in report.targets(result))
