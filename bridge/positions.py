@@ -9,7 +9,9 @@ everything was delivered.
 
 * Redis lost a shard's state or writes (its watermark is missing or went back while this process
   owns it): :meth:`Positions.rebuild` re-reads the delay topic from the committed offset, or from
-  Redis's older watermark. Records delivered since are delivered again, same ``delay-id``.
+  Redis's older watermark. What the journal says was settled since is not scheduled again, and
+  what a rollback put back is forgotten first (bridge.ingress.settled); without a journal,
+  records delivered since are delivered again, same ``delay-id``.
 * The topic is another incarnation (Kafka's topic id changed: deleted and created again) or its
   offsets went back below the watermark (a truncated or restored log): :meth:`Positions.bind`
   retires the shard's Redis state to a shard the mover drains, and the partition is read from its
@@ -45,7 +47,7 @@ class Positions:
         *,
         on_retired: Callable[[set[Shard]], None],
         known_ids: Callable[[], Mapping[str, str]] = dict,
-        on_reread: Callable[[Mapping[Shard, int]], None] = lambda starts: None,
+        on_reread: Callable[[Mapping[Shard, int], set[Shard]], None] = lambda starts, rb: None,
         marks: dict[Shard, int] | None = None,
     ) -> None:
         self.consumer = consumer
@@ -54,7 +56,9 @@ class Positions:
         self._topic_ids = topic_ids  # asks Kafka
         self._known_ids = known_ids  # what was last heard, without asking (see check_incarnations)
         self._on_retired = on_retired
-        self._on_reread = on_reread  # shards sought back, with the offset each is read from
+        # Shards sought back, with the offset each is read from, and those rolled back (Redis
+        # lost writes it had taken: their watermark went back).
+        self._on_reread = on_reread
         self.assigned: set[Shard] = set()
         # The Redis watermark of each owned shard as last read or written by this process (the
         # mover reads it too: CatchUp.marks).
@@ -95,11 +99,14 @@ class Positions:
             for tp in committed:
                 where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
         starts: dict[Shard, int] = {}
+        rolled_back: dict[Shard, int] = {}
         for shard, loss in lost.items():
             if shard not in self.assigned:
                 continue
             name = f"{shard.topic}[{shard.partition}]"
-            had = self.marks.pop(shard, None)
+            # A rolled-back shard keeps its mark, which holds its claims back (claim.lua), until
+            # the records Redis put back are forgotten (on_reread).
+            had = self.marks.pop(shard, None) if loss.watermark is None else self.marks.get(shard)
             if loss.watermark is None:
                 offset = where[shard]
                 logger.error(
@@ -118,12 +125,15 @@ class Positions:
                     loss.watermark,
                     offset,
                 )
-                self.marks[shard] = loss.watermark
+                rolled_back[shard] = loss.watermark
             self.consumer.seek(TopicPartition(shard.topic, shard.partition, offset))
             starts[shard] = offset
             cause = "redis-lost-state" if loss.watermark is None else "redis-lost-writes"
             self.metrics.rebuilds.labels(delay_topic=shard.topic, cause=cause).inc()
-        self._on_reread(starts)
+        try:
+            self._on_reread(starts, set(rolled_back))
+        finally:
+            self.marks.update(rolled_back)
 
     def bind(
         self,
@@ -185,7 +195,7 @@ class Positions:
     def restart(self, replaced: dict[Shard, Bound]) -> None:
         for shard in replaced:
             self.consumer.seek(TopicPartition(shard.topic, shard.partition, OFFSET_BEGINNING))
-        self._on_reread(dict.fromkeys(replaced, OFFSET_BEGINNING))
+        self._on_reread(dict.fromkeys(replaced, OFFSET_BEGINNING), set())
         retired = {b.retired for b in replaced.values() if b.retired is not None}
         if retired:
             self._on_retired(retired)

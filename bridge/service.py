@@ -192,7 +192,9 @@ class Service:
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),
             journal=_journal(config, dlq_producer, self.metrics, self.readiness),
-            settled=Settled((lambda: JournalReader(config)) if config.topics.journal else None),
+            settled=Settled(
+                (lambda: JournalReader(config)) if config.topics.journal else None, self.store
+            ),
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.

@@ -58,8 +58,10 @@ class Membership:
             on_retired=on_assign,
             known_ids=known_ids,
             # A new incarnation is read from its beginning (OFFSET_BEGINNING) as new.
-            on_reread=lambda starts: self.reading_again(
-                starts, again=[s for s, o in starts.items() if o != OFFSET_BEGINNING]
+            on_reread=lambda starts, rolled_back: self.reading_again(
+                starts,
+                again=[s for s, o in starts.items() if o != OFFSET_BEGINNING],
+                rolled_back=rolled_back,
             ),
             marks=catch_up.marks,
         )
@@ -146,12 +148,18 @@ class Membership:
         )
         self._on_revoke_cb(shards)
 
-    def reading_again(self, starts: Mapping[Shard, int], again: Collection[Shard] = ()) -> None:
+    def reading_again(
+        self,
+        starts: Mapping[Shard, int],
+        again: Collection[Shard] = (),
+        rolled_back: Collection[Shard] = (),
+    ) -> None:
         """The consumer reads these shards from these offsets (negative: the committed offset or
         the beginning): hold their due records until it reaches where each partition ends now
         (see bridge.catchup). Without the end offset the shard is not held: said once, the
         records flow as they would have before. Those read ``again`` (stored before) leave out
-        what the journal says is settled since."""
+        what the journal says is settled since; those ``rolled_back`` also have what Redis put
+        back forgotten (bridge.ingress.settled)."""
         starts = dict(starts)
         unknown = [s for s, offset in starts.items() if offset < 0 and offset != OFFSET_BEGINNING]
         if unknown:  # from the committed offsets: one request for all of them
@@ -187,7 +195,7 @@ class Membership:
             self.catch_up.start(shard, start, end)
             if shard in again and start < end:
                 reread[shard] = start
-        self.settled.load(reread)
+        self.settled.load(reread, rolled_back)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

@@ -6,19 +6,22 @@ was stopped — the records it meets were stored before, and some were delivered
 replaced or dead-lettered since. Redis, which knew, lost it; the journal did not. Before the
 re-read starts, the journal's entries for the partition from there on are read (located by the
 time of the first record re-read, :meth:`JournalReader.settled`), and those records are left
-out of what is stored again. What was delivered and not yet journaled when Redis lost it is
-delivered again: at most the records in flight then.
+out of what is stored again. When Redis lost only its latest writes (a failover, an AOF tail:
+its watermark went back), the acknowledgements among them are lost too, and the records they
+removed are back, waiting or in flight: the journal's entries from there on name them, and they
+are forgotten in Redis (settle.lua) before the partition's claims resume. What was delivered and
+not yet journaled when Redis lost it is delivered again: at most the records in flight then.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
-from bridge.errors import BridgeError
-from bridge.journal import JournalReader
+from bridge.errors import BridgeError, StoreError
+from bridge.journal import Entry, JournalReader
 from bridge.message import Cancel, Scheduled
-from bridge.store import Shard
+from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -26,20 +29,23 @@ logger = logging.getLogger(__name__)
 class Settled:
     """The journal's settled offsets of the partitions read again, until the read passes them."""
 
-    def __init__(self, reader: Callable[[], JournalReader] | None) -> None:
+    def __init__(self, reader: Callable[[], JournalReader] | None, store: Store | None = None):
         self._reader = reader  # None: no journal
+        self._store = store
         self._offsets: dict[Shard, frozenset[int]] = {}
         self._last: dict[Shard, int] = {}
 
-    def load(self, starts: Mapping[Shard, int]) -> None:
-        """These partitions are read again from these offsets: learn what of them is settled."""
+    def load(self, starts: Mapping[Shard, int], rolled_back: Collection[Shard] = ()) -> None:
+        """These partitions are read again from these offsets: learn what of them is settled.
+        Those ``rolled_back`` (Redis lost writes it had taken) also have what the journal holds
+        of their records before the start forgotten in Redis, before their claims resume."""
         if self._reader is None or not starts:
             return
         reader = self._reader()
         try:
             for shard, start in starts.items():
                 try:
-                    offsets = reader.settled(shard, start)
+                    entries = reader.fates(shard, start)
                 except BridgeError as exc:
                     logger.warning(
                         "journal not read for the re-read of %s[%d] from offset %d (%s): "
@@ -50,6 +56,7 @@ class Settled:
                         exc,
                     )
                     continue
+                offsets = frozenset(e.offset for e in entries if e.offset >= start)
                 if offsets:
                     self._offsets[shard], self._last[shard] = offsets, max(offsets)
                     logger.info(
@@ -60,8 +67,38 @@ class Settled:
                         start,
                         len(offsets),
                     )
+                if shard in rolled_back:
+                    self._forget_put_back(shard, [e for e in entries if e.offset < start])
         finally:
             reader.close()
+
+    def _forget_put_back(self, shard: Shard, entries: list[Entry]) -> None:
+        """Forget in Redis the records a rollback put back after their fate was journaled (their
+        acknowledgement was among the writes lost): they would be delivered again."""
+        if self._store is None or not entries:
+            return
+        try:
+            forgotten = self._store.settle(
+                shard, [(e.offset, e.due_ms, e.delay_id) for e in entries]
+            )
+        except StoreError as exc:
+            logger.warning(
+                "%s[%d]: records the journal holds as settled not forgotten in Redis (%s): "
+                "those Redis put back are delivered again",
+                shard.topic,
+                shard.partition,
+                exc,
+            )
+            return
+        if forgotten:
+            logger.warning(
+                "%s[%d]: %d records Redis put back after their fate was journaled (their "
+                "acknowledgements were among the writes it lost) are forgotten, not delivered "
+                "again",
+                shard.topic,
+                shard.partition,
+                forgotten,
+            )
 
     def drop(self, stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]]) -> int:
         """Leave out of ``stored`` (a batch's records by partition, with the highest offset

@@ -3,7 +3,7 @@
 A partition's entries are on one journal partition (the one a producer with murmur2 puts the key
 ``<topic>:<partition>`` on), written in order; Kafka's offsets-for-times says where to start
 reading for a given time, so no read starts at the journal's beginning unless asked to. Used by
-``trace`` and by the rebuilds (:meth:`JournalReader.settled`).
+``trace`` and by the rebuilds (:meth:`JournalReader.fates`).
 """
 
 from __future__ import annotations
@@ -72,15 +72,15 @@ class JournalReader:
             self._partitions = len(topic.partitions)
         return self._partitions
 
-    def settled(self, shard: Shard, start: int) -> frozenset[int]:
-        """The offsets from ``start`` on of ``shard``'s records whose fate the journal holds
-        (delivered, cancelled, replaced, dead-lettered): what a rebuild from ``start`` must not
-        schedule again. Read from when the record at ``start`` was produced."""
+    def fates(self, shard: Shard, start: int) -> list[Entry]:
+        """The entries of ``shard``'s records written since the record at ``start`` was produced:
+        those from ``start`` on are what a re-read from there must not schedule again; those
+        before, what a rollback of Redis may have put back (see bridge.ingress.settled)."""
         _, stamped = self.delay_record(shard, start)
         from_ms = 0 if stamped is None else stamped - CLOCK_SLACK_MS
-        entries = self.scan(self.partition_of(shard), from_ms, None,
-                            lambda s, e: e.offset >= start, Sought(shard))  # fmt: skip
-        return frozenset(e.offset for _, e in entries)
+        found = self.scan(self.partition_of(shard), from_ms, None, lambda s, e: True,
+                          Sought(shard))  # fmt: skip
+        return [e for _, e in found]
 
     def delay_record(
         self, shard: Shard, offset: int

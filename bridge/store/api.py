@@ -32,6 +32,7 @@ from bridge.store.keys import (
     Shard,
     ShardKeys,
     member,
+    offset_bytes,
     offset_of,
     reference,
     score,
@@ -343,6 +344,17 @@ class Store:
                 keys = [k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
                 calls.append(("ack", keys, batch.argv()))
         return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+
+    def settle(self, shard: Shard, settled: Iterable[tuple[int, int, str]]) -> int:
+        """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
+        delay-id) each, as the journal has them — waiting or in flight (see settle.lua): what a
+        rollback of Redis put back after their delivery. Returns how many were still there."""
+        args = [x for o, due, delay_id in settled for x in (offset_bytes(o), due, delay_id)]
+        if not args:
+            return 0
+        k = self.keys(shard)
+        keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.refs, k.waits]
+        return int(self._scripts.run([("settle", keys, args)])[0])
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
         """End the leases of unacknowledged records so they are claimable at once, or after

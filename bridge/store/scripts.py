@@ -32,6 +32,7 @@ NAMES = (
     "unclaim",
     "promote",
     "withdraw",
+    "settle",
 )
 
 # One script call: the script's name, its keys, its arguments.
@@ -39,7 +40,7 @@ Call = tuple[str, list[str], list[Any]]
 # Scripts that reach a shard's wait indexes through its waits SET declare them after their own
 # keys (this many): Redis Cluster routes and migrates by declared keys. A call that left one out
 # is answered {"undeclared", keys...} before it writes anything, and runs again with them.
-OWN_KEYS = {"add": 9, "withdraw": 7, "stats": 4, "incarnation": 18}
+OWN_KEYS = {"add": 9, "withdraw": 7, "settle": 8, "stats": 4, "incarnation": 18}
 UNDECLARED = b"undeclared"
 
 

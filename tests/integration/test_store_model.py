@@ -5,7 +5,7 @@ mover and the read-back do to it — adds (every priority, with and without ids,
 accepted range and the edges of the lanes), replacements, cancels, claims of due records and ahead,
 cancels and replacements read in the topic's other partition (withdrawn there only if the
 record is stamped no later), acknowledgements (of the current epoch and an old one), releases, leases running out and taken
-over, rate-limited records set aside and claimed from their wait index, references promoted, and
+over, records settled by the journal (forgotten wherever they are), rate-limited records set aside and claimed from their wait index, references promoted, and
 Redis rolled back to an earlier snapshot (nothing new claimed from it until the ingress has read
 it again) then rebuilt from the delay topic, and the delay topic recreated (the shard's state
 retired under a label, its records still delivered from there, the new incarnation's offsets
@@ -438,6 +438,28 @@ class StoreModel(RuleBasedStateMachine):
             assert stored == len(promoted), (stored, promoted)
             for o in promoted:
                 model.waiting[o].reference = False
+
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        """The journal says some records' fate is sealed (after a rollback put them back): they
+        leave Redis wherever they are — waiting, a reference, set aside, leased — and offsets
+        Redis does not hold (done already, replaced, never stored) change nothing."""
+        shard = data.draw(st.sampled_from(self._all()))
+        model = self.models[shard]
+        produced = sorted({r.offset for r in model.log if isinstance(r, Scheduled)})
+        if not produced:
+            return
+        chosen = data.draw(st.lists(st.sampled_from(produced), min_size=1, unique=True))
+        live = {o: model.waiting.get(o) or model.leased[o][0] for o in chosen if o in model.live()}
+        fates = [(o, live[o].due if o in live else -1,
+                  (live[o].delay_id if o in live else None) or origin(shard.topic, shard.partition, o))
+                 for o in chosen]  # fmt: skip
+        assert self.store.settle(shard, fates) == len(live)
+        for o, rec in live.items():
+            model.waiting.pop(o, None)
+            model.leased.pop(o, None)
+            if rec.delay_id is not None and model.ids.get(rec.delay_id, (None,))[0] == o:
+                del model.ids[rec.delay_id]
 
     # -- Redis rolled back ----------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ from typing import cast
 
 from bridge.errors import BridgeError
 from bridge.ingress import Settled
-from bridge.journal import JournalReader
+from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import Cancel, Scheduled
-from bridge.store import Shard
+from bridge.store import Shard, Store
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 
@@ -22,11 +22,16 @@ class FakeReader:
         self.asked: list[tuple[Shard, int]] = []
         self.closed = False
 
-    def settled(self, shard: Shard, start: int) -> frozenset[int]:
+    def fates(self, shard: Shard, start: int) -> list[Entry]:
+        """Every entry of the shard, before ``start`` too (the real reader's are since the
+        record at ``start`` was produced, which may hold fates of earlier offsets)."""
         self.asked.append((shard, start))
         if shard in self._failing:
             raise BridgeError("Kafka did not answer")
-        return frozenset(o for o in self._settled.get(shard, frozenset()) if o >= start)
+        return [
+            Entry(Fate.DELIVERED, o, f"id-{o}", 10 * o, 1)
+            for o in sorted(self._settled.get(shard, ()))
+        ]
 
     def close(self) -> None:
         self.closed = True
@@ -79,3 +84,27 @@ def test_without_a_journal_or_after_a_revoke_nothing_is_left_out() -> None:
     settled.forget({A})
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (1, [rec(1)])}
     assert settled.drop(stored) == 0
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.settled: list[tuple[Shard, list[tuple[int, int, str]]]] = []
+
+    def settle(self, shard: Shard, settled: list[tuple[int, int, str]]) -> int:
+        self.settled.append((shard, list(settled)))
+        return len(settled)
+
+
+def test_a_rolled_back_partition_forgets_in_redis_what_the_journal_settled_before_its_start() -> (
+    None
+):
+    """Redis lost writes, acknowledgements among them: the records they removed are back in
+    Redis, below where the re-read starts. Only a rolled-back partition's are forgotten (a
+    partition read again for another reason holds none of them)."""
+    store = FakeStore()
+    reader = FakeReader({A: frozenset({1, 2, 6}), B: frozenset({1, 7})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
+    settled.load({A: 5, B: 5}, rolled_back={A})
+    assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])]
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (6, [rec(5), rec(6)])}
+    assert settled.drop(stored) == 1 and [r.offset for r in stored[A][1]] == [5]
