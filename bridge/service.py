@@ -89,11 +89,11 @@ def _summary(registry: CollectorRegistry, seconds: float) -> None:
 
 
 def _journal(
-    config: Config, producer: Producer, metrics: Metrics, readiness: Readiness
+    config: Config, producer: Producer, metrics: Metrics, readiness: Readiness, topics: Topics
 ) -> Journal | None:
     """The journal, written through ``producer`` (None: topics.journal is "")."""
     topic = config.topics.journal
-    return Journal(producer, topic, metrics, readiness) if topic else None
+    return Journal(producer, topic, metrics, readiness, topics.known) if topic else None
 
 
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
@@ -170,7 +170,7 @@ class Service:
             dead_letter=config.topics.dead_letter,
             readiness=self.readiness,
             catch_up=catch_up,
-            journal=_journal(config, producer, self.metrics, self.readiness),
+            journal=_journal(config, producer, self.metrics, self.readiness, self.topics),
         )
         dlq_producer = Producer(producer_conf)
         self.ingress = Ingress(
@@ -191,9 +191,11 @@ class Service:
             readiness=self.readiness,
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),
-            journal=_journal(config, dlq_producer, self.metrics, self.readiness),
+            journal=_journal(config, dlq_producer, self.metrics, self.readiness, self.topics),
             settled=Settled(
-                (lambda: JournalReader(config)) if config.topics.journal else None, self.store
+                (lambda: JournalReader(config)) if config.topics.journal else None,
+                self.store,
+                self.topics.known,
             ),
         )
         # Runs whether or not store.references is on: references stored before it was turned off

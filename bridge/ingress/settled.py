@@ -29,9 +29,16 @@ logger = logging.getLogger(__name__)
 class Settled:
     """The journal's settled offsets of the partitions read again, until the read passes them."""
 
-    def __init__(self, reader: Callable[[], JournalReader] | None, store: Store | None = None):
+    def __init__(
+        self,
+        reader: Callable[[], JournalReader] | None,
+        store: Store | None = None,
+        topic_ids: Callable[[], Mapping[str, str]] = dict,
+    ):
         self._reader = reader  # None: no journal
         self._store = store
+        # The delay topics' ids as last heard: entries of an earlier incarnation are not these.
+        self._topic_ids = topic_ids
         self._offsets: dict[Shard, frozenset[int]] = {}
         self._last: dict[Shard, int] = {}
 
@@ -41,11 +48,11 @@ class Settled:
         of their records before the start forgotten in Redis, before their claims resume."""
         if self._reader is None or not starts:
             return
-        reader = self._reader()
+        reader, ids = self._reader(), self._topic_ids()
         try:
             for shard, start in starts.items():
                 try:
-                    entries = reader.fates(shard, start)
+                    entries = reader.fates(shard, start, ids.get(shard.topic, ""))
                 except BridgeError as exc:
                     logger.warning(
                         "journal not read for the re-read of %s[%d] from offset %d (%s): "

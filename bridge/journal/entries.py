@@ -6,7 +6,10 @@ One journal record holds the fates of a batch of records of one delay-topic part
   partition, in the order it was written;
 * header ``delay-journal``: the format version, ``1``;
 * timestamp: when the bridge wrote it;
-* value: JSON, ``{"topic": …, "partition": …, "entries": [entry, …]}``, an entry being
+* value: JSON, ``{"topic": …, "partition": …, "topic_id": …, "entries": [entry, …]}``
+  (``topic_id``: the delay topic's Kafka topic id as the writer last heard it, absent when it had
+  none: entries of an earlier incarnation of a topic of that name are told apart by it), an entry
+  being
   ``{"fate", "offset", "id", "due", "at"}`` and, by fate, ``"target"``, ``"target_partition"``,
   ``"target_offset"`` (delivered; dead-lettered: where its DLQ copy is), ``"by"`` (cancelled,
   replaced: the origin ``topic:partition:offset`` of the record that did it), ``"reason"``
@@ -133,11 +136,14 @@ def _dumps(value: dict[str, Any]) -> bytes:
 
 
 def encode_entries(
-    topic: str, partition: int, entries: list[Entry] | list[dict[str, Any]]
+    topic: str, partition: int, entries: list[Entry] | list[dict[str, Any]], topic_id: str = ""
 ) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     """One journal record: its key, value and headers."""
     raw = [e.as_json() if isinstance(e, Entry) else e for e in entries]
-    value = {"topic": topic, "partition": partition, "entries": raw}
+    value: dict[str, Any] = {"topic": topic, "partition": partition}
+    if topic_id:
+        value["topic_id"] = topic_id
+    value["entries"] = raw
     return (
         journal_key(topic, partition),
         _dumps(value),
@@ -152,6 +158,7 @@ class Batch:
     topic: str
     partition: int
     entries: list[Entry]
+    topic_id: str = ""  # "" when the writer knew none
 
 
 def decode_entries(
@@ -164,6 +171,8 @@ def decode_entries(
     try:
         raw = json.loads(value)
         entries = [e for e in map(Entry.from_json, raw["entries"]) if e is not None]
-        return Batch(str(raw["topic"]), int(raw["partition"]), entries)
+        return Batch(
+            str(raw["topic"]), int(raw["partition"]), entries, str(raw.get("topic_id", ""))
+        )
     except (ValueError, KeyError, TypeError):
         return None

@@ -36,11 +36,13 @@ Wanted = Callable[[Shard, Entry], bool]
 class Sought:
     """What a scan looks for, to skip journal records without decoding them: those of another
     ``shard``; those whose value lacks ``needle`` (bytes every wanted entry's JSON holds, see
-    :func:`needle_of`); everything after the first record with a wanted entry (``first``)."""
+    :func:`field_bytes`); everything after the first record with a wanted entry (``first``); and,
+    once decoded, those written for another incarnation of the topic than ``topic_id``."""
 
     shard: Shard | None = None
     needle: bytes = b""
     first: bool = False
+    topic_id: str = ""  # records written for another incarnation (another known id) are skipped
 
 
 class JournalReader:
@@ -72,14 +74,15 @@ class JournalReader:
             self._partitions = len(topic.partitions)
         return self._partitions
 
-    def fates(self, shard: Shard, start: int) -> list[Entry]:
+    def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
         """The entries of ``shard``'s records written since the record at ``start`` was produced:
         those from ``start`` on are what a re-read from there must not schedule again; those
-        before, what a rollback of Redis may have put back (see bridge.ingress.settled)."""
+        before, what a rollback of Redis may have put back (see bridge.ingress.settled). With
+        ``topic_id``, entries written for another incarnation of the topic are left out."""
         _, stamped = self.delay_record(shard, start)
         from_ms = 0 if stamped is None else stamped - CLOCK_SLACK_MS
         found = self.scan(self.partition_of(shard), from_ms, None, lambda s, e: True,
-                          Sought(shard))  # fmt: skip
+                          Sought(shard, topic_id=topic_id))  # fmt: skip
         return [e for _, e in found]
 
     def delay_record(
@@ -133,7 +136,7 @@ class JournalReader:
             if value is None or (sought.needle and sought.needle not in value):
                 continue
             batch = decode_entries(value, headers_of(msg))
-            if batch is None:
+            if batch is None or (sought.topic_id and batch.topic_id not in ("", sought.topic_id)):
                 continue
             s = Shard(batch.topic, batch.partition)
             found += [(s, e) for e in batch.entries if wanted(s, e)]

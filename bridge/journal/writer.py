@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -29,18 +29,27 @@ class Journal:
     """The journal topic, written through a stage's own producer: its delivery reports are
     served wherever that producer is polled."""
 
-    def __init__(self, producer: Producer, topic: str, metrics: Metrics, readiness: Readiness):
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        metrics: Metrics,
+        readiness: Readiness,
+        topic_ids: Callable[[], Mapping[str, str]] = dict,
+    ):
         self.producer = producer
         self.topic = topic
         self.metrics = metrics
         self.readiness = readiness
+        self._topic_ids = topic_ids  # the delay topics' ids as last heard, without asking Kafka
         self._failing = False
 
     def write(self, shard: Shard, entries: list[Entry] | list[dict[str, Any]]) -> None:
         """Journal the fates of records of ``shard`` (one Kafka record)."""
         if not entries:
             return
-        key, value, headers = encode_entries(shard.topic, shard.partition, entries)
+        topic_id = self._topic_ids().get(shard.topic, "")
+        key, value, headers = encode_entries(shard.topic, shard.partition, entries, topic_id)
         try:
             produce(
                 self.producer,

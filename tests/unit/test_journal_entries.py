@@ -76,3 +76,14 @@ def test_the_bytes_a_scan_filters_on_are_in_every_record_that_holds_the_entry() 
     built = delivered_entry(RECORD, 5, "orders", (0, 1))
     _, value, _ = encode_entries("delay", 0, [built])
     assert field_bytes("id", "order-1") in value and field_bytes("offset", 7) in value
+
+
+def test_a_batch_names_its_topic_s_incarnation_when_the_writer_knew_it() -> None:
+    entries = [Entry(Fate.CANCELLED, 3, "a", 10, 20, by="delay:0:9")]
+    _, value, headers = encode_entries("delay", 0, entries, "Zx9-id")
+    batch = decode_entries(value, list(headers))
+    assert batch is not None and batch.topic_id == "Zx9-id" and batch.entries == entries
+    _, value, headers = encode_entries("delay", 0, entries)
+    assert b"topic_id" not in value  # none known: none written, and read back as ""
+    batch = decode_entries(value, list(headers))
+    assert batch is not None and batch.topic_id == ""

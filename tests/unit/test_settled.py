@@ -22,7 +22,7 @@ class FakeReader:
         self.asked: list[tuple[Shard, int]] = []
         self.closed = False
 
-    def fates(self, shard: Shard, start: int) -> list[Entry]:
+    def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
         """Every entry of the shard, before ``start`` too (the real reader's are since the
         record at ``start`` was produced, which may hold fates of earlier offsets)."""
         self.asked.append((shard, start))
