@@ -32,7 +32,7 @@ from bridge.errors import ConfigError, KafkaFault, StoreError
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress, Settled
-from bridge.journal import Journal, JournalReader
+from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
@@ -94,6 +94,17 @@ def _journal(
     """The journal, written through ``producer`` (None: topics.journal is "")."""
     topic = config.topics.journal
     return Journal(producer, topic, metrics, readiness, topics.known) if topic else None
+
+
+def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
+    """How the journal is read back (None: topics.journal is "")."""
+    return (lambda: JournalReader(config)) if config.topics.journal else None
+
+
+def _reconcile(config: Config, store: Store, topics: Topics) -> Reconcile | None:
+    """What a shard taken over is reconciled with before its leases end (None: no journal)."""
+    reader = _journal_reader(config)
+    return None if reader is None else Reconcile(store, reader, config.egress.lease, topics.known)
 
 
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
@@ -171,6 +182,7 @@ class Service:
             readiness=self.readiness,
             catch_up=catch_up,
             journal=_journal(config, producer, self.metrics, self.readiness, self.topics),
+            reconcile=_reconcile(config, self.store, self.topics),
         )
         dlq_producer = Producer(producer_conf)
         self.ingress = Ingress(
@@ -192,11 +204,7 @@ class Service:
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),
             journal=_journal(config, dlq_producer, self.metrics, self.readiness, self.topics),
-            settled=Settled(
-                (lambda: JournalReader(config)) if config.topics.journal else None,
-                self.store,
-                self.topics.known,
-            ),
+            settled=Settled(_journal_reader(config), self.store, self.topics.known),
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.

@@ -57,8 +57,10 @@ class Egress:
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         journal: Journal | None = None,
+        reconcile: Callable[[Mapping[Shard, Sequence[bytes]]], int] | None = None,
     ) -> None:
         self.producer = producer
+        self._reconcile = reconcile  # forgets what the journal settled of the leases taken over
         self.catch_up = catch_up or CatchUp()
         self.readiness = readiness or Readiness()
         self.store = store
@@ -251,7 +253,10 @@ class Egress:
             shards, self._taking_over = self._taking_over, set()
         self.plan.forget(shards)  # nothing known of them yet: claim at once
         try:
-            ended = self.store.take_over(self.deliveries.of_shards(shards))
+            held = self.deliveries.of_shards(shards)
+            if self._reconcile is not None:
+                self._reconcile(held)
+            ended = self.store.take_over(held)
         except StoreError:
             with self._lock:
                 self._taking_over |= shards & self.owned

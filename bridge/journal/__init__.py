@@ -13,6 +13,7 @@ from bridge.journal.entries import (
     journal_key,
 )
 from bridge.journal.reader import JournalReader, Sought
+from bridge.journal.reconcile import Reconcile
 from bridge.journal.writer import Journal
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Fate",
     "Journal",
     "JournalReader",
+    "Reconcile",
     "Sought",
     "decode_entries",
     "delivered_entry",

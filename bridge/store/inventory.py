@@ -168,6 +168,13 @@ class Inventory:
                 self.client.zscore(self.keys.of(shard).inflight, offset_bytes(offset)) is not None
             )
 
+    def leases(self, shard: Shard) -> dict[bytes, int]:
+        """The records of ``shard`` in flight: each one's member (its offset's 8 bytes) and lease
+        deadline (Redis ms)."""
+        with as_store_error():
+            leased = self.client.zrange(self.keys.of(shard).inflight, 0, -1, withscores=True)
+        return {m: int(d) for m, d in cast(list[tuple[bytes, float]], leased)}
+
     def is_pending(self, shard: Shard, offset: int) -> bool:
         """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
         with as_store_error():

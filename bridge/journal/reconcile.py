@@ -1,0 +1,95 @@
+"""A shard taken over is reconciled with the journal before its earlier owner's leases end.
+
+A replica that crashed (or was stopped past its wait for acknowledgements, or lost its partitions
+with its group session) leaves records leased in Redis that it had delivered and journaled but not
+yet acknowledged there. The new owner ends those leases so they are delivered at once
+(take_over.lua); before that, it reads the shard's journal from when the oldest of them was
+claimed (its lease deadline less ``egress.lease``: the earlier owner's lease is taken to be this
+one's), and the records the journal holds a fate for are forgotten in Redis (settle.lua) instead
+of delivered again. What is left is what the earlier owner delivered and had not journaled yet,
+and, should its lease have been longer than this replica's, what it journaled before the read
+starts: duplicates, never a loss.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+
+from bridge.errors import BridgeError
+from bridge.journal.entries import Entry
+from bridge.journal.reader import JournalReader, Sought, Wanted
+from bridge.store import Shard, Store, offset_of
+
+logger = logging.getLogger(__name__)
+
+# Lease deadlines are Redis's clock, journal timestamps the writing bridge's: read from this much
+# before the oldest orphaned claim. A skew past it costs duplicates, never a record.
+CLOCK_SLACK_MS = 10_000
+
+
+class Reconcile:
+    """Called by the mover with the shards it takes over and the records it holds itself."""
+
+    def __init__(
+        self,
+        store: Store,
+        reader: Callable[[], JournalReader],
+        lease_ms: int,
+        topic_ids: Callable[[], Mapping[str, str]] = dict,
+    ) -> None:
+        self.store = store
+        self._reader = reader
+        self.lease_ms = lease_ms
+        self._topic_ids = topic_ids
+
+    def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
+        """Forget the records leased by an earlier owner of these shards (not in ``held``) that
+        the journal says were settled; returns how many."""
+        orphans: dict[Shard, dict[int, int]] = {}
+        for shard, mine in held.items():
+            leases = self.store.inventory.leases(shard)
+            theirs = {offset_of(m): d for m, d in leases.items() if m not in set(mine)}
+            if theirs:
+                orphans[shard] = theirs
+        if not orphans:
+            return 0
+        ids, forgotten = self._topic_ids(), 0
+        reader = self._reader()
+        try:
+            for shard, left in orphans.items():
+                since = min(left.values()) - self.lease_ms - CLOCK_SLACK_MS
+                sought = Sought(shard, topic_id=ids.get(shard.topic, ""))
+                try:
+                    found = reader.scan(reader.partition_of(shard), since, None, _among(left),
+                                        sought)  # fmt: skip
+                except BridgeError as exc:
+                    logger.warning(
+                        "journal not read for the %d records an earlier owner of %s left in "
+                        "flight (%s): they are delivered again",
+                        len(left),
+                        shard,
+                        exc,
+                    )
+                    continue
+                settled = {e.offset: e for _, e in found}
+                if settled:
+                    forgotten += self._forget(shard, len(left), settled.values())
+        finally:
+            reader.close()
+        return forgotten
+
+    def _forget(self, shard: Shard, left: int, settled: Iterable[Entry]) -> int:
+        n = self.store.settle(shard, [(e.offset, e.due_ms, e.delay_id) for e in settled])
+        logger.info(
+            "%s: %d of the %d records an earlier owner left in flight were delivered or settled "
+            "by it (the journal says): forgotten, not delivered again",
+            shard,
+            n,
+            left,
+        )
+        return n
+
+
+def _among(offsets: Collection[int]) -> Wanted:
+    return lambda _, entry: entry.offset in offsets
