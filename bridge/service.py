@@ -47,6 +47,7 @@ DRAIN_TIMEOUT_S = 10.0
 # A revoked partition's records in flight get this long to be acknowledged before the consumer
 # hands the partition on (its next owner delivers again what is still in flight).
 REVOKE_SETTLE_S = 5.0
+RECONCILE_TIMEOUT_S = 2.0  # each journal request of a shard's reconciliation (bridge.journal)
 STALL_S = 60.0  # a main loop silent this long is stuck: /healthz turns 503
 REDIS_WAIT_S = (0.5, 1.0, 2.0, 5.0)  # back-off while waiting for Redis before joining the group
 # How long a thread may hold the interpreter while another waits for it (Python's default is
@@ -103,8 +104,15 @@ def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
 
 def _reconcile(config: Config, store: Store, topics: Topics) -> Reconcile | None:
     """What a shard taken over is reconciled with before its leases end (None: no journal)."""
-    reader = _journal_reader(config)
-    return None if reader is None else Reconcile(store, reader, config.egress.lease, topics.known)
+    if not config.topics.journal:
+        return None
+
+    def reader() -> JournalReader:
+        # The mover waits on it: a journal Kafka does not serve at once costs duplicates, not
+        # the other partitions' deliveries.
+        return JournalReader(config, timeout_s=RECONCILE_TIMEOUT_S)
+
+    return Reconcile(store, reader, config.egress.lease, topics.known)
 
 
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:

@@ -48,8 +48,9 @@ class Sought:
 class JournalReader:
     """One consumer outside any group, assigned a partition at a time."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, timeout_s: float = TIMEOUT_S) -> None:
         self.config = config
+        self.timeout_s = timeout_s  # each request's wait for Kafka
         self.journal = config.topics.journal
         self.consumer = Consumer({**read_back_settings(config), "log_level": 0})
         self._partitions: int | None = None
@@ -65,7 +66,7 @@ class JournalReader:
         """How many partitions the journal topic has."""
         if self._partitions is None:
             try:
-                meta = self.consumer.list_topics(self.journal, timeout=TIMEOUT_S)
+                meta = self.consumer.list_topics(self.journal, timeout=self.timeout_s)
             except KafkaException as exc:
                 raise BridgeError(f"Kafka did not answer: {exc}") from None
             topic = meta.topics.get(self.journal)
@@ -147,7 +148,7 @@ class JournalReader:
     def _records(self, partition: int, from_ms: int, until_ms: int | None) -> Iterator[Message]:
         tp = TopicPartition(self.journal, partition)
         try:
-            _, end = self.consumer.get_watermark_offsets(tp, timeout=TIMEOUT_S)
+            _, end = self.consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
             start = self._offset_for(partition, from_ms, end)
             stop = end if until_ms is None else self._offset_for(partition, until_ms, end)
         except KafkaException as exc:
@@ -163,7 +164,7 @@ class JournalReader:
                 batch = self.consumer.consume(500, POLL_S)
                 if batch:
                     answered = time.monotonic()
-                elif time.monotonic() - answered > TIMEOUT_S:
+                elif time.monotonic() - answered > self.timeout_s:
                     raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
                 for msg in batch:
                     error = msg.error()
@@ -180,7 +181,7 @@ class JournalReader:
 
     def _offset_for(self, partition: int, at_ms: int, end: int) -> int:
         found = self.consumer.offsets_for_times(
-            [TopicPartition(self.journal, partition, max(0, at_ms))], timeout=TIMEOUT_S
+            [TopicPartition(self.journal, partition, max(0, at_ms))], timeout=self.timeout_s
         )[0].offset
         return end if found < 0 else found
 
@@ -188,7 +189,7 @@ class JournalReader:
         try:
             self.consumer.assign([tp])
             for _ in range(3):
-                for msg in self.consumer.consume(1, TIMEOUT_S / 3):
+                for msg in self.consumer.consume(1, self.timeout_s / 3):
                     return msg if msg.error() is None else None
         except KafkaException as exc:
             raise BridgeError(f"Kafka did not answer: {exc}") from None
