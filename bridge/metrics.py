@@ -254,6 +254,12 @@ class Metrics:
             "goes on without them",
             registry=registry,
         )
+        self.journal_pending = Gauge(
+            "delay_bridge_journal_pending",
+            "Journal entries produced that Kafka has not yet taken or refused: how far the "
+            "journal trails the deliveries",
+            registry=registry,
+        )
         self.redis_errors = Counter(
             "delay_bridge_redis_errors",
             "Redis calls that failed (the stage retries with back-off)",

@@ -50,6 +50,7 @@ class Journal:
             return
         topic_id = self._topic_ids().get(shard.topic, "")
         key, value, headers = encode_entries(shard.topic, shard.partition, entries, topic_id)
+        self.metrics.journal_pending.inc(len(entries))
         try:
             produce(
                 self.producer,
@@ -74,6 +75,7 @@ class Journal:
             self.write(shard, entries)
 
     def _written(self, count: int, err: KafkaError | None, _msg: Message | None) -> None:
+        self.metrics.journal_pending.dec(count)
         if err is None:
             self.metrics.journal_written.inc(count)
             if self._failing:

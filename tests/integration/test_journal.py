@@ -118,6 +118,7 @@ def test_every_delivered_and_dead_lettered_record_is_journaled_where_it_went(
     for received, batch in journal:
         placed.setdefault(batch.partition, set()).add(received.partition)
     assert all(len(p) == 1 for p in placed.values()), placed
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_pending") == 0, 10, "none pending")
     wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") == len(records), 10,
              "every entry counted as written")  # fmt: skip
     assert metric(bridge, "delay_bridge_journal_failures_total") == 0
@@ -143,6 +144,7 @@ def test_a_missing_journal_shows_in_readyz_and_delivery_goes_on(
     wait_for(lambda: metric(bridge, "delay_bridge_journal_failures_total") >= 1, 120,
              "the refused entry counted")  # fmt: skip
     assert metric(bridge, "delay_bridge_journal_written_total") == 0
+    assert metric(bridge, "delay_bridge_journal_pending") == 0  # refused: no longer pending
     # Created again: the next entry is taken and /readyz is green again.
     topics.admin.create_topics([NewTopic(setup.journal, 1, 1)])[setup.journal].result(timeout=30)
     produce_all(setup.services.bootstrap, setup.delay,

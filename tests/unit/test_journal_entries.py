@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 
+from confluent_kafka import Producer
+from prometheus_client import CollectorRegistry
+
+from bridge.health import Readiness
 from bridge.journal import (
     H_JOURNAL,
     Entry,
     Fate,
+    Journal,
     decode_entries,
     delivered_entry,
     encode_entries,
@@ -15,6 +20,8 @@ from bridge.journal import (
     journal_key,
 )
 from bridge.message import Scheduled
+from bridge.metrics import Metrics
+from bridge.store import Shard
 
 RECORD = Scheduled(7, 1_800_000_000_000, "orders", b"k", b"v", [], "order-1")
 
@@ -87,3 +94,18 @@ def test_a_batch_names_its_topic_s_incarnation_when_the_writer_knew_it() -> None
     assert b"topic_id" not in value  # none known: none written, and read back as ""
     batch = decode_entries(value, list(headers))
     assert batch is not None and batch.topic_id == ""
+
+
+def test_entries_are_pending_until_kafka_takes_or_refuses_them() -> None:
+    """``delay_bridge_journal_pending``: how far the journal trails the deliveries. A producer
+    with no broker to reach refuses the entry after its message timeout."""
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "200",
+                         "log_level": 0})  # fmt: skip
+    metrics, readiness = Metrics(CollectorRegistry()), Readiness()
+    journal = Journal(producer, "delay.journal", metrics, readiness, lambda: {"delay": "id-1"})
+    journal.write(Shard("delay", 0), [Entry(Fate.DELIVERED, 7, "a", 1, 2, "out", 0, 3)] * 2)
+    assert metrics.journal_pending._value.get() == 2
+    producer.flush(10)
+    assert metrics.journal_pending._value.get() == 0
+    assert metrics.journal_failures._value.get() == 2
+    assert any("journal delay.journal refused 2 entries" in p for p in readiness.problems())
