@@ -353,7 +353,7 @@ class Store:
         if not args:
             return 0
         k = self.keys(shard)
-        keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.refs, k.waits]
+        keys = [k.claimed, k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits]
         return int(self._scripts.run([("settle", keys, args)])[0])
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

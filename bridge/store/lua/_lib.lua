@@ -48,6 +48,9 @@ produced after the cancel stands. An entry whose record is neither waiting nor i
 (delivered meanwhile) is dropped. The entry gives the due ms, not the lane: each lane is looked
 in, in the due index, then in the wait indexes of rate-limited targets; a record in none of them,
 not in flight yet pending, is a reference: its pending bit cleared, it is never read back.
+withdrawing(first): the shard table withdraw and withdraw_at take, from KEYS[first..first+6] in
+that order (due, ids, low, pending, inflight, refs, waits), or the reply {"undeclared", ...} when
+the call left out a wait index (declared from KEYS[first + 7] on).
 withdraw_at(shard, offset, due) does the same for the record at `offset` due at `due` (-1: a
 reference, or not waiting), however it is known: a default delay-id is not in the id index.
 
@@ -263,6 +266,17 @@ end
 
 -- The record at `offset` due at `due` leaves, wherever it waits (see withdraw above); returns
 -- whether it did, and whether it is in flight instead.
+local function withdrawing(first)
+  local waits = KEYS[first + 6]
+  local refused = undeclared(first + 7, wait_keys(waits))
+  if refused then
+    return nil, refused
+  end
+  return {due = KEYS[first], ids = KEYS[first + 1], low = KEYS[first + 2],
+          pending = KEYS[first + 3], inflight = KEYS[first + 4], refs = KEYS[first + 5],
+          waits = waits}
+end
+
 local function withdraw_at(shard, offset, due)
   local found = take(shard.due, offset, due)
   if not found then

@@ -5,12 +5,12 @@ cancelled, replaced or dead-lettered — waiting in an index, a reference, or in
 whose acknowledgement was lost. Run by the ingress when it finds a shard's writes lost, before the
 shard's claims resume (bridge.positions), so none of them is delivered again.
 
-KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
-KEYS[2]  in-flight      ZSET  offset -> lease deadline ms
-KEYS[3]  claimed        HASH  offset -> member
+KEYS[1]  claimed        HASH  offset -> member
+KEYS[2]  due index      ZSET  member -> score (due ms in its lane)
+KEYS[3]  id index       HASH  delay-id -> id_entry (offset, due ms, record timestamp)
 KEYS[4]  low index      ZSET  offset bucket -> 0
 KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
-KEYS[6]  id index       HASH  delay-id -> id_entry (offset, due ms, record timestamp)
+KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  "count" -> references waiting
 KEYS[8]  waits          SET   targets with a wait index
 KEYS[9..] the wait indexes the SET lists (see undeclared in _lib.lua)
@@ -18,28 +18,26 @@ ARGV[1..] triples: the record's offset (8 bytes), its due ms, its delay-id
 
 Returns: the number of records removed | {"undeclared", wait indexes...}
 ]]
-local refused = undeclared(9, wait_keys(KEYS[8]))
+local shard, refused = withdrawing(2)
 if refused then
   return refused
 end
-local shard = {due = KEYS[1], inflight = KEYS[2], ids = KEYS[6], low = KEYS[4],
-               pending = KEYS[5], refs = KEYS[7], waits = KEYS[8]}
 local removed = 0
 for i = 1, #ARGV, 3 do
   local offset = ARGV[i]
   local done = false
-  if redis.call('HDEL', KEYS[3], offset) == 1 then
-    redis.call('ZREM', KEYS[2], offset)
-    mark_pending(KEYS[5], KEYS[4], {offset}, false)
+  if redis.call('HDEL', KEYS[1], offset) == 1 then
+    redis.call('ZREM', shard.inflight, offset)
+    mark_pending(shard.pending, shard.low, {offset}, false)
     done = true
   else
     done = withdraw_at(shard, offset, tonumber(ARGV[i + 1]))
   end
   if done then
     removed = removed + 1
-    local entry = redis.call('HGET', KEYS[6], ARGV[i + 2])
+    local entry = redis.call('HGET', shard.ids, ARGV[i + 2])
     if entry and string.sub(entry, 1, 8) == offset then
-      redis.call('HDEL', KEYS[6], ARGV[i + 2])
+      redis.call('HDEL', shard.ids, ARGV[i + 2])
     end
   end
 end

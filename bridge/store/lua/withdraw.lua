@@ -19,12 +19,10 @@ ARGV[1..] pairs: delay-id, record timestamp of the cancel or replacement
 Returns: triples for what was withdrawn here: the delay-id, the record's offset (8 bytes) and its
          due ms (-1: a reference) | {"undeclared", wait indexes...}
 ]]
-local refused = undeclared(8, wait_keys(KEYS[7]))
+local shard, refused = withdrawing(1)
 if refused then
   return refused
 end
-local shard = {due = KEYS[1], ids = KEYS[2], low = KEYS[3], pending = KEYS[4],
-               inflight = KEYS[5], refs = KEYS[6], waits = KEYS[7]}
 local withdrawn = {}
 for i = 1, #ARGV, 2 do
   local done, offset, due = withdraw(shard, ARGV[i], tonumber(ARGV[i + 1]))
