@@ -260,6 +260,16 @@ class Metrics:
             "journal trails the deliveries",
             registry=registry,
         )
+        self.transactions = Counter(
+            "delay_bridge_transactions",
+            "Exactly-once transactions (egress.exactly_once), by result: committed, aborted "
+            "(their records produced again in the next), fenced (the shard's next owner took "
+            "it over)",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("committed", "aborted", "fenced"):
+            self.transactions.labels(result=result)
         self.redis_errors = Counter(
             "delay_bridge_redis_errors",
             "Redis calls that failed (the stage retries with back-off)",

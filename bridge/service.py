@@ -27,7 +27,7 @@ from bridge.config import (
     read_back_settings,
 )
 from bridge.dialects import ETF1
-from bridge.egress import Egress
+from bridge.egress import Egress, shard_transactions
 from bridge.errors import ConfigError, KafkaFault, StoreError
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
@@ -47,7 +47,6 @@ DRAIN_TIMEOUT_S = 10.0
 # A revoked partition's records in flight get this long to be acknowledged before the consumer
 # hands the partition on (its next owner delivers again what is still in flight).
 REVOKE_SETTLE_S = 5.0
-RECONCILE_TIMEOUT_S = 2.0  # each journal request of a shard's reconciliation (bridge.journal)
 STALL_S = 60.0  # a main loop silent this long is stuck: /healthz turns 503
 REDIS_WAIT_S = (0.5, 1.0, 2.0, 5.0)  # back-off while waiting for Redis before joining the group
 # How long a thread may hold the interpreter while another waits for it (Python's default is
@@ -102,19 +101,6 @@ def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
     return (lambda: JournalReader(config)) if config.topics.journal else None
 
 
-def _reconcile(config: Config, store: Store, topics: Topics) -> Reconcile | None:
-    """What a shard taken over is reconciled with before its leases end (None: no journal)."""
-    if not config.topics.journal:
-        return None
-
-    def reader() -> JournalReader:
-        # The mover waits on it: a journal Kafka does not serve at once costs duplicates, not
-        # the other partitions' deliveries.
-        return JournalReader(config, timeout_s=RECONCILE_TIMEOUT_S)
-
-    return Reconcile(store, reader, config.egress.lease, topics.known)
-
-
 def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
     admin = {**admin_settings(config), "logger": _kafka_logger("admin")}
     return admin, config.topics.delay, config.limits.max_delay
@@ -143,6 +129,28 @@ def _check_retention(config: Config) -> None:
             f"store.references is on, so the delay topics must keep every record until it is "
             f"due (or set store.references: false): {problems[0]}"
         )
+
+
+def _check_rebuildable(store: Store, config: Config) -> None:
+    """Warn loudly about settings that would keep a lost Redis from being rebuilt (off the
+    start-up path: these only warn)."""
+    try:
+        policy = store.eviction_policy()
+    except StoreError as exc:
+        logger.warning(
+            "could not check that Redis does not evict (%s): make sure its "
+            "maxmemory-policy is noeviction",
+            exc,
+        )
+        policy = None
+    if policy is not None and policy != "noeviction":
+        logger.warning(
+            "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
+            "(an evicted record set cannot be noticed or rebuilt)",
+            policy,
+        )
+    if not config.store.references:  # else checked before joining (_check_retention)
+        check_retention(*_retention_args(config), key_is_id=_key_is_id(config))
 
 
 class Service:
@@ -181,6 +189,7 @@ class Service:
         )
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         producer = Producer(producer_conf)
+        journal = _journal(config, producer, self.metrics, self.readiness, self.topics)
         self.egress = Egress(
             producer,
             self.store,
@@ -189,9 +198,13 @@ class Service:
             dead_letter=config.topics.dead_letter,
             readiness=self.readiness,
             catch_up=catch_up,
-            journal=_journal(config, producer, self.metrics, self.readiness, self.topics),
-            reconcile=_reconcile(config, self.store, self.topics),
-        )
+            journal=journal,
+            reconcile=Reconcile.of(config, self.store, self.topics.known),
+            transactions=shard_transactions(
+                config, self.metrics, self.readiness, journal=journal,
+                on_fatal=self._on_producer_error, log=_kafka_logger("txn"),
+            ),
+        )  # fmt: skip
         dlq_producer = Producer(producer_conf)
         self.ingress = Ingress(
             Consumer(consumer_conf),
@@ -285,27 +298,6 @@ class Service:
             )
         self.metrics.forget_partitions(shards)
 
-    def _check_rebuildable(self) -> None:
-        """Warn loudly about settings that would keep a lost Redis from being rebuilt (off the
-        start-up path: these only warn)."""
-        try:
-            policy = self.store.eviction_policy()
-        except StoreError as exc:
-            logger.warning(
-                "could not check that Redis does not evict (%s): make sure its "
-                "maxmemory-policy is noeviction",
-                exc,
-            )
-            policy = None
-        if policy is not None and policy != "noeviction":
-            logger.warning(
-                "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
-                "(an evicted record set cannot be noticed or rebuilt)",
-                policy,
-            )
-        if not self.config.store.references:  # else checked before joining (_check_retention)
-            check_retention(*_retention_args(self.config), key_is_id=_key_is_id(self.config))
-
     def health(self) -> list[str]:
         """Problems that mean the process should be restarted: a main loop that stopped."""
         now = time.monotonic()
@@ -373,7 +365,9 @@ class Service:
         if not self._wait_for_redis():
             return self._stop(started)
         self.sampler.sample_once()
-        threading.Thread(target=self._check_rebuildable, name="checks", daemon=True).start()
+        threading.Thread(
+            target=_check_rebuildable, args=(self.store, self.config), name="checks", daemon=True
+        ).start()
         self.probes.topics_once()
         probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()

@@ -6,6 +6,7 @@ from bridge.config.librdkafka import (
     kafka_settings,
     producer_settings,
     read_back_settings,
+    transactional_settings,
 )
 from bridge.config.loader import from_mapping, load
 from bridge.config.schema import Config, EgressConfig, IngressConfig, StoreConfig
@@ -26,4 +27,5 @@ __all__ = [
     "read_back_settings",
     "redact",
     "redact_url",
+    "transactional_settings",
 ]

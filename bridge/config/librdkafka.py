@@ -49,6 +49,9 @@ SOCKET_TIMEOUT_MS = "10000"
 _CONSUMER_FIXED = {
     "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
     "partition.assignment.strategy": "cooperative-sticky",
+    # A record of an aborted transaction is never scheduled, and the journal read back holds
+    # only what was committed (exactly-once delivery rests on it).
+    "isolation.level": "read_committed",
 }
 _PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all"}
 
@@ -134,6 +137,16 @@ def producer_settings(config: Config) -> dict[str, str]:
     }
     settings.update(kafka_settings(config, "producer"))
     return _fix(settings, _PRODUCER_FIXED, "kafka.producer")
+
+
+def transactional_settings(config: Config, transactional_id: str) -> dict[str, str]:
+    """A transactional producer's properties (exactly-once egress, one per delay-topic partition):
+    the producer's, with its transactional id. A transaction open longer than ``egress.lease``
+    is aborted by Kafka: its records, leased until then, are claimed again."""
+    settings = producer_settings(config)
+    settings.setdefault("transaction.timeout.ms", str(config.egress.lease))
+    settings["transactional.id"] = transactional_id
+    return settings
 
 
 def _fix(settings: dict[str, str], fixed: dict[str, str], path: str) -> dict[str, str]:

@@ -197,6 +197,7 @@ def _validate(config: Config) -> None:
         ("egress.tick", config.egress.tick),
         ("egress.send_tick", config.egress.send_tick),
         ("egress.ahead", config.egress.ahead),
+        ("egress.transaction", config.egress.transaction),
     ):
         if not 0 <= ms <= 1000:
             raise ConfigError(f"{path}: must be between 0 and 1s, got {format_duration_ms(ms)}")
@@ -268,6 +269,16 @@ def _validate(config: Config) -> None:
         raise ConfigError("topics.dead_letter: must not be a delay topic")
     if config.topics.journal in (*config.topics.delay, config.topics.dead_letter):
         raise ConfigError("topics.journal: must be neither a delay topic nor the DLQ")
+    if config.egress.exactly_once and not config.topics.journal:
+        raise ConfigError(
+            "egress.exactly_once: needs topics.journal (a shard taken over reads what was "
+            "committed there)"
+        )
+    if "transactional.id" in producer_settings(config):
+        raise ConfigError(
+            "kafka.producer.transactional.id: set by the bridge (one per delay-topic partition "
+            "with egress.exactly_once)"
+        )
     if (
         not config.redis.key_prefix
         or "{" in config.redis.key_prefix

@@ -2,5 +2,6 @@
 
 from bridge.egress.failures import InFlight
 from bridge.egress.mover import Egress
+from bridge.egress.transactions import Transactions, shard_transactions
 
-__all__ = ["Egress", "InFlight"]
+__all__ = ["Egress", "InFlight", "Transactions", "shard_transactions"]

@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError
 
 from bridge.health import Readiness
+from bridge.journal import delivered_entry
 from bridge.message import Reason, dead_letter_headers, dead_letter_reason, origin
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard
@@ -69,6 +71,14 @@ class InFlight:
         record = self.claimed.record
         reason = dead_letter_reason(record.headers) if record.dead_letter else ""
         return reason or Reason.DELIVERY_FAILED.value
+
+    def fate(self, at_ms: int, dead_letter: str) -> dict[str, Any]:
+        """Its journal entry once Kafka took it (``at_ms``) where :attr:`placed` says: delivered,
+        or dead-lettered to ``dead_letter``."""
+        record = self.claimed.record
+        if not self.dead_letter:
+            return delivered_entry(record, at_ms, record.target, self.placed)
+        return delivered_entry(record, at_ms, dead_letter, self.placed, self.dlq_reason())
 
     def dlq_headers(self) -> list[tuple[str, bytes | None]]:
         """The headers of its DLQ copy."""

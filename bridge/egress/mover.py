@@ -23,6 +23,8 @@ from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries
+from bridge.egress.takeover import TakeOver
+from bridge.egress.transactions import Transactions
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.journal import Journal
@@ -58,9 +60,8 @@ class Egress:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         journal: Journal | None = None,
         reconcile: Callable[[Mapping[Shard, Sequence[bytes]]], int] | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
-        self.producer = producer
-        self._reconcile = reconcile  # forgets what the journal settled of the leases taken over
         self.catch_up = catch_up or CatchUp()
         self.readiness = readiness or Readiness()
         self.store = store
@@ -78,7 +79,10 @@ class Egress:
             clock_ms=clock_ms,
             on_retry=self._claim_again,
             journal=journal,
+            outlet=transactions,
         )
+        if transactions is not None:
+            transactions.settings.on_fenced = self._fenced
         self.sender = Sender(config, self.clock, self.deliveries)
         self.lanes = Lanes(self.deliveries.draining_lanes)
         self.rate = RateLimit(config.max_rate) if config.max_rate else None
@@ -89,7 +93,7 @@ class Egress:
         self.owned: frozenset[Shard] = frozenset()
         self._wake = threading.Event()
         # Shards assigned since the last step: their earlier owner's leases end first.
-        self._taking_over: set[Shard] = set()
+        self.taking_over = TakeOver(store, self.deliveries, reconcile, transactions)
         self._lock = threading.Lock()
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
@@ -97,25 +101,27 @@ class Egress:
     def add_shards(self, shards: set[Shard]) -> None:
         """Start moving records of newly assigned partitions; the leases their earlier owner
         left end before the first claim (see take_over.lua)."""
-        with self._lock:
-            self._taking_over |= shards
+        self.taking_over.add(shards)
         self.owned = self.owned | shards
         self._wake.set()
 
     def remove_shards(self, shards: set[Shard]) -> None:
         """Stop claiming from revoked partitions and their retired incarnations."""
         gone = {s.base() for s in shards}
-        with self._lock:
-            self._taking_over = {s for s in self._taking_over if s.base() not in gone}
+        self.taking_over.discard(gone)
         self.owned = frozenset(s for s in self.owned if s.base() not in gone)
         self.targets.forget(self.owned)
 
     def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no record of these partitions is in flight, so their
         next owner, which ends the leases it finds, does not deliver them again; returns how many
-        are still in flight (their next owner may duplicate them). Called by the consumer's
+        are still in flight (their next owner may duplicate them; with exactly-once delivery,
+        the shards' transactions end then, and it reconciles them instead). Called by the consumer's
         thread while the mover runs."""
-        return self.deliveries.wait_settled(shards, timeout_s)
+        left = self.deliveries.wait_settled(shards, timeout_s)
+        if self.taking_over.transactions is not None:  # what is left stays leased
+            self.taking_over.transactions.close(shards)
+        return left
 
     def run_sender(self, stop: threading.Event) -> None:
         """The sender thread: produce records claimed ahead at their due time until ``stop``."""
@@ -149,12 +155,13 @@ class Egress:
         ``now_ms`` replaces Redis's clock for the claim (tests); the loop passes None.
         """
         self.last_loop = time.monotonic()
-        self.producer.poll(0)
+        self.deliveries.poll(0)
         self.deliveries.apply_reports()
         self.deliveries.watch()
         self.turns.mark("applying delivery reports")
-        if self._taking_over:
+        if self.taking_over:
             self._take_over()
+            self.turns.mark("taking shards over")
         if self._stored:
             with self._lock:
                 stored, self._stored = self._stored, {}
@@ -177,7 +184,7 @@ class Egress:
             self.deliveries.ack()
         if self.targets.waiting and room > claimed:
             claimed += self._claim_waiting(now, now_ms, room - claimed)
-        self.producer.poll(0)
+        self.deliveries.poll(0)
         self.turns.mark("producing claimed records")
         return claimed
 
@@ -249,25 +256,14 @@ class Egress:
             self.plan.forget([shard])
 
     def _take_over(self) -> None:
-        with self._lock:
-            shards, self._taking_over = self._taking_over, set()
+        shards = self.taking_over(self.owned)
         self.plan.forget(shards)  # nothing known of them yet: claim at once
-        try:
-            held = self.deliveries.of_shards(shards)
-            if self._reconcile is not None:
-                self._reconcile(held)
-            ended = self.store.take_over(held)
-        except StoreError:
-            with self._lock:
-                self._taking_over |= shards & self.owned
-            raise
-        if ended:
-            logger.info(
-                "took back %d leases an earlier owner of %s left",
-                ended,
-                ", ".join(str(s) for s in sorted(shards)),
-            )
         self.targets.learn(self.store.inventory.waits(sorted(shards)))
+
+    def _fenced(self, shard: Shard) -> None:
+        """Another replica took the shard over (its consumer hands it on soon): no more claims
+        of it here. Called on the shard's transaction thread."""
+        self.remove_shards({shard})
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""
@@ -282,7 +278,7 @@ class Egress:
                     logger.info("mover reaches redis again")
                 if self.deliveries.room() <= 0:
                     # At capacity: poll returns as soon as the first delivery report is in.
-                    self.producer.poll(self.turns.waits(INFLIGHT_POLL_S))
+                    self.deliveries.poll(self.turns.waits(INFLIGHT_POLL_S))
                     continue
                 self._wait(self._seconds_to_next())
             except Exception as exc:  # Redis away, or a bug: claimed records' leases run out
@@ -301,7 +297,7 @@ class Egress:
     def _seconds_to_next(self) -> float:
         """Until the first owned shard is to be claimed from or the delivery reports applied
         (at most IDLE_WAIT_S)."""
-        if self._stored or self._taking_over:
+        if self._stored or self.taking_over:
             return 0.0
         seconds = IDLE_WAIT_S
         ack_by = self.deliveries.ack_by
@@ -321,7 +317,7 @@ class Egress:
         if self.deliveries.in_flight and not tick_ms:
             # Delivery reports arrive through poll, which returns at the first; keep the slice
             # short so an earlier record stored meanwhile by ingress is not held up long.
-            self.producer.poll(self.turns.waits(min(seconds, INFLIGHT_POLL_S)))
+            self.deliveries.poll(self.turns.waits(min(seconds, INFLIGHT_POLL_S)))
             return
         if self.deliveries.in_flight:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))

@@ -20,9 +20,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight
+from bridge.egress.outlet import Direct, Outlet
 from bridge.health import Readiness
-from bridge.journal import Journal, delivered_entry
-from bridge.kafka import produce
+from bridge.journal import Journal
 from bridge.message import Priority, Scheduled, wire_headers
 from bridge.metrics import Metrics
 from bridge.store import AckBatch, Claimed, Shard, Store
@@ -93,8 +93,11 @@ class Deliveries:
         clock_ms: Callable[[], int],
         on_retry: Callable[[Mapping[Shard, Sequence[bytes]], int], None],
         journal: Journal | None = None,
+        outlet: Outlet | None = None,
     ) -> None:
-        self.producer = producer
+        # Exactly once (a Transactions outlet): journaled in the records' transaction, not here.
+        self.outlet: Outlet = outlet or Direct(producer)
+        self.journal = journal if outlet is None else None
         self.store = store
         self.metrics = metrics
         self.readiness = readiness
@@ -110,7 +113,6 @@ class Deliveries:
         self._capacity = config.batch_size * 10
         self._clock_ms = clock_ms
         self._on_retry = on_retry
-        self.journal = journal
         self.in_flight: dict[Ident, InFlight] = {}
         # Records in flight claimed from a backlog, by priority (see bridge.egress.lanes).
         self.draining: Counter[Priority] = Counter()
@@ -140,25 +142,29 @@ class Deliveries:
         inflight.sent_s = time.monotonic()
         value = None if inflight.value_left_out else record.value
         try:
-            produce(
-                self.producer,
+            self.outlet.send(
+                ident,
+                inflight,
                 topic,
+                callback,
                 value=value,
                 key=key,
                 headers=wire_headers(headers),
                 timestamp=timestamp,
-                on_delivery=callback,
             )
         except KafkaException as exc:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))
 
     def poll(self, timeout_s: float) -> None:
-        """Serve the producer's delivery reports (queued for :meth:`apply_reports`), waiting up
-        to ``timeout_s`` for the first."""
-        self.producer.poll(timeout_s)
+        """Serve the delivery reports (queued for :meth:`apply_reports`), waiting up to
+        ``timeout_s`` for the first."""
+        self.outlet.poll(timeout_s)
 
-    def _on_delivery(self, ident: Ident, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, ident: Ident, err: KafkaError | None, msg: Message | None) -> None:
+        if msg is None:  # refused before Kafka had it, or abandoned (see apply_reports)
+            self._reports.append((ident, err, self._clock_ms(), -1, -1))
+            return
         partition, offset = msg.partition(), msg.offset()
         self._reports.append((ident, err, self._clock_ms(), partition or 0, offset or 0))
 
@@ -169,6 +175,7 @@ class Deliveries:
             return
         reports = [self._reports.popleft() for _ in range(len(self._reports))]
         retry: dict[int, dict[Shard, list[bytes]]] = defaultdict(lambda: defaultdict(list))
+        abandoned: list[Ident] = []
         for ident, err, at_ms, partition, offset in reports:
             inflight = self.in_flight.get(ident)
             if inflight is None:
@@ -176,6 +183,9 @@ class Deliveries:
             if err is None:
                 inflight.placed = (partition, offset)
                 self._delivered(ident, inflight, at_ms)
+                continue
+            if err.fatal():  # its shard's transactions ended: leased for the next owner
+                abandoned.append(ident)
                 continue
             wait_ms = self.failures.failed(ident, inflight, err)
             if wait_ms is None:
@@ -186,6 +196,8 @@ class Deliveries:
             self.store.release(members, wait_ms)
             self.forget(members)
             self._on_retry(members, wait_ms)
+        if abandoned:
+            self.forget(by_shard(abandoned))
         self.failures.report_batch()
 
     def _delivered(self, ident: Ident, inflight: InFlight, at_ms: int) -> None:
@@ -270,15 +282,7 @@ class Deliveries:
         assert self.journal is not None
         dlq = self.failures.dead_letter
         for shard, acked in acks.items():
-            entries = []
-            for inflight, at_ms in acked.delivered:
-                record = inflight.claimed.record
-                if not inflight.dead_letter:
-                    entries.append(delivered_entry(record, at_ms, record.target, inflight.placed))
-                    continue
-                reason = inflight.dlq_reason()
-                entries.append(delivered_entry(record, at_ms, dlq, inflight.placed, reason))
-            self.journal.write(shard, entries)
+            self.journal.write(shard, [p.fate(at_ms, dlq) for p, at_ms in acked.delivered])
 
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> InFlight:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see
@@ -352,12 +356,19 @@ class Deliveries:
 
     def drain(self, deadline: float) -> None:
         """Wait until ``deadline`` (monotonic s) for the records in flight; release the leases of
-        those unacknowledged then (shutdown)."""
+        those unacknowledged then (shutdown; with exactly-once delivery they stay leased)."""
         while self.in_flight and time.monotonic() < deadline:
-            self.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            self.outlet.flush(min(1.0, max(0.0, deadline - time.monotonic())))
             self.apply_reports()
             self.ack(force=True)
-        if self.in_flight:
+        self.outlet.stop()
+        if self.in_flight and self.outlet.exactly_once:
+            logger.warning(
+                "%d records unacknowledged at shutdown; left leased for the next owner, who "
+                "reconciles them with the journal",
+                len(self.in_flight),
+            )
+        elif self.in_flight:
             logger.warning(
                 "%d records unacknowledged at shutdown; leases released", len(self.in_flight)
             )

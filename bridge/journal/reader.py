@@ -12,10 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from bridge.client import partition_for
-from bridge.config import Config, read_back_settings
+from bridge.config import Config, admin_settings, read_back_settings
 from bridge.dialects import parse_record
 from bridge.errors import BridgeError
 from bridge.journal.entries import Entry, decode_entries, journal_key
@@ -53,6 +55,7 @@ class JournalReader:
         self.timeout_s = timeout_s  # each request's wait for Kafka
         self.journal = config.topics.journal
         self.consumer = Consumer({**read_back_settings(config), "log_level": 0})
+        self._admin: AdminClient | None = None
         self._partitions: int | None = None
 
     def close(self) -> None:
@@ -148,7 +151,7 @@ class JournalReader:
     def _records(self, partition: int, from_ms: int, until_ms: int | None) -> Iterator[Message]:
         tp = TopicPartition(self.journal, partition)
         try:
-            _, end = self.consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
+            end = self._end(tp)
             start = self._offset_for(partition, from_ms, end)
             stop = end if until_ms is None else self._offset_for(partition, until_ms, end)
         except KafkaException as exc:
@@ -161,23 +164,34 @@ class JournalReader:
             while position < stop:
                 # consume() returns when it has them all or at its timeout: a short one, so the
                 # last batch short of 500 is not held for the whole wait.
-                batch = self.consumer.consume(500, POLL_S)
-                if batch:
-                    answered = time.monotonic()
-                elif time.monotonic() - answered > self.timeout_s:
-                    raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
-                for msg in batch:
+                for msg in self.consumer.consume(500, POLL_S):
                     error = msg.error()
+                    at = (msg.offset() or 0) + (0 if error is not None else 1)
+                    if at > position:
+                        position, answered = at, time.monotonic()
                     if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return  # the end, before ``stop`` (a gap: compaction, markers)
+                        # The end as read_committed sees it: short of ``stop`` while a
+                        # transaction before it is open; its records come once it commits.
                         continue
-                    position = (msg.offset() or 0) + 1
                     if position > stop:
                         return
                     yield msg
+                if time.monotonic() - answered > self.timeout_s:
+                    raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
         finally:
             self.consumer.unassign()
+
+    def _end(self, tp: TopicPartition) -> int:
+        """The partition's end, records of open transactions included (the consumer reads only
+        what is committed: the read ends once they are committed or aborted)."""
+        if self._admin is None:
+            self._admin = AdminClient({**admin_settings(self.config), "log_level": 0})
+        answer = self._admin.list_offsets(
+            {tp: OffsetSpec.latest()},  # type: ignore[no-untyped-call]
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=self.timeout_s,
+        )
+        return int(answer[tp].result().offset)
 
     def _offset_for(self, partition: int, at_ms: int, end: int) -> int:
         found = self.consumer.offsets_for_times(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
+from bridge.config import Config
 from bridge.errors import BridgeError
 from bridge.journal.entries import Entry
 from bridge.journal.reader import JournalReader, Sought, Wanted
@@ -26,6 +27,10 @@ logger = logging.getLogger(__name__)
 # Lease deadlines are Redis's clock, journal timestamps the writing bridge's: read from this much
 # before the oldest orphaned claim. A skew past it costs duplicates, never a record.
 CLOCK_SLACK_MS = 10_000
+# Each journal request of a reconciliation waits this long: the mover waits on it, and a journal
+# Kafka does not serve at once costs duplicates (at-least-once) or a retried take-over (exactly
+# once), not the other partitions' deliveries.
+TIMEOUT_S = 2.0
 
 
 class Reconcile:
@@ -37,19 +42,40 @@ class Reconcile:
         reader: Callable[[], JournalReader],
         lease_ms: int,
         topic_ids: Callable[[], Mapping[str, str]] = dict,
+        *,
+        strict: bool = False,
     ) -> None:
         self.store = store
+        # Exactly once: a journal not read stops the take-over (raises), tried again at the
+        # mover's next step; else the records are delivered again.
+        self.strict = strict
         self._reader = reader
         self.lease_ms = lease_ms
         self._topic_ids = topic_ids
+
+    @classmethod
+    def of(
+        cls, config: Config, store: Store, topic_ids: Callable[[], Mapping[str, str]]
+    ) -> Reconcile | None:
+        """The reconciliation ``config`` calls for (None: no journal)."""
+        if not config.topics.journal:
+            return None
+        return cls(
+            store,
+            lambda: JournalReader(config, timeout_s=TIMEOUT_S),
+            config.egress.lease,
+            topic_ids,
+            strict=config.egress.exactly_once,
+        )
 
     def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
         """Forget the records leased by an earlier owner of these shards (not in ``held``) that
         the journal says were settled; returns how many."""
         orphans: dict[Shard, dict[int, int]] = {}
-        for shard, mine in held.items():
+        for shard, members in held.items():
+            mine = set(members)
             leases = self.store.inventory.leases(shard)
-            theirs = {offset_of(m): d for m, d in leases.items() if m not in set(mine)}
+            theirs = {offset_of(m): d for m, d in leases.items() if m not in mine}
             if theirs:
                 orphans[shard] = theirs
         if not orphans:
@@ -64,6 +90,11 @@ class Reconcile:
                     found = reader.scan(reader.partition_of(shard), since, None, _among(left),
                                         sought)  # fmt: skip
                 except BridgeError as exc:
+                    if self.strict:
+                        raise BridgeError(
+                            f"{shard}: journal not read for the {len(left)} records an earlier "
+                            f"owner left in flight: {exc}"
+                        ) from None
                     logger.warning(
                         "journal not read for the %d records an earlier owner of %s left in "
                         "flight (%s): they are delivered again",

@@ -44,8 +44,14 @@ class Journal:
         self._topic_ids = topic_ids  # the delay topics' ids as last heard, without asking Kafka
         self._failing = False
 
-    def write(self, shard: Shard, entries: list[Entry] | list[dict[str, Any]]) -> None:
-        """Journal the fates of records of ``shard`` (one Kafka record)."""
+    def write(
+        self,
+        shard: Shard,
+        entries: list[Entry] | list[dict[str, Any]],
+        producer: Producer | None = None,
+    ) -> None:
+        """Journal the fates of records of ``shard`` (one Kafka record), through ``producer``
+        if given (a shard's transactional producer: the entries commit with the records)."""
         if not entries:
             return
         topic_id = self._topic_ids().get(shard.topic, "")
@@ -53,7 +59,7 @@ class Journal:
         self.metrics.journal_pending.inc(len(entries))
         try:
             produce(
-                self.producer,
+                producer or self.producer,
                 self.topic,
                 key=key,
                 value=value,

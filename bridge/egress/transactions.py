@@ -1,0 +1,436 @@
+"""Exactly-once egress: a shard's deliveries commit in one Kafka transaction with their journal.
+
+With ``egress.exactly_once``, a shard's deliveries, their DLQ copies and their journal entries
+commit in one Kafka transaction, and Redis acknowledges them only after the commit.
+
+Each shard (delay-topic partition) has a transactional producer of its own, with the id
+``<group>.<topic>.<partition>``, on a thread of its own (:class:`ShardTransaction`): records handed
+to it go into its open transaction, which commits every ``egress.transaction``; only then are their
+delivery reports handed on. A replica that takes a shard over starts the shard's producer first
+(``init_transactions``): Kafka fences the earlier owner (whatever it commits from then on fails)
+and aborts the transaction it left open, and only then is the journal read (bridge.journal
+.reconcile). Why an id per shard, not the group-metadata fencing of KIP-447: docs/exactly-once.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from bridge.config import Config, transactional_settings
+from bridge.egress.failures import Ident, InFlight
+from bridge.egress.outlet import Report
+from bridge.errors import KafkaFault
+from bridge.health import Readiness
+from bridge.journal import Journal
+from bridge.kafka import produce
+from bridge.metrics import Metrics
+from bridge.store import Shard
+
+logger = logging.getLogger(__name__)
+
+# Each call that waits for the transaction coordinator (commit, abort) waits this long, and is
+# tried again after RETRY_S; starting a producer waits INIT_TIMEOUT_S (Kafka fences the earlier
+# owner and aborts what it left open meanwhile).
+CALL_TIMEOUT_S, RETRY_S, INIT_TIMEOUT_S = 5.0, 0.5, 30.0
+IDLE_S = 1.0  # a shard's thread wakes this often with nothing to do
+
+# What the records of a transaction that was aborted were refused with for the abort's sake, not
+# their own: they are produced again in the next transaction.
+_NOT_THEIRS = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._STATE})
+
+# The report of a record whose shard's transactions ended (fenced, revoked) before it committed:
+# it stays leased in Redis for the shard's next owner.
+ABANDONED = KafkaError(KafkaError._FENCED, "the shard's producer ended before a commit", fatal=True)
+
+
+@dataclass(slots=True, eq=False)
+class Outgoing:
+    """A record handed to a shard's transaction: where it goes, and what became of it."""
+
+    ident: Ident
+    inflight: InFlight
+    topic: str
+    fields: dict[str, Any]  # Producer.produce's: key, value, headers, timestamp
+    report: Report
+    err: KafkaError | None = None
+    msg: Message | None = None  # as Kafka took it
+    at_ms: int = 0  # when Kafka took it (epoch ms)
+
+
+@dataclass
+class Settings:
+    """What every shard's transaction shares."""
+
+    producer: Callable[[Shard], Producer]  # a shard's transactional producer, not started
+    journal: Journal
+    metrics: Metrics
+    readiness: Readiness
+    period_s: float  # egress.transaction
+    dead_letter: str
+    clock_ms: Callable[[], int]
+    # A producer failed otherwise than fenced: the bridge stops (see Service._on_producer_error).
+    on_fatal: Callable[[KafkaError], None]
+    # A shard's producer was fenced, the shard taken over by another replica (set by the egress;
+    # called on the shard's thread).
+    on_fenced: Callable[[Shard], None] = lambda shard: None
+
+
+def kafka_error(exc: BaseException | None) -> KafkaError | None:
+    """The KafkaError ``exc`` carries, or was raised from (the client raises a producer's fatal
+    error from flush and poll, and a delivery callback run meanwhile may wrap it)."""
+    while exc is not None:
+        if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+            return exc.args[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+class ShardTransaction:
+    """One shard's transactional producer and its open transaction, run on a thread of its own:
+    the only thread that calls the producer once it is started."""
+
+    def __init__(self, shard: Shard, settings: Settings, on_reports: Callable[[], None]) -> None:
+        self.shard = shard
+        self.s = settings
+        self.on_reports = on_reports  # reports were handed on: wake the mover
+        self.producer = settings.producer(shard)
+        self.check = f"transactions {shard}"  # its /readyz check
+        self._cond = threading.Condition()
+        self._queue: list[Outgoing] = []  # handed over, not produced yet
+        self._pending: set[Ident] = set()  # queued or in the open transaction
+        self._items: list[Outgoing] = []  # in the open transaction
+        self._open = False
+        self._committing = False  # its journal entries are produced: only the commit is left
+        self._commit_at = 0.0  # monotonic
+        self._closing = False
+        self.ended = False
+        self._thread = threading.Thread(target=self._run, name=f"txn {shard}", daemon=True)
+
+    def start(self) -> None:
+        """Start the producer (fencing the shard's earlier owner) and the thread; raises
+        KafkaException if Kafka does not answer in INIT_TIMEOUT_S."""
+        self.producer.init_transactions(INIT_TIMEOUT_S)
+        self._thread.start()
+
+    def send(self, item: Outgoing) -> None:
+        """Produce ``item`` in the next transaction (not again if it is already on its way: a
+        record claimed again after its lease ran out)."""
+        with self._cond:
+            if self.ended:
+                item.report(ABANDONED, None)
+                return
+            if item.ident in self._pending:
+                return
+            self._pending.add(item.ident)
+            self._queue.append(item)
+            self._cond.notify()
+
+    def close(self, timeout_s: float) -> None:
+        """Commit what is open (one try), end the producer, abandon what is left."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    def commit_soon(self) -> None:
+        """Commit the open transaction now rather than when its period ends (shutdown)."""
+        with self._cond:
+            self._commit_at = 0.0
+            self._cond.notify()
+
+    def idle(self) -> bool:
+        """Nothing is queued or in a transaction."""
+        return self.ended or not self._pending
+
+    def _run(self) -> None:
+        try:
+            while self._turn():
+                pass
+        except Exception as exc:
+            err = kafka_error(exc)  # flush and poll raise the producer's fatal error
+            if err is not None and err.fatal():
+                self._fatal(err)
+                return
+            # A bug: the records stay leased for whoever claims them next.
+            logger.exception("%s: transactions stopped", self.shard)
+            self._end(KafkaError(KafkaError._FAIL, repr(exc), fatal=True), "stopped")
+
+    def _turn(self) -> bool:
+        with self._cond:
+            if not (self._queue or self._closing or self._due()):
+                wait = IDLE_S if not self._open else max(0.0, self._commit_at - time.monotonic())
+                self._cond.wait(min(IDLE_S, wait))
+            batch: list[Outgoing] = []
+            if not self._committing:
+                batch, self._queue = self._queue, []
+            closing = self._closing
+        if batch:
+            self._produce(batch)
+        self.producer.poll(0)
+        if self._open and (closing or self._due()):
+            self._commit()
+        if closing and not self.ended:
+            self._end(ABANDONED, "closed", abort=self._open)
+        return not self.ended
+
+    def _due(self) -> bool:
+        return self._open and time.monotonic() >= self._commit_at
+
+    def _produce(self, batch: list[Outgoing]) -> None:
+        if not self._open:
+            self.producer.begin_transaction()
+            self._open, self._commit_at = True, time.monotonic() + self.s.period_s
+        for n, item in enumerate(batch):
+            try:
+                produce(
+                    self.producer,
+                    item.topic,
+                    on_delivery=functools.partial(self._reported, item),
+                    **item.fields,
+                )
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.fatal():
+                    raise
+                if err.code() == KafkaError._STATE or err.txn_requires_abort():
+                    # The transaction failed already: it is aborted at once, these go in the next.
+                    with self._cond:
+                        self._queue[:0] = batch[n:]
+                    self._commit_at = 0.0
+                    return
+                with self._cond:  # refused locally (too large): not in the transaction
+                    self._pending.discard(item.ident)
+                item.report(err, None)
+                self.on_reports()
+                continue
+            self._items.append(item)
+
+    def _reported(self, item: Outgoing, err: KafkaError | None, msg: Message) -> None:
+        item.err, item.msg, item.at_ms = err, msg, self.s.clock_ms()
+        if err is None:  # for its journal entry
+            item.inflight.placed = (msg.partition() or 0, msg.offset() or 0)
+
+    def _commit(self) -> None:
+        """Commit the open transaction, with the journal entries of its records; abort it if one
+        of them failed (those are reported, the others produced again in the next)."""
+        if not self._committing:
+            left = self.producer.flush(CALL_TIMEOUT_S)
+            if left:  # Kafka has not taken them yet: try again (the transaction stays open)
+                self._not_committing(f"{left} records not acknowledged by Kafka")
+                return
+            if any(i.err is not None for i in self._items):
+                self._abort("a record was refused")
+                return
+            entries = [i.inflight.fate(i.at_ms, self.s.dead_letter) for i in self._items]
+            self.s.journal.write(self.shard, entries, self.producer)
+            self._committing = True
+        try:
+            self.producer.commit_transaction(CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            self._failed(exc.args[0], "commit")
+            return
+        items, self._items = self._items, []
+        self._open = self._committing = False
+        with self._cond:
+            self._pending.difference_update(i.ident for i in items)
+        for i in items:
+            i.report(None, i.msg)
+        self.s.metrics.transactions.labels(result="committed").inc()
+        self.s.readiness.ok(self.check)
+        self.on_reports()
+
+    def _fatal(self, err: KafkaError) -> None:
+        self._end(err, "fenced" if err.code() == KafkaError._FENCED else "failed")
+
+    def _failed(self, err: KafkaError, what: str) -> None:
+        if err.fatal():
+            self._fatal(err)
+        elif err.txn_requires_abort():
+            self._abort(f"{what} failed: {err.str()}")
+        else:  # retriable (a timeout): the same call again
+            self._not_committing(f"{what} failed: {err.str()}")
+
+    def _not_committing(self, why: str) -> None:
+        self.s.readiness.fail(self.check, f"{self.shard}: transaction cannot commit: {why}")
+        self._commit_at = time.monotonic() + RETRY_S
+
+    def _abort(self, why: str) -> None:
+        try:
+            self.producer.abort_transaction(CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal():
+                self._fatal(err)
+            else:
+                self._not_committing(f"abort failed: {err.str()}")
+            return
+        items, self._items = self._items, []
+        self._open = self._committing = False
+        failed = [i for i in items if i.err is not None and i.err.code() not in _NOT_THEIRS]
+        again = [i for i in items if i.err is None or i.err.code() in _NOT_THEIRS]
+        for i in again:
+            i.err, i.msg = None, None
+        with self._cond:
+            self._queue[:0] = again
+            self._pending.difference_update(i.ident for i in failed)
+        for i in failed:
+            assert i.err is not None
+            i.report(i.err, None)
+        self.s.metrics.transactions.labels(result="aborted").inc()
+        logger.warning(
+            "%s: transaction aborted (%s): %d records produced again, %d failed",
+            self.shard,
+            why,
+            len(again),
+            len(failed),
+        )
+        self.on_reports()
+
+    def _end(self, err: KafkaError, why: str, abort: bool = False) -> None:
+        """The producer is done with (fenced, failed, closed): what it holds is abandoned, leased
+        in Redis for the shard's next owner (or this replica's next take-over of it)."""
+        if abort:  # unblocks read_committed consumers at once, not after transaction.timeout.ms
+            try:
+                self.producer.abort_transaction(CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                logger.warning("%s: open transaction not aborted: %s", self.shard, exc)
+        with self._cond:
+            self.ended = True
+            items, self._items, self._queue = self._items + self._queue, [], []
+            self._pending.clear()
+        for i in items:
+            i.report(ABANDONED, None)
+        self.s.readiness.ok(self.check)
+        if why != "closed":
+            if why == "fenced":
+                self.s.metrics.transactions.labels(result="fenced").inc()
+            logger.error(
+                "%s: the transactional producer %s (%s); %d records left leased for the "
+                "shard's next owner",
+                self.shard,
+                why,
+                err.str(),
+                len(items),
+            )
+            if why == "fenced":
+                self.s.on_fenced(self.shard)
+            else:
+                self.s.on_fatal(err)
+        self.on_reports()
+
+
+def shard_transactions(
+    config: Config,
+    metrics: Metrics,
+    readiness: Readiness,
+    *,
+    journal: Journal | None,
+    on_fatal: Callable[[KafkaError], None],
+    log: logging.Logger,
+) -> Transactions | None:
+    """The shards' transactions (None: at-least-once, egress.exactly_once is off); their
+    producers log through ``log``."""
+    if not config.egress.exactly_once:
+        return None
+    assert journal is not None  # the config needs one (bridge.config.loader)
+
+    def producer(shard: Shard) -> Producer:
+        tid = f"{config.kafka.group_id}.{shard.topic}.{shard.partition}"
+        return Producer({**transactional_settings(config, tid), "logger": log})
+
+    settings = Settings(
+        producer,
+        journal,
+        metrics,
+        readiness,
+        period_s=config.egress.transaction / 1000,
+        dead_letter=config.topics.dead_letter,
+        clock_ms=lambda: time.time_ns() // 1_000_000,
+        on_fatal=on_fatal,
+    )
+    return Transactions(settings)
+
+
+class Transactions:
+    """The owned shards' transactions: the egress's outlet with exactly-once delivery."""
+
+    exactly_once = True
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._shards: dict[Shard, ShardTransaction] = {}
+        self.reports = threading.Event()  # set when a shard hands reports on
+
+    def open(self, shards: Iterable[Shard]) -> None:
+        """Start the producers of ``shards`` (taken over) that have none, all at once: each
+        start waits for Kafka to fence the earlier owner. Raises KafkaFault if one does not
+        start (the others are kept)."""
+        new = {s.base() for s in shards if not self._live(s.base())}
+        started: dict[Shard, ShardTransaction] = {}
+        failed: dict[Shard, str] = {}
+
+        def start(shard: Shard) -> None:
+            try:
+                txn = ShardTransaction(shard, self.settings, self.reports.set)
+                txn.start()
+                started[shard] = txn
+            except KafkaException as exc:
+                failed[shard] = str(exc.args[0].str() if exc.args else exc)
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in sorted(new)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._shards.update(started)
+        if failed:
+            shard, why = sorted(failed.items())[0]
+            raise KafkaFault(f"{shard}: the transactional producer did not start: {why}")
+
+    def _live(self, shard: Shard) -> bool:
+        txn = self._shards.get(shard)
+        return txn is not None and not txn.ended
+
+    def send(
+        self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
+    ) -> None:
+        """Produce a claimed record in its shard's next transaction."""
+        item = Outgoing(ident, inflight, topic, fields, report)
+        txn = self._shards.get(ident[0].base())
+        if txn is None:
+            report(ABANDONED, None)
+            self.reports.set()
+        else:
+            txn.send(item)
+
+    def close(self, shards: Iterable[Shard], timeout_s: float = CALL_TIMEOUT_S) -> None:
+        """End the transactions of revoked shards (what is open commits if it can)."""
+        for shard in {s.base() for s in shards}:
+            txn = self._shards.pop(shard, None)
+            if txn is not None:
+                txn.close(timeout_s)
+
+    def poll(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a shard to hand reports on (they are queued already)."""
+        if self.reports.wait(timeout_s):
+            self.reports.clear()
+
+    def flush(self, timeout_s: float) -> None:
+        """Commit what is open now and wait up to ``timeout_s`` for it (shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        for txn in self._shards.values():
+            txn.commit_soon()
+        while not all(t.idle() for t in self._shards.values()) and time.monotonic() < deadline:
+            self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def stop(self) -> None:
+        """End every shard's transactions: what is open aborts (shutdown, after :meth:`flush`)."""
+        self.close(list(self._shards))

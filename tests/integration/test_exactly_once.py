@@ -1,0 +1,131 @@
+"""Exactly-once delivery (``egress.exactly_once``) on a real broker and Redis: each record reaches a
+read_committed consumer once, through a crash of the bridge and a frozen replica that wakes after
+its partitions were taken over."""
+
+from __future__ import annotations
+
+import collections
+import signal
+import time
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from bridge.journal import decode_entries
+from bridge.kafka import headers_of
+from tests.conftest import wait_for
+from tests.integration.harness import (
+    Bridge,
+    Setup,
+    check_delivery,
+    delivered,
+    fast_takeover,
+    metric,
+    schedule,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.integration
+
+EXACTLY_ONCE = {"egress__exactly_once": "true"}
+
+
+def journaled(setup: Setup) -> collections.Counter[tuple[str, int, int]]:
+    """How many committed journal entries name each delay-topic record (topic, partition,
+    offset)."""
+    consumer = Consumer({"bootstrap.servers": setup.services.bootstrap, "group.id": "journal",
+                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
+    partitions = consumer.list_topics(setup.journal, timeout=10).topics[setup.journal].partitions
+    consumer.assign([TopicPartition(setup.journal, p, 0) for p in partitions])
+    counts: collections.Counter[tuple[str, int, int]] = collections.Counter()
+    at_end: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(at_end) < len(partitions) and time.monotonic() < deadline:
+        for msg in consumer.consume(500, 0.2):
+            if msg.error() is not None:
+                at_end.add(msg.partition() or 0)
+                continue
+            batch = decode_entries(msg.value() or b"", headers_of(msg))
+            assert batch is not None
+            counts.update((batch.topic, batch.partition, e.offset) for e in batch.entries)
+    consumer.close()
+    return counts
+
+
+def test_each_record_reaches_a_read_committed_consumer_once_journaled_in_its_transaction(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    bridge = setup.bridge(**EXACTLY_ONCE)
+    bridges.append(bridge.start())
+    assert wait_ready(bridge)
+    expected = schedule(setup, 200, seed=57, max_delay_ms=2000)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 200, 60, "200 records")
+        collector.poll(1.0)  # anything more would be a duplicate
+        counts = check_delivery(delivered(collector, setup), expected)
+        assert max(counts.values()) == 1
+    finally:
+        collector.close()
+    assert metric(bridge, 'delay_bridge_transactions_total{result="committed"}') >= 1
+    assert metric(bridge, 'delay_bridge_transactions_total{result="aborted"}') == 0
+    entries = journaled(setup)
+    assert len(entries) == 200 and max(entries.values()) == 1
+    assert bridge.stop() == 0
+
+
+def test_a_crash_in_the_midst_of_deliveries_duplicates_nothing(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """SIGKILL while records fall due: what the dead replica committed and had not acknowledged
+    in Redis is found in the journal by the next owner, what it left open is aborted."""
+    first = fast_takeover(setup, "first", **EXACTLY_ONCE)
+    bridges.append(first)
+    assert wait_ready(first)
+    expected = schedule(setup, 3000, seed=58, max_delay_ms=5000)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 1000, 60, "a third of the records")
+        first.kill()
+        second = fast_takeover(setup, "second", **EXACTLY_ONCE)
+        bridges.append(second)
+        collector.until(lambda rs: len(rs) >= 3000, 90, "every record")
+        collector.poll(2.0)
+        counts = check_delivery(delivered(collector, setup), expected)
+        twice = sorted(i for i, n in counts.items() if n > 1)
+        assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
+    finally:
+        collector.close()
+
+
+def test_a_frozen_replica_that_wakes_after_its_partitions_moved_cannot_commit(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A replica stopped (SIGSTOP) with a transaction open, past its session: the partitions'
+    next owner fences it and aborts what it left open; woken (SIGCONT), its commits fail and it
+    delivers nothing more of them."""
+    frozen = fast_takeover(setup, "frozen", egress__transaction="1s", **EXACTLY_ONCE)
+    bridges.append(frozen)
+    assert wait_ready(frozen)
+    expected = schedule(setup, 1500, seed=59, max_delay_ms=6000)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 300, 60, "the first records")
+        assert frozen.proc is not None
+        frozen.signal(signal.SIGSTOP)
+        try:
+            other = fast_takeover(setup, "other", **EXACTLY_ONCE)
+            bridges.append(other)
+            wait_for(lambda: metric(other, "delay_bridge_delivered_total") > 0, 60,
+                     "the next owner delivers")  # fmt: skip
+        finally:
+            frozen.signal(signal.SIGCONT)
+        wait_for(lambda: metric(frozen, 'delay_bridge_transactions_total{result="fenced"}') >= 1,
+                 60, "the woken replica fenced")  # fmt: skip
+        collector.until(lambda rs: len(rs) >= 1500, 120, "every record")
+        collector.poll(2.0)
+        counts = check_delivery(delivered(collector, setup), expected)
+        twice = sorted(i for i, n in counts.items() if n > 1)
+        assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
+    finally:
+        collector.close()
