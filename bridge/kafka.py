@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from bridge.config import Config, consumer_settings, producer_settings
+from bridge.config import Config, consumer_settings, producer_settings, transactional_settings
 from bridge.errors import ConfigError
 from bridge.message import Headers
 
@@ -41,10 +41,13 @@ def check_settings(config: Config) -> None:
     """Build (without starting) every Kafka client the bridge would, so that what librdkafka
     rejects — an unknown property, a bad value — stops start-up (and ``check-config``) with one
     line naming the config key, not a traceback from deep inside ``run``."""
-    for role, settings in (
+    clients = [
         ("consumer", consumer_settings(config, member=True)),
         ("producer", producer_settings(config)),
-    ):
+    ]
+    if config.egress.exactly_once:  # the shards' producers: transaction.timeout.ms too
+        clients.append(("producer", transactional_settings(config, "check")))
+    for role, settings in clients:
         message = _refusal(role, settings)
         if message is not None:
             raise ConfigError(f"{_culprit(config, role, settings, message)}: {message}")

@@ -94,10 +94,19 @@ class Positions:
                 committed = self.consumer.committed(
                     [TopicPartition(s.topic, s.partition) for s in missing], COMMITTED_TIMEOUT_S
                 )
+                for tp in committed:
+                    offset = tp.offset
+                    if offset < 0:  # never committed: from where the log starts, read again all
+                        # the same (the journal says what of it is settled), not as a new
+                        # incarnation's first read
+                        offset, _ = self.consumer.get_watermark_offsets(
+                            TopicPartition(tp.topic, tp.partition),
+                            COMMITTED_TIMEOUT_S,
+                            cached=False,
+                        )
+                    where[Shard(tp.topic, tp.partition)] = offset
             except KafkaException as exc:
                 raise KafkaFault(f"reading committed offsets for a rebuild failed: {exc}") from exc
-            for tp in committed:
-                where[Shard(tp.topic, tp.partition)] = max(tp.offset, OFFSET_BEGINNING)
         starts: dict[Shard, int] = {}
         rolled_back: dict[Shard, int] = {}
         for shard, loss in lost.items():

@@ -1,9 +1,10 @@
-"""``python -m tests.chaos [--quick] [--seed N] [SCENARIO ...]``: run scenarios, print the table.
+"""``python -m tests.chaos [--quick] [--exactly-once] [--seed N] [SCENARIO ...]``: run scenarios.
 
 Starts the harness's own Kafka and Redis (127.0.0.1:19192 and :16479, state in
 ``$DELAY_BRIDGE_STATE_DIR/chaos``), runs each scenario, prints a Markdown table (docs/reliability.md's
 Reliability section) and writes ``build/chaos/results.json``. Exits 1 if any scenario lost a
-record, delivered early or failed a check.
+record, delivered early or failed a check; with ``--exactly-once`` (bridges with
+``egress.exactly_once``), a duplicate fails a scenario too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import sys
 import time
 
+from tests.chaos import scenarios
 from tests.chaos.scenarios import HEADER, SCENARIOS, Result, run_scenario
 from tests.chaos.servers import STATE_DIR, Servers
 from tests.conftest import ROOT
@@ -31,7 +33,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the short sizes `make test` runs")
     parser.add_argument("--seed", type=int, default=20261121)
     parser.add_argument("--keep", action="store_true", help="leave the servers running")
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="bridges with egress.exactly_once: a duplicate fails a scenario")  # fmt: skip
     args = parser.parse_args()
+    scenarios.EXACTLY_ONCE = args.exactly_once
     names = args.scenarios or [
         n for n, (_, quick, _) in SCENARIOS.items() if quick or not args.quick
     ]
@@ -57,7 +62,10 @@ def main() -> int:
             servers.down()
     print(table(results))
     command = "make chaos" if not args.quick else "python -m tests.chaos --quick"
-    (out / "results.json").write_text(json.dumps({
+    if args.exactly_once:
+        command += " --exactly-once" if args.quick else " CHAOS_ARGS=--exactly-once"
+    name = "results-exactly-once.json" if args.exactly_once else "results.json"
+    (out / name).write_text(json.dumps({
         "command": command, "seed": args.seed,
         "scenarios": [{
             "name": r.scenario, "faults": r.faults, "records": r.account.records,

@@ -54,6 +54,8 @@ from tests.integration.harness import Bridge, bridge_env, metric, wait_ready
 
 PARTITIONS = 3
 JOURNAL = True  # bridges write a journal (python -m bench --no-journal: without)
+# Bridges deliver exactly once (python -m tests.chaos --exactly-once): a duplicate fails the run.
+EXACTLY_ONCE = False
 MAX_DELAY_MS = 5000
 # read-back-sigkill: delays of records kept as references (store.payload_horizon 6 s).
 READ_BACK_MIN_MS, READ_BACK_MAX_MS = 8_000, 20_000
@@ -147,7 +149,7 @@ class Run:
             "topics": {"delay": [self.delay], "dead_letter": self.dlq,
                        "journal": self.journal if JOURNAL else "",
                        "allowed_targets": [re.escape(self.target)]},
-            "egress": {"lease": "5s"},
+            "egress": {"lease": "5s", "exactly_once": EXACTLY_ONCE},
         }  # fmt: skip
         self.overrides = dict(overrides or {})
         self.ha_nodes: list[str] = []  # the nodes of a Sentinel set or cluster the run is on
@@ -232,6 +234,8 @@ class Run:
         result = Result(scenario, faults, account, time.monotonic() - self.started)
         crashed = self.log_count("loop crashed") + self.log_count("Traceback")
         result.checks["no crash"] = crashed == 0
+        if EXACTLY_ONCE:
+            result.checks["no duplicate (exactly once)"] = account.duplicates == 0
         rebuilds = self.log_count("redis lost")
         if rebuilds:
             result.notes.append(f"{rebuilds} shard rebuilds")
@@ -506,6 +510,31 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
         live[i] = run.bridge(f"pod-{i}")
     return run.finish(workload, "rebalance storm",
                       f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
+
+
+def zombie(run: Run, size: Size, rng: random.Random) -> Result:
+    """Two bridges (dynamic members); one frozen (SIGSTOP) while records fall due, past its group
+    session, its partitions taken over by the other, then woken (SIGCONT) with what it had in
+    flight: with exactly-once delivery its next owner fenced it and nothing it still tries to
+    commit gets through."""
+    live = [run.bridge(), run.bridge()]
+    assert wait_spread(live), "the two bridges did not share the partitions"
+    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
+                            size.seconds)  # fmt: skip
+    # Each fault: frozen for the 6 s session and 3 s more, then 6 s to rejoin before the next.
+    for n, moment in enumerate(moments(rng, size.faults, 1.0, max(1.0, size.seconds - 9))):
+        run.at(max(moment, n * 15.0 + 1.0))
+        frozen = live[rng.randrange(2)]
+        frozen.signal(signal.SIGSTOP)
+        try:
+            time.sleep(9.0)  # fault timing: past the session (6 s), the other owns all three
+        finally:
+            frozen.signal(signal.SIGCONT)
+    result = run.finish(workload, "zombie replica", f"{size.faults} x SIGSTOP past the session "
+                        "and SIGCONT")  # fmt: skip
+    if EXACTLY_ONCE:
+        result.checks["a woken replica was fenced"] = run.log_count("producer fenced") > 0
+    return result
 
 
 def wait_spread(bridges: list[Bridge], timeout: float = 60) -> bool:
@@ -883,6 +912,7 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
         Size(30_000, 60, 1, outage_s=30),
     ),
     "rebalance-storm": (rebalance_storm, Size(3000, 8, 4), Size(100_000, 60, 20)),
+    "zombie": (zombie, Size(3000, 12, 1), Size(30_000, 60, 3)),
     # Its short version's contract is the bench harness's priority test and test_priority.py's.
     "priority-drain-sigkill": (priority_drain_sigkill, None, Size(100_000, 50, 10)),
     "rollout": (rollout("statefulset"), Size(3000, 16, 1), Size(30_000, 120, 3)),

@@ -18,11 +18,23 @@ from bridge.config import (
     from_mapping,
     load,
     producer_settings,
+    transactional_settings,
 )
 from bridge.config.schema import EgressConfig
 from bridge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_transactional_producer_is_the_producer_with_its_id_and_the_lease_as_its_timeout() -> (
+    None
+):
+    config = from_mapping({"egress": {"exactly_once": True, "lease": "20s"}}, env={})
+    settings = transactional_settings(config, "delay-bridge.delay.0")
+    assert settings["transactional.id"] == "delay-bridge.delay.0"
+    assert settings["transaction.timeout.ms"] == "20000"
+    assert settings["enable.idempotence"] == "true"
+    assert int(settings["delivery.timeout.ms"]) <= 20000  # librdkafka requires it
 
 
 def test_defaults_match_the_documented_file() -> None:
@@ -77,6 +89,13 @@ def test_environment_overrides_scalars() -> None:
         ({"egress": {"batch_size": True}}, {}, "egress.batch_size: expected an integer"),
         ({"egress": {"batch_size": 0}}, {}, "egress.batch_size: must be greater than 0"),
         ({"egress": {"lease": "soon"}}, {}, "egress.lease: not a duration"),
+        ({"egress": {"exactly_once": True}, "topics": {"journal": ""}}, {},
+         "egress.exactly_once: needs topics.journal"),
+        ({"egress": {"transaction": "2s"}}, {}, "egress.transaction: must be between 0 and 1s"),
+        ({"kafka": {"producer": {"transactional.id": "mine"}}}, {},
+         "kafka.producer.transactional.id: set by the bridge"),
+        ({"kafka": {"consumer": {"isolation.level": "read_uncommitted"}}}, {},
+         "kafka.consumer.isolation.level: must be read_committed"),
         ({"logging": {"json": "yes"}}, {}, "logging.json: expected true or false"),
         ({"logging": {"level": "LOUD"}}, {}, "logging.level: unknown level"),
         ({"topics": {"delay": "delay"}}, {}, "topics.delay: expected a list"),
