@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench import far_future
 from bench import report as rep
+from bench.exactly_once import exactly_once
 from bench.priority import priority
 from bench.scenarios import (
     FULL,
@@ -40,6 +41,7 @@ SCENARIOS = (
     "catchup",
     "priority",
     "recovery",
+    "exactly-once",
     "cluster",
     "far-future",
     "trace",
@@ -47,7 +49,7 @@ SCENARIOS = (
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
 # lasts the spread of its scattered case twice; trace writes ten million journal entries (full):
 # each asked for by name.
-DEFAULT = SCENARIOS[:5]
+DEFAULT = SCENARIOS[:6]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
 LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
@@ -99,6 +101,14 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         )
         recovery(servers, out, report, rate=RECOVERY_RATE, seconds=sizes.precision_s,
                  session_ms=sizes.session_ms)  # fmt: skip
+    if "exactly-once" in names:
+        say(
+            f"exactly once next to at-least-once, alternating twice: {sizes.throughput:,} "
+            f"records of 100 B due at once, then {RECOVERY_RATE:,.0f}/s for "
+            f"{sizes.precision_s:.0f} s"
+        )
+        exactly_once(servers, out, report, count=sizes.throughput, seconds=sizes.precision_s,
+                     max_delay_ms=sizes.max_delay_ms)  # fmt: skip
     if "cluster" in names:
         say(
             f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "

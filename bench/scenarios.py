@@ -247,12 +247,14 @@ def journal_bytes(run: Run) -> int:
     return total
 
 
-def throughput(servers: Servers, workdir: Path, count: int, value_size: int,
-               report: Report) -> float:  # fmt: skip
-    """``count`` records due at once, produced before the bridge starts; the bare pipe reads the
-    same delay topic first. Returns the bridge's end-to-end rate (records/s)."""
-    name = f"throughput-{value_size}"
-    run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False)
+def throughput(servers: Servers, workdir: Path, count: int, value_size: int, report: Report, *,
+               overrides: dict[str, object] | None = None, tag: str = "") -> float:  # fmt: skip
+    """``count`` records due at once, produced before the bridge starts (configured with
+    ``overrides``, its figures named with ``tag``); the bare pipe reads the same delay topic
+    first. Returns the bridge's end-to-end rate (records/s)."""
+    name = f"throughput-{value_size}{tag}"
+    run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False,
+              overrides=overrides)  # fmt: skip
     store = Store(servers.redis(), run.prefix)
     try:
         finished(produce(run, due_now(count, run.target), float("inf"), value_size=value_size))
@@ -611,51 +613,62 @@ def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: flo
                 max_delay_ms: int) -> None:  # fmt: skip
     """2,000 records/s with delays uniform in 1 s to ``max_delay_ms``, twice in this run: with
     the claim tick, claims ahead, ingest linger and hold switched off (the baseline: a Redis call
-    for every due millisecond), then with the defaults. Per record over ``seconds`` / 2 of steady
-    state (from the longest delay and a second on, the load going on ``seconds`` / 2 after): the
-    bridge's CPU time (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls
-    and the readiness probe's SET: INFO commandstats); lateness at the acknowledgement over the
-    whole run."""
-    # The measurement starts once records fall due as fast as they arrive: before that the
-    # bridge stores more records than it delivers, and dividing its CPU time by the records
-    # delivered would overstate each one's cost (1.2-1.4x from 3 s in).
-    steady_from_s = max_delay_ms / 1000 + 1
+    for every due millisecond), then with the defaults (see :func:`steady`)."""
     for name, overrides in (("coalescing off", COALESCING_OFF), ("defaults", {})):
-        run = Run(servers, workdir, "cost", label="bench", target_config=ACK_STAMPS,
-                  overrides=overrides)  # fmt: skip
-        client = servers.redis()
-        try:
-            bridge = ready_bridge(run)
-            count = int(STEADY_RATE * (steady_from_s + seconds))
-            records = steady(count, run.target, max_delay_ms, seed=5, min_delay_ms=1000)
-            workload = produce(run, records, STEADY_RATE)
-            time.sleep(steady_from_s)  # the measurement window, not synchronisation
-            before = _costs(client, bridge)
-            time.sleep(seconds / 2)
-            after = _costs(client, bridge)
-            finished(workload, seconds * 3 + 60)
-            wait_delivered(run, range(count), 120)
-            bridge.stop()
-            account = settled(run, read_expected(run), range(count), report, f"cost {name}")
-            delivered = after["delivered"] - before["delivered"]
-            per = {k: (after[k] - before[k]) / max(1, delivered)
-                   for k in ("bridge_cpu_s", "redis_cpu_s", "redis_calls")}  # fmt: skip
-            report.figures[f"steady {name}"] = {
-                "rate_per_s": STEADY_RATE, "records": count, "measured_records": delivered,
-                "bridge_cpu_ms_per_record": per["bridge_cpu_s"] * 1000,
-                "redis_cpu_ms_per_record": per["redis_cpu_s"] * 1000,
-                "cpu_ms_per_record": (per["bridge_cpu_s"] + per["redis_cpu_s"]) * 1000,
-                "redis_calls_per_record": per["redis_calls"],
-                "early": len(account.early), "lost": len(account.lost),
-                "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
-            }  # fmt: skip
-        finally:
-            client.close()
-            run.close()
+        steady_load(servers, workdir, report, f"steady {name}", overrides, seconds=seconds,
+                    max_delay_ms=max_delay_ms)  # fmt: skip
     off, on = report.figures["steady coalescing off"], report.figures["steady defaults"]
     report.figures["steady defaults"]["cpu_vs_off"] = on["cpu_ms_per_record"] / max(
         1e-9, off["cpu_ms_per_record"]
     )
+
+
+def steady_load(servers: Servers, workdir: Path, report: Report, name: str,
+                overrides: dict[str, object], *, seconds: float,
+                max_delay_ms: int) -> None:  # fmt: skip
+    """2,000 records/s with delays uniform in 1 s to ``max_delay_ms``, the bridge configured with
+    ``overrides``: per record over ``seconds`` / 2 of steady state (from the longest delay and a
+    second on, the load going on ``seconds`` / 2 after), the bridge's CPU time
+    (/proc/<pid>/stat), Redis's (INFO cpu) and the Redis calls (script calls and the readiness
+    probe's SET: INFO commandstats); lateness at the acknowledgement (the target's append time)
+    and as the checker, a read_committed consumer, saw the record, over the whole run."""
+    # The measurement starts once records fall due as fast as they arrive: before that the
+    # bridge stores more records than it delivers, and dividing its CPU time by the records
+    # delivered would overstate each one's cost (1.2-1.4x from 3 s in).
+    steady_from_s = max_delay_ms / 1000 + 1
+    run = Run(servers, workdir, "cost", label="bench", target_config=ACK_STAMPS,
+              overrides=overrides)  # fmt: skip
+    client = servers.redis()
+    try:
+        bridge = ready_bridge(run)
+        count = int(STEADY_RATE * (steady_from_s + seconds))
+        records = steady(count, run.target, max_delay_ms, seed=5, min_delay_ms=1000)
+        workload = produce(run, records, STEADY_RATE)
+        time.sleep(steady_from_s)  # the measurement window, not synchronisation
+        before = _costs(client, bridge)
+        time.sleep(seconds / 2)
+        after = _costs(client, bridge)
+        finished(workload, seconds * 3 + 60)
+        wait_delivered(run, range(count), 120)
+        bridge.stop()
+        account = settled(run, read_expected(run), range(count), report, name)
+        delivered = after["delivered"] - before["delivered"]
+        per = {k: (after[k] - before[k]) / max(1, delivered)
+               for k in ("bridge_cpu_s", "redis_cpu_s", "redis_calls")}  # fmt: skip
+        report.figures[name] = {
+            "rate_per_s": STEADY_RATE, "records": count, "measured_records": delivered,
+            "bridge_cpu_ms_per_record": per["bridge_cpu_s"] * 1000,
+            "redis_cpu_ms_per_record": per["redis_cpu_s"] * 1000,
+            "cpu_ms_per_record": (per["bridge_cpu_s"] + per["redis_cpu_s"]) * 1000,
+            "redis_calls_per_record": per["redis_calls"],
+            "early": len(account.early), "lost": len(account.lost),
+            "duplicates": account.duplicates,
+            "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+            "seen_lateness_ms": lateness_figures(account.lateness_ms),
+        }  # fmt: skip
+    finally:
+        client.close()
+        run.close()
 
 
 def redis_cpu_s(client: Any) -> float:

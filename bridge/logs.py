@@ -73,12 +73,18 @@ class RateLimit(logging.Filter):
         return True
 
 
+# librdkafka's lines when a newer producer with the same transactional id fenced this one.
+_FENCED = re.compile(r"fenced by a newer instance|operation with an old epoch")
+
+
 class KafkaNoise(logging.Filter):
     """Lowers librdkafka lines that are not the operator's concern: an idempotent producer's
     "Failed to acquire idempotence PID … retrying" while a (re)started broker loads its
-    coordinator (librdkafka retries by itself: INFO), and a refused connection once the bridge
-    is stopping (a broker that was restarted has left a stale connection behind: DEBUG). A fault
-    that lasts still shows: in /readyz, in the bridge's own lines, and in librdkafka's others."""
+    coordinator (librdkafka retries by itself: INFO); a refused connection once the bridge is
+    stopping (a broker that was restarted has left a stale connection behind: DEBUG); and a
+    transactional producer's fatal error when another replica fenced it (the bridge's own line
+    says so, as an error: WARNING). A fault that lasts still shows: in /readyz, in the bridge's
+    own lines, and in librdkafka's others."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -92,6 +98,8 @@ class KafkaNoise(logging.Filter):
             record.levelno, record.levelname = logging.INFO, "INFO"
         elif self.stopping and "Connection refused" in text:
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        elif record.levelno > logging.WARNING and _FENCED.search(text):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 

@@ -141,10 +141,12 @@ def producer_settings(config: Config) -> dict[str, str]:
 
 def transactional_settings(config: Config, transactional_id: str) -> dict[str, str]:
     """A transactional producer's properties (exactly-once egress, one per delay-topic partition):
-    the producer's, with its transactional id. A transaction open longer than ``egress.lease``
-    is aborted by Kafka: its records, leased until then, are claimed again."""
+    the producer's, with its transactional id. Kafka aborts a transaction open longer than
+    ``egress.lease`` (at least the socket timeout, as librdkafka requires): one whose producer
+    died and whose shard nobody took over, which holds back read_committed consumers meanwhile."""
     settings = producer_settings(config)
-    settings.setdefault("transaction.timeout.ms", str(config.egress.lease))
+    floor = int(settings["socket.timeout.ms"]) if settings["socket.timeout.ms"].isdigit() else 0
+    settings.setdefault("transaction.timeout.ms", str(max(config.egress.lease, floor)))
     settings["transactional.id"] = transactional_id
     return settings
 

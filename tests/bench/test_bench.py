@@ -12,6 +12,7 @@ import pytest
 
 from bench import report
 from bench.__main__ import run_all
+from bench.exactly_once import MODES, exactly_once
 from bench.scenarios import Report, Sizes
 from tests.chaos.servers import Servers
 from tests.conftest import Services
@@ -52,6 +53,21 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     for title in ("Throughput", "Precision", "Backlog", "Catch-up", "Cost per record"):
         assert title in text
     assert {t for t, _, _ in report.targets(result)} >= {"precision: 0 early"}
+
+
+def test_the_exactly_once_scenario_runs_both_modes_and_keeps_the_contract(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = Report()
+    exactly_once(servers, tmp_path, result, count=TOY.throughput, seconds=TOY.precision_s,
+                 max_delay_ms=TOY.max_delay_ms, rounds=1)  # fmt: skip
+    assert result.problems == []
+    e = result.figures["exactly once"]
+    assert e["duplicates"] == 0 and e["throughput_ratio"] > 0
+    assert all(e["seen_p99_ms"][m] >= 0 and e["cpu_ms_per_record"][m][0] > 0 for m in MODES)
+    assert "Exactly once next to at-least-once" in report.tables(result)
+    assert "exactly once: 0 duplicates" in {t for t, _, _ in report.targets(result)}
 
 
 def test_the_cluster_scenario_runs_on_both_redis_and_keeps_the_contract(

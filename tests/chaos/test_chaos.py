@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos import scenarios
 from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
 from tests.chaos.servers import STATE_DIR, Servers
 
@@ -31,3 +32,20 @@ def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
     assert quick is not None
     result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
     assert_kept(result, tmp_path)
+
+
+# The short versions with exactly-once delivery: a duplicate fails them too (make chaos
+# CHAOS_ARGS=--exactly-once runs every scenario's long version so).
+EXACTLY_ONCE = ("bridge-sigkill", "rebalance-storm", "zombie", "sentinel-failover")
+
+
+@pytest.mark.parametrize("name", EXACTLY_ONCE)
+def test_scenario_exactly_once(
+    name: str, servers: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scenarios, "EXACTLY_ONCE", True)
+    _, quick, _ = SCENARIOS[name]
+    assert quick is not None
+    result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
+    assert_kept(result, tmp_path)
+    assert result.account.duplicates == 0

@@ -71,3 +71,14 @@ def test_librdkafka_lines_that_are_not_the_operators_concern_are_lowered() -> No
     assert noise.filter(late) and late.levelno == logging.DEBUG
     other = line("FAIL [rdkafka#producer-1]: SASL authentication failed")
     assert noise.filter(other) and other.levelno == logging.WARNING
+
+
+def test_a_fenced_transactional_producer_is_a_warning_not_a_critical_line() -> None:
+    noise = KafkaNoise()
+    fenced = record("%s", "FATAL [rdkafka#producer-9] [thrd:main]: Fatal error: Local: This "
+                    "instance has been fenced by a newer instance: ProduceRequest failed",
+                    level=logging.CRITICAL)  # fmt: skip
+    assert noise.filter(fenced) and fenced.levelno == logging.WARNING
+    other = record("%s", "FATAL [rdkafka#producer-9]: Fatal error: Broker: Cluster authorization "
+                   "failed", level=logging.CRITICAL)  # fmt: skip
+    assert noise.filter(other) and other.levelno == logging.CRITICAL
