@@ -291,10 +291,12 @@ class Service:
         left = self.egress.wait_settled(shards, REVOKE_SETTLE_S)
         if left:
             logger.warning(
-                "%d records of revoked partitions still in flight after %.0fs; their "
-                "next owner may deliver them again",
+                "%d records of revoked partitions still in flight after %.0fs; their next owner %s",
                 left,
                 REVOKE_SETTLE_S,
+                "reconciles them with the journal"
+                if self.config.egress.exactly_once
+                else "may deliver them again",
             )
         self.metrics.forget_partitions(shards)
 

@@ -119,8 +119,7 @@ class Egress:
         the shards' transactions end then, and it reconciles them instead). Called by the consumer's
         thread while the mover runs."""
         left = self.deliveries.wait_settled(shards, timeout_s)
-        if self.taking_over.transactions is not None:  # what is left stays leased
-            self.taking_over.transactions.close(shards)
+        self.taking_over.give_up(shards)
         return left
 
     def run_sender(self, stop: threading.Event) -> None:
@@ -257,6 +256,8 @@ class Egress:
 
     def _take_over(self) -> None:
         shards = self.taking_over(self.owned)
+        if not shards:
+            return
         self.plan.forget(shards)  # nothing known of them yet: claim at once
         self.targets.learn(self.store.inventory.waits(sorted(shards)))
 
@@ -264,6 +265,7 @@ class Egress:
         """Another replica took the shard over (its consumer hands it on soon): no more claims
         of it here. Called on the shard's transaction thread."""
         self.remove_shards({shard})
+        self.taking_over.give_up({shard}, close=False)
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""

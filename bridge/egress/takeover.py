@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from bridge.egress.settle import Deliveries
+from bridge.egress.settle import Deliveries, by_shard
 from bridge.egress.transactions import Transactions
 from bridge.errors import BridgeError
 from bridge.store import Shard, Store
@@ -36,10 +36,11 @@ class TakeOver:
         self._reconcile = reconcile  # forgets what the journal settled of the leases taken over
         self.transactions = transactions
         self._shards: set[Shard] = set()
+        self._gone: set[Shard] = set()  # given up (exactly once): what is in flight is forgotten
         self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
-        return bool(self._shards)
+        return bool(self._shards or self._gone)
 
     def add(self, shards: set[Shard]) -> None:
         with self._lock:
@@ -50,11 +51,30 @@ class TakeOver:
         with self._lock:
             self._shards = {s for s in self._shards if s.base() not in bases}
 
+    def give_up(self, shards: set[Shard], *, close: bool = True) -> None:
+        """Exactly once: these partitions are another replica's (revoked, or their producer was
+        fenced: ``close`` False). Their transactions end (``close``), and at the next call what
+        this replica has in flight of them is forgotten, leased in Redis for their next owner,
+        who reconciles it with the journal — this replica too, should they come back."""
+        if self.transactions is None:
+            return
+        if close:
+            self.transactions.close(shards)
+        with self._lock:
+            self._gone |= {s.base() for s in shards}
+
     def __call__(self, owned: frozenset[Shard]) -> set[Shard]:
-        """Take over the shards added (those still ``owned``); returns them. On a failure they
-        are taken over at the next call."""
+        """Forget what is in flight of the shards given up; take over the shards added (those
+        still ``owned``); returns them. On a failure they are taken over at the next call."""
         with self._lock:
             shards, self._shards = self._shards, set()
+            gone, self._gone = self._gone, set()
+        if gone:  # their producers' last reports first (abandoned, or committed after all)
+            self.deliveries.apply_reports()
+            self.deliveries.forget(by_shard(i for i in self.deliveries.in_flight
+                                            if i[0].base() in gone))  # fmt: skip
+        if not shards:
+            return shards
         try:
             if self.transactions is not None:
                 self.transactions.open(shards)

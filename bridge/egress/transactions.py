@@ -133,12 +133,15 @@ class ShardTransaction:
             self._queue.append(item)
             self._cond.notify()
 
-    def close(self, timeout_s: float) -> None:
-        """Commit what is open (one try), end the producer, abandon what is left."""
+    def close(self) -> None:
+        """Commit what is open (one try), end the producer, abandon what is left: on its thread,
+        which :meth:`join` waits for."""
         with self._cond:
             self._closing = True
             self._cond.notify()
-        self._thread.join(timeout_s)
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(max(0.0, timeout_s))
 
     def commit_soon(self) -> None:
         """Commit the open transaction now rather than when its period ends (shutdown)."""
@@ -309,7 +312,9 @@ class ShardTransaction:
         for i in items:
             i.report(ABANDONED, None)
         self.s.readiness.ok(self.check)
-        if why != "closed":
+        # Once closed (revoked), its end is no news: the shard may be this replica's again, with
+        # a new producer that fenced this one.
+        if why != "closed" and not self._closing:
             if why == "fenced":
                 self.s.metrics.transactions.labels(result="fenced").inc()
             logger.error(
@@ -367,6 +372,7 @@ class Transactions:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._shards: dict[Shard, ShardTransaction] = {}
+        self._closed: dict[Shard, ShardTransaction] = {}  # at a revoke: perhaps not ended yet
         self.reports = threading.Event()  # set when a shard hands reports on
 
     def open(self, shards: Iterable[Shard]) -> None:
@@ -374,6 +380,10 @@ class Transactions:
         start waits for Kafka to fence the earlier owner. Raises KafkaFault if one does not
         start (the others are kept)."""
         new = {s.base() for s in shards if not self._live(s.base())}
+        for shard in new:  # a producer closed at a revoke ends before the next one starts
+            closed = self._closed.pop(shard, None)
+            if closed is not None:
+                closed.join(INIT_TIMEOUT_S)
         started: dict[Shard, ShardTransaction] = {}
         failed: dict[Shard, str] = {}
 
@@ -411,12 +421,14 @@ class Transactions:
         else:
             txn.send(item)
 
-    def close(self, shards: Iterable[Shard], timeout_s: float = CALL_TIMEOUT_S) -> None:
-        """End the transactions of revoked shards (what is open commits if it can)."""
+    def close(self, shards: Iterable[Shard]) -> None:
+        """End the transactions of revoked shards (what is open commits if it can), on their
+        threads: a take-over of one of them waits for its end (:meth:`open`)."""
         for shard in {s.base() for s in shards}:
             txn = self._shards.pop(shard, None)
             if txn is not None:
-                txn.close(timeout_s)
+                txn.close()
+                self._closed[shard] = txn
 
     def poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a shard to hand reports on (they are queued already)."""
@@ -431,6 +443,10 @@ class Transactions:
         while not all(t.idle() for t in self._shards.values()) and time.monotonic() < deadline:
             self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
 
-    def stop(self) -> None:
-        """End every shard's transactions: what is open aborts (shutdown, after :meth:`flush`)."""
+    def stop(self, timeout_s: float = 2 * CALL_TIMEOUT_S) -> None:
+        """End every shard's transactions, waiting up to ``timeout_s`` (shutdown, after
+        :meth:`flush`): what is still open aborts."""
         self.close(list(self._shards))
+        deadline = time.monotonic() + timeout_s
+        for txn in self._closed.values():
+            txn.join(deadline - time.monotonic())

@@ -155,3 +155,26 @@ def test_redis_wiped_in_the_midst_of_deliveries_duplicates_nothing(
         assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
     finally:
         collector.close()
+
+
+def test_readyz_names_a_partition_whose_transactional_producer_cannot_start(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Kafka refuses the producers' transaction timeout (above the broker's
+    transaction.max.timeout.ms, 15 min): no partition is delivered, and /readyz says which
+    producer and why."""
+    config = setup.tmp / "too-long.yaml"
+    config.write_text("kafka:\n  producer: {transaction.timeout.ms: '1000000'}\n")
+    bridge = setup.bridge(**EXACTLY_ONCE)
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    body = ""
+
+    def named() -> bool:
+        nonlocal body
+        status, body = bridge.get("/readyz")
+        return status == 503 and "transactional producer did not start" in body
+
+    wait_for(named, 60, "/readyz naming the producer")
+    assert f"{setup.delay}[" in body and "timeout" in body.lower()
+    assert metric(bridge, "delay_bridge_delivered_total") == 0
