@@ -98,7 +98,7 @@ class EgressConfig:
     max_rate: int = 0  # records/s per replica, 0: no limit
     max_rate_per_target: dict[str, int] = field(default_factory=dict)  # target -> records/s
     exactly_once: bool = False  # target, DLQ and journal records in one transaction per shard
-    transaction: int = duration("100ms")  # how long a shard's transaction gathers records
+    transaction: int = duration("10ms")  # how long a shard's transaction gathers records
 
     @property
     def due_by_ms(self) -> int:

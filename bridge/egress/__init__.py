@@ -2,6 +2,6 @@
 
 from bridge.egress.failures import InFlight
 from bridge.egress.mover import Egress
-from bridge.egress.transactions import Transactions, shard_transactions
+from bridge.egress.outlet import Transactions, shard_transactions
 
 __all__ = ["Egress", "InFlight", "Transactions", "shard_transactions"]

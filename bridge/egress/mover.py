@@ -19,12 +19,12 @@ from bridge.catchup import CatchUp
 from bridge.config import EgressConfig
 from bridge.egress.failures import Ident, backoff
 from bridge.egress.lanes import Lanes, lanes_min
+from bridge.egress.outlet import Transactions
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries
 from bridge.egress.takeover import TakeOver
-from bridge.egress.transactions import Transactions
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.journal import Journal

@@ -1,21 +1,36 @@
 """Where the egress's records leave by.
 
-A producer as is (at-least-once), or a shard's Kafka transaction (exactly once,
-:mod:`.transactions`).
+A producer as is (at-least-once: :class:`Direct`), or the owned shards' Kafka transactions (exactly
+once: :class:`Transactions`, each shard's in :mod:`.transactions`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
+from bridge.config import Config, transactional_settings
 from bridge.egress.failures import Ident, InFlight
+from bridge.egress.transactions import (
+    ABANDONED,
+    CALL_TIMEOUT_S,
+    INIT_TIMEOUT_S,
+    Outgoing,
+    Report,
+    Settings,
+    ShardTransaction,
+)
+from bridge.errors import KafkaFault
+from bridge.health import Readiness
+from bridge.journal import Journal
 from bridge.kafka import produce
-
-# A record's delivery report: Kafka's error, and the record as Kafka took it (None: not taken).
-Report = Callable[[KafkaError | None, Message | None], None]
+from bridge.metrics import Metrics
+from bridge.store import Shard
 
 
 class Outlet(Protocol):
@@ -60,3 +75,123 @@ class Direct:
 
     def stop(self) -> None:
         pass
+
+
+def shard_transactions(
+    config: Config,
+    metrics: Metrics,
+    readiness: Readiness,
+    *,
+    journal: Journal | None,
+    on_fatal: Callable[[KafkaError], None],
+    log: logging.Logger,
+) -> Transactions | None:
+    """The shards' transactions (None: at-least-once, egress.exactly_once is off); their
+    producers log through ``log``."""
+    if not config.egress.exactly_once:
+        return None
+    assert journal is not None  # the config needs one (bridge.config.loader)
+
+    def producer(shard: Shard) -> Producer:
+        tid = f"{config.kafka.group_id}.{shard.topic}.{shard.partition}"
+        return Producer({**transactional_settings(config, tid), "logger": log})
+
+    settings = Settings(
+        producer,
+        journal,
+        metrics,
+        readiness,
+        period_s=config.egress.transaction / 1000,
+        dead_letter=config.topics.dead_letter,
+        clock_ms=lambda: time.time_ns() // 1_000_000,
+        on_fatal=on_fatal,
+    )
+    return Transactions(settings)
+
+
+class Transactions:
+    """The owned shards' transactions: the egress's outlet with exactly-once delivery."""
+
+    exactly_once = True
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._shards: dict[Shard, ShardTransaction] = {}
+        self._closed: dict[Shard, ShardTransaction] = {}  # at a revoke: perhaps not ended yet
+        self.reports = threading.Event()  # set when a shard hands reports on
+
+    def open(self, shards: Iterable[Shard]) -> None:
+        """Start the producers of ``shards`` (taken over) that have none, all at once: each
+        start waits for Kafka to fence the earlier owner. Raises KafkaFault if one does not
+        start (the others are kept)."""
+        new = {s.base() for s in shards if not self._live(s.base())}
+        for shard in new:  # a producer closed at a revoke ends before the next one starts
+            closed = self._closed.pop(shard, None)
+            if closed is not None:
+                closed.join(INIT_TIMEOUT_S)
+        started: dict[Shard, ShardTransaction] = {}
+        failed: dict[Shard, str] = {}
+
+        def start(shard: Shard) -> None:
+            try:
+                txn = ShardTransaction(shard, self.settings, self.reports.set)
+                txn.start()
+                started[shard] = txn
+            except KafkaException as exc:
+                failed[shard] = str(exc.args[0].str() if exc.args else exc)
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in sorted(new)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._shards.update(started)
+        if failed:
+            shard, why = sorted(failed.items())[0]
+            raise KafkaFault(f"{shard}: the transactional producer did not start: {why}")
+
+    def _live(self, shard: Shard) -> bool:
+        txn = self._shards.get(shard)
+        return txn is not None and not txn.ended
+
+    def send(
+        self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
+    ) -> None:
+        """Produce a claimed record in its shard's next transaction."""
+        item = Outgoing(ident, inflight, topic, fields, report)
+        txn = self._shards.get(ident[0].base())
+        if txn is None:
+            report(ABANDONED, None)
+            self.reports.set()
+        else:
+            txn.send(item)
+
+    def close(self, shards: Iterable[Shard]) -> None:
+        """End the transactions of revoked shards (what is open commits if it can), on their
+        threads: a take-over of one of them waits for its end (:meth:`open`)."""
+        for shard in {s.base() for s in shards}:
+            txn = self._shards.pop(shard, None)
+            if txn is not None:
+                txn.close()
+                self._closed[shard] = txn
+
+    def poll(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a shard to hand reports on (they are queued already)."""
+        if self.reports.wait(timeout_s):
+            self.reports.clear()
+
+    def flush(self, timeout_s: float) -> None:
+        """Commit what is open now and wait up to ``timeout_s`` for it (shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        for txn in self._shards.values():
+            txn.commit_soon()
+        while not all(t.idle() for t in self._shards.values()) and time.monotonic() < deadline:
+            self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def stop(self, timeout_s: float = 2 * CALL_TIMEOUT_S) -> None:
+        """End every shard's transactions, waiting up to ``timeout_s`` (shutdown, after
+        :meth:`flush`): what is still open aborts."""
+        self.close(list(self._shards))
+        deadline = time.monotonic() + timeout_s
+        for txn in self._closed.values():
+            txn.join(deadline - time.monotonic())

@@ -13,8 +13,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from bridge.egress.outlet import Transactions
 from bridge.egress.settle import Deliveries, by_shard
-from bridge.egress.transactions import Transactions
 from bridge.errors import BridgeError
 from bridge.store import Shard, Store
 
