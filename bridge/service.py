@@ -225,7 +225,12 @@ class Service:
             catch_up=catch_up,
             new_consumer=lambda: Consumer(consumer_conf),
             journal=_journal(config, dlq_producer, self.metrics, self.readiness, self.topics),
-            settled=Settled(_journal_reader(config), self.store, self.topics.known),
+            settled=Settled(
+                _journal_reader(config),
+                self.store,
+                self.topics.known,
+                before_read=self.egress.before_rebuild,
+            ),
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.

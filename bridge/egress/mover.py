@@ -36,6 +36,7 @@ from bridge.turns import Turns
 logger = logging.getLogger(__name__)
 
 INFLIGHT_POLL_S = 0.05
+REBUILD_SETTLE_S = 5.0  # a rebuild's journal read waits this long for the commits in flight
 # Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
 ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 2.0
 
@@ -93,7 +94,8 @@ class Egress:
         self.owned: frozenset[Shard] = frozenset()
         self._wake = threading.Event()
         # Shards assigned since the last step: their earlier owner's leases end first.
-        self.taking_over = TakeOver(store, self.deliveries, reconcile, transactions)
+        self.taking_over = TakeOver(store, self.deliveries, reconcile, transactions,
+                                    drop_held=self.sender.drop, wake=self._wake.set)  # fmt: skip
         self._lock = threading.Lock()
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
@@ -113,14 +115,16 @@ class Egress:
         self.targets.forget(self.owned)
 
     def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` until no record of these partitions is in flight, so their
-        next owner, which ends the leases it finds, does not deliver them again; returns how many
-        are still in flight (their next owner may duplicate them; with exactly-once delivery,
-        the shards' transactions end then, and it reconciles them instead). Called by the consumer's
-        thread while the mover runs."""
+        """Wait up to ``timeout_s`` until no record of these revoked partitions is in flight (the
+        consumer's thread); returns how many still are: their next owner may deliver them again
+        (with exactly-once delivery, it reconciles them: TakeOver.give_up)."""
         left = self.deliveries.wait_settled(shards, timeout_s)
         self.taking_over.give_up(shards)
         return left
+
+    def before_rebuild(self, shards: set[Shard]) -> None:
+        """Exactly once: settle what is in flight of partitions about to be rebuilt (TakeOver)."""
+        self.taking_over.before_rebuild(shards, REBUILD_SETTLE_S)
 
     def run_sender(self, stop: threading.Event) -> None:
         """The sender thread: produce records claimed ahead at their due time until ``stop``."""

@@ -32,6 +32,8 @@ from bridge.kafka import produce
 from bridge.metrics import Metrics
 from bridge.store import Shard
 
+COMMIT_WAIT_S = 0.005  # how often a wait for commits looks again
+
 
 class Outlet(Protocol):
     # Records unacknowledged at shutdown stay leased for the next owner, who reconciles them
@@ -182,11 +184,20 @@ class Transactions:
 
     def flush(self, timeout_s: float) -> None:
         """Commit what is open now and wait up to ``timeout_s`` for it (shutdown)."""
-        deadline = time.monotonic() + timeout_s
-        for txn in self._shards.values():
+        self.commit_now(set(self._shards), timeout_s)
+
+    def commit_now(self, bases: set[Shard], timeout_s: float) -> bool:
+        """Commit what the transactions of these partitions hold now, and wait up to
+        ``timeout_s`` until they hold nothing; returns whether they do."""
+        txns = [t for s, t in list(self._shards.items()) if s in bases]
+        for txn in txns:
             txn.commit_soon()
-        while not all(t.idle() for t in self._shards.values()) and time.monotonic() < deadline:
-            self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
+        deadline = time.monotonic() + timeout_s
+        while not all(t.idle() for t in txns):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(COMMIT_WAIT_S)
+        return True
 
     def stop(self, timeout_s: float = 2 * CALL_TIMEOUT_S) -> None:
         """End every shard's transactions, waiting up to ``timeout_s`` (shutdown, after

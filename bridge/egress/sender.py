@@ -22,7 +22,7 @@ from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
 from bridge.egress.settle import Deliveries, by_shard
 from bridge.errors import StoreError, log_failed_turn
-from bridge.store import Claims
+from bridge.store import Claims, Shard
 from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
@@ -149,8 +149,9 @@ class Sender:
     def release(self) -> None:
         """End the leases of records held and not produced (shutdown): the next owner claims
         them at once."""
+        inflight = self.deliveries.in_flight  # not those forgotten since (given up: exactly once)
         with self._lock:
-            released = by_shard(ident for _, ident in self._held)
+            released = by_shard(ident for _, ident in self._held if ident in inflight)
             self._held.clear()
         if not released:
             return
@@ -158,6 +159,14 @@ class Sender:
             self.deliveries.release(released)
         except StoreError as exc:  # their leases run out instead; the in-flight rest still drains
             logger.warning("records claimed ahead not released (%s); their leases will expire", exc)
+
+    def drop(self, bases: set[Shard]) -> list[Ident]:
+        """Take the records held of these partitions out, once no send is in progress; returns
+        them (still in flight: the caller forgets them)."""
+        with self._sending, self._lock:
+            dropped = [ident for _, ident in self._held if ident[0].base() in bases]
+            self._held = [(d, i) for d, i in self._held if i[0].base() not in bases]
+        return dropped
 
     def _take_due(self, now_ms: float, pace: bool = True) -> list[Ident]:
         """The records whose due time has come by ``now_ms`` (Redis's clock), in due order.

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
+from bridge.egress.failures import Ident
 from bridge.egress.outlet import Transactions
 from bridge.egress.settle import Deliveries, by_shard
 from bridge.errors import BridgeError
@@ -30,17 +32,47 @@ class TakeOver:
         deliveries: Deliveries,
         reconcile: Callable[[Mapping[Shard, Sequence[bytes]]], int] | None,
         transactions: Transactions | None,
+        *,
+        drop_held: Callable[[set[Shard]], list[Ident]] = lambda bases: [],
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.deliveries = deliveries
         self._reconcile = reconcile  # forgets what the journal settled of the leases taken over
         self.transactions = transactions
+        self._drop_held = drop_held  # takes the records claimed ahead of partitions out
+        self._wake = wake  # the mover
         self._shards: set[Shard] = set()
         self._gone: set[Shard] = set()  # given up (exactly once): what is in flight is forgotten
+        # Partitions about to be rebuilt (exactly once): what is claimed ahead of them is dropped.
+        self._rebuilt: list[tuple[set[Shard], threading.Event]] = []
         self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
-        return bool(self._shards or self._gone)
+        return bool(self._shards or self._gone or self._rebuilt)
+
+    def before_rebuild(self, shards: set[Shard], timeout_s: float) -> None:
+        """Exactly once, before a rebuild of these partitions reads the journal (the ingress's
+        thread): the records claimed ahead of them are dropped (read again from the delay topic,
+        their copies are delivered instead), and what their transactions hold commits, so the
+        read finds it. Waits up to ``timeout_s`` for both."""
+        if self.transactions is None or not shards:
+            return
+        bases, dropped = {s.base() for s in shards}, threading.Event()
+        with self._lock:
+            self._rebuilt.append((bases, dropped))
+        self._wake()
+        deadline = time.monotonic() + timeout_s
+        if not (
+            dropped.wait(timeout_s)
+            and self.transactions.commit_now(bases, deadline - time.monotonic())
+        ):
+            logger.warning(
+                "records in flight of %s not settled within %.0fs before their rebuild reads the "
+                "journal: some may be delivered again",
+                ", ".join(str(s) for s in sorted(bases)),
+                timeout_s,
+            )
 
     def add(self, shards: set[Shard]) -> None:
         with self._lock:
@@ -69,6 +101,10 @@ class TakeOver:
         with self._lock:
             shards, self._shards = self._shards, set()
             gone, self._gone = self._gone, set()
+            rebuilt, self._rebuilt = self._rebuilt, []
+        for bases, dropped in rebuilt:
+            self.deliveries.forget(by_shard(self._drop_held(bases)))
+            dropped.set()
         if gone:  # their producers' last reports first (abandoned, or committed after all)
             self.deliveries.apply_reports()
             self.deliveries.forget(by_shard(i for i in self.deliveries.in_flight

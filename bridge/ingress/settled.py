@@ -34,9 +34,12 @@ class Settled:
         reader: Callable[[], JournalReader] | None,
         store: Store | None = None,
         topic_ids: Callable[[], Mapping[str, str]] = dict,
+        before_read: Callable[[set[Shard]], None] = lambda shards: None,
     ):
         self._reader = reader  # None: no journal
         self._store = store
+        # What is in flight of the partitions commits first (Egress.before_rebuild).
+        self._before_read = before_read
         # The delay topics' ids as last heard: entries of an earlier incarnation are not these.
         self._topic_ids = topic_ids
         self._offsets: dict[Shard, frozenset[int]] = {}
@@ -48,6 +51,7 @@ class Settled:
         of their records before the start forgotten in Redis, before their claims resume."""
         if self._reader is None or not starts:
             return
+        self._before_read(set(starts))
         reader, ids = self._reader(), self._topic_ids()
         try:
             for shard, start in starts.items():
