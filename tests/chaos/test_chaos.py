@@ -36,7 +36,13 @@ def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
 
 # The short versions with exactly-once delivery: a duplicate fails them too (make chaos
 # CHAOS_ARGS=--exactly-once runs every scenario's long version so).
-EXACTLY_ONCE = ("bridge-sigkill", "rebalance-storm", "zombie", "sentinel-failover")
+EXACTLY_ONCE = (
+    "bridge-sigkill",
+    "rebalance-storm",
+    "zombie",
+    "sentinel-failover",
+    "redis-restart-everysec",
+)
 
 
 @pytest.mark.parametrize("name", EXACTLY_ONCE)
