@@ -35,8 +35,11 @@ logger = logging.getLogger(__name__)
 
 # Each call that waits for the transaction coordinator (commit, abort) waits this long, and is
 # tried again after RETRY_S; starting a producer waits INIT_TIMEOUT_S (Kafka fences the earlier
-# owner and aborts what it left open meanwhile).
+# owner and aborts what it left open meanwhile). A commit waits FLUSH_S at a time for its
+# records' acknowledgements (the records handed over meanwhile join the open transaction), and
+# once STALL_S overdue /readyz says why (a broker fault is seconds).
 CALL_TIMEOUT_S, RETRY_S, INIT_TIMEOUT_S = 5.0, 0.5, 30.0
+FLUSH_S, STALL_S = 0.2, 5.0
 IDLE_S = 1.0  # a shard's thread wakes this often with nothing to do
 
 # What the records of a transaction that was aborted were refused with for the abort's sake, not
@@ -109,7 +112,9 @@ class ShardTransaction:
         self._items: list[Outgoing] = []  # in the open transaction
         self._open = False
         self._committing = False  # its journal entries are produced: only the commit is left
-        self._commit_at = 0.0  # monotonic
+        self._commit_at = 0.0  # monotonic: when the open transaction is to commit
+        self._retry_at = 0.0  # monotonic: a commit that could not be made is tried again then
+        self._trying_since = 0.0  # monotonic: when the commit was first tried (0: not yet)
         self._closing = False
         self.ended = False
         self._thread = threading.Thread(target=self._run, name=f"txn {shard}", daemon=True)
@@ -169,7 +174,8 @@ class ShardTransaction:
     def _turn(self) -> bool:
         with self._cond:
             if not (self._queue or self._closing or self._due()):
-                wait = IDLE_S if not self._open else max(0.0, self._commit_at - time.monotonic())
+                at = max(self._commit_at, self._retry_at)
+                wait = IDLE_S if not self._open else max(0.0, at - time.monotonic())
                 self._cond.wait(min(IDLE_S, wait))
             batch: list[Outgoing] = []
             if not self._committing:
@@ -185,7 +191,8 @@ class ShardTransaction:
         return not self.ended
 
     def _due(self) -> bool:
-        return self._open and time.monotonic() >= self._commit_at
+        now = time.monotonic()
+        return self._open and now >= self._commit_at and now >= self._retry_at
 
     def _produce(self, batch: list[Outgoing]) -> None:
         if not self._open:
@@ -207,7 +214,7 @@ class ShardTransaction:
                     # The transaction failed already: it is aborted at once, these go in the next.
                     with self._cond:
                         self._queue[:0] = batch[n:]
-                    self._commit_at = 0.0
+                    self._commit_at = self._retry_at = 0.0
                     return
                 with self._cond:  # refused locally (too large): not in the transaction
                     self._pending.discard(item.ident)
@@ -225,9 +232,10 @@ class ShardTransaction:
         """Commit the open transaction, with the journal entries of its records; abort it if one
         of them failed (those are reported, the others produced again in the next)."""
         if not self._committing:
-            left = self.producer.flush(CALL_TIMEOUT_S)
+            self._trying_since = self._trying_since or time.monotonic()
+            left = self.producer.flush(FLUSH_S)
             if left:  # Kafka has not taken them yet: try again (the transaction stays open)
-                self._not_committing(f"{left} records not acknowledged by Kafka")
+                self._not_committing(f"{left} records not acknowledged by Kafka", retry_s=0.0)
                 return
             if any(i.err is not None for i in self._items):
                 self._abort("a record was refused")
@@ -242,6 +250,7 @@ class ShardTransaction:
             return
         items, self._items = self._items, []
         self._open = self._committing = False
+        self._trying_since = self._retry_at = 0.0
         with self._cond:
             self._pending.difference_update(i.ident for i in items)
         for i in items:
@@ -261,9 +270,15 @@ class ShardTransaction:
         else:  # retriable (a timeout): the same call again
             self._not_committing(f"{what} failed: {err.str()}")
 
-    def _not_committing(self, why: str) -> None:
-        self.s.readiness.fail(self.check, f"{self.shard}: transaction cannot commit: {why}")
-        self._commit_at = time.monotonic() + RETRY_S
+    def _not_committing(self, why: str, retry_s: float = RETRY_S) -> None:
+        """Try again in ``retry_s``; once the commit was first tried STALL_S ago, /readyz and the
+        log say why."""
+        now = time.monotonic()
+        if self._trying_since and now - self._trying_since > STALL_S:
+            detail = f"{self.shard}: transaction cannot commit: {why}"
+            self.s.readiness.fail(self.check, detail)
+            logger.warning("%s; trying again", detail)  # rate-limited (bridge.logs)
+        self._retry_at = now + retry_s
 
     def _abort(self, why: str) -> None:
         try:
@@ -277,6 +292,7 @@ class ShardTransaction:
             return
         items, self._items = self._items, []
         self._open = self._committing = False
+        self._trying_since = self._retry_at = 0.0
         failed = [i for i in items if i.err is not None and i.err.code() not in _NOT_THEIRS]
         again = [i for i in items if i.err is None or i.err.code() in _NOT_THEIRS]
         for i in again:
