@@ -201,7 +201,7 @@ class Service:
             journal=journal,
             reconcile=Reconcile.of(config, self.store, self.topics.known),
             transactions=shard_transactions(
-                config, self.metrics, self.readiness, journal=journal,
+                config, self.metrics, self.readiness, journal=journal, store=self.store,
                 on_fatal=self._on_producer_error, log=_kafka_logger("txn"),
             ),
         )  # fmt: skip

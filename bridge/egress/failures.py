@@ -12,7 +12,8 @@ far-future record whose payload was gone when it was read back) goes there at it
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,14 @@ Ident = tuple[Shard, bytes]  # a claimed record: its shard and member
 def backoff(base: float, cap: float, failures: int) -> float:
     """``base`` doubled per failure after the first, at most ``cap``."""
     return float(min(cap, base * 2 ** min(max(failures - 1, 0), 30)))
+
+
+def by_shard(idents: Iterable[Ident]) -> dict[Shard, list[bytes]]:
+    """Records (shard, member) grouped by shard, as the store's calls take them."""
+    grouped: dict[Shard, list[bytes]] = defaultdict(list)
+    for shard, member in idents:
+        grouped[shard].append(member)
+    return grouped
 
 
 @dataclass(slots=True)

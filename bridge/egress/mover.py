@@ -84,7 +84,8 @@ class Egress:
         )
         if transactions is not None:
             transactions.settings.on_fenced = self._fenced
-        self.sender = Sender(config, self.clock, self.deliveries)
+        self.sender = Sender(config, self.clock, self.deliveries,
+                             transactions.settings.committed if transactions else None)  # fmt: skip
         self.lanes = Lanes(self.deliveries.draining_lanes)
         self.rate = RateLimit(config.max_rate) if config.max_rate else None
         self.targets = TargetLimits(store, metrics, config.max_rate_per_target, config.lease)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from bridge.config import Config, transactional_settings
+from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, InFlight
 from bridge.egress.transactions import (
     ABANDONED,
@@ -30,7 +31,7 @@ from bridge.health import Readiness
 from bridge.journal import Journal
 from bridge.kafka import produce
 from bridge.metrics import Metrics
-from bridge.store import Shard
+from bridge.store import Shard, Store
 
 COMMIT_WAIT_S = 0.005  # how often a wait for commits looks again
 
@@ -85,6 +86,7 @@ def shard_transactions(
     readiness: Readiness,
     *,
     journal: Journal | None,
+    store: Store,
     on_fatal: Callable[[KafkaError], None],
     log: logging.Logger,
 ) -> Transactions | None:
@@ -107,6 +109,7 @@ def shard_transactions(
         dead_letter=config.topics.dead_letter,
         clock_ms=lambda: time.time_ns() // 1_000_000,
         on_fatal=on_fatal,
+        committed=Committed(store, keep_s=2 * config.egress.lease / 1000),
     )
     return Transactions(settings)
 

@@ -17,10 +17,11 @@ import time
 from collections.abc import Container, Sequence
 
 from bridge.config import EgressConfig
-from bridge.egress.failures import Ident
+from bridge.egress.committed import Committed
+from bridge.egress.failures import Ident, by_shard
 from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
-from bridge.egress.settle import Deliveries, by_shard
+from bridge.egress.settle import Deliveries
 from bridge.errors import StoreError, log_failed_turn
 from bridge.store import Claims, Shard
 from bridge.turns import Turns
@@ -39,9 +40,16 @@ class Sender:
     the due ones leave as one slice — not a heap operation per record. Both the mover (after a
     claim) and the sender thread send the due ones."""
 
-    def __init__(self, config: EgressConfig, clock: RedisClock, deliveries: Deliveries) -> None:
+    def __init__(
+        self,
+        config: EgressConfig,
+        clock: RedisClock,
+        deliveries: Deliveries,
+        committed: Committed | None = None,
+    ) -> None:
         self.clock = clock
         self.deliveries = deliveries
+        self.committed = committed  # exactly once: a claim of a record committed lately is none
         self.last_loop = time.monotonic()
         # Produced at most once per send tick, and at most once per _every_ms: SEND_BATCH
         # records' worth at the rate they fall due.
@@ -64,9 +72,10 @@ class Sender:
         held: list[tuple[int, Ident]] = []
         due: list[Ident] = []
         inflight_of = self.deliveries.in_flight.get
+        again = self.committed.again(claimed) if self.committed is not None else set()
         for item in claimed:
             ident = (item.shard, item.member)
-            if ident in skip:
+            if ident in skip or ident in again:
                 continue
             redelivered += item.redelivery
             # A record still in flight here, claimed again (its lease expired), is the same one.

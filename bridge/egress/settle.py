@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.config import EgressConfig
-from bridge.egress.failures import Failures, Ident, InFlight
+from bridge.egress.failures import Failures, Ident, InFlight, by_shard
 from bridge.egress.outlet import Direct, Outlet
 from bridge.health import Readiness
 from bridge.journal import Journal
@@ -43,14 +43,6 @@ class Acked(AckBatch):
     once it has."""
 
     delivered: list[tuple[InFlight, int]] = field(default_factory=list)  # with the report's time
-
-
-def by_shard(idents: Iterable[Ident]) -> dict[Shard, list[bytes]]:
-    """Records (shard, member) grouped by shard, as the store's calls take them."""
-    grouped: dict[Shard, list[bytes]] = defaultdict(list)
-    for shard, member in idents:
-        grouped[shard].append(member)
-    return grouped
 
 
 def count_acknowledged(

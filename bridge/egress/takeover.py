@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from bridge.egress.failures import Ident
+from bridge.egress.failures import Ident, by_shard
 from bridge.egress.outlet import Transactions
-from bridge.egress.settle import Deliveries, by_shard
+from bridge.egress.settle import Deliveries
 from bridge.errors import BridgeError
 from bridge.store import Shard, Store
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from bridge.egress.failures import Ident, InFlight
+from bridge.egress.committed import Committed
+from bridge.egress.failures import Ident, InFlight, by_shard
 from bridge.health import Readiness
 from bridge.journal import Journal
 from bridge.kafka import produce
@@ -84,6 +85,7 @@ class Settings:
     # A shard's producer was fenced, the shard taken over by another replica (set by the egress;
     # called on the shard's thread).
     on_fenced: Callable[[Shard], None] = lambda shard: None
+    committed: Committed | None = None  # what was committed lately (a claim of it again)
 
 
 def kafka_error(exc: BaseException | None) -> KafkaError | None:
@@ -251,6 +253,9 @@ class ShardTransaction:
         items, self._items = self._items, []
         self._open = self._committing = False
         self._trying_since = self._retry_at = 0.0
+        if self.s.committed is not None:
+            for shard, members in by_shard(i.ident for i in items).items():
+                self.s.committed.add(shard, members)
         with self._cond:
             self._pending.difference_update(i.ident for i in items)
         for i in items:

@@ -389,3 +389,31 @@ def fast_takeover(setup: Setup, name: str, **overrides: str) -> Bridge:
     """A bridge whose partitions move within seconds of a SIGKILL (a short session timeout),
     started."""
     return with_session_timeout(setup, setup.bridge(name, **overrides), "6000", "1000").start()
+
+
+def snapshot_keys(setup: Setup) -> dict[bytes, bytes]:
+    """Every key of the bridge's prefix, DUMPed."""
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.dump(key)
+        return dict(zip(keys, pipe.execute(), strict=True))
+    finally:
+        client.close()
+
+
+def roll_back(setup: Setup, snapshot: dict[bytes, bytes]) -> None:
+    """Put the bridge's keys back as ``snapshot`` has them, in one transaction: what a failover
+    to a replica that had not received the writes since does to them."""
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        now = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(*now)
+        for key, dumped in snapshot.items():
+            pipe.restore(key, 0, dumped, replace=True)
+        pipe.execute()
+    finally:
+        client.close()

@@ -41,6 +41,8 @@ from tests.integration.harness import (
     Setup,
     metric,
     produce_all,
+    roll_back,
+    snapshot_keys,
     wipe,
 )
 
@@ -301,34 +303,6 @@ def test_a_rebuild_does_not_deliver_again_what_the_journal_holds(
     assert "the journal holds the fate of 60 records since" in bridges[-1].output()
 
 
-def _snapshot(setup: Setup) -> dict[bytes, bytes]:
-    """Every key of the bridge's prefix, DUMPed."""
-    client = redis.Redis.from_url(setup.services.redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.dump(key)
-        return dict(zip(keys, pipe.execute(), strict=True))
-    finally:
-        client.close()
-
-
-def _roll_back(setup: Setup, snapshot: dict[bytes, bytes]) -> None:
-    """Put the bridge's keys back as ``snapshot`` has them, in one transaction: what a failover
-    to a replica that had not received the writes since does to them."""
-    client = redis.Redis.from_url(setup.services.redis_url)
-    try:
-        now = list(client.scan_iter(match=f"*test-{setup.unique}*", count=1000))
-        pipe = client.pipeline(transaction=True)
-        pipe.delete(*now)
-        for key, dumped in snapshot.items():
-            pipe.restore(key, 0, dumped, replace=True)
-        pipe.execute()
-    finally:
-        client.close()
-
-
 def test_a_rollback_that_lost_acknowledgements_delivers_nothing_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
@@ -350,13 +324,13 @@ def test_a_rollback_that_lost_acknowledgements_delivers_nothing_again(
     first = [record(b"first-%d" % i, b"4s", b"r-%d" % i if i % 2 else None) for i in range(20)]
     produce_all(setup.services.bootstrap, setup.delay, first)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
-    snapshot = _snapshot(setup)
+    snapshot = snapshot_keys(setup)
     later = [record(b"later-%d" % i, b"10m", None) for i in range(5)]
     produce_all(setup.services.bootstrap, setup.delay, later)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 25, 30, "the 5 stored")
     wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 20, 60,
              "the 20 delivered and journaled")  # fmt: skip
-    _roll_back(setup, snapshot)
+    roll_back(setup, snapshot)
     wait_for(lambda: "re-reading from 20" in bridge.output(), 30, "the rollback found")
     collector = setup.collector()
     try:
@@ -407,12 +381,12 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
                for i in range(10)]  # fmt: skip
     produce_all(setup.services.bootstrap, setup.delay, records)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 10, 30, "the 10 stored")
-    snapshot = _snapshot(setup)
+    snapshot = snapshot_keys(setup)
     wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 10, 60,
              "the 10 delivered and journaled")  # fmt: skip
     bridge.signal(signal.SIGTERM)
     assert bridge.wait(30) == 0
-    _roll_back(setup, snapshot)
+    roll_back(setup, snapshot)
     client = redis.Redis.from_url(setup.services.redis_url)
     try:
         store = Store(client, f"test-{setup.unique}")
