@@ -83,7 +83,7 @@ class Egress:
             outlet=transactions,
         )
         if transactions is not None:
-            transactions.settings.on_fenced = self._fenced
+            transactions.settings.on_ended = self._ended
         self.sender = Sender(config, self.clock, self.deliveries,
                              transactions.settings.committed if transactions else None)  # fmt: skip
         self.lanes = Lanes(self.deliveries.draining_lanes)
@@ -266,11 +266,11 @@ class Egress:
         self.plan.forget(shards)  # nothing known of them yet: claim at once
         self.targets.learn(self.store.inventory.waits(sorted(shards)))
 
-    def _fenced(self, shard: Shard) -> None:
-        """Another replica took the shard over (its consumer hands it on soon): no more claims
-        of it here. Called on the shard's transaction thread."""
-        self.remove_shards({shard})
+    def _ended(self, shard: Shard, fenced: bool) -> None:
+        """A shard's producer ended (its thread): fenced, another replica took the shard over (its
+        consumer hands it on soon), no more claims of it here; else it is taken over again."""
         self.taking_over.give_up({shard}, close=False)
+        (self.remove_shards if fenced else self.add_shards)({shard})
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""

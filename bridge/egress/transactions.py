@@ -80,11 +80,12 @@ class Settings:
     period_s: float  # egress.transaction
     dead_letter: str
     clock_ms: Callable[[], int]
-    # A producer failed otherwise than fenced: the bridge stops (see Service._on_producer_error).
+    # A shard's thread stopped on a bug: the bridge stops (see Service._on_producer_error).
     on_fatal: Callable[[KafkaError], None]
-    # A shard's producer was fenced, the shard taken over by another replica (set by the egress;
-    # called on the shard's thread).
-    on_fenced: Callable[[Shard], None] = lambda shard: None
+    # A shard's producer ended on a fatal Kafka error (set by the egress; called on the shard's
+    # thread): fenced (True), another replica took the shard over; else its state is lost (an
+    # abort Kafka refused), and the shard is taken over again with a new producer.
+    on_ended: Callable[[Shard, bool], None] = lambda shard, fenced: None
     committed: Committed | None = None  # what was committed lately (a claim of it again)
 
 
@@ -114,6 +115,7 @@ class ShardTransaction:
         self._items: list[Outgoing] = []  # in the open transaction
         self._open = False
         self._committing = False  # its journal entries are produced: only the commit is left
+        self._aborting = False  # an abort Kafka did not answer in time: only the abort is left
         self._commit_at = 0.0  # monotonic: when the open transaction is to commit
         self._retry_at = 0.0  # monotonic: a commit that could not be made is tried again then
         self._trying_since = 0.0  # monotonic: when the commit was first tried (0: not yet)
@@ -180,7 +182,7 @@ class ShardTransaction:
                 wait = IDLE_S if not self._open else max(0.0, at - time.monotonic())
                 self._cond.wait(min(IDLE_S, wait))
             batch: list[Outgoing] = []
-            if not self._committing:
+            if not (self._committing or self._aborting):
                 batch, self._queue = self._queue, []
             closing = self._closing
         if batch:
@@ -233,6 +235,9 @@ class ShardTransaction:
     def _commit(self) -> None:
         """Commit the open transaction, with the journal entries of its records; abort it if one
         of them failed (those are reported, the others produced again in the next)."""
+        if self._aborting:
+            self._abort("an abort that had timed out, resumed")
+            return
         if not self._committing:
             self._trying_since = self._trying_since or time.monotonic()
             left = self.producer.flush(FLUSH_S)
@@ -292,9 +297,11 @@ class ShardTransaction:
             err = exc.args[0]
             if err.fatal():
                 self._fatal(err)
-            else:
+            else:  # it goes on in the background: only the abort is called again
+                self._aborting = True
                 self._not_committing(f"abort failed: {err.str()}")
             return
+        self._aborting = False
         items, self._items = self._items, []
         self._open = self._committing = False
         self._trying_since = self._retry_at = 0.0
@@ -340,14 +347,15 @@ class ShardTransaction:
                 self.s.metrics.transactions.labels(result="fenced").inc()
             logger.error(
                 "%s: the transactional producer %s (%s); %d records left leased for the "
-                "shard's next owner",
+                "shard's next owner%s",
                 self.shard,
                 why,
                 err.str(),
                 len(items),
+                "" if why != "failed" else ": this replica, with a new producer",
             )
-            if why == "fenced":
-                self.s.on_fenced(self.shard)
-            else:
+            if why == "stopped":  # a bug: the process stops, its supervisor starts it again
                 self.s.on_fatal(err)
+            else:
+                self.s.on_ended(self.shard, why == "fenced")
         self.on_reports()
