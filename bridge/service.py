@@ -190,6 +190,7 @@ class Service:
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         producer = Producer(producer_conf)
         journal = _journal(config, producer, self.metrics, self.readiness, self.topics)
+        reconcile = Reconcile.of(config, self.store, self.topics.known)
         self.egress = Egress(
             producer,
             self.store,
@@ -199,10 +200,10 @@ class Service:
             readiness=self.readiness,
             catch_up=catch_up,
             journal=journal,
-            reconcile=Reconcile.of(config, self.store, self.topics.known),
+            reconcile=reconcile,
             transactions=shard_transactions(
                 config, self.metrics, self.readiness, journal=journal, store=self.store,
-                on_fatal=self._on_producer_error, log=_kafka_logger("txn"),
+                reconcile=reconcile, on_fatal=self._on_producer_error, log=_kafka_logger("txn"),
             ),
         )  # fmt: skip
         dlq_producer = Producer(producer_conf)

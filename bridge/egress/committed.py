@@ -3,23 +3,28 @@
 A Redis that fails over (or restarts) can lose acknowledgements without its ingest watermark
 going back, so no rebuild consults the journal: a record committed here comes back leased (claimed
 again once its lease ran out) or waiting, its acknowledgement lost. The mover would deliver it a
-second time. So each shard's committed offsets are kept for twice the lease (what a lost
-acknowledgement can take to come back), and a claim that returns one of them settles it in Redis
-instead of producing it.
+second time. So each shard's committed offsets are kept for two leases and a minute at least
+(how far behind a replica may be that lost acknowledgements and no ingested record), and a claim
+that returns one of them settles it in Redis instead of producing it. Older ones come back leased (the lease long run out): a record claimed
+again after its lease, not in flight here, is looked up in the journal first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
-from bridge.errors import StoreError
+from bridge.errors import BridgeError, StoreError
+from bridge.journal import Reconcile
 from bridge.store import Claimed, Shard, Store, offset_of
 
-# At most this many offsets are kept (the oldest go first): about 8 MB at 2,000 records/s.
+logger = logging.getLogger(__name__)
+
+# At most this many offsets are kept (the oldest go first): 120,000 at 2,000 records/s, ~10 MB.
 MAX_KEPT = 1_000_000
 
 
@@ -27,9 +32,10 @@ class Committed:
     """Offsets committed lately, by shard: added on the shards' transaction threads, looked up
     on the mover's."""
 
-    def __init__(self, store: Store, keep_s: float) -> None:
+    def __init__(self, store: Store, keep_s: float, journal: Reconcile | None = None) -> None:
         self.store = store
         self.keep_s = keep_s
+        self.journal = journal  # asked about records claimed again after their lease ran out
         self._offsets: dict[Shard, set[int]] = {}
         self._order: deque[tuple[float, Shard, int]] = deque()  # oldest first
         self._lock = threading.Lock()
@@ -51,19 +57,43 @@ class Committed:
             _, shard, offset = order.popleft()
             self._offsets[shard].discard(offset)
 
-    def again(self, claimed: Iterable[Claimed]) -> set[tuple[Shard, bytes]]:
-        """The records among ``claimed`` this replica committed lately: forgotten in Redis (not
-        to be produced); returns them. If Redis fails meanwhile they stay leased, and are
-        looked up again when claimed again."""
+    def again(
+        self, claimed: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
+    ) -> set[tuple[Shard, bytes]]:
+        """The records among ``claimed`` not to be produced: those this replica committed lately,
+        and those claimed again after their lease ran out (not in flight here) that the journal
+        holds a fate for — both forgotten in Redis — or that it could not be asked about (leased:
+        claimed again after the lease, and looked up again)."""
         found: dict[Shard, list[Claimed]] = {}
+        expired: dict[Shard, list[Claimed]] = {}
         with self._lock:
             for c in claimed:
                 kept = self._offsets.get(c.shard)
                 if kept and offset_of(c.member) in kept:
                     found.setdefault(c.shard, []).append(c)
+                elif c.redelivery and (c.shard, c.member) not in in_flight:
+                    expired.setdefault(c.shard, []).append(c)
+        unsure: list[Claimed] = []
+        for shard, records in expired.items() if self.journal is not None else ():
+            assert self.journal is not None
+            offsets = {offset_of(c.member): c for c in records}
+            since = min(c.record.due_ms for c in records)  # never delivered before it was due
+            try:
+                fates = self.journal.journaled(shard, since, offsets)
+            except BridgeError as exc:
+                logger.warning(
+                    "%s: journal not read for %d records claimed again after their lease (%s): "
+                    "they wait for the next lease",
+                    shard,
+                    len(records),
+                    exc,
+                )
+                unsure += records
+                continue
+            found.setdefault(shard, []).extend(offsets[o] for o in fates)
         for shard, records in found.items():
             settled = [(offset_of(c.member), c.record.due_ms, c.record.delay_id) for c in records]
             # If Redis fails, they stay leased: claimed again after the lease, found here again.
             with contextlib.suppress(StoreError):
                 self.store.settle(shard, settled)
-        return {(c.shard, c.member) for records in found.values() for c in records}
+        return {(c.shard, c.member) for c in (*unsure, *(c for r in found.values() for c in r))}

@@ -28,12 +28,16 @@ from bridge.egress.transactions import (
 )
 from bridge.errors import KafkaFault
 from bridge.health import Readiness
-from bridge.journal import Journal
+from bridge.journal import Journal, Reconcile
 from bridge.kafka import produce
 from bridge.metrics import Metrics
 from bridge.store import Shard, Store
 
 COMMIT_WAIT_S = 0.005  # how often a wait for commits looks again
+# What was committed is remembered for two leases, and a minute at least: a Redis replica that
+# lagged this long and lost acknowledgements, not ingested records, brings them back (see
+# bridge.egress.committed).
+KEEP_COMMITTED_S = 60.0
 
 
 class Outlet(Protocol):
@@ -87,6 +91,7 @@ def shard_transactions(
     *,
     journal: Journal | None,
     store: Store,
+    reconcile: Reconcile | None,
     on_fatal: Callable[[KafkaError], None],
     log: logging.Logger,
 ) -> Transactions | None:
@@ -109,7 +114,9 @@ def shard_transactions(
         dead_letter=config.topics.dead_letter,
         clock_ms=lambda: time.time_ns() // 1_000_000,
         on_fatal=on_fatal,
-        committed=Committed(store, keep_s=2 * config.egress.lease / 1000),
+        committed=Committed(
+            store, keep_s=max(KEEP_COMMITTED_S, 2 * config.egress.lease / 1000), journal=reconcile
+        ),  # fmt: skip
     )
     return Transactions(settings)
 

@@ -72,7 +72,9 @@ class Sender:
         held: list[tuple[int, Ident]] = []
         due: list[Ident] = []
         inflight_of = self.deliveries.in_flight.get
-        again = self.committed.again(claimed) if self.committed is not None else set()
+        again = set()
+        if self.committed is not None:
+            again = self.committed.again(claimed, self.deliveries.in_flight)
         for item in claimed:
             ident = (item.shard, item.member)
             if ident in skip or ident in again:

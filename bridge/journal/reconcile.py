@@ -68,6 +68,18 @@ class Reconcile:
             strict=config.egress.exactly_once,
         )
 
+    def journaled(self, shard: Shard, since_ms: int, offsets: Collection[int]) -> dict[int, Entry]:
+        """The journal's entries for these offsets of ``shard``, written from ``since_ms`` on
+        (less the clock slack); raises BridgeError if the journal cannot be read."""
+        reader = self._reader()
+        try:
+            sought = Sought(shard, topic_id=self._topic_ids().get(shard.topic, ""))
+            found = reader.scan(reader.partition_of(shard), since_ms - CLOCK_SLACK_MS, None,
+                                _among(offsets), sought)  # fmt: skip
+        finally:
+            reader.close()
+        return {e.offset: e for _, e in found}
+
     def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
         """Forget the records leased by an earlier owner of these shards (not in ``held``) that
         the journal says were settled; returns how many."""
