@@ -5,8 +5,9 @@ going back, so no rebuild consults the journal: a record committed here comes ba
 again once its lease ran out) or waiting, its acknowledgement lost. The mover would deliver it a
 second time. So each shard's committed offsets are kept for two leases and a minute at least
 (how far behind a replica may be that lost acknowledgements and no ingested record), and a claim
-that returns one of them settles it in Redis instead of producing it. Older ones come back leased (the lease long run out): a record claimed
-again after its lease, not in flight here, is looked up in the journal first.
+that returns one of them settles it in Redis instead of producing it. Older ones come back leased,
+the lease long run out: a record claimed again after its lease, and not in flight here, is looked
+up in the journal first.
 """
 
 from __future__ import annotations

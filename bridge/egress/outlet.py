@@ -116,7 +116,7 @@ def shard_transactions(
         on_fatal=on_fatal,
         committed=Committed(
             store, keep_s=max(KEEP_COMMITTED_S, 2 * config.egress.lease / 1000), journal=reconcile
-        ),  # fmt: skip
+        ),
     )
     return Transactions(settings)
 
