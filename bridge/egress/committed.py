@@ -39,6 +39,8 @@ class Committed:
         self.journal = journal  # asked about records claimed again after their lease ran out
         self._offsets: dict[Shard, set[int]] = {}
         self._order: deque[tuple[float, Shard, int]] = deque()  # oldest first
+        # Leases a take-over ended after the journal was read for them: delivered, not looked up.
+        self._reconciled: dict[Shard, set[int]] = {}
         self._lock = threading.Lock()
 
     def add(self, shard: Shard, members: Iterable[bytes]) -> None:
@@ -51,6 +53,13 @@ class Committed:
                 kept.add(offset)
                 self._order.append((now, shard, offset))
             self._expire(now)
+
+    def reconciled(self, offsets: dict[Shard, set[int]]) -> None:
+        """A take-over read the journal for these offsets (leases it ends): their next claim is
+        delivered without asking it again."""
+        with self._lock:
+            for shard, kept in offsets.items():
+                self._reconciled[shard] = set(kept)
 
     def _expire(self, now: float) -> None:
         order = self._order
@@ -73,7 +82,11 @@ class Committed:
                 if kept and offset_of(c.member) in kept:
                     found.setdefault(c.shard, []).append(c)
                 elif c.redelivery and (c.shard, c.member) not in in_flight:
-                    expired.setdefault(c.shard, []).append(c)
+                    done = self._reconciled.get(c.shard)
+                    if done and offset_of(c.member) in done:
+                        done.discard(offset_of(c.member))
+                    else:
+                        expired.setdefault(c.shard, []).append(c)
         unsure: list[Claimed] = []
         for shard, records in expired.items() if self.journal is not None else ():
             assert self.journal is not None

@@ -117,6 +117,9 @@ class TakeOver:
             held = self.deliveries.of_shards(shards)
             if self._reconcile is not None:
                 self._reconcile(held)
+                committed = self.transactions and self.transactions.settings.committed
+                if committed:  # what it looked up needs no second look when claimed
+                    committed.reconciled(getattr(self._reconcile, "checked", {}))
             ended = self.store.take_over(held)
         except BridgeError:
             self.add(shards & owned)

@@ -49,6 +49,8 @@ class Reconcile:
         # Exactly once: a journal not read stops the take-over (raises), tried again at the
         # mover's next step; else the records are delivered again.
         self.strict = strict
+        # The offsets the last call looked up (leases an earlier owner left).
+        self.checked: dict[Shard, set[int]] = {}
         self._reader = reader
         self.lease_ms = lease_ms
         self._topic_ids = topic_ids
@@ -90,6 +92,7 @@ class Reconcile:
             theirs = {offset_of(m): d for m, d in leases.items() if m not in mine}
             if theirs:
                 orphans[shard] = theirs
+        self.checked = {s: set(left) for s, left in orphans.items()}
         if not orphans:
             return 0
         ids, forgotten = self._topic_ids(), 0
