@@ -17,6 +17,7 @@ from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC, Headers
 from tests.conftest import wait_for
 from tests.integration.harness import (
     Bridge,
+    Collector,
     Setup,
     check_delivery,
     delivered,
@@ -33,6 +34,16 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 EXACTLY_ONCE = {"egress__exactly_once": "true"}
+
+
+def each_once(collector: Collector, setup: Setup, expected: dict[str, int], timeout: float) -> None:
+    """Wait for every expected record, and a little longer for a second copy: each arrived once,
+    and none before it was due."""
+    collector.until(lambda rs: len(rs) >= len(expected), timeout, "every record")
+    collector.poll(2.0)  # anything more would be a duplicate
+    counts = check_delivery(delivered(collector, setup), expected)
+    twice = sorted(i for i, n in counts.items() if n > 1)
+    assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
 
 
 def journaled(setup: Setup) -> collections.Counter[tuple[str, int, int]]:
@@ -66,10 +77,7 @@ def test_each_record_reaches_a_read_committed_consumer_once_journaled_in_its_tra
     expected = schedule(setup, 200, seed=57, max_delay_ms=2000)
     collector = setup.collector()
     try:
-        collector.until(lambda rs: len(rs) >= 200, 60, "200 records")
-        collector.poll(1.0)  # anything more would be a duplicate
-        counts = check_delivery(delivered(collector, setup), expected)
-        assert max(counts.values()) == 1
+        each_once(collector, setup, expected, timeout=60)
     finally:
         collector.close()
     assert metric(bridge, 'delay_bridge_transactions_total{result="committed"}') >= 1
@@ -94,11 +102,7 @@ def test_a_crash_in_the_midst_of_deliveries_duplicates_nothing(
         first.kill()
         second = fast_takeover(setup, "second", **EXACTLY_ONCE)
         bridges.append(second)
-        collector.until(lambda rs: len(rs) >= 3000, 90, "every record")
-        collector.poll(2.0)
-        counts = check_delivery(delivered(collector, setup), expected)
-        twice = sorted(i for i, n in counts.items() if n > 1)
-        assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
+        each_once(collector, setup, expected, timeout=90)
     finally:
         collector.close()
 
@@ -127,11 +131,7 @@ def test_a_frozen_replica_that_wakes_after_its_partitions_moved_cannot_commit(
             frozen.signal(signal.SIGCONT)
         wait_for(lambda: metric(frozen, 'delay_bridge_transactions_total{result="fenced"}') >= 1,
                  60, "the woken replica fenced")  # fmt: skip
-        collector.until(lambda rs: len(rs) >= 1500, 120, "every record")
-        collector.poll(2.0)
-        counts = check_delivery(delivered(collector, setup), expected)
-        twice = sorted(i for i, n in counts.items() if n > 1)
-        assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
+        each_once(collector, setup, expected, timeout=120)
     finally:
         collector.close()
 
@@ -152,11 +152,7 @@ def test_redis_wiped_in_the_midst_of_deliveries_duplicates_nothing(
     try:
         collector.until(lambda rs: len(rs) >= 1000, 60, "a third of the records")
         assert wipe(setup) > 0
-        collector.until(lambda rs: len(rs) >= 3000, 90, "every record")
-        collector.poll(2.0)
-        counts = check_delivery(delivered(collector, setup), expected)
-        twice = sorted(i for i, n in counts.items() if n > 1)
-        assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
+        each_once(collector, setup, expected, timeout=90)
     finally:
         collector.close()
 
