@@ -27,7 +27,7 @@ from bridge.egress.settle import Deliveries
 from bridge.egress.takeover import TakeOver
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
-from bridge.journal import Journal
+from bridge.journal import Journal, Reconcile
 from bridge.message import Priority
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store
@@ -60,7 +60,7 @@ class Egress:
         catch_up: CatchUp | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         journal: Journal | None = None,
-        reconcile: Callable[[Mapping[Shard, Sequence[bytes]]], int] | None = None,
+        reconcile: Reconcile | None = None,
         transactions: Transactions | None = None,
     ) -> None:
         self.catch_up = catch_up or CatchUp()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 from bridge.egress.failures import Ident, by_shard
 from bridge.egress.outlet import Transactions
 from bridge.egress.settle import Deliveries
 from bridge.errors import BridgeError
+from bridge.journal import Reconcile
 from bridge.store import Shard, Store
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class TakeOver:
         self,
         store: Store,
         deliveries: Deliveries,
-        reconcile: Callable[[Mapping[Shard, Sequence[bytes]]], int] | None,
+        reconcile: Reconcile | None,
         transactions: Transactions | None,
         *,
         drop_held: Callable[[set[Shard]], list[Ident]] = lambda bases: [],
@@ -116,10 +117,10 @@ class TakeOver:
                 self.transactions.open(shards)
             held = self.deliveries.of_shards(shards)
             if self._reconcile is not None:
-                self._reconcile(held)
+                looked_up = self._reconcile(held)
                 committed = self.transactions and self.transactions.settings.committed
                 if committed:  # what it looked up needs no second look when claimed
-                    committed.reconciled(getattr(self._reconcile, "checked", {}))
+                    committed.reconciled(looked_up)
             ended = self.store.take_over(held)
         except BridgeError:
             self.add(shards & owned)

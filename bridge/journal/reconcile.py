@@ -49,8 +49,6 @@ class Reconcile:
         # Exactly once: a journal not read stops the take-over (raises), tried again at the
         # mover's next step; else the records are delivered again.
         self.strict = strict
-        # The offsets the last call looked up (leases an earlier owner left).
-        self.checked: dict[Shard, set[int]] = {}
         self._reader = reader
         self.lease_ms = lease_ms
         self._topic_ids = topic_ids
@@ -82,9 +80,10 @@ class Reconcile:
             reader.close()
         return {e.offset: e for _, e in found}
 
-    def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
+    def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> dict[Shard, set[int]]:
         """Forget the records leased by an earlier owner of these shards (not in ``held``) that
-        the journal says were settled; returns how many."""
+        the journal says were settled; returns the offsets of those leases, each shard's (the
+        journal was read for them: their next claim needs no second look)."""
         orphans: dict[Shard, dict[int, int]] = {}
         for shard, members in held.items():
             mine = set(members)
@@ -92,10 +91,10 @@ class Reconcile:
             theirs = {offset_of(m): d for m, d in leases.items() if m not in mine}
             if theirs:
                 orphans[shard] = theirs
-        self.checked = {s: set(left) for s, left in orphans.items()}
+        looked_up = {s: set(left) for s, left in orphans.items()}
         if not orphans:
-            return 0
-        ids, forgotten = self._topic_ids(), 0
+            return looked_up
+        ids = self._topic_ids()
         reader = self._reader()
         try:
             for shard, left in orphans.items():
@@ -120,10 +119,10 @@ class Reconcile:
                     continue
                 settled = {e.offset: e for _, e in found}
                 if settled:
-                    forgotten += self._forget(shard, len(left), settled.values())
+                    self._forget(shard, len(left), settled.values())
         finally:
             reader.close()
-        return forgotten
+        return looked_up
 
     def _forget(self, shard: Shard, left: int, settled: Iterable[Entry]) -> int:
         n = self.store.settle(shard, [(e.offset, e.due_ms, e.delay_id) for e in settled])
