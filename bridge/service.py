@@ -14,7 +14,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
@@ -26,9 +26,8 @@ from bridge.config import (
     producer_settings,
     read_back_settings,
 )
-from bridge.dialects import ETF1
 from bridge.egress import Egress, shard_transactions
-from bridge.errors import ConfigError, KafkaFault, StoreError
+from bridge.errors import KafkaFault
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress, Settled
@@ -38,8 +37,9 @@ from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
 from bridge.readback import ReadBack, Reader
 from bridge.redis_client import redis_client
+from bridge.startup import check_rebuildable, check_references_retention
 from bridge.store import Shard, Store
-from bridge.topics import Topics, check_retention, read_retention
+from bridge.topics import Topics
 
 logger = logging.getLogger(__name__)
 
@@ -101,58 +101,6 @@ def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
     return (lambda: JournalReader(config)) if config.topics.journal else None
 
 
-def _retention_args(config: Config) -> tuple[dict[str, Any], tuple[str, ...], int]:
-    admin = {**admin_settings(config), "logger": _kafka_logger("admin")}
-    return admin, config.topics.delay, config.limits.max_delay
-
-
-def _key_is_id(config: Config) -> set[str]:
-    return {t for t, d in config.topics.dialect.items() if d == ETF1}
-
-
-def _check_retention(config: Config) -> None:
-    """With store.references on, a far-future record lives only in its delay topic until it is
-    read back: a retention that can delete it first stops start-up (raises ConfigError)."""
-    if not config.store.references:
-        return
-    try:
-        problems = read_retention(*_retention_args(config), key_is_id=_key_is_id(config))
-    except (KafkaException, TimeoutError) as exc:
-        logger.warning(
-            "could not read the delay topics' retention (%s); with "
-            "store.references on it must cover limits.max_delay",
-            exc,
-        )
-        return
-    if problems:
-        raise ConfigError(
-            f"store.references is on, so the delay topics must keep every record until it is "
-            f"due (or set store.references: false): {problems[0]}"
-        )
-
-
-def _check_rebuildable(store: Store, config: Config) -> None:
-    """Warn loudly about settings that would keep a lost Redis from being rebuilt (off the
-    start-up path: these only warn)."""
-    try:
-        policy = store.eviction_policy()
-    except StoreError as exc:
-        logger.warning(
-            "could not check that Redis does not evict (%s): make sure its "
-            "maxmemory-policy is noeviction",
-            exc,
-        )
-        policy = None
-    if policy is not None and policy != "noeviction":
-        logger.warning(
-            "REDIS MAY EVICT SCHEDULED RECORDS: maxmemory-policy is %s; set noeviction "
-            "(an evicted record set cannot be noticed or rebuilt)",
-            policy,
-        )
-    if not config.store.references:  # else checked before joining (_check_retention)
-        check_retention(*_retention_args(config), key_is_id=_key_is_id(config))
-
-
 class Service:
     """One bridge process: ingress and egress threads around a shared store."""
 
@@ -177,7 +125,8 @@ class Service:
         self.brokers_up = 0
         self.readiness = Readiness()
         self.fetch_watch = FetchWatch(self.readiness)
-        self.topics = Topics({**admin_settings(config), "logger": _kafka_logger("admin")})
+        self._admin = {**admin_settings(config), "logger": _kafka_logger("admin")}
+        self.topics = Topics(self._admin)
         self.probes = Probes(
             self.store,
             self.readiness,
@@ -202,10 +151,16 @@ class Service:
             journal=journal,
             reconcile=reconcile,
             transactions=shard_transactions(
-                config, self.metrics, self.readiness, journal=journal, store=self.store,
-                reconcile=reconcile, on_fatal=self._on_producer_error, log=_kafka_logger("txn"),
+                config,
+                self.metrics,
+                self.readiness,
+                journal=journal,
+                store=self.store,
+                reconcile=reconcile,
+                on_fatal=self._on_producer_error,
+                log=_kafka_logger("txn"),
             ),
-        )  # fmt: skip
+        )
         dlq_producer = Producer(producer_conf)
         self.ingress = Ingress(
             Consumer(consumer_conf),
@@ -364,7 +319,7 @@ class Service:
             self.config.kafka.group_id,
             f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
         )
-        _check_retention(self.config)
+        check_references_retention(self.config, self._admin)
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()
@@ -373,9 +328,7 @@ class Service:
         if not self._wait_for_redis():
             return self._stop(started)
         self.sampler.sample_once()
-        threading.Thread(
-            target=_check_rebuildable, args=(self.store, self.config), name="checks", daemon=True
-        ).start()
+        check_rebuildable(self.store, self.config, self._admin)  # on a thread of its own
         self.probes.topics_once()
         probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()

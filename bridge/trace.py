@@ -98,8 +98,16 @@ def trace(
             traced.fate = "waiting"
             traced.events.append({"event": "waiting", "due": waiting.due_ms})
             return traced
-        entries = _search(reader, shard, offset, traced.delay_id, (record, produced_ms),
-                          since_ms=since_ms, now_ms=now_ms, topic=topic)  # fmt: skip
+        entries = _search(
+            reader,
+            shard,
+            offset,
+            traced.delay_id,
+            (record, produced_ms),
+            since_ms=since_ms,
+            now_ms=now_ms,
+            topic=topic,
+        )
         if shard is None and entries:  # found by its id alone: where it was stored, now known
             shard, offset = entries[0][0], entries[0][1].offset
             record, produced_ms = reader.delay_record(shard, offset)
@@ -155,8 +163,9 @@ def _stored(record: Scheduled, produced_ms: int | None) -> dict[str, Any]:
 def _event(entry: Entry) -> dict[str, Any]:
     event: dict[str, Any] = {"event": entry.fate.value, "at": entry.at_ms, "due": entry.due_ms}
     if entry.target:
-        event.update(topic=entry.target, partition=entry.target_partition,
-                     offset=entry.target_offset)  # fmt: skip
+        event.update(
+            topic=entry.target, partition=entry.target_partition, offset=entry.target_offset
+        )
     if entry.fate is Fate.DELIVERED:
         event["late_ms"] = max(0, entry.at_ms - entry.due_ms)
     if entry.by:
@@ -186,8 +195,13 @@ def _search(
         found: list[tuple[Shard, Entry]] = []
         by_id = Sought(needle=field_bytes("id", delay_id))
         for partition in range(reader.partitions()):
-            found += reader.scan(partition, start, None, lambda s, e: e.delay_id == delay_id
-                                 and (topic is None or s.topic == topic), by_id)  # fmt: skip
+            found += reader.scan(
+                partition,
+                start,
+                None,
+                lambda s, e: e.delay_id == delay_id and (topic is None or s.topic == topic),
+                by_id,
+            )
         return sorted(found, key=lambda se: se[1].at_ms)
     partition = reader.partition_of(shard)
     sought = Sought(shard, field_bytes("offset", offset), first=True)  # one fate, then done

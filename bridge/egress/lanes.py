@@ -12,6 +12,7 @@ records in flight were not claimed from a backlog.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Container, Iterable, Mapping
 
 from bridge.egress.failures import Ident
@@ -26,6 +27,28 @@ def lanes_min(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, in
         min(i, j) if i >= 0 and j >= 0 else max(i, j) for i, j in zip(a, b, strict=True)
     )
     return high, normal, low
+
+
+class Stored:
+    """The earliest due time of each lane the ingress and read-back threads stored, by shard,
+    since the mover last took them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._earliest: dict[Shard, tuple[int, int, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._earliest)
+
+    def add(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> None:
+        with self._lock:
+            for shard, lanes in earliest.items():
+                self._earliest[shard] = lanes_min(lanes, self._earliest.get(shard, lanes))
+
+    def take(self) -> dict[Shard, tuple[int, int, int]]:
+        with self._lock:
+            taken, self._earliest = self._earliest, {}
+        return taken
 
 
 class Backlog:

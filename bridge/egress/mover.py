@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from bridge.catchup import CatchUp
 from bridge.config import EgressConfig
 from bridge.egress.failures import Ident, backoff
-from bridge.egress.lanes import Lanes, lanes_min
+from bridge.egress.lanes import Lanes, Stored
 from bridge.egress.outlet import Transactions
 from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
 from bridge.egress.rate import RateLimit, TargetLimits
@@ -84,20 +84,24 @@ class Egress:
         )
         if transactions is not None:
             transactions.settings.on_ended = self._ended
-        self.sender = Sender(config, self.clock, self.deliveries,
-                             transactions.settings.committed if transactions else None)  # fmt: skip
+        committed = transactions.settings.committed if transactions else None
+        self.sender = Sender(config, self.clock, self.deliveries, committed)
         self.lanes = Lanes(self.deliveries.draining_lanes)
         self.rate = RateLimit(config.max_rate) if config.max_rate else None
         self.targets = TargetLimits(store, metrics, config.max_rate_per_target, config.lease)
         self._starved = False  # the last step claimed nothing for want of the rate's tokens
-        # The earliest due time of each lane ingress stored since the last step.
-        self._stored: dict[Shard, tuple[int, int, int]] = {}
+        self._stored = Stored()
         self.owned: frozenset[Shard] = frozenset()
         self._wake = threading.Event()
         # Shards assigned since the last step: their earlier owner's leases end first.
-        self.taking_over = TakeOver(store, self.deliveries, reconcile, transactions,
-                                    drop_held=self.sender.drop, wake=self._wake.set)  # fmt: skip
-        self._lock = threading.Lock()
+        self.taking_over = TakeOver(
+            store,
+            self.deliveries,
+            reconcile,
+            transactions,
+            drop_held=self.sender.drop,
+            wake=self._wake.set,
+        )
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
 
@@ -142,9 +146,7 @@ class Egress:
     def notify(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> None:
         """Ingress stored records due from these times on (the earliest of each priority lane,
         -1: none); wake up in case one is sooner than planned."""
-        with self._lock:
-            for shard, lanes in earliest.items():
-                self._stored[shard] = lanes_min(lanes, self._stored.get(shard, lanes))
+        self._stored.add(earliest)
         self._wake.set()
 
     def wake_up(self) -> None:
@@ -167,9 +169,7 @@ class Egress:
             self._take_over()
             self.turns.mark("taking shards over")
         if self._stored:
-            with self._lock:
-                stored, self._stored = self._stored, {}
-            self.plan.stored(self.lanes.stored(stored), self.catch_up.horizons())
+            self.plan.stored(self.lanes.stored(self._stored.take()), self.catch_up.horizons())
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.sender.send_due(now)
         self.turns.mark("producing held records")

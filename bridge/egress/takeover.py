@@ -108,8 +108,9 @@ class TakeOver:
             dropped.set()
         if gone:  # their producers' last reports first (abandoned, or committed after all)
             self.deliveries.apply_reports()
-            self.deliveries.forget(by_shard(i for i in self.deliveries.in_flight
-                                            if i[0].base() in gone))  # fmt: skip
+            self.deliveries.forget(
+                by_shard(i for i in self.deliveries.in_flight if i[0].base() in gone)
+            )
         if not shards:
             return shards
         try:

@@ -83,9 +83,16 @@ class DeadLetters:
             except UnicodeDecodeError:
                 delay_id = origin(*coords(msg))
             entry = Entry(
-                Fate.DEAD_LETTERED, record_offset, delay_id, -1, at_ms, self.rules.dead_letter,
-                partition, offset, reason=rejection.reason.value,
-            )  # fmt: skip
+                Fate.DEAD_LETTERED,
+                record_offset,
+                delay_id,
+                -1,
+                at_ms,
+                self.rules.dead_letter,
+                partition,
+                offset,
+                reason=rejection.reason.value,
+            )
             by_shard.setdefault(Shard(topic, shard_partition), []).append(entry)
         for shard, entries in by_shard.items():
             self.journal.write(shard, entries)

@@ -85,8 +85,13 @@ class JournalReader:
         ``topic_id``, entries written for another incarnation of the topic are left out."""
         _, stamped = self.delay_record(shard, start)
         from_ms = 0 if stamped is None else stamped - CLOCK_SLACK_MS
-        found = self.scan(self.partition_of(shard), from_ms, None, lambda s, e: True,
-                          Sought(shard, topic_id=topic_id))  # fmt: skip
+        found = self.scan(
+            self.partition_of(shard),
+            from_ms,
+            None,
+            lambda s, e: True,
+            Sought(shard, topic_id=topic_id),
+        )
         return [e for _, e in found]
 
     def delay_record(

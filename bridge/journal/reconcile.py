@@ -74,8 +74,9 @@ class Reconcile:
         reader = self._reader()
         try:
             sought = Sought(shard, topic_id=self._topic_ids().get(shard.topic, ""))
-            found = reader.scan(reader.partition_of(shard), since_ms - CLOCK_SLACK_MS, None,
-                                _among(offsets), sought)  # fmt: skip
+            found = reader.scan(
+                reader.partition_of(shard), since_ms - CLOCK_SLACK_MS, None, _among(offsets), sought
+            )
         finally:
             reader.close()
         return {e.offset: e for _, e in found}
@@ -101,8 +102,9 @@ class Reconcile:
                 since = min(left.values()) - self.lease_ms - CLOCK_SLACK_MS
                 sought = Sought(shard, topic_id=ids.get(shard.topic, ""))
                 try:
-                    found = reader.scan(reader.partition_of(shard), since, None, _among(left),
-                                        sought)  # fmt: skip
+                    found = reader.scan(
+                        reader.partition_of(shard), since, None, _among(left), sought
+                    )
                 except BridgeError as exc:
                     if self.strict:
                         raise BridgeError(
