@@ -2,10 +2,9 @@
 
 A drain moves records through the process by the hundred thousand: their Kafka messages, Redis
 replies and Python objects grow the C heap, and glibc keeps what they free for later instead of
-returning it. Measured on 100,000 records due at once: the bridge's anonymous memory went from
-28 MiB idle to 64-69 MiB after each drain and stayed there; ``malloc_trim`` took it back to
-37-39 MiB. So the resident size would follow the largest burst a process has met, not what it
-holds now, and it could not show a leak.
+returning it. So the resident size would follow the largest burst a process has met, not what it
+holds now, and it could not show a leak. ``malloc_trim`` gives those pages back: measured in
+docs/bench/history.md, "The soak's bridge RSS: the heap a drain leaves".
 """
 
 from __future__ import annotations
