@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from bridge.catchup import CatchUp
 from bridge.config import IngressConfig, StoreConfig
@@ -35,6 +35,7 @@ RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 HOLD_SLICE_S = 0.01  # how often a hold looks at what came in when linger is 0
 TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
 RESTART_EVERY_S = 60.0  # the consumer is started again for a stuck partition at most this often
+FATAL_RESTART_S = 10.0  # and after a fatal error at most this often
 
 
 class Ingress:
@@ -68,6 +69,7 @@ class Ingress:
         self._new_consumer = new_consumer  # to start it again (restart_soon); None: never
         self._restart_why = ""
         self._next_restart = 0.0
+        self._next_fatal_restart = 0.0
         self.catch_up = catch_up or CatchUp()
         self.store = store
         self.rules = rules
@@ -251,10 +253,29 @@ class Ingress:
         error = msg.error()
         if error is None:
             return False
-        if error.fatal():
-            raise KafkaFault(f"fatal consumer error: {error}")
-        logger.warning("consumer: %s", error)
+        if error.fatal() or error.code() == KafkaError._FATAL:
+            self._failed_fatally(error)
+        else:
+            logger.warning("consumer: %s", error)
         return True
+
+    def _failed_fatally(self, error: KafkaError) -> None:
+        """librdkafka fails a consumer for good when Kafka fences its static membership: after a
+        session lost while the broker answered, its commit of the lost assignment carries no
+        member id and the instance id's new one fences it; or another consumer runs with its
+        instance id. Started again, it takes the partitions back (a static member, at once); a
+        second replica with the same id would fence it again: at most every FATAL_RESTART_S."""
+        if self._new_consumer is None:
+            raise KafkaFault(f"fatal consumer error: {error}")
+        if self._restart_why or time.monotonic() < self._next_fatal_restart:
+            return
+        logger.error(
+            "the delay-topic consumer failed: %s; starting it again (if another replica runs "
+            "with the same kafka.group_instance_id, give each its own)",
+            error.str(),
+        )
+        self._next_fatal_restart = time.monotonic() + FATAL_RESTART_S
+        self._restart_why = "it failed fatally"
 
     def _handle(self, messages: list[Message], batch: Batch) -> None:
         # Held partitions are read again from their record once their back-off is over; what

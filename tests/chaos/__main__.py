@@ -72,6 +72,8 @@ def main() -> int:
             "lost": r.account.lost[:20], "duplicates": r.account.duplicates,
             "early": r.account.early[:20], "misrouted": r.account.misrouted[:20],
             "max_lateness_ms": r.account.max_lateness_ms,
+            "recovery_ms": r.account.recovery_ms if r.account.faults_timed else None,
+            "max_lateness_during_fault_ms": r.account.max_during_fault_ms,
             "p99_lateness_ms": r.account.quantile_ms(0.99), "checks": r.checks, "notes": r.notes,
             "seconds": round(r.seconds, 1), "ok": r.ok,
         } for r in results],

@@ -129,6 +129,7 @@ class Faulted:
 
     def finish(self, scenario: str, faults: str) -> Result:
         """Settle the run; the lateness due during the faults and after, and /readyz."""
+        self.run.fault_ends += [end for _, end in self.windows]
         result = self.run.finish(self.workload, scenario, faults)
         self.readyz.stop()
         result.account.lateness_ms = result.account.stamp_lateness_ms  # to the append

@@ -9,11 +9,12 @@ reason, or (for a record due after the run) still scheduled in Redis. Anything e
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
@@ -241,10 +242,26 @@ class Account:
     early: list[str] = field(default_factory=list)
     lateness_ms: list[int] = field(default_factory=list)  # first arrival at the checker
     stamp_lateness_ms: list[int] = field(default_factory=list)  # by the delivered timestamp
+    # Each record's lateness split at the end of the last fault before it arrived: the share
+    # the fault explains (from its due time to the fault's end) and the bridge's own after it
+    # (from the later of the two to its arrival). Without faults, all of it is "after".
+    during_fault_ms: list[int] = field(default_factory=list)
+    after_fault_ms: list[int] = field(default_factory=list)
+    faults_timed: bool = False  # the scenario said when its faults ended
 
     @property
     def max_lateness_ms(self) -> int:
         return max(self.lateness_ms, default=0)
+
+    @property
+    def recovery_ms(self) -> int:
+        """The longest a record waited after the fault that held it ended (or after its due
+        time, if that was later): how long the bridge takes to recover once a fault is over."""
+        return max(self.after_fault_ms, default=0)
+
+    @property
+    def max_during_fault_ms(self) -> int:
+        return max(self.during_fault_ms, default=0)
 
     def quantile_ms(self, q: float) -> int:
         return quantile(self.lateness_ms, q)
@@ -263,9 +280,16 @@ def settle(
     expected: dict[int, Expected],
     horizon_ms: int,
     store: Store | None = None,
+    fault_ends: Sequence[int] = (),
+    *,
+    by_append: bool = False,
 ) -> Account:
-    """Account for every record; records due after ``horizon_ms`` must be waiting in ``store``."""
-    acc = Account(records=len(expected))
+    """Account for every record; records due after ``horizon_ms`` must be waiting in ``store``.
+    ``fault_ends``: when each fault ended (ms), to split lateness into during and after them, by
+    when the checker saw a record, or by its target's append time (``by_append``: the target
+    topic stamps LogAppendTime, and the fault delays the checker's own consumer too)."""
+    acc = Account(records=len(expected), faults_timed=bool(fault_ends))
+    ends = sorted(fault_ends)
     for seq, exp in expected.items():
         got, dead = checker.delivered.get(seq, []), checker.dead.get(seq, [])
         if exp.reason is not None:
@@ -308,6 +332,10 @@ def settle(
                 acc.early.append(f"{exp.offset}: seen {g.seen_ms} < due {exp.due_ms}")
         due = max(exp.due_ms, exp.produced_ms)
         acc.lateness_ms.append(max(0, min(g.seen_ms for g in got) - due))
+        first = min(g.timestamp_ms if by_append else g.seen_ms for g in got)
+        ended = ends[bisect.bisect_right(ends, first) - 1] if ends and ends[0] <= first else None
+        acc.during_fault_ms.append(0 if ended is None else max(0, ended - due))
+        acc.after_fault_ms.append(max(0, first - max(due, ended or 0)))
         acc.stamp_lateness_ms.append(max(0, min(g.timestamp_ms for g in got) - due))
     return acc
 

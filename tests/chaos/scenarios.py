@@ -97,13 +97,16 @@ class Result:
         a = self.account
         return [
             self.scenario, f"{a.records:,}", self.faults, str(len(a.lost)), str(a.duplicates),
-            str(len(a.early)), f"{a.max_lateness_ms / 1000:.2f} s",
+            str(len(a.early)), f"{a.recovery_ms / 1000:.2f} s" if a.faults_timed else "—",
+            f"{a.max_during_fault_ms / 1000:.2f} s" if a.faults_timed else "—",
+            f"{a.max_lateness_ms / 1000:.2f} s",
             f"{a.quantile_ms(0.99) / 1000:.2f} s", "; ".join(self.notes),
         ]  # fmt: skip
 
 
 HEADER = ["scenario", "records", "faults injected", "lost", "duplicates", "early",
-          "max lateness", "p99 lateness", "notes"]  # fmt: skip
+          "recovery after the fault", "lateness during it", "max lateness", "p99 lateness",
+          "notes"]  # fmt: skip
 
 
 class Run:
@@ -164,6 +167,8 @@ class Run:
             self.checker.start()
         self.uid = uid
         self.started = time.monotonic()
+        self.fault_ends: list[int] = []  # see fault_over
+        self.append_times = (target_config or {}).get("message.timestamp.type") == "LogAppendTime"
         self.settled: dict[int, Expected] = {}  # what finish() accounted for, by seq
 
     def bridge(self, instance: str = "") -> Bridge:
@@ -206,6 +211,14 @@ class Run:
         if delay > 0:
             time.sleep(delay)
 
+    def fault_over(self) -> None:
+        """The fault injected last has just ended (the broker answers, Redis takes writes, the
+        cluster serves every slot, the bridge was started again): lateness after this moment is
+        the bridge's recovery (Account.recovery_ms)."""
+        self.fault_ends.append(now_ms())
+        print(f"   fault over at {time.strftime('%H:%M:%S')}.{self.fault_ends[-1] % 1000:03d}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
     def log_count(self, pattern: str) -> int:
         return sum(b.output().count(pattern) for b in self.bridges)
 
@@ -228,7 +241,8 @@ class Run:
         time.sleep(1.0)  # let duplicates still in flight arrive before counting them
         client = self.servers.redis()
         try:
-            account = settle(self.checker, expected, horizon, Store(client, self.prefix))
+            account = settle(self.checker, expected, horizon, Store(client, self.prefix),
+                             self.fault_ends, by_append=self.append_times)  # fmt: skip
         finally:
             client.close()
         result = Result(scenario, faults, account, time.monotonic() - self.started)
@@ -284,6 +298,7 @@ def bridge_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
         run.at(moment)
         bridge.kill()
         bridge = run.bridge("pod-0")
+        run.fault_over()
     result = run.finish(workload, "bridge SIGKILL", f"{size.faults} x SIGKILL of the bridge "
                         "and restart")  # fmt: skip
     # Far below the 30 s lease: what a restart costs, not a timeout.
@@ -367,6 +382,7 @@ def redis_restart(fsync: str) -> Scenario:
                 if fsync == "everysec":
                     cut += run.servers.drop_aof_tail(rng.randint(16_384, 131_072))
                 run.servers.up("redis")
+                run.fault_over()
             faults = f"{size.faults} x kill -9 of redis-server, restarted from its AOF"
             if cut:
                 faults += f" minus its last {cut // size.faults // 1024} KiB (un-fsynced)"
@@ -382,8 +398,8 @@ def redis_restart(fsync: str) -> Scenario:
 
 
 def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
-    """The broker SIGKILLed and restarted mid-run."""
-    bridge = run.bridge()
+    """The broker SIGKILLed and restarted mid-run (a static member, as the chart deploys it)."""
+    bridge = run.bridge("pod-0")
     wait_ready(bridge)
     workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
                             size.seconds)  # fmt: skip
@@ -391,6 +407,7 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
         run.at(moment)
         run.servers.kill("kafka")
         run.servers.up("kafka")
+        run.fault_over()
     result = run.finish(workload, "Kafka broker restart", f"{size.faults} x kill -9 of the broker")
     # What librdkafka says of a restart it rides out is not the operator's concern: no warning
     # that the restarted broker's coordinator is still loading, no connection refused by the
@@ -410,8 +427,10 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
 def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     """The broker down for ``size.outage_s``, longer than the group session, so the bridge loses
     its partitions while records fall due: the gauges keep saying what is overdue (from Redis),
-    ``status`` answers from Redis alone, /readyz names Kafka; all is delivered once it is back."""
-    bridge = run.bridge()
+    ``status`` answers from Redis alone, /readyz names Kafka; all is delivered once it is back.
+    The bridge is a static group member, as the chart deploys it: it rejoins at once, where a
+    new member waits for the coordinator to expire its lost self (docs/reliability.md)."""
+    bridge = run.bridge("pod-0")
     ready_before = wait_ready(bridge)
     workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
                             size.seconds)  # fmt: skip
@@ -434,6 +453,7 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
                                     env=bridge.env, capture_output=True, text=True, timeout=60,
                                     check=False)  # fmt: skip
     run.servers.up("kafka")
+    run.fault_over()
     recovered = wait_ready(bridge, 90)
     result = run.finish(workload, "Kafka outage",
                         f"broker down for {size.outage_s:.0f} s (partitions lost)")  # fmt: skip
@@ -473,6 +493,7 @@ def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
             time.sleep(0.5)
     finally:
         run.servers.thaw_redis()
+    run.fault_over()
     thawed = time.monotonic()
     recovered = wait_ready(bridge, 60)
     recovery = time.monotonic() - thawed
@@ -769,6 +790,7 @@ def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
     finally:
         client.replicaof("NO", "ONE")
         client.close()
+    run.fault_over()
     writable = time.monotonic()
     recovered = wait_ready(bridge, 60)
     recovery = time.monotonic() - writable
@@ -839,6 +861,7 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
         deadline = time.monotonic() + 60
         while _sentinel_master(sentinel) == before and time.monotonic() < deadline:
             time.sleep(0.2)
+        run.fault_over()
         if kinds[-1] == "kill -9":
             run.servers.up_set("sentinel")  # the old master comes back, as a replica
     result = run.finish(workload, "Sentinel failover",
@@ -867,6 +890,7 @@ def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not _slot_served(nodes, meta):
             time.sleep(0.2)
+        run.fault_over()
         run.servers.up_set("redis-cluster")  # restarted, it rejoins as a replica
     result = run.finish(workload, "Redis Cluster failover",
                         f"{size.faults} x kill -9 of a master holding shards")  # fmt: skip
@@ -963,9 +987,11 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     # What a user gets, not the harness's faster settings: the bridge's own group session and
     # heartbeat, and the default lease (recovery must not wait for it; it also sets the
     # producer's delivery.timeout.ms).
-    if name.startswith("rollout") or name in KAFKA_CLUSTER_SCENARIOS:
+    users = (name.startswith("rollout") or name in KAFKA_CLUSTER_SCENARIOS
+             or name in ("kafka-outage", "kafka-restart"))  # fmt: skip
+    if users:
         overrides["kafka__consumer"] = {}
-    if name in ("bridge-sigkill", "rebalance-storm") or name in KAFKA_CLUSTER_SCENARIOS:
+    if name in ("bridge-sigkill", "rebalance-storm") or users:
         overrides["egress__lease"] = "30s"
     if name == "priority-drain-sigkill":  # the drain takes the run's seconds
         overrides["egress__max_rate"] = max(1, int(size.records / size.seconds))
@@ -985,6 +1011,10 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         wait_for(lambda: in_sync(admin), IN_SYNC_S, "every partition of the cluster in sync")
         # The brokers' append times (see tests/chaos/brokers.py).
         delay_config = target_config = {"message.timestamp.type": "LogAppendTime"}
+    elif name in ("kafka-outage", "kafka-restart"):
+        # The recovery after the broker is back counts to the append: the checker's own
+        # consumer rejoins its group after the outage too.
+        target_config = {"message.timestamp.type": "LogAppendTime"}
     run = Run(servers, workdir, name, overrides=overrides, watch=name != "dlq-missing",
               delay_config=delay_config, target_config=target_config)  # fmt: skip
     if ha_set:

@@ -8,6 +8,7 @@ import logging
 import threading
 
 import pytest
+from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
@@ -55,6 +56,51 @@ def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partiti
         assert service.ingress.assigned == everything
         service.ingress.restart_soon("again, within a minute")  # at most one a minute
         assert not service.ingress._restart_why
+    finally:
+        service.stop_event.set()
+        runner.join(60)
+        collector.close()
+    assert not runner.is_alive()
+
+
+def test_a_static_consumer_fenced_fatally_starts_again_and_takes_its_partitions_back(
+    services: Services, topics: TopicFactory, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka fails a static member fatally when Kafka fences it (FENCED_INSTANCE_ID): after a
+    broker restart that outlasts its session, its commit of the lost assignment is fenced by its
+    own new member id. Here another consumer with its instance id fences it. The ingress starts
+    its consumer again (the instance id takes the partitions back), where it polled errors
+    forever behind a green /healthz and delivered nothing more."""
+    delay, target, dlq = topics("delay", 3), topics("out"), topics("dlq")
+    group, instance = f"g-{unique}", f"pod-{unique}"
+    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
+                     topics__dead_letter=dlq, topics__journal=topics("journal"),
+                     kafka__group_id=group, kafka__group_instance_id=instance,
+                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    everything = {Shard(delay, p) for p in range(3)}
+    runner = threading.Thread(target=service.run)
+    caplog.set_level(logging.INFO)
+    runner.start()
+    collector = Collector(services.bootstrap, [target], f"check-{unique}")
+    intruder = Consumer({"bootstrap.servers": services.bootstrap, "group.id": group,
+                         "group.instance.id": instance, "session.timeout.ms": 6000,
+                         "partition.assignment.strategy": "cooperative-sticky"})  # fmt: skip
+    try:
+        wait_for(lambda: service.ingress.assigned == everything, 60, "the partitions assigned")
+        intruder.subscribe([delay])
+        wait_for(lambda: intruder.poll(0.2) is None and bool(intruder.assignment()), 60,
+                 "the intruder assigned the partitions")  # fmt: skip
+        wait_for(lambda: "starting the delay-topic consumer again" in caplog.text, 60,
+                 "the fenced consumer started again")  # fmt: skip
+        intruder.close()
+        records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])
+                   for i in range(30)]  # fmt: skip
+        produce_all(services.bootstrap, delay, records)
+        collector.until(lambda got: {r.value for r in got} >= {b"v%d" % i for i in range(30)},
+                        60, "the records produced after the fence delivered")  # fmt: skip
+        assert service.ingress.assigned == everything
+        assert service.health() == []
     finally:
         service.stop_event.set()
         runner.join(60)
