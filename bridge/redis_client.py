@@ -10,7 +10,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from bridge.config import Config, redact_url
@@ -26,7 +28,15 @@ def redis_client(config: Config) -> redis.Redis:
     """
     r = config.redis
     timeout = r.socket_timeout / 1000
-    kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    # No call is sent again by the client on its own (redis-py retries a timed-out or broken
+    # call 3 times by default): a script call that got no answer may have run, and only the
+    # bridge knows what that means (a claim's records leased with no reply: the mover ends those
+    # leases once Redis answers, bridge.egress.takeover).
+    kwargs: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
     password = config.redis_password()
     if password:
         kwargs["password"] = password

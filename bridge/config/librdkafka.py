@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from bridge.config.schema import Config, read_secret
 from bridge.errors import ConfigError
 
+RECONNECT_BACKOFF_MAX_MS = "1000"
+
 
 def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -25,7 +27,12 @@ def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
 
 def admin_settings(config: Config) -> dict[str, str]:
     """librdkafka properties every client shares (and the admin client uses alone)."""
-    merged = {"bootstrap.servers": config.kafka.bootstrap_servers}
+    merged = {
+        "bootstrap.servers": config.kafka.bootstrap_servers,
+        # A broker that was down is tried again at least every second (librdkafka backs off up
+        # to 10 s between attempts): once it answers, the clients reconnect within a second.
+        "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+    }
     merged.update(_resolve_files(config.kafka.common, "kafka.common"))
     return merged
 

@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 
 INFLIGHT_POLL_S = 0.05
 REBUILD_SETTLE_S = 5.0  # a rebuild's journal read waits this long for the commits in flight
-# Redis failures: the mover waits this long, doubling per failure in a row up to the cap.
-ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 2.0
+# Redis failures: the mover waits this long, doubling per failure in a row up to the cap, which
+# bounds how long it takes to resume once Redis answers again.
+ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S = 0.25, 1.0
 
 
 class Egress:
@@ -121,8 +122,7 @@ class Egress:
 
     def wait_settled(self, shards: set[Shard], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no record of these revoked partitions is in flight (the
-        consumer's thread); returns how many still are: their next owner may deliver them again
-        (with exactly-once delivery, it reconciles them: TakeOver.give_up)."""
+        consumer's thread); returns how many still are (their next owner: TakeOver.give_up)."""
         left = self.deliveries.wait_settled(shards, timeout_s)
         self.taking_over.give_up(shards)
         return left
@@ -293,6 +293,7 @@ class Egress:
                 wait = backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S, failures)
                 if isinstance(exc, StoreError):
                     self.metrics.redis_errors.labels(stage="egress").inc()
+                self.taking_over.failed(exc)
                 self.readiness.fail(
                     "mover",
                     f"mover cannot claim or acknowledge records: {exc}",

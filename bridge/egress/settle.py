@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight, by_shard
 from bridge.egress.outlet import Direct, Outlet
+from bridge.errors import StoreError
 from bridge.health import Readiness
 from bridge.journal import Journal
 from bridge.message import Priority, Scheduled, wire_headers
@@ -184,13 +185,18 @@ class Deliveries:
                 self.produce(ident, inflight)
             else:
                 retry[wait_ms][ident[0]].append(ident[1])
-        for wait_ms, members in retry.items():
-            self.store.release(members, wait_ms)
-            self.forget(members)
-            self._on_retry(members, wait_ms)
-        if abandoned:
-            self.forget(by_shard(abandoned))
+        self.forget(by_shard(abandoned))
         self.failures.report_batch()
+        refused: list[StoreError] = []
+        for wait_ms, members in retry.items():
+            self.forget(members)
+            try:
+                self.store.release(members, wait_ms)
+                self._on_retry(members, wait_ms)
+            except StoreError as exc:  # leases end once Redis answers (TakeOver.failed)
+                refused.append(exc)
+        if refused:
+            raise refused[0]
 
     def _delivered(self, ident: Ident, inflight: InFlight, at_ms: int) -> None:
         """Kafka has the record: it waits to be acknowledged, with its shard's others."""

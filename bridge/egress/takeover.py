@@ -17,7 +17,7 @@ from collections.abc import Callable
 from bridge.egress.failures import Ident, by_shard
 from bridge.egress.outlet import Transactions
 from bridge.egress.settle import Deliveries
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, StoreError, WriteRefused
 from bridge.journal import Reconcile
 from bridge.store import Shard, Store
 
@@ -47,10 +47,22 @@ class TakeOver:
         self._gone: set[Shard] = set()  # given up (exactly once): what is in flight is forgotten
         # Partitions about to be rebuilt (exactly once): what is claimed ahead of them is dropped.
         self._rebuilt: list[tuple[set[Shard], threading.Event]] = []
+        # A Redis call failed without an answer: it may have run (a claim leasing records whose
+        # reply never came, a release never sent); the owned shards' leases this replica does not
+        # hold end once Redis answers again, instead of at their deadline.
+        self._unsure = False
+        self._unanswered = store.scripts.unanswered  # the store's calls sent again, as last seen
         self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
-        return bool(self._shards or self._gone or self._rebuilt)
+        unsure = self._unsure or self.store.scripts.unanswered != self._unanswered
+        return bool(self._shards or self._gone or self._rebuilt or unsure)
+
+    def failed(self, exc: Exception) -> None:
+        """A step of the mover failed: a Redis call without an answer may have run (``_unsure``);
+        one Redis refused (read-only, out of memory) did not."""
+        if isinstance(exc, StoreError) and not isinstance(exc, WriteRefused):
+            self._unsure = True
 
     def before_rebuild(self, shards: set[Shard], timeout_s: float) -> None:
         """Exactly once, before a rebuild of these partitions reads the journal (the ingress's
@@ -111,18 +123,14 @@ class TakeOver:
             self.deliveries.forget(
                 by_shard(i for i in self.deliveries.in_flight if i[0].base() in gone)
             )
+        if self.store.scripts.unanswered != self._unanswered:
+            self._unanswered, self._unsure = self.store.scripts.unanswered, True
         if not shards:
-            return shards
+            return self._own_leases(owned) if self._unsure else shards
         try:
             if self.transactions is not None:
                 self.transactions.open(shards)
-            held = self.deliveries.of_shards(shards)
-            if self._reconcile is not None:
-                looked_up = self._reconcile(held)
-                committed = self.transactions and self.transactions.settings.committed
-                if committed:  # what it looked up needs no second look when claimed
-                    committed.reconciled(looked_up)
-            ended = self.store.take_over(held)
+            ended = self._end_leases(shards)
         except BridgeError:
             self.add(shards & owned)
             raise
@@ -133,3 +141,23 @@ class TakeOver:
                 ", ".join(str(s) for s in sorted(shards)),
             )
         return shards
+
+    def _end_leases(self, shards: set[Shard]) -> int:
+        """End the leases of the records of ``shards`` not in flight here, those the journal
+        says were delivered forgotten first; returns how many ended."""
+        held = self.deliveries.of_shards(shards)
+        if self._reconcile is not None:
+            looked_up = self._reconcile(held)
+            committed = self.transactions and self.transactions.settings.committed
+            if committed:  # what it looked up needs no second look when claimed
+                committed.reconciled(looked_up)
+        return self.store.take_over(held)
+
+    def _own_leases(self, owned: frozenset[Shard]) -> set[Shard]:
+        """End the leases of the owned shards' records not in flight here: what a call whose
+        reply Redis lost leased (or failed to release). Returns the owned shards."""
+        ended = self._end_leases(set(owned))
+        self._unsure = False
+        if ended:
+            logger.info("ended %d leases left by redis calls that got no answer", ended)
+        return set(owned)

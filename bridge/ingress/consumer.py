@@ -16,12 +16,13 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from bridge.catchup import CatchUp
 from bridge.config import IngressConfig, StoreConfig
-from bridge.errors import KafkaFault, StoreError, WriteRefused, log_failed_turn
+from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership
+from bridge.ingress.restarts import Restarts
 from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
@@ -31,11 +32,11 @@ from bridge.store import Added, Shard, Store, lane_firsts
 logger = logging.getLogger(__name__)
 
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
-RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+# A batch Redis refused is read again after this long, the next value for each refusal in a row.
+# The last is short: once Redis takes writes again, ingest resumes within it.
+RETRY_BACKOFF_S = (0.1, 0.25, 0.5, 1.0)
 HOLD_SLICE_S = 0.01  # how often a hold looks at what came in when linger is 0
 TOPIC_CHECK_INTERVAL_S = 30.0  # how often the owned delay topics' ids are compared with Redis's
-RESTART_EVERY_S = 60.0  # the consumer is started again for a stuck partition at most this often
-FATAL_RESTART_S = 10.0  # and after a fatal error at most this often
 
 
 class Ingress:
@@ -67,9 +68,7 @@ class Ingress:
     ) -> None:
         self.consumer = consumer
         self._new_consumer = new_consumer  # to start it again (restart_soon); None: never
-        self._restart_why = ""
-        self._next_restart = 0.0
-        self._next_fatal_restart = 0.0
+        self.restarts = Restarts(new_consumer is not None)
         self.catch_up = catch_up or CatchUp()
         self.store = store
         self.rules = rules
@@ -130,16 +129,13 @@ class Ingress:
         self.membership.subscribe()
 
     def restart_soon(self, why: str) -> None:
-        """Close the consumer and start a new one before the next batch (at most every
-        RESTART_EVERY_S): librdkafka can leave a partition fetched from no broker for good
-        (bridge.health.FetchWatch), and a new client reads it from its leader. Called from the
-        statistics callback, inside a poll of this thread, where the consumer cannot close."""
-        if self._new_consumer is not None and time.monotonic() >= self._next_restart:
-            self._restart_why = why
+        """Close the consumer and start a new one before the next batch (see :class:`Restarts`).
+        Called from the statistics callback, inside a poll of this thread, where the consumer
+        cannot close."""
+        self.restarts.soon(why)
 
     def _restart(self) -> None:
-        why, self._restart_why = self._restart_why, ""
-        self._next_restart = time.monotonic() + RESTART_EVERY_S
+        why = self.restarts.take()
         logger.warning("starting the delay-topic consumer again: %s", why)
         self._close_consumer()
         # What the close did not revoke (its partitions are taken up again by the new one: a
@@ -152,7 +148,7 @@ class Ingress:
 
     def poll_once(self, timeout: float = 0.5) -> int:
         """Consume one batch and handle it; returns how many records it held."""
-        if self._restart_why:
+        if self.restarts.why:
             self._restart()
         self.last_loop = time.monotonic()
         if self.last_loop >= self._next_commit:
@@ -254,28 +250,10 @@ class Ingress:
         if error is None:
             return False
         if error.fatal() or error.code() == KafkaError._FATAL:
-            self._failed_fatally(error)
+            self.restarts.failed(error)
         else:
             logger.warning("consumer: %s", error)
         return True
-
-    def _failed_fatally(self, error: KafkaError) -> None:
-        """librdkafka fails a consumer for good when Kafka fences its static membership: after a
-        session lost while the broker answered, its commit of the lost assignment carries no
-        member id and the instance id's new one fences it; or another consumer runs with its
-        instance id. Started again, it takes the partitions back (a static member, at once); a
-        second replica with the same id would fence it again: at most every FATAL_RESTART_S."""
-        if self._new_consumer is None:
-            raise KafkaFault(f"fatal consumer error: {error}")
-        if self._restart_why or time.monotonic() < self._next_fatal_restart:
-            return
-        logger.error(
-            "the delay-topic consumer failed: %s; starting it again (if another replica runs "
-            "with the same kafka.group_instance_id, give each its own)",
-            error.str(),
-        )
-        self._next_fatal_restart = time.monotonic() + FATAL_RESTART_S
-        self._restart_why = "it failed fatally"
 
     def _handle(self, messages: list[Message], batch: Batch) -> None:
         # Held partitions are read again from their record once their back-off is over; what

@@ -41,7 +41,7 @@ from bridge.store import Chunk, Shard, Store, lane_firsts, lane_of, member, scor
 
 logger = logging.getLogger(__name__)
 
-RETRY_S = (0.5, 1.0, 2.0, 5.0)  # back-off after a failed pass
+RETRY_S = (0.5, 1.0)  # back-off after a failed pass (short: resumes soon after a fault ends)
 
 
 class ReadBack:

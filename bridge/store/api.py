@@ -133,9 +133,9 @@ class Store:
         self.client = client
         self.prefix = prefix
         self._keys = Keys(prefix)
-        self._scripts = Scripts(client)
-        self.layout = Layout(client, self._keys, self._scripts)
-        self.references = References(client, self._keys, self._scripts)
+        self.scripts = Scripts(client)
+        self.layout = Layout(client, self._keys, self.scripts)
+        self.references = References(client, self._keys, self.scripts)
         self.inventory = Inventory(client, self._keys)
         self._one_clock = not isinstance(client, RedisCluster)
 
@@ -195,7 +195,7 @@ class Store:
         counts, lost = [0, 0, 0, 0], {}
         unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
         withdrawn: list[Withdrawn] = []
-        for shard, reply in zip(shards, self._scripts.run(calls), strict=True):
+        for shard, reply in zip(shards, self.scripts.run(calls), strict=True):
             r = AddReply.read(reply)
             if r.loss is not None:
                 lost[shard] = r.loss
@@ -208,7 +208,7 @@ class Store:
                     _withdrawn((shard, offset, due), shard, by_offset[by])
                     for offset, due, by in r.withdrawn
                 ]
-        found = withdraw_elsewhere(self._scripts, self._keys, unmatched, partitions or {})
+        found = withdraw_elsewhere(self.scripts, self._keys, unmatched, partitions or {})
         return _added(counts, lost, unmatched, withdrawn, found)
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
@@ -225,7 +225,7 @@ class Store:
             calls.append(("low", [k.meta, k.low, k.pending], args))
         offsets, lost = {}, {}
         for shard, (status, mark, low) in zip(
-            shards, self._scripts.run(calls) if calls else [], strict=True
+            shards, self.scripts.run(calls) if calls else [], strict=True
         ):
             loss = lost_from(int(status), int(mark))
             if loss is None:
@@ -280,7 +280,7 @@ class Store:
             )
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args.argv()))
-        return _claims(shards, self._scripts.run(calls), one_clock=self._one_clock)
+        return _claims(shards, self.scripts.run(calls), one_clock=self._one_clock)
 
     def claim_waiting(
         self,
@@ -325,7 +325,7 @@ class Store:
             calls.append(("claim", keys, args.argv()))
         grouped: dict[str, tuple[list[Shard], list[Any]]] = {}
         for (shard, target), reply in zip(
-            pairs, self._scripts.run(calls) if calls else [], strict=True
+            pairs, self.scripts.run(calls) if calls else [], strict=True
         ):
             shards, replies = grouped.setdefault(target, ([], []))
             shards.append(shard)
@@ -343,7 +343,7 @@ class Store:
                 k = self.keys(shard)
                 keys = [k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
                 calls.append(("ack", keys, batch.argv()))
-        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
 
     def settle(self, shard: Shard, settled: Iterable[tuple[int, int, str]]) -> int:
         """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
@@ -354,7 +354,7 @@ class Store:
             return 0
         k = self.keys(shard)
         keys = [k.claimed, k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits]
-        return int(self._scripts.run([("settle", keys, args)])[0])
+        return int(self.scripts.run([("settle", keys, args)])[0])
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
         """End the leases of unacknowledged records so they are claimable at once, or after
@@ -362,7 +362,7 @@ class Store:
         calls: list[Call] = [
             ("release", [self.keys(s).inflight], [retry_in_ms, *m]) for s, m in members.items() if m
         ]
-        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
 
     def unclaim(self, claimed: Iterable[Claimed], wait: bool = False) -> int:
         """Put claimed records back among the waiting ones, as if never claimed: a cancel or a
@@ -378,7 +378,7 @@ class Store:
             k = self.keys(shard)
             into = self._keys.wait(shard, target) if target else k.due
             calls.append(("unclaim", [into, k.inflight, k.claimed, k.waits], pairs))
-        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
 
     def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
         """End the leases in each shard except the ``held`` offsets (the caller's own in-flight
@@ -387,7 +387,7 @@ class Store:
         calls: list[Call] = [
             ("take_over", [self.keys(s).inflight], list(offsets)) for s, offsets in held.items()
         ]
-        return sum(int(n) for n in self._scripts.run(calls)) if calls else 0
+        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
 
     def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
@@ -415,7 +415,7 @@ class Store:
         for shard in shards:
             k = self.keys(shard)
             calls.append(("stats", [k.due, k.inflight, k.refs, k.waits], args))
-        replies = [StatsReply.read(reply) for reply in self._scripts.run(calls)]
+        replies = [StatsReply.read(reply) for reply in self.scripts.run(calls)]
         oldest = [r.oldest_due_ms for r in replies if r.oldest_due_ms is not None]
         return Backlog(
             now_ms=replies[0].now_ms,

@@ -73,13 +73,18 @@ class Scripts:
         # The wait indexes each call declared last, by script and first key (its shard): the
         # SET lists the same targets call after call, so a call is run again only when it grew.
         self._declared: dict[tuple[str, str], list[str]] = {}
+        # Calls sent again, after their connection broke (Redis Cluster, a master failing over)
+        # or a NOSCRIPT reply to another: they may have run first, a claim leasing records whose
+        # reply never came. The mover watches the count and ends such leases (bridge.egress).
+        self.unanswered = 0
 
     def run(self, calls: Iterable[Call]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
         registered scripts would first ask SCRIPT EXISTS, a second round trip every call.) A
-        Redis that does not know a script (restarted, flushed) gets them all loaded, then the
-        calls again: a repeated add, ack or release changes nothing, and records a repeated
-        claim leased first are handed out again when the lease ends, as after a lost reply."""
+        Redis that does not know a script (restarted, flushed, a replica just promoted: the
+        script cache is a node's own) gets them all loaded, then the calls again: a repeated
+        add, ack or release changes nothing, and records a repeated claim leased first are
+        counted as :attr:`unanswered` (the mover ends their leases)."""
         calls = [self._declare(call) for call in calls]
         with as_store_error():
             try:
@@ -87,6 +92,7 @@ class Scripts:
             except redis.exceptions.NoScriptError:
                 for script in self._scripts.values():  # on Redis Cluster: on every master
                     self.client.script_load(script.script)
+                self.unanswered += len(calls)
                 replies = self._evalsha(calls)
             for _ in range(3):  # a SET that grows between two calls: a target at a time
                 again = [i for i, r in enumerate(replies) if _undeclared(r)]
@@ -141,6 +147,7 @@ class Scripts:
                     results = pipe.execute(raise_on_error=False)
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     moved += indexes  # the master is gone: its replica takes over its slots
+                    self.unanswered += len(indexes)
                     continue
                 for i, result in zip(indexes, results, strict=True):
                     if isinstance(

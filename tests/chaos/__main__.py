@@ -74,6 +74,7 @@ def main() -> int:
             "max_lateness_ms": r.account.max_lateness_ms,
             "recovery_ms": r.account.recovery_ms if r.account.faults_timed else None,
             "max_lateness_during_fault_ms": r.account.max_during_fault_ms,
+            "slowest_after_fault": r.account.slowest,
             "p99_lateness_ms": r.account.quantile_ms(0.99), "checks": r.checks, "notes": r.notes,
             "seconds": round(r.seconds, 1), "ok": r.ok,
         } for r in results],

@@ -248,6 +248,8 @@ class Account:
     during_fault_ms: list[int] = field(default_factory=list)
     after_fault_ms: list[int] = field(default_factory=list)
     faults_timed: bool = False  # the scenario said when its faults ended
+    # The records latest after the fault: (ms after it, offset, due ms, arrival ms), worst first.
+    slowest: list[tuple[int, str, int, int]] = field(default_factory=list)
 
     @property
     def max_lateness_ms(self) -> int:
@@ -336,7 +338,9 @@ def settle(
         ended = ends[bisect.bisect_right(ends, first) - 1] if ends and ends[0] <= first else None
         acc.during_fault_ms.append(0 if ended is None else max(0, ended - due))
         acc.after_fault_ms.append(max(0, first - max(due, ended or 0)))
+        acc.slowest.append((acc.after_fault_ms[-1], exp.offset, due, first))
         acc.stamp_lateness_ms.append(max(0, min(g.timestamp_ms for g in got) - due))
+    acc.slowest = sorted(acc.slowest, reverse=True)[:10]
     return acc
 
 

@@ -55,7 +55,7 @@ def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partiti
                         90, "all 600 records delivered")  # fmt: skip
         assert service.ingress.assigned == everything
         service.ingress.restart_soon("again, within a minute")  # at most one a minute
-        assert not service.ingress._restart_why
+        assert not service.ingress.restarts.why
     finally:
         service.stop_event.set()
         runner.join(60)

@@ -116,7 +116,8 @@ def test_a_read_only_redis_turns_readyz_red_and_names_it(
         wait_for(lambda: bridge.get("/readyz")[0] == 503, 30, "/readyz 503")
         body = bridge.get("/readyz")[1]
         assert "READONLY" in body and "replica, not the master" in body, body
-        assert "READONLY" in bridge.output()
+        # The probe may say it first; the stages' log lines follow at their next write.
+        wait_for(lambda: "READONLY" in bridge.output(), 10, "the log to name READONLY")
         wait_for(lambda: "delay_bridge_redis_writable 0.0" in bridge.get("/metrics")[1], 10,
                  "the writable gauge at 0")  # fmt: skip
     finally:

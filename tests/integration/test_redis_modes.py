@@ -122,10 +122,9 @@ def redis_cluster() -> Iterator[dict[str, str]]:
 def test_on_a_redis_cluster_with_a_master_failing_over(
     setup: Setup, redis_cluster: dict[str, str], bridges: list[Bridge]
 ) -> None:
-    # A record whose release Redis refused while the cluster was down waits for its lease: a short
-    # one, so the test waits for the records, not for the 30 s default.
-    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true",
-                          egress__lease="10s")  # fmt: skip
+    # The default 30 s lease: a record whose claim or release got no answer while the cluster
+    # was down is claimed again once it answers, not when its lease runs out.
+    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true")
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the cluster")
     client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
@@ -149,7 +148,8 @@ def test_on_a_redis_cluster_with_a_master_failing_over(
         second = records(setup, 200, "after")
         produce_all(setup.services.bootstrap, setup.delay, second)
         expected = {value for _, value, _ in first + second}
-        collector.until(lambda rs: expected <= {r.value for r in rs}, 90, "every record")
+        collector.until(lambda rs: expected <= {r.value for r in rs}, 20,
+                        "every record, well within the lease")  # fmt: skip
     finally:
         collector.close()
         delete_keys_cluster(client, setup.unique)
@@ -164,10 +164,9 @@ def test_on_a_redis_cluster_with_a_slot_nobody_serves(
     command (cluster-require-full-coverage) and redis-py's cluster client raises exceptions of
     its own, outside RedisError. Here the slot of a shard is taken from every node. The bridge
     stays up, /readyz names the fault, and once the slot is served again every record arrives."""
-    # A record whose release Redis refused while the cluster was down waits for its lease: a short
-    # one, so the test waits for the records, not for the 30 s default.
-    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true",
-                          egress__lease="10s")  # fmt: skip
+    # The default 30 s lease: a record whose claim or release got no answer while the cluster
+    # was down is claimed again once it answers, not when its lease runs out.
+    bridge = setup.bridge(redis__url=redis_cluster["url"], redis__cluster="true")
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the cluster")
     client = RedisCluster.from_url(redis_cluster["url"])  # type: ignore[no-untyped-call]
@@ -197,7 +196,8 @@ def test_on_a_redis_cluster_with_a_slot_nobody_serves(
         second = records(setup, 200, "after")
         produce_all(setup.services.bootstrap, setup.delay, second)
         expected = {value for _, value, _ in first + second}
-        collector.until(lambda rs: expected <= {r.value for r in rs}, 90, "every record")
+        collector.until(lambda rs: expected <= {r.value for r in rs}, 20,
+                        "every record, well within the lease")  # fmt: skip
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready again")
     finally:
         if slot >= 0:

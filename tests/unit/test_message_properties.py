@@ -4,10 +4,12 @@ the range the store's arithmetic is proven for)."""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridge.message import (
@@ -64,15 +66,18 @@ def rfc3339(moment: datetime, fraction: str) -> bytes:
 @settings(max_examples=400)
 @given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59)),
        st.sampled_from(["", ".0", ".5", ".000001", ".999999999"]))  # fmt: skip
+@example(datetime(1999, 12, 31, 23, 59, 59), ".999999999")  # rounds up to 2000: accepted
 def test_a_due_time_from_year_1_to_9999_is_accepted_only_from_2000(
     moment: datetime, fraction: str
 ) -> None:
     moment = moment.replace(microsecond=0)
     got = outcome([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, rfc3339(moment, fraction))])
     ms = int(moment.replace(tzinfo=UTC).timestamp() * 1000)
-    if ms < MIN_EPOCH_MS:
+    # A part below a millisecond rounds up: 1999-12-31T23:59:59.999999999Z is due at 2000.
+    due = ms + math.ceil(Decimal(f"0{fraction}") * 1000)
+    if due < MIN_EPOCH_MS:
         assert got is Reason.BAD_DUE_TIME
-    elif ms - NOW > RULES.max_delay_ms:
+    elif due - NOW > RULES.max_delay_ms:
         assert got is Reason.DELAY_TOO_LONG
     else:
         assert isinstance(got, Scheduled) and ms <= got.due_ms <= ms + 1000
