@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -27,7 +28,7 @@ from bridge.config import (
     read_back_settings,
 )
 from bridge.egress import Egress, shard_transactions
-from bridge.errors import KafkaFault
+from bridge.errors import ConfigError, KafkaFault
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
 from bridge.ingress import Ingress, Settled
@@ -37,7 +38,7 @@ from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
 from bridge.readback import ReadBack, Reader
 from bridge.redis_client import redis_client
-from bridge.startup import check_rebuildable, check_references_retention
+from bridge.startup import check_rebuildable, start_up
 from bridge.store import Shard, Store
 from bridge.topics import Topics
 
@@ -86,6 +87,11 @@ def _summary(registry: CollectorRegistry, seconds: float) -> None:
         total("delay_bridge_dead_lettered_total"),
         total("delay_bridge_redelivered_total"),
     )
+
+
+def _count_fetched(metrics: Metrics, records: int, size: int) -> None:
+    metrics.read_back_fetched.inc(records)
+    metrics.read_back_fetched_bytes.inc(size)
 
 
 def _journal(
@@ -192,7 +198,7 @@ class Service:
         # are still read back.
         reader = Reader(
             Consumer({**read_back_settings(config), "logger": _kafka_logger("read-back")}),
-            on_fetched=self._on_fetched,
+            on_fetched=functools.partial(_count_fetched, self.metrics),
         )
         self.read_back = ReadBack(
             self.store,
@@ -242,10 +248,6 @@ class Service:
             logger.critical("the producer failed fatally, stopping: %s", error)
             self._errors.append(KafkaFault(f"fatal producer error: {error}"))
             self.stop_event.set()
-
-    def _on_fetched(self, records: int, size: int) -> None:
-        self.metrics.read_back_fetched.inc(records)
-        self.metrics.read_back_fetched_bytes.inc(size)
 
     def _on_revoke(self, shards: set[Shard]) -> None:
         self.egress.remove_shards(shards)
@@ -319,17 +321,20 @@ class Service:
             self.config.kafka.group_id,
             f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
         )
-        check_references_retention(self.config, self._admin)
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         self.http.start()
-        if not self._wait_for_redis():
+        try:
+            redis_ok = start_up(self._wait_for_redis, self.config, self._admin, self.probes)
+        except ConfigError:
+            self._stop(started)
+            raise
+        if not redis_ok:
             return self._stop(started)
         self.sampler.sample_once()
         check_rebuildable(self.store, self.config, self._admin)  # on a thread of its own
-        self.probes.topics_once()
         probes_thread = self._thread("probes", self.probes.run)
         self.ingress.subscribe()
         egress_thread = self._thread("egress", self.egress.run)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -16,6 +17,7 @@ from confluent_kafka import KafkaException
 from bridge.config import Config
 from bridge.dialects import ETF1
 from bridge.errors import ConfigError, StoreError
+from bridge.health import Probes
 from bridge.store import Store
 from bridge.topics import check_retention, read_retention
 
@@ -79,3 +81,20 @@ def _rebuildable(store: Store, config: Config, admin: Mapping[str, Any]) -> None
         )
     if not config.store.references:  # else checked before joining (check_references_retention)
         check_retention(*_retention_args(config, admin), key_is_id=_key_is_id(config))
+
+
+def start_up(
+    wait_for_redis: Callable[[], bool], config: Config, admin: Mapping[str, Any], probes: Probes
+) -> bool:
+    """What start-up asks Kafka before the consumer joins — the delay topics' retention and the
+    first description of the topics (each up to 10 s when Kafka does not answer) — beside the
+    wait for Redis; returns what that wait returned (False: stopped while waiting). Raises
+    ConfigError for a retention that can delete waiting records."""
+    with ThreadPoolExecutor(2, thread_name_prefix="start-up") as pool:
+        retention = pool.submit(check_references_retention, config, admin)
+        described = pool.submit(probes.topics_once)
+        if not wait_for_redis():
+            return False
+        retention.result()
+        described.result()
+    return True

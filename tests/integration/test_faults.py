@@ -3,6 +3,7 @@ counts them — and nothing spins or floods while they last."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,9 +12,12 @@ from typing import Any, cast
 import pytest
 import redis
 from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
 
 from bridge.client import cancel_headers, delay_headers
+from bridge.config import from_mapping
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.service import Service
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.conftest import free_port
 from tests.integration.harness import Bridge, Setup, bridge_env, metric, produce_all
@@ -219,7 +223,30 @@ def test_an_unreachable_kafka_does_not_flood_the_log(
         noisy = [line for line in bridge.output().splitlines()
                  if " ERROR " in line or " WARNING " in line]  # fmt: skip
         # One line per distinct fault (consumer, producers, admin), not one per reconnect (each
-        # client reconnects six times in 8 s: librdkafka's backoff doubles from 0.1 s to 10 s).
+        # client reconnects about ten times in 8 s: its backoff doubles from 0.1 s to 1 s).
         assert len(noisy) <= 12, "\n".join(noisy)
     finally:
         bridge.kill()
+
+
+def test_start_up_asks_kafka_beside_the_wait_for_redis_not_one_question_after_another(
+    services: Services, unique: str
+) -> None:
+    """With Kafka unreachable, what start-up asks it before the consumer joins — the delay
+    topics' retention, the first description of the topics — each waits out its 10 s timeout.
+    They run side by side (and beside the wait for Redis): the consumer subscribes after one
+    timeout, where it took two one after the other."""
+    env = bridge_env(f"127.0.0.1:{free_port()}", services.redis_url, kafka__group_id=f"g-{unique}",
+                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    started = time.monotonic()
+    runner = threading.Thread(target=service.run)
+    runner.start()
+    try:
+        wait_for(lambda: any(t.name == "ingress" for t in threading.enumerate()), 30,
+                 "the ingress started")  # fmt: skip
+        assert time.monotonic() - started < 15
+    finally:
+        service.stop_event.set()
+        runner.join(60)
+    assert not runner.is_alive()
