@@ -121,7 +121,7 @@ class Faulted:
 
     @classmethod
     def start(cls, run: Run, size: Size, rng: random.Random) -> Faulted:
-        bridge = run.bridge()
+        bridge = run.bridge("pod-0")  # a static member, as the chart deploys it
         ready_before = wait_ready(bridge)
         readyz = Readyz(bridge).start()
         records = steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30))
