@@ -21,18 +21,26 @@ from tests.integration.harness import Collector, bridge_env, produce_all
 pytestmark = pytest.mark.integration
 
 
+def _service(
+    services: Services, topics: TopicFactory, unique: str, **overrides: str
+) -> tuple[Service, str, str]:
+    """A bridge run in this process (group g-<unique>) on a delay topic of three partitions:
+    (service, delay topic, target topic)."""
+    delay, target = topics("delay", 3), topics("out")
+    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
+                     topics__dead_letter=topics("dlq"), topics__journal=topics("journal"),
+                     kafka__group_id=f"g-{unique}", redis__key_prefix=f"test-{unique}",
+                     **overrides)  # fmt: skip
+    return Service(from_mapping({}, env=env), CollectorRegistry()), delay, target
+
+
 @pytest.mark.parametrize("member", ["static", "dynamic"])
 def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partitions_back(
     member: str, services: Services, topics: TopicFactory, unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    delay, target, dlq = topics("delay", 3), topics("out"), topics("dlq")
     overrides = {"kafka__group_instance_id": f"pod-{unique}"} if member == "static" else {}
-    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, topics__journal=topics("journal"),
-                     kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}", **overrides)  # fmt: skip
-    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    service, delay, target = _service(services, topics, unique, **overrides)
     everything = {Shard(delay, p) for p in range(3)}
     runner = threading.Thread(target=service.run)
     caplog.set_level(logging.INFO)
@@ -71,13 +79,8 @@ def test_a_static_consumer_fenced_fatally_starts_again_and_takes_its_partitions_
     own new member id. Here another consumer with its instance id fences it. The ingress starts
     its consumer again (the instance id takes the partitions back), where it polled errors
     forever behind a green /healthz and delivered nothing more."""
-    delay, target, dlq = topics("delay", 3), topics("out"), topics("dlq")
     group, instance = f"g-{unique}", f"pod-{unique}"
-    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, topics__journal=topics("journal"),
-                     kafka__group_id=group, kafka__group_instance_id=instance,
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
-    service = Service(from_mapping({}, env=env), CollectorRegistry())
+    service, delay, target = _service(services, topics, unique, kafka__group_instance_id=instance)
     everything = {Shard(delay, p) for p in range(3)}
     runner = threading.Thread(target=service.run)
     caplog.set_level(logging.INFO)
