@@ -67,8 +67,7 @@ class Ingress:
         settled: Settled | None = None,
     ) -> None:
         self.consumer = consumer
-        self._new_consumer = new_consumer  # to start it again (restart_soon); None: never
-        self.restarts = Restarts(new_consumer is not None)
+        self.restarts = Restarts(new_consumer)  # to start it again (restart_soon); None: never
         self.catch_up = catch_up or CatchUp()
         self.store = store
         self.rules = rules
@@ -141,8 +140,8 @@ class Ingress:
         # What the close did not revoke (its partitions are taken up again by the new one: a
         # static member at once, as a restarted replica is).
         self.membership.release(set(self.assigned))
-        assert self._new_consumer is not None
-        consumer = self._new_consumer()
+        assert self.restarts.new_consumer is not None
+        consumer = self.restarts.new_consumer()
         self.consumer = self.membership.consumer = self.positions.consumer = consumer
         self.membership.subscribe()
 

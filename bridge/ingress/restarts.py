@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
-from confluent_kafka import KafkaError
+from confluent_kafka import Consumer, KafkaError
 
 from bridge.errors import KafkaFault
 
@@ -25,21 +26,23 @@ FATAL_RESTART_S = 10.0  # and after a fatal error at most this often
 class Restarts:
     """The reason the consumer is to be started again before the next batch ("": none)."""
 
-    def __init__(self, possible: bool) -> None:
-        self.possible = possible  # else never started again: a fatal error stops the ingress
+    def __init__(self, new_consumer: Callable[[], Consumer] | None) -> None:
+        # How a consumer is made again (None: never started again; a fatal error stops the
+        # ingress).
+        self.new_consumer = new_consumer
         self.why = ""
         self._next = 0.0
         self._next_fatal = 0.0
 
     def soon(self, why: str) -> None:
         """Start it again for ``why``, unless it was for a stuck partition within a minute."""
-        if self.possible and time.monotonic() >= self._next:
+        if self.new_consumer is not None and time.monotonic() >= self._next:
             self.why = why
 
     def failed(self, error: KafkaError) -> None:
         """librdkafka failed the consumer for good (see the module's text); a second replica
         with the same instance id would fence it again: at most every FATAL_RESTART_S."""
-        if not self.possible:
+        if self.new_consumer is None:
             raise KafkaFault(f"fatal consumer error: {error}")
         if self.why or time.monotonic() < self._next_fatal:
             return

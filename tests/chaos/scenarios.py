@@ -69,6 +69,7 @@ RECOVERY_BOUND_MS = 10_000
 RECOVERY = frozenset({"kafka-outage", "kafka-restart", "redis-readonly", "redis-unreachable",
                       "cluster-failover"})  # fmt: skip
 RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
+RECOVERY_CHECK = f"recovery within {RECOVERY_BOUND_AFTER_FAULT_MS // 1000} s of the fault's end"
 # A rolling update of the chart's StatefulSet stalls a partition no longer than this.
 ROLLOUT_BOUND_MS = 2_000
 
@@ -256,9 +257,8 @@ class Run:
         crashed = self.log_count("loop crashed") + self.log_count("Traceback")
         result.checks["no crash"] = crashed == 0
         if self.name in RECOVERY:
-            bound = RECOVERY_BOUND_AFTER_FAULT_MS
-            result.checks[f"recovery within {bound / 1000:.0f} s of the fault's end"] = (
-                bool(self.fault_ends) and account.recovery_ms <= bound
+            result.checks[RECOVERY_CHECK] = (
+                bool(self.fault_ends) and account.recovery_ms <= RECOVERY_BOUND_AFTER_FAULT_MS
             )
         if EXACTLY_ONCE:
             result.checks["no duplicate (exactly once)"] = account.duplicates == 0
@@ -489,7 +489,7 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     result.notes.append(f"group formed {rejoined_ms / 1000:.2f} s after the broker answered; "
                         f"the bridge's own share {own_ms / 1000:.2f} s")  # fmt: skip
     bound = RECOVERY_BOUND_AFTER_FAULT_MS
-    result.checks.pop(f"recovery within {bound / 1000:.0f} s of the fault's end")
+    result.checks.pop(RECOVERY_CHECK)
     result.checks[f"the bridge's share of the recovery within {bound / 1000:.0f} s"] = (
         assigned is not None and own_ms <= bound
     )
