@@ -103,6 +103,25 @@ def lateness(
     return during, after
 
 
+def recovery_split(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The recovery (ms after a fault's end, to the append to the target) of the records due
+    within the ``windows``: of those in the delay topic before the fault began, and of those the
+    workload's producers held through it and appended once Kafka took writes again (the
+    bridge reads those as a burst at the fault's end)."""
+    stored: list[int] = []
+    held: list[int] = []
+    for seq, exp in run.settled.items():
+        got = run.checker.delivered.get(seq)
+        if not got or exp.due_ms is None:
+            continue
+        for start, end in windows:
+            if start <= exp.due_ms < end:
+                first = min(g.timestamp_ms for g in got)
+                after = max(0, first - max(exp.due_ms, exp.produced_ms, end))
+                (held if exp.produced_ms >= start else stored).append(after)
+    return stored, held
+
+
 def _seconds(values: list[int]) -> str:
     return f"p99 {quantile(values, 0.99) / 1000:.2f} s, max {max(values, default=0) / 1000:.2f} s"
 
@@ -129,7 +148,7 @@ class Faulted:
 
     def finish(self, scenario: str, faults: str) -> Result:
         """Settle the run; the lateness due during the faults and after, and /readyz."""
-        self.run.fault_ends += [end for _, end in self.windows]
+        self.run.faults += self.windows
         result = self.run.finish(self.workload, scenario, faults)
         self.readyz.stop()
         result.account.lateness_ms = result.account.stamp_lateness_ms  # to the append
@@ -211,6 +230,10 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
                       f"three brokers ({size.outage_s:.0f} s)")  # fmt: skip
     result.notes.append("delay_bridge_oldest_inflight_seconds peaked at "
                         + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
+    stored, held = recovery_split(run, f.windows)
+    result.notes.append(f"recovery of the records due during it: {_seconds(stored)} for those "
+                        f"in Kafka before it, {_seconds(held)} for the {len(held):,} the "
+                        "producers held")  # fmt: skip
     result.checks["/readyz named the deliveries"] = f.readyz.named("deliveries", f.windows)
     result.checks["the metric showed them waiting"] = all(s > STALL_S for s in stalled_s)
     return result

@@ -282,16 +282,17 @@ def settle(
     expected: dict[int, Expected],
     horizon_ms: int,
     store: Store | None = None,
-    fault_ends: Sequence[int] = (),
+    faults: Sequence[tuple[int, int]] = (),
     *,
     by_append: bool = False,
 ) -> Account:
     """Account for every record; records due after ``horizon_ms`` must be waiting in ``store``.
-    ``fault_ends``: when each fault ended (ms), to split lateness into during and after them, by
-    when the checker saw a record, or by its target's append time (``by_append``: the target
-    topic stamps LogAppendTime, and the fault delays the checker's own consumer too)."""
-    acc = Account(records=len(expected), faults_timed=bool(fault_ends))
-    ends = sorted(fault_ends)
+    ``faults``: when each fault began and ended (ms), to split lateness into during and after
+    them, by when the checker saw a record, or by its target's append time (``by_append``: the
+    target topic stamps LogAppendTime, and the fault delays the checker's own consumer too). A
+    record that arrived while a fault lasted was late for the fault alone."""
+    acc = Account(records=len(expected), faults_timed=bool(faults))
+    ends = sorted(end for _, end in faults)
     for seq, exp in expected.items():
         got, dead = checker.delivered.get(seq, []), checker.dead.get(seq, [])
         if exp.reason is not None:
@@ -335,9 +336,15 @@ def settle(
         due = max(exp.due_ms, exp.produced_ms)
         acc.lateness_ms.append(max(0, min(g.seen_ms for g in got) - due))
         first = min(g.timestamp_ms if by_append else g.seen_ms for g in got)
-        ended = ends[bisect.bisect_right(ends, first) - 1] if ends and ends[0] <= first else None
-        acc.during_fault_ms.append(0 if ended is None else max(0, ended - due))
-        acc.after_fault_ms.append(max(0, first - max(due, ended or 0)))
+        if any(began <= first < end for began, end in faults):
+            acc.during_fault_ms.append(max(0, first - due))
+            acc.after_fault_ms.append(0)
+        else:
+            ended = (
+                ends[bisect.bisect_right(ends, first) - 1] if ends and ends[0] <= first else None
+            )
+            acc.during_fault_ms.append(0 if ended is None else max(0, ended - due))
+            acc.after_fault_ms.append(max(0, first - max(due, ended or 0)))
         acc.slowest.append((acc.after_fault_ms[-1], exp.offset, due, first))
         acc.stamp_lateness_ms.append(max(0, min(g.timestamp_ms for g in got) - due))
     acc.slowest = sorted(acc.slowest, reverse=True)[:10]

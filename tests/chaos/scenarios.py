@@ -175,7 +175,8 @@ class Run:
             self.checker.start()
         self.uid = uid
         self.started = time.monotonic()
-        self.fault_ends: list[int] = []  # see fault_over
+        self.faults: list[tuple[int, int]] = []  # (began, ended) epoch ms: see fault_over
+        self._began: int | None = None
         self.append_times = (target_config or {}).get("message.timestamp.type") == "LogAppendTime"
         self.settled: dict[int, Expected] = {}  # what finish() accounted for, by seq
 
@@ -219,12 +220,19 @@ class Run:
         if delay > 0:
             time.sleep(delay)
 
+    def fault_began(self) -> None:
+        """A fault that lasts (a broker down, Redis frozen) begins now: what arrives before it
+        is over was late for the fault alone."""
+        self._began = now_ms()
+
     def fault_over(self) -> None:
         """The fault injected last has just ended (the broker answers, Redis takes writes, the
         cluster serves every slot, the bridge was started again): lateness after this moment is
         the bridge's recovery (Account.recovery_ms)."""
-        self.fault_ends.append(now_ms())
-        print(f"   fault over at {time.strftime('%H:%M:%S')}.{self.fault_ends[-1] % 1000:03d}",
+        ended = now_ms()
+        self.faults.append((self._began or ended, ended))
+        self._began = None
+        print(f"   fault over at {time.strftime('%H:%M:%S')}.{ended % 1000:03d}",
               file=sys.stderr, flush=True)  # fmt: skip
 
     def log_count(self, pattern: str) -> int:
@@ -250,7 +258,7 @@ class Run:
         client = self.servers.redis()
         try:
             account = settle(self.checker, expected, horizon, Store(client, self.prefix),
-                             self.fault_ends, by_append=self.append_times)  # fmt: skip
+                             self.faults, by_append=self.append_times)  # fmt: skip
         finally:
             client.close()
         result = Result(scenario, faults, account, time.monotonic() - self.started)
@@ -258,7 +266,7 @@ class Run:
         result.checks["no crash"] = crashed == 0
         if self.name in RECOVERY:
             result.checks[RECOVERY_CHECK] = (
-                bool(self.fault_ends) and account.recovery_ms <= RECOVERY_BOUND_AFTER_FAULT_MS
+                bool(self.faults) and account.recovery_ms <= RECOVERY_BOUND_AFTER_FAULT_MS
             )
         if EXACTLY_ONCE:
             result.checks["no duplicate (exactly once)"] = account.duplicates == 0
@@ -337,6 +345,7 @@ def read_back_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
         waiting = max(waiting, _references(run))
         bridge.kill()
         bridge = run.bridge("pod-0")
+        run.fault_over()
     result = run.finish(workload, "read-back SIGKILL", f"{size.faults} x SIGKILL of the bridge "
                         "while it reads references back, and restart")  # fmt: skip
     result.checks["records kept as references"] = waiting > 0
@@ -358,6 +367,7 @@ def priority_drain_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
         run.at(moment)
         bridge.kill()
         bridge = run.bridge("pod-0")
+        run.fault_over()
     result = run.finish(workload, "priority drain SIGKILL", f"{size.faults} x SIGKILL of the "
                         "bridge during a rate-limited drain of mixed priorities, and restart")  # fmt: skip
     rate = run.overrides["egress__max_rate"]
@@ -390,6 +400,7 @@ def redis_restart(fsync: str) -> Scenario:
             cut = 0
             for moment in moments(rng, size.faults, 2.0, size.seconds):
                 run.at(moment)
+                run.fault_began()
                 run.servers.kill("redis")
                 if fsync == "everysec":
                     cut += run.servers.drop_aof_tail(rng.randint(16_384, 131_072))
@@ -417,6 +428,7 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
                             size.seconds)  # fmt: skip
     for moment in moments(rng, size.faults, 2.0, size.seconds):
         run.at(moment)
+        run.fault_began()
         run.servers.kill("kafka")
         run.servers.up("kafka")
         run.fault_over()
@@ -447,6 +459,7 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
                             size.seconds)  # fmt: skip
     run.at(size.seconds / 3)
+    run.fault_began()
     run.servers.kill("kafka")
     down = time.monotonic()
     overdue = oldest = 0.0
@@ -483,8 +496,9 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     # The group forms again once librdkafka finds the coordinator, which it asks at most once a
     # second (the broker's log: the static member rejoins 1-2 s after the broker is unfenced):
     # the bridge's own share of the recovery counts from its assignment.
-    assigned = _assigned_after(bridge, run.fault_ends[-1])
-    rejoined_ms = (assigned or now_ms()) - run.fault_ends[-1]
+    back = run.faults[-1][1]
+    assigned = _assigned_after(bridge, back)
+    rejoined_ms = (assigned or now_ms()) - back
     own_ms = result.account.recovery_ms - rejoined_ms
     result.notes.append(f"group formed {rejoined_ms / 1000:.2f} s after the broker answered; "
                         f"the bridge's own share {own_ms / 1000:.2f} s")  # fmt: skip
@@ -515,6 +529,7 @@ def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
     workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
                             size.seconds)  # fmt: skip
     run.at(size.seconds / 3)
+    run.fault_began()
     run.servers.freeze_redis()
     frozen = time.monotonic()
     not_ready_after: float | None = None
@@ -564,6 +579,7 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
             live[i].wait(60)
             terms += 1
         live[i] = run.bridge(f"pod-{i}")
+        run.fault_over()
     return run.finish(workload, "rebalance storm",
                       f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
 
@@ -581,11 +597,13 @@ def zombie(run: Run, size: Size, rng: random.Random) -> Result:
     for n, moment in enumerate(moments(rng, size.faults, 1.0, max(1.0, size.seconds - 9))):
         run.at(max(moment, n * 15.0 + 1.0))
         frozen = live[rng.randrange(2)]
+        run.fault_began()
         frozen.signal(signal.SIGSTOP)
         try:
             time.sleep(9.0)  # fault timing: past the session (6 s), the other owns all three
         finally:
             frozen.signal(signal.SIGCONT)
+            run.fault_over()
     result = run.finish(workload, "zombie replica", f"{size.faults} x SIGSTOP past the session "
                         "and SIGCONT")  # fmt: skip
     fenced = run.log_count("producer fenced")
@@ -626,6 +644,7 @@ def rollout(how: str) -> Scenario:
         ready, stopped = True, []
         for round_ in range(size.faults):
             for i, old in enumerate(list(live)):
+                run.fault_began()
                 if how == "deployment":
                     names[i] = f"pod-{i}-{round_ + 1}"
                     live[i] = run.bridge(names[i])
@@ -635,6 +654,7 @@ def rollout(how: str) -> Scenario:
                 if how == "statefulset":
                     live[i] = run.bridge(names[i])
                     ready = wait_ready(live[i]) and ready
+                run.fault_over()
         result = run.finish(workload, f"rollout ({how})", f"3 replicas replaced one by one, "
                             f"{size.faults} time{'s' if size.faults > 1 else ''}")  # fmt: skip
         result.checks.update({
@@ -713,6 +733,7 @@ def redis_lost(references: bool) -> Scenario:
             client = run.servers.redis()
             client.flushall()
             client.close()
+            run.fault_over()
         result = run.finish(workload, "Redis lost entirely" + (", references waiting" * references),
                             f"{size.faults} x FLUSHALL mid-run")  # fmt: skip
         result.checks["rebuilt"] = run.log_count("redis lost") > 0
@@ -748,6 +769,7 @@ def topic_recreated(references: bool) -> Scenario:
                 gone = {s: dataclasses.replace(e, payload_may_go=True) for s, e in gone.items()}
                 run.checker.add_origins(gone)
             earlier.update(gone)
+            run.fault_began()
             if fault % 2 == 0:
                 bridge.signal(signal.SIGTERM)
                 bridge.wait(60)
@@ -755,6 +777,7 @@ def topic_recreated(references: bool) -> Scenario:
                 bridge = run.bridge()
             else:
                 run.recreate(run.delay, {"retention.ms": "-1"})
+            run.fault_over()
         last = size.records - per * size.faults
         records = steady(last, run.target, high, rng.randrange(1 << 30), min_delay_ms=low)
         workload = run.workload(records, seconds, first_seq=size.faults * per)
@@ -779,6 +802,7 @@ def topic_recreated(references: bool) -> Scenario:
 def dlq_missing(run: Run, size: Size, rng: random.Random) -> Result:
     """No DLQ topic while invalid records arrive among valid ones: /readyz names the DLQ, the
     invalid records wait (holding up their partitions) and nothing is lost once it exists."""
+    run.fault_began()
     run.admin.delete_topics([run.dlq])[run.dlq].result(timeout=30)
     bridge = run.bridge()
     records = _flood(size.records, run.target, rng.randrange(1 << 30), bad_every=10)
@@ -791,6 +815,7 @@ def dlq_missing(run: Run, size: Size, rng: random.Random) -> Result:
             not_ready = not_ready or body
         time.sleep(0.5)
     run.recreate(run.dlq)
+    run.fault_over()
     run.checker.start()  # reads the outputs from their beginning, the DLQ now included
     recovered = wait_ready(bridge, 60)
     result = run.finish(workload, "DLQ topic missing",
@@ -813,6 +838,7 @@ def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         gone = s.getsockname()[1]
+    run.fault_began()
     client.replicaof("127.0.0.1", gone)
     started = time.monotonic()
     said: float | None = None
@@ -884,6 +910,7 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
     for i, moment in enumerate(moments(rng, size.faults, 2.0, size.seconds)):
         run.at(moment)
         before = _sentinel_master(sentinel)
+        run.fault_began()
         faults.append(now_ms())
         if i == size.faults - 1:
             os.kill(run.servers.pid_on(before), signal.SIGKILL)
@@ -920,6 +947,7 @@ def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
         meta = next(iter(cluster.scan_iter(match=f"{run.prefix}:*:meta")))
         port = int(cluster.get_node_from_key(meta).port)
         cluster.close()
+        run.fault_began()
         faults.append(now_ms())
         os.kill(run.servers.pid_on(port), signal.SIGKILL)
         deadline = time.monotonic() + 60
