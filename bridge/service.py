@@ -31,7 +31,7 @@ from bridge.egress import Egress, shard_transactions
 from bridge.errors import ConfigError, KafkaFault
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
-from bridge.ingress import Ingress, Settled
+from bridge.ingress import Ingress, Settled, closing_aside
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
@@ -228,6 +228,8 @@ class Service:
         self._loops_started = 0.0
 
     def _on_stats(self, stats_json: str) -> None:
+        if closing_aside():
+            return  # a failed consumer's last statistics, while it is closed aside
         stats = json.loads(stats_json)
         marks = self.ingress.marks
         positions = {s: marks[s] + 1 if s in marks else None for s in self.ingress.assigned}

@@ -1,6 +1,7 @@
 """Ingress: the delay topics consumed, valid records stored in Redis, the rest dead-lettered."""
 
 from bridge.ingress.consumer import Ingress
+from bridge.ingress.restarts import closing_aside
 from bridge.ingress.settled import Settled
 
-__all__ = ["Ingress", "Settled"]
+__all__ = ["Ingress", "Settled", "closing_aside"]

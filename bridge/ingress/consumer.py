@@ -22,7 +22,7 @@ from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership
-from bridge.ingress.restarts import Restarts
+from bridge.ingress.restarts import Restarts, close_aside
 from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
@@ -134,9 +134,11 @@ class Ingress:
         self.restarts.soon(why)
 
     def _restart(self) -> None:
-        why = self.restarts.take()
+        fatal, why = self.restarts.fatal, self.restarts.take()
         logger.warning("starting the delay-topic consumer again: %s", why)
-        self._close_consumer()
+        failed = self.consumer
+        if not fatal:
+            self._close_consumer()
         # What the close did not revoke (its partitions are taken up again by the new one: a
         # static member at once, as a restarted replica is).
         self.membership.release(set(self.assigned))
@@ -144,6 +146,8 @@ class Ingress:
         consumer = self.restarts.new_consumer()
         self.consumer = self.membership.consumer = self.positions.consumer = consumer
         self.membership.subscribe()
+        if fatal:  # its callbacks no longer reach the membership: it is not the consumer now
+            close_aside(failed)
 
     def poll_once(self, timeout: float = 0.5) -> int:
         """Consume one batch and handle it; returns how many records it held."""

@@ -78,6 +78,8 @@ class Membership:
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a failed consumer being closed aside (bridge.ingress.restarts)
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
@@ -116,6 +118,8 @@ class Membership:
         self._on_assign_cb(set(shards) | retired)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a failed consumer being closed aside (bridge.ingress.restarts)
         self.positions.store_lows(
             {Shard(tp.topic, tp.partition) for tp in partitions}, rebuild=False
         )
@@ -123,6 +127,8 @@ class Membership:
         self._drop(partitions, "revoked")
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a failed consumer being closed aside (bridge.ingress.restarts)
         self.joined = False
         self.lost = self.lost | {Shard(tp.topic, tp.partition) for tp in partitions}
         self._drop(partitions, "lost")

@@ -5,11 +5,17 @@ client reads it from its leader. And it fails a consumer for good when Kafka fen
 membership: after a session lost while the broker answered, its commit of the lost assignment
 carries no member id and the instance id's new one fences it; or another consumer runs with its
 instance id. Started again, a static member takes its partitions back at once.
+
+A consumer that failed fatally is closed beside its successor (:func:`close_aside`): Kafka fenced
+it, so it commits nothing and leaves nothing, and its close can wait out requests to brokers that
+do not answer yet (20 s after two of three brokers came back, in ``make chaos
+CHAOS_ARGS=isr-shrink``), where the new consumer rejoins at once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -22,6 +28,29 @@ logger = logging.getLogger(__name__)
 RESTART_EVERY_S = 60.0  # the consumer is started again for a stuck partition at most this often
 FATAL_RESTART_S = 10.0  # and after a fatal error at most this often
 
+_closing = threading.local()
+
+
+def close_aside(consumer: Consumer) -> None:
+    """Close a consumer that failed fatally in a thread of its own (see the module's text); what
+    its callbacks report meanwhile is its own, not the live consumer's (:func:`closing_aside`)."""
+
+    def close() -> None:
+        _closing.active = True
+        began = time.monotonic()
+        try:
+            consumer.close()
+        except Exception as exc:  # it failed already: its close may say so again
+            logger.debug("closing the failed consumer: %s", exc)
+        logger.info("the failed delay-topic consumer closed in %.1fs", time.monotonic() - began)
+
+    threading.Thread(target=close, name="failed-consumer-close", daemon=True).start()
+
+
+def closing_aside() -> bool:
+    """Whether this thread is closing a failed consumer (its statistics describe no live one)."""
+    return bool(getattr(_closing, "active", False))
+
 
 class Restarts:
     """The reason the consumer is to be started again before the next batch ("": none)."""
@@ -31,6 +60,7 @@ class Restarts:
         # ingress).
         self.new_consumer = new_consumer
         self.why = ""
+        self.fatal = False  # the reason is a fatal error: the consumer is closed aside
         self._next = 0.0
         self._next_fatal = 0.0
 
@@ -53,9 +83,10 @@ class Restarts:
         )
         self._next_fatal = time.monotonic() + FATAL_RESTART_S
         self.why = "it failed fatally"
+        self.fatal = True
 
     def take(self) -> str:
         """The reason, now acted on."""
-        why, self.why = self.why, ""
+        why, self.why, self.fatal = self.why, "", False
         self._next = time.monotonic() + RESTART_EVERY_S
         return why
