@@ -37,6 +37,9 @@ from bridge.store import Shard, Store
 from tests.chaos.background import Background
 from tests.chaos.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
 
+# The longest a record due during a fault may wait once the fault is over (Account.recovery_ms).
+RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
+
 
 @dataclass(frozen=True)
 class Seen:

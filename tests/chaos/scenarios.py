@@ -32,6 +32,7 @@ from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Shard, Store
 from tests.chaos.brokers import IN_SYNC_S, broker_fault, broker_roll, in_sync, isr_shrink
 from tests.chaos.checker import (
+    RECOVERY_BOUND_AFTER_FAULT_MS,
     Account,
     Checker,
     Expected,
@@ -68,7 +69,6 @@ RECOVERY_BOUND_MS = 10_000
 # a session behind it, bounds the lateness. They run with the user's settings (lease, session).
 RECOVERY = frozenset({"kafka-outage", "kafka-restart", "redis-readonly", "redis-unreachable",
                       "cluster-failover"})  # fmt: skip
-RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
 RECOVERY_CHECK = f"recovery within {RECOVERY_BOUND_AFTER_FAULT_MS // 1000} s of the fault's end"
 # A rolling update of the chart's StatefulSet stalls a partition no longer than this.
 ROLLOUT_BOUND_MS = 2_000
