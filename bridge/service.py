@@ -145,7 +145,7 @@ class Service:
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         producer = Producer(producer_conf)
         journal = _journal(config, producer, self.metrics, self.readiness, self.topics)
-        reconcile = Reconcile.of(config, self.store, self.topics.known)
+        self.reconcile = reconcile = Reconcile.of(config, self.store, self.topics.known)
         self.egress = Egress(
             producer,
             self.store,
@@ -329,7 +329,10 @@ class Service:
         gc.set_threshold(*GC_THRESHOLDS)
         self.http.start()
         try:
-            redis_ok = start_up(self._wait_for_redis, self.config, self._admin, self.probes)
+            warm = self.reconcile.warm if self.reconcile else lambda: None
+            redis_ok = start_up(
+                self._wait_for_redis, self.config, self._admin, self.probes, warm=warm
+            )
         except ConfigError:
             self._stop(started)
             raise
@@ -368,6 +371,8 @@ class Service:
 
     def _stop(self, started: float) -> int:
         self.http.stop()
+        if self.reconcile is not None:
+            self.reconcile.close()
         self.redis.close()
         _summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0

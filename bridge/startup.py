@@ -84,17 +84,26 @@ def _rebuildable(store: Store, config: Config, admin: Mapping[str, Any]) -> None
 
 
 def start_up(
-    wait_for_redis: Callable[[], bool], config: Config, admin: Mapping[str, Any], probes: Probes
+    wait_for_redis: Callable[[], bool],
+    config: Config,
+    admin: Mapping[str, Any],
+    probes: Probes,
+    *,
+    warm: Callable[[], None] = lambda: None,
 ) -> bool:
     """What start-up asks Kafka before the consumer joins — the delay topics' retention and the
-    first description of the topics (each up to 10 s when Kafka does not answer) — beside the
-    wait for Redis; returns what that wait returned (False: stopped while waiting). Raises
-    ConfigError for a retention that can delete waiting records."""
-    with ThreadPoolExecutor(2, thread_name_prefix="start-up") as pool:
-        retention = pool.submit(check_references_retention, config, admin)
-        described = pool.submit(probes.topics_once)
+    first description of the topics (each up to 10 s when Kafka does not answer), and ``warm``
+    (the journal reader connecting) — beside the wait for Redis; returns what that wait returned
+    (False: stopped while waiting). Raises ConfigError for a retention that can delete waiting
+    records."""
+    with ThreadPoolExecutor(3, thread_name_prefix="start-up") as pool:
+        asked = [
+            pool.submit(check_references_retention, config, admin),
+            pool.submit(probes.topics_once),
+            pool.submit(warm),
+        ]
         if not wait_for_redis():
             return False
-        retention.result()
-        described.result()
+        for question in asked:
+            question.result()
     return True

@@ -61,6 +61,16 @@ class JournalReader:
     def close(self) -> None:
         self.consumer.close()
 
+    def warm(self) -> None:
+        """Learn the journal's partitions and connect to their leaders (a request each)."""
+        for partition in range(self.partitions()):
+            try:
+                self.consumer.get_watermark_offsets(
+                    TopicPartition(self.journal, partition), self.timeout_s, cached=False
+                )
+            except KafkaException as exc:
+                raise BridgeError(f"Kafka did not answer: {exc}") from None
+
     def partition_of(self, shard: Shard) -> int:
         """The journal partition of ``shard``'s entries."""
         return partition_for(journal_key(shard.topic, shard.partition), self.partitions())
