@@ -107,6 +107,21 @@ def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
     return (lambda: JournalReader(config)) if config.topics.journal else None
 
 
+def _starting(config: Config) -> None:
+    """Say what this process serves, and set the interpreter up for its loops."""
+    logger.info(
+        "delay-bridge %s starting: delay topics %s, group %s%s",
+        __version__,
+        ",".join(config.topics.delay),
+        config.kafka.group_id,
+        f" as instance {instance}" if (instance := config.kafka.group_instance_id) else "",
+    )
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class Service:
     """One bridge process: ingress and egress threads around a shared store."""
 
@@ -316,17 +331,7 @@ class Service:
     def run(self) -> int:
         """Run until :attr:`stop_event` is set; returns the process exit code."""
         started = time.monotonic()
-        logger.info(
-            "delay-bridge %s starting: delay topics %s, group %s%s",
-            __version__,
-            ",".join(self.config.topics.delay),
-            self.config.kafka.group_id,
-            f" as instance {instance}" if (instance := self.config.kafka.group_instance_id) else "",
-        )
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
+        _starting(self.config)
         self.http.start()
         try:
             warm = self.reconcile.warm if self.reconcile else lambda: None
