@@ -103,11 +103,14 @@ def lateness(
     return during, after
 
 
-def recovery_split(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+def recovery_split(
+    run: Run, windows: list[tuple[int, int]], acked_ms: dict[int, int]
+) -> tuple[list[int], list[int]]:
     """The recovery (ms after a fault's end, to the append to the target) of the records due
     within the ``windows``: of those in the delay topic before the fault began, and of those the
     workload's producers held through it and appended once Kafka took writes again (the
-    bridge reads those as a burst at the fault's end)."""
+    bridge reads those as a burst at the fault's end), counted from when Kafka acknowledged them
+    (``acked_ms``, by seq): appended, a record is readable only once its replicas have it."""
     stored: list[int] = []
     held: list[int] = []
     for seq, exp in run.settled.items():
@@ -117,8 +120,11 @@ def recovery_split(run: Run, windows: list[tuple[int, int]]) -> tuple[list[int],
         for start, end in windows:
             if start <= exp.due_ms < end:
                 first = min(g.timestamp_ms for g in got)
-                after = max(0, first - max(exp.due_ms, exp.produced_ms, end))
-                (held if exp.produced_ms >= start else stored).append(after)
+                if exp.produced_ms >= start:
+                    readable = max(exp.produced_ms, acked_ms.get(seq, 0))
+                    held.append(max(0, first - max(exp.due_ms, readable, end)))
+                else:
+                    stored.append(max(0, first - max(exp.due_ms, exp.produced_ms, end)))
     return stored, held
 
 
@@ -232,10 +238,10 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
                         + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
     # Those the producers held arrive at the fault's end as one burst, read at the ingest's rate:
     # their recovery grows with the fault's length. Those in Kafka before it wait on the bridge.
-    stored, held = recovery_split(run, f.windows)
+    stored, held = recovery_split(run, f.windows, f.workload.acked_ms)
     result.notes.append(f"recovery of the records due during it: {_seconds(stored)} for those "
                         f"in Kafka before it, {_seconds(held)} for the {len(held):,} the "
-                        "producers held")  # fmt: skip
+                        "producers held, from their acknowledgement")  # fmt: skip
     bound = RECOVERY_BOUND_AFTER_FAULT_MS
     result.checks[f"recovery of the records in Kafka before it within {bound // 1000} s"] = (
         max(stored, default=0) <= bound

@@ -69,6 +69,9 @@ class Workload:
     first_seq: int = 0  # the seq of records[0]; the next ones count up from it
     produced: int = 0
     failed: list[str] = field(default_factory=list)
+    # When Kafka acknowledged each record (epoch ms, by seq): written to every in-sync replica
+    # (acks=all), so readable by consumers, which its append time alone does not say.
+    acked_ms: dict[int, int] = field(default_factory=dict)
     _thread: threading.Thread | None = None
 
     def start(self) -> Workload:
@@ -88,9 +91,11 @@ class Workload:
             "delivery.timeout.ms": 300_000, "log_level": CLIENT_LOG_LEVEL,
         })  # fmt: skip
 
-        def report(err: KafkaError | None, _msg: Message) -> None:
+        def report(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 self.failed.append(err.str())
+            elif (seq := seq_of(msg.value())) is not None:
+                self.acked_ms[seq] = now_ms()
 
         started = time.monotonic()
         for seq, rec in enumerate(self.records):
