@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka.admin import AdminClient
 
 from bridge.egress.settle import STALL_S
+from bridge.store.scripts import script_names
 from tests.chaos.background import Background
 from tests.chaos.checker import RECOVERY_BOUND_AFTER_FAULT_MS, quantile
 from tests.chaos.workload import Workload, now_ms, steady
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from tests.chaos.scenarios import Result, Run, Size
 
 MAX_DELAY_MS = 5000
+SLOW_REDIS_MS = 100  # Redis calls of the bridge longer than this are named in the notes
 READYZ_EVERY_S = 0.25
 BROKER_STOP_S = 120.0  # a broker's controlled shutdown moves its leaderships first
 IN_SYNC_S = 120.0  # a restarted broker catches up and rejoins every ISR
@@ -128,6 +130,30 @@ def recovery_split(
     return stored, held
 
 
+def slow_redis_calls(run: Run) -> str:
+    """The bridge's Redis calls that ran longer than SLOW_REDIS_MS (Redis's SLOWLOG, the
+    longest first, its scripts by name), and puts Redis's own threshold back."""
+    client = run.servers.redis()
+    try:
+        log = cast(list[dict[str, Any]], client.slowlog_get(128))
+        client.config_set("slowlog-log-slower-than", 10_000)  # Redis's default
+    finally:
+        client.close()
+    names = script_names()
+
+    def what(command: bytes) -> str:
+        words = command.split()
+        if words and words[0].upper() == b"EVALSHA" and len(words) > 1:
+            return names.get(words[1].decode(errors="replace"), "a script")
+        return (words[0] if words else b"?").decode(errors="replace").lower()
+
+    calls = sorted(log, key=lambda e: -int(e["duration"]))
+    shown = [f"{what(e['command'])} {int(e['duration']) / 1e6:.2f} s at "
+             f"{time.strftime('%H:%M:%S', time.localtime(int(e['start_time'])))}"
+             for e in calls[:5]]  # fmt: skip
+    return f"{len(calls)}, the longest {', '.join(shown)}" if calls else ""
+
+
 def _seconds(values: list[int]) -> str:
     return f"p99 {quantile(values, 0.99) / 1000:.2f} s, max {max(values, default=0) / 1000:.2f} s"
 
@@ -146,6 +172,12 @@ class Faulted:
 
     @classmethod
     def start(cls, run: Run, size: Size, rng: random.Random) -> Faulted:
+        client = run.servers.redis()
+        try:  # the harness's own Redis: which of the bridge's calls ran long (finish says)
+            client.config_set("slowlog-log-slower-than", SLOW_REDIS_MS * 1000)
+            client.slowlog_reset()
+        finally:
+            client.close()
         bridge = run.bridge("pod-0")  # a static member, as the chart deploys it
         ready_before = wait_ready(bridge)
         readyz = Readyz(bridge).start()
@@ -164,6 +196,9 @@ class Faulted:
         result.notes.append(f"the checker's consumer saw those due during it: {_seconds(seen)}")
         self.readyz.note(result)
         result.checks["ready before"] = self.ready_before
+        slow = slow_redis_calls(self.run)
+        if slow:
+            result.notes.append(f"Redis calls over {SLOW_REDIS_MS} ms: {slow}")
         return result
 
 
