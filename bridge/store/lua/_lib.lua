@@ -36,6 +36,10 @@ both, so the lowest pending offset is read without scanning records (low.lua).
 is_pending(pending, offset, maps): whether the offset (8 big-endian bytes) has its pending bit set;
 `maps`, if given, keeps the bitmaps read (a script that asks for many offsets reads each once).
 
+stored_id(member): the delay-id its producer gave a stored record (a due index member: its offset's
+8 bytes, then bridge.message.encode's form), or nil when it has the default one. It reads the
+form as decode does: the id is a length-prefixed field, or the first delay-id header's value.
+
 id_entry(offset, due, timestamp) / read_id_entry(entry): an id index entry — the record's offset
 (8 bytes), its due ms (not its score: a reference's lane is not known until it is read back) and
 its record timestamp, "<offset><due>:<timestamp>" — and its three parts (timestamp 0 if absent).
@@ -233,6 +237,58 @@ local function is_pending(pending, offset, maps)
   end
   local n = string.byte(offset, 8)
   return bit.band(string.byte(map, math.floor(n / 8) + 1), bit.lshift(1, n % 8)) ~= 0
+end
+
+-- The stored form's flags (bridge.message.encoding: never renumbered) and its delay-id header code.
+local TARGET_IN_HEADER, DEFAULT_ID, WIDE_LENGTHS, STORED_AT, ID_IN_HEADER = 1, 2, 4, 8, 16
+local MANY_HEADERS, ID_CODE = 128, 5
+
+local function stored_id(member)
+  local flags = string.byte(member, 10)
+  if bit.band(flags, DEFAULT_ID) ~= 0 then
+    return nil
+  end
+  -- After the offset (8), the version and flags (2) and the due ms (8): the header count.
+  local count, pos = struct.unpack('>H', member, 19)
+  if bit.band(flags, MANY_HEADERS) ~= 0 then
+    count, pos = struct.unpack('>I4', member, pos)
+  end
+  if bit.band(flags, STORED_AT) ~= 0 then
+    pos = pos + 8
+  end
+  local length, none = '>H', 65535
+  if bit.band(flags, WIDE_LENGTHS) ~= 0 then
+    length, none = '>I4', 4294967295
+  end
+  local function field()  -- the next length-prefixed field (nil: absent), pos past it
+    local size
+    size, pos = struct.unpack(length, member, pos)
+    if size == none then
+      return nil
+    end
+    pos = pos + size
+    return string.sub(member, pos - size, pos - 1)
+  end
+  if bit.band(flags, TARGET_IN_HEADER) == 0 then
+    field()
+  end
+  if bit.band(flags, ID_IN_HEADER) == 0 then
+    return field() or ''
+  end
+  field()  -- the key
+  field()  -- the value
+  for _ = 1, count do
+    local code = string.byte(member, pos)
+    pos = pos + 1
+    if code == 0 then
+      field()  -- a name not among the known ones
+    end
+    local data = field()
+    if code == ID_CODE then
+      return data or ''
+    end
+  end
+  return nil
 end
 
 local function id_entry(offset, due, timestamp)
