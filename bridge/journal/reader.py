@@ -61,6 +61,11 @@ class JournalReader:
     def close(self) -> None:
         self.consumer.close()
 
+    def refresh(self) -> None:
+        """Ask for the journal's partition count again at its next use: for a reader kept between
+        reads, the topic may have gained partitions, and a shard's entries moved with them."""
+        self._partitions = None
+
     def warm(self) -> None:
         """Learn the journal's partitions and connect to their leaders (a request each)."""
         for partition in range(self.partitions()):

@@ -80,6 +80,8 @@ class Reconcile:
         with self._lock:
             if self._made is None:
                 self._made = self._new_reader()
+            else:
+                self._made.refresh()
             return self._made
 
     def warm(self) -> None:
