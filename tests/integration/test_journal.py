@@ -418,7 +418,10 @@ def test_one_journal_reader_connected_at_start_up_serves_every_take_over(setup: 
     On a busy machine that outlasted the 2 s a take-over's request may take: a replica replacing
     another delivered its records again (make chaos, rollout). The reconciliation's one reader is
     made and connected at start-up (warm), and every take-over after it asks through that one."""
-    producer = Producer({"bootstrap.servers": setup.services.bootstrap})
+    # Where the bridge's journal writer puts a shard's entries (Java's partitioner).
+    producer = Producer(
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
     entries = [Entry(Fate.DELIVERED, o, f"id-{o}", 1, 2, "out", 0, o) for o in range(3)]
     key, value, headers = encode_entries(setup.delay, 0, entries)
     produce(producer, setup.journal, key=key, value=value, headers=headers)
