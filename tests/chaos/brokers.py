@@ -131,12 +131,11 @@ def recovery_split(
 
 
 def slow_redis_calls(run: Run) -> str:
-    """The bridge's Redis calls that ran longer than SLOW_REDIS_MS (Redis's SLOWLOG, the
-    longest first, its scripts by name), and puts Redis's own threshold back."""
+    """The bridge's Redis calls that ran longer than SLOW_REDIS_MS (Redis's SLOWLOG, see
+    Run.log_slow_calls; the longest first, its scripts by name)."""
     client = run.servers.redis()
     try:
         log = cast(list[dict[str, Any]], client.slowlog_get(128))
-        client.config_set("slowlog-log-slower-than", 10_000)  # Redis's default
     finally:
         client.close()
     names = script_names()
@@ -172,12 +171,7 @@ class Faulted:
 
     @classmethod
     def start(cls, run: Run, size: Size, rng: random.Random) -> Faulted:
-        client = run.servers.redis()
-        try:  # the harness's own Redis: which of the bridge's calls ran long (finish says)
-            client.config_set("slowlog-log-slower-than", SLOW_REDIS_MS * 1000)
-            client.slowlog_reset()
-        finally:
-            client.close()
+        run.log_slow_calls(SLOW_REDIS_MS)  # which of the bridge's calls ran long (finish says)
         bridge = run.bridge("pod-0")  # a static member, as the chart deploys it
         ready_before = wait_ready(bridge)
         readyz = Readyz(bridge).start()

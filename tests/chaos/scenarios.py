@@ -179,6 +179,7 @@ class Run:
         self._began: int | None = None
         self.append_times = (target_config or {}).get("message.timestamp.type") == "LogAppendTime"
         self.settled: dict[int, Expected] = {}  # what finish() accounted for, by seq
+        self._slowlog_was: str | None = None  # Redis's SLOWLOG threshold before the run's
 
     def bridge(self, instance: str = "") -> Bridge:
         """Start a bridge; with ``instance``, a static group member of that name (a pod's name:
@@ -282,6 +283,19 @@ class Run:
                                 "delay-id")  # fmt: skip
         return result
 
+    def log_slow_calls(self, over_ms: int) -> None:
+        """Have Redis log the calls over ``over_ms`` from now on (its SLOWLOG, emptied), until
+        the run closes: the threshold is put back then, whatever happened (the servers may be
+        the other tests' too)."""
+        client = self.servers.redis()
+        try:
+            was = cast(dict[str, str], client.config_get("slowlog-log-slower-than"))
+            self._slowlog_was = self._slowlog_was or was["slowlog-log-slower-than"]
+            client.config_set("slowlog-log-slower-than", over_ms * 1000)
+            client.slowlog_reset()
+        finally:
+            client.close()
+
     def close(self) -> None:
         for bridge in self.bridges:
             bridge.kill()
@@ -289,6 +303,8 @@ class Run:
         client = self.servers.redis()
         try:
             delete_keys(client, self.prefix)  # a benchmark's backlog is hundreds of MB
+            if self._slowlog_was is not None:
+                client.config_set("slowlog-log-slower-than", self._slowlog_was)
         finally:
             client.close()
         gone = [self.delay, self.target, self.dlq, self.journal]
