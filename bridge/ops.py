@@ -22,6 +22,7 @@ from bridge.store import (
     REFERENCE_BYTES,
     Shard,
     Store,
+    default_id_offset,
     references_in,
     stored_record,
 )
@@ -162,18 +163,22 @@ def _find(
         for shard in shards:
             if delay_id is None:
                 page = store.inventory.page(shard, due_before_ms, limit)
-            else:
+            elif (offset := default_id_offset(shard, delay_id)) is not None:
+                page = store.inventory.by_default_id(shard, offset)
+            else:  # candidates: the index keeps a hash of the id (confirmed below)
                 page = store.inventory.by_id(shard, delay_id)
             found += [(due, member, shard) for due, member in page]
         chosen = [
             (due, member, shard)
-            for due, member, shard in heapq.nsmallest(limit, found, key=lambda x: x[:2])
+            for due, member, shard in heapq.nsmallest(
+                limit if delay_id is None else len(found), found, key=lambda x: x[:2]
+            )
             if due_before_ms is None or due < due_before_ms
         ]
         far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
         now_ms = store.time_ms()
         read = _read_back(config, far, now_ms) if far else {}
-        return [
+        records = [
             (
                 due,
                 shard,
@@ -183,6 +188,7 @@ def _find(
             )
             for due, member, shard in chosen
         ]
+        return [r for r in records if delay_id is None or r[2].delay_id == delay_id][:limit]
     finally:
         store.client.close()
 

@@ -36,7 +36,7 @@ from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
 from bridge.metrics import Metrics, Sampler
-from bridge.readback import ReadBack, Reader
+from bridge.readback import IdReader, ReadBack, Reader
 from bridge.redis_client import redis_client
 from bridge.startup import check_rebuildable, start_up
 from bridge.store import Shard, Store
@@ -100,6 +100,13 @@ def _journal(
     """The journal, written through ``producer`` (None: topics.journal is "")."""
     topic = config.topics.journal
     return Journal(producer, topic, metrics, readiness, topics.known) if topic else None
+
+
+def _id_reader(config: Config) -> IdReader:
+    """What the ingress reads the id index's candidates in the delay topic with (a consumer of
+    its own, made at the first read)."""
+    settings = {**read_back_settings(config), "logger": _kafka_logger("ids")}
+    return IdReader(lambda: Reader(Consumer(settings)), config.rules())
 
 
 def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
@@ -183,6 +190,7 @@ class Service:
             ),
         )
         dlq_producer = Producer(producer_conf)
+        self.id_reader = _id_reader(config)
         self.ingress = Ingress(
             Consumer(consumer_conf),
             dlq_producer,
@@ -208,6 +216,7 @@ class Service:
                 self.topics.known,
                 before_read=self.egress.before_rebuild,
             ),
+            confirm=self.id_reader,
         )
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.
@@ -378,6 +387,7 @@ class Service:
         self.http.stop()
         if self.reconcile is not None:
             self.reconcile.close()
+        self.id_reader.close()
         self.redis.close()
         _summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0

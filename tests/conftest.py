@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -23,6 +23,9 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+
+from bridge.message import Cancel, Scheduled
+from bridge.store import Confirm, Shard
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "scripts" / "services"
@@ -204,3 +207,14 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def confirm_from(records: Iterable[Scheduled | Cancel]) -> Confirm:
+    """A :data:`bridge.store.Confirm` answering from ``records``, the delay topic of a test of
+    the store alone (one partition's, or offsets unique across the shards asked)."""
+    log = {r.offset: r for r in records if isinstance(r, Scheduled)}
+
+    def confirm(shard: Shard, asked: Sequence[tuple[int, int]]) -> dict[int, tuple[str, int]]:
+        return {o: (log[o].delay_id, log[o].timestamp_ms) for o, _ in asked if o in log}
+
+    return confirm

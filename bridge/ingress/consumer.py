@@ -27,7 +27,7 @@ from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
-from bridge.store import Added, Shard, Store, lane_firsts
+from bridge.store import Added, Confirm, Shard, Store, lane_firsts, unconfirmed
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +65,13 @@ class Ingress:
         new_consumer: Callable[[], Consumer] | None = None,
         journal: Journal | None = None,
         settled: Settled | None = None,
+        confirm: Confirm = unconfirmed,
     ) -> None:
         self.consumer = consumer
         self.restarts = Restarts(new_consumer)  # to start it again (restart_soon); None: never
         self.catch_up = catch_up or CatchUp()
         self.store = store
+        self.confirm = confirm  # reads the id index's candidates in the delay topic
         self.rules = rules
         self.metrics = metrics
         self.config = config  # batch_size, linger (ms), hold (ms)
@@ -274,15 +276,13 @@ class Ingress:
             expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
             horizon = self.payload_horizon_ms
             refer_after = None if horizon is None else self._clock_ms() + horizon
-            partitions = dict(self._partitions())
-            for shard in self.assigned:  # a topic grown since Kafka was last asked
-                partitions[shard.topic] = max(partitions.get(shard.topic, 0), shard.partition + 1)
             added = self.store.add(
                 batch.stored,
                 expected,
                 refer_after_ms=refer_after,
                 bucket_ms=self.bucket_ms,
-                partitions=partitions,
+                partitions=partition_counts(self._partitions(), self.assigned),
+                confirm=self.confirm,
             )
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
@@ -381,3 +381,12 @@ def _report(
             offset,
             extra={"repeat_key": "cancel-not-found"},
         )
+
+
+def partition_counts(known: Mapping[str, int], assigned: set[Shard]) -> dict[str, int]:
+    """Each delay topic's partition count: as Kafka last said (``known``), or more where an
+    ``assigned`` partition says the topic grew since."""
+    counts = dict(known)
+    for shard in assigned:
+        counts[shard.topic] = max(counts.get(shard.topic, 0), shard.partition + 1)
+    return counts

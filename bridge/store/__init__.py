@@ -2,10 +2,12 @@
 
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
+from bridge.store.ids import Confirm, id_hash, unconfirmed
 from bridge.store.keys import (
     REFERENCE_BYTES,
     Shard,
     ShardKeys,
+    default_id_offset,
     due_of,
     glob_escape,
     lane_firsts,
@@ -13,7 +15,6 @@ from bridge.store.keys import (
     member,
     offset_bytes,
     offset_of,
-    read_id_entry,
     references_in,
     score,
     stored_record,
@@ -32,6 +33,7 @@ __all__ = [
     "Chunk",
     "Claimed",
     "Claims",
+    "Confirm",
     "Lost",
     "Lows",
     "Shard",
@@ -39,15 +41,17 @@ __all__ = [
     "Store",
     "Withdrawn",
     "as_store_error",
+    "default_id_offset",
     "due_of",
     "glob_escape",
+    "id_hash",
     "lane_firsts",
     "lane_of",
     "member",
     "offset_bytes",
     "offset_of",
-    "read_id_entry",
     "references_in",
     "score",
     "stored_record",
+    "unconfirmed",
 ]

@@ -15,26 +15,22 @@ import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
-from bridge.store.across import default_id_entry, withdraw_elsewhere
+from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
     AckBatch,
-    AddEntry,
-    AddReply,
     ClaimArgs,
     ClaimReply,
     StatsReply,
-    add_argv,
     watermark_arg,
 )
+from bridge.store.ids import Confirm, id_hash, unconfirmed
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
     Shard,
     ShardKeys,
-    member,
     offset_bytes,
     offset_of,
-    reference,
     score,
     stored_record,
 )
@@ -46,51 +42,10 @@ from bridge.store.results import (
     Backlog,
     Claimed,
     Claims,
-    Lost,
     Lows,
-    Withdrawn,
     lost_from,
 )
 from bridge.store.scripts import Call, Scripts
-
-
-def _added(
-    counts: list[int],
-    lost: dict[Shard, Lost],
-    unmatched: list[tuple[Shard, Scheduled | Cancel]],
-    withdrawn: list[Withdrawn],
-    found: Mapping[tuple[Shard, int], tuple[Shard, int, int]],
-) -> Added:
-    """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
-    with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
-    withdrawn += [
-        _withdrawn(found[s, r.offset], s, r) for s, r in unmatched if (s, r.offset) in found
-    ]
-    missed = [
-        (s, r.offset, r.delay_id)
-        for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset) not in found
-    ]
-    added, replaced, cancelled, not_found = counts
-    across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
-    replaced += len(found) - across
-    return Added(
-        added,
-        lost,
-        replaced,
-        cancelled + across,
-        not_found - across,
-        tuple(missed),
-        tuple(withdrawn),
-    )
-
-
-def _withdrawn(where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel) -> Withdrawn:
-    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms)."""
-    shard, offset, due = where
-    cancel = isinstance(record, Cancel)
-    delay_id = record.delay_id
-    return Withdrawn(shard, offset, due, delay_id, by, record.offset, cancel)
 
 
 def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool = True) -> Claims:
@@ -136,7 +91,7 @@ class Store:
         self.scripts = Scripts(client)
         self.layout = Layout(client, self._keys, self.scripts)
         self.references = References(client, self._keys, self.scripts)
-        self.inventory = Inventory(client, self._keys)
+        self.inventory = Inventory(client, self._keys, self.scripts)
         self._one_clock = not isinstance(client, RedisCluster)
 
     def keys(self, shard: Shard) -> ShardKeys:
@@ -160,6 +115,7 @@ class Store:
         refer_after_ms: int | None = None,
         bucket_ms: int = 60_000,
         partitions: Mapping[str, int] | None = None,
+        confirm: Confirm = unconfirmed,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -169,47 +125,20 @@ class Store:
         reference (:mod:`bridge.store.references`) in a time bucket ``bucket_ms`` wide. A cancel
         or a record with a caller-given id that finds nothing in its own shard withdraws what it
         names in the other partitions of its topic (``partitions``: topic -> partition count;
-        see withdraw.lua), if stamped no later.
+        see withdraw.lua), if stamped no later. ``confirm`` reads in the delay topic the
+        records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`).
         """
-        expected = expected or {}
-        refer_after = refer_after_ms if refer_after_ms is not None else 2**63
-        shards = list(batches)
-        calls = []
-        for shard in shards:
-            high, records = batches[shard]
-            k = self.keys(shard)
-            entries: list[AddEntry] = []
-            for rec in records:
-                if isinstance(rec, Cancel):
-                    where = default_id_entry(self.inventory, shard, rec, records, refer_after)
-                    entries.append(AddEntry(rec.offset, "", where, rec.delay_id, rec.timestamp_ms))
-                    continue
-                if rec.due_ms > refer_after:  # its priority is read back with the record
-                    stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
-                else:
-                    stored, at = member(rec, shard.topic, shard.partition), score(rec)
-                given = rec.given_id(shard.topic, shard.partition) or ""
-                entries.append(AddEntry(rec.offset, at, stored, given, rec.timestamp_ms))
-            keys = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
-            calls.append(("add", keys, add_argv(expected.get(shard), high, bucket_ms, entries)))
-        counts, lost = [0, 0, 0, 0], {}
-        unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
-        withdrawn: list[Withdrawn] = []
-        for shard, reply in zip(shards, self.scripts.run(calls), strict=True):
-            r = AddReply.read(reply)
-            if r.loss is not None:
-                lost[shard] = r.loss
-                continue
-            counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
-            if r.unmatched or r.withdrawn:  # only then is a record looked up by its offset
-                by_offset = {rec.offset: rec for rec in batches[shard][1]}
-                unmatched += [(shard, by_offset[o]) for o in r.unmatched]
-                withdrawn += [
-                    _withdrawn((shard, offset, due), shard, by_offset[by])
-                    for offset, due, by in r.withdrawn
-                ]
-        found = withdraw_elsewhere(self.scripts, self._keys, unmatched, partitions or {})
-        return _added(counts, lost, unmatched, withdrawn, found)
+        return add_batches(
+            self.scripts,
+            self._keys,
+            self.inventory,
+            batches,
+            expected or {},
+            refer_after_ms=refer_after_ms if refer_after_ms is not None else 2**63,
+            bucket_ms=bucket_ms,
+            partitions=partitions or {},
+            confirm=confirm,
+        )
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """The offset to commit for each shard: its lowest pending offset, else watermark + 1.
@@ -349,7 +278,11 @@ class Store:
         """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
         delay-id) each, as the journal has them — waiting or in flight (see settle.lua): what a
         rollback of Redis put back after their delivery. Returns how many were still there."""
-        args = [x for o, due, delay_id in settled for x in (offset_bytes(o), due, delay_id)]
+        args = [
+            x
+            for o, due, delay_id in settled
+            for x in (offset_bytes(o), due, id_hash(shard.topic, delay_id) if delay_id else b"")
+        ]
         if not args:
             return 0
         k = self.keys(shard)

@@ -6,12 +6,12 @@ else in the bridge indexes into either.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bridge.message import Priority
-from bridge.store.keys import offset_of, text
+from bridge.store.keys import offset_bytes, offset_of, text
 from bridge.store.results import Lost, lost_from
 
 # Records due within this long before a claim are "on time" and get half of every claim, so an
@@ -22,16 +22,16 @@ ON_TIME_WINDOW_MS = 1000
 @dataclass(slots=True)
 class AckBatch:
     """One shard's delivered records to acknowledge: the epoch they were claimed in, their
-    offsets (8 bytes each: the claimed members), and (delay-id, offset) for those with a
+    offsets (8 bytes each: the claimed members), and (id hash, offset) for those with a
     caller-given delay-id, which leave the id index with them (ack() in _lib.lua). The egress
     fills one per shard as delivery reports come in (bridge.egress.settle.Acked)."""
 
     epoch: str = ""
     members: list[bytes] = field(default_factory=list)
-    ids: list[tuple[str, bytes]] = field(default_factory=list)
+    ids: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     def argv(self) -> list[Any]:
-        """As ack() in _lib.lua reads them: epoch, n, n offsets, then (delay-id, offset) pairs."""
+        """As ack() in _lib.lua reads them: epoch, n, n offsets, then (id hash, offset) pairs."""
         return [
             self.epoch,
             len(self.members),
@@ -124,14 +124,21 @@ class AddEntry(NamedTuple):
     score: int | str  # due-index score, or due ms (a reference); "": a cancel
     member: bytes | str  # what is stored; for a cancel, where its default id's record is ("": none)
     delay_id: str  # the caller-given delay-id ("": none), or the id a cancel names
-    timestamp_ms: int  # the record's timestamp: a cancel in another partition withdraws no later
+    id_hash: bytes  # the delay-id's hash in the id index (b"": none)
 
 
 def add_argv(
-    watermark: int | None, high: int, bucket_ms: int, entries: list[AddEntry]
+    watermark: int | None,
+    high: int,
+    bucket_ms: int,
+    vouched: Mapping[int, str],
+    entries: list[AddEntry],
 ) -> list[Any]:
-    """add.lua's ARGV."""
-    argv: list[Any] = [watermark_arg(watermark), high, bucket_ms]
+    """add.lua's ARGV: ``vouched`` the delay-id read in the delay topic at each offset (see
+    withdraw in _lib.lua)."""
+    argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, len(vouched)]
+    for offset, delay_id in vouched.items():
+        argv += (offset_bytes(offset), delay_id)
     for entry in entries:
         argv += entry
     return argv
@@ -167,13 +174,19 @@ class AddReply(NamedTuple):
         return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn)
 
 
-def withdrawn_from(reply: Sequence[Any]) -> dict[str, tuple[int, int]]:
-    """withdraw.lua's reply, read: each delay-id withdrawn, with its record's offset and due
-    ms (-1: a reference)."""
-    return {
-        text(reply[i]): (offset_of(reply[i + 1]), int(reply[i + 2]))
-        for i in range(0, len(reply), 3)
-    }
+def asked_to_confirm(reply: Any) -> list[tuple[int, int]] | None:
+    """The (offset, due ms) of each reference an add.lua reply asks the caller to read in the
+    delay topic first (None: the reply is add.lua's answer)."""
+    if not (isinstance(reply, list) and reply and reply[0] == b"confirm"):
+        return None
+    return [(offset_of(reply[i]), int(reply[i + 1])) for i in range(1, len(reply), 2)]
+
+
+def candidates_from(reply: Sequence[Any]) -> list[list[tuple[int, int]]]:
+    """candidates.lua's reply, read: per id hash asked, the (offset, due ms) of its entries."""
+    return [
+        [(offset_of(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)] for flat in reply
+    ]
 
 
 class StatsReply(NamedTuple):

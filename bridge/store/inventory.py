@@ -12,30 +12,32 @@ from typing import cast
 
 import redis
 
+from bridge.store.calls import candidates_from
+from bridge.store.ids import id_hash
 from bridge.store.keys import (
     LANE_BASES,
     LANE_WIDTH,
     Keys,
     Shard,
-    default_id_offset,
     due_of,
     glob_escape,
     offset_bytes,
     offset_of,
-    read_id_entry,
     reference,
     references_in,
     text,
 )
 from bridge.store.redis_errors import as_store_error
+from bridge.store.scripts import Scripts
 
 
 class Inventory:
-    """Reads of the shards' keys that need no script."""
+    """Reads of the shards' keys (one read-only script: the id index's candidates)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, scripts: Scripts) -> None:
         self.client = client
         self.keys = keys
+        self.scripts = scripts  # candidates.lua: the id index's buckets are addressed in Lua
 
     def page(
         self, shard: Shard, due_before_ms: int | None = None, limit: int = 20
@@ -94,19 +96,24 @@ class Inventory:
         return [(due, m) for due, m in found if m.startswith(offset)]
 
     def by_id(self, shard: Shard, delay_id: str) -> list[tuple[int, bytes]]:
-        """The waiting record with ``delay_id`` in ``shard``: [(due ms, member)] or []. A
-        caller-given id through the id index (one lookup); a default id of this shard
-        (``<topic>:<partition>:<offset>``, not indexed) among the waiting members that start
-        with its offset (its due time is unknown: a scan, for rare lookups)."""
+        """The waiting records of ``shard`` the id index gives as candidates for the caller-given
+        ``delay_id``: [(due ms, member)], a reference as its 16 bytes. The index keeps a hash of
+        the id, so the caller confirms each by the delay-id of the record (a reference's read in
+        the delay topic); a default id is not in the index (:meth:`by_default_id`)."""
+        call = ("candidates", [self.keys.of(shard).ids], [id_hash(shard.topic, delay_id)])
+        [candidates] = candidates_from(self.scripts.run([call])[0])
+        found: list[tuple[int, bytes]] = []
+        for offset, due in candidates:
+            at = offset_bytes(offset)
+            found += self.at(shard, due, at) or self._reference(shard, at, due)
+        return found
+
+    def by_default_id(self, shard: Shard, offset: int) -> list[tuple[int, bytes]]:
+        """The waiting record at ``offset`` of ``shard``, named by its default delay-id
+        (``<topic>:<partition>:<offset>``, not indexed): [(due ms, member)] or []. Its due time
+        is unknown: a scan of the waiting members that start with its offset, for rare lookups."""
+        prefix = offset_bytes(offset)
         with as_store_error():
-            entry = cast(bytes | None, self.client.hget(self.keys.of(shard).ids, delay_id))
-            if entry is not None:
-                offset, due, _ = read_id_entry(entry)
-                return self.at(shard, due, offset) or self._reference(shard, offset, due)
-            offset_number = default_id_offset(shard, delay_id)
-            if offset_number is None:
-                return []
-            prefix = offset_bytes(offset_number)
             return [
                 (due_of(s), m)
                 for key in self.waiting_keys(shard)

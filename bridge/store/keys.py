@@ -20,9 +20,9 @@ pattern ``~<prefix>:*`` covers a deployment:
 * ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
   offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
   offset): the lowest pending offset — the one to commit — is read without scanning records;
-* ``…:ids``       the delay-id index: only records with a caller-given delay-id (its offset's 8
-  bytes, then its due ms and its record timestamp as text, ``<due>:<timestamp>`` — the due ms,
-  not the score: a reference's lane is not known until it is read back; :func:`read_id_entry`);
+* ``…:ids``       the delay-id index: only records with a caller-given delay-id, 18 bytes each
+  (a 4-byte hash of the id, the offset, the due ms), packed into bucket fields by linear hashing
+  (:mod:`bridge.store.ids`, the id index in _lib.lua);
 * ``…:refs``      HASH: records due too far out to keep whole (``store.payload_horizon``) as
   references, 16 bytes each (the offset and the due ms, both 8 big-endian bytes), appended in
   offset order to a chunk of their time bucket (field ``<bucket start ms>``; a full chunk is
@@ -235,17 +235,10 @@ def references_in(chunk: bytes) -> list[tuple[int, int]]:
     return [(int(o), int(d)) for o, d in _REFERENCE.iter_unpack(chunk)]
 
 
-def id_entry(offset: bytes, due_ms: int, timestamp_ms: int = 0) -> bytes:
-    """An id index entry (id_entry in _lib.lua): the offset's 8 bytes, the due ms, the record
-    timestamp."""
-    return offset + f"{due_ms}:{timestamp_ms}".encode()
-
-
-def read_id_entry(entry: bytes) -> tuple[bytes, int, int]:
-    """An id index entry's offset (its 8 bytes), due ms and record timestamp (id_entry in
-    _lib.lua; 0 when the entry has none)."""
-    due, _, stamped = entry[8:].partition(b":")
-    return entry[:8], int(due), int(stamped or 0)
+def where(offset: bytes, due_ms: int) -> bytes:
+    """Where a record waits, as add.lua takes it for a cancel of a default delay-id (where in
+    _lib.lua): the offset's 8 bytes, then the due ms (-1: in no index)."""
+    return offset + str(due_ms).encode()
 
 
 def default_id_offset(shard: Shard, delay_id: str) -> int | None:

@@ -33,6 +33,7 @@ NAMES = (
     "promote",
     "withdraw",
     "settle",
+    "candidates",
 )
 
 # One script call: the script's name, its keys, its arguments.

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bridge.message import Cancel, Scheduled
-from bridge.store import AckBatch, Added, Shard, Store, offset_bytes
+from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes
+from bridge.store.ids import read_index
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +31,13 @@ def waiting(store: Store, now: int = T0 + 10**9) -> dict[int, tuple[str, bytes |
             for c in store.claim([SHARD], 10_000, LEASE, now_ms=now)}  # fmt: skip
 
 
-def index(store: Store) -> dict[bytes, bytes]:
-    return dict(store.client.hgetall(store.keys(SHARD).ids))  # type: ignore[arg-type]
+def index(store: Store) -> list[tuple[bytes, bytes, int]]:
+    """The id index's entries: (id hash, offset, due ms) each."""
+    return read_index(store.client.hgetall(store.keys(SHARD).ids))  # type: ignore[arg-type]
+
+
+def entry(delay_id: str, offset: int, due: int) -> tuple[bytes, bytes, int]:
+    return id_hash(SHARD.topic, delay_id), offset_bytes(offset), due
 
 
 def test_a_later_record_with_the_same_id_replaces_the_waiting_one(store: Store) -> None:
@@ -52,7 +58,7 @@ def test_a_cancel_withdraws_the_waiting_record_and_counts_what_it_found(store: S
     added = apply(store, Cancel(2, "order-1"), Cancel(3, "never-scheduled"))
     assert (added.count, added.cancelled, added.not_found) == (0, 1, 1)
     assert waiting(store) == {1: ("order-2", b"v")}
-    assert index(store) == {b"order-2": offset_bytes(1) + f"{T0 + 5000}:0".encode()}
+    assert index(store) == [entry("order-2", 1, T0 + 5000)]
     assert store.lows({SHARD: 3}).offsets == {SHARD: 1}  # 0, 2 and 3 are done
 
 
@@ -86,12 +92,19 @@ def test_a_claimed_record_is_past_cancel_and_replace(store: Store) -> None:
     assert (added.count, added.replaced) == (1, 0)
     # The in-flight one's acknowledgement leaves the index naming the newer record.
     assert (
-        store.ack({SHARD: AckBatch(members=[claimed.member], ids=[("job", claimed.member)])}) == 1
+        store.ack(
+            {
+                SHARD: AckBatch(
+                    members=[claimed.member], ids=[(id_hash(SHARD.topic, "job"), claimed.member)]
+                )
+            }
+        )
+        == 1
     )
-    assert index(store) == {b"job": offset_bytes(2) + f"{T0 + 1000}:0".encode()}
+    assert index(store) == [entry("job", 2, T0 + 1000)]
     added = apply(store, Cancel(3, "job"))
     assert added.cancelled == 1 and waiting(store) == {}
-    assert index(store) == {}
+    assert index(store) == []
 
 
 def test_the_index_lives_and_dies_with_its_records(store: Store) -> None:
@@ -99,9 +112,10 @@ def test_the_index_lives_and_dies_with_its_records(store: Store) -> None:
     assert not store.client.exists(store.keys(SHARD).ids)
     apply(store, rec(50, T0, "x"), rec(51, T0, "y"))
     claimed = store.claim([SHARD], 100, LEASE, now_ms=T0)
-    ids = [(c.given_id(), c.member) for c in claimed if c.given_id()]
-    assert sorted(i for i, _ in ids) == ["x", "y"]  # type: ignore[type-var]
-    store.ack({SHARD: AckBatch(members=[c.member for c in claimed], ids=ids)})  # type: ignore[arg-type]
+    given = [(c.given_id(), c.member) for c in claimed if c.given_id()]
+    assert sorted(str(i) for i, _ in given) == ["x", "y"]
+    ids = [(id_hash(SHARD.topic, str(i)), m) for i, m in given]
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed], ids=ids)})
     assert not store.client.exists(store.keys(SHARD).ids)
 
 
@@ -112,9 +126,9 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
     job = next(c for c in first if c.given_id())
     # Record 0 was delivered (its report came in): acknowledged in the next claim's call, it is
     # not handed out again although its lease has run out, and leaves the id index with it.
-    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], ids=[("job", job.member)])})  # fmt: skip
+    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], ids=[(id_hash(SHARD.topic, "job"), job.member)])})  # fmt: skip
     assert sorted((c.record.offset, c.redelivery) for c in again) == [(1, True), (2, False)]
-    assert index(store) == {}
+    assert index(store) == []
     store.claim(
         [SHARD], 10, LEASE, now_ms=T0 + 6, acks={SHARD: AckBatch(members=[c.member for c in again])}
     )
@@ -142,9 +156,9 @@ def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Stor
     store.ack(
         {SHARD: AckBatch(members=[claimed.member])}
     )  # acknowledged without its id (an earlier build)
-    assert index(store) != {}
+    assert index(store) != []
     assert apply(store, Cancel(1, "job")).not_found == 1
-    assert index(store) == {}
+    assert index(store) == []
 
 
 def test_nothing_new_is_claimed_from_a_shard_redis_rolled_back_until_it_is_read_again(

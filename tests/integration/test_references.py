@@ -13,9 +13,10 @@ from redis.retry import Retry
 
 from bridge.errors import StoreError
 from bridge.message import Cancel, Scheduled
-from bridge.store import AckBatch, Shard, Store, offset_bytes
+from bridge.store import AckBatch, Shard, Store, id_hash, offset_bytes
+from bridge.store.ids import read_index
 from bridge.store.keys import member
-from tests.conftest import Services
+from tests.conftest import Services, confirm_from
 from tests.integration.wire import LossyRelay
 
 pytestmark = pytest.mark.integration
@@ -79,14 +80,15 @@ def test_a_reference_costs_redis_16_bytes_and_a_share_of_its_chunk(store: Store)
 def test_cancel_and_replace_reach_references(store: Store) -> None:
     far = T0 + 10 * BUCKET
     add(store, rec(0, far, "a"), rec(1, far, "b"), rec(2, far + 1))
+    # The index keeps hashes of the ids: its candidates, references, are read in the delay topic.
+    log = [rec(0, far, "a"), rec(1, far, "b"), rec(2, far + 1)]
     added = store.add({SHARD: (4, [Cancel(3, "a"), rec(4, far + 2, "b", b"new")])},
-                      refer_after_ms=T0, bucket_ms=BUCKET)  # fmt: skip
+                      refer_after_ms=T0, bucket_ms=BUCKET, confirm=confirm_from(log))  # fmt: skip
     assert (added.cancelled, added.replaced, added.not_found) == (1, 1, 0)
     assert store.references.counts([SHARD]) == {SHARD: 2}  # 2 and the replacement 4
     assert not store.inventory.is_pending(SHARD, 0) and not store.inventory.is_pending(SHARD, 1)
-    assert store.client.hgetall(store.keys(SHARD).ids) == {
-        b"b": offset_bytes(4) + f"{far + 2}:0".encode()
-    }
+    index = read_index(store.client.hgetall(store.keys(SHARD).ids))  # type: ignore[arg-type]
+    assert index == [(id_hash(SHARD.topic, "b"), offset_bytes(4), far + 2)]
     records = {0: rec(0, far, "a"), 1: rec(1, far, "b"), 2: rec(2, far + 1),
                4: rec(4, far + 2, "b", b"new")}  # fmt: skip
     assert promote_all(store, far, records) == 2  # the cancelled and the replaced are skipped

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -43,9 +44,10 @@ from hypothesis.stateful import (
 )
 
 from bridge.message import MAX_EPOCH_MS, MIN_EPOCH_MS, Cancel, Priority, Scheduled, origin
-from bridge.store import AckBatch, Claimed, Shard, Store, member, offset_bytes, score
+from bridge.store import AckBatch, Claimed, Shard, Store, id_hash, member, offset_bytes, score
+from bridge.store import ids as id_index
 from bridge.store.keys import LANE_WIDTH, Keys, default_id_offset, offset_of, references_in
-from tests.conftest import Services, delete_keys
+from tests.conftest import Services, confirm_from, delete_keys
 
 pytestmark = pytest.mark.integration
 
@@ -161,6 +163,7 @@ class StoreModel(RuleBasedStateMachine):
         self.epochs: dict[Shard, str] = {}  # the live shards' epochs (their last retire's label)
         self.incarnation = 1
         self.snapshot: tuple[dict[bytes, bytes], dict[Shard, ShardModel], int] | None = None
+        self.confirmed = 0  # id index candidates read in the delay topic
 
     def teardown(self) -> None:
         delete_keys(self.client, self.prefix)
@@ -256,18 +259,26 @@ class StoreModel(RuleBasedStateMachine):
         horizon = self.now + HORIZON
         added = self.store.add({shard: (records[-1].offset, records)}, expected,
                                refer_after_ms=horizon, bucket_ms=BUCKET,
-                               partitions={TOPIC: len(SHARDS)})  # fmt: skip
+                               partitions={TOPIC: len(SHARDS)}, confirm=self._read)  # fmt: skip
         if shard in added.lost:
             # Redis lost writes (a rollback): the ingress re-reads the delay topic from the
             # offset it committed, which nothing live is below, with no expectation.
             committed = self._committed(shard)
             again = [r for r in model.log if r.offset >= committed]
             self.store.add({shard: (again[-1].offset, again)}, None, refer_after_ms=horizon,
-                           bucket_ms=BUCKET, partitions={TOPIC: len(SHARDS)})  # fmt: skip
+                           bucket_ms=BUCKET, partitions={TOPIC: len(SHARDS)},
+                           confirm=self._read)  # fmt: skip
             apply(self.models, shard, again, horizon)
         else:
             apply(self.models, shard, records, horizon)
         model.seen = model.watermark
+
+    def _read(
+        self, shard: Shard, asked: Sequence[tuple[int, int]]
+    ) -> Mapping[int, tuple[str, int]]:
+        """The id index's candidates read in the delay topic: the model's log answers."""
+        self.confirmed += len(asked)
+        return confirm_from(self.models[shard].log)(shard, asked)
 
     def _committed(self, shard: Shard) -> int:
         lows = self.store.lows({shard: None})
@@ -347,7 +358,7 @@ class StoreModel(RuleBasedStateMachine):
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
-        ids = [(r.delay_id, offset_bytes(o)) for o in chosen
+        ids = [(id_hash(TOPIC, r.delay_id), offset_bytes(o)) for o in chosen
                if (r := model.leased[o][0]).delay_id is not None]  # fmt: skip
         epoch = "an-earlier-epoch" if old_epoch else self.epochs.get(shard, "")
         removed = self.store.ack({shard: AckBatch(epoch, [offset_bytes(o) for o in chosen], ids)})
@@ -554,11 +565,34 @@ def _diff(shard: Shard, what: str, redis_has: set[int], model_has: set[int]) -> 
 
 
 def test_the_store_behaves_as_its_model(services: Services) -> None:
-    examples = int(os.environ.get("STORE_MODEL_EXAMPLES", "60"))
+    _run(services, int(os.environ.get("STORE_MODEL_EXAMPLES", "60")))
+
+
+def test_every_cancel_and_replacement_reaches_its_own_record_when_ids_hash_alike(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id index keeps a hash of each delay-id: with one bit of it kept, the ids "a", "b" and
+    "c" share their hashes (and buckets), so every lookup gives other ids' records as candidates
+    too. The model still holds: the scripts confirm each candidate by its record (a reference's
+    read in the delay topic), never cancelling or replacing another id's record."""
+    monkeypatch.setattr(id_index, "HASH_BITS", 1)
+    hashes = {id_hash(TOPIC, i) for i in IDS}
+    assert len(hashes) < len(IDS), hashes  # at least two of the three collide
+    confirmed = _run(services, int(os.environ.get("STORE_MODEL_EXAMPLES", "60")))
+    assert confirmed > 0  # references among the candidates were read, not trusted
+
+
+def _run(services: Services, examples: int) -> int:
+    """Run the model ``examples`` times; returns the candidates read in the delay topic."""
+    confirmed = []
 
     class OnTheSessionsRedis(StoreModel):
         def __init__(self) -> None:
             super().__init__(services)
+
+        def teardown(self) -> None:
+            confirmed.append(self.confirmed)
+            super().teardown()
 
     run_state_machine_as_test(
         OnTheSessionsRedis,
@@ -569,6 +603,7 @@ def test_the_store_behaves_as_its_model(services: Services) -> None:
             suppress_health_check=list(HealthCheck),
         ),
     )
+    return sum(confirmed)
 
 
 assert LANE_WIDTH > MAX_EPOCH_MS  # every accepted due time fits a lane

@@ -40,35 +40,53 @@ stored_id(member): the delay-id its producer gave a stored record (a due index m
 8 bytes, then bridge.message.encode's form), or nil when it has the default one. It reads the
 form as decode does: the id is a length-prefixed field, or the first delay-id header's value.
 
-id_entry(offset, due, timestamp) / read_id_entry(entry): an id index entry — the record's offset
-(8 bytes), its due ms (not its score: a reference's lane is not known until it is read back) and
-its record timestamp, "<offset><due>:<timestamp>" — and its three parts (timestamp 0 if absent).
+where(offset, due) / read_where(hint): where a record waits, as a caller names it (the `where`
+of a cancel of a default delay-id, see add.lua): its offset (8 bytes), then its due ms as text.
 
-withdraw(shard, id, not_after): remove the waiting record the id index of `shard` names for `id`
-(a cancel or a replacement); returns whether one was waiting. `shard` names the keys: due, ids,
-low, pending, inflight, refs, waits. With `not_after` (a record timestamp: a cancel or replacement
-read in another partition of the topic), only a record stamped no later is withdrawn — a schedule
-produced after the cancel stands. An entry whose record is neither waiting nor in flight
-(delivered meanwhile) is dropped. The entry gives the due ms, not the lane: each lane is looked
-in, in the due index, then in the wait indexes of rate-limited targets; a record in none of them,
-not in flight yet pending, is a reference: its pending bit cleared, it is never read back.
+The id index (`…:ids`, a HASH) holds no delay-id. An entry is ID_ENTRY bytes: the id's hash (4
+bytes: bridge.store.ids hashes the delay topic and the id, the caller passes it), the record's
+offset (8 bytes) and its due ms (6 bytes, big-endian: not its score, a reference's lane is not
+known until it is read back). Entries are packed into bucket fields, so Redis's cost per field is
+shared by a bucket's entries (bench/id_index_layouts.py). Linear hashing keeps a bucket at ID_LOAD
+entries on average at any size: field "#" holds "count:level:split"; a hash h lives in bucket
+h mod 2^level, or h mod 2^(level+1) when that is below `split`; an entry added past the load
+splits bucket `split` in two by the hash's next bit. A bucket's field is its number; an empty
+bucket has none. Hashes of different ids may be equal: a match is a candidate, confirmed by the
+record itself (withdraw below).
+id_candidates(ids, hash): {offset, due} of each entry with this hash.
+id_put(ids, hash, offset, due) / id_drop(ids, hash, offset): add an entry; remove the one with this
+hash and offset (none: nothing happens).
+
+withdraw(shard, id, hash, vouched): remove the waiting record of this shard with delay-id `id`
+(a cancel or a replacement in its own partition); returns whether one was waiting, then its
+offset and due ms. `shard` names the keys: due, ids, low, pending, inflight, refs, waits. Each
+candidate the index gives for the hash is confirmed: a record held whole by the delay-id its
+stored form carries (stored_id); a reference by `vouched`, offset -> the delay-id the caller read
+at that offset in the delay topic ("": another record, or none). A candidate in flight stays (its
+acknowledgement drops its entry); one neither waiting nor in flight nor pending (delivered
+meanwhile) has its entry dropped. A record in none of the due and wait indexes, not in flight yet
+pending, is a reference: its pending bit cleared, it is never read back.
+unvouched(shard, hashes, vouched): the candidates for `hashes` that are references `vouched` does
+not name, as a flat list of offset, due ms: what the caller reads in the delay topic before
+withdraw can confirm them.
 withdrawing(first): the shard table withdraw and withdraw_at take, from KEYS[first..first+6] in
 that order (due, ids, low, pending, inflight, refs, waits), or the reply {"undeclared", ...} when
 the call left out a wait index (declared from KEYS[first + 7] on).
-withdraw_at(shard, offset, due) does the same for the record at `offset` due at `due` (-1: a
-reference, or not waiting), however it is known: a default delay-id is not in the id index.
+withdraw_at(shard, offset, due) removes the record at `offset` due at `due` (-1: a reference, or
+not waiting) wherever it waits, however it is known; returns whether it did, and whether it is in
+flight instead. It leaves the id index as it is.
 
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
-claimed in, argv[first + 1] n, then n offsets (8 bytes each), then to the end pairs (delay-id,
+claimed in, argv[first + 1] n, then n offsets (8 bytes each), then to the end pairs (id hash,
 offset) for those with a caller-given delay-id; keys are {in-flight, claimed, low, pending, id
 index, meta}. Acknowledgements of another epoch than the shard's (meta "epoch", set when
 incarnation.lua retires its state) are dropped: their records were retired, where the mover
 delivers them again, and the offsets now belong to other records. An acknowledged offset is no
 longer pending even if a copy of it is still queued (re-read after Redis lost data): that copy is
-a duplicate, so its pending bit is cleared regardless. A delay-id leaves the id index with its
-record, unless the index already names a later record with that id (a replacement scheduled while
-this one was in flight). Returns the number of records removed.
+a duplicate, so its pending bit is cleared regardless. A record with a caller-given delay-id
+leaves the id index with it (its entry: that hash and offset). Returns the number of records
+removed.
 ]]
 local LANES = {-LANE, 0, LANE}
 
@@ -291,37 +309,163 @@ local function stored_id(member)
   return nil
 end
 
-local function id_entry(offset, due, timestamp)
-  return offset .. int(due) .. ':' .. timestamp
+local function where(offset, due)
+  return offset .. int(due)
 end
 
-local function read_id_entry(entry)
-  local rest = string.sub(entry, 9)
-  local colon = string.find(rest, ':', 1, true)
-  if not colon then
-    return string.sub(entry, 1, 8), tonumber(rest), 0
+local function read_where(hint)
+  return string.sub(hint, 1, 8), tonumber(string.sub(hint, 9))
+end
+
+local ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 18, 64, 32
+
+local function id_state(ids)
+  local state = redis.call('HGET', ids, '#')
+  if not state then
+    return 0, 0, 0
   end
-  return string.sub(entry, 1, 8), tonumber(string.sub(rest, 1, colon - 1)),
-    tonumber(string.sub(rest, colon + 1))
+  local count, level, split = string.match(state, '^(%d+):(%d+):(%d+)$')
+  return tonumber(count), tonumber(level), tonumber(split)
 end
 
--- Remove the record at `offset` due at `due` from the ZSET `key`, in whichever lane it is;
--- returns whether it was there.
-local function take(key, offset, due)
+local function id_bucket(hash, level, split)
+  local h = struct.unpack('>I4', hash)
+  local b = h % 2 ^ level
+  if b < split then
+    b = h % 2 ^ (level + 1)
+  end
+  return int(b)
+end
+
+-- The 1-based positions in `bucket` of the entries starting with `prefix` (4 or 12 bytes).
+local function id_positions(bucket, prefix)
+  local found, from = {}, 1
+  while true do
+    local at = string.find(bucket, prefix, from, true)
+    if not at then
+      return found
+    end
+    if (at - 1) % ID_ENTRY == 0 then
+      found[#found + 1] = at
+      from = at + ID_ENTRY
+    else
+      from = at + 1
+    end
+  end
+end
+
+local function id_candidates(ids, hash)
+  local _, level, split = id_state(ids)
+  local bucket = redis.call('HGET', ids, id_bucket(hash, level, split))
+  local out = {}
+  if bucket then
+    for _, at in ipairs(id_positions(bucket, hash)) do
+      local hi, lo = struct.unpack('>HI4', bucket, at + 12)
+      out[#out + 1] = {string.sub(bucket, at + 4, at + 11), hi * 4294967296 + lo}
+    end
+  end
+  return out
+end
+
+local function id_save(ids, field, bucket)
+  if bucket == '' then
+    redis.call('HDEL', ids, field)
+  else
+    redis.call('HSET', ids, field, bucket)
+  end
+end
+
+-- Split bucket `split` in two by the hash bit above `level`: the entries with it set move to
+-- bucket split + 2^level.
+local function id_split(ids, level, split)
+  local field = int(split)
+  local bucket = redis.call('HGET', ids, field) or ''
+  local stay, move = {}, {}
+  for at = 1, #bucket, ID_ENTRY do
+    local entry = string.sub(bucket, at, at + ID_ENTRY - 1)
+    if math.floor(struct.unpack('>I4', entry) / 2 ^ level) % 2 == 1 then
+      move[#move + 1] = entry
+    else
+      stay[#stay + 1] = entry
+    end
+  end
+  if #move > 0 then
+    id_save(ids, field, table.concat(stay))
+    redis.call('HSET', ids, int(split + 2 ^ level), table.concat(move))
+  end
+end
+
+local function id_put(ids, hash, offset, due)
+  local count, level, split = id_state(ids)
+  local field = id_bucket(hash, level, split)
+  local hi = math.floor(due / 4294967296)
+  local entry = hash .. offset .. struct.pack('>HI4', hi, due - hi * 4294967296)
+  redis.call('HSET', ids, field, (redis.call('HGET', ids, field) or '') .. entry)
+  count = count + 1
+  if count > ID_LOAD * (2 ^ level + split) and level < ID_MAX_LEVEL then
+    id_split(ids, level, split)
+    split = split + 1
+    if split == 2 ^ level then
+      level, split = level + 1, 0
+    end
+  end
+  redis.call('HSET', ids, '#', int(count) .. ':' .. level .. ':' .. int(split))
+end
+
+local function id_drop(ids, hash, offset)
+  local count, level, split = id_state(ids)
+  local field = id_bucket(hash, level, split)
+  local bucket = redis.call('HGET', ids, field)
+  local at = bucket and id_positions(bucket, hash .. offset)[1]
+  if not at then
+    return
+  end
+  id_save(ids, field, string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + ID_ENTRY))
+  if count <= 1 then
+    redis.call('HDEL', ids, '#')  -- emptied: the index starts over at one bucket
+  else
+    redis.call('HSET', ids, '#', int(count - 1) .. ':' .. level .. ':' .. int(split))
+  end
+end
+
+-- The member at `offset` due at `due` in the ZSET `key`, in whichever lane it is (nil: none).
+local function find(key, offset, due)
   for _, base in ipairs(LANES) do
     local score = int(base + due)
     for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, score, score)) do
       if string.sub(member, 1, 8) == offset then
-        redis.call('ZREM', key, member)
-        return true
+        return member
       end
     end
   end
-  return false
+  return nil
 end
 
--- The record at `offset` due at `due` leaves, wherever it waits (see withdraw above); returns
--- whether it did, and whether it is in flight instead.
+-- Remove the record at `offset` due at `due` from the ZSET `key`; returns whether it was there.
+local function take(key, offset, due)
+  local member = find(key, offset, due)
+  if member then
+    redis.call('ZREM', key, member)
+  end
+  return member ~= nil
+end
+
+-- The member of the record at `offset` due at `due` where it waits whole: the due index or a
+-- wait index (nil: neither).
+local function find_whole(shard, offset, due)
+  local member = find(shard.due, offset, due)
+  if member then
+    return member
+  end
+  for _, target in ipairs(redis.call('SMEMBERS', shard.waits)) do
+    member = find(wait_key(shard.waits, target), offset, due)
+    if member then
+      return member
+    end
+  end
+  return nil
+end
+
 local function withdrawing(first)
   local waits = KEYS[first + 6]
   local refused = undeclared(first + 7, wait_keys(waits))
@@ -360,20 +504,51 @@ local function withdraw_at(shard, offset, due)
   return true, false
 end
 
-local function withdraw(shard, id, not_after)
-  local entry = redis.call('HGET', shard.ids, id)
-  if not entry then
-    return false
+-- What the candidate at `offset` due at `due` is: "whole" (with its member), "flight", "gone"
+-- or "reference".
+local function candidate(shard, offset, due)
+  local member = find_whole(shard, offset, due)
+  if member then
+    return 'whole', member
+  elseif redis.call('ZSCORE', shard.inflight, offset) then
+    return 'flight'
+  elseif not is_pending(shard.pending, offset) then
+    return 'gone'
   end
-  local offset, due, stamped = read_id_entry(entry)
-  if not_after and stamped > not_after then
-    return false
+  return 'reference'
+end
+
+local function withdraw(shard, id, hash, vouched)
+  for _, found in ipairs(id_candidates(shard.ids, hash)) do
+    local offset, due = found[1], found[2]
+    local kind, member = candidate(shard, offset, due)
+    if kind == 'gone' then
+      id_drop(shard.ids, hash, offset)
+    elseif (kind == 'whole' and stored_id(member) == id)
+        or (kind == 'reference' and vouched[offset] == id) then
+      withdraw_at(shard, offset, due)
+      id_drop(shard.ids, hash, offset)
+      return true, offset, due
+    end
   end
-  local done, in_flight = withdraw_at(shard, offset, due)
-  if not in_flight then
-    redis.call('HDEL', shard.ids, id)
+  return false
+end
+
+local function unvouched(shard, hashes, vouched)
+  local asked, seen = {}, {}
+  for _, hash in ipairs(hashes) do
+    for _, found in ipairs(id_candidates(shard.ids, hash)) do
+      local offset, due = found[1], found[2]
+      if not seen[offset] and vouched[offset] == nil then
+        seen[offset] = true
+        if candidate(shard, offset, due) == 'reference' then
+          asked[#asked + 1] = offset
+          asked[#asked + 1] = due
+        end
+      end
+    end
   end
-  return done, offset, due
+  return asked
 end
 
 local function ack(keys, argv, first)
@@ -389,10 +564,7 @@ local function ack(keys, argv, first)
   local removed = call_chunked('HDEL', keys[2], offsets)
   mark_pending(keys[4], keys[3], offsets, false)
   for i = first + n + 2, #argv, 2 do
-    local entry = redis.call('HGET', keys[5], argv[i])
-    if entry and string.sub(entry, 1, 8) == argv[i + 1] then
-      redis.call('HDEL', keys[5], argv[i])
-    end
+    id_drop(keys[5], argv[i], argv[i + 1])
   end
   return removed
 end

@@ -5,8 +5,8 @@ and cancels — and advance its ingest watermark, atomically.
 A scheduled record is one member of the due index: its offset as 8 big-endian bytes, then the
 encoded record, scored by its due time in its priority's lane (see LANES in _lib.lua) — so records
 due at the same time with the same priority sort in offset order, and a record costs Redis one
-entry. A record with a caller-given delay-id is also named in the id index (delay-id -> its
-offset's 8 bytes and its due ms, whatever its lane), and only such a record: a later record with the
+entry. A record with a caller-given delay-id is also named in the id index (its offset and due ms,
+under a hash of the id: see the id index in _lib.lua), and only such a record: a later record with the
 same id replaces it while it waits, and a cancel (no due time) withdraws it. A record already
 claimed is past both: the replacement is simply scheduled, the cancel finds nothing.
 
@@ -30,7 +30,7 @@ KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
-KEYS[5]  id index       HASH  delay-id -> offset (8 bytes), due ms, record timestamp (id_entry)
+KEYS[5]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
 KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting,
                               "seq" -> chunks named so far
@@ -41,10 +41,15 @@ KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
-ARGV[4..] groups of five, ascending offsets: offset, score, member, delay-id, record timestamp —
-          the delay-id "" unless the caller gave one; a cancel is offset, "", where, delay-id,
-          timestamp — `where` "" but for a default delay-id of this shard (not in the id index):
-          then an id_entry naming its record (its due ms -1 when it waits in no index); a reference's member is its 16 bytes (a record's member is longer) and its
+ARGV[4]  V, then V pairs: an offset (8 bytes) and the delay-id the caller read there in the
+          delay topic ("": another record's or none) — the references it vouches for (see
+          withdraw in _lib.lua): those of this batch with a caller-given id, and those this
+          script asked for
+ARGV[5 + 2V..] groups of five, ascending offsets: offset, score, member, delay-id, id hash — the
+          delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
+          delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
+          index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
+          index); a reference's member is its 16 bytes (a record's member is longer) and its
           score its due ms (its priority is read with the record)
 
 Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, then U pairs: the
@@ -55,6 +60,9 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, 
           (the journal's cancelled and replaced entries)}
        | {1, -1} shard state missing | {2, watermark} watermark went back
        | {"undeclared", wait indexes...}
+       | {"confirm", then pairs: offset, due ms} references the id index gives as candidates for
+         an id of the batch that the caller did not vouch for: nothing was written; the caller
+         reads them in the delay topic and calls again
 ]]
 local refused = undeclared(10, wait_keys(KEYS[9]))
 if refused then
@@ -101,6 +109,24 @@ end
 local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
                inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9]}
 local watermark = tonumber(mark or '-1')
+local vouched, first = {}, 5 + 2 * tonumber(ARGV[4])
+for i = 5, first - 1, 2 do
+  vouched[ARGV[i]] = ARGV[i + 1]
+end
+-- Only a shard holding references can hold a candidate this script cannot confirm itself.
+if redis.call('ZCARD', KEYS[8]) > 0 then
+  local hashes = {}
+  for i = first, #ARGV, 5 do
+    if ARGV[i + 4] ~= '' and tonumber(ARGV[i]) > watermark then
+      hashes[#hashes + 1] = ARGV[i + 4]
+    end
+  end
+  local asked = unvouched(shard, hashes, vouched)
+  if #asked > 0 then
+    table.insert(asked, 1, 'confirm')
+    return asked
+  end
+end
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched, withdrawn = {}, {}
@@ -120,14 +146,14 @@ local function flush()
   due, members, referred = {}, {}, 0
 end
 
-for i = 4, #ARGV, 5 do
+for i = first, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
-    local score, member, id, stamped = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+    local score, member, id, hash = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     if score == '' then
-      local done, offset, at = withdraw(shard, id)
+      local done, offset, at = withdraw(shard, id, hash, vouched)
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
-        offset, at = read_id_entry(member)
+        offset, at = read_where(member)
         done = withdraw_at(shard, offset, at)
       end
       if done then
@@ -151,7 +177,7 @@ for i = 4, #ARGV, 5 do
       members[#members + 1] = member
       plain = plain + 1
     else
-      local done, offset, at = withdraw(shard, id)
+      local done, offset, at = withdraw(shard, id, hash, vouched)
       if done then
         withdrew(offset, at, ARGV[i])
         replaced = replaced + 1
@@ -165,7 +191,7 @@ for i = 4, #ARGV, 5 do
       else
         redis.call('ZADD', KEYS[1], score, member)
       end
-      redis.call('HSET', KEYS[5], id, id_entry(string.sub(member, 1, 8), due_of(score), stamped))
+      id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
       mark_pending(KEYS[4], KEYS[3], {member}, true)
       added = added + 1
     end

@@ -7,14 +7,15 @@ shard's claims resume (bridge.positions), so none of them is delivered again.
 
 KEYS[1]  claimed        HASH  offset -> member
 KEYS[2]  due index      ZSET  member -> score (due ms in its lane)
-KEYS[3]  id index       HASH  delay-id -> id_entry (offset, due ms, record timestamp)
+KEYS[3]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
 KEYS[4]  low index      ZSET  offset bucket -> 0
 KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  "count" -> references waiting
 KEYS[8]  waits          SET   targets with a wait index
 KEYS[9..] the wait indexes the SET lists (see undeclared in _lib.lua)
-ARGV[1..] triples: the record's offset (8 bytes), its due ms, its delay-id
+ARGV[1..] triples: the record's offset (8 bytes), its due ms, the hash of its caller-given
+          delay-id ("": none)
 
 Returns: the number of records removed | {"undeclared", wait indexes...}
 ]]
@@ -35,9 +36,8 @@ for i = 1, #ARGV, 3 do
   end
   if done then
     removed = removed + 1
-    local entry = redis.call('HGET', shard.ids, ARGV[i + 2])
-    if entry and string.sub(entry, 1, 8) == offset then
-      redis.call('HDEL', shard.ids, ARGV[i + 2])
+    if ARGV[i + 2] ~= '' then
+      id_drop(shard.ids, ARGV[i + 2], offset)
     end
   end
 end

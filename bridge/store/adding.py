@@ -1,0 +1,157 @@
+"""Batches of delay-topic records added per shard (add.lua).
+
+Their cancels and replacements withdraw what they name in their own partition and in the topic's
+others (:mod:`bridge.store.across`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from bridge.message import Cancel, Scheduled
+from bridge.store.across import default_id_where, withdraw_elsewhere
+from bridge.store.calls import AddEntry, AddReply, add_argv, asked_to_confirm
+from bridge.store.ids import Confirm, id_hash
+from bridge.store.inventory import Inventory
+from bridge.store.keys import Keys, Shard, member, reference, score
+from bridge.store.results import Added, Lost, Withdrawn
+from bridge.store.scripts import Call, Scripts
+
+# add.lua asks to confirm the references its id lookups found at most once per batch (only the
+# ingress adds to a shard, and nothing else makes references): a third ask is a bug.
+CONFIRM_ROUNDS = 3
+
+
+def add_call(
+    keys: Keys,
+    inventory: Inventory,
+    shard: Shard,
+    batch: tuple[int, Sequence[Scheduled | Cancel]],
+    *,
+    expected: int | None,
+    refer_after_ms: int,
+    bucket_ms: int,
+    vouched: Mapping[int, str],
+) -> Call:
+    """The add.lua call of one shard's ``batch`` (highest offset, records); ``vouched`` the
+    delay-ids read in the delay topic at the offsets add.lua asked about (its references of this
+    batch with a caller-given id are vouched for here)."""
+    high, records = batch
+    k = keys.of(shard)
+    entries: list[AddEntry] = []
+    vouch = dict(vouched)
+    for rec in records:
+        if isinstance(rec, Cancel):
+            where = default_id_where(inventory, shard, rec, records, refer_after_ms)
+            hashed = id_hash(shard.topic, rec.delay_id)
+            entries.append(AddEntry(rec.offset, "", where, rec.delay_id, hashed))
+            continue
+        given = rec.given_id(shard.topic, shard.partition) or ""
+        if rec.due_ms > refer_after_ms:  # its priority is read back with the record
+            stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
+            if given:
+                vouch[rec.offset] = given
+        else:
+            stored, at = member(rec, shard.topic, shard.partition), score(rec)
+        hashed = id_hash(shard.topic, given) if given else b""
+        entries.append(AddEntry(rec.offset, at, stored, given, hashed))
+    keys_ = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
+    return "add", keys_, add_argv(expected, high, bucket_ms, vouch, entries)
+
+
+def add(
+    scripts: Scripts,
+    keys: Keys,
+    inventory: Inventory,
+    batches: Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]],
+    expected: Mapping[Shard, int],
+    *,
+    refer_after_ms: int,
+    bucket_ms: int,
+    partitions: Mapping[str, int],
+    confirm: Confirm,
+) -> Added:
+    """See :meth:`bridge.store.Store.add`."""
+    shards = list(batches)
+    vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
+
+    def call(shard: Shard) -> Call:
+        return add_call(
+            keys,
+            inventory,
+            shard,
+            batches[shard],
+            expected=expected.get(shard),
+            refer_after_ms=refer_after_ms,
+            bucket_ms=bucket_ms,
+            vouched=vouched[shard],
+        )
+
+    replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
+    for _ in range(CONFIRM_ROUNDS):
+        asking = {s: a for s, r in replies.items() if (a := asked_to_confirm(r)) is not None}
+        if not asking:
+            break
+        for shard, asked in asking.items():
+            read = confirm(shard, asked)
+            vouched[shard].update({o: read[o][0] if o in read else "" for o, _ in asked})
+        again = list(asking)
+        replies.update(zip(again, scripts.run([call(s) for s in again]), strict=True))
+    else:
+        raise RuntimeError(f"add.lua asked to confirm again after {CONFIRM_ROUNDS} rounds")
+    counts, lost = [0, 0, 0, 0], {}
+    unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
+    withdrawn: list[Withdrawn] = []
+    for shard in shards:
+        r = AddReply.read(replies[shard])
+        if r.loss is not None:
+            lost[shard] = r.loss
+            continue
+        counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
+        if r.unmatched or r.withdrawn:  # only then is a record looked up by its offset
+            by_offset = {rec.offset: rec for rec in batches[shard][1]}
+            unmatched += [(shard, by_offset[o]) for o in r.unmatched]
+            withdrawn += [
+                _withdrawn((shard, offset, due), shard, by_offset[by])
+                for offset, due, by in r.withdrawn
+            ]
+    found = withdraw_elsewhere(scripts, keys, unmatched, partitions, confirm)
+    return _added(counts, lost, unmatched, withdrawn, found)
+
+
+def _added(
+    counts: list[int],
+    lost: dict[Shard, Lost],
+    unmatched: list[tuple[Shard, Scheduled | Cancel]],
+    withdrawn: list[Withdrawn],
+    found: Mapping[tuple[Shard, int], tuple[Shard, int, int]],
+) -> Added:
+    """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
+    with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
+    withdrawn += [
+        _withdrawn(found[s, r.offset], s, r) for s, r in unmatched if (s, r.offset) in found
+    ]
+    missed = [
+        (s, r.offset, r.delay_id)
+        for s, r in unmatched
+        if isinstance(r, Cancel) and (s, r.offset) not in found
+    ]
+    added, replaced, cancelled, not_found = counts
+    across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
+    replaced += len(found) - across
+    return Added(
+        added,
+        lost,
+        replaced,
+        cancelled + across,
+        not_found - across,
+        tuple(missed),
+        tuple(withdrawn),
+    )
+
+
+def _withdrawn(where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel) -> Withdrawn:
+    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms)."""
+    shard, offset, due = where
+    cancel = isinstance(record, Cancel)
+    return Withdrawn(shard, offset, due, record.delay_id, by, record.offset, cancel)

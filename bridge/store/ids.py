@@ -1,0 +1,53 @@
+"""The id index's hash of a delay-id, and how a candidate it gives is confirmed.
+
+The id index (``…:ids``, see the id index in _lib.lua) keeps no delay-id: an entry is a 4-byte
+hash of (delay topic, delay-id), the record's offset and its due ms, 18 bytes packed with others
+into a bucket field. Two ids may hash alike, so a match is a candidate only: the scripts confirm a
+record held whole by the id its stored form carries; a reference (a far-future record, its payload
+left in Kafka) is confirmed by reading it in the delay topic (:data:`Confirm`), as are the records
+a cancel or replacement read in another partition names (its timestamp decides too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+from bridge.store.keys import Shard
+
+# The bits of the hash kept: 32. A test lowers it to force collisions (every cancel and
+# replacement must still reach exactly its own record); read at each call.
+HASH_BITS = 32
+ENTRY_BYTES = 18  # ID_ENTRY in _lib.lua: hash 4, offset 8, due ms 6
+
+# For each (offset, due ms) of a shard's delay topic asked, the delay-id and timestamp of the
+# record read there; an offset left out holds no record that can match (gone, or not a schedule).
+Confirm = Callable[[Shard, Sequence[tuple[int, int]]], Mapping[int, tuple[str, int]]]
+
+
+def id_hash(topic: str, delay_id: str) -> bytes:
+    """The id index's 4-byte hash of ``delay_id`` in the delay topic ``topic``."""
+    digest = hashlib.blake2b(f"{topic}\0{delay_id}".encode(), digest_size=4).digest()
+    if HASH_BITS >= 32:
+        return digest
+    kept = int.from_bytes(digest, "big") & ((1 << HASH_BITS) - 1)
+    return kept.to_bytes(4, "big")
+
+
+def unconfirmed(shard: Shard, asked: Sequence[tuple[int, int]]) -> Mapping[int, tuple[str, int]]:
+    """The :data:`Confirm` of a store given none: a candidate that needs reading in Kafka is an
+    error (the bridge's ingress always gives one; a test of the store alone gives its own)."""
+    raise LookupError(f"{shard}: id index candidates {list(asked)} need reading in the delay topic")
+
+
+def read_index(fields: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes, int]]:
+    """The entries of an id index, as HGETALL gives it: (id hash, offset's 8 bytes, due ms)
+    each, bucket by bucket (the state field "#" left out). For tests and tools."""
+    out = []
+    for field, bucket in fields.items():
+        if field == b"#":
+            continue
+        for at in range(0, len(bucket), ENTRY_BYTES):
+            entry = bucket[at : at + ENTRY_BYTES]
+            out.append((entry[:4], entry[4:12], int.from_bytes(entry[12:], "big")))
+    return out
