@@ -120,6 +120,9 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         for count, size in sizes.held:
             say(f"far-future: {count:,} records of {size} B due in 30 days, then a restart")
             far_future.held(servers, out, report, count, size)
+        count, size = sizes.held[0]
+        say(f"far-future: {count:,} records of {size} B due in 30 days, a 31-byte delay-id each")
+        far_future.held(servers, out, report, count, size, id_bytes=31)
         for size in sizes.values:
             say(f"far-future: {sizes.contiguous:,} records of {size} B due at one instant, read "
                 "back")  # fmt: skip

@@ -35,7 +35,7 @@ from bench.scenarios import (
     used_memory,
     wait_delivered,
 )
-from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers
+from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
 from bridge.store import Store
 from tests.chaos.checker import Expected, settle
 from tests.chaos.scenarios import Run, references_waiting
@@ -56,10 +56,14 @@ def _keyed(headers: Headers, count: int) -> list[Record]:
     return (base * (count // KEYS + 1))[:count]
 
 
-def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int) -> None:
-    """``count`` records of ``value_size`` B due in 30 days, the bridge's defaults: memory once
-    all are stored; then the restart case."""
+def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int,
+         *, id_bytes: int = 0) -> None:  # fmt: skip
+    """``count`` records of ``value_size`` B due in 30 days, the bridge's defaults (with
+    ``id_bytes``, a delay-id of that length each): memory once all are stored; then the restart
+    case."""
     name = f"far-future held {count:,} x {value_size} B"
+    if id_bytes:
+        name += f" with {id_bytes}-byte delay-ids"
     run = Run(servers, workdir, "far-held", label="bench", target_config=ACK_STAMPS, watch=False)
     store = Store(servers.redis(), run.prefix)
     try:
@@ -67,7 +71,11 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         redis_before, rss_before = used_memory(store), bridge.memory()
         header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
         started = time.monotonic()
-        workload = produce(run, _keyed(header, count), float("inf"), value_size=value_size)
+        records = _keyed(header, count) if not id_bytes else [
+            Record([*header, (H_ID, (b"reminder-%d" % i).rjust(id_bytes, b"0"))],
+                   key=b"k%d" % (i % KEYS)) for i in range(count)
+        ]  # fmt: skip
+        workload = produce(run, records, float("inf"), value_size=value_size)
         progress = Progress(store, run.delay).start()
         progress.wait(lambda i, s: i >= count, 3600, "far-future records stored")
         seconds = time.monotonic() - started
@@ -78,6 +86,7 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         grown, rss = used_memory(store) - redis_before, bridge.memory()
         figures: dict[str, Any] = {
             "records": count, "value_bytes": value_size, "references": references,
+            "delay_id_bytes": id_bytes,
             "seconds_to_store": round(seconds, 1), "stored_per_s": count / seconds,
             "redis_bytes": grown, "redis_bytes_per_record": grown / count,
             "bridge_rss_bytes": rss, "bridge_rss_before_bytes": rss_before,

@@ -1,14 +1,14 @@
-"""Redis bytes per delay-id index entry, for the layout the store has and packed alternatives.
+"""Redis bytes per delay-id index entry, for the index's earlier layout and packed ones.
 
     python -m bench.id_index_layouts [--entries N] [--id-bytes B]
 
-The store's id index (``…:ids``) maps each caller-given delay-id to its record's offset, due ms and
-record timestamp: one HASH field per id. The alternatives pack fixed-width entries (a few bytes
-of the id's hash, then offset, due time and timestamp) into the values of a HASH whose fields are
-bucket numbers, so Redis's per-field cost (its dict entry, two allocations) is shared by a
-bucket's entries. For each layout, N entries go to one HASH under a unique key on the local Redis
-(``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port) and Redis's ``used_memory`` growth per
-entry is printed; the key is deleted after each.
+The id index (``…:ids``) mapped each caller-given delay-id to its record's offset, due ms and
+record timestamp: one HASH field per id. The packed layouts put fixed-width entries (a few bytes
+of the id's hash, then offset and due time: 18 bytes in the store now) into the values of a HASH
+whose fields are bucket numbers, so Redis's per-field cost (its dict entry, two allocations) is
+shared by a bucket's entries. For each layout, N entries go to one HASH under a unique key on the
+local Redis (``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port) and Redis's
+``used_memory`` growth per entry is printed; the key is deleted after each.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def per_entry(client: redis.Redis, entries: int, fill: Callable[[redis.Redis, st
 
 
 def by_id(entries: int, id_bytes: int) -> Callable[[redis.Redis, str], None]:
-    """The store's layout: the delay-id -> offset (8 bytes), ``<due ms>:<timestamp ms>``."""
+    """The earlier layout: the delay-id -> offset (8 bytes), ``<due ms>:<timestamp ms>``."""
 
     def fill(client: redis.Redis, key: str) -> None:
         pipe = client.pipeline(transaction=False)
@@ -92,8 +92,8 @@ def main() -> None:
         print(f"| layout | bytes per entry ({n:,} entries, {args.id_bytes}-byte ids) |")
         print("|---|---|")
         store = per_entry(client, n, by_id(n, args.id_bytes))
-        print(f"| a field per delay-id (the store's) | {store:.1f} |")
-        for width in (16, 17, 19, 20):
+        print(f"| a field per delay-id (the earlier layout) | {store:.1f} |")
+        for width in (16, 18, 20):
             for k in (8, 16, 32, 64):
                 got = per_entry(client, n, packed(n, k, width))
                 print(f"| {width}-byte entries, {k} to a bucket | {got:.1f} |")

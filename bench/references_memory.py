@@ -1,8 +1,9 @@
 """Redis bytes per far-future record kept as a reference: the store alone, no Kafka.
 
-    python -m bench.references_memory [--records N] [--partitions P] [--days D]
+    python -m bench.references_memory [--records N] [--partitions P] [--days D] [--with-ids]
 
-Adds N records of 1 KiB (``--with-ids``: each with a delay-id of its own) due uniformly over D
+Adds N records of 1 KiB (``--with-ids``: each with a delay-id of its own, ``--id-bytes`` long,
+31 by default) due uniformly over D
 days (after the default payload horizon) to P shards under a unique prefix on the local Redis
 (``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port), 500 per shard per call as the ingress
 does, and prints Redis's ``used_memory`` growth per record; then deletes the keys. The
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--with-ids", action="store_true", help="a delay-id of its own each")
+    parser.add_argument("--id-bytes", type=int, default=31, help="the length of each delay-id")
     args = parser.parse_args()
     url = os.environ.get("DELAY_BRIDGE_REDIS__URL", "redis://127.0.0.1:16379/0")
     client = redis.Redis.from_url(url)
@@ -49,7 +51,8 @@ def main() -> None:
             records = []
             for o in range(offsets[p], offsets[p] + 500):
                 due = horizon + rng.randrange(args.days * DAY_MS)
-                delay_id = f"reminder-{p}-{o}" if args.with_ids else f"delay:{p}:{o}"
+                given = f"reminder-{p}-{o}".rjust(args.id_bytes, "0")
+                delay_id = given if args.with_ids else f"delay:{p}:{o}"
                 records.append(Scheduled(o, due, "out", b"k", b"v" * 1024, [], delay_id))
             offsets[p] += 500
             batches[Shard("delay", p)] = (offsets[p] - 1, records)
@@ -57,7 +60,7 @@ def main() -> None:
         added += 500 * args.partitions
     seconds = time.monotonic() - started
     grown = cast(dict[str, int], client.info("memory"))["used_memory"] - used
-    ids = " with a delay-id each" if args.with_ids else ""
+    ids = f" with a {args.id_bytes}-byte delay-id each" if args.with_ids else ""
     print(f"{added:,} references{ids} over {args.days} days in {args.partitions} partitions "
           f"({config.bucket_ms // 60_000} min buckets): {grown / added:.1f} bytes each in Redis "
           f"(used_memory +{grown:,}); stored at {added / seconds:,.0f}/s")  # fmt: skip

@@ -188,6 +188,11 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
                     overhead <= 150))  # fmt: skip
         out.append(("p99 with the backlog <= 2x without", f"{b['p99_ratio']:.2f}x",
                     b["p99_ratio"] <= 2))  # fmt: skip
+        with_ids = f.get("backlog with ids")
+        if with_ids:
+            extra = with_ids["overhead_bytes"] - overhead
+            out.append(("a caller-given delay-id adds <= 48 B to a record", f"{extra:.0f} B",
+                        extra <= 48))  # fmt: skip
     for name in ("priority", "priority, rate-limited"):
         x = f.get(name)
         if x:
@@ -254,6 +259,12 @@ def _far_future_targets(f: dict[str, Any]) -> list[tuple[str, str, bool]]:
             continue
         what = f"{h['records']:,} x {h['value_bytes']} B"
         per = h["redis_bytes_per_record"]
+        if h.get("delay_id_bytes"):
+            label = (
+                f"{what}: Redis <= 40 B per far-future record with a {h['delay_id_bytes']}-byte id"
+            )
+            out.append((label, f"{per:.1f} B", per <= 40))
+            continue
         out.append((f"{what}: Redis <= 32 B per far-future record", f"{per:.1f} B", per <= 32))
         if h["value_bytes"] == 1024:
             total = h["total_mb"]

@@ -378,7 +378,7 @@ def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
     # leaving Redis (acknowledgements are applied once per tick), which the count would subtract.
     ingested_before = progress.sample()[1]
     header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
-    records = [Record([*header, *([(H_ID, b"reminder-%d" % i)] if ids else [])],
+    records = [Record([*header, *([(H_ID, (b"reminder-%d" % i).rjust(31, b"0"))] if ids else [])],
                       key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
     started = time.monotonic()
     finished(produce(run, records, float("inf"), first_seq=first_seq), 900)
