@@ -4,7 +4,7 @@
 
 The id index (``…:ids``) mapped each caller-given delay-id to its record's offset, due ms and
 record timestamp: one HASH field per id. The packed layouts put fixed-width entries (a few bytes
-of the id's hash, then offset and due time: 18 bytes in the store now) into the values of a HASH
+of the id's hash, then offset and due time: 19 bytes in the store now) into the values of a HASH
 whose fields are bucket numbers, so Redis's per-field cost (its dict entry, two allocations) is
 shared by a bucket's entries. For each layout, N entries go to one HASH under a unique key on the
 local Redis (``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port) and Redis's
@@ -93,8 +93,8 @@ def main() -> None:
         print("|---|---|")
         store = per_entry(client, n, by_id(n, args.id_bytes))
         print(f"| a field per delay-id (the earlier layout) | {store:.1f} |")
-        for width in (16, 18, 20):
-            for k in (8, 16, 32, 64):
+        for width in (18, 19, 20):
+            for k in (16, 32, 64, 128):
                 got = per_entry(client, n, packed(n, k, width))
                 print(f"| {width}-byte entries, {k} to a bucket | {got:.1f} |")
     finally:

@@ -69,11 +69,11 @@ def main() -> None:
 
     def fresh() -> None:
         nonlocal waiting
-        add([schedule(waiting + i, T0 + 10**9) for i in range(args.batch)])
+        add([schedule(waiting + i, T0 + 10**9 + waiting + i) for i in range(args.batch)])
         waiting += args.batch
 
     def replace() -> None:
-        add([schedule(n, T0 + 10**9 + 1) for n in range(waiting - args.batch, waiting)])
+        add([schedule(n, T0 + 10**9 + n + 1) for n in range(waiting - args.batch, waiting)])
 
     def cancel() -> None:
         nonlocal waiting, offset

@@ -1,7 +1,7 @@
 """The id index's hash of a delay-id, and how a candidate it gives is confirmed.
 
-The id index (``…:ids``, see the id index in _lib.lua) keeps no delay-id: an entry is a 4-byte
-hash of (delay topic, delay-id), the record's offset and its due ms, 18 bytes packed with others
+The id index (``…:ids``, see the id index in _lib.lua) keeps no delay-id: an entry is a 5-byte
+hash of (delay topic, delay-id), the record's offset and its due ms, 19 bytes packed with others
 into a bucket field. Two ids may hash alike, so a match is a candidate only: the scripts confirm a
 record held whole by the id its stored form carries; a reference (a far-future record, its payload
 left in Kafka) is confirmed by reading it in the delay topic (:data:`Confirm`), as are the records
@@ -15,10 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 from bridge.store.keys import Shard
 
-# The bits of the hash kept: 32. A test lowers it to force collisions (every cancel and
-# replacement must still reach exactly its own record); read at each call.
-HASH_BITS = 32
-ENTRY_BYTES = 18  # ID_ENTRY in _lib.lua: hash 4, offset 8, due ms 6
+# 40 bits: a lookup among n entries of a shard meets another id's hash n / 2^40 of the time (1 in
+# 110,000 at ten million), and only then is a record read to tell them apart. A test lowers
+# HASH_BITS to force collisions (every cancel and replacement must still reach exactly its own
+# record); read at each call.
+HASH_BYTES = 5  # ID_HASH in _lib.lua
+HASH_BITS = 8 * HASH_BYTES
+ENTRY_BYTES = HASH_BYTES + 8 + 6  # ID_ENTRY in _lib.lua: the hash, the offset, the due ms
 
 # For each (offset, due ms) of a shard's delay topic asked, the delay-id and timestamp of the
 # record read there; an offset left out holds no record that can match (gone, or not a schedule).
@@ -26,12 +29,12 @@ Confirm = Callable[[Shard, Sequence[tuple[int, int]]], Mapping[int, tuple[str, i
 
 
 def id_hash(topic: str, delay_id: str) -> bytes:
-    """The id index's 4-byte hash of ``delay_id`` in the delay topic ``topic``."""
-    digest = hashlib.blake2b(f"{topic}\0{delay_id}".encode(), digest_size=4).digest()
-    if HASH_BITS >= 32:
+    """The id index's hash of ``delay_id`` in the delay topic ``topic`` (HASH_BYTES bytes)."""
+    digest = hashlib.blake2b(f"{topic}\0{delay_id}".encode(), digest_size=HASH_BYTES).digest()
+    if HASH_BITS >= 8 * HASH_BYTES:
         return digest
     kept = int.from_bytes(digest, "big") & ((1 << HASH_BITS) - 1)
-    return kept.to_bytes(4, "big")
+    return kept.to_bytes(HASH_BYTES, "big")
 
 
 def unconfirmed(shard: Shard, asked: Sequence[tuple[int, int]]) -> Mapping[int, tuple[str, int]]:
@@ -49,5 +52,6 @@ def read_index(fields: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes, int]]:
             continue
         for at in range(0, len(bucket), ENTRY_BYTES):
             entry = bucket[at : at + ENTRY_BYTES]
-            out.append((entry[:4], entry[4:12], int.from_bytes(entry[12:], "big")))
+            hashed, offset, due = entry[:HASH_BYTES], entry[HASH_BYTES:-6], entry[-6:]
+            out.append((hashed, offset, int.from_bytes(due, "big")))
     return out

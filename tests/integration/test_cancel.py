@@ -180,3 +180,16 @@ def test_nothing_new_is_claimed_from_a_shard_redis_rolled_back_until_it_is_read_
     assert held == [] and held.next_ms[SHARD] == T0 + 10 + 250  # asked again in a moment
     assert store.lows(dict(seen)).lost  # what makes the ingress read it again
     assert [c.record.offset for c in store.claim([SHARD], 10, LEASE, now_ms=T0 + 10)] == [0, 1]
+
+
+def test_a_cancel_finds_its_record_among_many_due_at_the_same_ms(store: Store) -> None:
+    """Members of one score are looked through by rank past the first 16 (they sort by offset):
+    a cancel reaches the first, a middle and the last of 300 records due at one ms."""
+    apply(store, *(rec(i, T0, f"job-{i}") for i in range(300)))
+    added = apply(store, Cancel(300, "job-137"), Cancel(301, "job-0"), Cancel(302, "job-299"))
+    assert (added.cancelled, added.not_found) == (3, 0)
+    added = apply(store, rec(303, T0, "job-200", b"again"))
+    assert added.replaced == 1
+    left = waiting(store)
+    assert sorted(left) == [i for i in range(304) if i not in (0, 137, 200, 299, 300, 301, 302)]
+    assert left[303] == ("job-200", b"again")

@@ -43,14 +43,14 @@ form as decode does: the id is a length-prefixed field, or the first delay-id he
 where(offset, due) / read_where(hint): where a record waits, as a caller names it (the `where`
 of a cancel of a default delay-id, see add.lua): its offset (8 bytes), then its due ms as text.
 
-The id index (`…:ids`, a HASH) holds no delay-id. An entry is ID_ENTRY bytes: the id's hash (4
-bytes: bridge.store.ids hashes the delay topic and the id, the caller passes it), the record's
-offset (8 bytes) and its due ms (6 bytes, big-endian: not its score, a reference's lane is not
-known until it is read back). Entries are packed into bucket fields, so Redis's cost per field is
+The id index (`…:ids`, a HASH) holds no delay-id. An entry is ID_ENTRY bytes: the id's hash
+(ID_HASH bytes: bridge.store.ids hashes the delay topic and the id, the caller passes it), the
+record's offset (8 bytes) and its due ms (6 bytes, big-endian: not its score, a reference's lane
+is not known until it is read back). Entries are packed into bucket fields, so Redis's cost per field is
 shared by a bucket's entries (bench/id_index_layouts.py). Linear hashing keeps a bucket at ID_LOAD
 entries on average at any size: field "#" holds "count:level:split"; a hash h lives in bucket
-h mod 2^level, or h mod 2^(level+1) when that is below `split`; an entry added past the load
-splits bucket `split` in two by the hash's next bit. A bucket's field is its number; an empty
+h mod 2^level (h: the hash's last 4 bytes), or h mod 2^(level+1) when that is below `split`; an
+entry added past the load splits bucket `split` in two by the hash's next bit. A bucket's field is its number; an empty
 bucket has none. Hashes of different ids may be equal: a match is a candidate, confirmed by the
 record itself (withdraw below).
 id_candidates(ids, hash): {offset, due} of each entry with this hash.
@@ -317,33 +317,72 @@ local function read_where(hint)
   return string.sub(hint, 1, 8), tonumber(string.sub(hint, 9))
 end
 
-local ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 18, 64, 32
+local ID_HASH, ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 5, 19, 64, 32
+
+-- What one call read and wrote of each id index: its state {count, level, split} and its
+-- buckets by field ('' for none), so a batch's lookups and writes read a bucket once.
+local id_states, id_buckets = {}, {}
 
 local function id_state(ids)
-  local state = redis.call('HGET', ids, '#')
+  local state = id_states[ids]
   if not state then
-    return 0, 0, 0
+    state, id_buckets[ids] = {0, 0, 0}, {}
+    local stored = redis.call('HGET', ids, '#')
+    if stored then
+      local count, level, split = string.match(stored, '^(%d+):(%d+):(%d+)$')
+      state = {tonumber(count), tonumber(level), tonumber(split)}
+    end
+    id_states[ids] = state
   end
-  local count, level, split = string.match(state, '^(%d+):(%d+):(%d+)$')
-  return tonumber(count), tonumber(level), tonumber(split)
+  return state
 end
 
-local function id_bucket(hash, level, split)
-  local h = struct.unpack('>I4', hash)
-  local b = h % 2 ^ level
-  if b < split then
-    b = h % 2 ^ (level + 1)
+local function id_set_state(ids, state)
+  if state[1] == 0 then
+    state[2], state[3] = 0, 0  -- emptied: the index starts over at one bucket
+    redis.call('HDEL', ids, '#')
+  else
+    redis.call('HSET', ids, '#', int(state[1]) .. ':' .. int(state[2]) .. ':' .. int(state[3]))
   end
-  return int(b)
 end
 
--- The 1-based positions in `bucket` of the entries starting with `prefix` (4 or 12 bytes).
+-- The field of the bucket `hash` lives in, and that bucket ('' when empty).
+local function id_bucket(ids, hash)
+  local state = id_state(ids)
+  local h = struct.unpack('>I4', hash, ID_HASH - 3)
+  local b = h % 2 ^ state[2]
+  if b < state[3] then
+    b = h % 2 ^ (state[2] + 1)
+  end
+  local field = int(b)
+  local bucket = id_buckets[ids][field]
+  if bucket == nil then
+    bucket = redis.call('HGET', ids, field) or ''
+    id_buckets[ids][field] = bucket
+  end
+  return field, bucket
+end
+
+local function id_save(ids, field, bucket)
+  id_buckets[ids][field] = bucket
+  if bucket == '' then
+    redis.call('HDEL', ids, field)
+  else
+    redis.call('HSET', ids, field, bucket)
+  end
+end
+
+-- The 1-based positions in `bucket` of the entries starting with `prefix` (a hash, or a hash and
+-- an offset).
 local function id_positions(bucket, prefix)
+  if #prefix < ID_HASH then
+    error('an id index lookup without a hash')
+  end
   local found, from = {}, 1
-  while true do
+  while from <= #bucket do
     local at = string.find(bucket, prefix, from, true)
     if not at then
-      return found
+      break
     end
     if (at - 1) % ID_ENTRY == 0 then
       found[#found + 1] = at
@@ -352,88 +391,111 @@ local function id_positions(bucket, prefix)
       from = at + 1
     end
   end
+  return found
 end
 
 local function id_candidates(ids, hash)
-  local _, level, split = id_state(ids)
-  local bucket = redis.call('HGET', ids, id_bucket(hash, level, split))
+  local _, bucket = id_bucket(ids, hash)
   local out = {}
-  if bucket then
-    for _, at in ipairs(id_positions(bucket, hash)) do
-      local hi, lo = struct.unpack('>HI4', bucket, at + 12)
-      out[#out + 1] = {string.sub(bucket, at + 4, at + 11), hi * 4294967296 + lo}
-    end
+  for _, at in ipairs(id_positions(bucket, hash)) do
+    local hi, lo = struct.unpack('>HI4', bucket, at + ID_HASH + 8)
+    out[#out + 1] = {string.sub(bucket, at + ID_HASH, at + ID_HASH + 7), hi * 4294967296 + lo}
   end
   return out
 end
 
-local function id_save(ids, field, bucket)
-  if bucket == '' then
-    redis.call('HDEL', ids, field)
-  else
-    redis.call('HSET', ids, field, bucket)
-  end
-end
-
 -- Split bucket `split` in two by the hash bit above `level`: the entries with it set move to
--- bucket split + 2^level.
+-- bucket split + 2^level (which has none yet).
 local function id_split(ids, level, split)
   local field = int(split)
-  local bucket = redis.call('HGET', ids, field) or ''
+  local bucket = id_buckets[ids][field]
+  if bucket == nil then
+    bucket = redis.call('HGET', ids, field) or ''
+  end
   local stay, move = {}, {}
   for at = 1, #bucket, ID_ENTRY do
     local entry = string.sub(bucket, at, at + ID_ENTRY - 1)
-    if math.floor(struct.unpack('>I4', entry) / 2 ^ level) % 2 == 1 then
+    if math.floor(struct.unpack('>I4', entry, ID_HASH - 3) / 2 ^ level) % 2 == 1 then
       move[#move + 1] = entry
     else
       stay[#stay + 1] = entry
     end
   end
+  id_buckets[ids][field] = bucket
   if #move > 0 then
     id_save(ids, field, table.concat(stay))
-    redis.call('HSET', ids, int(split + 2 ^ level), table.concat(move))
+    id_save(ids, int(split + 2 ^ level), table.concat(move))
   end
 end
 
 local function id_put(ids, hash, offset, due)
-  local count, level, split = id_state(ids)
-  local field = id_bucket(hash, level, split)
+  local field, bucket = id_bucket(ids, hash)
   local hi = math.floor(due / 4294967296)
-  local entry = hash .. offset .. struct.pack('>HI4', hi, due - hi * 4294967296)
-  redis.call('HSET', ids, field, (redis.call('HGET', ids, field) or '') .. entry)
-  count = count + 1
-  if count > ID_LOAD * (2 ^ level + split) and level < ID_MAX_LEVEL then
-    id_split(ids, level, split)
-    split = split + 1
-    if split == 2 ^ level then
-      level, split = level + 1, 0
+  id_save(ids, field, bucket .. hash .. offset .. struct.pack('>HI4', hi, due - hi * 4294967296))
+  local state = id_state(ids)
+  state[1] = state[1] + 1
+  if state[1] > ID_LOAD * (2 ^ state[2] + state[3]) and state[2] < ID_MAX_LEVEL then
+    id_split(ids, state[2], state[3])
+    state[3] = state[3] + 1
+    if state[3] == 2 ^ state[2] then
+      state[2], state[3] = state[2] + 1, 0
     end
   end
-  redis.call('HSET', ids, '#', int(count) .. ':' .. level .. ':' .. int(split))
+  id_set_state(ids, state)
 end
 
 local function id_drop(ids, hash, offset)
-  local count, level, split = id_state(ids)
-  local field = id_bucket(hash, level, split)
-  local bucket = redis.call('HGET', ids, field)
-  local at = bucket and id_positions(bucket, hash .. offset)[1]
-  if not at then
-    return
-  end
-  id_save(ids, field, string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + ID_ENTRY))
-  if count <= 1 then
-    redis.call('HDEL', ids, '#')  -- emptied: the index starts over at one bucket
-  else
-    redis.call('HSET', ids, '#', int(count - 1) .. ':' .. level .. ':' .. int(split))
+  local field, bucket = id_bucket(ids, hash)
+  local at = id_positions(bucket, hash .. offset)[1]
+  if at then
+    id_save(ids, field, string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + ID_ENTRY))
+    local state = id_state(ids)
+    state[1] = state[1] - 1
+    id_set_state(ids, state)
   end
 end
 
+-- Whether the offset (8 big-endian bytes) `a` is below `b`.
+local function below(a, b)
+  local a1, a2 = struct.unpack('>I4I4', a)
+  local b1, b2 = struct.unpack('>I4I4', b)
+  return a1 < b1 or (a1 == b1 and a2 < b2)
+end
+
+-- Members of one score sort by their bytes, so by offset: the member at `offset` among the
+-- `score`'s, found by rank in O(log^2 n) however many share the score (a burst due at one ms).
+local function find_by_rank(key, score, offset)
+  local low = redis.call('ZCOUNT', key, '-inf', '(' .. score)
+  local high = low + redis.call('ZCOUNT', key, score, score) - 1
+  while low <= high do
+    local mid = math.floor((low + high) / 2)
+    local member = redis.call('ZRANGE', key, mid, mid)[1]
+    local at = string.sub(member, 1, 8)
+    if at == offset then
+      return member
+    elseif below(at, offset) then
+      low = mid + 1
+    else
+      high = mid - 1
+    end
+  end
+  return nil
+end
+
 -- The member at `offset` due at `due` in the ZSET `key`, in whichever lane it is (nil: none).
+local FIND_SCAN = 16
 local function find(key, offset, due)
   for _, base in ipairs(LANES) do
     local score = int(base + due)
-    for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, score, score)) do
+    local some = redis.call('ZRANGEBYSCORE', key, score, score, 'LIMIT', 0, FIND_SCAN)
+    for _, member in ipairs(some) do
       if string.sub(member, 1, 8) == offset then
+        return member
+      end
+    end
+    if #some == FIND_SCAN then
+      local member = find_by_rank(key, score, offset)
+      if member then
         return member
       end
     end
@@ -450,17 +512,18 @@ local function take(key, offset, due)
   return member ~= nil
 end
 
--- The member of the record at `offset` due at `due` where it waits whole: the due index or a
--- wait index (nil: neither).
+-- The member of the record at `offset` due at `due` where it waits whole, the ZSET it waits in
+-- (the due index or a wait index) and the wait index's target (nil: neither).
 local function find_whole(shard, offset, due)
   local member = find(shard.due, offset, due)
   if member then
-    return member
+    return member, shard.due
   end
   for _, target in ipairs(redis.call('SMEMBERS', shard.waits)) do
-    member = find(wait_key(shard.waits, target), offset, due)
+    local key = wait_key(shard.waits, target)
+    member = find(key, offset, due)
     if member then
-      return member
+      return member, key, target
     end
   end
   return nil
@@ -504,12 +567,12 @@ local function withdraw_at(shard, offset, due)
   return true, false
 end
 
--- What the candidate at `offset` due at `due` is: "whole" (with its member), "flight", "gone"
--- or "reference".
+-- What the candidate at `offset` due at `due` is: "whole" (with what find_whole gives),
+-- "flight", "gone" or "reference".
 local function candidate(shard, offset, due)
-  local member = find_whole(shard, offset, due)
+  local member, key, target = find_whole(shard, offset, due)
   if member then
-    return 'whole', member
+    return 'whole', member, key, target
   elseif redis.call('ZSCORE', shard.inflight, offset) then
     return 'flight'
   elseif not is_pending(shard.pending, offset) then
@@ -521,11 +584,18 @@ end
 local function withdraw(shard, id, hash, vouched)
   for _, found in ipairs(id_candidates(shard.ids, hash)) do
     local offset, due = found[1], found[2]
-    local kind, member = candidate(shard, offset, due)
+    local kind, member, key, target = candidate(shard, offset, due)
     if kind == 'gone' then
       id_drop(shard.ids, hash, offset)
-    elseif (kind == 'whole' and stored_id(member) == id)
-        or (kind == 'reference' and vouched[offset] == id) then
+    elseif kind == 'whole' and stored_id(member) == id then
+      redis.call('ZREM', key, member)
+      if target and redis.call('EXISTS', key) == 0 then
+        redis.call('SREM', shard.waits, target)
+      end
+      mark_pending(shard.pending, shard.low, {offset}, false)
+      id_drop(shard.ids, hash, offset)
+      return true, offset, due
+    elseif kind == 'reference' and vouched[offset] == id then
       withdraw_at(shard, offset, due)
       id_drop(shard.ids, hash, offset)
       return true, offset, due
