@@ -4,7 +4,7 @@
 
 The id index (``…:ids``) mapped each caller-given delay-id to its record's offset, due ms and
 record timestamp: one HASH field per id. The packed layouts put fixed-width entries (a few bytes
-of the id's hash, then offset and due time: 19 bytes in the store now) into the values of a HASH
+of the id's hash, then offset and due time: 17 bytes in the store now) into the values of a HASH
 whose fields are bucket numbers, so Redis's per-field cost (its dict entry, two allocations) is
 shared by a bucket's entries. For each layout, N entries go to one HASH under a unique key on the
 local Redis (``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port) and Redis's
@@ -93,7 +93,7 @@ def main() -> None:
         print("|---|---|")
         store = per_entry(client, n, by_id(n, args.id_bytes))
         print(f"| a field per delay-id (the earlier layout) | {store:.1f} |")
-        for width in (18, 19, 20):
+        for width in (17, 19):
             for k in (16, 32, 64, 128):
                 got = per_entry(client, n, packed(n, k, width))
                 print(f"| {width}-byte entries, {k} to a bucket | {got:.1f} |")

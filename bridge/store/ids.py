@@ -1,11 +1,12 @@
 """The id index's hash of a delay-id, and how a candidate it gives is confirmed.
 
 The id index (``…:ids``, see the id index in _lib.lua) keeps no delay-id: an entry is a 5-byte
-hash of (delay topic, delay-id), the record's offset and its due ms, 19 bytes packed with others
-into a bucket field. Two ids may hash alike, so a match is a candidate only: the scripts confirm a
-record held whole by the id its stored form carries; a reference (a far-future record, its payload
-left in Kafka) is confirmed by reading it in the delay topic (:data:`Confirm`), as are the records
-a cancel or replacement read in another partition names (its timestamp decides too).
+hash of (delay topic, delay-id), the record's offset (its low 6 bytes) and its due ms, 17 bytes
+packed with others into a bucket field. Two ids may hash alike, so a match is a candidate only:
+the scripts confirm a record held whole by the id its stored form carries; a reference (a
+far-future record, its payload left in Kafka) is confirmed by reading it in the delay topic
+(:data:`Confirm`), as are the records a cancel or replacement read in another partition names (its
+timestamp decides too).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from bridge.store.keys import Shard
 # record); read at each call.
 HASH_BYTES = 5  # ID_HASH in _lib.lua
 HASH_BITS = 8 * HASH_BYTES
-ENTRY_BYTES = HASH_BYTES + 8 + 6  # ID_ENTRY in _lib.lua: the hash, the offset, the due ms
+ENTRY_BYTES = HASH_BYTES + 6 + 6  # ID_ENTRY in _lib.lua: the hash, the offset's low 6 bytes, due
 
 # For each (offset, due ms) of a shard's delay topic asked, the delay-id and timestamp of the
 # record read there; an offset left out holds no record that can match (gone, or not a schedule).
@@ -53,5 +54,5 @@ def read_index(fields: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes, int]]:
         for at in range(0, len(bucket), ENTRY_BYTES):
             entry = bucket[at : at + ENTRY_BYTES]
             hashed, offset, due = entry[:HASH_BYTES], entry[HASH_BYTES:-6], entry[-6:]
-            out.append((hashed, offset, int.from_bytes(due, "big")))
+            out.append((hashed, b"\0\0" + offset, int.from_bytes(due, "big")))
     return out

@@ -20,7 +20,7 @@ pattern ``~<prefix>:*`` covers a deployment:
 * ``…:pending``   HASH offset bucket (``offset // 256`` as 7 bytes) → 32-byte bitmap of its
   offsets still pending, and ``…:low`` the ZSET of those buckets (all scored 0, so sorted by
   offset): the lowest pending offset — the one to commit — is read without scanning records;
-* ``…:ids``       the delay-id index: only records with a caller-given delay-id, 19 bytes each
+* ``…:ids``       the delay-id index: only records with a caller-given delay-id, 17 bytes each
   (a 5-byte hash of the id, the offset, the due ms), packed into bucket fields by linear hashing
   (:mod:`bridge.store.ids`, the id index in _lib.lua);
 * ``…:refs``      HASH: records due too far out to keep whole (``store.payload_horizon``) as

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bridge.errors import StoreError
 from bridge.message import Cancel, Scheduled
 from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes
 from bridge.store.ids import read_index
@@ -193,3 +194,12 @@ def test_a_cancel_finds_its_record_among_many_due_at_the_same_ms(store: Store) -
     left = waiting(store)
     assert sorted(left) == [i for i in range(304) if i not in (0, 137, 200, 299, 300, 301, 302)]
     assert left[303] == ("job-200", b"again")
+
+
+def test_an_offset_past_the_id_index_is_refused_whole(store: Store) -> None:
+    """An id index entry keeps an offset's low 6 bytes: a record with its own id at offset 2^48
+    (a partition of 281 trillion records) is refused with a clear error, nothing of its batch
+    written, rather than indexed under another offset."""
+    with pytest.raises(StoreError, match="offset beyond the id index"):
+        apply(store, rec(2**48 - 1, T0), rec(2**48, T0, "job"))
+    assert waiting(store) == {}

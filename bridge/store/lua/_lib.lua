@@ -45,8 +45,9 @@ of a cancel of a default delay-id, see add.lua): its offset (8 bytes), then its 
 
 The id index (`…:ids`, a HASH) holds no delay-id. An entry is ID_ENTRY bytes: the id's hash
 (ID_HASH bytes: bridge.store.ids hashes the delay topic and the id, the caller passes it), the
-record's offset (8 bytes) and its due ms (6 bytes, big-endian: not its score, a reference's lane
-is not known until it is read back). Entries are packed into bucket fields, so Redis's cost per field is
+record's offset (its low 6 bytes: an offset of 2^48 or more is refused, a partition of 281
+trillion records) and its due ms (6 bytes, big-endian: not its score, a reference's lane is not
+known until it is read back). Entries are packed into bucket fields, so Redis's cost per field is
 shared by a bucket's entries (bench/id_index_layouts.py). Linear hashing keeps a bucket at ID_LOAD
 entries on average at any size: field "#" holds "count:level:split"; a hash h lives in bucket
 h mod 2^level (h: the hash's last 4 bytes), or h mod 2^(level+1) when that is below `split`; an
@@ -55,7 +56,9 @@ bucket has none. Hashes of different ids may be equal: a match is a candidate, c
 record itself (withdraw below).
 id_candidates(ids, hash): {offset, due} of each entry with this hash.
 id_put(ids, hash, offset, due) / id_drop(ids, hash, offset): add an entry; remove the one with this
-hash and offset (none: nothing happens).
+hash and offset (none: nothing happens). A call keeps what it read and changed of an index and
+writes it at id_flush(), which a script that changes one calls before it returns; id_prefetch(ids,
+hashes) reads the buckets of a batch's hashes in one call.
 
 withdraw(shard, id, hash, vouched): remove the waiting record of this shard with delay-id `id`
 (a cancel or a replacement in its own partition); returns whether one was waiting, then its
@@ -317,16 +320,19 @@ local function read_where(hint)
   return string.sub(hint, 1, 8), tonumber(string.sub(hint, 9))
 end
 
-local ID_HASH, ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 5, 19, 64, 32
+local ID_HASH, ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 5, 17, 64, 32
+local ID_TOP = '\0\0'  -- the 2 high bytes of an offset an entry keeps (its low 6 bytes)
 
--- What one call read and wrote of each id index: its state {count, level, split} and its
--- buckets by field ('' for none), so a batch's lookups and writes read a bucket once.
-local id_states, id_buckets = {}, {}
+-- What one call read and wrote of each id index: its state {count, level, split}, its buckets
+-- by field ('' for none) and the fields it changed. A call reads a bucket once (id_prefetch reads
+-- a batch's in one HMGET) and writes what it changed once, at id_flush: a script that changes an
+-- index calls id_flush before it returns.
+local id_states, id_buckets, id_dirty = {}, {}, {}
 
 local function id_state(ids)
   local state = id_states[ids]
   if not state then
-    state, id_buckets[ids] = {0, 0, 0}, {}
+    state, id_buckets[ids], id_dirty[ids] = {0, 0, 0}, {}, {}
     local stored = redis.call('HGET', ids, '#')
     if stored then
       local count, level, split = string.match(stored, '^(%d+):(%d+):(%d+)$')
@@ -337,24 +343,36 @@ local function id_state(ids)
   return state
 end
 
-local function id_set_state(ids, state)
-  if state[1] == 0 then
-    state[2], state[3] = 0, 0  -- emptied: the index starts over at one bucket
-    redis.call('HDEL', ids, '#')
-  else
-    redis.call('HSET', ids, '#', int(state[1]) .. ':' .. int(state[2]) .. ':' .. int(state[3]))
-  end
-end
-
--- The field of the bucket `hash` lives in, and that bucket ('' when empty).
-local function id_bucket(ids, hash)
+-- The field of the bucket `hash` lives in.
+local function id_field(ids, hash)
   local state = id_state(ids)
   local h = struct.unpack('>I4', hash, ID_HASH - 3)
   local b = h % 2 ^ state[2]
   if b < state[3] then
     b = h % 2 ^ (state[2] + 1)
   end
-  local field = int(b)
+  return int(b)
+end
+
+-- Read the buckets of `hashes` not read yet, in one call.
+local function id_prefetch(ids, hashes)
+  local fields, seen = {}, {}
+  for _, hash in ipairs(hashes) do
+    local field = id_field(ids, hash)
+    if id_buckets[ids][field] == nil and not seen[field] then
+      seen[field] = true
+      fields[#fields + 1] = field
+    end
+  end
+  local _, buckets = call_chunked('HMGET', ids, fields)
+  for i, field in ipairs(fields) do
+    id_buckets[ids][field] = buckets[i] or ''
+  end
+end
+
+-- The field of the bucket `hash` lives in, and that bucket ('' when empty).
+local function id_bucket(ids, hash)
+  local field = id_field(ids, hash)
   local bucket = id_buckets[ids][field]
   if bucket == nil then
     bucket = redis.call('HGET', ids, field) or ''
@@ -365,11 +383,41 @@ end
 
 local function id_save(ids, field, bucket)
   id_buckets[ids][field] = bucket
-  if bucket == '' then
-    redis.call('HDEL', ids, field)
-  else
-    redis.call('HSET', ids, field, bucket)
+  id_dirty[ids][field] = true
+end
+
+local function id_flush()
+  for ids, state in pairs(id_states) do
+    local put, gone = {}, {}
+    for field in pairs(id_dirty[ids]) do
+      local bucket = id_buckets[ids][field]
+      if field == '#' then  -- the state: below
+      elseif bucket == '' then
+        gone[#gone + 1] = field
+      else
+        put[#put + 1] = field
+        put[#put + 1] = bucket
+      end
+    end
+    if id_dirty[ids]['#'] then
+      if state[1] == 0 then
+        gone[#gone + 1] = '#'
+      else
+        put[#put + 1] = '#'
+        put[#put + 1] = int(state[1]) .. ':' .. int(state[2]) .. ':' .. int(state[3])
+      end
+    end
+    call_chunked('HSET', ids, put)
+    call_chunked('HDEL', ids, gone)
+    id_dirty[ids] = {}
   end
+end
+
+local function id_set_state(ids, state)
+  if state[1] == 0 then
+    state[2], state[3] = 0, 0  -- emptied: the index starts over at one bucket
+  end
+  id_dirty[ids]['#'] = true
 end
 
 -- The 1-based positions in `bucket` of the entries starting with `prefix` (a hash, or a hash and
@@ -398,8 +446,8 @@ local function id_candidates(ids, hash)
   local _, bucket = id_bucket(ids, hash)
   local out = {}
   for _, at in ipairs(id_positions(bucket, hash)) do
-    local hi, lo = struct.unpack('>HI4', bucket, at + ID_HASH + 8)
-    out[#out + 1] = {string.sub(bucket, at + ID_HASH, at + ID_HASH + 7), hi * 4294967296 + lo}
+    local hi, lo = struct.unpack('>HI4', bucket, at + ID_HASH + 6)
+    out[#out + 1] = {ID_TOP .. string.sub(bucket, at + ID_HASH, at + ID_HASH + 5), hi * 4294967296 + lo}
   end
   return out
 end
@@ -431,7 +479,11 @@ end
 local function id_put(ids, hash, offset, due)
   local field, bucket = id_bucket(ids, hash)
   local hi = math.floor(due / 4294967296)
-  id_save(ids, field, bucket .. hash .. offset .. struct.pack('>HI4', hi, due - hi * 4294967296))
+  if string.sub(offset, 1, 2) ~= ID_TOP then
+    error('offset beyond the id index (2^48): ' .. struct.unpack('>I4', offset))
+  end
+  local entry = hash .. string.sub(offset, 3) .. struct.pack('>HI4', hi, due - hi * 4294967296)
+  id_save(ids, field, bucket .. entry)
   local state = id_state(ids)
   state[1] = state[1] + 1
   if state[1] > ID_LOAD * (2 ^ state[2] + state[3]) and state[2] < ID_MAX_LEVEL then
@@ -446,7 +498,7 @@ end
 
 local function id_drop(ids, hash, offset)
   local field, bucket = id_bucket(ids, hash)
-  local at = id_positions(bucket, hash .. offset)[1]
+  local at = id_positions(bucket, hash .. string.sub(offset, 3))[1]
   if at then
     id_save(ids, field, string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + ID_ENTRY))
     local state = id_state(ids)
@@ -633,8 +685,16 @@ local function ack(keys, argv, first)
   call_chunked('ZREM', keys[1], offsets)
   local removed = call_chunked('HDEL', keys[2], offsets)
   mark_pending(keys[4], keys[3], offsets, false)
+  local hashes = {}
   for i = first + n + 2, #argv, 2 do
-    id_drop(keys[5], argv[i], argv[i + 1])
+    hashes[#hashes + 1] = argv[i]
+  end
+  if #hashes > 0 then
+    id_prefetch(keys[5], hashes)
+    for i = first + n + 2, #argv, 2 do
+      id_drop(keys[5], argv[i], argv[i + 1])
+    end
+    id_flush()
   end
   return removed
 end

@@ -113,14 +113,18 @@ local vouched, first = {}, 5 + 2 * tonumber(ARGV[4])
 for i = 5, first - 1, 2 do
   vouched[ARGV[i]] = ARGV[i + 1]
 end
--- Only a shard holding references can hold a candidate this script cannot confirm itself.
-if redis.call('ZCARD', KEYS[8]) > 0 then
-  local hashes = {}
-  for i = first, #ARGV, 5 do
-    if ARGV[i + 4] ~= '' and tonumber(ARGV[i]) > watermark then
-      hashes[#hashes + 1] = ARGV[i + 4]
+local hashes = {}
+for i = first, #ARGV, 5 do
+  if ARGV[i + 4] ~= '' and tonumber(ARGV[i]) > watermark then
+    hashes[#hashes + 1] = ARGV[i + 4]
+    if ARGV[i + 1] ~= '' and tonumber(ARGV[i]) >= 2 ^ 48 then  -- before anything is written
+      error('offset beyond the id index (2^48): ' .. ARGV[i])
     end
   end
+end
+id_prefetch(KEYS[5], hashes)
+-- Only a shard holding references can hold a candidate this script cannot confirm itself.
+if #hashes > 0 and redis.call('ZCARD', KEYS[8]) > 0 then
   local asked = unvouched(shard, hashes, vouched)
   if #asked > 0 then
     table.insert(asked, 1, 'confirm')
@@ -199,6 +203,7 @@ for i = first, #ARGV, 5 do
 end
 flush()
 append_references()
+id_flush()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end

@@ -41,4 +41,5 @@ for i = 1, #ARGV, 3 do
     end
   end
 end
+id_flush()
 return removed

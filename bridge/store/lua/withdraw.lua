@@ -34,4 +34,5 @@ for i = 1, #ARGV, 3 do
     id_drop(shard.ids, ARGV[i], ARGV[i + 1])
   end
 end
+id_flush()
 return withdrawn
