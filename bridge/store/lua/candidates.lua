@@ -8,6 +8,7 @@ ARGV[1..] id hashes (4 bytes each)
 
 Returns: per hash, a list of pairs: offset (8 bytes), due ms
 ]]
+id_prefetch(KEYS[1], ARGV)
 local out = {}
 for i = 1, #ARGV do
   local flat = {}
