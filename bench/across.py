@@ -17,19 +17,14 @@ import os
 import statistics
 import time
 import uuid
-from typing import cast
 
 import redis
 
+from bench.scenarios import redis_cpu_s
 from bridge.message import Scheduled
 from bridge.store import Shard, Store
 
 T0 = 1_900_000_000_000
-
-
-def _redis_cpu_s(client: redis.Redis) -> float:
-    info = cast(dict[str, float], client.info("cpu"))
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 def main() -> None:
@@ -61,10 +56,10 @@ def main() -> None:
             across = i % 2 == 0
             work = {Shard(topic, 0): batch(0)}
             counts = {topic: args.partitions} if across else {}
-            cpu_before, start = _redis_cpu_s(client), time.perf_counter()
+            cpu_before, start = redis_cpu_s(client), time.perf_counter()
             store.add(work, partitions=counts)
             times[across].append(time.perf_counter() - start)
-            cpu[across].append(_redis_cpu_s(client) - cpu_before)
+            cpu[across].append(redis_cpu_s(client) - cpu_before)
         for across, label in ((False, "own partition only"), (True, "and the others")):
             took_ms = statistics.median(times[across]) * 1000
             cpu_ms = statistics.mean(cpu[across]) * 1000

@@ -21,21 +21,17 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import redis
 
+from bench.scenarios import redis_cpu_s
 from bridge.message import Cancel, Scheduled
 from bridge.store import AckBatch, Claimed, Shard, Store
 
 T0 = 1_900_000_000_000
 SHARD = Shard("delay", 0)
 LEASE = 30_000
-
-
-def _redis_cpu_s(client: redis.Redis) -> float:
-    info = cast(dict[str, float], client.info("cpu"))
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 def _id_of(delay_id: str) -> Any:
@@ -104,10 +100,10 @@ def main() -> None:
         cpu: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.rounds):
             for name, step in steps.items():
-                cpu_before, start = _redis_cpu_s(client), time.perf_counter()
+                cpu_before, start = redis_cpu_s(client), time.perf_counter()
                 step()
                 times[name].append(time.perf_counter() - start)
-                cpu[name].append(_redis_cpu_s(client) - cpu_before)
+                cpu[name].append(redis_cpu_s(client) - cpu_before)
         print(f"batches of {args.batch}, {args.ids:,} ids waiting, {args.rounds} rounds")
         for name in steps:
             took_ms = statistics.median(times[name]) * 1000
