@@ -111,6 +111,12 @@ class Metrics:
         self.dead_lettered = Counter(
             "delay_bridge_dead_lettered", "Records sent to the DLQ", ["reason"], registry=registry
         )
+        self.expired = Counter(
+            "delay_bridge_expired",
+            "Records dead-lettered as expired: later than due + their max lateness",
+            ["target_topic"],
+            registry=registry,
+        )
         self.cancelled = Counter(
             "delay_bridge_cancelled",
             "Cancel records applied: cancelled (a waiting record withdrawn) or not-found",

@@ -6,14 +6,15 @@ understood.
 
 A replayed record has its original key, value and headers, minus what the DLQ added
 (``delay-error``, ``delay-error-detail``, ``delay-origin``), and goes to the delay topic its
-``delay-origin`` names; a record from anywhere else is skipped and counted. The DLQ is read up to
-where it ends when the command starts, in the consumer group ``<kafka.group_id>.dlq-replay``,
-whose offsets are committed once the replayed records are acknowledged: a second run starts where
-the first stopped, and replays nothing twice. Records the filters (``--reason``, ``--since``,
-``--until``) leave out are passed over in that group too — the summary says how many, and that
-``--from-beginning`` (read the whole DLQ again, whatever the group committed) with filters that
-select them gets them back; ``--dry-run`` reads and counts without producing or committing
-anything.
+``delay-origin`` names (an ``expired`` one due now, however late: ``delay-after: 0`` and
+``delay-max-lateness: 0`` instead of its own); a record from anywhere else is skipped and counted.
+The DLQ is read up to where it ends when the command starts, in the consumer group
+``<kafka.group_id>.dlq-replay``, whose offsets are committed once the replayed records are
+acknowledged: a second run starts where the first stopped, and replays nothing twice. Records
+the filters (``--reason``, ``--since``, ``--until``) leave out are passed over in that group too —
+the summary says how many, and that ``--from-beginning`` (read the whole DLQ again, whatever the
+group committed) with filters that select them gets them back; ``--dry-run`` reads and counts
+without producing or committing anything.
 """
 
 from __future__ import annotations
@@ -26,11 +27,33 @@ from dataclasses import dataclass, field
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import BridgeError
 from bridge.kafka import headers_of, produce
-from bridge.message import H_ERROR, H_ERROR_DETAIL, H_ORIGIN, wire_headers
+from bridge.message import (
+    H_AFTER,
+    H_DELIVER_AT,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_MAX_LATENESS,
+    H_ORIGIN,
+    Headers,
+    Reason,
+    wire_headers,
+)
 from bridge.ops import KAFKA_TIMEOUT_S, topic_partitions
 
 DLQ_HEADERS = frozenset({H_ERROR, H_ERROR_DETAIL, H_ORIGIN})
+# An expired record is replayed to be delivered now, however late: its due time and max
+# lateness give way to these.
+EXPIRED_TIMING = frozenset({H_DELIVER_AT, H_AFTER, H_MAX_LATENESS})
+DELIVER_NOW: Headers = [(H_AFTER, b"0"), (H_MAX_LATENESS, b"0")]
 PROGRESS_EVERY = 1000
+
+
+def replayed_headers(headers: Headers, reason: str) -> Headers:
+    """A DLQ record's headers as it goes back to its delay topic: without what the DLQ added,
+    and, ``expired``, due now with no max lateness."""
+    dropped = DLQ_HEADERS | EXPIRED_TIMING if reason == Reason.EXPIRED else DLQ_HEADERS
+    kept = [(k, v) for k, v in headers if k not in dropped]
+    return [*kept, *DELIVER_NOW] if reason == Reason.EXPIRED else kept
 
 
 @dataclass
@@ -134,7 +157,7 @@ def replay(
                 done.not_ours += 1
                 continue
             if producer is not None:
-                kept = [(k, v) for k, v in headers if k not in DLQ_HEADERS]
+                kept = replayed_headers(headers, reason)
 
                 def report(err: object, _msg: object) -> None:
                     if err is not None:

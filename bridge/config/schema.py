@@ -92,6 +92,9 @@ class EgressConfig:
     batch_size: int = 500
     lease: int = duration("30s")
     max_attempts: int = 3
+    # A record delivered later than its due time + this goes to the DLQ as expired (0: never);
+    # a record's delay-max-lateness header overrides it.
+    max_lateness: int = duration("0s")
     tick: int = duration("10ms")
     send_tick: int = duration("2ms")
     ahead: int = duration("100ms")

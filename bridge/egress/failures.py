@@ -6,7 +6,9 @@ too large, not authorized) are retried ``max_attempts`` times, then the record g
 goes again without its value (it stays in the delay topic at ``delay-origin``), and a record the
 DLQ refuses otherwise stays bound for it when it is claimed again. Transient failures end the
 lease so the record is claimed again after a back-off. A record stored bound for the DLQ (a
-far-future record whose payload was gone when it was read back) goes there at its due time.
+far-future record whose payload was gone when it was read back) goes there at its due time. A
+record produced later than its due time + its ``delay-max-lateness`` (else ``egress.max_lateness``)
+goes to the DLQ as ``expired`` instead of its target, with its payload (:meth:`InFlight.expire`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from bridge.config import EgressConfig
 from bridge.health import Readiness
 from bridge.journal import delivered_entry
-from bridge.message import Reason, dead_letter_headers, dead_letter_reason, origin
+from bridge.message import (
+    Reason,
+    dead_letter_headers,
+    dead_letter_reason,
+    format_duration_ms,
+    format_time_ms,
+    origin,
+)
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard
 
@@ -74,10 +84,31 @@ class InFlight:
     draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
     value_left_out: bool = False  # its DLQ copy goes without its value (too large with it)
     placed: tuple[int, int] = (-1, -1)  # where Kafka put it: partition, offset
+    expired: str = ""  # why it expired (its DLQ copy's delay-error-detail); "": it did not
+
+    def expire(self, now_ms: int, default_ms: int) -> bool:
+        """Whether it is too late to deliver at ``now_ms`` (see :meth:`Scheduled.expires_ms`):
+        if so it is bound for the DLQ from now on, as ``expired``."""
+        record = self.claimed.record
+        if self.dead_letter:
+            return False
+        expires_ms = record.expires_ms(default_ms)
+        if expires_ms is None or now_ms <= expires_ms:
+            return False
+        self.dead_letter = True
+        self.expired = (
+            f"{format_duration_ms(now_ms - record.due_ms)} past its due time "
+            f"{format_time_ms(record.due_ms)}: later than its max lateness "
+            f"({format_duration_ms(expires_ms - record.due_ms)}) allows; bound for {record.target}"
+        )
+        return True
 
     def dlq_reason(self) -> str:
-        """Its DLQ copy's ``delay-error``: the one it was stored with, else delivery-failed."""
+        """Its DLQ copy's ``delay-error``: the one it was stored with, expired, else
+        delivery-failed."""
         record = self.claimed.record
+        if self.expired:
+            return Reason.EXPIRED.value
         reason = dead_letter_reason(record.headers) if record.dead_letter else ""
         return reason or Reason.DELIVERY_FAILED.value
 
@@ -96,13 +127,16 @@ class InFlight:
             return record.headers
         shard = self.claimed.shard
         where = origin(shard.topic, shard.partition, record.offset)
-        detail = f"delivery to {record.target} failed {self.attempts} times: {self.error}"
+        reason, detail = Reason.EXPIRED, self.expired
+        if not detail:
+            reason = Reason.DELIVERY_FAILED
+            detail = f"delivery to {record.target} failed {self.attempts} times: {self.error}"
         if self.value_left_out:
             detail += (
                 f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
                 f"larger than the DLQ takes; it stays at {where})"
             )
-        return dead_letter_headers(record.headers, Reason.DELIVERY_FAILED, detail, where)
+        return dead_letter_headers(record.headers, reason, detail, where)
 
 
 class Failures:
@@ -111,12 +145,13 @@ class Failures:
     whose last report was a failure (/readyz)."""
 
     def __init__(
-        self, metrics: Metrics, readiness: Readiness, *, dead_letter: str, max_attempts: int
+        self, metrics: Metrics, readiness: Readiness, *, dead_letter: str, config: EgressConfig
     ) -> None:
         self.metrics = metrics
         self.readiness = readiness
         self.dead_letter = dead_letter
-        self.max_attempts = max_attempts
+        self.max_attempts = config.max_attempts
+        self.max_lateness_ms = config.max_lateness  # the default of InFlight.expire
         self.failing: dict[str, str] = {}  # topic: the error of its last report, a failure
         self._retries: dict[Ident, int] = {}  # dropped when the record is delivered
         self._given_up: dict[Ident, InFlight] = {}  # claimed again, they go to the DLQ at once
@@ -133,6 +168,7 @@ class Failures:
         if given_up is not None:
             inflight.dead_letter, inflight.attempts = True, given_up.attempts
             inflight.error, inflight.value_left_out = given_up.error, given_up.value_left_out
+            inflight.expired = given_up.expired
 
     def delivered(self, ident: Ident, inflight: InFlight) -> None:
         if self.failing:

@@ -54,10 +54,13 @@ def count_acknowledged(
     per_target: Counter[str] = Counter()
     late_s: dict[Priority, list[float]] = defaultdict(list)
     dead_lettered: Counter[str] = Counter()
+    expired: Counter[str] = Counter()  # by target
     for inflight, now_ms in delivered:
         record: Scheduled = inflight.claimed.record
         if inflight.dead_letter:
             dead_lettered[inflight.dlq_reason()] += 1
+            if inflight.expired:
+                expired[record.target] += 1
             continue
         per_target[record.target] += 1
         late_s[record.priority].append(max(0, now_ms - record.late_from_ms()) / 1000)
@@ -67,6 +70,8 @@ def count_acknowledged(
         metrics.delivered.labels(target_topic=target).inc(n)
     for reason, n in dead_lettered.items():
         metrics.dead_lettered.labels(reason=reason).inc(n)
+    for target, n in expired.items():
+        metrics.expired.labels(target_topic=target).inc(n)
     if dead_lettered:
         readiness.ok("dlq-writes")
 
@@ -94,9 +99,7 @@ class Deliveries:
         self.store = store
         self.metrics = metrics
         self.readiness = readiness
-        self.failures = Failures(
-            metrics, readiness, dead_letter=dead_letter, max_attempts=config.max_attempts
-        )
+        self.failures = Failures(metrics, readiness, dead_letter=dead_letter, config=config)
         # Delivered records are acknowledged with their shard's next claim or after this long:
         # with claims ahead, a claim comes every half window.
         self.ack_wait_ms = max(config.tick, config.ahead // 2)
@@ -126,12 +129,14 @@ class Deliveries:
         every record leaves by."""
         record = inflight.claimed.record
         callback = functools.partial(self._on_delivery, ident)
+        now_ms = self._clock_ms()
+        inflight.expire(now_ms, self.failures.max_lateness_ms)
         if inflight.dead_letter:
             topic, key, headers = self.failures.dead_letter, record.key, inflight.dlq_headers()
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
-        timestamp = max(self._clock_ms(), record.due_ms)
+        timestamp = max(now_ms, record.due_ms)
         inflight.sent_s = time.monotonic()
         value = None if inflight.value_left_out else record.value
         try:
@@ -155,11 +160,9 @@ class Deliveries:
         self.outlet.poll(timeout_s)
 
     def _on_delivery(self, ident: Ident, err: KafkaError | None, msg: Message | None) -> None:
-        if msg is None:  # refused before Kafka had it, or abandoned (see apply_reports)
-            self._reports.append((ident, err, self._clock_ms(), -1, -1))
-            return
-        partition, offset = msg.partition(), msg.offset()
-        self._reports.append((ident, err, self._clock_ms(), partition or 0, offset or 0))
+        # No message: refused before Kafka had it, or abandoned (see apply_reports).
+        at = (-1, -1) if msg is None else (msg.partition() or 0, msg.offset() or 0)
+        self._reports.append((ident, err, self._clock_ms(), *at))
 
     def apply_reports(self) -> None:
         """Take in delivery reports: successes wait to be acknowledged (see :meth:`ack`),

@@ -103,10 +103,13 @@ class Entry:
 def delivered_entry(
     record: Scheduled, at_ms: int, target: str, placed: tuple[int, int], reason: str = ""
 ) -> dict[str, Any]:
-    """A delivered record's entry as the journal stores it, or a dead-lettered one's with its
-    ``reason`` (``target`` the DLQ); built per record, so a dict, not an :class:`Entry`."""
+    """A delivered record's entry as the journal stores it, or a dead-lettered (or expired) one's
+    with its ``reason`` (``target`` the DLQ); built per record, so a dict, not an :class:`Entry`."""
+    fate = Fate.DELIVERED if not reason else Fate.DEAD_LETTERED
+    if reason == Fate.EXPIRED:  # the reason and the fate share their name
+        fate = Fate.EXPIRED
     entry = {
-        "fate": "dead-lettered" if reason else "delivered",
+        "fate": fate.value,
         "offset": record.offset,
         "id": record.delay_id,
         "due": record.due_ms,

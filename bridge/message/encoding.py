@@ -8,6 +8,7 @@ from bridge.message.headers import (
     H_AFTER,
     H_DELIVER_AT,
     H_ID,
+    H_MAX_LATENESS,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
@@ -49,7 +50,7 @@ _PRIORITY_OF = {
 _STORED = struct.Struct(">q")
 _COUNT = struct.Struct(">I")
 # Codes are stored: append only, never reorder.
-_KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID)
+_KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_MAX_LATENESS)
 _NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
 _TARGET_CODE, _ID_CODE = _NAME_CODES[H_TARGET_TOPIC], _NAME_CODES[H_ID]
 _CODE_BYTES = [bytes((code,)) for code in range(len(_KNOWN_NAMES) + 1)]

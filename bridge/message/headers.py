@@ -6,10 +6,13 @@ record's shape, :func:`dead_letter_headers` the DLQ's. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import cast
+
+from bridge.message.values import parse_duration_ms
 
 Headers = list[tuple[str, bytes | None]]
 WireHeaders = list[tuple[str, str | bytes | None]]
@@ -27,13 +30,23 @@ H_TARGET_KEY = "delay-target-key"
 H_ID = "delay-id"
 H_CANCEL = "delay-cancel"
 H_PRIORITY = "delay-priority"
+H_MAX_LATENESS = "delay-max-lateness"
 H_DUE_AT = "delay-due-at"
 H_ERROR = "delay-error"
 H_ERROR_DETAIL = "delay-error-detail"
 H_ORIGIN = "delay-origin"
 
 CONTROL_HEADERS = frozenset(
-    {H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_CANCEL, H_PRIORITY}
+    {
+        H_TARGET_TOPIC,
+        H_DELIVER_AT,
+        H_AFTER,
+        H_TARGET_KEY,
+        H_ID,
+        H_CANCEL,
+        H_PRIORITY,
+        H_MAX_LATENESS,
+    }
 )
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
 # so a record that passes through the bridge twice never carries a stale due time.
@@ -80,6 +93,7 @@ class Reason(StrEnum):
     BAD_HEADER = "bad-header"
     DELIVERY_FAILED = "delivery-failed"
     PAYLOAD_MISSING = "payload-missing"
+    EXPIRED = "expired"
 
 
 class Rejected(Exception):
@@ -138,6 +152,18 @@ class Scheduled:
     def late_from_ms(self) -> int:
         """The moment from which a delivery counts as late."""
         return max(self.due_ms, self.stored_ms or self.due_ms)
+
+    def expires_ms(self, default_ms: int) -> int | None:
+        """Past when (epoch ms) it is no longer delivered but dead-lettered as ``expired``: its
+        due time + its ``delay-max-lateness``, else + ``default_ms`` (``egress.max_lateness``);
+        None when that is 0: it never expires."""
+        limit = default_ms
+        for name, value in self.headers:
+            if name == H_MAX_LATENESS:
+                with contextlib.suppress(UnicodeDecodeError, ValueError):  # refused when read
+                    limit = parse_duration_ms((value or b"").decode())
+                break
+        return self.due_ms + limit if limit > 0 else None
 
     def delivered_key(self) -> bytes | None:
         """``delay-target-key`` when the record has one (a null one: a null key), else its own

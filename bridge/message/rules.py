@@ -14,6 +14,7 @@ from bridge.message.headers import (
     H_CANCEL,
     H_DELIVER_AT,
     H_ID,
+    H_MAX_LATENESS,
     H_PRIORITY,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
@@ -127,6 +128,7 @@ def parse(
     delay_id = _text(control, H_ID)
     cancel = _text(control, H_CANCEL)
     priority_text = _text(control, H_PRIORITY)
+    max_lateness = _text(control, H_MAX_LATENESS)
 
     base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
     for name, text in ((H_ID, delay_id), (H_CANCEL, cancel)):
@@ -170,6 +172,12 @@ def parse(
             priority = Priority.of(priority_text)
         except ValueError as exc:
             raise Rejected(Reason.BAD_HEADER, str(exc)) from None
+
+    if max_lateness is not None:
+        try:
+            parse_duration_ms(max_lateness)
+        except ValueError as exc:
+            raise Rejected(Reason.BAD_HEADER, f"header {H_MAX_LATENESS}: {exc}") from None
 
     if not target:
         target = rules.default_targets.get(topic)

@@ -31,7 +31,18 @@ from bridge.journal import (
     journal_key,
 )
 from bridge.kafka import produce
-from bridge.message import H_AFTER, H_CANCEL, H_ID, H_TARGET_TOPIC, Headers, wire_headers
+from bridge.message import (
+    H_AFTER,
+    H_CANCEL,
+    H_DELIVER_AT,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ID,
+    H_MAX_LATENESS,
+    H_TARGET_TOPIC,
+    Headers,
+    wire_headers,
+)
 from bridge.store import Shard, Store
 from tests.conftest import TopicFactory, wait_for
 from tests.integration.harness import (
@@ -212,6 +223,55 @@ def test_trace_follows_a_record_from_waiting_to_delivered(
     # Nothing known: said, exit 1.
     code, out, err = trace(setup, "--id", "never-scheduled", "--since", "1h")
     assert code == 1 and out["fate"] == "unknown" and "--id never-scheduled: no trace" in err
+
+
+def test_a_record_later_than_its_max_lateness_expires_to_the_dlq_and_replays(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Records an outage made late (due a minute ago): the one without a header of its own
+    expires under ``egress.max_lateness`` (to the DLQ with its payload, counted, journaled and
+    traced as expired), those whose header allows it (or says 0: never) are delivered; a
+    ``dlq replay`` delivers the expired one after all."""
+    bridge = setup.bridge(egress__max_lateness="30s").start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0]
+    a_minute_ago = str(int(time.time() * 1000) - 60_000).encode()
+
+    def late(delay_id: bytes, *more: tuple[str, bytes | None]) -> tuple[bytes, bytes, Headers]:
+        return (b"k-" + delay_id, b"value of " + delay_id, [
+            (H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, a_minute_ago), (H_ID, delay_id),
+            ("h", b"1"), *more])  # fmt: skip
+
+    produce_all(setup.services.bootstrap, setup.delay, [
+        late(b"expires"), late(b"never", (H_MAX_LATENESS, b"0")),
+        late(b"allowed", (H_MAX_LATENESS, b"5m")),
+        (b"k", b"on time", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]),
+    ])  # fmt: skip
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 4, 60, "three delivered, one dead-lettered")
+    finally:
+        collector.close()
+    assert sorted(r.value or b"" for r in collector.of(target)) == [
+        b"on time", b"value of allowed", b"value of never"]  # fmt: skip
+    (dead,) = collector.of(setup.dlq)
+    assert (dead.key, dead.value, dead.header("h")) == (b"k-expires", b"value of expires", b"1")
+    assert dead.header(H_ERROR) == b"expired"
+    detail = (dead.header(H_ERROR_DETAIL) or b"").decode()
+    assert "past its due time" in detail and "max lateness (30s)" in detail, detail
+    assert metric(bridge, f'delay_bridge_expired_total{{target_topic="{target}"}}') == 1
+    assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="expired"}') == 1
+    wait_for(lambda: trace(setup, "--id", "expires")[1].get("fate") == "expired", 30,
+             "trace to find the expiry in the journal")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "bridge", "dlq", "replay"], cwd=ROOT,
+                          env=bridge.env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("replayed 1 (1 expired)"), proc
+    got = setup.await_value(b"value of expires", 60, "the replayed record delivered")
+    (again,) = [r for r in got if r.topic == target and r.value == b"value of expires"]
+    assert again.header(H_MAX_LATENESS) is None and again.header(H_ERROR) is None
+    assert again.header(H_ID) == b"expires" and again.header("h") == b"1"
 
 
 def test_cancelled_and_replaced_records_are_journaled_and_traced(

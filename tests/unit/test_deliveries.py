@@ -22,6 +22,7 @@ from bridge.health import Readiness
 from bridge.message import (
     H_ERROR,
     H_ERROR_DETAIL,
+    H_MAX_LATENESS,
     H_ORIGIN,
     Reason,
     Scheduled,
@@ -83,20 +84,23 @@ class FakeStore:
 
 
 class Setup:
-    def __init__(self, max_attempts: int = 2) -> None:
+    def __init__(self, max_attempts: int = 2, max_lateness: int = 0) -> None:
         self.producer, self.store = FakeProducer(), FakeStore()
         self.retried: list[tuple[dict[Shard, list[bytes]], int]] = []
-        self.config = EgressConfig(max_attempts=max_attempts, tick=0, send_tick=0, ahead=0)
+        self.config = EgressConfig(max_attempts=max_attempts, tick=0, send_tick=0, ahead=0,
+                                   max_lateness=max_lateness)  # fmt: skip
+        self.metrics = Metrics(CollectorRegistry())
         self.deliveries = Deliveries(
             cast(Producer, self.producer), cast(Store, self.store),
-            Metrics(CollectorRegistry()), Readiness(), self.config, dead_letter="delay.dlq",
+            self.metrics, Readiness(), self.config, dead_letter="delay.dlq",
             clock_ms=lambda: NOW,
             on_retry=lambda members, wait: self.retried.append(
                 ({s: list(m) for s, m in members.items()}, wait)),
         )  # fmt: skip
 
-    def claim(self, offset: int, value: bytes = b"v") -> Ident:
-        record = Scheduled(offset, NOW, "orders", b"k", value, [("h", b"1")], "id")
+    def claim(self, offset: int, value: bytes = b"v", *, due_ms: int = NOW,
+              headers: Sequence[tuple[str, bytes | None]] = ()) -> Ident:  # fmt: skip
+        record = Scheduled(offset, due_ms, "orders", b"k", value, [("h", b"1"), *headers], "id")
         ident = (SHARD, offset_bytes(offset))
         inflight = self.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
         self.deliveries.produce(ident, inflight)
@@ -182,6 +186,48 @@ def test_a_record_stored_bound_for_the_dlq_goes_there_with_its_own_reason() -> N
     s.deliveries.produce(ident, inflight)
     sent = s.producer.sent[-1]
     assert sent.topic == "delay.dlq" and sent.headers[H_ERROR] == b"payload-missing"
+
+
+def test_a_record_later_than_its_max_lateness_goes_to_the_dlq_as_expired_with_its_payload() -> None:
+    s = Setup(max_lateness=60_000)
+    ident = s.claim(7, due_ms=NOW - 60_001)  # a minute and a millisecond late: expired
+    sent = s.producer.sent[-1]
+    assert sent.topic == "delay.dlq" and sent.value == b"v" and sent.headers["h"] == b"1"
+    assert sent.headers[H_ERROR] == b"expired" and sent.headers[H_ORIGIN] == b"delay:0:7"
+    assert sent.headers[H_ERROR_DETAIL] == (
+        b"1m1ms past its due time 2027-01-15T07:58:59.999Z: later than its max lateness (1m) "
+        b"allows; bound for orders"
+    )
+    s.report(None)
+    fate = s.deliveries.in_flight[ident].fate(NOW, "delay.dlq")
+    assert fate["fate"] == "expired" and fate["reason"] == "expired"
+    s.deliveries.ack(force=True)
+    assert s.store.acked == [{SHARD: [ident[1]]}]
+    assert s.metrics.expired.labels(target_topic="orders")._value.get() == 1
+    assert s.metrics.dead_lettered.labels(reason="expired")._value.get() == 1
+    s.claim(8, due_ms=NOW - 60_000)  # a minute late exactly: still delivered
+    assert s.producer.sent[-1].topic == "orders"
+
+
+def test_a_records_own_max_lateness_overrides_the_default_and_0_means_never() -> None:
+    s = Setup(max_lateness=60_000)
+    s.claim(7, due_ms=NOW - 3_600_000, headers=[(H_MAX_LATENESS, b"2h")])
+    s.claim(8, due_ms=NOW - 86_400_000, headers=[(H_MAX_LATENESS, b"0")])
+    s.claim(9, due_ms=NOW - 2, headers=[(H_MAX_LATENESS, b"1ms")])
+    assert [x.topic for x in s.producer.sent] == ["orders", "orders", "delay.dlq"]
+    assert H_MAX_LATENESS not in s.producer.sent[0].headers  # a control header: not delivered
+    s = Setup()  # no default: only a record's own header expires it
+    s.claim(7, due_ms=NOW - 86_400_000)
+    s.claim(8, due_ms=NOW - 1_001, headers=[(H_MAX_LATENESS, b"1s")])
+    assert [x.topic for x in s.producer.sent] == ["orders", "delay.dlq"]
+
+
+def test_an_expired_record_whose_dlq_copy_failed_stays_expired_when_claimed_again() -> None:
+    s = Setup(max_lateness=1000)
+    s.claim(7, due_ms=NOW - 5000)
+    s.report(KafkaError._MSG_TIMED_OUT)  # the DLQ copy times out: released
+    s.claim(7, due_ms=NOW - 5000)
+    assert s.producer.sent[-1].headers[H_ERROR] == b"expired"
 
 
 def _sender(s: Setup) -> Sender:

@@ -17,6 +17,7 @@ from bridge.message import (
     H_ERROR,
     H_ERROR_DETAIL,
     H_ID,
+    H_MAX_LATENESS,
     H_ORIGIN,
     H_PRIORITY,
     H_TARGET_KEY,
@@ -210,6 +211,10 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"\xff")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"high"),
       (H_PRIORITY, b"low")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"soon")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"-1s")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"")], Reason.BAD_HEADER),
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"\xff")], Reason.BAD_HEADER),
 ]  # fmt: skip
 
 
@@ -241,9 +246,23 @@ def test_a_bad_priority_names_the_values_it_takes() -> None:
     assert info.value.detail == "delay-priority must be one of high, normal, low, not 'urgent'"
 
 
+def test_a_max_lateness_is_kept_with_the_record_and_sets_when_it_expires() -> None:
+    headers: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"1h30m")]
+    rec = run(headers)
+    back = decode(encode(rec, "delay", 2), "delay", 2, rec.offset)
+    assert back == rec and back.expires_ms(60_000) == rec.due_ms + 5_400_000
+    assert len(encode(rec, "delay", 2)) < len(encode(run(headers[:2]), "delay", 2)) + 10  # a code
+    assert H_MAX_LATENESS not in dict(rec.delivered_headers())
+    assert run(headers[:2]).expires_ms(60_000) == rec.due_ms + 60_000
+    assert run(headers[:2]).expires_ms(0) is None
+    assert run([*headers[:2], (H_MAX_LATENESS, b"0")]).expires_ms(60_000) is None
+
+
 def test_every_reason_is_covered() -> None:
-    # delivery-failed: test_pipeline.py; payload-missing: below and test_read_back.py
-    covered = {reason for _, reason in BAD_CASES} | {Reason.DELIVERY_FAILED, Reason.PAYLOAD_MISSING}
+    # delivery-failed: test_pipeline.py; payload-missing: below and test_read_back.py; expired:
+    # test_deliveries.py and test_pipeline.py
+    covered = {reason for _, reason in BAD_CASES} | {
+        Reason.DELIVERY_FAILED, Reason.PAYLOAD_MISSING, Reason.EXPIRED}  # fmt: skip
     assert covered == set(Reason)
 
 
