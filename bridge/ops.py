@@ -110,8 +110,9 @@ def waiting(
     delay_id: str | None = None,
     due_before_ms: int | None = None,
     limit: int = 20,
-) -> list[Waiting]:
-    """Waiting records in due order (the ``limit`` earliest over the partitions asked for)."""
+) -> tuple[list[Waiting], int]:
+    """Waiting records in due order (the ``limit`` earliest over the partitions asked for), and
+    how many the filters match in all."""
     topics = [topic] if topic else list(config.topics.delay)
     shards = [
         s
@@ -121,6 +122,13 @@ def waiting(
     if partition is not None and not shards:
         raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
     found = _find(config, shards, delay_id, due_before_ms, limit)
+    total = len(found)
+    if delay_id is None and len(found) == limit:
+        store = store_of(config)
+        try:
+            total = sum(store.inventory.count(s, due_before_ms) for s in shards)
+        finally:
+            store.client.close()
     return [
         Waiting(
             due,
@@ -134,7 +142,7 @@ def waiting(
             rec.priority.label,
         )
         for due, shard, rec in found
-    ]
+    ], max(total, len(found))
 
 
 def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[Shard, Scheduled]]]:
@@ -365,7 +373,10 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
     print(f"(Redis time {format_time_ms(now_ms)})")
 
 
-def print_waiting(records: list[Waiting], as_json: bool) -> None:
+def print_waiting(records: list[Waiting], total: int, as_json: bool) -> None:
+    """The records (a table, or JSON); on stderr, how many more the filters match."""
+    if total > len(records):
+        print(f"{len(records):,} of {total:,} shown; --limit to see more", file=sys.stderr)
     if as_json:
         json.dump([asdict(r) for r in records], sys.stdout, indent=2)
         print()

@@ -20,7 +20,7 @@ from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
-from bridge.message import Reason, parse_duration_ms, parse_time_ms
+from bridge.message import Reason, parse_when
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
@@ -100,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--topic", help="one delay topic (default: all of topics.delay)")
     listing.add_argument("--partition", type=int, help="one partition")
     listing.add_argument("--id", help="the record with this delay-id")
-    listing.add_argument("--due-before", help="only records due before: epoch ms or RFC 3339")
+    listing.add_argument(
+        "--due-before",
+        help="only records due before: epoch ms, RFC 3339 or a duration from now (1h; =-30m)",
+    )
     listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
     listing.add_argument("--json", action="store_true", help="JSON for scripts")
     tracing = sub.add_parser(
@@ -133,9 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="only this delay-error (repeatable), e.g. delivery-failed",
     )
     again.add_argument(
-        "--since", help="only records dead-lettered at or after: epoch ms or RFC 3339"
+        "--since",
+        help="only records dead-lettered at or after: epoch ms, RFC 3339 or a duration back "
+        "from now (2h)",
     )
-    again.add_argument("--until", help="only records dead-lettered before: epoch ms or RFC 3339")
+    again.add_argument(
+        "--until",
+        help="only records dead-lettered before: epoch ms, RFC 3339 or a duration back from now",
+    )
     again.add_argument("--limit", type=int, help="replay at most this many")
     again.add_argument(
         "--from-beginning",
@@ -199,11 +207,9 @@ def _status(args: argparse.Namespace, config: Config) -> int:
 def _list(args: argparse.Namespace, config: Config) -> int:
     if args.limit < 1:
         raise UsageError(f"--limit {args.limit}: at least 1")
-    try:
-        before = None if args.due_before is None else parse_time_ms(args.due_before)
-    except ValueError as exc:
-        raise UsageError(f"--due-before: {exc}") from None
-    records = ops.waiting(
+    now_ms = time.time_ns() // 1_000_000
+    before = _when("--due-before", args.due_before, now_ms)
+    records, total = ops.waiting(
         config,
         topic=args.topic,
         partition=args.partition,
@@ -211,7 +217,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
         due_before_ms=before,
         limit=args.limit,
     )
-    ops.print_waiting(records, args.json)
+    ops.print_waiting(records, total, args.json)
     return 0
 
 
@@ -219,17 +225,7 @@ def _trace(args: argparse.Namespace, config: Config) -> int:
     from bridge import trace
 
     now_ms = time.time_ns() // 1_000_000
-    since = None
-    if args.since is not None:  # a time, else a duration back from now
-        try:
-            since = parse_time_ms(args.since)
-        except ValueError:
-            try:
-                since = now_ms - parse_duration_ms(args.since)
-            except ValueError:
-                raise UsageError(
-                    f"--since {args.since}: not a time (epoch ms, RFC 3339) nor a duration (7d)"
-                ) from None
+    since = _when("--since", args.since, now_ms, ago=True)
     traced = trace.trace(
         config, delay_id=args.id, at=args.origin, topic=args.topic, since_ms=since, now_ms=now_ms
     )
@@ -256,17 +252,14 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
             raise UsageError(f"--reason {reason}: not a delay-error ({', '.join(sorted(known))})")
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit}: at least 1")
-    window = []
-    for flag, text in (("--since", args.since), ("--until", args.until)):
-        try:
-            window.append(None if text is None else parse_time_ms(text))
-        except ValueError as exc:
-            raise UsageError(f"{flag}: {exc}") from None
+    now_ms = time.time_ns() // 1_000_000
+    since = _when("--since", args.since, now_ms, ago=True)
+    until = _when("--until", args.until, now_ms, ago=True)
     done = replay.replay(
         config,
         reasons=args.reason,
-        since_ms=window[0],
-        until_ms=window[1],
+        since_ms=since,
+        until_ms=until,
         limit=args.limit,
         dry_run=args.dry_run,
         from_beginning=args.from_beginning,
@@ -276,6 +269,16 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
         print(file=sys.stderr)
     print(done.summary())
     return 0
+
+
+def _when(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> int | None:
+    """A command-line time (see :func:`parse_when`); None when the flag is not given."""
+    if text is None:
+        return None
+    try:
+        return parse_when(text, now_ms, ago=ago)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _run(config: Config) -> int:

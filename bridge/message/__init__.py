@@ -39,6 +39,7 @@ from bridge.message.values import (
     is_legal_topic,
     parse_duration_ms,
     parse_time_ms,
+    parse_when,
     topic_refusal,
 )
 
@@ -79,6 +80,7 @@ __all__ = [
     "parse",
     "parse_duration_ms",
     "parse_time_ms",
+    "parse_when",
     "record_size",
     "topic_refusal",
     "wire_headers",

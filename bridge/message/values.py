@@ -60,6 +60,27 @@ def format_duration_ms(ms: int) -> str:
     return "".join(parts)
 
 
+def parse_when(text: str, now_ms: int, *, ago: bool = False) -> int:
+    """A moment as the command line takes it: epoch ms or RFC 3339 (:func:`parse_time_ms`), or a
+    duration counted from ``now_ms`` — ahead (``1h``: an hour from now; ``-1h``: an hour ago),
+    or back when ``ago`` (``7d``: a week ago, as a ``--since`` reads). ValueError otherwise."""
+    try:
+        return parse_time_ms(text)
+    except ValueError:
+        if text.strip().isdigit():  # epoch ms: parse_time_ms says what is wrong with it
+            raise
+    stripped, sign = text.strip(), -1 if ago else 1
+    if stripped[:1] in ("-", "+"):
+        sign, stripped = (-sign if stripped[0] == "-" else sign), stripped[1:]
+    try:
+        return now_ms + sign * parse_duration_ms(stripped)
+    except ValueError:
+        raise ValueError(
+            f"not a time: {text!r} (epoch milliseconds, RFC 3339 such as 2026-11-21T10:00:00Z, "
+            f"or a duration {'back' if ago else 'ahead'} from now such as {'7d' if ago else '1h'})"
+        ) from None
+
+
 def parse_time_ms(text: str) -> int:
     """Epoch milliseconds (digits) or RFC 3339 with an offset → epoch ms.
 

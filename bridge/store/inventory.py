@@ -30,6 +30,8 @@ from bridge.store.keys import (
 from bridge.store.redis_errors import as_store_error
 from bridge.store.scripts import Scripts
 
+ALL = 2**62  # a limit that is none
+
 
 class Inventory:
     """Reads of the shards' keys (one read-only script: the id index's candidates)."""
@@ -48,6 +50,24 @@ class Inventory:
         last = LANE_WIDTH - 1 if due_before_ms is None else due_before_ms - 1
         whole = self._lanes(shard, lambda base: (base, base + last, limit))
         return heapq.nsmallest(limit, whole + self.references(shard, last, limit))
+
+    def count(self, shard: Shard, due_before_ms: int | None = None) -> int:
+        """How many records :meth:`page` could give: those waiting in ``shard`` (due before
+        ``due_before_ms`` if given), references included — a ZCOUNT per index and lane, and the
+        references' count (with a due bound, their chunks up to it are read)."""
+        last = LANE_WIDTH - 1 if due_before_ms is None else due_before_ms - 1
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.waiting_keys(shard):
+                for base in LANE_BASES.values():
+                    pipe.zcount(key, base, base + last)
+            whole = sum(cast(list[int], pipe.execute()))
+            if due_before_ms is None:
+                refs = int(
+                    cast(bytes | None, self.client.hget(self.keys.of(shard).refs, "count")) or 0
+                )
+                return whole + refs
+        return whole + len(self.references(shard, last, ALL))
 
     def references(self, shard: Shard, last_ms: int, limit: int) -> list[tuple[int, bytes]]:
         """At least the ``limit`` earliest references waiting in ``shard`` due by ``last_ms``

@@ -115,6 +115,27 @@ def test_list_shows_waiting_records_in_due_order(setup: Setup, held: dict[str, A
     assert text.stdout.splitlines()[3].split()[3] == "high"
 
 
+def test_list_says_how_many_it_left_out_and_takes_times_from_now(
+    setup: Setup, held: dict[str, Any]
+) -> None:
+    def listed(*args: str) -> tuple[list[int], str]:
+        proc = cli(setup, "list", "--json", *args)
+        assert proc.returncode == 0, proc.stderr
+        return [r["offset"] for r in json.loads(proc.stdout)], proc.stderr.strip()
+
+    # Seven wait (six whole, one a reference; the one in flight does not count).
+    assert listed("--limit", "2") == ([0, 1], "2 of 7 shown; --limit to see more")
+    assert listed("--limit", "7") == ([0, 1, 2, 3, 4, 1, 2], "")
+    # Due within 90 minutes from now: the five of partition 0; within 4 hours: the reference too.
+    assert listed("--due-before", "90m", "--limit", "1") == (
+        [0],
+        "1 of 5 shown; --limit to see more",
+    )
+    assert listed("--due-before", "4h", "--limit", "6")[1] == "6 of 7 shown; --limit to see more"
+    assert listed("--due-before=-1m") == ([], "")  # a minute ago: none was due so early
+    assert listed("--due-before", "+90m", "--partition", "0") == ([0, 1, 2, 3, 4], "")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -278,7 +278,7 @@ def cli(
             "redis.password_file",
         ),
         (["run"], {"DELAY_BRIDGE_REDIS__PASSWORD_FILE": "/nonexistent/pw"}, "redis.password_file"),
-        (["trace", "--id", "x", "--since", "yesterday"], {}, "--since yesterday: not a time"),
+        (["trace", "--id", "x", "--since", "yesterday"], {}, "--since: not a time: 'yesterday'"),
         (["trace", "--origin", "delay-0-7"], {}, "expected TOPIC:PARTITION:OFFSET"),
         (["trace", "--id", "x", "--origin", "d:0:1"], {}, "not allowed with"),
         (["trace"], {}, "required"),

@@ -37,6 +37,7 @@ from bridge.message import (
     parse,
     parse_duration_ms,
     parse_time_ms,
+    parse_when,
     record_size,
 )
 
@@ -121,6 +122,20 @@ def test_times(text: str, ms: int) -> None:
 def test_bad_times(text: str) -> None:
     with pytest.raises(ValueError):
         parse_time_ms(text)
+
+
+def test_a_command_line_time_is_a_moment_or_a_duration_from_now() -> None:
+    assert parse_when("2026-11-21T10:00:00Z", NOW) == 1_795_255_200_000
+    assert parse_when("1795255200000", NOW, ago=True) == 1_795_255_200_000
+    assert parse_when("1h", NOW) == parse_when("+1h", NOW) == NOW + 3_600_000
+    assert parse_when("-30m", NOW) == NOW - 1_800_000
+    assert parse_when("7d", NOW, ago=True) == NOW - 7 * 86_400_000
+    assert parse_when("-7d", NOW, ago=True) == NOW + 7 * 86_400_000
+    with pytest.raises(ValueError, match="looks like epoch seconds"):
+        parse_when("1790000000", NOW)  # digits are epoch ms, never a duration
+    for bad in ("yesterday", "", "-", "1h-", "--1h"):
+        with pytest.raises(ValueError, match="not a time"):
+            parse_when(bad, NOW)
 
 
 def test_relative_delay_counts_from_record_timestamp() -> None:
