@@ -369,7 +369,7 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
             _kafka(totals["lag"]),
         ]
     )
-    _print_table(header, table)
+    print_table(header, table)
     print(f"(Redis time {format_time_ms(now_ms)})")
 
 
@@ -392,7 +392,7 @@ def print_waiting(records: list[Waiting], total: int, as_json: bool) -> None:
         "partition",
         "offset",
     ]
-    _print_table(
+    print_table(
         header,
         [
             [
@@ -413,7 +413,7 @@ def print_waiting(records: list[Waiting], total: int, as_json: bool) -> None:
         print("(no waiting records)")
 
 
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
+def print_table(header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

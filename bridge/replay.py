@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.config import Config, consumer_settings, producer_settings
+from bridge.dlq import Filters, dead_letters
 from bridge.errors import BridgeError
-from bridge.kafka import headers_of, produce
+from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
     H_DELIVER_AT,
@@ -41,6 +42,7 @@ from bridge.message import (
 from bridge.ops import KAFKA_TIMEOUT_S, topic_partitions
 
 DLQ_HEADERS = frozenset({H_ERROR, H_ERROR_DETAIL, H_ORIGIN})
+EVERY = Filters()  # no filter: every dead letter
 # An expired record is replayed to be delivered now, however late: its due time and max
 # lateness give way to these.
 EXPIRED_TIMING = frozenset({H_DELIVER_AT, H_AFTER, H_MAX_LATENESS})
@@ -85,9 +87,7 @@ class Replayed:
 def replay(
     config: Config,
     *,
-    reasons: Sequence[str] = (),
-    since_ms: int | None = None,
-    until_ms: int | None = None,
+    filters: Filters = EVERY,
     limit: int | None = None,
     dry_run: bool = False,
     from_beginning: bool = False,
@@ -113,51 +113,20 @@ def replay(
     try:
         tps = topic_partitions(consumer, dlq, "DLQ topic")
         starts = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
-        ends: dict[int, int] = {}
-        for tp in starts:
-            low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
-            tp.offset = low if from_beginning else max(tp.offset, low)
-            if tp.offset < high:
-                ends[tp.partition] = high
-        consumer.assign([tp for tp in starts if tp.partition in ends])
+        if from_beginning:
+            starts = [TopicPartition(dlq, tp.partition, 0) for tp in starts]
         next_offsets: dict[int, int] = {}
-        wanted = set(reasons)
-        while ends and (limit is None or sum(done.replayed.values()) < limit):
-            msg = consumer.poll(1.0)
-            if msg is None:  # the end may be a transaction marker no record is read at
-                at = consumer.position([TopicPartition(dlq, p) for p in ends])
-                ends = {
-                    tp.partition: ends[tp.partition] for tp in at if tp.offset < ends[tp.partition]
-                }
-                continue
-            error = msg.error()
-            if error is not None:
-                raise BridgeError(f"reading {dlq}: {error.str()}")
-            partition, offset = msg.partition() or 0, msg.offset() or 0
-            next_offsets[partition] = offset + 1
-            if offset + 1 >= ends.get(partition, 0):
-                ends.pop(partition, None)
-            headers = headers_of(msg)
-            found = {
-                k: (v or b"").decode("utf-8", errors="replace")
-                for k, v in headers
-                if k in DLQ_HEADERS
-            }
-            reason = found.get(H_ERROR, "")
-            stamp = msg.timestamp()[1]
-            if (
-                (wanted and reason not in wanted)
-                or (since_ms is not None and stamp < since_ms)
-                or (until_ms is not None and stamp >= until_ms)
-            ):
+        for letter in dead_letters(consumer, starts):
+            next_offsets[letter.partition] = letter.offset + 1
+            if not filters.match(letter):
                 done.left_out += 1
                 continue
-            topic = found.get(H_ORIGIN, "").rsplit(":", 2)[0]
+            topic, reason = letter.origin_topic, letter.reason
             if topic not in config.topics.delay:
                 done.not_ours += 1
                 continue
             if producer is not None:
-                kept = replayed_headers(headers, reason)
+                kept = replayed_headers(letter.headers, reason)
 
                 def report(err: object, _msg: object) -> None:
                     if err is not None:
@@ -166,14 +135,16 @@ def replay(
                 produce(
                     producer,
                     topic,
-                    value=msg.value(),
-                    key=msg.key(),
+                    value=letter.value,
+                    key=letter.key,
                     headers=wire_headers(kept),
                     on_delivery=report,
                 )
                 producer.poll(0)
             done.replayed[reason or "(no reason)"] += 1
             progress(sum(done.replayed.values()))
+            if limit is not None and sum(done.replayed.values()) >= limit:
+                break
         if producer is not None:
             remaining = producer.flush(KAFKA_TIMEOUT_S * 3)
             if failures or remaining:

@@ -1,6 +1,7 @@
 """The ``delay-bridge`` command line: arguments parsed, a subcommand run, errors in one line.
 
-Subcommands: run, check-config, produce, cancel, status, list, trace, dlq replay, --version.
+Subcommands: run, check-config, produce, cancel, status, list, trace, dlq replay, dlq list,
+--version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.
@@ -18,6 +19,7 @@ from typing import NoReturn
 from bridge import __version__, ops
 from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump, load
+from bridge.dlq import Filters
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
 from bridge.message import Reason, parse_when
@@ -156,6 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count what would be replayed; produce and commit nothing",
     )
+    listed = dlq_sub.add_parser(
+        "list", help="dead-lettered records with their reasons and details (reads only)"
+    )
+    with_config(listed)
+    listed.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        metavar="R",
+        help="only this delay-error (repeatable), e.g. expired",
+    )
+    listed.add_argument(
+        "--since", help="only records dead-lettered at or after: a time or a duration back (2h)"
+    )
+    listed.add_argument("--until", help="only records dead-lettered before: likewise")
+    listed.add_argument("--limit", type=int, default=20, help="show at most this many (20)")
+    listed.add_argument("--json", action="store_true", help="JSON for scripts")
     return parser
 
 
@@ -171,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args, load(args.config))
         if args.command == "list":
             return _list(args, load(args.config))
+        if args.command == "dlq" and args.dlq_command == "list":
+            return _dlq_list(args, load(args.config))
         if args.command == "dlq":
             return _replay(args, load(args.config))
         if args.command == "trace":
@@ -243,9 +264,8 @@ def _trace(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _replay(args: argparse.Namespace, config: Config) -> int:
-    from bridge import replay
-
+def _dlq_filters(args: argparse.Namespace) -> Filters:
+    """``dlq``'s filters, checked: known reasons, times, a positive limit."""
     known = {r.value for r in Reason}
     for reason in args.reason:
         if reason not in known:
@@ -254,12 +274,24 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
         raise UsageError(f"--limit {args.limit}: at least 1")
     now_ms = time.time_ns() // 1_000_000
     since = _when("--since", args.since, now_ms, ago=True)
-    until = _when("--until", args.until, now_ms, ago=True)
+    return Filters(frozenset(args.reason), since, _when("--until", args.until, now_ms, ago=True))
+
+
+def _dlq_list(args: argparse.Namespace, config: Config) -> int:
+    from bridge import dlq
+
+    found = dlq.listing(config, _dlq_filters(args), args.limit)
+    dlq.print_listing(found, args.json)
+    return 0
+
+
+def _replay(args: argparse.Namespace, config: Config) -> int:
+    from bridge import replay
+
+    filters = _dlq_filters(args)
     done = replay.replay(
         config,
-        reasons=args.reason,
-        since_ms=since,
-        until_ms=until,
+        filters=filters,
         limit=args.limit,
         dry_run=args.dry_run,
         from_beginning=args.from_beginning,

@@ -14,7 +14,16 @@ import pytest
 import redis
 import yaml
 
-from bridge.message import H_AFTER, H_ERROR, H_ORIGIN, H_TARGET_TOPIC, Headers, Priority, Scheduled
+from bridge.message import (
+    H_AFTER,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ORIGIN,
+    H_TARGET_TOPIC,
+    Headers,
+    Priority,
+    Scheduled,
+)
 from bridge.store import Shard, Store
 from tests.conftest import ROOT, TopicFactory
 from tests.integration.harness import Bridge, Collector, Setup, produce_all
@@ -270,3 +279,37 @@ def test_a_filtered_dlq_replay_says_what_it_passed_over_and_how_to_get_it_back(
     finally:
         got.close()
     assert sorted(r.value or b"" for r in got.records) == [b"v0", b"v1", b"v2", b"v3"]
+
+
+def test_dlq_list_shows_dead_letters_with_their_reasons_and_details(setup: Setup) -> None:
+    dead: list[tuple[bytes, bytes, Headers]] = [
+        (f"k{i}".encode(), b"v" * i,
+         [(H_ERROR, reason), (H_ERROR_DETAIL, b"why %d" % i),
+          (H_ORIGIN, f"{setup.delay}:0:{i}".encode()), (H_TARGET_TOPIC, b"orders")])
+        for i, reason in enumerate([b"expired", b"delivery-failed", b"expired"])
+    ]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.dlq, dead)
+
+    def listed(*args: str) -> tuple[list[dict[str, Any]], str]:
+        proc = cli(setup, "dlq", "list", "--json", *args)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout), proc.stderr.strip()
+
+    every, summary = listed()
+    assert [(d["reason"], d["detail"], d["origin"], d["key"], d["value_bytes"], d["target"])
+            for d in every] == [
+        ("expired", "why 0", f"{setup.delay}:0:0", "k0", 0, "orders"),
+        ("delivery-failed", "why 1", f"{setup.delay}:0:1", "k1", 1, "orders"),
+        ("expired", "why 2", f"{setup.delay}:0:2", "k2", 2, "orders")]  # fmt: skip
+    assert summary == "3 match: 1 delivery-failed, 2 expired"
+    first, summary = listed("--reason", "expired", "--limit", "1")
+    assert [d["key"] for d in first] == ["k0"]
+    assert summary == "1 of 2 shown; --limit to see more; 2 match: 2 expired"
+    assert listed("--until", "1h") == ([], "0 match")  # dead-lettered an hour ago or earlier
+    assert len(listed("--since", "1h")[0]) == 3
+    text = cli(setup, "dlq", "list")
+    assert text.returncode == 0 and text.stdout.splitlines()[0].split()[:3] == [
+        "dead-lettered", "reason", "origin"]  # fmt: skip
+    assert "why 1" in text.stdout and text.stdout.splitlines()[-1].startswith("3 match")
+    # The listing commits nothing: a replay still finds all three.
+    assert cli(setup, "dlq", "replay", "--dry-run").stdout.startswith("would replay 3")
