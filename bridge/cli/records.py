@@ -32,6 +32,7 @@ from bridge.message import (
     CONTROL_HEADERS,
     H_AFTER,
     H_DELIVER_AT,
+    H_DUE_AT,
     H_ID,
     H_PRIORITY,
     H_TARGET_KEY,
@@ -244,10 +245,11 @@ def cancel_command(args: argparse.Namespace, config: Config) -> int:
                 f"({', '.join(str(s.partition) for s, _ in found)}): cancelling each",
                 file=sys.stderr,
             )
-        records += [
-            (rec.key if given is None else given, value, headers, shard.partition)
-            for shard, rec in found
-        ]
+        for shard, rec in found:
+            hinted = headers
+            if dialect not in (ETF1, KASPR):  # the due time of its record: see Cancel
+                hinted = [*headers, (H_DUE_AT, b"%d" % rec.due_ms)]
+            records.append((rec.key if given is None else given, value, hinted, shard.partition))
     _send(config, topic, args.timeout, iter(records), f"cancel of {args.id}")
     return 0
 

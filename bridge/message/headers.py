@@ -185,11 +185,14 @@ class Scheduled:
 class Cancel:
     """A delay-topic record that withdraws the waiting record with ``delay_id`` from its delay
     topic (stamped no later than ``timestamp_ms`` when it waits in another partition): stored
-    nowhere, delivered nowhere."""
+    nowhere, delivered nowhere. ``due_ms``, from its ``delay-due-at``: the due time of the
+    record it cancels, as the command line gives it — a hint that finds a record named by its
+    default delay-id without a scan, checked, never trusted (None: none given)."""
 
     offset: int
     delay_id: str
     timestamp_ms: int = field(default=0, compare=False)
+    due_ms: int | None = field(default=None, compare=False)
 
 
 def origin(topic: str, partition: int, offset: int) -> str:

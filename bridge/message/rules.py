@@ -13,6 +13,7 @@ from bridge.message.headers import (
     H_AFTER,
     H_CANCEL,
     H_DELIVER_AT,
+    H_DUE_AT,
     H_ID,
     H_MAX_LATENESS,
     H_PRIORITY,
@@ -141,7 +142,17 @@ def parse(
                 Reason.BAD_HEADER,
                 f"a {H_CANCEL} record schedules nothing: it must not carry {' or '.join(extra)}",
             )
-        return Cancel(offset, cancel, base_ms)
+        hint = next((v for k, v in headers if k == H_DUE_AT), None)
+        if hint is None:
+            return Cancel(offset, cancel, base_ms)
+        text = hint.decode("ascii", errors="replace").strip()
+        if not text.isdigit():
+            raise Rejected(
+                Reason.BAD_HEADER,
+                f"a {H_CANCEL} record's {H_DUE_AT} is the due time of the record it cancels, "
+                f"in epoch milliseconds: not {text!r}",
+            )
+        return Cancel(offset, cancel, base_ms, int(text))
     if deliver_at is None and after is None:
         raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
     if deliver_at is not None and after is not None:

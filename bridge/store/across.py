@@ -87,22 +87,29 @@ def withdraw_elsewhere(
     return found_at
 
 
-def default_id_where(
+def default_id_wheres(
     inventory: Inventory,
     shard: Shard,
-    cancel: Cancel,
     batch: Sequence[Scheduled | Cancel],
     refer_after_ms: int,
-) -> bytes:
-    """For a ``cancel`` of a default delay-id of ``shard``, where its record waits (a ``where``
-    of add.lua) — in Redis, or earlier in the ``batch`` being added (kept as a reference if due
-    after ``refer_after_ms``); due -1 when in no index (a reference, or gone) — b"" for any other
-    id."""
-    offset = default_id_offset(shard, cancel.delay_id)
-    if offset is None:
-        return b""
-    for rec in batch:
-        if rec.offset == offset and isinstance(rec, Scheduled):
-            return where(offset_bytes(offset), -1 if rec.due_ms > refer_after_ms else rec.due_ms)
-    found = inventory.by_default_id(shard, offset)
-    return where(offset_bytes(offset), found[0][0] if found else -1)
+) -> dict[int, bytes]:
+    """For each cancel of the ``batch`` that names a default delay-id of ``shard`` (by its
+    offset), where that record waits (a ``where`` of add.lua): earlier in the batch (kept as a
+    reference if due after ``refer_after_ms``), or in Redis (:meth:`Inventory.wholes`, all in
+    one go); due -1 when in no index (a reference, or gone)."""
+    named: dict[int, int] = {}  # cancel offset -> the offset its default id names
+    for c in batch:
+        if isinstance(c, Cancel) and (o := default_id_offset(shard, c.delay_id)) is not None:
+            named[c.offset] = o
+    if not named:
+        return {}
+    hints = {c.offset: c.due_ms for c in batch if isinstance(c, Cancel) and c.offset in named}
+    scheduled = {r.offset: r for r in batch if isinstance(r, Scheduled)}
+    dues: dict[int, int] = {}
+    for target in set(named.values()):
+        rec = scheduled.get(target)
+        if rec is not None:
+            dues[target] = -1 if rec.due_ms > refer_after_ms else rec.due_ms
+    wanted = {o: hints[c] for c, o in named.items() if o not in dues}
+    dues |= inventory.wholes(shard, wanted) if wanted else {}
+    return {c: where(offset_bytes(o), dues[o]) for c, o in named.items()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from bridge.message import Cancel, Scheduled
-from bridge.store.across import default_id_where, withdraw_elsewhere
+from bridge.store.across import default_id_wheres, withdraw_elsewhere
 from bridge.store.calls import AddEntry, AddReply, add_argv, asked_to_confirm
 from bridge.store.ids import Confirm, id_hash
 from bridge.store.inventory import Inventory
@@ -40,9 +40,10 @@ def add_call(
     k = keys.of(shard)
     entries: list[AddEntry] = []
     vouch = dict(vouched)
+    wheres = default_id_wheres(inventory, shard, records, refer_after_ms)
     for rec in records:
         if isinstance(rec, Cancel):
-            where = default_id_where(inventory, shard, rec, records, refer_after_ms)
+            where = wheres.get(rec.offset, b"")
             hashed = id_hash(shard.topic, rec.delay_id)
             entries.append(AddEntry(rec.offset, "", where, rec.delay_id, hashed))
             continue

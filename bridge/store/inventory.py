@@ -7,7 +7,7 @@ are pending, the shards' watermarks and wait indexes, and Redis memory by tier (
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import redis
@@ -31,6 +31,8 @@ from bridge.store.redis_errors import as_store_error
 from bridge.store.scripts import Scripts
 
 ALL = 2**62  # a limit that is none
+SCAN_COUNT = 1000  # members a ZSCAN call asks for
+FIND_SCAN = 64  # members at one due ms a hinted lookup reads (find in _lib.lua reads 16)
 
 
 class Inventory:
@@ -142,6 +144,43 @@ class Inventory:
                 )
                 if m.startswith(prefix)
             ]
+
+    def wholes(self, shard: Shard, hints: Mapping[int, int | None]) -> dict[int, int]:
+        """Where the records at these offsets of ``shard`` wait held whole: offset -> due ms, or
+        -1 where none does (a reference, or gone). An offset's hint (the due time its cancel
+        gave) is looked at first, all in one round trip; the offsets a hint does not find (none
+        given, a reference, a wrong one) in one pass over the shard's whole records, for all."""
+        found: dict[int, int] = {}
+        hinted = [(o, d) for o, d in hints.items() if d is not None]
+        if hinted:
+            at = self._lanes_at(shard, [d for _, d in hinted])
+            for (offset, due), page in zip(hinted, at, strict=True):
+                if any(m.startswith(offset_bytes(offset)) for m in page):
+                    found[offset] = due
+        rest = {offset_bytes(o): o for o in hints if o not in found}
+        for key in self.waiting_keys(shard) if rest else []:
+            with as_store_error():
+                for m, s in self.client.zscan_iter(key, count=SCAN_COUNT, score_cast_func=float):
+                    if (named := rest.get(m[:8])) is not None:
+                        found[named] = due_of(s)
+        return {o: found.get(o, -1) for o in hints}
+
+    def _lanes_at(self, shard: Shard, dues: Sequence[int]) -> list[list[bytes]]:
+        """Per due ms of ``dues``, the first FIND_SCAN members scored at it in each lane of
+        the due index and wait indexes (a burst due at one ms: what is past them is looked for
+        as if not found)."""
+        keys = self.waiting_keys(shard)
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for due in dues:
+                for key in keys:
+                    for base in LANE_BASES.values():
+                        pipe.zrangebyscore(key, base + due, base + due, start=0, num=FIND_SCAN)
+            pages = cast(list[list[bytes]], pipe.execute())
+        per = len(keys) * len(LANE_BASES)
+        return [
+            [m for page in pages[i * per : (i + 1) * per] for m in page] for i in range(len(dues))
+        ]
 
     def _reference(self, shard: Shard, offset: bytes, due_ms: int) -> list[tuple[int, bytes]]:
         """The record at ``offset``, waiting in no index, as a reference if it is one (pending,

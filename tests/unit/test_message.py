@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from bridge.message import (
     H_AFTER,
+    H_CANCEL,
     H_DELIVER_AT,
     H_DUE_AT,
     H_ERROR,
@@ -22,6 +24,7 @@ from bridge.message import (
     H_PRIORITY,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
+    Cancel,
     Headers,
     Priority,
     Reason,
@@ -271,6 +274,21 @@ def test_a_max_lateness_is_kept_with_the_record_and_sets_when_it_expires() -> No
     assert run(headers[:2]).expires_ms(60_000) == rec.due_ms + 60_000
     assert run(headers[:2]).expires_ms(0) is None
     assert run([*headers[:2], (H_MAX_LATENESS, b"0")]).expires_ms(60_000) is None
+
+
+def test_a_cancel_may_carry_the_due_time_of_its_record_as_a_hint() -> None:
+    def cancel(*more: tuple[str, bytes | None]) -> Scheduled | Cancel:
+        return parse(RULES, topic="delay", partition=2, offset=41, timestamp_ms=TS, key=b"k",
+                     value=b"", headers=[(H_CANCEL, b"delay:2:7"), *more], now_ms=NOW)  # fmt: skip
+
+    hinted = cancel((H_DUE_AT, b"1790000000000"))
+    assert isinstance(hinted, Cancel) and hinted.due_ms == 1_790_000_000_000
+    assert hinted == Cancel(41, "delay:2:7") and cancel() == Cancel(41, "delay:2:7")
+    assert cast(Cancel, cancel()).due_ms is None
+    for bad in (b"soon", b"-1", b""):
+        with pytest.raises(Rejected) as info:
+            cancel((H_DUE_AT, bad))
+        assert info.value.reason is Reason.BAD_HEADER and "epoch milliseconds" in info.value.detail
 
 
 def test_every_reason_is_covered() -> None:
