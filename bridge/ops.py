@@ -115,9 +115,7 @@ def waiting(
     how many the filters match in all."""
     topics = [topic] if topic else list(config.topics.delay)
     shards = [
-        s
-        for s, _, _ in _partitions(config, topics, offsets=False)
-        if partition is None or s.partition == partition
+        s for s in delay_shards(config, topics) if partition is None or s.partition == partition
     ]
     if partition is not None and not shards:
         raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
@@ -149,7 +147,7 @@ def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[S
     """``topic``'s partition count, and where the record with ``delay_id`` waits in it: (its
     shard, the record) for each partition that holds one (a delay-id names a schedule per
     partition), in partition order."""
-    shards = [s for s, _, _ in _partitions(config, [topic], offsets=False)]
+    shards = delay_shards(config, [topic])
     found = _find(config, shards, delay_id, None, len(shards))
     return len(shards), sorted(
         ((shard, rec) for _, shard, rec in found), key=lambda sr: sr[0].partition
@@ -255,6 +253,12 @@ def store_of(config: Config) -> Store:
         raise
     except Exception as exc:  # a client that cannot even be made: a bad URL, no route
         raise BridgeError(f"cannot reach Redis: {exc}") from None
+
+
+def delay_shards(config: Config, topics: Sequence[str]) -> list[Shard]:
+    """The shards of every partition of ``topics`` (delay topics: a UsageError names one that is
+    not), from Kafka, else from what Redis holds."""
+    return [s for s, _, _ in _partitions(config, topics, offsets=False)]
 
 
 def _partitions(

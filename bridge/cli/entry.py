@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from bridge import __version__, ops
+from bridge.cli.args import when_arg
 from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump, load
 from bridge.dlq import Filters
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
-from bridge.message import Reason, parse_when
+from bridge.message import Reason
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
@@ -72,9 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument(
         "value", nargs="?", default="-", help="record value; - (default) reads one record per line"
     )
-    cancel = sub.add_parser("cancel", help="cancel a waiting record by its delay-id")
+    cancel = sub.add_parser(
+        "cancel", help="cancel a waiting record by its delay-id, or every one a filter matches"
+    )
     with_config(cancel)
-    cancel.add_argument("--id", required=True, help="delay-id of the record to cancel")
+    cancel.add_argument("--id", help="delay-id of the record to cancel")
     cancel.add_argument(
         "--key",
         help="key of the cancel record (default: the key of the record "
@@ -90,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument(
         "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
     )
+    bulk = cancel.add_argument_group(
+        "bulk", "instead of --id: every waiting record all the filters given match"
+    )
+    bulk.add_argument("--target", help="bound for this target topic")
+    bulk.add_argument("--key-prefix", help="whose key starts with this")
+    bulk.add_argument("--due-after", help="due at or after: a time or a duration from now")
+    bulk.add_argument("--due-before", help="due before: a time or a duration from now (1h)")
+    act = bulk.add_mutually_exclusive_group()
+    act.add_argument("--dry-run", action="store_true", help="count the matches per partition")
+    act.add_argument("--yes", action="store_true", help="cancel them")
     status = sub.add_parser(
         "status",
         help="per delay-topic partition: what waits, is overdue, "
@@ -229,7 +242,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
     if args.limit < 1:
         raise UsageError(f"--limit {args.limit}: at least 1")
     now_ms = time.time_ns() // 1_000_000
-    before = _when("--due-before", args.due_before, now_ms)
+    before = when_arg("--due-before", args.due_before, now_ms)
     records, total = ops.waiting(
         config,
         topic=args.topic,
@@ -246,7 +259,7 @@ def _trace(args: argparse.Namespace, config: Config) -> int:
     from bridge import trace
 
     now_ms = time.time_ns() // 1_000_000
-    since = _when("--since", args.since, now_ms, ago=True)
+    since = when_arg("--since", args.since, now_ms, ago=True)
     traced = trace.trace(
         config, delay_id=args.id, at=args.origin, topic=args.topic, since_ms=since, now_ms=now_ms
     )
@@ -273,8 +286,8 @@ def _dlq_filters(args: argparse.Namespace) -> Filters:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit}: at least 1")
     now_ms = time.time_ns() // 1_000_000
-    since = _when("--since", args.since, now_ms, ago=True)
-    return Filters(frozenset(args.reason), since, _when("--until", args.until, now_ms, ago=True))
+    since = when_arg("--since", args.since, now_ms, ago=True)
+    return Filters(frozenset(args.reason), since, when_arg("--until", args.until, now_ms, ago=True))
 
 
 def _dlq_list(args: argparse.Namespace, config: Config) -> int:
@@ -301,16 +314,6 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
         print(file=sys.stderr)
     print(done.summary())
     return 0
-
-
-def _when(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> int | None:
-    """A command-line time (see :func:`parse_when`); None when the flag is not given."""
-    if text is None:
-        return None
-    try:
-        return parse_when(text, now_ms, ago=ago)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _run(config: Config) -> int:

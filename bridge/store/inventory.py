@@ -7,7 +7,7 @@ are pending, the shards' watermarks and wait indexes, and Redis memory by tier (
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import cast
 
 import redis
@@ -20,7 +20,6 @@ from bridge.store.keys import (
     Keys,
     Shard,
     due_of,
-    glob_escape,
     offset_bytes,
     offset_of,
     reference,
@@ -32,6 +31,7 @@ from bridge.store.scripts import Scripts
 
 ALL = 2**62  # a limit that is none
 SCAN_COUNT = 1000  # members a ZSCAN call asks for
+SCAN_CHUNKS = 4  # reference chunks an HMGET of a scan reads (up to 1,023 references each)
 FIND_SCAN = 64  # members at one due ms a hinted lookup reads (find in _lib.lua reads 16)
 
 
@@ -91,6 +91,41 @@ class Inventory:
                 found += [(d, reference(o, d)) for o, d in refs if o in pending]
         return found
 
+    def scan(
+        self, shard: Shard, low_ms: int | None, high_ms: int | None
+    ) -> Iterator[list[tuple[int, bytes]]]:
+        """Every record waiting in ``shard`` due at ``low_ms`` or later and before ``high_ms``
+        (None: no bound), in pages of (due ms, member), in no order: those held whole by ZSCAN
+        of its due index and wait indexes (one present throughout is given at least once, maybe
+        twice: Redis's SCAN promise), then its references, a few chunks at a time, if still
+        pending. A bulk operation's reads: O(what the shard holds)."""
+        low, high = -1 if low_ms is None else low_ms, LANE_WIDTH if high_ms is None else high_ms
+        for key in self.waiting_keys(shard):
+            cursor = 0
+            while True:
+                with as_store_error():
+                    cursor, page = cast(
+                        tuple[int, list[tuple[bytes, float]]],
+                        self.client.zscan(key, cursor, count=SCAN_COUNT),
+                    )
+                found = [(due, m) for m, s in page if low <= (due := due_of(s)) < high]
+                if found:
+                    yield found
+                if cursor == 0:
+                    break
+        k = self.keys.of(shard)
+        with as_store_error():
+            chunks = cast(list[bytes], self.client.zrangebyscore(k.refs_due, "-inf", high - 1))
+        for at in range(0, len(chunks), SCAN_CHUNKS):
+            with as_store_error():
+                read = self.client.hmget(k.refs, chunks[at : at + SCAN_CHUNKS])
+                data = b"".join(d or b"" for d in cast(list[bytes | None], read))
+                refs = [r for r in references_in(data) if low <= r[1] < high]
+                pending = self._pending_of([o for o, _ in refs], k.pending)
+            found = [(d, reference(o, d)) for o, d in refs if o in pending]
+            if found:
+                yield found
+
     def _pending_of(self, offsets: Sequence[int], pending_key: str) -> set[int]:
         """Which of ``offsets`` are pending, their bitmaps read in one call."""
         buckets = sorted({offset_bytes(o)[:7] for o in offsets})
@@ -133,17 +168,10 @@ class Inventory:
     def by_default_id(self, shard: Shard, offset: int) -> list[tuple[int, bytes]]:
         """The waiting record at ``offset`` of ``shard``, named by its default delay-id
         (``<topic>:<partition>:<offset>``, not indexed): [(due ms, member)] or []. Its due time
-        is unknown: a scan of the waiting members that start with its offset, for rare lookups."""
-        prefix = offset_bytes(offset)
-        with as_store_error():
-            return [
-                (due_of(s), m)
-                for key in self.waiting_keys(shard)
-                for m, s in self.client.zscan_iter(
-                    key, match=glob_escape(prefix) + b"*", score_cast_func=float
-                )
-                if m.startswith(prefix)
-            ]
+        is unknown: a pass over the shard's whole records (:meth:`wholes`), for rare lookups; a
+        reference is not found so."""
+        due = self.wholes(shard, {offset: None})[offset]
+        return self.at(shard, due, offset_bytes(offset)) if due >= 0 else []
 
     def wholes(self, shard: Shard, hints: Mapping[int, int | None]) -> dict[int, int]:
         """Where the records at these offsets of ``shard`` wait held whole: offset -> due ms, or

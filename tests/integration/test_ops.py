@@ -4,6 +4,7 @@ dead letters back once their cause is fixed, and never twice."""
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import subprocess
@@ -18,6 +19,7 @@ from bridge.message import (
     H_AFTER,
     H_ERROR,
     H_ERROR_DETAIL,
+    H_ID,
     H_ORIGIN,
     H_TARGET_TOPIC,
     Headers,
@@ -25,8 +27,10 @@ from bridge.message import (
     Scheduled,
 )
 from bridge.store import Shard, Store
-from tests.conftest import ROOT, TopicFactory
-from tests.integration.harness import Bridge, Collector, Setup, produce_all
+from tests.conftest import ROOT, TopicFactory, wait_for
+from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all
+
+Record = tuple[bytes, bytes, Headers]
 
 pytestmark = pytest.mark.integration
 
@@ -313,3 +317,65 @@ def test_dlq_list_shows_dead_letters_with_their_reasons_and_details(setup: Setup
     assert "why 1" in text.stdout and text.stdout.splitlines()[-1].startswith("3 match")
     # The listing commits nothing: a replay still finds all three.
     assert cli(setup, "dlq", "replay", "--dry-run").stdout.startswith("would replay 3")
+
+
+def test_a_bulk_cancel_counts_then_cancels_what_its_filters_match(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Records of two customers for two targets, due soon, in an hour (one with a delay-id of
+    its own) and in three hours (kept as a reference): a filter on the target, a key prefix and
+    a due time counts the matches per partition, then cancels them through cancel records the
+    running bridge applies — a reference's key read in the delay topic. Run again: nothing
+    matches, exit 1."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    t0, t1 = (t.encode() for t in setup.targets[:2])
+
+    def later(key: bytes, target: bytes, after: bytes, *more: tuple[str, bytes]) -> Record:
+        return key, b"v", [(H_TARGET_TOPIC, target), (H_AFTER, after), *more]
+
+    placed = produce_all(setup.services.bootstrap, setup.delay, [
+        later(b"cust-1-a", t0, b"1h"), later(b"cust-1-b", t0, b"1h", (H_ID, b"order-b")),
+        later(b"cust-2-c", t0, b"1h"), later(b"cust-1-d", t1, b"1h"),
+        later(b"cust-1-e", t0, b"3h"), later(b"cust-1-f", t0, b"2m"),
+    ])  # fmt: skip
+
+    def keys() -> list[str]:
+        proc = cli(setup, "list", "--json", "--limit", "100")
+        return sorted(r["key"] for r in json.loads(proc.stdout))
+
+    wait_for(lambda: len(keys()) == 6, 60, "all six stored")
+    chosen = ["--target", setup.targets[0], "--key-prefix", "cust-1-", "--due-after", "10m"]
+    counted = cli(setup, "cancel", *chosen, "--dry-run")
+    assert counted.returncode == 0, counted.stderr
+    per_partition = collections.Counter(p for p, _ in (placed[0], placed[1], placed[4]))
+    table = ", ".join(f"{setup.delay}:{p} {n}" for p, n in sorted(per_partition.items()))
+    assert counted.stdout.strip() == f"would cancel 3 waiting records: {table}"
+    assert len(keys()) == 6  # a dry run changes nothing
+    done = cli(setup, "cancel", *chosen, "--yes")
+    assert done.returncode == 0 and done.stdout.startswith("cancelled 3 waiting records"), done
+    wait_for(lambda: keys() == ["cust-1-d", "cust-1-f", "cust-2-c"], 60, "the three cancelled")
+    again = cli(setup, "cancel", *chosen, "--yes")
+    assert again.returncode == 1 and "no waiting record matches" in again.stderr
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cancel"], "give --id, or a filter"),
+        (["cancel", "--target", "x"], "needs --dry-run (count what matches) or --yes"),
+        (["cancel", "--id", "x", "--yes"], "--dry-run or --yes: not with --id"),
+        (["cancel", "--id", "x", "--target", "y"], "--target: not with --id"),
+        (["cancel", "--key-prefix", "k", "--force", "--yes"], "--force: only with --id"),
+        (["cancel", "--due-before", "soon", "--dry-run"], "--due-before: not a time"),
+        (["cancel", "--target", "x", "--dry-run", "--yes"], "not allowed with"),
+    ],
+)
+def test_a_bulk_cancel_refuses_bad_input_in_one_line(
+    setup: Setup, args: list[str], message: str
+) -> None:
+    proc = cli(setup, *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
