@@ -19,7 +19,7 @@ from tests.conftest import Services
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
-TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=3000, catchup=3000,
+TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=1000, catchup=3000,
             cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
             scattered=3000, spread_s=4, session_ms=6000, priority=3000, max_rate=1500,
             live_rate=20, journal=20_000)  # fmt: skip
@@ -38,7 +38,7 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     for phase in ("precision without backlog", "precision with backlog"):
         assert f[phase]["early"] == 0 and f[phase]["lost"] == 0
         assert f[phase]["records"] > 0
-    assert f["backlog"]["records"] == 3000 and f["backlog"]["redis_bytes_per_record"] > 0
+    assert f["backlog"]["records"] == 1000 and f["backlog"]["redis_bytes_per_record"] > 0
     for run in ("steady coalescing off", "steady defaults"):
         cost = f[run]
         assert cost["early"] == 0 and cost["lost"] == 0 and cost["measured_records"] > 0

@@ -226,7 +226,7 @@ def test_a_cancel_or_replacement_in_another_partition_finds_its_record(
 def test_a_cancel_behind_a_held_record_still_wins(
     setup: Setup, topics: TopicFactory, bridges: list[Bridge], admin: AdminClient
 ) -> None:
-    """R (delay-id x, due in 12 s), a record that needs the DLQ, then the cancel of x, in one
+    """R (delay-id x, due in 6 s), a record that needs the DLQ, then the cancel of x, in one
     partition, while the DLQ does not exist: the partition waits at the middle record. It used to
     count as stalled after 2 s, R was claimed at its due time and delivered, and the cancel, read
     once the DLQ appeared, found nothing. A held partition is behind, not idle."""
@@ -236,15 +236,15 @@ def test_a_cancel_behind_a_held_record_still_wins(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready: the partitions read live")
     admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
     _produce(setup.services.bootstrap, setup.delay, [
-        (0, b"R", [(H_TARGET_TOPIC, target), (H_AFTER, b"12s"), (H_ID, b"x")]),
+        (0, b"R", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s"), (H_ID, b"x")]),
         (0, b"needs-the-dlq", [(H_AFTER, b"0ms")]),
         (0, None, [(H_CANCEL, b"x")]),
-        (0, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"14s")]),
+        (0, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"8s")]),
     ])  # fmt: skip
     wait_for(lambda: f"{setup.delay}[0] waits at offset 1" in bridge.get("/readyz")[1], 30,
              "the partition held at the record that needs the DLQ")  # fmt: skip
     started = time.monotonic()
-    wait_for(lambda: time.monotonic() - started > 14, 20, "R's due time passing while held")
+    wait_for(lambda: time.monotonic() - started > 8, 20, "R's due time passing while held")
     topics.recreate(setup.dlq)
     records = setup.await_value(b"marker", 60, "the marker")
     assert sorted(r.value or b"" for r in records) == [b"marker", b"needs-the-dlq"]
