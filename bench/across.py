@@ -13,16 +13,13 @@ Then deletes the keys. The other shards hold as many ids, so each lookup is a re
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
-import uuid
 
-import redis
-
+from bench.local import drop, local_store
 from bench.scenarios import redis_cpu_s
 from bridge.message import Scheduled
-from bridge.store import Shard, Store
+from bridge.store import Shard
 
 T0 = 1_900_000_000_000
 
@@ -33,10 +30,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--batch", type=int, default=500)
     args = parser.parse_args()
-    url = os.environ.get("DELAY_BRIDGE_REDIS__URL", "redis://127.0.0.1:16379/0")
-    client = redis.Redis.from_url(url)
-    prefix = f"bench-across-{uuid.uuid4().hex[:8]}"
-    store, topic = Store(client, prefix), "delay"
+    store, topic = local_store("across"), "delay"
+    client = store.client
     offsets = dict.fromkeys(range(args.partitions), 0)
 
     def batch(partition: int) -> tuple[int, list[Scheduled]]:
@@ -68,9 +63,7 @@ def main() -> None:
         print(f"batches of {args.batch}; ratio (and the others / own only): {ratio:.2f}x, "
               f"{args.partitions - 1} other partitions")  # fmt: skip
     finally:
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
+        drop(store)
 
 
 if __name__ == "__main__":

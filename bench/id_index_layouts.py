@@ -14,7 +14,6 @@ local Redis (``DELAY_BRIDGE_REDIS__URL``, else scripts/services' port) and Redis
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import struct
 import uuid
@@ -22,6 +21,8 @@ from collections.abc import Callable
 from typing import cast
 
 import redis
+
+from bench.local import local_redis
 
 PIPELINE = 5_000
 DUE_MS, STAMP_MS = 1_795_000_000_000, 1_794_000_000_000
@@ -85,8 +86,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--id-bytes", type=int, default=31)
     args = parser.parse_args()
-    url = os.environ.get("DELAY_BRIDGE_REDIS__URL", "redis://127.0.0.1:16379/0")
-    client = redis.Redis.from_url(url)
+    client = local_redis()
     try:
         n = args.entries
         print(f"| layout | bytes per entry ({n:,} entries, {args.id_bytes}-byte ids) |")

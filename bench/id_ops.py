@@ -16,18 +16,15 @@ Run it from two checkouts, one after the other and back, to compare code with co
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
+from bench.local import drop, local_store
 from bench.scenarios import redis_cpu_s
 from bridge.message import Cancel, Scheduled
-from bridge.store import AckBatch, Claimed, Shard, Store
+from bridge.store import AckBatch, Claimed, Shard
 
 T0 = 1_900_000_000_000
 SHARD = Shard("delay", 0)
@@ -49,9 +46,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--ids", type=int, default=200_000)
     args = parser.parse_args()
-    url = os.environ.get("DELAY_BRIDGE_REDIS__URL", "redis://127.0.0.1:16379/0")
-    client = redis.Redis.from_url(url)
-    store = Store(client, f"bench-id-ops-{uuid.uuid4().hex[:8]}")
+    store = local_store("id-ops")
+    client = store.client
     offset, waiting = 0, 0  # the next offset; ids "id-<n>" for n < waiting are (or were) waiting
 
     def schedule(n: int, due: int) -> Scheduled:
@@ -110,9 +106,7 @@ def main() -> None:
             cpu_ms = statistics.mean(cpu[name]) * 1000
             print(f"{name:22} {took_ms:7.2f} ms per batch, Redis CPU {cpu_ms:6.2f} ms")
     finally:
-        for key in client.scan_iter(match=f"{store.prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
+        drop(store)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,14 @@ whole-pipeline figures (bridge RSS, read-back rates) are for ``make bench``.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import time
-import uuid
 from typing import cast
 
-import redis
-
+from bench.local import drop, local_store
 from bridge.config.schema import StoreConfig
 from bridge.message import Scheduled
-from bridge.store import Shard, Store
+from bridge.store import Shard
 
 DAY_MS = 86_400_000
 
@@ -36,10 +33,8 @@ def main() -> None:
     parser.add_argument("--with-ids", action="store_true", help="a delay-id of its own each")
     parser.add_argument("--id-bytes", type=int, default=31, help="the length of each delay-id")
     args = parser.parse_args()
-    url = os.environ.get("DELAY_BRIDGE_REDIS__URL", "redis://127.0.0.1:16379/0")
-    client = redis.Redis.from_url(url)
-    prefix = f"bench-refs-{uuid.uuid4().hex[:8]}"
-    store, config, rng = Store(client, prefix), StoreConfig(), random.Random(1)
+    store, config, rng = local_store("refs"), StoreConfig(), random.Random(1)
+    client = store.client
     now = store.time_ms()
     horizon = now + config.payload_horizon
     used = cast(dict[str, int], client.info("memory"))["used_memory"]
@@ -64,9 +59,7 @@ def main() -> None:
     print(f"{added:,} references{ids} over {args.days} days in {args.partitions} partitions "
           f"({config.bucket_ms // 60_000} min buckets): {grown / added:.1f} bytes each in Redis "
           f"(used_memory +{grown:,}); stored at {added / seconds:,.0f}/s")  # fmt: skip
-    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-        client.unlink(key)
-    client.close()
+    drop(store)
 
 
 if __name__ == "__main__":
