@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from bridge.message import Cancel, Scheduled
+from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled
 from bridge.store.calls import candidates_from
 from bridge.store.ids import Confirm, id_hash
 from bridge.store.inventory import Inventory
@@ -87,23 +87,40 @@ def withdraw_elsewhere(
     return found_at
 
 
+def due_hint(headers: Headers) -> int | None:
+    """The ``delay-due-at`` of a record that replaces another by its default delay-id: the due
+    time of the record it replaces, as the command line gives it (None: none, or not a time)."""
+    for name, value in headers:
+        if name == H_DUE_AT:
+            text = (value or b"").strip()
+            return int(text) if text.isdigit() else None
+    return None
+
+
 def default_id_wheres(
     inventory: Inventory,
     shard: Shard,
     batch: Sequence[Scheduled | Cancel],
     refer_after_ms: int,
 ) -> dict[int, bytes]:
-    """For each cancel of the ``batch`` that names a default delay-id of ``shard`` (by its
-    offset), where that record waits (a ``where`` of add.lua): earlier in the batch (kept as a
+    """For each cancel of the ``batch`` that names a default delay-id of ``shard``, and each
+    record that has one as its delay-id (it replaces that record), keyed by its own offset,
+    where the record named waits (a ``where`` of add.lua): earlier in the batch (kept as a
     reference if due after ``refer_after_ms``), or in Redis (:meth:`Inventory.wholes`, all in
-    one go); due -1 when in no index (a reference, or gone)."""
-    named: dict[int, int] = {}  # cancel offset -> the offset its default id names
+    one go, at the due time a ``delay-due-at`` gives first); due -1 when in no index (a
+    reference, or gone)."""
+    named: dict[int, int] = {}  # its offset -> the offset the default id names
+    hints: dict[int, int | None] = {}
     for c in batch:
-        if isinstance(c, Cancel) and (o := default_id_offset(shard, c.delay_id)) is not None:
-            named[c.offset] = o
+        if isinstance(c, Scheduled) and c.default_of is not None:
+            continue  # its own default id (the parser says so): no other record's
+        o = default_id_offset(shard, c.delay_id)
+        if o is None or o >= c.offset:
+            continue
+        named[c.offset] = o
+        hints[c.offset] = c.due_ms if isinstance(c, Cancel) else due_hint(c.headers)
     if not named:
         return {}
-    hints = {c.offset: c.due_ms for c in batch if isinstance(c, Cancel) and c.offset in named}
     scheduled = {r.offset: r for r in batch if isinstance(r, Scheduled)}
     dues: dict[int, int] = {}
     for target in set(named.values()):

@@ -41,6 +41,7 @@ def add_call(
     entries: list[AddEntry] = []
     vouch = dict(vouched)
     wheres = default_id_wheres(inventory, shard, records, refer_after_ms)
+    replaces: dict[int, bytes] = {}
     for rec in records:
         if isinstance(rec, Cancel):
             where = wheres.get(rec.offset, b"")
@@ -48,6 +49,8 @@ def add_call(
             entries.append(AddEntry(rec.offset, "", where, rec.delay_id, hashed))
             continue
         given = rec.given_id(shard.topic, shard.partition) or ""
+        if rec.offset in wheres:
+            replaces[rec.offset] = wheres[rec.offset]
         if rec.due_ms > refer_after_ms:  # its priority is read back with the record
             stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
             if given:
@@ -57,7 +60,7 @@ def add_call(
         hashed = id_hash(shard.topic, given) if given else b""
         entries.append(AddEntry(rec.offset, at, stored, given, hashed))
     keys_ = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
-    return "add", keys_, add_argv(expected, high, bucket_ms, vouch, entries)
+    return "add", keys_, add_argv(expected, high, bucket_ms, vouch, entries, replaces=replaces)
 
 
 def add(

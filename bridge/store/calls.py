@@ -133,12 +133,18 @@ def add_argv(
     bucket_ms: int,
     vouched: Mapping[int, str],
     entries: list[AddEntry],
+    *,
+    replaces: Mapping[int, bytes],
 ) -> list[Any]:
     """add.lua's ARGV: ``vouched`` the delay-id read in the delay topic at each offset (see
-    withdraw in _lib.lua)."""
+    withdraw in _lib.lua); ``replaces`` where the record each record of the batch replaces by
+    its default delay-id waits (record offset -> a ``where``)."""
     argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, len(vouched)]
     for offset, delay_id in vouched.items():
         argv += (offset_bytes(offset), delay_id)
+    argv.append(len(replaces))
+    for offset, named in replaces.items():
+        argv += (str(offset), named)
     for entry in entries:
         argv += entry
     return argv

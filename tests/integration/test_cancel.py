@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.errors import StoreError
-from bridge.message import Cancel, Scheduled
+from bridge.message import H_DUE_AT, Cancel, Scheduled
 from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes
 from bridge.store.ids import read_index
 
@@ -230,3 +230,21 @@ def test_cancels_of_default_ids_find_their_records_without_a_scan_each(store: St
     left = waiting(store, T0 + 2 * 10**10)  # the whole records left (references are not due)
     assert set(left) == {i for i in range(3000) if i % 2 or i >= 200} - {999}
     assert [store.inventory.is_pending(SHARD, 3000 + i) for i in range(5)] == [False] * 4 + [True]
+
+
+def test_a_record_with_a_default_id_as_its_delay_id_replaces_that_record(store: Store) -> None:
+    """ "Fire now" and "move by an hour" are replacements: a record whose delay-id is another's
+    default id (``delay:0:<offset>``: the delay-id its delivered copy would carry) replaces it,
+    whole or a reference, with the due-time hint or without; then it answers to that id."""
+    apply(store, rec(0, T0 + 5000, value=b"whole"), rec(1, T0 + 5000, value=b"plain"))
+    store.add({SHARD: (2, [rec(2, T0 + 10**10, value=b"far")])}, refer_after_ms=T0 + 10**9)
+    hinted = rec(3, T0 + 100, "delay:0:0", b"whole now")
+    hinted.headers.append((H_DUE_AT, b"%d" % (T0 + 5000)))
+    added = apply(store, hinted, rec(4, T0 + 200, "delay:0:2", b"far now"))
+    assert (added.count, added.replaced) == (2, 2)
+    assert store.inventory.is_pending(SHARD, 0) is False
+    assert store.inventory.is_pending(SHARD, 2) is False
+    added = apply(store, rec(5, T0 + 300, "delay:0:0", b"whole again"))  # by the id index now
+    assert (added.count, added.replaced) == (1, 1)
+    assert waiting(store) == {1: ("delay:0:1", b"plain"), 4: ("delay:0:2", b"far now"),
+                              5: ("delay:0:0", b"whole again")}  # fmt: skip

@@ -45,7 +45,10 @@ ARGV[4]  V, then V pairs: an offset (8 bytes) and the delay-id the caller read t
           delay topic ("": another record's or none) — the references it vouches for (see
           withdraw in _lib.lua): those of this batch with a caller-given id, and those this
           script asked for
-ARGV[5 + 2V..] groups of five, ascending offsets: offset, score, member, delay-id, id hash — the
+ARGV[5 + 2V] W, then W pairs: the offset of a record of this batch whose caller-given delay-id
+          is a default id of this shard (`<topic>:<partition>:<offset>`, not in the id index) and a
+          `where` naming that record: it replaces it as a cancel of that id would withdraw it
+ARGV[6 + 2V + 2W..] groups of five, ascending offsets: offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
@@ -109,9 +112,13 @@ end
 local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
                inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9]}
 local watermark = tonumber(mark or '-1')
-local vouched, first = {}, 5 + 2 * tonumber(ARGV[4])
-for i = 5, first - 1, 2 do
+local vouched, replacing = {}, 5 + 2 * tonumber(ARGV[4])
+for i = 5, replacing - 1, 2 do
   vouched[ARGV[i]] = ARGV[i + 1]
+end
+local replaces, first = {}, replacing + 1 + 2 * tonumber(ARGV[replacing])
+for i = replacing + 1, first - 1, 2 do
+  replaces[ARGV[i]] = ARGV[i + 1]
 end
 local hashes = {}
 for i = first, #ARGV, 5 do
@@ -182,6 +189,11 @@ for i = first, #ARGV, 5 do
       plain = plain + 1
     else
       local done, offset, at = withdraw(shard, id, hash, vouched)
+      if not done and replaces[ARGV[i]] then  -- a default id: where the caller found its record
+        flush()  -- it may be one of this batch's
+        offset, at = read_where(replaces[ARGV[i]])
+        done = withdraw_at(shard, offset, at)
+      end
       if done then
         withdrew(offset, at, ARGV[i])
         replaced = replaced + 1
