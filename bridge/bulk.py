@@ -1,4 +1,4 @@
-"""Bulk operations of the command line: every waiting record a filter matches, and its cancel.
+"""The waiting records a filter matches, and the records that cancel, fire or reschedule them.
 
 The records are found in Redis (:meth:`Inventory.scan`: the due index, the wait indexes and the
 references of each partition, a page at a time), a reference's key and target read in the delay
@@ -8,7 +8,8 @@ it in offset order like any cancel, the journal records it, and a Redis rebuild 
 contract's topics the cancel names the record by its origin (its default delay-id, exact: a
 replacement produced since is a schedule of its own) with its due time as the hint that finds it
 at once (see :class:`bridge.message.Cancel`); on an etf1 or kaspr topic, by its delay-id, as
-that dialect cancels.
+that dialect cancels. Firing or rescheduling one is a replacement (:func:`replacement_of`): the
+record again, with its delay-id (its origin when it has none of its own) and a new due time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from dataclasses import dataclass
 
 from bridge.config import Config, read_back_settings
 from bridge.dialects import ETF1, KASPR, KASPR_ACTION, KASPR_CANCEL, KASPR_REQUEST_ID
-from bridge.message import H_CANCEL, H_DUE_AT, Headers, Scheduled, origin
+from bridge.message import (
+    H_AFTER,
+    H_CANCEL,
+    H_DELIVER_AT,
+    H_DUE_AT,
+    H_ID,
+    Headers,
+    Scheduled,
+    origin,
+)
 from bridge.ops import store_of
 from bridge.store import REFERENCE_BYTES, Shard, references_in, stored_record
 
@@ -49,14 +59,21 @@ class Filter:
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """A waiting record a filter matched: where it waits, its due time, its key and delay-id
-    (those two None for a reference not read back: no filter needed them)."""
+    """A waiting record a filter matched: where it waits, its due time, and the record (None for
+    a reference not read back: nothing needed it)."""
 
     shard: Shard
     offset: int
     due_ms: int
-    key: bytes | None
-    delay_id: str | None
+    record: Scheduled | None
+
+    @property
+    def key(self) -> bytes | None:
+        return None if self.record is None else self.record.key
+
+    @property
+    def delay_id(self) -> str | None:
+        return None if self.record is None else self.record.delay_id
 
 
 def matches(
@@ -101,8 +118,7 @@ def matches(
                     if offset in seen or (rec is not None and not flt.matches(rec)):
                         continue
                     seen.add(offset)
-                    key, delay_id = (None, None) if rec is None else (rec.key, rec.delay_id)
-                    yield Match(shard, offset, due, key, delay_id)
+                    yield Match(shard, offset, due, rec)
     finally:
         if reader is not None:
             reader.close()
@@ -121,6 +137,23 @@ def cancel_of(match: Match, dialect: str | None) -> Outgoing:
     named = origin(shard.topic, shard.partition, match.offset).encode()
     hint = b"%d" % match.due_ms
     return match.key, b"", [(H_CANCEL, named), (H_DUE_AT, hint)], shard.partition
+
+
+# A replacement's new due time comes from these; the old one is the hint that finds it.
+REPLACED_HEADERS = frozenset({H_DELIVER_AT, H_AFTER, H_ID, H_DUE_AT})
+
+
+def replacement_of(match: Match, due_ms: int | None) -> Outgoing | None:
+    """The record that replaces ``match`` (read: its record is known), due at ``due_ms`` (None:
+    now, ``delay-after: 0``) — or None for one bound for the DLQ (its payload gone: nothing to
+    deliver)."""
+    rec = match.record
+    if rec is None or rec.dead_letter:
+        return None
+    kept = [(k, v) for k, v in rec.headers if k not in REPLACED_HEADERS]
+    when = (H_AFTER, b"0") if due_ms is None else (H_DELIVER_AT, b"%d" % due_ms)
+    named = [(H_ID, rec.delay_id.encode()), (H_DUE_AT, b"%d" % match.due_ms)]
+    return rec.key, rec.value, [*kept, when, *named], match.shard.partition
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from bridge.errors import UsageError
 from bridge.message import parse_when
 
@@ -15,3 +17,19 @@ def when_arg(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> 
         return parse_when(text, now_ms, ago=ago)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
+
+
+FILTERS = ("--target", "--key-prefix", "--due-after", "--due-before")
+
+
+def given_filters(args: argparse.Namespace) -> list[str]:
+    """The bulk filters given (``--topic`` aside: it goes with ``--id`` too)."""
+    return [f for f in FILTERS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+
+
+def refuse_filters(args: argparse.Namespace) -> None:
+    """With ``--id``: no filter, no ``--dry-run`` or ``--yes``."""
+    acts = [f for f in ("--dry-run", "--yes") if getattr(args, f[2:].replace("-", "_"))]
+    extra = given_filters(args) + acts
+    if extra:
+        raise UsageError(f"{extra[0]}: not with --id")

@@ -1,7 +1,7 @@
 """The ``delay-bridge`` command line: arguments parsed, a subcommand run, errors in one line.
 
-Subcommands: run, check-config, produce, cancel, status, list, trace, dlq replay, dlq list,
---version.
+Subcommands: run, check-config, produce, cancel, fire, reschedule, status, list, trace, dlq
+replay, dlq list, --version.
 
 User errors (bad config, bad arguments, unreachable services) print one line on stderr and exit
 with code 2 (1 for a failed run); never a traceback.
@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from bridge import __version__, ops
 from bridge.cli.args import when_arg
+from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
 from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump, load
 from bridge.dlq import Filters
@@ -32,6 +33,20 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def with_filters(p: argparse.ArgumentParser) -> None:
+    """The bulk form's filters, instead of ``--id``."""
+    bulk = p.add_argument_group(
+        "bulk", "instead of --id: every waiting record all the filters given match"
+    )
+    bulk.add_argument("--target", help="bound for this target topic")
+    bulk.add_argument("--key-prefix", help="whose key starts with this")
+    bulk.add_argument("--due-after", help="due at or after: a time or a duration from now")
+    bulk.add_argument("--due-before", help="due before: a time or a duration from now (1h)")
+    act = bulk.add_mutually_exclusive_group()
+    act.add_argument("--dry-run", action="store_true", help="count the matches per partition")
+    act.add_argument("--yes", action="store_true", help="act on them")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,16 +108,28 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument(
         "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
     )
-    bulk = cancel.add_argument_group(
-        "bulk", "instead of --id: every waiting record all the filters given match"
+    with_filters(cancel)
+    fire = sub.add_parser(
+        "fire", help="deliver now a waiting record by its delay-id, or every one a filter matches"
     )
-    bulk.add_argument("--target", help="bound for this target topic")
-    bulk.add_argument("--key-prefix", help="whose key starts with this")
-    bulk.add_argument("--due-after", help="due at or after: a time or a duration from now")
-    bulk.add_argument("--due-before", help="due before: a time or a duration from now (1h)")
-    act = bulk.add_mutually_exclusive_group()
-    act.add_argument("--dry-run", action="store_true", help="count the matches per partition")
-    act.add_argument("--yes", action="store_true", help="cancel them")
+    reschedule = sub.add_parser(
+        "reschedule", help="move the due time of a record by its delay-id, or of every match"
+    )
+    for command in (fire, reschedule):
+        with_config(command)
+        command.add_argument("--id", help="delay-id of the record")
+        command.add_argument(
+            "--topic",
+            help="delay topic (default: the first in config; with a filter: every delay topic)",
+        )
+        command.add_argument(
+            "--timeout", default="10s", help="how long to try reaching Kafka (10s)"
+        )
+        with_filters(command)
+    moved = reschedule.add_mutually_exclusive_group(required=True)
+    moved.add_argument("--at", help="the new due time: a time, or a duration from now")
+    moved.add_argument("--after", help="due this long from now: 30m, 2h")
+    moved.add_argument("--shift", help="each due time moved by this: 1h, or =-30m (earlier)")
     status = sub.add_parser(
         "status",
         help="per delay-topic partition: what waits, is overdue, "
@@ -197,8 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "produce":
             return produce_command(args, load(args.config))
+        if args.command == "cancel" and args.id is None:
+            return bulk_cancel(args, load(args.config))
         if args.command == "cancel":
             return cancel_command(args, load(args.config))
+        if args.command == "fire":
+            return fire_command(args, load(args.config))
+        if args.command == "reschedule":
+            return reschedule_command(args, load(args.config))
         if args.command == "status":
             return _status(args, load(args.config))
         if args.command == "list":

@@ -11,11 +11,10 @@ import contextlib
 import logging
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 
-from bridge import bulk, ops
-from bridge.cli.args import when_arg
+from bridge import ops
+from bridge.cli.args import refuse_filters
 from bridge.client import cancel_headers, partition_for
 from bridge.config import Config, producer_settings
 from bridge.dialects import (
@@ -154,7 +153,7 @@ def _check(
         ) from None
 
 
-def _delay_topic(args: argparse.Namespace, config: Config) -> str:
+def delay_topic(args: argparse.Namespace, config: Config) -> str:
     topic: str = args.topic or config.topics.delay[0]
     if topic not in config.topics.delay:
         raise UsageError(
@@ -167,7 +166,7 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
     """Produce the record ``--value`` describes (one per line of ``-``: standard input) to the
     delay topic, each checked with the bridge's own rules first; a replacement (``--id``) goes
     to the partition where that id waits."""
-    topic = _delay_topic(args, config)
+    topic = delay_topic(args, config)
     if args.target is None and topic not in config.topics.default_target:
         raise UsageError(f"--target is required: topics.default_target has none for {topic}")
     headers = _headers(args, args.target, config.topics.dialect.get(topic))
@@ -192,7 +191,7 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
             yield key, value, headers, partition
 
     target = args.target or config.topics.default_target[topic]
-    count = _send(config, topic, args.timeout, records(), "scheduled", target=target)
+    count = send(config, topic, args.timeout, records(), "scheduled", target=target)
     if args.at is not None and count:
         print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
     return 0
@@ -203,13 +202,9 @@ def cancel_command(args: argparse.Namespace, config: Config) -> int:
     header, on an etf1 topic a tombstone keyed by the id, on a kaspr topic a CANCEL request — to
     each partition where the id waits (looked up in Redis: the partition a key maps to depends
     on the producer's partitioner). An id that waits nowhere is an error unless ``--force``.
-    Without ``--id``, the bulk form (:func:`bulk_cancel`)."""
-    if args.id is None:
-        return bulk_cancel(args, config)
-    filters = [f for f in BULK_FILTERS if getattr(args, f.lstrip("-").replace("-", "_"))]
-    if filters or args.dry_run or args.yes:
-        raise UsageError(f"{(filters or ['--dry-run or --yes'])[0]}: not with --id")
-    topic = _delay_topic(args, config)
+    Without ``--id``: :func:`bridge.cli.bulk.bulk_cancel`."""
+    refuse_filters(args)
+    topic = delay_topic(args, config)
     dialect = config.topics.dialect.get(topic)
     etf1 = dialect == ETF1
     if etf1 and args.key is not None and args.key != args.id:
@@ -258,7 +253,7 @@ def cancel_command(args: argparse.Namespace, config: Config) -> int:
             if dialect not in (ETF1, KASPR):  # the due time of its record: see Cancel
                 hinted = [*headers, (H_DUE_AT, b"%d" % rec.due_ms)]
             records.append((rec.key if given is None else given, value, hinted, shard.partition))
-    _send(config, topic, args.timeout, iter(records), f"cancel of {args.id}")
+    send(config, topic, args.timeout, iter(records), f"cancel of {args.id}")
     return 0
 
 
@@ -281,7 +276,7 @@ def _choose(partitions: list[int], key: bytes | None, count: int, where: str, wh
     return chosen
 
 
-def _send(
+def send(
     config: Config,
     topic: str,
     timeout: str,
@@ -368,59 +363,3 @@ def _send(
         reason = failures[0] if failures else f"{remaining} records not acknowledged"
         raise BridgeError(f"produce to {topic} failed: {reason}")
     return count
-
-
-BULK_FILTERS = ("--target", "--key-prefix", "--due-after", "--due-before")
-PROGRESS_EVERY = 10_000
-
-
-def bulk_cancel(args: argparse.Namespace, config: Config) -> int:
-    """``cancel`` with a filter: every waiting record it matches (in ``--topic``, else every
-    delay topic) counted per partition (``--dry-run``) or cancelled (``--yes``) — see
-    :mod:`bridge.bulk`. Exit 1 when nothing matches."""
-    given = [f for f in BULK_FILTERS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
-    if not given and args.topic is None:
-        raise UsageError(
-            "give --id, or a filter (--target, --key-prefix, --due-after, --due-before, --topic)"
-        )
-    if args.key is not None or args.force:
-        raise UsageError(f"{'--key' if args.key is not None else '--force'}: only with --id")
-    if not (args.dry_run or args.yes):
-        raise UsageError("a bulk cancel needs --dry-run (count what matches) or --yes (cancel it)")
-    now_ms = time.time_ns() // 1_000_000
-    flt = bulk.Filter(
-        target=args.target,
-        key_prefix=None if args.key_prefix is None else args.key_prefix.encode(),
-        due_after_ms=when_arg("--due-after", args.due_after, now_ms),
-        due_before_ms=when_arg("--due-before", args.due_before, now_ms),
-    )
-    topics = [_delay_topic(args, config)] if args.topic else list(config.topics.delay)
-    tally = bulk.Tally(Counter())
-
-    def counted(found: Iterator[bulk.Match]) -> Iterator[bulk.Match]:
-        for match in found:
-            tally.counts[match.shard] += 1
-            if tally.total % PROGRESS_EVERY == 0 and sys.stderr.isatty():
-                print(f"\r{tally.total:,} matched", end="", file=sys.stderr, flush=True)
-            yield match
-
-    for topic in topics:
-        dialect = config.topics.dialect.get(topic)
-        shards = ops.delay_shards(config, [topic])
-        found = counted(bulk.matches(config, shards, flt, read_all=dialect in (ETF1, KASPR)))
-        if args.dry_run:
-            for _ in found:
-                pass
-        else:
-            cancels = (bulk.cancel_of(m, dialect) for m in found)
-            _send(config, topic, args.timeout, cancels, "cancel", each=False)
-    if tally.total >= PROGRESS_EVERY and sys.stderr.isatty():
-        print(file=sys.stderr)
-    if not tally.total:
-        print("delay-bridge: no waiting record matches", file=sys.stderr)
-        return 1
-    verb = "would cancel" if args.dry_run else "cancelled"
-    print(f"{verb} {tally.total:,} waiting records: {tally.table()}")
-    if args.yes:
-        print("(cancel records produced; the bridge applies each as it reads it)", file=sys.stderr)
-    return 0

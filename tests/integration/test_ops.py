@@ -366,11 +366,17 @@ def test_a_bulk_cancel_counts_then_cancels_what_its_filters_match(
     [
         (["cancel"], "give --id, or a filter"),
         (["cancel", "--target", "x"], "needs --dry-run (count what matches) or --yes"),
-        (["cancel", "--id", "x", "--yes"], "--dry-run or --yes: not with --id"),
+        (["cancel", "--id", "x", "--yes"], "--yes: not with --id"),
         (["cancel", "--id", "x", "--target", "y"], "--target: not with --id"),
         (["cancel", "--key-prefix", "k", "--force", "--yes"], "--force: only with --id"),
         (["cancel", "--due-before", "soon", "--dry-run"], "--due-before: not a time"),
         (["cancel", "--target", "x", "--dry-run", "--yes"], "not allowed with"),
+        (["fire", "--target", "x"], "a bulk fire needs --dry-run"),
+        (["fire", "--id", "x", "--dry-run"], "--dry-run: not with --id"),
+        (["reschedule", "--id", "x"], "one of the arguments --at --after --shift is required"),
+        (["reschedule", "--id", "x", "--shift", "soon"], "--shift: not a duration"),
+        (["reschedule", "--id", "x", "--after=-1h"], "--after: a delay from now is not negative"),
+        (["reschedule", "--id", "x", "--at", "later"], "--at: not a time"),
     ],
 )
 def test_a_bulk_cancel_refuses_bad_input_in_one_line(
@@ -379,3 +385,51 @@ def test_a_bulk_cancel_refuses_bad_input_in_one_line(
     proc = cli(setup, *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_twice(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Three records of one customer (one with a delay-id of its own, one far off: a reference)
+    fired in bulk: each delivered now, once, with the delay-id it would have had, its original
+    withdrawn. Another customer's record rescheduled by its default id: an hour later."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    t0 = setup.targets[0].encode()
+
+    def later(key: bytes, after: bytes, *more: tuple[str, bytes]) -> Record:
+        return key, b"value-" + key, [(H_TARGET_TOPIC, t0), (H_AFTER, after), ("h", b"1"), *more]
+
+    placed = produce_all(setup.services.bootstrap, setup.delay, [
+        later(b"f-a", b"1h"), later(b"f-b", b"1h", (H_ID, b"order-b")), later(b"f-c", b"3h"),
+        later(b"g-d", b"1h"),
+    ])  # fmt: skip
+    origins = [f"{setup.delay}:{p}:{o}" for p, o in placed]
+
+    def waiting() -> dict[str, int]:
+        proc = cli(setup, "list", "--json", "--limit", "100")
+        return {r["key"]: r["due_ms"] for r in json.loads(proc.stdout)}
+
+    wait_for(lambda: len(waiting()) == 4, 60, "all four stored")
+    due_d = waiting()["g-d"]
+    assert cli(setup, "fire", "--key-prefix", "f-", "--dry-run").stdout.startswith(
+        "would fire 3 waiting records")  # fmt: skip
+    fired = cli(setup, "fire", "--key-prefix", "f-", "--yes")
+    assert fired.returncode == 0 and fired.stdout.startswith("fired 3 waiting records"), fired
+    got = Collector(setup.services.bootstrap, [setup.targets[0]], f"c-{setup.unique}")
+    try:
+        got.until(lambda rs: len(rs) >= 3, 60, "the three fired")
+    finally:
+        got.close()
+    assert sorted((r.key, r.value, r.header(H_ID), r.header("h")) for r in got.records) == [
+        (b"f-a", b"value-f-a", origins[0].encode(), b"1"),
+        (b"f-b", b"value-f-b", b"order-b", b"1"),
+        (b"f-c", b"value-f-c", origins[2].encode(), b"1")]  # fmt: skip
+    wait_for(lambda: list(waiting()) == ["g-d"], 30, "the originals withdrawn")
+    moved = cli(setup, "reschedule", "--id", origins[3], "--shift", "1h")
+    assert moved.returncode == 0 and moved.stdout.startswith("reschedule "), moved
+    wait_for(lambda: waiting() == {"g-d": due_d + 3_600_000}, 30, "g-d an hour later")
+    assert metric(bridge, "delay_bridge_replaced_total") == 4
+    again = cli(setup, "fire", "--key-prefix", "f-", "--yes")
+    assert again.returncode == 1 and "no waiting record matches" in again.stderr

@@ -1,0 +1,159 @@
+"""``cancel``, ``fire`` and ``reschedule`` on many records: a filter, ``--dry-run`` or ``--yes``.
+
+Each finds the waiting records the filter matches (:mod:`bridge.bulk`) and acts through records
+produced to their partitions — cancels, or replacements due at once or at a new time — so the
+bridge applies them in offset order like any other, and a Redis rebuild keeps them. ``fire`` and
+``reschedule`` take ``--id`` too, for one record. Nothing matching: exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from bridge import bulk, ops
+from bridge.cli.args import given_filters, refuse_filters, when_arg
+from bridge.cli.records import delay_topic, send
+from bridge.config import Config
+from bridge.dialects import ETF1, KASPR
+from bridge.errors import UsageError
+from bridge.message import parse_duration_ms
+
+PROGRESS_EVERY = 10_000
+
+
+def _filter(args: argparse.Namespace, verb: str, now_ms: int) -> bulk.Filter:
+    """The bulk form's filter, checked: at least one, and ``--dry-run`` or ``--yes``."""
+    if not given_filters(args) and args.topic is None:
+        raise UsageError(
+            "give --id, or a filter (--target, --key-prefix, --due-after, --due-before, --topic)"
+        )
+    if not (args.dry_run or args.yes):
+        raise UsageError(f"a bulk {verb} needs --dry-run (count what matches) or --yes (act)")
+    return bulk.Filter(
+        target=args.target,
+        key_prefix=None if args.key_prefix is None else args.key_prefix.encode(),
+        due_after_ms=when_arg("--due-after", args.due_after, now_ms),
+        due_before_ms=when_arg("--due-before", args.due_before, now_ms),
+    )
+
+
+Act = Callable[[bulk.Match, str | None], bulk.Outgoing | None]
+
+
+def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read: bool) -> int:
+    """Find the matches of every delay topic asked for (``read``: references read back too),
+    count them per partition, and unless ``--dry-run`` produce what ``act`` makes of each."""
+    now_ms = time.time_ns() // 1_000_000
+    flt = _filter(args, verb, now_ms)
+    topics = [delay_topic(args, config)] if args.topic else list(config.topics.delay)
+    tally, skipped = bulk.Tally(Counter()), 0
+
+    def counted(found: Iterator[bulk.Match], dialect: str | None) -> Iterator[bulk.Outgoing]:
+        nonlocal skipped
+        for match in found:
+            out = act(match, dialect)
+            if out is None:
+                skipped += 1
+                continue
+            tally.counts[match.shard] += 1
+            if tally.total % PROGRESS_EVERY == 0 and sys.stderr.isatty():
+                print(f"\r{tally.total:,} matched", end="", file=sys.stderr, flush=True)
+            yield out
+
+    for topic in topics:
+        dialect = config.topics.dialect.get(topic)
+        shards = ops.delay_shards(config, [topic])
+        reads = read or dialect in (ETF1, KASPR)
+        records = counted(bulk.matches(config, shards, flt, read_all=reads), dialect)
+        if args.dry_run:
+            for _ in records:
+                pass
+        else:
+            send(config, topic, args.timeout, records, verb, each=False)
+    if tally.total >= PROGRESS_EVERY and sys.stderr.isatty():
+        print(file=sys.stderr)
+    if skipped:
+        print(
+            f"delay-bridge: {skipped:,} matched but are bound for the DLQ (their payload is "
+            f"gone from the delay topic): left as they are",
+            file=sys.stderr,
+        )
+    if not tally.total:
+        print("delay-bridge: no waiting record matches", file=sys.stderr)
+        return 1
+    done = {"cancel": "cancelled", "fire": "fired", "reschedule": "rescheduled"}[verb]
+    print(
+        f"{'would ' + verb if args.dry_run else done} {tally.total:,} waiting records: "
+        f"{tally.table()}"
+    )
+    return 0
+
+
+def bulk_cancel(args: argparse.Namespace, config: Config) -> int:
+    """``cancel`` with a filter (see the module docstring)."""
+    if args.key is not None or args.force:
+        raise UsageError(f"{'--key' if args.key is not None else '--force'}: only with --id")
+    return _run(args, config, "cancel", bulk.cancel_of, read=False)
+
+
+def _new_due(args: argparse.Namespace, now_ms: int) -> Callable[[int], int | None]:
+    """``reschedule``'s new due time from a record's: ``--at``, ``--after`` or ``--shift``."""
+    if args.at is not None:
+        at = when_arg("--at", args.at, now_ms)
+        return lambda _: at
+    text = args.after if args.after is not None else args.shift
+    flag = "--after" if args.after is not None else "--shift"
+    negative = text.strip().startswith("-")
+    try:
+        amount = parse_duration_ms(text.strip().lstrip("-"))
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if args.after is not None:
+        if negative:
+            raise UsageError("--after: a delay from now is not negative (--at gives a time)")
+        return lambda _: now_ms + amount
+    return lambda due: due + (-amount if negative else amount)
+
+
+def fire_command(args: argparse.Namespace, config: Config) -> int:
+    """``fire``: deliver now the waiting record with ``--id``, or every one a filter matches."""
+    return _replace(args, config, "fire", lambda _: None)
+
+
+def reschedule_command(args: argparse.Namespace, config: Config) -> int:
+    """``reschedule``: move the due time of the record with ``--id``, or of every match."""
+    return _replace(args, config, "reschedule", _new_due(args, time.time_ns() // 1_000_000))
+
+
+def _replace(
+    args: argparse.Namespace, config: Config, verb: str, due: Callable[[int], int | None]
+) -> int:
+    for topic in [args.topic] if args.topic else config.topics.delay:
+        if config.topics.dialect.get(topic) in (ETF1, KASPR):
+            raise UsageError(
+                f"{verb}: {topic} speaks {config.topics.dialect[topic]}; "
+                "only this contract's delay topics replace by delay-id"
+            )
+
+    def act(match: bulk.Match, _dialect: str | None) -> bulk.Outgoing | None:
+        return bulk.replacement_of(match, due(match.due_ms))
+
+    if args.id is None:
+        return _run(args, config, verb, act, read=True)
+    refuse_filters(args)
+    topic = delay_topic(args, config)
+    _, found = ops.locate(config, topic, args.id)
+    if not found:
+        print(
+            f"delay-bridge: {args.id} waits in no partition of {topic} (already claimed or "
+            "delivered, never scheduled, or not read by the bridge yet)",
+            file=sys.stderr,
+        )
+        return 1
+    made = [act(bulk.Match(s, rec.offset, rec.due_ms, rec), None) for s, rec in found]
+    send(config, topic, args.timeout, iter([m for m in made if m is not None]), verb)
+    return 0
