@@ -4,6 +4,7 @@ from the command line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -500,3 +501,55 @@ def test_far_future_records_show_in_the_tools_as_any_other(
     wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
              "the cancel counted")  # fmt: skip
     assert json.loads(cli("list", "--id", "far-id", "--json").stdout) == []
+
+
+def _counted(bridge: Bridge, name: str) -> bool:
+    return metric(bridge, name) > 0
+
+
+def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_nothing(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """1,500 records of a customer cancelled in bulk, 1,500 of another fired, 1,500 left alone, due
+    in an hour; the bridge (a static member) SIGKILLed once it applied a first batch of each
+    command's records,
+    and started again at once. Every cancelled record is gone and never delivered; every fired
+    one is delivered and none waits any longer (its original would be a second delivery in an
+    hour); the others wait."""
+    target, count = setup.targets[0], 1500
+    records = [(f"{who}-{i}".encode(), b"v", delay_headers(target, after="1h"))
+               for who in ("c", "f", "k") for i in range(count)]  # fmt: skip
+    instance = {"kafka__group_instance_id": f"pod-{setup.unique}"}
+    bridge = fast_takeover(setup, "bridge-1", **instance)
+    bridges.append(bridge)
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 3 * count, 30, "all stored")
+    for n, (verb, prefix, applied) in enumerate((
+        ("cancel", "c-", 'delay_bridge_cancelled_total{result="cancelled"}'),
+        ("fire", "f-", "delay_bridge_replaced_total"),
+    )):  # fmt: skip
+        command = subprocess.Popen(
+            [sys.executable, "-m", "bridge", verb, "--key-prefix", prefix, "--yes"],
+            env=bridge.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for(functools.partial(_counted, bridge, applied), 60, f"the {verb} applying")
+        bridge.signal(signal.SIGKILL)
+        bridge = fast_takeover(setup, f"bridge-{n + 2}", **instance)
+        bridges.append(bridge)
+        out, err = command.communicate(timeout=60)
+        assert command.returncode == 0 and out.startswith(f"{verb}"), (out, err)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len({r.key for r in rs}) >= count, 60, "the fired delivered")
+    finally:
+        collector.close()
+    assert {r.key for r in collector.records} == {f"f-{i}".encode() for i in range(count)}
+
+    def waiting() -> set[bytes]:
+        proc = subprocess.run([sys.executable, "-m", "bridge", "list", "--json", "--limit",
+                               str(3 * count)], env=bridge.env, capture_output=True, text=True,
+                              timeout=60, check=True)  # fmt: skip
+        return {r["key"].encode() for r in json.loads(proc.stdout)}
+
+    wait_for(lambda: waiting() == {f"k-{i}".encode() for i in range(count)}, 30,
+             "only the records left alone waiting")  # fmt: skip
