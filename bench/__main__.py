@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench import far_future
 from bench import report as rep
+from bench.bulk import bulk_cancel
 from bench.exactly_once import exactly_once
 from bench.priority import priority
 from bench.scenarios import (
@@ -45,10 +46,11 @@ SCENARIOS = (
     "cluster",
     "far-future",
     "trace",
+    "bulk",
 )
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
 # lasts the spread of its scattered case twice; trace writes ten million journal entries (full):
-# each asked for by name.
+# each asked for by name; bulk cancels a million far-future records (full) under live traffic.
 DEFAULT = SCENARIOS[:6]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
@@ -133,6 +135,10 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         )
         far_future.scattered(servers, out, report, sizes.scattered, spread_s=sizes.spread_s,
                              value_size=READ_BACK_VALUE)  # fmt: skip
+    if "bulk" in names:
+        say(f"bulk: {sizes.bulk:,} far-future records cancelled by a key prefix while live "
+            f"traffic arrives at {RECOVERY_RATE:,.0f}/s")  # fmt: skip
+        bulk_cancel(servers, out, report, count=sizes.bulk, rate=RECOVERY_RATE)
     if "trace" in names:
         say(f"trace: a journal of {sizes.journal:,} entries over two days, records delivered a "
             "day ago traced")  # fmt: skip

@@ -201,6 +201,12 @@ def targets(report: Report) -> list[tuple[str, str, bool]]:
         extra = near_ids["overhead_bytes"] - near["overhead_bytes"]
         out.append(("a caller-given delay-id adds <= 48 B to a near-term record", f"{extra:.0f} B",
                     extra <= 48))  # fmt: skip
+    bulk = f.get("bulk cancel")
+    if bulk:
+        label = f"bulk cancel of {bulk['records']:,} by a key prefix <= 60 s (1,000,000)"
+        out.append((label, f"{bulk['applied_s']:.1f} s", bulk["applied_s"] <= 60))
+        p99 = bulk["live_ack_lateness_ms"]["p99"]
+        out.append(("bulk cancel: live ack p99 <= 50 ms meanwhile", f"{p99} ms", p99 <= 50))
     for name in ("priority", "priority, rate-limited"):
         x = f.get(name)
         if x:

@@ -82,10 +82,12 @@ class Sizes:
     live_rate: float = 200.0
     # trace: journal entries written over two days before the traced records are looked up.
     journal: int = 1_000_000
+    # bulk: far-future records of one customer cancelled by a key prefix under live traffic.
+    bulk: int = 1_000_000
 
 
 QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,
-              catchup=100_000, cluster=50_000)  # fmt: skip
+              catchup=100_000, cluster=50_000, bulk=100_000)  # fmt: skip
 FULL = Sizes(throughput=500_000, values=(100, 1024), precision_s=60, backlog=1_000_000,
              catchup=100_000, cluster=200_000, held=((1_000_000, 1024), (10_000_000, 100)),
              contiguous=1_000_000, scattered=1_000_000, spread_s=500.0,

@@ -19,10 +19,10 @@ from tests.conftest import Services
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
-TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=1000, catchup=3000,
+TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=3000, catchup=3000,
             cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
             scattered=3000, spread_s=4, session_ms=6000, priority=3000, max_rate=1500,
-            live_rate=20, journal=20_000)  # fmt: skip
+            live_rate=20, journal=20_000, bulk=3000)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     for phase in ("precision without backlog", "precision with backlog"):
         assert f[phase]["early"] == 0 and f[phase]["lost"] == 0
         assert f[phase]["records"] > 0
-    assert f["backlog"]["records"] == 1000 and f["backlog"]["redis_bytes_per_record"] > 0
+    assert f["backlog"]["records"] == 3000 and f["backlog"]["redis_bytes_per_record"] > 0
     for run in ("steady coalescing off", "steady defaults"):
         cost = f[run]
         assert cost["early"] == 0 and cost["lost"] == 0 and cost["measured_records"] > 0
@@ -131,6 +131,19 @@ def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
     text = report.tables(result)
     assert "Far-future records held" in text and "Read-back" in text
     assert any("read back before it is due" in t for t, _, _ in report.targets(result))
+
+
+def test_the_bulk_scenario_cancels_a_customer_under_live_traffic(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = run_all(servers, tmp_path, TOY, ["bulk"])
+    assert result.problems == []  # no live record lost or early, no cancelled one delivered
+    x = result.figures["bulk cancel"]
+    assert x["records"] == 3000 and x["cancelled_delivered"] == 0
+    assert 0 < x["command_s"] <= x["applied_s"] and x["live_records"] > 0
+    assert x["live_ack_lateness_ms"]["p99"] >= 0
+    assert any(t.startswith("bulk cancel of 3,000") for t, _, _ in report.targets(result))
 
 
 def test_the_priority_scenario_drains_high_first_and_keeps_the_rate(

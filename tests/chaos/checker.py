@@ -200,7 +200,6 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         assert topic is not None and partition is not None and offset is not None
         seq = seq_of(msg.value())
-        assert seq is not None, f"{topic}:{partition}:{offset} has no seq value"
         ts = msg.timestamp()[1]
         where = f"{topic}:{partition}:{offset}"
         try:
@@ -211,12 +210,14 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
                 now_ms=ts,
             )  # fmt: skip
             if isinstance(rec, Cancel):
-                continue  # delivered nowhere (the workloads schedule only)
+                continue  # delivered nowhere (a command's, e.g. a bulk cancel: no seq)
+            assert seq is not None, f"{where} has no seq value"
             out[seq] = Expected(where, ts, due_ms=rec.due_ms, delay_id=rec.delay_id)
             given = rec.given_id(topic, partition)
             if given is not None:
                 by_id.setdefault((topic, given), []).append((partition, offset, ts, seq))
         except Rejected as rejection:
+            assert seq is not None, f"{where} has no seq value"
             out[seq] = Expected(where, ts, reason=rejection.reason.value)
     # A schedule's identity is (delay topic, delay-id): a record is replaced by a later one with
     # its id in its partition, or by one in another partition stamped no earlier (whichever of

@@ -1,0 +1,90 @@
+"""Bulk cancel under load: a customer's far-future records cancelled while live traffic flows.
+
+``count`` records due in 30 days with keys ``bulk-<n>`` (kept as references) are stored; then live
+records (delays 1-3 s) are produced at ``rate`` while ``delay-bridge cancel --key-prefix bulk-
+--yes`` runs. Measured: how long the command took (it reads each reference's key in the delay
+topic and produces a cancel per match), how long until the store held none of the matched
+records, and the live records' lateness at the broker meanwhile. None of the cancelled may be
+delivered, every live record must be.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.scenarios import (
+    ACK_STAMPS,
+    FAR_FUTURE,
+    Progress,
+    Report,
+    finished,
+    lateness_figures,
+    produce,
+    read_expected,
+    ready_bridge,
+    settled,
+    wait_delivered,
+)
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.store import Shard, Store
+from tests.chaos.scenarios import PARTITIONS, Run
+from tests.chaos.servers import Servers
+from tests.chaos.workload import Record, steady
+from tests.conftest import ROOT
+
+PREFIX = b"bulk-"
+
+
+def bulk_cancel(
+    servers: Servers, workdir: Path, report: Report, *, count: int, rate: float
+) -> None:
+    """See the module docstring; the figures go to ``report`` as ``bulk cancel``."""
+    run = Run(servers, workdir, "bulk", label="bench", target_config=ACK_STAMPS)
+    store = Store(servers.redis(), run.prefix)
+    shards = [Shard(run.delay, p) for p in range(PARTITIONS)]
+    try:
+        bridge = ready_bridge(run)
+        header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
+        backlog = [Record(header, key=PREFIX + b"%d" % i) for i in range(count)]
+        progress = Progress(store, run.delay).start()
+        finished(produce(run, backlog, float("inf")), 900)
+        progress.wait(lambda i, s: i >= count, 900, "the customer's records stored")
+        progress.stop()
+        # The live load runs from before the command until after the store held none of them.
+        live_seconds = max(3.0, count / 10_000)  # the cancels apply at ~10,000/s
+        live = steady(int(rate * live_seconds), run.target, 3000, seed=17, min_delay_ms=1000)
+        workload = produce(run, live, rate, first_seq=count)
+        started = time.monotonic()
+        command = subprocess.run(
+            [sys.executable, "-m", "bridge", "cancel", "--key-prefix", PREFIX.decode(), "--yes"],
+            cwd=ROOT, env=bridge.env, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        produced_s = time.monotonic() - started
+        if command.returncode != 0:
+            raise RuntimeError(f"bulk cancel failed: {command.stderr[-2000:]}")
+        deadline = time.monotonic() + 900
+        while sum(store.inventory.count(s) for s in shards) > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cancels were not all applied within 900 s")
+            time.sleep(0.2)
+        applied_s = time.monotonic() - started
+        finished(workload, live_seconds * 3 + 60)
+        live_seqs = range(count, count + len(live))
+        wait_delivered(run, live_seqs, 300)
+        bridge.stop()
+        account = settled(run, read_expected(run), live_seqs, report, "bulk cancel live")
+        cancelled_delivered = sum(1 for s in range(count) if s in run.checker.delivered)
+        if cancelled_delivered:
+            report.problems.append(f"bulk cancel: {cancelled_delivered} cancelled delivered")
+        report.figures["bulk cancel"] = {
+            "records": count, "command_s": round(produced_s, 1),
+            "applied_s": round(applied_s, 1), "cancelled_delivered": cancelled_delivered,
+            "live_rate_per_s": rate, "live_records": len(live),
+            "live_ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+        }  # fmt: skip
+    finally:
+        store.client.close()
+        run.close()
