@@ -361,32 +361,6 @@ def test_a_bulk_cancel_counts_then_cancels_what_its_filters_match(
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 3
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["cancel"], "give --id, or a filter"),
-        (["cancel", "--target", "x"], "needs --dry-run (count what matches) or --yes"),
-        (["cancel", "--id", "x", "--yes"], "--yes: not with --id"),
-        (["cancel", "--id", "x", "--target", "y"], "--target: not with --id"),
-        (["cancel", "--key-prefix", "k", "--force", "--yes"], "--force: only with --id"),
-        (["cancel", "--due-before", "soon", "--dry-run"], "--due-before: not a time"),
-        (["cancel", "--target", "x", "--dry-run", "--yes"], "not allowed with"),
-        (["fire", "--target", "x"], "a bulk fire needs --dry-run"),
-        (["fire", "--id", "x", "--dry-run"], "--dry-run: not with --id"),
-        (["reschedule", "--id", "x"], "one of the arguments --at --after --shift is required"),
-        (["reschedule", "--id", "x", "--shift", "soon"], "--shift: not a duration"),
-        (["reschedule", "--id", "x", "--after=-1h"], "--after: a delay from now is not negative"),
-        (["reschedule", "--id", "x", "--at", "later"], "--at: not a time"),
-    ],
-)
-def test_a_bulk_cancel_refuses_bad_input_in_one_line(
-    setup: Setup, args: list[str], message: str
-) -> None:
-    proc = cli(setup, *args)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-
-
 def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_twice(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
