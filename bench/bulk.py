@@ -2,10 +2,10 @@
 
 ``count`` records due in 30 days with keys ``bulk-<n>`` (kept as references) are stored; then live
 records (delays 1-3 s) are produced at ``rate`` while ``delay-bridge cancel --key-prefix bulk-
---yes`` runs. Measured: how long the command took (it reads each reference's key in the delay
-topic and produces a cancel per match), how long until the store held none of the matched
-records, and the live records' lateness at the broker meanwhile. None of the cancelled may be
-delivered, every live record must be.
+--yes --rate <pace>`` runs (its default pace unless told). Measured: how long the command took
+(it reads each reference's key in the delay topic and produces a cancel per match), how long
+until the store held none of the matched records, and the live records' lateness at the broker
+meanwhile. None of the cancelled may be delivered, every live record must be.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bench.scenarios import (
     settled,
     wait_delivered,
 )
+from bridge.cli.args import DEFAULT_RATE
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
 from tests.chaos.scenarios import PARTITIONS, Run
@@ -39,9 +40,16 @@ PREFIX = b"bulk-"
 
 
 def bulk_cancel(
-    servers: Servers, workdir: Path, report: Report, *, count: int, rate: float
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    *,
+    count: int,
+    rate: float,
+    pace: float = DEFAULT_RATE,
 ) -> None:
-    """See the module docstring; the figures go to ``report`` as ``bulk cancel``."""
+    """See the module docstring; the figures go to ``report`` as ``bulk cancel`` (``pace``: the
+    command's ``--rate``, 0 for none)."""
     run = Run(servers, workdir, "bulk", label="bench", target_config=ACK_STAMPS)
     store = Store(servers.redis(), run.prefix)
     shards = [Shard(run.delay, p) for p in range(PARTITIONS)]
@@ -54,12 +62,13 @@ def bulk_cancel(
         progress.wait(lambda i, s: i >= count, 900, "the customer's records stored")
         progress.stop()
         # The live load runs from before the command until after the store held none of them.
-        live_seconds = max(3.0, count / 10_000)  # the cancels apply at ~10,000/s
+        live_seconds = max(3.0, count / (pace or 10_000))  # unpaced, they apply at ~10,000/s
         live = steady(int(rate * live_seconds), run.target, 3000, seed=17, min_delay_ms=1000)
         workload = produce(run, live, rate, first_seq=count)
         started = time.monotonic()
         command = subprocess.run(
-            [sys.executable, "-m", "bridge", "cancel", "--key-prefix", PREFIX.decode(), "--yes"],
+            [sys.executable, "-m", "bridge", "cancel", "--key-prefix", PREFIX.decode(), "--yes",
+             "--rate", str(pace)],
             cwd=ROOT, env=bridge.env, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
         produced_s = time.monotonic() - started
@@ -80,7 +89,7 @@ def bulk_cancel(
         if cancelled_delivered:
             report.problems.append(f"bulk cancel: {cancelled_delivered} cancelled delivered")
         report.figures["bulk cancel"] = {
-            "records": count, "command_s": round(produced_s, 1),
+            "records": count, "pace_per_s": pace, "command_s": round(produced_s, 1),
             "applied_s": round(applied_s, 1), "cancelled_delivered": cancelled_delivered,
             "live_rate_per_s": rate, "live_records": len(live),
             "live_ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),

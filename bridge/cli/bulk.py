@@ -33,6 +33,8 @@ def _filter(args: argparse.Namespace, verb: str, now_ms: int) -> bulk.Filter:
         )
     if not (args.dry_run or args.yes):
         raise UsageError(f"a bulk {verb} needs --dry-run (count what matches) or --yes (act)")
+    if args.rate < 0:
+        raise UsageError(f"--rate {args.rate:g}: 0 (no limit) or more records a second")
     return bulk.Filter(
         target=args.target,
         key_prefix=None if args.key_prefix is None else args.key_prefix.encode(),
@@ -73,7 +75,7 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
             for _ in records:
                 pass
         else:
-            send(config, topic, args.timeout, records, verb, each=False)
+            send(config, topic, args.timeout, records, verb, each=False, rate=args.rate)
     if tally.total >= PROGRESS_EVERY and sys.stderr.isatty():
         print(file=sys.stderr)
     if skipped:

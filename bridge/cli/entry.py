@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from bridge import __version__, ops
-from bridge.cli.args import when_arg
+from bridge.cli.args import DEFAULT_RATE, when_arg
 from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
 from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump, load
@@ -47,6 +47,13 @@ def with_filters(p: argparse.ArgumentParser) -> None:
     act = bulk.add_mutually_exclusive_group()
     act.add_argument("--dry-run", action="store_true", help="count the matches per partition")
     act.add_argument("--yes", action="store_true", help="act on them")
+    bulk.add_argument(
+        "--rate",
+        type=float,
+        default=DEFAULT_RATE,
+        help=f"records produced a second at most ({DEFAULT_RATE:,.0f}; 0: no limit): the bridge "
+        "reads them in line with what other producers send meanwhile, which waits behind them",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -285,11 +285,12 @@ def send(
     *,
     target: str | None = None,
     each: bool = True,
+    rate: float = 0,
 ) -> int:
     """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
     first one is taken, and so checked, before connecting); print each acknowledged offset as
     ``<what> topic:partition:offset`` (unless not ``each``); warn when the records' ``target``
-    topic does not exist.
+    topic does not exist; ``rate``: at most this many records a second (0: no limit).
     Returns how many were produced."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -338,7 +339,7 @@ def send(
         elif each:
             print(f"{what} {msg.topic()}:{msg.partition()}:{msg.offset()}")
 
-    count = 0
+    count, started = 0, time.monotonic()
     record: Outgoing | None = first
     try:
         while record is not None:
@@ -355,6 +356,8 @@ def send(
             )
             producer.poll(0)
             count += 1
+            if rate and (ahead := count / rate - (time.monotonic() - started)) > 0:
+                producer.poll(ahead)  # serves delivery reports while it paces
             record = next(records, None)
     except KafkaException as exc:
         raise BridgeError(f"cannot produce to {topic}: {exc.args[0].str()}") from None

@@ -25,6 +25,8 @@ from bridge.cli.entry import main
         (["reschedule", "--id", "x", "--after=-1h"], "--after: a delay from now is not negative"),
         (["reschedule", "--id", "x", "--at", "later"], "--at: not a time"),
         (["reschedule", "--key-prefix", "k", "--shift", "1h"], "a bulk reschedule needs"),
+        (["cancel", "--key-prefix", "k", "--yes", "--rate=-1"], "--rate -1: 0 (no limit) or more"),
+        (["fire", "--key-prefix", "k", "--yes", "--rate", "fast"], "--rate: invalid float value"),
     ],
 )
 def test_a_bulk_command_refuses_bad_input_in_one_line(
