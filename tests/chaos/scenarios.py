@@ -1053,7 +1053,7 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
         Size(60_000, 100, 1, outage_s=30),
     ),
     "isr-shrink": (isr_shrink, None, Size(60_000, 100, 1, outage_s=30)),
-    "broker-roll": (broker_roll, Size(3000, 30, 1), Size(60_000, 100, 1)),
+    "broker-roll": (broker_roll, Size(2000, 20, 1), Size(60_000, 100, 1)),
 }
 KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze", "isr-shrink", "broker-roll"})
 
