@@ -83,6 +83,16 @@ def free_port() -> int:
 
 
 @pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port where nothing listens, held bound for the test: a port merely freed is in the
+    ephemeral range, so a client retrying it can be given it as its own local port and connect
+    to itself (a Redis PING then reads its own PING back, and the bridge counts that as up)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
+@pytest.fixture
 def scratch_redis(tmp_path: Path) -> Iterator[str]:
     """A Redis server of this test's own (made a replica, flushed: faults no other test sees)."""
     port = free_port()

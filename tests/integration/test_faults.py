@@ -187,8 +187,10 @@ def test_a_bridge_that_redis_refuses_never_joins_the_group(
     assert described.result(timeout=10).members == []
 
 
-def test_an_unreachable_redis_is_named_alone(setup: Setup, bridges: list[Bridge]) -> None:
-    bridge = setup.bridge(redis__url=f"redis://127.0.0.1:{free_port()}/0").start()
+def test_an_unreachable_redis_is_named_alone(
+    setup: Setup, bridges: list[Bridge], dead_port: int
+) -> None:
+    bridge = setup.bridge(redis__url=f"redis://127.0.0.1:{dead_port}/0").start()
     bridges.append(bridge)
     wait_for(lambda: "not joining the consumer group" in bridge.output(), 30, "the log line")
     status, body = bridge.get("/readyz")
@@ -211,9 +213,9 @@ def test_permission_errors_are_named(
 
 
 def test_an_unreachable_kafka_does_not_flood_the_log(
-    services: Services, unique: str, tmp_path: Path
+    services: Services, unique: str, tmp_path: Path, dead_port: int
 ) -> None:
-    env = bridge_env(f"127.0.0.1:{free_port()}", services.redis_url, kafka__group_id=f"g-{unique}",
+    env = bridge_env(f"127.0.0.1:{dead_port}", services.redis_url, kafka__group_id=f"g-{unique}",
                      redis__key_prefix=f"test-{unique}")  # fmt: skip
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     try:
@@ -230,13 +232,13 @@ def test_an_unreachable_kafka_does_not_flood_the_log(
 
 
 def test_start_up_asks_kafka_beside_the_wait_for_redis_not_one_question_after_another(
-    services: Services, unique: str
+    services: Services, unique: str, dead_port: int
 ) -> None:
     """With Kafka unreachable, what start-up asks it before the consumer joins — the delay
     topics' retention, the first description of the topics — each waits out its 10 s timeout.
     They run side by side (and beside the wait for Redis): the consumer subscribes after one
     timeout, where it took two one after the other."""
-    env = bridge_env(f"127.0.0.1:{free_port()}", services.redis_url, kafka__group_id=f"g-{unique}",
+    env = bridge_env(f"127.0.0.1:{dead_port}", services.redis_url, kafka__group_id=f"g-{unique}",
                      redis__key_prefix=f"test-{unique}")  # fmt: skip
     service = Service(from_mapping({}, env=env), CollectorRegistry())
     started = time.monotonic()

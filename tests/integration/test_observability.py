@@ -126,11 +126,8 @@ def test_live_metrics_probes_and_json_logs(
 
 
 def test_readyz_fails_while_redis_is_unreachable(
-    services: Services, topics: TopicFactory, unique: str, tmp_path: Path
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path, dead_port: int
 ) -> None:
-    with socket.socket() as s:  # a port where nothing listens
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
     env = bridge_env(services.bootstrap, f"redis://127.0.0.1:{dead_port}/0", topics__delay=topics("delay"),
                      kafka__group_id=f"g-{unique}", redis__socket_timeout="200ms")  # fmt: skip
     bridge = Bridge(env, tmp_path / "bridge.log").start()
