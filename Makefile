@@ -27,7 +27,7 @@ services: $(STAMP)
 # Checking tools for the tests, installed if missing: promtool and prometheus (Debian), helm
 # (go install, pinned, cached), buildah and debootstrap (Debian) for the real image build.
 tools:
-	scripts/tools prometheus helm buildah
+	scripts/tools prometheus helm buildah chromium
 
 # The image, built for real with buildah on a local Debian base (scripts/image).
 image:

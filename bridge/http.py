@@ -1,6 +1,7 @@
-"""The HTTP endpoints: metrics, liveness and readiness.
+"""The HTTP endpoints: metrics, liveness and readiness, and the console.
 
 ``/metrics`` (Prometheus), ``/healthz`` (loops alive), ``/readyz`` (can work); GET and HEAD.
+``/ui`` and ``/api/`` (GET, and POST for the API's writes): :mod:`bridge.console`, when given.
 """
 
 from __future__ import annotations
@@ -9,13 +10,18 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from bridge.errors import ConfigError
 
+if TYPE_CHECKING:
+    from bridge.console import Console, Response
+
 logger = logging.getLogger(__name__)
 
+MAX_BODY = 64 * 1024  # the API's JSON options: a few hundred bytes
 Check = Callable[[], list[str]]  # returns the problems; empty means healthy
 
 
@@ -23,7 +29,14 @@ class HttpServer:
     """A small threaded HTTP server for metrics and probes, on its own daemon thread."""
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, *, health: Check, ready: Check
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        *,
+        health: Check,
+        ready: Check,
+        console: Console | None = None,
     ) -> None:
         outer = self
 
@@ -43,12 +56,41 @@ class HttpServer:
                     problems = (outer.health if path == "/healthz" else outer.ready)()
                     body = ("\n".join(problems) if problems else "ok") + "\n"
                     self._send(503 if problems else 200, body.encode(), "text/plain; charset=utf-8")
+                elif outer.console is not None and outer.console.serves(path):
+                    self._answer(lambda console: console.get(self.path))
                 else:
                     self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
-            def _send(self, code: int, body: bytes, content_type: str) -> None:
+            def do_POST(self) -> None:
+                console = outer.console
+                if console is None or not self.path.startswith("/api/"):
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                if not 0 <= length <= MAX_BODY:
+                    self._send(413, b"body too large\n", "text/plain; charset=utf-8")
+                    return
+                data = self.rfile.read(length)
+                asked = {h: self.headers.get(h, "") for h in ("Authorization", "Content-Type")}
+                self._answer(lambda console: console.post(self.path, asked, data))
+
+            def _answer(self, handle: Callable[[Console], Response]) -> None:
+                assert outer.console is not None
+                try:
+                    response = handle(outer.console)
+                except Exception:  # a bug must not take the HTTP thread down: say it, log it
+                    logger.exception("console: %s %s failed", self.command, self.path)
+                    self._send(500, b"internal error: see the bridge's log\n", "text/plain")
+                    return
+                self._send(response.status, response.body, response.content_type, response.headers)
+
+            def _send(
+                self, code: int, body: bytes, content_type: str, extra: dict[str, str] | None = None
+            ) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", content_type)
+                for name, value in (extra or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if not self.head:
@@ -58,6 +100,7 @@ class HttpServer:
                 logger.debug("http: " + format, *args)
 
         self.registry = registry
+        self.console = console
         self.health = health
         self.ready = ready
         try:

@@ -39,6 +39,7 @@ class Traced:
     fate: str = "unknown"
     events: list[dict[str, Any]] = field(default_factory=list)
     delivered: dict[str, Any] | None = None
+    record: dict[str, Any] | None = None  # as produced to the delay topic: see preview()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,7 +48,27 @@ class Traced:
             "fate": self.fate,
             "events": self.events,
             "delivered": self.delivered,
+            "record": self.record,
         }
+
+
+PREVIEW_BYTES = 1024
+
+
+def preview(record: Scheduled) -> dict[str, Any]:
+    """The record as read in the delay topic: its key, headers and the first
+    :data:`PREVIEW_BYTES` of its value (as text, undecodable bytes replaced), and its size."""
+
+    def text(data: bytes | None) -> str | None:
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    value = record.value or b""
+    return {
+        "key": text(record.key),
+        "headers": [[name, text(data)] for name, data in record.headers],
+        "value": text(value[:PREVIEW_BYTES]),
+        "value_bytes": len(value),
+    }
 
 
 def parse_origin(text: str) -> tuple[Shard, int]:
@@ -91,6 +112,7 @@ def trace(
             traced.origin = origin(shard.topic, shard.partition, offset)
             if isinstance(record, Scheduled):
                 traced.delay_id = record.delay_id
+                traced.record = preview(record)
                 traced.events.append(_stored(record, produced_ms))
             if waiting is None and isinstance(record, Scheduled):
                 waiting = _waiting(config, shard, record.delay_id, offset)
@@ -112,6 +134,7 @@ def trace(
             shard, offset = entries[0][0], entries[0][1].offset
             record, produced_ms = reader.delay_record(shard, offset)
             if isinstance(record, Scheduled):
+                traced.record = preview(record)
                 traced.events.append(_stored(record, produced_ms))
     finally:
         reader.close()

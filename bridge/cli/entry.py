@@ -20,7 +20,8 @@ from bridge import __version__, ops
 from bridge.cli.args import DEFAULT_RATE, when_arg
 from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
 from bridge.cli.records import cancel_command, produce_command
-from bridge.config import Config, dump, load
+from bridge.config import Config, dump
+from bridge.config import load as load_file
 from bridge.dlq import Filters
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
@@ -225,9 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
+def main(argv: Sequence[str] | None = None, config: Config | None = None) -> int:
+    """Run the command line; returns the process exit code. ``config``: the configuration to act
+    with instead of ``--config``'s (the console's API runs the commands with the bridge's own)."""
     args = build_parser().parse_args(argv)
+
+    def load(path: str | None) -> Config:
+        return config if config is not None else load_file(path)
+
     try:
         if args.command == "produce":
             return produce_command(args, load(args.config))
@@ -249,12 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args, load(args.config))
         if args.command == "trace":
             return _trace(args, load(args.config))
-        config = load(args.config)
-        check_settings(config)
+        loaded = load(args.config)
+        check_settings(loaded)
         if args.command == "check-config":
-            sys.stdout.write(dump(config))
+            sys.stdout.write(dump(loaded))
             return 0
-        return _run(config)
+        return _run(loaded)
     except ConfigError as exc:
         print(f"delay-bridge: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -357,10 +363,13 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
 
 
 def _run(config: Config) -> int:
+    from bridge.console import Console
     from bridge.logs import setup
     from bridge.service import Service
 
     setup(config.logging.level, config.logging.json)
     service = Service(config)
+    if config.http.console.enabled:
+        service.http.console = Console(config, main)  # the API runs this CLI's commands
     service.install_signal_handlers()
     return service.run()

@@ -307,6 +307,8 @@ def _validate(config: Config) -> None:
     if bool(config.redis.tls.cert_file) != bool(config.redis.tls.key_file):
         raise ConfigError("redis.tls.cert_file and redis.tls.key_file go together")
     config.redis_password()  # a missing or unreadable password file
+    if config.http.console.token_file and not config.console_token():
+        raise ConfigError(f"http.console.token_file: {config.http.console.token_file} is empty")
     consumer_settings(config)
     timeout = producer_settings(config)["delivery.timeout.ms"]
     if not timeout.isdigit() or int(timeout) >= config.egress.lease:

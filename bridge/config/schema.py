@@ -143,11 +143,20 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class ConsoleConfig:
+    """The web console at /ui and its JSON API at /api/."""
+
+    enabled: bool = True
+    token_file: str = ""  # the bearer token writes need; "": writes are refused
+
+
+@dataclass(frozen=True)
 class HttpConfig:
-    """The metrics and health endpoints."""
+    """The metrics and health endpoints, and the console."""
 
     host: str = "0.0.0.0"
     port: int = 9464
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,12 @@ class Config:
         if self.redis.password_file:
             return read_secret(self.redis.password_file, "redis.password_file")
         return self.redis.password or None
+
+    def console_token(self) -> str | None:
+        """The bearer token the console's writes need, from ``http.console.token_file``; None
+        when there is none (writes are refused)."""
+        path = self.http.console.token_file
+        return read_secret(path, "http.console.token_file") or None if path else None
 
     def sentinel_password(self) -> str | None:
         """The sentinels' own password from ``redis.sentinel.password_file`` or ``.password``."""

@@ -3,6 +3,7 @@
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
 from bridge.store.ids import Confirm, id_hash, unconfirmed
+from bridge.store.inventory import due_counts
 from bridge.store.keys import (
     REFERENCE_BYTES,
     Shard,
@@ -42,6 +43,7 @@ __all__ = [
     "Withdrawn",
     "as_store_error",
     "default_id_offset",
+    "due_counts",
     "due_of",
     "glob_escape",
     "id_hash",

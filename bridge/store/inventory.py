@@ -6,7 +6,9 @@ are pending, the shards' watermarks and wait indexes, and Redis memory by tier (
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import cast
 
@@ -342,3 +344,26 @@ def _members_at(client: redis.Redis, keys: Sequence[str], dues: Sequence[int]) -
         pages = cast(list[list[bytes]], pipe.execute())
     per = len(keys) * len(LANE_BASES)
     return [[m for page in pages[i * per : (i + 1) * per] for m in page] for i in range(len(dues))]
+
+
+def due_counts(inventory: Inventory, shard: Shard, bounds: Sequence[int]) -> list[int]:
+    """How many records waiting in ``shard`` fall due in each span from one of ``bounds`` (epoch
+    ms, ascending) up to the next: ``len(bounds) - 1`` counts, references included. A ZCOUNT per
+    span, index and lane, in one pipeline; the references' chunks up to the last bound read once."""
+    spans = list(itertools.pairwise(bounds))
+    keys = inventory.waiting_keys(shard)
+    with as_store_error():
+        pipe = inventory.client.pipeline(transaction=False)
+        for low, high in spans:
+            for key in keys:
+                for base in LANE_BASES.values():
+                    pipe.zcount(key, base + low, f"({base + high}")
+        counts = cast(list[int], pipe.execute())
+    per = len(keys) * len(LANE_BASES)
+    found = [sum(counts[i * per : (i + 1) * per]) for i in range(len(spans))]
+    if spans:
+        for due, _ in inventory.references(shard, bounds[-1] - 1, ALL):
+            at = bisect.bisect_right(bounds, due) - 1
+            if 0 <= at < len(spans):
+                found[at] += 1
+    return found

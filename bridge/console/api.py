@@ -1,0 +1,153 @@
+"""The JSON API at ``/api/``: every read and action of the console, each the CLI's own command.
+
+A call's options are the command's options by name (``key_prefix`` for ``--key-prefix``, ``true``
+for a flag, a list for a repeated option), from the query string of a read or the JSON body of a
+write; the command runs in the bridge with the bridge's configuration, through the same argument
+parser and code as ``delay-bridge <command>``, so it checks, refuses and acts exactly as the CLI
+does. A read answers the command's ``--json`` output as ``result``; a write answers what the
+command printed. Exit 2 (bad options) is 400, exit 1 (nothing found, a service unreachable) 404 for
+a read and 422 for a write.
+
+Writes need ``Authorization: Bearer <token>`` (``http.console.token_file``; none configured: every
+write is refused) and a JSON body: a browser sends neither across sites without the bridge's
+consent (CORS), which it never gives, so a page elsewhere cannot act through a visitor's browser.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.config import Config
+from bridge.console.capture import captured
+from bridge.console.chart import SPANS, due_over
+
+logger = logging.getLogger(__name__)
+
+READS: dict[str, list[str]] = {
+    "/api/status": ["status"],
+    "/api/records": ["list"],
+    "/api/trace": ["trace"],
+    "/api/dlq": ["dlq", "list"],
+}
+WRITES: dict[str, list[str]] = {
+    "/api/cancel": ["cancel"],
+    "/api/fire": ["fire"],
+    "/api/reschedule": ["reschedule"],
+    "/api/dlq/replay": ["dlq", "replay"],
+}
+NOT_OPTIONS = frozenset({"config", "json", "help", "version"})  # the API sets or refuses these
+
+
+@dataclass
+class Reply:
+    """An API answer: the HTTP status and the JSON body."""
+
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+
+    def encoded(self) -> bytes:
+        return (json.dumps(self.body, indent=2) + "\n").encode()
+
+
+def argv(options: Mapping[str, Any]) -> list[str]:
+    """The command-line options ``options`` name (see the module); ValueError for a name the
+    API does not pass on."""
+    out: list[str] = []
+    for name, value in options.items():
+        if name in NOT_OPTIONS or not name.replace("_", "").isalnum():
+            raise ValueError(f"{name}: not an option of this call")
+        flag = "--" + name.replace("_", "-")
+        for one in value if isinstance(value, list) else [value]:
+            if one is True:
+                out.append(flag)
+            elif one is not None and one is not False and one != "":
+                out.append(f"{flag}={one}")  # with '=': a value may start with '-' (=-30m)
+    return out
+
+
+def _lines(text: str) -> list[str]:
+    return [line.removeprefix("delay-bridge: ") for line in text.splitlines() if line.strip()]
+
+
+Command = Callable[[Sequence[str], Config], int]  # the CLI's main: argv, config -> exit code
+
+
+class Api:
+    """Runs API calls with the bridge's ``config``, each through ``command`` (the CLI's main)."""
+
+    def __init__(self, config: Config, command: Command) -> None:
+        self.config = config
+        self.command = command
+
+    def run(self, command: Sequence[str]) -> tuple[int, str, str]:
+        """The CLI ``command`` run in this thread: (exit code, stdout, stderr)."""
+        with captured() as (out, err):
+            try:
+                code = self.command(list(command), self.config)
+            except SystemExit as exc:  # argparse: bad options, or --help
+                code = exc.code if isinstance(exc.code, int) else 2
+        return code, out.getvalue(), err.getvalue()
+
+    def get(self, path: str, query: Mapping[str, list[str]]) -> Reply:
+        """A read: ``query`` holds the command's options."""
+        options: dict[str, Any] = {k: v if len(v) > 1 else v[0] for k, v in query.items()}
+        if path == "/api/due":
+            span = str(options.get("span", "day"))
+            if span not in SPANS:
+                return Reply(400, {"error": f"span {span}: one of {', '.join(SPANS)}"})
+            return Reply(200, {"result": due_over(self.config, span)})
+        if path not in READS:
+            return Reply(404, {"error": f"no such call: GET {path}"})
+        try:
+            command = [*READS[path], *argv(options), "--json"]
+        except ValueError as exc:
+            return Reply(400, {"error": str(exc)})
+        code, out, err = self.run(command)
+        messages = _lines(err)
+        body: dict[str, Any] = {"messages": messages}
+        if out.strip():
+            body["result"] = json.loads(out)
+        if code:
+            body["error"] = messages[-1] if messages else f"exit {code}"
+        return Reply({0: 200, 1: 404}.get(code, 400), body)
+
+    def post(self, path: str, headers: Mapping[str, str], data: bytes) -> Reply:
+        """A write: ``data`` is the JSON object of the command's options."""
+        if path not in WRITES:
+            return Reply(404, {"error": f"no such call: POST {path}"})
+        refused = self._refused(headers)
+        if refused:
+            return Reply(403, {"error": refused})
+        if headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
+            return Reply(415, {"error": "send the options as a JSON object (application/json)"})
+        try:
+            options = json.loads(data or b"{}")
+            if not isinstance(options, dict):
+                raise ValueError("the body is not a JSON object")
+            command = [*WRITES[path], *argv(options)]
+        except ValueError as exc:  # JSONDecodeError is a ValueError
+            return Reply(400, {"error": str(exc)})
+        code, out, err = self.run(command)
+        messages = _lines(err)
+        logger.info("console: %s %s: exit %d", path, " ".join(command[len(WRITES[path]) :]), code)
+        body: dict[str, Any] = {"output": _lines(out), "messages": messages}
+        if code:
+            body["error"] = messages[-1] if messages else f"exit {code}"
+        return Reply({0: 200, 1: 422}.get(code, 400), body)
+
+    def _refused(self, headers: Mapping[str, str]) -> str | None:
+        """Why a write is refused (None: it is not)."""
+        token = self.config.console_token()  # read at each write: a rotated Secret applies
+        if token is None:
+            return "writes are off: http.console.token_file names no token"
+        scheme, _, given = headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            return "a write needs the console token: Authorization: Bearer <token>"
+        return None

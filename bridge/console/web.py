@@ -1,0 +1,81 @@
+"""The console's requests are answered here: routing, static files, and safe headers.
+
+The headers keep the pages to what the bridge serves: a Content-Security-Policy that allows nothing
+from elsewhere, no framing, no sniffing, no caching."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from urllib.parse import parse_qs
+
+from bridge.config import Config
+from bridge.console.api import Api, Command, Reply
+from bridge.console.pages import dead_letters, overview, record, records
+
+logger = logging.getLogger(__name__)
+
+JSON = "application/json"
+HTML = "text/html; charset=utf-8"
+STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
+SAFE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class Response:
+    """What the HTTP server sends back."""
+
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=lambda: dict(SAFE_HEADERS))
+
+
+def _json(reply: Reply) -> Response:
+    return Response(reply.status, reply.encoded(), JSON)
+
+
+class Console:
+    """The console and its API, acting with ``config`` through ``command`` (the CLI's main)."""
+
+    def __init__(self, config: Config, command: Command) -> None:
+        self.api = Api(config, command)
+        self._pages: dict[str, Callable[[Mapping[str, str]], str]] = {
+            "/ui": lambda _: overview(self.api),
+            "/ui/records": lambda q: records(self.api, q),
+            "/ui/record": lambda q: record(self.api, q),
+            "/ui/dlq": lambda q: dead_letters(self.api, q),
+        }
+
+    @staticmethod
+    def serves(path: str) -> bool:
+        """Whether ``path`` is the console's."""
+        return path == "/ui" or path.startswith(("/ui/", "/api/"))
+
+    def get(self, target: str) -> Response:
+        """A GET of ``target`` (path and query)."""
+        path, _, raw = target.partition("?")
+        query = parse_qs(raw, keep_blank_values=False)
+        if path.startswith("/api/"):
+            return _json(self.api.get(path, query))
+        if path.startswith("/ui/static/") and path.removeprefix("/ui/static/") in STATIC:
+            name = path.removeprefix("/ui/static/")
+            data = resources.files("bridge.console").joinpath("static", name).read_bytes()
+            return Response(200, data, STATIC[name])
+        render = self._pages.get(path.rstrip("/") or path)
+        if render is None:
+            return Response(404, b"not found\n", "text/plain; charset=utf-8")
+        return Response(200, render({k: v[0] for k, v in query.items()}).encode(), HTML)
+
+    def post(self, target: str, headers: Mapping[str, str], data: bytes) -> Response:
+        """A POST of ``data`` to ``target``."""
+        return _json(self.api.post(target.partition("?")[0], headers, data))
