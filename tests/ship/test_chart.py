@@ -160,7 +160,7 @@ def test_probes_point_at_the_real_endpoints(helm: str) -> None:
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     # ... and the port named http is the one the bridge listens on.
     config = yaml.safe_load(kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
-    assert config["http"] == {"host": "0.0.0.0", "port": 8080}
+    assert config["http"] == {"host": "0.0.0.0", "port": 8080, "console": {"enabled": True}}
     service = kinds(docs)["Service"]["spec"]["ports"]
     assert service == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
 
@@ -557,3 +557,23 @@ def test_the_http_port_is_one_value(helm: str) -> None:
         assert (
             "config.http.port: 8081 differs from service.port (9464)" in proc.stdout + proc.stderr
         )
+
+
+def test_the_console_token_goes_to_the_secret_and_the_console_stays_behind_the_service(
+    helm: str,
+) -> None:
+    docs = render(helm, "--set", "auth.consoleToken=tok-123")
+    config_text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
+    assert "tok-123" not in config_text
+    console = yaml.safe_load(config_text)["http"]["console"]
+    assert console == {"enabled": True, "token_file": "/var/run/secrets/delay-bridge/console-token"}
+    assert set(kinds(docs)["Secret"]["data"]) == {"console-token"}
+    assert not [d for d in docs if d["kind"] == "Ingress"]  # no Ingress unless asked
+    mine = render(helm, "--set", "auth.existingSecret=mine", "--set", "auth.consoleTokenKey=ui",
+                  "--set", "console.enabled=false")  # fmt: skip
+    config = yaml.safe_load(kinds(mine)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
+    assert config["http"]["console"] == {"enabled": False,
+                                         "token_file": "/var/run/secrets/delay-bridge/ui"}  # fmt: skip
+    # Without a token the console answers reads and refuses writes: no file is named.
+    plain = yaml.safe_load(kinds(render(helm))["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
+    assert plain["http"]["console"] == {"enabled": True}

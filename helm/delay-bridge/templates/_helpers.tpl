@@ -134,7 +134,18 @@ None of them reaches the ConfigMap: they go into the chart's Secret.
 {{- with .Values.auth.kafkaPassword }}
 {{- $_ := set $out "kafka-password" (toString .) }}
 {{- end }}
+{{- with .Values.auth.consoleToken }}
+{{- $_ := set $out "console-token" (toString .) }}
+{{- end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/*
+Key of the console's token in the mounted Secret ("" when none: writes are refused).
+*/}}
+{{- define "delay-bridge.consoleTokenKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.consoleTokenKey }}
+{{- else if .Values.auth.consoleToken }}console-token{{ end }}
 {{- end }}
 
 {{/*
@@ -151,7 +162,7 @@ Key of the Kafka / Redis / Sentinel password in the mounted Secret ("" when none
 Whether the pod mounts the passwords Secret ("true" or "").
 */}}
 {{- define "delay-bridge.hasSecret" -}}
-{{- if or (include "delay-bridge.passwordKey" (list . "kafka")) (include "delay-bridge.passwordKey" (list . "redis")) (include "delay-bridge.passwordKey" (list . "sentinel")) (ne (include "delay-bridge.inlineSecrets" .) "{}") }}true{{ end }}
+{{- if or (include "delay-bridge.passwordKey" (list . "kafka")) (include "delay-bridge.passwordKey" (list . "redis")) (include "delay-bridge.passwordKey" (list . "sentinel")) (include "delay-bridge.consoleTokenKey" .) (ne (include "delay-bridge.inlineSecrets" .) "{}") }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -175,7 +186,11 @@ files of the mounted Secret.
 {{- $inline := include "delay-bridge.inlineSecrets" . | fromYaml }}
 {{- $dir := "/var/run/secrets/delay-bridge" }}
 {{- $config := deepCopy .Values.config }}
-{{- $_ := set $config "http" (dict "host" "0.0.0.0" "port" (int .Values.service.port)) }}
+{{- $console := dict "enabled" .Values.console.enabled }}
+{{- with include "delay-bridge.consoleTokenKey" . }}
+{{- $_ := set $console "token_file" (printf "%s/%s" $dir .) }}
+{{- end }}
+{{- $_ := set $config "http" (dict "host" "0.0.0.0" "port" (int .Values.service.port) "console" $console) }}
 {{- $kafka := default (dict) $config.kafka }}
 {{- range $role := list "common" "consumer" "producer" }}
 {{- $settings := dict }}
@@ -253,7 +268,7 @@ chart's own: no inline secret beside auth.existingSecret, http.port is service.p
 {{- $c := .Values.config }}
 {{- $inline := include "delay-bridge.inlineSecrets" . | fromYaml }}
 {{- if and .Values.auth.existingSecret $inline }}
-{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" }}
+{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" "console-token" "auth.consoleToken" }}
 {{- $given := list }}
 {{- range $key := keys $inline | sortAlpha }}
 {{- $given = append $given (get $named $key | default (printf "config.%s" $key)) }}
