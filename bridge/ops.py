@@ -110,18 +110,19 @@ def waiting(
     delay_id: str | None = None,
     due_before_ms: int | None = None,
     limit: int = 20,
+    skip: int = 0,
 ) -> tuple[list[Waiting], int]:
-    """Waiting records in due order (the ``limit`` earliest over the partitions asked for), and
-    how many the filters match in all."""
+    """Waiting records in due order (the ``limit`` earliest over the partitions asked for, after
+    the ``skip`` earliest: a page), and how many the filters match in all."""
     topics = [topic] if topic else list(config.topics.delay)
     shards = [
         s for s in delay_shards(config, topics) if partition is None or s.partition == partition
     ]
     if partition is not None and not shards:
         raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
-    found = _find(config, shards, delay_id, due_before_ms, limit)
+    found = _find(config, shards, delay_id, due_before_ms, limit, skip=skip)
     total = len(found)
-    if delay_id is None and len(found) == limit:
+    if delay_id is None and (len(found) == limit or skip):
         store = store_of(config)
         try:
             total = sum(store.inventory.count(s, due_before_ms) for s in shards)
@@ -160,15 +161,17 @@ def _find(
     delay_id: str | None,
     due_before_ms: int | None,
     limit: int,
+    *,
+    skip: int = 0,
 ) -> list[tuple[int, Shard, Scheduled]]:
-    """The ``limit`` earliest waiting records of ``shards`` (only the one with ``delay_id`` when
-    given), as (due ms, shard, record) in due order."""
+    """The ``limit`` earliest waiting records of ``shards`` after the ``skip`` earliest (only the
+    one with ``delay_id`` when given), as (due ms, shard, record) in due order."""
     store = store_of(config)
     try:
         found: list[tuple[int, bytes, Shard]] = []
         for shard in shards:
             if delay_id is None:
-                page = store.inventory.page(shard, due_before_ms, limit)
+                page = store.inventory.page(shard, due_before_ms, skip + limit)
             elif (offset := default_id_offset(shard, delay_id)) is not None:
                 page = store.inventory.by_default_id(shard, offset)
             else:  # candidates: the index keeps a hash of the id (confirmed below)
@@ -177,10 +180,10 @@ def _find(
         chosen = [
             (due, member, shard)
             for due, member, shard in heapq.nsmallest(
-                limit if delay_id is None else len(found), found, key=lambda x: x[:2]
+                skip + limit if delay_id is None else len(found), found, key=lambda x: x[:2]
             )
             if due_before_ms is None or due < due_before_ms
-        ]
+        ][skip if delay_id is None else 0 :]
         far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
         now_ms = store.time_ms()
         read = _read_back(config, far, now_ms) if far else {}
@@ -377,9 +380,13 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
     print(f"(Redis time {format_time_ms(now_ms)})")
 
 
-def print_waiting(records: list[Waiting], total: int, as_json: bool) -> None:
+def print_waiting(records: list[Waiting], total: int, as_json: bool, skip: int = 0) -> None:
     """The records (a table, or JSON); on stderr, how many more the filters match."""
-    if total > len(records):
+    if skip:
+        shown = f"{skip + 1:,}-{skip + len(records):,}" if records else "none"
+        more = f"; --skip {skip + len(records)} for the next" if total > skip + len(records) else ""
+        print(f"{shown} of {total:,} shown{more}", file=sys.stderr)
+    elif total > len(records):
         print(f"{len(records):,} of {total:,} shown; --limit to see more", file=sys.stderr)
     if as_json:
         json.dump([asdict(r) for r in records], sys.stdout, indent=2)

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="only records due before: epoch ms, RFC 3339 or a duration from now (1h; =-30m)",
     )
     listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
+    listing.add_argument(
+        "--skip", type=int, default=0, help="after the first this many (a page: --skip 20)"
+    )
     listing.add_argument("--json", action="store_true", help="JSON for scripts")
     tracing = sub.add_parser(
         "trace", help="a record's whole life: waiting, delivered, cancelled… (reads only)"
@@ -287,6 +290,8 @@ def _status(args: argparse.Namespace, config: Config) -> int:
 def _list(args: argparse.Namespace, config: Config) -> int:
     if args.limit < 1:
         raise UsageError(f"--limit {args.limit}: at least 1")
+    if args.skip < 0 or (args.skip and args.id is not None):
+        raise UsageError(f"--skip {args.skip}: 0 or more, and not with --id")
     now_ms = time.time_ns() // 1_000_000
     before = when_arg("--due-before", args.due_before, now_ms)
     records, total = ops.waiting(
@@ -296,8 +301,9 @@ def _list(args: argparse.Namespace, config: Config) -> int:
         delay_id=args.id,
         due_before_ms=before,
         limit=args.limit,
+        skip=args.skip,
     )
-    ops.print_waiting(records, total, args.json)
+    ops.print_waiting(records, total, args.json, args.skip)
     return 0
 
 

@@ -154,6 +154,7 @@ def _chart(api: Api, span: str) -> str:
 
 
 RECORD_FILTERS = ("topic", "partition", "id", "due_before", "limit")
+PAGE = 20  # list's own --limit
 BULK_FILTERS = ("target", "key_prefix", "due_after", "due_before", "topic")
 
 
@@ -167,7 +168,7 @@ def _inputs(names: Sequence[str], query: Mapping[str, str]) -> str:
 
 def records(api: Api, query: Mapping[str, str]) -> str:
     """Waiting records in due order with the ``list`` filters; actions on a row and in bulk."""
-    asked = {k: [v] for k, v in query.items() if k in RECORD_FILTERS and v}
+    asked = {k: [v] for k, v in query.items() if k in (*RECORD_FILTERS, "skip") and v}
     reply = api.get("/api/records", asked)
     form = (
         f'<form class="filters" method="get">{_inputs(RECORD_FILTERS, query)}'
@@ -196,6 +197,7 @@ def records(api: Api, query: Mapping[str, str]) -> str:
         )
     header = ["due", "delay-id", "target", "priority", "key", "bytes", "where", ""]
     listing = _table(header, rows, {5}) if rows else '<p class="note">no waiting records</p>'
+    listing += _pages(query, len(rows))
     bulk = "<h2>Act on every waiting record a filter matches</h2>" + _action(
         "/api/cancel",
         {},
@@ -207,6 +209,21 @@ def records(api: Api, query: Mapping[str, str]) -> str:
         + _button("reschedule all", {"yes": True}, "Move them all?", "/api/reschedule"),
     )
     return page("Records", "/ui/records", _body(form, reply, listing, bulk))
+
+
+def _pages(query: Mapping[str, str], shown: int) -> str:
+    """Links to the previous and next page of records (the filters kept)."""
+    limit = int(query["limit"]) if query.get("limit", "").isdigit() else PAGE
+    skip = int(query["skip"]) if query.get("skip", "").isdigit() else 0
+    kept = {k: v for k, v in query.items() if v}
+    links = []
+    if skip > 0:
+        link = "?" + urlencode({**kept, "skip": max(0, skip - limit)})
+        links.append(f'<a rel="prev" href="{_e(link)}">previous page</a>')
+    if shown == limit:
+        link = "?" + urlencode({**kept, "skip": skip + limit})
+        links.append(f'<a rel="next" href="{_e(link)}">next page</a>')
+    return f'<p class="pages">{" · ".join(links)}</p>' if links else ""
 
 
 def record(api: Api, query: Mapping[str, str]) -> str:

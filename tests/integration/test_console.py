@@ -97,6 +97,8 @@ def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
     status, listed = call(bridge, "/api/records?limit=2")
     assert status == 200 and [r["key"] for r in listed["result"]] == ["c-1", "c-2"]
     assert listed["messages"] == ["2 of 3 shown; --limit to see more"]
+    status, page = call(bridge, "/api/records?limit=2&skip=2")  # the next page
+    assert [r["key"] for r in page["result"]] == ["o-9"] and page["messages"] == ["3-3 of 3 shown"]
     status, traced = call(bridge, "/api/trace?id=order-9")
     assert status == 200 and traced["result"]["fate"] == "waiting"
     assert traced["result"]["record"]["value"] == "value-o-9"
@@ -213,6 +215,14 @@ def test_the_console_in_a_browser_shows_counts_and_fates_and_acts_with_the_token
     rows = browser.find_elements(By.CSS_SELECTOR, "main table tbody tr")
     assert len(rows) == 3
     _shot(browser, "records")
+    browser.get(f"{ui}/records?limit=2")
+    browser.find_element(By.LINK_TEXT, "next page").click()
+    assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "tbody tr td:nth-child(5)")] == [
+        "o-9"
+    ]
+    browser.find_element(By.LINK_TEXT, "previous page").click()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "main table tbody tr")) == 2
+    browser.get(f"{ui}/records")
     browser.find_element(By.LINK_TEXT, "order-9").click()
     assert browser.find_element(By.CSS_SELECTOR, ".fate").text == "waiting"
     assert "value-o-9" in browser.find_element(By.CSS_SELECTOR, "pre.payload").text
