@@ -25,6 +25,7 @@ from typing import Any
 from bridge.config import Config
 from bridge.console.capture import captured
 from bridge.console.chart import SPANS, due_over
+from bridge.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,10 @@ class Api:
 
     def _refused(self, headers: Mapping[str, str]) -> str | None:
         """Why a write is refused (None: it is not)."""
-        token = self.config.console_token()  # read at each write: a rotated Secret applies
+        try:
+            token = self.config.console_token()  # read at each write: a rotated Secret applies
+        except ConfigError as exc:  # the file went away since start-up
+            return str(exc)
         if token is None:
             return "writes are off: http.console.token_file names no token"
         scheme, _, given = headers.get("Authorization", "").partition(" ")

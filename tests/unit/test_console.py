@@ -60,6 +60,9 @@ def test_a_write_is_refused_before_anything_runs(token_file: Path) -> None:
     assert api.post("/api/cancel", JSON, b"[1]").body == {"error": "the body is not a JSON object"}
     assert api.post("/api/cancel", JSON, b"{").status == 400
     assert api.post("/api/produce", JSON, body).status == 404  # only the four writes
+    token_file.unlink()  # a Secret unmounted since start-up: refused, said
+    gone = api.post("/api/cancel", JSON, body)
+    assert gone.status == 403 and gone.body["error"].startswith("http.console.token_file: cannot")
     off = _api(None).post("/api/cancel", JSON, body)
     assert (off.status, off.body["error"]) == (
         403, "writes are off: http.console.token_file names no token")  # fmt: skip
