@@ -60,7 +60,8 @@ def argv(options: Mapping[str, Any]) -> list[str]:
     API does not pass on."""
     out: list[str] = []
     for name, value in options.items():
-        if name in NOT_OPTIONS or not name.replace("_", "").isalnum():
+        # A prefix counts: argparse takes an abbreviation (--he for --help) as the option.
+        if any(n.startswith(name) for n in NOT_OPTIONS) or not name.replace("_", "").isalnum():
             raise ValueError(f"{name}: not an option of this call")
         flag = "--" + name.replace("_", "-")
         for one in value if isinstance(value, list) else [value]:
@@ -111,8 +112,10 @@ class Api:
         code, out, err = self.run(command)
         messages = _lines(err)
         body: dict[str, Any] = {"messages": messages}
-        if out.strip():
-            body["result"] = json.loads(out)
+        try:
+            body["result"] = json.loads(out) if out.strip() else None
+        except ValueError:  # not JSON: passed on as the lines it is
+            body["output"] = _lines(out)
         if code:
             body["error"] = messages[-1] if messages else f"exit {code}"
         return Reply({0: 200, 1: 404}.get(code, 400), body)

@@ -29,7 +29,7 @@ def test_options_become_the_cli_arguments() -> None:
                              "--shift=-30m", "--limit=5"]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["config", "json", "help", "a b", "x;y"])
+@pytest.mark.parametrize("name", ["config", "json", "help", "he", "c", "a b", "x;y"])
 def test_options_the_api_does_not_pass_on_are_refused(name: str) -> None:
     with pytest.raises(ValueError, match="not an option of this call"):
         argv({name: "x"})
