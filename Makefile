@@ -62,17 +62,20 @@ docs: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# The shipping checks (marked ship: the chart, hadolint, the image build) need neither Kafka nor
-# Redis: a pytest of their own runs them beside the rest (a minute saved), its report printed
-# after the other's; both must pass. PYTEST_ARGS given: one pytest with them.
+# Two pytests side by side, both of which must pass: BESIDE — the shipping checks (the chart,
+# hadolint, the image build: no Kafka or Redis), the chaos scenarios (a Kafka and Redis of their
+# own) and the three-broker cluster's tests — and every other test on the session's services.
+# BESIDE's report is printed after the other's (build/test-beside.log): about five minutes saved.
+# PYTEST_ARGS given: one pytest with them.
+BESIDE := tests/ship tests/chaos tests/integration/test_kafka_cluster.py
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
 	if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
-	$(PY) -m pytest -m ship tests > build/test-ship.log 2>&1 & ship=$$!; \
-	$(PY) -m pytest -m "not ship"; rest=$$?; \
-	wait $$ship; shipped=$$?; \
-	echo "=== the shipping checks (run beside the others) ==="; cat build/test-ship.log; \
-	[ $$rest -eq 0 ] && [ $$shipped -eq 0 ]
+	$(PY) -m pytest $(BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
+	$(PY) -m pytest $(foreach path,$(BESIDE),--ignore=$(path)); rest=$$?; \
+	wait $$beside; besides=$$?; \
+	echo "=== $(BESIDE) (run beside the others) ==="; cat build/test-beside.log; \
+	[ $$rest -eq 0 ] && [ $$besides -eq 0 ]
 
 # The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479; the broker
 # scenarios on a three-broker cluster, 19292-19294); prints

@@ -42,6 +42,7 @@ PASSTHROUGH = {
     "metrics.serviceMonitor.metricRelabelings", "metrics.serviceMonitor.namespaceSelector",
     "metrics.prometheusRule.labels", "metrics.prometheusRule.ruleLabels",
     "metrics.prometheusRule.additionalRules", "metrics.grafanaDashboard.labels",
+    "console.ingress.annotations", "console.ingress.tls",
 }  # fmt: skip
 REQUIRED_CONFIG = {"kafka": ["bootstrap_servers"], "redis": ["url"]}
 SCALAR = ["string", "number", "boolean"]

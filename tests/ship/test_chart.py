@@ -207,7 +207,7 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
     # The Secrets are mounted under /var/run/secrets in the pod; stand in for them here.
     secrets, tls = tmp_path / "secrets", tmp_path / "tls"
     secrets.mkdir()
-    for key in ("kafka", "redis", "sentinel"):
+    for key in ("kafka", "redis", "sentinel", "console"):
         (secrets / key).write_text(f"{key}-password\n")
     # check-config builds the Kafka clients, which read the CA file: a real one stands in.
     system_ca = Path("/etc/ssl/certs/ca-certificates.crt").read_bytes()
@@ -577,3 +577,16 @@ def test_the_console_token_goes_to_the_secret_and_the_console_stays_behind_the_s
     # Without a token the console answers reads and refuses writes: no file is named.
     plain = yaml.safe_load(kinds(render(helm))["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
     assert plain["http"]["console"] == {"enabled": True}
+
+
+def test_an_ingress_when_asked_serves_the_console_alone(helm: str) -> None:
+    docs = render(helm, "--set", "console.ingress.enabled=true", "--set",
+                  "console.ingress.host=db.example.com")  # fmt: skip
+    [ingress] = [d for d in docs if d["kind"] == "Ingress"]
+    [rule] = ingress["spec"]["rules"]
+    assert rule["host"] == "db.example.com"
+    paths = {p["path"]: p["backend"]["service"] for p in rule["http"]["paths"]}
+    assert paths == {p: {"name": "rel-delay-bridge", "port": {"name": "http"}}
+                     for p in ("/ui", "/api")}  # fmt: skip
+    off = render(helm, "--set", "console.ingress.enabled=true", "--set", "console.enabled=false")
+    assert not [d for d in off if d["kind"] == "Ingress"]  # no console, nothing to route to
