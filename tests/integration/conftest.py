@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -92,21 +93,31 @@ def dead_port() -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-@pytest.fixture
-def scratch_redis(tmp_path: Path) -> Iterator[str]:
-    """A Redis server of this test's own (made a replica, flushed: faults no other test sees)."""
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[str]:
+    """A Redis server of the caller's own, without persistence, running inside the block: its
+    URL."""
     port = free_port()
     proc = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
+         "--appendonly", "no", "--dir", str(directory)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     client = redis.Redis(port=port)
-    wait_for(lambda: _pings(client), 30, "the scratch redis")
-    yield f"redis://127.0.0.1:{port}/0"
-    client.close()
-    proc.kill()
-    proc.wait(10)
+    try:
+        wait_for(lambda: _pings(client), 30, "the scratch redis")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+def scratch_redis(tmp_path: Path) -> Iterator[str]:
+    """A Redis server of this test's own (made a replica, flushed: faults no other test sees)."""
+    with redis_server(tmp_path) as url:
+        yield url
 
 
 def _pings(client: redis.Redis) -> bool:

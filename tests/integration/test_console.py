@@ -247,3 +247,5 @@ def test_the_console_in_a_browser_shows_counts_and_fates_and_acts_with_the_token
     replay = browser.find_element(By.CSS_SELECTOR, "form.act")  # the token is kept in the tab
     assert _act(browser, replay, "count").startswith("would replay 1 (1 missing-target)")
     assert _act(browser, replay, "replay").startswith("replayed 1 (1 missing-target)")
+    # Replayed, it is read and validated again: still without a target, dead-lettered again.
+    wait_for(lambda: len(call(bridge, "/api/dlq")[1]["result"]) == 2, 60, "it back in the DLQ")

@@ -23,6 +23,7 @@ from tests.chaos.brokers import leader_of_most, proc_state
 from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
 from tests.chaos.servers import STATE_DIR, Servers, cluster_brokers
 from tests.conftest import Services, run_services, started, wait_for
+from tests.integration.conftest import redis_server
 from tests.integration.harness import Bridge, bridge_env, metric, produce_all
 
 pytestmark = pytest.mark.integration
@@ -33,6 +34,15 @@ def cluster() -> Iterator[dict[str, str]]:
     """The three-broker cluster, started for this module (its faults change it)."""
     yield started("kafka-cluster")
     run_services("down", "kafka-cluster")
+
+
+@pytest.fixture(scope="module")
+def own(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """The session's Kafka beside a Redis of this module's own: make test runs this module in a
+    pytest beside the others', whose tests change the session Redis's settings (SLOWLOG, a
+    CLIENT PAUSE) as this module's scenarios do."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield Services(services.bootstrap, url)
 
 
 def broker_pids() -> dict[int, int]:
@@ -108,7 +118,7 @@ def test_brokers_that_stop_answering_hold_a_topic_id_question_no_longer_than_its
 
 
 def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_why(
-    cluster: dict[str, str], services: Services, tmp_path: Path
+    cluster: dict[str, str], own: Services, tmp_path: Path
 ) -> None:
     """Two brokers of three killed: no partition keeps min.insync.replicas (2), so Kafka takes
     no write, and librdkafka retries within delivery.timeout.ms without a report meanwhile. The
@@ -117,7 +127,7 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
     bootstrap = cluster["bootstrap"]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     delay, target, dlq, journal = (new_topic(admin, 1) for _ in range(4))
-    env = bridge_env(bootstrap, services.redis_url, topics__delay=delay, topics__dead_letter=dlq,
+    env = bridge_env(bootstrap, own.redis_url, topics__delay=delay, topics__dead_letter=dlq,
                      topics__journal=journal, kafka__group_id=f"g-{delay}", redis__key_prefix=f"test-{delay}")  # fmt: skip
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     delivered = f'delay_bridge_delivered_total{{target_topic="{target}"}}'
@@ -151,13 +161,13 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n in KAFKA_CLUSTER_SCENARIOS
                                   and SCENARIOS[n][1] is not None])  # fmt: skip
 def test_chaos_scenario_short(
-    name: str, services: Services, cluster: dict[str, str], tmp_path: Path
+    name: str, own: Services, cluster: dict[str, str], tmp_path: Path
 ) -> None:
     """The short version of a three-broker chaos scenario (tests/chaos/brokers.py), on this
     module's cluster and the session's Redis."""
     _, quick, _ = SCENARIOS[name]
     assert quick is not None
     base_port = min(b.port for b in cluster_brokers(run_services("info", "kafka-cluster")).values())
-    servers = Servers.on(services, STATE_DIR, kafka_cluster_port=base_port)
+    servers = Servers.on(own, STATE_DIR, kafka_cluster_port=base_port)
     result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
     assert_kept(result, tmp_path)
