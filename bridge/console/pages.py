@@ -166,14 +166,23 @@ def _inputs(names: Sequence[str], query: Mapping[str, str]) -> str:
     )
 
 
+def _asked(
+    query: Mapping[str, str], shown: Sequence[str], passed: Sequence[str], button: str = "show"
+) -> tuple[dict[str, list[str]], str]:
+    """A page's filters: the API options ``passed`` on from ``query`` (those given), and the GET
+    form of the filters ``shown``, filled in."""
+    asked = {k: [v] for k, v in query.items() if k in passed and v}
+    form = (
+        f'<form class="filters" method="get">{_inputs(shown, query)}'
+        f"<button>{button}</button></form>"
+    )
+    return asked, form
+
+
 def records(api: Api, query: Mapping[str, str]) -> str:
     """Waiting records in due order with the ``list`` filters; actions on a row and in bulk."""
-    asked = {k: [v] for k, v in query.items() if k in (*RECORD_FILTERS, "skip") and v}
+    asked, form = _asked(query, RECORD_FILTERS, (*RECORD_FILTERS, "skip"))
     reply = api.get("/api/records", asked)
-    form = (
-        f'<form class="filters" method="get">{_inputs(RECORD_FILTERS, query)}'
-        "<button>show</button></form>"
-    )
     if reply.status != 200:
         return page("Records", "/ui/records", form + _failed(reply))
     rows = []
@@ -229,10 +238,8 @@ def _pages(query: Mapping[str, str], shown: int) -> str:
 def record(api: Api, query: Mapping[str, str]) -> str:
     """A record's fate and life (``trace``), its headers and the start of its value; actions
     while it waits."""
-    asked = {k: [v] for k, v in query.items() if k in ("id", "origin", "topic", "since") and v}
-    form = (
-        f'<form class="filters" method="get">{_inputs(("id", "origin", "since"), query)}'
-        "<button>trace</button></form>"
+    asked, form = _asked(
+        query, ("id", "origin", "since"), ("id", "origin", "topic", "since"), "trace"
     )
     if not asked:
         return page("Record", "", form + '<p class="note">a delay-id, or an origin</p>')
@@ -297,12 +304,8 @@ DLQ_FILTERS = ("reason", "since", "until", "limit")
 
 def dead_letters(api: Api, query: Mapping[str, str]) -> str:
     """The DLQ: counts by reason, the records with their detail, and a replay."""
-    asked = {k: [v] for k, v in query.items() if k in DLQ_FILTERS and v}
+    asked, form = _asked(query, DLQ_FILTERS, DLQ_FILTERS)
     reply = api.get("/api/dlq", asked)
-    form = (
-        f'<form class="filters" method="get">{_inputs(DLQ_FILTERS, query)}'
-        "<button>show</button></form>"
-    )
     if reply.status != 200:
         return page("Dead letters", "/ui/dlq", form + _failed(reply))
     rows = [
