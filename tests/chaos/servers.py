@@ -126,6 +126,11 @@ class Servers:
         self._run("down")
         self.kafka_cluster_down()
 
+    def reset(self) -> None:
+        """Stop them and wipe their state: the next :meth:`up` starts empty servers (a Redis AOF
+        that a run killed mid-write left behind cannot fail the next run's restarts)."""
+        self._run("reset")
+
     def up_set(self, name: str) -> dict[str, str]:
         """Start a ``sentinel`` set or a ``redis-cluster`` of the harness's own (or restart its
         dead nodes); returns their addresses."""

@@ -25,6 +25,7 @@ EXACTLY_ONCE_ONLY = frozenset({"zombie"})
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """The harness's own Kafka and Redis: the faults must not touch the other tests' servers."""
     chaos = Servers(STATE_DIR / "chaos-test")
+    chaos.reset()  # from empty servers: what an earlier, killed run left must not count
     chaos.up()
     yield chaos
     chaos.down()
