@@ -139,6 +139,28 @@ def cancel_of(match: Match, dialect: str | None) -> Outgoing:
     return match.key, b"", [(H_CANCEL, named), (H_DUE_AT, hint)], shard.partition
 
 
+# Cancels a record names at most: its headers take ~60 bytes each, and the bridge applies a
+# record's cancels in one Redis call (about 10 ms for 500).
+PACKED = 500
+
+
+def packed(cancels: Iterator[Outgoing], most: int = PACKED) -> Iterator[Outgoing]:
+    """The cancels of this contract's topics (:func:`cancel_of`), those of one partition in a
+    row packed into records of up to ``most`` (a ``delay-cancel`` and its ``delay-due-at`` each,
+    in order): the bridge applies each as a cancel of its own, at a fraction of a record's
+    cost each."""
+    headers: Headers = []
+    partition: int | None = None
+    for _, _, named, where in cancels:
+        if headers and (where != partition or len(headers) >= 2 * most):
+            yield None, b"", headers, partition
+            headers = []
+        headers += named
+        partition = where
+    if headers:
+        yield None, b"", headers, partition
+
+
 # A replacement's new due time comes from these; the old one is the hint that finds it.
 REPLACED_HEADERS = frozenset({H_DELIVER_AT, H_AFTER, H_ID, H_DUE_AT})
 

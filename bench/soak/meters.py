@@ -112,7 +112,11 @@ class Machine:
         for name in PRESSURES:
             waited = None if stalled is None or self.stalled is None else (
                 stalled[name] - self.stalled[name])  # fmt: skip
-            sample[f"{name}_pressure"] = None if waited is None else waited / 1e6 / seconds
+            # a share of the interval: the kernel folds its per-core stall times in at its own
+            # moments, so over a short interval the difference can overshoot a whole interval
+            sample[f"{name}_pressure"] = (
+                None if waited is None else min(1.0, waited / 1e6 / seconds)
+            )
         self.last, self.stalled, self.at = now, stalled, at
         return sample | {"probe_ms": probe_ms(), "memory_probe_ms": self.memory.ms()}
 

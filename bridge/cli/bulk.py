@@ -71,6 +71,8 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
         shards = ops.delay_shards(config, [topic])
         reads = read or dialect in (ETF1, KASPR)
         records = counted(bulk.matches(config, shards, flt, read_all=reads), dialect)
+        if verb == "cancel" and dialect not in (ETF1, KASPR):
+            records = bulk.packed(records)
         if args.dry_run:
             for _ in records:
                 pass

@@ -32,6 +32,7 @@ from bridge.kafka import produce
 from bridge.message import (
     CONTROL_HEADERS,
     H_AFTER,
+    H_CANCEL,
     H_DELIVER_AT,
     H_DUE_AT,
     H_ID,
@@ -290,7 +291,8 @@ def send(
     """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
     first one is taken, and so checked, before connecting); print each acknowledged offset as
     ``<what> topic:partition:offset`` (unless not ``each``); warn when the records' ``target``
-    topic does not exist; ``rate``: at most this many records a second (0: no limit).
+    topic does not exist; ``rate``: at most this many records acted on a second (a record with
+    several ``delay-cancel`` headers counts each; 0: no limit).
     Returns how many were produced."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -339,7 +341,7 @@ def send(
         elif each:
             print(f"{what} {msg.topic()}:{msg.partition()}:{msg.offset()}")
 
-    count, started = 0, time.monotonic()
+    count, acted, started = 0, 0, time.monotonic()
     record: Outgoing | None = first
     try:
         while record is not None:
@@ -356,7 +358,8 @@ def send(
             )
             producer.poll(0)
             count += 1
-            if rate and (ahead := count / rate - (time.monotonic() - started)) > 0:
+            acted += sum(1 for name, _ in headers if name == H_CANCEL) or 1
+            if rate and (ahead := acted / rate - (time.monotonic() - started)) > 0:
                 producer.poll(ahead)  # serves delivery reports while it paces
             record = next(records, None)
     except KafkaException as exc:

@@ -120,20 +120,23 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
         low = min(low, offset)
         newest = max(newest, ts)
         try:
-            records.append(
-                parse_record(
-                    rules,
-                    topic=topic,
-                    partition=partition,
-                    offset=offset,
-                    timestamp_ms=ts if ts_type != 0 else None,
-                    key=msg.key(),
-                    value=msg.value(),
-                    headers=headers_of(msg),
-                    now_ms=now_ms,
-                )
+            parsed = parse_record(
+                rules,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                timestamp_ms=ts if ts_type != 0 else None,
+                key=msg.key(),
+                value=msg.value(),
+                headers=headers_of(msg),
+                now_ms=now_ms,
             )
         except Rejected as rejection:  # a parser bug too (see parse_record)
             batch.rejected.append((msg, rejection))
+            continue
+        if isinstance(parsed, Cancel) and parsed.more:  # one per id, all at its offset
+            records.extend(parsed.each())
+        else:
+            records.append(parsed)
     keep()
     return batch

@@ -187,12 +187,20 @@ class Cancel:
     topic (stamped no later than ``timestamp_ms`` when it waits in another partition): stored
     nowhere, delivered nowhere. ``due_ms``, from its ``delay-due-at``: the due time of the
     record it cancels, as the command line gives it — a hint that finds a record named by its
-    default delay-id without a scan, checked, never trusted (None: none given)."""
+    default delay-id without a scan, checked, never trusted (None: none given). A record with
+    several ``delay-cancel`` headers cancels each: ``more`` holds the delay-ids and hints after
+    the first, in header order (:meth:`each` gives a cancel per id, all at the record's offset)."""
 
     offset: int
     delay_id: str
     timestamp_ms: int = field(default=0, compare=False)
     due_ms: int | None = field(default=None, compare=False)
+    more: tuple[tuple[str, int | None], ...] = field(default=(), compare=False)
+
+    def each(self) -> list[Cancel]:
+        """One cancel per delay-id the record names, in its order."""
+        first = Cancel(self.offset, self.delay_id, self.timestamp_ms, self.due_ms)
+        return [first] + [Cancel(self.offset, i, self.timestamp_ms, d) for i, d in self.more]
 
 
 def origin(topic: str, partition: int, offset: int) -> str:

@@ -78,14 +78,21 @@ class Rules:
         return None
 
 
-def _control(headers: Headers) -> dict[str, bytes]:
+def _control(headers: Headers) -> tuple[dict[str, bytes], list[bytes]]:
+    """The control headers by name, and every ``delay-cancel`` (the one header a record may
+    carry more than once: it cancels each id it names)."""
     found: dict[str, bytes] = {}
+    cancels: list[bytes] = []
     for name, value in headers:
         if name in CONTROL_HEADERS:
-            if name in found:
+            if name == H_CANCEL:
+                cancels.append(value or b"")
+                if name in found:
+                    continue
+            elif name in found:
                 raise Rejected(Reason.BAD_HEADER, f"header {name} appears more than once")
             found[name] = value or b""
-    return found
+    return found, cancels
 
 
 def _text(control: dict[str, bytes], name: str) -> str | None:
@@ -96,6 +103,40 @@ def _text(control: dict[str, bytes], name: str) -> str | None:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise Rejected(Reason.BAD_HEADER, f"header {name} is not valid UTF-8") from None
+
+
+def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | None]) -> Cancel:
+    """The cancel of a record with the ``delay-cancel`` headers ``ids`` and the ``delay-due-at``
+    ``hints`` (none, or one per id in the same order)."""
+    if hints and len(hints) != len(ids):
+        raise Rejected(
+            Reason.BAD_HEADER,
+            f"a {H_CANCEL} record carries one {H_DUE_AT} per {H_CANCEL} or none: "
+            f"{len(hints)} for {len(ids)}",
+        )
+    named: list[tuple[str, int | None]] = []
+    for i, raw in enumerate(ids):
+        if not 1 <= len(raw) <= MAX_ID_BYTES:
+            raise Rejected(
+                Reason.BAD_HEADER, f"header {H_CANCEL} must be 1 to {MAX_ID_BYTES} bytes"
+            )
+        try:
+            delay_id = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Rejected(Reason.BAD_HEADER, f"header {H_CANCEL} is not valid UTF-8") from None
+        if not hints:
+            named.append((delay_id, None))
+            continue
+        text = (hints[i] or b"").decode("ascii", errors="replace").strip()
+        if not text.isdigit():
+            raise Rejected(
+                Reason.BAD_HEADER,
+                f"a {H_CANCEL} record's {H_DUE_AT} is the due time of the record it cancels, "
+                f"in epoch milliseconds: not {text!r}",
+            )
+        named.append((delay_id, int(text)))
+    (first, due), *more = named
+    return Cancel(offset, first, base_ms, due, tuple(more))
 
 
 def parse(
@@ -122,7 +163,7 @@ def parse(
             Reason.TOO_LARGE,
             f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",
         )
-    control = _control(headers)
+    control, cancels = _control(headers)
     target = _text(control, H_TARGET_TOPIC)
     deliver_at = _text(control, H_DELIVER_AT)
     after = _text(control, H_AFTER)
@@ -142,17 +183,7 @@ def parse(
                 Reason.BAD_HEADER,
                 f"a {H_CANCEL} record schedules nothing: it must not carry {' or '.join(extra)}",
             )
-        hint = next((v for k, v in headers if k == H_DUE_AT), None)
-        if hint is None:
-            return Cancel(offset, cancel, base_ms)
-        text = hint.decode("ascii", errors="replace").strip()
-        if not text.isdigit():
-            raise Rejected(
-                Reason.BAD_HEADER,
-                f"a {H_CANCEL} record's {H_DUE_AT} is the due time of the record it cancels, "
-                f"in epoch milliseconds: not {text!r}",
-            )
-        return Cancel(offset, cancel, base_ms, int(text))
+        return _cancel(offset, base_ms, cancels, [v for k, v in headers if k == H_DUE_AT])
     if deliver_at is None and after is None:
         raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
     if deliver_at is not None and after is not None:

@@ -35,10 +35,10 @@ def withdraw_elsewhere(
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
     confirm: Confirm,
-) -> dict[tuple[Shard, int], tuple[Shard, int, int]]:
+) -> dict[tuple[Shard, int, str], tuple[Shard, int, int]]:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
-    their topic; returns, for the (shard, offset) of each that found its record, where that
-    record was and its due time: (shard, offset, due ms)."""
+    their topic; returns, for the (shard, offset, delay-id) of each that found its record, where
+    that record was and its due time: (shard, offset, due ms)."""
     by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
     for shard, rec in unmatched:
         if partitions.get(shard.topic, 0) > 1:
@@ -79,11 +79,11 @@ def withdraw_elsewhere(
                 ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
             )
             named.append((there, hits))
-    found_at: dict[tuple[Shard, int], tuple[Shard, int, int]] = {}
+    found_at: dict[tuple[Shard, int, str], tuple[Shard, int, int]] = {}
     for (there, hits), reply in zip(named, scripts.run(calls) if calls else [], strict=True):
         for offset in reply:
             s, r, due = hits[offset]
-            found_at.setdefault((s, r.offset), (there, offset_of(offset), due))
+            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due))
     return found_at
 
 
@@ -102,25 +102,28 @@ def default_id_wheres(
     shard: Shard,
     batch: Sequence[Scheduled | Cancel],
     refer_after_ms: int,
-) -> dict[int, bytes]:
+) -> tuple[dict[int, bytes], int | None]:
     """For each cancel of the ``batch`` that names a default delay-id of ``shard``, and each
-    record that has one as its delay-id (it replaces that record), keyed by its own offset,
+    record that has one as its delay-id (it replaces that record), keyed by its place in the
+    batch (a record with several cancels is a cancel each, at one offset),
     where the record named waits (a ``where`` of add.lua): earlier in the batch (kept as a
     reference if due after ``refer_after_ms``), or in Redis (:meth:`Inventory.wholes`, all in
     one go, at the due time a ``delay-due-at`` gives first); due -1 when in no index (a
-    reference, or gone)."""
-    named: dict[int, int] = {}  # its offset -> the offset the default id names
+    reference, or gone). Then the shard's promotions counted before Redis was looked at (None:
+    it was not): a reference promoted since is whole where a -1 does not look, so add.lua
+    answers "again" when the count moved."""
+    named: dict[int, int] = {}  # its place -> the offset the default id names
     hints: dict[int, int | None] = {}
-    for c in batch:
+    for i, c in enumerate(batch):
         if isinstance(c, Scheduled) and c.default_of is not None:
             continue  # its own default id (the parser says so): no other record's
         o = default_id_offset(shard, c.delay_id)
         if o is None or o >= c.offset:
             continue
-        named[c.offset] = o
-        hints[c.offset] = c.due_ms if isinstance(c, Cancel) else due_hint(c.headers)
+        named[i] = o
+        hints[i] = c.due_ms if isinstance(c, Cancel) else due_hint(c.headers)
     if not named:
-        return {}
+        return {}, None
     scheduled = {r.offset: r for r in batch if isinstance(r, Scheduled)}
     dues: dict[int, int] = {}
     for target in set(named.values()):
@@ -128,5 +131,6 @@ def default_id_wheres(
         if rec is not None:
             dues[target] = -1 if rec.due_ms > refer_after_ms else rec.due_ms
     wanted = {o: hints[c] for c, o in named.items() if o not in dues}
+    promotions = inventory.promotions(shard) if wanted else None
     dues |= inventory.wholes(shard, wanted) if wanted else {}
-    return {c: where(offset_bytes(o), dues[o]) for c, o in named.items()}
+    return {c: where(offset_bytes(o), dues[o]) for c, o in named.items()}, promotions

@@ -7,10 +7,11 @@ others (:mod:`bridge.store.across`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bridge.message import Cancel, Scheduled
 from bridge.store.across import default_id_wheres, withdraw_elsewhere
-from bridge.store.calls import AddEntry, AddReply, add_argv, asked_to_confirm
+from bridge.store.calls import AddEntry, AddReply, add_argv, asked_to_confirm, promoted_meanwhile
 from bridge.store.ids import Confirm, id_hash
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
@@ -18,8 +19,10 @@ from bridge.store.results import Added, Lost, Withdrawn
 from bridge.store.scripts import Call, Scripts
 
 # add.lua asks to confirm the references its id lookups found at most once per batch (only the
-# ingress adds to a shard, and nothing else makes references): a third ask is a bug.
-CONFIRM_ROUNDS = 3
+# ingress adds to a shard, and nothing else makes references), and to look again for what default
+# delay-ids name when the read-back promoted a reference meanwhile (a chunk at a time, a few a
+# second at most): a sixth round is a bug.
+ROUNDS = 6
 
 
 def add_call(
@@ -40,17 +43,17 @@ def add_call(
     k = keys.of(shard)
     entries: list[AddEntry] = []
     vouch = dict(vouched)
-    wheres = default_id_wheres(inventory, shard, records, refer_after_ms)
+    wheres, promotions = default_id_wheres(inventory, shard, records, refer_after_ms)
     replaces: dict[int, bytes] = {}
-    for rec in records:
+    for i, rec in enumerate(records):
         if isinstance(rec, Cancel):
-            where = wheres.get(rec.offset, b"")
+            where = wheres.get(i, b"")
             hashed = id_hash(shard.topic, rec.delay_id)
             entries.append(AddEntry(rec.offset, "", where, rec.delay_id, hashed))
             continue
         given = rec.given_id(shard.topic, shard.partition) or ""
-        if rec.offset in wheres:
-            replaces[rec.offset] = wheres[rec.offset]
+        if i in wheres:
+            replaces[rec.offset] = wheres[i]
         if rec.due_ms > refer_after_ms:  # its priority is read back with the record
             stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
             if given:
@@ -60,14 +63,68 @@ def add_call(
         hashed = id_hash(shard.topic, given) if given else b""
         entries.append(AddEntry(rec.offset, at, stored, given, hashed))
     keys_ = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
-    return "add", keys_, add_argv(expected, high, bucket_ms, vouch, entries, replaces=replaces)
+    return (
+        "add",
+        keys_,
+        add_argv(
+            expected, high, bucket_ms, vouch, entries, replaces=replaces, promotions=promotions
+        ),
+    )
+
+
+# Entries of one add.lua call at most: a call holds Redis for its whole run (a cancel costs it
+# ~20 µs), and a batch of records that each cancel hundreds (the command line's bulk cancel) is
+# stored in several calls, one after the other, so the mover's claims go on between them.
+CALL_ENTRIES = 1000
+
+Batches = Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]]
+
+
+def rounds(batches: Batches, most: int = CALL_ENTRIES) -> list[dict[Shard, tuple[int, list[Any]]]]:
+    """``batches`` as calls of at most ``most`` entries per shard, made one round after the other:
+    a call ends at a record's last entry (the several cancels of one record are never split, so
+    a watermark never stands at an offset half applied) and is high at its last offset, but the
+    shard's last, high where its batch is."""
+    out: list[dict[Shard, tuple[int, list[Any]]]] = []
+    for shard, (high, records) in batches.items():
+        calls: list[list[Any]] = [[]]
+        for i, rec in enumerate(records):
+            ends = i + 1 == len(records) or records[i + 1].offset != rec.offset
+            calls[-1].append(rec)
+            if ends and len(calls[-1]) >= most and i + 1 < len(records):
+                calls.append([])
+        for k, part in enumerate(calls):
+            if k == len(out):
+                out.append({})
+            out[k][shard] = (high if k == len(calls) - 1 else part[-1].offset, part)
+    return out
 
 
 def add(
     scripts: Scripts,
     keys: Keys,
     inventory: Inventory,
-    batches: Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]],
+    batches: Batches,
+    expected: Mapping[Shard, int],
+    **how: Any,
+) -> Added:
+    """See :meth:`bridge.store.Store.add` (``how``: its keyword arguments)."""
+    total: Added | None = None
+    marks = dict(expected)
+    for each in rounds(batches):
+        lost = {} if total is None else total.lost
+        calls = {s: c for s, c in each.items() if s not in lost}
+        added = _add(scripts, keys, inventory, calls, marks, **how)
+        marks |= {s: high for s, (high, _) in calls.items() if s not in added.lost}
+        total = added if total is None else total.plus(added)
+    return total if total is not None else Added(0, {})
+
+
+def _add(
+    scripts: Scripts,
+    keys: Keys,
+    inventory: Inventory,
+    batches: Batches,
     expected: Mapping[Shard, int],
     *,
     refer_after_ms: int,
@@ -75,7 +132,7 @@ def add(
     partitions: Mapping[str, int],
     confirm: Confirm,
 ) -> Added:
-    """See :meth:`bridge.store.Store.add`."""
+    """One round of :func:`add`: a call per shard."""
     shards = list(batches)
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
 
@@ -92,17 +149,17 @@ def add(
         )
 
     replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
-    for _ in range(CONFIRM_ROUNDS):
+    for _ in range(ROUNDS):
         asking = {s: a for s, r in replies.items() if (a := asked_to_confirm(r)) is not None}
-        if not asking:
+        again = [s for s, r in replies.items() if s in asking or promoted_meanwhile(r)]
+        if not again:
             break
         for shard, asked in asking.items():
             read = confirm(shard, asked)
             vouched[shard].update({o: read[o][0] if o in read else "" for o, _ in asked})
-        again = list(asking)
         replies.update(zip(again, scripts.run([call(s) for s in again]), strict=True))
     else:
-        raise RuntimeError(f"add.lua asked to confirm again after {CONFIRM_ROUNDS} rounds")
+        raise RuntimeError(f"add.lua asked again after {ROUNDS} rounds")
     counts, lost = [0, 0, 0, 0], {}
     unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
     withdrawn: list[Withdrawn] = []
@@ -112,13 +169,11 @@ def add(
             lost[shard] = r.loss
             continue
         counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
-        if r.unmatched or r.withdrawn:  # only then is a record looked up by its offset
-            by_offset = {rec.offset: rec for rec in batches[shard][1]}
-            unmatched += [(shard, by_offset[o]) for o in r.unmatched]
-            withdrawn += [
-                _withdrawn((shard, offset, due), shard, by_offset[by])
-                for offset, due, by in r.withdrawn
-            ]
+        records = batches[shard][1]
+        unmatched += [(shard, records[i]) for i in r.unmatched]
+        withdrawn += [
+            _withdrawn((shard, offset, due), shard, records[by]) for offset, due, by in r.withdrawn
+        ]
     found = withdraw_elsewhere(scripts, keys, unmatched, partitions, confirm)
     return _added(counts, lost, unmatched, withdrawn, found)
 
@@ -128,20 +183,24 @@ def _added(
     lost: dict[Shard, Lost],
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
-    found: Mapping[tuple[Shard, int], tuple[Shard, int, int]],
+    found: Mapping[tuple[Shard, int, str], tuple[Shard, int, int]],
 ) -> Added:
     """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
     with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
     withdrawn += [
-        _withdrawn(found[s, r.offset], s, r) for s, r in unmatched if (s, r.offset) in found
+        _withdrawn(found[s, r.offset, r.delay_id], s, r)
+        for s, r in unmatched
+        if (s, r.offset, r.delay_id) in found
     ]
     missed = [
         (s, r.offset, r.delay_id)
         for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset) not in found
+        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
     ]
     added, replaced, cancelled, not_found = counts
-    across = sum(1 for s, r in unmatched if (s, r.offset) in found and isinstance(r, Cancel))
+    across = sum(
+        1 for s, r in unmatched if (s, r.offset, r.delay_id) in found and isinstance(r, Cancel)
+    )
     replaced += len(found) - across
     return Added(
         added,

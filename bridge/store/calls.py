@@ -135,11 +135,14 @@ def add_argv(
     entries: list[AddEntry],
     *,
     replaces: Mapping[int, bytes],
+    promotions: int | None = None,
 ) -> list[Any]:
     """add.lua's ARGV: ``vouched`` the delay-id read in the delay topic at each offset (see
     withdraw in _lib.lua); ``replaces`` where the record each record of the batch replaces by
-    its default delay-id waits (record offset -> a ``where``)."""
-    argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, len(vouched)]
+    its default delay-id waits (record offset -> a ``where``); ``promotions`` the shard's count
+    of promotions read before the ``where`` were looked up (None: none was)."""
+    seen = "" if promotions is None else promotions
+    argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, seen, len(vouched)]
     for offset, delay_id in vouched.items():
         argv += (offset_bytes(offset), delay_id)
     argv.append(len(replaces))
@@ -158,10 +161,11 @@ class AddReply(NamedTuple):
     replaced: int
     cancelled: int
     not_found: int
-    # The offsets of the cancels that found nothing here and of the records with a caller-given id
-    # that replaced nothing here: the caller looks for theirs in the topic's other partitions.
+    # The places in the batch of the cancels that found nothing here and of the records with a
+    # caller-given id that replaced nothing here: the caller looks for theirs in the topic's other
+    # partitions.
     unmatched: list[int]
-    # What was withdrawn: (its offset, its due ms or -1, the offset of the record that did it).
+    # What was withdrawn: (its offset, its due ms or -1, the place in the batch of what did it).
     withdrawn: list[tuple[int, int, int]]
 
     @classmethod
@@ -170,14 +174,20 @@ class AddReply(NamedTuple):
         loss = lost_from(int(reply[0]), int(reply[1]))
         if loss is not None:
             return cls(loss, 0, 0, 0, 0, [], [])
-        added, replaced, cancelled, not_found, pairs = (int(n) for n in reply[1:6])
-        end = 6 + 2 * pairs
+        added, replaced, cancelled, not_found, count = (int(n) for n in reply[1:6])
+        end = 6 + count
         rest = reply[end:]
         withdrawn = [
             (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2])) for i in range(0, len(rest), 3)
         ]
-        unmatched = [int(o) for o in reply[6:end:2]]
+        unmatched = [int(i) for i in reply[6:end]]
         return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn)
+
+
+def promoted_meanwhile(reply: Any) -> bool:
+    """Whether an add.lua reply says a reference was promoted since its caller looked for the
+    records its default delay-ids name: nothing was written, the caller looks again."""
+    return isinstance(reply, list) and reply == [b"again"]
 
 
 def asked_to_confirm(reply: Any) -> list[tuple[int, int]] | None:

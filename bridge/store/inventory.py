@@ -178,6 +178,13 @@ class Inventory:
         due = self.wholes(shard, {offset: None})[offset]
         return self.at(shard, due, offset_bytes(offset)) if due >= 0 else []
 
+    def promotions(self, shard: Shard) -> int:
+        """How many times the read-back promoted references of ``shard`` (see add.lua, ARGV[4])."""
+        with as_store_error():
+            return int(
+                cast(bytes | None, self.client.hget(self.keys.of(shard).refs, "promoted")) or 0
+            )
+
     def wholes(self, shard: Shard, hints: Mapping[int, int | None]) -> dict[int, int]:
         """Where the records at these offsets of ``shard`` wait held whole: offset -> due ms, or
         -1 where none does (a reference, or gone). An offset's hint (the due time its cancel

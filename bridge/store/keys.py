@@ -26,7 +26,8 @@ pattern ``~<prefix>:*`` covers a deployment:
 * ``…:refs``      HASH: records due too far out to keep whole (``store.payload_horizon``) as
   references, 16 bytes each (the offset and the due ms, both 8 big-endian bytes), appended in
   offset order to a chunk of their time bucket (field ``<bucket start ms>``; a full chunk is
-  renamed ``<bucket start ms>.<n>``), plus the fields ``count`` (references waiting) and ``seq``;
+  renamed ``<bucket start ms>.<n>``), plus the fields ``count`` (references waiting), ``seq`` and
+  ``promoted`` (promotions so far: a cancel looked up before one looks again, see add.lua);
   a reference is pending like a record, so a cancel clears its bit and it is never read back;
 * ``…:refs-due``  ZSET chunk field → its bucket's start ms: which chunks to read back when;
 * ``…:wait:<target>`` ZSET, scored like the due index: the due records of a target held to

@@ -74,6 +74,18 @@ class Added:
     missed: tuple[tuple[Shard, int, str], ...] = ()
     withdrawn: tuple[Withdrawn, ...] = ()  # what the cancels and replacements withdrew
 
+    def plus(self, later: Added) -> Added:
+        """This and what a ``later`` call of the same batch did."""
+        return Added(
+            self.count + later.count,
+            self.lost | later.lost,
+            self.replaced + later.replaced,
+            self.cancelled + later.cancelled,
+            self.not_found + later.not_found,
+            self.missed + later.missed,
+            self.withdrawn + later.withdrawn,
+        )
+
 
 @dataclass(frozen=True)
 class Lows:

@@ -9,6 +9,7 @@ from bridge.errors import StoreError
 from bridge.message import H_DUE_AT, Cancel, Scheduled
 from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes
 from bridge.store.ids import read_index
+from tests.conftest import confirm_from
 
 pytestmark = pytest.mark.integration
 
@@ -248,3 +249,29 @@ def test_a_record_with_a_default_id_as_its_delay_id_replaces_that_record(store: 
     assert (added.count, added.replaced) == (1, 1)
     assert waiting(store) == {1: ("delay:0:1", b"plain"), 4: ("delay:0:2", b"far now"),
                               5: ("delay:0:0", b"whole again")}  # fmt: skip
+
+
+def test_a_record_with_several_cancels_withdraws_each_record_it_names(store: Store) -> None:
+    """One cancel record naming several ids (the command line's bulk cancel): each is applied as
+    a cancel of its own, all at the record's offset, here and in the topic's other partitions,
+    and what each withdrew is reported with its own delay-id."""
+    other = Shard("delay", 1)
+    elsewhere = Scheduled(0, T0 + 7000, "out", b"k", b"v", [], "elsewhere")
+    store.add({other: (0, [elsewhere])})
+    topic = {"partitions": {"delay": 2}, "confirm": confirm_from([elsewhere])}
+    apply(store, rec(0, T0 + 5000), rec(1, T0 + 6000, "order-1"), rec(2, T0 + 6500))
+    cancels = Cancel(3, "delay:0:0", T0, T0 + 5000, (("order-1", None), ("gone", None),
+                     ("elsewhere", None), ("delay:0:2", 1)))  # fmt: skip
+    added = store.add({SHARD: (3, cancels.each())}, **topic)  # type: ignore[arg-type]
+    assert (added.cancelled, added.not_found) == (4, 1)
+    assert [(s.partition, r, i) for s, r, i in added.missed] == [(0, 3, "gone")]
+    assert sorted((w.shard.partition, w.offset, w.delay_id, w.by_offset, w.cancelled)
+                  for w in added.withdrawn) == [
+        (0, 0, "delay:0:0", 3, True), (0, 1, "order-1", 3, True), (0, 2, "delay:0:2", 3, True),
+        (1, 0, "elsewhere", 3, True),
+    ]  # fmt: skip
+    assert waiting(store) == {}
+    assert store.claim([other], 10, LEASE, now_ms=T0 + 10**9) == []
+    # Read again (a crash before the commit): nothing more happens.
+    again = store.add({SHARD: (3, cancels.each())}, {SHARD: 3}, **topic)  # type: ignore[arg-type]
+    assert (again.cancelled, again.not_found) == (0, 0)

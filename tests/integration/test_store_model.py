@@ -516,7 +516,7 @@ class StoreModel(RuleBasedStateMachine):
             claimed = {offset_of(o) for o in cast(list[bytes], c.hkeys(k.claimed))}
             referenced = set()
             for name, chunk in cast(dict[bytes, bytes], c.hgetall(k.refs)).items():
-                if name not in (b"count", b"seq", b"pending"):
+                if name not in (b"count", b"seq", b"pending", b"promoted"):
                     referenced |= {o for o, _ in references_in(chunk)
                                    if self.store.inventory.is_pending(shard, o)}  # fmt: skip
             full = {o for o, r in model.waiting.items() if not r.reference and not r.waits_for}

@@ -11,6 +11,7 @@ from bridge.message import (
     H_AFTER,
     H_CANCEL,
     H_DELIVER_AT,
+    H_DUE_AT,
     H_ID,
     H_TARGET_TOPIC,
     Cancel,
@@ -54,6 +55,21 @@ def test_a_cancel_names_the_id_and_schedules_nothing() -> None:
     assert read([(H_CANCEL, "zahlung-ü".encode()), ("trace", b"x")]) == Cancel(9, "zahlung-ü")
 
 
+def test_a_record_with_several_cancels_cancels_each_in_its_order() -> None:
+    headers: Headers = [(H_CANCEL, b"a"), ("trace", b"x"), (H_CANCEL, b"b"), (H_CANCEL, b"a")]
+    cancel = read(headers, value=None)
+    assert isinstance(cancel, Cancel)
+    assert [(c.offset, c.delay_id, c.due_ms) for c in cancel.each()] == [
+        (9, "a", None), (9, "b", None), (9, "a", None)
+    ]  # fmt: skip
+    hinted = read([(H_CANCEL, b"a"), (H_DUE_AT, b"5"), (H_CANCEL, b"b"), (H_DUE_AT, b"7")])
+    assert isinstance(hinted, Cancel)
+    assert [(c.delay_id, c.due_ms, c.timestamp_ms) for c in hinted.each()] == [
+        ("a", 5, NOW), ("b", 7, NOW)
+    ]  # fmt: skip
+    assert read([(H_CANCEL, b"a")]).each() == [Cancel(9, "a")]  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("headers", "detail"),
     [
@@ -63,7 +79,12 @@ def test_a_cancel_names_the_id_and_schedules_nothing() -> None:
         ([(H_CANCEL, b"")], "delay-cancel must be 1 to 256 bytes"),
         ([(H_CANCEL, b"x" * 257)], "delay-cancel must be 1 to 256 bytes"),
         ([(H_CANCEL, b"\xff")], "delay-cancel is not valid UTF-8"),
-        ([(H_CANCEL, b"a"), (H_CANCEL, b"b")], "appears more than once"),
+        ([(H_CANCEL, b"a"), (H_CANCEL, b"")], "delay-cancel must be 1 to 256 bytes"),
+        ([(H_CANCEL, b"a"), (H_CANCEL, b"\xff")], "delay-cancel is not valid UTF-8"),
+        ([(H_CANCEL, b"a"), (H_CANCEL, b"b"), (H_DUE_AT, b"1")], "1 for 2"),
+        ([(H_CANCEL, b"a"), (H_DUE_AT, b"1"), (H_DUE_AT, b"2")], "2 for 1"),
+        ([(H_CANCEL, b"a"), (H_CANCEL, b"b"), (H_DUE_AT, b"1"), (H_DUE_AT, b"x")], "not 'x'"),
+        ([(H_CANCEL, b"a"), (H_ID, b"x"), (H_ID, b"y")], "delay-id appears more than once"),
     ],
 )
 def test_a_bad_cancel_is_a_bad_header(headers: Headers, detail: str) -> None:

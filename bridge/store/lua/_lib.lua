@@ -244,7 +244,14 @@ local function mark_pending(pending, low, members, on)
   call_chunked('ZREM', low, gone)
 end
 
+-- Pending bits withdrawals cleared in this call and not written yet (pending key .. offset), and
+-- the writes owed, while a script defers them (defer_clearing; written by clear_pending).
+local cleared, clearing = {}, nil
+
 local function is_pending(pending, offset, maps)
+  if cleared[pending .. offset] then
+    return false
+  end
   local bucket = string.sub(offset, 1, 7)
   local map = maps and maps[bucket]
   if map == nil then
@@ -581,6 +588,44 @@ local function find_whole(shard, offset, due)
   return nil
 end
 
+-- From here on, the pending bits withdrawals clear (and the references they drop) are written in
+-- one go by clear_pending: a batch of cancels clears hundreds, one write per bitmap bucket.
+local function defer_clearing()
+  clearing = {offsets = {}, refs = {}}
+end
+
+-- Clear the pending bit of `offset` in `shard`, now or, while deferred, at clear_pending; a
+-- reference (`reference`) also leaves its shard's count of references.
+local function unpend(shard, offset, reference)
+  if not clearing then
+    if reference then
+      redis.call('HINCRBY', shard.refs, 'count', -1)
+    end
+    mark_pending(shard.pending, shard.low, {offset}, false)
+    return
+  end
+  cleared[shard.pending .. offset] = true
+  append_grouped(clearing.offsets, {}, shard.pending .. '\0' .. shard.low, offset)
+  if reference then
+    clearing.refs[shard.refs] = (clearing.refs[shard.refs] or 0) + 1
+  end
+end
+
+-- Write what defer_clearing held back (nothing when not deferring).
+local function clear_pending()
+  if not clearing then
+    return
+  end
+  for keys, offsets in pairs(clearing.offsets) do
+    local pending, low = string.match(keys, '^(.-)%z(.*)$')
+    mark_pending(pending, low, offsets, false)
+  end
+  for refs, n in pairs(clearing.refs) do
+    redis.call('HINCRBY', refs, 'count', -n)
+  end
+  clearing.offsets, clearing.refs = {}, {}
+end
+
 local function withdrawing(first)
   local waits = KEYS[first + 6]
   local refused = undeclared(first + 7, wait_keys(waits))
@@ -593,8 +638,9 @@ local function withdrawing(first)
 end
 
 local function withdraw_at(shard, offset, due)
-  local found = take(shard.due, offset, due)
-  if not found then
+  -- Due times run from 2000 on: a due of -1 (known to wait in no index) is not looked for.
+  local found = due >= 0 and take(shard.due, offset, due)
+  if not found and due >= 0 then
     for _, target in ipairs(redis.call('SMEMBERS', shard.waits)) do
       local key = wait_key(shard.waits, target)
       if take(key, offset, due) then
@@ -613,9 +659,8 @@ local function withdraw_at(shard, offset, due)
     if not is_pending(shard.pending, offset) then
       return false, false
     end
-    redis.call('HINCRBY', shard.refs, 'count', -1)  -- a reference: never read back now
   end
-  mark_pending(shard.pending, shard.low, {offset}, false)
+  unpend(shard, offset, not found)  -- not found whole: a reference, never read back now
   return true, false
 end
 
@@ -644,7 +689,7 @@ local function withdraw(shard, id, hash, vouched)
       if target and redis.call('EXISTS', key) == 0 then
         redis.call('SREM', shard.waits, target)
       end
-      mark_pending(shard.pending, shard.low, {offset}, false)
+      unpend(shard, offset, false)
       id_drop(shard.ids, hash, offset)
       return true, offset, due
     elseif kind == 'reference' and vouched[offset] == id then

@@ -41,28 +41,34 @@ KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
-ARGV[4]  V, then V pairs: an offset (8 bytes) and the delay-id the caller read there in the
+ARGV[4]  the shard's promotions (references field "promoted") the caller read before it looked
+          for the records default delay-ids name, "" when it looked for none in Redis: when
+          the count moved, a `where` saying "in no index" may miss a reference promoted whole
+          since, and the script answers {"again"}, writing nothing
+ARGV[5]  V, then V pairs: an offset (8 bytes) and the delay-id the caller read there in the
           delay topic ("": another record's or none) — the references it vouches for (see
           withdraw in _lib.lua): those of this batch with a caller-given id, and those this
           script asked for
-ARGV[5 + 2V] W, then W pairs: the offset of a record of this batch whose caller-given delay-id
+ARGV[6 + 2V] W, then W pairs: the offset of a record of this batch whose caller-given delay-id
           is a default id of this shard (`<topic>:<partition>:<offset>`, not in the id index) and a
           `where` naming that record: it replaces it as a cancel of that id would withdraw it
-ARGV[6 + 2V + 2W..] groups of five, ascending offsets: offset, score, member, delay-id, id hash — the
+ARGV[7 + 2V + 2W..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
           index); a reference's member is its 16 bytes (a record's member is longer) and its
           score its due ms (its priority is read with the record)
 
-Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, then U pairs: the
-          offset and delay-id of each cancel that found nothing and each record with a
-          caller-given id that replaced nothing here (the caller looks for theirs in the topic's
-          other partitions), then triples for each record withdrawn: its offset (8 bytes), its
-          due ms (-1: a reference) and the offset of the cancel or replacement that withdrew it
+Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, then U places in
+          the batch (the entry's, from 0: a record with several cancels is an entry each, at
+          one offset) of each cancel that found nothing and each record with a caller-given id
+          that replaced nothing here (the caller looks for theirs in the topic's other
+          partitions), then triples for each record withdrawn: its offset (8 bytes), its due ms
+          (-1: a reference) and the place of the cancel or replacement that withdrew it
           (the journal's cancelled and replaced entries)}
        | {1, -1} shard state missing | {2, watermark} watermark went back
        | {"undeclared", wait indexes...}
+       | {"again"} see ARGV[4]
        | {"confirm", then pairs: offset, due ms} references the id index gives as candidates for
          an id of the batch that the caller did not vouch for: nothing was written; the caller
          reads them in the delay topic and calls again
@@ -112,8 +118,11 @@ end
 local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
                inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9]}
 local watermark = tonumber(mark or '-1')
-local vouched, replacing = {}, 5 + 2 * tonumber(ARGV[4])
-for i = 5, replacing - 1, 2 do
+if ARGV[4] ~= '' and (redis.call('HGET', KEYS[7], 'promoted') or '0') ~= ARGV[4] then
+  return {'again'}  -- a reference promoted since the caller looked for what default ids name
+end
+local vouched, replacing = {}, 6 + 2 * tonumber(ARGV[5])
+for i = 6, replacing - 1, 2 do
   vouched[ARGV[i]] = ARGV[i + 1]
 end
 local replaces, first = {}, replacing + 1 + 2 * tonumber(ARGV[replacing])
@@ -138,6 +147,7 @@ if #hashes > 0 and redis.call('ZCARD', KEYS[8]) > 0 then
     return asked
   end
 end
+defer_clearing()
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched, withdrawn = {}, {}
@@ -160,6 +170,7 @@ end
 for i = first, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
     local score, member, id, hash = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+    local place = (i - first) / 5  -- in the batch, from 0
     if score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched)
       if not done and member ~= '' then  -- a default id: where the caller found its record
@@ -168,12 +179,11 @@ for i = first, #ARGV, 5 do
         done = withdraw_at(shard, offset, at)
       end
       if done then
-        withdrew(offset, at, ARGV[i])
+        withdrew(offset, at, place)
         cancelled = cancelled + 1
       else
         missing = missing + 1
-        unmatched[#unmatched + 1] = ARGV[i]
-        unmatched[#unmatched + 1] = id
+        unmatched[#unmatched + 1] = place
       end
     elseif id == '' then
       -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
@@ -195,11 +205,10 @@ for i = first, #ARGV, 5 do
         done = withdraw_at(shard, offset, at)
       end
       if done then
-        withdrew(offset, at, ARGV[i])
+        withdrew(offset, at, place)
         replaced = replaced + 1
       else
-        unmatched[#unmatched + 1] = ARGV[i]
-        unmatched[#unmatched + 1] = id
+        unmatched[#unmatched + 1] = place
       end
       if #member == REFERENCE then
         refer(score, member)
@@ -214,12 +223,13 @@ for i = first, #ARGV, 5 do
   end
 end
 flush()
+clear_pending()
 append_references()
 id_flush()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
 end
-local reply = {0, added + plain, replaced, cancelled, missing, #unmatched / 2}
+local reply = {0, added + plain, replaced, cancelled, missing, #unmatched}
 for _, list in ipairs({unmatched, withdrawn}) do
   for _, x in ipairs(list) do
     reply[#reply + 1] = x

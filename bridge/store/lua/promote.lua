@@ -14,7 +14,8 @@ it read; otherwise another caller promoted it, or adds renamed it (a chunk that 
 nothing is written. References appended after the caller read the chunk stay for the next read.
 
 KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
-KEYS[2]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting
+KEYS[2]  references     HASH  chunk -> references (16 bytes each); "count" -> references waiting;
+                             "promoted" -> calls that stored records (see add.lua, ARGV[4])
 KEYS[3]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 ARGV[1]  the chunk's field
@@ -49,5 +50,6 @@ else
 end
 if stored > 0 then
   redis.call('HINCRBY', KEYS[2], 'count', -stored)
+  redis.call('HINCRBY', KEYS[2], 'promoted', 1)  -- see add.lua, ARGV[4]
 end
 return stored
