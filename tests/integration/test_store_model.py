@@ -93,15 +93,18 @@ class ShardModel:
     log: list[Scheduled | Cancel] = field(default_factory=list)  # every record ever produced
     waiting: dict[int, Rec] = field(default_factory=dict)  # claimable, or a reference
     leased: dict[int, tuple[Rec, int]] = field(default_factory=dict)  # offset -> (rec, deadline)
-    # delay-id -> (offset, timestamp) of its latest record (stale once that record is gone)
-    ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # delay-id -> (offset, timestamp) of each record with it not yet withdrawn, acknowledged or
+    # settled, in the order they came (stale once that record is gone). Several wait at once
+    # when one was in flight as the next came (then simply scheduled) and went back to waiting.
+    ids: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     watermark: int = -1  # as Redis holds it
     seen: int | None = None  # the watermark the ingress last saw (None: none yet)
 
     def copy(self) -> ShardModel:
         return ShardModel(list(self.log), {o: replace(r) for o, r in self.waiting.items()},
                           {o: (replace(r), d) for o, (r, d) in self.leased.items()},
-                          dict(self.ids), self.watermark, self.seen)  # fmt: skip
+                          {i: list(e) for i, e in self.ids.items()}, self.watermark,
+                          self.seen)  # fmt: skip
 
     def live(self) -> set[int]:
         return set(self.waiting) | set(self.leased)
@@ -127,25 +130,31 @@ def apply(models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled
         if isinstance(rec, Cancel):
             continue
         if given is not None:
-            model.ids[given] = (rec.offset, rec.timestamp_ms)
+            model.ids.setdefault(given, []).append((rec.offset, rec.timestamp_ms))
         model.waiting[rec.offset] = Rec(rec.offset, rec.due_ms, rec.priority, given, rec.target,
                                         rec.timestamp_ms, reference=rec.due_ms > horizon)  # fmt: skip
     model.watermark = max(model.watermark, *(r.offset for r in records))
 
 
 def withdraw(model: ShardModel, delay_id: str, not_after: int | None = None) -> bool:
-    """A cancel or a replacement: the waiting record with this id leaves (a leased one stays);
-    read in another partition (``not_after``), only if stamped no later."""
-    entry = model.ids.get(delay_id)
-    if entry is None:
-        return False
-    offset, stamped = entry
-    if not_after is not None and stamped > not_after:
-        return False
-    if offset in model.leased:
-        return False
-    del model.ids[delay_id]
-    return model.waiting.pop(offset, None) is not None
+    """A cancel or a replacement: the first waiting record with this id leaves (a leased one
+    stays); read in another partition (``not_after``), each one stamped no later."""
+    entries, hit = model.ids.get(delay_id, []), False
+    for offset, stamped in list(entries):
+        if offset in model.leased or (not_after is not None and stamped > not_after):
+            continue
+        entries.remove((offset, stamped))
+        if model.waiting.pop(offset, None) is not None:
+            hit = True
+            if not_after is None:
+                break
+    return hit
+
+
+def _forget(model: ShardModel, delay_id: str | None, offset: int) -> None:
+    """The id index's entry of the record at ``offset`` goes (acknowledged, settled)."""
+    entries = model.ids.get(delay_id or "", [])
+    entries[:] = [e for e in entries if e[0] != offset]
 
 
 class StoreModel(RuleBasedStateMachine):
@@ -368,8 +377,7 @@ class StoreModel(RuleBasedStateMachine):
         assert removed == len(chosen)
         for o in chosen:
             rec, _ = model.leased.pop(o)
-            if rec.delay_id is not None and model.ids.get(rec.delay_id, (None,))[0] == o:
-                del model.ids[rec.delay_id]
+            _forget(model, rec.delay_id, o)
 
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
@@ -469,8 +477,7 @@ class StoreModel(RuleBasedStateMachine):
         for o, rec in live.items():
             model.waiting.pop(o, None)
             model.leased.pop(o, None)
-            if rec.delay_id is not None and model.ids.get(rec.delay_id, (None,))[0] == o:
-                del model.ids[rec.delay_id]
+            _forget(model, rec.delay_id, o)
 
     # -- Redis rolled back ----------------------------------------------------------------------
 

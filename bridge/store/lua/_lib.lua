@@ -194,6 +194,10 @@ end
 
 local NO_BITS = string.rep('\0', 32)
 
+-- The pending bitmaps this call read or wrote (pending key .. bucket -> bitmap, false: none):
+-- mark_pending keeps it whole, so is_pending reads a bucket from Redis once per call.
+local known_maps = {}
+
 local function mark_pending(pending, low, members, on)
   local bits, buckets = {}, {}
   for _, member in ipairs(members) do
@@ -237,6 +241,7 @@ local function mark_pending(pending, low, members, on)
     elseif maps[i] then
       gone[#gone + 1] = bucket
     end
+    known_maps[pending .. bucket] = map ~= NO_BITS and map
   end
   call_chunked('HSET', pending, put)
   call_chunked('ZADD', low, listed)
@@ -255,7 +260,11 @@ local function is_pending(pending, offset, maps)
   local bucket = string.sub(offset, 1, 7)
   local map = maps and maps[bucket]
   if map == nil then
-    map = redis.call('HGET', pending, bucket)
+    map = known_maps[pending .. bucket]
+    if map == nil then
+      map = redis.call('HGET', pending, bucket)
+      known_maps[pending .. bucket] = map
+    end
     if maps then
       maps[bucket] = map
     end
@@ -363,6 +372,9 @@ end
 
 -- Read the buckets of `hashes` not read yet, in one call.
 local function id_prefetch(ids, hashes)
+  if id_state(ids)[1] == 0 then
+    return  -- an empty index: nothing to read (records without an id of their own)
+  end
   local fields, seen = {}, {}
   for _, hash in ipairs(hashes) do
     local field = id_field(ids, hash)
@@ -450,6 +462,9 @@ local function id_positions(bucket, prefix)
 end
 
 local function id_candidates(ids, hash)
+  if id_state(ids)[1] == 0 then
+    return {}
+  end
   local _, bucket = id_bucket(ids, hash)
   local out = {}
   for _, at in ipairs(id_positions(bucket, hash)) do
