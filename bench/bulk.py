@@ -6,10 +6,17 @@ records (delays 1-3 s) are produced at ``rate`` while ``delay-bridge cancel --ke
 (it reads each reference's key in the delay topic and produces a cancel per match), how long
 until the store held none of the matched records, and the live records' lateness at the broker
 meanwhile. None of the cancelled may be delivered, every live record must be.
+
+    python -m bench.bulk [--records N] [--pace P]
+
+runs it alone (``make bench BENCH_ARGS=bulk`` runs it at the command's default pace), with the
+command's ``--rate`` at P (0: none), and prints the figures.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 import sys
 import time
@@ -97,3 +104,24 @@ def bulk_cancel(
     finally:
         store.client.close()
         run.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--pace", type=float, default=DEFAULT_RATE)
+    args = parser.parse_args()
+    from bench.__main__ import RECOVERY_RATE, local_servers
+
+    servers = local_servers()
+    servers.up()
+    report = Report()
+    bulk_cancel(servers, ROOT / "build" / "bench" / "runs", report, count=args.records,
+                rate=RECOVERY_RATE, pace=args.pace)  # fmt: skip
+    print(json.dumps(report.figures["bulk cancel"], indent=2))
+    for problem in report.problems:
+        print(f"CONTRACT BROKEN: {problem}")
+
+
+if __name__ == "__main__":
+    main()

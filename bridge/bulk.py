@@ -141,7 +141,7 @@ def cancel_of(match: Match, dialect: str | None) -> Outgoing:
 
 # Cancels a record names at most: its headers take ~60 bytes each, and the bridge applies a
 # record's cancels in one Redis call (about 10 ms for 500).
-PACKED = 500
+PACKED = 100
 
 
 def packed(cancels: Iterator[Outgoing], most: int = PACKED) -> Iterator[Outgoing]:

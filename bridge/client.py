@@ -84,10 +84,11 @@ def delay_headers(
     return headers
 
 
-def cancel_headers(delay_id: str) -> list[tuple[str, bytes]]:
+def cancel_headers(delay_id: str, *more: str) -> list[tuple[str, bytes]]:
     """The headers of a record that cancels the waiting record with ``delay_id`` (produce it
-    with that record's key, so it lands in the same partition; its value is ignored)."""
-    return [(H_CANCEL, _id(delay_id))]
+    with that record's key, so it lands in the same partition; its value is ignored), and the
+    waiting records with the ids ``more`` too, in order: one record for many cancels."""
+    return [(H_CANCEL, _id(i)) for i in (delay_id, *more)]
 
 
 def partition_for(key: bytes | str, partitions: int) -> int:

@@ -172,6 +172,37 @@ def test_cancel_and_replace_hold_after_redis_loses_everything(
     check(got, expected, cancelled)
 
 
+def test_one_record_with_many_cancels_holds_after_redis_loses_everything(
+    setup: Setup, bridges: list[Bridge], scratch_redis: str
+) -> None:
+    """One cancel record per key naming every third id of that key (and one never scheduled):
+    each cancelled, counted, and again when the bridge rebuilds Redis from the delay topic."""
+    originals = schedule(setup, 12)[0]  # without the replacements
+    cancelled = {f"job-{i}" for i in range(0, COUNT, 3)}
+    expected = {f"job-{i}": f"v{i}".encode() for i in range(COUNT) if i % 3}
+    by_key: dict[bytes, list[str]] = defaultdict(list)
+    for i in range(0, COUNT, 3):
+        by_key[f"k{i % KEYS}".encode()].append(f"job-{i}")
+    packed: list[Record] = [(k, b"", cancel_headers(*jobs, "never-scheduled"))
+                            for k, jobs in by_key.items()]  # fmt: skip
+    collector = setup.collector()
+    bridge = setup.bridge(redis__url=scratch_redis).start()
+    bridges.append(bridge)
+    client = redis.Redis.from_url(scratch_redis)
+    try:
+        produce_all(setup.services.bootstrap, setup.delay, originals + packed)
+        wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
+                 >= KEYS, 30, "every cancel applied")  # fmt: skip
+        assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == len(cancelled)
+        client.flushall()  # rebuilt from the committed offsets: the same cancels apply again
+        wait_for(lambda: "redis lost" in bridge.output(), 30, "the bridge to notice")
+        got = settle(setup, collector, expected, 12)
+    finally:
+        collector.close()
+        client.close()
+    check(got, expected, cancelled)
+
+
 def test_the_etf1_dialect_takes_what_an_etf1_producer_sends(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

@@ -56,6 +56,9 @@ def test_id_and_target_key_travel_with_the_record() -> None:
     assert isinstance(rec, Scheduled)
     assert rec.delay_id == "expire-7" and rec.delivered_key() == b"order-7"
     assert scheduled(cancel_headers("expire-7")) == Cancel(5, "expire-7")
+    many = scheduled(cancel_headers("expire-7", "expire-8", "expire-9"))
+    assert isinstance(many, Cancel)
+    assert [c.delay_id for c in many.each()] == ["expire-7", "expire-8", "expire-9"]
 
 
 def test_a_priority_travels_with_the_record() -> None:
