@@ -63,18 +63,19 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # Two pytests side by side, both of which must pass: BESIDE — the shipping checks (the chart,
-# hadolint, the image build: no Kafka or Redis) and the three-broker cluster's tests (a Kafka and
-# Redis of their own) — and every other test on the session's services, the chaos scenarios last
-# (their checks of lateness want the machine to themselves: BESIDE is long done by then).
-# BESIDE's report is printed after the other's (build/test-beside.log). PYTEST_ARGS given: one
-# pytest with them.
-BESIDE := tests/ship tests/integration/test_kafka_cluster.py
+# hadolint, the image build: no Kafka or Redis), the three-broker cluster's tests (a Kafka and
+# Redis of their own), the unit tests and the store's model test (Redis alone): none checks a
+# time — and every other test on the session's services, the chaos scenarios last (their checks
+# of lateness want the machine to themselves: BESIDE is long done by then). BESIDE's report is
+# printed after the other's (build/test-beside.log). PYTEST_ARGS given: one pytest with them.
+BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/test_store_model.py
+BESIDE := tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
 	if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	$(PY) -m pytest $(BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
-	$(PY) -m pytest tests/bench tests/integration tests/unit tests/chaos \
-	  --ignore=tests/integration/test_kafka_cluster.py; rest=$$?; \
+	$(PY) -m pytest tests/bench tests/integration tests/chaos \
+	  $(BESIDE_INTEGRATION:%=--ignore=%); rest=$$?; \
 	wait $$beside; besides=$$?; \
 	echo "=== $(BESIDE) (run beside the others) ==="; cat build/test-beside.log; \
 	[ $$rest -eq 0 ] && [ $$besides -eq 0 ]

@@ -3,7 +3,8 @@
 Stages report what they meet (a DLQ produce that failed, a Redis that refuses writes) and a probe
 loop looks for the rest on a timer, so /readyz, ``delay_bridge_ready`` and the log say the same
 thing while a fault lasts. A check is one line of /readyz, set with :meth:`Readiness.fail` and
-cleared with :meth:`Readiness.ok`.
+cleared with :meth:`Readiness.ok`; a stage that only learns it passes again by trying (the
+journal's writes) gives the probe loop a way to try (:meth:`Readiness.try_with`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,21 @@ class Readiness:
     def __init__(self) -> None:
         self._faults: dict[str, str] = {}
         self._refused: set[str] = set()  # the checks failing because Redis refused a write
+        self._tries: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+
+    def try_with(self, again: Callable[[], None]) -> None:
+        """Have the probe loop call ``again`` on each round (:meth:`try_again`): it tries what
+        a failing check of its caller's is about, and says so with :meth:`ok` or :meth:`fail`."""
+        with self._lock:
+            self._tries.append(again)
+
+    def try_again(self) -> None:
+        """Call what :meth:`try_with` was given (the probe loop, every round)."""
+        with self._lock:
+            tries = list(self._tries)
+        for again in tries:
+            again()
 
     def fail(self, check: str, detail: str, *, write_refused: bool = False) -> None:
         """Record that ``check`` fails, with a one-line ``detail`` naming what is at fault, and
@@ -137,6 +152,7 @@ class Probes:
             if time.monotonic() >= self._next_topic_probe:
                 self._next_topic_probe = time.monotonic() + TOPIC_PROBE_INTERVAL_S
                 self.topics_once()
+            self.readiness.try_again()
             stop.wait(PROBE_INTERVAL_S)
 
 

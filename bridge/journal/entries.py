@@ -15,7 +15,8 @@ One journal record holds the fates of a batch of records of one delay-topic part
   replaced: the origin ``topic:partition:offset`` of the record that did it), ``"reason"``
   (dead-lettered, expired). ``offset`` is the record's delay-topic offset, ``id`` its delay-id
   (the caller's, else its default ``topic:partition:offset``), ``due`` its due time and ``at``
-  when its fate was sealed, both epoch milliseconds.
+  when its fate was sealed, both epoch milliseconds. A record may hold no entry: the writer
+  trying Kafka again after it refused entries (its readiness turns green once one is taken).
 
 A later version adds fields or fates; a reader skips what it does not know, and a record whose
 version it does not know (docs/journal.md).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,10 @@ from bridge.metrics import Metrics
 from bridge.store import Shard, Withdrawn
 
 logger = logging.getLogger(__name__)
+
+# While Kafka refuses entries, an empty batch is written this often, traffic or not: /readyz
+# turns green once one is taken (a batch without entries tells a reader nothing).
+TRY_AGAIN_S = 5.0
 
 
 class Journal:
@@ -43,6 +48,9 @@ class Journal:
         self.readiness = readiness
         self._topic_ids = topic_ids  # the delay topics' ids as last heard, without asking Kafka
         self._failing = False
+        self._last: Shard | None = None  # the shard of the last batch written
+        self._next_try = 0.0
+        readiness.try_with(self.try_again)
 
     def write(
         self,
@@ -54,6 +62,20 @@ class Journal:
         if given (a shard's transactional producer: the entries commit with the records)."""
         if not entries:
             return
+        self._last = shard
+        self._send(shard, entries, producer)
+
+    def try_again(self) -> None:
+        """While entries are refused, write an empty batch every TRY_AGAIN_S (see there)."""
+        shard = self._last
+        if not self._failing or shard is None or time.monotonic() < self._next_try:
+            return
+        self._next_try = time.monotonic() + TRY_AGAIN_S
+        self._send(shard, [], None)
+
+    def _send(
+        self, shard: Shard, entries: list[Entry] | list[dict[str, Any]], producer: Producer | None
+    ) -> None:
         topic_id = self._topic_ids().get(shard.topic, "")
         key, value, headers = encode_entries(shard.topic, shard.partition, entries, topic_id)
         self.metrics.journal_pending.inc(len(entries))
@@ -90,6 +112,8 @@ class Journal:
                 logger.info("the journal %s takes entries again", self.topic)
             return
         self.metrics.journal_failures.inc(count)
+        if not count:
+            return  # an empty batch tried again: the check stays as the last refusal set it
         detail = f"journal {self.topic} refused {count} entries: {err.str()}"
         if not self._failing:
             self._failing = True

@@ -51,3 +51,12 @@ def test_no_leader_a_partition_not_owned_and_a_gap_in_the_wait_do_not_count() ->
     clock.now += 2
     assert watch.update(stats(p0=(3, -1)), owned) == []
     assert readiness.problems() == []
+
+
+def test_what_a_stage_gives_to_try_again_runs_on_each_round_of_the_probe_loop() -> None:
+    readiness, tried = Readiness(), []
+    readiness.fail("journal-writes", "refused")
+    readiness.try_with(lambda: tried.append(1))
+    readiness.try_with(lambda: readiness.ok("journal-writes"))
+    readiness.try_again()
+    assert tried == [1] and readiness.problems() == []
