@@ -341,6 +341,7 @@ class Service:
         """Run until :attr:`stop_event` is set; returns the process exit code."""
         started = time.monotonic()
         _starting(self.config)
+        self.readiness.fail("redis", "redis has not answered yet")  # until the first probe does
         self.http.start()
         try:
             warm = self.reconcile.warm if self.reconcile else lambda: None

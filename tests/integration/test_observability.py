@@ -140,6 +140,30 @@ def test_readyz_fails_while_redis_is_unreachable(
         bridge.kill()
 
 
+def test_readyz_fails_while_redis_has_not_answered_yet(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path
+) -> None:
+    # A Redis that takes the connection and never answers: the first check waits out its
+    # socket timeout, and until it has an answer the bridge is not ready.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        env = bridge_env(services.bootstrap, url, topics__delay=topics("delay"),
+                         topics__dead_letter=topics("dlq"), topics__journal=topics("journal"),
+                         kafka__group_id=f"g-{unique}", redis__socket_timeout="3s")  # fmt: skip
+        bridge = Bridge(env, tmp_path / "bridge.log").start()
+        try:
+            status, body = bridge.get("/readyz")
+            assert status == 503 and "redis" in body, body
+            wait_for(
+                lambda: "redis unreachable" in bridge.get("/readyz")[1], 30, "the timeout named"
+            )
+            assert bridge.get("/readyz")[0] == 503
+        finally:
+            bridge.kill()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
