@@ -75,6 +75,11 @@ class Readiness:
         with self._lock:
             return bool(self._refused)
 
+    def detail(self, check: str) -> str:
+        """What ``check`` last failed with ("" while it passes)."""
+        with self._lock:
+            return self._faults.get(check, "")
+
     def problems(self) -> list[str]:
         """The failing checks' details, in a stable order."""
         with self._lock:

@@ -404,7 +404,7 @@ class Service:
             if attempt == 0:
                 logger.error(
                     "not joining the consumer group until Redis takes writes: %s",
-                    self.readiness.problems()[0],
+                    self.readiness.detail("redis"),
                 )
             attempt += 1
             if self.stop_event.wait(backoff):

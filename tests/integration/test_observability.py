@@ -136,6 +136,9 @@ def test_readyz_fails_while_redis_is_unreachable(
         assert status == 503 and "redis unreachable" in body
         assert bridge.get("/healthz")[0] == 200  # alive: it waits for Redis, it is not stuck
         assert "delay_bridge_ready 0.0" in bridge.get("/metrics")[1]
+        # the log names Redis as the cause, not another check failing beside it (the DLQ topic)
+        wait_for(lambda: "not joining" in bridge.output(), 10, "the log line")
+        assert "until Redis takes writes: redis unreachable" in bridge.output()
     finally:
         bridge.kill()
 
