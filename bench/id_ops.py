@@ -1,6 +1,6 @@
 """What records with a delay-id cost the store's calls: schedules, replacements, cancels, claims.
 
-    python -m bench.id_ops [--rounds N] [--batch B] [--ids I]
+    python -m bench.id_ops [--rounds N] [--batch B] [--ids I] [--without-ids]
 
 On one shard under a unique prefix on the local Redis (``DELAY_BRIDGE_REDIS__URL``, else
 scripts/services' port), I records with a delay-id of their own each wait (the index holds I
@@ -8,6 +8,8 @@ entries); then each round adds a batch of B new schedules with fresh ids, a batc
 replacements of waiting ids, a batch of B cancels of waiting ids, and claims B due records with
 ids, acknowledging the previous claim's (carried by the claim, as the mover sends them).
 Prints the median time per batch of each and Redis's CPU per batch. The keys are deleted after.
+``--without-ids``: the schedules alone, of records without a delay-id of their own (what an id's
+cost is measured against).
 
 Run it from two checkouts, one after the other and back, to compare code with code
 (docs/bench/history.md): one run's figures alone say little on a shared machine.
@@ -23,7 +25,7 @@ from typing import Any
 
 from bench.local import drop, local_store
 from bench.scenarios import redis_cpu_s
-from bridge.message import Cancel, Scheduled
+from bridge.message import Cancel, Scheduled, origin
 from bridge.store import AckBatch, Claimed, Shard
 
 T0 = 1_900_000_000_000
@@ -45,6 +47,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--ids", type=int, default=200_000)
+    parser.add_argument("--without-ids", action="store_true")
     args = parser.parse_args()
     store = local_store("id-ops")
     client = store.client
@@ -53,6 +56,11 @@ def main() -> None:
     def schedule(n: int, due: int) -> Scheduled:
         nonlocal offset
         offset += 1
+        if args.without_ids:
+            home = (SHARD.topic, SHARD.partition)
+            own = origin(*home, offset - 1)
+            return Scheduled(offset - 1, due, "out", b"k", b"v" * 100, [], own, default_of=home,
+                             timestamp_ms=T0)  # fmt: skip
         return Scheduled(offset - 1, due, "out", b"k", b"v" * 100, [], f"id-{n:024d}",
                          timestamp_ms=T0)  # fmt: skip
 
@@ -92,6 +100,8 @@ def main() -> None:
             "cancel": cancel,
             "claim and ack": claim,
         }
+        if args.without_ids:
+            steps = {"schedule (no ids)": fresh}
         times: dict[str, list[float]] = {name: [] for name in steps}
         cpu: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.rounds):

@@ -693,8 +693,12 @@ local function candidate(shard, offset, due)
   return 'reference'
 end
 
-local function withdraw(shard, id, hash, vouched)
-  for _, found in ipairs(id_candidates(shard.ids, hash)) do
+local function withdraw(shard, id, hash, vouched, before)
+  local candidates = id_candidates(shard.ids, hash)
+  if before then
+    before(candidates)
+  end
+  for _, found in ipairs(candidates) do
     local offset, due = found[1], found[2]
     local kind, member, key, target = candidate(shard, offset, due)
     if kind == 'gone' then

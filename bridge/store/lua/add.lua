@@ -157,14 +157,25 @@ local function withdrew(offset, due, by)
   withdrawn[#withdrawn + 1] = by
 end
 
--- Write the records without an id held back so far (see below).
+-- Write the records held back so far (see below).
+local held = {}  -- their offsets
 local function flush()
   call_chunked('ZADD', KEYS[1], due)
   mark_pending(KEYS[4], KEYS[3], members, true)
   if referred > 0 then
     redis.call('HINCRBY', KEYS[7], 'count', referred)
   end
-  due, members, referred = {}, {}, 0
+  due, members, referred, held = {}, {}, 0, {}
+end
+
+-- Before the id index's candidates for an id are looked at: written, if one is held back.
+local function written(candidates)
+  for _, found in ipairs(candidates) do
+    if held[found[1]] then
+      flush()
+      return
+    end
+  end
 end
 
 for i = first, #ARGV, 5 do
@@ -172,7 +183,7 @@ for i = first, #ARGV, 5 do
     local score, member, id, hash = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     local place = (i - first) / 5  -- in the batch, from 0
     if score == '' then
-      local done, offset, at = withdraw(shard, id, hash, vouched)
+      local done, offset, at = withdraw(shard, id, hash, vouched, written)
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(member)
@@ -187,7 +198,8 @@ for i = first, #ARGV, 5 do
       end
     elseif id == '' then
       -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
-      -- written in one go (at the end, or before such a cancel).
+      -- written in one go (at the end, or before such a cancel). A record with an id is held
+      -- back too, until the id index offers it to a later record of the batch (`written`).
       if #member == REFERENCE then
         refer(score, member)
         referred = referred + 1
@@ -198,7 +210,7 @@ for i = first, #ARGV, 5 do
       members[#members + 1] = member
       plain = plain + 1
     else
-      local done, offset, at = withdraw(shard, id, hash, vouched)
+      local done, offset, at = withdraw(shard, id, hash, vouched, written)
       if not done and replaces[ARGV[i]] then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(replaces[ARGV[i]])
@@ -212,12 +224,14 @@ for i = first, #ARGV, 5 do
       end
       if #member == REFERENCE then
         refer(score, member)
-        redis.call('HINCRBY', KEYS[7], 'count', 1)
+        referred = referred + 1
       else
-        redis.call('ZADD', KEYS[1], score, member)
+        due[#due + 1] = score
+        due[#due + 1] = member
       end
+      members[#members + 1] = member
+      held[string.sub(member, 1, 8)] = true
       id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
-      mark_pending(KEYS[4], KEYS[3], {member}, true)
       added = added + 1
     end
   end
