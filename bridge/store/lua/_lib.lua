@@ -556,10 +556,11 @@ local function find_by_rank(key, score, offset)
   return nil
 end
 
--- The member at `offset` due at `due` in the ZSET `key`, in whichever lane it is (nil: none).
-local FIND_SCAN = 16
+-- The member at `offset` due at `due` in the ZSET `key`, in whichever lane it is (nil: none):
+-- the normal lane first, where most records wait.
+local FIND_SCAN, FIND_LANES = 16, {0, -LANE, LANE}
 local function find(key, offset, due)
-  for _, base in ipairs(LANES) do
+  for _, base in ipairs(FIND_LANES) do
     local score = int(base + due)
     local some = redis.call('ZRANGEBYSCORE', key, score, score, 'LIMIT', 0, FIND_SCAN)
     for _, member in ipairs(some) do
