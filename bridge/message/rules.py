@@ -173,9 +173,9 @@ def parse(
     max_lateness = _text(control, H_MAX_LATENESS)
 
     base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
-    for name, text in ((H_ID, delay_id), (H_CANCEL, cancel)):
-        if text is not None and not 1 <= len(control[name]) <= MAX_ID_BYTES:
-            raise Rejected(Reason.BAD_HEADER, f"header {name} must be 1 to {MAX_ID_BYTES} bytes")
+    # (the ids a cancel names are checked by _cancel)
+    if delay_id is not None and not 1 <= len(control[H_ID]) <= MAX_ID_BYTES:
+        raise Rejected(Reason.BAD_HEADER, f"header {H_ID} must be 1 to {MAX_ID_BYTES} bytes")
     if cancel is not None:
         extra = [h for h in (H_DELIVER_AT, H_AFTER, H_TARGET_TOPIC) if h in control]
         if extra:

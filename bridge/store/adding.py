@@ -80,14 +80,16 @@ CALL_ENTRIES = 1000
 Batches = Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]]
 
 
-def rounds(batches: Batches, most: int = CALL_ENTRIES) -> list[dict[Shard, tuple[int, list[Any]]]]:
+def rounds(
+    batches: Batches, most: int = CALL_ENTRIES
+) -> list[dict[Shard, tuple[int, list[Scheduled | Cancel]]]]:
     """``batches`` as calls of at most ``most`` entries per shard, made one round after the other:
     a call ends at a record's last entry (the several cancels of one record are never split, so
     a watermark never stands at an offset half applied) and is high at its last offset, but the
     shard's last, high where its batch is."""
-    out: list[dict[Shard, tuple[int, list[Any]]]] = []
+    out: list[dict[Shard, tuple[int, list[Scheduled | Cancel]]]] = []
     for shard, (high, records) in batches.items():
-        calls: list[list[Any]] = [[]]
+        calls: list[list[Scheduled | Cancel]] = [[]]
         for i, rec in enumerate(records):
             ends = i + 1 == len(records) or records[i + 1].offset != rec.offset
             calls[-1].append(rec)
