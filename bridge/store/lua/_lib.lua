@@ -60,15 +60,17 @@ hash and offset (none: nothing happens). A call keeps what it read and changed o
 writes it at id_flush(), which a script that changes one calls before it returns; id_prefetch(ids,
 hashes) reads the buckets of a batch's hashes in one call.
 
-withdraw(shard, id, hash, vouched): remove the waiting record of this shard with delay-id `id`
-(a cancel or a replacement in its own partition); returns whether one was waiting, then its
+withdraw(shard, id, hash, vouched, before): remove the waiting record of this shard with delay-id
+`id` (a cancel or a replacement in its own partition); returns whether one was waiting, then its
 offset and due ms. `shard` names the keys: due, ids, low, pending, inflight, refs, waits. Each
 candidate the index gives for the hash is confirmed: a record held whole by the delay-id its
 stored form carries (stored_id); a reference by `vouched`, offset -> the delay-id the caller read
 at that offset in the delay topic ("": another record, or none). A candidate in flight stays (its
 acknowledgement drops its entry); one neither waiting nor in flight nor pending (delivered
 meanwhile) has its entry dropped. A record in none of the due and wait indexes, not in flight yet
-pending, is a reference: its pending bit cleared, it is never read back.
+pending, is a reference: its pending bit cleared, it is never read back. `before`, when given, is
+called with the candidates before any is looked at (add.lua writes the records it held back if
+one of them is among them).
 unvouched(shard, hashes, vouched): the candidates for `hashes` that are references `vouched` does
 not name, as a flat list of offset, due ms: what the caller reads in the delay topic before
 withdraw can confirm them.
