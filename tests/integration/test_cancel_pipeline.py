@@ -386,8 +386,10 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
     bridges.append(bridge)
     target = setup.targets[0]
     ids = {n: f"expire-order-{n}" for n in range(40, 48)}
+    # Due in 20 s: six command-line runs, one after the other, fit before the first is claimed
+    # even on a busy machine (8 s did not, once in CI: "waits in no partition").
     originals: list[Record] = [(f"order-{n}".encode(), b"original",
-                                delay_headers(target, after="8s", delay_id=ids[n]))
+                                delay_headers(target, after="20s", delay_id=ids[n]))
                                for n in ids]  # fmt: skip
     coords = produce_all(setup.services.bootstrap, setup.delay, originals)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= len(ids), 30,
@@ -413,7 +415,7 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
     expected = {ids[n]: b"replaced" if n in (44, 45) else b"original" for n in range(44, 48)}
     collector = setup.collector()
     try:
-        got = settle(setup, collector, expected, 8)
+        got = settle(setup, collector, expected, 20)
     finally:
         collector.close()
     check(got, expected, cancelled)
@@ -472,7 +474,9 @@ def test_a_default_delay_id_cancels_like_any_other(setup: Setup, bridges: list[B
     bridges.append(bridge)
     cli = cli_of(bridge)
     target = setup.targets[0]
-    made = cli("produce", "--target", target, "--after", "4s", "--key", "u1", "plain")
+    # Due in 15 s: the runs of list and cancel fit before it is claimed even on a busy machine
+    # (4 s did not, once in CI).
+    made = cli("produce", "--target", target, "--after", "15s", "--key", "u1", "plain")
     assert made.returncode == 0, made.stderr
     default_id = made.stdout.split()[-1]  # <topic>:<partition>:<offset>
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
@@ -482,7 +486,7 @@ def test_a_default_delay_id_cancels_like_any_other(setup: Setup, bridges: list[B
     assert done.returncode == 0, done.stderr
     wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
              "the cancel counted")  # fmt: skip
-    after = cli("produce", "--target", target, "--after", "5s", "--key", "u1", "after")
+    after = cli("produce", "--target", target, "--after", "15s", "--key", "u1", "after")
     assert after.returncode == 0, after.stderr
     records = setup.await_value(b"after", 60, "the later record")
     assert [r.value for r in records] == [b"after"]
