@@ -37,14 +37,17 @@ class CountingStore(Store):
 
 
 class Watched(Deliveries):
-    """Deliveries noting when (by the time the test passes) each record is produced."""
+    """Deliveries noting when (by the time the test passes) each record is produced, and its
+    value."""
 
     now_ms = 0
     early: list[tuple[int, int]]
+    produced: list[bytes]
 
     def produce(self, ident: tuple[Shard, bytes], inflight: InFlight) -> None:
         if inflight.claimed.record.due_ms > self.now_ms:
             self.early.append((inflight.claimed.record.due_ms, self.now_ms))
+        self.produced.append(inflight.claimed.record.value or b"")
         super().produce(ident, inflight)
 
 
@@ -72,7 +75,7 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
     config = EgressConfig(batch_size=500, tick=10, send_tick=10, ahead=100)
     egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
     watched = cast(Watched, egress.deliveries)
-    watched.early = []
+    watched.early, watched.produced = [], []
     egress.add_shards(set(shards[:2]))
     claimed = 0
     for now in range(t0, t0 + 1100, 5):
@@ -191,20 +194,6 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
     assert by_offset == slow.produced
 
 
-class Noting(Deliveries):
-    """Deliveries noting each record's value as it is produced."""
-
-    produced: list[bytes]
-
-    def produce(self, ident: tuple[Shard, bytes], inflight: InFlight) -> None:
-        self.produced.append(inflight.claimed.record.value or b"")
-        super().produce(ident, inflight)
-
-
-class NotingEgress(Egress):
-    deliveries_type = Noting
-
-
 def test_one_claim_of_several_shards_sends_their_records_in_priority_order(
     services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str
 ) -> None:
@@ -223,12 +212,12 @@ def test_one_claim_of_several_shards_sends_their_records_in_priority_order(
         store.add({shard: (len(records) - 1, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
-    egress = NotingEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
-    noting = cast(Noting, egress.deliveries)
-    noting.produced = []
+    egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    watched = cast(Watched, egress.deliveries)
+    watched.now_ms, watched.early, watched.produced = t0 + 1, [], []
     egress.add_shards(set(mix))
     assert egress.step(now_ms=t0 + 1) == 3  # one call: the shards' records side by side
-    assert noting.produced == [b"normal-0", b"normal-1", b"low-0"]
+    assert watched.produced == [b"normal-0", b"normal-1", b"low-0"] and not watched.early
     assert producer.flush(10) == 0
 
 
