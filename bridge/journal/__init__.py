@@ -11,6 +11,8 @@ from bridge.journal.entries import (
     encode_entries,
     field_bytes,
     journal_key,
+    may_hold,
+    offset_needles,
 )
 from bridge.journal.reader import JournalReader, Sought
 from bridge.journal.reconcile import Reconcile
@@ -31,4 +33,6 @@ __all__ = [
     "encode_entries",
     "field_bytes",
     "journal_key",
+    "may_hold",
+    "offset_needles",
 ]

@@ -9,7 +9,7 @@ reading for a given time, so no read starts at the journal's beginning unless as
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
@@ -20,7 +20,7 @@ from bridge.client import partition_for
 from bridge.config import Config, admin_settings, read_back_settings
 from bridge.dialects import parse_record
 from bridge.errors import BridgeError
-from bridge.journal.entries import Entry, decode_entries, journal_key
+from bridge.journal.entries import Entry, decode_entries, journal_key, may_hold, offset_needles
 from bridge.kafka import headers_of
 from bridge.message import Cancel, Rejected, Scheduled
 from bridge.store import Shard
@@ -153,7 +153,7 @@ class JournalReader:
             else journal_key(sought.shard.topic, sought.shard.partition)
         )
         found: list[tuple[Shard, Entry]] = []
-        for msg in self._records(partition, from_ms, until_ms):
+        for msg in self._records({partition: (from_ms, until_ms)}):
             value = msg.value()
             if key is not None and msg.key() != key:
                 continue
@@ -168,56 +168,93 @@ class JournalReader:
                 break
         return found
 
-    def _records(self, partition: int, from_ms: int, until_ms: int | None) -> Iterator[Message]:
-        tp = TopicPartition(self.journal, partition)
+    def scan_shards(
+        self, reads: Mapping[Shard, tuple[int, Collection[int]]], topic_ids: Mapping[str, str]
+    ) -> dict[Shard, list[Entry]]:
+        """Each shard's entries for the offsets it names, among the journal records written for
+        it from its time (ms) on — from the earliest time of the shards on its journal partition —
+        to the end as it is now, written for its topic's incarnation (its id in ``topic_ids``, if
+        known). The journal partitions they are on are read side by side: one request of each
+        kind for them all, not one after another; a record holding none of a shard's offsets is
+        passed over undecoded."""
+        shards = {journal_key(s.topic, s.partition): s for s in reads}
+        needles = {s: offset_needles(offsets) for s, (_, offsets) in reads.items()}
+        spans: dict[int, tuple[int, int | None]] = {}
+        for shard, (from_ms, _) in reads.items():
+            partition = self.partition_of(shard)
+            earliest = spans.get(partition, (from_ms, None))[0]
+            spans[partition] = (min(from_ms, earliest), None)
+        found: dict[Shard, list[Entry]] = {s: [] for s in reads}
+        for msg in self._records(spans):
+            owner, value = shards.get(msg.key() or b""), msg.value()
+            if owner is None or value is None or not may_hold(value, needles[owner]):
+                continue
+            batch = decode_entries(value, headers_of(msg))
+            topic_id = topic_ids.get(owner.topic, "")
+            if batch is None or (topic_id and batch.topic_id not in ("", topic_id)):
+                continue
+            offsets = reads[owner][1]
+            found[owner] += [e for e in batch.entries if e.offset in offsets]
+        return found
+
+    def _records(self, spans: Mapping[int, tuple[int, int | None]]) -> Iterator[Message]:
+        """The journal records of each partition written from the first time (ms) of its span
+        until the second (None: to the end as it is now), the partitions read side by side."""
         try:
-            end = self._end(tp)
-            start = self._offset_for(partition, from_ms, end)
-            stop = end if until_ms is None else self._offset_for(partition, until_ms, end)
+            ends = self._ends(list(spans))
+            starts = self._offsets_for({p: since for p, (since, _) in spans.items()}, ends)
+            untils = {p: until for p, (_, until) in spans.items() if until is not None}
+            stops = {**ends, **self._offsets_for(untils, ends)}
         except KafkaException as exc:
             raise BridgeError(f"Kafka did not answer: {exc}") from None
-        if start >= stop:
+        positions = {p: start for p, start in starts.items() if start < stops[p]}
+        if not positions:
             return
-        self.consumer.assign([TopicPartition(self.journal, partition, start)])
+        self.consumer.assign([TopicPartition(self.journal, p, o) for p, o in positions.items()])
         try:
-            position, answered = start, time.monotonic()
-            while position < stop:
+            answered = time.monotonic()
+            while any(positions[p] < stops[p] for p in positions):
                 # consume() returns when it has them all or at its timeout: a short one, so the
                 # last batch short of 500 is not held for the whole wait.
                 for msg in self.consumer.consume(500, POLL_S):
-                    error = msg.error()
+                    partition, error = msg.partition() or 0, msg.error()
                     at = (msg.offset() or 0) + (0 if error is not None else 1)
-                    if at > position:
-                        position, answered = at, time.monotonic()
-                    if error is not None:
-                        # The end as read_committed sees it: short of ``stop`` while a
-                        # transaction before it is open; its records come once it commits.
+                    if partition not in positions:
                         continue
-                    if position > stop:
-                        return
-                    yield msg
+                    if at > positions[partition]:
+                        positions[partition], answered = at, time.monotonic()
+                    # An error: the end as read_committed sees it, short of the stop while a
+                    # transaction before it is open; its records come once it commits.
+                    if error is None and at <= stops[partition]:
+                        yield msg
                 if time.monotonic() - answered > self.timeout_s:
-                    raise BridgeError(f"journal {self.journal}[{partition}]: no answer")
+                    late = sorted(p for p in positions if positions[p] < stops[p])
+                    raise BridgeError(f"journal {self.journal}{late}: no answer")
         finally:
             self.consumer.unassign()
 
-    def _end(self, tp: TopicPartition) -> int:
-        """The partition's end, records of open transactions included (the consumer reads only
+    def _ends(self, partitions: Iterable[int]) -> dict[int, int]:
+        """The partitions' ends, records of open transactions included (the consumer reads only
         what is committed: the read ends once they are committed or aborted)."""
         if self._admin is None:
             self._admin = AdminClient({**admin_settings(self.config), "log_level": 0})
+        tps = {p: TopicPartition(self.journal, p) for p in partitions}
         answer = self._admin.list_offsets(
-            {tp: OffsetSpec.latest()},  # type: ignore[no-untyped-call]
+            {tp: OffsetSpec.latest() for tp in tps.values()},  # type: ignore[no-untyped-call]
             isolation_level=IsolationLevel.READ_UNCOMMITTED,
             request_timeout=self.timeout_s,
         )
-        return int(answer[tp].result().offset)
+        return {p: int(answer[tp].result().offset) for p, tp in tps.items()}
 
-    def _offset_for(self, partition: int, at_ms: int, end: int) -> int:
+    def _offsets_for(self, times: Mapping[int, int], ends: Mapping[int, int]) -> dict[int, int]:
+        """Each partition's first offset written at or after its time (ms), else its end."""
+        if not times:
+            return {}
         found = self.consumer.offsets_for_times(
-            [TopicPartition(self.journal, partition, max(0, at_ms))], timeout=self.timeout_s
-        )[0].offset
-        return end if found < 0 else found
+            [TopicPartition(self.journal, p, max(0, ms)) for p, ms in times.items()],
+            timeout=self.timeout_s,
+        )
+        return {tp.partition: ends[tp.partition] if tp.offset < 0 else tp.offset for tp in found}
 
     def _one(self, tp: TopicPartition) -> Message | None:
         try:

@@ -122,19 +122,19 @@ class Reconcile:
         looked_up = {s: set(left) for s, left in orphans.items()}
         if not orphans:
             return looked_up
-        ids = self._topic_ids()
-        reader = self._reader()
-        for shard, left in orphans.items():
-            since = min(left.values()) - self.lease_ms - CLOCK_SLACK_MS
-            sought = Sought(shard, topic_id=ids.get(shard.topic, ""))
-            try:
-                found = reader.scan(reader.partition_of(shard), since, None, _among(left), sought)
-            except BridgeError as exc:
-                if self.strict:
-                    raise BridgeError(
-                        f"{shard}: journal not read for the {len(left)} records an earlier "
-                        f"owner left in flight: {exc}"
-                    ) from None
+        reads = {
+            shard: (min(left.values()) - self.lease_ms - CLOCK_SLACK_MS, left.keys())
+            for shard, left in orphans.items()
+        }
+        try:  # every shard's journal partition at once: the mover waits
+            found = self._reader().scan_shards(reads, self._topic_ids())
+        except BridgeError as exc:
+            if self.strict:
+                raise BridgeError(
+                    f"journal not read for the records an earlier owner of {_named(orphans)} "
+                    f"left in flight: {exc}"
+                ) from None
+            for shard, left in orphans.items():
                 logger.warning(
                     "journal not read for the %d records an earlier owner of %s left in "
                     "flight (%s): they are delivered again",
@@ -142,10 +142,11 @@ class Reconcile:
                     shard,
                     exc,
                 )
-                continue
-            settled = {e.offset: e for _, e in found}
+            return looked_up
+        for shard, entries in found.items():
+            settled = {e.offset: e for e in entries}
             if settled:
-                self._forget(shard, len(left), settled.values())
+                self._forget(shard, len(orphans[shard]), settled.values())
         return looked_up
 
     def _forget(self, shard: Shard, left: int, settled: Iterable[Entry]) -> int:
@@ -162,3 +163,7 @@ class Reconcile:
 
 def _among(offsets: Collection[int]) -> Wanted:
     return lambda _, entry: entry.offset in offsets
+
+
+def _named(shards: Iterable[Shard]) -> str:
+    return ", ".join(str(s) for s in sorted(shards))

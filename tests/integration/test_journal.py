@@ -509,3 +509,39 @@ def test_one_journal_reader_connected_at_start_up_serves_every_take_over(setup: 
     finally:
         reconcile.close()
         client.close()
+
+
+def test_a_take_over_reads_the_journal_of_every_shard_at_once(setup: Setup) -> None:
+    """A take-over of several shards reads their journal partitions side by side: one request of
+    each kind for them all, where it read one shard after another (a restarted broker answered
+    each in 100-300 ms; the mover waited for them all). Each shard gets its own entries — those
+    it wants, of its own incarnation — whether it shares a journal partition with another or
+    not."""
+    producer = Producer(  # where the bridge's journal writer puts a shard's entries
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
+    reader = JournalReader(from_mapping({}, env=setup.bridge().env), timeout_s=10.0)
+    # Three shards of delay topics named for the test: two on one journal partition, one on the
+    # other (the key's hash decides).
+    by_partition: dict[int, list[Shard]] = {0: [], 1: []}
+    for n in range(64):
+        shard = Shard(f"{setup.delay}-{n}", n % 3)
+        by_partition[reader.partition_of(shard)].append(shard)
+    shards = [*by_partition[0][:2], by_partition[1][0]]
+    base = {s: 100 * i for i, s in enumerate(shards)}  # each shard's offsets its own
+    for shard in shards:
+        entries = [Entry(Fate.DELIVERED, base[shard] + o, "", 1, 2) for o in range(4)]
+        for topic_id in ("gone-incarnation", "this-incarnation"):
+            key, value, headers = encode_entries(shard.topic, shard.partition, entries, topic_id)
+            produce(producer, setup.journal, key=key, value=value, headers=headers)
+    assert producer.flush(30) == 0
+    try:
+        wanted = {s: {base[s] + 1, base[s] + 3} for s in shards}
+        found = reader.scan_shards(
+            {s: (0, wanted[s]) for s in shards}, {s.topic: "this-incarnation" for s in shards}
+        )
+    finally:
+        reader.close()
+    assert {s: sorted(e.offset for e in found[s]) for s in shards} == {
+        s: sorted(wanted[s]) for s in shards
+    }

@@ -18,6 +18,8 @@ from bridge.journal import (
     encode_entries,
     field_bytes,
     journal_key,
+    may_hold,
+    offset_needles,
 )
 from bridge.message import Scheduled
 from bridge.metrics import Metrics
@@ -83,6 +85,22 @@ def test_the_bytes_a_scan_filters_on_are_in_every_record_that_holds_the_entry() 
     built = delivered_entry(RECORD, 5, "orders", (0, 1))
     _, value, _ = encode_entries("delay", 0, [built])
     assert field_bytes("id", "order-1") in value and field_bytes("offset", 7) in value
+
+
+def test_a_record_is_passed_over_undecoded_only_when_it_holds_none_of_the_offsets() -> None:
+    """may_hold finds every entry's offset in the record as written — not another field's
+    number, nor one inside a delay-id — so a take-over skips no record it needs."""
+    tricky = ['"offset":9', 'x\\"offset\\":9', "9"]
+    entries = [
+        Entry(Fate.DELIVERED, o, tricky[o % 3], 9, 9, "out", 9, 9, "9") for o in (3, 40, 512)
+    ]
+    entries.append(Entry(Fate.CANCELLED, 2**40, "", 9, 9, by="9"))
+    _, value, _ = encode_entries("orders", 0, entries)
+    for offset in (3, 40, 512, 2**40):
+        assert may_hold(value, offset_needles([offset])), offset
+        assert may_hold(value, offset_needles([7, offset, 8])), offset
+    assert not may_hold(value, offset_needles([9, 4, 51, 5120, 0]))
+    assert not may_hold(value, offset_needles([]))
 
 
 def test_a_batch_names_its_topic_s_incarnation_when_the_writer_knew_it() -> None:
