@@ -23,7 +23,7 @@ from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, RedisClock
 from bridge.egress.settle import Deliveries
 from bridge.errors import StoreError, log_failed_turn
-from bridge.store import Claimed, Claims, Shard
+from bridge.store import Claims, Shard
 from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
@@ -32,11 +32,7 @@ FAILED_WAIT_S = 1.0  # after a turn that failed (a bug): no busy loop of traceba
 
 SEND_BATCH = 20  # records produced about this many at a time while they keep falling due
 _DUE = operator.itemgetter(0)  # of a held record: (due ms, record)
-
-
-def _priority(claimed: Claimed) -> int:
-    """A claimed record's lane: high first."""
-    return claimed.record.priority
+_PRIORITY = operator.attrgetter("record.priority")  # of a claimed record: its lane, high first
 
 
 class Sender:
@@ -84,7 +80,7 @@ class Sender:
         # a shard's low records would go before another's normal ones (when nothing told the
         # mover what was due: the first claim after a burst fell due). Across the shards too,
         # priority first (a stable sort: each shard's order stands within a lane).
-        for item in sorted(claimed, key=_priority):
+        for item in sorted(claimed, key=_PRIORITY):
             ident = (item.shard, item.member)
             if ident in skip or ident in again:
                 continue
