@@ -67,14 +67,18 @@ class JournalReader:
         self._partitions = None
 
     def warm(self) -> None:
-        """Learn the journal's partitions and connect to their leaders (a request each)."""
-        for partition in range(self.partitions()):
-            try:
+        """Learn the journal's partitions and connect to their leaders (a request each), and
+        the admin client that asks for their ends too: a new client's first request also looks
+        the leaders up, which on a busy machine outlasts a take-over's wait."""
+        partitions = range(self.partitions())
+        try:
+            for partition in partitions:
                 self.consumer.get_watermark_offsets(
                     TopicPartition(self.journal, partition), self.timeout_s, cached=False
                 )
-            except KafkaException as exc:
-                raise BridgeError(f"Kafka did not answer: {exc}") from None
+            self._ends(partitions)
+        except KafkaException as exc:
+            raise BridgeError(f"Kafka did not answer: {exc}") from None
 
     def partition_of(self, shard: Shard) -> int:
         """The journal partition of ``shard``'s entries."""
