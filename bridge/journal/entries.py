@@ -149,7 +149,7 @@ def offset_needles(offsets: Iterable[int]) -> frozenset[bytes]:
 
 def may_hold(value: bytes, needles: frozenset[bytes]) -> bool:
     """Whether a journal record's value may hold an entry for one of the offsets ``needles``
-    stands for (:func:`offset_needles`): a filter before decoding (an entry costs a tenth of
+    stands for (:func:`offset_needles`): a filter before decoding (an entry costs under a tenth of
     its decoding), never a match itself."""
     return not needles.isdisjoint(_OFFSET_FIELDS.findall(value))
 
