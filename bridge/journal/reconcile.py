@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from bridge.config import Config
 from bridge.errors import BridgeError
 from bridge.journal.entries import Entry
-from bridge.journal.reader import JournalReader, Sought, Wanted
+from bridge.journal.reader import JournalReader
 from bridge.store import Shard, Store, offset_of
 
 logger = logging.getLogger(__name__)
@@ -101,12 +101,9 @@ class Reconcile:
     def journaled(self, shard: Shard, since_ms: int, offsets: Collection[int]) -> dict[int, Entry]:
         """The journal's entries for these offsets of ``shard``, written from ``since_ms`` on
         (less the clock slack); raises BridgeError if the journal cannot be read."""
-        reader = self._reader()
-        sought = Sought(shard, topic_id=self._topic_ids().get(shard.topic, ""))
-        found = reader.scan(
-            reader.partition_of(shard), since_ms - CLOCK_SLACK_MS, None, _among(offsets), sought
-        )
-        return {e.offset: e for _, e in found}
+        reads = {shard: (since_ms - CLOCK_SLACK_MS, offsets)}
+        found = self._reader().scan_shards(reads, self._topic_ids())
+        return {e.offset: e for e in found[shard]}
 
     def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> dict[Shard, set[int]]:
         """Forget the records leased by an earlier owner of these shards (not in ``held``) that
@@ -159,10 +156,6 @@ class Reconcile:
             left,
         )
         return n
-
-
-def _among(offsets: Collection[int]) -> Wanted:
-    return lambda _, entry: entry.offset in offsets
 
 
 def _named(shards: Iterable[Shard]) -> str:
