@@ -6,6 +6,7 @@ for ``make bench`` to report, never for a test to assert.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     for phase in ("precision without backlog", "precision with backlog"):
         assert f[phase]["early"] == 0 and f[phase]["lost"] == 0
         assert f[phase]["records"] > 0
-    assert f["backlog"]["records"] == 3000 and f["backlog"]["redis_bytes_per_record"] > 0
+    # Measured (a used_memory delta: the tests beside move it, so only that it is a number).
+    assert f["backlog"]["records"] == 3000 and math.isfinite(f["backlog"]["redis_bytes_per_record"])
     for run in ("steady coalescing off", "steady defaults"):
         cost = f[run]
         assert cost["early"] == 0 and cost["lost"] == 0 and cost["measured_records"] > 0
@@ -117,7 +119,7 @@ def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
     result = run_all(servers, tmp_path, TOY, ["far-future"])
     assert result.problems == []  # every record kept as a reference; none lost, early, misrouted
     held = result.figures["far-future held 3,000 x 100 B"]
-    assert held["references"] == 3000 and held["redis_bytes_per_record"] > 0
+    assert held["references"] == 3000 and math.isfinite(held["redis_bytes_per_record"])
     assert held["bridge_rss_bytes"] > 0
     assert held["restart_probes_lost"] == held["restart_probes_early"] == 0
     assert held["restart_start_to_first_due_acked_s"] > 0
