@@ -386,10 +386,11 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
     bridges.append(bridge)
     target = setup.targets[0]
     ids = {n: f"expire-order-{n}" for n in range(40, 48)}
-    # Due in 20 s: six command-line runs, one after the other, fit before the first is claimed
-    # even on a busy machine (8 s did not, once in CI: "waits in no partition").
+    # Due in 10 min, so no command-line run races the originals' own due time (20 s did, once
+    # in CI: six runs one after the other outlasted it, and 44 and 45 arrived twice); 46 and 47
+    # are fired at the end.
     originals: list[Record] = [(f"order-{n}".encode(), b"original",
-                                delay_headers(target, after="20s", delay_id=ids[n]))
+                                delay_headers(target, after="10m", delay_id=ids[n]))
                                for n in ids]  # fmt: skip
     coords = produce_all(setup.services.bootstrap, setup.delay, originals)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= len(ids), 30,
@@ -412,16 +413,21 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
         done = cli("produce", "--target", target, "--after", "1s", "--id", ids[n], "--key",
                    f"order-{n}", "replaced")  # fmt: skip
         assert done.returncode == 0, done.stderr
+    for n in (46, 47):
+        done = cli("fire", "--id", ids[n])
+        assert done.returncode == 0, done.stderr
     expected = {ids[n]: b"replaced" if n in (44, 45) else b"original" for n in range(44, 48)}
     collector = setup.collector()
     try:
-        got = settle(setup, collector, expected, 20)
+        got = settle(setup, collector, expected, 1)
     finally:
         collector.close()
     check(got, expected, cancelled)
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 4
     assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 0
-    assert metric(bridge, "delay_bridge_replaced_total") == 2
+    assert metric(bridge, "delay_bridge_replaced_total") == 4  # two replacements, two fires
+    listed = cli("list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], "a cancelled record waits"
 
 
 def test_partition_for_is_where_a_murmur2_producer_puts_a_key(setup: Setup) -> None:
