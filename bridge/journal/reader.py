@@ -11,8 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
@@ -31,7 +39,14 @@ POLL_S = 0.05
 # from this long before that record's timestamp.
 CLOCK_SLACK_MS = 60_000
 
+# What a client kept across a leader change or a broker restart is told while its cached leaders
+# or their epochs are stale: asked again once its metadata is refreshed, it is answered.
+STALE_LEADERS = frozenset({KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+                           KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                           KafkaError._NOENT})  # fmt: skip
+
 Wanted = Callable[[Shard, Entry], bool]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -205,10 +220,11 @@ class JournalReader:
         """The journal records of each partition written from the first time (ms) of its span
         until the second (None: to the end as it is now), the partitions read side by side."""
         try:
-            ends = self._ends(list(spans))
-            starts = self._offsets_for({p: since for p, (since, _) in spans.items()}, ends)
+            ends = self._asked(lambda: self._ends(list(spans)))
+            sinces = {p: since for p, (since, _) in spans.items()}
+            starts = self._asked(lambda: self._offsets_for(sinces, ends))
             untils = {p: until for p, (_, until) in spans.items() if until is not None}
-            stops = {**ends, **self._offsets_for(untils, ends)}
+            stops = {**ends, **self._asked(lambda: self._offsets_for(untils, ends))}
         except KafkaException as exc:
             raise BridgeError(f"Kafka did not answer: {exc}") from None
         positions = {p: start for p, start in starts.items() if start < stops[p]}
@@ -236,6 +252,25 @@ class JournalReader:
                     raise BridgeError(f"journal {self.journal}{late}: no answer")
         finally:
             self.consumer.unassign()
+
+    def _asked(self, ask: Callable[[], T]) -> T:
+        """``ask()``, asked again for up to the reader's timeout while Kafka answers that the
+        clients' leaders are stale (STALE_LEADERS), their metadata refreshed before each time:
+        after a broker restart the admin client's requests carry the leader epochs it cached
+        before and are refused until it asks for the topic's metadata again."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return ask()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                stale = isinstance(error, KafkaError) and error.code() in STALE_LEADERS
+                if not stale or time.monotonic() > deadline:
+                    raise
+            for client in (self.consumer, self._admin):
+                if client is not None:
+                    client.list_topics(self.journal, timeout=max(0.1, deadline - time.monotonic()))
+            time.sleep(POLL_S)
 
     def _ends(self, partitions: Iterable[int]) -> dict[int, int]:
         """The partitions' ends, records of open transactions included (the consumer reads only

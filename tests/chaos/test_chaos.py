@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
+from bridge.config import from_mapping
+from bridge.journal import Entry, Fate, JournalReader, encode_entries
+from bridge.kafka import produce
+from bridge.store import Shard
 from tests.chaos import scenarios
 from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
 from tests.chaos.servers import STATE_DIR, Servers
+from tests.conftest import recreate_topic
+from tests.integration.harness import bridge_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -52,3 +62,34 @@ def test_scenario_exactly_once(
     result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
     assert_kept(result, tmp_path)
     assert result.account.duplicates == 0
+
+
+def test_a_journal_reader_kept_across_a_broker_restart_reads_on(servers: Servers) -> None:
+    """The journal reader a replica connects at start-up and keeps serves the take-overs after a
+    restart of the broker (kill -9). Its clients' cached leader epochs are then older than the
+    broker's: the consumer's offsets-for-times failed once, and the admin client's list of the
+    partitions' ends kept failing (FENCED_LEADER_EPOCH) until its metadata was asked again, so
+    the first take-over after a Kafka restart delivered again what the journal held."""
+    journal = f"journal-reader-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": servers.bootstrap, "log_level": 0})
+    recreate_topic(admin, journal, 2)
+    config = from_mapping({}, env=bridge_env(servers.bootstrap, servers.redis_url,
+                                             topics__journal=journal))  # fmt: skip
+    shard = Shard("delay-reader", 0)
+    producer = Producer({"bootstrap.servers": servers.bootstrap, "partitioner": "murmur2_random"})
+    key, value, headers = encode_entries(shard.topic, shard.partition,
+                                         [Entry(Fate.DELIVERED, o, "", 1, 2) for o in range(4)], "")  # fmt: skip
+    produce(producer, journal, key=key, value=value, headers=headers)
+    assert producer.flush(30) == 0
+    reader = JournalReader(config)
+    try:
+        reader.warm()
+        assert [e.offset for e in reader.scan_shards({shard: (0, {1, 3})}, {})[shard]] == [1, 3]
+        servers.kill("kafka")
+        servers.up("kafka")
+        found = reader.scan_shards({shard: (0, {1, 3})}, {})
+        assert [e.offset for e in found[shard]] == [1, 3]
+    finally:
+        reader.close()
+        with contextlib.suppress(KafkaException):
+            admin.delete_topics([journal])[journal].result(timeout=30)
