@@ -41,9 +41,15 @@ CLOCK_SLACK_MS = 60_000
 
 # What a client kept across a leader change or a broker restart is told while its cached leaders
 # or their epochs are stale: asked again once its metadata is refreshed, it is answered.
-STALE_LEADERS = frozenset({KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
-                           KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                           KafkaError._NOENT})  # fmt: skip
+STALE_LEADERS = frozenset(
+    {
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError._NOENT,
+    }
+)
 
 Wanted = Callable[[Shard, Entry], bool]
 T = TypeVar("T")
