@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 
-from bridge.store import Claimed, Shard
+from bridge.store import Claimed, Shard, shard_names
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class CatchUp:
             logger.info(
                 "the ingress reads %s behind: records with their own delay-id wait until "
                 "it has read what was produced before they fell due",
-                ", ".join(str(s) for s in sorted(new)),
+                shard_names(new),
             )
         caught = sum(c.shard not in behind for c in past)
         if caught:

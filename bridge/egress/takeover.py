@@ -19,7 +19,7 @@ from bridge.egress.outlet import Transactions
 from bridge.egress.settle import Deliveries
 from bridge.errors import BridgeError, StoreError, WriteRefused
 from bridge.journal import Reconcile
-from bridge.store import Shard, Store
+from bridge.store import Shard, Store, shard_names
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class TakeOver:
             logger.warning(
                 "records in flight of %s not settled within %.0fs before their rebuild reads the "
                 "journal: some may be delivered again",
-                ", ".join(str(s) for s in sorted(bases)),
+                shard_names(bases),
                 timeout_s,
             )
 
@@ -138,7 +138,7 @@ class TakeOver:
             logger.info(
                 "took back %d leases an earlier owner of %s left",
                 ended,
-                ", ".join(str(s) for s in sorted(shards)),
+                shard_names(shards),
             )
         return shards
 

@@ -26,7 +26,7 @@ from bridge.config import Config
 from bridge.errors import BridgeError
 from bridge.journal.entries import Entry
 from bridge.journal.reader import JournalReader
-from bridge.store import Shard, Store, offset_of
+from bridge.store import Shard, Store, offset_of, shard_names
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Reconcile:
         except BridgeError as exc:
             if self.strict:
                 raise BridgeError(
-                    f"journal not read for the records an earlier owner of {_named(orphans)} "
+                    f"journal not read for the records an earlier owner of {shard_names(orphans)} "
                     f"left in flight: {exc}"
                 ) from None
             for shard, left in orphans.items():
@@ -156,7 +156,3 @@ class Reconcile:
             left,
         )
         return n
-
-
-def _named(shards: Iterable[Shard]) -> str:
-    return ", ".join(str(s) for s in sorted(shards))

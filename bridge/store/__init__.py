@@ -18,6 +18,7 @@ from bridge.store.keys import (
     offset_of,
     references_in,
     score,
+    shard_names,
     stored_record,
 )
 from bridge.store.redis_errors import as_store_error
@@ -54,6 +55,7 @@ __all__ = [
     "offset_of",
     "references_in",
     "score",
+    "shard_names",
     "stored_record",
     "unconfirmed",
 ]

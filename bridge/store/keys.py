@@ -100,6 +100,11 @@ class Shard(NamedTuple):
         return f"{name} (retired incarnation {self.incarnation})" if self.incarnation else name
 
 
+def shard_names(shards: Iterable[Shard]) -> str:
+    """The shards named in order, for a log line: ``delay[0], delay[1]``."""
+    return ", ".join(str(s) for s in sorted(shards))
+
+
 @dataclass(frozen=True)
 class ShardKeys:
     """The Redis keys of one shard."""
