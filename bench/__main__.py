@@ -53,6 +53,7 @@ SCENARIOS = (
 # each asked for by name; bulk cancels a million far-future records (full) under live traffic.
 DEFAULT = SCENARIOS[:6]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
+ID_BYTES = 31  # a delay-id of its own ("order-…"), as long as #59's far-future figure has it
 RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
 LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
 
@@ -76,6 +77,14 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             say(f"throughput: {sizes.throughput:,} records of {size} B, and the ceilings")
             rate = throughput(servers, out, sizes.throughput, size, report)
             capacity = capacity or rate
+    if "throughput" in names:
+        size = sizes.values[0]
+        say(f"throughput: {sizes.throughput:,} records of {size} B, a {ID_BYTES}-byte delay-id "
+            "each")  # fmt: skip
+        throughput(servers, out, sizes.throughput, size, report, tag="-ids", id_bytes=ID_BYTES)
+        plain, ids = report.figures[f"throughput-{size}"], report.figures[f"throughput-{size}-ids"]
+        for leg in ("ingest", "egress", "end_to_end"):
+            ids[f"{leg}_vs_no_ids"] = ids[f"{leg}_per_s"] / plain[f"{leg}_per_s"]
     if "precision" in names:
         say(f"precision at {capacity / 2:,.0f}/s, then a backlog of {sizes.backlog:,}")
         precision_and_backlog(servers, out, report, rate=capacity / 2,

@@ -207,9 +207,14 @@ def ready_bridge(run: Run, instance: str = "") -> Bridge:
     return bridge
 
 
-def due_now(count: int, target: str) -> list[Record]:
+def due_now(count: int, target: str, id_bytes: int = 0) -> list[Record]:
+    """``count`` records due at once, each with a delay-id of its own ``id_bytes`` long if
+    given."""
     header: Headers = [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]
-    return [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
+    if not id_bytes:
+        return [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
+    return [Record([*header, (H_ID, (b"order-%d" % i).rjust(id_bytes, b"0"))],
+                   key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
 
 
 def produce(run: Run, records: list[Record], rate: float, first_seq: int = 0,
@@ -251,17 +256,20 @@ def journal_bytes(run: Run) -> int:
 
 
 def throughput(servers: Servers, workdir: Path, count: int, value_size: int, report: Report, *,
-               overrides: dict[str, object] | None = None, tag: str = "") -> float:  # fmt: skip
-    """``count`` records due at once, produced before the bridge starts (configured with
-    ``overrides``, its figures named with ``tag``); the bare pipe reads the same delay topic
-    first. Returns the bridge's end-to-end rate (records/s)."""
+               overrides: dict[str, object] | None = None, tag: str = "",
+               id_bytes: int = 0) -> float:  # fmt: skip
+    """``count`` records due at once (each with a delay-id ``id_bytes`` long if given: then
+    without the ceilings, which such records do not change), produced before the bridge starts
+    (configured with ``overrides``, its figures named with ``tag``); the bare pipe reads the same
+    delay topic first. Returns the bridge's end-to-end rate (records/s)."""
     name = f"throughput-{value_size}{tag}"
     run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False,
               overrides=overrides)  # fmt: skip
     store = Store(servers.redis(), run.prefix)
     try:
-        finished(produce(run, due_now(count, run.target), float("inf"), value_size=value_size))
-        pipe = _bare_pipe(run, count)
+        records = due_now(count, run.target, id_bytes)
+        finished(produce(run, records, float("inf"), value_size=value_size))
+        pipe = None if id_bytes else _bare_pipe(run, count)
         progress = Progress(store, run.delay).start()
         bridge = run.bridge()
         progress.wait(lambda i, s: i >= count and s == 0, 600, f"{name}: all acknowledged")
@@ -274,19 +282,23 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int, rep
         rates = {
             "records": count,
             "value_bytes": value_size,
+            "delay_id_bytes": id_bytes,
             "ingest_per_s": count / max(1e-3, (ingested - started) / 1000),
             "egress_per_s": count / max(1e-3, (acked - acked_first) / 1000),
             "end_to_end_per_s": count / max(1e-3, (acked - started) / 1000),
-            "bare_pipe_per_s": count / max(1e-3, (pipe["last_ms"] - pipe["first_ms"]) / 1000),
         }
-        ceiling = bare_store(store, run.config(), topic=f"{run.delay}-bare", count=count,
-                             value_size=value_size, target=run.target)  # fmt: skip
-        rates.update(ceiling)
-        rates["end_to_end_vs_pipe"] = rates["end_to_end_per_s"] / rates["bare_pipe_per_s"]
-        rates["ingest_vs_store_add"] = rates["ingest_per_s"] / rates["bare_store_add_per_s"]
-        rates["egress_vs_store_claim_ack"] = (
-            rates["egress_per_s"] / rates["bare_store_claim_ack_per_s"]
-        )
+        if pipe is not None:
+            rates["bare_pipe_per_s"] = count / max(
+                1e-3, (pipe["last_ms"] - pipe["first_ms"]) / 1000
+            )
+            ceiling = bare_store(store, run.config(), topic=f"{run.delay}-bare", count=count,
+                                 value_size=value_size, target=run.target)  # fmt: skip
+            rates.update(ceiling)
+            rates["end_to_end_vs_pipe"] = rates["end_to_end_per_s"] / rates["bare_pipe_per_s"]
+            rates["ingest_vs_store_add"] = rates["ingest_per_s"] / rates["bare_store_add_per_s"]
+            rates["egress_vs_store_claim_ack"] = (
+                rates["egress_per_s"] / rates["bare_store_claim_ack_per_s"]
+            )
         run.checker.start()  # only now: reading the target meanwhile would compete for the CPU
         wait_delivered(run, range(count), 300)
         account = settled(run, read_expected(run), range(count), report, name)

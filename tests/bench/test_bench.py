@@ -36,6 +36,9 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     for rate in ("ingest_per_s", "egress_per_s", "end_to_end_per_s", "bare_pipe_per_s",
                  "bare_store_add_per_s", "bare_store_claim_ack_per_s"):  # fmt: skip
         assert t[rate] > 0, rate
+    ids = f["throughput-100-ids"]  # the same records, a delay-id each
+    assert ids["records"] == 3000 and ids["duplicates"] == 0 and ids["delay_id_bytes"] == 31
+    assert ids["egress_vs_no_ids"] == ids["egress_per_s"] / t["egress_per_s"] > 0
     for phase in ("precision without backlog", "precision with backlog"):
         assert f[phase]["early"] == 0 and f[phase]["lost"] == 0
         assert f[phase]["records"] > 0
@@ -52,7 +55,7 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     assert c["drained_lateness_ms"]["p50"] > 0
     assert c["live_due_during_drain"] >= 0
     text = report.tables(result)
-    for title in ("Throughput", "Precision", "Backlog", "Catch-up", "Cost per record"):
+    for title in ("Throughput", "A delay-id through the bridge", "Precision", "Backlog", "Catch-up", "Cost per record"):
         assert title in text
     assert {t for t, _, _ in report.targets(result)} >= {"precision: 0 early"}
 
