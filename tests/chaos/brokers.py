@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import os
 import random
 import signal
@@ -134,33 +135,47 @@ def recovery_split(
     return stored, held
 
 
+def assigned_after(bridge: Bridge, since_ms: int) -> int | None:
+    """When (epoch ms) the bridge's log first says it was assigned partitions from ``since_ms``."""
+    for line in bridge.output().splitlines():
+        if "bridge.ingress.membership: assigned" in line:
+            at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if at * 1000 >= since_ms:
+                return int(at * 1000)
+    return None
+
+
 def check_recovery_of_stored(
     run: Run,
     result: Result,
     windows: list[tuple[int, int]],
     acked_ms: dict[int, int],
-    rejoined_ms: int | None = None,
+    bridge: Bridge,
 ) -> None:
     """Check the recovery of the records due during the faults that were in Kafka before them
     (RECOVERY_BOUND_AFTER_FAULT_MS), and note it beside that of the records the workload's
     producers held through them: those arrive at the fault's end as one burst, read at the
     ingest's rate, so their recovery grows with the fault's length and the machine's speed, not
-    with what the bridge does after a fault (recovery_split). ``rejoined_ms``: how long after the
-    fault's end the bridge's group formed again (Kafka's share: the broker's coordinator loads,
-    librdkafka asks for it at most once a second), when it had to; the bridge's own share is the
-    rest."""
+    with what the bridge does after a fault (recovery_split). A ``bridge`` that lost its
+    partitions (its group session ran out during the last fault) gets them back once the group
+    forms again after it: that wait is Kafka's share (the coordinator loads, or persists the
+    rejoin only once its partition of ``__consumer_offsets`` is in sync again; librdkafka asks
+    for it at most once a second), and the bridge's own share, counted from its assignment, is
+    what is checked."""
     stored, held = recovery_split(run, windows, acked_ms)
     result.notes.append(f"recovery of the records due during it: {_seconds(stored)} for those "
                         f"in Kafka before it, {_seconds(held)} for the {len(held):,} the "
                         "producers held, from their acknowledgement")  # fmt: skip
     bound = RECOVERY_BOUND_AFTER_FAULT_MS
-    if rejoined_ms is None:
+    back = windows[-1][1]
+    assigned = assigned_after(bridge, back)
+    if assigned is None:
         result.checks[f"recovery of the records in Kafka before it within {bound // 1000} s"] = (
             max(stored, default=0) <= bound
         )
         return
-    own_ms = max(stored, default=0) - rejoined_ms
-    result.notes.append(f"group formed {rejoined_ms / 1000:.2f} s after the broker answered; "
+    own_ms = max(stored, default=0) - (assigned - back)
+    result.notes.append(f"group formed {(assigned - back) / 1000:.2f} s after the fault's end; "
                         f"the bridge's own share {own_ms / 1000:.2f} s")  # fmt: skip
     result.checks[f"the bridge's share of the recovery of the records in Kafka before it within "
                   f"{bound // 1000} s"] = own_ms <= bound  # fmt: skip
@@ -301,7 +316,7 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
                       f"three brokers ({size.outage_s:.0f} s)")  # fmt: skip
     result.notes.append("delay_bridge_oldest_inflight_seconds peaked at "
                         + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
-    check_recovery_of_stored(run, result, f.windows, f.workload.acked_ms)
+    check_recovery_of_stored(run, result, f.windows, f.workload.acked_ms, f.bridge)
     result.checks["/readyz named the deliveries"] = f.readyz.named("deliveries", f.windows)
     result.checks["the metric showed them waiting"] = all(s > STALL_S for s in stalled_s)
     return result

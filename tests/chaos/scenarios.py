@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import itertools
 import json
 import os
@@ -32,6 +31,7 @@ from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Shard, Store
 from tests.chaos.brokers import (
     IN_SYNC_S,
+    assigned_after,
     broker_fault,
     broker_roll,
     check_recovery_of_stored,
@@ -460,10 +460,7 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
     # earlier registration to expire) reaches Kafka when it is back, as one burst. A restart
     # that outlasts the group session (20 s) loses the partitions: the group forms again first.
     result.checks.pop(RECOVERY_CHECK)
-    back = run.faults[-1][1]
-    assigned = _assigned_after(bridge, back)
-    check_recovery_of_stored(run, result, run.faults, workload.acked_ms,
-                             None if assigned is None else assigned - back)  # fmt: skip
+    check_recovery_of_stored(run, result, run.faults, workload.acked_ms, bridge)
     # What librdkafka says of a restart it rides out is not the operator's concern: no warning
     # that the restarted broker's coordinator is still loading, no connection refused by the
     # killed broker logged while the bridge shuts down afterwards.
@@ -528,25 +525,12 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     # second (the broker's log: the static member rejoins 1-2 s after the broker is unfenced):
     # the bridge's own share of the recovery counts from its assignment. What the workload
     # produced during the outage reaches Kafka at its end, as one burst (check_recovery_of_stored).
-    back = run.faults[-1][1]
-    assigned = _assigned_after(bridge, back)
     result.checks.pop(RECOVERY_CHECK)
-    result.checks["the group formed again"] = assigned is not None
-    check_recovery_of_stored(run, result, run.faults, workload.acked_ms,
-                             (assigned or now_ms()) - back)  # fmt: skip
+    result.checks["the group formed again"] = assigned_after(bridge, run.faults[-1][1]) is not None
+    check_recovery_of_stored(run, result, run.faults, workload.acked_ms, bridge)
     if status is not None and status.returncode != 0:
         result.notes.append(f"status: {status.stderr.strip()[:200]}")
     return result
-
-
-def _assigned_after(bridge: Bridge, since_ms: int) -> int | None:
-    """When (epoch ms) the bridge's log first says it was assigned partitions from ``since_ms``."""
-    for line in bridge.output().splitlines():
-        if "bridge.ingress.membership: assigned" in line:
-            at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            if at * 1000 >= since_ms:
-                return int(at * 1000)
-    return None
 
 
 def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
