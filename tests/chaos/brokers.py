@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from tests.chaos.scenarios import Result, Run, Size
 
 MAX_DELAY_MS = 5000
+MIN_INSYNC = 2  # the cluster's min.insync.replicas (scripts/services)
 SLOW_REDIS_MS = 100  # Redis calls of the bridge longer than this are named in the notes
 READYZ_EVERY_S = 0.25
 BROKER_STOP_S = 120.0  # a broker's controlled shutdown moves its leaderships first
@@ -292,9 +293,11 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
     another), started again after ``size.outage_s``: no partition keeps min.insync.replicas (2),
     so Kafka takes no write. The bridge stops delivering and acknowledging (nothing leaves Redis
     that Kafka did not take), says so in /readyz (``deliveries``) and in
-    ``delay_bridge_oldest_inflight_seconds``, and resumes by itself."""
+    ``delay_bridge_oldest_inflight_seconds``, and resumes by itself. The fault ends when Kafka
+    takes writes again: every partition has MIN_INSYNC replicas in sync, some seconds after the
+    restarted brokers answer (they catch up first)."""
     f = Faulted.start(run, size, rng)
-    stalled_s = []
+    stalled_s, writable_s = [], []
     gap = size.seconds / (size.faults + 1)
     for i in range(size.faults):
         run.at(gap * (i + 1) - size.outage_s / 2)
@@ -311,11 +314,17 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
                 peak = max(peak, metric(f.bridge, "delay_bridge_oldest_inflight_seconds"))
         stalled_s.append(peak)
         run.servers.kafka_cluster_up()
+        answered = time.monotonic()
+        wait_for(lambda: writable(run.admin), IN_SYNC_S, "every partition takes writes again")
+        writable_s.append(time.monotonic() - answered)
         f.windows.append((start, now_ms()))
     result = f.finish("min.insync.replicas lost", f"{size.faults} x kill -9 of two of the "
                       f"three brokers ({size.outage_s:.0f} s)")  # fmt: skip
     result.notes.append("delay_bridge_oldest_inflight_seconds peaked at "
                         + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
+    result.notes.append("Kafka took writes again (min.insync.replicas in sync everywhere) "
+                        + ", ".join(f"{s:.1f} s" for s in writable_s)
+                        + " after the brokers answered")  # fmt: skip
     check_recovery_of_stored(run, result, f.windows, f.workload.acked_ms, f.bridge)
     result.checks["/readyz named the deliveries"] = f.readyz.named("deliveries", f.windows)
     result.checks["the metric showed them waiting"] = all(s > STALL_S for s in stalled_s)
@@ -355,11 +364,21 @@ def _wait_gone(pid: int, what: str) -> None:
     wait_for(gone, BROKER_STOP_S, f"{what} to stop")
 
 
+def writable(admin: AdminClient) -> bool:
+    """Whether every partition of every topic has a leader and MIN_INSYNC replicas in sync."""
+    return _every_partition(admin, lambda p: len(p.isrs) >= MIN_INSYNC)
+
+
 def in_sync(admin: AdminClient) -> bool:
     """Whether every partition of every topic has all its replicas in sync."""
+    return _every_partition(admin, lambda p: len(p.isrs) == len(p.replicas))
+
+
+def _every_partition(admin: AdminClient, holds: Callable[[Any], bool]) -> bool:
+    """Whether every partition of every topic has a leader and ``holds`` (False while the
+    cluster does not answer)."""
     try:
         topics = admin.list_topics(timeout=5).topics.values()
     except Exception:
         return False
-    return all(len(p.isrs) == len(p.replicas) and p.leader >= 0
-               for t in topics for p in t.partitions.values())  # fmt: skip
+    return all(p.leader >= 0 and holds(p) for t in topics for p in t.partitions.values())
