@@ -152,7 +152,7 @@ def check_recovery_of_stored(
     windows: list[tuple[int, int]],
     acked_ms: dict[int, int],
     bridge: Bridge,
-) -> None:
+) -> int | None:
     """Check the recovery of the records due during the faults that were in Kafka before them
     (RECOVERY_BOUND_AFTER_FAULT_MS), and note it beside that of the records the workload's
     producers held through them: those arrive at the fault's end as one burst, read at the
@@ -162,7 +162,8 @@ def check_recovery_of_stored(
     forms again after it: that wait is Kafka's share (the coordinator loads, or persists the
     rejoin only once its partition of ``__consumer_offsets`` is in sync again; librdkafka asks
     for it at most once a second), and the bridge's own share, counted from its assignment, is
-    what is checked."""
+    what is checked. Returns when the group formed again after the last fault (epoch ms; None:
+    the bridge kept its partitions through it)."""
     stored, held = recovery_split(run, windows, acked_ms)
     result.notes.append(f"recovery of the records due during it: {_seconds(stored)} for those "
                         f"in Kafka before it, {_seconds(held)} for the {len(held):,} the "
@@ -174,12 +175,13 @@ def check_recovery_of_stored(
         result.checks[f"recovery of the records in Kafka before it within {bound // 1000} s"] = (
             max(stored, default=0) <= bound
         )
-        return
+        return None
     own_ms = max(stored, default=0) - (assigned - back)
     result.notes.append(f"group formed {(assigned - back) / 1000:.2f} s after the fault's end; "
                         f"the bridge's own share {own_ms / 1000:.2f} s")  # fmt: skip
     result.checks[f"the bridge's share of the recovery of the records in Kafka before it within "
                   f"{bound // 1000} s"] = own_ms <= bound  # fmt: skip
+    return assigned
 
 
 def slow_redis_calls(run: Run) -> str:

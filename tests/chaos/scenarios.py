@@ -31,7 +31,6 @@ from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Shard, Store
 from tests.chaos.brokers import (
     IN_SYNC_S,
-    assigned_after,
     broker_fault,
     broker_roll,
     check_recovery_of_stored,
@@ -525,8 +524,8 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     # the bridge's own share of the recovery counts from its assignment. What the workload
     # produced during the outage reaches Kafka at its end, as one burst (check_recovery_of_stored).
     result.checks.pop(RECOVERY_CHECK)
-    result.checks["the group formed again"] = assigned_after(bridge, run.faults[-1][1]) is not None
-    check_recovery_of_stored(run, result, run.faults, workload.acked_ms, bridge)
+    assigned = check_recovery_of_stored(run, result, run.faults, workload.acked_ms, bridge)
+    result.checks["the group formed again"] = assigned is not None
     if status is not None and status.returncode != 0:
         result.notes.append(f"status: {status.stderr.strip()[:200]}")
     return result
