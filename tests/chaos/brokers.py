@@ -113,10 +113,11 @@ def recovery_split(
     run: Run, windows: list[tuple[int, int]], acked_ms: dict[int, int]
 ) -> tuple[dict[str, int], list[int]]:
     """The recovery (ms from the end of the last fault before its arrival) of the records due
-    within the ``windows``: of those in the delay topic before the fault began, and of those the
-    workload's producers held through a fault and appended once Kafka took writes again (the
-    bridge reads those as a burst at the fault's end), counted from when Kafka acknowledged them
-    (``acked_ms``, by seq): appended, a record is readable only once its replicas have it. A
+    within the ``windows``: of those in the delay topic before the fault began (Kafka had
+    acknowledged them: ``acked_ms``, by seq), and of those the workload's producers held through
+    a fault (produced during it, or before it but not yet acknowledged) and appended once Kafka
+    took writes again (the bridge reads those as a burst at the fault's end), counted from their
+    acknowledgement: appended, a record is readable only once its replicas have it. A
     record that arrived during a fault recovered in 0. Arrival is the append to the target where
     it stamps LogAppendTime, else when the checker saw it. The records in the delay topic before
     the fault are keyed by their place in it (``topic:partition:offset``)."""
@@ -126,13 +127,14 @@ def recovery_split(
         got = run.checker.delivered.get(seq)
         if not got or exp.due_ms is None:
             continue
-        if not any(start <= exp.due_ms < end for start, end in windows):
+        began = next((start for start, end in windows if start <= exp.due_ms < end), None)
+        if began is None:
             continue
         first = min(g.timestamp_ms if run.append_times else g.seen_ms for g in got)
         ended = max((end for start, end in windows if end <= first), default=0)
         during = any(start <= first < end for start, end in windows)
-        if any(start <= exp.produced_ms < end for start, end in windows):
-            readable = max(exp.produced_ms, acked_ms.get(seq, 0))
+        readable = max(exp.produced_ms, acked_ms.get(seq, 0))
+        if readable >= began:  # not acknowledged before the fault: the producer held it
             held.append(0 if during else max(0, first - max(exp.due_ms, readable, ended)))
         else:
             stored[exp.offset] = 0 if during else max(0, first - max(exp.due_ms, exp.produced_ms,
