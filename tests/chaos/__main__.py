@@ -35,8 +35,12 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the servers running")
     parser.add_argument("--exactly-once", action="store_true",
                         help="bridges with egress.exactly_once: a duplicate fails a scenario")  # fmt: skip
+    parser.add_argument("--producer-debug", default="", metavar="CONTEXTS",
+                        help="librdkafka debug contexts for the bridges' producers (eos,topic,…), "
+                        "logged in their logs")  # fmt: skip
     args = parser.parse_args()
     scenarios.EXACTLY_ONCE = args.exactly_once
+    scenarios.PRODUCER_DEBUG = args.producer_debug
     names = args.scenarios or [
         n for n, (_, quick, _) in SCENARIOS.items() if quick or not args.quick
     ]

@@ -64,6 +64,10 @@ PARTITIONS = 3
 JOURNAL = True  # bridges write a journal (python -m bench --no-journal: without)
 # Bridges deliver exactly once (python -m tests.chaos --exactly-once): a duplicate fails the run.
 EXACTLY_ONCE = False
+# librdkafka's debug contexts for the bridges' producers (``debug``, e.g. "eos,topic"), logged at
+# DEBUG in their logs: what a run that misses a bound was waiting on (python -m tests.chaos
+# --producer-debug).
+PRODUCER_DEBUG = ""
 MAX_DELAY_MS = 5000
 # read-back-sigkill: delays of records kept as references (store.payload_horizon 6 s).
 READ_BACK_MIN_MS, READ_BACK_MAX_MS = 8_000, 20_000
@@ -1065,6 +1069,8 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         overrides.pop("kafka__consumer")
     if name in ("bridge-sigkill", "rebalance-storm") or users:
         overrides["egress__lease"] = "30s"
+    if PRODUCER_DEBUG:
+        overrides.update(kafka__producer={"debug": PRODUCER_DEBUG}, logging__level="DEBUG")
     if name == "priority-drain-sigkill":  # the drain takes the run's seconds
         overrides["egress__max_rate"] = max(1, int(size.records / size.seconds))
     if name == "read-back-sigkill" or name.endswith("-references"):
