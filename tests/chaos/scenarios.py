@@ -1117,7 +1117,16 @@ def assert_kept(result: Result, run_dir: Path) -> None:
     assert account.duplicate_ids_differ == 0, "a duplicate carried another delay-id"
     assert (account.delivered + account.dead_lettered + account.scheduled + account.replaced
             == account.records)  # fmt: skip
-    assert {k: v for k, v in result.checks.items() if not v} == {}, _crashes(run_dir)
+    assert {k: v for k, v in result.checks.items() if not v} == {}, _why(result, run_dir)
+
+
+def _why(result: Result, run_dir: Path) -> str:
+    """A failed check's context for its message (CI keeps no files): the run's notes, its fault
+    windows' slowest records (recovery ms, origin, due and arrival epoch ms) and any crash."""
+    slowest = "\n".join(f"  {ms} ms: {origin} due {due} arrived {at}"
+                        for ms, origin, due, at in result.account.slowest[:5])  # fmt: skip
+    notes = "; ".join(result.notes)
+    return f"notes: {notes}\nslowest after a fault:\n{slowest}\n{_crashes(run_dir)}"
 
 
 def _crashes(run_dir: Path) -> str:
