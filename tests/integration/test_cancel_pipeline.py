@@ -28,6 +28,7 @@ from tests.integration.harness import (
     fast_takeover,
     metric,
     produce_all,
+    wait_ready,
 )
 
 pytestmark = pytest.mark.integration
@@ -246,6 +247,9 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
     bridge = setup.bridge()
     bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
     bridges.append(bridge.start())
+    # Ready before the requests are sent: the first check below must come before the replaced
+    # request falls due, whatever the bridge's start-up took (in CI once, it came after).
+    assert wait_ready(bridge)
     target = setup.targets[0].encode()
 
     def at(seconds: float) -> bytes:  # "UTC timestamp in ISO format", as the guide writes it
@@ -260,14 +264,14 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
         return out + [(k.replace("_", "-"), v) for k, v in headers.items()]
 
     value = b'{"type": "send-reminder"}'
-    first_due = at(4)
+    first_due = at(8)
     kaspr: list[Record] = [
         # ADD, then REPLACE of the same request id with a new time and value.
         (b"order-123", value, request(b"reminder-order-123", first_due, trace=b"t-1")),
         (b"order-123", b'{"type": "send-reminder", "v": 2}',
-         request(b"reminder-order-123", at(6), b"REPLACE")),
+         request(b"reminder-order-123", at(12), b"REPLACE")),
         # ADD, then CANCEL (only the request id).
-        (b"order-456", value, request(b"reminder-order-456", at(4))),
+        (b"order-456", value, request(b"reminder-order-456", at(8))),
         (b"order-456", None, [("x-scheduler-action", b"CANCEL"),
                               ("x-scheduler-request-id", b"reminder-order-456")]),
         # The guide's own example time is in the past: delivered at once.
@@ -275,8 +279,8 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
         # Kaspr rejects a REPLACE without a request id; the bridge dead-letters it.
         (b"order-000", value, request(None, at(4), b"REPLACE")),
     ]  # fmt: skip
+    collector = setup.collector()  # joining its group meanwhile
     produce_all(setup.services.bootstrap, setup.delay, kaspr)
-    collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= 2, 30, "the past-due request and the rejection")
         assert [r.delay_id for r in collector.of(setup.targets[0])] == ["reminder-order-789"]
