@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
@@ -82,8 +83,20 @@ def test_the_cluster_replicates_every_topic_three_ways_and_wants_two_in_sync(
     wait_for(lambda: bool(replicas()), 30, f"the partitions of {topic} in the metadata")
     assert replicas() == {3}
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    config = admin.describe_configs([resource])[resource].result(10)
-    assert config["min.insync.replicas"].value == "2"
+
+    def min_insync() -> str | None:
+        """The topic's min.insync.replicas (None: the broker asked has not seen the topic yet;
+        the one that answered the metadata may be another)."""
+        try:
+            config = admin.describe_configs([resource])[resource].result(10)
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            return None
+        return str(config["min.insync.replicas"].value)
+
+    wait_for(lambda: min_insync() is not None, 30, f"the configuration of {topic}")
+    assert min_insync() == "2"
 
 
 def test_brokers_that_stop_answering_hold_a_topic_id_question_no_longer_than_its_timeout(
