@@ -103,6 +103,7 @@ class Probes:
         journal: str = "",
     ) -> None:
         self.store = store
+        self.each_round: list[Callable[[], None]] = []  # more checks, on this thread, every round
         # Described with the DLQ so their topic ids stay fresh for the ingress's incarnation check.
         self.also_describe = list(also_describe)
         self.writable = writable
@@ -158,6 +159,8 @@ class Probes:
                 self._next_topic_probe = time.monotonic() + TOPIC_PROBE_INTERVAL_S
                 self.topics_once()
             self.readiness.try_again()
+            for check in self.each_round:
+                check()
             stop.wait(PROBE_INTERVAL_S)
 
 

@@ -31,7 +31,7 @@ from bridge.egress import Egress, shard_transactions
 from bridge.errors import ConfigError, KafkaFault
 from bridge.health import FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
-from bridge.ingress import Ingress, Settled, closing_aside
+from bridge.ingress import Ingress, Settled, Unowned, closing_aside, describe_group
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
@@ -129,6 +129,16 @@ def _starting(config: Config) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def _unowned(config: Config, topics: Topics, ingress: Ingress) -> Unowned:
+    """The watch for delay partitions the consumer group leaves to no member."""
+    delay = set(config.topics.delay)
+    return Unowned(
+        functools.partial(describe_group, topics.admin, config.kafka.group_id),
+        lambda: {t: n for t, n in topics.partitions().items() if t in delay},
+        ingress.restarts.rejoin_soon,
+    )
+
+
 class Service:
     """One bridge process: ingress and egress threads around a shared store."""
 
@@ -218,6 +228,7 @@ class Service:
             ),
             confirm=self.id_reader,
         )
+        self.probes.each_round.append(_unowned(config, self.topics, self.ingress).check)
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.
         reader = Reader(

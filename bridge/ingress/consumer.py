@@ -136,11 +136,11 @@ class Ingress:
         self.restarts.soon(why)
 
     def _restart(self) -> None:
-        fatal, why = self.restarts.fatal, self.restarts.take()
-        logger.warning("starting the delay-topic consumer again: %s", why)
+        fatal, leaving = self.restarts.fatal, self.restarts.leaving
+        self.restarts.take()
         failed = self.consumer
         if not fatal:
-            self._close_consumer()
+            self.membership.close(leave=leaving)
         # What the close did not revoke (its partitions are taken up again by the new one: a
         # static member at once, as a restarted replica is).
         self.membership.release(set(self.assigned))
@@ -153,7 +153,7 @@ class Ingress:
 
     def poll_once(self, timeout: float = 0.5) -> int:
         """Consume one batch and handle it; returns how many records it held."""
-        if self.restarts.why:
+        if self.restarts.pending(self.consumer.memberid):
             self._restart()
         self.last_loop = time.monotonic()
         if self.last_loop >= self._next_commit:
@@ -242,13 +242,8 @@ class Ingress:
 
     def close(self) -> None:
         """Commit what is stored and leave the group."""
-        self._close_consumer()
+        self.membership.close()
         self.dead_letters.flush()
-
-    def _close_consumer(self) -> None:
-        self.positions.store_lows(set(self.assigned), rebuild=False)
-        self.membership.commit()
-        self.consumer.close()
 
     def _is_error(self, msg: Message) -> bool:
         error = msg.error()

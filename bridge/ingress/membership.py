@@ -221,6 +221,15 @@ class Membership:
                 behind[shard] = position
         self.catch_up.behind(behind)
 
+    def close(self, *, leave: bool = False) -> None:
+        """Commit what is stored and close the consumer; ``leave``: leave the group first, which
+        the close of a static member does not (Kafka's rule)."""
+        self.positions.store_lows(set(self.positions.assigned), rebuild=False)
+        self.commit()
+        if leave:
+            self.consumer.unsubscribe()
+        self.consumer.close()
+
     def commit(self) -> None:
         """Commit the offsets stored for the auto-commit (the lowest pending ones) now."""
         try:

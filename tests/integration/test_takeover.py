@@ -3,10 +3,13 @@ back the leases its previous life held at once, instead of waiting for them to e
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 import redis
+from confluent_kafka.admin import AdminClient
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
@@ -17,6 +20,22 @@ pytestmark = pytest.mark.integration
 
 LONG_LEASE = "90s"  # far longer than any wait below: a record delivered in time was taken back
 LONG_SESSION = "30000"  # a dynamic member replacing a dead one waits this long
+# A static member of the bridge's group that crashes as soon as a cooperative rebalance has it
+# give up a partition: after that first step and before it rejoins for the second.
+CRASHES_GIVING_UP = """
+import os, sys
+from confluent_kafka import Consumer
+bootstrap, group, instance, topic = sys.argv[1:]
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                     "group.instance.id": instance, "session.timeout.ms": "30000",
+                     "partition.assignment.strategy": "cooperative-sticky"})
+def revoked(_consumer, partitions):
+    if partitions:
+        os._exit(0)
+consumer.subscribe([topic], on_revoke=revoked)
+while True:
+    consumer.poll(0.1)
+"""
 
 
 def ready(bridge: Bridge, timeout: float = 60) -> None:
@@ -89,3 +108,50 @@ def test_a_replica_restarted_after_a_crash_gets_its_partitions_back_at_once(
         collector.close()
     assert time.monotonic() - started < 20  # the dead member's session would be 30 s
     assert "assigned" in again.output()
+
+
+def owners(admin: AdminClient, group: str) -> dict[str, list[int]]:
+    """Group instance id -> the partitions Kafka has it own ({} while the group rebalances)."""
+    description = admin.describe_consumer_groups([group])[group].result(10)
+    if description.state.name != "STABLE":
+        return {}
+    return {m.group_instance_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
+            for m in description.members}  # fmt: skip
+
+
+def test_a_partition_given_up_by_a_member_that_crashed_before_it_rejoined_is_owned_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A cooperative rebalance moves a partition in two steps: its owner gives it up, then
+    rejoins, and the next assignment gives it to another member. A static member that crashes
+    between the two and is restarted under its instance id gets its old assignment back without
+    a rebalance (Kafka's rule for a static member rejoining a stable group): the partition it
+    gave up is nobody's, and its records wait for a rebalance that may never come. The bridges
+    see a stable group leave a partition unowned and have one member rejoin."""
+    group, bootstrap = f"bridge-{setup.unique}", setup.services.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    crashing = subprocess.Popen([sys.executable, "-c", CRASHES_GIVING_UP, bootstrap, group,
+                                 "pod-0", setup.delay])  # fmt: skip
+    try:
+        wait_for(lambda: owners(admin, group) == {"pod-0": [0, 1, 2]}, 60, "pod-0 owning all")
+        joining = setup.bridge("pod-1", kafka__group_instance_id="pod-1")
+        bridges.append(joining.start())
+        assert crashing.wait(60) == 0, "pod-0 did not give up a partition"
+    finally:
+        crashing.kill()
+    restarted = setup.bridge("pod-0", kafka__group_instance_id="pod-0")
+    bridges.append(restarted.start())  # within pod-0's session: the same member, no rebalance
+    wait_for(lambda: "assigned" in restarted.output(), 60, "the restarted pod-0 assigned")
+    unowned = owners(admin, group)
+    assert unowned and sum(map(len, unowned.values())) < 3, f"nothing left unowned: {unowned}"
+    due = records_due_in(setup, 30, 0, "unowned")  # keys k0..k29: every partition has some
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len({r.value for r in rs}) >= 30, 60, "every record")
+    finally:
+        collector.close()
+    assert {r.value for r in collector.records} == {b"unowned-%d" % i for i in range(30)}
+    assert all(r.timestamp_ms >= due for r in collector.records)
+    assert sorted(p for ps in owners(admin, group).values() for p in ps) == [0, 1, 2]
+    said = joining.output() + restarted.output()
+    assert "owned by no member" in said

@@ -1,10 +1,12 @@
-"""The ``fetching`` readiness check, fed with librdkafka statistics documents."""
+"""The ``fetching`` readiness check, fed with librdkafka statistics documents; the watch for
+partitions a stable consumer group leaves to no member."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from bridge.health import UNFETCHED_S, FetchWatch, Readiness
+from bridge.ingress.unowned import REJOIN_EVERY_S, UNOWNED_S, Group, Unowned
 from bridge.store import Shard
 from tests.conftest import Clock
 
@@ -60,3 +62,52 @@ def test_what_a_stage_gives_to_try_again_runs_on_each_round_of_the_probe_loop() 
     readiness.try_with(lambda: readiness.ok("journal-writes"))
     readiness.try_again()
     assert tried == [1] and readiness.problems() == []
+
+
+def group(stable: bool = True, **members: list[int]) -> Group:
+    """A group of topic ``delay``: member id -> its partitions."""
+    return Group(stable, {m: frozenset(Shard("delay", p) for p in ps) for m, ps in members.items()})
+
+
+def test_a_partition_a_stable_group_leaves_unowned_has_its_least_loaded_member_rejoin() -> None:
+    clock, said = Clock(), []
+    answers: list[Group | None] = [group(a=[1, 2], b=[])]
+    watch = Unowned(lambda: answers[-1], lambda: {"delay": 3}, lambda m, why: said.append((m, why)),
+                    clock)  # fmt: skip
+    watch.check()
+    clock.now += UNOWNED_S - 1  # a live member between the two steps of a move takes this
+    watch.check()
+    answers.append(None)  # Kafka did not answer: the wait so far stands
+    clock.now += 1
+    watch.check()
+    answers.append(group(a=[1, 2], b=[]))
+    watch.check()
+    [(member, why)] = said
+    assert member == "b"
+    assert why.startswith("delay[0] owned by no member of the stable consumer group for 15s")
+    clock.now += UNOWNED_S  # asked again at most every REJOIN_EVERY_S
+    watch.check()
+    assert len(said) == 1
+    clock.now += REJOIN_EVERY_S
+    watch.check()
+    assert [m for m, _ in said] == ["b", "b"]
+
+
+def test_a_rebalance_or_every_partition_owned_asks_for_no_rejoin() -> None:
+    clock, said = Clock(), []
+    answers = iter([group(a=[1, 2], b=[]), group(False, a=[1, 2], b=[]), group(a=[1, 2], b=[]),
+                    group(a=[1, 2], b=[0])])  # fmt: skip
+    watch = Unowned(lambda: next(answers), lambda: {"delay": 3}, lambda m, w: said.append(m),
+                    clock)  # fmt: skip
+    for _ in range(4):  # the rebalance started the wait again; then the partition was assigned
+        watch.check()
+        clock.now += UNOWNED_S - 1
+    assert said == []
+
+
+def test_the_member_that_rejoins_owns_the_fewest_partitions_then_has_the_lowest_id() -> None:
+    assert group(c=[0], a=[1, 2], b=[3]).least_loaded() == "b"
+    assert group(c=[0, 1], a=[4], b=[]).unowned({"delay": 5}) == {
+        Shard("delay", 2),
+        Shard("delay", 3),
+    }
