@@ -16,8 +16,6 @@ import datetime
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +30,7 @@ from tests.chaos.background import Background
 from tests.chaos.checker import RECOVERY_BOUND_AFTER_FAULT_MS, quantile
 from tests.chaos.workload import Workload, now_ms, steady
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, metric, wait_ready
+from tests.integration.harness import Bridge, cli_of, metric, wait_ready
 
 if TYPE_CHECKING:
     from tests.chaos.scenarios import Result, Run, Size
@@ -134,11 +132,11 @@ def recovery_split(
         ended = max((end for start, end in windows if end <= first), default=0)
         during = any(start <= first < end for start, end in windows)
         readable = max(exp.produced_ms, acked_ms.get(seq, 0))
+        late = 0 if during else max(0, first - max(exp.due_ms, readable, ended))
         if readable >= began:  # not acknowledged before the fault: the producer held it
-            held.append(0 if during else max(0, first - max(exp.due_ms, readable, ended)))
+            held.append(late)
         else:
-            stored[exp.offset] = 0 if during else max(0, first - max(exp.due_ms, exp.produced_ms,
-                                                                      ended))  # fmt: skip
+            stored[exp.offset] = late
     return stored, held
 
 
@@ -201,9 +199,7 @@ def trace_slowest(run: Run, bridge: Bridge, recovery_ms: dict[str, int], count: 
     path = run.dir / "slowest-traces.txt"
     with path.open("w") as out:
         for origin in slowest:
-            traced = subprocess.run([sys.executable, "-m", "bridge", "trace", "--origin", origin],
-                                    env=bridge.env, capture_output=True, text=True, timeout=120,
-                                    check=False)  # fmt: skip
+            traced = cli_of(bridge, timeout=120)("trace", "--origin", origin)
             out.write(f"== {origin}: {recovery_ms[origin] / 1000:.2f} s after the fault's end\n"
                       f"{traced.stdout}{traced.stderr}\n")  # fmt: skip
     shown = ", ".join(f"{o} {recovery_ms[o] / 1000:.2f} s" for o in slowest)

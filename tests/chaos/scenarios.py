@@ -58,7 +58,7 @@ from tests.chaos.workload import (
     steady,
 )
 from tests.conftest import delete_keys, recreate_topic, wait_for
-from tests.integration.harness import Bridge, bridge_env, metric, wait_ready
+from tests.integration.harness import Bridge, bridge_env, cli_of, metric, wait_ready
 
 PARTITIONS = 3
 JOURNAL = True  # bridges write a journal (python -m bench --no-journal: without)
@@ -504,9 +504,7 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
         oldest = metric(bridge, "delay_bridge_oldest_overdue_seconds")
         readyz = bridge.get("/readyz")[1]
         if status is None and time.monotonic() - down > size.outage_s / 2:
-            status = subprocess.run([sys.executable, "-m", "bridge", "status", "--json"],
-                                    env=bridge.env, capture_output=True, text=True, timeout=60,
-                                    check=False)  # fmt: skip
+            status = cli_of(bridge)("status", "--json")
     run.servers.up("kafka")
     run.fault_over()
     recovered = wait_ready(bridge, 90)

@@ -124,6 +124,16 @@ class Bridge:
             return err.code, err.read().decode()
 
 
+def cli_of(bridge: Bridge, timeout: float = 60) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs ``python -m bridge ARGS`` as the bridge's own environment configures it."""
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bridge", *args], env=bridge.env,
+                              capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+
+    return cli
+
+
 def wait_ready(bridge: Bridge, timeout: float = 90) -> bool:
     """Whether /readyz answers 200 within ``timeout`` s (False at once if the bridge exited)."""
     deadline = time.monotonic() + timeout

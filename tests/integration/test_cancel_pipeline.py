@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -25,6 +25,7 @@ from tests.integration.harness import (
     Collector,
     Received,
     Setup,
+    cli_of,
     fast_takeover,
     metric,
     produce_all,
@@ -323,16 +324,6 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
     assert [(r.header("x-scheduler-action"), r.header("x-scheduler-request-id"),
              r.header("x-scheduler-deliver-to")) for r in by_cli] == [
         (None, b"cli-2", target), (b"CANCEL", b"cli-2", None)]  # fmt: skip
-
-
-def cli_of(bridge: Bridge) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Runs ``python -m bridge ARGS`` as the bridge's own environment configures it."""
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "bridge", *args], env=bridge.env,
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-
-    return cli
 
 
 def produced_records(setup: Setup, count: int = 4) -> list[Received]:
