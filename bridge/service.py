@@ -29,9 +29,9 @@ from bridge.config import (
 )
 from bridge.egress import Egress, shard_transactions
 from bridge.errors import ConfigError, KafkaFault
-from bridge.health import FetchWatch, Probes, Readiness
+from bridge.health import PROBE_INTERVAL_S, FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
-from bridge.ingress import Ingress, Settled, Unowned, closing_aside, describe_group
+from bridge.ingress import Ingress, ReplicaView, Settled, Unowned, closing_aside, replica_id
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, release_free_memory
@@ -39,7 +39,7 @@ from bridge.metrics import Metrics, Sampler
 from bridge.readback import IdReader, ReadBack, Reader
 from bridge.redis_client import redis_client
 from bridge.startup import check_rebuildable, start_up
-from bridge.store import Shard, Store
+from bridge.store import Replicas, Shard, Store
 from bridge.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -129,14 +129,23 @@ def _starting(config: Config) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _unowned(config: Config, topics: Topics, ingress: Ingress) -> Unowned:
-    """The watch for delay partitions the consumer group leaves to no member."""
-    delay = set(config.topics.delay)
-    return Unowned(
-        functools.partial(describe_group, topics.admin, config.kafka.group_id),
-        lambda: {t: n for t, n in topics.partitions().items() if t in delay},
-        ingress.restarts.rejoin_soon,
+def _unowned(service: Service, session_ms: str) -> tuple[Unowned, ReplicaView]:
+    """The watch for delay partitions the consumer group leaves to no member, and the view of the
+    group it looks at: the replicas' word in Redis, a silent one taken at its word for a group
+    session (``session_ms``) and a probe round."""
+    config, me = service.config, replica_id()
+    replicas = Replicas(service.redis, config.redis.key_prefix)
+    alive_ms = int(session_ms) + int(PROBE_INTERVAL_S * 1000)
+    view = ReplicaView(
+        replicas, me, lambda: service.ingress.joined, lambda: service.egress.owned, alive_ms
     )
+    delay = set(config.topics.delay)
+    watch = Unowned(
+        view,
+        lambda: {t: n for t, n in service.topics.partitions().items() if t in delay},
+        lambda member, why: service.ingress.restarts.leave(why) if member == me else None,
+    )
+    return watch, view
 
 
 class Service:
@@ -228,7 +237,8 @@ class Service:
             ),
             confirm=self.id_reader,
         )
-        self.probes.each_round.append(_unowned(config, self.topics, self.ingress).check)
+        self.unowned, self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
+        self.probes.each_round.append(self.unowned.check)
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.
         reader = Reader(
@@ -400,6 +410,7 @@ class Service:
         if self.reconcile is not None:
             self.reconcile.close()
         self.id_reader.close()
+        self.replica_view.forget()
         self.redis.close()
         _summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0

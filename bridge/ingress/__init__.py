@@ -3,6 +3,6 @@
 from bridge.ingress.consumer import Ingress
 from bridge.ingress.restarts import closing_aside
 from bridge.ingress.settled import Settled
-from bridge.ingress.unowned import Unowned, describe_group
+from bridge.ingress.unowned import ReplicaView, Unowned, replica_id
 
-__all__ = ["Ingress", "Settled", "Unowned", "closing_aside", "describe_group"]
+__all__ = ["Ingress", "ReplicaView", "Settled", "Unowned", "closing_aside", "replica_id"]

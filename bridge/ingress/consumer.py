@@ -153,7 +153,7 @@ class Ingress:
 
     def poll_once(self, timeout: float = 0.5) -> int:
         """Consume one batch and handle it; returns how many records it held."""
-        if self.restarts.pending(self.consumer.memberid):
+        if self.restarts.why:
             self._restart()
         self.last_loop = time.monotonic()
         if self.last_loop >= self._next_commit:

@@ -62,7 +62,6 @@ class Restarts:
         self.why = ""
         self.fatal = False  # the reason is a fatal error: the consumer is closed aside
         self.leaving = False  # the consumer leaves the group first (bridge.ingress.unowned)
-        self._rejoin: tuple[str, str] | None = None  # (member id, why): see rejoin_soon
         self._next = 0.0
         self._next_fatal = 0.0
 
@@ -87,20 +86,13 @@ class Restarts:
         self.why = "it failed fatally"
         self.fatal = True
 
-    def rejoin_soon(self, member: str, why: str) -> None:
-        """If the consumer is group member ``member``: leave the group and join it again, for
-        ``why`` (bridge.ingress.unowned). A member leaving starts a rebalance, where a static
-        member restarted is handed its last assignment. Called from the probes' thread."""
-        self._rejoin = (member, why)
-
-    def pending(self, member_id: Callable[[], str | None]) -> str:
-        """Why the consumer is to be started again now ("": it is not); ``member_id``: the
-        consumer's member id in its group."""
-        if self._rejoin is not None:
-            (member, why), self._rejoin = self._rejoin, None
-            if not self.why and member == member_id():
-                self.why, self.leaving = why, True
-        return self.why
+    def leave(self, why: str) -> None:
+        """Leave the group and join it again, for ``why`` (bridge.ingress.unowned): a member
+        leaving starts a rebalance, where a static member restarted is handed its last
+        assignment. Called from the probes' thread."""
+        if not self.why:
+            self.leaving = True
+            self.why = why
 
     def take(self) -> str:
         """The reason, now acted on (and said)."""

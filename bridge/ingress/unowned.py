@@ -8,39 +8,43 @@ stable group its last assignment — so the partition it gave up belongs to nobo
 next rebalances, which may be never: its records wait in Kafka, unread. (Seen in ``make test``'s
 rebalance storm: a SIGTERM landing between the two steps left a partition unowned for good.)
 
-Every replica describes its group on each probe round. Once the group has been stable with a delay
-partition owned by no member for UNOWNED_S, the member owning the fewest partitions (the lowest
-member id among equals) leaves the group and joins it again: a member leaving starts a rebalance,
-which assigns every partition. UNOWNED_S outlasts what a live member takes between the two steps
-(its revoked partitions' records in flight are waited for up to 5 s) and a delay topic's new
-partitions waiting for the consumers' metadata refresh (10 s).
+Each replica says in Redis, on each probe round, whether its consumer is in its group and what it
+owns (bridge.store.replicas), and reads what the others said. Once every replica has said it is in
+the group and a delay partition has been owned by none of them for UNOWNED_S, the replica owning
+the fewest partitions (the lowest id among equals) leaves the group and joins it again: a member
+leaving starts a rebalance, which assigns every partition. UNOWNED_S outlasts what a live member
+takes between the two steps (its revoked partitions' records in flight are waited for up to 5 s)
+and a delay topic's new partitions waiting for the consumers' metadata refresh (10 s). A replica
+that stops without a word (SIGKILL) is taken to own what it said for a group session, as Kafka
+does. Kafka's own description of the group is not asked for: librdkafka's admin client can abort
+the process when a broker goes away in the middle of a DescribeConsumerGroups
+(confluentinc/librdkafka#4605; two of three brokers killed, in make test).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupState, KafkaException
-from confluent_kafka.admin import AdminClient
-
-from bridge.store import Shard, shard_names
+from bridge.errors import StoreError
+from bridge.store import Replicas, Shard, shard_names
 
 logger = logging.getLogger(__name__)
 
 UNOWNED_S = 15.0  # a partition of a stable group owned by nobody this long is rejoined for
 REJOIN_EVERY_S = 30.0  # a replica asks for a rejoin at most this often
-DESCRIBE_TIMEOUT_S = 2.0  # within a probe round
 
 
 @dataclass(frozen=True)
 class Group:
-    """A consumer group as Kafka described it."""
+    """The consumer group as its replicas said it."""
 
-    stable: bool
-    members: Mapping[str, frozenset[Shard]]  # member id -> the partitions assigned to it
+    stable: bool  # every replica's consumer is in the group
+    members: Mapping[str, frozenset[Shard]]  # replica id -> the partitions assigned to it
 
     def unowned(self, partitions: Mapping[str, int]) -> set[Shard]:
         """The partitions of these topics (topic -> partition count) assigned to no member."""
@@ -53,28 +57,53 @@ class Group:
         }
 
     def least_loaded(self) -> str:
-        """The member owning the fewest partitions, the lowest member id among equals: the one
-        whose rejoin costs the least."""
+        """The member owning the fewest partitions, the lowest id among equals: the one whose
+        rejoin costs the least."""
         return min(self.members, key=lambda m: (len(self.members[m]), m))
 
 
-def describe_group(admin: AdminClient, group_id: str) -> Group | None:
-    """The group as Kafka describes it, or None if Kafka did not answer."""
-    try:
-        futures = admin.describe_consumer_groups([group_id], request_timeout=DESCRIBE_TIMEOUT_S)
-        description = futures[group_id].result(timeout=DESCRIBE_TIMEOUT_S + 1)
-    except (KafkaException, TimeoutError) as exc:
-        logger.debug("could not describe consumer group %s: %s", group_id, exc)
-        return None
-    return Group(
-        stable=description.state == ConsumerGroupState.STABLE,
-        members={
-            m.member_id: frozenset(
-                Shard(tp.topic, tp.partition) for tp in m.assignment.topic_partitions
-            )
-            for m in description.members
-        },
-    )
+def replica_id() -> str:
+    """This process's id among the replicas: its host (the pod's name) and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class ReplicaView:
+    """The group as the replicas say it in Redis (bridge.store.replicas); this replica says its
+    part first."""
+
+    def __init__(
+        self,
+        replicas: Replicas,
+        me: str,
+        joined: Callable[[], bool],
+        owned: Callable[[], Collection[Shard]],
+        alive_ms: int,
+    ) -> None:
+        self.replicas = replicas
+        self.me = me
+        self._joined = joined  # whether this replica's consumer is in its group
+        self._owned = owned  # the delay partitions assigned to it
+        self.alive_ms = alive_ms  # a replica silent longer than this is gone (a group session)
+
+    def __call__(self) -> Group | None:
+        """The group now, or None if Redis did not answer."""
+        try:
+            self.replicas.say(self.me, self._joined(), self._owned())
+            alive = self.replicas.alive(self.alive_ms)
+        except StoreError as exc:
+            logger.debug("the replicas' partitions not read: %s", exc)
+            return None
+        return Group(
+            stable=all(r.joined for r in alive.values()),
+            members={m: r.owned for m, r in alive.items()},
+        )
+
+    def forget(self) -> None:
+        """This replica stops: it owns nothing from now on."""
+        try:
+            self.replicas.forget(self.me)
+        except StoreError as exc:
+            logger.debug("could not take this replica's partitions out of Redis: %s", exc)
 
 
 class Unowned:
@@ -82,27 +111,27 @@ class Unowned:
 
     def __init__(
         self,
-        describe: Callable[[], Group | None],
+        view: Callable[[], Group | None],
         partitions: Callable[[], Mapping[str, int]],
         rejoin: Callable[[str, str], None],
         clock: Callable[[], float] = time.monotonic,
         unowned_s: float = UNOWNED_S,
     ) -> None:
-        self._describe = describe
+        self._view = view  # the group now (None: not known)
         self._partitions = partitions  # delay topic -> partition count, as Kafka last said
-        self._rejoin = rejoin  # (member id, why): that member leaves and joins again
+        self._rejoin = rejoin  # (member, why): that member leaves the group and joins again
         self._clock = clock
         self.unowned_s = unowned_s
         self._since: dict[Shard, float] = {}  # unowned in a stable group since (monotonic)
         self._next_rejoin = 0.0
 
     def check(self) -> None:
-        """Describe the group once; ask its least-loaded member to rejoin if it is due."""
-        group = self._describe()
+        """Look at the group once; have its least-loaded member rejoin if it is due."""
+        group = self._view()
         if group is None:
             return  # no answer: what was seen so far stands
         if not group.stable or not group.members:
-            self._since.clear()  # rebalancing: it assigns what it can
+            self._since.clear()  # a member joining or rejoining: the rebalance assigns
             return
         now = self._clock()
         unowned = group.unowned(self._partitions())
@@ -114,10 +143,10 @@ class Unowned:
             return
         member = group.least_loaded()
         why = (
-            f"{shard_names(unowned)} owned by no member of the stable consumer group for "
-            f"{waited:.0f}s (a member stopped between the two rebalances that move a partition); "
-            f"member {member}, which owns the fewest partitions, leaves the group and joins it "
-            "again so that they are assigned"
+            f"{shard_names(unowned)} owned by no member of the consumer group for {waited:.0f}s "
+            "(a member stopped between the two rebalances that move a partition); replica "
+            f"{member}, which owns the fewest partitions, leaves the group and joins it again so "
+            "that they are assigned"
         )
         logger.warning("%s", why)
         self._next_rejoin = now + REJOIN_EVERY_S

@@ -23,6 +23,7 @@ from bridge.store.keys import (
 )
 from bridge.store.redis_errors import as_store_error
 from bridge.store.references import Chunk
+from bridge.store.replicas import Replica, Replicas
 from bridge.store.results import Added, Backlog, Bound, Claimed, Claims, Lost, Lows, Withdrawn
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "Confirm",
     "Lost",
     "Lows",
+    "Replica",
+    "Replicas",
     "Shard",
     "ShardKeys",
     "Store",

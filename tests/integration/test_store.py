@@ -12,7 +12,16 @@ import redis
 
 from bridge.errors import StoreError
 from bridge.message import Scheduled, encode
-from bridge.store import AckBatch, Lost, Shard, Store, as_store_error, offset_bytes
+from bridge.store import (
+    AckBatch,
+    Lost,
+    Replica,
+    Replicas,
+    Shard,
+    Store,
+    as_store_error,
+    offset_bytes,
+)
 from bridge.store.keys import Keys
 from tests.conftest import Services, wait_for
 
@@ -419,3 +428,23 @@ def _reading(thread: int) -> bool:
     """Whether ``thread`` waits in redis-py's socket read."""
     frame = sys._current_frames().get(thread)
     return frame is not None and frame.f_code.co_name == "read_from_socket"
+
+
+def test_the_replicas_word_on_their_partitions_lasts_a_session_or_until_they_stop(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    """What bridge.ingress.unowned reads: each replica's last word, a silent one's for as long as
+    a group session, a malformed one's not at all."""
+    replicas = Replicas(redis_client, f"test-{unique}")
+    replicas.say("pod-0:7", True, {Shard("delay", 1), Shard("delay", 0)})
+    replicas.say("pod-1:8", False, set())
+    redis_client.hset(f"test-{unique}:replicas", "junk", "{not json")
+    assert replicas.alive(60_000) == {
+        "pod-0:7": Replica(True, frozenset({Shard("delay", 0), Shard("delay", 1)})),
+        "pod-1:8": Replica(False, frozenset()),
+    }
+    assert redis_client.hexists(f"test-{unique}:replicas", "junk") == 0
+    replicas.forget("pod-1:8")
+    assert set(replicas.alive(60_000)) == {"pod-0:7"}
+    wait_for(lambda: replicas.alive(1) == {}, 5, "a silent replica's word to lapse")
+    assert redis_client.hlen(f"test-{unique}:replicas") == 0

@@ -84,7 +84,7 @@ def test_a_partition_a_stable_group_leaves_unowned_has_its_least_loaded_member_r
     watch.check()
     [(member, why)] = said
     assert member == "b"
-    assert why.startswith("delay[0] owned by no member of the stable consumer group for 15s")
+    assert why.startswith("delay[0] owned by no member of the consumer group for 15s")
     clock.now += UNOWNED_S  # asked again at most every REJOIN_EVERY_S
     watch.check()
     assert len(said) == 1
