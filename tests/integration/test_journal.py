@@ -200,8 +200,10 @@ def test_trace_follows_a_record_from_waiting_to_delivered(
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
+    # Due in 12 s: each trace is a process of its own, a few seconds apiece on a busy machine
+    # (in CI, 4 s passed before one saw the record waiting).
     (p_id, o_id), (p_plain, o_plain) = produce_all(setup.services.bootstrap, setup.delay, [
-        (b"order-7", b"reminder", [(H_TARGET_TOPIC, target), (H_AFTER, b"4s"),
+        (b"order-7", b"reminder", [(H_TARGET_TOPIC, target), (H_AFTER, b"12s"),
                                    (H_ID, b"order-7")]),
         (b"k", b"plain", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),
     ])  # fmt: skip
