@@ -443,8 +443,11 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
     owner reads the journal before ending those leases and delivers none of them again."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
+    # Produced once the bridge is ready, due 6 s later: the snapshot must hold them waiting (in
+    # CI, produced while the bridge started, they were due and claimed before it was taken).
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
-    records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")])
+    records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")])
                for i in range(10)]  # fmt: skip
     produce_all(setup.services.bootstrap, setup.delay, records)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 10, 30, "the 10 stored")
