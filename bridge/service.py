@@ -129,10 +129,9 @@ def _starting(config: Config) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _unowned(service: Service, session_ms: str) -> tuple[Unowned, ReplicaView]:
-    """The watch for delay partitions the consumer group leaves to no member, and the view of the
-    group it looks at: the replicas' word in Redis, a silent one taken at its word for a group
-    session (``session_ms``) and a probe round."""
+def _unowned(service: Service, session_ms: str) -> ReplicaView:
+    """Have the probes watch for partitions no member owns; returns the replicas' view it reads (a
+    replica's last word stands for a group session, ``session_ms``, and a probe round)."""
     config, me = service.config, replica_id()
     replicas = Replicas(service.redis, config.redis.key_prefix)
     alive_ms = int(session_ms) + int(PROBE_INTERVAL_S * 1000)
@@ -145,7 +144,8 @@ def _unowned(service: Service, session_ms: str) -> tuple[Unowned, ReplicaView]:
         lambda: {t: n for t, n in service.topics.partitions().items() if t in delay},
         lambda member, why: service.ingress.restarts.leave(why) if member == me else None,
     )
-    return watch, view
+    service.probes.each_round.append(watch.check)
+    return view
 
 
 class Service:
@@ -237,8 +237,7 @@ class Service:
             ),
             confirm=self.id_reader,
         )
-        self.unowned, self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
-        self.probes.each_round.append(self.unowned.check)
+        self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
         # Runs whether or not store.references is on: references stored before it was turned off
         # are still read back.
         reader = Reader(
@@ -399,10 +398,12 @@ class Service:
             self.egress.drain(DRAIN_TIMEOUT_S)
         except Exception:
             logger.exception("draining the mover failed; unacknowledged leases will expire")
+        owned = frozenset(self.egress.owned)  # a static member's stay its own a while (last_word)
         try:
             self.ingress.close()
         except Exception:
             logger.exception("closing the consumer failed")
+        self.replica_view.last_word(owned if self.config.kafka.group_instance_id else ())
         return self._stop(started)
 
     def _stop(self, started: float) -> int:
@@ -410,7 +411,6 @@ class Service:
         if self.reconcile is not None:
             self.reconcile.close()
         self.id_reader.close()
-        self.replica_view.forget()
         self.redis.close()
         _summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0

@@ -14,11 +14,13 @@ the group and a delay partition has been owned by none of them for UNOWNED_S, th
 the fewest partitions (the lowest id among equals) leaves the group and joins it again: a member
 leaving starts a rebalance, which assigns every partition. UNOWNED_S outlasts what a live member
 takes between the two steps (its revoked partitions' records in flight are waited for up to 5 s)
-and a delay topic's new partitions waiting for the consumers' metadata refresh (10 s). A replica
-that stops without a word (SIGKILL) is taken to own what it said for a group session, as Kafka
-does. Kafka's own description of the group is not asked for: librdkafka's admin client can abort
-the process when a broker goes away in the middle of a DescribeConsumerGroups
-(confluentinc/librdkafka#4605; two of three brokers killed, in make test).
+and a delay topic's new partitions waiting for the consumers' metadata refresh (10 s). A replica's
+last word stands for a group session, as Kafka keeps a member that long: a static member that
+stops says what it owned as it closed (Kafka keeps those partitions its own), a dynamic one that
+it owns nothing (it left), and one killed what it said last. Kafka's own description of the
+group is not asked for: librdkafka's admin client can abort the process when a broker goes away
+in the middle of a DescribeConsumerGroups (confluentinc/librdkafka#4605; two of three brokers
+killed, in make test).
 """
 
 from __future__ import annotations
@@ -98,12 +100,18 @@ class ReplicaView:
             members={m: r.owned for m, r in alive.items()},
         )
 
-    def forget(self) -> None:
-        """This replica stops: it owns nothing from now on."""
+    def last_word(self, owned: Collection[Shard]) -> None:
+        """This replica stops, still owning ``owned`` in Kafka's eyes: a static member's
+        partitions stay its own for a group session, or until its next process takes them, and
+        its word stands as long; with nothing owned (a dynamic member leaves the group) it is
+        taken out."""
         try:
-            self.replicas.forget(self.me)
+            if owned:
+                self.replicas.say(self.me, True, owned)
+            else:
+                self.replicas.forget(self.me)
         except StoreError as exc:
-            logger.debug("could not take this replica's partitions out of Redis: %s", exc)
+            logger.debug("could not say in Redis what this replica leaves: %s", exc)
 
 
 class Unowned:
