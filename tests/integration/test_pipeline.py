@@ -350,8 +350,9 @@ def test_records_claimed_ahead_go_within_a_send_tick_of_their_due_time(
     late = sorted(r.timestamp_ms - r.due_ms for r in collector.records)
     assert late[0] >= 0, f"delivered early: {late[:3]} ms late"
     # Held until the next 100 ms claim tick, the records would be ~50 ms late at the median and
-    # ~90 ms at the 90th percentile; 20 at a time they go within ~10 ms of their due time.
-    assert late[len(late) * 9 // 10] < 40, f"90th percentile {late[len(late) * 9 // 10]} ms late"
+    # ~90 ms at the 90th percentile; 20 at a time they go within ~10 ms of their due time (90th
+    # percentile 12-13 ms here unloaded, 45 ms once in a fresh-clone CI beside the other tests).
+    assert late[len(late) * 9 // 10] < 60, f"90th percentile {late[len(late) * 9 // 10]} ms late"
 
 
 def test_records_claimed_ahead_are_never_early_and_a_late_cancel_still_wins(
