@@ -10,7 +10,7 @@ next read.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import cast
 
@@ -31,13 +31,10 @@ class Replica:
 class Replicas:
     """The replicas' field of ``<prefix>:replicas`` (raises StoreError if Redis fails)."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, now_ms: Callable[[], int]) -> None:
         self.client = client
         self.key = f"{prefix}:replicas"
-
-    def _now_ms(self) -> int:
-        seconds, micros = cast(tuple[int, int], self.client.time())
-        return seconds * 1000 + micros // 1000
+        self._now_ms = now_ms  # Redis's clock (Store.time_ms): one clock for every replica
 
     def say(self, replica: str, joined: bool, owned: Collection[Shard]) -> None:
         """Write what ``replica`` owns now."""

@@ -84,23 +84,19 @@ def test_the_cluster_replicates_every_topic_three_ways_and_wants_two_in_sync(
     assert replicas() == {3}
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
 
-    def min_insync() -> str | None:
-        """The topic's min.insync.replicas (None: the broker asked has not seen the topic yet;
-        the one that answered the metadata may be another)."""
+    answers: list[str] = []
+
+    def answered() -> bool:
+        """Whether a broker gave the topic's min.insync.replicas (one that has not seen the topic
+        yet says UNKNOWN_TOPIC_OR_PART; the one that answered the metadata may be another)."""
         try:
             config = admin.describe_configs([resource])[resource].result(10)
         except KafkaException as err:
             if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise
-            return None
-        return str(config["min.insync.replicas"].value)
-
-    answers: list[str] = []
-
-    def answered() -> bool:
-        answer = min_insync()
-        answers.extend([answer] if answer is not None else [])
-        return bool(answers)
+            return False
+        answers.append(str(config["min.insync.replicas"].value))
+        return True
 
     wait_for(answered, 30, f"the configuration of {topic}")
     assert answers == ["2"]

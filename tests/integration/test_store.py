@@ -435,7 +435,7 @@ def test_the_replicas_word_on_their_partitions_lasts_a_session_or_until_they_sto
 ) -> None:
     """What bridge.ingress.unowned reads: each replica's last word, a silent one's for as long as
     a group session, a malformed one's not at all."""
-    replicas = Replicas(redis_client, f"test-{unique}")
+    replicas = Replicas(redis_client, f"test-{unique}", Store(redis_client, "").time_ms)
     replicas.say("pod-0:7", True, {Shard("delay", 1), Shard("delay", 0)})
     replicas.say("pod-1:8", False, set())
     redis_client.hset(f"test-{unique}:replicas", "junk", "{not json")
