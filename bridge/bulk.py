@@ -89,32 +89,41 @@ def matches(
     store = store_of(config)
     rules = config.rules()
     reader: Reader | None = None
+    # A key prefix alone is decided by a reference's key: its record is not parsed.
+    prefix = flt.key_prefix or b""
+    key_only = flt.key_prefix is not None and flt.target is None and not read_all
     try:
         for shard in shards:
             seen: set[int] = set()
             for page in store.inventory.scan(shard, flt.due_after_ms, flt.due_before_ms):
                 now_ms = store.time_ms()
-                refs = [(due, m) for due, m in page if len(m) == REFERENCE_BYTES]
+                refs = {m: references_in(m)[0] for _, m in page if len(m) == REFERENCE_BYTES}
                 read: dict[int, Scheduled] = {}
+                keyed: set[int] = set()  # key_only: the references whose key matched
                 if refs and (read_all or flt.reads_records):
                     if reader is None:
                         reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}))
-                    wanted = sorted(references_in(m)[0] for _, m in refs)
+                    wanted = sorted(refs.values())
                     got = reader.read(shard, [o for o, _ in wanted])
                     for o, d in wanted:
                         msg = got.get(o)
-                        read[o] = (
-                            missing_record(shard, o, d, "gone from the delay topic")
-                            if msg is None
-                            else parse_read_back(rules, shard, (o, d), msg, now_ms)[0]
-                        )
+                        if key_only:
+                            if msg is not None and (msg.key() or b"").startswith(prefix):
+                                keyed.add(o)
+                        elif msg is None:
+                            read[o] = missing_record(shard, o, d, "gone from the delay topic")
+                        else:
+                            read[o] = parse_read_back(rules, shard, (o, d), msg, now_ms)[0]
                 for due, member in page:
-                    if len(member) == REFERENCE_BYTES:
-                        offset = references_in(member)[0][0]
-                        rec = read.get(offset)
+                    ref = refs.get(member)
+                    rec: Scheduled | None
+                    if ref is None:
+                        whole = stored_record(member, shard, now_ms)
+                        offset, rec = whole.offset, whole
+                    elif key_only and ref[0] not in keyed:
+                        continue
                     else:
-                        rec = stored_record(member, shard, now_ms)
-                        offset = rec.offset
+                        offset, rec = ref[0], read.get(ref[0])  # None: not read
                     if offset in seen or (rec is not None and not flt.matches(rec)):
                         continue
                     seen.add(offset)

@@ -361,6 +361,38 @@ def test_a_bulk_cancel_counts_then_cancels_what_its_filters_match(
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 3
 
 
+def test_a_key_prefix_alone_is_matched_by_the_keys_of_references(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A key prefix with no other filter: a reference's key alone decides (its record is not
+    parsed). References of two customers, one without a key, and a whole record: exactly the
+    customer's are counted and cancelled."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+
+    def later(key: bytes | None, after: bytes) -> tuple[bytes | None, bytes, Headers]:
+        return key, b"v", [(H_TARGET_TOPIC, target), (H_AFTER, after)]
+
+    produce_all(setup.services.bootstrap, setup.delay, [
+        later(b"a-1", b"3h"), later(b"b-1", b"3h"), later(None, b"3h"), later(b"a-2", b"3h"),
+        later(b"ab", b"3h"), later(b"a-3", b"1h"),
+    ])  # fmt: skip
+
+    def keys() -> list[str | None]:
+        proc = cli(setup, "list", "--json", "--limit", "100")
+        return sorted((r["key"] for r in json.loads(proc.stdout)), key=str)
+
+    wait_for(lambda: len(keys()) == 6, 60, "all six stored")
+    counted = cli(setup, "cancel", "--key-prefix", "a-", "--dry-run")
+    assert counted.returncode == 0, counted.stderr
+    assert counted.stdout.startswith("would cancel 3 waiting records"), counted.stdout
+    done = cli(setup, "cancel", "--key-prefix", "a-", "--yes")
+    assert done.returncode == 0 and done.stdout.startswith("cancelled 3 waiting records"), done
+    wait_for(lambda: keys() == [None, "ab", "b-1"], 60, "the three cancelled")
+
+
 def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_twice(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
