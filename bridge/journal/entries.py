@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from bridge.message import Scheduled
+from bridge.store import Withdrawn
 
 H_JOURNAL = "delay-journal"
 FORMAT_VERSION = 1
@@ -124,6 +125,20 @@ def delivered_entry(
     if reason:
         entry["reason"] = reason
     return entry
+
+
+def withdrawn_entry(withdrawn: Withdrawn, at_ms: int, by: str) -> dict[str, Any]:
+    """What a cancel or a replacement withdrew, as the journal stores its entry (``by``: the
+    origin of the record that did it); built per record, so a dict, not an :class:`Entry`."""
+    fate = Fate.CANCELLED if withdrawn.cancelled else Fate.REPLACED
+    return {
+        "fate": fate.value,
+        "offset": withdrawn.offset,
+        "id": withdrawn.delay_id,
+        "due": withdrawn.due_ms,
+        "at": at_ms,
+        "by": by,
+    }
 
 
 def journal_key(topic: str, partition: int) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.health import Readiness
-from bridge.journal.entries import Entry, Fate, encode_entries
+from bridge.journal.entries import Entry, encode_entries, withdrawn_entry
 from bridge.kafka import produce
 from bridge.message import origin
 from bridge.metrics import Metrics
@@ -93,11 +93,13 @@ class Journal:
 
     def withdrawn(self, records: Sequence[Withdrawn], at_ms: int) -> None:
         """Journal what cancels and replacements withdrew, by the shard each record was in."""
-        by_shard: dict[Shard, list[Entry]] = {}
+        by_shard: dict[Shard, list[dict[str, Any]]] = {}
+        origins: dict[tuple[Shard, int], str] = {}  # a record of cancels withdraws many
         for w in records:
-            fate = Fate.CANCELLED if w.cancelled else Fate.REPLACED
-            by = origin(w.by.topic, w.by.partition, w.by_offset)
-            entry = Entry(fate, w.offset, w.delay_id, w.due_ms, at_ms, by=by)
+            by = origins.get((w.by, w.by_offset))
+            if by is None:
+                by = origins[w.by, w.by_offset] = origin(w.by.topic, w.by.partition, w.by_offset)
+            entry = withdrawn_entry(w, at_ms, by)
             by_shard.setdefault(w.shard, []).append(entry)
         for shard, entries in by_shard.items():
             self.write(shard, entries)
