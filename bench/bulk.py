@@ -2,15 +2,15 @@
 
 ``count`` records due in 30 days with keys ``bulk-<n>`` (kept as references) are stored; then live
 records (delays 1-3 s) are produced at ``rate`` while ``delay-bridge cancel --key-prefix bulk-
---yes --rate <pace>`` runs (its default pace unless told). Measured: how long the command took
-(it reads each reference's key in the delay topic and produces a cancel per match), how long
-until the store held none of the matched records, and the live records' lateness at the broker
-meanwhile. None of the cancelled may be delivered, every live record must be.
+--yes --rate <pace>`` runs (by default no rate: it follows the bridge). Measured: how long the
+command took (it reads each reference's key in the delay topic and produces a cancel per match),
+how long until the store held none of the matched records, and the live records' lateness at the
+broker meanwhile. None of the cancelled may be delivered, every live record must be.
 
     python -m bench.bulk [--records N] [--pace P]
 
 runs it alone (``make bench BENCH_ARGS=bulk`` runs it at the command's default pace), with the
-command's ``--rate`` at P (0: none), and prints the figures.
+command's ``--rate`` at P (0: none; it follows the bridge either way), and prints the figures.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def bulk_cancel(
         progress.wait(lambda i, s: i >= count, 900, "the customer's records stored")
         progress.stop()
         # The live load runs from before the command until after the store held none of them.
-        live_seconds = max(3.0, count / (pace or 10_000))  # unpaced, they apply at ~10,000/s
+        live_seconds = max(3.0, count / (pace or 7_000))  # followed, they apply at ~8,500/s
         live = steady(int(rate * live_seconds), run.target, 3000, seed=17, min_delay_ms=1000)
         workload = produce(run, live, rate, first_seq=count)
         started = time.monotonic()

@@ -9,13 +9,16 @@ contract's topics the cancel names the record by its origin (its default delay-i
 replacement produced since is a schedule of its own) with its due time as the hint that finds it
 at once (see :class:`bridge.message.Cancel`); on an etf1 or kaspr topic, by its delay-id, as
 that dialect cancels. Firing or rescheduling one is a replacement (:func:`replacement_of`): the
-record again, with its delay-id (its origin when it has none of its own) and a new due time.
+record again, with its delay-id (its origin when it has none of its own) and a new due time. A
+command follows the bridge applying what it produced (:class:`Follow`): the records other
+producers send to those partitions meanwhile wait behind little of it.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator, Sequence
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge.config import Config, read_back_settings
@@ -199,3 +202,68 @@ class Tally:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+# What a bulk command keeps produced that the bridge has not applied yet, at most (records acted
+# on: a cancel of a record of cancels counts one): the records other producers send to those
+# partitions meanwhile wait behind no more than that, ~0.25 s of the bridge's work beside a
+# live load (docs/bench/history.md, "Bulk operations").
+AHEAD = 2_000
+STALL_S = 3.0  # the bridge applied none of it this long: it is not running, so wait no more
+LOOK_S = 0.02  # how often the watermarks are read while waiting
+
+
+class Follow:
+    """Paces a bulk command by the bridge: :meth:`wait` holds it while more than ``ahead`` of
+    what it produced is not applied yet (a record applied once the shard's ingest watermark in
+    Redis reaches its offset). When the bridge applies nothing for ``stall_s`` — none runs, or
+    its partitions are not read — the command stops waiting for the rest of its run
+    (:attr:`stalled`)."""
+
+    def __init__(
+        self,
+        topic: str,
+        watermarks: Callable[[Sequence[Shard]], Mapping[Shard, int]],
+        *,
+        ahead: int = AHEAD,
+        stall_s: float = STALL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topic = topic
+        self.watermarks = watermarks  # Inventory.watermarks: the ingest watermark of each shard
+        self.ahead = ahead
+        self.stall_s = stall_s
+        self.clock = clock
+        self.produced = 0  # records acted on, produced
+        self.applied = 0  # of them, applied by the bridge
+        self.stalled = False
+        self._acked: dict[int, deque[tuple[int, int]]] = {}  # partition -> (offset, acted)
+
+    def sent(self, acted: int) -> None:
+        """A record acting on ``acted`` records was produced."""
+        self.produced += acted
+
+    def acknowledged(self, partition: int, offset: int, acted: int) -> None:
+        """Kafka took that record at ``offset`` of ``partition``."""
+        self._acked.setdefault(partition, deque()).append((offset, acted))
+
+    def wait(self, serve: Callable[[float], object]) -> None:
+        """Return once at most ``ahead`` records are not applied (or at once when stalled);
+        ``serve(seconds)`` serves the producer's delivery reports meanwhile."""
+        progress_at = self.clock()
+        while not self.stalled and self.produced - self.applied > self.ahead:
+            serve(LOOK_S)
+            before = self.applied
+            self._catch_up()
+            if self.applied > before:
+                progress_at = self.clock()
+            elif self.clock() - progress_at > self.stall_s:
+                self.stalled = True
+
+    def _catch_up(self) -> None:
+        shards = [Shard(self.topic, p) for p in self._acked]
+        marks = self.watermarks(shards)
+        for shard, mark in marks.items():
+            acked = self._acked[shard.partition]
+            while acked and acked[0][0] <= mark:
+                self.applied += acked.popleft()[1]

@@ -20,11 +20,10 @@ def when_arg(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> 
 
 
 FILTERS = ("--target", "--key-prefix", "--due-after", "--due-before")
-# A bulk command's records a second by default: the bridge applies them in line with what other
-# producers send meanwhile (the same partitions), and applies cancels at ~7,000-8,000/s beside a
-# 2,000/s load. At 5,000/s that load's ack p99 stayed 34 ms; at 10,000/s it was 2.5 s, unpaced
-# 3.2 s (100,000 cancels: docs/bench/history.md).
-DEFAULT_RATE = 5000.0
+# A bulk command's records a second at most by default: none. It follows the bridge instead
+# (bridge.bulk.Follow): the records other producers send to those partitions meanwhile wait behind
+# no more than bridge.bulk.AHEAD of its records.
+DEFAULT_RATE = 0.0
 
 
 def given_filters(args: argparse.Namespace) -> list[str]:

@@ -76,8 +76,28 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
         if args.dry_run:
             for _ in records:
                 pass
-        else:
-            send(config, topic, args.timeout, records, verb, each=False, rate=args.rate)
+            continue
+        store = ops.store_of(config)
+        follow = bulk.Follow(topic, store.inventory.watermarks)
+        try:
+            send(
+                config,
+                topic,
+                args.timeout,
+                records,
+                verb,
+                each=False,
+                rate=args.rate,
+                follow=follow,
+            )
+        finally:
+            store.client.close()
+        if follow.stalled:
+            print(
+                f"delay-bridge: the bridge applied none of {topic}'s records for "
+                f"{bulk.STALL_S:.0f} s: the rest were produced without waiting for it",
+                file=sys.stderr,
+            )
     if tally.total >= PROGRESS_EVERY and sys.stderr.isatty():
         print(file=sys.stderr)
     if skipped:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from bridge import __version__, ops
+from bridge.bulk import AHEAD
 from bridge.cli.args import DEFAULT_RATE, when_arg
 from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
 from bridge.cli.records import cancel_command, produce_command
@@ -52,8 +53,9 @@ def with_filters(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=float,
         default=DEFAULT_RATE,
-        help=f"records produced a second at most ({DEFAULT_RATE:,.0f}; 0: no limit): the bridge "
-        "reads them in line with what other producers send meanwhile, which waits behind them",
+        help="records produced a second at most (0, the default: no limit); either way at most "
+        f"{AHEAD:,} are produced ahead of what the bridge applied, as other producers' records "
+        "wait behind them",
     )
 
 

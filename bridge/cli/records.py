@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import sys
 import time
 from collections.abc import Iterator
 
 from bridge import ops
+from bridge.bulk import Follow
 from bridge.cli.args import refuse_filters
 from bridge.client import cancel_headers, partition_for
 from bridge.config import Config, producer_settings
@@ -287,13 +289,14 @@ def send(
     target: str | None = None,
     each: bool = True,
     rate: float = 0,
+    follow: Follow | None = None,
 ) -> int:
     """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
     first one is taken, and so checked, before connecting); print each acknowledged offset as
     ``<what> topic:partition:offset`` (unless not ``each``); warn when the records' ``target``
     topic does not exist; ``rate``: at most this many records acted on a second (a record with
-    several ``delay-cancel`` headers counts each; 0: no limit).
-    Returns how many were produced."""
+    several ``delay-cancel`` headers counts each; 0: no limit); ``follow``: paced by the bridge
+    applying them too. Returns how many were produced."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
     try:
@@ -335,10 +338,13 @@ def send(
                 )
     failures: list[str] = []
 
-    def report(err: KafkaError | None, msg: Message) -> None:
+    def report(acted: int, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             failures.append(err.str())
-        elif each:
+            return
+        if follow is not None:
+            follow.acknowledged(msg.partition() or 0, msg.offset() or 0, acted)
+        if each:
             print(f"{what} {msg.topic()}:{msg.partition()}:{msg.offset()}")
 
     count, acted, started = 0, 0, time.monotonic()
@@ -347,18 +353,22 @@ def send(
         while record is not None:
             key, value, headers, partition = record
             fields = {} if partition is None else {"partition": partition}
+            acts = sum(1 for name, _ in headers if name == H_CANCEL) or 1
             produce(
                 producer,
                 topic,
                 value=value,
                 key=key,
                 headers=wire_headers(headers),
-                on_delivery=report,
+                on_delivery=functools.partial(report, acts),
                 **fields,
             )
             producer.poll(0)
             count += 1
-            acted += sum(1 for name, _ in headers if name == H_CANCEL) or 1
+            acted += acts
+            if follow is not None:
+                follow.sent(acts)
+                follow.wait(producer.poll)
             if rate and (ahead := acted / rate - (time.monotonic() - started)) > 0:
                 producer.poll(ahead)  # serves delivery reports while it paces
             record = next(records, None)

@@ -15,6 +15,7 @@ import pytest
 import redis
 import yaml
 
+from bridge.bulk import AHEAD, STALL_S
 from bridge.message import (
     H_AFTER,
     H_ERROR,
@@ -391,6 +392,33 @@ def test_a_key_prefix_alone_is_matched_by_the_keys_of_references(
     done = cli(setup, "cancel", "--key-prefix", "a-", "--yes")
     assert done.returncode == 0 and done.stdout.startswith("cancelled 3 waiting records"), done
     wait_for(lambda: keys() == [None, "ab", "b-1"], 60, "the three cancelled")
+
+
+def test_a_bulk_cancel_with_no_bridge_applying_stops_waiting_for_it(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """More cancels than a command keeps ahead of the bridge (``AHEAD``), and no bridge running:
+    the command waits ``STALL_S`` for the bridge, says it stopped waiting, produces the rest and
+    exits 0; a bridge started then applies every cancel."""
+    count = AHEAD + 500
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    records = [
+        (b"s-%d" % i, b"v", [(H_TARGET_TOPIC, target), (H_AFTER, b"3h")]) for i in range(count)
+    ]
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= count, 60, "all stored")
+    assert bridge.stop() == 0
+    done = cli(setup, "cancel", "--key-prefix", "s-", "--yes")
+    assert done.returncode == 0 and done.stdout.startswith(f"cancelled {count:,} waiting"), done
+    assert f"applied none of {setup.delay}'s records for {STALL_S:.0f} s" in done.stderr
+    again = setup.bridge("bridge-2").start()
+    bridges.append(again)
+    wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready again")
+    applied = 'delay_bridge_cancelled_total{result="cancelled"}'
+    wait_for(lambda: metric(again, applied) == count, 60, "every cancel applied")
 
 
 def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_twice(
