@@ -330,9 +330,9 @@ def test_records_claimed_ahead_go_within_a_send_tick_of_their_due_time(
 ) -> None:
     # The claim tick coalesces Redis calls; records claimed ahead are already in memory and,
     # falling due fast, go about SEND_BATCH at a time (here every ~10 ms), not once per claim
-    # tick. A long claim tick makes the difference plain.
+    # tick. A long claim tick (400 ms) makes the difference plain, beyond a loaded machine's noise.
     stamped = topics("stamped", 1, {"message.timestamp.type": "LogAppendTime"})
-    bridge = setup.bridge(egress__ahead="1s", egress__tick="100ms", egress__send_tick="3ms").start()
+    bridge = setup.bridge(egress__ahead="1s", egress__tick="400ms", egress__send_tick="3ms").start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "the bridge to join its group")
     producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
@@ -349,10 +349,10 @@ def test_records_claimed_ahead_go_within_a_send_tick_of_their_due_time(
         collector.close()
     late = sorted(r.timestamp_ms - r.due_ms for r in collector.records)
     assert late[0] >= 0, f"delivered early: {late[:3]} ms late"
-    # Held until the next 100 ms claim tick, the records would be ~50 ms late at the median and
-    # ~90 ms at the 90th percentile; 20 at a time they go within ~10 ms of their due time (90th
-    # percentile 12-13 ms here unloaded, 45 ms once in a fresh-clone CI beside the other tests).
-    assert late[len(late) * 9 // 10] < 60, f"90th percentile {late[len(late) * 9 // 10]} ms late"
+    # Held until the next 400 ms claim tick, the records would be ~200 ms late at the median and
+    # ~360 ms at the 90th percentile; 20 at a time they go within ~10 ms of their due time (90th
+    # percentile 12-13 ms here unloaded, 45 and 62 ms in fresh-clone CIs beside the other tests).
+    assert late[len(late) * 9 // 10] < 150, f"90th percentile {late[len(late) * 9 // 10]} ms late"
 
 
 def test_records_claimed_ahead_are_never_early_and_a_late_cancel_still_wins(
