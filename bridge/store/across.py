@@ -19,7 +19,7 @@ in the partition it names, finds its record by offset (:func:`default_id_where`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled
 from bridge.store.calls import candidates_from
@@ -102,16 +102,18 @@ def default_id_wheres(
     shard: Shard,
     batch: Sequence[Scheduled | Cancel],
     refer_after_ms: int,
+    locate: Collection[int] = (),
 ) -> tuple[dict[int, bytes], int | None]:
     """For each cancel of the ``batch`` that names a default delay-id of ``shard``, and each
     record that has one as its delay-id (it replaces that record), keyed by its place in the
     batch (a record with several cancels is a cancel each, at one offset),
     where the record named waits (a ``where`` of add.lua): earlier in the batch (kept as a
-    reference if due after ``refer_after_ms``), or in Redis (:meth:`Inventory.wholes`, all in
-    one go, at the due time a ``delay-due-at`` gives first); due -1 when in no index (a
-    reference, or gone). Then the shard's promotions counted before Redis was looked at (None:
-    it was not): a reference promoted since is whole where a -1 does not look, so add.lua
-    answers "again" when the count moved."""
+    reference if due after ``refer_after_ms``), at the due time its cancel gives
+    (``delay-due-at``: a hint add.lua checks), or else in Redis (:meth:`Inventory.wholes`, all
+    in one pass over the shard's whole records) — as for the offsets add.lua could not
+    ``locate`` at their hints; due -1 when in no index (a reference, or gone). Then the shard's
+    promotions counted before Redis was looked at (None: it was not): a reference promoted since
+    is whole where a -1 does not look, so add.lua answers "again" when the count moved."""
     named: dict[int, int] = {}  # its place -> the offset the default id names
     hints: dict[int, int | None] = {}
     for i, c in enumerate(batch):
@@ -130,7 +132,10 @@ def default_id_wheres(
         rec = scheduled.get(target)
         if rec is not None:
             dues[target] = -1 if rec.due_ms > refer_after_ms else rec.due_ms
-    wanted = {o: hints[c] for c, o in named.items() if o not in dues}
+    for c, o in named.items():
+        if o not in dues and o not in locate and (hint := hints[c]) is not None:
+            dues[o] = hint
+    wanted = {o for o in named.values() if o not in dues}
     promotions = inventory.promotions(shard) if wanted else None
     dues |= inventory.wholes(shard, wanted) if wanted else {}
     return {c: where(offset_bytes(o), dues[o]) for c, o in named.items()}, promotions

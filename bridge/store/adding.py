@@ -6,12 +6,19 @@ others (:mod:`bridge.store.across`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.message import Cancel, Scheduled
 from bridge.store.across import default_id_wheres, withdraw_elsewhere
-from bridge.store.calls import AddEntry, AddReply, add_argv, asked_to_confirm, promoted_meanwhile
+from bridge.store.calls import (
+    AddEntry,
+    AddReply,
+    add_argv,
+    asked_to_confirm,
+    asked_to_locate,
+    promoted_meanwhile,
+)
 from bridge.store.ids import Confirm, id_hash
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
@@ -19,9 +26,10 @@ from bridge.store.results import Added, Lost, Withdrawn
 from bridge.store.scripts import Call, Scripts
 
 # add.lua asks to confirm the references its id lookups found at most once per batch (only the
-# ingress adds to a shard, and nothing else makes references), and to look again for what default
-# delay-ids name when the read-back promoted a reference meanwhile (a chunk at a time, a few a
-# second at most): a sixth round is a bug.
+# ingress adds to a shard, and nothing else makes references), to locate the records whose
+# cancels' due-time hints missed them once (the records it is told of then are not hints), and to
+# look again for what default delay-ids name when the read-back promoted a reference meanwhile (a
+# chunk at a time, a few a second at most): a sixth round is a bug.
 ROUNDS = 6
 
 
@@ -35,15 +43,17 @@ def add_call(
     refer_after_ms: int,
     bucket_ms: int,
     vouched: Mapping[int, str],
+    locate: Collection[int] = (),
 ) -> Call:
     """The add.lua call of one shard's ``batch`` (highest offset, records); ``vouched`` the
     delay-ids read in the delay topic at the offsets add.lua asked about (its references of this
-    batch with a caller-given id are vouched for here)."""
+    batch with a caller-given id are vouched for here), ``locate`` the offsets it could not find
+    at the due times their cancels gave."""
     high, records = batch
     k = keys.of(shard)
     entries: list[AddEntry] = []
     vouch = dict(vouched)
-    wheres, promotions = default_id_wheres(inventory, shard, records, refer_after_ms)
+    wheres, promotions = default_id_wheres(inventory, shard, records, refer_after_ms, locate)
     replaces: dict[int, bytes] = {}
     for i, rec in enumerate(records):
         if isinstance(rec, Cancel):
@@ -137,6 +147,7 @@ def _add(
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
+    locate: dict[Shard, set[int]] = {s: set() for s in shards}
 
     def call(shard: Shard) -> Call:
         return add_call(
@@ -148,14 +159,18 @@ def _add(
             refer_after_ms=refer_after_ms,
             bucket_ms=bucket_ms,
             vouched=vouched[shard],
+            locate=locate[shard],
         )
 
     replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
     for _ in range(ROUNDS):
         asking = {s: a for s, r in replies.items() if (a := asked_to_confirm(r)) is not None}
-        again = [s for s, r in replies.items() if s in asking or promoted_meanwhile(r)]
+        lost = {s: a for s, r in replies.items() if (a := asked_to_locate(r)) is not None}
+        again = [s for s, r in replies.items() if s in asking or s in lost or promoted_meanwhile(r)]
         if not again:
             break
+        for shard, offsets in lost.items():
+            locate[shard].update(offsets)
         for shard, asked in asking.items():
             read = confirm(shard, asked)
             vouched[shard].update({o: read[o][0] if o in read else "" for o, _ in asked})

@@ -198,6 +198,14 @@ def asked_to_confirm(reply: Any) -> list[tuple[int, int]] | None:
     return [(offset_of(reply[i]), int(reply[i + 1])) for i in range(1, len(reply), 2)]
 
 
+def asked_to_locate(reply: Any) -> list[int] | None:
+    """The offsets an add.lua reply asks the caller to look for in the shard's whole records:
+    their cancels' due-time hints did not find them (None: the reply is add.lua's answer)."""
+    if not (isinstance(reply, list) and reply and reply[0] == b"locate"):
+        return None
+    return [offset_of(o) for o in reply[1:]]
+
+
 def candidates_from(reply: Sequence[Any]) -> list[list[tuple[int, int]]]:
     """candidates.lua's reply, read: per id hash asked, the (offset, due ms) of its entries."""
     return [

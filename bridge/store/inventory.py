@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import cast
 
 import redis
@@ -34,10 +34,6 @@ from bridge.store.scripts import Scripts
 ALL = 2**62  # a limit that is none
 SCAN_COUNT = 1000  # members a ZSCAN call asks for
 SCAN_CHUNKS = 4  # reference chunks an HMGET of a scan reads (up to 1,023 references each)
-FIND_SCAN = 64  # members at one due ms a hinted lookup reads (find in _lib.lua reads 16)
-# A shard holding fewer whole records than this many per hinted lookup is read whole instead: a
-# lookup is three ZRANGEBYSCOREs, which cost about as much as reading twenty members.
-SCAN_RATHER = 20
 
 
 class Inventory:
@@ -175,7 +171,7 @@ class Inventory:
         (``<topic>:<partition>:<offset>``, not indexed): [(due ms, member)] or []. Its due time
         is unknown: a pass over the shard's whole records (:meth:`wholes`), for rare lookups; a
         reference is not found so."""
-        due = self.wholes(shard, {offset: None})[offset]
+        due = self.wholes(shard, [offset])[offset]
         return self.at(shard, due, offset_bytes(offset)) if due >= 0 else []
 
     def promotions(self, shard: Shard) -> int:
@@ -185,27 +181,18 @@ class Inventory:
                 cast(bytes | None, self.client.hget(self.keys.of(shard).refs, "promoted")) or 0
             )
 
-    def wholes(self, shard: Shard, hints: Mapping[int, int | None]) -> dict[int, int]:
-        """Where the records at these offsets of ``shard`` wait held whole: offset -> due ms, or
-        -1 where none does (a reference, or gone). An offset's hint (the due time its cancel
-        gave) is looked at first, all in one round trip, unless the shard holds so few records
-        whole that reading them all costs less; the offsets a hint does not find (none given, a
-        reference, a wrong one) in one pass over the shard's whole records, for all."""
+    def wholes(self, shard: Shard, offsets: Collection[int]) -> dict[int, int]:
+        """Where the records at these ``offsets`` of ``shard`` wait held whole: offset -> due ms,
+        or -1 where none does (a reference, or gone). One pass over the shard's whole records
+        for all of them: for what a due time does not find (add.lua checks a cancel's hint)."""
+        rest = {offset_bytes(o): o for o in offsets}
         found: dict[int, int] = {}
-        hinted = [(o, d) for o, d in hints.items() if d is not None]
-        keys = self.waiting_keys(shard)
-        if hinted and _whole_count(self.client, keys) > SCAN_RATHER * len(hinted):
-            at = _members_at(self.client, keys, [d for _, d in hinted])
-            for (offset, due), page in zip(hinted, at, strict=True):
-                if any(m.startswith(offset_bytes(offset)) for m in page):
-                    found[offset] = due
-        rest = {offset_bytes(o): o for o in hints if o not in found}
-        for key in keys if rest else []:
+        for key in self.waiting_keys(shard) if rest else []:
             with as_store_error():
                 for m, s in self.client.zscan_iter(key, count=SCAN_COUNT, score_cast_func=float):
                     if (named := rest.get(m[:8])) is not None:
                         found[named] = due_of(s)
-        return {o: found.get(o, -1) for o in hints}
+        return {o: found.get(o, -1) for o in offsets}
 
     def _reference(self, shard: Shard, offset: bytes, due_ms: int) -> list[tuple[int, bytes]]:
         """The record at ``offset``, waiting in no index, as a reference if it is one (pending,
@@ -327,30 +314,6 @@ class Inventory:
         for (tier, _), size in zip(named, sizes, strict=True):
             tiers[tier] += int(size or 0)
         return tiers
-
-
-def _whole_count(client: redis.Redis, keys: Sequence[str]) -> int:
-    """How many records the due index and wait indexes ``keys`` of a shard hold."""
-    with as_store_error():
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.zcard(key)
-        return sum(cast(list[int], pipe.execute()))
-
-
-def _members_at(client: redis.Redis, keys: Sequence[str], dues: Sequence[int]) -> list[list[bytes]]:
-    """Per due ms of ``dues``, the first FIND_SCAN members scored at it in each lane of the due
-    index and wait indexes ``keys`` of a shard (a burst due at one ms: what is past them is looked
-    for as if not found)."""
-    with as_store_error():
-        pipe = client.pipeline(transaction=False)
-        for due in dues:
-            for key in keys:
-                for base in LANE_BASES.values():
-                    pipe.zrangebyscore(key, base + due, base + due, start=0, num=FIND_SCAN)
-        pages = cast(list[list[bytes]], pipe.execute())
-    per = len(keys) * len(LANE_BASES)
-    return [[m for page in pages[i * per : (i + 1) * per] for m in page] for i in range(len(dues))]
 
 
 def due_counts(inventory: Inventory, shard: Shard, bounds: Sequence[int]) -> list[int]:

@@ -214,8 +214,8 @@ def _zscans(store: Store) -> int:
 def test_cancels_of_default_ids_find_their_records_without_a_scan_each(store: Store) -> None:
     """A bulk cancel: 105 cancels of default delay-ids among 3,000 waiting records, each with the
     due time of its record (``delay-due-at``, as the command line sends it). The hint finds the
-    records held whole at once; those it cannot (a reference, a wrong hint) are looked for in one
-    pass over the shard, not one each: the store's work does not grow with the backlog per
+    records held whole or as references at once; those it cannot (a wrong hint) are looked for in
+    one pass over the shard, not one each: the store's work does not grow with the backlog per
     cancel. A hint is checked, never trusted: a wrong one still cancels its record."""
     whole = [rec(i, T0 + 1000 + i) for i in range(3000)]
     store.add({SHARD: (2999, whole)})
@@ -224,13 +224,43 @@ def test_cancels_of_default_ids_find_their_records_without_a_scan_each(store: St
     cancels = [Cancel(3005 + i, f"delay:0:{2 * i}", due_ms=T0 + 1000 + 2 * i) for i in range(100)]
     cancels += [Cancel(3500 + i, f"delay:0:{3000 + i}", due_ms=T0 + 10**10 + i) for i in range(4)]
     cancels.append(Cancel(3504, "delay:0:999", due_ms=T0 + 7))  # a wrong hint
+    cancels.append(Cancel(3505, "delay:0:3004", due_ms=T0 + 10**10 + 3))  # a reference's, wrong
     before = _zscans(store)
-    added = store.add({SHARD: (3504, cancels)}, refer_after_ms=T0 + 10**9)
-    assert (added.cancelled, added.not_found) == (105, 0)
-    assert _zscans(store) - before <= 4  # one pass over the due index, not 105
+    added = store.add({SHARD: (3505, cancels)}, refer_after_ms=T0 + 10**9)
+    assert (added.cancelled, added.not_found) == (106, 0)
+    assert _zscans(store) - before <= 4  # one pass over the due index, not 106
     left = waiting(store, T0 + 2 * 10**10)  # the whole records left (references are not due)
     assert set(left) == {i for i in range(3000) if i % 2 or i >= 200} - {999}
-    assert [store.inventory.is_pending(SHARD, 3000 + i) for i in range(5)] == [False] * 4 + [True]
+    assert [store.inventory.is_pending(SHARD, 3000 + i) for i in range(5)] == [False] * 5
+
+
+def test_cancels_of_references_at_their_due_times_read_no_whole_record(store: Store) -> None:
+    """A bulk cancel of far-future records while the shard holds many near-term ones: each
+    cancel's due-time hint finds its reference among its time bucket's references, so no
+    batch reads the shard's whole records (a pass over them per batch made a bulk cancel's
+    rate fall with the live backlog). A reference cancelled before is not cancelled twice."""
+    bucket = 60_000
+    due = (T0 + 10**10) // bucket * bucket  # the start of a bucket: all in one, in 3 chunks
+    whole = [rec(i, T0 + 1000 + i) for i in range(3000)]
+    store.add({SHARD: (2999, whole)})
+    far = [rec(3000 + i, due + i // 2) for i in range(2100)]  # chunks of 1,023
+    store.add({SHARD: (5099, far)}, refer_after_ms=T0 + 10**9, bucket_ms=bucket)
+    named = [0, 1, 1022, 1023, 1500, 2046, 2099]
+    first = [Cancel(5100, f"delay:0:{3000 + named[0]}", due_ms=due)]
+    assert store.add({SHARD: (5100, first)}, bucket_ms=bucket).cancelled == 1
+    batch: list[Scheduled | Cancel] = [
+        Cancel(5101 + k, f"delay:0:{3000 + i}", due_ms=due + i // 2) for k, i in enumerate(named)
+    ]
+    moved = rec(5108, T0 + 5000, "delay:0:4700", b"now")  # "fire now" of a reference
+    moved.headers.append((H_DUE_AT, b"%d" % (due + 850)))
+    before = _zscans(store)
+    added = store.add({SHARD: (5108, [*batch, moved])}, bucket_ms=bucket)
+    assert (added.cancelled, added.not_found) == (len(named) - 1, 1)  # the first one again
+    assert added.replaced == 1
+    assert _zscans(store) == before
+    left = {o for o in range(3000, 5100) if store.inventory.is_pending(SHARD, o)}
+    assert left == set(range(3000, 5100)) - {3000 + i for i in named} - {4700}
+    assert len(waiting(store)) == 3001  # no whole record touched, the one fired added
 
 
 def test_a_record_with_a_default_id_as_its_delay_id_replaces_that_record(store: Store) -> None:

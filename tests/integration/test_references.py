@@ -241,27 +241,31 @@ def test_a_retire_whose_reply_was_lost_is_answered_when_asked_again(
 def test_a_reference_promoted_while_its_cancel_is_looked_up_is_still_cancelled(
     store: Store, monkeypatch: pytest.MonkeyPatch, hinted: bool
 ) -> None:
-    """The ingress looks for the record a default delay-id names before its script runs; the
-    read-back may promote that reference in between. The cancel still withdraws it."""
+    """The ingress looks for the record a default delay-id names before its script runs when
+    the cancel gives no due time; the read-back may promote that reference in between. The
+    cancel still withdraws it. One with its due time is looked up by add.lua itself, in the
+    script that withdraws it: nothing is looked up before, so nothing can move in between."""
     far = T0 + 10 * BUCKET
     records = {0: rec(0, far), 1: rec(1, far + 1)}
     add(store, *records.values())
     wholes = type(store.inventory).wholes
     looked: list[dict[int, int]] = []
 
-    def then_promoted(self: object, shard: Shard, hints: dict[int, int | None]) -> dict[int, int]:
-        found = wholes(store.inventory, shard, hints)  # a reference: in no index yet
+    def then_promoted(self: object, shard: Shard, offsets: list[int]) -> dict[int, int]:
+        found = wholes(store.inventory, shard, offsets)  # a reference: in no index yet
         if not looked:
             assert promote_all(store, far, records) == 2  # the read-back, meanwhile
         looked.append(found)
         return found
 
     monkeypatch.setattr(type(store.inventory), "wholes", then_promoted)
+    if hinted:
+        assert promote_all(store, far, records) == 2  # before: its hint finds it whole
     cancel = Cancel(2, "delay:0:0", due_ms=far if hinted else None)
     added = store.add({SHARD: (2, [cancel])}, refer_after_ms=T0, bucket_ms=BUCKET)
     monkeypatch.undo()
     assert (added.cancelled, added.not_found) == (1, 0)
-    assert looked == [{0: -1}, {0: far}]  # looked for again, and found whole
+    assert looked == ([] if hinted else [{0: -1}, {0: far}])  # looked for again, found whole
     claimed = store.claim([SHARD], 10, 30_000, now_ms=far + 1)
     assert [c.record.offset for c in claimed] == [1]  # 0 was cancelled: never delivered
     assert not store.inventory.is_pending(SHARD, 0)

@@ -147,6 +147,110 @@ if #hashes > 0 and redis.call('ZCARD', KEYS[8]) > 0 then
     return asked
   end
 end
+
+-- The references of the time bucket starting at `start`, to look one up: its chunks' fields in
+-- the order adds filled them (the open one, "<start>", last: a full chunk was renamed
+-- "<start>.<seq>"), so in offset order, and the chunks read so far.
+local in_buckets = {}
+local function bucket_chunks(start)
+  local bucket = in_buckets[start]
+  if not bucket then
+    local fields, seq = redis.call('ZRANGEBYSCORE', KEYS[8], start, start), {}
+    for _, field in ipairs(fields) do
+      seq[field] = tonumber(string.match(field, '%.(%d+)$')) or math.huge
+    end
+    table.sort(fields, function(a, b) return seq[a] < seq[b] end)
+    bucket = {fields = fields, read = {}}
+    in_buckets[start] = bucket
+  end
+  return bucket
+end
+
+local function chunk_at(bucket, i)
+  local chunk = bucket.read[i]
+  if not chunk then
+    chunk = redis.call('HGET', KEYS[7], bucket.fields[i]) or ''
+    bucket.read[i] = chunk
+  end
+  return chunk
+end
+
+-- The offset of the `n`th reference (from 0) of a chunk, as a number (offsets are below 2^53).
+local function offset_in(chunk, n)
+  local high, low = struct.unpack('>I4I4', chunk, n * REFERENCE + 1)
+  return high * 4294967296 + low
+end
+
+-- Whether the record at `offset` (8 bytes) is a reference of the time bucket of `due` (a
+-- reference stays one until promote.lua drops it from its chunk and stores it whole): a binary search of the bucket's chunks by their first offsets, then of the chunk. Adds append
+-- in offset order; were that not so, a reference would be missed, never one made up: the caller
+-- would look for its record instead (see `located`).
+local function referenced(offset, due)
+  local bucket = bucket_chunks(due - due % width)
+  local wanted = offset_in(offset, 0)
+  local low, high, at = 1, #bucket.fields, nil
+  while low <= high do
+    local mid = math.floor((low + high) / 2)
+    local chunk = chunk_at(bucket, mid)
+    if #chunk >= REFERENCE and offset_in(chunk, 0) <= wanted then
+      at, low = mid, mid + 1
+    else
+      high = mid - 1
+    end
+  end
+  local chunk = at and chunk_at(bucket, at) or ''
+  low, high = 0, #chunk / REFERENCE - 1
+  while low <= high do
+    local mid = math.floor((low + high) / 2)
+    local found = offset_in(chunk, mid)
+    if found == wanted then
+      return true
+    elseif found < wanted then
+      low = mid + 1
+    else
+      high = mid - 1
+    end
+  end
+  return false
+end
+
+-- A `where` with a due time that the caller did not look up is a hint (the due time a cancel
+-- gave for its record), checked before anything is written: the record is a reference due then
+-- (the `where` becomes "in no index": withdraw_at looks for it in no index), or waits whole then,
+-- or is in flight or gone (withdraw_at finds so whatever the due time). Otherwise the hint is
+-- wrong: the caller looks for those records ({"locate", offsets}) and calls again with where they
+-- wait. Nothing an add does turns a reference whole, so an answer holds for the whole batch.
+local located, locate = {}, {}
+local function check(hint)
+  local offset, at = read_where(hint)
+  if located[hint] then
+    return
+  elseif at < 0 then
+    located[hint] = hint
+  elseif referenced(offset, at) then
+    located[hint] = where(offset, -1)
+  elseif find_whole(shard, offset, at) or redis.call('ZSCORE', KEYS[6], offset)
+      or not is_pending(KEYS[4], offset) then
+    located[hint] = hint
+  else
+    located[hint] = hint
+    locate[#locate + 1] = offset
+  end
+end
+for i = first, #ARGV, 5 do
+  if tonumber(ARGV[i]) > watermark then
+    if ARGV[i + 1] == '' and ARGV[i + 2] ~= '' then
+      check(ARGV[i + 2])
+    elseif replaces[ARGV[i]] then
+      check(replaces[ARGV[i]])
+    end
+  end
+end
+if #locate > 0 then
+  table.insert(locate, 1, 'locate')
+  return locate
+end
+
 defer_clearing()
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
@@ -186,7 +290,7 @@ for i = first, #ARGV, 5 do
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
-        offset, at = read_where(member)
+        offset, at = read_where(located[member])
         done = withdraw_at(shard, offset, at)
       end
       if done then
@@ -213,7 +317,7 @@ for i = first, #ARGV, 5 do
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
       if not done and replaces[ARGV[i]] then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
-        offset, at = read_where(replaces[ARGV[i]])
+        offset, at = read_where(located[replaces[ARGV[i]]])
         done = withdraw_at(shard, offset, at)
       end
       if done then
