@@ -132,8 +132,8 @@ def default_id_wheres(
         rec = scheduled.get(target)
         if rec is not None:
             dues[target] = -1 if rec.due_ms > refer_after_ms else rec.due_ms
-    for c, o in named.items():
-        if o not in dues and o not in locate and (hint := hints[c]) is not None:
+    for place, o in named.items():
+        if o not in dues and o not in locate and (hint := hints[place]) is not None:
             dues[o] = hint
     wanted = {o for o in named.values() if o not in dues}
     promotions = inventory.promotions(shard) if wanted else None

@@ -165,11 +165,13 @@ def _add(
     replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
     for _ in range(ROUNDS):
         asking = {s: a for s, r in replies.items() if (a := asked_to_confirm(r)) is not None}
-        lost = {s: a for s, r in replies.items() if (a := asked_to_locate(r)) is not None}
-        again = [s for s, r in replies.items() if s in asking or s in lost or promoted_meanwhile(r)]
+        missed = {s: m for s, r in replies.items() if (m := asked_to_locate(r)) is not None}
+        again = [
+            s for s, r in replies.items() if s in asking or s in missed or promoted_meanwhile(r)
+        ]
         if not again:
             break
-        for shard, offsets in lost.items():
+        for shard, offsets in missed.items():
             locate[shard].update(offsets)
         for shard, asked in asking.items():
             read = confirm(shard, asked)
