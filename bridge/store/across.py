@@ -14,7 +14,8 @@ withdraw.lua runs only where one is confirmed. A record with its own id first se
 costs a bucket lookup per other partition and no read.
 
 A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a cancel of one,
-in the partition it names, finds its record by offset (:func:`default_id_where`).
+in the partition it names, finds its record by offset and the due time it gives, which add.lua
+checks (:func:`default_id_wheres`).
 """
 
 from __future__ import annotations

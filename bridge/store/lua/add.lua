@@ -182,15 +182,20 @@ local function offset_in(chunk, n)
 end
 
 -- Whether the record at `offset` (8 bytes) is a reference of the time bucket of `due` (a
--- reference stays one until promote.lua drops it from its chunk and stores it whole): a binary search of the bucket's chunks by their first offsets, then of the chunk. Adds append
--- in offset order; were that not so, a reference would be missed, never one made up: the caller
--- would look for its record instead (see `located`).
+-- reference stays one until promote.lua drops it from its chunk and stores it whole): a binary
+-- search of the bucket's chunks by their first offsets, then of the chunk. Adds append in offset
+-- order; were that not so, a reference would be missed, never one made up: the caller would look
+-- for its record instead (see `located`). A bulk cancel names references in offset order, so the
+-- chunk of the last lookup and the one after it are tried first, and in a chunk the place the
+-- offset would have were its references' offsets consecutive.
 local function referenced(offset, due)
   local bucket = bucket_chunks(due - due % width)
   local wanted = offset_in(offset, 0)
   local low, high, at = 1, #bucket.fields, nil
+  local try, next_try = bucket.last, bucket.last and bucket.last + 1
   while low <= high do
-    local mid = math.floor((low + high) / 2)
+    local mid = (try and try >= low and try <= high) and try or math.floor((low + high) / 2)
+    try, next_try = next_try, nil
     local chunk = chunk_at(bucket, mid)
     if #chunk >= REFERENCE and offset_in(chunk, 0) <= wanted then
       at, low = mid, mid + 1
@@ -198,10 +203,13 @@ local function referenced(offset, due)
       high = mid - 1
     end
   end
+  bucket.last = at
   local chunk = at and chunk_at(bucket, at) or ''
   low, high = 0, #chunk / REFERENCE - 1
+  try = high >= 0 and wanted - offset_in(chunk, 0) or nil
   while low <= high do
-    local mid = math.floor((low + high) / 2)
+    local mid = (try and try >= low and try <= high) and try or math.floor((low + high) / 2)
+    try = nil
     local found = offset_in(chunk, mid)
     if found == wanted then
       return true
