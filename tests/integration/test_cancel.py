@@ -225,12 +225,13 @@ def test_cancels_of_default_ids_find_their_records_without_a_scan_each(store: St
     cancels += [Cancel(3500 + i, f"delay:0:{3000 + i}", due_ms=T0 + 10**10 + i) for i in range(4)]
     cancels.append(Cancel(3504, "delay:0:999", due_ms=T0 + 7))  # a wrong hint
     cancels.append(Cancel(3505, "delay:0:3004", due_ms=T0 + 10**10 + 3))  # a reference's, wrong
+    cancels.append(Cancel(3506, "delay:0:997", due_ms=10**20))  # beyond any due time
     before = _zscans(store)
-    added = store.add({SHARD: (3505, cancels)}, refer_after_ms=T0 + 10**9)
-    assert (added.cancelled, added.not_found) == (106, 0)
-    assert _zscans(store) - before <= 4  # one pass over the due index, not 106
+    added = store.add({SHARD: (3506, cancels)}, refer_after_ms=T0 + 10**9)
+    assert (added.cancelled, added.not_found) == (107, 0)
+    assert _zscans(store) - before <= 4  # one pass over the due index, not 107
     left = waiting(store, T0 + 2 * 10**10)  # the whole records left (references are not due)
-    assert set(left) == {i for i in range(3000) if i % 2 or i >= 200} - {999}
+    assert set(left) == {i for i in range(3000) if i % 2 or i >= 200} - {997, 999}
     assert [store.inventory.is_pending(SHARD, 3000 + i) for i in range(5)] == [False] * 5
 
 
