@@ -40,7 +40,8 @@ KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lu
 KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
-ARGV[3]  the width of a reference time bucket in ms ("" when the batch holds no reference)
+ARGV[3]  the width of a reference time bucket in ms (where a reference is appended, and where
+          a cancel's due-time hint looks for one)
 ARGV[4]  the shard's promotions (references field "promoted") the caller read before it looked
           for the records default delay-ids name, "" when it looked for none in Redis: when
           the count moved, a `where` saying "in no index" may miss a reference promoted whole
@@ -189,6 +190,9 @@ end
 -- chunk of the last lookup and the one after it are tried first, and in a chunk the place the
 -- offset would have were its references' offsets consecutive.
 local function referenced(offset, due)
+  if not width then
+    return false
+  end
   local bucket = bucket_chunks(due - due % width)
   local wanted = offset_in(offset, 0)
   local low, high, at = 1, #bucket.fields, nil
