@@ -227,11 +227,12 @@ local function referenced(offset, due)
 end
 
 -- A `where` with a due time that the caller did not look up is a hint (the due time a cancel
--- gave for its record), checked before anything is written: the record is a reference due then
--- (the `where` becomes "in no index": withdraw_at looks for it in no index), or waits whole then,
--- or is in flight or gone (withdraw_at finds so whatever the due time). Otherwise the hint is
--- wrong: the caller looks for those records ({"locate", offsets}) and calls again with where they
--- wait. Nothing an add does turns a reference whole, so an answer holds for the whole batch.
+-- gave for its record), checked before anything is written: the record is a reference in the
+-- time bucket of that time (the `where` becomes "in no index", as withdraw_at takes a
+-- reference), or waits whole at it, or is in flight or gone (withdraw_at finds so whatever the
+-- due time). Otherwise the hint is wrong: the caller looks for those records ({"locate",
+-- offsets}) and calls again with where they wait. Nothing an add does turns a reference whole,
+-- so an answer holds for the whole batch.
 local located, locate = {}, {}
 local function check(hint)
   local offset, at = read_where(hint)
