@@ -236,7 +236,11 @@ class StoreModel(RuleBasedStateMachine):
                     st.sampled_from(TARGETS),
                 ),
                 st.tuples(st.just("cancel"), st.sampled_from(IDS)),
-                st.tuples(st.just("cancel-default"), st.integers(0, 24)),
+                st.tuples(
+                    st.just("cancel-default"),
+                    st.integers(0, 24),
+                    st.sampled_from(["none", "right", "wrong"]),  # its due-time hint
+                ),
             ),
             min_size=1,
             max_size=6,
@@ -252,7 +256,11 @@ class StoreModel(RuleBasedStateMachine):
             if op[0] == "cancel":
                 rec: Scheduled | Cancel = Cancel(offset, op[1], stamped)
             elif op[0] == "cancel-default":  # the id `list` shows for a record without its own
-                rec = Cancel(offset, origin(TOPIC, shard.partition, min(op[1], offset)), stamped)
+                named = min(op[1], offset)
+                known = model.log[named] if named < offset else None
+                due = known.due_ms if isinstance(known, Scheduled) else None
+                hint = {"none": None, "right": due, "wrong": due and due + 7}[op[2]]
+                rec = Cancel(offset, origin(TOPIC, shard.partition, named), stamped, hint)
             else:
                 _, priority, due, delay_id, target = op
                 due = due if due >= MIN_EPOCH_MS else self.now + due
