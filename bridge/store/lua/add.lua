@@ -242,12 +242,11 @@ local function check(hint)
     located[hint] = hint
   elseif referenced(offset, at) then
     located[hint] = where(offset, -1)
-  elseif find_whole(shard, offset, at) or redis.call('ZSCORE', KEYS[6], offset)
-      or not is_pending(KEYS[4], offset) then
-    located[hint] = hint
   else
     located[hint] = hint
-    locate[#locate + 1] = offset
+    if candidate(shard, offset, at) == 'reference' then  -- pending, yet not where it says
+      locate[#locate + 1] = offset
+    end
   end
 end
 for i = first, #ARGV, 5 do
