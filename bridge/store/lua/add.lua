@@ -182,48 +182,50 @@ local function offset_in(chunk, n)
   return high * 4294967296 + low
 end
 
+-- The last index from `low` to `high` whose key (`key(i)`, ascending) is at most `wanted`, nil
+-- for none: a binary search that probes the indexes `guess` and then `guess + 1` first (a right
+-- guess ends it in two probes).
+local function last_at_most(low, high, wanted, key, guess)
+  local found, try = nil, guess
+  while low <= high do
+    local mid = (try and try >= low and try <= high) and try or math.floor((low + high) / 2)
+    try = try and try == guess and guess + 1 or nil
+    if key(mid) <= wanted then
+      found, low = mid, mid + 1
+    else
+      high = mid - 1
+    end
+  end
+  return found
+end
+
 -- Whether the record at `offset` (8 bytes) is a reference of the time bucket of `due` (a
--- reference stays one until promote.lua drops it from its chunk and stores it whole): a binary
--- search of the bucket's chunks by their first offsets, then of the chunk. Adds append in offset
--- order; were that not so, a reference would be missed, never one made up: the caller would look
--- for its record instead (see `located`). A bulk cancel names references in offset order, so the
--- chunk of the last lookup and the one after it are tried first, and in a chunk the place the
--- offset would have were its references' offsets consecutive.
+-- reference stays one until promote.lua drops it from its chunk and stores it whole): the last
+-- chunk of the bucket starting at or below the offset, then the offset in it, by binary search.
+-- Adds append in offset order; were that not so, a reference would be missed, never one made
+-- up: the caller would look for its record instead (see `located`). A bulk cancel names
+-- references in offset order, so the chunk of the last lookup is tried first, and in a chunk
+-- the place the offset would have were its references' offsets consecutive.
 local function referenced(offset, due)
   if not width then
     return false
   end
   local bucket = bucket_chunks(due - due % width)
   local wanted = offset_in(offset, 0)
-  local low, high, at = 1, #bucket.fields, nil
-  local try, next_try = bucket.last, bucket.last and bucket.last + 1
-  while low <= high do
-    local mid = (try and try >= low and try <= high) and try or math.floor((low + high) / 2)
-    try, next_try = next_try, nil
-    local chunk = chunk_at(bucket, mid)
-    if #chunk >= REFERENCE and offset_in(chunk, 0) <= wanted then
-      at, low = mid, mid + 1
-    else
-      high = mid - 1
-    end
-  end
+  local at = last_at_most(1, #bucket.fields, wanted, function(i)
+    local chunk = chunk_at(bucket, i)
+    return #chunk >= REFERENCE and offset_in(chunk, 0) or math.huge
+  end, bucket.last)
   bucket.last = at
   local chunk = at and chunk_at(bucket, at) or ''
-  low, high = 0, #chunk / REFERENCE - 1
-  try = high >= 0 and wanted - offset_in(chunk, 0) or nil
-  while low <= high do
-    local mid = (try and try >= low and try <= high) and try or math.floor((low + high) / 2)
-    try = nil
-    local found = offset_in(chunk, mid)
-    if found == wanted then
-      return true
-    elseif found < wanted then
-      low = mid + 1
-    else
-      high = mid - 1
-    end
+  if #chunk < REFERENCE then
+    return false
   end
-  return false
+  local function key(n)
+    return offset_in(chunk, n)
+  end
+  local n = last_at_most(0, #chunk / REFERENCE - 1, wanted, key, wanted - key(0))
+  return n ~= nil and key(n) == wanted
 end
 
 -- A `where` with a due time that the caller did not look up is a hint (the due time a cancel
