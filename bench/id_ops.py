@@ -33,13 +33,20 @@ SHARD = Shard("delay", 0)
 LEASE = 30_000
 
 
-def _id_of(delay_id: str) -> Any:
-    """What an acknowledgement names a delay-id by: its hash where the store has one."""
+def _acks(claimed: list[Claimed]) -> AckBatch:
+    """The acknowledgement of ``claimed`` as the mover sends it: how many have a delay-id where
+    the store counts them, else (the store before the sweep) each id's hash, or the id itself
+    (the store before the hashed index), with its offset."""
+    members = [c.member for c in claimed]
+    if "with_ids" in AckBatch.__dataclass_fields__:
+        return AckBatch("", members, sum(1 for c in claimed if c.given_id() is not None))
     try:
         from bridge.store import id_hash  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:  # the store before the hashed index: the id itself
-        return delay_id
-    return id_hash(SHARD.topic, delay_id)
+    except ImportError:
+        pairs: list[Any] = [(str(c.given_id()), c.member) for c in claimed]
+    else:
+        pairs = [(id_hash(SHARD.topic, str(c.given_id())), c.member) for c in claimed]
+    return AckBatch("", members, pairs)  # type: ignore[arg-type,unused-ignore]
 
 
 def main() -> None:
@@ -86,8 +93,7 @@ def main() -> None:
 
     def claim() -> None:  # the earliest due: the oldest ids, which the other steps leave alone
         nonlocal acks
-        batch = AckBatch("", [c.member for c in acks], [(_id_of(str(c.given_id())), c.member)
-                                                        for c in acks])  # fmt: skip
+        batch = _acks(acks)
         acks = store.claim([SHARD], args.batch, LEASE, now_ms=T0 + 2 * 10**9, acks={SHARD: batch})
 
     try:

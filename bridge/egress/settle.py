@@ -26,7 +26,7 @@ from bridge.health import Readiness
 from bridge.journal import Journal
 from bridge.message import Priority, Scheduled, wire_headers
 from bridge.metrics import Metrics
-from bridge.store import AckBatch, Claimed, Shard, Store, id_hash
+from bridge.store import AckBatch, Claimed, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +213,8 @@ class Deliveries:
         if acked is None:  # not setdefault: that builds an Acked per record
             acked = self.acked[ident[0]] = Acked(epoch)
         acked.members.append(ident[1])
-        given = inflight.claimed.given_id()
-        if given is not None:
-            acked.ids.append((id_hash(ident[0].topic, given), ident[1]))
+        if inflight.claimed.given_id() is not None:
+            acked.with_ids += 1
         acked.delivered.append((inflight, at_ms))
         if self.ack_by is None:  # counted from when the report came in
             waited_ms = max(0, self._clock_ms() - at_ms)

@@ -53,7 +53,11 @@ def withdraw_elsewhere(
     if not asked:
         return {}
     lookups: list[Call] = [
-        ("candidates", [keys.of(there).ids], [id_hash(there.topic, r.delay_id) for _, r in theirs])
+        (
+            "candidates",
+            [keys.of(there).ids, keys.of(there).pending],
+            [id_hash(there.topic, r.delay_id) for _, r in theirs],
+        )
         for there, theirs in asked
     ]
     calls: list[Call] = []

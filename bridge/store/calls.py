@@ -22,22 +22,17 @@ ON_TIME_WINDOW_MS = 1000
 @dataclass(slots=True)
 class AckBatch:
     """One shard's delivered records to acknowledge: the epoch they were claimed in, their
-    offsets (8 bytes each: the claimed members), and (id hash, offset) for those with a
-    caller-given delay-id, which leave the id index with them (ack() in _lib.lua). The egress
+    offsets (8 bytes each: the claimed members), and how many of them have a caller-given
+    delay-id (their id index entries go stale, to be swept: ack() in _lib.lua). The egress
     fills one per shard as delivery reports come in (bridge.egress.settle.Acked)."""
 
     epoch: str = ""
     members: list[bytes] = field(default_factory=list)
-    ids: list[tuple[bytes, bytes]] = field(default_factory=list)
+    with_ids: int = 0
 
     def argv(self) -> list[Any]:
-        """As ack() in _lib.lua reads them: epoch, n, n offsets, then (id hash, offset) pairs."""
-        return [
-            self.epoch,
-            len(self.members),
-            *self.members,
-            *(x for pair in self.ids for x in pair),
-        ]
+        """As ack() in _lib.lua reads them: epoch, n, n offsets, how many have a delay-id."""
+        return [self.epoch, len(self.members), *self.members, self.with_ids]
 
 
 def watermark_arg(watermark: int | None) -> str:

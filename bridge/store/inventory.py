@@ -158,7 +158,8 @@ class Inventory:
         ``delay_id``: [(due ms, member)], a reference as its 16 bytes. The index keeps a hash of
         the id, so the caller confirms each by the delay-id of the record (a reference's read in
         the delay topic); a default id is not in the index (:meth:`by_default_id`)."""
-        call = ("candidates", [self.keys.of(shard).ids], [id_hash(shard.topic, delay_id)])
+        k = self.keys.of(shard)
+        call = ("candidates", [k.ids, k.pending], [id_hash(shard.topic, delay_id)])
         [candidates] = candidates_from(self.scripts.run([call])[0])
         found: list[tuple[int, bytes]] = []
         for offset, due in candidates:

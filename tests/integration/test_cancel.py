@@ -3,11 +3,14 @@ offset order within a batch, idempotent re-reads, and the id index's life next t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import cast
+
 import pytest
 
 from bridge.errors import StoreError
 from bridge.message import H_DUE_AT, Cancel, Scheduled
-from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes
+from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
 from tests.conftest import confirm_from
 
@@ -93,16 +96,7 @@ def test_a_claimed_record_is_past_cancel_and_replace(store: Store) -> None:
     added = apply(store, rec(2, T0 + 1000, "job", b"again"))  # scheduled besides, not replacing
     assert (added.count, added.replaced) == (1, 0)
     # The in-flight one's acknowledgement leaves the index naming the newer record.
-    assert (
-        store.ack(
-            {
-                SHARD: AckBatch(
-                    members=[claimed.member], ids=[(id_hash(SHARD.topic, "job"), claimed.member)]
-                )
-            }
-        )
-        == 1
-    )
+    assert store.ack({SHARD: AckBatch(members=[claimed.member], with_ids=1)}) == 1
     assert index(store) == [entry("job", 2, T0 + 1000)]
     added = apply(store, Cancel(3, "job"))
     assert added.cancelled == 1 and waiting(store) == {}
@@ -114,10 +108,9 @@ def test_the_index_lives_and_dies_with_its_records(store: Store) -> None:
     assert not store.client.exists(store.keys(SHARD).ids)
     apply(store, rec(50, T0, "x"), rec(51, T0, "y"))
     claimed = store.claim([SHARD], 100, LEASE, now_ms=T0)
-    given = [(c.given_id(), c.member) for c in claimed if c.given_id()]
-    assert sorted(str(i) for i, _ in given) == ["x", "y"]
-    ids = [(id_hash(SHARD.topic, str(i)), m) for i, m in given]
-    store.ack({SHARD: AckBatch(members=[c.member for c in claimed], ids=ids)})
+    given = [c.given_id() for c in claimed if c.given_id()]
+    assert sorted(str(i) for i in given) == ["x", "y"]
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=len(given))})
     assert not store.client.exists(store.keys(SHARD).ids)
 
 
@@ -128,7 +121,7 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
     job = next(c for c in first if c.given_id())
     # Record 0 was delivered (its report came in): acknowledged in the next claim's call, it is
     # not handed out again although its lease has run out, and leaves the id index with it.
-    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], ids=[(id_hash(SHARD.topic, "job"), job.member)])})  # fmt: skip
+    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], with_ids=1)})  # fmt: skip
     assert sorted((c.record.offset, c.redelivery) for c in again) == [(1, True), (2, False)]
     assert index(store) == []
     store.claim(
@@ -153,14 +146,77 @@ def test_only_records_no_cancel_can_reach_are_claimed_ahead(store: Store) -> Non
 
 
 def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Store) -> None:
-    apply(store, rec(0, T0, "job"))
+    apply(store, rec(0, T0, "job"), rec(1, T0 + 10**6, "later"))
     [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
-    store.ack(
-        {SHARD: AckBatch(members=[claimed.member])}
-    )  # acknowledged without its id (an earlier build)
-    assert index(store) != []
-    assert apply(store, Cancel(1, "job")).not_found == 1
-    assert index(store) == []
+    store.ack({SHARD: AckBatch(members=[claimed.member])})  # not counted as having an id
+    assert entry("job", 0, T0) in index(store)
+    assert apply(store, Cancel(2, "job")).not_found == 1
+    assert index(store) == [entry("later", 1, T0 + 10**6)]
+
+
+def test_acknowledged_entries_go_stale_and_are_swept_a_bucket_at_a_time(store: Store) -> None:
+    """An acknowledgement leaves its records' entries in the id index, stale, rather than
+    rewriting a bucket per record; once more than a quarter of the entries are stale it sweeps
+    buckets in turn. The stale stay a bounded share, and the index goes once nothing is pending."""
+    n, batch = 4000, 100
+    for first in range(0, n, 500):
+        apply(store, *(rec(i, T0 + i, f"order-{i}") for i in range(first, first + 500)))
+    buckets = store.client.hlen(store.keys(SHARD).ids)  # the state field's and the buckets'
+
+    def stale() -> tuple[int, int]:
+        """(entries whose record is no longer pending, entries)."""
+        maps = cast(dict[bytes, bytes], store.client.hgetall(store.keys(SHARD).pending))
+        entries = index(store)
+        gone = [o for _, o, _ in entries
+                if not maps.get(o[:7], bytes(32))[o[7] // 8] & (1 << o[7] % 8)]  # fmt: skip
+        return len(gone), len(entries)
+
+    claimed = store.claim([SHARD], batch, LEASE, now_ms=T0 + n)
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=batch)})
+    assert stale() == (batch, n)  # nothing rewritten: 100 of 4,000 stale
+    worst = 0.0
+    for _ in range(n // batch // 2 - 1):  # half of them delivered
+        claimed = store.claim([SHARD], batch, LEASE, now_ms=T0 + n)
+        store.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=batch)})
+        gone, entries = stale()
+        worst = max(worst, gone / entries)
+    assert 0.2 < worst <= 0.3, worst  # swept from a quarter on, at most a call's worth above
+    assert store.client.hlen(store.keys(SHARD).ids) == buckets  # none emptied, none added
+    # No sweep dropped a live entry: every record still waiting is found by its id.
+    cancels = [Cancel(n + i, f"order-{i}") for i in range(n // 2, n * 3 // 4)]
+    assert store.add({SHARD: (n + n * 3 // 4, cancels)}).cancelled == len(cancels)
+    while claimed := store.claim([SHARD], batch, LEASE, now_ms=T0 + n):
+        store.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=len(claimed))})
+    assert not store.client.exists(store.keys(SHARD).ids)
+
+
+def test_an_id_used_again_after_its_record_was_delivered_names_only_the_new_one(
+    store: Store,
+) -> None:
+    """A stale entry (its record acknowledged, not swept yet) is no candidate: a lookup by the
+    id, a cancel in another partition and one in its own reach the new record only."""
+    others = [rec(i, T0 + 10**6, f"other-{i}") for i in range(1, 20)]
+    apply(store, rec(0, T0, "job"), *others)
+    [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    store.ack({SHARD: AckBatch(members=[claimed.member], with_ids=1)})
+    assert entry("job", 0, T0) in index(store)  # 1 of 20 stale: left for a sweep
+    assert store.inventory.by_id(SHARD, "job") == []
+    again = rec(20, T0 + 5000, "job", b"again")
+    assert apply(store, again).replaced == 0
+    [(due, member)] = store.inventory.by_id(SHARD, "job")
+    assert (due, offset_of(member)) == (T0 + 5000, 20)
+    asked: list[int] = []
+    confirm = confirm_from([again])
+
+    def reading(shard: Shard, offsets: Sequence[tuple[int, int]]) -> Mapping[int, tuple[str, int]]:
+        asked.extend(o for o, _ in offsets)
+        return confirm(shard, offsets)
+
+    other = Shard("delay", 1)
+    elsewhere = store.add({other: (0, [Cancel(0, "job", T0 + 6000)])}, partitions={"delay": 2},
+                          confirm=reading)  # fmt: skip
+    assert (elsewhere.cancelled, asked) == (1, [20])  # the stale entry's offset is not read
+    assert waiting(store) == {i: (f"other-{i}", b"v") for i in range(1, 20)}
 
 
 def test_nothing_new_is_claimed_from_a_shard_redis_rolled_back_until_it_is_read_again(

@@ -375,8 +375,7 @@ class StoreModel(RuleBasedStateMachine):
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
-        ids = [(id_hash(TOPIC, r.delay_id), offset_bytes(o)) for o in chosen
-               if (r := model.leased[o][0]).delay_id is not None]  # fmt: skip
+        ids = sum(1 for o in chosen if model.leased[o][0].delay_id is not None)
         epoch = "an-earlier-epoch" if old_epoch else self.epochs.get(shard, "")
         removed = self.store.ack({shard: AckBatch(epoch, [offset_bytes(o) for o in chosen], ids)})
         if old_epoch:

@@ -49,16 +49,20 @@ record's offset (its low 6 bytes: an offset of 2^48 or more is refused, a partit
 trillion records) and its due ms (6 bytes, big-endian: not its score, a reference's lane is not
 known until it is read back). Entries are packed into bucket fields, so Redis's cost per field is
 shared by a bucket's entries (bench/id_index_layouts.py). Linear hashing keeps a bucket at ID_LOAD
-entries on average at any size: field "#" holds "count:level:split"; a hash h lives in bucket
-h mod 2^level (h: the hash's last 4 bytes), or h mod 2^(level+1) when that is below `split`; an
-entry added past the load splits bucket `split` in two by the hash's next bit. A bucket's field is its number; an empty
+entries on average at any size: field "#" holds "count:level:split:stale:cursor:fresh" (an index
+written before the last three had none stale); a hash h lives in bucket h mod 2^level (h: the
+hash's last 4 bytes), or h mod 2^(level+1) when that is below `split`; an entry added past the
+load splits bucket `split` in two by the hash's next bit. A bucket's field is its number; an empty
 bucket has none. Hashes of different ids may be equal: a match is a candidate, confirmed by the
-record itself (withdraw below).
-id_candidates(ids, hash): {offset, due} of each entry with this hash.
-id_put(ids, hash, offset, due) / id_drop(ids, hash, offset): add an entry; remove the one with this
-hash and offset (none: nothing happens). A call keeps what it read and changed of an index and
-writes it at id_flush(), which a script that changes one calls before it returns; id_prefetch(ids,
-hashes) reads the buckets of a batch's hashes in one call.
+record itself (withdraw below). An acknowledged record's entry is left in place, stale (its
+offset no longer pending), and swept with others of its bucket later (id_went): rewriting a
+bucket per acknowledgement was the claim path's cost of delay-ids. `count` includes the stale.
+id_candidates(ids, hash): {offset, due} of each entry with this hash, stale ones too.
+id_put(ids, hash, offset, due) / id_drop(ids, hash, offset, stale): add an entry; remove the one
+with this hash and offset (none: nothing happens; `stale`: it was). A call keeps what it read and
+changed of an index and writes it at id_flush(), which a script that changes one calls before it
+returns; id_prefetch(ids, hashes) reads the buckets of a batch's hashes in one call.
+id_went(ids, pending, n): n records with entries were acknowledged; sweeps if a quarter is stale.
 
 withdraw(shard, id, hash, vouched, before): remove the waiting record of this shard with delay-id
 `id` (a cancel or a replacement in its own partition); returns whether one was waiting, then its
@@ -66,8 +70,8 @@ offset and due ms. `shard` names the keys: due, ids, low, pending, inflight, ref
 candidate the index gives for the hash is confirmed: a record held whole by the delay-id its
 stored form carries (stored_id); a reference by `vouched`, offset -> the delay-id the caller read
 at that offset in the delay topic ("": another record, or none). A candidate in flight stays (its
-acknowledgement drops its entry); one neither waiting nor in flight nor pending (delivered
-meanwhile) has its entry dropped. A record in none of the due and wait indexes, not in flight yet
+entry goes stale with its acknowledgement); one neither waiting nor in flight nor pending
+(delivered meanwhile: a stale entry) has its entry dropped. A record in none of the due and wait indexes, not in flight yet
 pending, is a reference: its pending bit cleared, it is never read back. `before`, when given, is
 called with the candidates before any is looked at (add.lua writes the records it held back if
 one of them is among them).
@@ -83,15 +87,14 @@ flight instead. It leaves the id index as it is.
 
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
-claimed in, argv[first + 1] n, then n offsets (8 bytes each), then to the end pairs (id hash,
-offset) for those with a caller-given delay-id; keys are {in-flight, claimed, low, pending, id
-index, meta}. Acknowledgements of another epoch than the shard's (meta "epoch", set when
+claimed in, argv[first + 1] n, then n offsets (8 bytes each), then how many of them have a
+caller-given delay-id; keys are {in-flight, claimed, low, pending, id index, meta}. Acknowledgements of another epoch than the shard's (meta "epoch", set when
 incarnation.lua retires its state) are dropped: their records were retired, where the mover
 delivers them again, and the offsets now belong to other records. An acknowledged offset is no
 longer pending even if a copy of it is still queued (re-read after Redis lost data): that copy is
-a duplicate, so its pending bit is cleared regardless. A record with a caller-given delay-id
-leaves the id index with it (its entry: that hash and offset). Returns the number of records
-removed.
+a duplicate, so its pending bit is cleared regardless. The entries of records with a
+caller-given delay-id go stale (id_went); once nothing of the shard is pending, the id index
+goes. Returns the number of records removed.
 ]]
 local LANES = {-LANE, 0, LANE}
 
@@ -350,11 +353,16 @@ local id_states, id_buckets, id_dirty = {}, {}, {}
 local function id_state(ids)
   local state = id_states[ids]
   if not state then
-    state, id_buckets[ids], id_dirty[ids] = {0, 0, 0}, {}, {}
+    state, id_buckets[ids], id_dirty[ids] = {0, 0, 0, 0, 0, 0}, {}, {}
     local stored = redis.call('HGET', ids, '#')
     if stored then
-      local count, level, split = string.match(stored, '^(%d+):(%d+):(%d+)$')
-      state = {tonumber(count), tonumber(level), tonumber(split)}
+      state = {}
+      for n in string.gmatch(stored, '%d+') do
+        state[#state + 1] = tonumber(n)
+      end
+      for i = #state + 1, 6 do  -- an index written before the sweep: none stale
+        state[i] = 0
+      end
     end
     id_states[ids] = state
   end
@@ -425,7 +433,11 @@ local function id_flush()
         gone[#gone + 1] = '#'
       else
         put[#put + 1] = '#'
-        put[#put + 1] = int(state[1]) .. ':' .. int(state[2]) .. ':' .. int(state[3])
+        local fields = {}
+        for i, n in ipairs(state) do
+          fields[i] = int(n)
+        end
+        put[#put + 1] = table.concat(fields, ':')
       end
     end
     call_chunked('HSET', ids, put)
@@ -436,7 +448,9 @@ end
 
 local function id_set_state(ids, state)
   if state[1] == 0 then
-    state[2], state[3] = 0, 0  -- emptied: the index starts over at one bucket
+    for i = 2, 6 do  -- emptied: the index starts over at one bucket, none stale
+      state[i] = 0
+    end
   end
   id_dirty[ids]['#'] = true
 end
@@ -520,15 +534,68 @@ local function id_put(ids, hash, offset, due)
   id_set_state(ids, state)
 end
 
-local function id_drop(ids, hash, offset)
+local function id_drop(ids, hash, offset, stale)
   local field, bucket = id_bucket(ids, hash)
   local at = id_positions(bucket, hash .. string.sub(offset, 3))[1]
   if at then
     id_save(ids, field, string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + ID_ENTRY))
     local state = id_state(ids)
     state[1] = state[1] - 1
+    if stale then
+      state[4] = math.max(0, state[4] - 1)
+    end
     id_set_state(ids, state)
   end
+end
+
+-- Drop the stale entries of bucket `field`: those whose offset is no longer pending in `pending`
+-- (a record acknowledged, or withdrawn: its entry otherwise goes with it). Returns how many.
+local function id_sweep_bucket(ids, pending, field)
+  local bucket = id_buckets[ids][field]
+  if bucket == nil then
+    bucket = redis.call('HGET', ids, field) or ''
+    id_buckets[ids][field] = bucket
+  end
+  local kept = {}
+  for at = 1, #bucket, ID_ENTRY do
+    local entry = string.sub(bucket, at, at + ID_ENTRY - 1)
+    if is_pending(pending, ID_TOP .. string.sub(entry, ID_HASH + 1, ID_HASH + 6)) then
+      kept[#kept + 1] = entry
+    end
+  end
+  local removed = #bucket / ID_ENTRY - #kept
+  if removed > 0 then
+    id_save(ids, field, table.concat(kept))
+  end
+  return removed
+end
+
+-- `n` records with entries in the index were acknowledged: their entries stay, stale, until a
+-- sweep drops them. Once more than a quarter of the entries are stale, this call sweeps buckets
+-- in turn (a cursor over all of them) until they are a quarter again, at most n / 8 + 1 buckets:
+-- a bucket is rewritten once for the ~16 stale entries it then holds, not once per record. Each
+-- pass over all buckets drops every entry stale when it began, so the count of stale entries
+-- (an estimate: an acknowledgement applied twice counts twice) is cut to those added since.
+local function id_went(ids, pending, n)
+  local state = id_state(ids)
+  if n <= 0 or state[1] == 0 then
+    return
+  end
+  state[4], state[6] = math.min(state[1], state[4] + n), state[6] + n
+  local most = math.floor(n / 8) + 1
+  while state[4] * 4 > state[1] and most > 0 do
+    most = most - 1
+    local removed = id_sweep_bucket(ids, pending, int(state[5]))
+    state[1], state[4] = state[1] - removed, math.max(0, state[4] - removed)
+    state[5] = state[5] + 1
+    if state[5] >= 2 ^ state[2] + state[3] then
+      state[4], state[5], state[6] = math.min(state[4], state[6]), 0, 0
+    end
+    if state[1] == 0 then
+      break
+    end
+  end
+  id_set_state(ids, state)
 end
 
 -- Whether the offset (8 big-endian bytes) `a` is below `b`.
@@ -705,7 +772,7 @@ local function withdraw(shard, id, hash, vouched, before)
     local offset, due = found[1], found[2]
     local kind, member, key, target = candidate(shard, offset, due)
     if kind == 'gone' then
-      id_drop(shard.ids, hash, offset)
+      id_drop(shard.ids, hash, offset, true)
     elseif kind == 'whole' and stored_id(member) == id then
       redis.call('ZREM', key, member)
       if target and redis.call('EXISTS', key) == 0 then
@@ -752,15 +819,11 @@ local function ack(keys, argv, first)
   call_chunked('ZREM', keys[1], offsets)
   local removed = call_chunked('HDEL', keys[2], offsets)
   mark_pending(keys[4], keys[3], offsets, false)
-  local hashes = {}
-  for i = first + n + 2, #argv, 2 do
-    hashes[#hashes + 1] = argv[i]
-  end
-  if #hashes > 0 then
-    id_prefetch(keys[5], hashes)
-    for i = first + n + 2, #argv, 2 do
-      id_drop(keys[5], argv[i], argv[i + 1])
-    end
+  if redis.call('EXISTS', keys[4]) == 0 then
+    redis.call('DEL', keys[5])  -- nothing pending: every entry left is stale
+    id_states[keys[5]] = nil
+  elseif tonumber(argv[first + n + 2]) > 0 then
+    id_went(keys[5], keys[4], tonumber(argv[first + n + 2]))
     id_flush()
   end
   return removed

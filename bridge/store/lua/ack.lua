@@ -5,12 +5,12 @@ KEYS[1]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[2]  claimed        HASH  offset -> member
 KEYS[3]  low index      ZSET  offset bucket -> 0
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
-KEYS[5]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
+KEYS[5]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
 KEYS[6]  meta           HASH  "epoch" -> the state's epoch (none until a retire)
 ARGV[1]  the epoch the records were claimed in ("" before any retire)
 ARGV[2]  n, the number of offsets
 ARGV[3..n+2]  offsets (8 bytes each)
-ARGV[n+3..]   pairs: delay-id, offset — the acknowledged records with a caller-given delay-id
+ARGV[n+3]     how many of them have a caller-given delay-id (their id index entries go stale)
 
 Returns: the number of records removed (0 when the epoch is not the shard's).
 ]]

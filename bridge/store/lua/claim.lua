@@ -54,7 +54,7 @@ ARGV[10] the ingest watermark the caller's ingress last saw, or "": a shard whos
          below it (or gone) lost writes Redis had taken — a rollback: an AOF tail, a failover — and
          until the ingress has read them again (a cancel among them), nothing new is claimed from
          it; expired leases still are, and its next work is said to be a moment away
-ARGV[11..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, then (delay-id, offset) pairs
+ARGV[11..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           Redis TIME at the end (now ms when given), the shard's epoch (its acknowledgements name
