@@ -262,10 +262,10 @@ class Store:
         return {t: _claims(*group, one_clock=self._one_clock) for t, group in grouped.items()}
 
     def ack(self, acks: Mapping[Shard, AckBatch]) -> int:
-        """Remove records Kafka acknowledged (:class:`AckBatch`): those with a caller-given
-        delay-id leave the id index too, and records claimed before their shard's state was
-        retired (another epoch than the batch's, :attr:`Claimed.epoch`) are left alone. Returns
-        how many were still there."""
+        """Remove records Kafka acknowledged (:class:`AckBatch`): the id index entries of those
+        with a caller-given delay-id go stale, to be swept, and records claimed before their
+        shard's state was retired (another epoch than the batch's, :attr:`Claimed.epoch`) are
+        left alone. Returns how many were still there."""
         calls: list[Call] = []
         for shard, batch in acks.items():
             if batch.members:

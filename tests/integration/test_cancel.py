@@ -120,7 +120,8 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
     assert sorted(c.record.offset for c in first) == [0, 1]
     job = next(c for c in first if c.given_id())
     # Record 0 was delivered (its report came in): acknowledged in the next claim's call, it is
-    # not handed out again although its lease has run out, and leaves the id index with it.
+    # not handed out again although its lease has run out, and its id index entry goes with it
+    # (nothing else of the shard waits with an id: a sweep).
     again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], with_ids=1)})  # fmt: skip
     assert sorted((c.record.offset, c.redelivery) for c in again) == [(1, True), (2, False)]
     assert index(store) == []

@@ -55,8 +55,8 @@ hash's last 4 bytes), or h mod 2^(level+1) when that is below `split`; an entry 
 load splits bucket `split` in two by the hash's next bit. A bucket's field is its number; an empty
 bucket has none. Hashes of different ids may be equal: a match is a candidate, confirmed by the
 record itself (withdraw below). An acknowledged record's entry is left in place, stale (its
-offset no longer pending), and swept with others of its bucket later (id_went): rewriting a
-bucket per acknowledgement was the claim path's cost of delay-ids. `count` includes the stale.
+offset no longer pending), and swept with others of its bucket later (id_went), so an
+acknowledgement does not rewrite a bucket per record. `count` includes the stale.
 id_candidates(ids, hash): {offset, due} of each entry with this hash, stale ones too.
 id_put(ids, hash, offset, due) / id_drop(ids, hash, offset, stale): add an entry; remove the one
 with this hash and offset (none: nothing happens; `stale`: it was). A call keeps what it read and
@@ -70,11 +70,11 @@ offset and due ms. `shard` names the keys: due, ids, low, pending, inflight, ref
 candidate the index gives for the hash is confirmed: a record held whole by the delay-id its
 stored form carries (stored_id); a reference by `vouched`, offset -> the delay-id the caller read
 at that offset in the delay topic ("": another record, or none). A candidate in flight stays (its
-entry goes stale with its acknowledgement); one neither waiting nor in flight nor pending
-(delivered meanwhile: a stale entry) has its entry dropped. A record in none of the due and wait indexes, not in flight yet
-pending, is a reference: its pending bit cleared, it is never read back. `before`, when given, is
-called with the candidates before any is looked at (add.lua writes the records it held back if
-one of them is among them).
+entry goes stale with its acknowledgement); one neither waiting nor in flight nor pending (a
+stale entry) has its entry dropped. A record in none of the due and wait indexes, not in flight
+yet pending, is a reference: its pending bit cleared, it is never read back. `before`, when
+given, is called with the candidates before any is looked at (add.lua writes the records it held
+back if one of them is among them).
 unvouched(shard, hashes, vouched): the candidates for `hashes` that are references `vouched` does
 not name, as a flat list of offset, due ms: what the caller reads in the delay topic before
 withdraw can confirm them.
@@ -88,11 +88,12 @@ flight instead. It leaves the id index as it is.
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
 claimed in, argv[first + 1] n, then n offsets (8 bytes each), then how many of them have a
-caller-given delay-id; keys are {in-flight, claimed, low, pending, id index, meta}. Acknowledgements of another epoch than the shard's (meta "epoch", set when
-incarnation.lua retires its state) are dropped: their records were retired, where the mover
-delivers them again, and the offsets now belong to other records. An acknowledged offset is no
-longer pending even if a copy of it is still queued (re-read after Redis lost data): that copy is
-a duplicate, so its pending bit is cleared regardless. The entries of records with a
+caller-given delay-id; keys are {in-flight, claimed, low, pending, id index, meta}.
+Acknowledgements of another epoch than the shard's (meta "epoch", set when incarnation.lua
+retires its state) are dropped: their records were retired, where the mover delivers them
+again, and the offsets now belong to other records. An acknowledged offset is no longer pending
+even if a copy of it is still queued (re-read after Redis lost data): that copy is a duplicate,
+so its pending bit is cleared regardless. The entries of records with a
 caller-given delay-id go stale (id_went); once nothing of the shard is pending, the id index
 goes. Returns the number of records removed.
 ]]
@@ -575,7 +576,8 @@ end
 -- in turn (a cursor over all of them) until they are a quarter again, at most n / 8 + 1 buckets:
 -- a bucket is rewritten once for the ~16 stale entries it then holds, not once per record. Each
 -- pass over all buckets drops every entry stale when it began, so the count of stale entries
--- (an estimate: an acknowledgement applied twice counts twice) is cut to those added since.
+-- (an estimate: an entry a rollback or the journal's settling dropped may be counted) is cut to
+-- those added since.
 local function id_went(ids, pending, n)
   local state = id_state(ids)
   if n <= 0 or state[1] == 0 then
@@ -822,9 +824,12 @@ local function ack(keys, argv, first)
   if redis.call('EXISTS', keys[4]) == 0 then
     redis.call('DEL', keys[5])  -- nothing pending: every entry left is stale
     id_states[keys[5]] = nil
-  elseif tonumber(argv[first + n + 2]) > 0 then
-    id_went(keys[5], keys[4], tonumber(argv[first + n + 2]))
-    id_flush()
+  else  -- an acknowledgement applied again (its reply lost) leaves no more entries stale
+    local went = math.min(tonumber(argv[first + n + 2]), removed)
+    if went > 0 then
+      id_went(keys[5], keys[4], went)
+      id_flush()
+    end
   end
   return removed
 end

@@ -6,7 +6,8 @@ The caller looked up the id index (candidates.lua) and read each candidate in th
 passes only records that carry the delay-id of the cancel or replacement and are stamped no later
 than it (a schedule produced after the cancel stands). Run by the ingress for the cancels and the
 records with a caller-given id that add.lua found nothing for in their own partition. A record
-in flight stays (its acknowledgement drops its entry); one gone meanwhile has its entry dropped.
+in flight stays (its entry goes stale with its acknowledgement); one gone meanwhile has its entry
+dropped.
 
 KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
