@@ -195,7 +195,8 @@ def test_an_id_used_again_after_its_record_was_delivered_names_only_the_new_one(
     store: Store,
 ) -> None:
     """A stale entry (its record acknowledged, not swept yet) is no candidate: a lookup by the
-    id, a cancel in another partition and one in its own reach the new record only."""
+    id, a record with the id in its own partition (it replaces nothing) and a cancel from another
+    partition (nothing but the new record is read) meet the new record only."""
     others = [rec(i, T0 + 10**6, f"other-{i}") for i in range(1, 20)]
     apply(store, rec(0, T0, "job"), *others)
     [claimed] = store.claim([SHARD], 10, LEASE, now_ms=T0)
