@@ -343,6 +343,8 @@ local function read_where(hint)
 end
 
 local ID_HASH, ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 5, 17, 64, 32
+-- An index's state, as field "#" holds it (see the id index above), by position.
+local COUNT, LEVEL, SPLIT, STALE, CURSOR, FRESH = 1, 2, 3, 4, 5, 6
 local ID_TOP = '\0\0'  -- the 2 high bytes of an offset an entry keeps (its low 6 bytes)
 
 -- What one call read and wrote of each id index: its state {count, level, split}, its buckets
@@ -361,7 +363,7 @@ local function id_state(ids)
       for n in string.gmatch(stored, '%d+') do
         state[#state + 1] = tonumber(n)
       end
-      for i = #state + 1, 6 do  -- an index written before the sweep: none stale
+      for i = #state + 1, FRESH do  -- an index written before the sweep: none stale
         state[i] = 0
       end
     end
@@ -374,9 +376,9 @@ end
 local function id_field(ids, hash)
   local state = id_state(ids)
   local h = struct.unpack('>I4', hash, ID_HASH - 3)
-  local b = h % 2 ^ state[2]
-  if b < state[3] then
-    b = h % 2 ^ (state[2] + 1)
+  local b = h % 2 ^ state[LEVEL]
+  if b < state[SPLIT] then
+    b = h % 2 ^ (state[LEVEL] + 1)
   end
   return int(b)
 end
@@ -430,7 +432,7 @@ local function id_flush()
       end
     end
     if id_dirty[ids]['#'] then
-      if state[1] == 0 then
+      if state[COUNT] == 0 then
         gone[#gone + 1] = '#'
       else
         put[#put + 1] = '#'
@@ -448,8 +450,8 @@ local function id_flush()
 end
 
 local function id_set_state(ids, state)
-  if state[1] == 0 then
-    for i = 2, 6 do  -- emptied: the index starts over at one bucket, none stale
+  if state[COUNT] == 0 then
+    for i = LEVEL, FRESH do  -- emptied: the index starts over at one bucket, none stale
       state[i] = 0
     end
   end
@@ -524,12 +526,12 @@ local function id_put(ids, hash, offset, due)
   local entry = hash .. string.sub(offset, 3) .. struct.pack('>HI4', hi, due - hi * 4294967296)
   id_save(ids, field, bucket .. entry)
   local state = id_state(ids)
-  state[1] = state[1] + 1
-  if state[1] > ID_LOAD * (2 ^ state[2] + state[3]) and state[2] < ID_MAX_LEVEL then
-    id_split(ids, state[2], state[3])
-    state[3] = state[3] + 1
-    if state[3] == 2 ^ state[2] then
-      state[2], state[3] = state[2] + 1, 0
+  state[COUNT] = state[COUNT] + 1
+  if state[COUNT] > ID_LOAD * (2 ^ state[LEVEL] + state[SPLIT]) and state[LEVEL] < ID_MAX_LEVEL then
+    id_split(ids, state[LEVEL], state[SPLIT])
+    state[SPLIT] = state[SPLIT] + 1
+    if state[SPLIT] == 2 ^ state[LEVEL] then
+      state[LEVEL], state[SPLIT] = state[LEVEL] + 1, 0
     end
   end
   id_set_state(ids, state)
@@ -541,9 +543,9 @@ local function id_drop(ids, hash, offset, stale)
   if at then
     id_save(ids, field, string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + ID_ENTRY))
     local state = id_state(ids)
-    state[1] = state[1] - 1
+    state[COUNT] = state[COUNT] - 1
     if stale then
-      state[4] = math.max(0, state[4] - 1)
+      state[STALE] = math.max(0, state[STALE] - 1)
     end
     id_set_state(ids, state)
   end
@@ -580,20 +582,20 @@ end
 -- those added since.
 local function id_went(ids, pending, n)
   local state = id_state(ids)
-  if n <= 0 or state[1] == 0 then
+  if n <= 0 or state[COUNT] == 0 then
     return
   end
-  state[4], state[6] = math.min(state[1], state[4] + n), state[6] + n
+  state[STALE], state[FRESH] = math.min(state[COUNT], state[STALE] + n), state[FRESH] + n
   local most = math.floor(n / 8) + 1
-  while state[4] * 4 > state[1] and most > 0 do
+  while state[STALE] * 4 > state[COUNT] and most > 0 do
     most = most - 1
-    local removed = id_sweep_bucket(ids, pending, int(state[5]))
-    state[1], state[4] = state[1] - removed, math.max(0, state[4] - removed)
-    state[5] = state[5] + 1
-    if state[5] >= 2 ^ state[2] + state[3] then
-      state[4], state[5], state[6] = math.min(state[4], state[6]), 0, 0
+    local removed = id_sweep_bucket(ids, pending, int(state[CURSOR]))
+    state[COUNT], state[STALE] = state[COUNT] - removed, math.max(0, state[STALE] - removed)
+    state[CURSOR] = state[CURSOR] + 1
+    if state[CURSOR] >= 2 ^ state[LEVEL] + state[SPLIT] then
+      state[STALE], state[CURSOR], state[FRESH] = math.min(state[STALE], state[FRESH]), 0, 0
     end
-    if state[1] == 0 then
+    if state[COUNT] == 0 then
       break
     end
   end
