@@ -256,8 +256,12 @@ class Inventory:
 
     def is_pending(self, shard: Shard, offset: int) -> bool:
         """Whether the record at ``offset`` is still held (due later, overdue or in flight)."""
+        return offset in self.pending(shard, [offset])
+
+    def pending(self, shard: Shard, offsets: Sequence[int]) -> set[int]:
+        """Which of ``offsets`` of ``shard`` are still held, their bitmaps read in one call."""
         with as_store_error():
-            return offset in self._pending_of([offset], self.keys.of(shard).pending)
+            return self._pending_of(offsets, self.keys.of(shard).pending)
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""

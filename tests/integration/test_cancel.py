@@ -4,7 +4,6 @@ offset order within a batch, idempotent re-reads, and the id index's life next t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import cast
 
 import pytest
 
@@ -166,11 +165,9 @@ def test_acknowledged_entries_go_stale_and_are_swept_a_bucket_at_a_time(store: S
 
     def stale() -> tuple[int, int]:
         """(entries whose record is no longer pending, entries)."""
-        maps = cast(dict[bytes, bytes], store.client.hgetall(store.keys(SHARD).pending))
-        entries = index(store)
-        gone = [o for _, o, _ in entries
-                if not maps.get(o[:7], bytes(32))[o[7] // 8] & (1 << o[7] % 8)]  # fmt: skip
-        return len(gone), len(entries)
+        offsets = [offset_of(o) for _, o, _ in index(store)]
+        pending = store.inventory.pending(SHARD, offsets)
+        return sum(1 for o in offsets if o not in pending), len(offsets)
 
     claimed = store.claim([SHARD], batch, LEASE, now_ms=T0 + n)
     store.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=batch)})

@@ -93,9 +93,9 @@ Acknowledgements of another epoch than the shard's (meta "epoch", set when incar
 retires its state) are dropped: their records were retired, where the mover delivers them
 again, and the offsets now belong to other records. An acknowledged offset is no longer pending
 even if a copy of it is still queued (re-read after Redis lost data): that copy is a duplicate,
-so its pending bit is cleared regardless. The entries of records with a
-caller-given delay-id go stale (id_went); once nothing of the shard is pending, the id index
-goes. Returns the number of records removed.
+so its pending bit is cleared regardless. The entries of records with a caller-given delay-id go
+stale (id_went); once nothing of the shard is pending, the id index goes. Returns the number of
+records removed.
 ]]
 local LANES = {-LANE, 0, LANE}
 
@@ -347,7 +347,7 @@ local ID_HASH, ID_ENTRY, ID_LOAD, ID_MAX_LEVEL = 5, 17, 64, 32
 local COUNT, LEVEL, SPLIT, STALE, CURSOR, FRESH = 1, 2, 3, 4, 5, 6
 local ID_TOP = '\0\0'  -- the 2 high bytes of an offset an entry keeps (its low 6 bytes)
 
--- What one call read and wrote of each id index: its state {count, level, split}, its buckets
+-- What one call read and wrote of each id index: its state (COUNT .. FRESH), its buckets
 -- by field ('' for none) and the fields it changed. A call reads a bucket once (id_prefetch reads
 -- a batch's in one HMGET) and writes what it changed once, at id_flush: a script that changes an
 -- index calls id_flush before it returns.
@@ -402,15 +402,20 @@ local function id_prefetch(ids, hashes)
   end
 end
 
--- The field of the bucket `hash` lives in, and that bucket ('' when empty).
-local function id_bucket(ids, hash)
-  local field = id_field(ids, hash)
+-- The bucket in `field` ('' when empty), read from Redis once per call.
+local function id_read(ids, field)
   local bucket = id_buckets[ids][field]
   if bucket == nil then
     bucket = redis.call('HGET', ids, field) or ''
     id_buckets[ids][field] = bucket
   end
-  return field, bucket
+  return bucket
+end
+
+-- The field of the bucket `hash` lives in, and that bucket ('' when empty).
+local function id_bucket(ids, hash)
+  local field = id_field(ids, hash)
+  return field, id_read(ids, field)
 end
 
 local function id_save(ids, field, bucket)
@@ -497,10 +502,7 @@ end
 -- bucket split + 2^level (which has none yet).
 local function id_split(ids, level, split)
   local field = int(split)
-  local bucket = id_buckets[ids][field]
-  if bucket == nil then
-    bucket = redis.call('HGET', ids, field) or ''
-  end
+  local bucket = id_read(ids, field)
   local stay, move = {}, {}
   for at = 1, #bucket, ID_ENTRY do
     local entry = string.sub(bucket, at, at + ID_ENTRY - 1)
@@ -510,7 +512,6 @@ local function id_split(ids, level, split)
       stay[#stay + 1] = entry
     end
   end
-  id_buckets[ids][field] = bucket
   if #move > 0 then
     id_save(ids, field, table.concat(stay))
     id_save(ids, int(split + 2 ^ level), table.concat(move))
@@ -527,7 +528,8 @@ local function id_put(ids, hash, offset, due)
   id_save(ids, field, bucket .. entry)
   local state = id_state(ids)
   state[COUNT] = state[COUNT] + 1
-  if state[COUNT] > ID_LOAD * (2 ^ state[LEVEL] + state[SPLIT]) and state[LEVEL] < ID_MAX_LEVEL then
+  local buckets = 2 ^ state[LEVEL] + state[SPLIT]
+  if state[COUNT] > ID_LOAD * buckets and state[LEVEL] < ID_MAX_LEVEL then
     id_split(ids, state[LEVEL], state[SPLIT])
     state[SPLIT] = state[SPLIT] + 1
     if state[SPLIT] == 2 ^ state[LEVEL] then
@@ -554,11 +556,7 @@ end
 -- Drop the stale entries of bucket `field`: those whose offset is no longer pending in `pending`
 -- (a record acknowledged, or withdrawn: its entry otherwise goes with it). Returns how many.
 local function id_sweep_bucket(ids, pending, field)
-  local bucket = id_buckets[ids][field]
-  if bucket == nil then
-    bucket = redis.call('HGET', ids, field) or ''
-    id_buckets[ids][field] = bucket
-  end
+  local bucket = id_read(ids, field)
   local kept = {}
   for at = 1, #bucket, ID_ENTRY do
     local entry = string.sub(bucket, at, at + ID_ENTRY - 1)
