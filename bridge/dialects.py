@@ -42,6 +42,7 @@ from bridge.message import (
     Scheduled,
     origin,
     parse,
+    parse_count,
 )
 
 logger = logging.getLogger(__name__)
@@ -149,15 +150,16 @@ def from_etf1(
     if ETF1_EPOCH not in theirs:
         raise Rejected(Reason.MISSING_DUE_TIME, f"no {ETF1_EPOCH} header (unix seconds)")
     text = theirs[ETF1_EPOCH].decode("utf-8", errors="replace").strip()
-    if not text.isdigit():
+    seconds = parse_count(text)
+    if seconds is None:
         raise Rejected(Reason.BAD_DUE_TIME, f"{ETF1_EPOCH} {text[:40]!r} is not unix seconds")
-    if int(text) >= ETF1_MS_EPOCH:
+    if seconds >= ETF1_MS_EPOCH:
         raise Rejected(
             Reason.BAD_DUE_TIME,
             f"{ETF1_EPOCH} {text} looks like milliseconds: etf1 takes unix seconds",
         )
     # An epoch in the past is due at once; the contract's floor for epoch ms is 2000-01-01.
-    control: Headers = [(H_DELIVER_AT, str(max(int(text) * 1000, MIN_EPOCH_MS)).encode())]
+    control: Headers = [(H_DELIVER_AT, str(max(seconds * 1000, MIN_EPOCH_MS)).encode())]
     if ETF1_TARGET_TOPIC in theirs:
         control.append((H_TARGET_TOPIC, theirs[ETF1_TARGET_TOPIC]))
     # etf1 delivers the target key, or none: a null key, not the schedule's id.

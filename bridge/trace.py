@@ -15,19 +15,18 @@ from ``since`` (a day back by default), decoding only the journal records that h
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.config import Config
 from bridge.errors import BridgeError, UsageError
 from bridge.journal import Entry, Fate, JournalReader, Sought, field_bytes
-from bridge.message import Cancel, Scheduled, format_time_ms, origin
+from bridge.message import Cancel, Scheduled, cut, format_time_ms, origin
+from bridge.message import parse_origin as origin_parts
 from bridge.store import Shard
 
 BEFORE_DUE_MS = 60_000  # the search for a final fate starts this long before the due time
 DEFAULT_SINCE_MS = 24 * 3600 * 1000
-_ORIGIN = re.compile(r"^([A-Za-z0-9._-]+):(\d+):(\d+)$")
 
 
 @dataclass
@@ -73,10 +72,11 @@ def preview(record: Scheduled) -> dict[str, Any]:
 
 def parse_origin(text: str) -> tuple[Shard, int]:
     """``topic:partition:offset`` as (its shard, offset)."""
-    match = _ORIGIN.match(text)
-    if match is None:
-        raise UsageError(f"--origin {text}: expected TOPIC:PARTITION:OFFSET")
-    return Shard(match.group(1), int(match.group(2))), int(match.group(3))
+    parts = origin_parts(text)
+    if parts is None:
+        raise UsageError(f"--origin {cut(text)}: expected TOPIC:PARTITION:OFFSET")
+    topic, partition, offset = parts
+    return Shard(topic, partition), offset
 
 
 def trace(
@@ -91,7 +91,7 @@ def trace(
     """The life of the record at origin ``at`` or with ``delay_id`` (see the module)."""
     from bridge import ops
 
-    if at is None and delay_id is not None and _ORIGIN.match(delay_id):
+    if at is None and delay_id is not None and origin_parts(delay_id) is not None:
         at = delay_id  # a default delay-id is its origin
     shard, offset = parse_origin(at) if at is not None else (None, -1)
     traced = Traced(delay_id or "")

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from bridge.config.schema import Config, read_secret
 from bridge.errors import ConfigError
+from bridge.message import parse_count
 
 RECONNECT_BACKOFF_MAX_MS = "1000"
 
@@ -152,7 +153,7 @@ def transactional_settings(config: Config, transactional_id: str) -> dict[str, s
     ``egress.lease`` (at least the socket timeout, as librdkafka requires): one whose producer
     died and whose shard nobody took over, which holds back read_committed consumers meanwhile."""
     settings = producer_settings(config)
-    floor = int(settings["socket.timeout.ms"]) if settings["socket.timeout.ms"].isdigit() else 0
+    floor = parse_count(settings["socket.timeout.ms"]) or 0
     settings.setdefault("transaction.timeout.ms", str(max(config.egress.lease, floor)))
     settings["transactional.id"] = transactional_id
     return settings

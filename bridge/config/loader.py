@@ -27,6 +27,7 @@ from bridge.message import (
     DIALECTS,
     format_duration_ms,
     is_legal_topic,
+    parse_count,
     parse_duration_ms,
 )
 
@@ -142,8 +143,8 @@ def _convert(hint: Any, value: Any, path: str, is_duration: bool) -> Any:
             return value
         raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
     if hint is int:
-        if from_env and value.strip().lstrip("-").isdigit():
-            return int(value)
+        if from_env and (number := parse_count(value.strip().removeprefix("-"))) is not None:
+            return -number if value.strip().startswith("-") else number
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
@@ -291,7 +292,7 @@ def _validate(config: Config) -> None:
         )
     for node in config.redis.sentinel.nodes:
         host, sep, port = node.rpartition(":")
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or parse_count(port, 65535) is None:
             raise ConfigError(f"redis.sentinel.nodes: expected host:port, got {node!r}")
     if config.redis.sentinel.nodes and config.redis.cluster:
         raise ConfigError(
@@ -311,7 +312,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"http.console.token_file: {config.http.console.token_file} is empty")
     consumer_settings(config)
     timeout = producer_settings(config)["delivery.timeout.ms"]
-    if not timeout.isdigit() or int(timeout) >= config.egress.lease:
+    timeout_ms = parse_count(timeout)
+    if timeout_ms is None or timeout_ms >= config.egress.lease:
         raise ConfigError(
             f"kafka.producer.delivery.timeout.ms: {timeout} must be below egress.lease "
             f"({config.egress.lease} ms), or a lease would expire while its record is in flight"

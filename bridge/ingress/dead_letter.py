@@ -1,7 +1,9 @@
 """Rejected delay-topic records sent to the DLQ with their reason.
 
 Each copy is acknowledged or refused on its own: one too large for the DLQ goes again without its
-value, and one the DLQ refuses holds its own partition only (:class:`~bridge.ingress.holds.Holds`).
+value, and if even that does not fit, as a stub (the ``delay-error*`` headers and ``delay-origin``
+only: the record stays in the delay topic); one the DLQ refuses holds its own partition only
+(:class:`~bridge.ingress.holds.Holds`).
 """
 
 from __future__ import annotations
@@ -10,19 +12,40 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from enum import Enum
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.ingress.batch import coords, shard_of
 from bridge.journal import Entry, Fate, Journal
 from bridge.kafka import headers_of, produce
-from bridge.message import H_ID, Rejected, Rules, dead_letter_headers, origin, wire_headers
+from bridge.message import (
+    H_ID,
+    Rejected,
+    Rules,
+    cut,
+    dead_letter_headers,
+    origin,
+    record_size,
+    wire_headers,
+)
 from bridge.metrics import Metrics
 from bridge.store import Shard
 
 logger = logging.getLogger(__name__)
 
+_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
+
 DLQ_FLUSH_TIMEOUT_S = 30.0
+
+
+class Copy(Enum):
+    """How much of a rejected record its DLQ copy carries: each form is tried once the one before
+    it was refused as too large."""
+
+    WHOLE = "whole"
+    NO_VALUE = "no value"  # key and headers
+    STUB = "stub"  # the delay-error* headers and delay-origin only
 
 
 class DeadLetters:
@@ -39,13 +62,16 @@ class DeadLetters:
 
     def send(self, rejected: list[tuple[Message, Rejected]]) -> dict[Shard, tuple[int, str]]:
         """Dead-letter these records and wait for Kafka to take them. A copy the DLQ refuses as
-        too large (the bridge's producer or the DLQ topic) goes again without its value, which
-        stays in the delay topic at ``delay-origin``. Returns, per partition, the lowest offset
-        whose copy the DLQ still refused and why: its partition holds from there."""
-        failed, placed = self._send(rejected, with_value=True)
-        too_large = [i for i, (code, _) in failed.items() if code == KafkaError.MSG_SIZE_TOO_LARGE]
-        if too_large:
-            again, placed_again = self._send([rejected[i] for i in too_large], with_value=False)
+        too large (the bridge's producer or the DLQ topic) goes again without its value, then as
+        a stub; what is left out stays in the delay topic at ``delay-origin``. Returns, per
+        partition, the lowest offset whose copy the DLQ still refused and why: its partition
+        holds from there."""
+        failed, placed = self._send(rejected, Copy.WHOLE)
+        for form in (Copy.NO_VALUE, Copy.STUB):
+            too_large = [i for i, (code, _) in failed.items() if code == _TOO_LARGE]
+            if not too_large:
+                break
+            again, placed_again = self._send([rejected[i] for i in too_large], form)
             for n, i in enumerate(too_large):
                 if n in again:
                     failed[i] = again[n]
@@ -98,7 +124,7 @@ class DeadLetters:
             self.journal.write(shard, entries)
 
     def _send(
-        self, rejected: Sequence[tuple[Message, Rejected]], *, with_value: bool
+        self, rejected: Sequence[tuple[Message, Rejected]], form: Copy
     ) -> tuple[dict[int, tuple[int | None, str]], dict[int, tuple[int, int]]]:
         """Produce the DLQ copies and wait for Kafka; returns the refused ones by index, with the
         error's code (None: no answer in time) and text, and where the DLQ put the others."""
@@ -118,21 +144,31 @@ class DeadLetters:
 
         for i, (msg, rejection) in enumerate(rejected):
             where = origin(*coords(msg))
-            value, detail = msg.value(), rejection.detail
-            if not with_value:
+            key, value, headers = msg.key(), msg.value(), headers_of(msg)
+            detail = rejection.detail
+            if form is Copy.NO_VALUE:
                 detail += (
                     f" (value of {len(value or b'')} bytes left out: the whole copy is "
                     f"larger than the DLQ takes; it stays at {where})"
                 )
                 value = None
-            logger.info("dead-lettering %s: %s", where, rejection, extra={"origin": where})
-            headers = dead_letter_headers(headers_of(msg), rejection.reason, detail, where)
+            elif form is Copy.STUB:
+                size = record_size(key, value, headers)
+                detail = cut(detail, 200) + (
+                    f" (a stub: the record of {size} bytes, key, value and headers, is larger "
+                    f"than the DLQ takes even without its value; it stays at {where})"
+                )
+                key, value, headers = None, None, []
+            logger.info(
+                "dead-lettering %s: %s", where, cut(str(rejection), 300), extra={"origin": where}
+            )
+            headers = dead_letter_headers(headers, rejection.reason, detail, where)
             try:
                 produce(
                     self.producer,
                     self.rules.dead_letter,
                     value=value,
-                    key=msg.key(),
+                    key=key,
                     headers=wire_headers(headers),
                     on_delivery=report(i),
                 )

@@ -33,6 +33,7 @@ from bridge.message.values import (
     MIN_EPOCH_MS,
     format_duration_ms,
     format_time_ms,
+    parse_count,
     parse_duration_ms,
     parse_time_ms,
     topic_refusal,
@@ -127,14 +128,15 @@ def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | Non
         if not hints:
             named.append((delay_id, None))
             continue
-        text = (hints[i] or b"").decode("ascii", errors="replace").strip()
-        if not text.isdigit():
+        hint = parse_count(hints[i])
+        if hint is None:
+            text = (hints[i] or b"").decode("ascii", errors="replace").strip()
             raise Rejected(
                 Reason.BAD_HEADER,
                 f"a {H_CANCEL} record's {H_DUE_AT} is the due time of the record it cancels, "
-                f"in epoch milliseconds: not {text!r}",
+                f"in epoch milliseconds: not {text[:40]!r}",
             )
-        named.append((delay_id, int(text)))
+        named.append((delay_id, hint))
     (first, due), *more = named
     return Cancel(offset, first, base_ms, due, tuple(more))
 

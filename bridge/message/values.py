@@ -7,16 +7,54 @@ import math
 import re
 from datetime import UTC, datetime, timedelta, timezone
 
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+# Digits are ASCII only, and bounded: `str.isdigit()` is true for "²" and "٣", and `int()` refuses
+# 4,301 digits; producer text never reaches `int()` but through these patterns.
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_ALL_DIGITS = re.compile(r"[0-9]+")
+MAX_INT64 = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+# Canonical only (no leading zero): an id names one offset in one spelling.
+_ORIGIN = re.compile(r"([a-zA-Z0-9._-]{1,249}):(0|[1-9][0-9]{0,9}):(0|[1-9][0-9]{0,18})")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
+# A duration's digits past 19 count as this many: longer than any limit, never parsed whole.
+_BEYOND = 10**19
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 # The due times the contract accepts: from 2000-01-01 (before it, epoch seconds taken for
 # milliseconds, 1.7e9 s being 1970 in ms, or a zero time) up to the end of the year 9999 (past it,
 # a unit mistake: µs or ns). The store's lanes are proven for this range (bridge.store.keys).
 MIN_EPOCH_MS = 946_684_800_000
 MAX_EPOCH_MS = 253_402_300_799_999
+
+
+def parse_count(text: str | bytes | None, limit: int = MAX_INT64) -> int | None:
+    """ASCII decimal digits (1 to 19 of them, surrounding blanks allowed) as a number no larger
+    than ``limit``; None for anything else (a sign, another script's digits, too many)."""
+    if isinstance(text, bytes):
+        text = text.decode("ascii", errors="replace")
+    if text is None:
+        return None
+    text = text.strip()
+    if _DIGITS.fullmatch(text) is None:
+        return None
+    value = int(text)
+    return value if value <= limit else None
+
+
+def parse_origin(text: str) -> tuple[str, int, int] | None:
+    """``<topic>:<partition>:<offset>`` (a default delay-id, a ``delay-origin``) as its three
+    parts; None when ``text`` is not one: a legal topic name, a partition and an offset in
+    ASCII digits, within Kafka's ranges."""
+    match = _ORIGIN.fullmatch(text)
+    if match is None or match.group(1) in (".", ".."):
+        return None
+    partition, offset = int(match.group(2)), int(match.group(3))
+    if partition > MAX_INT32 or offset > MAX_INT64:
+        return None
+    return match.group(1), partition, offset
 
 
 @functools.lru_cache(maxsize=1024)
@@ -27,8 +65,8 @@ def parse_duration_ms(text: str) -> int:
     Cached: producers use a handful of delays, and this runs per record.
     """
     text = text.strip()
-    if text.isdigit():
-        return int(text)
+    if _ALL_DIGITS.fullmatch(text):
+        return _saturated(text)
     pos = total = 0
     last_rank = -1
     ranks = ["d", "h", "m", "s", "ms"]
@@ -40,11 +78,16 @@ def parse_duration_ms(text: str) -> int:
         if rank <= last_rank:
             raise ValueError(f"not a duration: {text!r} (units must go from largest to smallest)")
         last_rank = rank
-        total += int(match.group(1)) * _UNIT_MS[match.group(2)]
+        total += _saturated(match.group(1)) * _UNIT_MS[match.group(2)]
         pos = match.end()
     if pos == 0:
         raise ValueError("empty duration")
     return total
+
+
+def _saturated(digits: str) -> int:
+    """ASCII digits as a number, or :data:`_BEYOND` when they are more than 19."""
+    return int(digits) if len(digits) <= 19 else _BEYOND
 
 
 def format_duration_ms(ms: int) -> str:
@@ -67,7 +110,7 @@ def parse_when(text: str, now_ms: int, *, ago: bool = False) -> int:
     try:
         return parse_time_ms(text)
     except ValueError:
-        if text.strip().isdigit():  # epoch ms: parse_time_ms says what is wrong with it
+        if _ALL_DIGITS.fullmatch(text.strip()):  # epoch ms: parse_time_ms says what is wrong
             raise
     stripped, sign = text.strip(), -1 if ago else 1
     if stripped[:1] in ("-", "+"):
@@ -90,10 +133,10 @@ def parse_time_ms(text: str) -> int:
     time outside 2000-9999 reaches the store, whose arithmetic is proven for that range only.
     """
     text = text.strip()
-    if text.isdigit():
-        value = int(text)
-        if value > MAX_EPOCH_MS:
-            raise ValueError(f"epoch milliseconds out of range: {text}")
+    if _ALL_DIGITS.fullmatch(text):
+        value = parse_count(text)
+        if value is None or value > MAX_EPOCH_MS:
+            raise ValueError(f"epoch milliseconds out of range: {len(text)} digits")
         if value < MIN_EPOCH_MS:
             raise ValueError(
                 f"{text} as epoch milliseconds is before 2000-01-01 ({format_time_ms(value)}); "
@@ -129,6 +172,12 @@ def parse_time_ms(text: str) -> int:
     if value > MAX_EPOCH_MS:
         raise ValueError(f"{text} is after the year 9999")
     return value
+
+
+def cut(text: str, limit: int = 80) -> str:
+    """``text`` for a table cell, a page or a log line: at most ``limit`` characters, the last an
+    ellipsis when it was longer (the full value stays in ``--json`` and the API)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def format_time_ms(ms: int) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled
+from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled, parse_count
 from bridge.store.calls import candidates_from
 from bridge.store.ids import Confirm, id_hash
 from bridge.store.inventory import Inventory
@@ -97,8 +97,7 @@ def due_hint(headers: Headers) -> int | None:
     time of the record it replaces, as the command line gives it (None: none, or not a time)."""
     for name, value in headers:
         if name == H_DUE_AT:
-            text = (value or b"").strip()
-            return int(text) if text.isdigit() else None
+            return parse_count(value)
     return None
 
 

@@ -14,6 +14,7 @@ from typing import cast
 
 import redis
 
+from bridge.message import MAX_INT32, parse_count
 from bridge.store.calls import candidates_from
 from bridge.store.ids import id_hash
 from bridge.store.keys import (
@@ -279,7 +280,8 @@ class Inventory:
         with as_store_error():
             names = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
         partitions = {p for p in (self.keys.partition_of(n, topic) for n in names) if p}
-        return [Shard(topic, p) for p in sorted(int(p) for p in partitions if p.isdigit())]
+        numbers = (parse_count(p, MAX_INT32) for p in partitions)
+        return [Shard(topic, p) for p in sorted(n for n in numbers if n is not None)]
 
     def waits(self, shards: Sequence[Shard]) -> dict[Shard, set[str]]:
         """The targets with records in each shard's wait indexes (shards with none left out)."""

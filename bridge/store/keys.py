@@ -56,6 +56,7 @@ from bridge.message import (
     encode,
     format_time_ms,
     origin,
+    parse_origin,
 )
 
 # The width of a priority lane's run of scores: above any due ms (the year 9999 is 2.5e14 ms), and
@@ -250,10 +251,10 @@ def where(offset: bytes, due_ms: int) -> bytes:
 def default_id_offset(shard: Shard, delay_id: str) -> int | None:
     """The offset a default delay-id ``<topic>:<partition>:<offset>`` of ``shard`` names (None:
     not one of its default ids)."""
-    head, _, tail = delay_id.rpartition(":")
-    if head != f"{shard.topic}:{shard.partition}" or not tail.isdigit():
+    parts = parse_origin(delay_id)
+    if parts is None or parts[0] != shard.topic or parts[1] != shard.partition:
         return None
-    return int(tail)
+    return parts[2]
 
 
 def offset_of(member: bytes) -> int:

@@ -282,6 +282,18 @@ def produce_all(
     return [c for c in coords if c is not None]
 
 
+ToPartition = list[tuple[int, bytes | None, Headers]]
+
+
+def produce_to(bootstrap: str, topic: str, records: ToPartition, **settings: str) -> None:
+    """Produce each (partition, value, headers) with the key ``k``, in order; ``settings`` are the
+    producer's librdkafka properties."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **settings})
+    for partition, value, headers in records:
+        produce(producer, topic, partition=partition, key=b"k", value=value, headers=headers)
+    assert producer.flush(30) == 0
+
+
 @dataclass
 class Setup:
     services: Services

@@ -9,11 +9,9 @@ from typing import cast
 
 import pytest
 import redis
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 
-from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
@@ -27,7 +25,15 @@ from bridge.message import (
     Headers,
 )
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Setup, metric, produce_all, wait_ready
+from tests.integration.harness import (
+    Bridge,
+    Setup,
+    ToPartition,
+    metric,
+    produce_all,
+    produce_to,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -74,19 +80,9 @@ def test_due_times_before_2000_are_dead_lettered_and_the_rest_delivered_once(
     assert bridge.proc is not None and bridge.proc.poll() is None, bridge.output()
 
 
-ToPartition = list[tuple[int, bytes | None, Headers]]
-
-
 def _deliver_one_per_partition(setup: Setup, partitions: int, tag: str) -> ToPartition:
     return [(p, f"{tag}-{p}".encode(), [(H_TARGET_TOPIC, setup.targets[0].encode()),
                                         (H_AFTER, b"0ms")]) for p in range(partitions)]  # fmt: skip
-
-
-def _produce(bootstrap: str, topic: str, records: ToPartition, **settings: str) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **settings})
-    for partition, value, headers in records:
-        produce(producer, topic, partition=partition, key=b"k", value=value, headers=headers)
-    assert producer.flush(30) == 0
 
 
 def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
@@ -103,9 +99,9 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
         (0, b"x" * 2_000_000, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),  # too-large
         (1, b"y" * 10_000, [(H_TARGET_TOPIC, b"bad\xff"), (H_AFTER, b"0ms")]),  # bad-header
     ]
-    _produce(services.bootstrap, setup.delay, oversized, **{"compression.type": "lz4",
+    produce_to(services.bootstrap, setup.delay, oversized, **{"compression.type": "lz4",
              "message.max.bytes": "5242880"})  # fmt: skip
-    _produce(services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
+    produce_to(services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
     bridges.append(setup.bridge().start())
     collector = setup.collector()
     try:
@@ -132,8 +128,8 @@ def test_a_dlq_refusal_holds_its_partition_only(
     offset on; the other partitions go on, and /readyz names the partition held."""
     admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
     bad: ToPartition = [(0, b"bad", [(H_AFTER, b"0ms")])]  # no target: missing-target
-    _produce(setup.services.bootstrap, setup.delay, bad)
-    _produce(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
+    produce_to(setup.services.bootstrap, setup.delay, bad)
+    produce_to(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
     bridge = setup.bridge().start()
     bridges.append(bridge)
     collector = setup.collector()
@@ -185,7 +181,7 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     admin.create_partitions([NewPartitions(setup.delay, 6)])[setup.delay].result(timeout=30)
     grown = time.monotonic()
-    _produce(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 6, "grown"))
+    produce_to(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 6, "grown"))
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= 6, 30, "a record from each of the 6 partitions")
@@ -209,11 +205,11 @@ def test_a_cancel_or_replacement_in_another_partition_finds_its_record(
     def schedule(delay_id: bytes, after: bytes) -> Headers:
         return [(H_TARGET_TOPIC, target), (H_AFTER, after), (H_ID, delay_id)]
 
-    _produce(setup.services.bootstrap, setup.delay,
+    produce_to(setup.services.bootstrap, setup.delay,
              [(0, b"cancelled", schedule(b"order-9", b"8s")),
               (0, b"replaced", schedule(b"order-10", b"8s"))])  # fmt: skip
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 2, 30, "both stored")
-    _produce(setup.services.bootstrap, setup.delay,
+    produce_to(setup.services.bootstrap, setup.delay,
              [(1, None, [(H_CANCEL, b"order-9")]),
               (2, b"replacement", schedule(b"order-10", b"1s")),
               (2, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"9s")])])  # fmt: skip
@@ -235,7 +231,7 @@ def test_a_cancel_behind_a_held_record_still_wins(
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready: the partitions read live")
     admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
-    _produce(setup.services.bootstrap, setup.delay, [
+    produce_to(setup.services.bootstrap, setup.delay, [
         (0, b"R", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s"), (H_ID, b"x")]),
         (0, b"needs-the-dlq", [(H_AFTER, b"0ms")]),
         (0, None, [(H_CANCEL, b"x")]),
@@ -261,7 +257,7 @@ def test_each_loop_meets_the_values_that_stopped_it_and_goes_on(
     target = setup.targets[0].encode()
     many: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), *[("h", None)] * 70_000]
     due_later = str(time.time_ns() // 1_000_000 + 60_000).encode()
-    _produce(setup.services.bootstrap, setup.delay, [
+    produce_to(setup.services.bootstrap, setup.delay, [
         (0, b"many-headers", many),
         (1, b"corrupted", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, due_later)]),
     ])  # fmt: skip

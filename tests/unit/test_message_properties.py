@@ -32,10 +32,15 @@ from bridge.message import (
     Scheduled,
     decode,
     encode,
+    origin,
     parse,
+    parse_count,
     parse_duration_ms,
+    parse_origin,
     record_size,
 )
+from bridge.store import Shard, default_id_offset
+from bridge.store.across import due_hint
 
 NOW = 1_790_000_000_000
 LIMIT = 2000
@@ -180,3 +185,46 @@ def test_any_headers_are_stored_cancelled_or_dead_lettered(headers: Headers) -> 
         assert 1 <= len(got.delay_id.encode()) <= MAX_ID_BYTES
     else:
         assert isinstance(got, Reason)
+
+
+# Text from every Unicode category (digits of every script among them: "²" and "٣" are
+# str.isdigit()), numbers past every limit, and default ids of every partition with such tails.
+_ANY_TEXT = st.text(st.characters(codec="utf-8"), max_size=24)
+_NUMBERS = st.integers(min_value=-(10**30), max_value=10**30).map(str)
+_HOSTILE_VALUES = st.one_of(
+    _ANY_TEXT.map(str.encode),
+    _NUMBERS.map(str.encode),
+    st.builds(
+        lambda p, tail: f"delay:{p}:{tail}".encode(),
+        st.integers(-2, 2**32),
+        st.one_of(_ANY_TEXT, _NUMBERS, st.just("9" * 5000)),
+    ),
+    st.just(b"9" * 5000),
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(_HEADER_NAMES | st.just("delay-due-at"), _HOSTILE_VALUES), max_size=5))
+def test_values_from_the_whole_space_reach_no_stage_unparsed(headers: Headers) -> None:
+    """What the parser lets through, every stage after it takes without raising: the default-id
+    lookup, the replacement's due-time hint, a cancel's hint. A cancel of ``delay:0:²`` stalled
+    the ingress: ``str.isdigit`` said yes, ``int`` refused."""
+    got = outcome(headers)
+    shard = Shard("delay", 0)
+    if isinstance(got, Scheduled | Cancel):
+        named = default_id_offset(shard, got.delay_id)
+        assert named is None or (0 <= named < 2**63 and got.delay_id == f"delay:0:{named}")
+    if isinstance(got, Scheduled):
+        hint = due_hint(got.headers)
+        assert hint is None or 0 <= hint < 2**63
+    if isinstance(got, Cancel):
+        for each in got.each():
+            assert each.due_ms is None or 0 <= each.due_ms < 2**63
+
+
+@given(st.one_of(_ANY_TEXT, _NUMBERS, st.from_regex(r"[a-z.]{1,5}:[0-9]{1,12}:[0-9]{1,25}")))
+def test_an_origin_reads_back_only_as_its_own_text(text: str) -> None:
+    parts = parse_origin(text)
+    assert parts is None or origin(*parts) == text
+    count = parse_count(text)
+    assert count is None or (count == int(text.strip()) and count < 2**63)

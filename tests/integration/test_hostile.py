@@ -1,0 +1,97 @@
+"""Values no producer or operator should send, sent anyway, on the real servers: each decides one
+record's fate (or one command's answer) and stops nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.message import (
+    H_AFTER,
+    H_CANCEL,
+    H_DUE_AT,
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ID,
+    H_ORIGIN,
+    H_TARGET_TOPIC,
+    Headers,
+)
+from tests.integration.harness import Bridge, Setup, ToPartition, cli_of, metric, produce_to
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_default_id_with_a_unicode_digit_or_a_huge_hint_stalls_nothing(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``delay-cancel: <topic>:0:²`` (``str.isdigit`` says yes, ``int`` refuses) rewound the
+    ingress's batch for ever, and every partition behind it waited; a replacement of a default id
+    whose ``delay-due-at`` has 5,000 digits (past Python's int limit) did the same. Neither is a
+    default id or a due time: the cancel finds nothing, the replacement looks its record up."""
+    target = setup.targets[0].encode()
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+
+    def after(delay: bytes) -> Headers:
+        return [(H_TARGET_TOPIC, target), (H_AFTER, delay)]
+
+    # Partition 0's first record is the one the replacement names (its default id).
+    hostile: ToPartition = [
+        (0, b"replaced", after(b"10m")),
+        (0, None, [(H_CANCEL, f"{setup.delay}:0:\u00b2".encode())]),
+        (0, None, [(H_CANCEL, f"{setup.delay}:0:\u0663".encode())]),  # an Arabic-Indic 3
+        (
+            0,
+            b"replacement",
+            [*after(b"0ms"), (H_ID, f"{setup.delay}:0:0".encode()), (H_DUE_AT, b"9" * 5000)],
+        ),
+    ]
+    later: ToPartition = [(i % 3, f"later-{i}".encode(), after(b"0ms")) for i in range(12)]
+    produce_to(setup.services.bootstrap, setup.delay, hostile + later)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 13, 60, "the replacement and the 12 later records")
+        collector.poll(1.0)  # the replaced record, were it delivered, would not be due yet anyway
+    finally:
+        collector.close()
+    values = sorted(r.value or b"" for r in collector.records)
+    assert values == sorted([b"replacement", *(f"later-{i}".encode() for i in range(12))])
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 2
+    assert metric(bridge, "delay_bridge_replaced_total") == 1
+    assert bridge.get("/readyz")[0] == 200
+
+
+@pytest.mark.parametrize("verb", ["list", "trace", "cancel", "fire"])
+def test_the_tools_answer_an_id_with_a_unicode_digit_in_one_line(
+    setup: Setup, bridges: list[Bridge], verb: str
+) -> None:
+    """``list|trace|cancel --id 'T:P:²'`` printed a traceback (the id looked like a default id)."""
+    bridge = setup.bridge()  # not started: the tools need its environment only
+    cli = cli_of(bridge)
+    for delay_id in (f"{setup.delay}:0:\u00b2", f"{setup.delay}:0:{'9' * 5000}"):
+        done = cli(verb, "--id", delay_id)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode in (0, 1, 2), (done.returncode, done.stderr)
+        assert len(done.stderr.strip().splitlines()) <= 1, done.stderr
+
+
+def test_a_record_whose_headers_fill_the_delay_topic_has_a_stub_in_the_dlq(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A bad due time and a 1,048,440-byte header (the record just fits the delay topic's default
+    1,048,588 bytes): its DLQ copy without its value kept the header and was refused too, and its
+    partition waited for good behind it. A stub goes now (reason, detail, origin), the record
+    stays in the delay topic, and the record behind it is delivered."""
+    target = setup.targets[0].encode()
+    big: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"soon"), ("blob", b"b" * 1_048_440)]
+    produce_to(setup.services.bootstrap, setup.delay,
+               [(0, b"v", big), (0, b"behind", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])],
+               **{"message.max.bytes": "2000000"})  # fmt: skip
+    bridges.append(setup.bridge().start())
+    records = setup.await_value(b"behind", 60, "the record behind the large one")
+    (dead,) = [r for r in records if r.topic == setup.dlq]
+    assert dead.header(H_ERROR) == b"bad-due-time"
+    assert dead.header(H_ORIGIN) == f"{setup.delay}:0:0".encode()
+    assert dead.key is None and dead.value is None and dead.header("blob") is None
+    detail = (dead.header(H_ERROR_DETAIL) or b"").decode()
+    assert "a stub" in detail and f"it stays at {setup.delay}:0:0" in detail, detail
