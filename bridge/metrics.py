@@ -226,6 +226,11 @@ class Metrics:
             "Age of the oldest due record not yet handed to Kafka (0 when none)",
             registry=registry,
         )
+        self.clock_skew = Gauge(
+            "delay_bridge_clock_skew_seconds",
+            "Redis's clock minus this replica's (fates are decided by the earlier)",
+            registry=registry,
+        )
         self.ingest_lag = Gauge(
             "delay_bridge_ingest_lag_messages",
             "Delay-topic records not yet stored in Redis (log end from librdkafka statistics)",
@@ -335,8 +340,7 @@ class Metrics:
         committed offset is the lowest *pending* one, so librdkafka's own consumer_lag would count
         every scheduled record; the lag here counts only records not yet read into Redis.
         """
-        # Only real brokers: librdkafka also lists its bootstrap and logical (GroupCoordinator)
-        # connections, which have no node id.
+        # Only real brokers: bootstrap and logical (GroupCoordinator) connections have no node id.
         up = len(
             {
                 b.get("nodeid")

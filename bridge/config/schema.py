@@ -102,6 +102,9 @@ class EgressConfig:
     max_rate_per_target: dict[str, int] = field(default_factory=dict)  # target -> records/s
     exactly_once: bool = False  # target, DLQ and journal records in one transaction per shard
     transaction: int = duration("10ms")  # how long a shard's transaction gathers records
+    # Redis's clock and this host's may differ by this much before /readyz names the skew
+    # (decisions go by the lesser of the two whatever the skew: bridge.egress.plan.DecisionClock).
+    max_clock_skew: int = duration("2s")
 
     @property
     def due_by_ms(self) -> int:

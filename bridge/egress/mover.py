@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import Producer
 
@@ -20,7 +20,14 @@ from bridge.config import EgressConfig
 from bridge.egress.failures import Ident, backoff
 from bridge.egress.lanes import Lanes, Stored
 from bridge.egress.outlet import Transactions
-from bridge.egress.plan import HOLD_WAIT_S, IDLE_WAIT_S, NEVER, Plan, RedisClock
+from bridge.egress.plan import (
+    HOLD_WAIT_S,
+    IDLE_WAIT_S,
+    NEVER,
+    DecisionClock,
+    Plan,
+    tell_clock,
+)
 from bridge.egress.rate import RateLimit, TargetLimits
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries
@@ -59,7 +66,7 @@ class Egress:
         dead_letter: str,
         readiness: Readiness | None = None,
         catch_up: CatchUp | None = None,
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        clock: DecisionClock | None = None,
         journal: Journal | None = None,
         reconcile: Reconcile | None = None,
         transactions: Transactions | None = None,
@@ -69,7 +76,7 @@ class Egress:
         self.store = store
         self.metrics = metrics
         self.config = config
-        self.clock = RedisClock()
+        self.clock = clock or DecisionClock()
         self.plan = Plan(config.tick, config.ahead)
         self.deliveries = self.deliveries_type(
             producer,
@@ -78,7 +85,7 @@ class Egress:
             self.readiness,
             config,
             dead_letter=dead_letter,
-            clock_ms=clock_ms,
+            clock_ms=self.clock.decision_ms,
             on_retry=self._claim_again,
             journal=journal,
             outlet=transactions,
@@ -156,10 +163,8 @@ class Egress:
 
     def step(self, now_ms: int | None = None) -> int:
         """Serve delivery reports, then claim and produce what is due. Returns the records claimed
-        and kept (not put back, nor set aside for their target's rate).
-
-        ``now_ms`` replaces Redis's clock for the claim (tests); the loop passes None.
-        """
+        and kept (not put back, nor set aside for their target's rate). ``now_ms`` replaces the
+        decision clock for the claim (tests); the loop passes None."""
         self.last_loop = time.monotonic()
         self.deliveries.poll(0)
         self.deliveries.apply_reports()
@@ -211,11 +216,12 @@ class Egress:
             lanes=self.lanes.limits(shards),
             ahead_lanes=self.lanes.ahead(self.owned, now + self.config.ahead),
             watermarks=self.catch_up.watermarks(),
+            cap_ms=self.clock.ceiling(now_ms),
         )
         self.turns.mark("claiming from redis")
         self.deliveries.acknowledged(acks)
         self.deliveries.ack()
-        self.clock.set(claimed)
+        tell_clock(self.clock, claimed, self.metrics, self.readiness, self.config.max_clock_skew)
         for shard in self.plan.claimed(claimed, per_shard, horizons):
             self._forget_if_drained(shard)
         backlog = self.lanes.claimed(claimed, self.plan)  # after the plan: it may hold some back

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from bridge.health import Readiness
+from bridge.message import format_duration_ms
+from bridge.metrics import Metrics
 from bridge.store import Claims, Shard
 
 IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
@@ -13,27 +16,83 @@ NEVER = float("inf")
 HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up ingress
 
 
-class RedisClock:
-    """Redis's clock as of the last claim, carried on by the local monotonic clock (slightly
-    behind Redis's by the reply's trip: the mover wakes late, never early)."""
+def wall_ms() -> int:
+    """This host's wall clock, epoch ms: a witness the decision clock checks Redis's against."""
+    return time.time_ns() // 1_000_000
 
-    def __init__(self) -> None:
+
+class DecisionClock:
+    """The time a record's fate is decided by (DESIGN "Never early, whatever one clock says"):
+    the lesser of Redis's clock — as of the last claim, carried on by the monotonic clock, so
+    slightly behind Redis's by the reply's trip — and this host's wall clock.
+
+    Either clock stepping forward (an NTP step; a failover to a Redis whose host is off) makes
+    nothing early, ends no lease and expires nothing on time: the other one decides. A step back
+    makes records late by the step, never early; :meth:`skew_ms` shows it (a metric, /readyz).
+    Claims take :meth:`decision_ms` as the ceiling on Redis TIME (claim.lua)."""
+
+    def __init__(self, wall: Callable[[], int] = wall_ms) -> None:
+        self._wall = wall
         self._redis_minus_local_ms: float | None = None
 
     @property
     def known(self) -> bool:
-        """Whether a claim has told the time yet."""
+        """Whether a claim has told Redis's time yet."""
         return self._redis_minus_local_ms is not None
 
     def set(self, claims: Claims) -> None:
-        """Take the time a claim's reply told."""
+        """Take the time a claim's reply told (Redis TIME at its end, never capped)."""
         self._redis_minus_local_ms = claims.clock_ms - claims.received * 1000
 
-    def now_ms(self) -> float:
-        """Redis's clock now (NEVER before the first claim: every shard is due for one)."""
+    def _redis_ms(self) -> float | None:
         if self._redis_minus_local_ms is None:
-            return NEVER
+            return None
         return time.monotonic() * 1000 + self._redis_minus_local_ms
+
+    def now_ms(self) -> float:
+        """The decision time now (NEVER before the first claim: every shard is due for one)."""
+        redis_ms = self._redis_ms()
+        return NEVER if redis_ms is None else min(redis_ms, self._wall())
+
+    def decision_ms(self) -> int:
+        """The decision time now as epoch ms, the wall clock before the first claim: what
+        expiry and lateness go by, and the ceiling a claim puts on Redis TIME."""
+        redis_ms = self._redis_ms()
+        wall = self._wall()
+        return wall if redis_ms is None else int(min(redis_ms, wall))
+
+    def ceiling(self, given_ms: int | None) -> int | None:
+        """The ceiling a claim puts on Redis TIME: the decision time, or None when the caller
+        gives the claim's now (a test's: exact)."""
+        return None if given_ms is not None else self.decision_ms()
+
+    def skew_ms(self) -> float | None:
+        """Redis's clock minus this host's, ms (None before the first claim)."""
+        redis_ms = self._redis_ms()
+        return None if redis_ms is None else redis_ms - self._wall()
+
+
+def tell_clock(
+    clock: DecisionClock, claims: Claims, metrics: Metrics, readiness: Readiness, max_skew_ms: int
+) -> None:
+    """Tell ``clock`` the time a claim's reply told. The skew of Redis's clock from this host's
+    is a metric and, past ``max_skew_ms`` (``egress.max_clock_skew``), a fault /readyz names;
+    nothing is early meanwhile: the earlier clock decides."""
+    clock.set(claims)
+    skew_ms = clock.skew_ms()
+    if skew_ms is None:
+        return
+    metrics.clock_skew.set(skew_ms / 1000)
+    if abs(skew_ms) > max_skew_ms:
+        ahead = "ahead of" if skew_ms > 0 else "behind"
+        readiness.fail(
+            "clock",
+            f"clock skew: Redis's clock is {format_duration_ms(int(abs(skew_ms)))} {ahead} this "
+            f"host's (egress.max_clock_skew {format_duration_ms(max_skew_ms)}); deliveries go "
+            "by the earlier one, so records may be late, never early",
+        )
+    elif readiness.detail("clock"):
+        readiness.ok("clock")
 
 
 class Plan:

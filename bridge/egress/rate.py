@@ -6,6 +6,7 @@ each listed target's (:class:`TargetLimits`), whose records beyond the rate wait
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
@@ -151,12 +152,18 @@ class TargetLimits:
         return out
 
     def claim(
-        self, now: float, now_ms: int | None, room: int, catch_up: CatchUp, batch: int
+        self,
+        now: float,
+        now_ms: int | None,
+        room: int,
+        catch_up: CatchUp,
+        batch: int,
     ) -> list[Claims]:
         """Claim from the wait indexes what the targets' rates allow now (at most ``room`` in
-        all): the claims of each target claimed from. ``now`` is Redis's clock as the mover
-        carries it on, ``now_ms`` the time the claim is to use (None: Redis's); ``catch_up``
-        gives the horizons and watermarks, as for the due indexes."""
+        all): the claims of each target claimed from. ``now`` is the mover's decision clock
+        (:class:`~bridge.egress.plan.DecisionClock`), the ceiling on Redis TIME for the claim;
+        ``now_ms`` the time the claim is to use instead (a test's); ``catch_up`` gives the
+        horizons and watermarks, as for the due indexes."""
         limits = self._limits(now, room, batch)
         if not limits:
             return []
@@ -167,6 +174,7 @@ class TargetLimits:
             catch_up.horizons(),
             self._lanes(),
             watermarks=catch_up.watermarks(),
+            cap_ms=None if now_ms is not None or math.isinf(now) else int(now),
         )
         self._claimed(got)
         return list(got.values())

@@ -20,7 +20,7 @@ from bridge.config import EgressConfig
 from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, by_shard
 from bridge.egress.lanes import Backlog
-from bridge.egress.plan import IDLE_WAIT_S, RedisClock
+from bridge.egress.plan import IDLE_WAIT_S, DecisionClock
 from bridge.egress.settle import Deliveries
 from bridge.errors import StoreError, log_failed_turn
 from bridge.store import Claims, Shard
@@ -44,7 +44,7 @@ class Sender:
     def __init__(
         self,
         config: EgressConfig,
-        clock: RedisClock,
+        clock: DecisionClock,
         deliveries: Deliveries,
         committed: Committed | None = None,
     ) -> None:

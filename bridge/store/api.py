@@ -176,6 +176,7 @@ class Store:
         lanes: Mapping[Shard, Priority] | None = None,
         ahead_lanes: Priority | None = None,
         watermarks: Mapping[Shard, int] | None = None,
+        cap_ms: int | None = None,
     ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
@@ -188,7 +189,9 @@ class Store:
         ``ahead_lanes`` or higher are claimed ahead; the reply says which priorities
         still have records due and each lane's earliest due time (:class:`Claims`). From a shard
         whose Redis watermark is below its ``watermarks`` entry (the ingress's; Redis rolled
-        back) nothing new is claimed until the ingress has read it again (see claim.lua)."""
+        back) nothing new is claimed until the ingress has read it again (see claim.lua). The
+        claim decides by Redis TIME, or by ``cap_ms`` when that is earlier (the caller's other
+        clocks: a step of Redis's host clock makes nothing early)."""
         if not shards:
             now = self.time_ms() if now_ms is None else now_ms
             return Claims([], now, {}, time.monotonic(), now)
@@ -206,6 +209,7 @@ class Store:
                 ahead_lanes,
                 watermark=watermarks.get(shard),
                 acks=(acks or {}).get(shard),
+                cap_ms=cap_ms,
             )
             keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
             calls.append(("claim", keys, args.argv()))
@@ -220,6 +224,7 @@ class Store:
         lanes: Mapping[str, Priority] | None = None,
         *,
         watermarks: Mapping[Shard, int] | None = None,
+        cap_ms: int | None = None,
     ) -> dict[str, Claims]:
         """Lease due records from the wait indexes of rate-limited targets: up to ``limits[shard,
         target]`` from each, only records of ``lanes[target]`` or higher priority, and from a
@@ -240,6 +245,7 @@ class Store:
                 last_lane=lanes.get(target),
                 target=target,
                 watermark=watermarks.get(shard),
+                cap_ms=cap_ms,
             )
             keys = [
                 self._keys.wait(shard, target),

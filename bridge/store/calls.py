@@ -54,6 +54,7 @@ class ClaimArgs:
     target: str = ""  # a rate-limited target whose wait index is claimed from ("": the due index)
     watermark: int | None = None  # the ingress's; a shard below it rolled back
     acks: AckBatch | None = None  # applied first, in the same call
+    cap_ms: int | None = None  # now is at most this (the caller's other clocks; None: TIME alone)
 
     def argv(self) -> list[Any]:
         """claim.lua's ARGV."""
@@ -68,6 +69,7 @@ class ClaimArgs:
             "" if self.last_ahead_lane is None else self.last_ahead_lane + 1,
             self.target,
             watermark_arg(self.watermark),
+            "" if self.cap_ms is None else self.cap_ms,
             *(self.acks or AckBatch()).argv(),
         ]
 

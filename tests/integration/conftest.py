@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ import redis
 from bridge.store import Store
 from tests.conftest import Services, TopicFactory, delete_keys, wait_for
 from tests.integration.harness import Bridge, Setup
+
+SHIM = Path(__file__).parents[1] / "clock" / "shift.c"
 
 
 @pytest.fixture(autouse=True)
@@ -94,14 +98,14 @@ def dead_port() -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def redis_server(directory: Path) -> Iterator[str]:
+def redis_server(directory: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """A Redis server of the caller's own, without persistence, running inside the block: its
-    URL."""
+    URL. ``env`` is added to its environment (a clock shift's, say)."""
     port = free_port()
     proc = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
          "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
     )  # fmt: skip
     client = redis.Redis(port=port)
     try:
@@ -111,6 +115,43 @@ def redis_server(directory: Path) -> Iterator[str]:
         client.close()
         proc.kill()
         proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def clock_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/clock/shift.c built with the machine's C compiler (see its comment)."""
+    built = tmp_path_factory.mktemp("clock") / "shift.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(built), str(SHIM), "-ldl"],
+                   check=True, capture_output=True)  # fmt: skip
+    return built
+
+
+@dataclass
+class ClockShift:
+    """A wall clock a test steps: processes started with :meth:`env` read their offset from
+    ``file`` (tests/clock/shift.c)."""
+
+    shim: Path
+    file: Path
+
+    def env(self) -> dict[str, str]:
+        return {"LD_PRELOAD": str(self.shim), "CLOCK_SHIFT_FILE": str(self.file)}
+
+    def step_to(self, offset_ms: int) -> None:
+        """Move the clock to ``offset_ms`` from the true time (taken within 20 ms)."""
+        self.file.write_text(str(offset_ms))
+
+
+@pytest.fixture
+def clock_shift(clock_shim: Path, tmp_path: Path) -> Callable[[str], ClockShift]:
+    """A fresh clock shift per name, at 0."""
+
+    def make(name: str) -> ClockShift:
+        shift = ClockShift(clock_shim, tmp_path / f"{name}.offset")
+        shift.step_to(0)
+        return shift
+
+    return make
 
 
 @pytest.fixture

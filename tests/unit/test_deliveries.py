@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.config import EgressConfig
 from bridge.egress.failures import Ident, InFlight
-from bridge.egress.plan import RedisClock
+from bridge.egress.plan import DecisionClock
 from bridge.egress.sender import Sender
 from bridge.egress.settle import Deliveries
 from bridge.health import Readiness
@@ -231,7 +231,7 @@ def test_an_expired_record_whose_dlq_copy_failed_stays_expired_when_claimed_agai
 
 
 def _sender(s: Setup) -> Sender:
-    return Sender(s.config, RedisClock(), s.deliveries)
+    return Sender(s.config, DecisionClock(), s.deliveries)
 
 
 def _claims(now_ms: int, dues: list[tuple[int, int]]) -> Claims:

@@ -54,10 +54,14 @@ ARGV[10] the ingest watermark the caller's ingress last saw, or "": a shard whos
          below it (or gone) lost writes Redis had taken — a rollback: an AOF tail, a failover — and
          until the ingress has read them again (a cancel among them), nothing new is claimed from
          it; expired leases still are, and its next work is said to be a moment away
-ARGV[11..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id
+ARGV[11] a ceiling ms on now, or "": the caller's other clocks (bridge.egress.plan.DecisionClock);
+         the claim decides by the lesser of it and Redis TIME, so a step forward of Redis's host
+         clock makes nothing early and ends no lease
+ARGV[12..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
-          Redis TIME at the end (now ms when given), the shard's epoch (its acknowledgements name
+          Redis TIME at the end (now ms when given; never capped: the caller compares its
+          clocks by it), the shard's epoch (its acknowledgements name
           it), the lanes with records due left (bit 1 high, 2 normal, 4 low), the earliest due
           ms left in each lane (high, normal, low; -1: none), member, member, ...} — the two
           times tell
@@ -65,9 +69,12 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 11)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 12)
 local target = ARGV[9]
 local now = now_ms(ARGV[3])
+if ARGV[11] ~= '' then
+  now = math.min(now, tonumber(ARGV[11]))
+end
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
 local deadline = string.format('%d', now + tonumber(ARGV[2]))
