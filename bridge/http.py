@@ -6,15 +6,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from bridge.errors import ConfigError
+from bridge.message import parse_count
 
 if TYPE_CHECKING:
     from bridge.console import Console, Response
@@ -23,10 +27,49 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # the API's JSON options: a few hundred bytes
 Check = Callable[[], list[str]]  # returns the problems; empty means healthy
+# A bounded pool answers: WORKERS connections at a time, QUEUED more waiting for one; past that a
+# connection is answered 503 at once. Console reads take at most CONSOLE_WORKERS of the workers,
+# so probes and scrapes always find one. A connection idle for REQUEST_TIMEOUT_S is closed.
+WORKERS, QUEUED, CONSOLE_WORKERS = 8, 32, 4
+REQUEST_TIMEOUT_S = 2.0
+_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 5\r\nConnection: close\r\n\r\nbusy\n"
+
+
+class PooledServer(HTTPServer):
+    """An HTTP server whose connections are served by a bounded pool of threads, not a thread
+    each: a flood of connections costs the bridge a bounded number of threads and memory."""
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        self._slots = threading.BoundedSemaphore(WORKERS + QUEUED)
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="http")
+        self.console_slots = threading.BoundedSemaphore(CONSOLE_WORKERS)
+        super().__init__(address, handler)  # closes the socket (server_close) if it cannot bind
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):  # a peer gone already
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        self._pool.submit(self._serve, request, client_address)
+
+    def _serve(self, request: socket.socket, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class HttpServer:
-    """A small threaded HTTP server for metrics and probes, on its own daemon thread."""
+    """A small HTTP server for metrics, probes and the console: it accepts on its own daemon
+    thread and serves from a bounded pool (:class:`PooledServer`)."""
 
     def __init__(
         self,
@@ -42,6 +85,7 @@ class HttpServer:
 
         class Handler(BaseHTTPRequestHandler):
             head = False
+            timeout = REQUEST_TIMEOUT_S
 
             def do_HEAD(self) -> None:
                 # Probes may use HEAD: the same status and headers as GET, no body.
@@ -66,8 +110,8 @@ class HttpServer:
                 if console is None or not self.path.startswith("/api/"):
                     self._send(404, b"not found\n", "text/plain; charset=utf-8")
                     return
-                length = int(self.headers.get("Content-Length") or 0)
-                if not 0 <= length <= MAX_BODY:
+                length = parse_count(self.headers.get("Content-Length") or "0")
+                if length is None or length > MAX_BODY:
                     self._send(413, b"body too large\n", "text/plain; charset=utf-8")
                     return
                 data = self.rfile.read(length)
@@ -76,12 +120,18 @@ class HttpServer:
 
             def _answer(self, handle: Callable[[Console], Response]) -> None:
                 assert outer.console is not None
+                slots = outer.server.console_slots
+                if not slots.acquire(blocking=False):  # the probes keep workers of their own
+                    self._send(503, b"busy: try again\n", "text/plain", {"Retry-After": "1"})
+                    return
                 try:
                     response = handle(outer.console)
                 except Exception:  # a bug must not take the HTTP thread down: say it, log it
                     logger.exception("console: %s %s failed", self.command, self.path)
                     self._send(500, b"internal error: see the bridge's log\n", "text/plain")
                     return
+                finally:
+                    slots.release()
                 self._send(response.status, response.body, response.content_type, response.headers)
 
             def _send(
@@ -104,12 +154,11 @@ class HttpServer:
         self.health = health
         self.ready = ready
         try:
-            self.server = ThreadingHTTPServer((host, port), Handler)
+            self.server = PooledServer((host, port), Handler)
         except OSError as exc:
             raise ConfigError(
                 f"http.port: cannot listen on {host}:{port}: {exc.strerror}"
             ) from None
-        self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 
     @property

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from bridge import reads
 from bridge.config import Config, consumer_settings, read_back_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import Scheduled, format_time_ms
@@ -113,7 +114,9 @@ def waiting(
     skip: int = 0,
 ) -> tuple[list[Waiting], int]:
     """Waiting records in due order (the ``limit`` earliest over the partitions asked for, after
-    the ``skip`` earliest: a page), and how many the filters match in all."""
+    the ``skip`` earliest: a page, within :func:`check_page`'s bounds), and how many the
+    filters match in all."""
+    reads.check_page(limit, skip)
     topics = [topic] if topic else list(config.topics.delay)
     shards = [
         s for s in delay_shards(config, topics) if partition is None or s.partition == partition

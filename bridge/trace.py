@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge import reads
 from bridge.config import Config
 from bridge.errors import BridgeError, UsageError
 from bridge.journal import Entry, Fate, JournalReader, Sought, field_bytes
@@ -88,9 +89,12 @@ def trace(
     since_ms: int | None = None,
     now_ms: int,
 ) -> Traced:
-    """The life of the record at origin ``at`` or with ``delay_id`` (see the module)."""
+    """The life of the record at origin ``at`` or with ``delay_id`` (see the module). A read of
+    the journal goes back ``limits.max_delay`` at most (``since_ms``), the retention the
+    journal is created with."""
     from bridge import ops
 
+    reads.check_since(since_ms, now_ms, config.limits.max_delay)
     if at is None and delay_id is not None and origin_parts(delay_id) is not None:
         at = delay_id  # a default delay-id is its origin
     shard, offset = parse_origin(at) if at is not None else (None, -1)

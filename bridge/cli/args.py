@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bridge.errors import UsageError
-from bridge.message import parse_when
+from bridge.message import cut, parse_count, parse_when
 
 
 def when_arg(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> int | None:
@@ -17,6 +17,14 @@ def when_arg(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> 
         return parse_when(text, now_ms, ago=ago)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number in ASCII digits (``int()`` would take ``٣``)."""
+    value = parse_count(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{cut(text, 40)!r}: a whole number, 0 or more")
+    return value
 
 
 FILTERS = ("--target", "--key-prefix", "--due-after", "--due-before")

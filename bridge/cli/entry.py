@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from bridge import __version__, ops
+from bridge import __version__, ops, reads
 from bridge.bulk import AHEAD
-from bridge.cli.args import DEFAULT_RATE, when_arg
+from bridge.cli.args import DEFAULT_RATE, count, when_arg
 from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
 from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump
@@ -150,15 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="waiting records in due order (reads only)")
     with_config(listing)
     listing.add_argument("--topic", help="one delay topic (default: all of topics.delay)")
-    listing.add_argument("--partition", type=int, help="one partition")
+    listing.add_argument("--partition", type=count, help="one partition")
     listing.add_argument("--id", help="the record with this delay-id")
     listing.add_argument(
         "--due-before",
         help="only records due before: epoch ms, RFC 3339 or a duration from now (1h; =-30m)",
     )
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
+    listing.add_argument("--limit", type=count, default=20, help="at most this many (20)")
     listing.add_argument(
-        "--skip", type=int, default=0, help="after the first this many (a page: --skip 20)"
+        "--skip", type=count, default=0, help="after the first this many (a page: --skip 20)"
     )
     listing.add_argument("--json", action="store_true", help="JSON for scripts")
     tracing = sub.add_parser(
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--until",
         help="only records dead-lettered before: epoch ms, RFC 3339 or a duration back from now",
     )
-    again.add_argument("--limit", type=int, help="replay at most this many")
+    again.add_argument("--limit", type=count, help="replay at most this many")
     again.add_argument(
         "--from-beginning",
         action="store_true",
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--since", help="only records dead-lettered at or after: a time or a duration back (2h)"
     )
     listed.add_argument("--until", help="only records dead-lettered before: likewise")
-    listed.add_argument("--limit", type=int, default=20, help="show at most this many (20)")
+    listed.add_argument("--limit", type=count, default=20, help="show at most this many (20)")
     listed.add_argument("--json", action="store_true", help="JSON for scripts")
     return parser
 
@@ -290,10 +290,8 @@ def _status(args: argparse.Namespace, config: Config) -> int:
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    if args.limit < 1:
-        raise UsageError(f"--limit {args.limit}: at least 1")
-    if args.skip < 0 or (args.skip and args.id is not None):
-        raise UsageError(f"--skip {args.skip}: 0 or more, and not with --id")
+    if args.skip and args.id is not None:
+        raise UsageError(f"--skip {args.skip}: not with --id")
     now_ms = time.time_ns() // 1_000_000
     before = when_arg("--due-before", args.due_before, now_ms)
     records, total = ops.waiting(
@@ -347,6 +345,7 @@ def _dlq_filters(args: argparse.Namespace) -> Filters:
 def _dlq_list(args: argparse.Namespace, config: Config) -> int:
     from bridge import dlq
 
+    reads.check_page(args.limit)
     found = dlq.listing(config, _dlq_filters(args), args.limit)
     dlq.print_listing(found, args.json)
     return 0

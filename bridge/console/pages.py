@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from bridge.console.api import Api, Reply
 from bridge.console.chart import SPANS, svg
-from bridge.message import format_time_ms
+from bridge.message import format_time_ms, parse_count
 
 NAV = (("/ui", "Overview"), ("/ui/records", "Records"), ("/ui/dlq", "Dead letters"))
 
@@ -222,8 +222,8 @@ def records(api: Api, query: Mapping[str, str]) -> str:
 
 def _pages(query: Mapping[str, str], shown: int) -> str:
     """Links to the previous and next page of records (the filters kept)."""
-    limit = int(query["limit"]) if query.get("limit", "").isdigit() else PAGE
-    skip = int(query["skip"]) if query.get("skip", "").isdigit() else 0
+    limit = parse_count(query.get("limit")) or PAGE
+    skip = parse_count(query.get("skip")) or 0
     kept = {k: v for k, v in query.items() if v}
     links = []
     if skip > 0:

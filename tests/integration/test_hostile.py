@@ -3,6 +3,10 @@ record's fate (or one command's answer) and stops nothing else."""
 
 from __future__ import annotations
 
+import socket
+import urllib.parse
+from pathlib import Path
+
 import pytest
 
 from bridge.message import (
@@ -16,7 +20,16 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
-from tests.integration.harness import Bridge, Setup, ToPartition, cli_of, metric, produce_to
+from tests.conftest import wait_for
+from tests.integration.harness import (
+    Bridge,
+    Setup,
+    ToPartition,
+    cli_of,
+    metric,
+    produce_to,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +108,50 @@ def test_a_record_whose_headers_fill_the_delay_topic_has_a_stub_in_the_dlq(
     assert dead.key is None and dead.value is None and dead.header("blob") is None
     detail = (dead.header(H_ERROR_DETAIL) or b"").decode()
     assert "a stub" in detail and f"it stays at {setup.delay}:0:0" in detail, detail
+
+
+def test_reads_are_bounded_whatever_the_query(setup: Setup, bridges: list[Bridge]) -> None:
+    """``GET /api/records?limit=1000000000`` answered every waiting record (their payloads, and a
+    read-back of every far-future one) from inside the delivering process. A page is 1 to 1,000
+    records, it starts at most 10,000 in, and a number is ASCII digits."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    assert wait_ready(bridge), bridge.output()
+    records = "/api/records?limit="
+    for query in ("1000000000", "1001", "0", "-1", "\u00b2", "1&skip=10001", "9" * 5000):
+        status, body = bridge.get(records + urllib.parse.quote(query, safe="&="))
+        assert status == 400, (query[:40], status, body[:200])
+        assert "Traceback" not in body
+    assert bridge.get(records + "1000")[0] == 200
+    assert bridge.get(records + "20&skip=10000")[0] == 200
+    status, body = bridge.get("/api/trace?id=x&since=" + urllib.parse.quote("3000d"))
+    assert status == 400 and "limits.max_delay" in body, body
+
+
+def test_a_flood_of_idle_connections_costs_a_bounded_pool(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The HTTP server started a thread per connection: 300 idle connections, 300 threads. A
+    bounded pool serves them now (connections past it are told 503 at once), an idle one is
+    closed after 2 s, and the probes answer again as soon as the flood is gone."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    assert wait_ready(bridge), bridge.output()
+    assert bridge.proc is not None
+    tasks = Path(f"/proc/{bridge.proc.pid}/task")
+    before = len(list(tasks.iterdir()))
+    port = bridge.http_port()
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    try:
+        wait_for(lambda: bridge_threads(tasks) >= before, 5, "the pool started")
+        peak = max(bridge_threads(tasks) for _ in range(20))
+        assert peak <= before + 10, (before, peak)
+    finally:
+        for conn in flood:
+            conn.close()
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz once the flood is gone")
+    assert bridge_threads(tasks) <= before + 10
+
+
+def bridge_threads(tasks: Path) -> int:
+    return len(list(tasks.iterdir()))
