@@ -78,7 +78,7 @@ BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
   recovery_scenario_kills_restarts_and_keeps_the_contract \
   trace_scenario_finds_what_was_delivered_a_day_ago)
 BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/test_store_model.py \
-  tests/integration/test_ops.py tests/integration/test_redis_modes.py
+  tests/integration/test_ops.py tests/integration/test_redis_modes.py tests/integration/test_hostile.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \

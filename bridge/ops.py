@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from bridge import reads
 from bridge.config import Config, consumer_settings, read_back_settings
 from bridge.errors import BridgeError, UsageError
-from bridge.message import Scheduled, format_time_ms
+from bridge.message import Scheduled, cut, format_time_ms
 from bridge.redis_client import redis_client
 from bridge.store import (
     REFERENCE_BYTES,
@@ -427,7 +427,10 @@ def print_waiting(records: list[Waiting], total: int, as_json: bool, skip: int =
         print("(no waiting records)")
 
 
-def print_table(header: list[str], rows: list[list[str]]) -> None:
+def print_table(header: list[str], rows: list[list[str]], cell: int = 80) -> None:
+    """An aligned table on stdout, each cell cut with an ellipsis past ``cell`` characters (a
+    producer's long field would widen every row; ``--json`` has it whole)."""
+    rows = [[cut(text, cell) for text in row] for row in rows]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -15,13 +15,19 @@ from urllib.parse import urlencode
 
 from bridge.console.api import Api, Reply
 from bridge.console.chart import SPANS, svg
-from bridge.message import format_time_ms, parse_count
+from bridge.message import cut, format_time_ms, parse_count
 
 NAV = (("/ui", "Overview"), ("/ui/records", "Records"), ("/ui/dlq", "Dead letters"))
 
 
 def _e(value: object) -> str:
     return escape("" if value is None else str(value))
+
+
+def _c(value: object, limit: int = 80) -> str:
+    """A cell's text, escaped and cut with an ellipsis past ``limit`` characters (a producer's
+    5,000-character target would widen every row; the API's JSON has it whole)."""
+    return _e(cut("" if value is None else str(value), limit))
 
 
 def _when(ms: int | None) -> str:
@@ -195,10 +201,10 @@ def records(api: Api, query: Mapping[str, str]) -> str:
         rows.append(
             [
                 _e(_when(r["due_ms"])),
-                f'<a href="{_e(link)}">{_e(r["delay_id"])}</a>',
-                _e(r["target"]),
+                f'<a href="{_e(link)}">{_c(r["delay_id"])}</a>',
+                _c(r["target"]),
                 _e(r["priority"]),
-                _e(r["key"]),
+                _c(r["key"]),
                 _count(r["value_bytes"]),
                 _e(f"{r['topic']}[{r['partition']}]@{r['offset']}"),
                 actions,
@@ -289,7 +295,9 @@ def record(api: Api, query: Mapping[str, str]) -> str:
         )
     if traced.get("record"):
         rec = traced["record"]
-        headers = _table(["header", "value"], [[_e(n), _e(v)] for n, v in rec["headers"]], set())
+        headers = _table(
+            ["header", "value"], [[_c(n), _c(v, 200)] for n, v in rec["headers"]], set()
+        )
         cut = " (the first 1 KiB)" if rec["value_bytes"] > len(rec["value"] or "") else ""
         body += (
             f"<section class=card><h2>As produced</h2><p>key <code>{_e(rec['key'])}</code></p>"
@@ -313,10 +321,10 @@ def dead_letters(api: Api, query: Mapping[str, str]) -> str:
             _e(_when(d["at_ms"])),
             f'<a href="?{_e(urlencode({"reason": d["reason"]}))}">{_e(d["reason"])}</a>',
             _link_origin(d["origin"]),
-            _e(d["target"]),
-            _e(d["key"]),
+            _c(d["target"]),
+            _c(d["key"]),
             _count(d["value_bytes"]),
-            _e(d["detail"]),
+            _c(d["detail"], 200),
         ]
         for d in reply.body["result"]
     ]

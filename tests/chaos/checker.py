@@ -31,6 +31,7 @@ from bridge.message import (
     Reason,
     Rejected,
     Rules,
+    parse_count,
     parse_time_ms,
 )
 from bridge.store import Shard, Store
@@ -62,9 +63,9 @@ class Expected:
     due_ms: int | None = None  # deliver at this time
     delay_id: str = ""
     reason: str | None = None  # or dead-letter with this reason
-    # Another valid record has its caller-given delay-id (later in its partition, or stamped no
-    # earlier in another): it replaces this one if it came while this one waited, so this one
-    # may never arrive.
+    # Another valid record or a cancel has its delay-id (later in its partition, or stamped no
+    # earlier in another): it replaces or cancels this one if it came while this one waited, so
+    # this one may never arrive.
     replaceable: bool = False
     # Its delay topic was deleted while it may have waited as a reference (its payload still in
     # Kafka): dead-lettered as payload-missing at its due time is right too.
@@ -72,7 +73,8 @@ class Expected:
 
 
 def _header(headers: Headers, name: str) -> bytes | None:
-    for k, v in headers:
+    """The last ``name`` header: the bridge appends its own after a producer's."""
+    for k, v in reversed(headers):
         if k == name:
             return v
     return None
@@ -156,7 +158,7 @@ class Checker(Background):
             return
         entry = Seen(
             seen, msg.timestamp()[1], (_header(headers, H_ID) or b"").decode(errors="replace"),
-            int(due) if due else None, reason.decode() if reason else None,
+            parse_count(due), reason.decode() if reason else None,
             origin.decode() if origin else None,
         )  # fmt: skip
         (self.dead if msg.topic() == self.dlq else self.delivered)[seq].append(entry)
@@ -193,8 +195,11 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
 def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     """What each delay-topic record asks for, by seq."""
     out = {}
-    # (topic, given id) -> (partition, offset, timestamp, seq) of each record with it
+    # (topic, delay-id) -> (partition, offset, timestamp, seq) of each record with it: a caller's
+    # id, or the default one (an id like any other: a record may name another's as its own)
     by_id: dict[tuple[str, str], list[tuple[int, int, int, int]]] = {}
+    # (topic, delay-id) -> (partition, offset, timestamp) of each cancel naming it
+    cancels: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
     for msg in sorted(messages, key=lambda m: (m.topic() or "", m.partition() or 0,
                                                  m.offset() or 0)):  # fmt: skip
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -209,23 +214,25 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
                 headers=list(msg.headers() or []),  # type: ignore[arg-type]
                 now_ms=ts,
             )  # fmt: skip
-            if isinstance(rec, Cancel):
-                continue  # delivered nowhere (a command's, e.g. a bulk cancel: no seq)
+            if isinstance(rec, Cancel):  # delivered nowhere (a command's has no seq)
+                for each in rec.each():
+                    cancels.setdefault((topic, each.delay_id), []).append((partition, offset, ts))
+                continue
             assert seq is not None, f"{where} has no seq value"
             out[seq] = Expected(where, ts, due_ms=rec.due_ms, delay_id=rec.delay_id)
-            given = rec.given_id(topic, partition)
-            if given is not None:
-                by_id.setdefault((topic, given), []).append((partition, offset, ts, seq))
+            by_id.setdefault((topic, rec.delay_id), []).append((partition, offset, ts, seq))
         except Rejected as rejection:
             assert seq is not None, f"{where} has no seq value"
             out[seq] = Expected(where, ts, reason=rejection.reason.value)
-    # A schedule's identity is (delay topic, delay-id): a record is replaced by a later one with
-    # its id in its partition, or by one in another partition stamped no earlier (whichever of
-    # the two the ingress reads second withdraws the other, if it still waits).
-    for records in by_id.values():
+    # A schedule's identity is (delay topic, delay-id): a record is replaced or cancelled by a
+    # later record with its id in its partition, or by one in another partition stamped no
+    # earlier (whichever of the two the ingress reads second withdraws the other, if it still
+    # waits): it may never arrive.
+    for key, records in by_id.items():
+        later = [(p, o, t) for p, o, t, _ in records] + cancels.get(key, [])
         for partition, offset, ts, seq in records:
             if any((p == partition and o > offset) or (p != partition and t >= ts)
-                   for p, o, t, _ in records):  # fmt: skip
+                   for p, o, t in later):  # fmt: skip
                 out[seq] = dataclasses.replace(out[seq], replaceable=True)
     return out
 

@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ from tests.chaos.workload import (
     CLIENT_LOG_LEVEL,
     Record,
     Workload,
+    adversarial,
     hostile,
     now_ms,
     prioritised,
@@ -190,17 +193,25 @@ class Run:
         self.settled: dict[int, Expected] = {}  # what finish() accounted for, by seq
         self._slowlog_was: str | None = None  # Redis's SLOWLOG threshold before the run's
 
-    def bridge(self, instance: str = "") -> Bridge:
+    def bridge(self, instance: str = "", clock_shift_ms: int = 0) -> Bridge:
         """Start a bridge; with ``instance``, a static group member of that name (a pod's name:
-        the same name again is the same member restarted)."""
-        redis_url = str(self.overrides.get("redis__url", self.servers.redis_url))
-        env = bridge_env(self.servers.bootstrap, redis_url)
-        env["DELAY_BRIDGE_CONFIG"] = str(self.config_file)
+        the same name again is the same member restarted); with ``clock_shift_ms``, on a host
+        whose wall clock is that far off (tests/clock/python/sitecustomize.py)."""
+        env = self.env()
+        if clock_shift_ms:
+            env.update(CLOCK_SHIFT_MS=str(clock_shift_ms), PYTHONPATH=str(CLOCK_SHIFT))
         if instance:
             env["DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID"] = f"{self.uid}-{instance}"
         bridge = Bridge(env, self.dir / f"bridge-{len(self.bridges)}.log").start()
         self.bridges.append(bridge)
         return bridge
+
+    def env(self) -> dict[str, str]:
+        """The environment of a bridge or a command of this run."""
+        redis_url = str(self.overrides.get("redis__url", self.servers.redis_url))
+        env = bridge_env(self.servers.bootstrap, redis_url)
+        env["DELAY_BRIDGE_CONFIG"] = str(self.config_file)
+        return env
 
     def config(self) -> Config:
         """The bridges' configuration."""
@@ -323,6 +334,19 @@ class Run:
 
 
 Scenario = Callable[[Run, Size, random.Random], Result]
+CLOCK_SHIFT = Path(__file__).parents[1] / "clock" / "python"
+# What an adversary's restarted bridge finds its host clock at: right, ahead by 20 s or an hour
+# (an NTP step), behind by 3 s.
+CLOCK_SHIFTS_MS = (0, 20_000, 3_600_000, -3_000)
+READ_BOUND_S = 30.0  # the longest one read of the API may take
+# Query strings anyone on the HTTP port may send: past every bound, other scripts' digits.
+HOSTILE_READS = [
+    "/api/records?limit=1000000000", "/api/records?limit=%C2%B2", "/api/records?skip=" + "9" * 5000,
+    "/api/records?id={delay}:0:%C2%B2", "/api/records?id={delay}:1:0", "/api/records?partition=-1",
+    "/api/records?due_before=" + "9" * 5000, "/api/records?help=1", "/api/trace?id={delay}:0:0",
+    "/api/trace?id=%00", "/api/trace?id=x&since=3000d", "/api/trace?origin={delay}:9:9",
+    "/api/status", "/api/dlq?limit=5000", "/api/due?span=%C2%B2", "/ui/records?limit=%C2%B2",
+]  # fmt: skip
 
 
 def moments(rng: random.Random, count: int, start: float, end: float) -> list[float]:
@@ -722,6 +746,78 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
+def adversary(run: Run, size: Size, rng: random.Random) -> Result:
+    """A seeded adversary of the whole bridge: producers drawing from the whole header space
+    (:func:`~tests.chaos.workload.adversarial`: ids and default ids of every partition with other
+    scripts' digits and numbers past every limit, cancels with hints, sizes around the limit,
+    hypothesis's header sets), operators cancelling by id and reading the API with hostile query
+    strings, and faults at random moments: SIGKILLs, the bridge back on a host whose clock is off
+    (ahead by seconds or an hour, behind), a Redis restart. The checker's oracle (the parser, and
+    every cancel and replacement by delay-id) settles every offset: nothing lost, early or
+    misrouted; every partition caught up; the bridge ready again at the end."""
+    max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
+    records = adversarial(size.records, run.target, run.delay, PARTITIONS,
+                          rng.randrange(1 << 30), max_bytes)  # fmt: skip
+    bridge = run.bridge()
+    workload = run.workload(records, size.seconds)
+    answers: list[str] = []  # what an operator's command or read got that it must not
+    faults = moments(rng, size.faults, 1.0, size.seconds)
+    redis_at = rng.randrange(len(faults)) if faults else -1
+    for i, moment in enumerate(faults):
+        run.at(moment)
+        answers += _operate(run, bridge, rng)
+        run.fault_began()
+        if i == redis_at:
+            run.servers.kill("redis")
+            run.servers.up("redis")
+        else:
+            bridge.kill()
+            bridge = run.bridge(clock_shift_ms=rng.choice(CLOCK_SHIFTS_MS))
+        run.fault_over()
+    workload.join(600)
+    answers += _operate(run, bridge, rng)
+    bridge.kill()
+    bridge = run.bridge()  # its clock right again: /readyz names no skew
+    horizon = now_ms() + 10_000  # valid delays are seconds (or days: hypothesis's)
+    result = run.finish(workload, "adversary", f"{size.records:,} adversarial records, "
+                        f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart)",
+                        horizon_ms=horizon)  # fmt: skip
+    result.checks["ready again at the end"] = wait_ready(bridge, 60)
+    result.checks["operators answered in one line, reads never 5xx"] = not answers
+    if answers:
+        result.notes += answers[:5]
+    return result
+
+
+def _operate(run: Run, bridge: Bridge, rng: random.Random) -> list[str]:
+    """An operator's cancel by id and a few hostile reads of the API; what went wrong."""
+    wrong = []
+    ids = [f"{run.delay}:{rng.randrange(PARTITIONS)}:{rng.randrange(50)}", "order-1",
+           f"{run.delay}:0:\u00b2", "9" * 300]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "bridge", "cancel", "--id", rng.choice(ids)],
+                          env=run.env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    if "Traceback" in done.stderr or done.returncode not in (0, 1, 2):
+        wrong.append(f"cancel exit {done.returncode}: {done.stderr[-300:]}")
+    if wait_ready(bridge, 30):  # its HTTP port is known once it answers
+        port = bridge.http_port()
+        for path in rng.sample(HOSTILE_READS, 4):
+            started = time.monotonic()
+            status, body = _get(f"http://127.0.0.1:{port}{path.format(delay=run.delay)}")
+            took = time.monotonic() - started
+            if status >= 500 or "Traceback" in body or took > READ_BOUND_S:
+                wrong.append(f"GET {path}: {status} in {took:.1f} s: {body[:200]}")
+    return wrong
+
+
+def _get(url: str) -> tuple[int, str]:
+    """GET ``url``: its status and body (a read of the journal or of Kafka takes seconds)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2 * READ_BOUND_S) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
 def _delays(references: bool) -> tuple[int, int]:
     """(min, max) delay: records kept as references (store.payload_horizon 6 s), or not."""
     return (READ_BACK_MIN_MS, READ_BACK_MAX_MS) if references else (0, MAX_DELAY_MS)
@@ -1016,6 +1112,7 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "rollout": (rollout("statefulset"), Size(3000, 16, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
+    "adversary": (adversary, Size(1500, 12, 3), Size(20_000, 90, 12)),
     # Their short versions: test_recovery.py's test_redis_wiped_while_running_is_rebuilt_from_the_
     # delay_topic and test_incarnation.py's test_a_recreated_delay_topic_is_read_from_its_beginning.
     "redis-lost": (redis_lost(False), None, Size(50_000, 30, 2)),
@@ -1055,7 +1152,7 @@ KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze", "isr-shrink
 def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: int) -> Result:
     scenario = SCENARIOS[name][0]
     overrides: dict[str, object] = {}
-    if name == "hostile-input":
+    if name in ("hostile-input", "adversary"):
         overrides["limits__max_record_bytes"] = 100_000
     # What a user gets, not the harness's faster settings: the bridge's own group session and
     # heartbeat, and the default lease (recovery must not wait for it; it also sets the

@@ -16,7 +16,10 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from bridge.kafka import produce
 from bridge.message import (
+    H_CANCEL,
     H_DELIVER_AT,
+    H_DUE_AT,
+    H_ID,
     H_PRIORITY,
     H_TARGET_TOPIC,
     Headers,
@@ -220,3 +223,54 @@ def hostile(count: int, target: str, seed: int) -> list[Record]:
 
     collect()
     return drawn[:count]
+
+
+# What stalled a stage once, and values around it: digits of other scripts (str.isdigit() says
+# yes, int() refuses "²"), numbers past every limit, leading zeros, signs.
+_HOSTILE_TAILS = ["\u00b2", "\u0663", "\u0bef", "9" * 5000, "99999999999999999999", "007", "-1",
+                  " 1", "1 ", "", "0x10"]  # fmt: skip
+_IDS = ["order-1", "order-2", "order-3", "订单-4", "id:with:colons", "x" * 256, "ok-\u00b2"]
+
+
+def adversarial(
+    count: int, target: str, delay: str, partitions: int, seed: int, max_bytes: int
+) -> list[Record]:
+    """``count`` records an adversary produces at once (seeded): valid ones with and without
+    delay-ids, replacements and cancels by caller-given ids and by default ids of any partition
+    (real offsets among them) with tails drawn from every script's digits and past every limit,
+    cancels with due-time hints, records around ``max_bytes`` (limits.max_record_bytes), and
+    hypothesis-generated header sets (:func:`hostile`)."""
+    rng = random.Random(seed)
+    t = (H_TARGET_TOPIC, target.encode())
+    generated = iter(hostile(max(1, count // 5), target, rng.randrange(1 << 30)))
+
+    def default_id() -> str:
+        tail = str(rng.randrange(0, 3 * count // partitions + 1))
+        if rng.random() < 0.4:
+            tail = rng.choice(_HOSTILE_TAILS)
+        return f"{delay}:{rng.randrange(-1, partitions + 1)}:{tail}"
+
+    def some_id() -> bytes:
+        return (rng.choice(_IDS) if rng.random() < 0.5 else default_id()).encode()
+
+    out: list[Record] = []
+    for _ in range(count):
+        roll, key = (
+            rng.random(),
+            rng.choice([None, b"k", b"customer-1", bytes([rng.randrange(256)])]),
+        )
+        if roll < 0.45:
+            out.append(Record([t], key=key, delay_ms=rng.randint(0, 4000)))
+        elif roll < 0.6:
+            out.append(Record([t, (H_ID, some_id())], key=key, delay_ms=rng.randint(500, 5000)))
+        elif roll < 0.72:
+            out.append(Record([(H_CANCEL, some_id())], key=key))
+        elif roll < 0.77:
+            hint = rng.choice([str(now_ms() + 3000), "9" * 5000, "\u00b2", "-1"]).encode()
+            out.append(Record([(H_CANCEL, some_id()), (H_DUE_AT, hint)], key=key))
+        elif roll < 0.82:
+            pad = max(0, max_bytes - 200 + rng.randint(-8, 8) * 16)
+            out.append(Record([t, ("pad", b"p" * pad)], key=key, delay_ms=rng.randint(0, 3000)))
+        else:
+            out.append(next(generated, Record([t], key=key, delay_ms=0)))
+    return out

@@ -49,7 +49,7 @@ def test_a_redis_clock_that_steps_forward_makes_nothing_early(
         bridge = setup.bridge(redis__url=url).start()
         bridges.append(bridge)
         assert wait_ready(bridge), bridge.output()
-        records = _due_between(setup, 30, 6, 20)
+        records = _due_between(setup, 30, 5, 12)
         produce_all(setup.services.bootstrap, setup.delay, records)
         wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 30, 30, "all stored")
         shift.step_to(HALF_AN_HOUR_MS)

@@ -3,6 +3,7 @@ record's fate (or one command's answer) and stops nothing else."""
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.parse
 from pathlib import Path
@@ -155,3 +156,28 @@ def test_a_flood_of_idle_connections_costs_a_bounded_pool(
 
 def bridge_threads(tasks: Path) -> int:
     return len(list(tasks.iterdir()))
+
+
+def test_one_long_field_is_cut_in_tables_pages_and_log_lines(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A 5,000-character target name widened every row of ``dlq list``, the console's dead-letter
+    page and the log line. Each cuts it with an ellipsis now; ``--json`` and the API have it
+    whole."""
+    target = "t" * 5000
+    produce_to(setup.services.bootstrap, setup.delay,
+               [(0, b"long", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])])  # fmt: skip
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    records = setup.await_value(b"long", 60, "the dead letter")
+    assert [r.header(H_ERROR) for r in records] == [b"target-not-allowed"]
+    cli = cli_of(bridge)
+    table = cli("dlq", "list")
+    assert table.returncode == 0, table.stderr
+    assert "\u2026" in table.stdout and max(map(len, table.stdout.splitlines())) < 600
+    listed = cli("dlq", "list", "--json")
+    assert [d["target"] for d in json.loads(listed.stdout)] == [target]
+    status, page = bridge.get("/ui/dlq")
+    assert status == 200 and "t" * 300 not in page and "\u2026" in page
+    logged = [line for line in bridge.output().splitlines() if "dead-lettering" in line]
+    assert logged and max(map(len, logged)) < 600
