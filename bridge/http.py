@@ -101,7 +101,8 @@ class HttpServer:
                     body = ("\n".join(problems) if problems else "ok") + "\n"
                     self._send(503 if problems else 200, body.encode(), "text/plain; charset=utf-8")
                 elif outer.console is not None and outer.console.serves(path):
-                    self._answer(lambda console: console.get(self.path))
+                    asked = {"Authorization": self.headers.get("Authorization", "")}
+                    self._answer(lambda console: console.get(self.path, asked))
                 else:
                     self._send(404, b"not found\n", "text/plain; charset=utf-8")
 

@@ -308,6 +308,10 @@ def _validate(config: Config) -> None:
     if bool(config.redis.tls.cert_file) != bool(config.redis.tls.key_file):
         raise ConfigError("redis.tls.cert_file and redis.tls.key_file go together")
     config.redis_password()  # a missing or unreadable password file
+    if config.http.console.read_token_file and not config.console_read_token():
+        raise ConfigError(
+            f"http.console.read_token_file: {config.http.console.read_token_file} is empty"
+        )
     if config.http.console.token_file and not config.console_token():
         raise ConfigError(f"http.console.token_file: {config.http.console.token_file} is empty")
     consumer_settings(config)

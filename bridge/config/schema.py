@@ -151,6 +151,8 @@ class ConsoleConfig:
 
     enabled: bool = True
     token_file: str = ""  # the bearer token writes need; "": writes are refused
+    # A bearer token reads need too; "": reads are open (payloads shown only with a token)
+    read_token_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,12 @@ class Config:
         when there is none (writes are refused)."""
         path = self.http.console.token_file
         return read_secret(path, "http.console.token_file") or None if path else None
+
+    def console_read_token(self) -> str | None:
+        """The bearer token the console's reads need, from ``http.console.read_token_file``;
+        None when there is none (reads are open)."""
+        path = self.http.console.read_token_file
+        return read_secret(path, "http.console.read_token_file") or None if path else None
 
     def sentinel_password(self) -> str | None:
         """The sentinels' own password from ``redis.sentinel.password_file`` or ``.password``."""

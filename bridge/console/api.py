@@ -8,6 +8,10 @@ does. A read answers the command's ``--json`` output as ``result``; a write answ
 command printed. Exit 2 (bad options) is 400, exit 1 (nothing found, a service unreachable) 404 for
 a read and 422 for a write.
 
+Reads are open unless ``http.console.read_token_file`` names a token; then they need it (or the
+write token) too. Without a token, a read shows no payload value and no header outside the
+contract's (``delay-*``): a record's preview keeps its key and sizes.
+
 Writes need ``Authorization: Bearer <token>`` (``http.console.token_file``; none configured: every
 write is refused) and a JSON body: a browser sends neither across sites without the bridge's
 consent (CORS), which it never gives, so a page elsewhere cannot act through a visitor's browser.
@@ -72,6 +76,26 @@ def argv(options: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _bearer(headers: Mapping[str, str]) -> str:
+    """The token an ``Authorization: Bearer`` header carries ("" when none)."""
+    scheme, _, given = headers.get("Authorization", "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else ""
+
+
+def without_payloads(data: Any) -> Any:
+    """``data`` (a read's result) with every record preview's value left out and its headers
+    cut to the contract's (``delay-*``)."""
+    if isinstance(data, list):
+        return [without_payloads(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {k: without_payloads(v) for k, v in data.items()}
+    if "value" in out and "value_bytes" in out:
+        out["value"] = None
+        out["headers"] = [h for h in out.get("headers") or [] if str(h[0]).startswith("delay-")]
+    return out
+
+
 def _lines(text: str) -> list[str]:
     return [line.removeprefix("delay-bridge: ") for line in text.splitlines() if line.strip()]
 
@@ -95,8 +119,27 @@ class Api:
                 code = exc.code if isinstance(exc.code, int) else 2
         return code, out.getvalue(), err.getvalue()
 
-    def get(self, path: str, query: Mapping[str, list[str]]) -> Reply:
-        """A read: ``query`` holds the command's options."""
+    def reveals(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request with ``headers`` carries the read or the write token."""
+        given = _bearer(headers)
+        try:
+            tokens = [self.config.console_read_token(), self.config.console_token()]
+        except ConfigError:  # a token file gone since start-up: no token is known
+            return False
+        return bool(given) and any(
+            hmac.compare_digest(given.encode(), t.encode()) for t in tokens if t
+        )
+
+    def read_refused(self, headers: Mapping[str, str]) -> str | None:
+        """Why a read is refused: a read token is configured and the request carries neither
+        it nor the write token (None: it is not)."""
+        if not self.config.http.console.read_token_file or self.reveals(headers):
+            return None
+        return "a read needs the console's read token: Authorization: Bearer <token>"
+
+    def get(self, path: str, query: Mapping[str, list[str]], *, reveal: bool = False) -> Reply:
+        """A read: ``query`` holds the command's options; payloads only if ``reveal`` (the
+        request carried a token)."""
         options: dict[str, Any] = {k: v if len(v) > 1 else v[0] for k, v in query.items()}
         if path == "/api/due":
             span = str(options.get("span", "day"))
@@ -113,7 +156,8 @@ class Api:
         messages = _lines(err)
         body: dict[str, Any] = {"messages": messages}
         try:
-            body["result"] = json.loads(out) if out.strip() else None
+            result = json.loads(out) if out.strip() else None
+            body["result"] = result if reveal else without_payloads(result)
         except ValueError:  # not JSON: passed on as the lines it is
             body["output"] = _lines(out)
         if code:
@@ -152,9 +196,6 @@ class Api:
             return str(exc)
         if token is None:
             return "writes are off: http.console.token_file names no token"
-        scheme, _, given = headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        if not hmac.compare_digest(_bearer(headers).encode(), token.encode()):
             return "a write needs the console token: Authorization: Bearer <token>"
         return None

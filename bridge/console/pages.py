@@ -241,15 +241,16 @@ def _pages(query: Mapping[str, str], shown: int) -> str:
     return f'<p class="pages">{" · ".join(links)}</p>' if links else ""
 
 
-def record(api: Api, query: Mapping[str, str]) -> str:
-    """A record's fate and life (``trace``), its headers and the start of its value; actions
-    while it waits."""
+def record(api: Api, query: Mapping[str, str], *, reveal: bool = False) -> str:
+    """A record's fate and life (``trace``), its headers and the start of its value (the value
+    and the headers outside the contract only if ``reveal``: the request carried a token);
+    actions while it waits."""
     asked, form = _asked(
         query, ("id", "origin", "since"), ("id", "origin", "topic", "since"), "trace"
     )
     if not asked:
         return page("Record", "", form + '<p class="note">a delay-id, or an origin</p>')
-    reply = api.get("/api/trace", asked)
+    reply = api.get("/api/trace", asked, reveal=reveal)
     traced = reply.body.get("result")
     if traced is None:
         return page("Record", "", form + _failed(reply))
@@ -299,6 +300,8 @@ def record(api: Api, query: Mapping[str, str]) -> str:
             ["header", "value"], [[_c(n), _c(v, 200)] for n, v in rec["headers"]], set()
         )
         cut = " (the first 1 KiB)" if rec["value_bytes"] > len(rec["value"] or "") else ""
+        if rec["value"] is None and rec["value_bytes"]:
+            cut = " (shown only to a request with the console's token)"
         body += (
             f"<section class=card><h2>As produced</h2><p>key <code>{_e(rec['key'])}</code></p>"
             f"{headers}<h2>Value: {rec['value_bytes']:,} bytes{cut}</h2>"

@@ -49,11 +49,11 @@ class Console:
 
     def __init__(self, config: Config, command: Command) -> None:
         self.api = Api(config, command)
-        self._pages: dict[str, Callable[[Mapping[str, str]], str]] = {
-            "/ui": lambda _: overview(self.api),
-            "/ui/records": lambda q: records(self.api, q),
-            "/ui/record": lambda q: record(self.api, q),
-            "/ui/dlq": lambda q: dead_letters(self.api, q),
+        self._pages: dict[str, Callable[[Mapping[str, str], bool], str]] = {
+            "/ui": lambda _, __: overview(self.api),
+            "/ui/records": lambda q, _: records(self.api, q),
+            "/ui/record": lambda q, reveal: record(self.api, q, reveal=reveal),
+            "/ui/dlq": lambda q, _: dead_letters(self.api, q),
         }
 
     @staticmethod
@@ -61,12 +61,16 @@ class Console:
         """Whether ``path`` is the console's."""
         return path == "/ui" or path.startswith(("/ui/", "/api/"))
 
-    def get(self, target: str) -> Response:
-        """A GET of ``target`` (path and query)."""
+    def get(self, target: str, headers: Mapping[str, str]) -> Response:
+        """A GET of ``target`` (path and query) with the request's ``headers``."""
         path, _, raw = target.partition("?")
         query = parse_qs(raw, keep_blank_values=False)
+        refused = None if path.startswith("/ui/static/") else self.api.read_refused(headers)
+        if refused:
+            return _json(Reply(401, {"error": refused}))
+        reveal = self.api.reveals(headers)
         if path.startswith("/api/"):
-            return _json(self.api.get(path, query))
+            return _json(self.api.get(path, query, reveal=reveal))
         if path.startswith("/ui/static/") and path.removeprefix("/ui/static/") in STATIC:
             name = path.removeprefix("/ui/static/")
             data = resources.files("bridge.console").joinpath("static", name).read_bytes()
@@ -74,7 +78,7 @@ class Console:
         render = self._pages.get(path.rstrip("/") or path)
         if render is None:
             return Response(404, b"not found\n", "text/plain; charset=utf-8")
-        return Response(200, render({k: v[0] for k, v in query.items()}).encode(), HTML)
+        return Response(200, render({k: v[0] for k, v in query.items()}, reveal).encode(), HTML)
 
     def post(self, target: str, headers: Mapping[str, str], data: bytes) -> Response:
         """A POST of ``data`` to ``target``."""

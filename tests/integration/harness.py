@@ -114,11 +114,14 @@ class Bridge:
         except urllib.error.HTTPError as err:
             return err.code, err.read()
 
-    def get(self, path: str) -> tuple[int, str]:
-        """GET a path on the bridge's HTTP server: (status, body)."""
+    def get(self, path: str, token: str = "") -> tuple[int, str]:
+        """GET a path on the bridge's HTTP server (with a bearer ``token``): (status, body)."""
         url = f"http://127.0.0.1:{self.http_port()}{path}"
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=auth), timeout=5
+            ) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()

@@ -181,3 +181,44 @@ def test_one_long_field_is_cut_in_tables_pages_and_log_lines(
     assert status == 200 and "t" * 300 not in page and "\u2026" in page
     logged = [line for line in bridge.output().splitlines() if "dead-lettering" in line]
     assert logged and max(map(len, logged)) < 600
+
+
+def test_reads_show_payloads_only_to_a_token_and_can_need_one(
+    setup: Setup, bridges: list[Bridge], tmp_path: Path
+) -> None:
+    """Reads were open and showed every payload and header ("no way to require the token for
+    reads or hide payloads"). Without a token a record's page and trace keep its key and sizes,
+    its value and non-contract headers out; with http.console.read_token_file every read needs a
+    token (the read one or the write one)."""
+    (tmp_path / "write").write_text("w-token\n")
+    (tmp_path / "read").write_text("r-token\n")
+    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"10m"),
+                        ("secret-header", b"s3cr3t")]  # fmt: skip
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"the-payload", headers)])
+    bridge = setup.bridge(http__console__token_file=str(tmp_path / "write")).start()
+    bridges.append(bridge)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 60, "the record stored")
+    trace = f"/api/trace?origin={setup.delay}:0:0"
+    status, body = bridge.get(trace)
+    assert status == 200, body
+    record = json.loads(body)["result"]["record"]
+    assert record["value"] is None and record["value_bytes"] == len(b"the-payload")
+    assert "s3cr3t" not in body and "the-payload" not in body and record["key"] == "k"
+    assert [h for h, _ in record["headers"]] == ["delay-target-topic", "delay-after"]
+    page = bridge.get(f"/ui/record?origin={setup.delay}:0:0")[1]
+    assert "s3cr3t" not in page and "the-payload" not in page
+    shown = bridge.get(trace, token="w-token")[1]
+    assert "s3cr3t" in shown and "the-payload" in shown
+    bridge.kill()
+    guarded = setup.bridge(
+        "guarded", http__console__token_file=str(tmp_path / "write"),
+        http__console__read_token_file=str(tmp_path / "read"),
+    ).start()  # fmt: skip
+    bridges.append(guarded)
+    assert wait_ready(guarded), guarded.output()
+    for path in ("/api/status", "/ui", trace):
+        assert guarded.get(path)[0] == 401, path
+        assert guarded.get(path, token="nope")[0] == 401, path
+    assert guarded.get(trace, token="r-token")[0] == 200
+    assert "the-payload" in guarded.get(trace, token="w-token")[1]
+    assert guarded.get("/readyz")[0] == 200 and guarded.get("/metrics")[0] == 200

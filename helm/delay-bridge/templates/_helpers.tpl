@@ -137,6 +137,9 @@ None of them reaches the ConfigMap: they go into the chart's Secret.
 {{- with .Values.auth.consoleToken }}
 {{- $_ := set $out "console-token" (toString .) }}
 {{- end }}
+{{- with .Values.auth.consoleReadToken }}
+{{- $_ := set $out "console-read-token" (toString .) }}
+{{- end }}
 {{- toYaml $out }}
 {{- end }}
 
@@ -146,6 +149,14 @@ Key of the console's token in the mounted Secret ("" when none: writes are refus
 {{- define "delay-bridge.consoleTokenKey" -}}
 {{- if .Values.auth.existingSecret }}{{ .Values.auth.consoleTokenKey }}
 {{- else if .Values.auth.consoleToken }}console-token{{ end }}
+{{- end }}
+
+{{/*
+Key of the console's read token in the mounted Secret ("" when none: reads are open).
+*/}}
+{{- define "delay-bridge.consoleReadTokenKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.consoleReadTokenKey }}
+{{- else if .Values.auth.consoleReadToken }}console-read-token{{ end }}
 {{- end }}
 
 {{/*
@@ -162,7 +173,7 @@ Key of the Kafka / Redis / Sentinel password in the mounted Secret ("" when none
 Whether the pod mounts the passwords Secret ("true" or "").
 */}}
 {{- define "delay-bridge.hasSecret" -}}
-{{- if or (include "delay-bridge.passwordKey" (list . "kafka")) (include "delay-bridge.passwordKey" (list . "redis")) (include "delay-bridge.passwordKey" (list . "sentinel")) (include "delay-bridge.consoleTokenKey" .) (ne (include "delay-bridge.inlineSecrets" .) "{}") }}true{{ end }}
+{{- if or (include "delay-bridge.passwordKey" (list . "kafka")) (include "delay-bridge.passwordKey" (list . "redis")) (include "delay-bridge.passwordKey" (list . "sentinel")) (include "delay-bridge.consoleTokenKey" .) (include "delay-bridge.consoleReadTokenKey" .) (ne (include "delay-bridge.inlineSecrets" .) "{}") }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -189,6 +200,9 @@ files of the mounted Secret.
 {{- $console := dict "enabled" .Values.console.enabled }}
 {{- with include "delay-bridge.consoleTokenKey" . }}
 {{- $_ := set $console "token_file" (printf "%s/%s" $dir .) }}
+{{- end }}
+{{- with include "delay-bridge.consoleReadTokenKey" . }}
+{{- $_ := set $console "read_token_file" (printf "%s/%s" $dir .) }}
 {{- end }}
 {{- $_ := set $config "http" (dict "host" "0.0.0.0" "port" (int .Values.service.port) "console" $console) }}
 {{- $kafka := default (dict) $config.kafka }}
@@ -268,7 +282,7 @@ chart's own: no inline secret beside auth.existingSecret, http.port is service.p
 {{- $c := .Values.config }}
 {{- $inline := include "delay-bridge.inlineSecrets" . | fromYaml }}
 {{- if and .Values.auth.existingSecret $inline }}
-{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" "console-token" "auth.consoleToken" }}
+{{- $named := dict "kafka-password" "auth.kafkaPassword or config.kafka.common.sasl.password" "redis-password" "auth.redisPassword, config.redis.password or the password in config.redis.url" "sentinel-password" "auth.sentinelPassword or config.redis.sentinel.password" "console-token" "auth.consoleToken" "console-read-token" "auth.consoleReadToken" }}
 {{- $given := list }}
 {{- range $key := keys $inline | sortAlpha }}
 {{- $given = append $given (get $named $key | default (printf "config.%s" $key)) }}
