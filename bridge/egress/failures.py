@@ -25,12 +25,18 @@ from bridge.config import EgressConfig
 from bridge.health import Readiness
 from bridge.journal import delivered_entry
 from bridge.message import (
+    H_ERROR,
+    H_ERROR_DETAIL,
+    H_ORIGIN,
     Reason,
     dead_letter_headers,
     dead_letter_reason,
     format_duration_ms,
     format_time_ms,
     origin,
+    record_size,
+    stub_detail,
+    without_value,
 )
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard
@@ -83,6 +89,7 @@ class InFlight:
     sent_s: float = 0.0  # monotonic, when last produced; 0 once Kafka acknowledged it
     draining: bool = False  # claimed from a backlog: counts in Deliveries.draining
     value_left_out: bool = False  # its DLQ copy goes without its value (too large with it)
+    stub: bool = False  # ... and then as a stub: too large even without its value
     placed: tuple[int, int] = (-1, -1)  # where Kafka put it: partition, offset
     expired: str = ""  # why it expired (its DLQ copy's delay-error-detail); "": it did not
 
@@ -123,19 +130,29 @@ class InFlight:
     def dlq_headers(self) -> list[tuple[str, bytes | None]]:
         """The headers of its DLQ copy."""
         record = self.claimed.record
-        if record.dead_letter:  # bound for the DLQ when it was stored, with its headers
-            return record.headers
         shard = self.claimed.shard
         where = origin(shard.topic, shard.partition, record.offset)
+        if record.dead_letter:  # bound for the DLQ when it was stored, with its headers
+            if not self.stub:
+                return record.headers
+            # The last of each is the bridge's own (a producer may have sent its own too).
+            ours = {k: v or b"" for k, v in record.headers if k in (H_ERROR, H_ERROR_DETAIL)}
+            size = record_size(record.key, record.value, record.headers)
+            told = stub_detail(ours.get(H_ERROR_DETAIL, b"").decode(errors="replace"), size, where)
+            return [
+                (H_ERROR, ours.get(H_ERROR, b"")),
+                (H_ERROR_DETAIL, told.encode()),
+                (H_ORIGIN, where.encode()),
+            ]
         reason, detail = Reason.EXPIRED, self.expired
         if not detail:
             reason = Reason.DELIVERY_FAILED
             detail = f"delivery to {record.target} failed {self.attempts} times: {self.error}"
+        if self.stub:
+            size = record_size(record.key, record.value, record.headers)
+            return dead_letter_headers([], reason, stub_detail(detail, size, where), where)
         if self.value_left_out:
-            detail += (
-                f" (value of {len(record.value or b'')} bytes left out: the whole copy is "
-                f"larger than the DLQ takes; it stays at {where})"
-            )
+            detail = without_value(detail, len(record.value or b""), where)
         return dead_letter_headers(record.headers, reason, detail, where)
 
 
@@ -168,6 +185,7 @@ class Failures:
         if given_up is not None:
             inflight.dead_letter, inflight.attempts = True, given_up.attempts
             inflight.error, inflight.value_left_out = given_up.error, given_up.value_left_out
+            inflight.stub = given_up.stub
             inflight.expired = given_up.expired
 
     def delivered(self, ident: Ident, inflight: InFlight) -> None:
@@ -181,7 +199,9 @@ class Failures:
         attempts left, or its DLQ copy without its value), else the back-off (ms) after which it
         is claimed again."""
         self._errors[err.name()] += 1
-        if inflight.dead_letter and err.code() in TOO_LARGE and not inflight.value_left_out:
+        if inflight.dead_letter and err.code() in TOO_LARGE and not inflight.stub:
+            if inflight.value_left_out:
+                inflight.stub = True  # too large even without its value
             inflight.value_left_out = True
             return None
         if err.code() in PERMANENT_ERRORS and not inflight.dead_letter:

@@ -132,7 +132,8 @@ class Deliveries:
         now_ms = self._clock_ms()
         inflight.expire(now_ms, self.failures.max_lateness_ms)
         if inflight.dead_letter:
-            topic, key, headers = self.failures.dead_letter, record.key, inflight.dlq_headers()
+            key = None if inflight.stub else record.key
+            topic, headers = self.failures.dead_letter, inflight.dlq_headers()
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         # The producer stamps the record; never earlier than the due time, whatever the local clock.

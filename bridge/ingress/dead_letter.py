@@ -27,7 +27,9 @@ from bridge.message import (
     dead_letter_headers,
     origin,
     record_size,
+    stub_detail,
     wire_headers,
+    without_value,
 )
 from bridge.metrics import Metrics
 from bridge.store import Shard
@@ -147,17 +149,9 @@ class DeadLetters:
             key, value, headers = msg.key(), msg.value(), headers_of(msg)
             detail = rejection.detail
             if form is Copy.NO_VALUE:
-                detail += (
-                    f" (value of {len(value or b'')} bytes left out: the whole copy is "
-                    f"larger than the DLQ takes; it stays at {where})"
-                )
-                value = None
+                detail, value = without_value(detail, len(value or b""), where), None
             elif form is Copy.STUB:
-                size = record_size(key, value, headers)
-                detail = cut(detail, 200) + (
-                    f" (a stub: the record of {size} bytes, key, value and headers, is larger "
-                    f"than the DLQ takes even without its value; it stays at {where})"
-                )
+                detail = stub_detail(detail, record_size(key, value, headers), where)
                 key, value, headers = None, None, []
             logger.info(
                 "dead-lettering %s: %s", where, cut(str(rejection), 300), extra={"origin": where}

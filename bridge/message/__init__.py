@@ -28,7 +28,9 @@ from bridge.message.headers import (
     dead_letter_when_due,
     origin,
     record_size,
+    stub_detail,
     wire_headers,
+    without_value,
 )
 from bridge.message.rules import Rules, parse
 from bridge.message.values import (
@@ -90,6 +92,8 @@ __all__ = [
     "parse_time_ms",
     "parse_when",
     "record_size",
+    "stub_detail",
     "topic_refusal",
     "wire_headers",
+    "without_value",
 ]

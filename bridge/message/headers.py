@@ -253,6 +253,25 @@ def dead_letter_reason(headers: Headers) -> str:
     return ""
 
 
+def without_value(detail: str, value_bytes: int, where: str) -> str:
+    """A DLQ copy's detail when its value is left out (the whole copy is larger than the DLQ
+    takes)."""
+    return (
+        f"{detail} (value of {value_bytes} bytes left out: the whole copy is larger than the DLQ "
+        f"takes; it stays at {where})"
+    )
+
+
+def stub_detail(detail: str, record_bytes: int, where: str) -> str:
+    """A DLQ stub's detail: the copy is only the ``delay-error*`` headers and ``delay-origin``,
+    since even without its value it is larger than the DLQ takes."""
+    short = detail if len(detail) <= 200 else detail[:199] + "\u2026"
+    return (
+        f"{short} (a stub: the record of {record_bytes} bytes, key, value and headers, is larger "
+        f"than the DLQ takes even without its value; it stays at {where})"
+    )
+
+
 def dead_letter_headers(headers: Headers, reason: Reason, detail: str, origin_text: str) -> Headers:
     """Original headers plus ``delay-error``, ``delay-error-detail`` and ``delay-origin``."""
     one_line = " ".join(detail.split())[:1000]

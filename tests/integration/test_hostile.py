@@ -21,7 +21,7 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
-from tests.conftest import wait_for
+from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.harness import (
     Bridge,
     Setup,
@@ -222,3 +222,25 @@ def test_reads_show_payloads_only_to_a_token_and_can_need_one(
     assert guarded.get(trace, token="r-token")[0] == 200
     assert "the-payload" in guarded.get(trace, token="w-token")[1]
     assert guarded.get("/readyz")[0] == 200 and guarded.get("/metrics")[0] == 200
+
+
+def test_a_delivery_failed_copy_too_large_without_its_value_goes_as_a_stub(
+    services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
+) -> None:
+    """A record its target refuses, whose headers alone are more than the DLQ takes: its copy
+    without its value was refused too, and it was claimed again for good. A stub goes now."""
+    small = {"max.message.bytes": "1000"}
+    setup = Setup(services, topics("delay"), [topics("out", config=small)],
+                  topics("dlq", config=small), unique, tmp_path, topics("journal"))  # fmt: skip
+    bridges.append(setup.bridge(egress__max_attempts="2").start())
+    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms"),
+                        ("blob", b"b" * 3000)]  # fmt: skip
+    produce_to(services.bootstrap, setup.delay, [(0, b"x" * 5000, headers)])
+    dead = setup.await_value(None, 60, "the stub")
+    assert [r.topic for r in dead] == [setup.dlq]
+    assert dead[0].header(H_ERROR) == b"delivery-failed" and dead[0].key is None
+    assert (
+        dead[0].header("blob") is None and dead[0].header(H_ORIGIN) == f"{setup.delay}:0:0".encode()
+    )
+    detail = (dead[0].header(H_ERROR_DETAIL) or b"").decode()
+    assert "failed 2 times" in detail and "a stub" in detail, detail
