@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from bridge import reads
-from bridge.config import Config, consumer_settings, read_back_settings
+from bridge import lookup, reads
+from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError, UsageError
 from bridge.message import Scheduled, cut, format_time_ms
 from bridge.redis_client import redis_client
@@ -24,7 +24,6 @@ from bridge.store import (
     Shard,
     Store,
     default_id_offset,
-    references_in,
     stored_record,
 )
 
@@ -176,7 +175,7 @@ def _find(
             if delay_id is None:
                 page = store.inventory.page(shard, due_before_ms, skip + limit)
             elif (offset := default_id_offset(shard, delay_id)) is not None:
-                page = store.inventory.by_default_id(shard, offset)
+                page = lookup.by_default_id(config, store, shard, offset)
             else:  # candidates: the index keeps a hash of the id (confirmed below)
                 page = store.inventory.by_id(shard, delay_id)
             found += [(due, member, shard) for due, member in page]
@@ -189,7 +188,7 @@ def _find(
         ][skip if delay_id is None else 0 :]
         far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
         now_ms = store.time_ms()
-        read = _read_back(config, far, now_ms) if far else {}
+        read = lookup.read_back(config, far, now_ms) if far else {}
         records = [
             (
                 due,
@@ -203,40 +202,6 @@ def _find(
         return [r for r in records if delay_id is None or r[2].delay_id == delay_id][:limit]
     finally:
         store.client.close()
-
-
-def _read_back(
-    config: Config, far: Sequence[tuple[Shard, bytes]], now_ms: int
-) -> dict[tuple[Shard, bytes], Scheduled]:
-    """The records that references stand for, read from the delay topic as the read-back reads
-    them (one consumer, never a group member): a record's tier does not show in the tools. A
-    record gone from the topic, or Kafka unreachable, shows as bound for the DLQ."""
-    from confluent_kafka import Consumer, KafkaException
-
-    from bridge.readback import Reader, missing_record, parse_read_back
-
-    rules = config.rules()
-    out: dict[tuple[Shard, bytes], Scheduled] = {}
-    reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
-    try:
-        for shard in sorted({s for s, _ in far}):
-            refs = {references_in(m)[0]: m for s, m in far if s == shard}
-            try:
-                messages = reader.read(shard, [offset for offset, _ in refs])
-            except (BridgeError, KafkaException) as exc:
-                messages, why = {}, f"not read back from Kafka: {exc}"
-            else:
-                why = "gone from the delay topic"
-            for (offset, due), stored in refs.items():
-                msg = messages.get(offset)
-                out[shard, stored] = (
-                    missing_record(shard, offset, due, why)
-                    if msg is None
-                    else parse_read_back(rules, shard, (offset, due), msg, now_ms)[0]
-                )
-    finally:
-        reader.close()
-    return out
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:

@@ -158,23 +158,15 @@ class Inventory:
         """The waiting records of ``shard`` the id index gives as candidates for the caller-given
         ``delay_id``: [(due ms, member)], a reference as its 16 bytes. The index keeps a hash of
         the id, so the caller confirms each by the delay-id of the record (a reference's read in
-        the delay topic); a default id is not in the index (:meth:`by_default_id`)."""
+        the delay topic); a default id is not in the index (bridge.lookup.by_default_id)."""
         k = self.keys.of(shard)
         call = ("candidates", [k.ids, k.pending], [id_hash(shard.topic, delay_id)])
         [candidates] = candidates_from(self.scripts.run([call])[0])
         found: list[tuple[int, bytes]] = []
         for offset, due in candidates:
             at = offset_bytes(offset)
-            found += self.at(shard, due, at) or self._reference(shard, at, due)
+            found += self.at(shard, due, at) or self.reference_at(shard, at, due)
         return found
-
-    def by_default_id(self, shard: Shard, offset: int) -> list[tuple[int, bytes]]:
-        """The waiting record at ``offset`` of ``shard``, named by its default delay-id
-        (``<topic>:<partition>:<offset>``, not indexed): [(due ms, member)] or []. Its due time
-        is unknown: a pass over the shard's whole records (:meth:`wholes`), for rare lookups; a
-        reference is not found so."""
-        due = self.wholes(shard, [offset])[offset]
-        return self.at(shard, due, offset_bytes(offset)) if due >= 0 else []
 
     def promotions(self, shard: Shard) -> int:
         """How many times the read-back promoted references of ``shard`` (see add.lua, ARGV[4])."""
@@ -196,7 +188,7 @@ class Inventory:
                         found[named] = due_of(s)
         return {o: found.get(o, -1) for o in offsets}
 
-    def _reference(self, shard: Shard, offset: bytes, due_ms: int) -> list[tuple[int, bytes]]:
+    def reference_at(self, shard: Shard, offset: bytes, due_ms: int) -> list[tuple[int, bytes]]:
         """The record at ``offset``, waiting in no index, as a reference if it is one (pending,
         not in flight): [(due ms, its 16 bytes)] or []."""
         number = offset_of(offset)

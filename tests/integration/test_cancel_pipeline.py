@@ -529,6 +529,31 @@ def test_far_future_records_show_in_the_tools_as_any_other(
     assert json.loads(cli("list", "--id", "far-id", "--json").stdout) == []
 
 
+def test_a_far_future_record_is_found_by_its_default_id(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record produced without a delay-id, due in 3 h (kept as a reference): ``list``,
+    ``trace`` and ``cancel --id <topic>:<p>:<offset>`` did not find it (a default id was looked
+    up by a pass over the records held whole, which a reference is not). The record at that
+    offset is read in the delay topic for its due time, and Redis asked for it there."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    cli = cli_of(bridge)
+    made = cli("produce", "--target", setup.targets[0], "--after", "3h", "far, no id")
+    assert made.returncode == 0, made.stderr
+    default_id = made.stdout.split()[-1]
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    listed = cli("list", "--id", default_id, "--json")
+    assert [r["delay_id"] for r in json.loads(listed.stdout)] == [default_id], listed.stderr
+    traced = cli("trace", "--id", default_id, "--json")
+    assert json.loads(traced.stdout)["fate"] == "waiting", traced.stdout + traced.stderr
+    done = cli("cancel", "--id", default_id)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
+             "the cancel counted")  # fmt: skip
+    assert json.loads(cli("list", "--id", default_id, "--json").stdout) == []
+
+
 def _counted(bridge: Bridge, name: str) -> bool:
     return metric(bridge, name) > 0
 

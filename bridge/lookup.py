@@ -1,0 +1,98 @@
+"""Waiting records found through the delay topic, by offset.
+
+A reference's payload, and a record named by its default delay-id, are read back as the read-back
+reads them (one consumer, never a group member), so a lookup reads one record, never the shard's
+payloads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bridge.config import Config, read_back_settings
+from bridge.errors import BridgeError
+from bridge.message import Rejected, Scheduled
+from bridge.store import Shard, Store, offset_bytes, references_in
+
+
+def by_default_id(
+    config: Config, store: Store, shard: Shard, offset: int
+) -> list[tuple[int, bytes]]:
+    """The waiting record at ``offset`` of ``shard`` (named by its default delay-id), held whole
+    or as a reference: [(due ms, member)] or []. Its due time comes from the record itself, read
+    at its offset in the delay topic; Redis is then asked for that offset at that due time."""
+    if not store.inventory.is_pending(shard, offset):
+        return []
+    due = _due_of(config, shard, offset, store.time_ms())
+    if due is None:
+        return []
+    at = offset_bytes(offset)
+    return store.inventory.at(shard, due, at) or store.inventory.reference_at(shard, at, due)
+
+
+def _due_of(config: Config, shard: Shard, offset: int, now_ms: int) -> int | None:
+    """The due time the record at ``offset`` asks for (None: gone, unreadable, or refused)."""
+    from confluent_kafka import Consumer, KafkaException
+
+    from bridge.dialects import parse_record
+    from bridge.kafka import headers_of
+    from bridge.readback import Reader
+
+    reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
+    try:
+        msg = reader.read(shard, [offset]).get(offset)
+    except (BridgeError, KafkaException):
+        return None
+    finally:
+        reader.close()
+    if msg is None:
+        return None
+    ts_type, ts = msg.timestamp()
+    try:
+        record = parse_record(
+            config.rules(),
+            topic=shard.topic,
+            partition=shard.partition,
+            offset=offset,
+            timestamp_ms=ts if ts_type != 0 else None,
+            key=msg.key(),
+            value=msg.value(),
+            headers=headers_of(msg),
+            now_ms=now_ms,
+        )
+    except Rejected:
+        return None
+    return record.due_ms if isinstance(record, Scheduled) else None
+
+
+def read_back(
+    config: Config, far: Sequence[tuple[Shard, bytes]], now_ms: int
+) -> dict[tuple[Shard, bytes], Scheduled]:
+    """The records that references stand for, read from the delay topic as the read-back reads
+    them (one consumer, never a group member): a record's tier does not show in the tools. A
+    record gone from the topic, or Kafka unreachable, shows as bound for the DLQ."""
+    from confluent_kafka import Consumer, KafkaException
+
+    from bridge.readback import Reader, missing_record, parse_read_back
+
+    rules = config.rules()
+    out: dict[tuple[Shard, bytes], Scheduled] = {}
+    reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
+    try:
+        for shard in sorted({s for s, _ in far}):
+            refs = {references_in(m)[0]: m for s, m in far if s == shard}
+            try:
+                messages = reader.read(shard, [offset for offset, _ in refs])
+            except (BridgeError, KafkaException) as exc:
+                messages, why = {}, f"not read back from Kafka: {exc}"
+            else:
+                why = "gone from the delay topic"
+            for (offset, due), stored in refs.items():
+                msg = messages.get(offset)
+                out[shard, stored] = (
+                    missing_record(shard, offset, due, why)
+                    if msg is None
+                    else parse_read_back(rules, shard, (offset, due), msg, now_ms)[0]
+                )
+    finally:
+        reader.close()
+    return out
