@@ -19,13 +19,16 @@ def by_default_id(
 ) -> list[tuple[int, bytes]]:
     """The waiting record at ``offset`` of ``shard`` (named by its default delay-id), held whole
     or as a reference: [(due ms, member)] or []. Its due time comes from the record itself, read
-    at its offset in the delay topic; Redis is then asked for that offset at that due time."""
+    at its offset in the delay topic; Redis is then asked for that offset at that due time. Only
+    a record the delay topic no longer holds (its retention, with ``store.references`` off) is
+    looked for by a pass over the records the shard holds whole."""
     if not store.inventory.is_pending(shard, offset):
         return []
+    at = offset_bytes(offset)
     due = _due_of(config, shard, offset, store.time_ms())
     if due is None:
-        return []
-    at = offset_bytes(offset)
+        due = store.inventory.wholes(shard, [offset])[offset]
+        return store.inventory.at(shard, due, at) if due >= 0 else []
     return store.inventory.at(shard, due, at) or store.inventory.reference_at(shard, at, due)
 
 

@@ -154,7 +154,9 @@ def test_list_says_how_many_it_left_out_and_takes_times_from_now(
     ("args", "message"),
     [
         (["list", "--topic", "nope"], "--topic nope: not one of topics.delay"),
-        (["list", "--limit", "0"], "--limit 0: at least 1"),
+        (["list", "--limit", "0"], "--limit 0: 1 to 1,000"),
+        (["list", "--limit", "1001"], "--limit 1001: 1 to 1,000"),
+        (["list", "--limit", "\u0663"], "a whole number"),
         (["list", "--due-before", "soon"], "--due-before: not a time"),
         (["list", "--partition", "9"], "--partition 9: no such partition"),
     ],
