@@ -17,7 +17,14 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from bridge.dialects import parse_record
 from bridge.message import (
@@ -176,10 +183,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
                          "enable.auto.commit": False,
                          "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
     try:
-        ends = {}
-        for p in range(partitions):
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            ends[p] = high
+        ends = {p: _log_end(consumer, TopicPartition(topic, p)) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         out: list[Message] = []
         deadline = time.monotonic() + 120
@@ -190,6 +194,23 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
         return out
     finally:
         consumer.close()
+
+
+_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                     KafkaError._TIMED_OUT, KafkaError._TRANSPORT})  # fmt: skip
+
+
+def _log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int:
+    """``tp``'s log end offset; asked again while its leadership moves (after a broker roll the
+    metadata may still name the broker that led it: NOT_LEADER_FOR_PARTITION)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=30)[1])
+        except KafkaException as exc:
+            if exc.args[0].code() not in _MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)  # back-off before asking again (metadata refreshes meanwhile)
 
 
 def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:

@@ -597,10 +597,16 @@ def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_n
     assert {r.key for r in collector.records} == {f"f-{i}".encode() for i in range(count)}
 
     def waiting() -> set[bytes]:
-        proc = subprocess.run([sys.executable, "-m", "bridge", "list", "--json", "--limit",
-                               str(3 * count)], env=bridge.env, capture_output=True, text=True,
-                              timeout=60, check=True)  # fmt: skip
-        return {r["key"].encode() for r in json.loads(proc.stdout)}
+        keys: set[bytes] = set()
+        for skip in range(0, 3 * count, 1000):  # a page is at most 1,000 records
+            proc = subprocess.run([sys.executable, "-m", "bridge", "list", "--json", "--limit",
+                                   "1000", "--skip", str(skip)], env=bridge.env,
+                                  capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+            page = json.loads(proc.stdout)
+            keys |= {r["key"].encode() for r in page}
+            if len(page) < 1000:
+                break
+        return keys
 
     wait_for(lambda: waiting() == {f"k-{i}".encode() for i in range(count)}, 30,
              "only the records left alone waiting")  # fmt: skip
