@@ -216,11 +216,12 @@ def _log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int
 def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     """What each delay-topic record asks for, by seq."""
     out = {}
-    # (topic, delay-id) -> (partition, offset, timestamp, seq) of each record with it: a caller's
-    # id, or the default one (an id like any other: a record may name another's as its own)
-    by_id: dict[tuple[str, str], list[tuple[int, int, int, int]]] = {}
-    # (topic, delay-id) -> (partition, offset, timestamp) of each cancel naming it
-    cancels: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    # (topic, an id) -> (partition, offset, timestamp) of each record that names it: a cancel, or
+    # a record with it as its delay-id (a caller's, or the default one: an id like any other)
+    namers: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    # Each valid record and the names it answers to: its delay-id, and its origin (a cancel or a
+    # replacement of <topic>:<partition>:<offset> withdraws the record there, whatever its id).
+    valid: list[tuple[str, int, int, int, int, set[str]]] = []
     for msg in sorted(messages, key=lambda m: (m.topic() or "", m.partition() or 0,
                                                  m.offset() or 0)):  # fmt: skip
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -237,24 +238,24 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
             )  # fmt: skip
             if isinstance(rec, Cancel):  # delivered nowhere (a command's has no seq)
                 for each in rec.each():
-                    cancels.setdefault((topic, each.delay_id), []).append((partition, offset, ts))
+                    namers.setdefault((topic, each.delay_id), []).append((partition, offset, ts))
                 continue
             assert seq is not None, f"{where} has no seq value"
             out[seq] = Expected(where, ts, due_ms=rec.due_ms, delay_id=rec.delay_id)
-            by_id.setdefault((topic, rec.delay_id), []).append((partition, offset, ts, seq))
+            namers.setdefault((topic, rec.delay_id), []).append((partition, offset, ts))
+            valid.append((topic, partition, offset, ts, seq, {rec.delay_id, where}))
         except Rejected as rejection:
             assert seq is not None, f"{where} has no seq value"
             out[seq] = Expected(where, ts, reason=rejection.reason.value)
     # A schedule's identity is (delay topic, delay-id): a record is replaced or cancelled by a
-    # later record with its id in its partition, or by one in another partition stamped no
+    # later record naming it in its partition, or by one in another partition stamped no
     # earlier (whichever of the two the ingress reads second withdraws the other, if it still
     # waits): it may never arrive.
-    for key, records in by_id.items():
-        later = [(p, o, t) for p, o, t, _ in records] + cancels.get(key, [])
-        for partition, offset, ts, seq in records:
-            if any((p == partition and o > offset) or (p != partition and t >= ts)
-                   for p, o, t in later):  # fmt: skip
-                out[seq] = dataclasses.replace(out[seq], replaceable=True)
+    for topic, partition, offset, ts, seq, names in valid:
+        later = [n for name in names for n in namers.get((topic, name), [])]
+        if any((p == partition and o > offset) or (p != partition and t >= ts)
+               for p, o, t in later):  # fmt: skip
+            out[seq] = dataclasses.replace(out[seq], replaceable=True)
     return out
 
 
