@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, cast
 
 from bridge.message import (
     H_CANCEL,
@@ -44,6 +45,9 @@ from bridge.message import (
     parse,
     parse_count,
 )
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +118,27 @@ def parse_record(
     except Exception as exc:
         logger.exception("parsing %s failed", origin(topic, partition, offset))
         raise Rejected(Reason.BAD_HEADER, f"unparseable: {type(exc).__name__}: {exc}") from exc
+
+
+def parse_message(
+    rules: Rules, at: tuple[str, int, int], msg: Message, now_ms: int
+) -> Scheduled | Cancel:
+    """:func:`parse_record` of a message consumed ``at`` (topic, partition, offset): the one way
+    the read-back and a lookup by default delay-id read a delay-topic record, so each gets the due
+    time the ingress did (its timestamp counts unless the broker gave none)."""
+    topic, partition, offset = at
+    ts_type, ts = msg.timestamp()
+    return parse_record(
+        rules,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=ts if ts_type != 0 else None,
+        key=msg.key(),
+        value=msg.value(),
+        headers=cast(Headers, list(msg.headers() or [])),
+        now_ms=now_ms,
+    )
 
 
 def from_etf1(

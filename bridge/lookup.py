@@ -36,8 +36,7 @@ def _due_of(config: Config, shard: Shard, offset: int, now_ms: int) -> int | Non
     """The due time the record at ``offset`` asks for (None: gone, unreadable, or refused)."""
     from confluent_kafka import Consumer, KafkaException
 
-    from bridge.dialects import parse_record
-    from bridge.kafka import headers_of
+    from bridge.dialects import parse_message
     from bridge.readback import Reader
 
     reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
@@ -49,19 +48,8 @@ def _due_of(config: Config, shard: Shard, offset: int, now_ms: int) -> int | Non
         reader.close()
     if msg is None:
         return None
-    ts_type, ts = msg.timestamp()
     try:
-        record = parse_record(
-            config.rules(),
-            topic=shard.topic,
-            partition=shard.partition,
-            offset=offset,
-            timestamp_ms=ts if ts_type != 0 else None,
-            key=msg.key(),
-            value=msg.value(),
-            headers=headers_of(msg),
-            now_ms=now_ms,
-        )
+        record = parse_message(config.rules(), (shard.topic, shard.partition, offset), msg, now_ms)
     except Rejected:
         return None
     return record.due_ms if isinstance(record, Scheduled) else None

@@ -103,8 +103,7 @@ def _journal(
 
 
 def _id_reader(config: Config) -> IdReader:
-    """What the ingress reads the id index's candidates in the delay topic with (a consumer of
-    its own, made at the first read)."""
+    """What the ingress reads the records the id index and default ids name with (one consumer)."""
     settings = {**read_back_settings(config), "logger": _kafka_logger("ids")}
     return IdReader(lambda: Reader(Consumer(settings)), config.rules())
 
@@ -236,10 +235,10 @@ class Service:
                 before_read=self.egress.before_rebuild,
             ),
             confirm=self.id_reader,
+            dues=self.id_reader.dues,
         )
         self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
-        # Runs whether or not store.references is on: references stored before it was turned off
-        # are still read back.
+        # Runs with store.references off too: the references stored before it are still read back.
         reader = Reader(
             Consumer({**read_back_settings(config), "logger": _kafka_logger("read-back")}),
             on_fetched=functools.partial(_count_fetched, self.metrics),

@@ -11,14 +11,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from bridge.message import Rules
+from confluent_kafka import Message
+
+from bridge.dialects import parse_message
+from bridge.message import Rejected, Rules, Scheduled
 from bridge.readback.loop import parse_read_back
 from bridge.readback.reader import Reader
 from bridge.store import Shard
 
 
 class IdReader:
-    """The delay-id and timestamp of the records at given offsets of the delay topic."""
+    """The delay-id and timestamp of the records at given offsets of the delay topic
+    (:data:`bridge.store.Confirm`), and the due time they ask for (:data:`bridge.store.Dues`)."""
 
     def __init__(
         self,
@@ -37,13 +41,8 @@ class IdReader:
         """For each (offset, due ms) asked, the delay-id and timestamp of the schedule read there;
         an offset gone from the log, or holding another record than one due then, is left out.
         Raises :class:`bridge.errors.KafkaFault` when Kafka does not answer."""
-        if self._reader is None:
-            self._reader = self._new_reader()
         due = dict(asked)
-        try:
-            messages = self._reader.read(shard, sorted(due))
-        finally:
-            self._reader.release()
+        messages = self._read(shard, sorted(due))
         out: dict[int, tuple[str, int]] = {}
         now_ms = self._clock_ms()
         for offset, msg in messages.items():
@@ -54,6 +53,33 @@ class IdReader:
                 if outcome == "stored":
                     out[offset] = (record.delay_id, record.timestamp_ms)
         return out
+
+    def dues(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, int]:
+        """For each offset asked, the due time of the schedule read there (as the ingress parsed
+        it: a record's due time is the same however often it is read); an offset gone from the
+        log, or holding no schedule, is left out. Raises :class:`bridge.errors.KafkaFault`."""
+        now_ms = self._clock_ms()
+        out: dict[int, int] = {}
+        for offset, msg in self._read(shard, sorted(offsets)).items():
+            if msg is None:
+                continue
+            try:
+                record = parse_message(
+                    self.rules, (shard.topic, shard.partition, offset), msg, now_ms
+                )
+            except Rejected:
+                continue
+            if isinstance(record, Scheduled):
+                out[offset] = record.due_ms
+        return out
+
+    def _read(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Message | None]:
+        if self._reader is None:
+            self._reader = self._new_reader()
+        try:
+            return self._reader.read(shard, offsets)
+        finally:
+            self._reader.release()
 
     def close(self) -> None:
         """Close the consumer, if one was made."""

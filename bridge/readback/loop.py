@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from confluent_kafka import Message
 
-from bridge.dialects import parse_record
+from bridge.dialects import parse_message
 from bridge.errors import StoreError, log_failed_turn
 from bridge.kafka import headers_of
 from bridge.message import (
@@ -196,21 +196,9 @@ def parse_read_back(
     record than the one referenced; with the read-back result (``stored``, ``refused``,
     ``missing``)."""
     offset, due = reference
-    ts_type, ts = msg.timestamp()
-    stamped = ts_type != 0
-    headers = headers_of(msg)
+    stamped = msg.timestamp()[0] != 0
     try:
-        record = parse_record(
-            rules,
-            topic=shard.topic,
-            partition=shard.partition,
-            offset=offset,
-            timestamp_ms=ts if stamped else None,
-            key=msg.key(),
-            value=msg.value(),
-            headers=headers,
-            now_ms=now_ms,
-        )
+        record = parse_message(rules, (shard.topic, shard.partition, offset), msg, now_ms)
     except Rejected as refused:
         logger.warning(
             "offset %d of %s, read back, is refused now: %s; dead-lettered at its due time",
@@ -220,7 +208,7 @@ def parse_read_back(
             extra={"repeat_key": "read-back-refused"},
         )
         detail = f"read back: {refused.detail}"
-        original = (msg.key(), msg.value(), headers)
+        original = (msg.key(), msg.value(), headers_of(msg))
         return dead_letter_when_due(
             shard.topic,
             shard.partition,

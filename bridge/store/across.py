@@ -14,7 +14,8 @@ withdraw.lua runs only where one is confirmed. A record with its own id first se
 costs a bucket lookup per other partition and no read.
 
 A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a cancel of one,
-in the partition it names, finds its record by offset and the due time it gives, which add.lua
+in the partition it names, finds its record by offset and the due time it gives, or else the due
+time the record read at that offset asks for (:data:`bridge.store.ids.Dues`), which add.lua
 checks (:func:`default_id_wheres`).
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled, parse_count
 from bridge.store.calls import candidates_from
-from bridge.store.ids import Confirm, id_hash
+from bridge.store.ids import Confirm, Dues, id_hash
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
 from bridge.store.scripts import Call, Scripts
@@ -105,17 +106,21 @@ def default_id_wheres(
     inventory: Inventory,
     shard: Shard,
     batch: Sequence[Scheduled | Cancel],
+    *,
     refer_after_ms: int,
     locate: Collection[int] = (),
+    dues_of: Dues | None = None,
 ) -> tuple[dict[int, bytes], int | None]:
     """For each cancel of the ``batch`` that names a default delay-id of ``shard``, and each
     record that has one as its delay-id (it replaces that record), keyed by its place in the
     batch (a record with several cancels is a cancel each, at one offset),
     where the record named waits (a ``where`` of add.lua): earlier in the batch (kept as a
     reference if due after ``refer_after_ms``), at the due time its cancel gives
-    (``delay-due-at``: a hint add.lua checks), or else in Redis (:meth:`Inventory.wholes`, all
-    in one pass over the shard's whole records) — as for the offsets add.lua could not
-    ``locate`` at their hints; due -1 when in no index (a reference, or gone). Then the shard's
+    (``delay-due-at``: a hint add.lua checks), or else at the due time the record asks for,
+    read at its offset in the delay topic (``dues_of``: a hint too), or, when the topic no
+    longer holds it, in Redis (:meth:`Inventory.wholes`, all in one pass over the shard's whole
+    records) — as for the offsets add.lua could not ``locate`` at their hints; due -1 when in no
+    index (a reference, or gone). Then the shard's
     promotions counted before Redis was looked at (None: it was not): a reference promoted since
     is whole where a -1 does not look, so add.lua answers "again" when the count moved."""
     named: dict[int, int] = {}  # its place -> the offset the default id names
@@ -139,6 +144,9 @@ def default_id_wheres(
     for place, o in named.items():
         if o not in dues and o not in locate and (hint := hints[place]) is not None:
             dues[o] = hint
+    unread = sorted({o for o in named.values() if o not in dues and o not in locate})
+    if unread and dues_of is not None:
+        dues |= dues_of(shard, unread)
     wanted = {o for o in named.values() if o not in dues}
     promotions = inventory.promotions(shard) if wanted else None
     dues |= inventory.wholes(shard, wanted) if wanted else {}

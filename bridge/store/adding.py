@@ -19,7 +19,7 @@ from bridge.store.calls import (
     asked_to_locate,
     promoted_meanwhile,
 )
-from bridge.store.ids import Confirm, id_hash
+from bridge.store.ids import Confirm, Dues, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
 from bridge.store.results import Added, Lost, Withdrawn
@@ -44,16 +44,20 @@ def add_call(
     bucket_ms: int,
     vouched: Mapping[int, str],
     locate: Collection[int] = (),
+    dues: Dues = undated,
 ) -> Call:
     """The add.lua call of one shard's ``batch`` (highest offset, records); ``vouched`` the
     delay-ids read in the delay topic at the offsets add.lua asked about (its references of this
     batch with a caller-given id are vouched for here), ``locate`` the offsets it could not find
-    at the due times their cancels gave."""
+    at the due times their cancels gave; ``dues`` reads the due time of a record a default
+    delay-id names in the delay topic."""
     high, records = batch
     k = keys.of(shard)
     entries: list[AddEntry] = []
     vouch = dict(vouched)
-    wheres, promotions = default_id_wheres(inventory, shard, records, refer_after_ms, locate)
+    wheres, promotions = default_id_wheres(
+        inventory, shard, records, refer_after_ms=refer_after_ms, locate=locate, dues_of=dues
+    )
     replaces: dict[int, bytes] = {}
     for i, rec in enumerate(records):
         if isinstance(rec, Cancel):
@@ -143,6 +147,7 @@ def _add(
     bucket_ms: int,
     partitions: Mapping[str, int],
     confirm: Confirm,
+    dues: Dues,
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -160,6 +165,7 @@ def _add(
             bucket_ms=bucket_ms,
             vouched=vouched[shard],
             locate=locate[shard],
+            dues=dues,
         )
 
     replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))

@@ -23,7 +23,7 @@ from bridge.store.calls import (
     StatsReply,
     watermark_arg,
 )
-from bridge.store.ids import Confirm, id_hash, unconfirmed
+from bridge.store.ids import Confirm, Dues, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -116,6 +116,7 @@ class Store:
         bucket_ms: int = 60_000,
         partitions: Mapping[str, int] | None = None,
         confirm: Confirm = unconfirmed,
+        dues: Dues = undated,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -126,7 +127,9 @@ class Store:
         or a record with a caller-given id that finds nothing in its own shard withdraws what it
         names in the other partitions of its topic (``partitions``: topic -> partition count;
         see withdraw.lua), if stamped no later. ``confirm`` reads in the delay topic the
-        records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`).
+        records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
+        ``dues`` the due time of a record a default delay-id names (without it, Redis's whole
+        records are scanned for it).
         """
         return add_batches(
             self.scripts,
@@ -138,6 +141,7 @@ class Store:
             bucket_ms=bucket_ms,
             partitions=partitions or {},
             confirm=confirm,
+            dues=dues,
         )
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:

@@ -27,6 +27,10 @@ ENTRY_BYTES = HASH_BYTES + 6 + 6  # ID_ENTRY in _lib.lua: the hash, the offset's
 # For each (offset, due ms) of a shard's delay topic asked, the delay-id and timestamp of the
 # record read there; an offset left out holds no record that can match (gone, or not a schedule).
 Confirm = Callable[[Shard, Sequence[tuple[int, int]]], Mapping[int, tuple[str, int]]]
+# For each offset of a shard's delay topic asked, the due time of the schedule read there: where
+# the record a default delay-id names waits (a hint add.lua checks); an offset left out holds no
+# schedule (gone from the log, or not one).
+Dues = Callable[[Shard, Sequence[int]], Mapping[int, int]]
 
 
 def id_hash(topic: str, delay_id: str) -> bytes:
@@ -42,6 +46,12 @@ def unconfirmed(shard: Shard, asked: Sequence[tuple[int, int]]) -> Mapping[int, 
     """The :data:`Confirm` of a store given none: a candidate that needs reading in Kafka is an
     error (the bridge's ingress always gives one; a test of the store alone gives its own)."""
     raise LookupError(f"{shard}: id index candidates {list(asked)} need reading in the delay topic")
+
+
+def undated(shard: Shard, asked: Sequence[int]) -> Mapping[int, int]:
+    """The :data:`Dues` of a store given none: nothing read, so a default delay-id's record is
+    looked for in Redis (:meth:`bridge.store.inventory.Inventory.wholes`)."""
+    return {}
 
 
 def read_index(fields: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes, int]]:

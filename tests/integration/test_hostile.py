@@ -7,8 +7,10 @@ import json
 import socket
 import urllib.parse
 from pathlib import Path
+from typing import cast
 
 import pytest
+import redis
 
 from bridge.message import (
     H_AFTER,
@@ -22,6 +24,7 @@ from bridge.message import (
     Headers,
 )
 from tests.conftest import Services, TopicFactory, wait_for
+from tests.integration.conftest import redis_server
 from tests.integration.harness import (
     Bridge,
     Setup,
@@ -73,6 +76,45 @@ def test_a_default_id_with_a_unicode_digit_or_a_huge_hint_stalls_nothing(
     assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 2
     assert metric(bridge, "delay_bridge_replaced_total") == 1
     assert bridge.get("/readyz")[0] == 200
+
+
+def test_a_default_id_named_without_its_due_time_is_read_not_scanned_for(
+    setup: Setup, bridges: list[Bridge], tmp_path: Path
+) -> None:
+    """``delay-cancel: <topic>:0:<offset>`` without ``delay-due-at`` (as an application sends it),
+    and a replacement by a default id without one, each made the ingress pass over every record
+    the shard holds whole, payloads and all (a ZSCAN of the due index per batch): the bridge's
+    work per cancel grew with its backlog. The record named is read at its offset in the delay
+    topic for its due time, and Redis is asked there (its own Redis: ZSCANs are counted)."""
+    target = setup.targets[0].encode()
+    with redis_server(tmp_path) as url:
+        bridge = setup.bridge(redis__url=url).start()
+        bridges.append(bridge)
+        later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
+        backlog: ToPartition = [(0, b"x" * 1000, later) for _ in range(500)]
+        backlog.append((0, b"far", [(H_TARGET_TOPIC, target), (H_AFTER, b"3h")]))  # a reference
+        produce_to(setup.services.bootstrap, setup.delay, backlog)
+        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 501, 60, "the backlog")
+        client = redis.Redis.from_url(url)
+        before = _zscans(client)
+        nine = f"{setup.delay}:0:9".encode()
+        named: ToPartition = [
+            (0, None, [(H_CANCEL, f"{setup.delay}:0:7".encode())]),
+            (0, None, [(H_CANCEL, f"{setup.delay}:0:500".encode())]),
+            (0, b"fired", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_ID, nine)]),
+        ]
+        produce_to(setup.services.bootstrap, setup.delay, named)
+        setup.await_value(b"fired", 60, "the replacement")
+        wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
+                 30, "both cancels applied")  # fmt: skip
+        assert metric(bridge, "delay_bridge_replaced_total") == 1
+        assert _zscans(client) == before
+        client.close()
+
+
+def _zscans(client: redis.Redis) -> int:
+    stats = cast(dict[str, dict[str, int]], client.info("commandstats"))
+    return stats.get("cmdstat_zscan", {}).get("calls", 0)
 
 
 @pytest.mark.parametrize("verb", ["list", "trace", "cancel", "fire"])
