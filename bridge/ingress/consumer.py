@@ -19,6 +19,7 @@ from bridge.config import IngressConfig, StoreConfig
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
+from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership
@@ -105,6 +106,7 @@ class Ingress:
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
         self._paused_until = 0.0
         self._failures = 0
+        self._careful = False  # the last batch failed with a bug: the next goes an offset at a time
         self.last_loop = time.monotonic()
 
     @property
@@ -175,17 +177,22 @@ class Ingress:
         if not messages:
             self.membership.caught_up()
             return 0
-        messages = [m for m in messages if not self._is_error(m)]
+        messages = [m for m in messages if not _is_error(self.restarts, m)]
         if not messages:
             return 0
         batch = parse_batch(messages, self.rules, self._clock_ms())
         if self.config.hold:
             messages, batch = self._hold(messages, batch)
         try:
-            self._handle(messages, batch)
+            if self._careful:  # the batch read again after a bug: see bridge.ingress.careful
+                one_offset_at_a_time(self._handle, self.marks, messages, batch)
+            else:
+                self._handle(messages, batch)
         except Exception as exc:  # Redis or Kafka away, or a bug: read the batch again later
+            self._careful = is_bug(exc)
             self._rewind_and_pause(messages, exc)
             return 0
+        self._careful = False
         self.membership.caught_up()  # only now: what was consumed is applied
         if self._failures:
             self._failures = 0
@@ -223,7 +230,7 @@ class Ingress:
             more = [
                 m
                 for m in self.consumer.consume(self.config.batch_size - len(messages), wait)
-                if not self._is_error(m)
+                if not _is_error(self.restarts, m)
             ]
             if more:
                 messages += more
@@ -246,16 +253,6 @@ class Ingress:
         """Commit what is stored and leave the group."""
         self.membership.close()
         self.dead_letters.flush()
-
-    def _is_error(self, msg: Message) -> bool:
-        error = msg.error()
-        if error is None:
-            return False
-        if error.fatal() or error.code() == KafkaError._FATAL:
-            self.restarts.failed(error)
-        else:
-            logger.warning("consumer: %s", error)
-        return True
 
     def _handle(self, messages: list[Message], batch: Batch) -> None:
         # Held partitions are read again from their record once their back-off is over; what
@@ -341,6 +338,18 @@ class Ingress:
 
 def _partitions(shards: Iterable[Shard]) -> list[TopicPartition]:
     return [TopicPartition(s.topic, s.partition) for s in shards]
+
+
+def _is_error(restarts: Restarts, msg: Message) -> bool:
+    """Whether ``msg`` is the consumer's error, not a record (a fatal one restarts the consumer)."""
+    error = msg.error()
+    if error is None:
+        return False
+    if error.fatal() or error.code() == KafkaError._FATAL:
+        restarts.failed(error)
+    else:
+        logger.warning("consumer: %s", error)
+    return True
 
 
 def _rewind(

@@ -4,6 +4,7 @@ record's fate (or one command's answer) and stops nothing else."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import urllib.parse
 from pathlib import Path
@@ -26,6 +27,7 @@ from bridge.message import (
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.conftest import redis_server
 from tests.integration.harness import (
+    ROOT,
     Bridge,
     Setup,
     ToPartition,
@@ -76,6 +78,41 @@ def test_a_default_id_with_a_unicode_digit_or_a_huge_hint_stalls_nothing(
     assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 2
     assert metric(bridge, "delay_bridge_replaced_total") == 1
     assert bridge.get("/readyz")[0] == 200
+
+
+FAULTS = Path(__file__).parents[1] / "faults" / "python"  # its sitecustomize says how
+
+
+def test_a_record_the_bridge_fails_on_is_dead_lettered_and_stops_nothing(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A bug that raises on one record (injected: the store's call for a batch holding it fails)
+    rewound the ingress's batch for ever: that record's partition, and every partition read in
+    the same batches, waited (/readyz "ingress cannot store records"). The batch is handled again
+    an offset at a time; the offset that fails twice goes to the DLQ as bad-header with the error,
+    and the records before and after it, on its partition and others, are delivered."""
+    target = setup.targets[0].encode()
+    bridge = setup.bridge()
+    # This checkout first: the sitecustomize imports the bridge before ``-m`` adds the cwd.
+    bridge.env.update(STORE_FAULT_VALUE="poison", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridges.append(bridge.start())
+    now: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]
+    records: ToPartition = [(0, b"before", now), (0, b"poison", now), (0, b"after", now)]
+    records += [(1, f"other-{i}".encode(), now) for i in range(5)]
+    produce_to(setup.services.bootstrap, setup.delay, records)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 8, 60, "seven records and the dead letter")
+    finally:
+        collector.close()
+    delivered = sorted(r.value or b"" for r in collector.records if r.topic != setup.dlq)
+    assert delivered == sorted([b"before", b"after", *(f"other-{i}".encode() for i in range(5))])
+    (dead,) = [r for r in collector.records if r.topic == setup.dlq]
+    assert (dead.value, dead.header(H_ERROR)) == (b"poison", b"bad-header")
+    assert dead.header(H_ORIGIN) == f"{setup.delay}:0:1".encode()
+    detail = (dead.header(H_ERROR_DETAIL) or b"").decode()
+    assert "a bug" in detail and "ValueError" in detail, detail
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz 200 again")
 
 
 def test_a_default_id_named_without_its_due_time_is_read_not_scanned_for(
