@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -77,6 +77,13 @@ class Expected:
     # Its delay topic was deleted while it may have waited as a reference (its payload still in
     # Kafka): dead-lettered as payload-missing at its due time is right too.
     payload_may_go: bool = False
+    # An operator's fire or reschedule is the record again (its value, so its seq) with a new due
+    # time: this is the last of them, and these the due times of the ones before it, each of
+    # which may have been delivered too (claimed before its replacement was read).
+    earlier_dues: tuple[int, ...] = ()
+    # A copy of the record that was refused (a replacement too large, a DLQ replay refused
+    # again) is dead-lettered with one of these reasons besides what this one asks for.
+    also_dead: frozenset[str] = frozenset()
 
 
 def _header(headers: Headers, name: str) -> bytes | None:
@@ -215,7 +222,7 @@ def _log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int
 
 def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     """What each delay-topic record asks for, by seq."""
-    out = {}
+    out: dict[int, Expected] = {}
     # (topic, an id) -> (partition, offset, timestamp) of each record that names it: a cancel, or
     # a record with it as its delay-id (a caller's, or the default one: an id like any other)
     namers: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
@@ -241,22 +248,37 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
                     namers.setdefault((topic, each.delay_id), []).append((partition, offset, ts))
                 continue
             assert seq is not None, f"{where} has no seq value"
-            out[seq] = Expected(where, ts, due_ms=rec.due_ms, delay_id=rec.delay_id)
+            out[seq] = met_again(out.get(seq), Expected(where, ts, rec.due_ms, rec.delay_id))
             namers.setdefault((topic, rec.delay_id), []).append((partition, offset, ts))
             valid.append((topic, partition, offset, ts, seq, {rec.delay_id, where}))
         except Rejected as rejection:
             assert seq is not None, f"{where} has no seq value"
-            out[seq] = Expected(where, ts, reason=rejection.reason.value)
+            out[seq] = met_again(out.get(seq), Expected(where, ts, reason=rejection.reason.value))
     # A schedule's identity is (delay topic, delay-id): a record is replaced or cancelled by a
     # later record naming it in its partition, or by one in another partition stamped no
     # earlier (whichever of the two the ingress reads second withdraws the other, if it still
     # waits): it may never arrive.
     for topic, partition, offset, ts, seq, names in valid:
+        if out[seq].offset != f"{topic}:{partition}:{offset}":
+            continue  # a record an operator's copy of it replaced (see Expected.earlier_dues)
         later = [n for name in names for n in namers.get((topic, name), [])]
         if any((p == partition and o > offset) or (p != partition and t >= ts)
                for p, o, t in later):  # fmt: skip
             out[seq] = dataclasses.replace(out[seq], replaceable=True)
     return out
+
+
+def met_again(before: Expected | None, now: Expected) -> Expected:
+    """The expectation of a seq met again (``now``, later in its partition: an operator's
+    replacement, a DLQ replay) after ``before``: the last valid record of it is the one that must
+    arrive, the others' due times and reasons are allowed besides."""
+    if before is None:
+        return now
+    dead = before.also_dead | ({before.reason} if before.reason else set())
+    if now.reason is not None and before.due_ms is not None:  # a refused copy of a valid one
+        return dataclasses.replace(before, also_dead=dead | {now.reason})
+    dues = before.earlier_dues + ((before.due_ms,) if before.due_ms is not None else ())
+    return dataclasses.replace(now, earlier_dues=dues, also_dead=dead - {now.reason})
 
 
 @dataclass
@@ -328,6 +350,10 @@ def settle(
     ends = sorted(end for _, end in faults)
     for seq, exp in expected.items():
         got, dead = checker.delivered.get(seq, []), checker.dead.get(seq, [])
+        if exp.also_dead:
+            dead = [d for d in dead if d.reason not in exp.also_dead]
+        if exp.earlier_dues:
+            got = _earlier(acc, exp, got)
         if exp.reason is not None:
             if dead and all(d.reason == exp.reason for d in dead) and not got:
                 acc.dead_lettered += 1
@@ -384,6 +410,19 @@ def settle(
     return acc
 
 
+def _earlier(acc: Account, exp: Expected, got: list[Seen]) -> list[Seen]:
+    """The deliveries of ``exp``'s own due time; those of the records it replaced are checked
+    here (each at or after its own due time, once) and left out."""
+    theirs = [g for g in got if g.due_header != exp.due_ms]
+    for g in theirs:
+        if g.due_header not in exp.earlier_dues:
+            acc.misrouted.append(f"{exp.offset}: delivered due {g.due_header}, asked for none")
+        elif g.timestamp_ms < g.due_header or g.seen_ms < g.due_header:
+            acc.early.append(f"{exp.offset}: a replaced copy seen {g.seen_ms} < due {g.due_header}")
+    acc.duplicates += len(theirs) - len({g.due_header for g in theirs})
+    return [g for g in got if g.due_header == exp.due_ms]
+
+
 def _waiting(store: Store, where: str) -> bool:
     topic, partition, offset = where.rsplit(":", 2)
     return store.inventory.is_pending(Shard(topic, int(partition)), int(offset))
@@ -396,17 +435,28 @@ def wait_settled(
     started = time.monotonic()
     todo = [s for s, e in expected.items() if not e.replaceable
             and (e.reason is not None or (e.due_ms or 0) <= horizon_ms)]  # fmt: skip
-    wait_seen(checker, todo, timeout)
+    # A seq an operator moved: its last due time's delivery is the one to wait for.
+    moved = {s: e.due_ms for s, e in expected.items() if e.earlier_dues and e.due_ms is not None}
+    wait_seen(checker, todo, timeout, moved)
     return time.monotonic() - started
 
 
-def wait_seen(checker: Checker, seqs: Iterable[int], timeout: float) -> set[int]:
-    """Wait until the checker saw each of ``seqs`` delivered or dead-lettered; returns the ones
-    it did not see within ``timeout``. Only the unseen are looked at again."""
+def wait_seen(
+    checker: Checker, seqs: Iterable[int], timeout: float, dues: Mapping[int, int] | None = None
+) -> set[int]:
+    """Wait until the checker saw each of ``seqs`` delivered (due at ``dues[seq]`` when given)
+    or dead-lettered; returns the ones it did not see within ``timeout``. Only the unseen are
+    looked at again."""
     deadline = time.monotonic() + timeout
     todo = set(seqs)
+    due = dues or {}
+
+    def seen(s: int) -> bool:
+        got = checker.delivered.get(s, [])
+        return bool(checker.dead.get(s)) or any(s not in due or g.due_header == due[s] for g in got)
+
     while True:
-        todo = {s for s in todo if s not in checker.delivered and s not in checker.dead}
+        todo = {s for s in todo if not seen(s)}
         if not todo or time.monotonic() >= deadline:
             return todo
         time.sleep(0.2)

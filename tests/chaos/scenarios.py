@@ -301,6 +301,10 @@ class Run:
         if account.replaced:
             result.notes.append(f"{account.replaced:,} replaced by a later record with their "
                                 "delay-id")  # fmt: skip
+        if moved := sum(1 for e in expected.values() if e.earlier_dues):
+            result.notes.append(f"{moved:,} fired or rescheduled by an operator")
+        if again := sum(1 for e in expected.values() if e.also_dead and e.reason):
+            result.notes.append(f"{again:,} replayed from the DLQ, refused again")
         return result
 
     def log_slow_calls(self, over_ms: int) -> None:
@@ -750,11 +754,13 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
     (:func:`~tests.chaos.workload.adversarial`: ids and default ids of every partition with other
     scripts' digits and numbers past every limit, cancels with hints, sizes around the limit,
-    hypothesis's header sets), operators cancelling by id and reading the API with hostile query
-    strings, and faults at random moments: SIGKILLs, the bridge back on a host whose clock is off
-    (ahead by seconds or an hour, behind), a Redis restart. The checker's oracle (the parser, and
-    every cancel and replacement by delay-id) settles every offset: nothing lost, early or
-    misrouted; every partition caught up; the bridge ready again at the end."""
+    hypothesis's header sets); operators cancelling, firing and rescheduling by id and in bulk,
+    replaying the DLQ and reading the API with hostile query strings; and faults at random
+    moments: SIGKILLs, the bridge back on a host whose clock is off (ahead by seconds or an hour,
+    behind), a Redis restart that rolls back what it had not fsynced, and (with four faults or
+    more) a broker restart. The checker's oracle (the parser, every cancel and replacement by
+    delay-id or origin, an operator's copies of a record by its seq) settles every offset:
+    nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
     max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
     records = adversarial(size.records, run.target, run.delay, PARTITIONS,
                           rng.randrange(1 << 30), max_bytes)  # fmt: skip
@@ -762,14 +768,21 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     workload = run.workload(records, size.seconds)
     answers: list[str] = []  # what an operator's command or read got that it must not
     faults = moments(rng, size.faults, 1.0, size.seconds)
-    redis_at = rng.randrange(len(faults)) if faults else -1
-    for i, moment in enumerate(faults):
+    kinds = ["redis", *(["kafka"] if len(faults) >= 4 else [])]
+    kinds += ["bridge"] * (len(faults) - len(kinds))
+    rng.shuffle(kinds)
+    rolled_back = 0
+    for kind, moment in zip(kinds, faults, strict=True):
         run.at(moment)
         answers += _operate(run, bridge, rng)
         run.fault_began()
-        if i == redis_at:
+        if kind == "redis":
             run.servers.kill("redis")
+            rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
             run.servers.up("redis")
+        elif kind == "kafka":
+            run.servers.kill("kafka")
+            run.servers.up("kafka")
         else:
             bridge.kill()
             bridge = run.bridge(clock_shift_ms=rng.choice(CLOCK_SHIFTS_MS))
@@ -780,7 +793,9 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     bridge = run.bridge()  # its clock right again: /readyz names no skew
     horizon = now_ms() + 10_000  # valid delays are seconds (or days: hypothesis's)
     result = run.finish(workload, "adversary", f"{size.records:,} adversarial records, "
-                        f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart)",
+                        f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
+                        f"rolled back {rolled_back:,} bytes of AOF"
+                        f"{', a broker restart' if 'kafka' in kinds else ''})",
                         horizon_ms=horizon)  # fmt: skip
     result.checks["ready again at the end"] = wait_ready(bridge, 60)
     result.checks["operators answered in one line, reads never 5xx"] = not answers
@@ -789,15 +804,36 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
+# What an operator does now and then: by id (the adversary's ids, default ids of early offsets,
+# one with another script's digit, one past every bound), in bulk (by key prefix: "customer-1"
+# and "k" are the adversary's keys), and a replay of what the DLQ holds for reasons a replay
+# meets again (the record is refused again, as it was).
+BULK = [
+    ["fire", "--key-prefix", "customer", "--yes"],
+    ["reschedule", "--key-prefix", "k", "--shift", "2s", "--yes"],
+    ["cancel", "--key-prefix", "customer", "--due-after", "2s", "--yes"],
+    ["dlq", "replay", "--reason", "bad-due-time", "--reason", "missing-target", "--reason",
+     "bad-header", "--limit", "50"],
+]  # fmt: skip
+
+
 def _operate(run: Run, bridge: Bridge, rng: random.Random) -> list[str]:
-    """An operator's cancel by id and a few hostile reads of the API; what went wrong."""
+    """An operator's commands by id and in bulk, and a few hostile reads of the API; what went
+    wrong (a traceback, an exit code of none of 0, 1, 2, a read that failed or took too long)."""
     wrong = []
-    ids = [f"{run.delay}:{rng.randrange(PARTITIONS)}:{rng.randrange(50)}", "order-1",
+    ids = [f"{run.delay}:{rng.randrange(PARTITIONS)}:{rng.randrange(50)}", "order-1", "order-2",
            f"{run.delay}:0:\u00b2", "9" * 300]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "bridge", "cancel", "--id", rng.choice(ids)],
-                          env=run.env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    if "Traceback" in done.stderr or done.returncode not in (0, 1, 2):
-        wrong.append(f"cancel exit {done.returncode}: {done.stderr[-300:]}")
+    commands = [
+        ["cancel", "--id", rng.choice(ids)],
+        ["fire", "--id", rng.choice(ids)],
+        ["reschedule", "--id", rng.choice(ids), "--after", "2s"],
+        rng.choice(BULK),
+    ]
+    for args in commands:
+        done = subprocess.run([sys.executable, "-m", "bridge", *args], env=run.env(),
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        if "Traceback" in done.stderr or done.returncode not in (0, 1, 2):
+            wrong.append(f"{' '.join(args[:2])} exit {done.returncode}: {done.stderr[-300:]}")
     # Not waiting for /readyz: a bridge whose clock is off is not ready (it names the skew), and
     # its reads must hold all the same.
     port = bridge.http_port()

@@ -1,8 +1,11 @@
-"""The chaos checker's split of lateness at the end of a fault (pure logic: no servers)."""
+"""The chaos checker's split of lateness at the end of a fault, and its oracle of a record an
+operator fired, rescheduled or replayed (pure logic: no servers)."""
 
 from __future__ import annotations
 
-from tests.chaos.checker import Checker, Expected, Seen, settle
+import dataclasses
+
+from tests.chaos.checker import Checker, Expected, Seen, met_again, settle
 
 
 def _seen(seen_ms: int, appended_ms: int | None = None) -> Seen:
@@ -58,3 +61,42 @@ def test_without_faults_all_lateness_is_after() -> None:
     account = settle(_checker({1: [_seen(1_250)]}), expected, 10_000)
     assert not account.faults_timed
     assert (account.recovery_ms, account.max_during_fault_ms) == (250, 0)
+
+
+def _due(seen_ms: int, due_ms: int) -> Seen:
+    return Seen(seen_ms, seen_ms, "", due_ms, None, None)
+
+
+def test_a_fired_record_must_arrive_at_its_new_due_time_and_its_first_may_too() -> None:
+    """``fire`` is the record again with a new due time (its value, so its seq): the last must
+    arrive; the first may have been claimed before the copy was read, then it arrived too."""
+    first = Expected("d:0:1", produced_ms=0, due_ms=5_000)
+    fired = met_again(first, Expected("d:0:9", produced_ms=1_000, due_ms=1_000))
+    assert fired.earlier_dues == (5_000,) and fired.due_ms == 1_000
+    both = settle(_checker({1: [_due(1_100, 1_000), _due(5_050, 5_000)]}), {1: fired}, 10_000)
+    assert (both.delivered, both.lost, both.early, both.duplicates) == (1, [], [], 0)
+    only_first = settle(_checker({1: [_due(5_050, 5_000)]}), {1: fired}, 10_000)
+    assert only_first.lost == ["d:0:9 (seq 1)"]
+    early = settle(_checker({1: [_due(1_100, 1_000), _due(4_000, 5_000)]}), {1: fired}, 10_000)
+    assert len(early.early) == 1
+    twice = [_due(1_100, 1_000), _due(5_050, 5_000), _due(5_060, 5_000)]
+    assert settle(_checker({1: twice}), {1: fired}, 10_000).duplicates == 1
+
+
+def test_a_refused_copy_of_a_valid_record_may_be_dead_lettered_beside_it() -> None:
+    valid = Expected("d:0:1", produced_ms=0, due_ms=5_000)
+    again = met_again(valid, Expected("d:0:9", produced_ms=1_000, reason="too-large"))
+    assert again == dataclasses.replace(valid, also_dead=frozenset({"too-large"}))
+    checker = _checker({1: [_due(5_050, 5_000)]})
+    checker.dead[1].append(Seen(1_100, 1_100, "", None, "too-large", "d:0:9"))
+    account = settle(checker, {1: again}, 10_000)
+    assert (account.delivered, account.misrouted) == (1, [])
+
+
+def test_a_dlq_replay_refused_again_is_one_record_dead_lettered() -> None:
+    refused = Expected("d:0:1", produced_ms=0, reason="bad-due-time")
+    again = met_again(refused, Expected("d:0:7", produced_ms=9_000, reason="bad-due-time"))
+    checker = _checker({})
+    checker.dead[1] += [Seen(t, t, "", None, "bad-due-time", "d:0:1") for t in (10, 9_010)]
+    account = settle(checker, {1: again}, 10_000)
+    assert (account.dead_lettered, account.misrouted, account.lost) == (1, [], [])
