@@ -60,6 +60,7 @@ from tests.chaos.workload import (
     prioritised,
     steady,
 )
+from tests.clock import build_shim
 from tests.conftest import delete_keys, recreate_topic, wait_for
 from tests.integration.harness import Bridge, bridge_env, cli_of, metric, wait_ready
 
@@ -342,6 +343,7 @@ CLOCK_SHIFT = Path(__file__).parents[1] / "clock" / "python"
 # What an adversary's restarted bridge finds its host clock at: right, ahead by 20 s or an hour
 # (an NTP step), behind by 3 s.
 CLOCK_SHIFTS_MS = (0, 20_000, 3_600_000, -3_000)
+REDIS_SHIFTS_MS = (1_800_000, 20_000, -3_000)  # the Redis clock's, after its restart
 READ_BOUND_S = 30.0  # the longest one read of the API may take
 # Query strings anyone on the HTTP port may send: past every bound, other scripts' digits.
 HOSTILE_READS = [
@@ -757,7 +759,8 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     hypothesis's header sets); operators cancelling, firing and rescheduling by id and in bulk,
     replaying the DLQ and reading the API with hostile query strings; and faults at random
     moments: SIGKILLs, the bridge back on a host whose clock is off (ahead by seconds or an hour,
-    behind), a Redis restart that rolls back what it had not fsynced, and (with four faults or
+    behind), a Redis restart that rolls back what it had not fsynced onto a clock that is off
+    (30 minutes or 20 s ahead, 3 s behind), and (with four faults or
     more) a broker restart. The checker's oracle (the parser, every cancel and replacement by
     delay-id or origin, an operator's copies of a record by its seq) settles every offset:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
@@ -771,30 +774,40 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     kinds = ["redis", *(["kafka"] if len(faults) >= 4 else [])]
     kinds += ["bridge"] * (len(faults) - len(kinds))
     rng.shuffle(kinds)
-    rolled_back = 0
-    for kind, moment in zip(kinds, faults, strict=True):
-        run.at(moment)
+    rolled_back, redis_shift = 0, 0
+    # Redis comes back from a restart on a host whose clock is off (a failover to a replica whose
+    # clock is): tests/clock/shift.c, its offset in this file, back to 0 when the run ends.
+    shim, shifted = build_shim(run.dir), run.dir / "redis-clock.offset"
+    try:
+        for kind, moment in zip(kinds, faults, strict=True):
+            run.at(moment)
+            answers += _operate(run, bridge, rng)
+            run.fault_began()
+            if kind == "redis":
+                run.servers.kill("redis")
+                rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
+                redis_shift = rng.choice(REDIS_SHIFTS_MS)
+                shifted.write_text(str(redis_shift))
+                env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shifted)}
+                run.servers.up("redis", env=env)
+            elif kind == "kafka":
+                run.servers.kill("kafka")
+                run.servers.up("kafka")
+            else:
+                bridge.kill()
+                bridge = run.bridge(clock_shift_ms=rng.choice(CLOCK_SHIFTS_MS))
+            run.fault_over()
+        workload.join(600)
         answers += _operate(run, bridge, rng)
-        run.fault_began()
-        if kind == "redis":
-            run.servers.kill("redis")
-            rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
-            run.servers.up("redis")
-        elif kind == "kafka":
-            run.servers.kill("kafka")
-            run.servers.up("kafka")
-        else:
-            bridge.kill()
-            bridge = run.bridge(clock_shift_ms=rng.choice(CLOCK_SHIFTS_MS))
-        run.fault_over()
-    workload.join(600)
-    answers += _operate(run, bridge, rng)
+    finally:
+        shifted.write_text("0")
     bridge.kill()
-    bridge = run.bridge()  # its clock right again: /readyz names no skew
+    bridge = run.bridge()  # the clocks right again: /readyz names no skew
     horizon = now_ms() + 10_000  # valid delays are seconds (or days: hypothesis's)
     result = run.finish(workload, "adversary", f"{size.records:,} adversarial records, "
                         f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
-                        f"rolled back {rolled_back:,} bytes of AOF"
+                        f"rolled back {rolled_back:,} bytes of AOF, its clock off by "
+                        f"{redis_shift / 1000:+,.0f} s"
                         f"{', a broker restart' if 'kafka' in kinds else ''})",
                         horizon_ms=horizon)  # fmt: skip
     result.checks["ready again at the end"] = wait_ready(bridge, 60)

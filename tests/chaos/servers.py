@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,9 +96,10 @@ class Servers:
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
-    def _run(self, *args: str) -> str:
+    def _run(self, *args: str, extra: Mapping[str, str] | None = None) -> str:
         env = {
             **os.environ,
+            **(extra or {}),
             "PYTHON": sys.executable,
             "DELAY_BRIDGE_STATE_DIR": str(self.state_dir),
             "DELAY_BRIDGE_KAFKA_PORT": str(self.kafka_port),
@@ -117,9 +119,10 @@ class Servers:
             raise RuntimeError(f"scripts/services {' '.join(args)} failed:\n{proc.stderr}")
         return proc.stdout
 
-    def up(self, what: str | None = None) -> None:
-        """Start both (or one) and return when they answer."""
-        self._run("up", *([what] if what else []))
+    def up(self, what: str | None = None, env: Mapping[str, str] | None = None) -> None:
+        """Start both (or one) and return when they answer; ``env`` is added to a started
+        server's environment (a clock shim's, say: tests/clock)."""
+        self._run("up", *([what] if what else []), extra=env)
 
     def down(self) -> None:
         """Stop both, and the three-broker cluster if a run started it."""

@@ -14,10 +14,9 @@ import pytest
 import redis
 
 from bridge.store import Store
+from tests.clock import build_shim
 from tests.conftest import Services, TopicFactory, delete_keys, wait_for
 from tests.integration.harness import Bridge, Setup
-
-SHIM = Path(__file__).parents[1] / "clock" / "shift.c"
 
 
 @pytest.fixture(autouse=True)
@@ -120,10 +119,7 @@ def redis_server(directory: Path, env: dict[str, str] | None = None) -> Iterator
 @pytest.fixture(scope="session")
 def clock_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/clock/shift.c built with the machine's C compiler (see its comment)."""
-    built = tmp_path_factory.mktemp("clock") / "shift.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(built), str(SHIM), "-ldl"],
-                   check=True, capture_output=True)  # fmt: skip
-    return built
+    return build_shim(tmp_path_factory.mktemp("clock"))
 
 
 @dataclass
