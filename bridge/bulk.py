@@ -29,12 +29,13 @@ from bridge.message import (
     H_DELIVER_AT,
     H_DUE_AT,
     H_ID,
+    H_OPERATION,
     Headers,
     Scheduled,
     origin,
 )
 from bridge.ops import store_of
-from bridge.store import REFERENCE_BYTES, Shard, references_in, stored_record
+from bridge.store import REFERENCE_BYTES, Shard, offset_of, references_in, stored_record
 
 Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]  # key, value, headers, partition
 
@@ -69,6 +70,7 @@ class Match:
     offset: int
     due_ms: int
     record: Scheduled | None
+    done: bool = False  # it carries the operation's own id: the operation made it
 
     @property
     def key(self) -> bytes | None:
@@ -80,11 +82,20 @@ class Match:
 
 
 def matches(
-    config: Config, shards: Sequence[Shard], flt: Filter, *, read_all: bool = False
+    config: Config,
+    shards: Sequence[Shard],
+    flt: Filter,
+    *,
+    read_all: bool = False,
+    below: Mapping[Shard, int] | None = None,
+    operation: str | None = None,
 ) -> Iterator[Match]:
     """The waiting records of ``shards`` ``flt`` matches, a partition at a time, in no order; a
     record is given once. ``read_all``: every reference is read back (its key and delay-id are
-    needed), not only when the filter needs it."""
+    needed), not only when the filter needs it. ``below``: the snapshot — a shard's records at
+    offsets from its bound on (those stored after the operation began, its own among them) are
+    left out, a shard without one whole. ``operation``: a record that carries that id
+    (``delay-operation``: the operation made it) is given as ``done``."""
     from confluent_kafka import Consumer
 
     from bridge.readback import Reader, missing_record, parse_read_back
@@ -97,8 +108,10 @@ def matches(
     key_only = flt.key_prefix is not None and flt.target is None and not read_all
     try:
         for shard in shards:
+            bound = below.get(shard, 0) if below is not None else None
             seen: set[int] = set()
-            for page in store.inventory.scan(shard, flt.due_after_ms, flt.due_before_ms):
+            for scanned in store.inventory.scan(shard, flt.due_after_ms, flt.due_before_ms):
+                page = [(d, m) for d, m in scanned if bound is None or offset_of(m) < bound]
                 now_ms = store.time_ms()
                 refs = {m: references_in(m)[0] for _, m in page if len(m) == REFERENCE_BYTES}
                 read: dict[int, Scheduled] = {}
@@ -130,11 +143,18 @@ def matches(
                     if offset in seen or (rec is not None and not flt.matches(rec)):
                         continue
                     seen.add(offset)
-                    yield Match(shard, offset, due, rec)
+                    done = operation is not None and rec is not None and made_by(rec, operation)
+                    yield Match(shard, offset, due, rec, done)
     finally:
         if reader is not None:
             reader.close()
         store.client.close()
+
+
+def made_by(record: Scheduled, operation: str) -> bool:
+    """Whether ``record`` is one that ``operation`` produced (its ``delay-operation``)."""
+    mark = operation.encode()
+    return any(k == H_OPERATION and v == mark for k, v in record.headers)
 
 
 def cancel_of(match: Match, dialect: str | None) -> Outgoing:
@@ -156,37 +176,43 @@ def cancel_of(match: Match, dialect: str | None) -> Outgoing:
 PACKED = 100
 
 
-def packed(cancels: Iterator[Outgoing], most: int = PACKED) -> Iterator[Outgoing]:
+def packed(cancels: Iterator[Outgoing], operation: str, most: int = PACKED) -> Iterator[Outgoing]:
     """The cancels of this contract's topics (:func:`cancel_of`), those of one partition in a
     row packed into records of up to ``most`` (a ``delay-cancel`` and its ``delay-due-at`` each,
-    in order): the bridge applies each as a cancel of its own, at a fraction of a record's
-    cost each."""
+    in order), each with the ``operation``'s id: the bridge applies each as a cancel of its own,
+    at a fraction of a record's cost each."""
     headers: Headers = []
     partition: int | None = None
+    mark = (H_OPERATION, operation.encode())
     for _, _, named, where in cancels:
         if headers and (where != partition or len(headers) >= 2 * most):
-            yield None, b"", headers, partition
+            yield None, b"", [*headers, mark], partition
             headers = []
         headers += named
         partition = where
     if headers:
-        yield None, b"", headers, partition
+        yield None, b"", [*headers, mark], partition
 
 
-# A replacement's new due time comes from these; the old one is the hint that finds it.
-REPLACED_HEADERS = frozenset({H_DELIVER_AT, H_AFTER, H_ID, H_DUE_AT})
+# A replacement's new due time comes from these; the old one is the hint that finds it; the
+# operation that made it is the one replacing it now.
+REPLACED_HEADERS = frozenset({H_DELIVER_AT, H_AFTER, H_ID, H_DUE_AT, H_OPERATION})
 
 
-def replacement_of(match: Match, due_ms: int | None) -> Outgoing | None:
+def replacement_of(
+    match: Match, due_ms: int | None, operation: str | None = None
+) -> Outgoing | None:
     """The record that replaces ``match`` (read: its record is known), due at ``due_ms`` (None:
-    now, ``delay-after: 0``) — or None for one bound for the DLQ (its payload gone: nothing to
-    deliver)."""
+    now, ``delay-after: 0``), with the bulk ``operation``'s id if one makes it — or None for one
+    bound for the DLQ (its payload gone: nothing to deliver)."""
     rec = match.record
     if rec is None or rec.dead_letter:
         return None
     kept = [(k, v) for k, v in rec.headers if k not in REPLACED_HEADERS]
     when = (H_AFTER, b"0") if due_ms is None else (H_DELIVER_AT, b"%d" % due_ms)
     named = [(H_ID, rec.delay_id.encode()), (H_DUE_AT, b"%d" % match.due_ms)]
+    if operation is not None:
+        named.append((H_OPERATION, operation.encode()))
     return rec.key, rec.value, [*kept, when, *named], match.shard.partition
 
 
@@ -247,11 +273,13 @@ class Follow:
         """Kafka took that record at ``offset`` of ``partition``."""
         self._acked.setdefault(partition, deque()).append((offset, acted))
 
-    def wait(self, serve: Callable[[float], object]) -> None:
-        """Return once at most ``ahead`` records are not applied (or at once when stalled);
-        ``serve(seconds)`` serves the producer's delivery reports meanwhile."""
+    def wait(self, serve: Callable[[float], object], ahead: int | None = None) -> None:
+        """Return once at most ``ahead`` records (:attr:`ahead` when None; 0 at the end: all)
+        are not applied, or at once when stalled; ``serve(seconds)`` serves the producer's
+        delivery reports meanwhile."""
+        most = self.ahead if ahead is None else ahead
         progress_at = self.clock()
-        while not self.stalled and self.produced - self.applied > self.ahead:
+        while not self.stalled and self.produced - self.applied > most:
             serve(LOOK_S)
             before = self.applied
             self._catch_up()

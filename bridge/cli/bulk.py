@@ -9,6 +9,7 @@ bridge applies them in offset order like any other, and a Redis rebuild keeps th
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from collections import Counter
@@ -43,21 +44,45 @@ def _filter(args: argparse.Namespace, verb: str, now_ms: int) -> bulk.Filter:
     )
 
 
-Act = Callable[[bulk.Match, str | None], bulk.Outgoing | None]
+Act = Callable[[bulk.Match, str | None, str], bulk.Outgoing | None]
+DONE = {"cancel": "cancelled", "fire": "fired", "reschedule": "rescheduled"}
+# What names an operation when --operation does not: the command's verb, filters and new time, as
+# given (a relative "10m" stays "10m"), so the same command run again is the same operation.
+NAMING = ("topic", "target", "key_prefix", "due_after", "due_before", "at", "after", "shift")
+
+
+def operation_of(args: argparse.Namespace, verb: str) -> str:
+    """The operation id of a bulk command: ``--operation``, else a hash of the command."""
+    given: str | None = args.operation
+    if given is not None:
+        if not 1 <= len(given) <= 64 or not given.isascii() or not given.isprintable():
+            raise UsageError(f"--operation {given[:70]!r}: 1 to 64 printable ASCII characters")
+        return given
+    words = [
+        verb,
+        *(f"{k}={getattr(args, k)}" for k in NAMING if getattr(args, k, None) is not None),
+    ]
+    return hashlib.blake2b("\0".join(words).encode(), digest_size=6).hexdigest()
 
 
 def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read: bool) -> int:
-    """Find the matches of every delay topic asked for (``read``: references read back too),
-    count them per partition, and unless ``--dry-run`` produce what ``act`` makes of each."""
+    """Find the matches of every delay topic asked for (``read``: references read back too)
+    among what the bridge had stored when the topic's turn began (its snapshot), count them per
+    partition, and unless ``--dry-run`` produce what ``act`` makes of each, with the operation's
+    id; then follow the bridge applying it and say how much it did."""
     now_ms = time.time_ns() // 1_000_000
     flt = _filter(args, verb, now_ms)
+    operation = operation_of(args, verb)
     topics = [delay_topic(args, config)] if args.topic else list(config.topics.delay)
-    tally, skipped = bulk.Tally(Counter()), 0
+    tally, skipped, done, applied = bulk.Tally(Counter()), 0, 0, 0
 
     def counted(found: Iterator[bulk.Match], dialect: str | None) -> Iterator[bulk.Outgoing]:
-        nonlocal skipped
+        nonlocal skipped, done
         for match in found:
-            out = act(match, dialect)
+            if match.done:
+                done += 1
+                continue
+            out = act(match, dialect, operation)
             if out is None:
                 skipped += 1
                 continue
@@ -69,17 +94,20 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
     for topic in topics:
         dialect = config.topics.dialect.get(topic)
         shards = ops.delay_shards(config, [topic])
-        reads = read or dialect in (ETF1, KASPR)
-        records = counted(bulk.matches(config, shards, flt, read_all=reads), dialect)
-        if verb == "cancel" and dialect not in (ETF1, KASPR):
-            records = bulk.packed(records)
-        if args.dry_run:
-            for _ in records:
-                pass
-            continue
         store = ops.store_of(config)
-        follow = bulk.Follow(topic, store.inventory.watermarks)
         try:
+            below = {s: mark + 1 for s, mark in store.inventory.watermarks(shards).items()}
+            reads = read or dialect in (ETF1, KASPR)
+            mine = None if verb == "cancel" else operation  # a cancelled record is gone anyway
+            found = bulk.matches(config, shards, flt, read_all=reads, below=below, operation=mine)
+            records = counted(found, dialect)
+            if verb == "cancel" and dialect not in (ETF1, KASPR):
+                records = bulk.packed(records, operation)
+            if args.dry_run:
+                for _ in records:
+                    pass
+                continue
+            follow = bulk.Follow(topic, store.inventory.watermarks)
             send(
                 config,
                 topic,
@@ -90,6 +118,8 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
                 rate=args.rate,
                 follow=follow,
             )
+            follow.wait(time.sleep, ahead=0)  # what the bridge applied, not what was produced
+            applied += follow.applied
         finally:
             store.client.close()
         if follow.stalled:
@@ -107,12 +137,18 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
             file=sys.stderr,
         )
     if not tally.total:
+        if done:
+            already = f"{done:,} matching records were {DONE[verb]} by this operation already"
+            print(f"{already} ({operation}): nothing left to do")
+            return 0
         print("delay-bridge: no waiting record matches", file=sys.stderr)
         return 1
-    done = {"cancel": "cancelled", "fire": "fired", "reschedule": "rescheduled"}[verb]
+    if args.dry_run:
+        print(f"would {verb} {tally.total:,} waiting records: {tally.table()}")
+        return 0
     print(
-        f"{'would ' + verb if args.dry_run else done} {tally.total:,} waiting records: "
-        f"{tally.table()}"
+        f"{DONE[verb]} {tally.total:,} waiting records (operation {operation}), applied "
+        f"{applied:,}: {tally.table()}"
     )
     return 0
 
@@ -121,7 +157,7 @@ def bulk_cancel(args: argparse.Namespace, config: Config) -> int:
     """``cancel`` with a filter (see the module docstring)."""
     if args.key is not None or args.force:
         raise UsageError(f"{'--key' if args.key is not None else '--force'}: only with --id")
-    return _run(args, config, "cancel", bulk.cancel_of, read=False)
+    return _run(args, config, "cancel", lambda m, d, _: bulk.cancel_of(m, d), read=False)
 
 
 def _new_due(args: argparse.Namespace, now_ms: int) -> Callable[[int], int | None]:
@@ -163,8 +199,8 @@ def _replace(
                 "only this contract's delay topics replace by delay-id"
             )
 
-    def act(match: bulk.Match, _dialect: str | None) -> bulk.Outgoing | None:
-        return bulk.replacement_of(match, due(match.due_ms))
+    def act(match: bulk.Match, _dialect: str | None, operation: str) -> bulk.Outgoing | None:
+        return bulk.replacement_of(match, due(match.due_ms), operation)
 
     if args.id is None:
         return _run(args, config, verb, act, read=True)
@@ -178,6 +214,8 @@ def _replace(
             file=sys.stderr,
         )
         return 1
-    made = [act(bulk.Match(s, rec.offset, rec.due_ms, rec), None) for s, rec in found]
+    made = [
+        bulk.replacement_of(bulk.Match(s, r.offset, r.due_ms, r), due(r.due_ms)) for s, r in found
+    ]
     send(config, topic, args.timeout, iter([m for m in made if m is not None]), verb)
     return 0

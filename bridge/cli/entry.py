@@ -50,6 +50,12 @@ def with_filters(p: argparse.ArgumentParser) -> None:
     act.add_argument("--dry-run", action="store_true", help="count the matches per partition")
     act.add_argument("--yes", action="store_true", help="act on them")
     bulk.add_argument(
+        "--operation",
+        metavar="ID",
+        help="the operation's id, carried on what it produces: run again or resumed, it passes "
+        "over the records it made (default: a hash of the command as given)",
+    )
+    bulk.add_argument(
         "--rate",
         type=float,
         default=DEFAULT_RATE,

@@ -35,6 +35,9 @@ H_DUE_AT = "delay-due-at"
 H_ERROR = "delay-error"
 H_ERROR_DETAIL = "delay-error-detail"
 H_ORIGIN = "delay-origin"
+# The bulk operation (the command line's cancel, fire or reschedule with a filter) that produced a
+# record: run again or resumed, the operation passes over a record that carries its own id.
+H_OPERATION = "delay-operation"
 
 CONTROL_HEADERS = frozenset(
     {
@@ -50,7 +53,7 @@ CONTROL_HEADERS = frozenset(
 )
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
 # so a record that passes through the bridge twice never carries a stale due time.
-STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT}
+STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT, H_OPERATION}
 MAX_ID_BYTES = 256
 # The header sets a delay topic may speak (topics.dialect): this contract's, that of
 # etf1/kafka-message-scheduler and that of Kaspr's scheduler (see bridge.dialects).

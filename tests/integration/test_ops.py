@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 from bridge.bulk import AHEAD, STALL_S
 from bridge.message import (
     H_AFTER,
+    H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
     H_ID,
@@ -469,3 +471,51 @@ def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_tw
     assert metric(bridge, "delay_bridge_replaced_total") == 4
     again = cli(setup, "fire", "--key-prefix", "f-", "--yes")
     assert again.returncode == 1 and "no waiting record matches" in again.stderr
+
+
+def _waiting_dues(setup: Setup, redis_client: redis.Redis) -> collections.Counter[int]:
+    """The due time of every record waiting in the delay topic's shards, whole or a reference."""
+    store = Store(redis_client, f"test-{setup.unique}")
+    dues: collections.Counter[int] = collections.Counter()
+    for partition in range(3):
+        seen: set[bytes] = set()
+        for page in store.inventory.scan(Shard(setup.delay, partition), None, None):
+            for due, member in page:
+                if member[:8] not in seen:  # the scan may give one twice
+                    seen.add(member[:8])
+                    dues[due] += 1
+    return dues
+
+
+def test_a_bulk_reschedule_over_thousands_moves_each_record_once(
+    setup: Setup, bridges: list[Bridge], redis_client: redis.Redis
+) -> None:
+    """``reschedule --due-after 10m --shift 1h --yes`` over 5,000 waiting records, half of them
+    kept as references, moved 235 by 2 h: the match scan ran while the replacements landed (ZSCAN
+    gives members added meanwhile, reference chunks were read after replacements were appended).
+    The matches are the records the bridge had stored when the command started: each moves once.
+    Run again, the command changes nothing: its replacements carry its operation id."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    t0 = setup.targets[0].encode()
+    base = time.time_ns() // 1_000_000 + 20 * 60_000
+    dues = [base + i if i % 2 else base + 3 * 3_600_000 + i for i in range(5000)]
+    produce_all(setup.services.bootstrap, setup.delay, [
+        (b"k%d" % (i % 7), b"v%d" % i, [(H_TARGET_TOPIC, t0), (H_DELIVER_AT, b"%d" % due)])
+        for i, due in enumerate(dues)
+    ])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5000, 90, "all stored")
+    assert _waiting_dues(setup, redis_client) == collections.Counter(dues)
+    moved = collections.Counter(d + 3_600_000 for d in dues)
+    command = ("reschedule", "--due-after", "10m", "--shift", "1h", "--yes")
+    done = cli(setup, *command)
+    assert done.returncode == 0, done.stderr
+    # It reports what the bridge applied: nothing of it is left to apply.
+    assert re.match(r"rescheduled 5,000 waiting records \(operation \w+\), applied 5,000",
+                    done.stdout), done.stdout  # fmt: skip
+    assert _waiting_dues(setup, redis_client) == moved
+    again = cli(setup, *command)
+    assert again.returncode == 0, again.stderr
+    assert "5,000 matching records were rescheduled by this operation already" in again.stdout
+    assert _waiting_dues(setup, redis_client) == moved
+    assert metric(bridge, "delay_bridge_replaced_total") == 5000
