@@ -1,11 +1,16 @@
 """The bulk commands' refusals: one line on stderr and exit 2, before anything is read or
-produced (so no server is needed: the command line runs in this process)."""
+produced (so no server is needed: the command line runs in this process); their operation id,
+and what carries it."""
 
 from __future__ import annotations
 
 import pytest
 
-from bridge.cli.entry import main
+from bridge.bulk import Match, made_by, replacement_of
+from bridge.cli.bulk import operation_of
+from bridge.cli.entry import build_parser, main
+from bridge.message import H_OPERATION, Headers, Scheduled
+from bridge.store import Shard
 
 
 @pytest.mark.parametrize(
@@ -27,6 +32,8 @@ from bridge.cli.entry import main
         (["reschedule", "--key-prefix", "k", "--shift", "1h"], "a bulk reschedule needs"),
         (["cancel", "--key-prefix", "k", "--yes", "--rate=-1"], "--rate -1: 0 (no limit) or more"),
         (["fire", "--key-prefix", "k", "--yes", "--rate", "fast"], "--rate: invalid float value"),
+        (["fire", "--key-prefix", "k", "--yes", "--operation", "x" * 65], "--operation 'xxx"),
+        (["fire", "--key-prefix", "k", "--yes", "--operation", "op-\u00b2"], "printable ASCII"),
     ],
 )
 def test_a_bulk_command_refuses_bad_input_in_one_line(
@@ -39,3 +46,26 @@ def test_a_bulk_command_refuses_bad_input_in_one_line(
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_operation_is_named_by_the_command_as_given() -> None:
+    def op(*args: str) -> str:
+        return operation_of(build_parser().parse_args(["reschedule", *args]), "reschedule")
+
+    shift = op("--due-after", "10m", "--shift", "1h", "--yes")
+    assert shift == op("--shift", "1h", "--due-after", "10m", "--dry-run")  # same command
+    assert shift != op("--due-after", "10m", "--shift", "2h", "--yes")
+    assert shift != op("--due-after", "11m", "--shift", "1h", "--yes")
+    assert op("--shift", "1h", "--yes", "--operation", "campaign-42") == "campaign-42"
+
+
+def test_a_replacement_carries_its_operation_and_its_delivery_does_not() -> None:
+    earlier: Headers = [("h", b"1"), (H_OPERATION, b"older")]
+    rec = Scheduled(7, 1_800_000_000_000, "orders", b"k", b"v", earlier, "order-7")
+    made = replacement_of(Match(Shard("delay", 0), 7, rec.due_ms, rec), None, "op-1")
+    assert made is not None
+    _, _, headers, _ = made
+    assert [v for k, v in headers if k == H_OPERATION] == [b"op-1"]
+    again = Scheduled(9, 1_800_000_000_000, "orders", b"k", b"v", headers, "order-7")
+    assert made_by(again, "op-1") and not made_by(again, "older")
+    assert all(k != H_OPERATION for k, _ in again.delivered_headers())
