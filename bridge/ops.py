@@ -174,10 +174,12 @@ def _find(
         for shard in shards:
             if delay_id is None:
                 page = store.inventory.page(shard, due_before_ms, skip + limit)
-            elif (offset := default_id_offset(shard, delay_id)) is not None:
-                page = lookup.by_default_id(config, store, shard, offset)
             else:  # candidates: the index keeps a hash of the id (confirmed below)
                 page = store.inventory.by_id(shard, delay_id)
+                # A default id names the record at its offset, and any record given it since
+                # (a fire or reschedule of that record: the id index holds those).
+                if (offset := default_id_offset(shard, delay_id)) is not None:
+                    page += lookup.by_default_id(config, store, shard, offset)
             found += [(due, member, shard) for due, member in page]
         chosen = [
             (due, member, shard)

@@ -95,13 +95,13 @@ def trace(
     from bridge import ops
 
     reads.check_since(since_ms, now_ms, config.limits.max_delay)
-    if at is None and delay_id is not None and origin_parts(delay_id) is not None:
-        at = delay_id  # a default delay-id is its origin
     shard, offset = parse_origin(at) if at is not None else (None, -1)
     traced = Traced(delay_id or "")
     waiting: Scheduled | None = None
     if shard is None:
         assert delay_id is not None
+        # The record that holds the id now, first: a default delay-id is held by a fire or a
+        # reschedule of its record too.
         topics = [topic] if topic else list(config.topics.delay)
         for name in topics:
             _, found = ops.locate(config, name, delay_id)
@@ -109,6 +109,8 @@ def trace(
                 shard, waiting = found[0]
                 offset = waiting.offset
                 break
+        if shard is None and origin_parts(delay_id) is not None:
+            shard, offset = parse_origin(delay_id)  # else a default delay-id is its origin
     reader = JournalReader(config)
     try:
         record, produced_ms = (None, None) if shard is None else reader.delay_record(shard, offset)

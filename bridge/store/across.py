@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled, parse_count
+from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled, parse_count, parse_origin
 from bridge.store.calls import candidates_from
 from bridge.store.ids import Confirm, Dues, id_hash
 from bridge.store.inventory import Inventory
@@ -36,11 +36,15 @@ def withdraw_elsewhere(
     keys: Keys,
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
+    *,
     confirm: Confirm,
+    dues: Dues | None = None,
 ) -> dict[tuple[Shard, int, str], tuple[Shard, int, int]]:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
-    their topic; returns, for the (shard, offset, delay-id) of each that found its record, where
-    that record was and its due time: (shard, offset, due ms)."""
+    their topic — by the id index, and a default delay-id of another partition at its offset
+    (``dues``: read there for its due time; without it, not looked for) —; returns, for the
+    (shard, offset, delay-id) of each that found its record, where that record was and its due
+    time: (shard, offset, due ms)."""
     by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
     for shard, rec in unmatched:
         if partitions.get(shard.topic, 0) > 1:
@@ -87,6 +91,60 @@ def withdraw_elsewhere(
             named.append((there, hits))
     found_at: dict[tuple[Shard, int, str], tuple[Shard, int, int]] = {}
     for (there, hits), reply in zip(named, scripts.run(calls) if calls else [], strict=True):
+        for offset in reply:
+            s, r, due = hits[offset]
+            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due))
+    if dues is not None:
+        left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
+        found_at |= _withdraw_origins(scripts, keys, left, partitions, confirm=confirm, dues=dues)
+    return found_at
+
+
+def _withdraw_origins(
+    scripts: Scripts,
+    keys: Keys,
+    unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
+    partitions: Mapping[str, int],
+    *,
+    confirm: Confirm,
+    dues: Dues,
+) -> dict[tuple[Shard, int, str], tuple[Shard, int, int]]:
+    """What :func:`withdraw_elsewhere` withdraws for the cancels and replacements that name a
+    default delay-id of another partition (not in its id index): the record at that offset, read
+    in the delay topic for its due time, delay-id and timestamp (stamped no later than the one
+    that names it), whatever its own delay-id — as a default id names its record in its own
+    partition."""
+    named: dict[Shard, dict[int, list[tuple[Shard, Scheduled | Cancel]]]] = {}
+    for s, r in unmatched:
+        parts = parse_origin(r.delay_id)
+        if parts is None or parts[0] != s.topic or parts[1] == s.partition:
+            continue
+        if isinstance(r, Scheduled) and r.default_of is not None:
+            continue  # its own default id
+        if parts[1] < partitions.get(s.topic, 0):
+            named.setdefault(Shard(s.topic, parts[1]), {}).setdefault(parts[2], []).append((s, r))
+    calls: list[Call] = []
+    withdrawing: list[tuple[Shard, dict[bytes, tuple[Shard, Scheduled | Cancel, int]]]] = []
+    for there, by_offset in named.items():
+        due_of = dues(there, sorted(by_offset))
+        read = confirm(there, sorted(due_of.items()))
+        hits: dict[bytes, tuple[Shard, Scheduled | Cancel, int]] = {}
+        args: list[bytes | int] = []
+        for offset, due in sorted(due_of.items()):
+            own_id, stamped = read.get(offset, ("", -1))
+            namer = next(((s, r) for s, r in by_offset[offset] if 0 <= stamped <= r.timestamp_ms),
+                         None)  # fmt: skip
+            if namer is not None:
+                hits[offset_bytes(offset)] = (*namer, due)
+                args += [id_hash(there.topic, own_id), offset_bytes(offset), due]
+        if hits:
+            k = keys.of(there)
+            calls.append(
+                ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
+            )
+            withdrawing.append((there, hits))
+    found_at: dict[tuple[Shard, int, str], tuple[Shard, int, int]] = {}
+    for (there, hits), reply in zip(withdrawing, scripts.run(calls) if calls else [], strict=True):
         for offset in reply:
             s, r, due = hits[offset]
             found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due))

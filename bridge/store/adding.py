@@ -199,7 +199,7 @@ def _add(
         withdrawn += [
             _withdrawn((shard, offset, due), shard, records[by]) for offset, due, by in r.withdrawn
         ]
-    found = withdraw_elsewhere(scripts, keys, unmatched, partitions, confirm)
+    found = withdraw_elsewhere(scripts, keys, unmatched, partitions, confirm=confirm, dues=dues)
     return _added(counts, lost, unmatched, withdrawn, found)
 
 

@@ -18,7 +18,7 @@ import redis
 from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
-from bridge.message import parse_time_ms
+from bridge.message import H_AFTER, H_CANCEL, H_TARGET_TOPIC, Headers, parse_time_ms
 from tests.conftest import wait_for
 from tests.integration.harness import (
     Bridge,
@@ -29,6 +29,7 @@ from tests.integration.harness import (
     fast_takeover,
     metric,
     produce_all,
+    produce_to,
     wait_ready,
 )
 
@@ -610,3 +611,32 @@ def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_n
 
     wait_for(lambda: waiting() == {f"k-{i}".encode() for i in range(count)}, 30,
              "only the records left alone waiting")  # fmt: skip
+
+
+def test_a_default_id_answers_for_its_replacement_and_from_any_partition(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record without a delay-id, rescheduled by its default id: the replacement carries that
+    id, yet ``list``, ``trace`` and ``cancel --id`` with it found nothing (a default id was looked
+    for at its offset alone). And a cancel of a default id produced to another partition than
+    the one it names found nothing (the id index holds caller-given ids only): the contract's
+    default id is an id like any other, whatever partitioner the producer used."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    cli = cli_of(bridge)
+    target = setup.targets[0].encode()
+    later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"moved", later), (0, b"gone", later)])
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
+    moved, gone = f"{setup.delay}:0:0", f"{setup.delay}:0:1"
+    done = cli("reschedule", "--id", moved, "--shift", "1h")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: metric(bridge, "delay_bridge_replaced_total") == 1, 30, "the replacement")
+    listed = json.loads(cli("list", "--id", moved, "--json").stdout)
+    assert [(r["delay_id"], r["value_bytes"]) for r in listed] == [(moved, 5)], listed
+    assert json.loads(cli("trace", "--id", moved, "--json").stdout)["fate"] == "waiting"
+    assert cli("cancel", "--id", moved).returncode == 0
+    produce_to(setup.services.bootstrap, setup.delay, [(1, None, [(H_CANCEL, gone.encode())])])
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
+             30, "both cancelled")  # fmt: skip
+    assert json.loads(cli("list", "--json").stdout) == []
