@@ -30,6 +30,10 @@ from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
 from bridge.store.scripts import Call, Scripts
 
+# Where a cancel or replacement found its record in another partition: (shard, offset, due ms,
+# the record's own delay-id when it was named by another: its default id; else "").
+Found = tuple[Shard, int, int, str]
+
 
 def withdraw_elsewhere(
     scripts: Scripts,
@@ -39,12 +43,12 @@ def withdraw_elsewhere(
     *,
     confirm: Confirm,
     dues: Dues | None = None,
-) -> dict[tuple[Shard, int, str], tuple[Shard, int, int]]:
+) -> dict[tuple[Shard, int, str], Found]:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
     their topic — by the id index, and a default delay-id of another partition at its offset
     (``dues``: read there for its due time; without it, not looked for) —; returns, for the
     (shard, offset, delay-id) of each that found its record, where that record was and its due
-    time: (shard, offset, due ms)."""
+    time (:data:`Found`)."""
     by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
     for shard, rec in unmatched:
         if partitions.get(shard.topic, 0) > 1:
@@ -89,11 +93,11 @@ def withdraw_elsewhere(
                 ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
             )
             named.append((there, hits))
-    found_at: dict[tuple[Shard, int, str], tuple[Shard, int, int]] = {}
+    found_at: dict[tuple[Shard, int, str], Found] = {}
     for (there, hits), reply in zip(named, scripts.run(calls) if calls else [], strict=True):
         for offset in reply:
             s, r, due = hits[offset]
-            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due))
+            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, ""))
     if dues is not None:
         left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
         found_at |= _withdraw_origins(scripts, keys, left, partitions, confirm=confirm, dues=dues)
@@ -108,7 +112,7 @@ def _withdraw_origins(
     *,
     confirm: Confirm,
     dues: Dues,
-) -> dict[tuple[Shard, int, str], tuple[Shard, int, int]]:
+) -> dict[tuple[Shard, int, str], Found]:
     """What :func:`withdraw_elsewhere` withdraws for the cancels and replacements that name a
     default delay-id of another partition (not in its id index): the record at that offset, read
     in the delay topic for its due time, delay-id and timestamp (stamped no later than the one
@@ -124,18 +128,19 @@ def _withdraw_origins(
         if parts[1] < partitions.get(s.topic, 0):
             named.setdefault(Shard(s.topic, parts[1]), {}).setdefault(parts[2], []).append((s, r))
     calls: list[Call] = []
-    withdrawing: list[tuple[Shard, dict[bytes, tuple[Shard, Scheduled | Cancel, int]]]] = []
+    withdrawing: list[tuple[Shard, dict[bytes, tuple[Shard, Scheduled | Cancel, int, str]]]] = []
     for there, by_offset in named.items():
         due_of = dues(there, sorted(by_offset))
         read = confirm(there, sorted(due_of.items()))
-        hits: dict[bytes, tuple[Shard, Scheduled | Cancel, int]] = {}
+        hits: dict[bytes, tuple[Shard, Scheduled | Cancel, int, str]] = {}
         args: list[bytes | int] = []
         for offset, due in sorted(due_of.items()):
             own_id, stamped = read.get(offset, ("", -1))
-            namer = next(((s, r) for s, r in by_offset[offset] if 0 <= stamped <= r.timestamp_ms),
-                         None)  # fmt: skip
+            # The first that names it and was stamped no earlier than it (-1: not a schedule).
+            namers = [(s, r) for s, r in by_offset[offset] if 0 <= stamped <= r.timestamp_ms]
+            namer = namers[0] if namers else None
             if namer is not None:
-                hits[offset_bytes(offset)] = (*namer, due)
+                hits[offset_bytes(offset)] = (*namer, due, own_id)
                 args += [id_hash(there.topic, own_id), offset_bytes(offset), due]
         if hits:
             k = keys.of(there)
@@ -143,11 +148,11 @@ def _withdraw_origins(
                 ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
             )
             withdrawing.append((there, hits))
-    found_at: dict[tuple[Shard, int, str], tuple[Shard, int, int]] = {}
+    found_at: dict[tuple[Shard, int, str], Found] = {}
     for (there, hits), reply in zip(withdrawing, scripts.run(calls) if calls else [], strict=True):
         for offset in reply:
-            s, r, due = hits[offset]
-            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due))
+            s, r, due, own = hits[offset]
+            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, own))
     return found_at
 
 

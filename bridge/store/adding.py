@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.message import Cancel, Scheduled
-from bridge.store.across import default_id_wheres, withdraw_elsewhere
+from bridge.store.across import Found, default_id_wheres, withdraw_elsewhere
 from bridge.store.calls import (
     AddEntry,
     AddReply,
@@ -197,7 +197,8 @@ def _add(
         records = batches[shard][1]
         unmatched += [(shard, records[i]) for i in r.unmatched]
         withdrawn += [
-            _withdrawn((shard, offset, due), shard, records[by]) for offset, due, by in r.withdrawn
+            _withdrawn((shard, offset, due), shard, records[by], own)
+            for offset, due, by, own in r.withdrawn
         ]
     found = withdraw_elsewhere(scripts, keys, unmatched, partitions, confirm=confirm, dues=dues)
     return _added(counts, lost, unmatched, withdrawn, found)
@@ -208,14 +209,15 @@ def _added(
     lost: dict[Shard, Lost],
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
-    found: Mapping[tuple[Shard, int, str], tuple[Shard, int, int]],
+    found: Mapping[tuple[Shard, int, str], Found],
 ) -> Added:
     """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
     with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
     withdrawn += [
-        _withdrawn(found[s, r.offset, r.delay_id], s, r)
+        _withdrawn((there, offset, due), s, r, own)
         for s, r in unmatched
-        if (s, r.offset, r.delay_id) in found
+        if (where := found.get((s, r.offset, r.delay_id))) is not None
+        for there, offset, due, own in [where]
     ]
     missed = [
         (s, r.offset, r.delay_id)
@@ -238,8 +240,11 @@ def _added(
     )
 
 
-def _withdrawn(where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel) -> Withdrawn:
-    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms)."""
+def _withdrawn(
+    where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel, own_id: str = ""
+) -> Withdrawn:
+    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms): named by the
+    delay-id of its own (``own_id``) when it has one, else by the one ``record`` named."""
     shard, offset, due = where
     cancel = isinstance(record, Cancel)
-    return Withdrawn(shard, offset, due, record.delay_id, by, record.offset, cancel)
+    return Withdrawn(shard, offset, due, own_id or record.delay_id, by, record.offset, cancel)

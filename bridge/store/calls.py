@@ -162,8 +162,9 @@ class AddReply(NamedTuple):
     # caller-given id that replaced nothing here: the caller looks for theirs in the topic's other
     # partitions.
     unmatched: list[int]
-    # What was withdrawn: (its offset, its due ms or -1, the place in the batch of what did it).
-    withdrawn: list[tuple[int, int, int]]
+    # What was withdrawn: (its offset, its due ms or -1, the place in the batch of what did it,
+    # its own delay-id when what did it named it by its default id and it has one, else "").
+    withdrawn: list[tuple[int, int, int, str]]
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> AddReply:
@@ -175,7 +176,8 @@ class AddReply(NamedTuple):
         end = 6 + count
         rest = reply[end:]
         withdrawn = [
-            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2])) for i in range(0, len(rest), 3)
+            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), text(rest[i + 3]))
+            for i in range(0, len(rest), 4)
         ]
         unmatched = [int(i) for i in reply[6:end]]
         return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn)

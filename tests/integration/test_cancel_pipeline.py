@@ -18,7 +18,7 @@ import redis
 from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
-from bridge.message import H_AFTER, H_CANCEL, H_TARGET_TOPIC, Headers, parse_time_ms
+from bridge.message import H_AFTER, H_CANCEL, H_ID, H_TARGET_TOPIC, Headers, parse_time_ms
 from tests.conftest import wait_for
 from tests.integration.harness import (
     Bridge,
@@ -640,3 +640,33 @@ def test_a_default_id_answers_for_its_replacement_and_from_any_partition(
     wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
              30, "both cancelled")  # fmt: skip
     assert json.loads(cli("list", "--json").stdout) == []
+
+
+def test_a_record_cancelled_in_bulk_is_traced_by_its_own_delay_id(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``cancel --key-prefix customer-17: --yes`` names each record by its origin; the journal
+    entry took that name for the record's, so ``trace --id c17-o6`` said "unknown" (exit 1).
+    The entry names the record's own delay-id, in its partition and from another."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    cli = cli_of(bridge)
+    target = setup.targets[0].encode()
+    later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
+    produce_to(setup.services.bootstrap, setup.delay, [
+        (0, b"o6", [*later, (H_ID, b"c17-o6")]), (1, b"o7", [*later, (H_ID, b"c17-o7")]),
+    ])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
+    done = cli("cancel", "--due-after", "5m", "--yes")
+    assert done.returncode == 0, done.stderr
+    # And one by its origin from another partition than its own.
+    produce_to(setup.services.bootstrap, setup.delay, [(2, b"o8", [*later, (H_ID, b"c17-o8")])])
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 3, 30, "the third stored")
+    produce_to(setup.services.bootstrap, setup.delay,
+               [(0, None, [(H_CANCEL, f"{setup.delay}:2:0".encode())])])  # fmt: skip
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 3,
+             30, "all three cancelled")  # fmt: skip
+    for delay_id in ("c17-o6", "c17-o7", "c17-o8"):
+        traced = cli("trace", "--id", delay_id, "--json")
+        assert traced.returncode == 0, traced.stderr
+        assert json.loads(traced.stdout)["fate"] == "cancelled", traced.stdout

@@ -84,7 +84,7 @@ def test_a_failure_that_passes_or_comes_after_storing_costs_no_record() -> None:
     failed: set[int] = set()
 
     def handle(_: list[Message], piece: Batch) -> None:
-        [(shard, (high, _))] = piece.stored.items()
+        [(shard, (high, _records))] = piece.stored.items()
         assert not piece.rejected or high == 5, "nothing dead-lettered but the parser's"
         if high == 3 and high not in failed:  # fails once, then passes
             failed.add(high)

@@ -82,8 +82,9 @@ withdrawing(first): the shard table withdraw and withdraw_at take, from KEYS[fir
 that order (due, ids, low, pending, inflight, refs, waits), or the reply {"undeclared", ...} when
 the call left out a wait index (declared from KEYS[first + 7] on).
 withdraw_at(shard, offset, due) removes the record at `offset` due at `due` (-1: a reference, or
-not waiting) wherever it waits, however it is known; returns whether it did, and whether it is in
-flight instead. It leaves the id index as it is.
+not waiting) wherever it waits, however it is known; returns whether it did, whether it is in
+flight instead, and the member it took (nil: a reference's, or none). It leaves the id index as
+it is.
 
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
@@ -655,7 +656,7 @@ local function take(key, offset, due)
   if member then
     redis.call('ZREM', key, member)
   end
-  return member ~= nil
+  return member
 end
 
 -- The member of the record at `offset` due at `due` where it waits whole, the ZSET it waits in
@@ -730,11 +731,11 @@ local function withdraw_at(shard, offset, due)
   if not found and due >= 0 then
     for _, target in ipairs(redis.call('SMEMBERS', shard.waits)) do
       local key = wait_key(shard.waits, target)
-      if take(key, offset, due) then
+      found = take(key, offset, due)
+      if found then
         if redis.call('EXISTS', key) == 0 then
           redis.call('SREM', shard.waits, target)
         end
-        found = true
         break
       end
     end
@@ -748,7 +749,7 @@ local function withdraw_at(shard, offset, due)
     end
   end
   unpend(shard, offset, not found)  -- not found whole: a reference, never read back now
-  return true, false
+  return true, false, found or nil
 end
 
 -- What the candidate at `offset` due at `due` is: "whole" (with what find_whole gives),

@@ -64,9 +64,10 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, 
           the batch (the entry's, from 0: a record with several cancels is an entry each, at
           one offset) of each cancel that found nothing and each record with a caller-given id
           that replaced nothing here (the caller looks for theirs in the topic's other
-          partitions), then triples for each record withdrawn: its offset (8 bytes), its due ms
-          (-1: a reference) and the place of the cancel or replacement that withdrew it
-          (the journal's cancelled and replaced entries)}
+          partitions), then quadruples for each record withdrawn: its offset (8 bytes), its due
+          ms (-1: a reference), the place of the cancel or replacement that withdrew it and, when
+          that named it by its default id, the delay-id of its own ("" when it has none, or is a
+          reference, or was named by it) (the journal's cancelled and replaced entries)}
        | {1, -1} shard state missing | {2, watermark} watermark went back
        | {"undeclared", wait indexes...}
        | {"again"} see ARGV[4]
@@ -269,10 +270,12 @@ defer_clearing()
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched, withdrawn = {}, {}
-local function withdrew(offset, due, by)
+local function withdrew(offset, due, by, member)
   withdrawn[#withdrawn + 1] = offset
   withdrawn[#withdrawn + 1] = due
   withdrawn[#withdrawn + 1] = by
+  -- Named by its default id: the delay-id of its own, if it has one (the journal names it so).
+  withdrawn[#withdrawn + 1] = member and stored_id(member) or ''
 end
 
 -- Write the records held back so far (see below).
@@ -302,13 +305,14 @@ for i = first, #ARGV, 5 do
     local place = (i - first) / 5  -- in the batch, from 0
     if score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
+      local took, _
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(located[member])
-        done = withdraw_at(shard, offset, at)
+        done, _, took = withdraw_at(shard, offset, at)
       end
       if done then
-        withdrew(offset, at, place)
+        withdrew(offset, at, place, took)
         cancelled = cancelled + 1
       else
         missing = missing + 1
@@ -329,13 +333,14 @@ for i = first, #ARGV, 5 do
       plain = plain + 1
     else
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
+      local took, _
       if not done and replaces[ARGV[i]] then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(located[replaces[ARGV[i]]])
-        done = withdraw_at(shard, offset, at)
+        done, _, took = withdraw_at(shard, offset, at)
       end
       if done then
-        withdrew(offset, at, place)
+        withdrew(offset, at, place, took)
         replaced = replaced + 1
       else
         unmatched[#unmatched + 1] = place
