@@ -774,7 +774,13 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     kinds = ["redis", *(["kafka"] if len(faults) >= 4 else [])]
     kinds += ["bridge"] * (len(faults) - len(kinds))
     rng.shuffle(kinds)
-    rolled_back, redis_shift = 0, 0
+    rolled_back, redis_shift, bridge_shift = 0, 0, 0
+
+    def shift(choices: tuple[int, ...], other: int) -> int:
+        """A clock's offset: ahead only while the other clock is not. Both ahead is beyond the
+        guarantee (DESIGN: never early, whatever ONE clock says): the earlier one decides."""
+        return rng.choice([c for c in choices if c <= 0 or other <= 0])
+
     # Redis comes back from a restart on a host whose clock is off (a failover to a replica whose
     # clock is): tests/clock/shift.c, its offset in this file, back to 0 when the run ends.
     shim, shifted = build_shim(run.dir), run.dir / "redis-clock.offset"
@@ -786,7 +792,7 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
             if kind == "redis":
                 run.servers.kill("redis")
                 rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
-                redis_shift = rng.choice(REDIS_SHIFTS_MS)
+                redis_shift = shift(REDIS_SHIFTS_MS, bridge_shift)
                 shifted.write_text(str(redis_shift))
                 env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shifted)}
                 run.servers.up("redis", env=env)
@@ -795,7 +801,8 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
                 run.servers.up("kafka")
             else:
                 bridge.kill()
-                bridge = run.bridge(clock_shift_ms=rng.choice(CLOCK_SHIFTS_MS))
+                bridge_shift = shift(CLOCK_SHIFTS_MS, redis_shift)
+                bridge = run.bridge(clock_shift_ms=bridge_shift)
             run.fault_over()
         workload.join(600)
         answers += _operate(run, bridge, rng)
