@@ -26,6 +26,7 @@ from bridge.message import Cancel, Scheduled, cut, format_time_ms, origin
 from bridge.message import parse_origin as origin_parts
 from bridge.store import Shard
 
+MAX_USES = 20  # the records that held one id that trace shows at most, the latest
 BEFORE_DUE_MS = 60_000  # the search for a final fate starts this long before the due time
 DEFAULT_SINCE_MS = 24 * 3600 * 1000
 
@@ -40,9 +41,12 @@ class Traced:
     events: list[dict[str, Any]] = field(default_factory=list)
     delivered: dict[str, Any] | None = None
     record: dict[str, Any] | None = None  # as produced to the delay topic: see preview()
+    # The other records that held the delay-id (a replaced one, an earlier schedule), each with
+    # its own origin, record and fate, the latest first; this one holds it now (or last did).
+    uses: list[Traced] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.delay_id,
             "origin": self.origin,
             "fate": self.fate,
@@ -50,6 +54,7 @@ class Traced:
             "delivered": self.delivered,
             "record": self.record,
         }
+        return out | {"uses": [u.as_json() for u in self.uses]} if self.uses else out
 
 
 PREVIEW_BYTES = 1024
@@ -92,36 +97,28 @@ def trace(
     """The life of the record at origin ``at`` or with ``delay_id`` (see the module). A read of
     the journal goes back ``limits.max_delay`` at most (``since_ms``), the retention the
     journal is created with."""
-    from bridge import ops
 
     reads.check_since(since_ms, now_ms, config.limits.max_delay)
-    shard, offset = parse_origin(at) if at is not None else (None, -1)
-    traced = Traced(delay_id or "")
-    waiting: Scheduled | None = None
-    if shard is None:
-        assert delay_id is not None
-        # The record that holds the id now, first: a default delay-id is held by a fire or a
-        # reschedule of its record too.
-        topics = [topic] if topic else list(config.topics.delay)
-        for name in topics:
-            _, found = ops.locate(config, name, delay_id)
-            if found:
-                shard, waiting = found[0]
-                offset = waiting.offset
-                break
-        if shard is None and origin_parts(delay_id) is not None:
-            shard, offset = parse_origin(delay_id)  # else a default delay-id is its origin
+    if at is None and delay_id is not None:
+        uses = _uses(config, delay_id, topic=topic, since_ms=since_ms, now_ms=now_ms)
+        if uses:
+            uses[0].uses = uses[1:]
+            return uses[0]
+        if origin_parts(delay_id) is None:
+            return Traced(delay_id)  # no record holds it, nor did
+        at = delay_id  # a default delay-id is its origin: the record there, whatever its id
+    assert at is not None
+    shard, offset = parse_origin(at)
+    traced = Traced(delay_id or "", origin(shard.topic, shard.partition, offset))
     reader = JournalReader(config)
     try:
-        record, produced_ms = (None, None) if shard is None else reader.delay_record(shard, offset)
-        if shard is not None:
-            traced.origin = origin(shard.topic, shard.partition, offset)
-            if isinstance(record, Scheduled):
-                traced.delay_id = record.delay_id
-                traced.record = preview(record)
-                traced.events.append(_stored(record, produced_ms))
-            if waiting is None and isinstance(record, Scheduled):
-                waiting = _waiting(config, shard, record.delay_id, offset)
+        record, produced_ms = reader.delay_record(shard, offset)
+        waiting: Scheduled | None = None
+        if isinstance(record, Scheduled):
+            traced.delay_id = record.delay_id
+            traced.record = preview(record)
+            traced.events.append(_stored(record, produced_ms))
+            waiting = _waiting(config, shard, record.delay_id, offset)
         if waiting is not None:
             traced.fate = "waiting"
             traced.events.append({"event": "waiting", "due": waiting.due_ms})
@@ -136,31 +133,87 @@ def trace(
             now_ms=now_ms,
             topic=topic,
         )
-        if shard is None and entries:  # found by its id alone: where it was stored, now known
-            shard, offset = entries[0][0], entries[0][1].offset
-            record, produced_ms = reader.delay_record(shard, offset)
-            if isinstance(record, Scheduled):
-                traced.record = preview(record)
-                traced.events.append(_stored(record, produced_ms))
     finally:
         reader.close()
-    for entry_shard, entry in entries:
-        if not traced.origin:
-            traced.origin = origin(entry_shard.topic, entry_shard.partition, entry.offset)
+    for _, entry in entries:
         traced.delay_id = traced.delay_id or entry.delay_id
-        traced.fate = entry.fate.value
-        traced.events.append(_event(entry))
-        if entry.fate is Fate.DELIVERED:
-            traced.delivered = {
-                "topic": entry.target,
-                "partition": entry.target_partition,
-                "offset": entry.target_offset,
-                "at": entry.at_ms,
-            }
-    if traced.fate == "unknown" and shard is not None and _in_flight(config, shard, offset):
+        _add_entry(traced, entry)
+    if traced.fate == "unknown" and _in_flight(config, shard, offset):
         traced.fate = "in-flight"  # claimed, no fate journaled yet
         traced.events.append({"event": "in-flight"})
     return traced
+
+
+def _uses(
+    config: Config, delay_id: str, *, topic: str | None, since_ms: int | None, now_ms: int
+) -> list[Traced]:
+    """Each record that held ``delay_id`` — waiting now (:func:`bridge.ops.locate`), or in the
+    journal's entries with that id since ``since_ms`` (a day back by default) —, traced on its
+    own (its origin, its record as produced, its fate): waiting ones first, then by their last
+    event, the latest first, :data:`MAX_USES` at most. [] when none did."""
+    from bridge import ops
+
+    waiting: dict[tuple[Shard, int], Scheduled] = {}
+    for name in [topic] if topic else list(config.topics.delay):
+        for shard, rec in ops.locate(config, name, delay_id)[1]:
+            waiting[shard, rec.offset] = rec
+    reader = JournalReader(config)
+    try:
+        entries: dict[tuple[Shard, int], list[Entry]] = {}
+        if reader.journal:
+            found = _search(
+                reader,
+                None,
+                -1,
+                delay_id,
+                (None, None),
+                since_ms=since_ms,
+                now_ms=now_ms,
+                topic=topic,
+            )
+            for entry_shard, entry in found:
+                entries.setdefault((entry_shard, entry.offset), []).append(entry)
+        elif not waiting:
+            raise BridgeError('topics.journal is "": no journal, only waiting records are traced')
+        uses: list[tuple[Traced, Shard, int]] = []
+        for shard, offset in waiting.keys() | entries.keys():
+            use = Traced(delay_id, origin(shard.topic, shard.partition, offset))
+            for entry in entries.get((shard, offset), []):
+                _add_entry(use, entry)
+            if (shard, offset) in waiting:
+                use.fate = "waiting"
+                use.events.append({"event": "waiting", "due": waiting[shard, offset].due_ms})
+            elif use.fate == "unknown" and _in_flight(config, shard, offset):
+                use.fate = "in-flight"
+                use.events.append({"event": "in-flight"})
+            uses.append((use, shard, offset))
+
+        def latest(found: tuple[Traced, Shard, int]) -> tuple[bool, int]:
+            use = found[0]
+            return use.fate in ("waiting", "in-flight"), max(e.get("at", 0) for e in use.events)
+
+        kept = sorted(uses, key=latest, reverse=True)[:MAX_USES]
+        for use, shard, offset in kept:  # as produced: read in the delay topic
+            record, produced_ms = reader.delay_record(shard, offset)
+            if isinstance(record, Scheduled):
+                use.record = preview(record)
+                use.events.insert(0, _stored(record, produced_ms))
+    finally:
+        reader.close()
+    return [use for use, _, _ in kept]
+
+
+def _add_entry(traced: Traced, entry: Entry) -> None:
+    """A journal entry of ``traced``'s record: its fate so far, an event, where it went."""
+    traced.fate = entry.fate.value
+    traced.events.append(_event(entry))
+    if entry.fate is Fate.DELIVERED:
+        traced.delivered = {
+            "topic": entry.target,
+            "partition": entry.target_partition,
+            "offset": entry.target_offset,
+            "at": entry.at_ms,
+        }
 
 
 def _in_flight(config: Config, shard: Shard, offset: int) -> bool:
@@ -258,6 +311,10 @@ def print_trace(traced: Traced, as_json: bool) -> None:
     for event in traced.events:
         when = format_time_ms(event["at"]) if "at" in event else "-" * 24
         print(f"{when}  {event['event']:<13}  {_detail(event)}")
+    if traced.uses:
+        print(f"other records that held {traced.delay_id} (trace --origin for each):")
+        for use in traced.uses:
+            print(f"  {use.origin}  {use.fate}")
 
 
 def _detail(event: dict[str, Any]) -> str:

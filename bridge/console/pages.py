@@ -273,12 +273,19 @@ def record(api: Api, query: Mapping[str, str], *, reveal: bool = False) -> str:
         ],
         set(),
     )
+    others = "".join(
+        f'<li><a href="?origin={_e(u["origin"])}">{_e(u["origin"])}</a> {_e(u["fate"])}</li>'
+        for u in traced.get("uses", [])
+    )
     body = (
         f"{form}<section class=card><p>delay-id <code>{_e(traced['id'])}</code> · origin "
         f"<code>{_e(traced['origin'])}</code></p>"
         f'<p class="fate fate-{_e(fate)}" data-fate="{_e(fate)}">{_e(fate)}</p>{_notes(reply)}'
         f"{events}</section>"
     )
+    if others:
+        body += f"<section class=card><h2>Other records that held this id</h2><ul>{others}</ul>"
+        body += "</section>"
     if fate == "waiting":
         ids = {"id": traced["id"], "topic": traced["origin"].rsplit(":", 2)[0]}
         body += (

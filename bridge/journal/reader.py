@@ -26,7 +26,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from bridge.client import partition_for
 from bridge.config import Config, admin_settings, read_back_settings
-from bridge.dialects import parse_record
+from bridge.dialects import parse_message
 from bridge.errors import BridgeError
 from bridge.journal.entries import Entry, decode_entries, journal_key, may_hold, offset_needles
 from bridge.kafka import headers_of
@@ -144,18 +144,9 @@ class JournalReader:
             return None, None
         ts_type, ts = msg.timestamp()
         stamped = ts if ts_type != 0 else None
+        at = (shard.topic, shard.partition, offset)
         try:
-            record = parse_record(
-                self.config.rules(),
-                topic=shard.topic,
-                partition=shard.partition,
-                offset=offset,
-                timestamp_ms=stamped,
-                key=msg.key(),
-                value=msg.value(),
-                headers=headers_of(msg),
-                now_ms=stamped or 0,
-            )
+            record = parse_message(self.config.rules(), at, msg, stamped or 0)
         except Rejected:
             return None, stamped
         return record, stamped

@@ -18,7 +18,7 @@ import redis
 from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
-from bridge.message import H_AFTER, H_CANCEL, H_ID, H_TARGET_TOPIC, Headers, parse_time_ms
+from bridge.message import parse_time_ms
 from tests.conftest import wait_for
 from tests.integration.harness import (
     Bridge,
@@ -29,7 +29,6 @@ from tests.integration.harness import (
     fast_takeover,
     metric,
     produce_all,
-    produce_to,
     wait_ready,
 )
 
@@ -471,90 +470,6 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
 
 
-def test_a_default_delay_id_cancels_like_any_other(setup: Setup, bridges: list[Bridge]) -> None:
-    """``cancel --id <topic>:<partition>:<offset>`` (the id `list` shows for a record produced
-    without one) printed a success line and exited 0, while the bridge found nothing (the id index
-    holds caller-given ids only) and delivered the record."""
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    cli = cli_of(bridge)
-    target = setup.targets[0]
-    # Due in 10 min: no command-line run races its due time (4 s did, once in CI). The cancelled
-    # count says it was found waiting.
-    made = cli("produce", "--target", target, "--after", "10m", "--key", "u1", "plain")
-    assert made.returncode == 0, made.stderr
-    default_id = made.stdout.split()[-1]  # <topic>:<partition>:<offset>
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    listed = cli("list", "--id", default_id)
-    assert listed.returncode == 0 and default_id in listed.stdout, listed.stdout
-    done = cli("cancel", "--id", default_id)
-    assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
-    after = cli("produce", "--target", target, "--after", "1s", "--key", "u1", "after")
-    assert after.returncode == 0, after.stderr
-    records = setup.await_value(b"after", 60, "the later record")
-    assert [r.value for r in records] == [b"after"]
-    assert json.loads(cli("list", "--json").stdout) == []  # nothing of u1 waits
-
-
-def test_far_future_records_show_in_the_tools_as_any_other(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """A record due past store.payload_horizon is kept as a reference: list --id said "(no
-    waiting records)", cancel --id said it waits in no partition (and exited 1), status showed no
-    next due time, list --due-before left it out. Its tier is an internal matter."""
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    cli = cli_of(bridge)
-    made = cli("produce", "--target", setup.targets[0], "--after", "2h", "--id", "far-id",
-               "--key", "k-far", "far away")  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    partition = int(made.stdout.split()[-1].split(":")[1])
-    listed = cli("list", "--id", "far-id", "--json")
-    assert listed.returncode == 0, listed.stderr
-    [row] = json.loads(listed.stdout)
-    assert (row["delay_id"], row["target"], row["key"], row["value_bytes"]) == (
-        "far-id", setup.targets[0], "k-far", len(b"far away"))  # fmt: skip
-    in_3h = str(time.time_ns() // 1_000_000 + 3 * 3_600_000)
-    before = cli("list", "--due-before", in_3h, "--json")
-    assert [r["delay_id"] for r in json.loads(before.stdout)] == ["far-id"], before.stdout
-    status = json.loads(cli("status", "--json").stdout)
-    [mine] = [p for p in status["partitions"] if p["partition"] == partition]
-    assert mine["references"] == 1 and mine["next_due_ms"] == row["due_ms"], mine
-    done = cli("cancel", "--id", "far-id")
-    assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
-    assert json.loads(cli("list", "--id", "far-id", "--json").stdout) == []
-
-
-def test_a_far_future_record_is_found_by_its_default_id(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """A record produced without a delay-id, due in 3 h (kept as a reference): ``list``,
-    ``trace`` and ``cancel --id <topic>:<p>:<offset>`` did not find it (a default id was looked
-    up by a pass over the records held whole, which a reference is not). The record at that
-    offset is read in the delay topic for its due time, and Redis asked for it there."""
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    cli = cli_of(bridge)
-    made = cli("produce", "--target", setup.targets[0], "--after", "3h", "far, no id")
-    assert made.returncode == 0, made.stderr
-    default_id = made.stdout.split()[-1]
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    listed = cli("list", "--id", default_id, "--json")
-    assert [r["delay_id"] for r in json.loads(listed.stdout)] == [default_id], listed.stderr
-    traced = cli("trace", "--id", default_id, "--json")
-    assert json.loads(traced.stdout)["fate"] == "waiting", traced.stdout + traced.stderr
-    done = cli("cancel", "--id", default_id)
-    assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
-    assert json.loads(cli("list", "--id", default_id, "--json").stdout) == []
-
-
 def _counted(bridge: Bridge, name: str) -> bool:
     return metric(bridge, name) > 0
 
@@ -611,62 +526,3 @@ def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_n
 
     wait_for(lambda: waiting() == {f"k-{i}".encode() for i in range(count)}, 30,
              "only the records left alone waiting")  # fmt: skip
-
-
-def test_a_default_id_answers_for_its_replacement_and_from_any_partition(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """A record without a delay-id, rescheduled by its default id: the replacement carries that
-    id, yet ``list``, ``trace`` and ``cancel --id`` with it found nothing (a default id was looked
-    for at its offset alone). And a cancel of a default id produced to another partition than
-    the one it names found nothing (the id index holds caller-given ids only): the contract's
-    default id is an id like any other, whatever partitioner the producer used."""
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    cli = cli_of(bridge)
-    target = setup.targets[0].encode()
-    later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
-    produce_to(setup.services.bootstrap, setup.delay, [(0, b"moved", later), (0, b"gone", later)])
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
-    moved, gone = f"{setup.delay}:0:0", f"{setup.delay}:0:1"
-    done = cli("reschedule", "--id", moved, "--shift", "1h")
-    assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, "delay_bridge_replaced_total") == 1, 30, "the replacement")
-    listed = json.loads(cli("list", "--id", moved, "--json").stdout)
-    assert [(r["delay_id"], r["value_bytes"]) for r in listed] == [(moved, 5)], listed
-    assert json.loads(cli("trace", "--id", moved, "--json").stdout)["fate"] == "waiting"
-    assert cli("cancel", "--id", moved).returncode == 0
-    produce_to(setup.services.bootstrap, setup.delay, [(1, None, [(H_CANCEL, gone.encode())])])
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
-             30, "both cancelled")  # fmt: skip
-    assert json.loads(cli("list", "--json").stdout) == []
-
-
-def test_a_record_cancelled_in_bulk_is_traced_by_its_own_delay_id(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """``cancel --key-prefix customer-17: --yes`` names each record by its origin; the journal
-    entry took that name for the record's, so ``trace --id c17-o6`` said "unknown" (exit 1).
-    The entry names the record's own delay-id, in its partition and from another."""
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    cli = cli_of(bridge)
-    target = setup.targets[0].encode()
-    later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
-    produce_to(setup.services.bootstrap, setup.delay, [
-        (0, b"o6", [*later, (H_ID, b"c17-o6")]), (1, b"o7", [*later, (H_ID, b"c17-o7")]),
-    ])  # fmt: skip
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
-    done = cli("cancel", "--due-after", "5m", "--yes")
-    assert done.returncode == 0, done.stderr
-    # And one by its origin from another partition than its own.
-    produce_to(setup.services.bootstrap, setup.delay, [(2, b"o8", [*later, (H_ID, b"c17-o8")])])
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 3, 30, "the third stored")
-    produce_to(setup.services.bootstrap, setup.delay,
-               [(0, None, [(H_CANCEL, f"{setup.delay}:2:0".encode())])])  # fmt: skip
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 3,
-             30, "all three cancelled")  # fmt: skip
-    for delay_id in ("c17-o6", "c17-o7", "c17-o8"):
-        traced = cli("trace", "--id", delay_id, "--json")
-        assert traced.returncode == 0, traced.stderr
-        assert json.loads(traced.stdout)["fate"] == "cancelled", traced.stdout
