@@ -69,8 +69,8 @@ unit: $(STAMP)
 # three-broker cluster's tests (a Kafka and Redis of their own), the unit tests, the store's
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
-# (early is early however busy the machine) and a record's identity: none checks a time — and
-# every other
+# (early is early however busy the machine), a record's identity and the dialects: none checks
+# a time — and every other
 # test on the session's services,
 # the chaos scenarios last (their checks of lateness want the machine to themselves: BESIDE is
 # long done by then). BESIDE's report is printed after the other's (build/test-beside.log).
@@ -81,7 +81,8 @@ BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
   trace_scenario_finds_what_was_delivered_a_day_ago)
 BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/test_store_model.py \
   tests/integration/test_ops.py tests/integration/test_redis_modes.py tests/integration/test_hostile.py \
-  tests/integration/test_clock_steps.py tests/integration/test_identity.py
+  tests/integration/test_clock_steps.py tests/integration/test_identity.py \
+  tests/integration/test_dialects.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
