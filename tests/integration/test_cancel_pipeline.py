@@ -24,7 +24,6 @@ from tests.integration.harness import (
     Collector,
     Received,
     Setup,
-    cli_of,
     fast_takeover,
     metric,
     produce_all,
@@ -187,98 +186,6 @@ def test_cancel_and_replace_hold_after_redis_loses_everything(
         collector.close()
         client.close()
     check(got, expected, cancelled)
-
-
-def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    cli = cli_of(bridge)
-
-    target = setup.targets[0]
-    # Due in 10 min: no command-line run races its due time (3 s did, once in CI: the cancel
-    # found it claimed already). The cancelled count says it was found waiting.
-    made = cli("produce", "--target", target, "--after", "10m", "--id", "reminder-9", "--key", "u9",
-               "remind")  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    # No --key: the cancel goes where Redis says the id waits, with the record's own key.
-    done = cli("cancel", "--id", "reminder-9")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"cancel of reminder-9 {setup.delay}:")
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
-    gone = cli("cancel", "--id", "reminder-9")
-    assert gone.returncode == 1 and "reminder-9 waits in no partition" in gone.stderr
-    assert "--force" in gone.stderr and not gone.stdout
-    blind = cli("cancel", "--id", "reminder-9", "--force")
-    assert blind.returncode == 2 and "--force needs --key" in blind.stderr
-    forced = cli("cancel", "--id", "reminder-9", "--force", "--key", "u9")
-    assert forced.returncode == 0 and forced.stdout.startswith("cancel of reminder-9")
-    assert all("Traceback" not in p.stderr for p in (gone, blind, forced))
-    after = cli("produce", "--target", target, "--after", "4s", "--key", "u9", "after")
-    assert after.returncode == 0, after.stderr
-    records = setup.await_value(b"after", 60, "the later record")
-    assert [r.value for r in records] == [b"after"]
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1, 10,
-             "the forced cancel counted")  # fmt: skip
-    partition, offset = forced.stdout.split()[-1].split(":")[1:]
-    assert (f"cancel of reminder-9 at {setup.delay}[{partition}] offset {offset} found no "
-            "waiting record") in bridge.output()  # fmt: skip
-    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
-    assert json.loads(cli("list", "--json").stdout) == []  # reminder-9 waits no more
-
-
-def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """Records produced with librdkafka's default partitioner (CRC32, not Java's murmur2) are
-    cancelled and replaced from the command line in the partition where they wait."""
-    bridge = setup.bridge().start()
-    bridges.append(bridge)
-    target = setup.targets[0]
-    ids = {n: f"expire-order-{n}" for n in range(40, 48)}
-    # Due in 10 min, so no command-line run races the originals' own due time (20 s did, once
-    # in CI: six runs one after the other outlasted it, and 44 and 45 arrived twice); 46 and 47
-    # are fired at the end.
-    originals: list[Record] = [(f"order-{n}".encode(), b"original",
-                                delay_headers(target, after="10m", delay_id=ids[n]))
-                               for n in ids]  # fmt: skip
-    coords = produce_all(setup.services.bootstrap, setup.delay, originals)
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= len(ids), 30,
-             "the originals stored")  # fmt: skip
-    cli = cli_of(bridge)
-
-    cancelled = {ids[n] for n in range(40, 44)}
-    moved = 0
-    for n, (partition, _) in zip(ids, coords, strict=True):
-        if n >= 44:
-            break
-        done = cli("cancel", "--id", ids[n], "--key", f"order-{n}")
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(f"cancel of {ids[n]} {setup.delay}:{partition}:")
-        if partition_for(f"order-{n}", 3) != partition:  # CRC32 put it elsewhere than murmur2
-            moved += 1
-            assert f"waits in {setup.delay} partition {partition}" in done.stderr
-    assert moved, "no key of the test maps differently under the two partitioners"
-    for n in (44, 45):
-        done = cli("produce", "--target", target, "--after", "1s", "--id", ids[n], "--key",
-                   f"order-{n}", "replaced")  # fmt: skip
-        assert done.returncode == 0, done.stderr
-    for n in (46, 47):
-        done = cli("fire", "--id", ids[n])
-        assert done.returncode == 0, done.stderr
-    expected = {ids[n]: b"replaced" if n in (44, 45) else b"original" for n in range(44, 48)}
-    collector = setup.collector()
-    try:
-        got = settle(setup, collector, expected, 1)
-    finally:
-        collector.close()
-    check(got, expected, cancelled)
-    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 4
-    assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 0
-    assert metric(bridge, "delay_bridge_replaced_total") == 4  # two replacements, two fires
-    listed = cli("list", "--json")
-    assert listed.returncode == 0 and json.loads(listed.stdout) == [], "a cancelled record waits"
 
 
 def test_partition_for_is_where_a_murmur2_producer_puts_a_key(setup: Setup) -> None:
