@@ -33,6 +33,9 @@ from bridge.store.scripts import Call, Scripts
 # Where a cancel or replacement found its record in another partition: (shard, offset, due ms,
 # the record's own delay-id when it was named by another: its default id; else "").
 Found = tuple[Shard, int, int, str]
+# What withdraw.lua is asked to withdraw in one partition: offset (8 bytes) -> the cancel's or
+# replacement's shard and record, the due time there, and the record's own delay-id (or "").
+Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
 
 
 def withdraw_elsewhere(
@@ -69,35 +72,20 @@ def withdraw_elsewhere(
         )
         for there, theirs in asked
     ]
-    calls: list[Call] = []
-    named: list[tuple[Shard, dict[bytes, tuple[Shard, Scheduled | Cancel, int]]]] = []
+    planned: list[tuple[Shard, Hits]] = []
     for (there, theirs), reply in zip(asked, scripts.run(lookups), strict=True):
         candidates = candidates_from(reply)
         if not any(candidates):
             continue
         read = confirm(there, sorted({c for found in candidates for c in found}))
-        hits: dict[bytes, tuple[Shard, Scheduled | Cancel, int]] = {}
+        hits: Hits = {}
         for (s, r), found in zip(theirs, candidates, strict=True):
             for offset, due in found:
                 delay_id, stamped = read.get(offset, ("", 0))
                 if delay_id == r.delay_id and stamped <= r.timestamp_ms:
-                    hits.setdefault(offset_bytes(offset), (s, r, due))
-        if hits:
-            k = keys.of(there)
-            args = [
-                x
-                for offset, (_, r, due) in hits.items()
-                for x in (id_hash(there.topic, r.delay_id), offset, due)
-            ]
-            calls.append(
-                ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
-            )
-            named.append((there, hits))
-    found_at: dict[tuple[Shard, int, str], Found] = {}
-    for (there, hits), reply in zip(named, scripts.run(calls) if calls else [], strict=True):
-        for offset in reply:
-            s, r, due = hits[offset]
-            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, ""))
+                    hits.setdefault(offset_bytes(offset), (s, r, due, ""))
+        planned.append((there, hits))
+    found_at = _withdraw(scripts, keys, planned)
     if dues is not None:
         left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
         found_at |= _withdraw_origins(scripts, keys, left, partitions, confirm=confirm, dues=dues)
@@ -127,29 +115,42 @@ def _withdraw_origins(
             continue  # its own default id
         if parts[1] < partitions.get(s.topic, 0):
             named.setdefault(Shard(s.topic, parts[1]), {}).setdefault(parts[2], []).append((s, r))
-    calls: list[Call] = []
-    withdrawing: list[tuple[Shard, dict[bytes, tuple[Shard, Scheduled | Cancel, int, str]]]] = []
+    planned: list[tuple[Shard, Hits]] = []
     for there, by_offset in named.items():
         due_of = dues(there, sorted(by_offset))
         read = confirm(there, sorted(due_of.items()))
-        hits: dict[bytes, tuple[Shard, Scheduled | Cancel, int, str]] = {}
-        args: list[bytes | int] = []
+        hits: Hits = {}
         for offset, due in sorted(due_of.items()):
             own_id, stamped = read.get(offset, ("", -1))
             # The first that names it and was stamped no earlier than it (-1: not a schedule).
             namers = [(s, r) for s, r in by_offset[offset] if 0 <= stamped <= r.timestamp_ms]
-            namer = namers[0] if namers else None
-            if namer is not None:
-                hits[offset_bytes(offset)] = (*namer, due, own_id)
-                args += [id_hash(there.topic, own_id), offset_bytes(offset), due]
+            if namers:
+                hits[offset_bytes(offset)] = (*namers[0], due, own_id)
+        planned.append((there, hits))
+    return _withdraw(scripts, keys, planned)
+
+
+def _withdraw(
+    scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]]
+) -> dict[tuple[Shard, int, str], Found]:
+    """withdraw.lua for each partition's ``planned`` hits, in one round trip: where each cancel
+    or replacement found its record (:data:`Found`), for those withdrawn."""
+    calls: list[Call] = []
+    done: list[tuple[Shard, Hits]] = []
+    for there, hits in planned:
         if hits:
             k = keys.of(there)
+            args = [
+                x
+                for offset, (_, r, due, own) in hits.items()
+                for x in (id_hash(there.topic, own or r.delay_id), offset, due)
+            ]
             calls.append(
                 ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
             )
-            withdrawing.append((there, hits))
+            done.append((there, hits))
     found_at: dict[tuple[Shard, int, str], Found] = {}
-    for (there, hits), reply in zip(withdrawing, scripts.run(calls) if calls else [], strict=True):
+    for (there, hits), reply in zip(done, scripts.run(calls) if calls else [], strict=True):
         for offset in reply:
             s, r, due, own = hits[offset]
             found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, own))
