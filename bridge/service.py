@@ -235,7 +235,7 @@ class Service:
                 before_read=self.egress.before_rebuild,
             ),
             confirm=self.id_reader,
-            dues=self.id_reader.dues,
+            schedules=self.id_reader.schedules,
         )
         self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
         # Runs with store.references off too: the references stored before it are still read back.

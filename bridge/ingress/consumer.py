@@ -28,7 +28,7 @@ from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
-from bridge.store import Added, Confirm, Dues, Shard, Store, lane_firsts, unconfirmed, undated
+from bridge.store import Added, Confirm, Schedules, Shard, Store, lane_firsts, unconfirmed, undated
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +67,14 @@ class Ingress:
         journal: Journal | None = None,
         settled: Settled | None = None,
         confirm: Confirm = unconfirmed,
-        dues: Dues = undated,
+        schedules: Schedules = undated,
     ) -> None:
         self.consumer = consumer
         self.restarts = Restarts(new_consumer)  # to start it again (restart_soon); None: never
         self.catch_up = catch_up or CatchUp()
         self.store = store
         self.confirm = confirm  # reads the id index's candidates in the delay topic
-        self.dues = dues  # reads the due time of what a default delay-id names there
+        self.schedules = schedules  # reads the due time of what a default delay-id names there
         self.rules = rules
         self.metrics = metrics
         self.config = config  # batch_size, linger (ms), hold (ms)
@@ -277,7 +277,7 @@ class Ingress:
                 bucket_ms=self.bucket_ms,
                 partitions=partition_counts(self._partitions(), self.assigned),
                 confirm=self.confirm,
-                dues=self.dues,
+                schedules=self.schedules,
             )
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild

@@ -22,7 +22,8 @@ from bridge.store import Shard
 
 class IdReader:
     """The delay-id and timestamp of the records at given offsets of the delay topic
-    (:data:`bridge.store.Confirm`), and the due time they ask for (:data:`bridge.store.Dues`)."""
+    (:data:`bridge.store.Confirm`), and the schedules read there
+    (:data:`bridge.store.Schedules`)."""
 
     def __init__(
         self,
@@ -54,12 +55,12 @@ class IdReader:
                     out[offset] = (record.delay_id, record.timestamp_ms)
         return out
 
-    def dues(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, int]:
-        """For each offset asked, the due time of the schedule read there (as the ingress parsed
-        it: a record's due time is the same however often it is read); an offset gone from the
-        log, or holding no schedule, is left out. Raises :class:`bridge.errors.KafkaFault`."""
+    def schedules(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Scheduled]:
+        """For each offset asked, the schedule read there, as the ingress parsed it (a record's
+        due time is the same however often it is read); an offset gone from the log, or holding
+        no schedule, is left out. Raises :class:`bridge.errors.KafkaFault`."""
         now_ms = self._clock_ms()
-        out: dict[int, int] = {}
+        out: dict[int, Scheduled] = {}
         for offset, msg in self._read(shard, sorted(offsets)).items():
             if msg is None:
                 continue
@@ -70,7 +71,7 @@ class IdReader:
             except Rejected:
                 continue
             if isinstance(record, Scheduled):
-                out[offset] = record.due_ms
+                out[offset] = record
         return out
 
     def _read(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Message | None]:

@@ -2,7 +2,7 @@
 
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
-from bridge.store.ids import Confirm, Dues, id_hash, unconfirmed, undated
+from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import due_counts
 from bridge.store.keys import (
     REFERENCE_BYTES,
@@ -37,11 +37,11 @@ __all__ = [
     "Claimed",
     "Claims",
     "Confirm",
-    "Dues",
     "Lost",
     "Lows",
     "Replica",
     "Replicas",
+    "Schedules",
     "Shard",
     "ShardKeys",
     "Store",

@@ -15,7 +15,7 @@ costs a bucket lookup per other partition and no read.
 
 A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a cancel of one,
 in the partition it names, finds its record by offset and the due time it gives, or else the due
-time the record read at that offset asks for (:data:`bridge.store.ids.Dues`), which add.lua
+time the record read at that offset asks for (:data:`bridge.store.ids.Schedules`), which add.lua
 checks (:func:`default_id_wheres`).
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled, parse_count, parse_origin
 from bridge.store.calls import candidates_from
-from bridge.store.ids import Confirm, Dues, id_hash
+from bridge.store.ids import Confirm, Schedules, id_hash
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
 from bridge.store.scripts import Call, Scripts
@@ -45,11 +45,11 @@ def withdraw_elsewhere(
     partitions: Mapping[str, int],
     *,
     confirm: Confirm,
-    dues: Dues | None = None,
+    schedules: Schedules | None = None,
 ) -> dict[tuple[Shard, int, str], Found]:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
     their topic — by the id index, and a default delay-id of another partition at its offset
-    (``dues``: read there for its due time; without it, not looked for) —; returns, for the
+    (``schedules``: read there; without it, not looked for) —; returns, for the
     (shard, offset, delay-id) of each that found its record, where that record was and its due
     time (:data:`Found`)."""
     by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
@@ -86,9 +86,9 @@ def withdraw_elsewhere(
                     hits.setdefault(offset_bytes(offset), (s, r, due, ""))
         planned.append((there, hits))
     found_at = _withdraw(scripts, keys, planned)
-    if dues is not None:
+    if schedules is not None:
         left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
-        found_at |= _withdraw_origins(scripts, keys, left, partitions, confirm=confirm, dues=dues)
+        found_at |= _withdraw_origins(scripts, keys, left, partitions, schedules)
     return found_at
 
 
@@ -97,14 +97,12 @@ def _withdraw_origins(
     keys: Keys,
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
-    *,
-    confirm: Confirm,
-    dues: Dues,
+    schedules: Schedules,
 ) -> dict[tuple[Shard, int, str], Found]:
     """What :func:`withdraw_elsewhere` withdraws for the cancels and replacements that name a
     default delay-id of another partition (not in its id index): the record at that offset, read
-    in the delay topic for its due time, delay-id and timestamp (stamped no later than the one
-    that names it), whatever its own delay-id — as a default id names its record in its own
+    once in the delay topic for its due time, delay-id and timestamp (stamped no later than the
+    one that names it), whatever its own delay-id — as a default id names its record in its own
     partition."""
     named: dict[Shard, dict[int, list[tuple[Shard, Scheduled | Cancel]]]] = {}
     for s, r in unmatched:
@@ -117,15 +115,12 @@ def _withdraw_origins(
             named.setdefault(Shard(s.topic, parts[1]), {}).setdefault(parts[2], []).append((s, r))
     planned: list[tuple[Shard, Hits]] = []
     for there, by_offset in named.items():
-        due_of = dues(there, sorted(by_offset))
-        read = confirm(there, sorted(due_of.items()))
         hits: Hits = {}
-        for offset, due in sorted(due_of.items()):
-            own_id, stamped = read.get(offset, ("", -1))
-            # The first that names it and was stamped no earlier than it (-1: not a schedule).
-            namers = [(s, r) for s, r in by_offset[offset] if 0 <= stamped <= r.timestamp_ms]
+        for offset, rec in sorted(schedules(there, sorted(by_offset)).items()):
+            # The first that names it and was stamped no earlier than it.
+            namers = [(s, r) for s, r in by_offset[offset] if rec.timestamp_ms <= r.timestamp_ms]
             if namers:
-                hits[offset_bytes(offset)] = (*namers[0], due, own_id)
+                hits[offset_bytes(offset)] = (*namers[0], rec.due_ms, rec.delay_id)
         planned.append((there, hits))
     return _withdraw(scripts, keys, planned)
 
@@ -173,7 +168,7 @@ def default_id_wheres(
     *,
     refer_after_ms: int,
     locate: Collection[int] = (),
-    dues_of: Dues | None = None,
+    schedules: Schedules | None = None,
 ) -> tuple[dict[int, bytes], int | None]:
     """For each cancel of the ``batch`` that names a default delay-id of ``shard``, and each
     record that has one as its delay-id (it replaces that record), keyed by its place in the
@@ -181,7 +176,7 @@ def default_id_wheres(
     where the record named waits (a ``where`` of add.lua): earlier in the batch (kept as a
     reference if due after ``refer_after_ms``), at the due time its cancel gives
     (``delay-due-at``: a hint add.lua checks), or else at the due time the record asks for,
-    read at its offset in the delay topic (``dues_of``: a hint too), or, when the topic no
+    read at its offset in the delay topic (``schedules``: a hint too), or, when the topic no
     longer holds it, in Redis (:meth:`Inventory.wholes`, all in one pass over the shard's whole
     records) — as for the offsets add.lua could not ``locate`` at their hints; due -1 when in no
     index (a reference, or gone). Then the shard's
@@ -209,8 +204,8 @@ def default_id_wheres(
         if o not in dues and o not in locate and (hint := hints[place]) is not None:
             dues[o] = hint
     unread = sorted({o for o in named.values() if o not in dues and o not in locate})
-    if unread and dues_of is not None:
-        dues |= dues_of(shard, unread)
+    if unread and schedules is not None:
+        dues |= {o: rec.due_ms for o, rec in schedules(shard, unread).items()}
     wanted = {o for o in named.values() if o not in dues}
     promotions = inventory.promotions(shard) if wanted else None
     dues |= inventory.wholes(shard, wanted) if wanted else {}

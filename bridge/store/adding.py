@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from bridge.errors import KafkaFault
 from bridge.message import Cancel, Scheduled
 from bridge.store.across import Found, default_id_wheres, withdraw_elsewhere
 from bridge.store.calls import (
@@ -19,7 +20,7 @@ from bridge.store.calls import (
     asked_to_locate,
     promoted_meanwhile,
 )
-from bridge.store.ids import Confirm, Dues, id_hash, undated
+from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
 from bridge.store.results import Added, Lost, Withdrawn
@@ -44,19 +45,19 @@ def add_call(
     bucket_ms: int,
     vouched: Mapping[int, str],
     locate: Collection[int] = (),
-    dues: Dues = undated,
+    schedules: Schedules = undated,
 ) -> Call:
     """The add.lua call of one shard's ``batch`` (highest offset, records); ``vouched`` the
     delay-ids read in the delay topic at the offsets add.lua asked about (its references of this
     batch with a caller-given id are vouched for here), ``locate`` the offsets it could not find
-    at the due times their cancels gave; ``dues`` reads the due time of a record a default
-    delay-id names in the delay topic."""
+    at the due times their cancels gave; ``schedules`` reads the record a default delay-id
+    names in the delay topic (for its due time)."""
     high, records = batch
     k = keys.of(shard)
     entries: list[AddEntry] = []
     vouch = dict(vouched)
     wheres, promotions = default_id_wheres(
-        inventory, shard, records, refer_after_ms=refer_after_ms, locate=locate, dues_of=dues
+        inventory, shard, records, refer_after_ms=refer_after_ms, locate=locate, schedules=schedules
     )
     replaces: dict[int, bytes] = {}
     for i, rec in enumerate(records):
@@ -147,7 +148,7 @@ def _add(
     bucket_ms: int,
     partitions: Mapping[str, int],
     confirm: Confirm,
-    dues: Dues,
+    schedules: Schedules,
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -165,7 +166,7 @@ def _add(
             bucket_ms=bucket_ms,
             vouched=vouched[shard],
             locate=locate[shard],
-            dues=dues,
+            schedules=schedules,
         )
 
     replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
@@ -196,12 +197,27 @@ def _add(
         counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
         records = batches[shard][1]
         unmatched += [(shard, records[i]) for i in r.unmatched]
+        owns = _own_ids(schedules, shard, [o for o, _, _, own in r.withdrawn if own is None])
         withdrawn += [
-            _withdrawn((shard, offset, due), shard, records[by], own)
+            _withdrawn((shard, offset, due), shard, records[by], owns.get(offset, own or ""))
             for offset, due, by, own in r.withdrawn
         ]
-    found = withdraw_elsewhere(scripts, keys, unmatched, partitions, confirm=confirm, dues=dues)
+    found = withdraw_elsewhere(
+        scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
+    )
     return _added(counts, lost, unmatched, withdrawn, found)
+
+
+def _own_ids(schedules: Schedules, shard: Shard, offsets: Sequence[int]) -> Mapping[int, str]:
+    """The own delay-ids of the references of ``shard`` at ``offsets`` that cancels or
+    replacements withdrew by their default ids, read in the delay topic for the journal; left
+    out when Kafka does not answer (they are withdrawn: the journal names them by that id)."""
+    if not offsets:
+        return {}
+    try:
+        return {o: rec.delay_id for o, rec in schedules(shard, sorted(offsets)).items()}
+    except KafkaFault:
+        return {}
 
 
 def _added(

@@ -23,7 +23,7 @@ from bridge.store.calls import (
     StatsReply,
     watermark_arg,
 )
-from bridge.store.ids import Confirm, Dues, id_hash, unconfirmed, undated
+from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
@@ -116,7 +116,7 @@ class Store:
         bucket_ms: int = 60_000,
         partitions: Mapping[str, int] | None = None,
         confirm: Confirm = unconfirmed,
-        dues: Dues = undated,
+        schedules: Schedules = undated,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -128,8 +128,8 @@ class Store:
         names in the other partitions of its topic (``partitions``: topic -> partition count;
         see withdraw.lua), if stamped no later. ``confirm`` reads in the delay topic the
         records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
-        ``dues`` the due time of a record a default delay-id names (without it, Redis's whole
-        records are scanned for it).
+        ``schedules`` the record a default delay-id names (its due time, and its own delay-id
+        for the journal; without it, Redis's whole records are scanned for it).
         """
         return add_batches(
             self.scripts,
@@ -141,7 +141,7 @@ class Store:
             bucket_ms=bucket_ms,
             partitions=partitions or {},
             confirm=confirm,
-            dues=dues,
+            schedules=schedules,
         )
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:

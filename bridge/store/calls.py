@@ -163,8 +163,9 @@ class AddReply(NamedTuple):
     # partitions.
     unmatched: list[int]
     # What was withdrawn: (its offset, its due ms or -1, the place in the batch of what did it,
-    # its own delay-id when what did it named it by its default id and it has one, else "").
-    withdrawn: list[tuple[int, int, int, str]]
+    # its own delay-id when what did it named it by its default id and it has one, else "";
+    # None for a reference so named: its own delay-id is read in the delay topic).
+    withdrawn: list[tuple[int, int, int, str | None]]
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> AddReply:
@@ -176,11 +177,16 @@ class AddReply(NamedTuple):
         end = 6 + count
         rest = reply[end:]
         withdrawn = [
-            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), text(rest[i + 3]))
+            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), _own(rest[i + 3]))
             for i in range(0, len(rest), 4)
         ]
         unmatched = [int(i) for i in reply[6:end]]
         return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn)
+
+
+def _own(reply: bytes | None) -> str | None:
+    """A withdrawn record's own delay-id as add.lua gives it (None: a reference, unread)."""
+    return None if reply is None else text(reply)
 
 
 def promoted_meanwhile(reply: Any) -> bool:

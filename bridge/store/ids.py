@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
+from bridge.message import Scheduled
 from bridge.store.keys import Shard
 
 # 40 bits: a lookup among n entries of a shard meets another id's hash n / 2^40 of the time (1 in
@@ -27,10 +28,10 @@ ENTRY_BYTES = HASH_BYTES + 6 + 6  # ID_ENTRY in _lib.lua: the hash, the offset's
 # For each (offset, due ms) of a shard's delay topic asked, the delay-id and timestamp of the
 # record read there; an offset left out holds no record that can match (gone, or not a schedule).
 Confirm = Callable[[Shard, Sequence[tuple[int, int]]], Mapping[int, tuple[str, int]]]
-# For each offset of a shard's delay topic asked, the due time of the schedule read there: where
-# the record a default delay-id names waits (a hint add.lua checks); an offset left out holds no
-# schedule (gone from the log, or not one).
-Dues = Callable[[Shard, Sequence[int]], Mapping[int, int]]
+# For each offset of a shard's delay topic asked, the schedule read there, as the ingress parsed it:
+# where the record a default delay-id names waits (its due time: a hint add.lua checks), its own
+# delay-id and its timestamp; an offset left out holds no schedule (gone from the log, or not one).
+Schedules = Callable[[Shard, Sequence[int]], Mapping[int, Scheduled]]
 
 
 def id_hash(topic: str, delay_id: str) -> bytes:
@@ -48,8 +49,8 @@ def unconfirmed(shard: Shard, asked: Sequence[tuple[int, int]]) -> Mapping[int, 
     raise LookupError(f"{shard}: id index candidates {list(asked)} need reading in the delay topic")
 
 
-def undated(shard: Shard, asked: Sequence[int]) -> Mapping[int, int]:
-    """The :data:`Dues` of a store given none: nothing read, so a default delay-id's record is
+def undated(shard: Shard, asked: Sequence[int]) -> Mapping[int, Scheduled]:
+    """The :data:`Schedules` of a store given none: nothing read, so a default delay-id's record is
     looked for in Redis (:meth:`bridge.store.inventory.Inventory.wholes`)."""
     return {}
 

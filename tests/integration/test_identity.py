@@ -154,26 +154,33 @@ def test_a_record_cancelled_in_bulk_is_traced_by_its_own_delay_id(
 ) -> None:
     """``cancel --key-prefix customer-17: --yes`` names each record by its origin; the journal
     entry took that name for the record's, so ``trace --id c17-o6`` said "unknown" (exit 1).
-    The entry names the record's own delay-id, in its partition and from another."""
+    The entry names the record's own delay-id, in its partition and from another, for a record
+    held whole and one kept as a reference (due in 3 h: its own id is read in the delay topic)."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
     cli = cli_of(bridge)
     target = setup.targets[0].encode()
     later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
+    far: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"3h")]
     produce_to(setup.services.bootstrap, setup.delay, [
         (0, b"o6", [*later, (H_ID, b"c17-o6")]), (1, b"o7", [*later, (H_ID, b"c17-o7")]),
+        (1, b"o9", [*far, (H_ID, b"c17-o9")]),
     ])  # fmt: skip
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 3, 30, "all stored")
     done = cli("cancel", "--due-after", "5m", "--yes")
     assert done.returncode == 0, done.stderr
-    # And one by its origin from another partition than its own.
-    produce_to(setup.services.bootstrap, setup.delay, [(2, b"o8", [*later, (H_ID, b"c17-o8")])])
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 3, 30, "the third stored")
-    produce_to(setup.services.bootstrap, setup.delay,
-               [(0, None, [(H_CANCEL, f"{setup.delay}:2:0".encode())])])  # fmt: skip
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 3,
-             30, "all three cancelled")  # fmt: skip
-    for delay_id in ("c17-o6", "c17-o7", "c17-o8"):
+    # And two by their origin from another partition than their own.
+    produce_to(setup.services.bootstrap, setup.delay, [
+        (2, b"o8", [*later, (H_ID, b"c17-o8")]), (2, b"o10", [*far, (H_ID, b"c17-o10")]),
+    ])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5, 30, "the others stored")
+    produce_to(setup.services.bootstrap, setup.delay, [
+        (0, None, [(H_CANCEL, f"{setup.delay}:2:0".encode())]),
+        (0, None, [(H_CANCEL, f"{setup.delay}:2:1".encode())]),
+    ])  # fmt: skip
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 5,
+             30, "all five cancelled")  # fmt: skip
+    for delay_id in ("c17-o6", "c17-o7", "c17-o8", "c17-o9", "c17-o10"):
         traced = cli("trace", "--id", delay_id, "--json")
         assert traced.returncode == 0, traced.stderr
         assert json.loads(traced.stdout)["fate"] == "cancelled", traced.stdout

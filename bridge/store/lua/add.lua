@@ -66,8 +66,9 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, 
           that replaced nothing here (the caller looks for theirs in the topic's other
           partitions), then quadruples for each record withdrawn: its offset (8 bytes), its due
           ms (-1: a reference), the place of the cancel or replacement that withdrew it and, when
-          that named it by its default id, the delay-id of its own ("" when it has none, or is a
-          reference, or was named by it) (the journal's cancelled and replaced entries)}
+          that named it by its default id, the delay-id of its own ("" when it has none, or was
+          named by it; false, a nil reply, for a reference: the caller reads it in the delay
+          topic) (the journal's cancelled and replaced entries)}
        | {1, -1} shard state missing | {2, watermark} watermark went back
        | {"undeclared", wait indexes...}
        | {"again"} see ARGV[4]
@@ -270,12 +271,17 @@ defer_clearing()
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched, withdrawn = {}, {}
-local function withdrew(offset, due, by, member)
+local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = offset
   withdrawn[#withdrawn + 1] = due
   withdrawn[#withdrawn + 1] = by
-  -- Named by its default id: the delay-id of its own, if it has one (the journal names it so).
-  withdrawn[#withdrawn + 1] = member and stored_id(member) or ''
+  -- Named by its default id: the delay-id of its own, if it has one (the journal names it so);
+  -- false (nil to the caller) for a reference, whose own id the caller reads in the delay topic.
+  local own = ''
+  if by_default then
+    own = member and (stored_id(member) or '') or false
+  end
+  withdrawn[#withdrawn + 1] = own
 end
 
 -- Write the records held back so far (see below).
@@ -305,14 +311,15 @@ for i = first, #ARGV, 5 do
     local place = (i - first) / 5  -- in the batch, from 0
     if score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
-      local took, _
+      local by_default, took, _ = false, nil, nil
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(located[member])
         done, _, took = withdraw_at(shard, offset, at)
+        by_default = true
       end
       if done then
-        withdrew(offset, at, place, took)
+        withdrew(offset, at, place, by_default, took)
         cancelled = cancelled + 1
       else
         missing = missing + 1
@@ -333,14 +340,15 @@ for i = first, #ARGV, 5 do
       plain = plain + 1
     else
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
-      local took, _
+      local by_default, took, _ = false, nil, nil
       if not done and replaces[ARGV[i]] then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(located[replaces[ARGV[i]]])
         done, _, took = withdraw_at(shard, offset, at)
+        by_default = true
       end
       if done then
-        withdrew(offset, at, place, took)
+        withdrew(offset, at, place, by_default, took)
         replaced = replaced + 1
       else
         unmatched[#unmatched + 1] = place
