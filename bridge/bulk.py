@@ -30,6 +30,7 @@ from bridge.message import (
     H_DUE_AT,
     H_ID,
     H_OPERATION,
+    H_REPLACES,
     Headers,
     Scheduled,
     origin,
@@ -195,8 +196,8 @@ def packed(cancels: Iterator[Outgoing], operation: str, most: int = PACKED) -> I
 
 
 # A replacement's new due time comes from these; the old one is the hint that finds it; the
-# operation that made it is the one replacing it now.
-REPLACED_HEADERS = frozenset({H_DELIVER_AT, H_AFTER, H_ID, H_DUE_AT, H_OPERATION})
+# operation that made it, and the record it replaces, are the ones replacing it now.
+REPLACED_HEADERS = frozenset({H_DELIVER_AT, H_AFTER, H_ID, H_DUE_AT, H_OPERATION, H_REPLACES})
 
 
 def replacement_of(
@@ -204,13 +205,16 @@ def replacement_of(
 ) -> Outgoing | None:
     """The record that replaces ``match`` (read: its record is known), due at ``due_ms`` (None:
     now, ``delay-after: 0``), with the bulk ``operation``'s id if one makes it — or None for one
-    bound for the DLQ (its payload gone: nothing to deliver)."""
+    bound for the DLQ (its payload gone: nothing to deliver). It replaces that record exactly
+    (``delay-replaces``: its origin): if the record was claimed, delivered, cancelled or replaced
+    before the bridge reads this one, nothing is scheduled (no record is delivered twice)."""
     rec = match.record
     if rec is None or rec.dead_letter:
         return None
     kept = [(k, v) for k, v in rec.headers if k not in REPLACED_HEADERS]
     when = (H_AFTER, b"0") if due_ms is None else (H_DELIVER_AT, b"%d" % due_ms)
-    named = [(H_ID, rec.delay_id.encode()), (H_DUE_AT, b"%d" % match.due_ms)]
+    exactly = origin(match.shard.topic, match.shard.partition, match.offset).encode()
+    named = [(H_ID, rec.delay_id.encode()), (H_DUE_AT, b"%d" % match.due_ms), (H_REPLACES, exactly)]
     if operation is not None:
         named.append((H_OPERATION, operation.encode()))
     return rec.key, rec.value, [*kept, when, *named], match.shard.partition

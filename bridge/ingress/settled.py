@@ -11,17 +11,20 @@ its watermark went back), the acknowledgements among them are lost too, and the 
 removed are back, waiting or in flight: the journal's entries from there on name them, and they
 are forgotten in Redis (settle.lua) before the partition's claims resume. What was delivered and
 not yet journaled when Redis lost it is delivered again: at most the records in flight then.
+A record that replaced exactly one left out (``delay-replaces``, as the journal's entry says)
+stands: that record is gone because this one replaced it, not because it left before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping
 
 from bridge.errors import BridgeError, StoreError
-from bridge.journal import Entry, JournalReader
-from bridge.message import Cancel, Scheduled
-from bridge.store import Shard, Store
+from bridge.journal import Entry, Fate, JournalReader
+from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
+from bridge.store import Shard, Store, replaced_exactly
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ class Settled:
         self._topic_ids = topic_ids
         self._offsets: dict[Shard, frozenset[int]] = {}
         self._last: dict[Shard, int] = {}
+        # The origins of the records that replaced one of those, by the offset they replaced.
+        self._replaced_by: dict[Shard, dict[int, str]] = {}
 
     def load(self, starts: Mapping[Shard, int], rolled_back: Collection[Shard] = ()) -> None:
         """These partitions are read again from these offsets: learn what of them is settled.
@@ -68,8 +73,15 @@ class Settled:
                     )
                     continue
                 offsets = frozenset(e.offset for e in entries if e.offset >= start)
+                # Those replaced before the start too: a rollback forgets them (below) in Redis.
+                replaced = {e.offset: e.by for e in entries if e.fate == Fate.REPLACED}
+                bys = [parse_origin(by) for by in replaced.values()]
+                here = [p[2] for p in bys if p and p[:2] == (shard.topic, shard.partition)]
+                ends = [*offsets, *here]
+                if ends:
+                    self._offsets[shard], self._last[shard] = offsets, max(ends)
+                    self._replaced_by[shard] = replaced
                 if offsets:
-                    self._offsets[shard], self._last[shard] = offsets, max(offsets)
                     logger.info(
                         "%s[%d] is read again from offset %d; the journal holds the fate of "
                         "%d records since, which are not scheduled again",
@@ -120,12 +132,27 @@ class Settled:
             settled = self._offsets[shard]
             kept = [r for r in records if r.offset not in settled or isinstance(r, Cancel)]
             dropped += len(records) - len(kept)
-            stored[shard] = (high, kept)
+            stored[shard] = (high, [self._replacing(shard, r) for r in kept])
             if high >= self._last[shard]:
-                del self._offsets[shard], self._last[shard]
+                self.forget({shard})
         return dropped
+
+    def _replacing(self, shard: Shard, record: Scheduled | Cancel) -> Scheduled | Cancel:
+        """``record``, or when it replaced exactly a record this re-read leaves out (the journal
+        says it did: ``delay-replaces``), the same record without that header: that record is
+        no longer waiting because this one replaced it, not too late for it."""
+        if isinstance(record, Cancel):
+            return record
+        named = replaced_exactly(shard, record)
+        if named is None:
+            return record
+        by = self._replaced_by[shard].get(named)
+        if by != origin(shard.topic, shard.partition, record.offset):
+            return record
+        headers = [(k, v) for k, v in record.headers if k != H_REPLACES]
+        return dataclasses.replace(record, headers=headers)
 
     def forget(self, shards: set[Shard]) -> None:
         """These partitions are no longer read here."""
         for shard in shards & set(self._offsets):
-            del self._offsets[shard], self._last[shard]
+            del self._offsets[shard], self._last[shard], self._replaced_by[shard]

@@ -38,6 +38,10 @@ H_ORIGIN = "delay-origin"
 # The bulk operation (the command line's cancel, fire or reschedule with a filter) that produced a
 # record: run again or resumed, the operation passes over a record that carries its own id.
 H_OPERATION = "delay-operation"
+# The origin (<topic>:<partition>:<offset>) of the record a record replaces exactly: that record
+# only, and nothing when it no longer waits — the command line's fire and reschedule name theirs,
+# so one that reaches its record after it was claimed or delivered delivers nothing twice.
+H_REPLACES = "delay-replaces"
 
 CONTROL_HEADERS = frozenset(
     {
@@ -53,7 +57,7 @@ CONTROL_HEADERS = frozenset(
 )
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
 # so a record that passes through the bridge twice never carries a stale due time.
-STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT, H_OPERATION}
+STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT, H_OPERATION, H_REPLACES}
 MAX_ID_BYTES = 256
 # The header sets a delay topic may speak (topics.dialect): this contract's, that of
 # etf1/kafka-message-scheduler and that of Kaspr's scheduler (see bridge.dialects).

@@ -1,5 +1,6 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
+from bridge.store.across import replaced_exactly
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
@@ -58,6 +59,7 @@ __all__ = [
     "offset_bytes",
     "offset_of",
     "references_in",
+    "replaced_exactly",
     "score",
     "shard_names",
     "stored_record",

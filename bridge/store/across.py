@@ -23,7 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from bridge.message import H_DUE_AT, Cancel, Headers, Scheduled, parse_count, parse_origin
+from bridge.message import (
+    H_DUE_AT,
+    H_REPLACES,
+    Cancel,
+    Headers,
+    Scheduled,
+    parse_count,
+    parse_origin,
+)
 from bridge.store.calls import candidates_from
 from bridge.store.ids import Confirm, Schedules, id_hash
 from bridge.store.inventory import Inventory
@@ -152,6 +160,22 @@ def _withdraw(
     return found_at
 
 
+def replaced_exactly(shard: Shard, record: Scheduled | Cancel) -> int | None:
+    """The offset of the record ``record`` replaces exactly (``delay-replaces``: an earlier
+    record of its own partition, the command line's fire and reschedule name theirs so): that
+    record only, and nothing if it no longer waits. None: no such header, or one naming another
+    partition or a later offset (then a replacement by its delay-id as any other)."""
+    if isinstance(record, Cancel):
+        return None
+    for name, value in record.headers:
+        if name == H_REPLACES:
+            named = parse_origin((value or b"").decode("utf-8", "replace"))
+            if named is not None and named[:2] == (shard.topic, shard.partition):
+                return named[2] if named[2] < record.offset else None
+            return None
+    return None
+
+
 def due_hint(headers: Headers) -> int | None:
     """The ``delay-due-at`` of a record that replaces another by its default delay-id: the due
     time of the record it replaces, as the command line gives it (None: none, or not a time)."""
@@ -170,8 +194,9 @@ def default_id_wheres(
     locate: Collection[int] = (),
     schedules: Schedules | None = None,
 ) -> tuple[dict[int, bytes], int | None]:
-    """For each cancel of the ``batch`` that names a default delay-id of ``shard``, and each
-    record that has one as its delay-id (it replaces that record), keyed by its place in the
+    """For each cancel of the ``batch`` that names a default delay-id of ``shard``, each
+    record that has one as its delay-id (it replaces that record) and each that names the record
+    it replaces exactly (:func:`replaced_exactly`), keyed by its place in the
     batch (a record with several cancels is a cancel each, at one offset),
     where the record named waits (a ``where`` of add.lua): earlier in the batch (kept as a
     reference if due after ``refer_after_ms``), at the due time its cancel gives
@@ -187,7 +212,9 @@ def default_id_wheres(
     for i, c in enumerate(batch):
         if isinstance(c, Scheduled) and c.default_of is not None:
             continue  # its own default id (the parser says so): no other record's
-        o = default_id_offset(shard, c.delay_id)
+        o = replaced_exactly(shard, c)
+        if o is None:
+            o = default_id_offset(shard, c.delay_id)
         if o is None or o >= c.offset:
             continue
         named[i] = o

@@ -11,7 +11,7 @@ from typing import Any
 
 from bridge.errors import KafkaFault
 from bridge.message import Cancel, Scheduled
-from bridge.store.across import Found, default_id_wheres, withdraw_elsewhere
+from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
 from bridge.store.calls import (
     AddEntry,
     AddReply,
@@ -59,7 +59,7 @@ def add_call(
     wheres, promotions = default_id_wheres(
         inventory, shard, records, refer_after_ms=refer_after_ms, locate=locate, schedules=schedules
     )
-    replaces: dict[int, bytes] = {}
+    replaces: dict[int, tuple[bytes, bool]] = {}
     for i, rec in enumerate(records):
         if isinstance(rec, Cancel):
             where = wheres.get(i, b"")
@@ -68,7 +68,7 @@ def add_call(
             continue
         given = rec.given_id(shard.topic, shard.partition) or ""
         if i in wheres:
-            replaces[rec.offset] = wheres[i]
+            replaces[rec.offset] = (wheres[i], replaced_exactly(shard, rec) is not None)
         if rec.due_ms > refer_after_ms:  # its priority is read back with the record
             stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
             if given:

@@ -131,20 +131,21 @@ def add_argv(
     vouched: Mapping[int, str],
     entries: list[AddEntry],
     *,
-    replaces: Mapping[int, bytes],
+    replaces: Mapping[int, tuple[bytes, bool]],
     promotions: int | None = None,
 ) -> list[Any]:
     """add.lua's ARGV: ``vouched`` the delay-id read in the delay topic at each offset (see
     withdraw in _lib.lua); ``replaces`` where the record each record of the batch replaces by
-    its default delay-id waits (record offset -> a ``where``); ``promotions`` the shard's count
+    its default delay-id, or exactly, waits (record offset -> a ``where``, and whether exactly:
+    see ``delay-replaces``); ``promotions`` the shard's count
     of promotions read before the ``where`` were looked up (None: none was)."""
     seen = "" if promotions is None else promotions
     argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, seen, len(vouched)]
     for offset, delay_id in vouched.items():
         argv += (offset_bytes(offset), delay_id)
     argv.append(len(replaces))
-    for offset, named in replaces.items():
-        argv += (str(offset), named)
+    for offset, (named, exact) in replaces.items():
+        argv += (str(offset), named, "1" if exact else "")
     for entry in entries:
         argv += entry
     return argv

@@ -614,3 +614,44 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
     assert metric(bridge, "delay_bridge_replaced_total") == 4  # two replacements, two fires
     listed = cli("list", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], "a cancelled record waits"
+
+
+def test_a_bulk_fire_during_a_rate_limited_drain_delivers_each_record_once(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``fire --target slow --yes`` while 3,000 overdue records drain at the target's rate
+    (egress.max_rate_per_target 200/s): a record claimed between the command's snapshot and its
+    replacement's arrival was delivered, and the replacement, finding nothing to replace, was
+    scheduled and delivered again. What an operator's replacement finds claimed or delivered is
+    not delivered twice: each record once."""
+    slow = setup.targets[0]
+    config = setup.tmp / "bridge.yaml"  # a mapping, which the environment cannot set
+    config.write_text(f"egress:\n  max_rate_per_target: {{{slow}: 200}}\n")
+    bridge = setup.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    now = time.time_ns() // 1_000_000
+    count = 3000
+    produce_all(setup.services.bootstrap, setup.delay, [
+        (b"k%d" % (i % 11), b"v%d" % i, [(H_TARGET_TOPIC, slow.encode()),
+                                         (H_DELIVER_AT, b"%d" % (now - 2000))])
+        for i in range(count)
+    ])  # fmt: skip
+    collector = Collector(setup.services.bootstrap, [slow, setup.dlq], f"check-{setup.unique}")
+    try:
+        collector.until(lambda rs: len(rs) >= 200, 60, "the drain under way")
+        fired = cli(setup, "fire", "--target", slow, "--yes")
+        assert fired.returncode == 0, fired.stderr
+        collector.until(lambda rs: len({r.value for r in rs}) == count, 120, "every record")
+        wait_for(lambda: metric(bridge, "delay_bridge_scheduled_messages") == 0, 30, "none waits")
+        collector.poll()
+    finally:
+        collector.close()
+    values = collections.Counter(r.value for r in collector.records)
+    assert [v for v, n in values.items() if n > 1] == [], "delivered twice"
+    assert sum(values.values()) == count
+    # Each replacement replaced its record, or came after it left and was not scheduled.
+    fired_count = int(re.search(r"fired ([\d,]+) waiting", fired.stdout)[1].replace(",", ""))
+    late = metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
+    assert metric(bridge, "delay_bridge_replaced_total") + late == fired_count, fired.stdout

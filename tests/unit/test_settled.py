@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import cast
 
+import pytest
+
 from bridge.errors import BridgeError
 from bridge.ingress import Settled
 from bridge.journal import Entry, Fate, JournalReader
-from bridge.message import Cancel, Scheduled
+from bridge.message import H_REPLACES, Cancel, Scheduled
 from bridge.store import Shard, Store
 
 A, B = Shard("delay", 0), Shard("delay", 1)
@@ -108,3 +110,37 @@ def test_a_rolled_back_partition_forgets_in_redis_what_the_journal_settled_befor
     assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])]
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (6, [rec(5), rec(6)])}
     assert settled.drop(stored) == 1 and [r.offset for r in stored[A][1]] == [5]
+
+
+class ReplacedReader(FakeReader):
+    """A journal whose entries say which record replaced which (``replaced``: offset -> by)."""
+
+    def __init__(self, replaced: dict[int, str], delivered: frozenset[int] = frozenset()):
+        super().__init__({A: delivered})
+        self._replaced = replaced
+
+    def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+        return super().fates(shard, start, topic_id) + [
+            Entry(Fate.REPLACED, o, f"id-{o}", 10 * o, 1, by=by) for o, by in self._replaced.items()
+        ]
+
+
+def exact(offset: int, replaces: int) -> Scheduled:
+    return Scheduled(offset, 1_800_000_000_000, "orders", b"k", b"v",
+                     [(H_REPLACES, f"delay:0:{replaces}".encode())], "m1")  # fmt: skip
+
+
+@pytest.mark.parametrize("start", [0, 3], ids=["re-read", "rolled-back"])
+def test_a_record_that_replaced_exactly_one_left_out_stands(start: int) -> None:
+    """The journal says offset 2 was replaced by offset 4, and 1 was delivered before offset 5
+    (which names it exactly) came: 4 loses its ``delay-replaces`` (it is not too late for a
+    record it replaced itself), 5 keeps it (it was), whether 2 is re-read (left out) or was
+    before the start (a rollback forgot it in Redis)."""
+    reader = ReplacedReader({2: "delay:0:4"}, delivered=frozenset({1}))
+    settled = Settled(lambda: cast(JournalReader, reader))
+    settled.load({A: start})
+    records: list[Scheduled | Cancel] = [rec(3), exact(4, replaces=2), exact(5, replaces=1)]
+    stored = {A: (5, records)}
+    settled.drop(stored)
+    kept = {r.offset: r.headers for r in stored[A][1]}
+    assert kept[4] == [] and kept[5] == [(H_REPLACES, b"delay:0:1")] and kept[3] == []

@@ -28,6 +28,7 @@ covers (see bridge.ingress).
 
 KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
+                              "floor" -> the lowest offset this state applied (set once)
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
@@ -50,17 +51,22 @@ ARGV[5]  V, then V pairs: an offset (8 bytes) and the delay-id the caller read t
           delay topic ("": another record's or none) — the references it vouches for (see
           withdraw in _lib.lua): those of this batch with a caller-given id, and those this
           script asked for
-ARGV[6 + 2V] W, then W pairs: the offset of a record of this batch whose caller-given delay-id
-          is a default id of this shard (`<topic>:<partition>:<offset>`, not in the id index) and a
-          `where` naming that record: it replaces it as a cancel of that id would withdraw it
-ARGV[7 + 2V + 2W..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
+ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose caller-given delay-id
+          is a default id of this shard (`<topic>:<partition>:<offset>`, not in the id index), or
+          that names the record it replaces exactly (`delay-replaces`), a `where` naming that
+          record (it replaces it as a cancel of that id would withdraw it), and "1" for the exact
+          one ("" else): that record only, and nothing when this shard's state knows it no longer
+          waits (claimed, or settled since the state's floor: see below); when the state cannot
+          know (an offset below its floor), a replacement by its delay-id as any other
+ARGV[7 + 2V + 3W..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
           index); a reference's member is its 16 bytes (a record's member is longer) and its
           score its due ms (its priority is read with the record)
 
-Returns: {0, records added, replaced, cancelled, cancels that found nothing, U, then U places in
+Returns: {0, records added, replaced, cancelled, cancels that found nothing (and exact
+          replacements that came after their record left: see ARGV[6 + 2V]), U, then U places in
           the batch (the entry's, from 0: a record with several cancels is an entry each, at
           one offset) of each cancel that found nothing and each record with a caller-given id
           that replaced nothing here (the caller looks for theirs in the topic's other
@@ -128,9 +134,10 @@ local vouched, replacing = {}, 6 + 2 * tonumber(ARGV[5])
 for i = 6, replacing - 1, 2 do
   vouched[ARGV[i]] = ARGV[i + 1]
 end
-local replaces, first = {}, replacing + 1 + 2 * tonumber(ARGV[replacing])
-for i = replacing + 1, first - 1, 2 do
+local replaces, exactly, first = {}, {}, replacing + 1 + 3 * tonumber(ARGV[replacing])
+for i = replacing + 1, first - 1, 3 do
   replaces[ARGV[i]] = ARGV[i + 1]
+  exactly[ARGV[i]] = ARGV[i + 2] == '1'
 end
 local hashes = {}
 for i = first, #ARGV, 5 do
@@ -271,6 +278,18 @@ defer_clearing()
 local due, members = {}, {}
 local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched, withdrawn = {}, {}
+-- The lowest offset this state of the shard applied (meta "floor", set when the state is made):
+-- an offset from there up to a record's own that is neither pending nor in flight was settled
+-- (delivered, cancelled, replaced, expired or dead-lettered). nil: a state made before floors.
+local floor = tonumber(redis.call('HGET', KEYS[2], 'floor') or '')
+if not mark then  -- a new state: what it applies starts at its first record (or after the batch)
+  floor = first <= #ARGV and tonumber(ARGV[first]) or tonumber(ARGV[2]) + 1
+end
+local function settled_before(offset, own)
+  local hi, lo = struct.unpack('>I4I4', offset)
+  local n = hi * 4294967296 + lo
+  return floor ~= nil and n >= floor and n < tonumber(own)
+end
 local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = offset
   withdrawn[#withdrawn + 1] = due
@@ -339,31 +358,43 @@ for i = first, #ARGV, 5 do
       members[#members + 1] = member
       plain = plain + 1
     else
-      local done, offset, at = withdraw(shard, id, hash, vouched, written)
-      local by_default, took, _ = false, nil, nil
-      if not done and replaces[ARGV[i]] then  -- a default id: where the caller found its record
+      local exact = exactly[ARGV[i]]  -- that record only, and only while it waits
+      local done, offset, at, by_default, took, flight = false, nil, nil, false, nil, false
+      if not exact then
+        done, offset, at = withdraw(shard, id, hash, vouched, written)
+      end
+      if not done and replaces[ARGV[i]] then  -- where the caller found the record it names
         flush()  -- it may be one of this batch's
         offset, at = read_where(located[replaces[ARGV[i]]])
-        done, _, took = withdraw_at(shard, offset, at)
+        done, flight, took = withdraw_at(shard, offset, at)
         by_default = true
       end
-      if done then
-        withdrew(offset, at, place, by_default, took)
-        replaced = replaced + 1
-      else
-        unmatched[#unmatched + 1] = place
+      local late = exact and not done and (flight or settled_before(offset, ARGV[i]))
+      if exact and not done and not late then  -- this state cannot know: by its id
+        done, offset, at = withdraw(shard, id, hash, vouched, written)
+        by_default = false
       end
-      if #member == REFERENCE then
-        refer(score, member)
-        referred = referred + 1
+      if late then
+        missing = missing + 1  -- its record left before it came: nothing of it is written
       else
-        due[#due + 1] = score
-        due[#due + 1] = member
+        if done then
+          withdrew(offset, at, place, by_default, took)
+          replaced = replaced + 1
+        else
+          unmatched[#unmatched + 1] = place
+        end
+        if #member == REFERENCE then
+          refer(score, member)
+          referred = referred + 1
+        else
+          due[#due + 1] = score
+          due[#due + 1] = member
+        end
+        members[#members + 1] = member
+        held[string.sub(member, 1, 8)] = true
+        id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
+        added = added + 1
       end
-      members[#members + 1] = member
-      held[string.sub(member, 1, 8)] = true
-      id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
-      added = added + 1
     end
   end
 end
@@ -373,6 +404,9 @@ append_references()
 id_flush()
 if tonumber(ARGV[2]) > watermark then
   redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
+end
+if not mark then
+  redis.call('HSET', KEYS[2], 'floor', floor)
 end
 local reply = {0, added + plain, replaced, cancelled, missing, #unmatched}
 for _, list in ipairs({unmatched, withdrawn}) do
