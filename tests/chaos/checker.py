@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -78,8 +78,10 @@ class Expected:
     # Kafka): dead-lettered as payload-missing at its due time is right too.
     payload_may_go: bool = False
     # An operator's fire or reschedule is the record again (its value, so its seq) with a new due
-    # time: this is the last of them, and these the due times of the ones before it, each of
-    # which may have been delivered too (claimed before its replacement was read).
+    # time, replacing exactly the one before it while that waits (delay-replaces): this is the
+    # last of them, and these the due times of the ones before it. One of them is delivered: an
+    # earlier one when it was claimed before its replacement was read (which then schedules
+    # nothing), else this one.
     earlier_dues: tuple[int, ...] = ()
     # A copy of the record that was refused (a replacement too large, a DLQ replay refused
     # again) is dead-lettered with one of these reasons besides what this one asks for.
@@ -258,10 +260,15 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     # later record naming it in its partition, or by one in another partition stamped no
     # earlier (whichever of the two the ingress reads second withdraws the other, if it still
     # waits): it may never arrive.
+    # A record an operator's copy of it replaced (see Expected.earlier_dues) counts too: a copy
+    # that comes after a producer's cancel or replacement withdrew it schedules nothing. Copies
+    # of one seq name each other (its delay-id, its origin), so they are not such a namer.
+    copies: dict[int, set[tuple[int, int]]] = {}
+    for _, partition, offset, _, seq, _ in valid:
+        copies.setdefault(seq, set()).add((partition, offset))
     for topic, partition, offset, ts, seq, names in valid:
-        if out[seq].offset != f"{topic}:{partition}:{offset}":
-            continue  # a record an operator's copy of it replaced (see Expected.earlier_dues)
-        later = [n for name in names for n in namers.get((topic, name), [])]
+        later = [n for name in names for n in namers.get((topic, name), [])
+                 if (n[0], n[1]) not in copies[seq]]  # fmt: skip
         if any((p == partition and o > offset) or (p != partition and t >= ts)
                for p, o, t in later):  # fmt: skip
             out[seq] = dataclasses.replace(out[seq], replaceable=True)
@@ -353,7 +360,10 @@ def settle(
         if exp.also_dead:
             dead = [d for d in dead if d.reason not in exp.also_dead]
         if exp.earlier_dues:
-            got = _earlier(acc, exp, got)
+            got, before = _earlier(acc, exp, got)
+            if before and not got:  # claimed before its copy was read: that one is its delivery
+                acc.delivered += 1
+                continue
         if exp.reason is not None:
             if dead and all(d.reason == exp.reason for d in dead) and not got:
                 acc.dead_lettered += 1
@@ -410,17 +420,19 @@ def settle(
     return acc
 
 
-def _earlier(acc: Account, exp: Expected, got: list[Seen]) -> list[Seen]:
-    """The deliveries of ``exp``'s own due time; those of the records it replaced are checked
-    here (each at or after its own due time, once) and left out."""
+def _earlier(acc: Account, exp: Expected, got: list[Seen]) -> tuple[list[Seen], list[Seen]]:
+    """The deliveries of ``exp``'s own due time, and those of the records it replaced, checked
+    here (each at or after its own due time): one delivery of the seq in all, any other is a
+    duplicate."""
     theirs = [g for g in got if g.due_header != exp.due_ms]
     for g in theirs:
         if g.due_header not in exp.earlier_dues:
             acc.misrouted.append(f"{exp.offset}: delivered due {g.due_header}, asked for none")
         elif g.timestamp_ms < g.due_header or g.seen_ms < g.due_header:
             acc.early.append(f"{exp.offset}: a replaced copy seen {g.seen_ms} < due {g.due_header}")
-    acc.duplicates += len(theirs) - len({g.due_header for g in theirs})
-    return [g for g in got if g.due_header == exp.due_ms]
+    mine = [g for g in got if g.due_header == exp.due_ms]
+    acc.duplicates += len(theirs) - (0 if mine else 1) if theirs else 0
+    return mine, theirs
 
 
 def _waiting(store: Store, where: str) -> bool:
@@ -435,16 +447,23 @@ def wait_settled(
     started = time.monotonic()
     todo = [s for s, e in expected.items() if not e.replaceable
             and (e.reason is not None or (e.due_ms or 0) <= horizon_ms)]  # fmt: skip
-    # A seq an operator moved: its last due time's delivery is the one to wait for.
-    moved = {s: e.due_ms for s, e in expected.items() if e.earlier_dues and e.due_ms is not None}
+    # A seq an operator moved: a delivery at one of its due times is the one to wait for.
+    moved = {
+        s: {*e.earlier_dues, e.due_ms}
+        for s, e in expected.items()
+        if e.earlier_dues and e.due_ms is not None
+    }
     wait_seen(checker, todo, timeout, moved)
     return time.monotonic() - started
 
 
 def wait_seen(
-    checker: Checker, seqs: Iterable[int], timeout: float, dues: Mapping[int, int] | None = None
+    checker: Checker,
+    seqs: Iterable[int],
+    timeout: float,
+    dues: Mapping[int, Collection[int]] | None = None,
 ) -> set[int]:
-    """Wait until the checker saw each of ``seqs`` delivered (due at ``dues[seq]`` when given)
+    """Wait until the checker saw each of ``seqs`` delivered (due at one of ``dues[seq]`` when given)
     or dead-lettered; returns the ones it did not see within ``timeout``. Only the unseen are
     looked at again."""
     deadline = time.monotonic() + timeout
@@ -453,7 +472,7 @@ def wait_seen(
 
     def seen(s: int) -> bool:
         got = checker.delivered.get(s, [])
-        return bool(checker.dead.get(s)) or any(s not in due or g.due_header == due[s] for g in got)
+        return bool(checker.dead.get(s)) or any(s not in due or g.due_header in due[s] for g in got)
 
     while True:
         todo = {s for s in todo if not seen(s)}

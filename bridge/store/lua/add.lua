@@ -280,15 +280,18 @@ local added, plain, replaced, cancelled, missing, referred = 0, 0, 0, 0, 0, 0
 local unmatched, withdrawn = {}, {}
 -- The lowest offset this state of the shard applied (meta "floor", set when the state is made):
 -- an offset from there up to a record's own that is neither pending nor in flight was settled
--- (delivered, cancelled, replaced, expired or dead-lettered). nil: a state made before floors.
-local floor = tonumber(redis.call('HGET', KEYS[2], 'floor') or '')
+-- (delivered, cancelled, replaced, expired or dead-lettered).
+local floor  -- read when first needed (false: a state made before floors)
 if not mark then  -- a new state: what it applies starts at its first record (or after the batch)
   floor = first <= #ARGV and tonumber(ARGV[first]) or tonumber(ARGV[2]) + 1
 end
 local function settled_before(offset, own)
+  if floor == nil then
+    floor = tonumber(redis.call('HGET', KEYS[2], 'floor') or '') or false
+  end
   local hi, lo = struct.unpack('>I4I4', offset)
   local n = hi * 4294967296 + lo
-  return floor ~= nil and n >= floor and n < tonumber(own)
+  return floor and n >= floor and n < tonumber(own)
 end
 local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = offset
