@@ -85,19 +85,21 @@ class Membership:
         replaced: dict[Shard, Bound] = {}
         try:
             replaced = self.positions.bind(shards)
-            marks = self.store.inventory.watermarks(shards)
+            points = self.store.inventory.resume_points(shards)
             retired = self.store.layout.retired(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from committed offsets")
-            marks = {}
+            points = {}
+        marks = {s: mark for s, (mark, _) in points.items()}
         # Redis knows what it holds: resume right after it, which skips re-reading records
-        # already stored (or delivered) when the last commit was lost in a crash. A new
-        # incarnation of the topic is read from its beginning.
+        # already stored (or delivered) when the last commit was lost in a crash — or at what it
+        # keeps to look for in other partitions (bridge.store.across). A new incarnation of the
+        # topic is read from its beginning.
         for tp, shard in zip(partitions, shards, strict=True):
             if shard in replaced:
                 tp.offset = OFFSET_BEGINNING
             elif shard in marks:
-                tp.offset = marks[shard] + 1
+                tp.offset = points[shard][1]
                 self.positions.marks[shard] = marks[shard]
         consumer.incremental_assign(partitions)
         starts = {s: tp.offset for s, tp in zip(shards, partitions, strict=True)}

@@ -23,6 +23,7 @@ from bridge.store.calls import (
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
+from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Added, Lost, Withdrawn
 from bridge.store.scripts import Call, Scripts
 
@@ -46,12 +47,14 @@ def add_call(
     vouched: Mapping[int, str],
     locate: Collection[int] = (),
     schedules: Schedules = undated,
+    across: bool = False,
 ) -> Call:
     """The add.lua call of one shard's ``batch`` (highest offset, records); ``vouched`` the
     delay-ids read in the delay topic at the offsets add.lua asked about (its references of this
     batch with a caller-given id are vouched for here), ``locate`` the offsets it could not find
     at the due times their cancels gave; ``schedules`` reads the record a default delay-id
-    names in the delay topic (for its due time)."""
+    names in the delay topic (for its due time). ``across``: the topic has other partitions
+    (what finds nothing here is kept in Redis until looked for there: :func:`_looked_across`)."""
     high, records = batch
     k = keys.of(shard)
     entries: list[AddEntry] = []
@@ -82,7 +85,14 @@ def add_call(
         "add",
         keys_,
         add_argv(
-            expected, high, bucket_ms, vouch, entries, replaces=replaces, promotions=promotions
+            expected,
+            high,
+            bucket_ms,
+            vouch,
+            entries,
+            replaces=replaces,
+            promotions=promotions,
+            across=across,
         ),
     )
 
@@ -167,6 +177,7 @@ def _add(
             vouched=vouched[shard],
             locate=locate[shard],
             schedules=schedules,
+            across=partitions.get(shard.topic, 0) > 1,
         )
 
     replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
@@ -205,7 +216,21 @@ def _add(
     found = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
+    _looked_across(scripts, keys, {s for s, _ in unmatched if partitions.get(s.topic, 0) > 1})
     return _added(counts, lost, unmatched, withdrawn, found)
+
+
+def _looked_across(scripts: Scripts, keys: Keys, shards: set[Shard]) -> None:
+    """What add.lua kept of ``shards`` to look for in their topics' other partitions (meta
+    "withdrawing") was looked for: forgotten. Until then it holds the offset to commit and is
+    handed back by the next add (here, or on the replica that takes the shard over), so no
+    fault between add.lua and the look loses a cancel or a replacement."""
+    if shards:
+        with as_store_error():
+            pipe = scripts.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hdel(keys.of(shard).meta, "withdrawing")
+            pipe.execute()
 
 
 def _own_ids(schedules: Schedules, shard: Shard, offsets: Sequence[int]) -> Mapping[int, str]:

@@ -126,7 +126,9 @@ class Store:
         reference (:mod:`bridge.store.references`) in a time bucket ``bucket_ms`` wide. A cancel
         or a record with a caller-given id that finds nothing in its own shard withdraws what it
         names in the other partitions of its topic (``partitions``: topic -> partition count;
-        see withdraw.lua), if stamped no later. ``confirm`` reads in the delay topic the
+        see withdraw.lua), if stamped no later; add.lua keeps those until this is done (a fault
+        in between loses none: the next add of the shard, here or on the replica that takes it
+        over, hands them back). ``confirm`` reads in the delay topic the
         records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
         ``schedules`` the record a default delay-id names (its due time, and its own delay-id
         for the journal; without it, Redis's whole records are scanned for it).

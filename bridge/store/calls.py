@@ -133,12 +133,14 @@ def add_argv(
     *,
     replaces: Mapping[int, tuple[bytes, bool]],
     promotions: int | None = None,
+    across: bool = False,
 ) -> list[Any]:
     """add.lua's ARGV: ``vouched`` the delay-id read in the delay topic at each offset (see
     withdraw in _lib.lua); ``replaces`` where the record each record of the batch replaces by
     its default delay-id, or exactly, waits (record offset -> a ``where``, and whether exactly:
     see ``delay-replaces``); ``promotions`` the shard's count
-    of promotions read before the ``where`` were looked up (None: none was)."""
+    of promotions read before the ``where`` were looked up (None: none was); ``across``
+    whether the topic has other partitions (see add.lua)."""
     seen = "" if promotions is None else promotions
     argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, seen, len(vouched)]
     for offset, delay_id in vouched.items():
@@ -146,6 +148,7 @@ def add_argv(
     argv.append(len(replaces))
     for offset, (named, exact) in replaces.items():
         argv += (str(offset), named, "1" if exact else "")
+    argv.append("1" if across else "")
     for entry in entries:
         argv += entry
     return argv

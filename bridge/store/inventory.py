@@ -258,12 +258,23 @@ class Inventory:
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""
+        return {s: mark for s, (mark, _) in self.resume_points(shards).items()}
+
+    def resume_points(self, shards: Sequence[Shard]) -> dict[Shard, tuple[int, int]]:
+        """For each shard that has a watermark: it, and the offset to read from — the one after
+        it, or the lowest cancel or replacement add.lua keeps until it is looked for in the
+        topic's other partitions (meta "withdrawing"), which the next add hands back."""
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
-                pipe.hget(self.keys.of(shard).meta, "ingested")
+                pipe.hmget(self.keys.of(shard).meta, ["ingested", "withdrawing"])
             values = pipe.execute()
-        return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
+        out: dict[Shard, tuple[int, int]] = {}
+        for shard, (mark, left) in zip(shards, values, strict=True):
+            if mark is not None:
+                kept = [int(t.split(b":")[0]) for t in (left or b"").split()]
+                out[shard] = (int(mark), min([int(mark) + 1, *kept]))
+        return out
 
     def stored_shards(self, topic: str) -> list[Shard]:
         """The live shards of ``topic`` that Redis holds state for, by partition: what the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import urllib.parse
 from pathlib import Path
@@ -113,6 +114,51 @@ def test_a_record_the_bridge_fails_on_is_dead_lettered_and_stops_nothing(
     detail = (dead.header(H_ERROR_DETAIL) or b"").decode()
     assert "a bug" in detail and "ValueError" in detail, detail
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz 200 again")
+
+
+def test_a_cross_partition_cancel_outlives_a_fault_after_its_batch_was_stored(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A cancel produced to another partition than its record's: add.lua stores its batch (the
+    watermark passes it), then the look in the record's partition fails (injected: Kafka does
+    not answer). The batch was handled again, add.lua skipped what its watermark covered, and
+    the cancel never withdrew its record: it was delivered. The withdrawals a batch leaves to
+    do are kept with it in Redis, and done again until they are done."""
+    target = setup.targets[0].encode()
+    bridge = setup.bridge()
+    bridge.env.update(ACROSS_FAULTS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridges.append(bridge.start())
+    later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"ordered", [*later, (H_ID, b"x1")])])
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    produce_to(setup.services.bootstrap, setup.delay, [(1, None, [(H_CANCEL, b"x1")])])
+    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 30,
+             "the cancel applied")  # fmt: skip
+    assert "injected by the test" in bridge.output()
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 0
+
+
+def test_a_cross_partition_cancel_left_to_do_by_a_killed_bridge_is_done_by_the_next(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The look in the record's partition fails for good on one bridge (injected), which is then
+    SIGKILLed: the offset it committed stays at the cancel (the lowest thing Redis has left to
+    do), so the next bridge reads it again, and add.lua, which applied it, hands it back."""
+    target = setup.targets[0].encode()
+    first = setup.bridge()
+    first.env.update(ACROSS_FAULTS="1000000", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridges.append(first.start())
+    later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"ordered", [*later, (H_ID, b"x2")])])
+    wait_for(lambda: metric(first, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    produce_to(setup.services.bootstrap, setup.delay, [(1, None, [(H_CANCEL, b"x2")])])
+    wait_for(lambda: "injected by the test" in first.output(), 30, "the look failed")
+    first.signal(signal.SIGKILL)
+    first.wait(30)
+    second = setup.bridge("second").start()
+    bridges.append(second)
+    wait_for(lambda: metric(second, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 60,
+             "the cancel applied by the next bridge")  # fmt: skip
 
 
 def test_a_default_id_named_without_its_due_time_is_read_not_scanned_for(

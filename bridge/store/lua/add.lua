@@ -28,7 +28,8 @@ covers (see bridge.ingress).
 
 KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
-                              "floor" -> the lowest offset this state applied (set once)
+                              "floor" -> the lowest offset this state applied (set once),
+                              "withdrawing" -> entries not yet looked for in other partitions
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
@@ -58,7 +59,10 @@ ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose calle
           one ("" else): that record only, and nothing when this shard's state knows it no longer
           waits (claimed, or settled since the state's floor: see below); when the state cannot
           know (an offset below its floor), a replacement by its delay-id as any other
-ARGV[7 + 2V + 3W..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
+ARGV[7 + 2V + 3W] "1" when the topic has other partitions: each entry that finds nothing here is
+          kept in meta "withdrawing" until the caller, having looked for it there, deletes the
+          field; an entry at or below the watermark still kept there is reported again
+ARGV[8 + 2V + 3W..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
@@ -86,7 +90,7 @@ local refused = undeclared(10, wait_keys(KEYS[9]))
 if refused then
   return refused
 end
-local mark = redis.call('HGET', KEYS[2], 'ingested')
+local mark, pending_across = unpack(redis.call('HMGET', KEYS[2], 'ingested', 'withdrawing'))
 if ARGV[1] ~= '' then
   if not mark then
     return {1, -1}
@@ -134,10 +138,22 @@ local vouched, replacing = {}, 6 + 2 * tonumber(ARGV[5])
 for i = 6, replacing - 1, 2 do
   vouched[ARGV[i]] = ARGV[i + 1]
 end
-local replaces, exactly, first = {}, {}, replacing + 1 + 3 * tonumber(ARGV[replacing])
-for i = replacing + 1, first - 1, 3 do
+local replaces, exactly, at_across = {}, {}, replacing + 1 + 3 * tonumber(ARGV[replacing])
+for i = replacing + 1, at_across - 1, 3 do
   replaces[ARGV[i]] = ARGV[i + 1]
   exactly[ARGV[i]] = ARGV[i + 2] == '1'
+end
+local across, first = ARGV[at_across] == '1', at_across + 1
+
+-- What calls before this one left to look for in the topic's other partitions (meta
+-- "withdrawing": "<offset>:<k>" of the k-th entry at that offset, from 0, space-separated):
+-- kept until the caller looked there, whatever happens in between; the offset to commit (low.lua)
+-- and to resume reading from stay at or below them.
+local left, left_any, left_changed = {}, false, false
+if pending_across then
+  for token in string.gmatch(pending_across, '%S+') do
+    left[token], left_any = true, true
+  end
 end
 local hashes = {}
 for i = first, #ARGV, 5 do
@@ -327,8 +343,35 @@ local function written(candidates)
   end
 end
 
+-- The entry at ARGV[i] as meta "withdrawing" names it: its offset, and which of the entries at
+-- that offset it is (token_k, kept by the loop below).
+local token_offset, token_k = nil, 0
+local function token(i)
+  return ARGV[i] .. ':' .. token_k
+end
+
+-- The entry at ARGV[i] found nothing here: the caller looks in the topic's other partitions.
+local function unmatch(i, place)
+  unmatched[#unmatched + 1] = place
+  if across then
+    left[token(i)], left_changed = true, true
+  end
+end
+
 for i = first, #ARGV, 5 do
-  if tonumber(ARGV[i]) > watermark then
+  if ARGV[i] == token_offset then
+    token_k = token_k + 1
+  else
+    token_offset, token_k = ARGV[i], 0
+  end
+  if tonumber(ARGV[i]) <= watermark then
+    if left_any and left[token(i)] then  -- applied, but not yet looked for elsewhere
+      unmatched[#unmatched + 1] = (i - first) / 5
+      if ARGV[i + 1] == '' then
+        missing = missing + 1
+      end
+    end
+  else
     local score, member, id, hash = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     local place = (i - first) / 5  -- in the batch, from 0
     if score == '' then
@@ -345,7 +388,7 @@ for i = first, #ARGV, 5 do
         cancelled = cancelled + 1
       else
         missing = missing + 1
-        unmatched[#unmatched + 1] = place
+        unmatch(i, place)
       end
     elseif id == '' then
       -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
@@ -384,7 +427,7 @@ for i = first, #ARGV, 5 do
           withdrew(offset, at, place, by_default, took)
           replaced = replaced + 1
         else
-          unmatched[#unmatched + 1] = place
+          unmatch(i, place)
         end
         if #member == REFERENCE then
           refer(score, member)
@@ -410,6 +453,13 @@ if tonumber(ARGV[2]) > watermark then
 end
 if not mark then
   redis.call('HSET', KEYS[2], 'floor', floor)
+end
+if left_changed then
+  local tokens = {}
+  for t in pairs(left) do
+    tokens[#tokens + 1] = t
+  end
+  redis.call('HSET', KEYS[2], 'withdrawing', table.concat(tokens, ' '))
 end
 local reply = {0, added + plain, replaced, cancelled, missing, #unmatched}
 for _, list in ipairs({unmatched, withdrawn}) do

@@ -3,7 +3,9 @@ low: the lowest offset of one shard that Redis does not yet account for, the off
 
 Every offset below it was either delivered (or dead-lettered) and acknowledged, so re-reading the
 delay topic from it after Redis lost its data rebuilds every pending record. It is the lowest
-pending record's offset, or watermark + 1 when nothing is pending.
+pending record's offset, or watermark + 1 when nothing is pending — or lower, the lowest cancel
+or replacement still to be looked for in the topic's other partitions (meta "withdrawing", see
+add.lua): read again from there, it is looked for again.
 
 The lowest bucket of the low index has the lowest pending offset as its lowest set bit
 (mark_pending in _lib.lua keeps the two in step). A bucket without pending bits (which
@@ -11,41 +13,58 @@ mark_pending never leaves: a defence) is dropped and the next one read, at most 
 call; reaching that bound returns the start of the next bucket, which is still at or below the
 lowest pending offset.
 
-KEYS[1]  meta           HASH  field "ingested" -> highest offset handled
+KEYS[1]  meta           HASH  "ingested" -> highest offset handled, "withdrawing" -> see add.lua
 KEYS[2]  low index      ZSET  offset bucket -> 0
 KEYS[3]  pending        HASH  offset bucket -> bitmap of its pending offsets
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  the most buckets to read
 
-Returns: {0, watermark, the lowest pending offset as 8 bytes, or ""}
+Returns: {0, watermark, the lowest pending offset as 8 bytes (or lower: see above), or ""}
        | {1, -1, ""} shard state missing | {2, watermark, ""} watermark below the expected one
 ]]
-local mark = redis.call('HGET', KEYS[1], 'ingested')
+local mark, across = unpack(redis.call('HMGET', KEYS[1], 'ingested', 'withdrawing'))
 if not mark then
   return {1, -1, ''}
 end
 if ARGV[1] ~= '' and tonumber(mark) < tonumber(ARGV[1]) then
   return {2, tonumber(mark), ''}
 end
-for _ = 1, tonumber(ARGV[2]) do
-  local bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if not bucket then
-    return {0, tonumber(mark), ''}
-  end
-  local map = redis.call('HGET', KEYS[3], bucket) or ''
-  for j = 1, #map do
-    local byte = string.byte(map, j)
-    for n = 0, 7 do
-      if bit.band(byte, bit.lshift(1, n)) ~= 0 then
-        return {0, tonumber(mark), bucket .. string.char((j - 1) * 8 + n)}
+-- The lowest pending offset as 8 bytes ('' for none).
+local function lowest_pending()
+  for _ = 1, tonumber(ARGV[2]) do
+    local bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not bucket then
+      return ''
+    end
+    local map = redis.call('HGET', KEYS[3], bucket) or ''
+    for j = 1, #map do
+      local byte = string.byte(map, j)
+      for n = 0, 7 do
+        if bit.band(byte, bit.lshift(1, n)) ~= 0 then
+          return bucket .. string.char((j - 1) * 8 + n)
+        end
       end
     end
+    redis.call('HDEL', KEYS[3], bucket)
+    redis.call('ZREM', KEYS[2], bucket)
   end
-  redis.call('HDEL', KEYS[3], bucket)
-  redis.call('ZREM', KEYS[2], bucket)
+  local next_bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  return next_bucket and next_bucket .. string.char(0) or ''
 end
-local next_bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if next_bucket then
-  return {0, tonumber(mark), next_bucket .. string.char(0)}
+
+local low = lowest_pending()
+local lowest  -- of what is still to be looked for in other partitions (offsets stay below 2^53)
+for offset in string.gmatch(across or '', '(%d+):%d+') do
+  lowest = math.min(lowest or tonumber(offset), tonumber(offset))
 end
-return {0, tonumber(mark), ''}
+if lowest then
+  local hi, lo = 0, 0
+  if low ~= '' then
+    hi, lo = struct.unpack('>I4I4', low)
+  end
+  if low == '' or lowest < hi * 4294967296 + lo then
+    hi = math.floor(lowest / 4294967296)
+    low = struct.pack('>I4I4', hi, lowest - hi * 4294967296)
+  end
+end
+return {0, tonumber(mark), low}

@@ -1,7 +1,9 @@
 """A bridge process a test starts with this folder on PYTHONPATH and ``STORE_FAULT_VALUE`` set
 fails to store any batch of a partition that holds a record with that value, as a bug in the
 bridge would (a ``ValueError`` while add.lua's arguments are made): the ingress must dead-letter
-that record alone and store the rest (bridge.ingress.careful)."""
+that record alone and store the rest (bridge.ingress.careful). With ``ACROSS_FAULTS=N``, the
+first N looks for what cancels name in other partitions fail as a broker bounce would (a
+``KafkaFault``), after add.lua stored their batch."""
 
 import os
 
@@ -22,3 +24,22 @@ if _VALUE:
         return _add_call(*args, **kwargs)
 
     setattr(adding, "add_call", _failing)  # noqa: B010
+
+_ACROSS = [int(os.environ.get("ACROSS_FAULTS", "0"))]
+
+if _ACROSS[0]:
+    from typing import Any
+
+    from bridge.errors import KafkaFault
+    from bridge.message import Cancel
+    from bridge.store import adding
+
+    _withdraw_elsewhere = adding.withdraw_elsewhere
+
+    def _bouncing(scripts: Any, keys: Any, unmatched: Any, *args: Any, **kwargs: Any) -> Any:
+        if _ACROSS[0] > 0 and any(isinstance(r, Cancel) for _, r in unmatched):
+            _ACROSS[0] -= 1
+            raise KafkaFault("the broker did not answer (injected by the test)")
+        return _withdraw_elsewhere(scripts, keys, unmatched, *args, **kwargs)
+
+    setattr(adding, "withdraw_elsewhere", _bouncing)  # noqa: B010
