@@ -6,6 +6,7 @@ from bridge.config.librdkafka import (
     kafka_settings,
     producer_settings,
     read_back_settings,
+    transactional_id,
     transactional_settings,
 )
 from bridge.config.loader import from_mapping, load
@@ -27,5 +28,6 @@ __all__ = [
     "read_back_settings",
     "redact",
     "redact_url",
+    "transactional_id",
     "transactional_settings",
 ]

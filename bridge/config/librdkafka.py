@@ -147,6 +147,14 @@ def producer_settings(config: Config) -> dict[str, str]:
     return _fix(settings, _PRODUCER_FIXED, "kafka.producer")
 
 
+def transactional_id(group_id: str, topic: str, partition: int) -> str:
+    """The transactional id of a delay-topic partition's producer: ``<group>:<topic>:<partition>``.
+    A topic name holds no ``:``, so the id names one (group, topic, partition) whatever the group
+    holds: two deployments (two groups) never fence each other, as ``.`` joined ones could
+    (group ``a.b`` topic ``c`` and group ``a`` topic ``b.c``)."""
+    return f"{group_id}:{topic}:{partition}"
+
+
 def transactional_settings(config: Config, transactional_id: str) -> dict[str, str]:
     """A transactional producer's properties (exactly-once egress, one per delay-topic partition):
     the producer's, with its transactional id. Kafka aborts a transaction open longer than

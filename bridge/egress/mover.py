@@ -109,6 +109,7 @@ class Egress:
             transactions,
             drop_held=self.sender.drop,
             wake=self._wake.set,
+            readiness=self.readiness,
         )
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
@@ -184,7 +185,7 @@ class Egress:
             allowed = self.rate.allowance()
             limited, room = allowed < room, min(room, allowed)
         self.lanes.release(self.owned, self.plan)
-        shards = self.plan.to_claim(self.owned, now)
+        shards = self.plan.to_claim(self.taking_over.claimable(self.owned), now)
         self._starved = bool(shards) and limited and room <= 0
         claimed = 0
         if shards and room > 0:
@@ -317,7 +318,7 @@ class Egress:
         ack_by = self.deliveries.ack_by
         if ack_by is not None:
             seconds = min(seconds, max(0.0, ack_by - time.monotonic()))
-        first = self.plan.first(self.owned)
+        first = self.plan.first(self.taking_over.claimable(self.owned))
         if first != NEVER:
             until = max(0.0, (first - self.clock.now_ms()) / 1000)
             if self._starved and self.rate is not None:  # records are due: the rate says when

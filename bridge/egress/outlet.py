@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from bridge.config import Config, transactional_settings
+from bridge.config import Config, transactional_id, transactional_settings
 from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, InFlight
 from bridge.egress.transactions import (
@@ -26,7 +26,6 @@ from bridge.egress.transactions import (
     Settings,
     ShardTransaction,
 )
-from bridge.errors import KafkaFault
 from bridge.health import Readiness
 from bridge.journal import Journal, Reconcile
 from bridge.kafka import produce
@@ -102,7 +101,7 @@ def shard_transactions(
     assert journal is not None  # the config needs one (bridge.config.loader)
 
     def producer(shard: Shard) -> Producer:
-        tid = f"{config.kafka.group_id}.{shard.topic}.{shard.partition}"
+        tid = transactional_id(config.kafka.group_id, shard.topic, shard.partition)
         return Producer({**transactional_settings(config, tid), "logger": log})
 
     settings = Settings(
@@ -132,10 +131,10 @@ class Transactions:
         self._closed: dict[Shard, ShardTransaction] = {}  # at a revoke: perhaps not ended yet
         self.reports = threading.Event()  # set when a shard hands reports on
 
-    def open(self, shards: Iterable[Shard]) -> None:
+    def open(self, shards: Iterable[Shard]) -> dict[Shard, str]:
         """Start the producers of ``shards`` (taken over) that have none, all at once: each
-        start waits for Kafka to fence the earlier owner. Raises KafkaFault if one does not
-        start (the others are kept)."""
+        start waits for Kafka to fence the earlier owner. Returns those that did not start (by
+        partition: why); the others are kept."""
         new = {s.base() for s in shards if not self._live(s.base())}
         for shard in new:  # a producer closed at a revoke ends before the next one starts
             closed = self._closed.pop(shard, None)
@@ -158,9 +157,7 @@ class Transactions:
         for t in threads:
             t.join()
         self._shards.update(started)
-        if failed:
-            shard, why = sorted(failed.items())[0]
-            raise KafkaFault(f"{shard}: the transactional producer did not start: {why}")
+        return failed
 
     def _live(self, shard: Shard) -> bool:
         txn = self._shards.get(shard)

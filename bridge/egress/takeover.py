@@ -14,14 +14,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from bridge.egress.failures import Ident, by_shard
+from bridge.egress.failures import Ident, backoff, by_shard
 from bridge.egress.outlet import Transactions
 from bridge.egress.settle import Deliveries
 from bridge.errors import BridgeError, StoreError, WriteRefused
+from bridge.health import Readiness
 from bridge.journal import Reconcile
 from bridge.store import Shard, Store, shard_names
 
 logger = logging.getLogger(__name__)
+
+# A partition whose transactional producer did not start is tried again after this, doubling up
+# to the most (each try waits up to the producer's init timeout, on this partition alone).
+HELD_RETRY_S, HELD_RETRY_MAX_S = 1.0, 30.0
 
 
 class TakeOver:
@@ -36,6 +41,7 @@ class TakeOver:
         *,
         drop_held: Callable[[set[Shard]], list[Ident]] = lambda bases: [],
         wake: Callable[[], None] = lambda: None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.store = store
         self.deliveries = deliveries
@@ -53,10 +59,21 @@ class TakeOver:
         self._unsure = False
         self._unanswered = store.scripts.unanswered  # the store's calls sent again, as last seen
         self._lock = threading.Lock()
+        # Partitions whose producer did not start: not claimed from (see claimable), tried again
+        # at a back-off; the others go on. Partition -> (when to try again, tries, why).
+        self._held: dict[Shard, tuple[float, int, str]] = {}
+        self.readiness = readiness or Readiness()
 
     def __bool__(self) -> bool:
         unsure = self._unsure or self.store.scripts.unanswered != self._unanswered
-        return bool(self._shards or self._gone or self._rebuilt or unsure)
+        now = time.monotonic()
+        again = any(at <= now for at, _, _ in self._held.values())
+        return bool(self._shards or self._gone or self._rebuilt or unsure or again)
+
+    def claimable(self, owned: frozenset[Shard]) -> frozenset[Shard]:
+        """``owned`` less the partitions whose take-over failed, until it succeeds."""
+        held = self._held
+        return frozenset(s for s in owned if s.base() not in held) if held else owned
 
     def failed(self, exc: Exception) -> None:
         """A step of the mover failed: a Redis call without an answer may have run (``_unsure``);
@@ -95,6 +112,9 @@ class TakeOver:
         """Forget the shards of these partitions (revoked before they were taken over)."""
         with self._lock:
             self._shards = {s for s in self._shards if s.base() not in bases}
+        for base in bases:
+            self._held.pop(base, None)
+        self._say_held()
 
     def give_up(self, shards: set[Shard], *, close: bool = True) -> None:
         """Exactly once: these partitions are another replica's (revoked, or their producer was
@@ -125,11 +145,14 @@ class TakeOver:
             )
         if self.store.scripts.unanswered != self._unanswered:
             self._unanswered, self._unsure = self.store.scripts.unanswered, True
+        now = time.monotonic()
+        shards |= {s for s in owned if self._held.get(s.base(), (now + 1, 0, ""))[0] <= now}
         if not shards:
             return self._own_leases(owned) if self._unsure else shards
+        failed = self.transactions.open(shards) if self.transactions is not None else {}
+        self._hold(shards, failed, now)
+        shards = {s for s in shards if s.base() not in failed}
         try:
-            if self.transactions is not None:
-                self.transactions.open(shards)
             ended = self._end_leases(shards)
         except BridgeError:
             self.add(shards & owned)
@@ -141,6 +164,37 @@ class TakeOver:
                 shard_names(shards),
             )
         return shards
+
+    def _hold(self, tried: set[Shard], failed: dict[Shard, str], now: float) -> None:
+        """Hold the partitions whose producer did not start (``failed``) until a later try,
+        after a back-off; forget those ``tried`` that started."""
+        for shard in tried:
+            base = shard.base()
+            if base in failed:
+                tries = self._held.get(base, (0.0, 0, ""))[1] + 1
+                wait = backoff(HELD_RETRY_S, HELD_RETRY_MAX_S, tries)
+                self._held[base] = (now + wait, tries, failed[base])
+                logger.warning(
+                    "%s: the transactional producer did not start (%s); its records wait, the "
+                    "other partitions go on; trying again in %.0fs",
+                    base,
+                    failed[base],
+                    wait,
+                )
+            else:
+                self._held.pop(base, None)
+        self._say_held()
+
+    def _say_held(self) -> None:
+        """/readyz names the partitions held and why (the others are delivered meanwhile)."""
+        if self._held:
+            held = sorted(self._held.items())
+            why = "; ".join(
+                f"{s}: the transactional producer did not start: {w}" for s, (_, _, w) in held
+            )
+            self.readiness.fail("take-over", why)
+        else:
+            self.readiness.ok("take-over")
 
     def _end_leases(self, shards: set[Shard]) -> int:
         """End the leases of the records of ``shards`` not in flight here, those the journal

@@ -5,6 +5,7 @@ its partitions were taken over."""
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import time
 
@@ -16,6 +17,7 @@ from bridge.kafka import headers_of
 from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC, Headers
 from tests.conftest import wait_for
 from tests.integration.harness import (
+    ROOT,
     Bridge,
     Collector,
     Setup,
@@ -24,6 +26,7 @@ from tests.integration.harness import (
     fast_takeover,
     metric,
     produce_all,
+    produce_to,
     roll_back,
     schedule,
     snapshot_keys,
@@ -34,6 +37,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 EXACTLY_ONCE = {"egress__exactly_once": "true"}
+FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 
 def each_once(collector: Collector, setup: Setup, expected: dict[str, int], timeout: float) -> None:
@@ -178,6 +182,30 @@ def test_readyz_names_a_partition_whose_transactional_producer_cannot_start(
     wait_for(named, 60, "/readyz naming the producer")
     assert f"{setup.delay}[" in body and "timeout" in body.lower()
     assert metric(bridge, "delay_bridge_delivered_total") == 0
+
+
+def test_a_partition_whose_producer_cannot_start_holds_up_that_partition_alone(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Partition 1's transactional producer does not start (injected: as an ACL refusing its
+    transactional id would). The whole mover step failed with it, every try, so no partition was
+    delivered. Now partition 1 waits, named in /readyz, and the others are delivered."""
+    bridge = setup.bridge(**EXACTLY_ONCE)
+    bridge.env.update(TXN_FAULT_PARTITION="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridges.append(bridge.start())
+    now: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")]
+    produce_to(setup.services.bootstrap, setup.delay,
+               [(p, f"p{p}-{i}".encode(), now) for p in (0, 1, 2) for i in range(5)])  # fmt: skip
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 10, 60, "partitions 0 and 2 delivered")
+    finally:
+        collector.close()
+    assert sorted(r.value or b"" for r in collector.records) == sorted(
+        f"p{p}-{i}".encode() for p in (0, 2) for i in range(5))  # fmt: skip
+    status, body = bridge.get("/readyz")
+    assert status == 503 and f"{setup.delay}[1]" in body, body
+    assert "injected by the test" in body and f"{setup.delay}[0]" not in body, body
 
 
 def test_acknowledgements_redis_lost_without_its_watermark_going_back_deliver_nothing_again(

@@ -18,6 +18,7 @@ from bridge.config import (
     from_mapping,
     load,
     producer_settings,
+    transactional_id,
     transactional_settings,
 )
 from bridge.config.schema import EgressConfig
@@ -30,11 +31,21 @@ def test_a_transactional_producer_is_the_producer_with_its_id_and_the_lease_as_i
     None
 ):
     config = from_mapping({"egress": {"exactly_once": True, "lease": "20s"}}, env={})
-    settings = transactional_settings(config, "delay-bridge.delay.0")
-    assert settings["transactional.id"] == "delay-bridge.delay.0"
+    settings = transactional_settings(config, "delay-bridge:delay:0")
+    assert settings["transactional.id"] == "delay-bridge:delay:0"
     assert settings["transaction.timeout.ms"] == "20000"
     assert settings["enable.idempotence"] == "true"
     assert int(settings["delivery.timeout.ms"]) <= 20000  # librdkafka requires it
+
+
+def test_transactional_ids_of_two_deployments_never_meet() -> None:
+    """``<group>.<topic>.<partition>`` gave group ``a.b`` with topic ``c`` and group ``a`` with
+    topic ``b.c`` one id: the two deployments' producers fenced each other. A topic name holds
+    no ``:``, so the id splits back into the one (group, topic, partition) it was made of."""
+    assert transactional_id("a.b", "c", 1) != transactional_id("a", "b.c", 1)
+    made = transactional_id("deploy:eu.1", "orders.delay", 12)
+    group, topic, partition = made.rsplit(":", 2)
+    assert (group, topic, partition) == ("deploy:eu.1", "orders.delay", "12")
 
 
 def test_defaults_match_the_documented_file() -> None:

@@ -3,15 +3,16 @@ fails to store any batch of a partition that holds a record with that value, as 
 bridge would (a ``ValueError`` while add.lua's arguments are made): the ingress must dead-letter
 that record alone and store the rest (bridge.ingress.careful). With ``ACROSS_FAULTS=N``, the
 first N looks for what cancels name in other partitions fail as a broker bounce would (a
-``KafkaFault``), after add.lua stored their batch."""
+``KafkaFault``), after add.lua stored their batch. With ``TXN_FAULT_PARTITION=P``, the
+transactional producer of each delay-topic partition P does not start (as an ACL refusing its
+transactional id would)."""
 
 import os
+from typing import Any
 
 _VALUE = os.environ.get("STORE_FAULT_VALUE", "").encode()
 
 if _VALUE:
-    from typing import Any
-
     from bridge.message import Scheduled
     from bridge.store import adding
 
@@ -28,8 +29,6 @@ if _VALUE:
 _ACROSS = [int(os.environ.get("ACROSS_FAULTS", "0"))]
 
 if _ACROSS[0]:
-    from typing import Any
-
     from bridge.errors import KafkaFault
     from bridge.message import Cancel
     from bridge.store import adding
@@ -43,3 +42,20 @@ if _ACROSS[0]:
         return _withdraw_elsewhere(scripts, keys, unmatched, *args, **kwargs)
 
     setattr(adding, "withdraw_elsewhere", _bouncing)  # noqa: B010
+
+_TXN_PARTITION = os.environ.get("TXN_FAULT_PARTITION", "")
+
+if _TXN_PARTITION:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from bridge.egress import transactions
+
+    _start = transactions.ShardTransaction.start
+
+    def _refused(self: Any) -> None:
+        if str(self.shard.partition) == _TXN_PARTITION:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                            "not authorized (injected by the test)"))  # fmt: skip
+        _start(self)
+
+    setattr(transactions.ShardTransaction, "start", _refused)  # noqa: B010
