@@ -132,6 +132,11 @@ class Unowned:
         self.unowned_s = unowned_s
         self._since: dict[Shard, float] = {}  # unowned in a stable group since (monotonic)
         self._next_rejoin = 0.0
+        # What the last rejoin was for: unowned again after it, they are assigned to a member
+        # that says nothing in Redis (alive in Kafka: the sticky assignor keeps them there), and
+        # another rejoin would change nothing. Only partitions not among them ask again.
+        self._tried: frozenset[Shard] = frozenset()
+        self._told = False  # that a rejoin for them changed nothing
 
     def check(self) -> None:
         """Look at the group once; have its least-loaded member rejoin if it is due."""
@@ -146,7 +151,16 @@ class Unowned:
         self._since = {s: self._since.get(s, now) for s in unowned}
         if not unowned or now < self._next_rejoin:
             return
-        waited = now - min(self._since.values())
+        if unowned <= self._tried:
+            if not self._told:
+                self._told = True
+                logger.warning(
+                    "%s still owned by no replica that says so in Redis after a rejoin: their "
+                    "owner is in the group but cannot write to Redis; no rejoin would move them",
+                    shard_names(unowned),
+                )
+            return
+        waited = now - min(self._since[s] for s in unowned - self._tried)
         if waited < self.unowned_s:
             return
         member = group.least_loaded()
@@ -159,4 +173,5 @@ class Unowned:
         logger.warning("%s", why)
         self._next_rejoin = now + REJOIN_EVERY_S
         self._since.clear()
+        self._tried, self._told = frozenset(unowned), False
         self._rejoin(member, why)

@@ -1,6 +1,7 @@
 """What each running replica says it owns, for the watch on partitions no member owns.
 
-One hash, ``<prefix>:replicas``: replica id -> when it last said (Redis's clock), whether its
+One hash per consumer group, ``<prefix>:replicas:<group>`` (deployments sharing a Redis prefix
+watch their own groups only): replica id -> when it last said (Redis's clock), whether its
 consumer is in its group, and the delay partitions assigned to it. Each replica writes its own
 field every few seconds and deletes it when it stops; a field not written for longer than a
 group session is a replica gone (its partitions are another's by then) and is dropped by the
@@ -29,11 +30,14 @@ class Replica:
 
 
 class Replicas:
-    """The replicas' field of ``<prefix>:replicas`` (raises StoreError if Redis fails)."""
+    """The replicas' fields of ``<prefix>:replicas:<group>`` (raises StoreError if Redis
+    fails)."""
 
-    def __init__(self, client: redis.Redis, prefix: str, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str, now_ms: Callable[[], int], group: str
+    ) -> None:
         self.client = client
-        self.key = f"{prefix}:replicas"
+        self.key = f"{prefix}:replicas:{group}"
         self._now_ms = now_ms  # Redis's clock (Store.time_ms): one clock for every replica
 
     def say(self, replica: str, joined: bool, owned: Collection[Shard]) -> None:

@@ -435,16 +435,18 @@ def test_the_replicas_word_on_their_partitions_lasts_a_session_or_until_they_sto
 ) -> None:
     """What bridge.ingress.unowned reads: each replica's last word, a silent one's for as long as
     a group session, a malformed one's not at all."""
-    replicas = Replicas(redis_client, f"test-{unique}", Store(redis_client, "").time_ms)
+    replicas = Replicas(redis_client, f"test-{unique}", Store(redis_client, "").time_ms, "g")
+    others = Replicas(redis_client, f"test-{unique}", Store(redis_client, "").time_ms, "other")
+    others.say("pod-9:1", True, {Shard("delay", 2)})  # another deployment's group: not seen
     replicas.say("pod-0:7", True, {Shard("delay", 1), Shard("delay", 0)})
     replicas.say("pod-1:8", False, set())
-    redis_client.hset(f"test-{unique}:replicas", "junk", "{not json")
+    redis_client.hset(f"test-{unique}:replicas:g", "junk", "{not json")
     assert replicas.alive(60_000) == {
         "pod-0:7": Replica(True, frozenset({Shard("delay", 0), Shard("delay", 1)})),
         "pod-1:8": Replica(False, frozenset()),
     }
-    assert redis_client.hexists(f"test-{unique}:replicas", "junk") == 0
+    assert redis_client.hexists(f"test-{unique}:replicas:g", "junk") == 0
     replicas.forget("pod-1:8")
     assert set(replicas.alive(60_000)) == {"pod-0:7"}
     wait_for(lambda: replicas.alive(1) == {}, 5, "a silent replica's word to lapse")
-    assert redis_client.hlen(f"test-{unique}:replicas") == 0
+    assert redis_client.hlen(f"test-{unique}:replicas:g") == 0
