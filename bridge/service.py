@@ -131,10 +131,8 @@ def _starting(config: Config) -> None:
 def _unowned(service: Service, session_ms: str) -> ReplicaView:
     """Have the probes watch for partitions no member owns; returns the replicas' view it reads (a
     replica's last word stands for a group session, ``session_ms``, and a probe round)."""
-    config, me = service.config, replica_id()
-    replicas = Replicas(
-        service.redis, config.redis.key_prefix, service.store.time_ms, config.kafka.group_id
-    )
+    config, me, clock = service.config, replica_id(), service.store.time_ms
+    replicas = Replicas(service.redis, config.redis.key_prefix, clock, config.kafka.group_id)
     alive_ms = int(session_ms) + int(PROBE_INTERVAL_S * 1000)
     view = ReplicaView(
         replicas, me, lambda: service.ingress.joined, lambda: service.egress.owned, alive_ms

@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S, RETRY_S, INIT_TIMEOUT_S = 5.0, 0.5, 30.0
 FLUSH_S, STALL_S = 0.2, 5.0
 IDLE_S = 1.0  # a shard's thread wakes this often with nothing to do
+# A transaction holds this many records at most: the rest go in the next. While acknowledgements
+# lag (a leader election) a transaction grew to every record claimed meanwhile, and its journal
+# with it; each is a commit the broker must take as a whole.
+MAX_RECORDS = 5_000
 
 # What the records of a transaction that was aborted were refused with for the abort's sake, not
 # their own: they are produced again in the next transaction.
@@ -199,6 +203,13 @@ class ShardTransaction:
         return self._open and now >= self._commit_at and now >= self._retry_at
 
     def _produce(self, batch: list[Outgoing]) -> None:
+        room = MAX_RECORDS - len(self._items)
+        if len(batch) > room:  # the rest wait for the next transaction, which is due now
+            with self._cond:
+                self._queue[:0] = batch[max(room, 0) :]
+            batch, self._commit_at = batch[: max(room, 0)], 0.0
+            if not batch:
+                return
         if not self._open:
             self.producer.begin_transaction()
             self._open, self._commit_at = True, time.monotonic() + self.s.period_s
@@ -248,7 +259,11 @@ class ShardTransaction:
                 self._abort("a record was refused")
                 return
             entries = [i.inflight.fate(i.at_ms, self.s.dead_letter) for i in self._items]
-            self.s.journal.write(self.shard, entries, self.producer)
+            try:
+                self.s.journal.write(self.shard, entries, self.producer)
+            except KafkaException as exc:  # never committed without its journal
+                self._abort(f"its journal was refused: {exc.args[0].str()}")
+                return
             self._committing = True
         try:
             self.producer.commit_transaction(CALL_TIMEOUT_S)

@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 # While Kafka refuses entries, an empty batch is written this often, traffic or not: /readyz
 # turns green once one is taken (a batch without entries tells a reader nothing).
 TRY_AGAIN_S = 5.0
+# A journal record's value at most: the entries of a batch or a transaction that settles more go
+# in several records, each under the journal topic's max.message.bytes and the producer's
+# message.max.bytes (both 1 MB by default) — 2,000 records with 64-byte ids made one of 1.1 MB.
+RECORD_BYTES = 256 * 1024
 
 
 class Journal:
@@ -58,8 +62,10 @@ class Journal:
         entries: list[Entry] | list[dict[str, Any]],
         producer: Producer | None = None,
     ) -> None:
-        """Journal the fates of records of ``shard`` (one Kafka record), through ``producer``
-        if given (a shard's transactional producer: the entries commit with the records)."""
+        """Journal the fates of records of ``shard`` (a Kafka record per RECORD_BYTES of them),
+        through ``producer`` if given (a shard's transactional producer: the entries commit with
+        the records, and a record Kafka refuses at once raises KafkaException: the transaction
+        must not commit without it)."""
         if not entries:
             return
         self._last = shard
@@ -78,6 +84,11 @@ class Journal:
     ) -> None:
         topic_id = self._topic_ids().get(shard.topic, "")
         key, value, headers = encode_entries(shard.topic, shard.partition, entries, topic_id)
+        if len(value) > RECORD_BYTES and len(entries) > 1:
+            half = len(entries) // 2
+            self._send(shard, entries[:half], producer)
+            self._send(shard, entries[half:], producer)
+            return
         self.metrics.journal_pending.inc(len(entries))
         try:
             produce(
@@ -90,6 +101,8 @@ class Journal:
             )
         except KafkaException as exc:  # refused locally (too large for message.max.bytes)
             self._written(len(entries), exc.args[0], None)
+            if producer is not None:
+                raise
 
     def withdrawn(self, records: Sequence[Withdrawn], at_ms: int) -> None:
         """Journal what cancels and replacements withdrew, by the shard each record was in."""

@@ -184,6 +184,31 @@ def test_readyz_names_a_partition_whose_transactional_producer_cannot_start(
     assert metric(bridge, "delay_bridge_delivered_total") == 0
 
 
+def test_a_burst_with_long_ids_commits_with_its_whole_journal(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """6,000 records with 64-byte ids due at once in one partition, transactions gathering for
+    1 s: one transaction took them all, and its journal record (1.3 MB) was refused at once by
+    the producer (message.max.bytes 1 MB) — the transaction committed without it, so a rebuild or
+    a take-over would deliver them again. Transactions hold 5,000 records at most and a journal
+    record 256 KB: each record is delivered once and journaled once."""
+    bridge = setup.bridge(egress__transaction="1s", **EXACTLY_ONCE)
+    bridges.append(bridge.start())
+    assert wait_ready(bridge)
+    target = setup.targets[0].encode()
+    produce_all(setup.services.bootstrap, setup.delay, [
+        (b"one-partition", b"burst-%d" % i,
+         [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_ID, b"%064d" % i)])
+        for i in range(6000)
+    ])  # fmt: skip
+    wait_for(lambda: metric(bridge, "delay_bridge_delivered_total") == 6000, 120, "all delivered")
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 6000, 30,
+             "all journaled")  # fmt: skip
+    assert metric(bridge, "delay_bridge_journal_failures_total") == 0
+    counts = journaled(setup)
+    assert len(counts) == 6000 and set(counts.values()) == {1}
+
+
 def test_a_partition_whose_producer_cannot_start_holds_up_that_partition_alone(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from confluent_kafka import Producer
+import pytest
+from confluent_kafka import KafkaException, Producer
 from prometheus_client import CollectorRegistry
 
 from bridge.health import Readiness
@@ -21,6 +22,7 @@ from bridge.journal import (
     may_hold,
     offset_needles,
 )
+from bridge.journal.writer import RECORD_BYTES
 from bridge.message import Scheduled
 from bridge.metrics import Metrics
 from bridge.store import Shard
@@ -127,3 +129,34 @@ def test_entries_are_pending_until_kafka_takes_or_refuses_them() -> None:
     assert metrics.journal_pending._value.get() == 0
     assert metrics.journal_failures._value.get() == 2
     assert any("journal delay.journal refused 2 entries" in p for p in readiness.problems())
+
+
+def test_a_batch_of_entries_over_a_record_s_size_is_journaled_in_several() -> None:
+    """2,000 deliveries with 64-byte ids and target names made one journal record of 1.1 MB,
+    over the producer's message.max.bytes (1 MB): refused at once, the whole batch was counted
+    as failed (and an exactly-once transaction committed without its journal). The entries go
+    in records of RECORD_BYTES each."""
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "200",
+                         "log_level": 0})  # fmt: skip
+    metrics, readiness = Metrics(CollectorRegistry()), Readiness()
+    journal = Journal(producer, "delay.journal", metrics, readiness)
+    entries = [Entry(Fate.DELIVERED, o, "i" * 64, 1, 2, "t" * 64, 0, o) for o in range(8000)]
+    assert len(encode_entries("delay", 0, entries)[1]) > 1_000_000
+    journal.write(Shard("delay", 0), entries)
+    assert metrics.journal_failures._value.get() == 0  # none refused at once
+    assert metrics.journal_pending._value.get() == 8000
+    assert len(producer) >= len(encode_entries("delay", 0, entries)[1]) // RECORD_BYTES
+
+
+def test_a_transaction_s_journal_refused_at_once_raises() -> None:
+    """Through a shard's transactional producer an entry Kafka refuses at once raises: the
+    transaction aborts rather than commit without its journal."""
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": "10000",
+                         "log_level": 0})  # fmt: skip
+    metrics, readiness = Metrics(CollectorRegistry()), Readiness()
+    journal = Journal(producer, "delay.journal", metrics, readiness)
+    huge = [Entry(Fate.DEAD_LETTERED, 1, "a", 1, 2, reason="x" * 20_000)]
+    journal.write(Shard("delay", 0), huge)  # the stage's own producer: counted, not raised
+    assert metrics.journal_failures._value.get() == 1
+    with pytest.raises(KafkaException):
+        journal.write(Shard("delay", 0), huge, producer)
