@@ -63,6 +63,10 @@ class Positions:
         # The Redis watermark of each owned shard as last read or written by this process (the
         # mover reads it too: CatchUp.marks).
         self.marks: dict[Shard, int] = {} if marks is None else marks
+        # Shards resumed below their watermark on purpose, from this offset: what add.lua keeps
+        # to look for in other partitions (bridge.store.across). Offsets read from there up to
+        # the watermark are expected, not a log that went back.
+        self.resumed: dict[Shard, int] = {}
 
     def store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
         """Store each shard's lowest pending offset for the next commit (auto or explicit)."""
@@ -187,7 +191,15 @@ class Positions:
         """Shards of which an offset at or below the watermark was read: their offsets went back
         (the topic was recreated, or its log truncated). Their state is retired and they are read
         from the start; the caller drops what it read of them."""
-        back = {s for s, offset in read if offset <= self.marks.get(s, offset - 1)}
+        read = list(read)
+        back = {
+            s
+            for s, offset in read
+            if offset <= self.marks.get(s, offset - 1) and offset < self.resumed.get(s, offset + 1)
+        }
+        for s, offset in read:  # past the watermark: what was resumed below it is read again
+            if s in self.resumed and offset > self.marks.get(s, offset):
+                del self.resumed[s]
         if back:
             self.restart(self.bind(sorted(back), sorted(back)))
         return back

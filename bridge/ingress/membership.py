@@ -101,6 +101,10 @@ class Membership:
             elif shard in marks:
                 tp.offset = points[shard][1]
                 self.positions.marks[shard] = marks[shard]
+                if tp.offset <= marks[shard]:
+                    self.positions.resumed[shard] = tp.offset
+                else:
+                    self.positions.resumed.pop(shard, None)
         consumer.incremental_assign(partitions)
         starts = {s: tp.offset for s, tp in zip(shards, partitions, strict=True)}
         # Read with no state in Redis (wiped while stopped): stored before, maybe settled since.
