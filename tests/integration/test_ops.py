@@ -652,6 +652,8 @@ def test_a_bulk_fire_during_a_rate_limited_drain_delivers_each_record_once(
     assert [v for v, n in values.items() if n > 1] == [], "delivered twice"
     assert sum(values.values()) == count
     # Each replacement replaced its record, or came after it left and was not scheduled.
-    fired_count = int(re.search(r"fired ([\d,]+) waiting", fired.stdout)[1].replace(",", ""))
+    said = re.search(r"fired ([\d,]+) waiting", fired.stdout)
+    assert said is not None, fired.stdout
+    fired_count = int(said[1].replace(",", ""))
     late = metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
     assert metric(bridge, "delay_bridge_replaced_total") + late == fired_count, fired.stdout

@@ -33,7 +33,7 @@ if _ACROSS[0]:
     from bridge.message import Cancel
     from bridge.store import adding
 
-    _withdraw_elsewhere = adding.withdraw_elsewhere
+    _withdraw_elsewhere = getattr(adding, "withdraw_elsewhere")  # noqa: B009
 
     def _bouncing(scripts: Any, keys: Any, unmatched: Any, *args: Any, **kwargs: Any) -> Any:
         if _ACROSS[0] > 0 and any(isinstance(r, Cancel) for _, r in unmatched):
