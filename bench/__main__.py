@@ -19,6 +19,7 @@ from bench import report as rep
 from bench.bulk import bulk_cancel
 from bench.exactly_once import exactly_once
 from bench.priority import priority
+from bench.rebuild import rebuild
 from bench.scenarios import (
     FULL,
     QUICK,
@@ -47,10 +48,12 @@ SCENARIOS = (
     "far-future",
     "trace",
     "bulk",
+    "rebuild",
 )
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
 # lasts the spread of its scattered case twice; trace writes ten million journal entries (full):
-# each asked for by name; bulk cancels a million far-future records (full) under live traffic.
+# each asked for by name; bulk cancels a million far-future records (full) under live traffic;
+# rebuild loses Redis holding ten million waiting records (full).
 DEFAULT = SCENARIOS[:6]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 ID_BYTES = 31  # a delay-id of its own ("order-…"), as long as #59's far-future figure has it
@@ -148,6 +151,10 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         say(f"bulk: {sizes.bulk:,} far-future records cancelled by a key prefix while live "
             f"traffic arrives at {RECOVERY_RATE:,.0f}/s")  # fmt: skip
         bulk_cancel(servers, out, report, count=sizes.bulk, rate=RECOVERY_RATE)
+    if "rebuild" in names:
+        say(f"rebuild: {sizes.rebuild:,} records waiting (a tenth whole, the rest references), "
+            "then Redis lost")  # fmt: skip
+        rebuild(servers, out, report, sizes.rebuild)
     if "trace" in names:
         say(f"trace: a journal of {sizes.journal:,} entries over two days, records delivered a "
             "day ago traced")  # fmt: skip

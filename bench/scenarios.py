@@ -84,10 +84,12 @@ class Sizes:
     journal: int = 1_000_000
     # bulk: far-future records of one customer cancelled by a key prefix under live traffic.
     bulk: int = 1_000_000
+    # rebuild: records waiting (one in ten whole, the rest references) when Redis is lost.
+    rebuild: int = 10_000_000
 
 
 QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,
-              catchup=100_000, cluster=50_000, bulk=100_000)  # fmt: skip
+              catchup=100_000, cluster=50_000, bulk=100_000, rebuild=1_000_000)  # fmt: skip
 FULL = Sizes(throughput=500_000, values=(100, 1024), precision_s=60, backlog=1_000_000,
              catchup=100_000, cluster=200_000, held=((1_000_000, 1024), (10_000_000, 100)),
              contiguous=1_000_000, scattered=1_000_000, spread_s=500.0,

@@ -7,7 +7,13 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from bridge.config import Config, consumer_settings, producer_settings, transactional_settings
+from bridge.config import (
+    Config,
+    consumer_settings,
+    member_instance,
+    producer_settings,
+    transactional_settings,
+)
 from bridge.errors import ConfigError
 from bridge.message import Headers
 
@@ -42,7 +48,7 @@ def check_settings(config: Config) -> None:
     rejects — an unknown property, a bad value — stops start-up (and ``check-config``) with one
     line naming the config key, not a traceback from deep inside ``run``."""
     clients = [
-        ("consumer", consumer_settings(config, member=True)),
+        ("consumer", consumer_settings(config, instance=member_instance(config, config.http.port))),
         ("producer", producer_settings(config)),
     ]
     if config.egress.exactly_once:  # the shards' producers: transaction.timeout.ms too

@@ -48,7 +48,8 @@ class PartitionStatus:
     oldest_overdue_s: float
     watermark: int
     # From Kafka; None when Kafka could not be read (the rest comes from Redis alone).
-    committed: int | None
+    committed: int | None  # the watermark + 1 the bridge committed (-1: none)
+    rebuild_from: int | None  # the lowest pending offset it committed with it (-1: none)
     log_end: int | None
     lag: int | None
 
@@ -76,7 +77,7 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
         rows = []
         now = store.time_ms()
         marks = store.inventory.watermarks([s for s, _, _ in partitions])
-        for shard, committed, end in partitions:
+        for shard, (committed, rebuild_from), end in partitions:
             backlog = store.backlog([shard], now, config.egress.due_by_ms)
             first = store.inventory.first(shard)
             mark = marks.get(shard, -1)
@@ -93,6 +94,7 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
                     round((now - oldest) / 1000, 3) if oldest is not None else 0.0,
                     mark,
                     committed,
+                    rebuild_from,
                     end,
                     None if end is None else max(0, end - (mark + 1)) if end >= 0 else -1,
                 )
@@ -234,13 +236,19 @@ def delay_shards(config: Config, topics: Sequence[str]) -> list[Shard]:
     return [s for s, _, _ in _partitions(config, topics, offsets=False)]
 
 
+_UNKNOWN = (None, None)  # a committed offset and rebuild point Kafka did not say
+
+
 def _partitions(
     config: Config, topics: Sequence[str], *, offsets: bool = True
-) -> list[tuple[Shard, int | None, int | None]]:
-    """(shard, committed offset or -1, log end offset or -1) of every partition of ``topics``,
-    read with a consumer of the bridge's group that never joins it. When Kafka cannot be read,
-    the partitions Redis holds, with both offsets None (unknown), said once on stderr."""
+) -> list[tuple[Shard, tuple[int | None, int | None], int | None]]:
+    """(shard, (committed offset, rebuild point), log end offset) of every partition of
+    ``topics`` (-1: none), read with a consumer of the bridge's group that never joins it. When
+    Kafka cannot be read, the partitions Redis holds, with the offsets None (unknown), said once
+    on stderr."""
     from confluent_kafka import Consumer, KafkaException
+
+    from bridge.positions import rebuild_point
 
     unknown = [t for t in topics if t not in config.topics.delay]
     if unknown:
@@ -251,12 +259,13 @@ def _partitions(
     try:
         tps = [tp for topic in topics for tp in topic_partitions(consumer, topic, "delay topic")]
         if not offsets:
-            return [(Shard(tp.topic, tp.partition), -1, -1) for tp in tps]
+            return [(Shard(tp.topic, tp.partition), (-1, -1), -1) for tp in tps]
         committed = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
-        out: list[tuple[Shard, int | None, int | None]] = []
+        out: list[tuple[Shard, tuple[int | None, int | None], int | None]] = []
         for tp, done in zip(tps, committed, strict=True):
             _, end = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
-            out.append((Shard(tp.topic, tp.partition), max(done.offset, -1), end))
+            points = (max(done.offset, -1), max(rebuild_point(done), -1))
+            out.append((Shard(tp.topic, tp.partition), points, end))
         return out
     except KafkaException as exc:
         print(
@@ -270,7 +279,7 @@ def _partitions(
     store = store_of(config)
     try:
         return [
-            (shard, None, None)
+            (shard, _UNKNOWN, None)
             for topic in topics
             for shard in store.inventory.stored_shards(topic)
         ]
@@ -310,6 +319,7 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
         "oldest overdue",
         "watermark",
         "committed",
+        "rebuild from",
         "log end",
         "lag",
     ]
@@ -325,6 +335,7 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
             _age(r.oldest_overdue_s),
             str(r.watermark),
             _kafka(r.committed, "{}"),
+            _kafka(r.rebuild_from, "{}"),
             _kafka(r.log_end, "{}"),
             _kafka(r.lag),
         ]
@@ -340,6 +351,7 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
             f"{totals['in_flight']:,}",
             _when(int(totals["next_due_ms"] or -1)),
             _age(float(totals["oldest_overdue_s"] or 0)),
+            "",
             "",
             "",
             "",

@@ -3,12 +3,14 @@
 What happens when Redis or the topic no longer matches what was stored.
 
 Two positions per partition: the **watermark** in Redis (highest offset handled), where a consumer
-resumes after a restart or a rebalance; and the **committed offset** in Kafka, the lowest offset
-still pending in Redis (``low.lua``, stored every second, on revocation and on close), below which
-everything was delivered.
+resumes after a restart or a rebalance; and the **rebuild point**, the lowest offset still pending
+in Redis (``low.lua``), below which everything was delivered. Both go to Kafka with the group's
+commit (every second, on revocation and on close): the committed offset is the watermark + 1, so
+Kafka's own consumer-group lag (kafka-consumer-groups, Burrow, a lag exporter) is the ingest lag,
+not every waiting record; the rebuild point rides in the commit's metadata (:func:`commit_of`).
 
 * Redis lost a shard's state or writes (its watermark is missing or went back while this process
-  owns it): :meth:`Positions.rebuild` re-reads the delay topic from the committed offset, or from
+  owns it): :meth:`Positions.rebuild` re-reads the delay topic from the rebuild point, or from
   Redis's older watermark. What the journal says was settled since is not scheduled again, and
   what a rollback put back is forgotten first (bridge.ingress.settled); without a journal,
   records delivered since are delivered again, same ``delay-id``.
@@ -32,6 +34,36 @@ from bridge.store import Bound, Lost, Shard, Store
 logger = logging.getLogger(__name__)
 
 COMMITTED_TIMEOUT_S = 10.0
+REBUILD_FROM = "rebuild-from="  # the commit metadata's prefix: the lowest pending offset follows
+
+
+def commit_of(shard: Shard, end: int, low: int) -> TopicPartition:
+    """The commit of a shard read up to ``end`` (watermark + 1) whose lowest pending offset is
+    ``low``."""
+    return TopicPartition(shard.topic, shard.partition, end, metadata=f"{REBUILD_FROM}{low}")
+
+
+def rebuild_point(committed: TopicPartition) -> int:
+    """Where a shard's rebuild starts, from its committed offset: the lowest pending offset its
+    metadata names; else the offset itself (committed by an earlier version of the bridge, which
+    committed the lowest pending offset, or reset by an operator); negative: never committed."""
+    metadata = committed.metadata or ""
+    if metadata.startswith(REBUILD_FROM):
+        low = metadata[len(REBUILD_FROM) :]
+        if low.isascii() and low.isdigit():
+            return int(low)
+    return int(committed.offset)
+
+
+def rebuild_points(
+    consumer: Consumer, shards: Sequence[Shard], timeout_s: float
+) -> dict[Shard, int]:
+    """:func:`rebuild_point` of each shard, in one request (KafkaException when it fails)."""
+    tps = [TopicPartition(s.topic, s.partition) for s in shards]
+    return {
+        Shard(tp.topic, tp.partition): rebuild_point(tp)
+        for tp in consumer.committed(tps, timeout_s)
+    }
 
 
 class Positions:
@@ -69,7 +101,8 @@ class Positions:
         self.resumed: dict[Shard, int] = {}
 
     def store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
-        """Store each shard's lowest pending offset for the next commit (auto or explicit)."""
+        """Store each shard's watermark + 1 and lowest pending offset for the next commit (auto
+        or explicit; :func:`commit_of`)."""
         shards &= self.assigned
         if not shards:
             return
@@ -77,9 +110,7 @@ class Positions:
             lows = self.store.lows({s: self.marks.get(s) for s in sorted(shards)})
             if lows.offsets:
                 self.consumer.store_offsets(
-                    offsets=[
-                        TopicPartition(s.topic, s.partition, o) for s, o in lows.offsets.items()
-                    ]
+                    offsets=[commit_of(s, lows.ends[s], low) for s, low in lows.offsets.items()]
                 )
             if lows.lost and rebuild:
                 self.rebuild(lows.lost)
@@ -90,25 +121,20 @@ class Positions:
             logger.warning("storing offsets failed: %s", exc)
 
     def rebuild(self, lost: dict[Shard, Lost]) -> None:
-        """Re-read lost shards from a point Redis still covers, or from the committed offset."""
+        """Re-read lost shards from a point Redis still covers, or from the rebuild point."""
         where: dict[Shard, int] = {}
         missing = [s for s, loss in lost.items() if loss.watermark is None and s in self.assigned]
         if missing:
             try:
-                committed = self.consumer.committed(
-                    [TopicPartition(s.topic, s.partition) for s in missing], COMMITTED_TIMEOUT_S
-                )
-                for tp in committed:
-                    offset = tp.offset
-                    if offset < 0:  # never committed: from where the log starts, read again all
-                        # the same (the journal says what of it is settled), not as a new
-                        # incarnation's first read
-                        offset, _ = self.consumer.get_watermark_offsets(
-                            TopicPartition(tp.topic, tp.partition),
-                            COMMITTED_TIMEOUT_S,
-                            cached=False,
-                        )
-                    where[Shard(tp.topic, tp.partition)] = offset
+                where = rebuild_points(self.consumer, missing, COMMITTED_TIMEOUT_S)
+                for shard in [s for s, offset in where.items() if offset < 0]:
+                    # Never committed: from where the log starts, read again all the same (the
+                    # journal says what of it is settled), not as a new incarnation's first read.
+                    where[shard], _ = self.consumer.get_watermark_offsets(
+                        TopicPartition(shard.topic, shard.partition),
+                        COMMITTED_TIMEOUT_S,
+                        cached=False,
+                    )
             except KafkaException as exc:
                 raise KafkaFault(f"reading committed offsets for a rebuild failed: {exc}") from exc
         starts: dict[Shard, int] = {}
@@ -123,8 +149,9 @@ class Positions:
             if loss.watermark is None:
                 offset = where[shard]
                 logger.error(
-                    "redis lost the state of %s (watermark %s): rebuilding it from committed "
-                    "offset %s; records delivered since then are delivered again",
+                    "redis lost the state of %s (watermark %s): rebuilding it from offset %s "
+                    "(the lowest pending one committed); records delivered since then are "
+                    "delivered again",
                     name,
                     had,
                     offset if offset >= 0 else "earliest",

@@ -24,6 +24,7 @@ from bridge.config import (
     Config,
     admin_settings,
     consumer_settings,
+    member_instance,
     producer_settings,
     read_back_settings,
 )
@@ -113,14 +114,14 @@ def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
     return (lambda: JournalReader(config)) if config.topics.journal else None
 
 
-def _starting(config: Config) -> None:
+def _starting(config: Config, instance: str) -> None:
     """Say what this process serves, and set the interpreter up for its loops."""
     logger.info(
         "delay-bridge %s starting: delay topics %s, group %s%s",
         __version__,
         ",".join(config.topics.delay),
         config.kafka.group_id,
-        f" as instance {instance}" if (instance := config.kafka.group_instance_id) else "",
+        f" as instance {instance}" if instance else "",
     )
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
@@ -158,13 +159,17 @@ class Service:
         self.metrics.declare_delay_topics(config.topics.delay)
         self.redis = redis_client(config)
         self.store = Store(self.redis, config.redis.key_prefix)
+        self.http = HttpServer(  # bound first: its port names the group member (member_instance)
+            config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
+        )
+        self.instance = member_instance(config, self.http.port)
         producer_conf: dict[str, Any] = {
             **producer_settings(config),
             "logger": _kafka_logger("producer"),
             "error_cb": self._on_producer_error,
         }
         consumer_conf: dict[str, Any] = {
-            **consumer_settings(config, member=True),
+            **consumer_settings(config, instance=self.instance),
             "logger": _kafka_logger("consumer"),
             "stats_cb": self._on_stats,
         }
@@ -261,9 +266,6 @@ class Service:
             lost=lambda: self.ingress.lost,
             due_by_ms=config.egress.due_by_ms,
         )
-        self.http = HttpServer(
-            config.http.host, config.http.port, self.registry, health=self.health, ready=self.ready
-        )
         self.stop_event = threading.Event()
         self._errors: list[BaseException] = []
         self._waiting_for_redis = False
@@ -359,7 +361,7 @@ class Service:
     def run(self) -> int:
         """Run until :attr:`stop_event` is set; returns the process exit code."""
         started = time.monotonic()
-        _starting(self.config)
+        _starting(self.config, self.instance)
         self.readiness.fail("redis", "redis has not answered yet")  # until the first probe does
         self.http.start()
         try:
@@ -387,22 +389,21 @@ class Service:
         _KAFKA_NOISE.stopping = True
         self.egress.wake_up()  # cut its sleep short
         # Reverse order of start: ingress stops consuming and commits; egress finishes its batch.
-        ingress_thread.join()
-        egress_thread.join()
-        sender_thread.join()
-        read_back_thread.join()
+        for thread in (ingress_thread, egress_thread, sender_thread, read_back_thread):
+            thread.join()
         sampler_thread.join()
         probes_thread.join()
         try:
             self.egress.drain(DRAIN_TIMEOUT_S)
         except Exception:
             logger.exception("draining the mover failed; unacknowledged leases will expire")
-        owned = frozenset(self.egress.owned)  # a static member's stay its own a while (last_word)
-        try:
-            self.ingress.close()
+        stays = bool(self.config.kafka.group_instance_id)  # a named member (see member_instance)
+        owned = frozenset(self.egress.owned)
+        try:  # a named member stays one: its partitions wait for its return (a StatefulSet's pod)
+            self.ingress.close(leave=not stays)
         except Exception:
             logger.exception("closing the consumer failed")
-        self.replica_view.last_word(owned if self.config.kafka.group_instance_id else ())
+        self.replica_view.last_word(owned if stays else ())
         return self._stop(started)
 
     def _stop(self, started: float) -> int:

@@ -7,6 +7,8 @@ can be mounted; settings the bridge's guarantees rest on are fixed.
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Mapping
 
 from bridge.config.schema import Config, read_secret
@@ -14,6 +16,8 @@ from bridge.errors import ConfigError
 from bridge.message import parse_count
 
 RECONNECT_BACKOFF_MAX_MS = "1000"
+MAX_INSTANCE_ID = 249  # Kafka's rule for a group.instance.id: that many of a-z A-Z 0-9 . _ -
+_ILLEGAL_IN_INSTANCE = re.compile(r"[^a-zA-Z0-9._-]")
 
 
 def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
@@ -64,11 +68,12 @@ _CONSUMER_FIXED = {
 _PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all"}
 
 
-def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]:
+def consumer_settings(config: Config, *, instance: str | None = None) -> dict[str, str]:
     """Delay-topic consumer properties: defaults, then the user's, then the fixed ones.
 
-    ``member``: for the bridge's own group member, the only consumer that may carry
-    ``group.instance.id`` (another consumer with it would fence the running replica)."""
+    ``instance``: for the bridge's own group member, its ``group.instance.id`` (see
+    :func:`member_instance`; "" a dynamic member). Only that consumer may carry one: another
+    consumer with it would fence the running replica."""
     settings = {
         "group.id": config.kafka.group_id,
         "auto.offset.reset": "earliest",  # a new group must not skip records already waiting
@@ -101,12 +106,25 @@ def consumer_settings(config: Config, *, member: bool = False) -> dict[str, str]
         # to consume them (librdkafka's 5 min default left them unread that long).
         "topic.metadata.refresh.interval.ms": "10000",
     }
-    if config.kafka.group_instance_id:
-        settings["group.instance.id"] = config.kafka.group_instance_id
+    if instance:
+        settings["group.instance.id"] = instance
     settings.update(kafka_settings(config, "consumer"))
-    if not member:
+    if instance is None:
         settings.pop("group.instance.id", None)
     return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
+
+
+def member_instance(config: Config, http_port: int) -> str:
+    """The ``group.instance.id`` of this process's group member: ``kafka.group_instance_id``, else
+    (unless ``kafka.static_membership`` is false) the host's name and the port the HTTP server
+    listens on — the same for the process restarted on that host, and no other process there
+    can listen on that port. A static member rejoins at once after a Kafka outage longer than its
+    session, where a new member waits a session more for the broker to expire its lost self."""
+    if config.kafka.group_instance_id or not config.kafka.static_membership:
+        return config.kafka.group_instance_id
+    suffix = f"-{http_port}"
+    host = _ILLEGAL_IN_INSTANCE.sub("_", socket.gethostname())
+    return host[: MAX_INSTANCE_ID - len(suffix)] + suffix
 
 
 def read_back_settings(config: Config) -> dict[str, str]:

@@ -266,6 +266,10 @@ def _validate(config: Config) -> None:
             f"kafka.group_instance_id: {instance!r} is not a legal instance id "
             "(at most 249 of a-z A-Z 0-9 . _ -)"
         )
+    if instance and not config.kafka.static_membership:
+        raise ConfigError(
+            "kafka.static_membership: false, but kafka.group_instance_id names a static member"
+        )
     if config.topics.dead_letter in config.topics.delay:
         raise ConfigError("topics.dead_letter: must not be a delay topic")
     if config.topics.journal in (*config.topics.delay, config.topics.dead_letter):

@@ -26,6 +26,7 @@ class KafkaConfig:
     bootstrap_servers: str = "127.0.0.1:9092"
     group_id: str = "delay-bridge"
     group_instance_id: str = ""
+    static_membership: bool = True
     common: dict[str, str] = field(default_factory=dict)
     consumer: dict[str, str] = field(default_factory=dict)
     producer: dict[str, str] = field(default_factory=dict)

@@ -249,9 +249,10 @@ class Ingress:
         while not stop.is_set():
             self.poll_once()
 
-    def close(self) -> None:
-        """Commit what is stored and leave the group."""
-        self.membership.close()
+    def close(self, *, leave: bool = True) -> None:
+        """Commit what is stored and close the consumer; ``leave``: leave the group too (a
+        static member that does not stays one until its session runs out)."""
+        self.membership.close(leave=leave)
         self.dead_letters.flush()
 
     def _handle(self, messages: list[Message], batch: Batch) -> None:

@@ -15,7 +15,7 @@ from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
-from bridge.positions import Positions
+from bridge.positions import Positions, rebuild_points
 from bridge.store import Bound, Shard, Store
 
 logger = logging.getLogger(__name__)
@@ -88,9 +88,10 @@ class Membership:
             points = self.store.inventory.resume_points(shards)
             retired = self.store.layout.retired(shards)
         except StoreError:
-            logger.warning("redis unreachable at assignment; resuming from committed offsets")
+            logger.warning("redis unreachable at assignment; resuming from the rebuild points")
             points = {}
         marks = {s: mark for s, (mark, _) in points.items()}
+        unknown = self._rebuild_points([s for s in shards if s not in marks and s not in replaced])
         # Redis knows what it holds: resume right after it, which skips re-reading records
         # already stored (or delivered) when the last commit was lost in a crash — or at what it
         # keeps to look for in other partitions (bridge.store.across). A new incarnation of the
@@ -105,6 +106,8 @@ class Membership:
                     self.positions.resumed[shard] = tp.offset
                 else:
                     self.positions.resumed.pop(shard, None)
+            elif shard in unknown:
+                tp.offset = unknown[shard]
         consumer.incremental_assign(partitions)
         starts = {s: tp.offset for s, tp in zip(shards, partitions, strict=True)}
         # Read with no state in Redis (wiped while stopped): stored before, maybe settled since.
@@ -122,6 +125,25 @@ class Membership:
             extra={"partitions": len(shards)},
         )
         self._on_assign_cb(set(shards) | retired)
+
+    def _rebuild_points(self, shards: list[Shard]) -> dict[Shard, int]:
+        """Where shards Redis holds nothing for are read from: their rebuild points (the
+        committed offset is past what is pending: bridge.positions). Never committed: left to
+        the consumer (auto.offset.reset, the log's start). Unreadable: the log's start, read
+        again as stored before (the journal says what of it is settled)."""
+        if not shards:
+            return {}
+        try:
+            points = rebuild_points(self.consumer, shards, WATERMARK_TIMEOUT_S)
+        except KafkaException as exc:
+            logger.error(
+                "rebuild points of %s not read (%s): reading them from the log's start; records "
+                "delivered before are delivered again unless the journal says they were settled",
+                ", ".join(f"{s.topic}[{s.partition}]" for s in shards),
+                exc,
+            )
+            return dict.fromkeys(shards, OFFSET_BEGINNING)
+        return {s: offset for s, offset in points.items() if offset >= 0}
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:
@@ -174,12 +196,9 @@ class Membership:
         back forgotten (bridge.ingress.settled)."""
         starts = dict(starts)
         unknown = [s for s, offset in starts.items() if offset < 0 and offset != OFFSET_BEGINNING]
-        if unknown:  # from the committed offsets: one request for all of them
+        if unknown:  # from the rebuild points: one request for all of them
             try:
-                committed = self.consumer.committed(
-                    [TopicPartition(s.topic, s.partition) for s in unknown], WATERMARK_TIMEOUT_S
-                )
-                starts.update({Shard(tp.topic, tp.partition): tp.offset for tp in committed})
+                starts.update(rebuild_points(self.consumer, unknown, WATERMARK_TIMEOUT_S))
                 # Never committed: never stored here before, nothing of it can be settled.
                 again = [s for s in again if starts[s] >= 0 or s not in unknown]
             except KafkaException as exc:

@@ -15,12 +15,14 @@ the fewest partitions (the lowest id among equals) leaves the group and joins it
 leaving starts a rebalance, which assigns every partition. UNOWNED_S outlasts what a live member
 takes between the two steps (its revoked partitions' records in flight are waited for up to 5 s)
 and a delay topic's new partitions waiting for the consumers' metadata refresh (10 s). A replica's
-last word stands for a group session, as Kafka keeps a member that long: a static member that
-stops says what it owned as it closed (Kafka keeps those partitions its own), a dynamic one that
-it owns nothing (it left), and one killed what it said last. Kafka's own description of the
-group is not asked for: librdkafka's admin client can abort the process when a broker goes away
-in the middle of a DescribeConsumerGroups (confluentinc/librdkafka#4605; two of three brokers
-killed, in make test).
+last word stands for a group session, as Kafka keeps a member that long: a member named in the
+config that stops says what it owned as it closed (Kafka keeps those partitions its own), one that
+leaves the group as it stops (named by the bridge, or dynamic) that it owns nothing, and one
+killed what it said last. The replicas' words are kept per consumer group
+(bridge.store.replicas): deployments sharing a Redis prefix do not read each other's. Kafka's
+own description of the group is not asked for: librdkafka's admin client can abort the process
+when a broker goes away in the middle of a DescribeConsumerGroups (confluentinc/librdkafka#4605;
+two of three brokers killed, in make test).
 """
 
 from __future__ import annotations
@@ -101,10 +103,10 @@ class ReplicaView:
         )
 
     def last_word(self, owned: Collection[Shard]) -> None:
-        """This replica stops, still owning ``owned`` in Kafka's eyes: a static member's
-        partitions stay its own for a group session, or until its next process takes them, and
-        its word stands as long; with nothing owned (a dynamic member leaves the group) it is
-        taken out."""
+        """This replica stops, still owning ``owned`` in Kafka's eyes: a member named in the
+        config keeps its partitions for a group session, or until its next process takes them,
+        and its word stands as long; with nothing owned (the member left the group) it is taken
+        out."""
         try:
             if owned:
                 self.replicas.say(self.me, True, owned)

@@ -147,7 +147,8 @@ class Store:
         )
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
-        """The offset to commit for each shard: its lowest pending offset, else watermark + 1.
+        """Each shard's lowest pending offset, else watermark + 1 (where its rebuild would start),
+        and its watermark + 1 (where its reading resumes).
 
         A shard Redis holds nothing for is left out, unless the caller expected a watermark for
         it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
@@ -158,16 +159,17 @@ class Store:
             k = self.keys(shard)
             args = [watermark_arg(expected[shard]), max_buckets]
             calls.append(("low", [k.meta, k.low, k.pending], args))
-        offsets, lost = {}, {}
+        offsets, lost, ends = {}, {}, {}
         for shard, (status, mark, low) in zip(
             shards, self.scripts.run(calls) if calls else [], strict=True
         ):
             loss = lost_from(int(status), int(mark))
             if loss is None:
-                offsets[shard] = offset_of(low) if low else int(mark) + 1
+                ends[shard] = int(mark) + 1
+                offsets[shard] = offset_of(low) if low else ends[shard]
             elif loss.watermark is not None or expected[shard] is not None:
                 lost[shard] = loss
-        return Lows(offsets, lost)
+        return Lows(offsets, lost, ends)
 
     def claim(
         self,

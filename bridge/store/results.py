@@ -89,10 +89,12 @@ class Added:
 
 @dataclass(frozen=True)
 class Lows:
-    """What :meth:`Store.lows` found: the offset to commit per shard, and the lost shards."""
+    """What :meth:`Store.lows` found: per shard its lowest pending offset (else watermark + 1)
+    and its watermark + 1, and the lost shards."""
 
     offsets: dict[Shard, int]
     lost: dict[Shard, Lost]
+    ends: dict[Shard, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.bench]
 TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=3000, catchup=3000,
             cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
             scattered=3000, spread_s=4, session_ms=6000, priority=3000, max_rate=1500,
-            live_rate=20, journal=20_000, bulk=3000)  # fmt: skip
+            live_rate=20, journal=20_000, bulk=3000, rebuild=30_000)  # fmt: skip
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -186,6 +186,20 @@ def test_the_priority_scenario_drains_high_first_and_keeps_the_rate(
     assert any(
         t.startswith("priority: the drain at max_rate") for t, _, _ in report.targets(result)
     )
+
+
+def test_the_rebuild_scenario_loses_redis_and_stores_every_record_again(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = run_all(servers, tmp_path, TOY, ["rebuild"])
+    assert result.problems == []  # every reference and whole record back; no probe lost or early
+    r = result.figures["rebuild 30,000"]
+    assert (r["references_after"], r["whole_after"]) == (27_000, 3000)
+    assert r["probes"] == 100 and r["probes_duplicates"] == 0
+    assert r["keys_deleted"] > 0 and r["rebuild_s"] > 0 and r["bare_read_s"] > 0
+    assert "Rebuild" in report.tables(result)
+    assert any(t.startswith("rebuild 30,000: every shard") for t, _, _ in report.targets(result))
 
 
 def test_the_trace_scenario_finds_what_was_delivered_a_day_ago(

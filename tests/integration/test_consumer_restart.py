@@ -34,12 +34,16 @@ def _service(
     return Service(from_mapping({}, env=env), CollectorRegistry()), delay, target
 
 
-@pytest.mark.parametrize("member", ["static", "dynamic"])
+@pytest.mark.parametrize("member", ["static", "own", "dynamic"])
 def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partitions_back(
     member: str, services: Services, topics: TopicFactory, unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    overrides = {"kafka__group_instance_id": f"pod-{unique}"} if member == "static" else {}
+    overrides: dict[str, str] = {
+        "static": {"kafka__group_instance_id": f"pod-{unique}"},  # the chart's StatefulSet
+        "own": {},  # named after host and HTTP port (member_instance)
+        "dynamic": {"kafka__static_membership": "false"},
+    }[member]
     service, delay, target = _service(services, topics, unique, **overrides)
     everything = {Shard(delay, p) for p in range(3)}
     runner = threading.Thread(target=service.run)

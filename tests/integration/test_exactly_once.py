@@ -50,13 +50,13 @@ def each_once(collector: Collector, setup: Setup, expected: dict[str, int], time
     assert not twice, f"{len(twice)} delivered more than once, e.g. {twice[:3]}"
 
 
-def journaled(setup: Setup) -> collections.Counter[tuple[str, int, int]]:
+def journaled(bootstrap: str, journal: str) -> collections.Counter[tuple[str, int, int]]:
     """How many committed journal entries name each delay-topic record (topic, partition,
     offset)."""
-    consumer = Consumer({"bootstrap.servers": setup.services.bootstrap, "group.id": "journal",
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "journal",
                          "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
-    partitions = consumer.list_topics(setup.journal, timeout=10).topics[setup.journal].partitions
-    consumer.assign([TopicPartition(setup.journal, p, 0) for p in partitions])
+    partitions = consumer.list_topics(journal, timeout=10).topics[journal].partitions
+    consumer.assign([TopicPartition(journal, p, 0) for p in partitions])
     counts: collections.Counter[tuple[str, int, int]] = collections.Counter()
     at_end: set[int] = set()
     deadline = time.monotonic() + 30
@@ -86,7 +86,7 @@ def test_each_record_reaches_a_read_committed_consumer_once_journaled_in_its_tra
         collector.close()
     assert metric(bridge, 'delay_bridge_transactions_total{result="committed"}') >= 1
     assert metric(bridge, 'delay_bridge_transactions_total{result="aborted"}') == 0
-    entries = journaled(setup)
+    entries = journaled(setup.services.bootstrap, setup.journal)
     assert len(entries) == 200 and max(entries.values()) == 1
     assert bridge.stop() == 0
 
@@ -205,7 +205,7 @@ def test_a_burst_with_long_ids_commits_with_its_whole_journal(
     wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 6000, 30,
              "all journaled")  # fmt: skip
     assert metric(bridge, "delay_bridge_journal_failures_total") == 0
-    counts = journaled(setup)
+    counts = journaled(setup.services.bootstrap, setup.journal)
     assert len(counts) == 6000 and set(counts.values()) == {1}
 
 

@@ -3,6 +3,7 @@ min.insync.replicas 2 (``scripts/services up kafka-cluster``), with its brokers 
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import time
@@ -12,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from bridge.egress.settle import STALL_S
-from bridge.message import H_AFTER, H_TARGET_TOPIC
+from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC
 from bridge.topics import ID_TIMEOUT_S, Topics
 from tests.chaos.brokers import leader_of_most, proc_state
 from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
@@ -26,6 +27,7 @@ from tests.chaos.servers import STATE_DIR, Servers, cluster_brokers
 from tests.conftest import Services, run_services, started, wait_for
 from tests.integration.conftest import redis_server
 from tests.integration.harness import Bridge, bridge_env, metric, produce_all
+from tests.integration.test_exactly_once import journaled
 
 pytestmark = pytest.mark.integration
 
@@ -171,6 +173,69 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "/readyz 200 again")
     finally:
         bridge.kill()
+
+
+def test_an_exactly_once_burst_through_a_paused_leader_is_delivered_and_journaled_once(
+    cluster: dict[str, str], own: Services, tmp_path: Path
+) -> None:
+    """Exactly once: 6,000 records with 64-byte ids due at once in one partition, and the target's
+    leader paused (SIGSTOP: a GC pause) for a second while they go out: acknowledgements lag,
+    transactions gather up to their cap (5,000 records) with journal records of up to 256 KB. A
+    read_committed consumer sees each record once, the journal names each once, none refused."""
+    bootstrap = cluster["bootstrap"]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    delay, target, dlq, journal = (new_topic(admin, 1) for _ in range(4))
+    env = bridge_env(bootstrap, own.redis_url, topics__delay=delay, topics__dead_letter=dlq,
+                     topics__journal=journal, kafka__group_id=f"g-{delay}",
+                     redis__key_prefix=f"test-{delay}", egress__exactly_once="true")  # fmt: skip
+    bridge = Bridge(env, tmp_path / "bridge.log").start()
+    count = 6000
+    try:
+        wait_for(lambda: bridge.get("/readyz")[0] == 200, 90, "/readyz 200")
+        produce_all(bootstrap, delay, [
+            (b"one-partition", b"burst-%d" % i,
+             [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms"), (H_ID, b"%064d" % i)])
+            for i in range(count)
+        ])  # fmt: skip
+        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > 0, 60, "the first stored")
+        pid = broker_pids()[leader_of_most(admin, target)]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _stopped(pid), 10, "the leader stopped")
+            time.sleep(1.0)  # the pause's length, not a wait on a condition
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: metric(bridge, "delay_bridge_delivered_total") == count, 120,
+                 "all delivered")  # fmt: skip
+        wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= count, 60,
+                 "all journaled")  # fmt: skip
+        assert metric(bridge, "delay_bridge_journal_failures_total") == 0
+    finally:
+        bridge.kill()
+    counts = journaled(bootstrap, journal)
+    assert len(counts) == count and set(counts.values()) == {1}
+    seen = read_committed_values(bootstrap, target, count)
+    assert len(seen) == count and set(seen.values()) == {1}
+
+
+def read_committed_values(bootstrap: str, topic: str, count: int) -> collections.Counter[bytes]:
+    """Each value of ``topic`` (one partition) as a read_committed consumer sees it, read up to
+    ``count`` records and then to the end of the partition."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: collections.Counter[bytes] = collections.Counter()
+    at_end = False
+    deadline = time.monotonic() + 60
+    try:
+        while not (at_end and values.total() >= count) and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                at_end = msg.error() is not None
+                if not at_end:
+                    values[msg.value() or b""] += 1
+    finally:
+        consumer.close()
+    return values
 
 
 @pytest.mark.chaos

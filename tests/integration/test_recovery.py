@@ -1,4 +1,4 @@
-"""Redis losing data: the committed offset is the lowest pending record, so the bridge rebuilds."""
+"""Redis losing data: the commit names the lowest pending record, so the bridge rebuilds."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import time
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bridge.errors import StoreError
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.positions import rebuild_point
 from bridge.store import AckBatch, Shard, Store, offset_of
 from bridge.topics import check_retention
 from tests.conftest import Services, TopicFactory, wait_for
@@ -30,12 +32,14 @@ def due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> list[int]:
     return [offset for _, offset in produce_all(setup.services.bootstrap, setup.delay, records)]
 
 
-def committed(setup: Setup) -> int:
+def committed(setup: Setup) -> tuple[int, int]:
+    """The group's committed offset of partition 0, as Kafka's lag tools read it, and the rebuild
+    point the bridge committed with it."""
     consumer = Consumer({"bootstrap.servers": setup.services.bootstrap,
                          "group.id": f"bridge-{setup.unique}"})  # fmt: skip
     try:
         [tp] = consumer.committed([TopicPartition(setup.delay, 0)], timeout=10)
-        return int(tp.offset)
+        return int(tp.offset), rebuild_point(tp)
     finally:
         consumer.close()
 
@@ -62,7 +66,12 @@ def rebuilds(bridge: Bridge, setup: Setup) -> float:
                if x.startswith("delay_bridge_rebuilds_total{") and topic in x)  # fmt: skip
 
 
-def test_committed_offset_is_the_lowest_pending_record(one: Setup, bridges: list[Bridge]) -> None:
+def test_the_committed_offset_follows_ingestion_and_names_the_lowest_pending_record(
+    one: Setup, bridges: list[Bridge]
+) -> None:
+    """Kafka's consumer-group lag (log end - committed offset: kafka-consumer-groups, Burrow, a
+    lag exporter) is the ingest lag, 0 once all is stored, not every record still waiting; the
+    lowest pending record, where a rebuild starts, rides in the commit's metadata."""
     due_in(one, 20, 0, "now")  # offsets 0..19
     due_in(one, 1, 3_600_000, "later")  # offset 20, an hour away
     due_in(one, 10, 0, "now2")  # offsets 21..30
@@ -71,10 +80,16 @@ def test_committed_offset_is_the_lowest_pending_record(one: Setup, bridges: list
     try:
         collector.until(lambda rs: len(rs) == 30, 60, "the 30 due records")
         # Everything up to offset 30 is in Redis, but offset 20 is still pending: the commit
-        # stays at 20 so a Redis that lost its data is rebuilt from there.
-        wait_for(lambda: committed(one) == 20, 30, "committed offset 20")
+        # says so, and a Redis that lost its data is rebuilt from there.
+        wait_for(lambda: committed(one) == (31, 20), 30, "committed offset 31, rebuild from 20")
     finally:
         collector.close()
+    admin = AdminClient({"bootstrap.servers": one.services.bootstrap})
+    [group] = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(f"bridge-{one.unique}")]
+    ).values()
+    offsets = {tp.partition: tp.offset for tp in group.result().topic_partitions}
+    assert offsets[0] == 31  # what a lag exporter reads: a lag of 0 with one record waiting
 
 
 def test_redis_wiped_while_running_is_rebuilt_from_the_delay_topic(
@@ -87,7 +102,7 @@ def test_redis_wiped_while_running_is_rebuilt_from_the_delay_topic(
         due_in(one, 50, 0, "early")  # offsets 0..49, delivered at once
         collector.until(lambda rs: len(rs) == 50, 60, "the early records")
         due_in(one, 100, 8_000, "late")  # offsets 50..149, pending
-        wait_for(lambda: committed(one) == 50, 30, "committed offset 50 (lowest pending)")
+        wait_for(lambda: committed(one) == (150, 50), 30, "rebuild from 50 (lowest pending)")
         assert wipe(one) > 0
         collector.until(lambda rs: len(rs) >= 150, 60, "every record after the rebuild")
         collector.poll(1.0)
@@ -103,7 +118,7 @@ def test_redis_wiped_while_stopped_is_rebuilt_at_start(one: Setup, bridges: list
     first = one.bridge("first").start()
     bridges.append(first)
     due_in(one, 30, 10_000, "pending")
-    wait_for(lambda: committed(one) == 0, 30, "committed offset 0")
+    wait_for(lambda: committed(one) == (30, 0), 30, "committed offset 30, rebuild from 0")
     first.signal(signal.SIGTERM)
     assert first.wait(30) == 0
     assert wipe(one) > 0

@@ -547,9 +547,12 @@ class StoreModel(RuleBasedStateMachine):
             assert (int(mark) if mark is not None else -1) == model.watermark
             if model.watermark >= 0:
                 live = model.live()
-                committed = self._committed(shard)
+                lows = self.store.lows({shard: None})
+                committed = lows.offsets.get(shard, 0)
                 assert committed == (min(live) if live else model.watermark + 1), (
                     shard, committed, sorted(live))  # fmt: skip
+                # The offset committed to Kafka: what was read, for its consumer-group lag.
+                assert lows.ends == {shard: model.watermark + 1}
 
     @invariant()
     def gauges_count_the_model(self) -> None:

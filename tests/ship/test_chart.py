@@ -351,17 +351,32 @@ def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
 
 
 def test_each_pod_is_a_static_group_member_named_after_itself(helm: str) -> None:
-    """The instance id comes from the pod's own name, unique per pod and kept across container
-    restarts; extraEnv still applies; switching it off leaves the bridge a dynamic member."""
+    """Under a StatefulSet the instance id is the pod's own name, unique per pod and kept across
+    container restarts and rollouts; extraEnv still applies. Under a Deployment the bridge names
+    its member itself (host name and port) and leaves the group as it stops, so a rollout under
+    new names does not wait for a session; switching it off leaves the bridge a dynamic member."""
     env = container(
         render(helm, "--set", "extraEnv[0].name=X", "--set-string", "extraEnv[0].value=1")
     )
     by_name = {e["name"]: e for e in env["env"]}
     instance = by_name["DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID"]
     assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "DELAY_BRIDGE_KAFKA__STATIC_MEMBERSHIP" not in by_name
     assert by_name["X"]["value"] == "1"
-    off = container(render(helm, "--set", "staticMembership=false"))
-    assert "DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID" not in {e["name"] for e in off.get("env", [])}
+    deployment = container(render(helm, "--set", "workloadKind=Deployment"))
+    assert not deployment.get("env")
+    # The pods' own names would contradict the config's dynamic member: refused as the bridge would.
+    mixed = subprocess.run(
+        [helm, "template", "rel", str(CHART), "--set", "config.kafka.static_membership=false"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert mixed.returncode != 0
+    assert "config.kafka.static_membership: false, but staticMembership" in mixed.stderr
+    for kind in ("StatefulSet", "Deployment"):
+        off = container(
+            render(helm, "--set", "staticMembership=false", "--set", f"workloadKind={kind}")
+        )
+        assert off["env"] == [{"name": "DELAY_BRIDGE_KAFKA__STATIC_MEMBERSHIP", "value": "false"}]
 
 
 def test_a_statefulset_by_default_so_a_rolled_pod_rejoins_as_the_same_member(helm: str) -> None:
@@ -503,6 +518,8 @@ CHECK_CONFIG_MISTAKES: list[tuple[list[tuple[str, Any]], str, str]] = [
      "config.redis.cluster"),
     ([("kafka/group_instance_id", "pod 0")], "kafka.group_instance_id",
      "config.kafka.group_instance_id"),
+    ([("kafka/static_membership", False), ("kafka/group_instance_id", "pod-0")],
+     "kafka.static_membership", "config.kafka.static_membership"),
     ([("kafka/producer", {"delivery.timeout.ms": "30000"})], "kafka.producer.delivery.timeout.ms",
      "config.kafka.producer.delivery.timeout.ms"),
 ]  # fmt: skip

@@ -17,6 +17,7 @@ from bridge.config import (
     dump,
     from_mapping,
     load,
+    member_instance,
     producer_settings,
     transactional_id,
     transactional_settings,
@@ -205,7 +206,7 @@ def test_producer_and_consumer_defaults() -> None:
     # A bounded prefetch, fetched again soon: RSS after a backlog, not a slower ingest.
     assert consumer["queued.max.messages.kbytes"] == "16384"
     assert consumer["fetch.queue.backoff.ms"] == "10"
-    assert "group.instance.id" not in consumer_settings(Config(), member=True)
+    assert "group.instance.id" not in consumer_settings(Config(), instance="")
     mine = from_mapping({"kafka": {"consumer": {"fetch.wait.max.ms": "500"}}}, env={})
     assert consumer_settings(mine)["fetch.wait.max.ms"] == "500"  # the user's value wins
 
@@ -232,10 +233,29 @@ def test_only_the_group_member_carries_the_instance_id() -> None:
     """Another consumer of the bridge (status, list, dlq replay) with the replica's
     group.instance.id would fence the running replica out of its group."""
     config = from_mapping({}, env={"DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID": "delay-bridge-7f9c"})
-    assert consumer_settings(config, member=True)["group.instance.id"] == "delay-bridge-7f9c"
+    instance = member_instance(config, 9464)
+    assert consumer_settings(config, instance=instance)["group.instance.id"] == "delay-bridge-7f9c"
     assert "group.instance.id" not in consumer_settings(config)
     by_map = from_mapping({"kafka": {"consumer": {"group.instance.id": "x"}}}, env={})
     assert "group.instance.id" not in consumer_settings(by_map)
+
+
+def test_a_member_is_named_after_its_host_and_http_port_unless_named_or_dynamic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Static by default, so that a member cut off from Kafka past its session rejoins as itself
+    at once: under a name its restart on the same host takes again and no other process there
+    has (two cannot listen on one port), made legal (Kafka takes a-z A-Z 0-9 . _ -, 249 at most)."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "node 7.example:x")
+    assert member_instance(Config(), 9464) == "node_7.example_x-9464"
+    monkeypatch.setattr(socket, "gethostname", lambda: "h" * 300)
+    assert member_instance(Config(), 65535) == "h" * 243 + "-65535"
+    named = from_mapping({"kafka": {"group_instance_id": "pod-0"}}, env={})
+    assert member_instance(named, 9464) == "pod-0"
+    dynamic = from_mapping({"kafka": {"static_membership": False}}, env={})
+    assert member_instance(dynamic, 9464) == ""
+    with pytest.raises(ConfigError, match=r"^kafka.static_membership: false, but"):
+        from_mapping({"kafka": {"static_membership": False, "group_instance_id": "pod-0"}}, env={})
 
 
 def cli(

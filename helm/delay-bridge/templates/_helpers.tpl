@@ -325,6 +325,13 @@ chart's own: no inline secret beside auth.existingSecret, http.port is service.p
 {{- if and $timeout (ge (int64 $timeout) $lease) }}
 {{- include "delay-bridge.fail" (printf "config.kafka.producer.delivery.timeout.ms: %v must be below config.egress.lease (%d ms), or a lease would expire while its record is in flight" $timeout $lease) }}
 {{- end }}
+{{- if eq (toString (dig "kafka" "static_membership" true $c)) "false" }}
+{{- if dig "kafka" "group_instance_id" "" $c }}
+{{- include "delay-bridge.fail" "config.kafka.static_membership: false, but config.kafka.group_instance_id names a static member" }}
+{{- else if and $.Values.staticMembership (eq $.Values.workloadKind "StatefulSet") }}
+{{- include "delay-bridge.fail" "config.kafka.static_membership: false, but staticMembership names each pod a static member (set staticMembership: false instead)" }}
+{{- end }}
+{{- end }}
 {{- if and (dig "redis" "sentinel" "nodes" (list) $c) (dig "redis" "cluster" false $c) }}
 {{- include "delay-bridge.fail" "config.redis.cluster and config.redis.sentinel.nodes: choose one (a cluster fails over by itself)" }}
 {{- end }}
