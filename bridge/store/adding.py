@@ -67,7 +67,7 @@ def add_call(
         if isinstance(rec, Cancel):
             where = wheres.get(i, b"")
             hashed = id_hash(shard.topic, rec.delay_id)
-            entries.append(AddEntry(rec.offset, "", where, rec.delay_id, hashed))
+            entries.append((rec.offset, "", where, rec.delay_id, hashed))
             continue
         given = rec.given_id(shard.topic, shard.partition) or ""
         if i in wheres:
@@ -79,7 +79,7 @@ def add_call(
         else:
             stored, at = member(rec, shard.topic, shard.partition), score(rec)
         hashed = id_hash(shard.topic, given) if given else b""
-        entries.append(AddEntry(rec.offset, at, stored, given, hashed))
+        entries.append((rec.offset, at, stored, given, hashed))
     keys_ = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
     return (
         "add",
@@ -107,12 +107,14 @@ Batches = Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]]
 
 def rounds(
     batches: Batches, most: int = CALL_ENTRIES
-) -> list[dict[Shard, tuple[int, list[Scheduled | Cancel]]]]:
+) -> list[dict[Shard, tuple[int, Sequence[Scheduled | Cancel]]]]:
     """``batches`` as calls of at most ``most`` entries per shard, made one round after the other:
     a call ends at a record's last entry (the several cancels of one record are never split, so
     a watermark never stands at an offset half applied) and is high at its last offset, but the
     shard's last, high where its batch is."""
-    out: list[dict[Shard, tuple[int, list[Scheduled | Cancel]]]] = []
+    if all(len(records) <= most for _, records in batches.values()):
+        return [dict(batches)]  # the ingress's batches (ingress.batch_size, 500): one round
+    out: list[dict[Shard, tuple[int, Sequence[Scheduled | Cancel]]]] = []
     for shard, (high, records) in batches.items():
         calls: list[list[Scheduled | Cancel]] = [[]]
         for i, rec in enumerate(records):

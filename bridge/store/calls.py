@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NamedTuple
 
 from bridge.message import Priority
@@ -114,14 +115,11 @@ def _time(value: Any) -> int | None:
     return ms if ms >= 0 else None
 
 
-class AddEntry(NamedTuple):
-    """One record or cancel of an add.lua call: its ARGV group of five."""
-
-    offset: int
-    score: int | str  # due-index score, or due ms (a reference); "": a cancel
-    member: bytes | str  # what is stored; for a cancel, where its default id's record is ("": none)
-    delay_id: str  # the caller-given delay-id ("": none), or the id a cancel names
-    id_hash: bytes  # the delay-id's hash in the id index (b"": none)
+# One record or cancel of an add.lua call, its ARGV group of five (a plain tuple: one is made per
+# record ingested): its offset; its due-index score, or due ms (a reference), "" for a cancel;
+# what is stored, or for a cancel where its default id's record is ("": none); the caller-given
+# delay-id ("": none), or the id a cancel names; the delay-id's hash in the id index (b"": none).
+AddEntry = tuple[int, int | str, bytes | str, str, bytes]
 
 
 def add_argv(
@@ -149,8 +147,7 @@ def add_argv(
     for offset, (named, exact) in replaces.items():
         argv += (str(offset), named, "1" if exact else "")
     argv.append("1" if across else "")
-    for entry in entries:
-        argv += entry
+    argv.extend(chain.from_iterable(entries))
     return argv
 
 

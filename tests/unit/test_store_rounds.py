@@ -25,3 +25,10 @@ def test_a_batch_is_cut_into_calls_at_record_ends_high_where_the_batch_is_at_the
         {A: (9, [4])},
     ]
     assert rounds({A: (7, [])}) == [{A: (7, [])}]
+
+
+def test_batches_within_a_call_are_one_round_as_they_are() -> None:
+    """The ingress's batches (500 records at most) are never cut: one round, untouched."""
+    two: list[Scheduled | Cancel] = [_rec(0), _rec(1)]
+    assert rounds({A: (9, two), B: (5, [_rec(5)])}, most=2) == [{A: (9, two), B: (5, [_rec(5)])}]
+    assert len(rounds({A: (9, [*two, _rec(2)])}, most=2)) == 2
