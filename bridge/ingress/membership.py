@@ -7,6 +7,7 @@ the rebuilds when Redis or the delay topic no longer matches them are :mod:`brid
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -20,6 +21,7 @@ from bridge.store import Bound, Shard, Store
 
 logger = logging.getLogger(__name__)
 
+LEAVE_TIMEOUT_S, LEAVE_POLL_S = 5.0, 0.1  # serving the revocation before the group is left
 WATERMARK_TIMEOUT_S = 5.0  # reading a partition's end offset, when it is read again
 
 
@@ -248,11 +250,19 @@ class Membership:
 
     def close(self, *, leave: bool = False) -> None:
         """Commit what is stored and close the consumer; ``leave``: leave the group first, which
-        the close of a static member does not (Kafka's rule)."""
+        the close of a static member does not (Kafka's rule). librdkafka sends the leave once
+        the unsubscribe's revocation is served, and not at all once the consumer is closing: the
+        revocation is served here first (a record polled meanwhile was not stored: the next
+        owner reads it from the watermark)."""
         self.positions.store_lows(set(self.positions.assigned), rebuild=False)
         self.commit()
         if leave:
             self.consumer.unsubscribe()
+            deadline = time.monotonic() + LEAVE_TIMEOUT_S
+            while True:
+                self.consumer.poll(LEAVE_POLL_S)
+                if not self.positions.assigned or time.monotonic() > deadline:
+                    break
         self.consumer.close()
 
     def commit(self) -> None:

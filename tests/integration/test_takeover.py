@@ -3,6 +3,7 @@ back the leases its previous life held at once, instead of waiting for them to e
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,13 @@ from confluent_kafka.admin import AdminClient
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Setup, produce_all, with_session_timeout
+from tests.integration.harness import (
+    Bridge,
+    Setup,
+    metric,
+    produce_all,
+    with_session_timeout,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -108,6 +115,29 @@ def test_a_replica_restarted_after_a_crash_gets_its_partitions_back_at_once(
         collector.close()
     assert time.monotonic() - started < 20  # the dead member's session would be 30 s
     assert "assigned" in again.output()
+
+
+def test_a_replica_stopped_for_good_hands_its_partitions_on_at_once(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """By default a replica is a static member the bridge names after its host and port (so an
+    outage or a crash does not cost a session), and it leaves the group when it stops: a
+    Deployment's rollout or a scale-down hands its partitions on in one rebalance, not after its
+    session (30 s here)."""
+    first = with_session_timeout(setup, setup.bridge("first"), LONG_SESSION)
+    second = with_session_timeout(setup, setup.bridge("second"), LONG_SESSION)
+    bridges += [first.start(), second.start()]
+    ready(first)
+    ready(second)
+    wait_for(lambda: metric(first, "delay_bridge_owned_partitions") >= 1
+             and metric(second, "delay_bridge_owned_partitions") >= 1, 60, "both own some")  # fmt: skip
+    assert " as instance " in first.output()  # static: named by the bridge
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    stopped = time.monotonic()
+    wait_for(lambda: metric(second, "delay_bridge_owned_partitions") == 3, 25,
+             "the other replica owning every partition")  # fmt: skip
+    assert time.monotonic() - stopped < 10  # a member that stayed would hold them 30 s
 
 
 def owners(admin: AdminClient, group: str) -> dict[str, list[int]]:
