@@ -37,21 +37,25 @@ class Committed:
         self.store = store
         self.keep_s = keep_s
         self.journal = journal  # asked about records claimed again after their lease ran out
-        self._offsets: dict[Shard, set[int]] = {}
-        self._order: deque[tuple[float, Shard, int]] = deque()  # oldest first
+        # By shard and epoch (Claimed.epoch): a new incarnation of the topic (the state retired)
+        # has its records at the offsets of the old one's, committed here a moment ago.
+        self._offsets: dict[tuple[Shard, str], set[int]] = {}
+        self._order: deque[tuple[float, tuple[Shard, str], int]] = deque()  # oldest first
         # Leases a take-over ended after the journal was read for them: delivered, not looked up.
         self._reconciled: dict[Shard, set[int]] = {}
         self._lock = threading.Lock()
 
-    def add(self, shard: Shard, members: Iterable[bytes]) -> None:
-        """These records of ``shard`` were committed now."""
+    def add(self, records: Iterable[Claimed]) -> None:
+        """These records were committed now."""
         now = time.monotonic()
         with self._lock:
-            kept = self._offsets.setdefault(shard, set())
-            for member in members:
-                offset = offset_of(member)
+            for c in records:
+                state, offset = (c.shard, c.epoch), offset_of(c.member)
+                kept = self._offsets.get(state)
+                if kept is None:
+                    kept = self._offsets[state] = set()
                 kept.add(offset)
-                self._order.append((now, shard, offset))
+                self._order.append((now, state, offset))
             self._expire(now)
 
     def reconciled(self, offsets: dict[Shard, set[int]]) -> None:
@@ -64,8 +68,11 @@ class Committed:
     def _expire(self, now: float) -> None:
         order = self._order
         while order and (order[0][0] < now - self.keep_s or len(order) > MAX_KEPT):
-            _, shard, offset = order.popleft()
-            self._offsets[shard].discard(offset)
+            _, state, offset = order.popleft()
+            kept = self._offsets[state]
+            kept.discard(offset)
+            if not kept:
+                del self._offsets[state]
 
     def again(
         self, claimed: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
@@ -78,7 +85,7 @@ class Committed:
         expired: dict[Shard, list[Claimed]] = {}
         with self._lock:
             for c in claimed:
-                kept = self._offsets.get(c.shard)
+                kept = self._offsets.get((c.shard, c.epoch))
                 if kept and offset_of(c.member) in kept:
                     found.setdefault(c.shard, []).append(c)
                 elif c.redelivery and (c.shard, c.member) not in in_flight:

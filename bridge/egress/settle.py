@@ -283,7 +283,9 @@ class Deliveries:
         assert self.journal is not None
         dlq = self.failures.dead_letter
         for shard, acked in acks.items():
-            self.journal.write(shard, [p.fate(at_ms, dlq) for p, at_ms in acked.delivered])
+            self.journal.delivered(
+                shard, ((p.claimed.topic_id, p.fate(at_ms, dlq)) for p, at_ms in acked.delivered)
+            )
 
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> InFlight:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see

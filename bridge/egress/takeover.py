@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 # A partition whose transactional producer did not start is tried again after this, doubling up
 # to the most (each try waits up to the producer's init timeout, on this partition alone).
 HELD_RETRY_S, HELD_RETRY_MAX_S = 1.0, 30.0
+# A retired incarnation of a partition this replica delivers from waits up to this long for the
+# records it has in flight of it from before the retire, looked at this often.
+BEFORE_RETIRE_S, BEFORE_RETIRE_POLL_S = 30.0, 0.1
 
 
 class TakeOver:
@@ -62,12 +65,17 @@ class TakeOver:
         # Partitions whose producer did not start: not claimed from (see claimable), tried again
         # at a back-off; the others go on. Partition -> (when to try again, tries, why).
         self._held: dict[Shard, tuple[float, int, str]] = {}
+        # Retired incarnations waiting for the records in flight here from before their retire
+        # (see _after_retire): what is left of them, and until when they wait.
+        self._retiring: dict[Shard, tuple[set[Ident], float]] = {}
+        self._next_look = 0.0
         self.readiness = readiness or Readiness()
 
     def __bool__(self) -> bool:
         unsure = self._unsure or self.store.scripts.unanswered != self._unanswered
         now = time.monotonic()
         again = any(at <= now for at, _, _ in self._held.values())
+        again = again or bool(self._retiring and self._next_look <= now)
         return bool(self._shards or self._gone or self._rebuilt or unsure or again)
 
     def claimable(self, owned: frozenset[Shard]) -> frozenset[Shard]:
@@ -114,6 +122,7 @@ class TakeOver:
             self._shards = {s for s in self._shards if s.base() not in bases}
         for base in bases:
             self._held.pop(base, None)
+        self._retiring = {s: w for s, w in self._retiring.items() if s.base() not in bases}
         self._say_held()
 
     def give_up(self, shards: set[Shard], *, close: bool = True) -> None:
@@ -147,6 +156,7 @@ class TakeOver:
             self._unanswered, self._unsure = self.store.scripts.unanswered, True
         now = time.monotonic()
         shards |= {s for s in owned if self._held.get(s.base(), (now + 1, 0, ""))[0] <= now}
+        shards = self._after_retire(shards | set(self._retiring), owned, now)
         if not shards:
             return self._own_leases(owned) if self._unsure else shards
         failed = self.transactions.open(shards) if self.transactions is not None else {}
@@ -163,6 +173,37 @@ class TakeOver:
                 ended,
                 shard_names(shards),
             )
+        return shards
+
+    def _after_retire(self, shards: set[Shard], owned: frozenset[Shard], now: float) -> set[Shard]:
+        """``shards`` less the retired incarnations that wait: the records this replica claimed
+        of their partition before the retire (another epoch than the label) moved with them,
+        leased. Taken over now, those in flight would be delivered again: their transaction has
+        not committed, their journal entries are not there to read. So it waits until they are
+        settled (committed and journaled, or given up), up to BEFORE_RETIRE_S."""
+        in_flight = self.deliveries.in_flight
+        for shard in [s for s in shards if s.incarnation and s not in self._retiring]:
+            base, label = shard.base(), shard.incarnation
+            before = {i for i, p in in_flight.items() if i[0] == base and p.claimed.epoch != label}
+            self._retiring[shard] = (before, now + BEFORE_RETIRE_S)
+        for shard, (before, until) in list(self._retiring.items()):
+            before.intersection_update(in_flight)
+            if shard not in owned or (before and now < until):
+                shards.discard(shard)
+                if shard in owned:
+                    continue
+            del self._retiring[shard]
+            if shard not in owned:
+                continue
+            if before:
+                logger.warning(
+                    "%d records of %s claimed before its retire still in flight after %.0fs: "
+                    "taken over now, some may be delivered again",
+                    len(before),
+                    shard,
+                    BEFORE_RETIRE_S,
+                )
+        self._next_look = now + BEFORE_RETIRE_POLL_S
         return shards
 
     def _hold(self, tried: set[Shard], failed: dict[Shard, str], now: float) -> None:
@@ -210,7 +251,7 @@ class TakeOver:
     def _own_leases(self, owned: frozenset[Shard]) -> set[Shard]:
         """End the leases of the owned shards' records not in flight here: what a call whose
         reply Redis lost leased (or failed to release). Returns the owned shards."""
-        ended = self._end_leases(set(owned))
+        ended = self._end_leases(set(owned) - set(self._retiring))
         self._unsure = False
         if ended:
             logger.info("ended %d leases left by redis calls that got no answer", ended)

@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.egress.committed import Committed
-from bridge.egress.failures import Ident, InFlight, by_shard
+from bridge.egress.failures import Ident, InFlight
 from bridge.health import Readiness
 from bridge.journal import Journal
 from bridge.kafka import produce
@@ -258,9 +258,12 @@ class ShardTransaction:
             if any(i.err is not None for i in self._items):
                 self._abort("a record was refused")
                 return
-            entries = [i.inflight.fate(i.at_ms, self.s.dead_letter) for i in self._items]
+            dlq = self.s.dead_letter
+            fates = [
+                (o.inflight.claimed.topic_id, o.inflight.fate(o.at_ms, dlq)) for o in self._items
+            ]
             try:
-                self.s.journal.write(self.shard, entries, self.producer)
+                self.s.journal.delivered(self.shard, fates, self.producer)
             except KafkaException as exc:  # never committed without its journal
                 self._abort(f"its journal was refused: {exc.args[0].str()}")
                 return
@@ -274,8 +277,7 @@ class ShardTransaction:
         self._open = self._committing = False
         self._trying_since = self._retry_at = 0.0
         if self.s.committed is not None:
-            for shard, members in by_shard(i.ident for i in items).items():
-                self.s.committed.add(shard, members)
+            self.s.committed.add(i.inflight.claimed for i in items)
         with self._cond:
             self._pending.difference_update(i.ident for i in items)
         for i in items:

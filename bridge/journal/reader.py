@@ -185,15 +185,18 @@ class JournalReader:
         return found
 
     def scan_shards(
-        self, reads: Mapping[Shard, tuple[int, Collection[int]]], topic_ids: Mapping[str, str]
+        self, reads: Mapping[Shard, tuple[int, Collection[int]]], topic_ids: Mapping[Shard, str]
     ) -> dict[Shard, list[Entry]]:
         """Each shard's entries for the offsets it names, among the journal records written for
         it from its time (ms) on — from the earliest time of the shards on its journal partition —
-        to the end as it is now, written for its topic's incarnation (its id in ``topic_ids``, if
-        known). The journal partitions they are on are read side by side: one request of each
-        kind for them all, not one after another; a record holding none of a shard's offsets is
-        passed over undecoded."""
-        shards = {journal_key(s.topic, s.partition): s for s in reads}
+        to the end as it is now, written for the shard's incarnation of its topic (its id in
+        ``topic_ids``, if known: a retired shard's is the earlier incarnation's). The journal
+        partitions they are on are read side by side: one request of each kind for them all, not
+        one after another; a record holding none of a shard's offsets is passed over undecoded."""
+        # A partition's live shard and its retired ones share a key: their topic ids tell apart.
+        owners: dict[bytes, list[Shard]] = {}
+        for s in reads:
+            owners.setdefault(journal_key(s.topic, s.partition), []).append(s)
         needles = {s: offset_needles(offsets) for s, (_, offsets) in reads.items()}
         spans: dict[int, tuple[int, int | None]] = {}
         for shard, (from_ms, _) in reads.items():
@@ -202,15 +205,18 @@ class JournalReader:
             spans[partition] = (min(from_ms, earliest), None)
         found: dict[Shard, list[Entry]] = {s: [] for s in reads}
         for msg in self._records(spans):
-            owner, value = shards.get(msg.key() or b""), msg.value()
-            if owner is None or value is None or not may_hold(value, needles[owner]):
+            group, value = owners.get(msg.key() or b""), msg.value()
+            if group is None or value is None:
                 continue
-            batch = decode_entries(value, headers_of(msg))
-            topic_id = topic_ids.get(owner.topic, "")
-            if batch is None or (topic_id and batch.topic_id not in ("", topic_id)):
-                continue
-            offsets = reads[owner][1]
-            found[owner] += [e for e in batch.entries if e.offset in offsets]
+            for owner in group:
+                if not may_hold(value, needles[owner]):
+                    continue
+                batch = decode_entries(value, headers_of(msg))
+                topic_id = topic_ids.get(owner, "")
+                if batch is None or (topic_id and batch.topic_id not in ("", topic_id)):
+                    continue
+                offsets = reads[owner][1]
+                found[owner] += [e for e in batch.entries if e.offset in offsets]
         return found
 
     def _records(self, spans: Mapping[int, tuple[int, int | None]]) -> Iterator[Message]:

@@ -102,8 +102,18 @@ class Reconcile:
         """The journal's entries for these offsets of ``shard``, written from ``since_ms`` on
         (less the clock slack); raises BridgeError if the journal cannot be read."""
         reads = {shard: (since_ms - CLOCK_SLACK_MS, offsets)}
-        found = self._reader().scan_shards(reads, self._topic_ids())
+        found = self._reader().scan_shards(reads, self._incarnations(reads))
         return {e.offset: e for e in found[shard]}
+
+    def _incarnations(self, shards: Collection[Shard]) -> dict[Shard, str]:
+        """The topic id each shard's journal entries name: its topic's as last heard, a retired
+        shard's the one Redis keeps for it (a retire before it kept one: the topic's)."""
+        known = self._topic_ids()
+        ids = {s: known.get(s.topic, "") for s in shards}
+        retired = [s for s in shards if s.incarnation]
+        if retired:
+            ids.update((s, i) for s, i in self.store.layout.topic_ids(retired).items() if i)
+        return ids
 
     def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> dict[Shard, set[int]]:
         """Forget the records leased by an earlier owner of these shards (not in ``held``) that
@@ -124,7 +134,7 @@ class Reconcile:
             for shard, left in orphans.items()
         }
         try:  # every shard's journal partition at once: the mover waits
-            found = self._reader().scan_shards(reads, self._topic_ids())
+            found = self._reader().scan_shards(reads, self._incarnations(reads))
         except BridgeError as exc:
             if self.strict:
                 raise BridgeError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -61,15 +61,35 @@ class Journal:
         shard: Shard,
         entries: list[Entry] | list[dict[str, Any]],
         producer: Producer | None = None,
+        topic_id: str = "",
     ) -> None:
         """Journal the fates of records of ``shard`` (a Kafka record per RECORD_BYTES of them),
         through ``producer`` if given (a shard's transactional producer: the entries commit with
         the records, and a record Kafka refuses at once raises KafkaException: the transaction
-        must not commit without it)."""
+        must not commit without it). ``topic_id``: the incarnation of the topic they belong to
+        (Claimed.topic_id), else the one last heard."""
         if not entries:
             return
         self._last = shard
-        self._send(shard, entries, producer)
+        self._send(shard, entries, producer, topic_id)
+
+    def delivered(
+        self,
+        shard: Shard,
+        fates: Iterable[tuple[str, dict[str, Any]]],
+        producer: Producer | None = None,
+    ) -> None:
+        """Journal the fates of records claimed from ``shard``, each with the topic id of the
+        incarnation it belongs to: a batch per incarnation (one, unless the topic was recreated
+        while they were in flight)."""
+        by_id: dict[str, list[dict[str, Any]]] = {}
+        for topic_id, entry in fates:
+            entries = by_id.get(topic_id)
+            if entries is None:
+                entries = by_id[topic_id] = []
+            entries.append(entry)
+        for topic_id, entries in by_id.items():
+            self.write(shard, entries, producer, topic_id)
 
     def try_again(self) -> None:
         """While entries are refused, write an empty batch every TRY_AGAIN_S (see there)."""
@@ -80,14 +100,18 @@ class Journal:
         self._send(shard, [], None)
 
     def _send(
-        self, shard: Shard, entries: list[Entry] | list[dict[str, Any]], producer: Producer | None
+        self,
+        shard: Shard,
+        entries: list[Entry] | list[dict[str, Any]],
+        producer: Producer | None,
+        topic_id: str = "",
     ) -> None:
-        topic_id = self._topic_ids().get(shard.topic, "")
+        topic_id = topic_id or self._topic_ids().get(shard.topic, "")
         key, value, headers = encode_entries(shard.topic, shard.partition, entries, topic_id)
         if len(value) > RECORD_BYTES and len(entries) > 1:
             half = len(entries) // 2
-            self._send(shard, entries[:half], producer)
-            self._send(shard, entries[half:], producer)
+            self._send(shard, entries[:half], producer, topic_id)
+            self._send(shard, entries[half:], producer, topic_id)
             return
         self.metrics.journal_pending.inc(len(entries))
         try:

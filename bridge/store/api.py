@@ -64,7 +64,7 @@ def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool 
         earliest[shard] = r.earliest
         for i, item in enumerate(r.members):
             record = stored_record(item, shard, r.now_ms)
-            out.append(Claimed(shard, item[:8], record, i < r.redelivered, r.epoch))
+            out.append(Claimed(shard, item[:8], record, i < r.redelivered, r.epoch, r.topic_id))
     # One Redis runs the scripts one after the other: its clock at the end of the last is the
     # latest reading. On Redis Cluster each ran by its own master's clock: the earliest reading
     # is the one the mover carries on (records claimed ahead are produced by it), so no master's

@@ -86,6 +86,7 @@ class ClaimReply(NamedTuple):
     epoch: str  # the shard's epoch: its acknowledgements name it
     due_lanes: frozenset[Priority]  # the lanes with records due left
     earliest: tuple[int, int, int]  # each lane's earliest due ms left (high, normal, low; -1)
+    topic_id: str  # the incarnation the records belong to ("": not known)
     members: list[bytes]  # offset (8 bytes) + encoded record, in the order handed out
 
     @classmethod
@@ -101,7 +102,8 @@ class ClaimReply(NamedTuple):
             epoch=text(reply[5]),
             due_lanes=frozenset(p for p in Priority if mask & 1 << p),
             earliest=(int(reply[7]), int(reply[8]), int(reply[9])),
-            members=list(reply[10:]),
+            topic_id=text(reply[10]),
+            members=list(reply[11:]),
         )
 
     def next_ms(self) -> int | None:

@@ -68,6 +68,7 @@ class Layout:
                 k.waits,
                 old.waits,
                 old.pending,
+                old.meta,
             ]
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
             calls.append(("incarnation", keys, args))
@@ -93,6 +94,15 @@ class Layout:
             for label in labels
         }
 
+    def topic_ids(self, retired: Sequence[Shard]) -> dict[Shard, str]:
+        """The topic id of each retired incarnation ("": not kept, retired before it was)."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in retired:
+                pipe.hget(self.keys.of(shard).meta, "topic_id")
+            replies = pipe.execute()
+        return {s: text(i or b"") for s, i in zip(retired, replies, strict=True)}
+
     def forget_retired(self, shard: Shard) -> bool:
         """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
         k = self.keys.of(shard)
@@ -105,5 +115,6 @@ class Layout:
             k.refs_due,
             k.waits,
             k.pending,
+            k.meta,
         ]
         return bool(int(self.scripts.run([("retired", keys, [shard.incarnation])])[0]))

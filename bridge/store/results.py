@@ -21,6 +21,9 @@ class Claimed:
     # The shard's epoch when it was claimed: its acknowledgement names it, so one that comes after
     # the shard's state was retired (its topic recreated) leaves the new records alone.
     epoch: str = ""
+    # The topic id of the incarnation it belongs to ("": not known): its journal entry names it,
+    # so a take-over of a retired incarnation tells its entries from the new one's at its offsets.
+    topic_id: str = ""
 
     def given_id(self) -> str | None:
         """The record's delay-id if its producer gave one (only those are in the id index)."""

@@ -41,7 +41,7 @@ Call = tuple[str, list[str], list[Any]]
 # Scripts that reach a shard's wait indexes through its waits SET declare them after their own
 # keys (this many): Redis Cluster routes and migrates by declared keys. A call that left one out
 # is answered {"undeclared", keys...} before it writes anything, and runs again with them.
-OWN_KEYS = {"add": 9, "withdraw": 7, "settle": 8, "stats": 4, "incarnation": 18}
+OWN_KEYS = {"add": 9, "withdraw": 7, "settle": 8, "stats": 4, "incarnation": 19}
 UNDECLARED = b"undeclared"
 
 

@@ -3,16 +3,19 @@ skipped over, and the records Redis still holds from before are delivered."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import signal
 from pathlib import Path
 
 import pytest
 import redis
 
+from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.store import Shard, Store
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Setup
-from tests.integration.test_recovery import delivered_once, due_in, rebuilds
+from tests.integration.harness import Bridge, Setup, produce_all
+from tests.integration.test_recovery import delivered_once, due_in, rebuilds, values_delivered
 
 pytestmark = pytest.mark.integration
 
@@ -77,3 +80,43 @@ def test_a_watermark_beyond_the_log_end_is_not_skipped_over(
     assert {f"after-{i}".encode() for i in range(3)} <= set(counts)
     assert f"delay topic {one.delay}[0] went back" in second.output()
     assert rebuilds(second, one) == 1
+
+
+def test_a_delay_topic_recreated_under_a_running_exactly_once_bridge_loses_and_repeats_nothing(
+    one: Setup, topics: TopicFactory, bridges: list[Bridge]
+) -> None:
+    """Exactly once, the delay topic deleted and created again while records of it are being
+    delivered: the new incarnation's records, at the offsets the old one's just had, are
+    delivered (not taken for those committed lately), and the old records in flight then are
+    not delivered a second time by the take-over of their retired incarnation."""
+    bridge = one.bridge(egress__exactly_once="true", egress__transaction="1s").start()
+    bridges.append(bridge)
+    now = due_in(one, 300, 0, "now")  # offsets 0..299, delivered before the recreation
+    delivered_once(one, 300, "the first incarnation's first records")
+    old = [  # offsets 300..3299, falling due over 21 s: in flight when the topic goes
+        (None, f"old-{i}".encode(),
+         [(H_TARGET_TOPIC, one.targets[0].encode()), (H_AFTER, f"{3_000 + 7 * i}ms".encode())])
+        for i in range(3000)
+    ]  # fmt: skip
+    produce_all(one.services.bootstrap, one.delay, old)
+    stored(one, now[-1] + 3000)
+    counts: collections.Counter[bytes] = collections.Counter()
+    collector = one.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 300 + 300, 60, "records of the second batch")
+        topics.recreate(one.delay, 1, config={"retention.ms": "-1"})
+        due_in(one, 300, 0, "new")  # offsets 0..299 again, in the new incarnation
+        with contextlib.suppress(AssertionError):  # what is missing is named below
+            collector.until(lambda rs: len(rs) >= 3600, 60, "both incarnations' records")
+        collector.poll(2.0)  # anything more would be a duplicate
+        counts = values_delivered(collector, one)
+    finally:
+        collector.close()
+    expected = {f"{tag}-{i}".encode() for tag, n in (("now", 300), ("old", 3000), ("new", 300))
+                for i in range(n)}  # fmt: skip
+    missing = sorted(expected - set(counts))
+    twice = sorted(v for v, n in counts.items() if n > 1)
+    assert not missing, f"{len(missing)} never delivered, e.g. {missing[:3]}"
+    assert not twice, f"{len(twice)} delivered twice, e.g. {twice[:3]}"
+    log = bridge.output()
+    assert "was deleted and created again" in log or f"{one.delay}[0] went back" in log

@@ -572,7 +572,7 @@ def test_a_take_over_reads_the_journal_of_every_shard_at_once(setup: Setup) -> N
     try:
         wanted = {s: {base[s] + 1, base[s] + 3} for s in shards}
         found = reader.scan_shards(
-            {s: (0, wanted[s]) for s in shards}, {s.topic: "this-incarnation" for s in shards}
+            {s: (0, wanted[s]) for s in shards}, dict.fromkeys(shards, "this-incarnation")
         )
     finally:
         reader.close()

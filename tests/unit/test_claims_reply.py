@@ -11,8 +11,8 @@ A, B = Shard("delay", 0), Shard("delay", 1)
 
 def reply(start_ms: int, end_ms: int) -> list[object]:
     # now, redelivered, earliest due left, earliest lease, clock at the end, epoch, lanes due,
-    # earliest due per lane: nothing claimed, nothing left
-    return [start_ms, 0, -1, -1, end_ms, b"", 0, -1, -1, -1]
+    # earliest due per lane, topic id: nothing claimed, nothing left
+    return [start_ms, 0, -1, -1, end_ms, b"", 0, -1, -1, -1, b""]
 
 
 def test_on_redis_cluster_the_mover_carries_on_the_earliest_master_clock() -> None:

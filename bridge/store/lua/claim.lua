@@ -36,7 +36,7 @@ KEYS[3]  claimed        HASH  offset -> member
 KEYS[4]  low index      ZSET  offset bucket -> 0
 KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
-KEYS[7]  meta           HASH  "epoch" -> the state's epoch (see ack() in _lib.lua)
+KEYS[7]  meta           HASH  "epoch" -> the state's epoch (see ack() in _lib.lua), "topic_id"
 KEYS[8]  waits          SET   targets with a wait index
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
@@ -63,7 +63,9 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           Redis TIME at the end (now ms when given; never capped: the caller compares its
           clocks by it), the shard's epoch (its acknowledgements name
           it), the lanes with records due left (bit 1 high, 2 normal, 4 low), the earliest due
-          ms left in each lane (high, normal, low; -1: none), member, member, ...} — the two
+          ms left in each lane (high, normal, low; -1: none), the topic id of the incarnation
+          the records belong to ("": not known; the journal entries of their fates name it),
+          member, member, ...} — the two
           times tell
           the mover when the shard next has work, so it needs no other call to plan its sleep; the
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
@@ -78,7 +80,8 @@ end
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
 local deadline = string.format('%d', now + tonumber(ARGV[2]))
-local out = {now, 0, -1, -1, now, redis.call('HGET', KEYS[7], 'epoch') or '', 0, -1, -1, -1}
+local state = redis.call('HMGET', KEYS[7], 'epoch', 'topic_id')
+local out = {now, 0, -1, -1, now, state[1] or '', 0, -1, -1, -1, state[2] or ''}
 local HEAD = #out
 local leases = {}
 

@@ -33,7 +33,9 @@ KEYS[16] waits            SET   targets with a wait index (records waiting for t
 KEYS[18] retired pending  (KEYS[6] under the label, kept with the references: a reference
                                 cancelled before the retire stays cancelled; the retired
                                 references' field "pending" says the bits were kept)
-KEYS[19..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
+KEYS[19] retired meta     HASH  "topic_id" -> the retired incarnation's topic id: its records'
+                                journal entries name it (a claim of them returns it)
+KEYS[20..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
            _lib.lua)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
@@ -50,7 +52,7 @@ local waits_now, waits_retired = wait_keys(KEYS[16]), wait_keys(KEYS[16], KEYS[1
 for _, key in ipairs(waits_retired) do
   waits_now[#waits_now + 1] = key
 end
-local refused = undeclared(19, waits_now)
+local refused = undeclared(20, waits_now)
 if refused then
   return refused
 end
@@ -102,6 +104,9 @@ if redis.call('EXISTS', KEYS[13]) == 1 then
 end
 if moved > 0 then
   redis.call('SADD', KEYS[7], ARGV[2])
+  if stored then
+    redis.call('HSET', KEYS[19], 'topic_id', stored)
+  end
 else  -- what is left of its references (all cancelled) is nobody's to read
   redis.call('DEL', KEYS[14], KEYS[15], KEYS[18])
 end
