@@ -37,7 +37,7 @@ from bench.scenarios import (
 from bridge.config import consumer_settings, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from tests.chaos.checker import Expected
+from tests.chaos.checker import Expected, log_end
 from tests.chaos.scenarios import PARTITIONS, Run, references_waiting
 from tests.chaos.workload import Record, now_ms
 
@@ -125,10 +125,7 @@ def rebuild(servers: Any, workdir: Path, report: Report, count: int) -> None:
 def _log_ends(run: Run, shards: list[Shard]) -> dict[Shard, int]:
     consumer = Consumer({"bootstrap.servers": run.servers.bootstrap, "group.id": run.prefix})
     try:
-        return {
-            s: consumer.get_watermark_offsets(TopicPartition(s.topic, s.partition), 10)[1]
-            for s in shards
-        }
+        return {s: log_end(consumer, TopicPartition(s.topic, s.partition)) for s in shards}
     finally:
         consumer.close()
 

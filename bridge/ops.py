@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bridge import lookup, reads
 from bridge.config import Config, consumer_settings
@@ -76,8 +76,8 @@ def status(config: Config) -> tuple[int, list[PartitionStatus]]:
     try:
         rows = []
         now = store.time_ms()
-        marks = store.inventory.watermarks([s for s, _, _ in partitions])
-        for shard, (committed, rebuild_from), end in partitions:
+        marks = store.inventory.watermarks([p.shard for p in partitions])
+        for shard, committed, rebuild_from, end in partitions:
             backlog = store.backlog([shard], now, config.egress.due_by_ms)
             first = store.inventory.first(shard)
             mark = marks.get(shard, -1)
@@ -233,19 +233,22 @@ def store_of(config: Config) -> Store:
 def delay_shards(config: Config, topics: Sequence[str]) -> list[Shard]:
     """The shards of every partition of ``topics`` (delay topics: a UsageError names one that is
     not), from Kafka, else from what Redis holds."""
-    return [s for s, _, _ in _partitions(config, topics, offsets=False)]
+    return [p.shard for p in _partitions(config, topics, offsets=False)]
 
 
-_UNKNOWN = (None, None)  # a committed offset and rebuild point Kafka did not say
+class _Partition(NamedTuple):
+    """A delay-topic partition as Kafka tells it (-1: none; None: Kafka did not say)."""
+
+    shard: Shard
+    committed: int | None = None  # the group's committed offset
+    rebuild_from: int | None = None  # the rebuild point the commit names
+    end: int | None = None  # the log end offset
 
 
-def _partitions(
-    config: Config, topics: Sequence[str], *, offsets: bool = True
-) -> list[tuple[Shard, tuple[int | None, int | None], int | None]]:
-    """(shard, (committed offset, rebuild point), log end offset) of every partition of
-    ``topics`` (-1: none), read with a consumer of the bridge's group that never joins it. When
-    Kafka cannot be read, the partitions Redis holds, with the offsets None (unknown), said once
-    on stderr."""
+def _partitions(config: Config, topics: Sequence[str], *, offsets: bool = True) -> list[_Partition]:
+    """Every partition of ``topics``, read with a consumer of the bridge's group that never
+    joins it. When Kafka cannot be read, the partitions Redis holds, with the offsets None
+    (unknown), said once on stderr."""
     from confluent_kafka import Consumer, KafkaException
 
     from bridge.positions import rebuild_point
@@ -259,13 +262,13 @@ def _partitions(
     try:
         tps = [tp for topic in topics for tp in topic_partitions(consumer, topic, "delay topic")]
         if not offsets:
-            return [(Shard(tp.topic, tp.partition), (-1, -1), -1) for tp in tps]
+            return [_Partition(Shard(tp.topic, tp.partition), -1, -1, -1) for tp in tps]
         committed = consumer.committed(tps, timeout=KAFKA_TIMEOUT_S)
-        out: list[tuple[Shard, tuple[int | None, int | None], int | None]] = []
+        out: list[_Partition] = []
         for tp, done in zip(tps, committed, strict=True):
             _, end = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S, cached=False)
-            points = (max(done.offset, -1), max(rebuild_point(done), -1))
-            out.append((Shard(tp.topic, tp.partition), points, end))
+            shard = Shard(tp.topic, tp.partition)
+            out.append(_Partition(shard, max(done.offset, -1), max(rebuild_point(done), -1), end))
         return out
     except KafkaException as exc:
         print(
@@ -279,9 +282,7 @@ def _partitions(
     store = store_of(config)
     try:
         return [
-            (shard, _UNKNOWN, None)
-            for topic in topics
-            for shard in store.inventory.stored_shards(topic)
+            _Partition(shard) for topic in topics for shard in store.inventory.stored_shards(topic)
         ]
     finally:
         store.client.close()

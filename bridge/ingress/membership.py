@@ -93,7 +93,9 @@ class Membership:
             logger.warning("redis unreachable at assignment; resuming from the rebuild points")
             points = {}
         marks = {s: mark for s, (mark, _) in points.items()}
-        unknown = self._rebuild_points([s for s in shards if s not in marks and s not in replaced])
+        unknown, never = self._rebuild_points(
+            [s for s in shards if s not in marks and s not in replaced]
+        )
         # Redis knows what it holds: resume right after it, which skips re-reading records
         # already stored (or delivered) when the last commit was lost in a crash — or at what it
         # keeps to look for in other partitions (bridge.store.across). A new incarnation of the
@@ -111,10 +113,15 @@ class Membership:
             elif shard in unknown:
                 tp.offset = unknown[shard]
         consumer.incremental_assign(partitions)
-        starts = {s: tp.offset for s, tp in zip(shards, partitions, strict=True)}
+        # Never committed: read from the log's start (as auto.offset.reset has it), never stored.
+        starts = {
+            s: OFFSET_BEGINNING if s in never else tp.offset
+            for s, tp in zip(shards, partitions, strict=True)
+        }
         # Read with no state in Redis (wiped while stopped): stored before, maybe settled since.
         self.reading_again(
-            starts, again=[s for s in shards if s not in marks and s not in replaced]
+            starts,
+            again=[s for s in shards if s not in marks and s not in replaced and s not in never],
         )
         self.positions.assigned.update(shards)
         self.lost = frozenset()  # the group formed again: what is not ours now is another's
@@ -128,13 +135,13 @@ class Membership:
         )
         self._on_assign_cb(set(shards) | retired)
 
-    def _rebuild_points(self, shards: list[Shard]) -> dict[Shard, int]:
+    def _rebuild_points(self, shards: list[Shard]) -> tuple[dict[Shard, int], set[Shard]]:
         """Where shards Redis holds nothing for are read from: their rebuild points (the
-        committed offset is past what is pending: bridge.positions). Never committed: left to
-        the consumer (auto.offset.reset, the log's start). Unreadable: the log's start, read
-        again as stored before (the journal says what of it is settled)."""
+        committed offset is past what is pending: bridge.positions), and those never committed,
+        left to the consumer (auto.offset.reset, the log's start). Unreadable: the log's start,
+        read again as stored before (the journal says what of it is settled)."""
         if not shards:
-            return {}
+            return {}, set()
         try:
             points = rebuild_points(self.consumer, shards, WATERMARK_TIMEOUT_S)
         except KafkaException as exc:
@@ -144,8 +151,11 @@ class Membership:
                 ", ".join(f"{s.topic}[{s.partition}]" for s in shards),
                 exc,
             )
-            return dict.fromkeys(shards, OFFSET_BEGINNING)
-        return {s: offset for s, offset in points.items() if offset >= 0}
+            return dict.fromkeys(shards, OFFSET_BEGINNING), set()
+        return (
+            {s: offset for s, offset in points.items() if offset >= 0},
+            {s for s, offset in points.items() if offset < 0},
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:
@@ -190,25 +200,12 @@ class Membership:
         again: Collection[Shard] = (),
         rolled_back: Collection[Shard] = (),
     ) -> None:
-        """The consumer reads these shards from these offsets (negative: the committed offset or
-        the beginning): hold their due records until it reaches where each partition ends now
-        (see bridge.catchup). Without the end offset the shard is not held: said once, the
-        records flow as they would have before. Those read ``again`` (stored before) leave out
-        what the journal says is settled since; those ``rolled_back`` also have what Redis put
-        back forgotten (bridge.ingress.settled)."""
-        starts = dict(starts)
-        unknown = [s for s, offset in starts.items() if offset < 0 and offset != OFFSET_BEGINNING]
-        if unknown:  # from the rebuild points: one request for all of them
-            try:
-                starts.update(rebuild_points(self.consumer, unknown, WATERMARK_TIMEOUT_S))
-                # Never committed: never stored here before, nothing of it can be settled.
-                again = [s for s in again if starts[s] >= 0 or s not in unknown]
-            except KafkaException as exc:
-                logger.warning(
-                    "committed offsets not read, not holding records while catching up: %s", exc
-                )
-                starts = {s: o for s, o in starts.items() if s not in unknown}
-                again = [s for s in again if s not in unknown]
+        """The consumer reads these shards from these offsets (OFFSET_BEGINNING: the log's
+        start): hold their due records until it reaches where each partition ends now (see
+        bridge.catchup). Without the end offset the shard is not held: said once, the records
+        flow as they would have before. Those read ``again`` (stored before) leave out what the
+        journal says is settled since; those ``rolled_back`` also have what Redis put back
+        forgotten (bridge.ingress.settled)."""
         reread: dict[Shard, int] = {}
         for shard, asked in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)

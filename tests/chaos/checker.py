@@ -192,7 +192,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
                          "enable.auto.commit": False,
                          "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
     try:
-        ends = {p: _log_end(consumer, TopicPartition(topic, p)) for p in range(partitions)}
+        ends = {p: log_end(consumer, TopicPartition(topic, p)) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         out: list[Message] = []
         deadline = time.monotonic() + 120
@@ -209,7 +209,7 @@ _MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_
                      KafkaError._TIMED_OUT, KafkaError._TRANSPORT})  # fmt: skip
 
 
-def _log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int:
+def log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int:
     """``tp``'s log end offset; asked again while its leadership moves (after a broker roll the
     metadata may still name the broker that led it: NOT_LEADER_FOR_PARTITION)."""
     deadline = time.monotonic() + timeout
