@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck docs unit chaos bench bench-full soak image services services-down services-status topics tools clean
+.PHONY: run test lint typecheck docs unit chaos bench bench-full bench-ab soak image services services-down services-status topics tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -123,6 +123,12 @@ bench: $(BENCH_STAMP)
 
 bench-full: $(BENCH_STAMP)
 	$(PY) -m bench --full $(BENCH_ARGS)
+
+# This checkout against a commit (BASE=<commit>, e.g. the last release tag): the throughput and
+# steady scenarios in alternating runs, each figure's ratio printed (bench/ab.py).
+bench-ab: $(BENCH_STAMP)
+	@test -n "$(BASE)" || { echo "make bench-ab BASE=<commit>"; exit 2; }
+	$(PY) -m bench.ab $(BASE) $(BENCH_ARGS)
 
 # An hour at 2,000 records/s on a three-broker cluster of its own, the bridge SIGKILLed every ten
 # minutes (bench/soak/): build/soak/results.json, report.md and soak.png; the last result in

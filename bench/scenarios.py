@@ -259,11 +259,12 @@ def journal_bytes(run: Run) -> int:
 
 def throughput(servers: Servers, workdir: Path, count: int, value_size: int, report: Report, *,
                overrides: dict[str, object] | None = None, tag: str = "",
-               id_bytes: int = 0) -> float:  # fmt: skip
+               id_bytes: int = 0, ceilings: bool = True) -> float:  # fmt: skip
     """``count`` records due at once (each with a delay-id ``id_bytes`` long if given: then
     without the ceilings, which such records do not change), produced before the bridge starts
     (configured with ``overrides``, its figures named with ``tag``); the bare pipe reads the same
-    delay topic first. Returns the bridge's end-to-end rate (records/s)."""
+    delay topic first (``ceilings``). Returns the bridge's end-to-end rate (records/s); the CPU
+    time of the bridge and of Redis per record over the run is among the figures."""
     name = f"throughput-{value_size}{tag}"
     run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False,
               overrides=overrides)  # fmt: skip
@@ -271,11 +272,13 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int, rep
     try:
         records = due_now(count, run.target, id_bytes)
         finished(produce(run, records, float("inf"), value_size=value_size))
-        pipe = None if id_bytes else _bare_pipe(run, count)
+        pipe = None if id_bytes or not ceilings else _bare_pipe(run, count)
         progress = Progress(store, run.delay).start()
+        redis_cpu = redis_cpu_s(store.client)
         bridge = run.bridge()
         progress.wait(lambda i, s: i >= count and s == 0, 600, f"{name}: all acknowledged")
         progress.stop()
+        cpu_s = bridge.cpu_seconds() + redis_cpu_s(store.client) - redis_cpu
         bridge.stop()
         started = progress.first(lambda i, s: i > 0)
         ingested = progress.first(lambda i, s: i >= count)
@@ -288,6 +291,7 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int, rep
             "ingest_per_s": count / max(1e-3, (ingested - started) / 1000),
             "egress_per_s": count / max(1e-3, (acked - acked_first) / 1000),
             "end_to_end_per_s": count / max(1e-3, (acked - started) / 1000),
+            "cpu_ms_per_record": cpu_s * 1000 / count,
         }
         if pipe is not None:
             rates["bare_pipe_per_s"] = count / max(

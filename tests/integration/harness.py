@@ -37,6 +37,17 @@ from tests.conftest import Services
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# A checkout whose bridge the harness runs instead of this one's (bench.ab: the code before a
+# change, measured by the same harness).
+CODE_UNDER_TEST = "BRIDGE_CODE_UNDER_TEST"
+
+
+def code_under_test() -> Path:
+    """The directory ``python -m bridge`` runs from: this checkout unless CODE_UNDER_TEST names
+    another."""
+    return Path(os.environ.get(CODE_UNDER_TEST) or ROOT)
+
+
 @dataclass
 class Bridge:
     """A ``delay-bridge run`` process with its own topics, group and key prefix."""
@@ -48,7 +59,7 @@ class Bridge:
     def start(self) -> Bridge:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge", "run"], cwd=ROOT, env=self.env,
+                [sys.executable, "-m", "bridge", "run"], cwd=code_under_test(), env=self.env,
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         return self

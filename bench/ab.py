@@ -1,0 +1,208 @@
+"""``python -m bench.ab BASE [--rounds N] [SCENARIO ...]``: this checkout against a commit.
+
+    make bench-ab BASE=<commit> [BENCH_ARGS="--rounds 3 throughput"]
+
+The same harness measures both bridges: ``BASE`` is checked out beside (a git worktree under
+``$DELAY_BRIDGE_STATE_DIR/ab``) and its ``python -m bridge`` runs in place of this one's
+(``tests.integration.harness.CODE_UNDER_TEST``). Runs alternate — base, this, this, base, … — so a
+machine whose speed drifts over the hour weighs on both alike. Scenarios:
+
+* ``throughput``: 50,000 records of 100 B due at once, produced before the bridge starts:
+  end-to-end records/s and the bridge's and Redis's CPU per record over the drain;
+* ``steady``: 2,000 records/s for 20 s with the defaults: CPU per record and lateness p99 at the
+  acknowledgement.
+
+Prints each run's figures and, per figure, the ratio of this checkout's mean to the base's; writes
+``build/bench/ab.json``. Ratios, never absolute figures, are what a change is judged by here: the
+machine's speed varies by 2x from one hour to the next (docs/bench/history.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.__main__ import local_servers
+from bench.scenarios import QUICK, Report, steady_load, throughput
+from tests.chaos.servers import STATE_DIR
+from tests.conftest import ROOT
+from tests.integration.harness import CODE_UNDER_TEST
+
+SCENARIOS = ("throughput", "steady")
+THROUGHPUT_RECORDS, STEADY_S = 50_000, 20.0
+# Each scenario's figures: name -> whether more is better.
+FIGURES: dict[str, dict[str, bool]] = {
+    "throughput": {"end_to_end_per_s": True, "cpu_ms_per_record": False},
+    "steady": {"cpu_ms_per_record": False, "ack_p99_ms": False},
+}
+
+
+@dataclass
+class Side:
+    """One checkout's runs: its label, where its bridge runs from, and each run's figures."""
+
+    label: str
+    code: Path
+    runs: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def mean(self, scenario: str, figure: str) -> float:
+        return statistics.fmean(r[figure] for r in self.runs.get(scenario, []))
+
+
+def order(rounds: int) -> list[int]:
+    """Which side runs when (0: base, 1: this checkout): base first, then each side twice in a
+    row, so neither always runs first or last in a round."""
+    out = [0]
+    while len(out) < 2 * rounds:
+        out += [1 - out[-1]] * 2
+    return out[: 2 * rounds]
+
+
+def ratios(base: Side, head: Side, scenarios: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per scenario and figure: this checkout's mean over the base's."""
+    return {
+        s: {f: head.mean(s, f) / max(1e-9, base.mean(s, f)) for f in FIGURES[s]} for s in scenarios
+    }
+
+
+def table(base: Side, head: Side, scenarios: Sequence[str]) -> str:
+    """Markdown: each figure's runs on both sides and the ratio (↑/↓: which way is better)."""
+    lines = [
+        f"| scenario | figure | {base.label} | {head.label} | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    got = ratios(base, head, scenarios)
+    for s in scenarios:
+        for f, more in FIGURES[s].items():
+            runs = [
+                " · ".join(_figure(r[f]) for r in side.runs.get(s, [])) for side in (base, head)
+            ]
+            better = "higher is better" if more else "lower is better"
+            lines.append(f"| {s} | {f} ({better}) | {runs[0]} | {runs[1]} | {got[s][f]:.3f} |")
+    return "\n".join(lines)
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def worktree(commit: str) -> Path:
+    """A checkout of ``commit`` beside this one (made once, kept for the next comparison)."""
+    sha = _git("rev-parse", "--verify", f"{commit}^{{commit}}").strip()
+    path = STATE_DIR / "ab" / sha[:12]
+    if not (path / "bridge").is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _git("worktree", "add", "--force", "--detach", str(path), sha)
+    return path
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"git {' '.join(args)}: {exc.stderr.strip()}") from None
+
+
+def leg(scenario: str, code: Path, *, records: int, seconds: float) -> dict[str, float]:
+    """One run of ``scenario`` by this harness, the bridge run from ``code`` (a process of its
+    own, as every run starts afresh); its figures."""
+    env = {**os.environ, CODE_UNDER_TEST: str(code)}
+    args = [sys.executable, "-m", "bench.ab", "--leg", scenario, "--records", str(records),
+            "--seconds", str(seconds)]  # fmt: skip
+    out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+                         check=False)  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"{scenario} with the bridge of {code} failed:\n{out.stderr[-3000:]}")
+    figures: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def run_leg(scenario: str, records: int, seconds: float) -> dict[str, float]:
+    """In the leg's own process: run the scenario on the local services."""
+    servers = local_servers()
+    servers.up()
+    report = Report()
+    with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
+        if scenario == "throughput":
+            throughput(servers, Path(tmp), records, 100, report, ceilings=False)
+            f = report.figures["throughput-100"]
+            got = {k: float(f[k]) for k in FIGURES["throughput"]}
+        else:
+            steady_load(servers, Path(tmp), report, "steady", {}, seconds=seconds,
+                        max_delay_ms=QUICK.max_delay_ms)  # fmt: skip
+            f = report.figures["steady"]
+            got = {"cpu_ms_per_record": float(f["cpu_ms_per_record"]),
+                   "ack_p99_ms": float(f["ack_lateness_ms"]["p99"])}  # fmt: skip
+    if report.problems:
+        raise SystemExit(f"the contract broke: {report.problems}")
+    return got
+
+
+def compare(
+    base_commit: str,
+    scenarios: Sequence[str],
+    rounds: int,
+    *,
+    records: int = THROUGHPUT_RECORDS,
+    seconds: float = STEADY_S,
+    say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
+) -> tuple[Side, Side]:
+    """Run ``scenarios`` ``rounds`` times on each side, alternating; the two sides' runs."""
+    base = Side(f"base {base_commit}", worktree(base_commit))
+    head = Side("this checkout", ROOT)
+    for i, which in enumerate(order(rounds)):
+        side = (base, head)[which]
+        for scenario in scenarios:
+            say(f"[{i + 1}/{2 * rounds}] {scenario}: {side.label}")
+            got = leg(scenario, side.code, records=records, seconds=seconds)
+            side.runs.setdefault(scenario, []).append(got)
+            say(f"    {got}")
+    return base, head
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("base", nargs="?", help="the commit to compare with (e.g. a tag)")
+    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
+                        help=f"default: {', '.join(SCENARIOS)}")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default 2)")
+    parser.add_argument("--records", type=int, default=THROUGHPUT_RECORDS, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=STEADY_S, help=argparse.SUPPRESS)
+    parser.add_argument("--leg", choices=SCENARIOS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.leg:
+        print(json.dumps(run_leg(args.leg, args.records, args.seconds)))
+        return 0
+    if not args.base:
+        parser.error("name the commit to compare with: make bench-ab BASE=<commit>")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    scenarios = args.scenarios or list(SCENARIOS)
+    base, head = compare(args.base, scenarios, args.rounds, records=args.records,
+                         seconds=args.seconds)  # fmt: skip
+    print(table(base, head, scenarios))
+    out = ROOT / "build" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ab.json").write_text(json.dumps({
+        "command": f"make bench-ab BASE={args.base}", "base": args.base, "rounds": args.rounds,
+        "runs": {"base": base.runs, "head": head.runs},
+        "ratios": ratios(base, head, scenarios),
+    }, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
