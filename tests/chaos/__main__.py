@@ -74,6 +74,7 @@ def main() -> int:
         "scenarios": [{
             "name": r.scenario, "faults": r.faults, "records": r.account.records,
             "lost": r.account.lost[:20], "duplicates": r.account.duplicates,
+            "twice": r.account.twice[:20],
             "early": r.account.early[:20], "misrouted": r.account.misrouted[:20],
             "max_lateness_ms": r.account.max_lateness_ms,
             "recovery_ms": r.account.recovery_ms if r.account.faults_timed else None,

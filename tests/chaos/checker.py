@@ -300,6 +300,7 @@ class Account:
     lost: list[str] = field(default_factory=list)
     misrouted: list[str] = field(default_factory=list)
     duplicates: int = 0
+    twice: list[str] = field(default_factory=list)  # the records delivered more than once
     duplicate_ids_differ: int = 0
     early: list[str] = field(default_factory=list)
     lateness_ms: list[int] = field(default_factory=list)  # first arrival at the checker
@@ -397,6 +398,8 @@ def settle(
             continue
         acc.delivered += 1
         acc.duplicates += len(got) - 1
+        if len(got) > 1:
+            acc.twice.append(f"{exp.offset}: {len(got)} copies")
         if any(g.delay_id != exp.delay_id for g in got):
             acc.duplicate_ids_differ += 1
         for g in got:
@@ -431,7 +434,10 @@ def _earlier(acc: Account, exp: Expected, got: list[Seen]) -> tuple[list[Seen], 
         elif g.timestamp_ms < g.due_header or g.seen_ms < g.due_header:
             acc.early.append(f"{exp.offset}: a replaced copy seen {g.seen_ms} < due {g.due_header}")
     mine = [g for g in got if g.due_header == exp.due_ms]
-    acc.duplicates += len(theirs) - (0 if mine else 1) if theirs else 0
+    again = len(theirs) - (0 if mine else 1) if theirs else 0
+    acc.duplicates += again
+    if again:
+        acc.twice.append(f"{exp.offset}: {again} more, of an operator's copies")
     return mine, theirs
 
 
