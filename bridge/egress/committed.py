@@ -69,7 +69,9 @@ class Committed:
         order = self._order
         while order and (order[0][0] < now - self.keep_s or len(order) > MAX_KEPT):
             _, state, offset = order.popleft()
-            kept = self._offsets[state]
+            kept = self._offsets.get(state)  # gone already if an offset was committed twice
+            if kept is None:
+                continue
             kept.discard(offset)
             if not kept:
                 del self._offsets[state]

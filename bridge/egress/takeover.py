@@ -188,21 +188,21 @@ class TakeOver:
             self._retiring[shard] = (before, now + BEFORE_RETIRE_S)
         for shard, (before, until) in list(self._retiring.items()):
             before.intersection_update(in_flight)
-            if shard not in owned or (before and now < until):
+            if shard not in owned:  # revoked meanwhile: its next owner takes it over
                 shards.discard(shard)
-                if shard in owned:
-                    continue
-            del self._retiring[shard]
-            if shard not in owned:
-                continue
-            if before:
-                logger.warning(
-                    "%d records of %s claimed before its retire still in flight after %.0fs: "
-                    "taken over now, some may be delivered again",
-                    len(before),
-                    shard,
-                    BEFORE_RETIRE_S,
-                )
+                del self._retiring[shard]
+            elif before and now < until:  # waits on
+                shards.discard(shard)
+            else:  # taken over now
+                del self._retiring[shard]
+                if before:
+                    logger.warning(
+                        "%d records of %s claimed before its retire still in flight after "
+                        "%.0fs: taken over now, some may be delivered again",
+                        len(before),
+                        shard,
+                        BEFORE_RETIRE_S,
+                    )
         self._next_look = now + BEFORE_RETIRE_POLL_S
         return shards
 

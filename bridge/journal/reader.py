@@ -208,10 +208,12 @@ class JournalReader:
             group, value = owners.get(msg.key() or b""), msg.value()
             if group is None or value is None:
                 continue
+            batch, decoded = None, False  # decoded once, for the first owner it may hold
             for owner in group:
                 if not may_hold(value, needles[owner]):
                     continue
-                batch = decode_entries(value, headers_of(msg))
+                if not decoded:
+                    batch, decoded = decode_entries(value, headers_of(msg)), True
                 topic_id = topic_ids.get(owner, "")
                 if batch is None or (topic_id and batch.topic_id not in ("", topic_id)):
                     continue
