@@ -55,15 +55,26 @@ def rebuild_point(committed: TopicPartition) -> int:
     return int(committed.offset)
 
 
+def committed(
+    consumer: Consumer, shards: Sequence[Shard], timeout_s: float
+) -> dict[Shard, TopicPartition]:
+    """Each shard's committed offset (and its metadata: :func:`commit_of`), in one request
+    (KafkaException when it fails)."""
+    tps = [TopicPartition(s.topic, s.partition) for s in shards]
+    return {Shard(tp.topic, tp.partition): tp for tp in consumer.committed(tps, timeout_s)}
+
+
 def rebuild_points(
     consumer: Consumer, shards: Sequence[Shard], timeout_s: float
 ) -> dict[Shard, int]:
     """:func:`rebuild_point` of each shard, in one request (KafkaException when it fails)."""
-    tps = [TopicPartition(s.topic, s.partition) for s in shards]
-    return {
-        Shard(tp.topic, tp.partition): rebuild_point(tp)
-        for tp in consumer.committed(tps, timeout_s)
-    }
+    return {s: rebuild_point(tp) for s, tp in committed(consumer, shards, timeout_s).items()}
+
+
+def writes_lost(marks: Mapping[Shard, int], ends: Mapping[Shard, int]) -> set[Shard]:
+    """The shards whose watermark in Redis (``marks``) is below the one the group committed
+    (``ends``, watermark + 1; negative or absent: never committed)."""
+    return {s for s, mark in marks.items() if ends.get(s, -1) > mark + 1}
 
 
 class Positions:
@@ -119,6 +130,29 @@ class Positions:
             logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
         except (KafkaException, KafkaFault) as exc:
             logger.warning("storing offsets failed: %s", exc)
+
+    def lost_while_away(
+        self, marks: Mapping[Shard, int], ends: Mapping[Shard, int], starts: Mapping[Shard, int]
+    ) -> set[Shard]:
+        """The shards whose watermark in Redis (``marks``) is below the one a replica stored
+        for the group's commit (``ends``: watermark + 1, :func:`commit_of`): Redis lost writes
+        it had taken while no replica read the shard — a restart from an AOF missing its tail,
+        a failover, between one replica's end and the next one's start — so no claim's check
+        of the watermark saw it go back (claim.lua ARGV[10]). They are read again from
+        ``starts`` as rolled back (what the journal holds is left out or forgotten)."""
+        lost = writes_lost(marks, ends)
+        for shard in sorted(lost):
+            logger.error(
+                "redis lost writes to %s[%d] while no replica read it (watermark %d, the "
+                "group's committed offset %d; or the offset was moved): re-reading from %d",
+                shard.topic,
+                shard.partition,
+                marks[shard],
+                ends[shard],
+                starts[shard],
+            )
+            self.metrics.rebuilds.labels(delay_topic=shard.topic, cause="redis-lost-writes").inc()
+        return lost
 
     def rebuild(self, lost: dict[Shard, Lost]) -> None:
         """Re-read lost shards from a point Redis still covers, or from the rebuild point."""

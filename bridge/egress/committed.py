@@ -41,7 +41,7 @@ class Committed:
         # has its records at the offsets of the old one's, committed here a moment ago.
         self._offsets: dict[tuple[Shard, str], set[int]] = {}
         self._order: deque[tuple[float, tuple[Shard, str], int]] = deque()  # oldest first
-        # Leases a take-over ended after the journal was read for them: delivered, not looked up.
+        # Leases a take-over ended, the journal read and holding no fate: delivered, not looked up.
         self._reconciled: dict[Shard, set[int]] = {}
         self._lock = threading.Lock()
 
@@ -59,8 +59,8 @@ class Committed:
             self._expire(now)
 
     def reconciled(self, offsets: dict[Shard, set[int]]) -> None:
-        """A take-over read the journal for these offsets (leases it ends): their next claim is
-        delivered without asking it again."""
+        """A take-over read the journal for these offsets (leases it ends) and found no fate:
+        their next claim is delivered without asking it again."""
         with self._lock:
             for shard, kept in offsets.items():
                 self._reconciled[shard] = set(kept)

@@ -16,7 +16,7 @@ from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
-from bridge.positions import Positions, rebuild_points
+from bridge.positions import Positions, committed, rebuild_point
 from bridge.store import Bound, Shard, Store
 
 logger = logging.getLogger(__name__)
@@ -93,9 +93,7 @@ class Membership:
             logger.warning("redis unreachable at assignment; resuming from the rebuild points")
             points = {}
         marks = {s: mark for s, (mark, _) in points.items()}
-        unknown, never = self._rebuild_points(
-            [s for s in shards if s not in marks and s not in replaced]
-        )
+        unknown, never, ends = self._rebuild_points([s for s in shards if s not in replaced], marks)
         # Redis knows what it holds: resume right after it, which skips re-reading records
         # already stored (or delivered) when the last commit was lost in a crash — or at what it
         # keeps to look for in other partitions (bridge.store.across). A new incarnation of the
@@ -118,10 +116,14 @@ class Membership:
             s: OFFSET_BEGINNING if s in never else tp.offset
             for s, tp in zip(shards, partitions, strict=True)
         }
-        # Read with no state in Redis (wiped while stopped): stored before, maybe settled since.
+        # Read with no state in Redis (wiped while stopped), or less than it had: stored
+        # before, maybe settled since.
+        rolled_back = self.positions.lost_while_away(marks, ends, starts)
         self.reading_again(
             starts,
-            again=[s for s in shards if s not in marks and s not in replaced and s not in never],
+            again=[s for s in shards if s not in marks and s not in replaced and s not in never]
+            + sorted(rolled_back),
+            rolled_back=rolled_back,
         )
         self.positions.assigned.update(shards)
         self.lost = frozenset()  # the group formed again: what is not ours now is another's
@@ -135,26 +137,36 @@ class Membership:
         )
         self._on_assign_cb(set(shards) | retired)
 
-    def _rebuild_points(self, shards: list[Shard]) -> tuple[dict[Shard, int], set[Shard]]:
-        """Where shards Redis holds nothing for are read from: their rebuild points (the
-        committed offset is past what is pending: bridge.positions), and those never committed,
-        left to the consumer (auto.offset.reset, the log's start). Unreadable: the log's start,
-        read again as stored before (the journal says what of it is settled)."""
+    def _rebuild_points(
+        self, shards: list[Shard], marks: Mapping[Shard, int]
+    ) -> tuple[dict[Shard, int], set[Shard], dict[Shard, int]]:
+        """The group's committed offsets of ``shards``, in one request: where those Redis
+        holds nothing for (not in ``marks``) are read from — their rebuild points (the committed
+        offset is past what is pending: bridge.positions), and those never committed, left to
+        the consumer (auto.offset.reset, the log's start) — and, of those it holds, the offset
+        committed (the watermark + 1 a replica stored: a higher one than Redis's tells it lost
+        writes). Unreadable: the log's start for the first, read again as stored before (the
+        journal says what of it is settled); nothing for the others."""
         if not shards:
-            return {}, set()
+            return {}, set(), {}
         try:
-            points = rebuild_points(self.consumer, shards, WATERMARK_TIMEOUT_S)
+            tps = committed(self.consumer, shards, WATERMARK_TIMEOUT_S)
         except KafkaException as exc:
-            logger.error(
-                "rebuild points of %s not read (%s): reading them from the log's start; records "
-                "delivered before are delivered again unless the journal says they were settled",
-                ", ".join(f"{s.topic}[{s.partition}]" for s in shards),
-                exc,
-            )
-            return dict.fromkeys(shards, OFFSET_BEGINNING), set()
+            empty = [s for s in shards if s not in marks]
+            if empty:
+                logger.error(
+                    "rebuild points of %s not read (%s): reading them from the log's start; "
+                    "records delivered before are delivered again unless the journal says they "
+                    "were settled",
+                    ", ".join(f"{s.topic}[{s.partition}]" for s in empty),
+                    exc,
+                )
+            return dict.fromkeys(empty, OFFSET_BEGINNING), set(), {}
+        points = {s: rebuild_point(tp) for s, tp in tps.items() if s not in marks}
         return (
             {s: offset for s, offset in points.items() if offset >= 0},
             {s for s, offset in points.items() if offset < 0},
+            {s: int(tp.offset) for s, tp in tps.items() if s in marks},
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

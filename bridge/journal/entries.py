@@ -7,9 +7,10 @@ One journal record holds the fates of a batch of records of one delay-topic part
 * header ``delay-journal``: the format version, ``1``;
 * timestamp: when the bridge wrote it;
 * value: JSON, ``{"topic": …, "partition": …, "topic_id": …, "entries": [entry, …]}``
-  (``topic_id``: the delay topic's Kafka topic id as the writer last heard it, absent when it had
-  none: entries of an earlier incarnation of a topic of that name are told apart by it), an entry
-  being
+  (``topic_id``: the Kafka topic id of the delay topic's incarnation the records belong to — the
+  one Redis bound their state to when they were claimed, else the one the writer last heard —
+  absent when it knew none: entries of an earlier incarnation of a topic of that name are told
+  apart by it), an entry being
   ``{"fate", "offset", "id", "due", "at"}`` and, by fate, ``"target"``, ``"target_partition"``,
   ``"target_offset"`` (delivered; dead-lettered: where its DLQ copy is), ``"by"`` (cancelled,
   replaced: the origin ``topic:partition:offset`` of the record that did it), ``"reason"``

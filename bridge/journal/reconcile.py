@@ -117,8 +117,9 @@ class Reconcile:
 
     def __call__(self, held: Mapping[Shard, Sequence[bytes]]) -> dict[Shard, set[int]]:
         """Forget the records leased by an earlier owner of these shards (not in ``held``) that
-        the journal says were settled; returns the offsets of those leases, each shard's (the
-        journal was read for them: their next claim needs no second look)."""
+        the journal says were settled; returns the offsets of the others, each shard's (the
+        journal was read for them and holds no fate: their next claim needs no second look).
+        One forgotten that comes back (Redis lost the forget: a rollback) is looked up again."""
         orphans: dict[Shard, dict[int, int]] = {}
         for shard, members in held.items():
             mine = set(members)
@@ -154,6 +155,7 @@ class Reconcile:
             settled = {e.offset: e for e in entries}
             if settled:
                 self._forget(shard, len(orphans[shard]), settled.values())
+                looked_up[shard].difference_update(settled)
         return looked_up
 
     def _forget(self, shard: Shard, left: int, settled: Iterable[Entry]) -> int:

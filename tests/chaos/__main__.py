@@ -32,7 +32,9 @@ def main() -> int:
                         help=f"default: all of {', '.join(SCENARIOS)}")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the short sizes `make test` runs")
     parser.add_argument("--seed", type=int, default=20261121)
-    parser.add_argument("--keep", action="store_true", help="leave the servers running")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the servers running, and each run's topics and Redis keys "
+                        "(to trace its records)")  # fmt: skip
     parser.add_argument("--exactly-once", action="store_true",
                         help="bridges with egress.exactly_once: a duplicate fails a scenario")  # fmt: skip
     parser.add_argument("--producer-debug", default="", metavar="CONTEXTS",
@@ -41,6 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     scenarios.EXACTLY_ONCE = args.exactly_once
     scenarios.PRODUCER_DEBUG = args.producer_debug
+    scenarios.KEEP = args.keep
     names = args.scenarios or [
         n for n, (_, quick, _) in SCENARIOS.items() if quick or not args.quick
     ]

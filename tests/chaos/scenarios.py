@@ -72,6 +72,7 @@ EXACTLY_ONCE = False
 # DEBUG in their logs: what a run that misses a bound was waiting on (python -m tests.chaos
 # --producer-debug).
 PRODUCER_DEBUG = ""
+KEEP = False  # --keep: the servers and the last run's topics and keys stay, to trace records
 MAX_DELAY_MS = 5000
 # read-back-sigkill: delays of records kept as references (store.payload_horizon 6 s).
 READ_BACK_MIN_MS, READ_BACK_MAX_MS = 8_000, 20_000
@@ -248,15 +249,15 @@ class Run:
         is over was late for the fault alone."""
         self._began = now_ms()
 
-    def fault_over(self) -> None:
-        """The fault injected last has just ended (the broker answers, Redis takes writes, the
-        cluster serves every slot, the bridge was started again): lateness after this moment is
-        the bridge's recovery (Account.recovery_ms)."""
+    def fault_over(self, what: str = "") -> None:
+        """The fault injected last (``what``, for the log) has just ended (the broker answers,
+        Redis takes writes, the cluster serves every slot, the bridge was started again):
+        lateness after this moment is the bridge's recovery (Account.recovery_ms)."""
         ended = now_ms()
         self.faults.append((self._began or ended, ended))
         self._began = None
-        print(f"   fault over at {time.strftime('%H:%M:%S')}.{ended % 1000:03d}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"   fault over at {time.strftime('%H:%M:%S')}.{ended % 1000:03d}"
+              f"{': ' + what if what else ''}", file=sys.stderr, flush=True)  # fmt: skip
 
     def log_count(self, pattern: str) -> int:
         return sum(b.output().count(pattern) for b in self.bridges)
@@ -326,6 +327,8 @@ class Run:
         for bridge in self.bridges:
             bridge.kill()
         self.checker.stop()
+        if KEEP:
+            return
         client = self.servers.redis()
         try:
             delete_keys(client, self.prefix)  # a benchmark's backlog is hundreds of MB
@@ -809,7 +812,8 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
                 bridge.kill()
                 bridge_shift = shift(CLOCK_SHIFTS_MS, redis_shift)
                 bridge = run.bridge(clock_shift_ms=bridge_shift)
-            run.fault_over()
+            shifted_ms = redis_shift if kind == "redis" else bridge_shift if kind == "bridge" else 0
+            run.fault_over(f"{kind}, its clock {shifted_ms / 1000:+,.0f} s" if shifted_ms else kind)
         workload.join(600)
         answers += _operate(run, bridge, rng)
     finally:

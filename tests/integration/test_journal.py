@@ -437,6 +437,52 @@ def test_a_rollback_that_lost_acknowledgements_delivers_nothing_again(
     assert "20 records Redis put back after their fate was journaled" in bridge.output()
 
 
+def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """As above, but Redis loses its latest writes while the bridge is stopped (a restart from
+    an AOF missing its tail, between a replica's SIGKILL and its replacement): no process saw
+    the watermark it had, so the one that starts next learns it from the group's committed
+    offset (past what Redis holds). Before, it resumed from the rolled-back watermark as if
+    nothing had happened and delivered the 20 again (the chaos adversary's duplicates)."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    key = b"one-partition"
+    first = [(key, b"first-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")])
+             for i in range(20)]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, first)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
+    snapshot = snapshot_keys(setup)
+    later = [(key, b"later-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")])
+             for i in range(5)]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, later)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 25, 30, "the 5 stored")
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 20, 60,
+             "the 20 delivered and journaled")  # fmt: skip
+    bridge.signal(signal.SIGTERM)  # commits the offsets it read (past the 25) on its way out
+    assert bridge.wait(30) == 0
+    roll_back(setup, snapshot)
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready again")
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 20, 60, "the 20 deliveries")
+        collector.poll(5.0)  # anything delivered again
+    finally:
+        collector.close()
+    counts = Counter(r.value for r in collector.records)
+    assert set(counts) == {v for _, v, _ in first}, counts
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    out = again.output()
+    assert "while no replica read it" in out and "re-reading from 20" in out, out[-2000:]
+    assert "20 records Redis put back after their fate was journaled" in out
+    rebuilds = r'^delay_bridge_rebuilds_total\{[^}]*cause="redis-lost-writes"[^}]*\} 1\.0$'
+    assert re.search(rebuilds, again.get("/metrics")[1], re.M)
+
+
 def test_a_rebuild_reads_no_entry_of_an_earlier_incarnation_of_its_topic(setup: Setup) -> None:
     """A delay topic deleted and created again reuses offsets: the journal's entries for the
     earlier incarnation (another topic id) must not settle the new one's records (they would be
@@ -503,6 +549,51 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
     counts = Counter(r.value for r in collector.records)
     assert len(counts) == 10 and max(counts.values()) == 1, counts
     assert sum(int(n) for n in FORGOTTEN.findall(second.output())) == 10
+
+
+def test_records_a_take_over_forgot_that_a_rollback_puts_back_are_looked_up_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """As above, with exactly-once delivery; then Redis is rolled back, under the second bridge, to its state before that
+    take-over: the 10 are leased again, their leases run out, and they are claimed again. The
+    take-over had marked them all as read in the journal (to deliver them without a second
+    look), those it forgot too: they were delivered again (the chaos adversary). Only those it
+    found no fate for are so marked now; the others are looked up again and forgotten."""
+    bridge = setup.bridge(egress__exactly_once="true").start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")])
+               for i in range(10)]  # fmt: skip
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 10, 30, "the 10 stored")
+    snapshot = snapshot_keys(setup)
+    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 10, 60,
+             "the 10 delivered and journaled")  # fmt: skip
+    bridge.signal(signal.SIGTERM)
+    assert bridge.wait(30) == 0
+    roll_back(setup, snapshot)
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        store = Store(client, f"test-{setup.unique}")
+        shards = [Shard(setup.delay, p) for p in range(3)]
+        assert len(store.claim(shards, 100, 2_000)) == 10  # leases that run out at once
+    finally:
+        client.close()
+    leased = snapshot_keys(setup)
+    second = setup.bridge("second", egress__exactly_once="true").start()
+    bridges.append(second)
+    wait_for(lambda: sum(int(n) for n in FORGOTTEN.findall(second.output())) == 10, 60,
+             "the 10 forgotten at the take-over")  # fmt: skip
+    roll_back(setup, leased)  # the take-over's writes lost: the 10 leased again
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 10, 60, "the 10 deliveries")
+        collector.poll(5.0)  # anything delivered again: once the leases put back ran out
+    finally:
+        collector.close()
+    counts = Counter(r.value for r in collector.records)
+    assert len(counts) == 10 and max(counts.values()) == 1, counts
 
 
 FORGOTTEN = re.compile(r": (\d+) of the \d+ records an earlier owner left in flight were delivered")
