@@ -93,7 +93,7 @@ class Membership:
             logger.warning("redis unreachable at assignment; resuming from the rebuild points")
             points = {}
         marks = {s: mark for s, (mark, _) in points.items()}
-        unknown, never, ends = self._rebuild_points([s for s in shards if s not in replaced], marks)
+        unknown, never, ends = self._read_commits([s for s in shards if s not in replaced], marks)
         # Redis knows what it holds: resume right after it, which skips re-reading records
         # already stored (or delivered) when the last commit was lost in a crash — or at what it
         # keeps to look for in other partitions (bridge.store.across). A new incarnation of the
@@ -119,10 +119,10 @@ class Membership:
         # Read with no state in Redis (wiped while stopped), or less than it had: stored
         # before, maybe settled since.
         rolled_back = self.positions.lost_while_away(marks, ends, starts)
+        stored = [s for s in shards if s not in replaced and s not in never]
         self.reading_again(
             starts,
-            again=[s for s in shards if s not in marks and s not in replaced and s not in never]
-            + sorted(rolled_back),
+            again=[s for s in stored if s not in marks or s in rolled_back],
             rolled_back=rolled_back,
         )
         self.positions.assigned.update(shards)
@@ -137,7 +137,7 @@ class Membership:
         )
         self._on_assign_cb(set(shards) | retired)
 
-    def _rebuild_points(
+    def _read_commits(
         self, shards: list[Shard], marks: Mapping[Shard, int]
     ) -> tuple[dict[Shard, int], set[Shard], dict[Shard, int]]:
         """The group's committed offsets of ``shards``, in one request: where those Redis

@@ -506,14 +506,11 @@ def test_a_rebuild_reads_no_entry_of_an_earlier_incarnation_of_its_topic(setup: 
         reader.close()
 
 
-def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_journaled(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """An owner that died between delivering records and acknowledging them in Redis leaves them
-    leased. Here: 10 records delivered and journaled by a first bridge, then put back in Redis as
-    that owner would have left them (waiting again, then claimed under a 30 s lease). The next
-    owner reads the journal before ending those leases and delivers none of them again."""
-    bridge = setup.bridge().start()
+def left_leased(setup: Setup, bridges: list[Bridge], lease_ms: int, **overrides: str) -> None:
+    """10 records delivered and journaled by a first bridge, then put back in Redis as an owner
+    that died before acknowledging them would have left them: waiting again, then claimed under
+    a lease of ``lease_ms``."""
+    bridge = setup.bridge(**overrides).start()
     bridges.append(bridge)
     # Produced once the bridge is ready, due 6 s later: the snapshot must hold them waiting (in
     # CI, produced while the bridge started, they were due and claimed before it was taken).
@@ -533,9 +530,18 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
     try:
         store = Store(client, f"test-{setup.unique}")
         shards = [Shard(setup.delay, p) for p in range(3)]
-        assert len(store.claim(shards, 100, 30_000)) == 10  # egress.lease's default
+        assert len(store.claim(shards, 100, lease_ms)) == 10
     finally:
         client.close()
+
+
+def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_journaled(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """An owner that died between delivering records and acknowledging them in Redis leaves them
+    leased (:func:`left_leased`, under egress.lease's default 30 s). The next owner reads the
+    journal before ending those leases and delivers none of them again."""
+    left_leased(setup, bridges, 30_000)
     second = setup.bridge("second").start()
     bridges.append(second)
     wait_for(lambda: bool(re.search("took back|an earlier owner left", second.output())), 60,
@@ -554,32 +560,13 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
 def test_records_a_take_over_forgot_that_a_rollback_puts_back_are_looked_up_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
-    """As above, with exactly-once delivery; then Redis is rolled back, under the second bridge, to its state before that
-    take-over: the 10 are leased again, their leases run out, and they are claimed again. The
-    take-over had marked them all as read in the journal (to deliver them without a second
-    look), those it forgot too: they were delivered again (the chaos adversary). Only those it
-    found no fate for are so marked now; the others are looked up again and forgotten."""
-    bridge = setup.bridge(egress__exactly_once="true").start()
-    bridges.append(bridge)
-    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
-    target = setup.targets[0].encode()
-    records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")])
-               for i in range(10)]  # fmt: skip
-    produce_all(setup.services.bootstrap, setup.delay, records)
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 10, 30, "the 10 stored")
-    snapshot = snapshot_keys(setup)
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 10, 60,
-             "the 10 delivered and journaled")  # fmt: skip
-    bridge.signal(signal.SIGTERM)
-    assert bridge.wait(30) == 0
-    roll_back(setup, snapshot)
-    client = redis.Redis.from_url(setup.services.redis_url)
-    try:
-        store = Store(client, f"test-{setup.unique}")
-        shards = [Shard(setup.delay, p) for p in range(3)]
-        assert len(store.claim(shards, 100, 2_000)) == 10  # leases that run out at once
-    finally:
-        client.close()
+    """As above, with exactly-once delivery and leases that run out at once; then Redis is
+    rolled back, under the second bridge, to its state before that take-over: the 10 are leased
+    again, their leases run out, and they are claimed again. The take-over had marked them all
+    as read in the journal (to deliver them without a second look), those it forgot too: they
+    were delivered again (the chaos adversary). Only those it found no fate for are so marked
+    now; the others are looked up again and forgotten."""
+    left_leased(setup, bridges, 2_000, egress__exactly_once="true")
     leased = snapshot_keys(setup)
     second = setup.bridge("second", egress__exactly_once="true").start()
     bridges.append(second)
