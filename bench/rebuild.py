@@ -155,10 +155,19 @@ def _wait_rebuilt(
     return done
 
 
-def _waiting_whole(store: Store, shards: list[Shard]) -> int:
-    """Records held whole in Redis (due index and in flight), references left out."""
-    backlog = store.backlog(shards, now_ms())
-    return backlog.scheduled + backlog.overdue + backlog.inflight
+def _waiting_whole(store: Store, shards: list[Shard], settle_s: float = 30.0) -> int:
+    """Records held whole in Redis (due index and in flight), references left out.
+
+    A probe the checker saw delivered can still be in flight for a moment: its lease goes when
+    the delivery report's ack lands. So the count waits (``settle_s`` at most) until nothing is
+    overdue or in flight; what is left then is counted as held.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        backlog = store.backlog(shards, now_ms())
+        if backlog.overdue + backlog.inflight == 0 or time.monotonic() > deadline:
+            return backlog.scheduled + backlog.overdue + backlog.inflight
+        time.sleep(0.05)  # sampling the backlog until the acks land
 
 
 def _bare_read_s(run: Run, ends: dict[Shard, int]) -> float:
