@@ -57,36 +57,41 @@ class Side:
         return statistics.fmean(r[figure] for r in self.runs.get(scenario, []))
 
 
-def order(rounds: int) -> list[int]:
-    """Which side runs when (0: base, 1: this checkout): base first, then each side twice in a
-    row, so neither always runs first or last in a round."""
-    out = [0]
-    while len(out) < 2 * rounds:
-        out += [1 - out[-1]] * 2
-    return out[: 2 * rounds]
+def order(rounds: int, sides: int = 2) -> list[int]:
+    """Which side runs when (0: base, 1: this checkout or the first of ``--heads``, …): each
+    round runs every side once, every other round in reverse, so no side always runs first or
+    last in a round (two sides: base, this, this, base, …)."""
+    out: list[int] = []
+    for r in range(rounds):
+        out += range(sides) if r % 2 == 0 else reversed(range(sides))
+    return out
 
 
 def ratios(base: Side, head: Side, scenarios: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per scenario and figure: this checkout's mean over the base's."""
+    """Per scenario and figure: ``head``'s mean over the base's."""
     return {
         s: {f: head.mean(s, f) / max(1e-9, base.mean(s, f)) for f in FIGURES[s]} for s in scenarios
     }
 
 
-def table(base: Side, head: Side, scenarios: Sequence[str]) -> str:
-    """Markdown: each figure's runs on both sides and the ratio (↑/↓: which way is better)."""
+def table(sides: Sequence[Side], scenarios: Sequence[str]) -> str:
+    """Markdown: each figure's runs on every side, and each later side's ratio to the first
+    (the base); the figure's name says which way is better."""
+    base, heads = sides[0], sides[1:]
+    head_columns = " | ".join(f"{h.label} | ratio" for h in heads)
     lines = [
-        f"| scenario | figure | {base.label} | {head.label} | ratio |",
-        "|---|---|---|---|---|",
+        f"| scenario | figure | {base.label} | {head_columns} |",
+        "|---|---|---|" + "---|---|" * len(heads),
     ]
-    got = ratios(base, head, scenarios)
+    got = [ratios(base, h, scenarios) for h in heads]
     for s in scenarios:
         for f, more in FIGURES[s].items():
-            runs = [
-                " · ".join(_figure(r[f]) for r in side.runs.get(s, [])) for side in (base, head)
-            ]
+            cells = [" · ".join(_figure(r[f]) for r in base.runs.get(s, []))]
+            for head, their in zip(heads, got, strict=True):
+                cells.append(" · ".join(_figure(r[f]) for r in head.runs.get(s, [])))
+                cells.append(f"{their[s][f]:.3f}")
             better = "higher is better" if more else "lower is better"
-            lines.append(f"| {s} | {f} ({better}) | {runs[0]} | {runs[1]} | {got[s][f]:.3f} |")
+            lines.append(f"| {s} | {f} ({better}) | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -152,21 +157,24 @@ def compare(
     scenarios: Sequence[str],
     rounds: int,
     *,
+    heads: Sequence[str] = (),
     records: int = THROUGHPUT_RECORDS,
     seconds: float = STEADY_S,
     say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
-) -> tuple[Side, Side]:
-    """Run ``scenarios`` ``rounds`` times on each side, alternating; the two sides' runs."""
-    base = Side(f"base {base_commit}", worktree(base_commit))
-    head = Side("this checkout", ROOT)
-    for i, which in enumerate(order(rounds)):
-        side = (base, head)[which]
+) -> list[Side]:
+    """Run ``scenarios`` ``rounds`` times on each side, in turn (``order``): the base, then
+    this checkout, or a checkout of each of ``heads`` (a bisect's commits); every side's runs."""
+    sides = [Side(f"base {base_commit}", worktree(base_commit))]
+    sides += [Side(c, worktree(c)) for c in heads] or [Side("this checkout", ROOT)]
+    turns = order(rounds, len(sides))
+    for i, which in enumerate(turns):
+        side = sides[which]
         for scenario in scenarios:
-            say(f"[{i + 1}/{2 * rounds}] {scenario}: {side.label}")
+            say(f"[{i + 1}/{len(turns)}] {scenario}: {side.label}")
             got = leg(scenario, side.code, records=records, seconds=seconds)
             side.runs.setdefault(scenario, []).append(got)
             say(f"    {got}")
-    return base, head
+    return sides
 
 
 def main() -> int:
@@ -179,6 +187,9 @@ def main() -> int:
     parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
                         help=f"default: {', '.join(SCENARIOS)}")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default 2)")
+    parser.add_argument("--heads", nargs="+", default=[], metavar="COMMIT",
+                        help="compare these commits with the base instead of this checkout "
+                             "(a bisect: each in turn, every ratio against the base)")  # fmt: skip
     parser.add_argument("--records", type=int, default=THROUGHPUT_RECORDS, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=STEADY_S, help=argparse.SUPPRESS)
     parser.add_argument("--leg", choices=SCENARIOS, help=argparse.SUPPRESS)
@@ -191,15 +202,15 @@ def main() -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     scenarios = args.scenarios or list(SCENARIOS)
-    base, head = compare(args.base, scenarios, args.rounds, records=args.records,
-                         seconds=args.seconds)  # fmt: skip
-    print(table(base, head, scenarios))
+    sides = compare(args.base, scenarios, args.rounds, heads=args.heads, records=args.records,
+                    seconds=args.seconds)  # fmt: skip
+    print(table(sides, scenarios))
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     (out / "ab.json").write_text(json.dumps({
         "command": f"make bench-ab BASE={args.base}", "base": args.base, "rounds": args.rounds,
-        "runs": {"base": base.runs, "head": head.runs},
-        "ratios": ratios(base, head, scenarios),
+        "heads": args.heads, "runs": {side.label: side.runs for side in sides},
+        "ratios": {side.label: ratios(sides[0], side, scenarios) for side in sides[1:]},
     }, indent=2))  # fmt: skip
     return 0
 
