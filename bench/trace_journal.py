@@ -28,7 +28,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from bench.scenarios import Report
-from bridge.journal import encode_entries
+from bridge.journal import Entry, Fate, encode_entries
 from bridge.kafka import produce
 from bridge.message import H_DELIVER_AT, H_ID, H_TARGET_TOPIC
 from tests.chaos.scenarios import Run
@@ -100,7 +100,7 @@ def _fill(run: Run, entries: int, due: int) -> int:
     return written
 
 
-def _batches(target: str, entries: int, due: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+def _batches(target: str, entries: int, due: int) -> Iterator[tuple[int, list[Entry]]]:
     """(timestamp, entries) of each journal record, stamped evenly over SPAN_MS before now; the
     traced records' deliveries in the records written 4 ms and an hour after ``due``."""
     records = max(1, entries // PER_RECORD)
@@ -114,18 +114,16 @@ def _batches(target: str, entries: int, due: int) -> Iterator[tuple[int, list[di
         # As varied as real entries, so the broker's compression is not flattered: a caller's
         # random id or the default one, delays of up to a day, eight targets, their offsets.
         batch = [
-            {"fate": "delivered", "offset": o,
-             "id": f"{rng.getrandbits(64):016x}" if o % 2 else f"{target}:0:{o}",
-             "due": stamp - rng.randrange(DAY_MS), "at": stamp + rng.randrange(20),
-             "target": targets[o % 8], "target_partition": o % 6,
-             "target_offset": rng.randrange(10**8)}
+            Entry(Fate.DELIVERED, o,
+                  f"{rng.getrandbits(64):016x}" if o % 2 else f"{target}:0:{o}",
+                  stamp - rng.randrange(DAY_MS), stamp + rng.randrange(20),
+                  targets[o % 8], o % 6, rng.randrange(10**8))
             for o in range(first, first + PER_RECORD)
         ]  # fmt: skip
         for offset, at in list(traced.items()):
             if at <= stamp:
-                batch.append({"fate": "delivered", "offset": offset, "id": f"reminder-{offset}",
-                              "due": due, "at": at, "target": target, "target_partition": 0,
-                              "target_offset": TRACED_OFFSET + offset})  # fmt: skip
+                batch.append(Entry(Fate.DELIVERED, offset, f"reminder-{offset}", due, at, target,
+                                   0, TRACED_OFFSET + offset))  # fmt: skip
                 del traced[offset]
         yield stamp, batch
 

@@ -17,7 +17,6 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import KafkaError
 
@@ -119,9 +118,9 @@ class InFlight:
         reason = dead_letter_reason(record.headers) if record.dead_letter else ""
         return reason or Reason.DELIVERY_FAILED.value
 
-    def fate(self, at_ms: int, dead_letter: str) -> dict[str, Any]:
-        """Its journal entry once Kafka took it (``at_ms``) where :attr:`placed` says: delivered,
-        or dead-lettered to ``dead_letter``."""
+    def fate(self, at_ms: int, dead_letter: str) -> str:
+        """Its journal entry (JSON text) once Kafka took it (``at_ms``) where :attr:`placed`
+        says: delivered, or dead-lettered to ``dead_letter``."""
         record = self.claimed.record
         if not self.dead_letter:
             return delivered_entry(record, at_ms, record.target, self.placed)

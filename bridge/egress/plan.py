@@ -57,9 +57,12 @@ class DecisionClock:
     def decision_ms(self) -> int:
         """The decision time now as epoch ms, the wall clock before the first claim: what
         expiry and lateness go by, and the ceiling a claim puts on Redis TIME."""
-        redis_ms = self._redis_ms()
-        wall = self._wall()
-        return wall if redis_ms is None else int(min(redis_ms, wall))
+        wall = self._wall()  # read per record produced and per delivery report: kept lean
+        offset = self._redis_minus_local_ms
+        if offset is None:
+            return wall
+        redis_ms = int(time.monotonic() * 1000 + offset)
+        return redis_ms if redis_ms < wall else wall
 
     def ceiling(self, given_ms: int | None) -> int | None:
         """The ceiling a claim puts on Redis TIME: the decision time, or None when the caller

@@ -12,7 +12,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -59,7 +58,7 @@ class Journal:
     def write(
         self,
         shard: Shard,
-        entries: list[Entry] | list[dict[str, Any]],
+        entries: list[Entry] | list[str],
         producer: Producer | None = None,
         topic_id: str = "",
     ) -> None:
@@ -76,13 +75,13 @@ class Journal:
     def delivered(
         self,
         shard: Shard,
-        fates: Iterable[tuple[str, dict[str, Any]]],
+        fates: Iterable[tuple[str, str]],
         producer: Producer | None = None,
     ) -> None:
         """Journal the fates of records claimed from ``shard``, each with the topic id of the
         incarnation it belongs to: a batch per incarnation (one, unless the topic was recreated
         while they were in flight)."""
-        by_id: dict[str, list[dict[str, Any]]] = {}
+        by_id: dict[str, list[str]] = {}
         for topic_id, entry in fates:
             entries = by_id.get(topic_id)
             if entries is None:
@@ -102,7 +101,7 @@ class Journal:
     def _send(
         self,
         shard: Shard,
-        entries: list[Entry] | list[dict[str, Any]],
+        entries: list[Entry] | list[str],
         producer: Producer | None,
         topic_id: str = "",
     ) -> None:
@@ -130,7 +129,7 @@ class Journal:
 
     def withdrawn(self, records: Sequence[Withdrawn], at_ms: int) -> None:
         """Journal what cancels and replacements withdrew, by the shard each record was in."""
-        by_shard: dict[Shard, list[dict[str, Any]]] = {}
+        by_shard: dict[Shard, list[str]] = {}
         origins: dict[tuple[Shard, int], str] = {}  # a record of cancels withdraws many
         for w in records:
             by = origins.get((w.by, w.by_offset))

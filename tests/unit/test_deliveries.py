@@ -6,6 +6,7 @@ integration tests)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -199,7 +200,7 @@ def test_a_record_later_than_its_max_lateness_goes_to_the_dlq_as_expired_with_it
         b"allows; bound for orders"
     )
     s.report(None)
-    fate = s.deliveries.in_flight[ident].fate(NOW, "delay.dlq")
+    fate = json.loads(s.deliveries.in_flight[ident].fate(NOW, "delay.dlq"))
     assert fate["fate"] == "expired" and fate["reason"] == "expired"
     s.deliveries.ack(force=True)
     assert s.store.acked == [{SHARD: [ident[1]]}]

@@ -6,6 +6,8 @@ import json
 
 import pytest
 from confluent_kafka import KafkaException, Producer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from bridge.health import Readiness
@@ -22,10 +24,11 @@ from bridge.journal import (
     may_hold,
     offset_needles,
 )
+from bridge.journal.entries import _dumps, withdrawn_entry
 from bridge.journal.writer import RECORD_BYTES
 from bridge.message import Scheduled
 from bridge.metrics import Metrics
-from bridge.store import Shard
+from bridge.store import Shard, Withdrawn
 
 RECORD = Scheduled(7, 1_800_000_000_000, "orders", b"k", b"v", [], "order-1")
 
@@ -46,11 +49,47 @@ def test_a_batch_goes_out_keyed_by_its_delay_partition_and_comes_back_as_written
 
 def test_the_hot_path_entry_is_the_documented_one() -> None:
     built = delivered_entry(RECORD, 1_800_000_000_004, "orders", (2, 9))
-    assert Entry.from_json(built) == Entry(
+    assert Entry.from_json(json.loads(built)) == Entry(
         Fate.DELIVERED, 7, "order-1", 1_800_000_000_000, 1_800_000_000_004, "orders", 2, 9
     )
-    dead = Entry.from_json(delivered_entry(RECORD, 5, "delay.dlq", (0, 1), "delivery-failed"))
-    assert dead is not None and (dead.fate, dead.reason) == (Fate.DEAD_LETTERED, "delivery-failed")
+    dead = delivered_entry(RECORD, 5, "delay.dlq", (0, 1), "delivery-failed")
+    got = Entry.from_json(json.loads(dead))
+    assert got is not None and (got.fate, got.reason) == (Fate.DEAD_LETTERED, "delivery-failed")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    delay_id=st.text(st.characters(codec="utf-8"), max_size=40),
+    target=st.text(st.characters(codec="utf-8"), min_size=1, max_size=20),
+    by=st.text(st.characters(codec="utf-8"), min_size=1, max_size=30),
+    numbers=st.tuples(*[st.integers(-1, 2**63 - 1)] * 5),
+    reason=st.sampled_from(["", "delivery-failed", "expired", "too-large"]),
+    cancelled=st.booleans(),
+)
+def test_an_entry_built_as_text_is_the_bytes_the_json_encoder_writes(
+    delay_id: str,
+    target: str,
+    by: str,
+    numbers: tuple[int, int, int, int, int],
+    reason: str,
+    cancelled: bool,
+) -> None:
+    """The hot path writes an entry's JSON by hand; a reader (trace's byte filter included)
+    sees exactly what the encoder would have written, whatever the id holds."""
+    offset, due, at, partition, target_offset = numbers
+    record = Scheduled(offset, due, "orders", None, None, [], delay_id)
+    text = delivered_entry(record, at, target, (partition, target_offset), reason)
+    fate = Fate.EXPIRED if reason == "expired" else Fate.DEAD_LETTERED if reason else Fate.DELIVERED
+    entry = Entry(fate, offset, delay_id, due, at, target, partition, target_offset,
+                  reason=reason)  # fmt: skip
+    assert text.encode() == _dumps(entry.as_json())
+    withdrawn = Withdrawn(Shard("delay", 0), offset, due, delay_id, Shard("delay", 1), 5,
+                          cancelled)  # fmt: skip
+    text = withdrawn_entry(withdrawn, at, by)
+    fate = Fate.CANCELLED if cancelled else Fate.REPLACED
+    assert text.encode() == _dumps(Entry(fate, offset, delay_id, due, at, by=by).as_json())
+    _, value, _ = encode_entries("delay", 0, [text, Entry(fate, 1, "x", 2, 3, by="d:0:1")], "id")
+    assert json.loads(value)["entries"][0] == json.loads(text)
 
 
 def test_a_stored_entry_has_only_the_fields_of_its_fate() -> None:
