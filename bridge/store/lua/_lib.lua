@@ -27,6 +27,10 @@ append_grouped(groups, order, key, item): group items by key, keys in order of a
 call_chunked(command, key, list, options): one variadic command over `list` in slices of CHUNK
 items, so a batch of any size passes Lua's unpack limit.
 
+remove_run(key, run): remove from the ZSET `key` a run of members a ZRANGEBYSCORE ... LIMIT 0 n
+just returned (consecutive in its order): by the rank of its first member, so exactly those
+leave whatever else the ZSET holds, without ZREM looking up and passing every member.
+
 mark_pending(pending, low, members, on): set or clear the pending bit of each member's offset.
 A member starts with its offset as 8 big-endian bytes; the first 7 are its bucket (offset // 256),
 the 8th its bit. A bucket with any bit set has a 32-byte bitmap in the pending HASH and an entry
@@ -186,6 +190,13 @@ local function call_chunked(command, key, list, options)
     end
   end
   return total, joined
+end
+
+local function remove_run(key, run)
+  if #run > 0 then
+    local first = redis.call('ZRANK', key, run[1])
+    redis.call('ZREMRANGEBYRANK', key, first, first + #run - 1)
+  end
 end
 
 -- Append `item` to the list of `key` in `groups`, noting a new key's first appearance in `order`.

@@ -12,8 +12,8 @@ outage) cannot hold up records falling due now:
 * on time again, if the overdue records left room.
 
 With no backlog every record is on time and the order is (priority, due, offset), as it is within
-each part. Each part is read by score within its lane and removed by member, so exactly the
-records handed out leave the index. Each record handed out is kept under its offset in the claimed
+each part. Each part is read by score within its lane and removed as the run of ranks its first
+member starts (remove_run), so exactly the records handed out leave the index. Each record handed out is kept under its offset in the claimed
 HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passes it.
 
 Ahead (ARGV[6] > 0, and no horizon): room left after the due records goes to records due within
@@ -134,24 +134,26 @@ for lane, base in ipairs(LANES) do
     local take_on_time = math.min(math.floor(room / 2), on_time)
     local take_overdue = math.min(room - take_on_time, overdue)
     take_on_time = math.min(room - take_overdue, on_time)
-    -- Each part is read by score within the lane and removed by member: what is removed is
-    -- exactly what is handed out, whatever else the index holds.
-    local taken = {}
+    -- Each part is read by score within the lane and leaves as the run of ranks it is: what is
+    -- removed is exactly what is handed out, whatever else the index holds (each run's first
+    -- rank is read as it leaves).
+    local overdue_run, on_time_run = {}, {}
     if take_overdue > 0 then
-      taken = redis.call('ZRANGEBYSCORE', KEYS[1], int(base), edge, 'LIMIT', 0, take_overdue)
+      overdue_run = redis.call('ZRANGEBYSCORE', KEYS[1], int(base), edge, 'LIMIT', 0, take_overdue)
     end
     if take_on_time > 0 then
-      for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. edge, int(base + upto),
-          'LIMIT', 0, take_on_time)) do
-        taken[#taken + 1] = member
+      on_time_run = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. edge, int(base + upto),
+        'LIMIT', 0, take_on_time)
+    end
+    remove_run(KEYS[1], on_time_run)
+    remove_run(KEYS[1], overdue_run)
+    for _, run in ipairs({overdue_run, on_time_run}) do
+      for _, member in ipairs(run) do
+        claimed[#claimed + 1] = member
       end
     end
-    call_chunked('ZREM', KEYS[1], taken)
-    for _, member in ipairs(taken) do
-      claimed[#claimed + 1] = member
-    end
-    room = room - #taken
-    due = due - #taken
+    room = room - #overdue_run - #on_time_run
+    due = due - #overdue_run - #on_time_run
   end
   if due > 0 then
     out[7] = bit.bor(out[7], bit.lshift(1, lane - 1))
@@ -161,7 +163,7 @@ local ahead = tonumber(ARGV[6])
 if room > 0 and ahead > 0 and upto == now and out[7] == 0 then
   -- A stored record is its offset (8 bytes), the encoding's version (2) and its flags, of which
   -- 2 is DEFAULT_ID (bridge.message.encode). Every record due by now has left (there was room
-  -- for all); of those due next, the default-id ones leave, by member.
+  -- for all); of those due next, the default-id ones leave (by member among others).
   local last_ahead = #LANES
   if ARGV[8] ~= '' then
     last_ahead = tonumber(ARGV[8])
@@ -180,7 +182,11 @@ if room > 0 and ahead > 0 and upto == now and out[7] == 0 then
       end
     end
     room = room - #taken
-    call_chunked('ZREM', KEYS[1], taken)
+    if #taken == #later then  -- all default ids, as most are: one run of ranks
+      remove_run(KEYS[1], taken)
+    else
+      call_chunked('ZREM', KEYS[1], taken)
+    end
   end
 end
 if #claimed > 0 then
