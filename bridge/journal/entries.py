@@ -109,9 +109,8 @@ class Entry:
 # An entry built per record is its JSON text, written as _dumps writes its dict (the same bytes,
 # a unit test holds them equal): a dict and the encoder's walk of it cost five times as much. The
 # fates' values are read once (an enum member's .value is a property call).
-_DELIVERED, _DEAD_LETTERED, _EXPIRED = (f.value for f in (Fate.DELIVERED, Fate.DEAD_LETTERED,
-                                                          Fate.EXPIRED))  # fmt: skip
-_CANCELLED, _REPLACED = Fate.CANCELLED.value, Fate.REPLACED.value
+_DELIVERED, _DEAD_LETTERED = Fate.DELIVERED.value, Fate.DEAD_LETTERED.value
+_EXPIRED, _CANCELLED, _REPLACED = Fate.EXPIRED.value, Fate.CANCELLED.value, Fate.REPLACED.value
 
 
 def delivered_entry(
