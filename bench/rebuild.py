@@ -40,6 +40,7 @@ from bridge.store import Shard, Store
 from tests.chaos.checker import Expected, log_end
 from tests.chaos.scenarios import PARTITIONS, Run, references_waiting
 from tests.chaos.workload import Record, now_ms
+from tests.conftest import holds_within
 
 KEYS = 997  # distinct keys, spread over the partitions
 MAX_PROBES = 10_000
@@ -162,12 +163,14 @@ def _waiting_whole(store: Store, shards: list[Shard], settle_s: float = 30.0) ->
     the delivery report's ack lands. So the count waits (``settle_s`` at most) until nothing is
     overdue or in flight; what is left then is counted as held.
     """
-    deadline = time.monotonic() + settle_s
-    while True:
+
+    def settled() -> bool:
         backlog = store.backlog(shards, now_ms())
-        if backlog.overdue + backlog.inflight == 0 or time.monotonic() > deadline:
-            return backlog.scheduled + backlog.overdue + backlog.inflight
-        time.sleep(0.05)  # sampling the backlog until the acks land
+        return backlog.overdue + backlog.inflight == 0
+
+    holds_within(settled, settle_s)
+    backlog = store.backlog(shards, now_ms())
+    return backlog.scheduled + backlog.overdue + backlog.inflight
 
 
 def _bare_read_s(run: Run, ends: dict[Shard, int]) -> float:

@@ -25,17 +25,33 @@ def produce(producer: Producer, topic: str, **fields: Any) -> None:
     queue is full. Other refusals (e.g. a record over ``message.max.bytes``) raise
     KafkaException, the caller's to handle per record: a value the client cannot take at all is
     one too (``_INVALID_ARG``), never an error that ends the caller's loop."""
+    try:  # the one call of the common case: once per record delivered
+        producer.produce(topic, **fields)
+    except BufferError:
+        _produce_when_room(producer, topic, fields)
+    except KafkaException:
+        raise
+    except Exception as exc:
+        raise _refused(exc) from exc
+
+
+def _produce_when_room(producer: Producer, topic: str, fields: dict[str, Any]) -> None:
     while True:
+        producer.poll(QUEUE_FULL_WAIT_S)
         try:
             producer.produce(topic, **fields)
             return
         except BufferError:
-            producer.poll(QUEUE_FULL_WAIT_S)
+            continue
         except KafkaException:
             raise
         except Exception as exc:
-            refusal = KafkaError(KafkaError._INVALID_ARG, f"{type(exc).__name__}: {exc}")
-            raise KafkaException(refusal) from exc
+            raise _refused(exc) from exc
+
+
+def _refused(exc: Exception) -> KafkaException:
+    """A value the client cannot take at all, as a refusal of the record (``_INVALID_ARG``)."""
+    return KafkaException(KafkaError(KafkaError._INVALID_ARG, f"{type(exc).__name__}: {exc}"))
 
 
 def headers_of(msg: Message) -> Headers:

@@ -200,17 +200,23 @@ def redis_client(services: Services, unique: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+def holds_within(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``condition`` until it is true (True) or ``timeout`` s have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
 def wait_for(
     condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
 ) -> None:
     """Poll ``condition`` until it is true; fail the test naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    if not holds_within(condition, timeout, interval):
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def confirm_from(records: Iterable[Scheduled | Cancel]) -> Confirm:

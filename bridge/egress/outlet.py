@@ -71,10 +71,7 @@ class Direct:
     def send(
         self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
     ) -> None:
-        try:  # the producer's own call first: once per record delivered
-            self.producer.produce(topic, on_delivery=report, **fields)
-        except Exception:  # a full queue, a refusal: as every produce handles them (again)
-            produce(self.producer, topic, on_delivery=report, **fields)
+        produce(self.producer, topic, on_delivery=report, **fields)
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)

@@ -57,9 +57,7 @@ class DecisionClock:
     def decision_ms(self) -> int:
         """The decision time now as epoch ms, the wall clock before the first claim: what
         expiry and lateness go by, and the ceiling a claim puts on Redis TIME."""
-        # Read per record produced and per delivery report: kept lean (the host's clock read
-        # in place unless a test gave its own).
-        wall = time.time_ns() // 1_000_000 if self._wall is wall_ms else self._wall()
+        wall = self._wall()  # read per record produced and per delivery report: kept lean
         offset = self._redis_minus_local_ms
         if offset is None:
             return wall

@@ -10,6 +10,9 @@ import redis
 
 from bridge.errors import StoreError, WriteRefused
 
+# A command a script calls that the ACL user lacks: Redis's words for it (no NOPERM code).
+_SCRIPT_REFUSED = "user executing the script can't run this command"
+
 
 def describe_redis_error(exc: redis.RedisError) -> str:
     """One line naming what Redis's failure means, so an operator need not decode it: a read-only
@@ -20,7 +23,11 @@ def describe_redis_error(exc: redis.RedisError) -> str:
             f"redis is read-only (READONLY): the bridge talks to a replica, not the master "
             f"(after a failover?): {text}"
         )
-    if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
+    if (
+        isinstance(exc, redis.exceptions.NoPermissionError)
+        or "NOPERM" in text
+        or _SCRIPT_REFUSED in text
+    ):
         return f"redis refused permission (NOPERM): the ACL user lacks a command or key: {text}"
     if isinstance(exc, redis.exceptions.AuthenticationError) or "WRONGPASS" in text:
         return f"redis refused the credentials (check redis.url and redis.password): {text}"

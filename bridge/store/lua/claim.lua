@@ -13,8 +13,9 @@ outage) cannot hold up records falling due now:
 
 With no backlog every record is on time and the order is (priority, due, offset), as it is within
 each part. Each part is read by score within its lane and removed as the run of ranks its first
-member starts (remove_run), so exactly the records handed out leave the index. Each record handed out is kept under its offset in the claimed
-HASH with a lease in the in-flight ZSET. "Now" is Redis TIME unless a test passes it.
+member starts (remove_run), so exactly the records handed out leave the index. Each record handed
+out is kept under its offset in the claimed HASH with a lease in the in-flight ZSET. "Now" is
+Redis TIME unless a test passes it.
 
 Ahead (ARGV[6] > 0, and no horizon): room left after the due records goes to records due within
 the next ARGV[6] ms that carry the default delay-id — no cancel or replacement can reach those
