@@ -12,10 +12,11 @@ PYTEST_ARGS ?=
 
 .PHONY: run test lint typecheck docs unit chaos bench bench-full bench-ab soak image services services-down services-status topics tools clean
 
+# -qq for the package itself: errors only, not setuptools' notice about editable installs.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -qq --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
 # Start the local services unless both external addresses are given.
@@ -115,7 +116,7 @@ chaos: $(STAMP)
 BENCH_STAMP := $(VENV)/.bench-stamp
 BENCH_ARGS ?=
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install -qq --disable-pip-version-check -e '.[dev,bench]'
 	@touch $@
 
 bench: $(BENCH_STAMP)

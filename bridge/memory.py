@@ -44,3 +44,15 @@ def release_free_memory() -> bool:
     if released:
         logger.debug("free heap pages released in %.1f ms", (time.perf_counter() - started) * 1000)
     return released
+
+
+class Trimmer:
+    """:func:`release_free_memory` at most every TRIM_INTERVAL_S, however often it is called."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self._last >= TRIM_INTERVAL_S:
+            release_free_memory()
+            self._last = time.monotonic()

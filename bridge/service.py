@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer
 from prometheus_client import CollectorRegistry
 
-from bridge import __version__
+from bridge import announce
 from bridge.catchup import CatchUp
 from bridge.config import (
     Config,
@@ -35,7 +35,7 @@ from bridge.http import HttpServer
 from bridge.ingress import Ingress, ReplicaView, Settled, Unowned, closing_aside, replica_id
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
-from bridge.memory import TRIM_INTERVAL_S, release_free_memory
+from bridge.memory import TRIM_INTERVAL_S, Trimmer
 from bridge.metrics import Metrics, Sampler
 from bridge.readback import IdReader, ReadBack, Reader
 from bridge.redis_client import redis_client
@@ -74,22 +74,6 @@ def _kafka_logger(name: str) -> logging.Logger:
     return kafka
 
 
-def _summary(registry: CollectorRegistry, seconds: float) -> None:
-    """The run's totals, one line at exit."""
-
-    def total(metric: str) -> int:
-        return int(sum(s.value for m in registry.collect() for s in m.samples if s.name == metric))
-
-    logger.info(
-        "stopped after %.1fs: %d ingested, %d delivered, %d dead-lettered, %d redelivered",
-        seconds,
-        total("delay_bridge_ingested_total"),
-        total("delay_bridge_delivered_total"),
-        total("delay_bridge_dead_lettered_total"),
-        total("delay_bridge_redelivered_total"),
-    )
-
-
 def _count_fetched(metrics: Metrics, records: int, size: int) -> None:
     metrics.read_back_fetched.inc(records)
     metrics.read_back_fetched_bytes.inc(size)
@@ -116,13 +100,7 @@ def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
 
 def _starting(config: Config, instance: str) -> None:
     """Say what this process serves, and set the interpreter up for its loops."""
-    logger.info(
-        "delay-bridge %s starting: delay topics %s, group %s%s",
-        __version__,
-        ",".join(config.topics.delay),
-        config.kafka.group_id,
-        f" as instance {instance}" if instance else "",
-    )
+    announce.starting(config, instance)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
@@ -286,11 +264,10 @@ class Service:
             self.fetch_watch.reset()
 
     def _on_producer_error(self, error: KafkaError) -> None:
-        """A fatal error leaves a producer unusable (librdkafka: the idempotent producer can no
-        longer keep its order and no-duplicate guarantees): every delivery would fail from then
-        on, retried forever behind a green /healthz. The bridge stops instead, exit code 1, for
-        its supervisor to start it with new clients; records in flight are leased and claimed
-        again. Other errors are librdkafka's to retry (its log says them)."""
+        """A fatal error leaves a producer unusable (the idempotent producer can no longer keep
+        its order and no-duplicate guarantees): rather than fail every delivery behind a green
+        /healthz, the bridge stops, exit code 1, for its supervisor to start it with new clients;
+        records in flight are claimed again. Other errors are librdkafka's to retry and log."""
         if error.fatal():
             logger.critical("the producer failed fatally, stopping: %s", error)
             self._errors.append(KafkaFault(f"fatal producer error: {error}"))
@@ -335,8 +312,7 @@ class Service:
     def ready(self) -> list[str]:
         """Problems that mean the bridge cannot do its work now."""
         problems = self.readiness.problems()
-        # While the bridge waits for Redis before joining, the consumer has not tried Kafka:
-        # Redis is the cause, and named alone.
+        # Waiting for Redis before joining, the consumer has not tried Kafka: Redis alone is named.
         if not self.ingress.joined and not self._waiting_for_redis:
             if self.brokers_up == 0:
                 problems.append("kafka unreachable")
@@ -383,8 +359,10 @@ class Service:
         read_back_thread = self._thread("read-back", self.read_back.run)
         ingress_thread = self._thread("ingress", self.ingress.run)
         sampler_thread = self._thread("sampler", self.sampler.run)
-        while not self.stop_event.wait(TRIM_INTERVAL_S):
-            release_free_memory()
+        ready_line, trim = announce.ReadyLine(self.ready, self.config, self.http), Trimmer()
+        while not self.stop_event.wait(ready_line.wait_s(TRIM_INTERVAL_S)):
+            ready_line.check()
+            trim()
         logger.info("stopping")
         _KAFKA_NOISE.stopping = True
         self.egress.wake_up()  # cut its sleep short
@@ -412,7 +390,7 @@ class Service:
             self.reconcile.close()
         self.id_reader.close()
         self.redis.close()
-        _summary(self.registry, time.monotonic() - started)
+        announce.summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0
 
     def _wait_for_redis(self) -> bool:

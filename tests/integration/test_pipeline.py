@@ -137,11 +137,17 @@ def test_sigterm_exits_cleanly_and_restart_loses_nothing(
         collector.until(
             lambda rs: len(delivered(collector, setup)) >= 300, 60, "deliveries to start"
         )
+        wait_for(lambda: "ready: delivering" in first.output(), 30, "the ready line")
         started = time.monotonic()
         first.signal(signal.SIGTERM)
         assert first.wait(30) == 0
         assert time.monotonic() - started < 15
-        assert "stopped after" in first.output()
+        output = first.output()
+        assert "stopped after" in output
+        # Said once: the line a person running it waits for.
+        [ready] = [x for x in output.splitlines() if "bridge.announce: ready: delivering" in x]
+        assert f"metrics at http://127.0.0.1:{first.http_port()}/metrics, console at " in ready
+        assert output.index(ready) < output.index("stopped after")
         bridges.append(setup.bridge("second").start())
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
