@@ -82,21 +82,29 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             capacity = capacity or rate
     if "throughput" in names:
         size = sizes.values[0]
-        say(f"throughput: {sizes.throughput:,} records of {size} B, a {ID_BYTES}-byte delay-id "
-            "each")  # fmt: skip
+        say(
+            f"throughput: {sizes.throughput:,} records of {size} B, a {ID_BYTES}-byte delay-id each"
+        )
         throughput(servers, out, sizes.throughput, size, report, tag="-ids", id_bytes=ID_BYTES)
         plain, ids = report.figures[f"throughput-{size}"], report.figures[f"throughput-{size}-ids"]
         for leg in ("ingest", "egress", "end_to_end"):
             ids[f"{leg}_vs_no_ids"] = ids[f"{leg}_per_s"] / plain[f"{leg}_per_s"]
     if "precision" in names:
         say(f"precision at {capacity / 2:,.0f}/s, then a backlog of {sizes.backlog:,}")
-        precision_and_backlog(servers, out, report, rate=capacity / 2,
-                              seconds=sizes.precision_s, backlog=sizes.backlog,
-                              max_delay_ms=sizes.max_delay_ms)  # fmt: skip
+        precision_and_backlog(
+            servers,
+            out,
+            report,
+            rate=capacity / 2,
+            seconds=sizes.precision_s,
+            backlog=sizes.backlog,
+            max_delay_ms=sizes.max_delay_ms,
+        )
     if "precision" in names:
         say(f"cost per record at 2,000/s for {sizes.precision_s:.0f} s, coalescing off and on")
-        steady_cost(servers, out, report, seconds=sizes.precision_s,
-                    max_delay_ms=sizes.max_delay_ms)  # fmt: skip
+        steady_cost(
+            servers, out, report, seconds=sizes.precision_s, max_delay_ms=sizes.max_delay_ms
+        )
     if "catchup" in names:
         live = max(100.0, (capacity or 5000) / 10)
         say(f"catch-up: {sizes.catchup:,} records due while stopped, live traffic {live:,.0f}/s")
@@ -106,30 +114,44 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             f"priority: {sizes.priority:,} records due while stopped (10% high, 30% low), "
             f"drained without a limit, then at {sizes.max_rate:,}/s with live high records"
         )
-        priority(servers, out, sizes.priority, report, max_rate=sizes.max_rate,
-                 live_rate=sizes.live_rate)  # fmt: skip
+        priority(
+            servers, out, sizes.priority, report, max_rate=sizes.max_rate, live_rate=sizes.live_rate
+        )
     if "recovery" in names:
         say(
             f"recovery: {RECOVERY_RATE:,.0f}/s for {sizes.precision_s:.0f} s, a bridge SIGKILLed "
             "half-way: restarted at once, then (two replicas) taken over"
         )
-        recovery(servers, out, report, rate=RECOVERY_RATE, seconds=sizes.precision_s,
-                 session_ms=sizes.session_ms)  # fmt: skip
+        recovery(
+            servers,
+            out,
+            report,
+            rate=RECOVERY_RATE,
+            seconds=sizes.precision_s,
+            session_ms=sizes.session_ms,
+        )
     if "exactly-once" in names:
         say(
             f"exactly once next to at-least-once, alternating twice: {sizes.throughput:,} "
             f"records of 100 B due at once, then {RECOVERY_RATE:,.0f}/s for "
             f"{sizes.precision_s:.0f} s"
         )
-        exactly_once(servers, out, report, count=sizes.throughput, seconds=sizes.precision_s,
-                     max_delay_ms=sizes.max_delay_ms)  # fmt: skip
+        exactly_once(
+            servers,
+            out,
+            report,
+            count=sizes.throughput,
+            seconds=sizes.precision_s,
+            max_delay_ms=sizes.max_delay_ms,
+        )
     if "cluster" in names:
         say(
             f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "
             "delays on standalone Redis, then the same on a 3-master Redis Cluster"
         )
-        redis_modes(servers, out, sizes.cluster, sizes.precision_s, report,
-                    max_delay_ms=sizes.max_delay_ms)  # fmt: skip
+        redis_modes(
+            servers, out, sizes.cluster, sizes.precision_s, report, max_delay_ms=sizes.max_delay_ms
+        )
     if "far-future" in names:
         for count, size in sizes.held:
             say(f"far-future: {count:,} records of {size} B due in 30 days, then a restart")
@@ -138,26 +160,40 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
         say(f"far-future: {count:,} records of {size} B due in 30 days, a 31-byte delay-id each")
         far_future.held(servers, out, report, count, size, id_bytes=31)
         for size in sizes.values:
-            say(f"far-future: {sizes.contiguous:,} records of {size} B due at one instant, read "
-                "back")  # fmt: skip
+            say(
+                f"far-future: {sizes.contiguous:,} records of {size} B due at one instant, read "
+                "back"
+            )
             far_future.contiguous(servers, out, report, sizes.contiguous, size)
         say(
             f"far-future: {sizes.scattered:,} records due at random over {sizes.spread_s:.0f} s, "
             "read back"
         )
-        far_future.scattered(servers, out, report, sizes.scattered, spread_s=sizes.spread_s,
-                             value_size=READ_BACK_VALUE)  # fmt: skip
+        far_future.scattered(
+            servers,
+            out,
+            report,
+            sizes.scattered,
+            spread_s=sizes.spread_s,
+            value_size=READ_BACK_VALUE,
+        )
     if "bulk" in names:
-        say(f"bulk: {sizes.bulk:,} far-future records cancelled by a key prefix while live "
-            f"traffic arrives at {RECOVERY_RATE:,.0f}/s")  # fmt: skip
+        say(
+            f"bulk: {sizes.bulk:,} far-future records cancelled by a key prefix while live "
+            f"traffic arrives at {RECOVERY_RATE:,.0f}/s"
+        )
         bulk_cancel(servers, out, report, count=sizes.bulk, rate=RECOVERY_RATE)
     if "rebuild" in names:
-        say(f"rebuild: {sizes.rebuild:,} records waiting (a tenth whole, the rest references), "
-            "then Redis lost")  # fmt: skip
+        say(
+            f"rebuild: {sizes.rebuild:,} records waiting (a tenth whole, the rest references), "
+            "then Redis lost"
+        )
         rebuild(servers, out, report, sizes.rebuild)
     if "trace" in names:
-        say(f"trace: a journal of {sizes.journal:,} entries over two days, records delivered a "
-            "day ago traced")  # fmt: skip
+        say(
+            f"trace: a journal of {sizes.journal:,} entries over two days, records delivered a "
+            "day ago traced"
+        )
         trace(servers, out, report, sizes.journal)
     say("done")
     return report
@@ -165,8 +201,13 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
-                        help=f"default: {', '.join(DEFAULT)}")  # fmt: skip
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        choices=[[], *SCENARIOS],
+        metavar="SCENARIO",
+        help=f"default: {', '.join(DEFAULT)}",
+    )
     parser.add_argument("--full", action="store_true", help="the full sizes (make bench-full)")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
     parser.add_argument(
@@ -178,8 +219,9 @@ def main() -> int:
     servers = local_servers()
     servers.up()
     started = time.monotonic()
-    report = run_all(servers, args.out / "runs", FULL if args.full else QUICK,
-                     args.scenarios or list(DEFAULT))  # fmt: skip
+    report = run_all(
+        servers, args.out / "runs", FULL if args.full else QUICK, args.scenarios or list(DEFAULT)
+    )
     command = "make bench-full" if args.full else "make bench"
     print(rep.tables(report))
     held = rep.targets(report)
@@ -188,14 +230,23 @@ def main() -> int:
     for problem in report.problems:
         print(f"CONTRACT BROKEN: {problem}")
     written = rep.plots(report, args.out)
-    (args.out / "results.json").write_text(json.dumps({
-        "command": command, "seconds": round(time.monotonic() - started),
-        "figures": report.figures, "targets": [{"target": t, "measured": m, "held": ok}
-                                               for t, m, ok in held],
-        "problems": report.problems, "plots": [p.name for p in written],
-    }, indent=2))  # fmt: skip
-    print(f"wrote {args.out / 'results.json'} and {', '.join(p.name for p in written)}",
-          file=sys.stderr)  # fmt: skip
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {
+                "command": command,
+                "seconds": round(time.monotonic() - started),
+                "figures": report.figures,
+                "targets": [{"target": t, "measured": m, "held": ok} for t, m, ok in held],
+                "problems": report.problems,
+                "plots": [p.name for p in written],
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"wrote {args.out / 'results.json'} and {', '.join(p.name for p in written)}",
+        file=sys.stderr,
+    )
     return 1 if report.problems else 0
 
 

@@ -111,8 +111,9 @@ def worktree(commit: str) -> Path:
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
-                              text=True).stdout  # fmt: skip
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
     except subprocess.CalledProcessError as exc:
         raise SystemExit(f"git {' '.join(args)}: {exc.stderr.strip()}") from None
 
@@ -121,10 +122,20 @@ def leg(scenario: str, code: Path, *, records: int, seconds: float) -> dict[str,
     """One run of ``scenario`` by this harness, the bridge run from ``code`` (a process of its
     own, as every run starts afresh); its figures."""
     env = {**os.environ, CODE_UNDER_TEST: str(code)}
-    args = [sys.executable, "-m", "bench.ab", "--leg", scenario, "--records", str(records),
-            "--seconds", str(seconds)]  # fmt: skip
-    out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
-                         check=False)  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "bench.ab",
+        "--leg",
+        scenario,
+        "--records",
+        str(records),
+        "--seconds",
+        str(seconds),
+    ]
+    out = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False
+    )
     if out.returncode != 0:
         raise SystemExit(f"{scenario} with the bridge of {code} failed:\n{out.stderr[-3000:]}")
     figures: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -142,11 +153,20 @@ def run_leg(scenario: str, records: int, seconds: float) -> dict[str, float]:
             f = report.figures["throughput-100"]
             got = {k: float(f[k]) for k in FIGURES["throughput"]}
         else:
-            steady_load(servers, Path(tmp), report, "steady", {}, seconds=seconds,
-                        max_delay_ms=QUICK.max_delay_ms)  # fmt: skip
+            steady_load(
+                servers,
+                Path(tmp),
+                report,
+                "steady",
+                {},
+                seconds=seconds,
+                max_delay_ms=QUICK.max_delay_ms,
+            )
             f = report.figures["steady"]
-            got = {"cpu_ms_per_record": float(f["cpu_ms_per_record"]),
-                   "ack_p99_ms": float(f["ack_lateness_ms"]["p99"])}  # fmt: skip
+            got = {
+                "cpu_ms_per_record": float(f["cpu_ms_per_record"]),
+                "ack_p99_ms": float(f["ack_lateness_ms"]["p99"]),
+            }
     if report.problems:
         raise SystemExit(f"the contract broke: {report.problems}")
     return got
@@ -184,12 +204,22 @@ def main() -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("base", nargs="?", help="the commit to compare with (e.g. a tag)")
-    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO",
-                        help=f"default: {', '.join(SCENARIOS)}")  # fmt: skip
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        choices=[[], *SCENARIOS],
+        metavar="SCENARIO",
+        help=f"default: {', '.join(SCENARIOS)}",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default 2)")
-    parser.add_argument("--heads", nargs="+", default=[], metavar="COMMIT",
-                        help="compare these commits with the base instead of this checkout "
-                             "(a bisect: each in turn, every ratio against the base)")  # fmt: skip
+    parser.add_argument(
+        "--heads",
+        nargs="+",
+        default=[],
+        metavar="COMMIT",
+        help="compare these commits with the base instead of this checkout "
+        "(a bisect: each in turn, every ratio against the base)",
+    )
     parser.add_argument("--records", type=int, default=THROUGHPUT_RECORDS, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=STEADY_S, help=argparse.SUPPRESS)
     parser.add_argument("--leg", choices=SCENARIOS, help=argparse.SUPPRESS)
@@ -202,16 +232,30 @@ def main() -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     scenarios = args.scenarios or list(SCENARIOS)
-    sides = compare(args.base, scenarios, args.rounds, heads=args.heads, records=args.records,
-                    seconds=args.seconds)  # fmt: skip
+    sides = compare(
+        args.base,
+        scenarios,
+        args.rounds,
+        heads=args.heads,
+        records=args.records,
+        seconds=args.seconds,
+    )
     print(table(sides, scenarios))
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ab.json").write_text(json.dumps({
-        "command": f"make bench-ab BASE={args.base}", "base": args.base, "rounds": args.rounds,
-        "heads": args.heads, "runs": {side.label: side.runs for side in sides},
-        "ratios": {side.label: ratios(sides[0], side, scenarios) for side in sides[1:]},
-    }, indent=2))  # fmt: skip
+    (out / "ab.json").write_text(
+        json.dumps(
+            {
+                "command": f"make bench-ab BASE={args.base}",
+                "base": args.base,
+                "rounds": args.rounds,
+                "heads": args.heads,
+                "runs": {side.label: side.runs for side in sides},
+                "ratios": {side.label: ratios(sides[0], side, scenarios) for side in sides[1:]},
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -37,9 +37,12 @@ def main() -> None:
     def batch(partition: int) -> tuple[int, list[Scheduled]]:
         first = offsets[partition]
         offsets[partition] += args.batch
-        records = [Scheduled(o, T0 + o, "out", b"k", b"v" * 100, [], f"id-{partition}-{o}",
-                             timestamp_ms=T0)
-                   for o in range(first, first + args.batch)]  # fmt: skip
+        records = [
+            Scheduled(
+                o, T0 + o, "out", b"k", b"v" * 100, [], f"id-{partition}-{o}", timestamp_ms=T0
+            )
+            for o in range(first, first + args.batch)
+        ]
         return records[-1].offset, records
 
     try:
@@ -60,8 +63,10 @@ def main() -> None:
             cpu_ms = statistics.mean(cpu[across]) * 1000
             print(f"{label:18} {took_ms:6.2f} ms per batch, Redis CPU {cpu_ms:5.2f} ms")
         ratio = statistics.median(times[True]) / statistics.median(times[False])
-        print(f"batches of {args.batch}; ratio (and the others / own only): {ratio:.2f}x, "
-              f"{args.partitions - 1} other partitions")  # fmt: skip
+        print(
+            f"batches of {args.batch}; ratio (and the others / own only): {ratio:.2f}x, "
+            f"{args.partitions - 1} other partitions"
+        )
     finally:
         drop(store)
 

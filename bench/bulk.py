@@ -79,10 +79,24 @@ def bulk_cancel(
         workload = produce(run, live, rate, first_seq=count + held)
         started = time.monotonic()
         command = subprocess.run(
-            [sys.executable, "-m", "bridge", "cancel", "--key-prefix", PREFIX.decode(), "--yes",
-             "--rate", str(pace)],
-            cwd=ROOT, env=bridge.env, capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "bridge",
+                "cancel",
+                "--key-prefix",
+                PREFIX.decode(),
+                "--yes",
+                "--rate",
+                str(pace),
+            ],
+            cwd=ROOT,
+            env=bridge.env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
         produced_s = time.monotonic() - started
         if command.returncode != 0:
             raise RuntimeError(f"bulk cancel failed: {command.stderr[-2000:]}")
@@ -102,12 +116,17 @@ def bulk_cancel(
         if cancelled_delivered:
             report.problems.append(f"bulk cancel: {cancelled_delivered} cancelled delivered")
         report.figures["bulk cancel"] = {
-            "records": count, "held_whole": held, "pace_per_s": pace,
-            "command_s": round(produced_s, 1), "applied_s": round(applied_s, 1), "stalled": stalled,
+            "records": count,
+            "held_whole": held,
+            "pace_per_s": pace,
+            "command_s": round(produced_s, 1),
+            "applied_s": round(applied_s, 1),
+            "stalled": stalled,
             "cancelled_delivered": cancelled_delivered,
-            "live_rate_per_s": rate, "live_records": len(live),
+            "live_rate_per_s": rate,
+            "live_records": len(live),
             "live_ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
-        }  # fmt: skip
+        }
     finally:
         store.client.close()
         run.close()
@@ -130,8 +149,15 @@ def main() -> None:
     servers = local_servers()
     servers.up()
     report = Report()
-    bulk_cancel(servers, ROOT / "build" / "bench" / "runs", report, count=args.records,
-                rate=RECOVERY_RATE, pace=args.pace, held=args.held)  # fmt: skip
+    bulk_cancel(
+        servers,
+        ROOT / "build" / "bench" / "runs",
+        report,
+        count=args.records,
+        rate=RECOVERY_RATE,
+        pace=args.pace,
+        held=args.held,
+    )
     print(json.dumps(report.figures["bulk cancel"], indent=2))
     for problem in report.problems:
         print(f"CONTRACT BROKEN: {problem}")

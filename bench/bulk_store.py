@@ -38,14 +38,36 @@ def main() -> None:
 
     try:
         for first in range(0, w, 1000):
-            live = [Scheduled(o, T0 + 60_000 + o, "out", b"live", b"", [], origin("delay", 0, o),
-                              default_of=("delay", 0), timestamp_ms=T0)
-                    for o in range(first, min(first + 1000, w))]  # fmt: skip
+            live = [
+                Scheduled(
+                    o,
+                    T0 + 60_000 + o,
+                    "out",
+                    b"live",
+                    b"",
+                    [],
+                    origin("delay", 0, o),
+                    default_of=("delay", 0),
+                    timestamp_ms=T0,
+                )
+                for o in range(first, min(first + 1000, w))
+            ]
             store.add({SHARD: (live[-1].offset, live)})
         for first in range(w, w + n, 1000):
-            records = [Scheduled(o, due(o), "out", b"k%d" % o, b"", [], origin("delay", 0, o),
-                                 default_of=("delay", 0), timestamp_ms=T0)
-                       for o in range(first, min(first + 1000, w + n))]  # fmt: skip
+            records = [
+                Scheduled(
+                    o,
+                    due(o),
+                    "out",
+                    b"k%d" % o,
+                    b"",
+                    [],
+                    origin("delay", 0, o),
+                    default_of=("delay", 0),
+                    timestamp_ms=T0,
+                )
+                for o in range(first, min(first + 1000, w + n))
+            ]
             store.add({SHARD: (records[-1].offset, records)}, refer_after_ms=T0 + 1000)
         started, cpu = time.perf_counter(), redis_cpu_s(store.client)
         for first in range(w, w + n, batch):
@@ -54,9 +76,11 @@ def main() -> None:
             store.add({SHARD: (n + named[-1], cancels)}, refer_after_ms=T0 + 1000)
         seconds, cpu = time.perf_counter() - started, redis_cpu_s(store.client) - cpu
         left = store.inventory.count(SHARD) - w
-        print(f"{n:,} cancels of references beside {w:,} records held whole, {batch} a call: "
-              f"{seconds:.2f} s ({n / seconds:,.0f}/s), Redis CPU {cpu / n * 1e6:.1f} µs a "
-              f"cancel; {left} left waiting")  # fmt: skip
+        print(
+            f"{n:,} cancels of references beside {w:,} records held whole, {batch} a call: "
+            f"{seconds:.2f} s ({n / seconds:,.0f}/s), Redis CPU {cpu / n * 1e6:.1f} µs a "
+            f"cancel; {left} left waiting"
+        )
     finally:
         drop(store)
 

@@ -30,11 +30,17 @@ def bare_store(
     due = now_ms()
     headers: Headers = [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]
     records = [
-        Scheduled(offset=i // PARTITIONS, due_ms=due, target=target, key=b"k%d" % (i % 997),
-                  value=value_of(i, value_size), headers=headers,
-                  delay_id=origin(topic, i % PARTITIONS, i // PARTITIONS))
+        Scheduled(
+            offset=i // PARTITIONS,
+            due_ms=due,
+            target=target,
+            key=b"k%d" % (i % 997),
+            value=value_of(i, value_size),
+            headers=headers,
+            delay_id=origin(topic, i % PARTITIONS, i // PARTITIONS),
+        )
         for i in range(count)
-    ]  # fmt: skip
+    ]
     in_batch = config.ingress.batch_size
     marks: dict[Shard, int] = {}
     started = time.perf_counter()

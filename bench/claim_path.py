@@ -34,8 +34,14 @@ def claim_path(count: int, with_ids: bool, label: str) -> dict[str, object]:
     servers = local_servers()
     servers.up()
     kind = "ids" if with_ids else "plain"
-    run = Run(servers, ROOT / "build" / "bench" / "runs", f"claim-{kind}", label="bench",
-              target_config=ACK_STAMPS, watch=False)  # fmt: skip
+    run = Run(
+        servers,
+        ROOT / "build" / "bench" / "runs",
+        f"claim-{kind}",
+        label="bench",
+        target_config=ACK_STAMPS,
+        watch=False,
+    )
     store = Store(servers.redis(), run.prefix)
     try:
         due = int(time.time() * 1000) + DUE_AFTER_MS

@@ -18,8 +18,16 @@ MODES = {"at-least-once": False, "exactly-once": True}
 ROUNDS = 2
 
 
-def exactly_once(servers: Servers, workdir: Path, report: Report, *, count: int,
-                 seconds: float, max_delay_ms: int, rounds: int = ROUNDS) -> None:  # fmt: skip
+def exactly_once(
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    *,
+    count: int,
+    seconds: float,
+    max_delay_ms: int,
+    rounds: int = ROUNDS,
+) -> None:
     """Both modes, alternating ``rounds`` times: figures ``throughput-100-<mode>-<round>``,
     ``steady <mode> <round>``, and a summary ``exactly once``."""
     rates: dict[str, list[float]] = {m: [] for m in MODES}
@@ -30,8 +38,15 @@ def exactly_once(servers: Servers, workdir: Path, report: Report, *, count: int,
             rates[mode].append(
                 throughput(servers, workdir, count, 100, report, overrides=overrides, tag=tag)
             )
-            steady_load(servers, workdir, report, f"steady {mode} {n}", overrides,
-                        seconds=seconds, max_delay_ms=max_delay_ms)  # fmt: skip
+            steady_load(
+                servers,
+                workdir,
+                report,
+                f"steady {mode} {n}",
+                overrides,
+                seconds=seconds,
+                max_delay_ms=max_delay_ms,
+            )
     f = report.figures
 
     def worst(mode: str, key: str, q: str) -> int:

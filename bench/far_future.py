@@ -56,8 +56,15 @@ def _keyed(headers: Headers, count: int) -> list[Record]:
     return (base * (count // KEYS + 1))[:count]
 
 
-def held(servers: Servers, workdir: Path, report: Report, count: int, value_size: int,
-         *, id_bytes: int = 0) -> None:  # fmt: skip
+def held(
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    count: int,
+    value_size: int,
+    *,
+    id_bytes: int = 0,
+) -> None:
     """``count`` records of ``value_size`` B due in 30 days, the bridge's defaults (with
     ``id_bytes``, a delay-id of that length each): memory once all are stored; then the restart
     case."""
@@ -71,10 +78,17 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         redis_before, rss_before = used_memory(store), bridge.memory()
         header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, FAR_FUTURE)]
         started = time.monotonic()
-        records = _keyed(header, count) if not id_bytes else [
-            Record([*header, (H_ID, (b"reminder-%d" % i).rjust(id_bytes, b"0"))],
-                   key=b"k%d" % (i % KEYS)) for i in range(count)
-        ]  # fmt: skip
+        records = (
+            _keyed(header, count)
+            if not id_bytes
+            else [
+                Record(
+                    [*header, (H_ID, (b"reminder-%d" % i).rjust(id_bytes, b"0"))],
+                    key=b"k%d" % (i % KEYS),
+                )
+                for i in range(count)
+            ]
+        )
         workload = produce(run, records, float("inf"), value_size=value_size)
         progress = Progress(store, run.delay).start()
         progress.wait(lambda i, s: i >= count, 3600, "far-future records stored")
@@ -85,13 +99,18 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
             report.problems.append(f"{name}: {references:,} of {count:,} kept as references")
         grown, rss = used_memory(store) - redis_before, bridge.memory()
         figures: dict[str, Any] = {
-            "records": count, "value_bytes": value_size, "references": references,
+            "records": count,
+            "value_bytes": value_size,
+            "references": references,
             "delay_id_bytes": id_bytes,
-            "seconds_to_store": round(seconds, 1), "stored_per_s": count / seconds,
-            "redis_bytes": grown, "redis_bytes_per_record": grown / count,
-            "bridge_rss_bytes": rss, "bridge_rss_before_bytes": rss_before,
+            "seconds_to_store": round(seconds, 1),
+            "stored_per_s": count / seconds,
+            "redis_bytes": grown,
+            "redis_bytes_per_record": grown / count,
+            "bridge_rss_bytes": rss,
+            "bridge_rss_before_bytes": rss_before,
             "total_mb": (grown + rss) / 1e6,
-        }  # fmt: skip
+        }
         figures.update(_restart(run, store, progress, bridge, count))
         report.figures[name] = figures
     finally:
@@ -99,8 +118,9 @@ def held(servers: Servers, workdir: Path, report: Report, count: int, value_size
         run.close()
 
 
-def _restart(run: Run, store: Store, progress: Progress, bridge: Bridge,
-             first_seq: int) -> dict[str, Any]:  # fmt: skip
+def _restart(
+    run: Run, store: Store, progress: Progress, bridge: Bridge, first_seq: int
+) -> dict[str, Any]:
     """PROBES records due a few seconds out are stored; the bridge is stopped until they are due
     and started again: from the process start to the first (and last) of them acknowledged."""
     due = now_ms() + 4000
@@ -127,12 +147,14 @@ def _restart(run: Run, store: Store, progress: Progress, bridge: Bridge,
         "restart_start_to_ready_s": (ready_ms - started_ms) / 1000,
         "restart_start_to_first_due_acked_s": (acked[0] - started_ms) / 1000,
         "restart_start_to_last_due_acked_s": (acked[-1] - started_ms) / 1000,
-        "restart_probes_lost": len(account.lost), "restart_probes_early": len(account.early),
-    }  # fmt: skip
+        "restart_probes_lost": len(account.lost),
+        "restart_probes_early": len(account.early),
+    }
 
 
-def contiguous(servers: Servers, workdir: Path, report: Report, count: int,
-               value_size: int) -> None:  # fmt: skip
+def contiguous(
+    servers: Servers, workdir: Path, report: Report, count: int, value_size: int
+) -> None:
     """``count`` records due at one instant, produced one after the other: read-back rate."""
     fetch_ahead_s = max(2.0, count / 25_000)  # twice the time the target rate needs
     horizon_s = fetch_ahead_s + 4  # buckets of 2 s
@@ -140,33 +162,66 @@ def contiguous(servers: Servers, workdir: Path, report: Report, count: int,
     def records(target: Headers, first_due_ms: int) -> list[Record]:
         return _keyed([*target, (H_DELIVER_AT, b"%d" % first_due_ms)], count)
 
-    _read_back(servers, workdir, report, name=f"read-back contiguous {count:,} x {value_size} B",
-               count=count, horizon_s=horizon_s, fetch_ahead_s=fetch_ahead_s, make=records,
-               value_size=value_size)  # fmt: skip
+    _read_back(
+        servers,
+        workdir,
+        report,
+        name=f"read-back contiguous {count:,} x {value_size} B",
+        count=count,
+        horizon_s=horizon_s,
+        fetch_ahead_s=fetch_ahead_s,
+        make=records,
+        value_size=value_size,
+    )
 
 
-def scattered(servers: Servers, workdir: Path, report: Report, count: int, *, spread_s: float,
-              value_size: int) -> None:  # fmt: skip
+def scattered(
+    servers: Servers, workdir: Path, report: Report, count: int, *, spread_s: float, value_size: int
+) -> None:
     """``count`` records due at random over ``spread_s``, offsets uncorrelated with due times,
     horizon and fetch-ahead scaled to the spread as the defaults are to an hour."""
     scale = spread_s / HOUR_S
     rng = random.Random(3)
 
     def records(target: Headers, first_due_ms: int) -> list[Record]:
-        return [Record([*target, (H_DELIVER_AT, b"%d" % (first_due_ms + rng.randrange(
-            int(spread_s * 1000))))], key=b"k%d" % (i % KEYS)) for i in range(count)]  # fmt: skip
+        return [
+            Record(
+                [
+                    *target,
+                    (H_DELIVER_AT, b"%d" % (first_due_ms + rng.randrange(int(spread_s * 1000)))),
+                ],
+                key=b"k%d" % (i % KEYS),
+            )
+            for i in range(count)
+        ]
 
     name = f"read-back scattered {count:,} x {value_size} B over {spread_s:.0f} s"
-    figures = _read_back(servers, workdir, report, name=name, count=count,
-                         horizon_s=HORIZON_S * scale, fetch_ahead_s=FETCH_AHEAD_S * scale,
-                         make=records, value_size=value_size)  # fmt: skip
+    figures = _read_back(
+        servers,
+        workdir,
+        report,
+        name=name,
+        count=count,
+        horizon_s=HORIZON_S * scale,
+        fetch_ahead_s=FETCH_AHEAD_S * scale,
+        make=records,
+        value_size=value_size,
+    )
     figures.update(spread_s=spread_s, due_per_s=count / spread_s, hour_speed_up=1 / scale)
 
 
-def _read_back(servers: Servers, workdir: Path, report: Report, *, name: str, count: int,
-               horizon_s: float, fetch_ahead_s: float,
-               make: Callable[[Headers, int], list[Record]],
-               value_size: int) -> dict[str, Any]:  # fmt: skip
+def _read_back(
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    *,
+    name: str,
+    count: int,
+    horizon_s: float,
+    fetch_ahead_s: float,
+    make: Callable[[Headers, int], list[Record]],
+    value_size: int,
+) -> dict[str, Any]:
     """A bridge with ``horizon_s`` and ``fetch_ahead_s``; the ``count`` records ``make(target
     header, first due ms)`` builds — the first due once all can be stored past the horizon — are
     produced, read back and delivered. The figures of the read-back and of the deliveries go to
@@ -175,8 +230,15 @@ def _read_back(servers: Servers, workdir: Path, report: Report, *, name: str, co
         "store__payload_horizon": f"{int(horizon_s * 1000)}ms",
         "store__fetch_ahead": f"{int(fetch_ahead_s * 1000)}ms",
     }
-    run = Run(servers, workdir, "far-" + name.split()[1], label="bench",
-              target_config=ACK_STAMPS, watch=False, overrides=overrides)  # fmt: skip
+    run = Run(
+        servers,
+        workdir,
+        "far-" + name.split()[1],
+        label="bench",
+        target_config=ACK_STAMPS,
+        watch=False,
+        overrides=overrides,
+    )
     store = Store(servers.redis(), run.prefix)
     try:
         bridge = ready_bridge(run)
@@ -188,8 +250,10 @@ def _read_back(servers: Servers, workdir: Path, report: Report, *, name: str, co
         finished(workload)
         references = references_waiting(store, run.delay)
         if references != count:
-            report.problems.append(f"{name}: {count - references:,} of {count:,} stored whole, not "
-                                   "as references: the lead was too short")  # fmt: skip
+            report.problems.append(
+                f"{name}: {count - references:,} of {count:,} stored whole, not "
+                "as references: the lead was too short"
+            )
         deadline = time.monotonic() + 3600
         while references_waiting(store, run.delay) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -210,17 +274,23 @@ def _read_back(servers: Servers, workdir: Path, report: Report, *, name: str, co
         done = progress.first(lambda i, s: i >= count and s >= peak)
         due = sorted(e.due_ms for e in expected.values() if e.due_ms is not None)
         figures = {
-            "records": count, "value_bytes": value_size, "references": references,
-            "read_back": read_back, "read_back_late": late, "read_back_within_1s": within_1s,
+            "records": count,
+            "value_bytes": value_size,
+            "references": references,
+            "read_back": read_back,
+            "read_back_late": late,
+            "read_back_within_1s": within_1s,
             "read_back_per_s": peak / max(1e-3, (done - first) / 1000) if peak == count else None,
             "fetched_per_record": fetched / max(1.0, read_back),
             "fetched_bytes_per_record": fetched_bytes / max(1.0, read_back),
             "first_due_minus_last_read_back_s": (due[0] - done) / 1000 if peak == count else None,
-            "lost": len(account.lost), "early": len(account.early),
+            "lost": len(account.lost),
+            "early": len(account.early),
             "duplicates": account.duplicates,
             "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
-            "fetch_ahead_s": fetch_ahead_s, "payload_horizon_s": horizon_s,
-        }  # fmt: skip
+            "fetch_ahead_s": fetch_ahead_s,
+            "payload_horizon_s": horizon_s,
+        }
         report.figures[name] = figures
         return figures
     finally:

@@ -66,10 +66,12 @@ def main() -> None:
         if args.without_ids:
             home = (SHARD.topic, SHARD.partition)
             own = origin(*home, offset - 1)
-            return Scheduled(offset - 1, due, "out", b"k", b"v" * 100, [], own, default_of=home,
-                             timestamp_ms=T0)  # fmt: skip
-        return Scheduled(offset - 1, due, "out", b"k", b"v" * 100, [], f"id-{n:024d}",
-                         timestamp_ms=T0)  # fmt: skip
+            return Scheduled(
+                offset - 1, due, "out", b"k", b"v" * 100, [], own, default_of=home, timestamp_ms=T0
+            )
+        return Scheduled(
+            offset - 1, due, "out", b"k", b"v" * 100, [], f"id-{n:024d}", timestamp_ms=T0
+        )
 
     def add(records: list[Scheduled | Cancel]) -> None:
         store.add({SHARD: (records[-1].offset, records)})

@@ -36,8 +36,10 @@ def main() -> None:
     try:
         for first in range(0, args.records, ADD_BATCH):
             last = min(first + ADD_BATCH, args.records) - 1
-            records = [Scheduled(i, T0 + i, "out", b"k", b"v", [], f"order-{i:019d}")
-                       for i in range(first, last + 1)]  # fmt: skip
+            records = [
+                Scheduled(i, T0 + i, "out", b"k", b"v", [], f"order-{i:019d}")
+                for i in range(first, last + 1)
+            ]
             store.add({SHARD: (last, records)})
 
         def figures(delivered: int) -> None:
@@ -45,8 +47,10 @@ def main() -> None:
             entries = len(read_index(cast(dict[bytes, bytes], store.client.hgetall(ids))))
             used = cast(int, store.client.memory_usage(ids, samples=0))
             stale = entries - waiting
-            print(f"{delivered:>9,} delivered  {entries:>9,} entries ({stale:,} stale)  "
-                  f"id index {used:>11,} B  {used / waiting:5.1f} B a waiting record")  # fmt: skip
+            print(
+                f"{delivered:>9,} delivered  {entries:>9,} entries ({stale:,} stale)  "
+                f"id index {used:>11,} B  {used / waiting:5.1f} B a waiting record"
+            )
 
         figures(0)
         delivered, step = 0, max(1, args.records // 8)

@@ -28,8 +28,9 @@ def now_ms() -> int:
 
 def main(config_file: str, source: str, target: str, count: int) -> dict[str, int]:
     config = from_mapping(yaml.safe_load(Path(config_file).read_text()), env=dict(os.environ))
-    consumer = Consumer({**consumer_settings(config), "group.id": f"pipe-{source}",
-                         "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer = Consumer(
+        {**consumer_settings(config), "group.id": f"pipe-{source}", "auto.offset.reset": "earliest"}
+    )
     producer = Producer(producer_settings(config))
     acked = failed = 0
     first_ms = 0
@@ -54,8 +55,14 @@ def main(config_file: str, source: str, target: str, count: int) -> dict[str, in
         for msg in batch:
             if msg.error() is not None:
                 continue
-            produce(producer, target, value=msg.value(), key=msg.key(), headers=msg.headers(),
-                    on_delivery=report)  # fmt: skip
+            produce(
+                producer,
+                target,
+                value=msg.value(),
+                key=msg.key(),
+                headers=msg.headers(),
+                on_delivery=report,
+            )
             consumed += 1
         producer.poll(0)
     last_ms = now_ms()

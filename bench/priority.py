@@ -34,18 +34,21 @@ from tests.chaos.workload import PRIORITY_MIX, Record, now_ms, prioritised
 LIVE_S = 5.0  # live high records arrive over this long from the restart (the rate-limited run)
 
 
-def priority(servers: Servers, workdir: Path, count: int, report: Report, *, max_rate: int,
-             live_rate: float) -> None:  # fmt: skip
+def priority(
+    servers: Servers, workdir: Path, count: int, report: Report, *, max_rate: int, live_rate: float
+) -> None:
     """The two drains: without a limit (how fast, in what order), and at ``max_rate`` with live
     high records (how long, and whether the live ones go before the backlog's lower ones)."""
     figures = report.figures
     figures["priority"] = _drain(servers, workdir, count, report, max_rate=0, live_rate=0)
-    figures["priority, rate-limited"] = _drain(servers, workdir, count, report, max_rate=max_rate,
-                                               live_rate=live_rate)  # fmt: skip
+    figures["priority, rate-limited"] = _drain(
+        servers, workdir, count, report, max_rate=max_rate, live_rate=live_rate
+    )
 
 
-def _drain(servers: Servers, workdir: Path, count: int, report: Report, *, max_rate: int,
-           live_rate: float) -> dict[str, object]:  # fmt: skip
+def _drain(
+    servers: Servers, workdir: Path, count: int, report: Report, *, max_rate: int, live_rate: float
+) -> dict[str, object]:
     name = "priority-limited" if max_rate else "priority"
     overrides: dict[str, object] = {"egress__max_rate": max_rate} if max_rate else {}
     run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, overrides=overrides)
@@ -66,22 +69,28 @@ def _drain(servers: Servers, workdir: Path, count: int, report: Report, *, max_r
         bridge = ready_bridge(run)
         live: list[Record] = []
         if live_rate:
-            high: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, b"0ms"),
-                             (H_PRIORITY, b"high")]  # fmt: skip
+            high: Headers = [
+                (H_TARGET_TOPIC, run.target.encode()),
+                (H_AFTER, b"0ms"),
+                (H_PRIORITY, b"high"),
+            ]
             live = [Record(high, key=b"live%d" % i) for i in range(int(live_rate * LIVE_S))]
             finished(produce(run, live, live_rate, first_seq=count), LIVE_S * 3 + 60)
         wait_delivered(run, range(count + len(live)), 600)
         bridge.stop()
         expected = read_expected(run)
         settled(run, expected, range(count), report, f"{name} backlog")
-        stamps = {s: min(g.timestamp_ms for g in run.checker.delivered[s])
-                  for s in range(count + len(live))}  # fmt: skip
+        stamps = {
+            s: min(g.timestamp_ms for g in run.checker.delivered[s])
+            for s in range(count + len(live))
+        }
         mix = PRIORITY_MIX
         by = {p: [stamps[s] for s in range(count) if mix[s % len(mix)] is p] for p in Priority}
         last_of = {p: max(by[p]) for p in Priority}
         first, last = min(stamps[s] for s in range(count)), max(stamps[s] for s in range(count))
         figures: dict[str, object] = {
-            "records": count, "max_rate": max_rate,
+            "records": count,
+            "max_rate": max_rate,
             "drain_s": round((last - first) / 1000, 2),
             "drain_s_from_start": round((last - restarted_ms) / 1000, 2),
             "drain_per_s": round(count / max(1e-3, (last - first) / 1000)),
@@ -89,12 +98,15 @@ def _drain(servers: Servers, workdir: Path, count: int, report: Report, *, max_r
             # contract on one replica.
             "low_before_last_high": sum(1 for t in by[Priority.LOW] if t < last_of[Priority.HIGH]),
             "normal_before_last_high": sum(
-                1 for t in by[Priority.NORMAL] if t < last_of[Priority.HIGH]),
+                1 for t in by[Priority.NORMAL] if t < last_of[Priority.HIGH]
+            ),
             "low_before_last_normal": sum(
-                1 for t in by[Priority.LOW] if t < last_of[Priority.NORMAL]),
-            "lateness_ms": {p.label: lateness_figures([t - due_ms for t in by[p]])
-                            for p in Priority},
-        }  # fmt: skip
+                1 for t in by[Priority.LOW] if t < last_of[Priority.NORMAL]
+            ),
+            "lateness_ms": {
+                p.label: lateness_figures([t - due_ms for t in by[p]]) for p in Priority
+            },
+        }
         if live:
             during = {s: e for s, e in expected.items() if s >= count}
             account = settle(run.checker, during, horizon_ms=now_ms())

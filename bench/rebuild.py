@@ -73,8 +73,10 @@ def rebuild(servers: Any, workdir: Path, report: Report, count: int) -> None:
         rng = random.Random(5)
         spread_ms = int(min(PROBE_SPREAD_S, count / 30_000) * 1000) + 1
         dues = sorted(first_due + rng.randrange(spread_ms) for _ in range(probe_count))
-        probes = [Record([*target, (H_DELIVER_AT, b"%d" % due)], key=b"p%d" % i)
-                  for i, due in enumerate(dues)]  # fmt: skip
+        probes = [
+            Record([*target, (H_DELIVER_AT, b"%d" % due)], key=b"p%d" % i)
+            for i, due in enumerate(dues)
+        ]
         finished(produce(run, probes, float("inf"), first_seq=count, value_size=VALUE_BYTES))
         progress.wait(lambda i, s: i >= count + probe_count, 120, "the probes stored")
         ends = _log_ends(run, shards)
@@ -88,8 +90,9 @@ def rebuild(servers: Any, workdir: Path, report: Report, count: int) -> None:
         references = references_waiting(store, run.delay)
         seqs = range(count, count + probe_count)
         wait_delivered(run, seqs, spread_ms / 1000 + 600)
-        expected = {count + i: Expected(offset="", produced_ms=0, due_ms=due)
-                    for i, due in enumerate(dues)}  # fmt: skip
+        expected = {
+            count + i: Expected(offset="", produced_ms=0, due_ms=due) for i, due in enumerate(dues)
+        }
         account = settled(run, expected, seqs, report, name)
         held_whole = _waiting_whole(store, shards)
         progress.stop()
@@ -104,8 +107,13 @@ def rebuild(servers: Any, workdir: Path, report: Report, count: int) -> None:
         ceiling_s = _bare_read_s(run, ends)
         rebuild_s = (done_ms - lost_ms) / 1000
         report.figures[name] = {
-            "records": count, "references": count - whole, "whole": whole, "probes": probe_count,
-            "value_bytes": VALUE_BYTES, "partitions": PARTITIONS, "keys_deleted": deleted,
+            "records": count,
+            "references": count - whole,
+            "whole": whole,
+            "probes": probe_count,
+            "value_bytes": VALUE_BYTES,
+            "partitions": PARTITIONS,
+            "keys_deleted": deleted,
             "seconds_to_store": round(store_s, 1),
             "rebuild_s": round(rebuild_s, 1),
             "rebuild_s_by_partition": [round((rebuilt[s] - lost_ms) / 1000, 1) for s in shards],
@@ -113,11 +121,14 @@ def rebuild(servers: Any, workdir: Path, report: Report, count: int) -> None:
             "bare_read_s": round(ceiling_s, 1),
             "bare_read_per_s": (count + probe_count) / ceiling_s,
             "rebuild_vs_bare_read": ceiling_s / rebuild_s,
-            "references_after": references, "whole_after": held_whole,
-            "probes_lost": len(account.lost), "probes_early": len(account.early),
-            "probes_duplicates": account.duplicates, "later_records_delivered": others,
+            "references_after": references,
+            "whole_after": held_whole,
+            "probes_lost": len(account.lost),
+            "probes_early": len(account.early),
+            "probes_duplicates": account.duplicates,
+            "later_records_delivered": others,
             "probe_lateness_ms": lateness_figures(account.stamp_lateness_ms),
-        }  # fmt: skip
+        }
     finally:
         store.client.close()
         run.close()

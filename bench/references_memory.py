@@ -56,9 +56,11 @@ def main() -> None:
     seconds = time.monotonic() - started
     grown = cast(dict[str, int], client.info("memory"))["used_memory"] - used
     ids = f" with a {args.id_bytes}-byte delay-id each" if args.with_ids else ""
-    print(f"{added:,} references{ids} over {args.days} days in {args.partitions} partitions "
-          f"({config.bucket_ms // 60_000} min buckets): {grown / added:.1f} bytes each in Redis "
-          f"(used_memory +{grown:,}); stored at {added / seconds:,.0f}/s")  # fmt: skip
+    print(
+        f"{added:,} references{ids} over {args.days} days in {args.partitions} partitions "
+        f"({config.bucket_ms // 60_000} min buckets): {grown / added:.1f} bytes each in Redis "
+        f"(used_memory +{grown:,}); stored at {added / seconds:,.0f}/s"
+    )
     drop(store)
 
 

@@ -88,12 +88,29 @@ class Sizes:
     rebuild: int = 10_000_000
 
 
-QUICK = Sizes(throughput=50_000, values=(100, 1024), precision_s=20, backlog=100_000,
-              catchup=100_000, cluster=50_000, bulk=100_000, rebuild=1_000_000)  # fmt: skip
-FULL = Sizes(throughput=500_000, values=(100, 1024), precision_s=60, backlog=1_000_000,
-             catchup=100_000, cluster=200_000, held=((1_000_000, 1024), (10_000_000, 100)),
-             contiguous=1_000_000, scattered=1_000_000, spread_s=500.0,
-             journal=10_000_000)  # fmt: skip
+QUICK = Sizes(
+    throughput=50_000,
+    values=(100, 1024),
+    precision_s=20,
+    backlog=100_000,
+    catchup=100_000,
+    cluster=50_000,
+    bulk=100_000,
+    rebuild=1_000_000,
+)
+FULL = Sizes(
+    throughput=500_000,
+    values=(100, 1024),
+    precision_s=60,
+    backlog=1_000_000,
+    catchup=100_000,
+    cluster=200_000,
+    held=((1_000_000, 1024), (10_000_000, 100)),
+    contiguous=1_000_000,
+    scattered=1_000_000,
+    spread_s=500.0,
+    journal=10_000_000,
+)
 
 
 @dataclass
@@ -173,8 +190,11 @@ def lateness_figures(values: list[int]) -> dict[str, int]:
 
 def check(report: Report, name: str, account: Account) -> None:
     """Correctness travels with every figure: lost, early and misrouted records are problems."""
-    for what, items in (("lost", account.lost), ("early", account.early),
-                        ("misrouted", account.misrouted)):  # fmt: skip
+    for what, items in (
+        ("lost", account.lost),
+        ("early", account.early),
+        ("misrouted", account.misrouted),
+    ):
         if items:
             report.problems.append(f"{name}: {len(items)} {what}, e.g. {items[:3]}")
 
@@ -215,14 +235,18 @@ def due_now(count: int, target: str, id_bytes: int = 0) -> list[Record]:
     header: Headers = [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]
     if not id_bytes:
         return [Record(header, key=b"k%d" % (i % 997)) for i in range(count)]
-    return [Record([*header, (H_ID, (b"order-%d" % i).rjust(id_bytes, b"0"))],
-                   key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
+    return [
+        Record([*header, (H_ID, (b"order-%d" % i).rjust(id_bytes, b"0"))], key=b"k%d" % (i % 997))
+        for i in range(count)
+    ]
 
 
-def produce(run: Run, records: list[Record], rate: float, first_seq: int = 0,
-            value_size: int | None = None) -> Workload:  # fmt: skip
-    return Workload(run.servers.bootstrap, run.delay, records, rate, value_size=value_size,
-                    first_seq=first_seq).start()  # fmt: skip
+def produce(
+    run: Run, records: list[Record], rate: float, first_seq: int = 0, value_size: int | None = None
+) -> Workload:
+    return Workload(
+        run.servers.bootstrap, run.delay, records, rate, value_size=value_size, first_seq=first_seq
+    ).start()
 
 
 def finished(workload: Workload, timeout: float = 600) -> None:
@@ -237,8 +261,12 @@ def finished(workload: Workload, timeout: float = 600) -> None:
 def journal_bytes(run: Run) -> int:
     """What the run's journal holds, as its records' keys, values and headers (librdkafka
     compresses nothing by default: about what the log stores, less the batches' own headers)."""
-    settings = {"bootstrap.servers": run.servers.bootstrap, "group.id": f"j-{run.uid}",
-                "enable.partition.eof": True, "auto.offset.reset": "earliest"}  # fmt: skip
+    settings = {
+        "bootstrap.servers": run.servers.bootstrap,
+        "group.id": f"j-{run.uid}",
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+    }
     consumer = Consumer(settings)
     total, ends = 0, 0
     try:
@@ -257,17 +285,33 @@ def journal_bytes(run: Run) -> int:
     return total
 
 
-def throughput(servers: Servers, workdir: Path, count: int, value_size: int, report: Report, *,
-               overrides: dict[str, object] | None = None, tag: str = "",
-               id_bytes: int = 0, ceilings: bool = True) -> float:  # fmt: skip
+def throughput(
+    servers: Servers,
+    workdir: Path,
+    count: int,
+    value_size: int,
+    report: Report,
+    *,
+    overrides: dict[str, object] | None = None,
+    tag: str = "",
+    id_bytes: int = 0,
+    ceilings: bool = True,
+) -> float:
     """``count`` records due at once (each with a delay-id ``id_bytes`` long if given: then
     without the ceilings, which such records do not change), produced before the bridge starts
     (configured with ``overrides``, its figures named with ``tag``); the bare pipe reads the same
     delay topic first (``ceilings``). Returns the bridge's end-to-end rate (records/s); the CPU
     time of the bridge and of Redis per record over the run is among the figures."""
     name = f"throughput-{value_size}{tag}"
-    run = Run(servers, workdir, name, label="bench", target_config=ACK_STAMPS, watch=False,
-              overrides=overrides)  # fmt: skip
+    run = Run(
+        servers,
+        workdir,
+        name,
+        label="bench",
+        target_config=ACK_STAMPS,
+        watch=False,
+        overrides=overrides,
+    )
     store = Store(servers.redis(), run.prefix)
     try:
         records = due_now(count, run.target, id_bytes)
@@ -297,8 +341,14 @@ def throughput(servers: Servers, workdir: Path, count: int, value_size: int, rep
             rates["bare_pipe_per_s"] = count / max(
                 1e-3, (pipe["last_ms"] - pipe["first_ms"]) / 1000
             )
-            ceiling = bare_store(store, run.config(), topic=f"{run.delay}-bare", count=count,
-                                 value_size=value_size, target=run.target)  # fmt: skip
+            ceiling = bare_store(
+                store,
+                run.config(),
+                topic=f"{run.delay}-bare",
+                count=count,
+                value_size=value_size,
+                target=run.target,
+            )
             rates.update(ceiling)
             rates["end_to_end_vs_pipe"] = rates["end_to_end_per_s"] / rates["bare_pipe_per_s"]
             rates["ingest_vs_store_add"] = rates["ingest_per_s"] / rates["bare_store_add_per_s"]
@@ -325,11 +375,22 @@ def _bare_pipe(run: Run, count: int) -> dict[str, int]:
         future.result(timeout=30)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "bench.pipe", str(run.config_file), run.delay, target,
-             str(count)],
-            cwd=ROOT, env=bridge_env(run.servers.bootstrap, run.servers.redis_url),
-            capture_output=True, text=True, timeout=900, check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "bench.pipe",
+                str(run.config_file),
+                run.delay,
+                target,
+                str(count),
+            ],
+            cwd=ROOT,
+            env=bridge_env(run.servers.bootstrap, run.servers.redis_url),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=True,
+        )
     finally:
         run.admin.delete_topics([target])
     result: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -341,8 +402,16 @@ def _bare_pipe(run: Run, count: int) -> dict[str, int]:
 # ---------------------------------------------------------------- 3 + 4: precision and backlog
 
 
-def precision_and_backlog(servers: Servers, workdir: Path, report: Report, *, rate: float,
-                          seconds: float, backlog: int, max_delay_ms: int) -> None:  # fmt: skip
+def precision_and_backlog(
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    *,
+    rate: float,
+    seconds: float,
+    backlog: int,
+    max_delay_ms: int,
+) -> None:
     """Steady load at ``rate`` with delays uniform in 1 s to ``max_delay_ms`` for ``seconds``
     (precision); then
     ``backlog`` far-future records into the same shards (memory per record); then the same load
@@ -375,12 +444,15 @@ def precision_and_backlog(servers: Servers, workdir: Path, report: Report, *, ra
         for phase, seqs in phases.items():
             account = settled(run, expected, seqs, report, f"precision {phase}")
             report.figures[f"precision {phase}"] = {
-                "rate_per_s": rate, "seconds": seconds, "records": count,
-                "early": len(account.early), "lost": len(account.lost),
+                "rate_per_s": rate,
+                "seconds": seconds,
+                "records": count,
+                "early": len(account.early),
+                "lost": len(account.lost),
                 "duplicates": account.duplicates,
                 "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
                 "consumer_lateness_ms": lateness_figures(account.lateness_ms),
-            }  # fmt: skip
+            }
             report.series[f"precision {phase}"] = {
                 "ack": account.stamp_lateness_ms,
                 "consumer": account.lateness_ms,
@@ -393,8 +465,15 @@ def precision_and_backlog(servers: Servers, workdir: Path, report: Report, *, ra
         run.close()
 
 
-def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
-                  *, ids: bool = False, after: bytes = FAR_FUTURE) -> dict[str, Any]:  # fmt: skip
+def _load_backlog(
+    run: Run,
+    store: Store,
+    count: int,
+    first_seq: int,
+    *,
+    ids: bool = False,
+    after: bytes = FAR_FUTURE,
+) -> dict[str, Any]:
     """Produce ``count`` records due ``after`` (30 days: kept as references), with a 31-byte
     delay-id each if ``ids``; measure Redis's memory once all are stored."""
     before = used_memory(store)
@@ -403,8 +482,13 @@ def _load_backlog(run: Run, store: Store, count: int, first_seq: int,
     # leaving Redis (acknowledgements are applied once per tick), which the count would subtract.
     ingested_before = progress.sample()[1]
     header: Headers = [(H_TARGET_TOPIC, run.target.encode()), (H_AFTER, after)]
-    records = [Record([*header, *([(H_ID, (b"reminder-%d" % i).rjust(31, b"0"))] if ids else [])],
-                      key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
+    records = [
+        Record(
+            [*header, *([(H_ID, (b"reminder-%d" % i).rjust(31, b"0"))] if ids else [])],
+            key=b"k%d" % (i % 997),
+        )
+        for i in range(count)
+    ]
     started = time.monotonic()
     finished(produce(run, records, float("inf"), first_seq=first_seq), 900)
     progress.start().wait(lambda i, s: i >= ingested_before + count, 900, "backlog stored")
@@ -429,8 +513,7 @@ def used_memory(store: Store) -> int:
 # ---------------------------------------------------------------- 5: catch-up
 
 
-def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
-             report: Report) -> None:  # fmt: skip
+def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float, report: Report) -> None:
     """``count`` records come due while the bridge is stopped; it is started again with live
     traffic (delays uniform in 1-3 s) arriving: drain time, lateness of the drained records, and
     of the live ones that fall due during the drain."""
@@ -442,8 +525,13 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
         due_ms = now_ms() + lead_ms
         header: Headers = [(H_TARGET_TOPIC, run.target.encode())]
         rng = random.Random(7)
-        records = [Record([*header, (H_DELIVER_AT, str(due_ms + rng.randint(0, 2000)).encode())],
-                          key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
+        records = [
+            Record(
+                [*header, (H_DELIVER_AT, str(due_ms + rng.randint(0, 2000)).encode())],
+                key=b"k%d" % (i % 997),
+            )
+            for i in range(count)
+        ]
         progress = Progress(store, run.delay).start()
         finished(produce(run, records, float("inf")), 600)
         progress.wait(lambda i, s: s >= count, 600, "catch-up backlog stored")
@@ -466,28 +554,37 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
         seen = run.checker.delivered
         drain_end = max(min(g.seen_ms for g in seen[s]) for s in range(count))
         drain_start = min(min(g.seen_ms for g in seen[s]) for s in range(count))
-        during = {s: e for s, e in expected.items()
-                  if s >= count and e.due_ms is not None and e.due_ms <= drain_end}  # fmt: skip
+        during = {
+            s: e
+            for s, e in expected.items()
+            if s >= count and e.due_ms is not None and e.due_ms <= drain_end
+        }
         live_account = settle(run.checker, during, horizon_ms=now_ms())
         check(report, "catch-up live", live_account)
         on_time = sum(1 for v in live_account.stamp_lateness_ms if v <= 250)
         report.figures["catch-up"] = {
-            "records": count, "stopped_s": round((restarted_ms - stopped_ms) / 1000, 1),
+            "records": count,
+            "stopped_s": round((restarted_ms - stopped_ms) / 1000, 1),
             "start_to_ready_s": round((ready_ms - restarted_ms) / 1000, 2),
             "drain_s_from_start": round((drain_end - restarted_ms) / 1000, 2),
             "drain_s_from_first_delivery": round((drain_end - drain_start) / 1000, 2),
             "drain_per_s": count / max(1e-3, (drain_end - drain_start) / 1000),
             "drained_lateness_ms": lateness_figures(drained.stamp_lateness_ms),
-            "live_rate_per_s": live_rate, "live_due_during_drain": len(during),
+            "live_rate_per_s": live_rate,
+            "live_due_during_drain": len(during),
             "live_on_time_250ms": on_time,
             "live_lateness_ms": lateness_figures(live_account.stamp_lateness_ms),
-        }  # fmt: skip
+        }
         report.series["catch-up"] = {
-            "backlog": sorted((min(g.seen_ms for g in seen[s]) - restarted_ms) / 1000
-                              for s in range(count)),
-            "live": [(e.due_ms - restarted_ms, min(g.seen_ms for g in seen[s]) - e.due_ms)
-                     for s, e in during.items() if s in seen and e.due_ms is not None],
-        }  # fmt: skip
+            "backlog": sorted(
+                (min(g.seen_ms for g in seen[s]) - restarted_ms) / 1000 for s in range(count)
+            ),
+            "live": [
+                (e.due_ms - restarted_ms, min(g.seen_ms for g in seen[s]) - e.due_ms)
+                for s, e in during.items()
+                if s in seen and e.due_ms is not None
+            ],
+        }
     finally:
         store.client.close()
         run.close()
@@ -496,8 +593,15 @@ def catch_up(servers: Servers, workdir: Path, count: int, live_rate: float,
 # ---------------------------------------------------------------- 6: Redis Cluster and standalone
 
 
-def redis_modes(servers: Servers, workdir: Path, count: int, seconds: float,
-                report: Report, *, max_delay_ms: int) -> None:  # fmt: skip
+def redis_modes(
+    servers: Servers,
+    workdir: Path,
+    count: int,
+    seconds: float,
+    report: Report,
+    *,
+    max_delay_ms: int,
+) -> None:
     """The same two loads on the standalone Redis and on a 3-master Redis Cluster (3 replicas,
     ``scripts/services up redis-cluster``), one after the other in this run: ``count`` records due
     at once (end-to-end rate), then ``seconds`` of records due in 1 s to ``max_delay_ms`` at half
@@ -506,13 +610,29 @@ def redis_modes(servers: Servers, workdir: Path, count: int, seconds: float,
     info = servers.up_set("redis-cluster")
     try:
         cluster = {"redis__url": info["url"], "redis__cluster": True}
-        alone = _one_mode(servers, workdir, "standalone", overrides={}, count=count,
-                          seconds=seconds, rate=None, report=report,
-                          max_delay_ms=max_delay_ms)  # fmt: skip
+        alone = _one_mode(
+            servers,
+            workdir,
+            "standalone",
+            overrides={},
+            count=count,
+            seconds=seconds,
+            rate=None,
+            report=report,
+            max_delay_ms=max_delay_ms,
+        )
         rate = alone["precision_rate_per_s"]  # the same load on both
-        on_cluster = _one_mode(servers, workdir, "cluster", overrides=cluster, count=count,
-                               seconds=seconds, rate=rate, report=report,
-                               max_delay_ms=max_delay_ms)  # fmt: skip
+        on_cluster = _one_mode(
+            servers,
+            workdir,
+            "cluster",
+            overrides=cluster,
+            count=count,
+            seconds=seconds,
+            rate=rate,
+            report=report,
+            max_delay_ms=max_delay_ms,
+        )
     finally:
         servers.down_set("redis-cluster")
     report.figures["redis modes"] = {
@@ -523,11 +643,27 @@ def redis_modes(servers: Servers, workdir: Path, count: int, seconds: float,
     }
 
 
-def _one_mode(servers: Servers, workdir: Path, mode: str, *, overrides: dict[str, object],
-              count: int, seconds: float, rate: float | None,
-              report: Report, max_delay_ms: int) -> dict[str, Any]:  # fmt: skip
-    run = Run(servers, workdir, f"redis-{mode}", label="bench", target_config=ACK_STAMPS,
-              watch=False, overrides=overrides)  # fmt: skip
+def _one_mode(
+    servers: Servers,
+    workdir: Path,
+    mode: str,
+    *,
+    overrides: dict[str, object],
+    count: int,
+    seconds: float,
+    rate: float | None,
+    report: Report,
+    max_delay_ms: int,
+) -> dict[str, Any]:
+    run = Run(
+        servers,
+        workdir,
+        f"redis-{mode}",
+        label="bench",
+        target_config=ACK_STAMPS,
+        watch=False,
+        overrides=overrides,
+    )
     url = cast(str, overrides.get("redis__url", servers.redis_url))
     client = RedisCluster.from_url(url) if overrides else servers.redis()  # type: ignore[no-untyped-call]
     store = Store(client, run.prefix)
@@ -550,9 +686,14 @@ def _one_mode(servers: Servers, workdir: Path, mode: str, *, overrides: dict[str
         expected = read_expected(run)
         settled(run, expected, range(count), report, f"redis {mode}: due at once")
         account = settled(run, expected, range(count, count + late), report, f"redis {mode}")
-        return {"records": count, "end_to_end_per_s": end_to_end, "precision_rate_per_s": rate,
-                "precision_records": late, "early": len(account.early),
-                "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms)}  # fmt: skip
+        return {
+            "records": count,
+            "end_to_end_per_s": end_to_end,
+            "precision_rate_per_s": rate,
+            "precision_records": late,
+            "early": len(account.early),
+            "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
+        }
     finally:
         client.close()
         run.close()
@@ -566,8 +707,15 @@ DEFAULT_TIMEOUTS: dict[str, object] = {"kafka__consumer": {}, "egress__lease": "
 SESSION_TIMEOUT_S = int(consumer_settings(from_mapping({}, env={}))["session.timeout.ms"]) / 1000
 
 
-def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,
-             seconds: float, session_ms: int | None = None) -> None:  # fmt: skip
+def recovery(
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    *,
+    rate: float,
+    seconds: float,
+    session_ms: int | None = None,
+) -> None:
     """Steady load at ``rate`` (delays uniform in 1-3 s) for ``seconds``; half-way through a
     bridge is SIGKILLed. ``restart``: one replica, started again at once under its instance id.
     ``takeover``: two replicas, the killed one stays dead and the other takes its partitions
@@ -576,22 +724,34 @@ def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,
     was acknowledged on its target (the records the dead process held in flight), and the
     lateness of the records due in the 10 s after the kill."""
     seconds = max(seconds, 4.0)  # records due (1 s at least) and in flight at the kill
-    cases = (("restart", 1, True, "pod"), ("restart, dynamic member", 1, True, ""),
-             ("takeover", 2, False, "pod"))  # fmt: skip
+    cases = (
+        ("restart", 1, True, "pod"),
+        ("restart, dynamic member", 1, True, ""),
+        ("takeover", 2, False, "pod"),
+    )
     overrides = dict(DEFAULT_TIMEOUTS)
     if session_ms is not None:
         heartbeat = min(3000, session_ms // 3)
-        overrides["kafka__consumer"] = {"session.timeout.ms": str(session_ms),
-                                        "heartbeat.interval.ms": str(heartbeat)}  # fmt: skip
+        overrides["kafka__consumer"] = {
+            "session.timeout.ms": str(session_ms),
+            "heartbeat.interval.ms": str(heartbeat),
+        }
     for name, replicas, restart, instance in cases:
-        run = Run(servers, workdir, name.split(",")[0], label="bench", target_config=ACK_STAMPS,
-                  overrides=overrides)  # fmt: skip
+        run = Run(
+            servers,
+            workdir,
+            name.split(",")[0],
+            label="bench",
+            target_config=ACK_STAMPS,
+            overrides=overrides,
+        )
         ids = [f"{instance}-{i}" if instance else "" for i in range(replicas)]
         try:
             bridges = [ready_bridge(run, ids[i]) for i in range(replicas)]
             count = int(rate * seconds)
-            workload = produce(run, steady(count, run.target, 3000, seed=replicas,
-                                           min_delay_ms=1000), rate)  # fmt: skip
+            workload = produce(
+                run, steady(count, run.target, 3000, seed=replicas, min_delay_ms=1000), rate
+            )
             time.sleep(seconds / 2)  # the fault's moment, not a synchronisation
             killed_ms = now_ms()
             bridges[0].kill()
@@ -603,21 +763,30 @@ def recovery(servers: Servers, workdir: Path, report: Report, *, rate: float,
                 bridge.stop()
             expected = read_expected(run)
             account = settled(run, expected, range(count), report, name)
-            first = {s: min(g.timestamp_ms for g in got)
-                     for s, got in run.checker.delivered.items()}  # fmt: skip
-            due_by_kill = [s for s, e in expected.items()
-                           if e.due_ms is not None and e.due_ms <= killed_ms]  # fmt: skip
+            first = {
+                s: min(g.timestamp_ms for g in got) for s, got in run.checker.delivered.items()
+            }
+            due_by_kill = [
+                s for s, e in expected.items() if e.due_ms is not None and e.due_ms <= killed_ms
+            ]
             window = range(killed_ms + 1, killed_ms + 10_001)
-            after = [first[s] - e.due_ms for s, e in expected.items()
-                     if e.due_ms is not None and e.due_ms in window]  # fmt: skip
+            after = [
+                first[s] - e.due_ms
+                for s, e in expected.items()
+                if e.due_ms is not None and e.due_ms in window
+            ]
             report.figures[name] = {
-                "rate_per_s": rate, "records": count, "replicas": replicas,
-                "lost": len(account.lost), "early": len(account.early),
+                "rate_per_s": rate,
+                "records": count,
+                "replicas": replicas,
+                "lost": len(account.lost),
+                "early": len(account.early),
                 "duplicates": account.duplicates,
                 "kill_to_last_due_acked_s": round(
-                    max(0, max((first[s] for s in due_by_kill), default=0) - killed_ms) / 1000, 2),
+                    max(0, max((first[s] for s in due_by_kill), default=0) - killed_ms) / 1000, 2
+                ),
                 "due_after_kill_lateness_ms": lateness_figures(after),
-            }  # fmt: skip
+            }
         finally:
             run.close()
 
@@ -634,23 +803,38 @@ COALESCING_OFF: dict[str, object] = {
 }
 
 
-def steady_cost(servers: Servers, workdir: Path, report: Report, *, seconds: float,
-                max_delay_ms: int) -> None:  # fmt: skip
+def steady_cost(
+    servers: Servers, workdir: Path, report: Report, *, seconds: float, max_delay_ms: int
+) -> None:
     """2,000 records/s with delays uniform in 1 s to ``max_delay_ms``, twice in this run: with
     the claim tick, claims ahead, ingest linger and hold switched off (the baseline: a Redis call
     for every due millisecond), then with the defaults (see :func:`steady`)."""
     for name, overrides in (("coalescing off", COALESCING_OFF), ("defaults", {})):
-        steady_load(servers, workdir, report, f"steady {name}", overrides, seconds=seconds,
-                    max_delay_ms=max_delay_ms)  # fmt: skip
+        steady_load(
+            servers,
+            workdir,
+            report,
+            f"steady {name}",
+            overrides,
+            seconds=seconds,
+            max_delay_ms=max_delay_ms,
+        )
     off, on = report.figures["steady coalescing off"], report.figures["steady defaults"]
     report.figures["steady defaults"]["cpu_vs_off"] = on["cpu_ms_per_record"] / max(
         1e-9, off["cpu_ms_per_record"]
     )
 
 
-def steady_load(servers: Servers, workdir: Path, report: Report, name: str,
-                overrides: dict[str, object], *, seconds: float,
-                max_delay_ms: int) -> None:  # fmt: skip
+def steady_load(
+    servers: Servers,
+    workdir: Path,
+    report: Report,
+    name: str,
+    overrides: dict[str, object],
+    *,
+    seconds: float,
+    max_delay_ms: int,
+) -> None:
     """2,000 records/s with delays uniform in 1 s to ``max_delay_ms``, the bridge configured with
     ``overrides``: per record over ``seconds`` / 2 of steady state (from the longest delay and a
     second on, the load going on ``seconds`` / 2 after), the bridge's CPU time
@@ -661,8 +845,9 @@ def steady_load(servers: Servers, workdir: Path, report: Report, name: str,
     # bridge stores more records than it delivers, and dividing its CPU time by the records
     # delivered would overstate each one's cost (1.2-1.4x from 3 s in).
     steady_from_s = max_delay_ms / 1000 + 1
-    run = Run(servers, workdir, "cost", label="bench", target_config=ACK_STAMPS,
-              overrides=overrides)  # fmt: skip
+    run = Run(
+        servers, workdir, "cost", label="bench", target_config=ACK_STAMPS, overrides=overrides
+    )
     client = servers.redis()
     try:
         bridge = ready_bridge(run)
@@ -678,19 +863,24 @@ def steady_load(servers: Servers, workdir: Path, report: Report, name: str,
         bridge.stop()
         account = settled(run, read_expected(run), range(count), report, name)
         delivered = after["delivered"] - before["delivered"]
-        per = {k: (after[k] - before[k]) / max(1, delivered)
-               for k in ("bridge_cpu_s", "redis_cpu_s", "redis_calls")}  # fmt: skip
+        per = {
+            k: (after[k] - before[k]) / max(1, delivered)
+            for k in ("bridge_cpu_s", "redis_cpu_s", "redis_calls")
+        }
         report.figures[name] = {
-            "rate_per_s": STEADY_RATE, "records": count, "measured_records": delivered,
+            "rate_per_s": STEADY_RATE,
+            "records": count,
+            "measured_records": delivered,
             "bridge_cpu_ms_per_record": per["bridge_cpu_s"] * 1000,
             "redis_cpu_ms_per_record": per["redis_cpu_s"] * 1000,
             "cpu_ms_per_record": (per["bridge_cpu_s"] + per["redis_cpu_s"]) * 1000,
             "redis_calls_per_record": per["redis_calls"],
-            "early": len(account.early), "lost": len(account.lost),
+            "early": len(account.early),
+            "lost": len(account.lost),
             "duplicates": account.duplicates,
             "ack_lateness_ms": lateness_figures(account.stamp_lateness_ms),
             "seen_lateness_ms": lateness_figures(account.lateness_ms),
-        }  # fmt: skip
+        }
     finally:
         client.close()
         run.close()
@@ -705,8 +895,9 @@ def redis_cpu_s(client: Any) -> float:
 def _costs(client: Any, bridge: Bridge) -> dict[str, float]:
     """The bridge's CPU seconds, Redis's, the Redis calls so far and the records delivered."""
     stats = client.info("commandstats")
-    calls = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
-                for c in ("evalsha", "eval", "set"))  # fmt: skip
+    calls = sum(
+        int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval", "set")
+    )
     return {
         "bridge_cpu_s": bridge.cpu_seconds(),
         "redis_cpu_s": redis_cpu_s(client),

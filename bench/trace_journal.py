@@ -60,8 +60,9 @@ def trace(servers: Servers, workdir: Path, report: Report, entries: int) -> None
         if stored:
             figures["stored_bytes_per_entry"] = round(stored / written, 1)
         for label, offset in (("on_time", 0), ("hour_late", 1)):
-            seconds, out = _timed(env, ["trace", "--origin", f"{run.delay}:0:{offset}", "--json"],
-                                  RUNS)  # fmt: skip
+            seconds, out = _timed(
+                env, ["trace", "--origin", f"{run.delay}:0:{offset}", "--json"], RUNS
+            )
             _check(report, label, out, TRACED_OFFSET + offset)
             figures[f"{label}_s"] = seconds
         seconds, out = _timed(env, ["trace", "--id", "reminder-0", "--since", "25h", "--json"], 1)
@@ -76,19 +77,35 @@ def _produce_traced(run: Run, due: int) -> None:
     """The two traced records: delay-topic partition 0, offsets 0 and 1, due ``due``."""
     producer = Producer({"bootstrap.servers": run.servers.bootstrap})
     for n in range(2):
-        headers = [(H_TARGET_TOPIC, run.target.encode()), (H_DELIVER_AT, str(due).encode()),
-                   (H_ID, f"reminder-{n}".encode())]  # fmt: skip
-        produce(producer, run.delay, value=b"v", key=b"k", partition=0, headers=headers,
-                timestamp=due - 1)  # fmt: skip
+        headers = [
+            (H_TARGET_TOPIC, run.target.encode()),
+            (H_DELIVER_AT, str(due).encode()),
+            (H_ID, f"reminder-{n}".encode()),
+        ]
+        produce(
+            producer,
+            run.delay,
+            value=b"v",
+            key=b"k",
+            partition=0,
+            headers=headers,
+            timestamp=due - 1,
+        )
         producer.flush(30)
 
 
 def _fill(run: Run, entries: int, due: int) -> int:
     """Write ``entries`` filler entries (and the two traced ones) to the journal; how many."""
-    producer = Producer({
-        "bootstrap.servers": run.servers.bootstrap, "compression.type": "zstd", "linger.ms": "50",
-        "batch.size": "4000000", "message.max.bytes": "4000000", "partitioner": "murmur2_random",
-    })  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": run.servers.bootstrap,
+            "compression.type": "zstd",
+            "linger.ms": "50",
+            "batch.size": "4000000",
+            "message.max.bytes": "4000000",
+            "partitioner": "murmur2_random",
+        }
+    )
     written = 0
     for stamp, batch in _batches(run.target, entries, due):
         key, value, headers = encode_entries(run.delay, 0, batch)
@@ -114,16 +131,32 @@ def _batches(target: str, entries: int, due: int) -> Iterator[tuple[int, list[En
         # As varied as real entries, so the broker's compression is not flattered: a caller's
         # random id or the default one, delays of up to a day, eight targets, their offsets.
         batch = [
-            Entry(Fate.DELIVERED, o,
-                  f"{rng.getrandbits(64):016x}" if o % 2 else f"{target}:0:{o}",
-                  stamp - rng.randrange(DAY_MS), stamp + rng.randrange(20),
-                  targets[o % 8], o % 6, rng.randrange(10**8))
+            Entry(
+                Fate.DELIVERED,
+                o,
+                f"{rng.getrandbits(64):016x}" if o % 2 else f"{target}:0:{o}",
+                stamp - rng.randrange(DAY_MS),
+                stamp + rng.randrange(20),
+                targets[o % 8],
+                o % 6,
+                rng.randrange(10**8),
+            )
             for o in range(first, first + PER_RECORD)
-        ]  # fmt: skip
+        ]
         for offset, at in list(traced.items()):
             if at <= stamp:
-                batch.append(Entry(Fate.DELIVERED, offset, f"reminder-{offset}", due, at, target,
-                                   0, TRACED_OFFSET + offset))  # fmt: skip
+                batch.append(
+                    Entry(
+                        Fate.DELIVERED,
+                        offset,
+                        f"reminder-{offset}",
+                        due,
+                        at,
+                        target,
+                        0,
+                        TRACED_OFFSET + offset,
+                    )
+                )
                 del traced[offset]
         yield stamp, batch
 
@@ -141,8 +174,15 @@ def _timed(env: dict[str, str], args: list[str], runs: int) -> tuple[float, dict
     out: dict[str, Any] = {}
     for _ in range(runs):
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "bridge", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "bridge", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         times.append(time.monotonic() - started)
         if proc.returncode != 0:
             raise RuntimeError(f"delay-bridge {' '.join(args)}: {proc.stderr.strip()[-500:]}")

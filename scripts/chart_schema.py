@@ -34,23 +34,45 @@ CHART = ROOT / "helm" / "delay-bridge"
 SCHEMA = CHART / "values.schema.json"
 # Values whose contents are Kubernetes' (or Prometheus' / the user's own labels): any keys.
 PASSTHROUGH = {
-    "imagePullSecrets", "extraEnv", "envFrom", "extraVolumes", "extraVolumeMounts",
-    "serviceAccount.annotations", "podAnnotations", "podLabels", "podSecurityContext",
-    "securityContext", "updateStrategy", "startupProbe", "livenessProbe", "readinessProbe",
-    "resources", "nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
-    "metrics.serviceMonitor.labels", "metrics.serviceMonitor.relabelings",
-    "metrics.serviceMonitor.metricRelabelings", "metrics.serviceMonitor.namespaceSelector",
-    "metrics.prometheusRule.labels", "metrics.prometheusRule.ruleLabels",
-    "metrics.prometheusRule.additionalRules", "metrics.grafanaDashboard.labels",
-    "console.ingress.annotations", "console.ingress.tls",
-}  # fmt: skip
+    "imagePullSecrets",
+    "extraEnv",
+    "envFrom",
+    "extraVolumes",
+    "extraVolumeMounts",
+    "serviceAccount.annotations",
+    "podAnnotations",
+    "podLabels",
+    "podSecurityContext",
+    "securityContext",
+    "updateStrategy",
+    "startupProbe",
+    "livenessProbe",
+    "readinessProbe",
+    "resources",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "topologySpreadConstraints",
+    "metrics.serviceMonitor.labels",
+    "metrics.serviceMonitor.relabelings",
+    "metrics.serviceMonitor.metricRelabelings",
+    "metrics.serviceMonitor.namespaceSelector",
+    "metrics.prometheusRule.labels",
+    "metrics.prometheusRule.ruleLabels",
+    "metrics.prometheusRule.additionalRules",
+    "metrics.grafanaDashboard.labels",
+    "console.ingress.annotations",
+    "console.ingress.tls",
+}
 REQUIRED_CONFIG = {"kafka": ["bootstrap_servers"], "redis": ["url"]}
 SCALAR = ["string", "number", "boolean"]
 # parse_duration_ms: digits alone (ms), or units from the largest to the smallest, at least one.
-DURATION = {"allOf": [
-    {"pattern": r"^\s*([0-9]+|([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?)\s*$"},
-    {"pattern": "[0-9]"},
-]}  # fmt: skip
+DURATION = {
+    "allOf": [
+        {"pattern": r"^\s*([0-9]+|([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?)\s*$"},
+        {"pattern": "[0-9]"},
+    ]
+}
 # A duration that must be above 0: no digit but zeros.
 POSITIVE_DURATION = {"minimum": 1, "not": {"type": "string", "pattern": r"^\s*[0dhms]*\s*$"}}
 TOPIC = {"pattern": r"^[a-zA-Z0-9._-]{1,249}$", "not": {"enum": [".", ".."]}}
@@ -72,10 +94,20 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "egress.lease": POSITIVE_DURATION,
     "egress.max_attempts": {"minimum": 1},
     "egress.max_rate": {"minimum": 0},
-    "egress.max_rate_per_target": {"propertyNames": TOPIC,
-                                   "additionalProperties": {"type": "integer", "minimum": 0}},
-    **{path: {"minimum": 0, "maximum": 1000} for path in (
-        "ingress.linger", "ingress.hold", "egress.tick", "egress.send_tick", "egress.ahead")},
+    "egress.max_rate_per_target": {
+        "propertyNames": TOPIC,
+        "additionalProperties": {"type": "integer", "minimum": 0},
+    },
+    **{
+        path: {"minimum": 0, "maximum": 1000}
+        for path in (
+            "ingress.linger",
+            "ingress.hold",
+            "egress.tick",
+            "egress.send_tick",
+            "egress.ahead",
+        )
+    },
     "store.fetch_ahead": POSITIVE_DURATION,
     "limits.max_delay": POSITIVE_DURATION,
     "limits.max_record_bytes": {"minimum": 1},
@@ -83,15 +115,23 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "logging.level": {
         "pattern": "^(?i)(critical|fatal|error|warn|warning|info|debug|notset)$",
     },
-}  # fmt: skip
+}
 # One alert's values (metrics.prometheusRule.rules.<alert>).
-ALERT_RULE: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
-    "disabled": {"type": "boolean"},
-    "severity": {"type": "string", "minLength": 1},
-    "for": {"type": ["string", "integer"], "pattern": "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$",
-            "maximum": 0, "minimum": 0},
-    "threshold": {"type": "number", "minimum": 0},
-}}  # fmt: skip
+ALERT_RULE: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "disabled": {"type": "boolean"},
+        "severity": {"type": "string", "minLength": 1},
+        "for": {
+            "type": ["string", "integer"],
+            "pattern": "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$",
+            "maximum": 0,
+            "minimum": 0,
+        },
+        "threshold": {"type": "number", "minimum": 0},
+    },
+}
 # The chart's own values that take one of a few.
 VALUE_RULES: dict[str, dict[str, Any]] = {
     "workloadKind": {"enum": ["StatefulSet", "Deployment"]},
@@ -129,8 +169,10 @@ def _of_value(value: Any, path: str) -> dict[str, Any]:
 
 def of_dataclass(cls: type[Any], path: str) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
-    props = {f.name: of_field(hints[f.name], f, f"{path}.{f.name}".lstrip("."))
-             for f in dataclasses.fields(cls)}  # fmt: skip
+    props = {
+        f.name: of_field(hints[f.name], f, f"{path}.{f.name}".lstrip("."))
+        for f in dataclasses.fields(cls)
+    }
     out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
     if path in REQUIRED_CONFIG:
         out["required"] = REQUIRED_CONFIG[path]
@@ -148,8 +190,12 @@ def _of_field(hint: Any, f: dataclasses.Field[Any], path: str) -> dict[str, Any]
         return of_dataclass(hint, path)  # type: ignore[arg-type]
     origin = typing.get_origin(hint)
     if f.metadata.get("duration"):
-        return {"type": ["string", "integer"], "minimum": 0, **DURATION,
-                "description": "a duration: 30s, 15m, 2h, 1h30m, or ms"}  # fmt: skip
+        return {
+            "type": ["string", "integer"],
+            "minimum": 0,
+            **DURATION,
+            "description": "a duration: 30s, 15m, 2h, 1h30m, or ms",
+        }
     if hint is bool:
         return {"type": "boolean"}
     if hint is int:

@@ -66,8 +66,9 @@ def _local_env() -> dict[str, str]:
 def run_services(*args: str) -> str:
     """``scripts/services ARGS``; its stdout (a failure fails the test with its stderr)."""
     env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run([str(SERVICES), *args], capture_output=True, text=True, env=env,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(SERVICES), *args], capture_output=True, text=True, env=env, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -145,8 +146,9 @@ def recreate_topic(
     deadline = time.monotonic() + 60
     while True:
         try:
-            new = NewTopic(name, num_partitions=partitions, replication_factor=1,
-                           config=config or {})  # fmt: skip
+            new = NewTopic(
+                name, num_partitions=partitions, replication_factor=1, config=config or {}
+            )
             admin.create_topics([new])[name].result(timeout=30)
             return
         except KafkaException:

@@ -25,8 +25,12 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000)
     parser.add_argument("--max-delay", type=float, default=600, help="seconds")
     parser.add_argument("--kill-every", type=float, default=10, help="minutes")
-    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",
-                        help="write report.md and soak.png again from a run's results")  # fmt: skip
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="write report.md and soak.png again from a run's results",
+    )
     args = parser.parse_args()
     out = ROOT / "build" / "soak"
     out.mkdir(parents=True, exist_ok=True)
@@ -37,8 +41,14 @@ def main() -> int:
         servers = Servers(STATE_DIR / "soak", kafka_port=KAFKA_PORT, redis_port=REDIS_PORT)
         servers.up("redis")
         try:
-            results = soak(servers, out, minutes=args.minutes, rate=args.rate,
-                           max_delay_s=args.max_delay, kill_every_min=args.kill_every)  # fmt: skip
+            results = soak(
+                servers,
+                out,
+                minutes=args.minutes,
+                rate=args.rate,
+                max_delay_s=args.max_delay,
+                kill_every_min=args.kill_every,
+            )
         finally:
             servers.down()
         (out / "results.json").write_text(json.dumps(results, indent=1))

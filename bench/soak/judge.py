@@ -45,16 +45,32 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     quiet = calm(results)
     old = [r["rss_bytes"] for r in results["minutes"] if r["age_min"] > WARM_UP_MIN]
     out = [
-        _judged(f"bridge RSS within {FLAT:.0%} of its median (processes over {WARM_UP_MIN} min "
-                "old)", flat(old), FLAT, "{:.1%}"),
-        _judged(f"Redis used_memory within {FLAT:.0%} of its median after minute {WARM_UP_MIN}",
-                flat([r["redis_used_bytes"] for r in _settled(results)]), FLAT, "{:.1%}"),
-    ]  # fmt: skip
-    for key, name in (("bridge_cpu_ms_per_record", "bridge CPU per record"),
-                      ("p99_ms", "lateness p99 per minute")):  # fmt: skip
+        _judged(
+            f"bridge RSS within {FLAT:.0%} of its median (processes over {WARM_UP_MIN} min old)",
+            flat(old),
+            FLAT,
+            "{:.1%}",
+        ),
+        _judged(
+            f"Redis used_memory within {FLAT:.0%} of its median after minute {WARM_UP_MIN}",
+            flat([r["redis_used_bytes"] for r in _settled(results)]),
+            FLAT,
+            "{:.1%}",
+        ),
+    ]
+    for key, name in (
+        ("bridge_cpu_ms_per_record", "bridge CPU per record"),
+        ("p99_ms", "lateness p99 per minute"),
+    ):
         trend = _trend([float(r[key]) for r in quiet])
-        out.append(_judged(f"{name}: last third / first third <= {TREND:.2f} (minutes without a "
-                           "kill)", trend, TREND, "{:.2f}"))  # fmt: skip
+        out.append(
+            _judged(
+                f"{name}: last third / first third <= {TREND:.2f} (minutes without a kill)",
+                trend,
+                TREND,
+                "{:.2f}",
+            )
+        )
     bad = sum(results[k] for k in ("lost", "early", "dead_lettered", "wrong_due_header"))
     out.append(("0 lost, 0 early, 0 dead-lettered, due-at as asked", str(bad), bad == 0))
     return out

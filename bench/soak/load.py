@@ -44,8 +44,11 @@ class Load:
         ``max_delay_ms``), so the backlog is the steady one when the steady load starts."""
         r = _spread(i)
         if i < self.preload:  # waiting from the end of the preload, as if produced at once
-            return int(self.start_ms + self.preload * 1000 / self.preload_rate
-                       + self.max_delay_ms * (1 - (1 - r) ** 0.5))  # fmt: skip
+            return int(
+                self.start_ms
+                + self.preload * 1000 / self.preload_rate
+                + self.max_delay_ms * (1 - (1 - r) ** 0.5)
+            )
         produced = self.steady_start_ms + (i - self.preload) * 1000 / self.rate
         return int(produced + MIN_DELAY_MS + r * (self.max_delay_ms - MIN_DELAY_MS))
 

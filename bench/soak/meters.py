@@ -74,8 +74,10 @@ def _stalled_us() -> dict[str, int] | None:
     """Microseconds in which some task waited for a core, memory or I/O since boot (the kernel's
     pressure stall information, /proc/pressure; None where the kernel has none)."""
     try:
-        return {name: int(Path(f"/proc/pressure/{name}").read_text().split("total=", 1)[1]
-                          .split()[0]) for name in PRESSURES}  # fmt: skip
+        return {
+            name: int(Path(f"/proc/pressure/{name}").read_text().split("total=", 1)[1].split()[0])
+            for name in PRESSURES
+        }
     except (OSError, IndexError, ValueError):
         return None
 
@@ -110,8 +112,11 @@ class Machine:
         }
         seconds = (at - self.at) or 1
         for name in PRESSURES:
-            waited = None if stalled is None or self.stalled is None else (
-                stalled[name] - self.stalled[name])  # fmt: skip
+            waited = (
+                None
+                if stalled is None or self.stalled is None
+                else (stalled[name] - self.stalled[name])
+            )
             # a share of the interval: the kernel folds its per-core stall times in at its own
             # moments, so over a short interval the difference can overshoot a whole interval
             sample[f"{name}_pressure"] = (
@@ -138,8 +143,13 @@ class RedisMeter:
         self.scripts = script_names()
 
     def _totals(self) -> dict[str, float]:
-        totals = {"cpu_s": redis_cpu_s(self.client), "calls": 0.0, "usec": 0.0,
-                  "script_calls": 0.0, "script_usec": 0.0}  # fmt: skip
+        totals = {
+            "cpu_s": redis_cpu_s(self.client),
+            "calls": 0.0,
+            "usec": 0.0,
+            "script_calls": 0.0,
+            "script_usec": 0.0,
+        }
         for name, stats in self.client.info("commandstats").items():
             kind = "script_" if name.startswith(("cmdstat_eval", "cmdstat_fcall")) else ""
             totals[f"{kind}calls"] += stats["calls"]
@@ -201,8 +211,12 @@ class BrokerGC:
         self.read = {log: log.stat().st_size if log.exists() else 0 for log in self.logs}
 
     def sample(self) -> dict[str, float | None]:
-        pauses = [float(m.group(1)) for log in self.logs for line in self._new_lines(log)
-                  if (m := _PAUSE.search(line))]  # fmt: skip
+        pauses = [
+            float(m.group(1))
+            for log in self.logs
+            for line in self._new_lines(log)
+            if (m := _PAUSE.search(line))
+        ]
         return {"broker_gc_max_ms": max(pauses, default=0.0), "broker_gc_ms": sum(pauses)}
 
     def _new_lines(self, log: Path) -> list[str]:
@@ -241,8 +255,10 @@ class Meter:
 
 # The bridge's histograms the soak reads each minute: when it handed records to the producer,
 # and when Kafka acknowledged them (every priority), both from the due time.
-HISTOGRAMS = {"send": "delay_bridge_send_lateness_seconds",
-              "ack": "delay_bridge_delivery_lateness_seconds"}  # fmt: skip
+HISTOGRAMS = {
+    "send": "delay_bridge_send_lateness_seconds",
+    "ack": "delay_bridge_delivery_lateness_seconds",
+}
 
 
 def _histograms(text: str) -> dict[str, dict[str, float]]:
@@ -268,11 +284,14 @@ def _spread(now: dict[str, float], last: dict[str, float]) -> dict[str, float | 
     count = now.get("count", 0.0) - last.get("count", 0.0)
     if count <= 0:
         return {"mean_ms": None, "p99_ms": None}
-    bounds = sorted((float(le), n - last.get(le, 0.0)) for le, n in now.items()
-                    if le not in ("count", "sum"))  # fmt: skip
+    bounds = sorted(
+        (float(le), n - last.get(le, 0.0)) for le, n in now.items() if le not in ("count", "sum")
+    )
     p99 = next((bound for bound, n in bounds if n >= 0.99 * count), float("inf"))
-    return {"mean_ms": (now.get("sum", 0.0) - last.get("sum", 0.0)) / count * 1000,
-            "p99_ms": p99 * 1000}  # fmt: skip
+    return {
+        "mean_ms": (now.get("sum", 0.0) - last.get("sum", 0.0)) / count * 1000,
+        "p99_ms": p99 * 1000,
+    }
 
 
 @dataclass

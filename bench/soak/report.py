@@ -24,8 +24,11 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     axes[0].set(ylabel="MiB", title="Memory")
     delivering = [r for r in rows if r["delivered"]]
     for who, label in (("bridge", "bridge"), ("redis", "Redis")):
-        axes[1].plot([r["minute"] for r in delivering],
-                     [r[f"{who}_cpu_ms_per_record"] for r in delivering], label=label)  # fmt: skip
+        axes[1].plot(
+            [r["minute"] for r in delivering],
+            [r[f"{who}_cpu_ms_per_record"] for r in delivering],
+            label=label,
+        )
     axes[1].set(ylabel="CPU ms / record", title="CPU per record delivered")
     axes[2].plot(t, [r["p99_ms"] for r in rows], label="p99")
     axes[2].set_yscale("log")
@@ -37,8 +40,10 @@ def plot(results: dict[str, Any], path: Path) -> Path:
             if r["killed"]:
                 ax.axvline(r["minute"], color="tab:red", lw=0.6, ls=":")
         ax.legend(loc="upper right")
-    fig.suptitle(f"Soak: {results['args']['rate']:.0f} records/s, SIGKILL every "
-                 f"{results['args']['kill_every_min']:.0f} min (red), three brokers")  # fmt: skip
+    fig.suptitle(
+        f"Soak: {results['args']['rate']:.0f} records/s, SIGKILL every "
+        f"{results['args']['kill_every_min']:.0f} min (red), three brokers"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -122,9 +127,12 @@ def _machine(results: dict[str, Any]) -> list[str]:
             parts.append(words.format(" → ".join(f"{m:.{digits}f}" for m in medians)))
     if not parts:
         return []
-    return [f"The machine and Redis over the same minutes, medians of the first and last third (a "
-            f"baseline measured in the same run, not a target; {os.cpu_count()} cores): "
-            f"{', '.join(parts)}.", ""]  # fmt: skip
+    return [
+        f"The machine and Redis over the same minutes, medians of the first and last third (a "
+        f"baseline measured in the same run, not a target; {os.cpu_count()} cores): "
+        f"{', '.join(parts)}.",
+        "",
+    ]
 
 
 def _fixed(value: float | None, digits: int) -> str:
@@ -133,14 +141,20 @@ def _fixed(value: float | None, digits: int) -> str:
 
 def _anon(results: dict[str, Any]) -> list[str]:
     """The RSS target's reading without file-backed pages (RssAnon), when the run recorded it."""
-    old = [r["anon_bytes"] for r in results["minutes"]
-           if r["age_min"] > WARM_UP_MIN and "anon_bytes" in r]  # fmt: skip
+    old = [
+        r["anon_bytes"]
+        for r in results["minutes"]
+        if r["age_min"] > WARM_UP_MIN and "anon_bytes" in r
+    ]
     spread = flat([float(v) for v in old]) if old else None
     if spread is None:
         return []
-    return [f"Bridge RSS without file-backed pages (RssAnon: the heap, not the shared libraries' "
-            f"code, which the kernel may evict and load again): {spread:.1%} from its median, "
-            f"{min(old) / (1 << 20):.1f} to {max(old) / (1 << 20):.1f} MiB.", ""]  # fmt: skip
+    return [
+        f"Bridge RSS without file-backed pages (RssAnon: the heap, not the shared libraries' "
+        f"code, which the kernel may evict and load again): {spread:.1%} from its median, "
+        f"{min(old) / (1 << 20):.1f} to {max(old) / (1 << 20):.1f} MiB.",
+        "",
+    ]
 
 
 def _stall(row: dict[str, Any]) -> str:

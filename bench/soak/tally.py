@@ -38,11 +38,15 @@ class Tally(Background):
         self.seen = bytearray(len(self.load))
 
     def _run(self) -> None:
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap, "group.id": f"soak-tally-{self.target}",
-            "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            "log_level": CLIENT_LOG_LEVEL,
-        })  # fmt: skip
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"soak-tally-{self.target}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "log_level": CLIENT_LOG_LEVEL,
+            }
+        )
         consumer.subscribe([self.target, self.dlq])
         try:
             while not self._stop.is_set():

@@ -20,10 +20,26 @@ from tests.conftest import Services
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
-TOY = Sizes(throughput=3000, values=(100,), precision_s=1, backlog=3000, catchup=3000,
-            cluster=2000, max_delay_ms=2000, held=((3000, 100),), contiguous=3000,
-            scattered=3000, spread_s=4, session_ms=6000, priority=3000, max_rate=1500,
-            live_rate=20, journal=20_000, bulk=3000, rebuild=30_000)  # fmt: skip
+TOY = Sizes(
+    throughput=3000,
+    values=(100,),
+    precision_s=1,
+    backlog=3000,
+    catchup=3000,
+    cluster=2000,
+    max_delay_ms=2000,
+    held=((3000, 100),),
+    contiguous=3000,
+    scattered=3000,
+    spread_s=4,
+    session_ms=6000,
+    priority=3000,
+    max_rate=1500,
+    live_rate=20,
+    journal=20_000,
+    bulk=3000,
+    rebuild=30_000,
+)
 
 
 def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path: Path) -> None:
@@ -33,8 +49,14 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     f = result.figures
     t = f["throughput-100"]
     assert t["records"] == 3000 and t["duplicates"] == 0
-    for rate in ("ingest_per_s", "egress_per_s", "end_to_end_per_s", "bare_pipe_per_s",
-                 "bare_store_add_per_s", "bare_store_claim_ack_per_s"):  # fmt: skip
+    for rate in (
+        "ingest_per_s",
+        "egress_per_s",
+        "end_to_end_per_s",
+        "bare_pipe_per_s",
+        "bare_store_add_per_s",
+        "bare_store_claim_ack_per_s",
+    ):
         assert t[rate] > 0, rate
     ids = f["throughput-100-ids"]  # the same records, a delay-id each
     assert ids["records"] == 3000 and ids["duplicates"] == 0 and ids["delay_id_bytes"] == 31
@@ -72,8 +94,15 @@ def test_the_exactly_once_scenario_runs_both_modes_and_keeps_the_contract(
 ) -> None:
     servers = Servers.on(services, tmp_path)  # never started
     result = Report()
-    exactly_once(servers, tmp_path, result, count=1000, seconds=TOY.precision_s,
-                 max_delay_ms=TOY.max_delay_ms, rounds=1)  # fmt: skip
+    exactly_once(
+        servers,
+        tmp_path,
+        result,
+        count=1000,
+        seconds=TOY.precision_s,
+        max_delay_ms=TOY.max_delay_ms,
+        rounds=1,
+    )
     assert result.problems == []
     e = result.figures["exactly once"]
     assert e["duplicates"] == 0 and e["throughput_ratio"] > 0
@@ -127,8 +156,10 @@ def test_tables_report_missed_targets() -> None:
     near = {**far, "redis_bytes_per_record": 467.0, "overhead_bytes": 300.0}
     r = Report(figures={"backlog": far, "near-term backlog": near})
     held = {t: ok for t, _, ok in report.targets(r)}
-    assert held == {"memory <= payload + 150 B per record held whole": False,
-                    "p99 with the backlog <= 2x without": True}  # fmt: skip
+    assert held == {
+        "memory <= payload + 150 B per record held whole": False,
+        "p99 with the backlog <= 2x without": True,
+    }
 
 
 def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
@@ -142,8 +173,10 @@ def test_the_far_future_scenarios_keep_records_as_references_and_the_contract(
     assert held["bridge_rss_bytes"] > 0
     assert held["restart_probes_lost"] == held["restart_probes_early"] == 0
     assert held["restart_start_to_first_due_acked_s"] > 0
-    for name in ("read-back contiguous 3,000 x 100 B",
-                 "read-back scattered 3,000 x 1024 B over 4 s"):  # fmt: skip
+    for name in (
+        "read-back contiguous 3,000 x 100 B",
+        "read-back scattered 3,000 x 1024 B over 4 s",
+    ):
         r = result.figures[name]
         assert r["references"] == r["read_back"] == 3000, name
         assert r["lost"] == r["early"] == r["duplicates"] == 0, name

@@ -24,24 +24,52 @@ from tests.integration.harness import Bridge
 MIB = 1 << 20
 
 
-def _minute(minute: int, *, p99: int = 30, cpu: float = 0.1, age: int | None = None,
-            killed: bool = False, rss: int = 50 * MIB, **more: float) -> dict[str, Any]:  # fmt: skip
+def _minute(
+    minute: int,
+    *,
+    p99: int = 30,
+    cpu: float = 0.1,
+    age: int | None = None,
+    killed: bool = False,
+    rss: int = 50 * MIB,
+    **more: float,
+) -> dict[str, Any]:
     return {
-        "minute": minute, "age_min": minute if age is None else age, "rss_bytes": rss,
-        "anon_bytes": rss // 2, "redis_used_bytes": 160 * MIB, "bridge_cpu_s": cpu * 120,
-        "redis_cpu_s": 6.0, "delivered": 120_000, "due": 120_000, "p99_ms": p99, "max_ms": p99 * 3,
-        "killed": killed, "bridge_cpu_ms_per_record": cpu, "redis_cpu_ms_per_record": 0.05,
+        "minute": minute,
+        "age_min": minute if age is None else age,
+        "rss_bytes": rss,
+        "anon_bytes": rss // 2,
+        "redis_used_bytes": 160 * MIB,
+        "bridge_cpu_s": cpu * 120,
+        "redis_cpu_s": 6.0,
+        "delivered": 120_000,
+        "due": 120_000,
+        "p99_ms": p99,
+        "max_ms": p99 * 3,
+        "killed": killed,
+        "bridge_cpu_ms_per_record": cpu,
+        "redis_cpu_ms_per_record": 0.05,
         **more,
-    }  # fmt: skip
+    }
 
 
 def _results(rows: list[dict[str, Any]], **totals: int) -> dict[str, Any]:
     results = {
-        "command": "make soak", "commit": "abc1234", "records": 1000, "preload": 100, "kills": 0,
-        "lost": 0, "early": 0, "dead_lettered": 0, "wrong_due_header": 0, "duplicates": 0,
-        "p99_ms": 30, "max_ms": 90, "minutes": rows,
+        "command": "make soak",
+        "commit": "abc1234",
+        "records": 1000,
+        "preload": 100,
+        "kills": 0,
+        "lost": 0,
+        "early": 0,
+        "dead_lettered": 0,
+        "wrong_due_header": 0,
+        "duplicates": 0,
+        "p99_ms": 30,
+        "max_ms": 90,
+        "minutes": rows,
         "args": {"minutes": 60, "rate": 2000, "max_delay_s": 600, "kill_every_min": 10},
-    }  # fmt: skip
+    }
     results.update(totals)
     results["targets"] = targets(results)
     return results
@@ -52,8 +80,15 @@ def _met(results: dict[str, Any]) -> dict[str, bool]:
 
 
 def test_the_load_keeps_its_records_due_where_it_promises() -> None:
-    load = Load("out", start_ms=1_000_000, preload=1000, steady=5000, rate=2000.0,
-                max_delay_ms=600_000, steady_start_ms=2_000_000)  # fmt: skip
+    load = Load(
+        "out",
+        start_ms=1_000_000,
+        preload=1000,
+        steady=5000,
+        rate=2000.0,
+        max_delay_ms=600_000,
+        steady_start_ms=2_000_000,
+    )
     preload_end = 1_000_000 + 1000 * 1000 / load.preload_rate
     for i in range(1000):  # from the end of the preload, within the longest delay
         assert preload_end <= load.due_ms(i) <= preload_end + 600_000
@@ -97,8 +132,10 @@ def test_cpu_per_record_growing_past_the_trend_misses() -> None:
 
 
 def test_rss_is_judged_on_processes_past_their_warm_up() -> None:
-    young = [_minute(m, age=1 if m == 20 else m, rss=80 * MIB if m == 20 else 50 * MIB)
-             for m in range(1, 41)]  # fmt: skip
+    young = [
+        _minute(m, age=1 if m == 20 else m, rss=80 * MIB if m == 20 else 50 * MIB)
+        for m in range(1, 41)
+    ]
     assert _met(_results(young))["bridge RSS"] is True
     old = [_minute(m, rss=80 * MIB if m == WARM_UP_MIN + 10 else 50 * MIB) for m in range(1, 41)]
     assert _met(_results(old))["bridge RSS"] is False
@@ -127,8 +164,16 @@ def test_the_machine_is_sampled_in_cores_and_milliseconds() -> None:
 def test_the_report_shows_the_machine_when_the_run_recorded_it() -> None:
     plain = report(_results([_minute(m) for m in range(1, 41)]))
     assert "| 0 | yes |" in plain and "The machine" not in plain  # a run from before the probe
-    rows = [_minute(m, machine_busy_cores=1.25, machine_steal_cores=0.0, probe_ms=12.0 + m / 10,
-                    cpu_pressure=0.1 + m / 100) for m in range(1, 41)]  # fmt: skip
+    rows = [
+        _minute(
+            m,
+            machine_busy_cores=1.25,
+            machine_steal_cores=0.0,
+            probe_ms=12.0 + m / 10,
+            cpu_pressure=0.1 + m / 100,
+        )
+        for m in range(1, 41)
+    ]
     rows[-1] |= {"broker_gc_max_ms": 41.5, "redis_stall": "aof-write", "redis_stall_ms": 230.0}
     text = report(_results(rows))
     assert "| 41.5 | 230 (aof-write) |" in text
@@ -151,8 +196,12 @@ def test_redis_is_metered_per_command_and_per_script(
     script = redis_client.register_script("return redis.call('ZCARD', KEYS[1])")
     assert [script(keys=[key]) for _ in range(20)] == [200] * 20
     sample = meter.sample()
-    for key in ("redis_usec_per_command", "redis_usec_per_script", "redis_used_bytes",
-                "redis_fragmentation"):  # fmt: skip
+    for key in (
+        "redis_usec_per_command",
+        "redis_usec_per_script",
+        "redis_used_bytes",
+        "redis_fragmentation",
+    ):
         value = sample[key]
         assert isinstance(value, int | float) and value > 0, key
     cpu = sample["redis_cpu_s"]
@@ -237,8 +286,12 @@ def test_the_bridge_s_own_lateness_is_read_per_minute_and_per_life() -> None:
     second = meter.sample(bridge)
     assert second["send_p99_ms"] == 5.0 and second["send_mean_ms"] == pytest.approx(3.0)
     assert second["ack_mean_ms"] == pytest.approx(30.0) and second["ack_p99_ms"] == 50.0
-    assert meter.sample(bridge) == {"send_mean_ms": None, "send_p99_ms": None,
-                                    "ack_mean_ms": None, "ack_p99_ms": None}  # fmt: skip
+    assert meter.sample(bridge) == {
+        "send_mean_ms": None,
+        "send_p99_ms": None,
+        "ack_mean_ms": None,
+        "ack_p99_ms": None,
+    }
     # A bridge killed and started again counts from its own start, not from the last one's.
     restarted = CollectorRegistry()
     Metrics(restarted).send_lateness.observe_many([0.0004] * 10)

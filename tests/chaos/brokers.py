@@ -74,8 +74,10 @@ class Readyz(Background):
 
     def named(self, what: str, windows: list[tuple[int, int]]) -> bool:
         """Whether a 503 within one of the ``windows`` named ``what``."""
-        return any(status != 200 and what in body and any(a <= at <= b for a, b in windows)
-                   for at, status, body in self.samples)  # fmt: skip
+        return any(
+            status != 200 and what in body and any(a <= at <= b for a, b in windows)
+            for at, status, body in self.samples
+        )
 
     def note(self, result: Result) -> None:
         """How long /readyz said 503, and the first reason it gave."""
@@ -169,9 +171,11 @@ def check_recovery_of_stored(
     what is checked. Returns when the group formed again after the last fault (epoch ms; None:
     the bridge kept its partitions through it)."""
     stored, held = recovery_split(run, windows, acked_ms)
-    result.notes.append(f"recovery of the records due during it: {_seconds(list(stored.values()))}"
-                        f" for those in Kafka before it, {_seconds(held)} for the {len(held):,} "
-                        "the producers held, from their acknowledgement")  # fmt: skip
+    result.notes.append(
+        f"recovery of the records due during it: {_seconds(list(stored.values()))}"
+        f" for those in Kafka before it, {_seconds(held)} for the {len(held):,} "
+        "the producers held, from their acknowledgement"
+    )
     bound = RECOVERY_BOUND_AFTER_FAULT_MS
     back = windows[-1][1]
     slowest = max(stored.values(), default=0)
@@ -181,10 +185,14 @@ def check_recovery_of_stored(
         result.checks[check] = within = slowest <= bound
     else:
         own_ms = slowest - (assigned - back)
-        result.notes.append(f"group formed {(assigned - back) / 1000:.2f} s after the fault's "
-                            f"end; the bridge's own share {own_ms / 1000:.2f} s")  # fmt: skip
-        check = (f"the bridge's share of the recovery of the records in Kafka before it within "
-                 f"{bound // 1000} s")  # fmt: skip
+        result.notes.append(
+            f"group formed {(assigned - back) / 1000:.2f} s after the fault's "
+            f"end; the bridge's own share {own_ms / 1000:.2f} s"
+        )
+        check = (
+            f"the bridge's share of the recovery of the records in Kafka before it within "
+            f"{bound // 1000} s"
+        )
         result.checks[check] = within = own_ms <= bound
     if not within:
         result.notes.append(trace_slowest(run, bridge, stored))
@@ -200,8 +208,10 @@ def trace_slowest(run: Run, bridge: Bridge, recovery_ms: dict[str, int], count: 
     with path.open("w") as out:
         for origin in slowest:
             traced = cli_of(bridge, timeout=120)("trace", "--origin", origin)
-            out.write(f"== {origin}: {recovery_ms[origin] / 1000:.2f} s after the fault's end\n"
-                      f"{traced.stdout}{traced.stderr}\n")  # fmt: skip
+            out.write(
+                f"== {origin}: {recovery_ms[origin] / 1000:.2f} s after the fault's end\n"
+                f"{traced.stdout}{traced.stderr}\n"
+            )
     shown = ", ".join(f"{o} {recovery_ms[o] / 1000:.2f} s" for o in slowest)
     return f"slowest: {shown} (their traces: {path})"
 
@@ -223,9 +233,11 @@ def slow_redis_calls(run: Run) -> str:
         return (words[0] if words else b"?").decode(errors="replace").lower()
 
     calls = sorted(log, key=lambda e: -int(e["duration"]))
-    shown = [f"{what(e['command'])} {int(e['duration']) / 1e6:.2f} s at "
-             f"{time.strftime('%H:%M:%S', time.localtime(int(e['start_time'])))}"
-             for e in calls[:5]]  # fmt: skip
+    shown = [
+        f"{what(e['command'])} {int(e['duration']) / 1e6:.2f} s at "
+        f"{time.strftime('%H:%M:%S', time.localtime(int(e['start_time'])))}"
+        for e in calls[:5]
+    ]
     return f"{len(calls)}, the longest {', '.join(shown)}" if calls else ""
 
 
@@ -342,13 +354,19 @@ def isr_shrink(run: Run, size: Size, rng: random.Random) -> Result:
         wait_for(lambda: writable(run.admin), IN_SYNC_S, "every partition takes writes again")
         writable_s.append(time.monotonic() - answered)
         f.windows.append((start, now_ms()))
-    result = f.finish("min.insync.replicas lost", f"{size.faults} x kill -9 of two of the "
-                      f"three brokers ({size.outage_s:.0f} s)")  # fmt: skip
-    result.notes.append("delay_bridge_oldest_inflight_seconds peaked at "
-                        + ", ".join(f"{s:.0f} s" for s in stalled_s))  # fmt: skip
-    result.notes.append("Kafka took writes again (min.insync.replicas in sync everywhere) "
-                        + ", ".join(f"{s:.1f} s" for s in writable_s)
-                        + " after the brokers answered")  # fmt: skip
+    result = f.finish(
+        "min.insync.replicas lost",
+        f"{size.faults} x kill -9 of two of the three brokers ({size.outage_s:.0f} s)",
+    )
+    result.notes.append(
+        "delay_bridge_oldest_inflight_seconds peaked at "
+        + ", ".join(f"{s:.0f} s" for s in stalled_s)
+    )
+    result.notes.append(
+        "Kafka took writes again (min.insync.replicas in sync everywhere) "
+        + ", ".join(f"{s:.1f} s" for s in writable_s)
+        + " after the brokers answered"
+    )
     check_recovery_of_stored(run, result, f.windows, f.workload.acked_ms, f.bridge)
     result.checks["/readyz named the deliveries"] = f.readyz.named("deliveries", f.windows)
     result.checks["the metric showed them waiting"] = all(s > STALL_S for s in stalled_s)

@@ -123,13 +123,18 @@ class Checker(Background):
         return self.outputs[-1]
 
     def _run(self) -> None:
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap, "group.id": self.group,
-            "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            # What a consumer of the targets sees with exactly-once delivery (librdkafka's
-            # default, said here: a record of an aborted transaction is no delivery).
-            "isolation.level": "read_committed", "log_level": CLIENT_LOG_LEVEL,
-        })  # fmt: skip
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                # What a consumer of the targets sees with exactly-once delivery (librdkafka's
+                # default, said here: a record of an aborted transaction is no delivery).
+                "isolation.level": "read_committed",
+                "log_level": CLIENT_LOG_LEVEL,
+            }
+        )
         consumer.subscribe(self.outputs)
         try:
             while not self._stop.is_set():
@@ -173,10 +178,13 @@ class Checker(Background):
             self.strays += 1
             return
         entry = Seen(
-            seen, msg.timestamp()[1], (_header(headers, H_ID) or b"").decode(errors="replace"),
-            parse_count(due), reason.decode() if reason else None,
+            seen,
+            msg.timestamp()[1],
+            (_header(headers, H_ID) or b"").decode(errors="replace"),
+            parse_count(due),
+            reason.decode() if reason else None,
             origin.decode() if origin else None,
-        )  # fmt: skip
+        )
         (self.dead if msg.topic() == self.dlq else self.delivered)[seq].append(entry)
 
 
@@ -188,9 +196,14 @@ def _due_in(detail: bytes | None) -> int:
 
 def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
     """Every record of ``topic``, read to its end."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
-                         "enable.auto.commit": False,
-                         "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{topic}",
+            "enable.auto.commit": False,
+            "log_level": CLIENT_LOG_LEVEL,
+        }
+    )
     try:
         ends = {p: log_end(consumer, TopicPartition(topic, p)) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -205,8 +218,14 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Message]:
         consumer.close()
 
 
-_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                     KafkaError._TIMED_OUT, KafkaError._TRANSPORT})  # fmt: skip
+_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
 
 
 def log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int:
@@ -231,8 +250,9 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     # Each valid record and the names it answers to: its delay-id, and its origin (a cancel or a
     # replacement of <topic>:<partition>:<offset> withdraws the record there, whatever its id).
     valid: list[tuple[str, int, int, int, int, set[str]]] = []
-    for msg in sorted(messages, key=lambda m: (m.topic() or "", m.partition() or 0,
-                                                 m.offset() or 0)):  # fmt: skip
+    for msg in sorted(
+        messages, key=lambda m: (m.topic() or "", m.partition() or 0, m.offset() or 0)
+    ):
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         assert topic is not None and partition is not None and offset is not None
         seq = seq_of(msg.value())
@@ -240,11 +260,16 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
         where = f"{topic}:{partition}:{offset}"
         try:
             rec = parse_record(
-                rules, topic=topic, partition=partition, offset=offset, timestamp_ms=ts,
-                key=msg.key(), value=msg.value(),
+                rules,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                timestamp_ms=ts,
+                key=msg.key(),
+                value=msg.value(),
                 headers=list(msg.headers() or []),  # type: ignore[arg-type]
                 now_ms=ts,
-            )  # fmt: skip
+            )
             if isinstance(rec, Cancel):  # delivered nowhere (a command's has no seq)
                 for each in rec.each():
                     namers.setdefault((topic, each.delay_id), []).append((partition, offset, ts))
@@ -267,10 +292,15 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     for _, partition, offset, _, seq, _ in valid:
         copies.setdefault(seq, set()).add((partition, offset))
     for topic, partition, offset, ts, seq, names in valid:
-        later = [n for name in names for n in namers.get((topic, name), [])
-                 if (n[0], n[1]) not in copies[seq]]  # fmt: skip
-        if any((p == partition and o > offset) or (p != partition and t >= ts)
-               for p, o, t in later):  # fmt: skip
+        later = [
+            n
+            for name in names
+            for n in namers.get((topic, name), [])
+            if (n[0], n[1]) not in copies[seq]
+        ]
+        if any(
+            (p == partition and o > offset) or (p != partition and t >= ts) for p, o, t in later
+        ):
             out[seq] = dataclasses.replace(out[seq], replaceable=True)
     return out
 
@@ -369,8 +399,10 @@ def settle(
             if dead and all(d.reason == exp.reason for d in dead) and not got:
                 acc.dead_lettered += 1
             elif got or dead:
-                acc.misrouted.append(f"{exp.offset}: expected DLQ {exp.reason}, got "
-                                     f"{[d.reason for d in dead]} and {len(got)} deliveries")  # fmt: skip
+                acc.misrouted.append(
+                    f"{exp.offset}: expected DLQ {exp.reason}, got "
+                    f"{[d.reason for d in dead]} and {len(got)} deliveries"
+                )
             else:
                 acc.lost.append(exp.offset)
             continue
@@ -382,8 +414,11 @@ def settle(
             and all(d.reason == Reason.PAYLOAD_MISSING.value for d in dead)
         ):
             acc.dead_lettered += 1
-            acc.early += [f"{exp.offset}: dead-lettered at {d.timestamp_ms} < due {exp.due_ms}"
-                          for d in dead if d.timestamp_ms < exp.due_ms]  # fmt: skip
+            acc.early += [
+                f"{exp.offset}: dead-lettered at {d.timestamp_ms} < due {exp.due_ms}"
+                for d in dead
+                if d.timestamp_ms < exp.due_ms
+            ]
             continue
         if dead:
             acc.misrouted.append(f"{exp.offset}: valid, dead-lettered as {dead[0].reason}")
@@ -451,8 +486,11 @@ def wait_settled(
 ) -> float:
     """Wait until every record due by ``horizon_ms`` has an outcome; returns seconds waited."""
     started = time.monotonic()
-    todo = [s for s, e in expected.items() if not e.replaceable
-            and (e.reason is not None or (e.due_ms or 0) <= horizon_ms)]  # fmt: skip
+    todo = [
+        s
+        for s, e in expected.items()
+        if not e.replaceable and (e.reason is not None or (e.due_ms or 0) <= horizon_ms)
+    ]
     # A seq an operator moved: a delivery at one of its due times is the one to wait for.
     moved = {
         s: {*e.earlier_dues, e.due_ms}

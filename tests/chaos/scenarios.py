@@ -83,8 +83,16 @@ RECOVERY_BOUND_MS = 10_000
 # replica replaced by a StatefulSet is ready again), every record due during them reaches its
 # target within this: the fault's length, not a lease or a session behind it, bounds the lateness.
 # They run with the user's settings (lease, session).
-RECOVERY = frozenset({"kafka-outage", "kafka-restart", "redis-readonly", "redis-unreachable",
-                      "cluster-failover", "rollout"})  # fmt: skip
+RECOVERY = frozenset(
+    {
+        "kafka-outage",
+        "kafka-restart",
+        "redis-readonly",
+        "redis-unreachable",
+        "cluster-failover",
+        "rollout",
+    }
+)
 REJOIN_BOUND_MS = 5_000  # a static member back in its group after Kafka was away past the session
 RECOVERY_CHECK = f"recovery within {RECOVERY_BOUND_AFTER_FAULT_MS // 1000} s of the fault's end"
 
@@ -113,23 +121,44 @@ class Result:
     @property
     def ok(self) -> bool:
         a = self.account
-        return (not a.lost and not a.early and not a.misrouted and not a.duplicate_ids_differ
-                and all(self.checks.values()))  # fmt: skip
+        return (
+            not a.lost
+            and not a.early
+            and not a.misrouted
+            and not a.duplicate_ids_differ
+            and all(self.checks.values())
+        )
 
     def row(self) -> list[str]:
         a = self.account
         return [
-            self.scenario, f"{a.records:,}", self.faults, str(len(a.lost)), str(a.duplicates),
-            str(len(a.early)), f"{a.recovery_ms / 1000:.2f} s" if a.faults_timed else "—",
+            self.scenario,
+            f"{a.records:,}",
+            self.faults,
+            str(len(a.lost)),
+            str(a.duplicates),
+            str(len(a.early)),
+            f"{a.recovery_ms / 1000:.2f} s" if a.faults_timed else "—",
             f"{a.max_during_fault_ms / 1000:.2f} s" if a.faults_timed else "—",
             f"{a.max_lateness_ms / 1000:.2f} s",
-            f"{a.quantile_ms(0.99) / 1000:.2f} s", "; ".join(self.notes),
-        ]  # fmt: skip
+            f"{a.quantile_ms(0.99) / 1000:.2f} s",
+            "; ".join(self.notes),
+        ]
 
 
-HEADER = ["scenario", "records", "faults injected", "lost", "duplicates", "early",
-          "recovery after the fault", "lateness during it", "max lateness", "p99 lateness",
-          "notes"]  # fmt: skip
+HEADER = [
+    "scenario",
+    "records",
+    "faults injected",
+    "lost",
+    "duplicates",
+    "early",
+    "recovery after the fault",
+    "lateness during it",
+    "max lateness",
+    "p99 lateness",
+    "notes",
+]
 
 
 class Run:
@@ -150,19 +179,26 @@ class Run:
         self.servers = servers
         self.name = name
         uid = uuid.uuid4().hex[:8]
-        self.delay, self.target, self.dlq = (f"{label}-{name}-{uid}", f"out-{name}-{uid}",
-                                             f"dlq-{name}-{uid}")  # fmt: skip
+        self.delay, self.target, self.dlq = (
+            f"{label}-{name}-{uid}",
+            f"out-{name}-{uid}",
+            f"dlq-{name}-{uid}",
+        )
         self.journal = f"journal-{name}-{uid}"
         self.prefix = f"{label}-{uid}"
         self.dir = workdir / f"{name}-{uid}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.admin = AdminClient({"bootstrap.servers": servers.bootstrap,
-                                  "log_level": CLIENT_LOG_LEVEL})  # fmt: skip
+        self.admin = AdminClient(
+            {"bootstrap.servers": servers.bootstrap, "log_level": CLIENT_LOG_LEVEL}
+        )
         rf = servers.replication
         delay = {"retention.ms": "-1", **(delay_config or {})}
-        topics = [NewTopic(self.delay, PARTITIONS, rf, config=delay),
-                  NewTopic(self.target, PARTITIONS, rf, config=target_config or {}),
-                  NewTopic(self.dlq, 1, rf), NewTopic(self.journal, PARTITIONS, rf)]  # fmt: skip
+        topics = [
+            NewTopic(self.delay, PARTITIONS, rf, config=delay),
+            NewTopic(self.target, PARTITIONS, rf, config=target_config or {}),
+            NewTopic(self.dlq, 1, rf),
+            NewTopic(self.journal, PARTITIONS, rf),
+        ]
         for future in self.admin.create_topics(topics).values():
             future.result(timeout=30)
         document: dict[str, object] = {
@@ -172,11 +208,14 @@ class Run:
                 "consumer": {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"},
             },
             "redis": {"key_prefix": self.prefix},
-            "topics": {"delay": [self.delay], "dead_letter": self.dlq,
-                       "journal": self.journal if JOURNAL else "",
-                       "allowed_targets": [re.escape(self.target)]},
+            "topics": {
+                "delay": [self.delay],
+                "dead_letter": self.dlq,
+                "journal": self.journal if JOURNAL else "",
+                "allowed_targets": [re.escape(self.target)],
+            },
             "egress": {"lease": "5s", "exactly_once": EXACTLY_ONCE},
-        }  # fmt: skip
+        }
         self.overrides = dict(overrides or {})
         self.ha_nodes: list[str] = []  # the nodes of a Sentinel set or cluster the run is on
         for path, value in (overrides or {}).items():
@@ -226,13 +265,15 @@ class Run:
 
     def workload(self, records: list[Record], seconds: float, first_seq: int = 0) -> Workload:
         rate = len(records) / seconds if seconds > 0 else float("inf")
-        return Workload(self.servers.bootstrap, self.delay, records, rate,
-                        first_seq=first_seq).start()  # fmt: skip
+        return Workload(
+            self.servers.bootstrap, self.delay, records, rate, first_seq=first_seq
+        ).start()
 
     def expected(self) -> dict[int, Expected]:
         """What every record now in the delay topic asks for, by seq."""
-        return expectations(read_topic(self.servers.bootstrap, self.delay, PARTITIONS),
-                            self.rules())  # fmt: skip
+        return expectations(
+            read_topic(self.servers.bootstrap, self.delay, PARTITIONS), self.rules()
+        )
 
     def recreate(self, topic: str, config: dict[str, str] | None = None) -> None:
         """Delete ``topic`` (if it exists) and create it again under the same name."""
@@ -256,8 +297,12 @@ class Run:
         ended = now_ms()
         self.faults.append((self._began or ended, ended))
         self._began = None
-        print(f"   fault over at {time.strftime('%H:%M:%S')}.{ended % 1000:03d}"
-              f"{': ' + what if what else ''}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"   fault over at {time.strftime('%H:%M:%S')}.{ended % 1000:03d}"
+            f"{': ' + what if what else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def log_count(self, pattern: str) -> int:
         return sum(b.output().count(pattern) for b in self.bridges)
@@ -275,14 +320,23 @@ class Run:
         workload.join(600)
         assert not workload.failed, f"the workload could not produce: {workload.failed[:3]}"
         expected = self.settled = {**(earlier or {}), **self.expected()}
-        horizon = horizon_ms if horizon_ms is not None else max(
-            (e.due_ms or 0 for e in expected.values()), default=0)  # fmt: skip
+        horizon = (
+            horizon_ms
+            if horizon_ms is not None
+            else max((e.due_ms or 0 for e in expected.values()), default=0)
+        )
         wait_settled(self.checker, expected, horizon, SETTLE_TIMEOUT_S)
         time.sleep(1.0)  # let duplicates still in flight arrive before counting them
         client = self.servers.redis()
         try:
-            account = settle(self.checker, expected, horizon, Store(client, self.prefix),
-                             self.faults, by_append=self.append_times)  # fmt: skip
+            account = settle(
+                self.checker,
+                expected,
+                horizon,
+                Store(client, self.prefix),
+                self.faults,
+                by_append=self.append_times,
+            )
         finally:
             client.close()
         result = Result(scenario, faults, account, time.monotonic() - self.started)
@@ -302,8 +356,9 @@ class Run:
         if account.scheduled:
             result.notes.append(f"{account.scheduled:,} due later, waiting in Redis")
         if account.replaced:
-            result.notes.append(f"{account.replaced:,} replaced by a later record with their "
-                                "delay-id")  # fmt: skip
+            result.notes.append(
+                f"{account.replaced:,} replaced by a later record with their delay-id"
+            )
         if moved := sum(1 for e in expected.values() if e.earlier_dues):
             result.notes.append(f"{moved:,} fired or rescheduled by an operator")
         if again := sum(1 for e in expected.values() if e.also_dead and e.reason):
@@ -351,12 +406,23 @@ REDIS_SHIFTS_MS = (1_800_000, 20_000, -3_000)  # the Redis clock's, after its re
 READ_BOUND_S = 30.0  # the longest one read of the API may take
 # Query strings anyone on the HTTP port may send: past every bound, other scripts' digits.
 HOSTILE_READS = [
-    "/api/records?limit=1000000000", "/api/records?limit=%C2%B2", "/api/records?skip=" + "9" * 5000,
-    "/api/records?id={delay}:0:%C2%B2", "/api/records?id={delay}:1:0", "/api/records?partition=-1",
-    "/api/records?due_before=" + "9" * 5000, "/api/records?help=1", "/api/trace?id={delay}:0:0",
-    "/api/trace?id=%00", "/api/trace?id=x&since=3000d", "/api/trace?origin={delay}:9:9",
-    "/api/status", "/api/dlq?limit=5000", "/api/due?span=%C2%B2", "/ui/records?limit=%C2%B2",
-]  # fmt: skip
+    "/api/records?limit=1000000000",
+    "/api/records?limit=%C2%B2",
+    "/api/records?skip=" + "9" * 5000,
+    "/api/records?id={delay}:0:%C2%B2",
+    "/api/records?id={delay}:1:0",
+    "/api/records?partition=-1",
+    "/api/records?due_before=" + "9" * 5000,
+    "/api/records?help=1",
+    "/api/trace?id={delay}:0:0",
+    "/api/trace?id=%00",
+    "/api/trace?id=x&since=3000d",
+    "/api/trace?origin={delay}:9:9",
+    "/api/status",
+    "/api/dlq?limit=5000",
+    "/api/due?span=%C2%B2",
+    "/ui/records?limit=%C2%B2",
+]
 
 
 def moments(rng: random.Random, count: int, start: float, end: float) -> list[float]:
@@ -371,15 +437,17 @@ def bridge_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     moments and started again at once under the same instance id: it is back with its partitions
     and the leases its previous life held within seconds, not after the lease or the session."""
     bridge = run.bridge("pod-0")
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     for moment in moments(rng, size.faults, 1.0, size.seconds + 3):
         run.at(moment)
         bridge.kill()
         bridge = run.bridge("pod-0")
         run.fault_over()
-    result = run.finish(workload, "bridge SIGKILL", f"{size.faults} x SIGKILL of the bridge "
-                        "and restart")  # fmt: skip
+    result = run.finish(
+        workload, "bridge SIGKILL", f"{size.faults} x SIGKILL of the bridge and restart"
+    )
     # Far below the 30 s lease: what a restart costs, not a timeout.
     result.checks[f"back within {RECOVERY_BOUND_MS // 1000} s"] = (
         result.account.max_lateness_ms <= RECOVERY_BOUND_MS
@@ -393,20 +461,29 @@ def read_back_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     promoted, and started again at once: a chunk read but not promoted is read again, one promoted
     is not stored twice."""
     bridge = run.bridge("pod-0")
-    records = steady(size.records, run.target, READ_BACK_MAX_MS, rng.randrange(1 << 30),
-                     min_delay_ms=READ_BACK_MIN_MS)  # fmt: skip
+    records = steady(
+        size.records,
+        run.target,
+        READ_BACK_MAX_MS,
+        rng.randrange(1 << 30),
+        min_delay_ms=READ_BACK_MIN_MS,
+    )
     workload = run.workload(records, size.seconds)
     waiting = 0
     # Read-back runs from ~4 s after the first record to ~4 s before the last one falls due.
-    for moment in moments(rng, size.faults, READ_BACK_MIN_MS / 1000 - 4,
-                          size.seconds + READ_BACK_MAX_MS / 1000 - 4):  # fmt: skip
+    for moment in moments(
+        rng, size.faults, READ_BACK_MIN_MS / 1000 - 4, size.seconds + READ_BACK_MAX_MS / 1000 - 4
+    ):
         run.at(moment)
         waiting = max(waiting, _references(run))
         bridge.kill()
         bridge = run.bridge("pod-0")
         run.fault_over()
-    result = run.finish(workload, "read-back SIGKILL", f"{size.faults} x SIGKILL of the bridge "
-                        "while it reads references back, and restart")  # fmt: skip
+    result = run.finish(
+        workload,
+        "read-back SIGKILL",
+        f"{size.faults} x SIGKILL of the bridge while it reads references back, and restart",
+    )
     result.checks["records kept as references"] = waiting > 0
     result.checks["none reported gone"] = run.log_count("payload-missing") == 0
     result.notes.append(f"up to {waiting:,} references waiting at a kill")
@@ -427,8 +504,12 @@ def priority_drain_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
         bridge.kill()
         bridge = run.bridge("pod-0")
         run.fault_over()
-    result = run.finish(workload, "priority drain SIGKILL", f"{size.faults} x SIGKILL of the "
-                        "bridge during a rate-limited drain of mixed priorities, and restart")  # fmt: skip
+    result = run.finish(
+        workload,
+        "priority drain SIGKILL",
+        f"{size.faults} x SIGKILL of the "
+        "bridge during a rate-limited drain of mixed priorities, and restart",
+    )
     rate = run.overrides["egress__max_rate"]
     result.notes.append(f"egress.max_rate {rate}/s")
     return result
@@ -483,8 +564,9 @@ def kafka_restart(run: Run, size: Size, rng: random.Random) -> Result:
     """The broker SIGKILLed and restarted mid-run (a static member, as the chart deploys it)."""
     bridge = run.bridge("pod-0")
     wait_ready(bridge)
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     for moment in moments(rng, size.faults, 2.0, size.seconds):
         run.at(moment)
         run.fault_began()
@@ -521,8 +603,9 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     to expire its lost self (docs/reliability.md)."""
     bridge = run.bridge()
     ready_before = wait_ready(bridge)
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     run.at(size.seconds / 3)
     run.fault_began()
     run.servers.kill("kafka")
@@ -543,18 +626,22 @@ def kafka_outage(run: Run, size: Size, rng: random.Random) -> Result:
     run.servers.up("kafka")
     run.fault_over()
     recovered = wait_ready(bridge, 90)
-    result = run.finish(workload, "Kafka outage",
-                        f"broker down for {size.outage_s:.0f} s (partitions lost)")  # fmt: skip
+    result = run.finish(
+        workload, "Kafka outage", f"broker down for {size.outage_s:.0f} s (partitions lost)"
+    )
     rows = json.loads(status.stdout)["partitions"] if status and status.returncode == 0 else []
-    result.checks.update({
-        "ready before": ready_before, "partitions lost": bridge.output().count("lost ") > 0,
-        "overdue gauge > 0 at the outage's end": overdue > 0,
-        "oldest overdue > 5 s at the outage's end": oldest > 5,
-        "/readyz names kafka": "kafka" in readyz,
-        "status from Redis alone": len(rows) == PARTITIONS
-        and all(r["log_end"] is None and r["waiting"] >= 0 for r in rows),
-        "recovered by itself": recovered,
-    })  # fmt: skip
+    result.checks.update(
+        {
+            "ready before": ready_before,
+            "partitions lost": bridge.output().count("lost ") > 0,
+            "overdue gauge > 0 at the outage's end": overdue > 0,
+            "oldest overdue > 5 s at the outage's end": oldest > 5,
+            "/readyz names kafka": "kafka" in readyz,
+            "status from Redis alone": len(rows) == PARTITIONS
+            and all(r["log_end"] is None and r["waiting"] >= 0 for r in rows),
+            "recovered by itself": recovered,
+        }
+    )
     result.notes.append(f"at the outage's end: {overdue:,.0f} overdue, oldest {oldest:.1f} s")
     # The group forms again once librdkafka finds the coordinator, which it asks at most once a
     # second (the broker's log: the static member rejoins 1-2 s after the broker is unfenced):
@@ -576,8 +663,9 @@ def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
     """Redis frozen (SIGSTOP) for ``size.outage_s``: the bridge must stay up and say not ready."""
     bridge = run.bridge()
     ready_before = wait_ready(bridge)
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     run.at(size.seconds / 3)
     run.fault_began()
     run.servers.freeze_redis()
@@ -598,13 +686,18 @@ def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
     recovered = wait_ready(bridge, 60)
     recovery = time.monotonic() - thawed
     assert bridge.proc is not None
-    result = run.finish(workload, "Redis unreachable",
-                        f"Redis frozen (SIGSTOP) for {size.outage_s:.0f} s")  # fmt: skip
-    result.checks.update({
-        "ready before": ready_before, "/readyz 503 during the outage": not_ready_after is not None,
-        "/healthz 200 throughout": healthy, "recovered by itself": recovered,
-        "process stayed up": bridge.proc.poll() is None,
-    })  # fmt: skip
+    result = run.finish(
+        workload, "Redis unreachable", f"Redis frozen (SIGSTOP) for {size.outage_s:.0f} s"
+    )
+    result.checks.update(
+        {
+            "ready before": ready_before,
+            "/readyz 503 during the outage": not_ready_after is not None,
+            "/healthz 200 throughout": healthy,
+            "recovered by itself": recovered,
+            "process stayed up": bridge.proc.poll() is None,
+        }
+    )
     result.notes.append(
         f"/readyz 503 after {not_ready_after or 0:.1f} s, ready again {recovery:.1f} s after"
     )
@@ -615,8 +708,9 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
     """Three bridges in one group (static members, the default 30 s lease), stopped (SIGTERM or
     SIGKILL) and started again repeatedly under the same instance id."""
     live = [run.bridge(f"pod-{i}") for i in range(3)]
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     kills = terms = 0
     for moment in moments(rng, size.faults, 2.0, size.seconds + 3):
         run.at(moment)
@@ -630,8 +724,9 @@ def rebalance_storm(run: Run, size: Size, rng: random.Random) -> Result:
             terms += 1
         live[i] = run.bridge(f"pod-{i}")
         run.fault_over()
-    return run.finish(workload, "rebalance storm",
-                      f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart")  # fmt: skip
+    return run.finish(
+        workload, "rebalance storm", f"3 bridges, {terms} x SIGTERM + {kills} x SIGKILL and restart"
+    )
 
 
 def zombie(run: Run, size: Size, rng: random.Random) -> Result:
@@ -641,8 +736,9 @@ def zombie(run: Run, size: Size, rng: random.Random) -> Result:
     commit gets through."""
     live = [run.bridge(), run.bridge()]
     assert wait_spread(live), "the two bridges did not share the partitions"
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     # Each fault: frozen for the 6 s session and 3 s more, then 6 s to rejoin before the next.
     for n, moment in enumerate(moments(rng, size.faults, 1.0, max(1.0, size.seconds - 9))):
         run.at(max(moment, n * 15.0 + 1.0))
@@ -654,8 +750,9 @@ def zombie(run: Run, size: Size, rng: random.Random) -> Result:
         finally:
             frozen.signal(signal.SIGCONT)
             run.fault_over()
-    result = run.finish(workload, "zombie replica", f"{size.faults} x SIGSTOP past the session "
-                        "and SIGCONT")  # fmt: skip
+    result = run.finish(
+        workload, "zombie replica", f"{size.faults} x SIGSTOP past the session and SIGCONT"
+    )
     fenced = run.log_count("producer fenced")
     if fenced:  # a replica frozen between two transactions has nothing to be fenced in
         result.notes.append(f"{fenced} shard producers of a woken replica fenced")
@@ -708,12 +805,18 @@ def rollout(how: str) -> Scenario:
                     live[i] = run.bridge(names[i])
                     ready = wait_ready(live[i]) and ready
                 run.fault_over()
-        result = run.finish(workload, f"rollout ({how})", f"3 replicas replaced one by one, "
-                            f"{size.faults} time{'s' if size.faults > 1 else ''}")  # fmt: skip
-        result.checks.update({
-            "group settled before": settled, "each replacement ready": ready,
-            "each replica stopped cleanly": stopped == [0] * len(stopped),
-        })  # fmt: skip
+        result = run.finish(
+            workload,
+            f"rollout ({how})",
+            f"3 replicas replaced one by one, {size.faults} time{'s' if size.faults > 1 else ''}",
+        )
+        result.checks.update(
+            {
+                "group settled before": settled,
+                "each replacement ready": ready,
+                "each replica stopped cleanly": stopped == [0] * len(stopped),
+            }
+        )
         return result
 
     scenario.__doc__ = f"A rolling update of three replicas, as a {how} does it."
@@ -752,10 +855,13 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
     workload = run.workload(records, size.seconds)
     workload.join(600)
     horizon = now_ms() + 10_000  # generated valid delays are seconds or days: nothing between
-    result = run.finish(workload, "hostile input",
-                        f"{size.faults} hypothesis-generated header sets + {size.records // 2:,} "
-                        f"malformed among {size.records - size.records // 2:,} valid",
-                        horizon_ms=horizon)  # fmt: skip
+    result = run.finish(
+        workload,
+        "hostile input",
+        f"{size.faults} hypothesis-generated header sets + {size.records // 2:,} "
+        f"malformed among {size.records - size.records // 2:,} valid",
+        horizon_ms=horizon,
+    )
     assert bridge.proc is not None
     result.checks["process stayed up"] = bridge.proc.poll() is None
     return result
@@ -774,8 +880,9 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     delay-id or origin, an operator's copies of a record by its seq) settles every offset:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
     max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
-    records = adversarial(size.records, run.target, run.delay, PARTITIONS,
-                          rng.randrange(1 << 30), max_bytes)  # fmt: skip
+    records = adversarial(
+        size.records, run.target, run.delay, PARTITIONS, rng.randrange(1 << 30), max_bytes
+    )
     bridge = run.bridge()
     workload = run.workload(records, size.seconds)
     answers: list[str] = []  # what an operator's command or read got that it must not
@@ -821,12 +928,16 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     bridge.kill()
     bridge = run.bridge()  # the clocks right again: /readyz names no skew
     horizon = now_ms() + 10_000  # valid delays are seconds (or days: hypothesis's)
-    result = run.finish(workload, "adversary", f"{size.records:,} adversarial records, "
-                        f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
-                        f"rolled back {rolled_back:,} bytes of AOF, its clock off by "
-                        f"{redis_shift / 1000:+,.0f} s"
-                        f"{', a broker restart' if 'kafka' in kinds else ''})",
-                        horizon_ms=horizon)  # fmt: skip
+    result = run.finish(
+        workload,
+        "adversary",
+        f"{size.records:,} adversarial records, "
+        f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
+        f"rolled back {rolled_back:,} bytes of AOF, its clock off by "
+        f"{redis_shift / 1000:+,.0f} s"
+        f"{', a broker restart' if 'kafka' in kinds else ''})",
+        horizon_ms=horizon,
+    )
     result.checks["ready again at the end"] = wait_ready(bridge, 60)
     result.checks["operators answered in one line, reads never 5xx"] = not answers
     if answers:
@@ -842,22 +953,43 @@ BULK = [
     ["fire", "--key-prefix", "customer", "--yes"],
     ["reschedule", "--key-prefix", "k", "--shift", "2s", "--yes"],
     ["cancel", "--key-prefix", "customer", "--due-after", "2s", "--yes"],
-    ["dlq", "replay", "--reason", "bad-due-time", "--reason", "missing-target", "--reason",
-     "bad-header", "--limit", "50"],
-]  # fmt: skip
+    [
+        "dlq",
+        "replay",
+        "--reason",
+        "bad-due-time",
+        "--reason",
+        "missing-target",
+        "--reason",
+        "bad-header",
+        "--limit",
+        "50",
+    ],
+]
 
 
 def _operate(run: Run, bridge: Bridge, rng: random.Random) -> list[str]:
     """An operator's commands by id and in bulk, and a few hostile reads of the API; what went
     wrong (a traceback, an exit code of none of 0, 1, 2, a read that failed or took too long)."""
     wrong = []
-    ids = [f"{run.delay}:{rng.randrange(PARTITIONS)}:{rng.randrange(50)}", "order-1", "order-2",
-           f"{run.delay}:0:\u00b2", "9" * 300]  # fmt: skip
+    ids = [
+        f"{run.delay}:{rng.randrange(PARTITIONS)}:{rng.randrange(50)}",
+        "order-1",
+        "order-2",
+        f"{run.delay}:0:\u00b2",
+        "9" * 300,
+    ]
     by_id = [["cancel"], ["fire"], ["reschedule", "--after", "2s"]]  # one of them, and a bulk one
     commands = [[*rng.choice(by_id), "--id", rng.choice(ids)], rng.choice(BULK)]
     for args in commands:
-        done = subprocess.run([sys.executable, "-m", "bridge", *args], env=run.env(),
-                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "bridge", *args],
+            env=run.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         if "Traceback" in done.stderr or done.returncode not in (0, 1, 2):
             wrong.append(f"{' '.join(args[:2])} exit {done.returncode}: {done.stderr[-300:]}")
     # Not waiting for /readyz: a bridge whose clock is off is not ready (it names the skew), and
@@ -903,8 +1035,11 @@ def redis_lost(references: bool) -> Scenario:
             client.flushall()
             client.close()
             run.fault_over()
-        result = run.finish(workload, "Redis lost entirely" + (", references waiting" * references),
-                            f"{size.faults} x FLUSHALL mid-run")  # fmt: skip
+        result = run.finish(
+            workload,
+            "Redis lost entirely" + (", references waiting" * references),
+            f"{size.faults} x FLUSHALL mid-run",
+        )
         result.checks["rebuilt"] = run.log_count("redis lost") > 0
         if references:
             result.checks["references waiting at a FLUSHALL"] = waiting > 0
@@ -951,10 +1086,13 @@ def topic_recreated(references: bool) -> Scenario:
         records = steady(last, run.target, high, rng.randrange(1 << 30), min_delay_ms=low)
         workload = run.workload(records, seconds, first_seq=size.faults * per)
         stopped = (size.faults + 1) // 2
-        result = run.finish(workload, "delay topic recreated" + (", references waiting" * references),
-                            f"{size.faults} x delete and create the delay topic "
-                            f"({stopped} with the bridge stopped, {size.faults - stopped} running)",
-                            earlier=earlier)  # fmt: skip
+        result = run.finish(
+            workload,
+            "delay topic recreated" + (", references waiting" * references),
+            f"{size.faults} x delete and create the delay topic "
+            f"({stopped} with the bridge stopped, {size.faults - stopped} running)",
+            earlier=earlier,
+        )
         noticed = run.log_count("was deleted and created again") + run.log_count("went back")
         result.checks["every recreation noticed"] = noticed >= size.faults * PARTITIONS
         result.notes.append(f"{noticed} partition resets logged")
@@ -987,10 +1125,12 @@ def dlq_missing(run: Run, size: Size, rng: random.Random) -> Result:
     run.fault_over()
     run.checker.start()  # reads the outputs from their beginning, the DLQ now included
     recovered = wait_ready(bridge, 60)
-    result = run.finish(workload, "DLQ topic missing",
-                        f"no DLQ topic for {size.outage_s:.0f} s, then created")  # fmt: skip
-    result.checks.update({"/readyz 503 naming the DLQ": not_ready is not None,
-                          "ready once it exists": recovered})  # fmt: skip
+    result = run.finish(
+        workload, "DLQ topic missing", f"no DLQ topic for {size.outage_s:.0f} s, then created"
+    )
+    result.checks.update(
+        {"/readyz 503 naming the DLQ": not_ready is not None, "ready once it exists": recovered}
+    )
     result.notes.append("/readyz named the DLQ while it was missing")
     return result
 
@@ -1000,8 +1140,9 @@ def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
     address after a failover would leave it: read-only; /readyz says READONLY."""
     bridge = run.bridge()
     ready_before = wait_ready(bridge)
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     run.at(size.seconds / 3)
     client = run.servers.redis()
     with socket.socket() as s:
@@ -1024,10 +1165,16 @@ def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
     writable = time.monotonic()
     recovered = wait_ready(bridge, 60)
     recovery = time.monotonic() - writable
-    result = run.finish(workload, "Redis read-only",
-                        f"Redis a replica (read-only) for {size.outage_s:.0f} s")  # fmt: skip
-    result.checks.update({"ready before": ready_before, "/readyz 503 saying READONLY": said is not None,
-                          "recovered by itself": recovered})  # fmt: skip
+    result = run.finish(
+        workload, "Redis read-only", f"Redis a replica (read-only) for {size.outage_s:.0f} s"
+    )
+    result.checks.update(
+        {
+            "ready before": ready_before,
+            "/readyz 503 saying READONLY": said is not None,
+            "recovered by itself": recovered,
+        }
+    )
     result.notes.append(
         f"/readyz READONLY after {said or 0:.1f} s, ready again {recovery:.1f} s after"
     )
@@ -1037,8 +1184,12 @@ def redis_readonly(run: Run, size: Size, rng: random.Random) -> Result:
 def _stall_after(run: Run, moment_ms: int, window_ms: int = 60_000) -> float:
     """The longest time, in seconds, without any record arriving in the minute after
     ``moment_ms`` (records flow all along, so a gap is the bridge waiting on the fault)."""
-    seen = sorted(e.seen_ms for got in run.checker.delivered.values() for e in got
-                  if moment_ms <= e.seen_ms <= moment_ms + window_ms)  # fmt: skip
+    seen = sorted(
+        e.seen_ms
+        for got in run.checker.delivered.values()
+        for e in got
+        if moment_ms <= e.seen_ms <= moment_ms + window_ms
+    )
     marks = [moment_ms, *seen]
     return max((b - a for a, b in itertools.pairwise(marks)), default=0) / 1000
 
@@ -1060,9 +1211,12 @@ def _sentinel_master(sentinel: str) -> int:
     """The master's port as a sentinel tells it (redis-cli: redis-py's parser of this reply does
     not take the arguments it is given)."""
     host, port = sentinel.split(":")
-    reply = subprocess.run(["redis-cli", "-h", host, "-p", port, "sentinel",
-                            "get-master-addr-by-name", "mymaster"],
-                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    reply = subprocess.run(
+        ["redis-cli", "-h", host, "-p", port, "sentinel", "get-master-addr-by-name", "mymaster"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return int(reply[1])
 
 
@@ -1072,8 +1226,9 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
     sentinel = run.overrides["redis__sentinel"]["nodes"][0]  # type: ignore[index]
     bridge = run.bridge()
     ready_before = wait_ready(bridge)
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     faults: list[int] = []
     kinds: list[str] = []
     for i, moment in enumerate(moments(rng, size.faults, 2.0, size.seconds)):
@@ -1086,8 +1241,11 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
             kinds.append("kill -9")
         else:
             host, port = sentinel.split(":")
-            subprocess.run(["redis-cli", "-h", host, "-p", port, "sentinel", "failover",
-                            "mymaster"], capture_output=True, check=True)  # fmt: skip
+            subprocess.run(
+                ["redis-cli", "-h", host, "-p", port, "sentinel", "failover", "mymaster"],
+                capture_output=True,
+                check=True,
+            )
             kinds.append("SENTINEL FAILOVER")
         deadline = time.monotonic() + 60
         while _sentinel_master(sentinel) == before and time.monotonic() < deadline:
@@ -1095,9 +1253,12 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
         run.fault_over()
         if kinds[-1] == "kill -9":
             run.servers.up_set("sentinel")  # the old master comes back, as a replica
-    result = run.finish(workload, "Sentinel failover",
-                        f"{kinds.count('SENTINEL FAILOVER')} x SENTINEL FAILOVER + "
-                        f"{kinds.count('kill -9')} x kill -9 of the master")  # fmt: skip
+    result = run.finish(
+        workload,
+        "Sentinel failover",
+        f"{kinds.count('SENTINEL FAILOVER')} x SENTINEL FAILOVER + "
+        f"{kinds.count('kill -9')} x kill -9 of the master",
+    )
     return _failover_result(run, result, bridge, ready_before, faults)
 
 
@@ -1106,8 +1267,9 @@ def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
     replica takes over, and it is restarted to rejoin as a replica."""
     bridge = run.bridge()
     ready_before = wait_ready(bridge)
-    workload = run.workload(steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)),
-                            size.seconds)  # fmt: skip
+    workload = run.workload(
+        steady(size.records, run.target, MAX_DELAY_MS, rng.randrange(1 << 30)), size.seconds
+    )
     nodes = run.ha_nodes
     faults: list[int] = []
     for moment in moments(rng, size.faults, 2.0, size.seconds):
@@ -1124,8 +1286,9 @@ def cluster_failover(run: Run, size: Size, rng: random.Random) -> Result:
             time.sleep(0.2)
         run.fault_over()
         run.servers.up_set("redis-cluster")  # restarted, it rejoins as a replica
-    result = run.finish(workload, "Redis Cluster failover",
-                        f"{size.faults} x kill -9 of a master holding shards")  # fmt: skip
+    result = run.finish(
+        workload, "Redis Cluster failover", f"{size.faults} x kill -9 of a master holding shards"
+    )
     return _failover_result(run, result, bridge, ready_before, faults)
 
 
@@ -1251,8 +1414,15 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         # The recovery after the broker is back counts to the append: the checker's own
         # consumer rejoins its group after the outage too.
         target_config = {"message.timestamp.type": "LogAppendTime"}
-    run = Run(servers, workdir, name, overrides=overrides, watch=name != "dlq-missing",
-              delay_config=delay_config, target_config=target_config)  # fmt: skip
+    run = Run(
+        servers,
+        workdir,
+        name,
+        overrides=overrides,
+        watch=name != "dlq-missing",
+        delay_config=delay_config,
+        target_config=target_config,
+    )
     if ha_set:
         run.ha_nodes = info["nodes"].split(",")
     try:
@@ -1273,16 +1443,20 @@ def assert_kept(result: Result, run_dir: Path) -> None:
     assert account.early == [], f"early: {account.early[:10]}"
     assert account.misrouted == [], f"misrouted: {account.misrouted[:10]}"
     assert account.duplicate_ids_differ == 0, "a duplicate carried another delay-id"
-    assert (account.delivered + account.dead_lettered + account.scheduled + account.replaced
-            == account.records)  # fmt: skip
+    assert (
+        account.delivered + account.dead_lettered + account.scheduled + account.replaced
+        == account.records
+    )
     assert {k: v for k, v in result.checks.items() if not v} == {}, _why(result, run_dir)
 
 
 def _why(result: Result, run_dir: Path) -> str:
     """A failed check's context for its message (CI keeps no files): the run's notes, its fault
     windows' slowest records (recovery ms, origin, due and arrival epoch ms) and any crash."""
-    slowest = "\n".join(f"  {ms} ms: {origin} due {due} arrived {at}"
-                        for ms, origin, due, at in result.account.slowest[:5])  # fmt: skip
+    slowest = "\n".join(
+        f"  {ms} ms: {origin} due {due} arrived {at}"
+        for ms, origin, due, at in result.account.slowest[:5]
+    )
     notes = "; ".join(result.notes)
     return f"notes: {notes}\nslowest after a fault:\n{slowest}\n{_crashes(run_dir)}"
 

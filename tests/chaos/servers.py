@@ -80,8 +80,12 @@ class Servers:
         own, a Redis Cluster or a Kafka cluster on ``kafka_cluster_port``, under ``state_dir``)."""
         kafka_port = int(services.bootstrap.rsplit(":", 1)[1])
         redis_port = int(services.redis_url.rsplit(":", 1)[1].split("/")[0])
-        return cls(state_dir, kafka_port=kafka_port, redis_port=redis_port,
-                   kafka_cluster_port=kafka_cluster_port)  # fmt: skip
+        return cls(
+            state_dir,
+            kafka_port=kafka_port,
+            redis_port=redis_port,
+            kafka_cluster_port=kafka_cluster_port,
+        )
 
     @property
     def bootstrap(self) -> str:
@@ -193,8 +197,10 @@ class Servers:
     def drop_aof_tail(self, size: int) -> int:
         """Cut the last ``size`` bytes off the AOF of a killed Redis — what a machine crash takes
         with ``appendfsync everysec`` (written, not yet fsynced). Returns the bytes cut."""
-        incr = sorted((self.state_dir / "redis" / "appendonlydir").glob("*.incr.aof"),
-                      key=lambda p: p.stat().st_mtime)  # fmt: skip
+        incr = sorted(
+            (self.state_dir / "redis" / "appendonlydir").glob("*.incr.aof"),
+            key=lambda p: p.stat().st_mtime,
+        )
         if not incr:
             return 0
         length = incr[-1].stat().st_size

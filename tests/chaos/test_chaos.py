@@ -41,9 +41,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     chaos.down()
 
 
-@pytest.mark.parametrize("name", [name for name, (_, quick, _) in SCENARIOS.items()
-                                  if quick and name not in KAFKA_CLUSTER_SCENARIOS
-                                  and name not in EXACTLY_ONCE_ONLY])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        name
+        for name, (_, quick, _) in SCENARIOS.items()
+        if quick and name not in KAFKA_CLUSTER_SCENARIOS and name not in EXACTLY_ONCE_ONLY
+    ],
+)
 def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
     """(The three-broker scenarios' short versions run on the cluster test_kafka_cluster starts.)"""
     _, quick, _ = SCENARIOS[name]
@@ -73,12 +78,14 @@ def test_a_journal_reader_kept_across_a_broker_restart_reads_on(servers: Servers
     journal = f"journal-reader-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": servers.bootstrap, "log_level": 0})
     recreate_topic(admin, journal, 2)
-    config = from_mapping({}, env=bridge_env(servers.bootstrap, servers.redis_url,
-                                             topics__journal=journal))  # fmt: skip
+    config = from_mapping(
+        {}, env=bridge_env(servers.bootstrap, servers.redis_url, topics__journal=journal)
+    )
     shard = Shard("delay-reader", 0)
     producer = Producer({"bootstrap.servers": servers.bootstrap, "partitioner": "murmur2_random"})
-    key, value, headers = encode_entries(shard.topic, shard.partition,
-                                         [Entry(Fate.DELIVERED, o, "", 1, 2) for o in range(4)], "")  # fmt: skip
+    key, value, headers = encode_entries(
+        shard.topic, shard.partition, [Entry(Fate.DELIVERED, o, "", 1, 2) for o in range(4)], ""
+    )
     produce(producer, journal, key=key, value=value, headers=headers)
     assert producer.flush(30) == 0
     reader = JournalReader(config)

@@ -89,10 +89,15 @@ class Workload:
             raise AssertionError(f"the workload did not finish within {timeout}s")
 
     def _run(self) -> None:
-        producer = Producer({
-            "bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5,
-            "delivery.timeout.ms": 300_000, "log_level": CLIENT_LOG_LEVEL,
-        })  # fmt: skip
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "delivery.timeout.ms": 300_000,
+                "log_level": CLIENT_LOG_LEVEL,
+            }
+        )
 
         def report(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
@@ -137,16 +142,34 @@ def steady(
 
 
 # A backlog's priorities, interleaved: 10% high, 60% normal, 30% low in every ten records.
-PRIORITY_MIX = (Priority.HIGH, Priority.NORMAL, Priority.LOW, Priority.NORMAL, Priority.NORMAL,
-                Priority.LOW, Priority.NORMAL, Priority.NORMAL, Priority.LOW, Priority.NORMAL)  # fmt: skip
+PRIORITY_MIX = (
+    Priority.HIGH,
+    Priority.NORMAL,
+    Priority.LOW,
+    Priority.NORMAL,
+    Priority.NORMAL,
+    Priority.LOW,
+    Priority.NORMAL,
+    Priority.NORMAL,
+    Priority.LOW,
+    Priority.NORMAL,
+)
 
 
 def prioritised(count: int, target: str, due: bytes) -> list[Record]:
     """``count`` records due at ``due`` (a delay-deliver-at value), their priorities in
     PRIORITY_MIX's order, keys cycling over the partitions: every partition gets every priority."""
-    return [Record([(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, due),
-                    (H_PRIORITY, PRIORITY_MIX[i % len(PRIORITY_MIX)].label.encode())],
-                   key=b"k%d" % (i % 997)) for i in range(count)]  # fmt: skip
+    return [
+        Record(
+            [
+                (H_TARGET_TOPIC, target.encode()),
+                (H_DELIVER_AT, due),
+                (H_PRIORITY, PRIORITY_MIX[i % len(PRIORITY_MIX)].label.encode()),
+            ],
+            key=b"k%d" % (i % 997),
+        )
+        for i in range(count)
+    ]
 
 
 # ---------------------------------------------------------------- hostile input
@@ -203,11 +226,13 @@ def hostile(count: int, target: str, seed: int) -> list[Record]:
         st.integers(-(2**70), 2**70).map(lambda n: str(n).encode()),
         st.just(target.encode()),
     )
-    base = st.sampled_from([
-        [],
-        [(H_TARGET_TOPIC, target.encode())],
-        [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"1s")],
-    ])  # fmt: skip
+    base = st.sampled_from(
+        [
+            [],
+            [(H_TARGET_TOPIC, target.encode())],
+            [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"1s")],
+        ]
+    )
     extras = st.lists(st.tuples(st.sampled_from(names), values), max_size=5)
     keys = st.one_of(st.none(), st.binary(max_size=32))
     records = st.builds(lambda b, e, k: Record([*b, *e], key=k), base, extras, keys)
@@ -215,8 +240,13 @@ def hostile(count: int, target: str, seed: int) -> list[Record]:
     drawn: list[Record] = []
 
     @hypothesis_seed(seed)
-    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=count,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(records)
     def collect(record: Record) -> None:
         drawn.append(record)
@@ -227,8 +257,19 @@ def hostile(count: int, target: str, seed: int) -> list[Record]:
 
 # What stalled a stage once, and values around it: digits of other scripts (str.isdigit() says
 # yes, int() refuses "²"), numbers past every limit, leading zeros, signs.
-_HOSTILE_TAILS = ["\u00b2", "\u0663", "\u0bef", "9" * 5000, "99999999999999999999", "007", "-1",
-                  " 1", "1 ", "", "0x10"]  # fmt: skip
+_HOSTILE_TAILS = [
+    "\u00b2",
+    "\u0663",
+    "\u0bef",
+    "9" * 5000,
+    "99999999999999999999",
+    "007",
+    "-1",
+    " 1",
+    "1 ",
+    "",
+    "0x10",
+]
 _IDS = ["order-1", "order-2", "order-3", "订单-4", "id:with:colons", "x" * 256, "ok-\u00b2"]
 
 

@@ -12,7 +12,18 @@ PYTHON_SHIFT = Path(__file__).parent / "python"
 def build_shim(directory: Path) -> Path:
     """shift.c built with the machine's C compiler into ``directory``: the shim's path."""
     built = directory / "shift.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(built),
-                    str(Path(__file__).parent / "shift.c"), "-ldl"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-o",
+            str(built),
+            str(Path(__file__).parent / "shift.c"),
+            "-ldl",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return built

@@ -39,16 +39,28 @@ def store(redis_client: redis.Redis, unique: str) -> Store:
 @pytest.fixture
 def setup(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
     return Setup(
-        services, topics("delay", 3), [topics("out-a", 2), topics("out-b", 1)], topics("dlq"),
-        unique, tmp_path, topics("journal", 2),
-    )  # fmt: skip
+        services,
+        topics("delay", 3),
+        [topics("out-a", 2), topics("out-b", 1)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal", 2),
+    )
 
 
 @pytest.fixture
 def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
     """One delay partition, so offsets are predictable."""
-    return Setup(services, topics("delay", 1), [topics("out", 1)], topics("dlq"), unique,
-                 tmp_path, topics("journal"))  # fmt: skip
+    return Setup(
+        services,
+        topics("delay", 1),
+        [topics("out", 1)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
 
 
 @pytest.fixture
@@ -102,10 +114,23 @@ def redis_server(directory: Path, env: dict[str, str] | None = None) -> Iterator
     URL. ``env`` is added to its environment (a clock shift's, say)."""
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     client = redis.Redis(port=port)
     try:
         wait_for(lambda: _pings(client), 30, "the scratch redis")

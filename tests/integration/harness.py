@@ -54,9 +54,14 @@ def fit_config(path: Path, env: dict[str, str]) -> None:
     earlier version's: ``check-config`` refuses them one at a time), each said on stderr."""
     for _ in range(50):
         out = subprocess.run(
-            [sys.executable, "-m", "bridge", "check-config"], cwd=code_under_test(), env=env,
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            [sys.executable, "-m", "bridge", "check-config"],
+            cwd=code_under_test(),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         found = re.search(r"unknown key ([\w.]+)", out.stderr)
         if out.returncode == 0 or found is None:
             return
@@ -83,9 +88,12 @@ class Bridge:
             fit_config(Path(self.env["DELAY_BRIDGE_CONFIG"]), self.env)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge", "run"], cwd=code_under_test(), env=self.env,
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [sys.executable, "-m", "bridge", "run"],
+                cwd=code_under_test(),
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
     def signal(self, signum: int) -> None:
@@ -166,8 +174,14 @@ def cli_of(bridge: Bridge, timeout: float = 60) -> Callable[..., subprocess.Comp
     """Runs ``python -m bridge ARGS`` as the bridge's own environment configures it."""
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "bridge", *args], env=bridge.env,
-                              capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "bridge", *args],
+            env=bridge.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     return cli
 
@@ -188,8 +202,11 @@ def wait_ready(bridge: Bridge, timeout: float = 90) -> bool:
 def metric(bridge: Bridge, name: str) -> float:
     """The sum of a metric's samples in /metrics; ``name`` may end in labels ({a="b"})."""
     body = bridge.get("/metrics")[1]
-    return sum(float(line.split()[-1]) for line in body.splitlines()
-               if re.match(rf"{re.escape(name)}(\{{| )", line))  # fmt: skip
+    return sum(
+        float(line.split()[-1])
+        for line in body.splitlines()
+        if re.match(rf"{re.escape(name)}(\{{| )", line)
+    )
 
 
 def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
@@ -265,8 +282,10 @@ class Collector:
         deadline = time.monotonic() + timeout
         while not done(self.records):
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
-                                     f"have {len(self.records)} records")  # fmt: skip
+                raise AssertionError(
+                    f"timed out after {timeout}s waiting for {what}; "
+                    f"have {len(self.records)} records"
+                )
             self.poll()
 
     def of(self, topic: str) -> list[Received]:
@@ -281,10 +300,15 @@ def _received(msg: Message) -> Received:
     topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
     assert topic is not None and partition is not None and offset is not None
     return Received(
-        topic, partition, offset, msg.key(), msg.value(),
+        topic,
+        partition,
+        offset,
+        msg.key(),
+        msg.value(),
         list(msg.headers() or []),  # type: ignore[arg-type]
-        msg.timestamp()[1], time.time_ns() // 1_000_000,
-    )  # fmt: skip
+        msg.timestamp()[1],
+        time.time_ns() // 1_000_000,
+    )
 
 
 def produce_all(
@@ -344,11 +368,15 @@ class Setup:
 
     def bridge(self, name: str = "bridge", **overrides: str) -> Bridge:
         env = bridge_env(
-            self.services.bootstrap, self.services.redis_url,
-            topics__delay=self.delay, topics__dead_letter=self.dlq, topics__journal=self.journal,
-            kafka__group_id=f"bridge-{self.unique}", redis__key_prefix=f"test-{self.unique}",
+            self.services.bootstrap,
+            self.services.redis_url,
+            topics__delay=self.delay,
+            topics__dead_letter=self.dlq,
+            topics__journal=self.journal,
+            kafka__group_id=f"bridge-{self.unique}",
+            redis__key_prefix=f"test-{self.unique}",
             **overrides,
-        )  # fmt: skip
+        )
         return Bridge(env, self.tmp / f"{name}.log")
 
     def collector(self) -> Collector:
@@ -404,8 +432,11 @@ def schedule(setup: Setup, count: int, seed: int, max_delay_ms: int = 3000) -> d
             headers.append((H_DELIVER_AT, text.encode()))
         else:  # caller's id and a target key
             delay = rng.randint(0, max_delay_ms)
-            headers += [(H_AFTER, f"{delay}ms".encode()), (H_ID, f"mine-{seed}-{i}".encode()),
-                        (H_TARGET_KEY, f"tk-{i}".encode())]  # fmt: skip
+            headers += [
+                (H_AFTER, f"{delay}ms".encode()),
+                (H_ID, f"mine-{seed}-{i}".encode()),
+                (H_TARGET_KEY, f"tk-{i}".encode()),
+            ]
             due = now + delay
         records.append((f"k{i}".encode(), f"value-{i}".encode(), headers))
         expected_due.append(due)

@@ -31,8 +31,10 @@ def apply(store: Store, *records: Scheduled | Cancel) -> Added:
 
 def waiting(store: Store, now: int = T0 + 10**9) -> dict[int, tuple[str, bytes | None]]:
     """offset -> (delay-id, value) of every record claimable by ``now`` (claims them)."""
-    return {c.record.offset: (c.record.delay_id, c.record.value)
-            for c in store.claim([SHARD], 10_000, LEASE, now_ms=now)}  # fmt: skip
+    return {
+        c.record.offset: (c.record.delay_id, c.record.value)
+        for c in store.claim([SHARD], 10_000, LEASE, now_ms=now)
+    }
 
 
 def index(store: Store) -> list[tuple[bytes, bytes, int]]:
@@ -68,16 +70,25 @@ def test_a_cancel_withdraws_the_waiting_record_and_counts_what_it_found(store: S
 
 def test_within_a_batch_they_apply_in_offset_order(store: Store) -> None:
     # schedule -> cancel -> schedule again -> replace, all in one batch
-    added = apply(store, rec(0, T0 + 10, "a", b"1"), Cancel(1, "a"), rec(2, T0 + 20, "a", b"2"),
-                  rec(3, T0 + 30, "a", b"3"))  # fmt: skip
+    added = apply(
+        store,
+        rec(0, T0 + 10, "a", b"1"),
+        Cancel(1, "a"),
+        rec(2, T0 + 20, "a", b"2"),
+        rec(3, T0 + 30, "a", b"3"),
+    )
     assert (added.count, added.cancelled, added.replaced) == (3, 1, 1)
     assert waiting(store) == {3: ("a", b"3")}
     assert store.lows({SHARD: 3}).offsets == {SHARD: 3}
 
 
 def test_reading_the_records_again_gives_the_same_state(store: Store) -> None:
-    batch: list[Scheduled | Cancel] = [rec(0, T0 + 10, "a"), rec(1, T0 + 10, "b"),
-                                       Cancel(2, "a"), rec(3, T0 + 20, "b", b"new")]  # fmt: skip
+    batch: list[Scheduled | Cancel] = [
+        rec(0, T0 + 10, "a"),
+        rec(1, T0 + 10, "b"),
+        Cancel(2, "a"),
+        rec(3, T0 + 20, "b", b"new"),
+    ]
     apply(store, *batch)
     again = apply(store, *batch)  # at or below the watermark: applied once
     assert (again.count, again.cancelled, again.replaced, again.not_found) == (0, 0, 0, 0)
@@ -121,7 +132,9 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
     # Record 0 was delivered (its report came in): acknowledged in the next claim's call, it is
     # not handed out again although its lease has run out, and its id index entry goes with it
     # (nothing else of the shard waits with an id: a sweep).
-    again = store.claim([SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], with_ids=1)})  # fmt: skip
+    again = store.claim(
+        [SHARD], 10, LEASE, now_ms=T0 + 5, acks={SHARD: AckBatch(members=[job.member], with_ids=1)}
+    )
     assert sorted((c.record.offset, c.redelivery) for c in again) == [(1, True), (2, False)]
     assert index(store) == []
     store.claim(
@@ -132,8 +145,14 @@ def test_a_claim_applies_the_acknowledgements_it_carries_first(store: Store) -> 
 
 
 def test_only_records_no_cancel_can_reach_are_claimed_ahead(store: Store) -> None:
-    apply(store, rec(0, T0 + 50), rec(1, T0 + 50, "job"), rec(2, T0 + 100), rec(3, T0 + 101),
-          rec(4, T0 - 5))  # fmt: skip
+    apply(
+        store,
+        rec(0, T0 + 50),
+        rec(1, T0 + 50, "job"),
+        rec(2, T0 + 100),
+        rec(3, T0 + 101),
+        rec(4, T0 - 5),
+    )
     ahead = store.claim([SHARD], 10, LEASE, now_ms=T0, ahead_ms=100)
     # The due one, then default-id records due within 100 ms; not "job" (a cancel may still come
     # for it) and not the one due just past the window.
@@ -212,8 +231,9 @@ def test_an_id_used_again_after_its_record_was_delivered_names_only_the_new_one(
         return confirm(shard, offsets)
 
     other = Shard("delay", 1)
-    elsewhere = store.add({other: (0, [Cancel(0, "job", T0 + 6000)])}, partitions={"delay": 2},
-                          confirm=reading)  # fmt: skip
+    elsewhere = store.add(
+        {other: (0, [Cancel(0, "job", T0 + 6000)])}, partitions={"delay": 2}, confirm=reading
+    )
     assert (elsewhere.cancelled, asked) == (1, [20])  # the stale entry's offset is not read
     assert waiting(store) == {i: (f"other-{i}", b"v") for i in range(1, 20)}
 
@@ -333,8 +353,11 @@ def test_a_record_with_a_default_id_as_its_delay_id_replaces_that_record(store: 
     assert store.inventory.is_pending(SHARD, 2) is False
     added = apply(store, rec(5, T0 + 300, "delay:0:0", b"whole again"))  # by the id index now
     assert (added.count, added.replaced) == (1, 1)
-    assert waiting(store) == {1: ("delay:0:1", b"plain"), 4: ("delay:0:2", b"far now"),
-                              5: ("delay:0:0", b"whole again")}  # fmt: skip
+    assert waiting(store) == {
+        1: ("delay:0:1", b"plain"),
+        4: ("delay:0:2", b"far now"),
+        5: ("delay:0:0", b"whole again"),
+    }
 
 
 def test_a_record_with_several_cancels_withdraws_each_record_it_names(store: Store) -> None:
@@ -346,16 +369,24 @@ def test_a_record_with_several_cancels_withdraws_each_record_it_names(store: Sto
     store.add({other: (0, [elsewhere])})
     topic = {"partitions": {"delay": 2}, "confirm": confirm_from([elsewhere])}
     apply(store, rec(0, T0 + 5000), rec(1, T0 + 6000, "order-1"), rec(2, T0 + 6500))
-    cancels = Cancel(3, "delay:0:0", T0, T0 + 5000, (("order-1", None), ("gone", None),
-                     ("elsewhere", None), ("delay:0:2", 1)))  # fmt: skip
+    cancels = Cancel(
+        3,
+        "delay:0:0",
+        T0,
+        T0 + 5000,
+        (("order-1", None), ("gone", None), ("elsewhere", None), ("delay:0:2", 1)),
+    )
     added = store.add({SHARD: (3, cancels.each())}, **topic)  # type: ignore[arg-type]
     assert (added.cancelled, added.not_found) == (4, 1)
     assert [(s.partition, r, i) for s, r, i in added.missed] == [(0, 3, "gone")]
-    assert sorted((w.shard.partition, w.offset, w.delay_id, w.by_offset, w.cancelled)
-                  for w in added.withdrawn) == [
-        (0, 0, "delay:0:0", 3, True), (0, 1, "order-1", 3, True), (0, 2, "delay:0:2", 3, True),
+    assert sorted(
+        (w.shard.partition, w.offset, w.delay_id, w.by_offset, w.cancelled) for w in added.withdrawn
+    ) == [
+        (0, 0, "delay:0:0", 3, True),
+        (0, 1, "order-1", 3, True),
+        (0, 2, "delay:0:2", 3, True),
         (1, 0, "elsewhere", 3, True),
-    ]  # fmt: skip
+    ]
     assert waiting(store) == {}
     assert store.claim([other], 10, LEASE, now_ms=T0 + 10**9) == []
     # Read again (a crash before the commit): nothing more happens.

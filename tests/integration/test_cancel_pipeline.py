@@ -60,8 +60,9 @@ def schedule(
         )
         expected[job] = f"v{i}-new".encode()
     cancelled = {f"job-{i}" for i in range(0, COUNT, 3)}
-    changes += [(f"k{i % KEYS}".encode(), b"", cancel_headers(f"job-{i}"))
-                for i in range(0, COUNT, 3)]  # fmt: skip
+    changes += [
+        (f"k{i % KEYS}".encode(), b"", cancel_headers(f"job-{i}")) for i in range(0, COUNT, 3)
+    ]
     return originals, changes, {k: v for k, v in expected.items() if k not in cancelled}, cancelled
 
 
@@ -71,12 +72,19 @@ def settle(
     """Wait for every surviving id, then for a marker per key due after every original: a
     partition delivers in due order, so once the markers are in, a cancelled record that was
     going to arrive has arrived."""
-    markers = [(f"k{k}".encode(), b"marker", delay_headers(setup.targets[0], after=f"{due_s + 1}s"))
-               for k in range(KEYS)]  # fmt: skip
+    markers = [
+        (f"k{k}".encode(), b"marker", delay_headers(setup.targets[0], after=f"{due_s + 1}s"))
+        for k in range(KEYS)
+    ]
     produce_all(setup.services.bootstrap, setup.delay, markers)
-    collector.until(lambda rs: set(expected) <= {r.delay_id for r in rs}
-                    and sum(r.value == b"marker" for r in rs) >= KEYS,
-                    120, "every surviving record and every marker")  # fmt: skip
+    collector.until(
+        lambda rs: (
+            set(expected) <= {r.delay_id for r in rs}
+            and sum(r.value == b"marker" for r in rs) >= KEYS
+        ),
+        120,
+        "every surviving record and every marker",
+    )
     return [r for r in collector.records if r.value != b"marker"]
 
 
@@ -103,14 +111,20 @@ def test_cancel_and_replace_hold_across_two_sigkills(setup: Setup, bridges: list
     bridges.append(bridge)
     try:
         produce_all(setup.services.bootstrap, setup.delay, originals)
-        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= COUNT // 2, 30,
-                 "half the originals stored")  # fmt: skip
+        wait_for(
+            lambda: metric(bridge, "delay_bridge_ingested_total") >= COUNT // 2,
+            30,
+            "half the originals stored",
+        )
         bridge.signal(signal.SIGKILL)
         bridge = fast_takeover(setup, "bridge-2")
         bridges.append(bridge)
         produce_all(setup.services.bootstrap, setup.delay, changes)
-        wait_for(lambda: metric(bridge, "delay_bridge_replaced_total") > 0, 30,
-                 "the first replacements applied")  # fmt: skip
+        wait_for(
+            lambda: metric(bridge, "delay_bridge_replaced_total") > 0,
+            30,
+            "the first replacements applied",
+        )
         bridge.signal(signal.SIGKILL)
         bridge = fast_takeover(setup, "bridge-3")
         bridges.append(bridge)
@@ -134,13 +148,17 @@ def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
     # before then (a cancel produced after the due time may lose: the contract), and on a busy
     # machine storing the record, the kill and the 5,001 records took more than 3 s.
     due = time.time() + 6
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(key, b"expire", delay_headers(target, after="6s", delay_id="expire-1"))])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(key, b"expire", delay_headers(target, after="6s", delay_id="expire-1"))],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
     bridge.signal(signal.SIGKILL)
     backlog: list[Record] = [(key, b"later", delay_headers(target, after="1h"))] * 5000
-    produce_all(setup.services.bootstrap, setup.delay,
-                [*backlog, (key, b"", cancel_headers("expire-1"))])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap, setup.delay, [*backlog, (key, b"", cancel_headers("expire-1"))]
+    )
     assert time.time() < due - 0.2, "the cancel was produced after its record's due time"
     marker = [(key, b"marker", delay_headers(target, after="0ms"))]
     wait_for(lambda: time.time() > due + 1, 10, "the record to fall due, its replica down")
@@ -174,11 +192,17 @@ def test_cancel_and_replace_hold_after_redis_loses_everything(
     try:
         produce_all(setup.services.bootstrap, setup.delay, originals + changes)
         replacements = sum(1 for c in changes if c[1] != b"")
-        wait_for(lambda: metric(bridge, "delay_bridge_replaced_total") >= replacements
-                 and metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}')
-                 == len(cancelled)
-                 and metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
-                 == len(packed), 30, "the changes applied")  # fmt: skip
+        wait_for(
+            lambda: (
+                metric(bridge, "delay_bridge_replaced_total") >= replacements
+                and metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}')
+                == len(cancelled)
+                and metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
+                == len(packed)
+            ),
+            30,
+            "the changes applied",
+        )
         client.flushall()  # rebuilt from the committed offsets: the same changes apply again
         wait_for(lambda: "redis lost" in bridge.output(), 30, "the bridge to notice")
         got = settle(setup, collector, expected, 12)
@@ -191,13 +215,18 @@ def test_cancel_and_replace_hold_after_redis_loses_everything(
 def test_partition_for_is_where_a_murmur2_producer_puts_a_key(setup: Setup) -> None:
     """bridge.client.partition_for against librdkafka's murmur2_random on the real broker (the
     partitioner Java clients and the bridge's CLI use)."""
-    producer = Producer({"bootstrap.servers": setup.services.bootstrap,
-                         "partitioner": "murmur2_random"})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
     keys = [f"order-{n}".encode() for n in range(60)] + [b"", "é-ü".encode(), bytes(range(7))]
     landed: dict[bytes | None, int | None] = {}
     for key in keys:
-        producer.produce(setup.delay, key=key, value=b"v",
-                         on_delivery=lambda err, msg: landed.update({msg.key(): msg.partition()}))  # fmt: skip
+        producer.produce(
+            setup.delay,
+            key=key,
+            value=b"v",
+            on_delivery=lambda err, msg: landed.update({msg.key(): msg.partition()}),
+        )
     assert producer.flush(30) == 0
     assert landed == {key: partition_for(key, 3) for key in keys}
     assert len(set(landed.values())) == 3
@@ -214,15 +243,22 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     target = setup.targets[0]
     bridge = setup.bridge(ingress__batch_size="1").start()
     bridges.append(bridge)
-    wait_for(lambda: "assigned" in bridge.output() and bridge.get("/readyz")[0] == 200, 60,
-             "the partitions assigned, read at their end")  # fmt: skip
+    wait_for(
+        lambda: "assigned" in bridge.output() and bridge.get("/readyz")[0] == 200,
+        60,
+        "the partitions assigned, read at their end",
+    )
     key = b"order-1"
-    produce_all(setup.services.bootstrap, setup.delay, [
-        (key, b"expire", delay_headers(target, after="1s", delay_id="expire-1")),
-        *[(key, b"later", delay_headers(target, after="1h"))] * 3000,
-        (key, b"", cancel_headers("expire-1")),
-        (key, b"marker", delay_headers(target, after="0ms")),
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (key, b"expire", delay_headers(target, after="1s", delay_id="expire-1")),
+            *[(key, b"later", delay_headers(target, after="1h"))] * 3000,
+            (key, b"", cancel_headers("expire-1")),
+            (key, b"marker", delay_headers(target, after="0ms")),
+        ],
+    )
     [marker] = setup.await_value(b"marker", 60, "the marker")
     assert marker.value == b"marker"
     # The marker, produced after the record and due at once, was read after the cancel.
@@ -244,21 +280,29 @@ def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_n
     one is delivered and none waits any longer (its original would be a second delivery in an
     hour); the others wait."""
     target, count = setup.targets[0], 1500
-    records = [(f"{who}-{i}".encode(), b"v", delay_headers(target, after="1h"))
-               for who in ("c", "f", "k") for i in range(count)]  # fmt: skip
+    records = [
+        (f"{who}-{i}".encode(), b"v", delay_headers(target, after="1h"))
+        for who in ("c", "f", "k")
+        for i in range(count)
+    ]
     instance = {"kafka__group_instance_id": f"pod-{setup.unique}"}
     bridge = fast_takeover(setup, "bridge-1", **instance)
     bridges.append(bridge)
     produce_all(setup.services.bootstrap, setup.delay, records)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 3 * count, 30, "all stored")
-    for n, (verb, prefix, applied) in enumerate((
-        ("cancel", "c-", 'delay_bridge_cancelled_total{result="cancelled"}'),
-        ("fire", "f-", "delay_bridge_replaced_total"),
-    )):  # fmt: skip
+    for n, (verb, prefix, applied) in enumerate(
+        (
+            ("cancel", "c-", 'delay_bridge_cancelled_total{result="cancelled"}'),
+            ("fire", "f-", "delay_bridge_replaced_total"),
+        )
+    ):
         command = subprocess.Popen(
             [sys.executable, "-m", "bridge", verb, "--key-prefix", prefix, "--yes"],
-            env=bridge.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            env=bridge.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(functools.partial(_counted, bridge, applied), 60, f"the {verb} applying")
         bridge.signal(signal.SIGKILL)
         bridge = fast_takeover(setup, f"bridge-{n + 2}", **instance)
@@ -275,14 +319,32 @@ def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_n
     def waiting() -> set[bytes]:
         keys: set[bytes] = set()
         for skip in range(0, 3 * count, 1000):  # a page is at most 1,000 records
-            proc = subprocess.run([sys.executable, "-m", "bridge", "list", "--json", "--limit",
-                                   "1000", "--skip", str(skip)], env=bridge.env,
-                                  capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bridge",
+                    "list",
+                    "--json",
+                    "--limit",
+                    "1000",
+                    "--skip",
+                    str(skip),
+                ],
+                env=bridge.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
             page = json.loads(proc.stdout)
             keys |= {r["key"].encode() for r in page}
             if len(page) < 1000:
                 break
         return keys
 
-    wait_for(lambda: waiting() == {f"k-{i}".encode() for i in range(count)}, 30,
-             "only the records left alone waiting")  # fmt: skip
+    wait_for(
+        lambda: waiting() == {f"k-{i}".encode() for i in range(count)},
+        30,
+        "only the records left alone waiting",
+    )

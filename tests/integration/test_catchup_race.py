@@ -50,8 +50,9 @@ def test_a_record_claimed_as_a_catch_up_begins_waits_for_it(
     store.add({SHARD: (0, [record])})
     producer = Producer({"bootstrap.servers": services.bootstrap})
     config = EgressConfig(batch_size=10, tick=0, send_tick=0, ahead=0)
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq",
-                    catch_up=catch_up)  # fmt: skip
+    egress = Egress(
+        producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq", catch_up=catch_up
+    )
     egress.add_shards({SHARD})
     egress.step()
     assert catch_up.horizons() == {SHARD: 0}

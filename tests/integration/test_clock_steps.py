@@ -21,20 +21,30 @@ HALF_AN_HOUR_MS = 30 * 60_000
 PYTHON_SHIFT = Path(__file__).parents[1] / "clock" / "python"  # its sitecustomize says why
 
 
-def _due_between(setup: Setup, count: int, first_s: float, last_s: float,
-                 extra: Headers | None = None) -> list[tuple[bytes, bytes, Headers]]:  # fmt: skip
+def _due_between(
+    setup: Setup, count: int, first_s: float, last_s: float, extra: Headers | None = None
+) -> list[tuple[bytes, bytes, Headers]]:
     now_ms = time.time_ns() // 1_000_000
     step_ms = (last_s - first_s) * 1000 / max(1, count - 1)
-    return [(f"k{i}".encode(), f"r{i}".encode(),
-             [(H_TARGET_TOPIC, setup.targets[0].encode()),
-              (H_DELIVER_AT, str(int(now_ms + first_s * 1000 + i * step_ms)).encode()),
-              *(extra or [])]) for i in range(count)]  # fmt: skip
+    return [
+        (
+            f"k{i}".encode(),
+            f"r{i}".encode(),
+            [
+                (H_TARGET_TOPIC, setup.targets[0].encode()),
+                (H_DELIVER_AT, str(int(now_ms + first_s * 1000 + i * step_ms)).encode()),
+                *(extra or []),
+            ],
+        )
+        for i in range(count)
+    ]
 
 
 def _early(records: list[Received]) -> list[tuple[str, int]]:
     """The records seen before their due time: (value, how many ms early)."""
-    return [((r.value or b"").decode(), r.due_ms - r.seen_ms) for r in records
-            if r.seen_ms < r.due_ms]  # fmt: skip
+    return [
+        ((r.value or b"").decode(), r.due_ms - r.seen_ms) for r in records if r.seen_ms < r.due_ms
+    ]
 
 
 def test_a_redis_clock_that_steps_forward_makes_nothing_early(

@@ -71,10 +71,16 @@ def schedule_some(setup: Setup) -> list[tuple[int, int]]:
     def later(key: bytes, after: bytes, *more: tuple[str, bytes]) -> tuple[bytes, bytes, Headers]:
         return key, b"value-" + key, [(H_TARGET_TOPIC, t0), (H_AFTER, after), *more]
 
-    return produce_all(setup.services.bootstrap, setup.delay, [
-        later(b"c-1", b"30m"), later(b"c-2", b"2h"), later(b"o-9", b"3h", (H_ID, b"order-9")),
-        (b"bad", b"no target", [(H_AFTER, b"1s")]),
-    ])  # fmt: skip
+    return produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            later(b"c-1", b"30m"),
+            later(b"c-2", b"2h"),
+            later(b"o-9", b"3h", (H_ID, b"order-9")),
+            (b"bad", b"no target", [(H_AFTER, b"1s")]),
+        ],
+    )
 
 
 def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
@@ -122,8 +128,11 @@ def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
     status, body = call(bridge, "/api/cancel", cancel)
     assert status == 200 and body["output"][0].startswith(f"cancel of order-9 {setup.delay}:"), body
     wait_for(lambda: waiting() == 2, 30, "order-9 cancelled")
-    wait_for(lambda: call(bridge, "/api/trace?id=order-9")[1]["result"]["fate"] == "cancelled",
-             30, "its fate journaled")  # fmt: skip
+    wait_for(
+        lambda: call(bridge, "/api/trace?id=order-9")[1]["result"]["fate"] == "cancelled",
+        30,
+        "its fate journaled",
+    )
     status, body = call(bridge, "/api/fire", {"key_prefix": "c-", "dry_run": True})
     assert status == 200 and body["output"][0].startswith("would fire 2 waiting records"), body
     status, body = call(bridge, "/api/fire", {"key_prefix": "c-", "yes": True})
@@ -150,10 +159,19 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
     """Debian's chromium, headless, driven by its chromedriver (scripts/tools chromium)."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--no-first-run", "--disable-background-networking", "--disable-sync",
-                 "--disable-component-update", "--disable-quic", "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path / 'chromium'}"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-sync",
+        "--disable-component-update",
+        "--disable-quic",
+        "--window-size=1280,900",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=ChromeService(CHROMEDRIVER), options=options)
     try:
@@ -199,8 +217,10 @@ def test_the_console_in_a_browser_shows_counts_and_fates_and_acts_with_the_token
     assert "order-9" in bridge.get("/ui/records")[1]  # the reads need no script
 
     browser.get(ui)
-    figures = {f.get_attribute("data-figure"): f.find_element(By.TAG_NAME, "b").text
-               for f in browser.find_elements(By.CSS_SELECTOR, ".figure")}  # fmt: skip
+    figures = {
+        f.get_attribute("data-figure"): f.find_element(By.TAG_NAME, "b").text
+        for f in browser.find_elements(By.CSS_SELECTOR, ".figure")
+    }
     assert (figures["waiting"], figures["references"], figures["in_flight"]) == ("1", "2", "0")
     bars = {
         chart.get_attribute("data-span"): [

@@ -27,18 +27,27 @@ def _service(
     """A bridge run in this process (group g-<unique>) on a delay topic of three partitions:
     (service, delay topic, target topic)."""
     delay, target = topics("delay", 3), topics("out")
-    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=topics("dlq"), topics__journal=topics("journal"),
-                     kafka__group_id=f"g-{unique}", redis__key_prefix=f"test-{unique}",
-                     **overrides)  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        services.redis_url,
+        topics__delay=delay,
+        topics__dead_letter=topics("dlq"),
+        topics__journal=topics("journal"),
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+        **overrides,
+    )
     return Service(from_mapping({}, env=env), CollectorRegistry()), delay, target
 
 
 @pytest.mark.parametrize("member", ["static", "own", "dynamic"])
 def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partitions_back(
-    member: str, services: Services, topics: TopicFactory, unique: str,
+    member: str,
+    services: Services,
+    topics: TopicFactory,
+    unique: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     overrides: dict[str, str] = {
         "static": {"kafka__group_instance_id": f"pod-{unique}"},  # the chart's StatefulSet
         "own": {},  # named after host and HTTP port (member_instance)
@@ -54,17 +63,28 @@ def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partiti
         wait_for(lambda: service.ingress.assigned == everything, 60, "the partitions assigned")
 
         def records(first: int) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-            return [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()),
-                                              (H_AFTER, b"%dms" % (i % 50 * 20))])
-                    for i in range(first, first + 300)]  # fmt: skip
+            return [
+                (
+                    b"k%d" % i,
+                    b"v%d" % i,
+                    [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"%dms" % (i % 50 * 20))],
+                )
+                for i in range(first, first + 300)
+            ]
 
         produce_all(services.bootstrap, delay, records(0))
         service.ingress.restart_soon("a test")
-        wait_for(lambda: "starting the delay-topic consumer again: a test" in caplog.text, 30,
-                 "the consumer started again")  # fmt: skip
+        wait_for(
+            lambda: "starting the delay-topic consumer again: a test" in caplog.text,
+            30,
+            "the consumer started again",
+        )
         produce_all(services.bootstrap, delay, records(300))
-        collector.until(lambda got: {r.value for r in got} >= {b"v%d" % i for i in range(600)},
-                        90, "all 600 records delivered")  # fmt: skip
+        collector.until(
+            lambda got: {r.value for r in got} >= {b"v%d" % i for i in range(600)},
+            90,
+            "all 600 records delivered",
+        )
         assert service.ingress.assigned == everything
         service.ingress.restart_soon("again, within a minute")  # at most one a minute
         assert not service.ingress.restarts.why
@@ -90,22 +110,39 @@ def test_a_static_consumer_fenced_fatally_starts_again_and_takes_its_partitions_
     caplog.set_level(logging.INFO)
     runner.start()
     collector = Collector(services.bootstrap, [target], f"check-{unique}")
-    intruder = Consumer({"bootstrap.servers": services.bootstrap, "group.id": group,
-                         "group.instance.id": instance, "session.timeout.ms": 6000,
-                         "partition.assignment.strategy": "cooperative-sticky"})  # fmt: skip
+    intruder = Consumer(
+        {
+            "bootstrap.servers": services.bootstrap,
+            "group.id": group,
+            "group.instance.id": instance,
+            "session.timeout.ms": 6000,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+    )
     try:
         wait_for(lambda: service.ingress.assigned == everything, 60, "the partitions assigned")
         intruder.subscribe([delay])
-        wait_for(lambda: intruder.poll(0.2) is None and bool(intruder.assignment()), 60,
-                 "the intruder assigned the partitions")  # fmt: skip
-        wait_for(lambda: "starting the delay-topic consumer again" in caplog.text, 60,
-                 "the fenced consumer started again")  # fmt: skip
+        wait_for(
+            lambda: intruder.poll(0.2) is None and bool(intruder.assignment()),
+            60,
+            "the intruder assigned the partitions",
+        )
+        wait_for(
+            lambda: "starting the delay-topic consumer again" in caplog.text,
+            60,
+            "the fenced consumer started again",
+        )
         intruder.close()
-        records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])
-                   for i in range(30)]  # fmt: skip
+        records = [
+            (b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])
+            for i in range(30)
+        ]
         produce_all(services.bootstrap, delay, records)
-        collector.until(lambda got: {r.value for r in got} >= {b"v%d" % i for i in range(30)},
-                        60, "the records produced after the fence delivered")  # fmt: skip
+        collector.until(
+            lambda got: {r.value for r in got} >= {b"v%d" % i for i in range(30)},
+            60,
+            "the records produced after the fence delivered",
+        )
         assert service.ingress.assigned == everything
         assert service.health() == []
     finally:

@@ -48,24 +48,44 @@ def test_the_etf1_dialect_takes_what_an_etf1_producer_sends(
     target = setup.targets[0].encode()
     epoch = str(int(time.time()) + 2).encode()  # unix seconds
     etf1: list[Record] = [
-        (b"timeout-1", b"expire 1", [("scheduler-epoch", epoch), ("scheduler-target-topic", target),
-                                     ("scheduler-target-key", b"order-1")]),
-        (b"timeout-2", b"expire 2", [("scheduler-epoch", epoch), ("scheduler-target-topic", target),
-                                     ("scheduler-target-key", b"order-2")]),
+        (
+            b"timeout-1",
+            b"expire 1",
+            [
+                ("scheduler-epoch", epoch),
+                ("scheduler-target-topic", target),
+                ("scheduler-target-key", b"order-1"),
+            ],
+        ),
+        (
+            b"timeout-2",
+            b"expire 2",
+            [
+                ("scheduler-epoch", epoch),
+                ("scheduler-target-topic", target),
+                ("scheduler-target-key", b"order-2"),
+            ],
+        ),
         (b"timeout-2", None, []),  # a tombstone: timeout-2 is cancelled
-        (b"timeout-3", b"late", [("scheduler-epoch", str(int(epoch) + 1).encode()),
-                                 ("scheduler-target-topic", target)]),
-    ]  # fmt: skip
+        (
+            b"timeout-3",
+            b"late",
+            [("scheduler-epoch", str(int(epoch) + 1).encode()), ("scheduler-target-topic", target)],
+        ),
+    ]
     produce_all(setup.services.bootstrap, setup.delay, etf1)
     collector = setup.collector()
     try:
-        collector.until(lambda rs: {r.value for r in rs} >= {b"expire 1", b"late"}, 60,
-                        "the etf1 schedules")  # fmt: skip
+        collector.until(
+            lambda rs: {r.value for r in rs} >= {b"expire 1", b"late"}, 60, "the etf1 schedules"
+        )
     finally:
         collector.close()
     # What etf1 itself delivers: the target key, or a null key when none is given ...
     assert sorted((r.key or b"", r.value, r.delay_id) for r in collector.records) == [
-        (b"", b"late", "timeout-3"), (b"order-1", b"expire 1", "timeout-1")]  # fmt: skip
+        (b"", b"late", "timeout-3"),
+        (b"order-1", b"expire 1", "timeout-1"),
+    ]
     [first] = [r for r in collector.records if r.value == b"expire 1"]
     [late] = [r for r in collector.records if r.value == b"late"]
     assert late.key is None
@@ -74,13 +94,18 @@ def test_the_etf1_dialect_takes_what_an_etf1_producer_sends(
     produced = {r.key: r for r in produced_records(setup)}
     etf1_headers = {n: v for n, v in first.headers if n.startswith("scheduler-")}
     assert etf1_headers == {
-        "scheduler-epoch": epoch, "scheduler-target-topic": target,
-        "scheduler-target-key": b"order-1", "scheduler-key": b"timeout-1",
+        "scheduler-epoch": epoch,
+        "scheduler-target-topic": target,
+        "scheduler-target-key": b"order-1",
+        "scheduler-key": b"timeout-1",
         "scheduler-topic": setup.delay.encode(),
         "scheduler-timestamp": str(produced[b"timeout-1"].timestamp_ms // 1000).encode(),
-    }  # fmt: skip
+    }
     assert [n for n, _ in first.headers if n.startswith("scheduler-")][:3] == [
-        "scheduler-epoch", "scheduler-target-topic", "scheduler-target-key"]  # fmt: skip
+        "scheduler-epoch",
+        "scheduler-target-topic",
+        "scheduler-target-key",
+    ]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
 
 
@@ -102,8 +127,9 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
     def at(seconds: float) -> bytes:  # "UTC timestamp in ISO format", as the guide writes it
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds)).encode()
 
-    def request(rid: bytes | None, when: bytes | None, action: bytes | None = None,
-                **headers: bytes) -> list[tuple[str, bytes | None]]:  # fmt: skip
+    def request(
+        rid: bytes | None, when: bytes | None, action: bytes | None = None, **headers: bytes
+    ) -> list[tuple[str, bytes | None]]:
         out: list[tuple[str, bytes | None]] = [("x-scheduler-deliver-to", target)]
         out += [] if when is None else [("x-scheduler-deliver-at", when)]
         out += [] if rid is None else [("x-scheduler-request-id", rid)]
@@ -115,17 +141,23 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
     kaspr: list[Record] = [
         # ADD, then REPLACE of the same request id with a new time and value.
         (b"order-123", value, request(b"reminder-order-123", first_due, trace=b"t-1")),
-        (b"order-123", b'{"type": "send-reminder", "v": 2}',
-         request(b"reminder-order-123", at(12), b"REPLACE")),
+        (
+            b"order-123",
+            b'{"type": "send-reminder", "v": 2}',
+            request(b"reminder-order-123", at(12), b"REPLACE"),
+        ),
         # ADD, then CANCEL (only the request id).
         (b"order-456", value, request(b"reminder-order-456", at(8))),
-        (b"order-456", None, [("x-scheduler-action", b"CANCEL"),
-                              ("x-scheduler-request-id", b"reminder-order-456")]),
+        (
+            b"order-456",
+            None,
+            [("x-scheduler-action", b"CANCEL"), ("x-scheduler-request-id", b"reminder-order-456")],
+        ),
         # The guide's own example time is in the past: delivered at once.
         (b"order-789", value, request(b"reminder-order-789", b"2026-05-24T12:30:00Z")),
         # Kaspr rejects a REPLACE without a request id; the bridge dead-letters it.
         (b"order-000", value, request(None, at(4), b"REPLACE")),
-    ]  # fmt: skip
+    ]
     collector = setup.collector()  # joining its group meanwhile
     produce_all(setup.services.bootstrap, setup.delay, kaspr)
     try:
@@ -138,17 +170,40 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
         assert b"a REPLACE needs x-scheduler-request-id" in detail
         collector.until(lambda rs: len(rs) >= 3, 30, "the replaced request")
         cli = cli_of(bridge)
-        made = cli("produce", "--target", setup.targets[0], "--after", "3s", "--id", "cli-1",
-                   "--key", "u1", "from the CLI")  # fmt: skip
+        made = cli(
+            "produce",
+            "--target",
+            setup.targets[0],
+            "--after",
+            "3s",
+            "--id",
+            "cli-1",
+            "--key",
+            "u1",
+            "from the CLI",
+        )
         assert made.returncode == 0, made.stderr
-        made = cli("produce", "--target", setup.targets[0], "--after", "30s", "--id", "cli-2",
-                   "--key", "u2", "cancelled")  # fmt: skip
+        made = cli(
+            "produce",
+            "--target",
+            setup.targets[0],
+            "--after",
+            "30s",
+            "--id",
+            "cli-2",
+            "--key",
+            "u2",
+            "cancelled",
+        )
         assert made.returncode == 0, made.stderr
         wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 6, 30, "both stored")
         done = cli("cancel", "--id", "cli-2")
         assert done.returncode == 0, done.stderr
-        wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
-                 10, "the CLI's cancel counted")  # fmt: skip
+        wait_for(
+            lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
+            10,
+            "the CLI's cancel counted",
+        )
         collector.until(lambda rs: len(rs) >= 4, 30, "the CLI's record")
     finally:
         collector.close()
@@ -167,6 +222,11 @@ def test_the_kaspr_dialect_takes_the_examples_of_kasprs_guide(
     assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="bad-header"}') == 1
     # What the command line wrote is a Kaspr request, as another Kaspr producer would send it.
     by_cli = [r for r in produced_records(setup, 9) if r.key == b"u2"]
-    assert [(r.header("x-scheduler-action"), r.header("x-scheduler-request-id"),
-             r.header("x-scheduler-deliver-to")) for r in by_cli] == [
-        (None, b"cli-2", target), (b"CANCEL", b"cli-2", None)]  # fmt: skip
+    assert [
+        (
+            r.header("x-scheduler-action"),
+            r.header("x-scheduler-request-id"),
+            r.header("x-scheduler-deliver-to"),
+        )
+        for r in by_cli
+    ] == [(None, b"cli-2", target), (b"CANCEL", b"cli-2", None)]

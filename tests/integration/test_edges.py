@@ -48,17 +48,27 @@ def test_due_times_before_2000_are_dead_lettered_and_the_rest_delivered_once(
     soon = str(time.time_ns() // 1_000_000 + 2000).encode()
 
     def record(value: bytes, at: bytes, priority: bytes = b"normal") -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
-        return (b"one-partition", value, [(H_TARGET_TOPIC, target), (H_DELIVER_AT, at),
-                                          (H_PRIORITY, priority)])  # fmt: skip
+        return (
+            b"one-partition",
+            value,
+            [(H_TARGET_TOPIC, target), (H_DELIVER_AT, at), (H_PRIORITY, priority)],
+        )
 
-    refused = {b"just-before-1970": b"1969-12-31T23:59:59Z", b"go-zero-time": b"0001-01-01T00:00:00Z",
-               b"moon-landing": b"1969-07-20T20:17:00Z", b"in-1999": b"1999-12-31T23:59:59.999Z"}  # fmt: skip
-    records = [record(b"just-before-1970", refused[b"just-before-1970"], b"high"),
-               record(b"go-zero-time", refused[b"go-zero-time"]),
-               record(b"moon-landing", refused[b"moon-landing"]),
-               record(b"in-1999", refused[b"in-1999"], b"low"),
-               record(b"high-1", soon, b"high"), record(b"high-2", soon, b"high"),
-               record(b"normal-1", soon)]  # fmt: skip
+    refused = {
+        b"just-before-1970": b"1969-12-31T23:59:59Z",
+        b"go-zero-time": b"0001-01-01T00:00:00Z",
+        b"moon-landing": b"1969-07-20T20:17:00Z",
+        b"in-1999": b"1999-12-31T23:59:59.999Z",
+    }
+    records = [
+        record(b"just-before-1970", refused[b"just-before-1970"], b"high"),
+        record(b"go-zero-time", refused[b"go-zero-time"]),
+        record(b"moon-landing", refused[b"moon-landing"]),
+        record(b"in-1999", refused[b"in-1999"], b"low"),
+        record(b"high-1", soon, b"high"),
+        record(b"high-2", soon, b"high"),
+        record(b"normal-1", soon),
+    ]
     produce_all(setup.services.bootstrap, setup.delay, records)
     bridge = setup.bridge().start()
     bridges.append(bridge)
@@ -81,8 +91,10 @@ def test_due_times_before_2000_are_dead_lettered_and_the_rest_delivered_once(
 
 
 def _deliver_one_per_partition(setup: Setup, partitions: int, tag: str) -> ToPartition:
-    return [(p, f"{tag}-{p}".encode(), [(H_TARGET_TOPIC, setup.targets[0].encode()),
-                                        (H_AFTER, b"0ms")]) for p in range(partitions)]  # fmt: skip
+    return [
+        (p, f"{tag}-{p}".encode(), [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")])
+        for p in range(partitions)
+    ]
 
 
 def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
@@ -91,16 +103,26 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
     """A 2 MB record (compressed by its producer) on a delay topic that takes 5 MB is too-large;
     its DLQ copy was refused (by the bridge's producer, and by a DLQ topic that takes less), the
     batch was retried forever and nothing was ingested on any partition."""
-    setup = Setup(services, topics("delay", 3, config={"max.message.bytes": "5242880"}),
-                  [topics("out")], topics("dlq", config={"max.message.bytes": "4000"}), unique,
-                  tmp_path, topics("journal"))  # fmt: skip
+    setup = Setup(
+        services,
+        topics("delay", 3, config={"max.message.bytes": "5242880"}),
+        [topics("out")],
+        topics("dlq", config={"max.message.bytes": "4000"}),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
     target = setup.targets[0].encode()
     oversized: ToPartition = [
         (0, b"x" * 2_000_000, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),  # too-large
         (1, b"y" * 10_000, [(H_TARGET_TOPIC, b"bad\xff"), (H_AFTER, b"0ms")]),  # bad-header
     ]
-    produce_to(services.bootstrap, setup.delay, oversized, **{"compression.type": "lz4",
-             "message.max.bytes": "5242880"})  # fmt: skip
+    produce_to(
+        services.bootstrap,
+        setup.delay,
+        oversized,
+        **{"compression.type": "lz4", "message.max.bytes": "5242880"},
+    )
     produce_to(services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
     bridges.append(setup.bridge().start())
     collector = setup.collector()
@@ -109,7 +131,10 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
     finally:
         collector.close()
     assert sorted(r.value or b"" for r in collector.of(setup.targets[0])) == [
-        b"after-0", b"after-1", b"after-2"]  # fmt: skip
+        b"after-0",
+        b"after-1",
+        b"after-2",
+    ]
     dead = {int((r.header(H_ORIGIN) or b"").split(b":")[1]): r for r in collector.of(setup.dlq)}
     assert set(dead) == {0, 1}
     for partition, reason, size in ((0, b"too-large", 2_000_000), (1, b"bad-header", 10_000)):
@@ -149,7 +174,11 @@ def test_a_dlq_refusal_holds_its_partition_only(
     finally:
         collector.close()
     assert sorted(r.value or b"" for r in collector.records) == [
-        b"after-0", b"after-1", b"after-2", b"bad"]  # fmt: skip
+        b"after-0",
+        b"after-1",
+        b"after-2",
+        b"bad",
+    ]
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz 200 once the DLQ exists")
 
 
@@ -159,8 +188,15 @@ def test_a_delivery_failed_copy_too_large_for_the_dlq_goes_without_its_value(
     """A record its target refuses as too large goes to the DLQ as delivery-failed; a DLQ that
     refused the copy too had it released, claimed again with its attempts back at 0, forever."""
     small = {"max.message.bytes": "1000"}
-    setup = Setup(services, topics("delay"), [topics("out", config=small)],
-                  topics("dlq", config=small), unique, tmp_path, topics("journal"))  # fmt: skip
+    setup = Setup(
+        services,
+        topics("delay"),
+        [topics("out", config=small)],
+        topics("dlq", config=small),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
     bridges.append(setup.bridge(egress__max_attempts="2").start())
     headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")]
     produce_all(services.bootstrap, setup.delay, [(b"k", b"x" * 5000, headers)])
@@ -189,7 +225,8 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
         collector.close()
     assert time.monotonic() - grown < 30
     assert sorted(r.value or b"" for r in collector.records) == [
-        f"grown-{p}".encode() for p in range(6)]  # fmt: skip
+        f"grown-{p}".encode() for p in range(6)
+    ]
 
 
 def test_a_cancel_or_replacement_in_another_partition_finds_its_record(
@@ -205,14 +242,24 @@ def test_a_cancel_or_replacement_in_another_partition_finds_its_record(
     def schedule(delay_id: bytes, after: bytes) -> Headers:
         return [(H_TARGET_TOPIC, target), (H_AFTER, after), (H_ID, delay_id)]
 
-    produce_to(setup.services.bootstrap, setup.delay,
-             [(0, b"cancelled", schedule(b"order-9", b"8s")),
-              (0, b"replaced", schedule(b"order-10", b"8s"))])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"cancelled", schedule(b"order-9", b"8s")),
+            (0, b"replaced", schedule(b"order-10", b"8s")),
+        ],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 2, 30, "both stored")
-    produce_to(setup.services.bootstrap, setup.delay,
-             [(1, None, [(H_CANCEL, b"order-9")]),
-              (2, b"replacement", schedule(b"order-10", b"1s")),
-              (2, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"9s")])])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (1, None, [(H_CANCEL, b"order-9")]),
+            (2, b"replacement", schedule(b"order-10", b"1s")),
+            (2, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"9s")]),
+        ],
+    )
     records = setup.await_value(b"marker", 60, "the marker, due after the others")
     assert sorted(r.value or b"" for r in records) == [b"marker", b"replacement"]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
@@ -231,14 +278,21 @@ def test_a_cancel_behind_a_held_record_still_wins(
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready: the partitions read live")
     admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
-    produce_to(setup.services.bootstrap, setup.delay, [
-        (0, b"R", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s"), (H_ID, b"x")]),
-        (0, b"needs-the-dlq", [(H_AFTER, b"0ms")]),
-        (0, None, [(H_CANCEL, b"x")]),
-        (0, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"8s")]),
-    ])  # fmt: skip
-    wait_for(lambda: f"{setup.delay}[0] waits at offset 1" in bridge.get("/readyz")[1], 30,
-             "the partition held at the record that needs the DLQ")  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"R", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s"), (H_ID, b"x")]),
+            (0, b"needs-the-dlq", [(H_AFTER, b"0ms")]),
+            (0, None, [(H_CANCEL, b"x")]),
+            (0, b"marker", [(H_TARGET_TOPIC, target), (H_AFTER, b"8s")]),
+        ],
+    )
+    wait_for(
+        lambda: f"{setup.delay}[0] waits at offset 1" in bridge.get("/readyz")[1],
+        30,
+        "the partition held at the record that needs the DLQ",
+    )
     started = time.monotonic()
     wait_for(lambda: time.monotonic() - started > 8, 20, "R's due time passing while held")
     topics.recreate(setup.dlq)
@@ -257,10 +311,14 @@ def test_each_loop_meets_the_values_that_stopped_it_and_goes_on(
     target = setup.targets[0].encode()
     many: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), *[("h", None)] * 70_000]
     due_later = str(time.time_ns() // 1_000_000 + 60_000).encode()
-    produce_to(setup.services.bootstrap, setup.delay, [
-        (0, b"many-headers", many),
-        (1, b"corrupted", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, due_later)]),
-    ])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"many-headers", many),
+            (1, b"corrupted", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, due_later)]),
+        ],
+    )
     bridge = setup.bridge().start()
     bridges.append(bridge)
     collector = setup.collector()

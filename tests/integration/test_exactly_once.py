@@ -53,8 +53,14 @@ def each_once(collector: Collector, setup: Setup, expected: dict[str, int], time
 def journaled(bootstrap: str, journal: str) -> collections.Counter[tuple[str, int, int]]:
     """How many committed journal entries name each delay-topic record (topic, partition,
     offset)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "journal",
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "journal",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
     partitions = consumer.list_topics(journal, timeout=10).topics[journal].partitions
     consumer.assign([TopicPartition(journal, p, 0) for p in partitions])
     counts: collections.Counter[tuple[str, int, int]] = collections.Counter()
@@ -129,12 +135,18 @@ def test_a_frozen_replica_that_wakes_after_its_partitions_moved_cannot_commit(
         try:
             other = fast_takeover(setup, "other", **EXACTLY_ONCE)
             bridges.append(other)
-            wait_for(lambda: metric(other, "delay_bridge_delivered_total") > 0, 60,
-                     "the next owner delivers")  # fmt: skip
+            wait_for(
+                lambda: metric(other, "delay_bridge_delivered_total") > 0,
+                60,
+                "the next owner delivers",
+            )
         finally:
             frozen.signal(signal.SIGCONT)
-        wait_for(lambda: metric(frozen, 'delay_bridge_transactions_total{result="fenced"}') >= 1,
-                 60, "the woken replica fenced")  # fmt: skip
+        wait_for(
+            lambda: metric(frozen, 'delay_bridge_transactions_total{result="fenced"}') >= 1,
+            60,
+            "the woken replica fenced",
+        )
         each_once(collector, setup, expected, timeout=120)
     finally:
         collector.close()
@@ -196,14 +208,22 @@ def test_a_burst_with_long_ids_commits_with_its_whole_journal(
     bridges.append(bridge.start())
     assert wait_ready(bridge)
     target = setup.targets[0].encode()
-    produce_all(setup.services.bootstrap, setup.delay, [
-        (b"one-partition", b"burst-%d" % i,
-         [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_ID, b"%064d" % i)])
-        for i in range(6000)
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (
+                b"one-partition",
+                b"burst-%d" % i,
+                [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_ID, b"%064d" % i)],
+            )
+            for i in range(6000)
+        ],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_delivered_total") == 6000, 120, "all delivered")
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 6000, 30,
-             "all journaled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 6000, 30, "all journaled"
+    )
     assert metric(bridge, "delay_bridge_journal_failures_total") == 0
     counts = journaled(setup.services.bootstrap, setup.journal)
     assert len(counts) == 6000 and set(counts.values()) == {1}
@@ -219,15 +239,19 @@ def test_a_partition_whose_producer_cannot_start_holds_up_that_partition_alone(
     bridge.env.update(TXN_FAULT_PARTITION="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
     bridges.append(bridge.start())
     now: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")]
-    produce_to(setup.services.bootstrap, setup.delay,
-               [(p, f"p{p}-{i}".encode(), now) for p in (0, 1, 2) for i in range(5)])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(p, f"p{p}-{i}".encode(), now) for p in (0, 1, 2) for i in range(5)],
+    )
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= 10, 60, "partitions 0 and 2 delivered")
     finally:
         collector.close()
     assert sorted(r.value or b"" for r in collector.records) == sorted(
-        f"p{p}-{i}".encode() for p in (0, 2) for i in range(5))  # fmt: skip
+        f"p{p}-{i}".encode() for p in (0, 2) for i in range(5)
+    )
     status, body = bridge.get("/readyz")
     assert status == 503 and f"{setup.delay}[1]" in body, body
     assert "injected by the test" in body and f"{setup.delay}[0]" not in body, body

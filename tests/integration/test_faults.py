@@ -28,8 +28,14 @@ pytestmark = pytest.mark.integration
 def valid(
     target: str, count: int, tag: str, after: str = "0ms"
 ) -> list[tuple[None, bytes, Headers]]:
-    return [(None, f"{tag}-{i}".encode(), [(H_TARGET_TOPIC, target.encode()), (H_AFTER, after.encode())])
-            for i in range(count)]  # fmt: skip
+    return [
+        (
+            None,
+            f"{tag}-{i}".encode(),
+            [(H_TARGET_TOPIC, target.encode()), (H_AFTER, after.encode())],
+        )
+        for i in range(count)
+    ]
 
 
 def test_a_missing_dlq_turns_readyz_red_until_it_is_created(
@@ -46,8 +52,11 @@ def test_a_missing_dlq_turns_readyz_red_until_it_is_created(
     missing = f"DLQ topic {setup.dlq} is not usable: it does not exist"
     wait_for(lambda: missing in bridge.get("/readyz")[1], 30, "/readyz naming the missing DLQ")
     assert bridge.get("/readyz")[0] == 503
-    wait_for(lambda: metric(bridge, "delay_bridge_dlq_produce_errors_total") > 0, 60,
-             "a counted DLQ produce failure")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_dlq_produce_errors_total") > 0,
+        60,
+        "a counted DLQ produce failure",
+    )
     assert "delay_bridge_ready 0.0" in bridge.get("/metrics")[1]
     topics.recreate(setup.dlq)  # created again: the record behind the bad one moves on
     collector = setup.collector()
@@ -63,13 +72,22 @@ def test_a_target_and_dlq_refusing_records_back_off_instead_of_spinning(
 ) -> None:
     small = {"max.message.bytes": "1000"}  # the target refuses the 2 kB records every time
     tiny = {"max.message.bytes": "100"}  # the DLQ refuses them even without their value
-    setup = Setup(services, topics("delay"), [topics("out", config=small)],
-                  topics("dlq", config=tiny), unique, tmp_path, topics("journal"))  # fmt: skip
+    setup = Setup(
+        services,
+        topics("delay"),
+        [topics("out", config=small)],
+        topics("dlq", config=tiny),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
     bridge = setup.bridge(egress__max_attempts="1").start()
     bridges.append(bridge)
-    produce_all(services.bootstrap, setup.delay,
-                [(None, b"x" * 2000, [(H_TARGET_TOPIC, setup.targets[0].encode()),
-                                      (H_AFTER, b"0ms")])] * 3)  # fmt: skip
+    produce_all(
+        services.bootstrap,
+        setup.delay,
+        [(None, b"x" * 2000, [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")])] * 3,
+    )
     wait_for(lambda: "deliveries to " + setup.dlq in bridge.output(), 60, "a failing DLQ")
     status, body = bridge.get("/readyz")
     assert status == 503 and f"DLQ produce to {setup.dlq} failed" in body, body
@@ -92,14 +110,23 @@ def test_a_record_refused_for_a_while_is_retried_after_its_back_off_not_its_leas
     and the record is released with a back-off (at most 5 s). Once the DLQ exists it arrives
     within that back-off — not when its 120 s lease would have run out."""
     small = {"max.message.bytes": "1000"}
-    setup = Setup(services, topics("delay"), [topics("out", config=small)], topics("dlq"),
-                  unique, tmp_path, topics("journal"))  # fmt: skip
+    setup = Setup(
+        services,
+        topics("delay"),
+        [topics("out", config=small)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
     topics.admin.delete_topics([setup.dlq])[setup.dlq].result(timeout=30)
     bridge = setup.bridge(egress__max_attempts="1", egress__lease="120s").start()
     bridges.append(bridge)
-    produce_all(services.bootstrap, setup.delay,
-                [(None, b"x" * 2000, [(H_TARGET_TOPIC, setup.targets[0].encode()),
-                                      (H_AFTER, b"0ms")])])  # fmt: skip
+    produce_all(
+        services.bootstrap,
+        setup.delay,
+        [(None, b"x" * 2000, [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")])],
+    )
     wait_for(lambda: "deliveries to " + setup.dlq in bridge.output(), 60, "a failing DLQ")
     topics.recreate(setup.dlq)
     collector = setup.collector()
@@ -124,8 +151,11 @@ def test_a_read_only_redis_turns_readyz_red_and_names_it(
         assert "READONLY" in body and "replica, not the master" in body, body
         # The probe may say it first; the stages' log lines follow at their next write.
         wait_for(lambda: "READONLY" in bridge.output(), 10, "the log to name READONLY")
-        wait_for(lambda: "delay_bridge_redis_writable 0.0" in bridge.get("/metrics")[1], 10,
-                 "the writable gauge at 0")  # fmt: skip
+        wait_for(
+            lambda: "delay_bridge_redis_writable 0.0" in bridge.get("/metrics")[1],
+            10,
+            "the writable gauge at 0",
+        )
     finally:
         client.replicaof("NO", "ONE")
         client.close()
@@ -147,20 +177,29 @@ def test_redis_out_of_memory_shows_in_the_writable_gauge_and_counts_each_cancel_
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0]
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(b"k", b"remind", delay_headers(target, after="1h", delay_id="remind-1"))])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(b"k", b"remind", delay_headers(target, after="1h", delay_id="remind-1"))],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the first record")
     client = redis.Redis.from_url(scratch_redis)
     used = int(cast(dict[str, Any], client.info("memory"))["used_memory"])
     client.config_set("maxmemory", used + 300_000)
     try:
-        big = [(b"k", b"x" * 20_000, delay_headers(target, after="1h", delay_id=f"big-{i}"))
-               for i in range(60)]  # fmt: skip
-        produce_all(setup.services.bootstrap, setup.delay,
-                    [*big, (b"k", b"", cancel_headers("remind-1"))])  # fmt: skip
+        big = [
+            (b"k", b"x" * 20_000, delay_headers(target, after="1h", delay_id=f"big-{i}"))
+            for i in range(60)
+        ]
+        produce_all(
+            setup.services.bootstrap, setup.delay, [*big, (b"k", b"", cancel_headers("remind-1"))]
+        )
         wait_for(lambda: "out of memory" in bridge.get("/readyz")[1], 30, "/readyz names OOM")
-        wait_for(lambda: metric(bridge, "delay_bridge_redis_writable") == 0, 10,
-                 "the writable gauge at 0 while real writes are refused")  # fmt: skip
+        wait_for(
+            lambda: metric(bridge, "delay_bridge_redis_writable") == 0,
+            10,
+            "the writable gauge at 0 while real writes are refused",
+        )
         assert client.set("the-probe-still-fits", b"1")  # what the probe does: it fits
     finally:
         client.config_set("maxmemory", 0)
@@ -209,23 +248,33 @@ def test_permission_errors_are_named(
     bridges.append(no_config.start())
     wait_for(lambda: "NOPERM" in no_keys.get("/readyz")[1], 30, "NOPERM in /readyz")
     wait_for(lambda: no_config.get("/readyz")[0] == 200, 60, "the other bridge ready")
-    wait_for(lambda: "could not check that Redis does not evict" in no_config.output(), 30,
-             "the skipped eviction check said once")  # fmt: skip
+    wait_for(
+        lambda: "could not check that Redis does not evict" in no_config.output(),
+        30,
+        "the skipped eviction check said once",
+    )
     assert "NOPERM" in no_config.output()
 
 
 def test_an_unreachable_kafka_does_not_flood_the_log(
     services: Services, unique: str, tmp_path: Path, dead_port: int
 ) -> None:
-    env = bridge_env(f"127.0.0.1:{dead_port}", services.redis_url, kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    env = bridge_env(
+        f"127.0.0.1:{dead_port}",
+        services.redis_url,
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+    )
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     try:
         wait_for(lambda: "Connection refused" in bridge.output(), 30, "the first connect error")
         window = time.monotonic() + 5
         wait_for(lambda: time.monotonic() > window, 10, "a 5 s window")
-        noisy = [line for line in bridge.output().splitlines()
-                 if " ERROR " in line or " WARNING " in line]  # fmt: skip
+        noisy = [
+            line
+            for line in bridge.output().splitlines()
+            if " ERROR " in line or " WARNING " in line
+        ]
         # One line per distinct fault (consumer, producers, admin), not one per reconnect (each
         # client reconnects about seven times in 5 s: its backoff doubles from 0.1 s to 1 s).
         assert len(noisy) <= 12, "\n".join(noisy)
@@ -240,15 +289,22 @@ def test_start_up_asks_kafka_beside_the_wait_for_redis_not_one_question_after_an
     topics' retention, the first description of the topics — each waits out its 10 s timeout.
     They run side by side (and beside the wait for Redis): the consumer subscribes after one
     timeout, where it took two one after the other."""
-    env = bridge_env(f"127.0.0.1:{dead_port}", services.redis_url, kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    env = bridge_env(
+        f"127.0.0.1:{dead_port}",
+        services.redis_url,
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+    )
     service = Service(from_mapping({}, env=env), CollectorRegistry())
     started = time.monotonic()
     runner = threading.Thread(target=service.run)
     runner.start()
     try:
-        wait_for(lambda: any(t.name == "ingress" for t in threading.enumerate()), 30,
-                 "the ingress started")  # fmt: skip
+        wait_for(
+            lambda: any(t.name == "ingress" for t in threading.enumerate()),
+            30,
+            "the ingress started",
+        )
         assert time.monotonic() - started < 15
     finally:
         service.stop_event.set()

@@ -132,8 +132,11 @@ def test_a_cross_partition_cancel_outlives_a_fault_after_its_batch_was_stored(
     produce_to(setup.services.bootstrap, setup.delay, [(0, b"ordered", [*later, (H_ID, b"x1")])])
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
     produce_to(setup.services.bootstrap, setup.delay, [(1, None, [(H_CANCEL, b"x1")])])
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 30,
-             "the cancel applied")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1,
+        30,
+        "the cancel applied",
+    )
     assert "injected by the test" in bridge.output()
     assert metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 0
 
@@ -157,8 +160,11 @@ def test_a_cross_partition_cancel_left_to_do_by_a_killed_bridge_is_done_by_the_n
     first.wait(30)
     second = setup.bridge("second").start()
     bridges.append(second)
-    wait_for(lambda: metric(second, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 60,
-             "the cancel applied by the next bridge")  # fmt: skip
+    wait_for(
+        lambda: metric(second, 'delay_bridge_cancelled_total{result="cancelled"}') == 1,
+        60,
+        "the cancel applied by the next bridge",
+    )
     # Read again from below its watermark on purpose, not as a log that went back (retired and
     # read from its beginning, every record of it stored again).
     assert "went back" not in second.output()
@@ -192,8 +198,11 @@ def test_a_default_id_named_without_its_due_time_is_read_not_scanned_for(
         ]
         produce_to(setup.services.bootstrap, setup.delay, named)
         setup.await_value(b"fired", 60, "the replacement")
-        wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
-                 30, "both cancels applied")  # fmt: skip
+        wait_for(
+            lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
+            30,
+            "both cancels applied",
+        )
         assert metric(bridge, "delay_bridge_replaced_total") == 1
         assert _zscans(client) == before
         client.close()
@@ -227,9 +236,12 @@ def test_a_record_whose_headers_fill_the_delay_topic_has_a_stub_in_the_dlq(
     stays in the delay topic, and the record behind it is delivered."""
     target = setup.targets[0].encode()
     big: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"soon"), ("blob", b"b" * 1_048_440)]
-    produce_to(setup.services.bootstrap, setup.delay,
-               [(0, b"v", big), (0, b"behind", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])],
-               **{"message.max.bytes": "2000000"})  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"v", big), (0, b"behind", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])],
+        **{"message.max.bytes": "2000000"},
+    )
     bridges.append(setup.bridge().start())
     records = setup.await_value(b"behind", 60, "the record behind the large one")
     (dead,) = [r for r in records if r.topic == setup.dlq]
@@ -294,8 +306,11 @@ def test_one_long_field_is_cut_in_tables_pages_and_log_lines(
     page and the log line. Each cuts it with an ellipsis now; ``--json`` and the API have it
     whole."""
     target = "t" * 5000
-    produce_to(setup.services.bootstrap, setup.delay,
-               [(0, b"long", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"long", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])],
+    )
     bridge = setup.bridge().start()
     bridges.append(bridge)
     records = setup.await_value(b"long", 60, "the dead letter")
@@ -321,8 +336,11 @@ def test_reads_show_payloads_only_to_a_token_and_can_need_one(
     token (the read one or the write one)."""
     (tmp_path / "write").write_text("w-token\n")
     (tmp_path / "read").write_text("r-token\n")
-    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"10m"),
-                        ("secret-header", b"s3cr3t")]  # fmt: skip
+    headers: Headers = [
+        (H_TARGET_TOPIC, setup.targets[0].encode()),
+        (H_AFTER, b"10m"),
+        ("secret-header", b"s3cr3t"),
+    ]
     produce_to(setup.services.bootstrap, setup.delay, [(0, b"the-payload", headers)])
     bridge = setup.bridge(http__console__token_file=str(tmp_path / "write")).start()
     bridges.append(bridge)
@@ -340,9 +358,10 @@ def test_reads_show_payloads_only_to_a_token_and_can_need_one(
     assert "s3cr3t" in shown and "the-payload" in shown
     bridge.kill()
     guarded = setup.bridge(
-        "guarded", http__console__token_file=str(tmp_path / "write"),
+        "guarded",
+        http__console__token_file=str(tmp_path / "write"),
         http__console__read_token_file=str(tmp_path / "read"),
-    ).start()  # fmt: skip
+    ).start()
     bridges.append(guarded)
     assert wait_ready(guarded), guarded.output()
     for path in ("/api/status", "/ui", trace):
@@ -359,11 +378,21 @@ def test_a_delivery_failed_copy_too_large_without_its_value_goes_as_a_stub(
     """A record its target refuses, whose headers alone are more than the DLQ takes: its copy
     without its value was refused too, and it was claimed again for good. A stub goes now."""
     small = {"max.message.bytes": "1000"}
-    setup = Setup(services, topics("delay"), [topics("out", config=small)],
-                  topics("dlq", config=small), unique, tmp_path, topics("journal"))  # fmt: skip
+    setup = Setup(
+        services,
+        topics("delay"),
+        [topics("out", config=small)],
+        topics("dlq", config=small),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
     bridges.append(setup.bridge(egress__max_attempts="2").start())
-    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms"),
-                        ("blob", b"b" * 3000)]  # fmt: skip
+    headers: Headers = [
+        (H_TARGET_TOPIC, setup.targets[0].encode()),
+        (H_AFTER, b"0ms"),
+        ("blob", b"b" * 3000),
+    ]
     produce_to(services.bootstrap, setup.delay, [(0, b"x" * 5000, headers)])
     dead = setup.await_value(None, 60, "the stub")
     assert [r.topic for r in dead] == [setup.dlq]

@@ -30,9 +30,15 @@ pytestmark = pytest.mark.integration
 
 def trace(setup: Setup, *args: str) -> tuple[int, dict[str, Any], str]:
     """``delay-bridge trace ARGS --json``: exit code, the JSON, stderr."""
-    proc = subprocess.run([sys.executable, "-m", "bridge", "trace", *args, "--json"], cwd=ROOT,
-                          env=setup.bridge().env, capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "trace", *args, "--json"],
+        cwd=ROOT,
+        env=setup.bridge().env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout else {}, proc.stderr
 
 
@@ -54,8 +60,11 @@ def test_a_default_delay_id_cancels_like_any_other(setup: Setup, bridges: list[B
     assert listed.returncode == 0 and default_id in listed.stdout, listed.stdout
     done = cli("cancel", "--id", default_id)
     assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1,
+        10,
+        "the cancel counted",
+    )
     after = cli("produce", "--target", target, "--after", "1s", "--key", "u1", "after")
     assert after.returncode == 0, after.stderr
     records = setup.await_value(b"after", 60, "the later record")
@@ -72,8 +81,18 @@ def test_far_future_records_show_in_the_tools_as_any_other(
     bridge = setup.bridge().start()
     bridges.append(bridge)
     cli = cli_of(bridge)
-    made = cli("produce", "--target", setup.targets[0], "--after", "2h", "--id", "far-id",
-               "--key", "k-far", "far away")  # fmt: skip
+    made = cli(
+        "produce",
+        "--target",
+        setup.targets[0],
+        "--after",
+        "2h",
+        "--id",
+        "far-id",
+        "--key",
+        "k-far",
+        "far away",
+    )
     assert made.returncode == 0, made.stderr
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
     partition = int(made.stdout.split()[-1].split(":")[1])
@@ -81,7 +100,11 @@ def test_far_future_records_show_in_the_tools_as_any_other(
     assert listed.returncode == 0, listed.stderr
     [row] = json.loads(listed.stdout)
     assert (row["delay_id"], row["target"], row["key"], row["value_bytes"]) == (
-        "far-id", setup.targets[0], "k-far", len(b"far away"))  # fmt: skip
+        "far-id",
+        setup.targets[0],
+        "k-far",
+        len(b"far away"),
+    )
     in_3h = str(time.time_ns() // 1_000_000 + 3 * 3_600_000)
     before = cli("list", "--due-before", in_3h, "--json")
     assert [r["delay_id"] for r in json.loads(before.stdout)] == ["far-id"], before.stdout
@@ -90,8 +113,11 @@ def test_far_future_records_show_in_the_tools_as_any_other(
     assert mine["references"] == 1 and mine["next_due_ms"] == row["due_ms"], mine
     done = cli("cancel", "--id", "far-id")
     assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1,
+        10,
+        "the cancel counted",
+    )
     assert json.loads(cli("list", "--id", "far-id", "--json").stdout) == []
 
 
@@ -115,8 +141,11 @@ def test_a_far_future_record_is_found_by_its_default_id(
     assert json.loads(traced.stdout)["fate"] == "waiting", traced.stdout + traced.stderr
     done = cli("cancel", "--id", default_id)
     assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1,
+        10,
+        "the cancel counted",
+    )
     assert json.loads(cli("list", "--id", default_id, "--json").stdout) == []
 
 
@@ -144,8 +173,11 @@ def test_a_default_id_answers_for_its_replacement_and_from_any_partition(
     assert json.loads(cli("trace", "--id", moved, "--json").stdout)["fate"] == "waiting"
     assert cli("cancel", "--id", moved).returncode == 0
     produce_to(setup.services.bootstrap, setup.delay, [(1, None, [(H_CANCEL, gone.encode())])])
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
-             30, "both cancelled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 2,
+        30,
+        "both cancelled",
+    )
     assert json.loads(cli("list", "--json").stdout) == []
 
 
@@ -162,24 +194,41 @@ def test_a_record_cancelled_in_bulk_is_traced_by_its_own_delay_id(
     target = setup.targets[0].encode()
     later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
     far: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"3h")]
-    produce_to(setup.services.bootstrap, setup.delay, [
-        (0, b"o6", [*later, (H_ID, b"c17-o6")]), (1, b"o7", [*later, (H_ID, b"c17-o7")]),
-        (1, b"o9", [*far, (H_ID, b"c17-o9")]),
-    ])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"o6", [*later, (H_ID, b"c17-o6")]),
+            (1, b"o7", [*later, (H_ID, b"c17-o7")]),
+            (1, b"o9", [*far, (H_ID, b"c17-o9")]),
+        ],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 3, 30, "all stored")
     done = cli("cancel", "--due-after", "5m", "--yes")
     assert done.returncode == 0, done.stderr
     # And two by their origin from another partition than their own.
-    produce_to(setup.services.bootstrap, setup.delay, [
-        (2, b"o8", [*later, (H_ID, b"c17-o8")]), (2, b"o10", [*far, (H_ID, b"c17-o10")]),
-    ])  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (2, b"o8", [*later, (H_ID, b"c17-o8")]),
+            (2, b"o10", [*far, (H_ID, b"c17-o10")]),
+        ],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5, 30, "the others stored")
-    produce_to(setup.services.bootstrap, setup.delay, [
-        (0, None, [(H_CANCEL, f"{setup.delay}:2:0".encode())]),
-        (0, None, [(H_CANCEL, f"{setup.delay}:2:1".encode())]),
-    ])  # fmt: skip
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 5,
-             30, "all five cancelled")  # fmt: skip
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, None, [(H_CANCEL, f"{setup.delay}:2:0".encode())]),
+            (0, None, [(H_CANCEL, f"{setup.delay}:2:1".encode())]),
+        ],
+    )
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 5,
+        30,
+        "all five cancelled",
+    )
     for delay_id in ("c17-o6", "c17-o7", "c17-o8", "c17-o9", "c17-o10"):
         traced = cli("trace", "--id", delay_id, "--json")
         assert traced.returncode == 0, traced.stderr
@@ -202,16 +251,29 @@ def test_trace_tells_the_records_that_held_one_id_apart(
     def attempt(delay_id: bytes, value: bytes, after: bytes) -> tuple[bytes, bytes, Headers]:
         return (b"k", value, [(H_TARGET_TOPIC, target), (H_AFTER, after), (H_ID, delay_id)])
 
-    produce_all(setup.services.bootstrap, setup.delay,
-                [attempt(b"retry", b"attempt-5s", b"10m"), attempt(b"retry", b"attempt-10s", b"10m"),
-                 attempt(b"retry", b"attempt-20s", b"0ms"), attempt(b"twice", b"first", b"0ms")])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            attempt(b"retry", b"attempt-5s", b"10m"),
+            attempt(b"retry", b"attempt-10s", b"10m"),
+            attempt(b"retry", b"attempt-20s", b"0ms"),
+            attempt(b"twice", b"first", b"0ms"),
+        ],
+    )
     setup.await_value(b"first", 60, "the first use of twice")
     produce_all(setup.services.bootstrap, setup.delay, [attempt(b"twice", b"second", b"0ms")])
     setup.await_value(b"second", 60, "the second use of twice")
-    wait_for(lambda: trace(setup, "--id", "retry")[1].get("fate") == "delivered", 30,
-             "retry's delivery journaled")  # fmt: skip
-    wait_for(lambda: len(trace(setup, "--id", "twice")[1].get("uses", [])) == 1, 30,
-             "both uses of twice journaled")  # fmt: skip
+    wait_for(
+        lambda: trace(setup, "--id", "retry")[1].get("fate") == "delivered",
+        30,
+        "retry's delivery journaled",
+    )
+    wait_for(
+        lambda: len(trace(setup, "--id", "twice")[1].get("uses", [])) == 1,
+        30,
+        "both uses of twice journaled",
+    )
     code, retry, _ = trace(setup, "--id", "retry")
     assert code == 0 and retry["fate"] == "delivered", retry
     assert retry["record"]["value"] == "attempt-20s"

@@ -22,8 +22,15 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -> Setup:
-    return Setup(services, topics("delay", 1, config={"retention.ms": "-1"}), [topics("out", 1)],
-                 topics("dlq"), unique, tmp_path, topics("journal"))  # fmt: skip
+    return Setup(
+        services,
+        topics("delay", 1, config={"retention.ms": "-1"}),
+        [topics("out", 1)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
 
 
 def stored(setup: Setup, watermark: int) -> None:
@@ -70,8 +77,9 @@ def test_a_watermark_beyond_the_log_end_is_not_skipped_over(
     first.signal(signal.SIGTERM)
     assert first.wait(30) == 0
     client = redis.Redis.from_url(one.services.redis_url)
-    client.hset(Store(client, f"test-{one.unique}").keys(Shard(one.delay, 0)).meta,
-                "ingested", "100")  # fmt: skip
+    client.hset(
+        Store(client, f"test-{one.unique}").keys(Shard(one.delay, 0)).meta, "ingested", "100"
+    )
     client.close()
     second = one.bridge("second").start()
     bridges.append(second)
@@ -94,10 +102,13 @@ def test_a_delay_topic_recreated_under_a_running_exactly_once_bridge_loses_and_r
     now = due_in(one, 300, 0, "now")  # offsets 0..299, delivered before the recreation
     delivered_once(one, 300, "the first incarnation's first records")
     old = [  # offsets 300..3299, falling due over 21 s: in flight when the topic goes
-        (None, f"old-{i}".encode(),
-         [(H_TARGET_TOPIC, one.targets[0].encode()), (H_AFTER, f"{3_000 + 7 * i}ms".encode())])
+        (
+            None,
+            f"old-{i}".encode(),
+            [(H_TARGET_TOPIC, one.targets[0].encode()), (H_AFTER, f"{3_000 + 7 * i}ms".encode())],
+        )
         for i in range(3000)
-    ]  # fmt: skip
+    ]
     produce_all(one.services.bootstrap, one.delay, old)
     stored(one, now[-1] + 3000)
     counts: collections.Counter[bytes] = collections.Counter()
@@ -112,8 +123,11 @@ def test_a_delay_topic_recreated_under_a_running_exactly_once_bridge_loses_and_r
         counts = values_delivered(collector, one)
     finally:
         collector.close()
-    expected = {f"{tag}-{i}".encode() for tag, n in (("now", 300), ("old", 3000), ("new", 300))
-                for i in range(n)}  # fmt: skip
+    expected = {
+        f"{tag}-{i}".encode()
+        for tag, n in (("now", 300), ("old", 3000), ("new", 300))
+        for i in range(n)
+    }
     missing = sorted(expected - set(counts))
     twice = sorted(v for v, n in counts.items() if n > 1)
     assert not missing, f"{len(missing)} never delivered, e.g. {missing[:3]}"

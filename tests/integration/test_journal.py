@@ -71,8 +71,11 @@ def read_journal(setup: Setup, until: int, timeout: float = 60) -> list[tuple[Re
         return [(r, b) for r, b in got if b is not None]
 
     try:
-        collector.until(lambda _: sum(len(b.entries) for _, b in batches()) >= until, timeout,
-                        f"{until} journal entries")  # fmt: skip
+        collector.until(
+            lambda _: sum(len(b.entries) for _, b in batches()) >= until,
+            timeout,
+            f"{until} journal entries",
+        )
         collector.poll(0.5)  # and nothing more
     finally:
         collector.close()
@@ -113,7 +116,10 @@ def test_every_delivered_and_dead_lettered_record_is_journaled_where_it_went(
         assert batch.topic == setup.delay and received.key == journal_key(setup.delay, partition)
         got = where[value]
         assert (entry.target, entry.target_partition, entry.target_offset) == (
-            got.topic, got.partition, got.offset)  # fmt: skip
+            got.topic,
+            got.partition,
+            got.offset,
+        )
         if value == b"invalid":  # never scheduled: its default id, no due time
             assert (entry.fate, entry.reason) == (Fate.DEAD_LETTERED, "missing-target")
             assert entry.delay_id == f"{setup.delay}:{partition}:{offset}" and entry.due_ms == -1
@@ -134,8 +140,11 @@ def test_every_delivered_and_dead_lettered_record_is_journaled_where_it_went(
         placed.setdefault(batch.partition, set()).add(received.partition)
     assert all(len(p) == 1 for p in placed.values()), placed
     wait_for(lambda: metric(bridge, "delay_bridge_journal_pending") == 0, 10, "none pending")
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") == len(records), 10,
-             "every entry counted as written")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") == len(records),
+        10,
+        "every entry counted as written",
+    )
     assert metric(bridge, "delay_bridge_journal_failures_total") == 0
     assert delivered
 
@@ -153,23 +162,38 @@ def test_a_missing_journal_shows_in_readyz_and_delivery_goes_on(
 
     wait_for(names_the_journal, 60, "/readyz to name the missing journal")
     target = setup.targets[0].encode()
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(b"k", b"still-delivered", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(b"k", b"still-delivered", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])],
+    )
     assert setup.await_value(b"still-delivered", 60, "delivery without a journal")
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_failures_total") >= 1, 120,
-             "the refused entry counted")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_failures_total") >= 1,
+        120,
+        "the refused entry counted",
+    )
     assert metric(bridge, "delay_bridge_journal_written_total") == 0
     assert metric(bridge, "delay_bridge_journal_pending") == 0  # refused: no longer pending
     # Created again: with no traffic at all, the bridge tries the journal again by itself (an
     # empty batch every few seconds) and /readyz turns green; the next record is journaled.
     topics.admin.create_topics([NewTopic(setup.journal, 1, 1)])[setup.journal].result(timeout=30)
-    wait_for(lambda: bridge.get("/readyz")[0] == 200, 90,
-             f"/readyz green once the journal is back ({bridge.get('/readyz')[1]})")  # fmt: skip
+    wait_for(
+        lambda: bridge.get("/readyz")[0] == 200,
+        90,
+        f"/readyz green once the journal is back ({bridge.get('/readyz')[1]})",
+    )
     assert metric(bridge, "delay_bridge_journal_written_total") == 0
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(b"k", b"journaled", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])])  # fmt: skip
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 1, 60,
-             "the next record journaled")  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(b"k", b"journaled", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])],
+    )
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 1,
+        60,
+        "the next record journaled",
+    )
 
 
 def produce_partition(
@@ -179,18 +203,30 @@ def produce_partition(
     producer = Producer({"bootstrap.servers": setup.services.bootstrap})
     offsets: list[int] = []
     key, value, headers = record
-    produce(producer, setup.delay, partition=partition, key=key, value=value,
-            headers=wire_headers(headers),
-            on_delivery=lambda err, msg: offsets.append(msg.offset()))  # fmt: skip
+    produce(
+        producer,
+        setup.delay,
+        partition=partition,
+        key=key,
+        value=value,
+        headers=wire_headers(headers),
+        on_delivery=lambda err, msg: offsets.append(msg.offset()),
+    )
     assert producer.flush(30) == 0 and len(offsets) == 1
     return offsets[0]
 
 
 def trace(setup: Setup, *args: str) -> tuple[int, dict[str, Any], str]:
     """``delay-bridge trace ARGS --json``: exit code, the JSON, stderr."""
-    proc = subprocess.run([sys.executable, "-m", "bridge", "trace", *args, "--json"], cwd=ROOT,
-                          env=setup.bridge().env, capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "trace", *args, "--json"],
+        cwd=ROOT,
+        env=setup.bridge().env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout else {}, proc.stderr
 
 
@@ -203,23 +239,38 @@ def test_trace_follows_a_record_from_waiting_to_delivered(
     target = setup.targets[0].encode()
     # Due in 12 s: each trace is a process of its own, a few seconds apiece on a busy machine
     # (in CI, 4 s passed before one saw the record waiting).
-    (p_id, o_id), (p_plain, o_plain) = produce_all(setup.services.bootstrap, setup.delay, [
-        (b"order-7", b"reminder", [(H_TARGET_TOPIC, target), (H_AFTER, b"12s"),
-                                   (H_ID, b"order-7")]),
-        (b"k", b"plain", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),
-    ])  # fmt: skip
-    wait_for(lambda: trace(setup, "--id", "order-7")[1].get("fate") == "waiting", 30,
-             "trace to see the record waiting")  # fmt: skip
+    (p_id, o_id), (p_plain, o_plain) = produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (
+                b"order-7",
+                b"reminder",
+                [(H_TARGET_TOPIC, target), (H_AFTER, b"12s"), (H_ID, b"order-7")],
+            ),
+            (b"k", b"plain", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]),
+        ],
+    )
+    wait_for(
+        lambda: trace(setup, "--id", "order-7")[1].get("fate") == "waiting",
+        30,
+        "trace to see the record waiting",
+    )
     got = setup.await_value(b"reminder", 60, "the reminder delivered")
     delivered = next(r for r in got if r.value == b"reminder")
-    wait_for(lambda: trace(setup, "--id", "order-7")[1].get("fate") == "delivered", 30,
-             "trace to find the delivery in the journal")  # fmt: skip
+    wait_for(
+        lambda: trace(setup, "--id", "order-7")[1].get("fate") == "delivered",
+        30,
+        "trace to find the delivery in the journal",
+    )
     code, out, _ = trace(setup, "--id", "order-7")
     assert code == 0 and out["id"] == "order-7"
     assert out["origin"] == f"{setup.delay}:{p_id}:{o_id}"
     assert out["delivered"]["topic"] == delivered.topic
     assert (out["delivered"]["partition"], out["delivered"]["offset"]) == (
-        delivered.partition, delivered.offset)  # fmt: skip
+        delivered.partition,
+        delivered.offset,
+    )
     assert [e["event"] for e in out["events"]] == ["stored", "delivered"]
     assert out["events"][1]["late_ms"] >= 0 and out["events"][0]["due"] == delivered.due_ms
     # A record with the default delay-id, by its origin (which is that id).
@@ -246,22 +297,38 @@ def test_a_record_later_than_its_max_lateness_expires_to_the_dlq_and_replays(
     a_minute_ago = str(int(time.time() * 1000) - 60_000).encode()
 
     def late(delay_id: bytes, *more: tuple[str, bytes | None]) -> tuple[bytes, bytes, Headers]:
-        return (b"k-" + delay_id, b"value of " + delay_id, [
-            (H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, a_minute_ago), (H_ID, delay_id),
-            ("h", b"1"), *more])  # fmt: skip
+        return (
+            b"k-" + delay_id,
+            b"value of " + delay_id,
+            [
+                (H_TARGET_TOPIC, target.encode()),
+                (H_DELIVER_AT, a_minute_ago),
+                (H_ID, delay_id),
+                ("h", b"1"),
+                *more,
+            ],
+        )
 
-    produce_all(setup.services.bootstrap, setup.delay, [
-        late(b"expires"), late(b"never", (H_MAX_LATENESS, b"0")),
-        late(b"allowed", (H_MAX_LATENESS, b"5m")),
-        (b"k", b"on time", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]),
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            late(b"expires"),
+            late(b"never", (H_MAX_LATENESS, b"0")),
+            late(b"allowed", (H_MAX_LATENESS, b"5m")),
+            (b"k", b"on time", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")]),
+        ],
+    )
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= 4, 60, "three delivered, one dead-lettered")
     finally:
         collector.close()
     assert sorted(r.value or b"" for r in collector.of(target)) == [
-        b"on time", b"value of allowed", b"value of never"]  # fmt: skip
+        b"on time",
+        b"value of allowed",
+        b"value of never",
+    ]
     (dead,) = collector.of(setup.dlq)
     assert (dead.key, dead.value, dead.header("h")) == (b"k-expires", b"value of expires", b"1")
     assert dead.header(H_ERROR) == b"expired"
@@ -269,11 +336,20 @@ def test_a_record_later_than_its_max_lateness_expires_to_the_dlq_and_replays(
     assert "past its due time" in detail and "max lateness (30s)" in detail, detail
     assert metric(bridge, f'delay_bridge_expired_total{{target_topic="{target}"}}') == 1
     assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="expired"}') == 1
-    wait_for(lambda: trace(setup, "--id", "expires")[1].get("fate") == "expired", 30,
-             "trace to find the expiry in the journal")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "bridge", "dlq", "replay"], cwd=ROOT,
-                          env=bridge.env, capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+    wait_for(
+        lambda: trace(setup, "--id", "expires")[1].get("fate") == "expired",
+        30,
+        "trace to find the expiry in the journal",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "dlq", "replay"],
+        cwd=ROOT,
+        env=bridge.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("replayed 1 (1 expired)"), proc
     got = setup.await_value(b"value of expires", 60, "the replayed record delivered")
     (again,) = [r for r in got if r.topic == target and r.value == b"value of expires"]
@@ -294,17 +370,26 @@ def test_cancelled_and_replaced_records_are_journaled_and_traced(
     def later(delay_id: bytes, value: bytes) -> tuple[bytes, bytes, Headers]:
         return (delay_id, value, [(H_TARGET_TOPIC, target), (H_AFTER, b"1h"), (H_ID, delay_id)])
 
-    placed = produce_all(setup.services.bootstrap, setup.delay,
-                         [later(b"to-cancel", b"a"), later(b"to-replace", b"b"),
-                          later(b"cancel-across", b"c")])  # fmt: skip
-    wait_for(lambda: trace(setup, "--id", "cancel-across")[1].get("fate") == "waiting", 30,
-             "the records stored")  # fmt: skip
+    placed = produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [later(b"to-cancel", b"a"), later(b"to-replace", b"b"), later(b"cancel-across", b"c")],
+    )
+    wait_for(
+        lambda: trace(setup, "--id", "cancel-across")[1].get("fate") == "waiting",
+        30,
+        "the records stored",
+    )
     (p_cancel, o_cancel), (p_replace, o_replace), (p_across, o_across) = placed
     other = (p_across + 1) % 3
-    by = produce_all(setup.services.bootstrap, setup.delay, [
-        (b"to-cancel", None, [(H_CANCEL, b"to-cancel")]),
-        later(b"to-replace", b"b2"),
-    ])  # fmt: skip
+    by = produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (b"to-cancel", None, [(H_CANCEL, b"to-cancel")]),
+            later(b"to-replace", b"b2"),
+        ],
+    )
     # The cancel of "cancel-across" goes to another partition than its record's.
     across = produce_partition(setup, other, (b"x", None, [(H_CANCEL, b"cancel-across")]))
     journal = read_journal(setup, 3)
@@ -346,11 +431,15 @@ def test_a_rebuild_does_not_deliver_again_what_the_journal_holds(
     records: list[tuple[bytes | None, bytes | None, Headers]] = [
         (key, b"waits", [(H_TARGET_TOPIC, target), (H_AFTER, b"12s")])
     ]
-    records += [(key, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])
-                for i in range(60)]  # fmt: skip
+    records += [
+        (key, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]) for i in range(60)
+    ]
     produce_all(setup.services.bootstrap, setup.delay, records)
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 60, 60,
-             "the 60 delivered and journaled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 60,
+        60,
+        "the 60 delivered and journaled",
+    )
     if when == "stopped":
         bridge.signal(signal.SIGTERM)
         assert bridge.wait(30) == 0
@@ -381,15 +470,22 @@ def test_a_rebuild_keeps_what_an_operator_rescheduled(setup: Setup, bridges: lis
     cli = cli_of(bridge)
     target = setup.targets[0].encode()
     key = b"one-partition"  # offset 0 holds the commit back: the rebuild re-reads the others
-    produce_all(setup.services.bootstrap, setup.delay, [
-        (key, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]),
-        (key, b"moved", [(H_TARGET_TOPIC, target), (H_AFTER, b"10m"), (H_ID, b"m1")]),
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (key, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]),
+            (key, b"moved", [(H_TARGET_TOPIC, target), (H_AFTER, b"10m"), (H_ID, b"m1")]),
+        ],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
     done = cli("reschedule", "--id", "m1", "--after", "15s")
     assert done.returncode == 0, done.stderr
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 1, 30,
-             "the replaced one journaled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 1,
+        30,
+        "the replaced one journaled",
+    )
     assert wipe(setup) > 0
     records = setup.await_value(b"moved", 90, "the rescheduled record")
     assert [r.value for r in records] == [b"moved"]
@@ -421,8 +517,11 @@ def test_a_rollback_that_lost_acknowledgements_delivers_nothing_again(
     later = [record(b"later-%d" % i, b"10m", None) for i in range(5)]
     produce_all(setup.services.bootstrap, setup.delay, later)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 25, 30, "the 5 stored")
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 20, 60,
-             "the 20 delivered and journaled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
     roll_back(setup, snapshot)
     wait_for(lambda: "re-reading from 20" in bridge.output(), 30, "the rollback found")
     collector = setup.collector()
@@ -450,17 +549,22 @@ def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
     key = b"one-partition"
-    first = [(key, b"first-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")])
-             for i in range(20)]  # fmt: skip
+    first = [
+        (key, b"first-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")]) for i in range(20)
+    ]
     produce_all(setup.services.bootstrap, setup.delay, first)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
     snapshot = snapshot_keys(setup)
-    later = [(key, b"later-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")])
-             for i in range(5)]  # fmt: skip
+    later = [
+        (key, b"later-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]) for i in range(5)
+    ]
     produce_all(setup.services.bootstrap, setup.delay, later)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 25, 30, "the 5 stored")
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 20, 60,
-             "the 20 delivered and journaled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
     bridge.signal(signal.SIGTERM)  # commits the offsets it read (past the 25) on its way out
     assert bridge.wait(30) == 0
     roll_back(setup, snapshot)
@@ -489,8 +593,9 @@ def test_a_rebuild_reads_no_entry_of_an_earlier_incarnation_of_its_topic(setup: 
     lost); entries without an id (written before the writer knew one) still count."""
     target = setup.targets[0].encode()
     produce_partition(setup, 0, (b"k", b"v", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]))
-    producer = Producer({"bootstrap.servers": setup.services.bootstrap,
-                         "partitioner": "murmur2_random"})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
     for topic_id, offsets in (("earlier-id", [0, 1]), ("current-id", [2]), ("", [3])):
         entries = [Entry(Fate.DELIVERED, o, f"id-{o}", 1, 2, "out", 0, o) for o in offsets]
         key, value, headers = encode_entries(setup.delay, 0, entries, topic_id)
@@ -516,13 +621,17 @@ def left_leased(setup: Setup, bridges: list[Bridge], lease_ms: int, **overrides:
     # CI, produced while the bridge started, they were due and claimed before it was taken).
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
-    records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")])
-               for i in range(10)]  # fmt: skip
+    records = [
+        (b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")]) for i in range(10)
+    ]
     produce_all(setup.services.bootstrap, setup.delay, records)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= 10, 30, "the 10 stored")
     snapshot = snapshot_keys(setup)
-    wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= 10, 60,
-             "the 10 delivered and journaled")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 10,
+        60,
+        "the 10 delivered and journaled",
+    )
     bridge.signal(signal.SIGTERM)
     assert bridge.wait(30) == 0
     roll_back(setup, snapshot)
@@ -544,8 +653,11 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
     left_leased(setup, bridges, 30_000)
     second = setup.bridge("second").start()
     bridges.append(second)
-    wait_for(lambda: bool(re.search("took back|an earlier owner left", second.output())), 60,
-             "the partitions taken over")  # fmt: skip
+    wait_for(
+        lambda: bool(re.search("took back|an earlier owner left", second.output())),
+        60,
+        "the partitions taken over",
+    )
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= 10, 60, "the 10 deliveries")
@@ -570,8 +682,11 @@ def test_records_a_take_over_forgot_that_a_rollback_puts_back_are_looked_up_agai
     leased = snapshot_keys(setup)
     second = setup.bridge("second", egress__exactly_once="true").start()
     bridges.append(second)
-    wait_for(lambda: sum(int(n) for n in FORGOTTEN.findall(second.output())) == 10, 60,
-             "the 10 forgotten at the take-over")  # fmt: skip
+    wait_for(
+        lambda: sum(int(n) for n in FORGOTTEN.findall(second.output())) == 10,
+        60,
+        "the 10 forgotten at the take-over",
+    )
     roll_back(setup, leased)  # the take-over's writes lost: the 10 leased again
     collector = setup.collector()
     try:

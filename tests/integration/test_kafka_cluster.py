@@ -145,15 +145,25 @@ def test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_
     bootstrap = cluster["bootstrap"]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     delay, target, dlq, journal = (new_topic(admin, 1) for _ in range(4))
-    env = bridge_env(bootstrap, own.redis_url, topics__delay=delay, topics__dead_letter=dlq,
-                     topics__journal=journal, kafka__group_id=f"g-{delay}", redis__key_prefix=f"test-{delay}")  # fmt: skip
+    env = bridge_env(
+        bootstrap,
+        own.redis_url,
+        topics__delay=delay,
+        topics__dead_letter=dlq,
+        topics__journal=journal,
+        kafka__group_id=f"g-{delay}",
+        redis__key_prefix=f"test-{delay}",
+    )
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     delivered = f'delay_bridge_delivered_total{{target_topic="{target}"}}'
     try:
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 90, "/readyz 200")
         # Stored before the fault (its producer could not write either), due during it.
-        produce_all(bootstrap, delay, [(None, b"v", [(H_TARGET_TOPIC, target.encode()),
-                                                     (H_AFTER, b"4s")])] * 5)  # fmt: skip
+        produce_all(
+            bootstrap,
+            delay,
+            [(None, b"v", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"4s")])] * 5,
+        )
         wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5, 30, "5 stored")
         pids = broker_pids()
         leader = leader_of_most(admin, target)
@@ -185,18 +195,32 @@ def test_an_exactly_once_burst_through_a_paused_leader_is_delivered_and_journale
     bootstrap = cluster["bootstrap"]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     delay, target, dlq, journal = (new_topic(admin, 1) for _ in range(4))
-    env = bridge_env(bootstrap, own.redis_url, topics__delay=delay, topics__dead_letter=dlq,
-                     topics__journal=journal, kafka__group_id=f"g-{delay}",
-                     redis__key_prefix=f"test-{delay}", egress__exactly_once="true")  # fmt: skip
+    env = bridge_env(
+        bootstrap,
+        own.redis_url,
+        topics__delay=delay,
+        topics__dead_letter=dlq,
+        topics__journal=journal,
+        kafka__group_id=f"g-{delay}",
+        redis__key_prefix=f"test-{delay}",
+        egress__exactly_once="true",
+    )
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     count = 6000
     try:
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 90, "/readyz 200")
-        produce_all(bootstrap, delay, [
-            (b"one-partition", b"burst-%d" % i,
-             [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms"), (H_ID, b"%064d" % i)])
-            for i in range(count)
-        ])  # fmt: skip
+        produce_all(
+            bootstrap,
+            delay,
+            [
+                (
+                    b"one-partition",
+                    b"burst-%d" % i,
+                    [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms"), (H_ID, b"%064d" % i)],
+                )
+                for i in range(count)
+            ],
+        )
         wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > 0, 60, "the first stored")
         pid = broker_pids()[leader_of_most(admin, target)]
         os.kill(pid, signal.SIGSTOP)
@@ -205,10 +229,14 @@ def test_an_exactly_once_burst_through_a_paused_leader_is_delivered_and_journale
             time.sleep(1.0)  # the pause's length, not a wait on a condition
         finally:
             os.kill(pid, signal.SIGCONT)
-        wait_for(lambda: metric(bridge, "delay_bridge_delivered_total") == count, 120,
-                 "all delivered")  # fmt: skip
-        wait_for(lambda: metric(bridge, "delay_bridge_journal_written_total") >= count, 60,
-                 "all journaled")  # fmt: skip
+        wait_for(
+            lambda: metric(bridge, "delay_bridge_delivered_total") == count, 120, "all delivered"
+        )
+        wait_for(
+            lambda: metric(bridge, "delay_bridge_journal_written_total") >= count,
+            60,
+            "all journaled",
+        )
         assert metric(bridge, "delay_bridge_journal_failures_total") == 0
     finally:
         bridge.kill()
@@ -221,8 +249,14 @@ def test_an_exactly_once_burst_through_a_paused_leader_is_delivered_and_journale
 def read_committed_values(bootstrap: str, topic: str, count: int) -> collections.Counter[bytes]:
     """Each value of ``topic`` (one partition) as a read_committed consumer sees it, read up to
     ``count`` records and then to the end of the partition."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{topic}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     values: collections.Counter[bytes] = collections.Counter()
     at_end = False
@@ -239,8 +273,9 @@ def read_committed_values(bootstrap: str, topic: str, count: int) -> collections
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize("name", [n for n in SCENARIOS if n in KAFKA_CLUSTER_SCENARIOS
-                                  and SCENARIOS[n][1] is not None])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", [n for n in SCENARIOS if n in KAFKA_CLUSTER_SCENARIOS and SCENARIOS[n][1] is not None]
+)
 def test_chaos_scenario_short(
     name: str, own: Services, cluster: dict[str, str], tmp_path: Path
 ) -> None:

@@ -29,8 +29,11 @@ def test_memory_a_drain_took_is_given_back(setup: Setup, bridges: list[Bridge]) 
     before = bridge.memory("RssAnon")
     due = str(time.time_ns() // 1_000_000 + 4000).encode()  # stored first, then all due at once
     headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_DELIVER_AT, due)]
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(b"k%d" % (i % 100), b"v" * 100, headers) for i in range(BURST)])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(b"k%d" % (i % 100), b"v" * 100, headers) for i in range(BURST)],
+    )
     peak = before
 
     def delivered() -> bool:  # the peak is sampled during the drain: the bridge may give some
@@ -41,6 +44,9 @@ def test_memory_a_drain_took_is_given_back(setup: Setup, bridges: list[Bridge]) 
     wait_for(delivered, 120, "all delivered")
     assert peak - before > 12 * MIB, f"the burst took {(peak - before) / MIB:.1f} MiB: test void"
     took = peak - before
-    wait_for(lambda: bridge.memory("RssAnon") - before <= took / 2, 30,
-             f"memory back within {took / 2 / MIB:.1f} MiB of {before / MIB:.1f} MiB (half of "
-             f"what the drain took: its peak was {peak / MIB:.1f} MiB)")  # fmt: skip
+    wait_for(
+        lambda: bridge.memory("RssAnon") - before <= took / 2,
+        30,
+        f"memory back within {took / 2 / MIB:.1f} MiB of {before / MIB:.1f} MiB (half of "
+        f"what the drain took: its peak was {peak / MIB:.1f} MiB)",
+    )

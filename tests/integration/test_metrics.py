@@ -63,12 +63,19 @@ def test_overdue_records_by_priority(redis_client: redis.Redis, unique: str) -> 
     store = Store(redis_client, f"test-{unique}")
     registry = CollectorRegistry()
     shard = Shard("d", 0)
-    store.add({shard: (3, [
-        Scheduled(0, T0 - 10, "t", None, b"v", [], "0", priority=Priority.HIGH),
-        Scheduled(1, T0 - 10, "t", None, b"v", [], "1", priority=Priority.LOW),
-        Scheduled(2, T0 - 5, "t", None, b"v", [], "2", priority=Priority.LOW),
-        Scheduled(3, T0 + 5, "t", None, b"v", [], "3", priority=Priority.HIGH),
-    ])})  # fmt: skip
+    store.add(
+        {
+            shard: (
+                3,
+                [
+                    Scheduled(0, T0 - 10, "t", None, b"v", [], "0", priority=Priority.HIGH),
+                    Scheduled(1, T0 - 10, "t", None, b"v", [], "1", priority=Priority.LOW),
+                    Scheduled(2, T0 - 5, "t", None, b"v", [], "2", priority=Priority.LOW),
+                    Scheduled(3, T0 + 5, "t", None, b"v", [], "3", priority=Priority.HIGH),
+                ],
+            )
+        }
+    )
     claimed = store.claim([shard], 1, 30_000, now_ms=T0)
     assert [c.record.priority for c in claimed] == [Priority.HIGH]  # the mover's, in flight
 
@@ -77,7 +84,10 @@ def test_overdue_records_by_priority(redis_client: redis.Redis, unique: str) -> 
 
     Sampler(store, Metrics(registry), lambda: {shard}, in_memory=in_memory).sample_once(now_ms=T0)
     assert (overdue(registry, "high"), overdue(registry, "normal"), overdue(registry, "low")) == (
-        1, 0, 2)  # fmt: skip
+        1,
+        0,
+        2,
+    )
     assert value(registry, "delay_bridge_scheduled_messages") == 1
 
 
@@ -88,8 +98,10 @@ def test_records_claimed_ahead_are_in_flight_but_not_overdue(
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     shard = Shard("d", 0)
-    records = [Scheduled(i, due, "t", None, b"v", [], f"d:0:{i}")  # default delay-ids
-               for i, due in enumerate((T0 - 5, T0 + 40, T0 + 60))]  # fmt: skip
+    records = [
+        Scheduled(i, due, "t", None, b"v", [], f"d:0:{i}")  # default delay-ids
+        for i, due in enumerate((T0 - 5, T0 + 40, T0 + 60))
+    ]
     store.add({shard: (2, records)})
     claimed = store.claim([shard], 10, 30_000, now_ms=T0, ahead_ms=100)
     assert len(claimed) == 3  # one due, two claimed ahead
@@ -115,11 +127,19 @@ def test_lost_shards_and_records_stuck_in_flight_are_still_reported(
     metrics = Metrics(registry)
     owned, lost = Shard("d", 0), Shard("d", 1)
     lease, ahead = 30_000, 100
-    store.add({lost: (2, [Scheduled(i, due, "t", None, b"v", [], f"d:1:{i}")
-                          for i, due in enumerate((T0, T0 + 1, T0 + 5000))])})  # fmt: skip
+    store.add(
+        {
+            lost: (
+                2,
+                [
+                    Scheduled(i, due, "t", None, b"v", [], f"d:1:{i}")
+                    for i, due in enumerate((T0, T0 + 1, T0 + 5000))
+                ],
+            )
+        }
+    )
     assert len(store.claim([lost], 2, lease, now_ms=T0 + 1)) == 2  # claimed, never delivered
-    sampler = Sampler(store, metrics, lambda: {owned}, lost=lambda: {lost},
-                      due_by_ms=lease - ahead)  # fmt: skip
+    sampler = Sampler(store, metrics, lambda: {owned}, lost=lambda: {lost}, due_by_ms=lease - ahead)
     sampler.sample_once(now_ms=T0 + 20_000)
     assert overdue(registry) == 3  # one waiting, two in flight
     assert value(registry, "delay_bridge_inflight_messages") == 2
@@ -148,11 +168,15 @@ def test_ingest_lag_from_librdkafka_statistics(
     metrics = Metrics(registry)
     shard = Shard(topic, 0)
     positions: dict[Shard, int | None] = {shard: None}  # nothing in Redis yet: log start
-    consumer = Consumer({
-        "bootstrap.servers": services.bootstrap, "group.id": f"lag-{unique}",
-        "enable.auto.commit": False, "statistics.interval.ms": 200,
-        "stats_cb": lambda js: metrics.set_lag(positions, json.loads(js)),
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": services.bootstrap,
+            "group.id": f"lag-{unique}",
+            "enable.auto.commit": False,
+            "statistics.interval.ms": 200,
+            "stats_cb": lambda js: metrics.set_lag(positions, json.loads(js)),
+        }
+    )
 
     def lag() -> float | None:
         consumer.consume(100, 0.1)
@@ -172,9 +196,12 @@ def test_ingest_lag_from_librdkafka_statistics(
         # one broker: the GroupCoordinator connection librdkafka also lists is not a second
         assert value(registry, "delay_bridge_kafka_brokers_up") == 1
         metrics.forget_partitions({shard})
-        assert registry.get_sample_value(
-            "delay_bridge_ingest_lag_messages", {"delay_topic": topic, "partition": "0"}
-        ) is None  # fmt: skip
+        assert (
+            registry.get_sample_value(
+                "delay_bridge_ingest_lag_messages", {"delay_topic": topic, "partition": "0"}
+            )
+            is None
+        )
     finally:
         consumer.close()
 
@@ -183,9 +210,15 @@ def test_counters_after_an_end_to_end_run(
     services: Services, topics: TopicFactory, unique: str, tmp_path: Path
 ) -> None:
     delay, target, dlq = topics("delay", 2), topics("out"), topics("dlq")
-    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, topics__journal=topics("journal"),
-                     kafka__group_id=f"g-{unique}", redis__key_prefix=f"test-{unique}")  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        services.redis_url,
+        topics__delay=delay,
+        topics__dead_letter=dlq,
+        topics__journal=topics("journal"),
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+    )
     config = from_mapping({}, env=env)
     registry = CollectorRegistry()
     service = Service(config, registry)
@@ -261,12 +294,17 @@ def test_counters_after_an_end_to_end_run(
     assert value(registry, "delay_bridge_send_lateness_seconds_count") == 41
     assert value(registry, "delay_bridge_send_lateness_seconds_bucket", le="30.0") == 41
     assert value(registry, "delay_bridge_send_lateness_seconds_sum") <= value(
-        registry, "delay_bridge_delivery_lateness_seconds_sum", priority="normal")  # fmt: skip
+        registry, "delay_bridge_delivery_lateness_seconds_sum", priority="normal"
+    )
 
 
 def test_a_stuck_loop_turns_healthz_red(services: Services, unique: str) -> None:
-    env = bridge_env(services.bootstrap, services.redis_url, kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        services.redis_url,
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+    )
     service = Service(from_mapping({}, env=env), CollectorRegistry())
     assert service.health() == []
     service.egress.last_loop = time.monotonic() - 61  # the mover has not come round for a minute
@@ -282,13 +320,18 @@ def test_a_fatal_producer_error_stops_the_bridge(services: Services, unique: str
     from then on and was retried forever, while /healthz stayed green. Kafka here has no
     authorizer or fault hook to make one (see the trust issue's note): the producer's own error
     callback is handed the error librdkafka would hand it."""
-    env = bridge_env(services.bootstrap, services.redis_url, kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        services.redis_url,
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+    )
     service = Service(from_mapping({}, env=env), CollectorRegistry())
     service._on_producer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
     assert service.health() == [] and not service.stop_event.is_set()
-    service._on_producer_error(KafkaError(
-        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desynchronised", fatal=True))  # fmt: skip
+    service._on_producer_error(
+        KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desynchronised", fatal=True)
+    )
     assert service.stop_event.is_set()
     (problem,) = service.health()
     assert "fatal producer error" in problem and "sequence desynchronised" in problem

@@ -68,8 +68,10 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
     shards = [Shard("delay", p) for p in range(3)]
     t0 = store.time_ms()
     for p, shard in enumerate(shards):
-        records = [Scheduled(o, t0 + 10 * o + 3 * p, target, b"k", b"v", [], origin("delay", p, o))
-                   for o in range(100)]  # fmt: skip
+        records = [
+            Scheduled(o, t0 + 10 * o + 3 * p, target, b"k", b"v", [], origin("delay", p, o))
+            for o in range(100)
+        ]
         store.add({shard: (99, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=500, tick=10, send_tick=10, ahead=100)
@@ -113,8 +115,10 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     assert egress.step() == 1  # offset 0 of the old incarnation produced, not acknowledged
     retired = store.layout.bind({shard: "id-2"})[shard].retired
     assert retired is not None
-    new = [Scheduled(0, t0 + 3_600_000, target, b"k", b"far", [], origin("delay", 0, 0)),
-           Scheduled(1, t0, target, b"k", b"now", [], origin("delay", 0, 1))]  # fmt: skip
+    new = [
+        Scheduled(0, t0 + 3_600_000, target, b"k", b"far", [], origin("delay", 0, 0)),
+        Scheduled(1, t0, target, b"k", b"now", [], origin("delay", 0, 1)),
+    ]
     store.add({shard: (1, new)}, refer_after_ms=t0 + 60_000)
     egress.notify({shard: (-1, t0, -1)})  # a normal record due at t0
     wait_for(
@@ -161,9 +165,12 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
     store = Store(redis_client, f"test-{unique}")
     shard = Shard("delay", 0)
     t0 = store.time_ms() + 60_000
-    records = [Scheduled(o, t0, target, b"k", f"{p.label}-{o}".encode(), [],
-                         origin("delay", 0, o), priority=p)
-               for o, p in enumerate([Priority.HIGH] * 5 + [Priority.NORMAL] * 5)]  # fmt: skip
+    records = [
+        Scheduled(
+            o, t0, target, b"k", f"{p.label}-{o}".encode(), [], origin("delay", 0, o), priority=p
+        )
+        for o, p in enumerate([Priority.HIGH] * 5 + [Priority.NORMAL] * 5)
+    ]
     store.add({shard: (9, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
@@ -206,9 +213,19 @@ def test_one_claim_of_several_shards_sends_their_records_in_priority_order(
     t0 = store.time_ms() + 60_000
     mix = {Shard("delay", 0): [Priority.NORMAL, Priority.LOW], Shard("delay", 1): [Priority.NORMAL]}
     for shard, priorities in mix.items():
-        records = [Scheduled(o, t0, target, b"k", f"{p.label}-{shard.partition}".encode(), [],
-                             origin("delay", shard.partition, o), priority=p)
-                   for o, p in enumerate(priorities)]  # fmt: skip
+        records = [
+            Scheduled(
+                o,
+                t0,
+                target,
+                b"k",
+                f"{p.label}-{shard.partition}".encode(),
+                [],
+                origin("delay", shard.partition, o),
+                priority=p,
+            )
+            for o, p in enumerate(priorities)
+        ]
         store.add({shard: (len(records) - 1, records)})
     producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
@@ -234,9 +251,12 @@ class SlowRedis(Store):
 
 
 def test_a_claim_redis_answers_late_is_logged_with_where_the_mover_s_turn_went(
-    services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str,
+    services: Services,
+    topics: TopicFactory,
+    redis_client: redis.Redis,
+    unique: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     target = topics("out", 1)
     store = SlowRedis(redis_client, f"test-{unique}")
     store.slow = threading.Event()

@@ -57,20 +57,35 @@ def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path) -> None:
         unknown = metric_names(expr) - exported
         assert not unknown, f"{expr} uses metrics the bridge does not export: {unknown}"
     # Syntax: wrap every dashboard expression in a recording rule and let promtool parse it.
-    generated = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:expr_{i}", "expr": e} for i, e in enumerate(exprs)
-    ]}]}  # fmt: skip
+    generated = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:expr_{i}", "expr": e} for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "dashboard-rules.yaml"
     path.write_text(yaml.safe_dump(generated))
     check = promtool("check", "rules", str(path))
     assert check.returncode == 0, check.stdout + check.stderr
     covered = set().union(*(metric_names(e) for e in exprs))
-    for needed in ("delay_bridge_ingested_total", "delay_bridge_delivered_total",
-                   "delay_bridge_scheduled_messages", "delay_bridge_overdue_messages",
-                   "delay_bridge_delivery_lateness_seconds_bucket", "delay_bridge_ingest_lag_messages",
-                   "delay_bridge_dead_lettered_total", "delay_bridge_redelivered_total",
-                   "delay_bridge_cancelled_total", "delay_bridge_replaced_total",
-                   "delay_bridge_dlq_produce_errors_total", "delay_bridge_redis_writable"):  # fmt: skip
+    for needed in (
+        "delay_bridge_ingested_total",
+        "delay_bridge_delivered_total",
+        "delay_bridge_scheduled_messages",
+        "delay_bridge_overdue_messages",
+        "delay_bridge_delivery_lateness_seconds_bucket",
+        "delay_bridge_ingest_lag_messages",
+        "delay_bridge_dead_lettered_total",
+        "delay_bridge_redelivered_total",
+        "delay_bridge_cancelled_total",
+        "delay_bridge_replaced_total",
+        "delay_bridge_dlq_produce_errors_total",
+        "delay_bridge_redis_writable",
+    ):
         assert needed in covered, f"the dashboard shows no {needed}"
 
 
@@ -79,10 +94,16 @@ def running(
     services: Services, topics: TopicFactory, unique: str, tmp_path: Path
 ) -> Iterator[tuple[Bridge, str, str]]:
     delay, target = topics("delay", 2), topics("out")
-    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=topics("dlq"),
-                     topics__journal=topics("journal"), kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}", logging__json="true")  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        services.redis_url,
+        topics__delay=delay,
+        topics__dead_letter=topics("dlq"),
+        topics__journal=topics("journal"),
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+        logging__json="true",
+    )
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     try:
         yield bridge, delay, target
@@ -104,15 +125,27 @@ def test_live_metrics_probes_and_json_logs(
         delay,
         [(None, b"v", [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"10ms")])] * 5,
     )
-    wait_for(lambda: f'delay_bridge_delivered_total{{target_topic="{target}"}} 5.0' in bridge.get("/metrics")[1],
-             60, "5 deliveries in /metrics")  # fmt: skip
+    wait_for(
+        lambda: (
+            f'delay_bridge_delivered_total{{target_topic="{target}"}} 5.0'
+            in bridge.get("/metrics")[1]
+        ),
+        60,
+        "5 deliveries in /metrics",
+    )
     status, body = bridge.get("/metrics")
     assert status == 200
     lint = promtool("check", "metrics", stdin=body)
     assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
-    for name in ("delay_bridge_scheduled_messages", "delay_bridge_oldest_overdue_seconds",
-                 "delay_bridge_delivery_lateness_seconds_bucket", "process_resident_memory_bytes",
-                 "process_open_fds", "python_info", "python_gc_collections_total"):  # fmt: skip
+    for name in (
+        "delay_bridge_scheduled_messages",
+        "delay_bridge_oldest_overdue_seconds",
+        "delay_bridge_delivery_lateness_seconds_bucket",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
         assert name in body
     # the readiness gauge follows /readyz at the next sample
     wait_for(lambda: "delay_bridge_ready 1.0" in bridge.get("/metrics")[1], 10, "the ready gauge")
@@ -128,8 +161,13 @@ def test_live_metrics_probes_and_json_logs(
 def test_readyz_fails_while_redis_is_unreachable(
     services: Services, topics: TopicFactory, unique: str, tmp_path: Path, dead_port: int
 ) -> None:
-    env = bridge_env(services.bootstrap, f"redis://127.0.0.1:{dead_port}/0", topics__delay=topics("delay"),
-                     kafka__group_id=f"g-{unique}", redis__socket_timeout="200ms")  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        f"redis://127.0.0.1:{dead_port}/0",
+        topics__delay=topics("delay"),
+        kafka__group_id=f"g-{unique}",
+        redis__socket_timeout="200ms",
+    )
     bridge = Bridge(env, tmp_path / "bridge.log").start()
     try:
         # Until its first probe of Redis fails, /readyz says Redis has not answered yet (on a
@@ -160,9 +198,15 @@ def test_readyz_fails_while_redis_has_not_answered_yet(
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        env = bridge_env(services.bootstrap, url, topics__delay=topics("delay"),
-                         topics__dead_letter=topics("dlq"), topics__journal=topics("journal"),
-                         kafka__group_id=f"g-{unique}", redis__socket_timeout="3s")  # fmt: skip
+        env = bridge_env(
+            services.bootstrap,
+            url,
+            topics__delay=topics("delay"),
+            topics__dead_letter=topics("dlq"),
+            topics__journal=topics("journal"),
+            kafka__group_id=f"g-{unique}",
+            redis__socket_timeout="3s",
+        )
         bridge = Bridge(env, tmp_path / "bridge.log").start()
         try:
             status, body = bridge.get("/readyz")
@@ -188,15 +232,24 @@ def test_prometheus_scrapes_deliveries(
     port = _free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "delay-bridge",
-                            "static_configs": [{"targets": [f"127.0.0.1:{bridge.http_port()}"]}]}],
-    }  # fmt: skip
+        "scrape_configs": [
+            {
+                "job_name": "delay-bridge",
+                "static_configs": [{"targets": [f"127.0.0.1:{bridge.http_port()}"]}],
+            }
+        ],
+    }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     server = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
-    )  # fmt: skip
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("wb"),
+    )
 
     def query(expr: str) -> float | None:
         url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})

@@ -45,8 +45,15 @@ HOUR = 3_600_000
 
 def cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
     env = setup.bridge().env
-    return subprocess.run([sys.executable, "-m", "bridge", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -59,19 +66,50 @@ def held(setup: Setup, redis_client: redis.Redis) -> dict[str, Any]:
     p0, p1 = Shard(setup.delay, 0), Shard(setup.delay, 1)
     target = setup.targets[0]
 
-    def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v",
-            priority: Priority = Priority.NORMAL) -> Scheduled:  # fmt: skip
-        return Scheduled(offset, due, target, b"key-%d" % offset, value, [],
-                         delay_id or f"{setup.delay}:0:{offset}", priority=priority)  # fmt: skip
+    def rec(
+        offset: int,
+        due: int,
+        delay_id: str | None = None,
+        value: bytes = b"v",
+        priority: Priority = Priority.NORMAL,
+    ) -> Scheduled:
+        return Scheduled(
+            offset,
+            due,
+            target,
+            b"key-%d" % offset,
+            value,
+            [],
+            delay_id or f"{setup.delay}:0:{offset}",
+            priority=priority,
+        )
 
     # Of the three due in an hour, one high and one low: each lane is listed, in due order.
-    store.add({p0: (4, [rec(0, now - 10_000), rec(1, now - 5_000),
-                        rec(2, now + HOUR, "expire-7", priority=Priority.HIGH),
-                        rec(3, now + HOUR + 1, priority=Priority.LOW),
-                        rec(4, now + HOUR + 2, value=b"x" * 300)])})  # fmt: skip
-    store.add({p1: (1, [Scheduled(0, now - 1000, target, None, b"v", [], f"{setup.delay}:1:0"),
-                        Scheduled(1, now + 2 * HOUR, target, None, b"v", [],
-                                  f"{setup.delay}:1:1")])})  # fmt: skip
+    store.add(
+        {
+            p0: (
+                4,
+                [
+                    rec(0, now - 10_000),
+                    rec(1, now - 5_000),
+                    rec(2, now + HOUR, "expire-7", priority=Priority.HIGH),
+                    rec(3, now + HOUR + 1, priority=Priority.LOW),
+                    rec(4, now + HOUR + 2, value=b"x" * 300),
+                ],
+            )
+        }
+    )
+    store.add(
+        {
+            p1: (
+                1,
+                [
+                    Scheduled(0, now - 1000, target, None, b"v", [], f"{setup.delay}:1:0"),
+                    Scheduled(1, now + 2 * HOUR, target, None, b"v", [], f"{setup.delay}:1:1"),
+                ],
+            )
+        }
+    )
     far = Scheduled(2, now + 3 * HOUR, target, None, b"v", [], f"{setup.delay}:1:2")
     store.add({p1: (2, [far])}, refer_after_ms=now + 2 * HOUR)
     assert len(store.claim([p1], 10, 60_000)) == 1
@@ -110,15 +148,33 @@ def test_list_shows_waiting_records_in_due_order(setup: Setup, held: dict[str, A
     records = json.loads(proc.stdout)
     # The reference (1, 2) is listed too; its offset holds no record in the topic (the fixture
     # wrote Redis alone), so it shows as bound for the DLQ, as the read-back would store it.
-    assert [(r["partition"], r["offset"]) for r in records] == [(0, 0), (0, 1), (0, 2), (0, 3),
-                                                                (0, 4), (1, 1), (1, 2)]  # fmt: skip
+    assert [(r["partition"], r["offset"]) for r in records] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (1, 1),
+        (1, 2),
+    ]
     assert records[6]["target"] == "" and records[6]["due_ms"] == held["now"] + 3 * HOUR
     third = records[2]
     assert (third["delay_id"], third["target"], third["key"], third["value_bytes"]) == (
-        "expire-7", setup.targets[0], "key-2", 1)  # fmt: skip
+        "expire-7",
+        setup.targets[0],
+        "key-2",
+        1,
+    )
     assert records[4]["value_bytes"] == 300
-    assert [r["priority"] for r in records] == ["normal", "normal", "high", "low", "normal",
-                                                "normal", "normal"]  # fmt: skip
+    assert [r["priority"] for r in records] == [
+        "normal",
+        "normal",
+        "high",
+        "low",
+        "normal",
+        "normal",
+        "normal",
+    ]
     page = json.loads(cli(setup, "list", "--json", "--limit", "2", "--partition", "0").stdout)
     assert [r["offset"] for r in page] == [0, 1]
     due_before = str(held["now"])
@@ -178,8 +234,9 @@ def test_dlq_replay_schedules_again_once_the_cause_is_fixed(
 ) -> None:
     missing = f"missing-{topics.suffix}"  # a target that does not exist yet
     narrow = setup.tmp / "narrow.yaml"
-    narrow.write_text(yaml.safe_dump({"topics": {
-        "allowed_targets": [re.escape(setup.targets[0]), "missing-.*"]}}))  # fmt: skip
+    narrow.write_text(
+        yaml.safe_dump({"topics": {"allowed_targets": [re.escape(setup.targets[0]), "missing-.*"]}})
+    )
     first = setup.bridge("bridge-1", egress__max_attempts="1")
     first.env["DELAY_BRIDGE_CONFIG"] = str(narrow)
     bridges.append(first.start())
@@ -188,11 +245,14 @@ def test_dlq_replay_schedules_again_once_the_cause_is_fixed(
         (b"k2", b"failed-2", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms")]),
         (b"k3", b"refused-1", [(H_TARGET_TOPIC, setup.targets[1].encode()), (H_AFTER, b"0ms")]),
         (b"k4", b"refused-2", [(H_TARGET_TOPIC, setup.targets[1].encode()), (H_AFTER, b"0ms")]),
-    ]  # fmt: skip
+    ]
     produce_all(setup.services.bootstrap, setup.delay, records)
     # A dead letter from some other bridge: its origin is not one of our delay topics.
-    produce_all(setup.services.bootstrap, setup.dlq,
-                [(b"k5", b"foreign", [(H_ERROR, b"bad-header"), (H_ORIGIN, b"other:0:7")])])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.dlq,
+        [(b"k5", b"foreign", [(H_ERROR, b"bad-header"), (H_ORIGIN, b"other:0:7")])],
+    )
     dead = setup.collector()
     try:
         dead.until(lambda rs: len(dead.of(setup.dlq)) >= 5, 90, "four dead letters")
@@ -206,9 +266,11 @@ def test_dlq_replay_schedules_again_once_the_cause_is_fixed(
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip()
 
-    assert replay("--dry-run") == ("would replay 4 (2 delivery-failed, 2 target-not-allowed); 0 "
-                                   "left out by the filters; 1 skipped: their origin is not a "
-                                   "configured delay topic")  # fmt: skip
+    assert replay("--dry-run") == (
+        "would replay 4 (2 delivery-failed, 2 target-not-allowed); 0 "
+        "left out by the filters; 1 skipped: their origin is not a "
+        "configured delay topic"
+    )
     assert replay("--dry-run", "--reason", "delivery-failed").startswith(
         "would replay 2 (2 delivery-failed); 3 left out by the filters"
     )
@@ -224,16 +286,21 @@ def test_dlq_replay_schedules_again_once_the_cause_is_fixed(
     finally:
         arrived.close()
     assert sorted((r.topic, r.key, r.value) for r in arrived.records) == [
-        (missing, b"k1", b"failed-1"), (missing, b"k2", b"failed-2"),
-        (setup.targets[1], b"k3", b"refused-1"), (setup.targets[1], b"k4", b"refused-2")]  # fmt: skip
+        (missing, b"k1", b"failed-1"),
+        (missing, b"k2", b"failed-2"),
+        (setup.targets[1], b"k3", b"refused-1"),
+        (setup.targets[1], b"k4", b"refused-2"),
+    ]
     assert all(r.header(H_ERROR) is None and r.header(H_ORIGIN) is None for r in arrived.records)
     assert replay().startswith("replayed 0; 0 left out")  # nothing twice
 
 
 def test_dlq_replay_refuses_bad_input_in_one_line(setup: Setup) -> None:
-    for args, message in ((["--reason", "oops"], "--reason oops: not a delay-error"),
-                          (["--since", "yesterday"], "--since: not a time"),
-                          (["--limit", "0"], "--limit 0: at least 1")):  # fmt: skip
+    for args, message in (
+        (["--reason", "oops"], "--reason oops: not a delay-error"),
+        (["--since", "yesterday"], "--since: not a time"),
+        (["--limit", "0"], "--limit 0: at least 1"),
+    ):
         proc = cli(setup, "dlq", "replay", *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -243,9 +310,16 @@ def test_output_into_a_closed_pipe_is_no_traceback(setup: Setup, held: dict[str,
     """``status | head`` and ``list | head``: the reader is gone before the table is written."""
     env = setup.bridge().env
     for command in ("status", "list --limit 100"):
-        proc = subprocess.run(f"{sys.executable} -m bridge {command} | true", shell=True,
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-                              check=False)  # fmt: skip
+        proc = subprocess.run(
+            f"{sys.executable} -m bridge {command} | true",
+            shell=True,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 
@@ -264,11 +338,18 @@ def test_a_filtered_dlq_replay_says_what_it_passed_over_and_how_to_get_it_back(
 ) -> None:
     origin = f"{setup.delay}:0:7".encode()
     dead: list[tuple[bytes, bytes, Headers]] = [
-        (f"k{i}".encode(), f"v{i}".encode(),
-         [(H_ERROR, reason), (H_ORIGIN, origin), (H_TARGET_TOPIC, setup.targets[0].encode()),
-          (H_AFTER, b"1h")])
+        (
+            f"k{i}".encode(),
+            f"v{i}".encode(),
+            [
+                (H_ERROR, reason),
+                (H_ORIGIN, origin),
+                (H_TARGET_TOPIC, setup.targets[0].encode()),
+                (H_AFTER, b"1h"),
+            ],
+        )
         for i, reason in enumerate([b"delivery-failed", b"target-not-allowed"] * 2)
-    ]  # fmt: skip
+    ]
     produce_all(setup.services.bootstrap, setup.dlq, dead)
 
     def replay(*args: str) -> list[str]:
@@ -278,9 +359,11 @@ def test_a_filtered_dlq_replay_says_what_it_passed_over_and_how_to_get_it_back(
 
     first = replay("--reason", "delivery-failed")
     assert first[0].startswith("replayed 2 (2 delivery-failed); 2 left out by the filters")
-    assert first[1] == (f"2 left out are passed over for good in the group "
-                        f"bridge-{setup.unique}.dlq-replay: replay them with --from-beginning "
-                        "and filters that select them (e.g. --reason)")  # fmt: skip
+    assert first[1] == (
+        f"2 left out are passed over for good in the group "
+        f"bridge-{setup.unique}.dlq-replay: replay them with --from-beginning "
+        "and filters that select them (e.g. --reason)"
+    )
     assert replay()[0].startswith("replayed 0; 0 left out")  # passed over, as it said
     back = replay("--from-beginning", "--reason", "target-not-allowed")
     assert back[0].startswith("replayed 2 (2 target-not-allowed); 2 left out")
@@ -295,11 +378,18 @@ def test_a_filtered_dlq_replay_says_what_it_passed_over_and_how_to_get_it_back(
 
 def test_dlq_list_shows_dead_letters_with_their_reasons_and_details(setup: Setup) -> None:
     dead: list[tuple[bytes, bytes, Headers]] = [
-        (f"k{i}".encode(), b"v" * i,
-         [(H_ERROR, reason), (H_ERROR_DETAIL, b"why %d" % i),
-          (H_ORIGIN, f"{setup.delay}:0:{i}".encode()), (H_TARGET_TOPIC, b"orders")])
+        (
+            f"k{i}".encode(),
+            b"v" * i,
+            [
+                (H_ERROR, reason),
+                (H_ERROR_DETAIL, b"why %d" % i),
+                (H_ORIGIN, f"{setup.delay}:0:{i}".encode()),
+                (H_TARGET_TOPIC, b"orders"),
+            ],
+        )
         for i, reason in enumerate([b"expired", b"delivery-failed", b"expired"])
-    ]  # fmt: skip
+    ]
     produce_all(setup.services.bootstrap, setup.dlq, dead)
 
     def listed(*args: str) -> tuple[list[dict[str, Any]], str]:
@@ -308,11 +398,14 @@ def test_dlq_list_shows_dead_letters_with_their_reasons_and_details(setup: Setup
         return json.loads(proc.stdout), proc.stderr.strip()
 
     every, summary = listed()
-    assert [(d["reason"], d["detail"], d["origin"], d["key"], d["value_bytes"], d["target"])
-            for d in every] == [
+    assert [
+        (d["reason"], d["detail"], d["origin"], d["key"], d["value_bytes"], d["target"])
+        for d in every
+    ] == [
         ("expired", "why 0", f"{setup.delay}:0:0", "k0", 0, "orders"),
         ("delivery-failed", "why 1", f"{setup.delay}:0:1", "k1", 1, "orders"),
-        ("expired", "why 2", f"{setup.delay}:0:2", "k2", 2, "orders")]  # fmt: skip
+        ("expired", "why 2", f"{setup.delay}:0:2", "k2", 2, "orders"),
+    ]
     assert summary == "3 match: 1 delivery-failed, 2 expired"
     first, summary = listed("--reason", "expired", "--limit", "1")
     assert [d["key"] for d in first] == ["k0"]
@@ -321,7 +414,10 @@ def test_dlq_list_shows_dead_letters_with_their_reasons_and_details(setup: Setup
     assert len(listed("--since", "1h")[0]) == 3
     text = cli(setup, "dlq", "list")
     assert text.returncode == 0 and text.stdout.splitlines()[0].split()[:3] == [
-        "dead-lettered", "reason", "origin"]  # fmt: skip
+        "dead-lettered",
+        "reason",
+        "origin",
+    ]
     assert "why 1" in text.stdout and text.stdout.splitlines()[-1].startswith("3 match")
     # The listing commits nothing: a replay still finds all three.
     assert cli(setup, "dlq", "replay", "--dry-run").stdout.startswith("would replay 3")
@@ -343,11 +439,18 @@ def test_a_bulk_cancel_counts_then_cancels_what_its_filters_match(
     def later(key: bytes, target: bytes, after: bytes, *more: tuple[str, bytes]) -> Record:
         return key, b"v", [(H_TARGET_TOPIC, target), (H_AFTER, after), *more]
 
-    placed = produce_all(setup.services.bootstrap, setup.delay, [
-        later(b"cust-1-a", t0, b"1h"), later(b"cust-1-b", t0, b"1h", (H_ID, b"order-b")),
-        later(b"cust-2-c", t0, b"1h"), later(b"cust-1-d", t1, b"1h"),
-        later(b"cust-1-e", t0, b"3h"), later(b"cust-1-f", t0, b"2m"),
-    ])  # fmt: skip
+    placed = produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            later(b"cust-1-a", t0, b"1h"),
+            later(b"cust-1-b", t0, b"1h", (H_ID, b"order-b")),
+            later(b"cust-2-c", t0, b"1h"),
+            later(b"cust-1-d", t1, b"1h"),
+            later(b"cust-1-e", t0, b"3h"),
+            later(b"cust-1-f", t0, b"2m"),
+        ],
+    )
 
     def keys() -> list[str]:
         proc = cli(setup, "list", "--json", "--limit", "100")
@@ -383,10 +486,18 @@ def test_a_key_prefix_alone_is_matched_by_the_keys_of_references(
     def later(key: bytes | None, after: bytes) -> tuple[bytes | None, bytes, Headers]:
         return key, b"v", [(H_TARGET_TOPIC, target), (H_AFTER, after)]
 
-    produce_all(setup.services.bootstrap, setup.delay, [
-        later(b"a-1", b"3h"), later(b"b-1", b"3h"), later(None, b"3h"), later(b"a-2", b"3h"),
-        later(b"ab", b"3h"), later(b"a-3", b"1h"),
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            later(b"a-1", b"3h"),
+            later(b"b-1", b"3h"),
+            later(None, b"3h"),
+            later(b"a-2", b"3h"),
+            later(b"ab", b"3h"),
+            later(b"a-3", b"1h"),
+        ],
+    )
 
     def keys() -> list[str | None]:
         proc = cli(setup, "list", "--json", "--limit", "100")
@@ -442,10 +553,16 @@ def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_tw
     def later(key: bytes, after: bytes, *more: tuple[str, bytes]) -> Record:
         return key, b"value-" + key, [(H_TARGET_TOPIC, t0), (H_AFTER, after), ("h", b"1"), *more]
 
-    placed = produce_all(setup.services.bootstrap, setup.delay, [
-        later(b"f-a", b"1h"), later(b"f-b", b"1h", (H_ID, b"order-b")), later(b"f-c", b"3h"),
-        later(b"g-d", b"1h"),
-    ])  # fmt: skip
+    placed = produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            later(b"f-a", b"1h"),
+            later(b"f-b", b"1h", (H_ID, b"order-b")),
+            later(b"f-c", b"3h"),
+            later(b"g-d", b"1h"),
+        ],
+    )
     origins = [f"{setup.delay}:{p}:{o}" for p, o in placed]
 
     def waiting() -> dict[str, int]:
@@ -455,7 +572,8 @@ def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_tw
     wait_for(lambda: len(waiting()) == 4, 60, "all four stored")
     due_d = waiting()["g-d"]
     assert cli(setup, "fire", "--key-prefix", "f-", "--dry-run").stdout.startswith(
-        "would fire 3 waiting records")  # fmt: skip
+        "would fire 3 waiting records"
+    )
     fired = cli(setup, "fire", "--key-prefix", "f-", "--yes")
     assert fired.returncode == 0 and fired.stdout.startswith("fired 3 waiting records"), fired
     got = Collector(setup.services.bootstrap, [setup.targets[0]], f"c-{setup.unique}")
@@ -466,7 +584,8 @@ def test_fire_and_reschedule_replace_what_they_match_and_nothing_is_delivered_tw
     assert sorted((r.key, r.value, r.header(H_ID), r.header("h")) for r in got.records) == [
         (b"f-a", b"value-f-a", origins[0].encode(), b"1"),
         (b"f-b", b"value-f-b", b"order-b", b"1"),
-        (b"f-c", b"value-f-c", origins[2].encode(), b"1")]  # fmt: skip
+        (b"f-c", b"value-f-c", origins[2].encode(), b"1"),
+    ]
     wait_for(lambda: list(waiting()) == ["g-d"], 30, "the originals withdrawn")
     moved = cli(setup, "reschedule", "--id", origins[3], "--shift", "1h")
     assert moved.returncode == 0 and moved.stdout.startswith("reschedule "), moved
@@ -503,10 +622,14 @@ def test_a_bulk_reschedule_over_thousands_moves_each_record_once(
     t0 = setup.targets[0].encode()
     base = time.time_ns() // 1_000_000 + 20 * 60_000
     dues = [base + i if i % 2 else base + 3 * 3_600_000 + i for i in range(5000)]
-    produce_all(setup.services.bootstrap, setup.delay, [
-        (b"k%d" % (i % 7), b"v%d" % i, [(H_TARGET_TOPIC, t0), (H_DELIVER_AT, b"%d" % due)])
-        for i, due in enumerate(dues)
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (b"k%d" % (i % 7), b"v%d" % i, [(H_TARGET_TOPIC, t0), (H_DELIVER_AT, b"%d" % due)])
+            for i, due in enumerate(dues)
+        ],
+    )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 5000, 90, "all stored")
     assert _waiting_dues(setup, redis_client) == collections.Counter(dues)
     moved = collections.Counter(d + 3_600_000 for d in dues)
@@ -514,8 +637,9 @@ def test_a_bulk_reschedule_over_thousands_moves_each_record_once(
     done = cli(setup, *command)
     assert done.returncode == 0, done.stderr
     # It reports what the bridge applied: nothing of it is left to apply.
-    assert re.match(r"rescheduled 5,000 waiting records \(operation \w+\), applied 5,000",
-                    done.stdout), done.stdout  # fmt: skip
+    assert re.match(
+        r"rescheduled 5,000 waiting records \(operation \w+\), applied 5,000", done.stdout
+    ), done.stdout
     assert _waiting_dues(setup, redis_client) == moved
     again = cli(setup, *command)
     assert again.returncode == 0, again.stderr
@@ -532,16 +656,29 @@ def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
     target = setup.targets[0]
     # Due in 10 min: no command-line run races its due time (3 s did, once in CI: the cancel
     # found it claimed already). The cancelled count says it was found waiting.
-    made = cli("produce", "--target", target, "--after", "10m", "--id", "reminder-9", "--key", "u9",
-               "remind")  # fmt: skip
+    made = cli(
+        "produce",
+        "--target",
+        target,
+        "--after",
+        "10m",
+        "--id",
+        "reminder-9",
+        "--key",
+        "u9",
+        "remind",
+    )
     assert made.returncode == 0, made.stderr
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
     # No --key: the cancel goes where Redis says the id waits, with the record's own key.
     done = cli("cancel", "--id", "reminder-9")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"cancel of reminder-9 {setup.delay}:")
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1, 10,
-             "the cancel counted")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1,
+        10,
+        "the cancel counted",
+    )
     gone = cli("cancel", "--id", "reminder-9")
     assert gone.returncode == 1 and "reminder-9 waits in no partition" in gone.stderr
     assert "--force" in gone.stderr and not gone.stdout
@@ -554,11 +691,16 @@ def test_the_cancel_command(setup: Setup, bridges: list[Bridge]) -> None:
     assert after.returncode == 0, after.stderr
     records = setup.await_value(b"after", 60, "the later record")
     assert [r.value for r in records] == [b"after"]
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1, 10,
-             "the forced cancel counted")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1,
+        10,
+        "the forced cancel counted",
+    )
     partition, offset = forced.stdout.split()[-1].split(":")[1:]
-    assert (f"cancel of reminder-9 at {setup.delay}[{partition}] offset {offset} found no "
-            "waiting record") in bridge.output()  # fmt: skip
+    assert (
+        f"cancel of reminder-9 at {setup.delay}[{partition}] offset {offset} found no "
+        "waiting record"
+    ) in bridge.output()
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
     assert json.loads(cli("list", "--json").stdout) == []  # reminder-9 waits no more
 
@@ -575,12 +717,16 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
     # Due in 10 min, so no command-line run races the originals' own due time (20 s did, once
     # in CI: six runs one after the other outlasted it, and 44 and 45 arrived twice); 46 and 47
     # are fired at the end.
-    originals: list[Scheduling] = [(f"order-{n}".encode(), b"original",
-                                delay_headers(target, after="10m", delay_id=ids[n]))
-                               for n in ids]  # fmt: skip
+    originals: list[Scheduling] = [
+        (f"order-{n}".encode(), b"original", delay_headers(target, after="10m", delay_id=ids[n]))
+        for n in ids
+    ]
     coords = produce_all(setup.services.bootstrap, setup.delay, originals)
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") >= len(ids), 30,
-             "the originals stored")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_ingested_total") >= len(ids),
+        30,
+        "the originals stored",
+    )
     cli = cli_of(bridge)
 
     cancelled = {ids[n] for n in range(40, 44)}
@@ -596,8 +742,18 @@ def test_cli_cancels_and_replaces_what_a_librdkafka_producer_scheduled(
             assert f"waits in {setup.delay} partition {partition}" in done.stderr
     assert moved, "no key of the test maps differently under the two partitioners"
     for n in (44, 45):
-        done = cli("produce", "--target", target, "--after", "1s", "--id", ids[n], "--key",
-                   f"order-{n}", "replaced")  # fmt: skip
+        done = cli(
+            "produce",
+            "--target",
+            target,
+            "--after",
+            "1s",
+            "--id",
+            ids[n],
+            "--key",
+            f"order-{n}",
+            "replaced",
+        )
         assert done.returncode == 0, done.stderr
     for n in (46, 47):
         done = cli("fire", "--id", ids[n])
@@ -633,11 +789,18 @@ def test_a_bulk_fire_during_a_rate_limited_drain_delivers_each_record_once(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     now = time.time_ns() // 1_000_000
     count = 3000
-    produce_all(setup.services.bootstrap, setup.delay, [
-        (b"k%d" % (i % 11), b"v%d" % i, [(H_TARGET_TOPIC, slow.encode()),
-                                         (H_DELIVER_AT, b"%d" % (now - 2000))])
-        for i in range(count)
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (
+                b"k%d" % (i % 11),
+                b"v%d" % i,
+                [(H_TARGET_TOPIC, slow.encode()), (H_DELIVER_AT, b"%d" % (now - 2000))],
+            )
+            for i in range(count)
+        ],
+    )
     collector = Collector(setup.services.bootstrap, [slow, setup.dlq], f"check-{setup.unique}")
     try:
         collector.until(lambda rs: len(rs) >= 200, 60, "the drain under way")

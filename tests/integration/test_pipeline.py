@@ -23,7 +23,7 @@ from bridge.message import (
     H_ORIGIN,
     H_TARGET_TOPIC,
     Headers,
-)  # fmt: skip
+)
 from bridge.store import Shard, Store
 from tests.conftest import TopicFactory, wait_for
 from tests.integration.harness import (
@@ -53,8 +53,16 @@ def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge
         (b"bad7", b"v" * 100_001, [(H_TARGET_TOPIC, b"x"), (H_AFTER, b"1s")]),
         (b"bad8", b"v", [(H_TARGET_TOPIC, b"x\xff"), (H_AFTER, b"1s")]),
     ]
-    reasons = ["missing-due-time", "conflicting-due-time", "bad-due-time", "delay-too-long",
-               "missing-target", "target-not-allowed", "too-large", "bad-header"]  # fmt: skip
+    reasons = [
+        "missing-due-time",
+        "conflicting-due-time",
+        "bad-due-time",
+        "delay-too-long",
+        "missing-target",
+        "target-not-allowed",
+        "too-large",
+        "bad-header",
+    ]
     produce_all(setup.services.bootstrap, setup.delay, invalid)
     # more valid records after the invalid ones: the pipeline keeps going
     expected |= schedule(setup, 200, seed=2, max_delay_ms=1500)
@@ -63,10 +71,13 @@ def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge
     collector = setup.collector()
     try:
         collector.until(
-            lambda rs: len({r.delay_id for r in rs if r.topic in setup.targets}) >= len(expected)
-            and len(collector.of(setup.dlq)) >= len(invalid),
-            90, "every record delivered or dead-lettered",
-        )  # fmt: skip
+            lambda rs: (
+                len({r.delay_id for r in rs if r.topic in setup.targets}) >= len(expected)
+                and len(collector.of(setup.dlq)) >= len(invalid)
+            ),
+            90,
+            "every record delivered or dead-lettered",
+        )
         collector.poll(1.0)  # anything extra (a duplicate) would show up now
     finally:
         collector.close()
@@ -77,8 +88,9 @@ def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge
 
     by_id = {r.delay_id: r for r in received}
     sample = by_id[f"{setup.delay}:0:0"] if f"{setup.delay}:0:0" in by_id else received[0]
-    assert not any(k.startswith("delay-") and k not in ("delay-id", "delay-due-at")
-                   for k, _ in sample.headers)  # fmt: skip
+    assert not any(
+        k.startswith("delay-") and k not in ("delay-id", "delay-due-at") for k, _ in sample.headers
+    )
     for r in received:
         i = int(r.value.decode().split("-")[1])  # type: ignore[union-attr]
         assert r.value == f"value-{i}".encode()
@@ -113,8 +125,9 @@ def test_sigkill_mid_run_loses_nothing(setup: Setup, bridges: list[Bridge]) -> N
         bridges.append(fast_takeover(setup, "second", egress__lease="3s"))
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
-            90, "every record after the restart",
-        )  # fmt: skip
+            90,
+            "every record after the restart",
+        )
     finally:
         collector.close()
     received = delivered(collector, setup)
@@ -151,8 +164,9 @@ def test_sigterm_exits_cleanly_and_restart_loses_nothing(
         bridges.append(setup.bridge("second").start())
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
-            90, "every record after the restart",
-        )  # fmt: skip
+            90,
+            "every record after the restart",
+        )
         collector.poll(1.0)
     finally:
         collector.close()
@@ -170,8 +184,9 @@ def test_two_bridges_split_the_partitions(setup: Setup, bridges: list[Bridge]) -
     try:
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
-            90, "every record from two bridges",
-        )  # fmt: skip
+            90,
+            "every record from two bridges",
+        )
     finally:
         collector.close()
     check_delivery(delivered(collector, setup), expected)
@@ -192,10 +207,14 @@ def test_unknown_target_topic_is_dead_lettered(
 ) -> None:
     missing = f"missing-{setup.unique}"
     small = topics("small", 1, {"max.message.bytes": "1000"})
-    produce_all(setup.services.bootstrap, setup.delay, [
-        (b"k", b"lost?", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms"), ("h", b"1")]),
-        (b"big", b"x" * 2000, [(H_TARGET_TOPIC, small.encode()), (H_AFTER, b"0ms")]),
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (b"k", b"lost?", [(H_TARGET_TOPIC, missing.encode()), (H_AFTER, b"0ms"), ("h", b"1")]),
+            (b"big", b"x" * 2000, [(H_TARGET_TOPIC, small.encode()), (H_AFTER, b"0ms")]),
+        ],
+    )
     expected = schedule(setup, 20, seed=6, max_delay_ms=1500)
     bridges.append(setup.bridge(egress__max_attempts="2").start())
     collector = setup.collector()
@@ -205,8 +224,9 @@ def test_unknown_target_topic_is_dead_lettered(
         )
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
-            30, "the other records",
-        )  # fmt: skip
+            30,
+            "the other records",
+        )
     finally:
         collector.close()
     (dead,) = [r for r in collector.of(setup.dlq) if r.key == b"k"]
@@ -232,10 +252,27 @@ def test_the_produce_command_schedules_with_the_default_target(
     bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
     bridges.append(bridge.start())
     proc = subprocess.run(
-        [sys.executable, "-m", "bridge", "produce", "--after", "0", "--id", "cli-1",
-         "--key", "k1", "--header", "trace=t1", "hello"],
-        env=bridge.env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "produce",
+            "--after",
+            "0",
+            "--id",
+            "cli-1",
+            "--key",
+            "k1",
+            "--header",
+            "trace=t1",
+            "hello",
+        ],
+        env=bridge.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"scheduled {setup.delay}:")
     collector = setup.collector()
@@ -245,7 +282,11 @@ def test_the_produce_command_schedules_with_the_default_target(
         collector.close()
     [got] = collector.records
     assert (got.topic, got.key, got.value, got.delay_id) == (
-        setup.targets[1], b"k1", b"hello", "cli-1")  # fmt: skip
+        setup.targets[1],
+        b"k1",
+        b"hello",
+        "cli-1",
+    )
     assert got.header("trace") == b"t1"
 
 
@@ -308,14 +349,25 @@ def test_records_claimed_ahead_go_when_due_while_the_mover_waits_on_redis(
     target = (H_TARGET_TOPIC, stamped.encode())
     first_due = int(time.time() * 1000) + 3500
     for i in range(41):  # due every 20 ms over 0.8 s: all claimed ahead by the first's due time
-        produce(producer, setup.delay, value=f"v{i}".encode(),
-                headers=[target, (H_DELIVER_AT, str(first_due + 20 * i).encode())])  # fmt: skip
+        produce(
+            producer,
+            setup.delay,
+            value=f"v{i}".encode(),
+            headers=[target, (H_DELIVER_AT, str(first_due + 20 * i).encode())],
+        )
     # A record with its own delay-id is claimed only when due: the mover calls Redis then.
-    produce(producer, setup.delay, value=b"wake",
-            headers=[target, (H_DELIVER_AT, str(first_due + 300).encode()), (H_ID, b"wake")])  # fmt: skip
+    produce(
+        producer,
+        setup.delay,
+        value=b"wake",
+        headers=[target, (H_DELIVER_AT, str(first_due + 300).encode()), (H_ID, b"wake")],
+    )
     assert producer.flush(10) == 0
-    wait_for(lambda: store.backlog(shards).scheduled == 1, first_due / 1000 + 0.25 - time.time(),
-             "every record but the one with its own delay-id claimed ahead")  # fmt: skip
+    wait_for(
+        lambda: store.backlog(shards).scheduled == 1,
+        first_due / 1000 + 0.25 - time.time(),
+        "every record but the one with its own delay-id claimed ahead",
+    )
     # Redis takes no writes from 150 ms after the first is due, for 2 s: the mover's claim of
     # "wake" waits for the end of the pause while 25 of the records it holds fall due.
     time.sleep(max(0.0, (first_due + 150) / 1000 - time.time()))  # pacing, not waiting
@@ -345,8 +397,12 @@ def test_records_claimed_ahead_go_within_a_send_tick_of_their_due_time(
     target = (H_TARGET_TOPIC, stamped.encode())
     first_due = int(time.time() * 1000) + 3000
     for i in range(400):  # 2,000/s for 0.2 s: claimed ahead, falling due between claim ticks
-        produce(producer, setup.delay, value=f"v{i}".encode(),
-                headers=[target, (H_DELIVER_AT, str(first_due + i // 2).encode())])  # fmt: skip
+        produce(
+            producer,
+            setup.delay,
+            value=f"v{i}".encode(),
+            headers=[target, (H_DELIVER_AT, str(first_due + i // 2).encode())],
+        )
     assert producer.flush(10) == 0
     collector = Collector(setup.services.bootstrap, [stamped], f"check-{setup.unique}")
     try:
@@ -372,20 +428,35 @@ def test_records_claimed_ahead_are_never_early_and_a_late_cancel_still_wins(
     producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
     target = (H_TARGET_TOPIC, stamped.encode())
     for i in range(60):  # default delay-ids: claimed up to 1 s before they are due
-        produce(producer, setup.delay, key=f"k{i}".encode(), value=f"v{i}".encode(),
-                headers=[target, (H_AFTER, f"{1500 + 25 * i}ms".encode())])  # fmt: skip
+        produce(
+            producer,
+            setup.delay,
+            key=f"k{i}".encode(),
+            value=f"v{i}".encode(),
+            headers=[target, (H_AFTER, f"{1500 + 25 * i}ms".encode())],
+        )
     job_due = time.time() + 3.0
-    produce(producer, setup.delay, key=b"job", value=b"job",
-            headers=[target, (H_AFTER, b"3s"), (H_ID, b"job")])  # fmt: skip
+    produce(
+        producer,
+        setup.delay,
+        key=b"job",
+        value=b"job",
+        headers=[target, (H_AFTER, b"3s"), (H_ID, b"job")],
+    )
     assert producer.flush(10) == 0
     # The cancel comes half a second before the job is due — inside the window records are
     # claimed ahead in, so only a record with its own delay-id staying in Redis lets it win.
     time.sleep(max(0.0, job_due - 0.5 - time.time()))  # pacing the load, not waiting for it
     produce(producer, setup.delay, key=b"job", value=None, headers=[(H_CANCEL, b"job")])
     assert producer.flush(10) == 0
-    wait_for(lambda: metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
-             or metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1,
-             30, "the cancel applied")  # fmt: skip
+    wait_for(
+        lambda: (
+            metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+            or metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}') == 1
+        ),
+        30,
+        "the cancel applied",
+    )
     collector = Collector(setup.services.bootstrap, [stamped], f"check-{setup.unique}")
     try:
         collector.until(lambda rs: len(rs) >= 60, 30, "the 60 records delivered")
@@ -396,8 +467,9 @@ def test_records_claimed_ahead_are_never_early_and_a_late_cancel_still_wins(
     assert sorted(r.value or b"" for r in collector.records) == sorted(
         f"v{i}".encode() for i in range(60)
     )
-    early = [(r.value, r.due_ms - r.timestamp_ms) for r in collector.records
-             if r.timestamp_ms < r.due_ms]  # fmt: skip
+    early = [
+        (r.value, r.due_ms - r.timestamp_ms) for r in collector.records if r.timestamp_ms < r.due_ms
+    ]
     assert not early, f"delivered before their due time (ms early): {early}"
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
 
@@ -416,14 +488,18 @@ def test_records_in_memory_do_not_keep_the_garbage_collector_busy(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "the bridge to join its group")
 
     def collections() -> list[float]:
-        return [metric(bridge, f'python_gc_collections_total{{generation="{g}"}}')
-                for g in range(3)]  # fmt: skip
+        return [
+            metric(bridge, f'python_gc_collections_total{{generation="{g}"}}') for g in range(3)
+        ]
 
     before = collections()
     count = 20_000
     headers = [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"1s")]
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(None, f"v{i}".encode(), headers) for i in range(count)])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(None, f"v{i}".encode(), headers) for i in range(count)],
+    )
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= count, 60, f"the {count} records delivered")

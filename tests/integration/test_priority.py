@@ -26,14 +26,24 @@ SHARD = Shard("delay", 0)
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
 
 
-def rec(offset: int, due: int, priority: Priority = NORMAL, delay_id: str = "",
-        value: bytes = b"v") -> Scheduled:  # fmt: skip
-    return Scheduled(offset, due, "out", b"k", value, [("h", b"1")],
-                     delay_id or f"delay:0:{offset}", priority=priority)  # fmt: skip
+def rec(
+    offset: int, due: int, priority: Priority = NORMAL, delay_id: str = "", value: bytes = b"v"
+) -> Scheduled:
+    return Scheduled(
+        offset,
+        due,
+        "out",
+        b"k",
+        value,
+        [("h", b"1")],
+        delay_id or f"delay:0:{offset}",
+        priority=priority,
+    )
 
 
-def add(store: Store, *records: Scheduled | Cancel, shard: Shard = SHARD,
-        refer_after: int | None = None) -> None:  # fmt: skip
+def add(
+    store: Store, *records: Scheduled | Cancel, shard: Shard = SHARD, refer_after: int | None = None
+) -> None:
     top = max(r.offset for r in records)
     store.add({shard: (top, list(records))}, refer_after_ms=refer_after, bucket_ms=60_000)
 
@@ -45,9 +55,16 @@ def claim(store: Store, now: int, limit: int = 100, **kw: object) -> list[tuple[
 
 def test_among_due_records_high_goes_first_then_normal_then_low(store: Store) -> None:
     # Interleaved, and the low and normal ones due earlier than the high ones.
-    add(store, rec(0, T0 - 3000, LOW), rec(1, T0 - 2000, NORMAL), rec(2, T0 - 1000, HIGH),
-        rec(3, T0 - 3000, LOW), rec(4, T0 - 500, HIGH), rec(5, T0 - 2000, NORMAL),
-        rec(6, T0 - 500, HIGH))  # fmt: skip
+    add(
+        store,
+        rec(0, T0 - 3000, LOW),
+        rec(1, T0 - 2000, NORMAL),
+        rec(2, T0 - 1000, HIGH),
+        rec(3, T0 - 3000, LOW),
+        rec(4, T0 - 500, HIGH),
+        rec(5, T0 - 2000, NORMAL),
+        rec(6, T0 - 500, HIGH),
+    )
     assert claim(store, T0, limit=3) == [(2, HIGH), (4, HIGH), (6, HIGH)]
     assert claim(store, T0, limit=3) == [(1, NORMAL), (5, NORMAL), (0, LOW)]
     assert claim(store, T0) == [(3, LOW)]
@@ -67,8 +84,7 @@ def test_within_a_lane_due_order_then_offset_order(store: Store) -> None:
 
 def test_the_on_time_half_holds_within_a_lane(store: Store) -> None:
     # An overdue backlog of high records does not hold up the high records falling due now.
-    add(store, *(rec(i, T0 - 60_000, HIGH) for i in range(10)), rec(10, T0, HIGH),
-        rec(11, T0, LOW))  # fmt: skip
+    add(store, *(rec(i, T0 - 60_000, HIGH) for i in range(10)), rec(10, T0, HIGH), rec(11, T0, LOW))
     assert [o for o, _ in claim(store, T0, limit=4)] == [0, 1, 2, 10]
 
 
@@ -99,8 +115,9 @@ def test_a_reference_read_back_into_its_lane_is_still_reached_by_a_cancel(store:
     while chunks := store.references.due([SHARD], far):
         for chunk in chunks:
             records = {0: high, 1: rec(1, far, LOW, "b")}
-            members = [(score(records[o]), member(records[o], "delay", 0))
-                       for o, _ in chunk.references()]  # fmt: skip
+            members = [
+                (score(records[o]), member(records[o], "delay", 0)) for o, _ in chunk.references()
+            ]
             assert store.references.promote(chunk, members) == 2
     # The id index holds the due ms, not the lane: a cancel looks in each.
     entries = read_index(store.client.hgetall(store.keys(SHARD).ids))  # type: ignore[arg-type]
@@ -121,8 +138,13 @@ def test_a_record_put_back_returns_to_its_lane(store: Store) -> None:
 
 
 def test_records_claimed_ahead_come_from_every_lane_once_nothing_is_due(store: Store) -> None:
-    add(store, rec(0, T0 + 50, LOW), rec(1, T0 + 60, HIGH), rec(2, T0 + 70, NORMAL, "own-id"),
-        rec(3, T0 + 500, HIGH))  # fmt: skip
+    add(
+        store,
+        rec(0, T0 + 50, LOW),
+        rec(1, T0 + 60, HIGH),
+        rec(2, T0 + 70, NORMAL, "own-id"),
+        rec(3, T0 + 500, HIGH),
+    )
     # Ahead 100 ms: the default-id ones due by then; the one with its own id waits for its time.
     assert sorted(claim(store, T0, ahead_ms=100)) == [(0, LOW), (1, HIGH)]
     assert claim(store, T0 + 70) == [(2, NORMAL)]
@@ -144,8 +166,13 @@ def test_once_the_high_records_are_claimed_normal_ones_are_claimed_ahead_again(
 
 
 def test_the_backlog_counts_overdue_records_by_priority(store: Store) -> None:
-    add(store, rec(0, T0 - 10, HIGH), rec(1, T0 - 10, LOW), rec(2, T0 - 20, LOW),
-        rec(3, T0 + 10, HIGH))  # fmt: skip
+    add(
+        store,
+        rec(0, T0 - 10, HIGH),
+        rec(1, T0 - 10, LOW),
+        rec(2, T0 - 20, LOW),
+        rec(3, T0 + 10, HIGH),
+    )
     backlog = store.backlog([SHARD], now_ms=T0)
     assert (backlog.scheduled, backlog.overdue, backlog.oldest_due_ms) == (1, 3, T0 - 20)
     assert backlog.overdue_by == {HIGH: 1, NORMAL: 0, LOW: 2}
@@ -186,12 +213,18 @@ def test_a_backlog_drains_high_first_across_partitions(setup: Setup, bridges: li
     records = []
     for partition, priorities in mix.items():
         for i, priority in enumerate(priorities):
-            headers = [(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, due),
-                       (H_PRIORITY, priority.label.encode())]  # fmt: skip
+            headers = [
+                (H_TARGET_TOPIC, target.encode()),
+                (H_DELIVER_AT, due),
+                (H_PRIORITY, priority.label.encode()),
+            ]
             records.append((keys[partition][i % 50], priority.label.encode(), headers))
     produce_all(setup.services.bootstrap, setup.delay, records)
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == len(records), 30,
-             "every record stored")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_ingested_total") == len(records),
+        30,
+        "every record stored",
+    )
     assert time.time_ns() // 1_000_000 < int(due), "stored after they fell due: the test is void"
     collector = Collector(setup.services.bootstrap, [target], f"check-{setup.unique}")
     try:
@@ -212,8 +245,10 @@ def test_a_rate_limited_drain_keeps_the_rate_and_stays_ready(
     /readyz 200 throughout (a limit working as configured is no fault) and what waited counted."""
     target = setup.targets[0]
     due = str(time.time_ns() // 1_000_000).encode()
-    records = [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, due)])
-               for i in range(900)]  # fmt: skip
+    records = [
+        (b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, due)])
+        for i in range(900)
+    ]
     bridge = setup.bridge(egress__max_rate="300").start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")

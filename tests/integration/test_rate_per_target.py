@@ -22,10 +22,12 @@ SHARD = Shard("delay", 0)
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
 
 
-def to(target: str, offset: int, due: int, priority: Priority = NORMAL,
-       delay_id: str = "") -> Scheduled:  # fmt: skip
-    return Scheduled(offset, due, target, b"k", b"v", [], delay_id or f"delay:0:{offset}",
-                     priority=priority)  # fmt: skip
+def to(
+    target: str, offset: int, due: int, priority: Priority = NORMAL, delay_id: str = ""
+) -> Scheduled:
+    return Scheduled(
+        offset, due, target, b"k", b"v", [], delay_id or f"delay:0:{offset}", priority=priority
+    )
 
 
 def add(store: Store, *records: Scheduled | Cancel, shard: Shard = SHARD) -> None:
@@ -45,15 +47,21 @@ def set_aside(store: Store, target: str, shard: Shard = SHARD) -> int:
 def test_records_set_aside_for_a_rate_are_claimed_from_their_wait_index_priority_first(
     store: Store,
 ) -> None:
-    add(store, to("slow", 0, T0 - 30, LOW), to("slow", 1, T0 - 20), to("slow", 2, T0 - 10, HIGH),
-        to("fast", 3, T0 - 40))  # fmt: skip
+    add(
+        store,
+        to("slow", 0, T0 - 30, LOW),
+        to("slow", 1, T0 - 20),
+        to("slow", 2, T0 - 10, HIGH),
+        to("fast", 3, T0 - 40),
+    )
     assert set_aside(store, "slow") == 3
     assert store.inventory.waits([SHARD]) == {SHARD: {"slow"}}
     # They no longer stand in the due index: a record due after them is the next one claimed.
     add(store, to("fast", 4, T0 - 5))
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [4]
-    waiting = [store.claim_waiting({(SHARD, "slow"): 1}, LEASE, now_ms=T0)["slow"]
-               for _ in range(3)]  # fmt: skip
+    waiting = [
+        store.claim_waiting({(SHARD, "slow"): 1}, LEASE, now_ms=T0)["slow"] for _ in range(3)
+    ]
     assert [offsets(c) for c in waiting] == [[2], [1], [0]]
     assert waiting[0].due_lanes == {SHARD: frozenset({NORMAL, LOW})}
     assert store.inventory.waits([SHARD]) == {}  # claimed empty: the index is gone
@@ -141,8 +149,13 @@ def test_a_rate_limited_target_holds_up_no_other_target(
     try:
         produce_all(setup.services.bootstrap, setup.delay, records)
         # and a first slow one: the collector may fetch one topic's records before the other's
-        collector.until(lambda rs: sum(r.value == b"fast" for r in rs) >= 300
-                        and any(r.value == b"slow" for r in rs), 30, "the fast ones")  # fmt: skip
+        collector.until(
+            lambda rs: (
+                sum(r.value == b"fast" for r in rs) >= 300 and any(r.value == b"slow" for r in rs)
+            ),
+            30,
+            "the fast ones",
+        )
         first_slow = min(r.timestamp_ms for r in collector.records if r.value == b"slow")
         slow_by_then = sum(r.value == b"slow" for r in collector.records)
         deadline = time.monotonic() + 60
@@ -177,9 +190,14 @@ def test_records_waiting_for_their_rate_outlive_a_sigkill(
     wait_for(lambda: first.get("/readyz")[0] == 200, 60, "ready")
     due = b"%d" % (time.time_ns() // 1_000_000)
     values = {b"v%d" % i for i in range(400)}
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, slow.encode()), (H_DELIVER_AT, due)])
-                 for i in range(400)])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (b"k%d" % i, b"v%d" % i, [(H_TARGET_TOPIC, slow.encode()), (H_DELIVER_AT, due)])
+            for i in range(400)
+        ],
+    )
     collector = Collector(setup.services.bootstrap, [slow], f"check-{setup.unique}")
     try:
         collector.until(lambda rs: len(rs) >= 50, 30, "the first records")

@@ -46,11 +46,20 @@ def produce(setup: Setup, *records: tuple[str, int | None, list[tuple[str, bytes
     """(value, delay ms, extra headers) records to the delay topic; returns their offsets. A
     delay of None: only the extra headers (a cancel)."""
     target = setup.targets[0].encode()
-    coords = produce_all(setup.services.bootstrap, setup.delay, [
-        (b"k", value.encode(), extra if delay is None else
-         [(H_TARGET_TOPIC, target), (H_AFTER, f"{delay}ms".encode()), *extra])
-        for value, delay, extra in records
-    ])  # fmt: skip
+    coords = produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (
+                b"k",
+                value.encode(),
+                extra
+                if delay is None
+                else [(H_TARGET_TOPIC, target), (H_AFTER, f"{delay}ms".encode()), *extra],
+            )
+            for value, delay, extra in records
+        ],
+    )
     return [offset for _, offset in coords]
 
 
@@ -64,8 +73,9 @@ def references(setup: Setup, count: int) -> None:
     """Wait until Redis holds ``count`` references and none of them whole."""
     store, shard = store_of(setup)
     try:
-        wait_for(lambda: store.references.counts([shard]) == {shard: count}, 30,
-                 f"{count} references")  # fmt: skip
+        wait_for(
+            lambda: store.references.counts([shard]) == {shard: count}, 30, f"{count} references"
+        )
     finally:
         store.client.close()
 
@@ -75,8 +85,9 @@ def on_time(
 ) -> collections.Counter[bytes]:
     """Wait until every value in ``due`` arrived on the target; none before its due time."""
     target = setup.targets[0]
-    collector.until(lambda _: {r.value for r in collector.of(target)} >= set(due), 60,
-                    "the records read back")  # fmt: skip
+    collector.until(
+        lambda _: {r.value for r in collector.of(target)} >= set(due), 60, "the records read back"
+    )
     for r in collector.of(target):
         assert r.value in due, f"unexpected {r.value!r}"
         assert r.timestamp_ms >= due[r.value or b""], f"{r.value!r} delivered early"
@@ -131,8 +142,12 @@ def test_a_bucket_is_read_back_fetch_ahead_before_its_first_record_is_due(
     references(one, 5)
     store, shard = store_of(one)
     try:
-        wait_for(lambda: store.references.counts([shard]) == {shard: 0}, 30, "the read-back",
-                 interval=0.01)  # fmt: skip
+        wait_for(
+            lambda: store.references.counts([shard]) == {shard: 0},
+            30,
+            "the read-back",
+            interval=0.01,
+        )
         read_back_ms = now_ms()
     finally:
         store.client.close()
@@ -144,12 +159,17 @@ def test_cancel_and_replace_reach_references(one: Setup, bridges: list[Bridge]) 
     before = now_ms()
     produce(one, ("cancelled", FAR_MS, [(H_ID, b"c")]), ("old", FAR_MS, [(H_ID, b"r")]))
     references(one, 2)
-    produce(one, ("", None, [(H_CANCEL, b"c")]), ("new", FAR_MS + 500, [(H_ID, b"r")]),
-            ("last", FAR_MS + 1_000, []))  # fmt: skip
+    produce(
+        one,
+        ("", None, [(H_CANCEL, b"c")]),
+        ("new", FAR_MS + 500, [(H_ID, b"r")]),
+        ("last", FAR_MS + 1_000, []),
+    )
     collector = one.collector()
     try:
-        counts = on_time(collector, one, {b"new": before + FAR_MS + 500,
-                                          b"last": before + FAR_MS + 1_000})  # fmt: skip
+        counts = on_time(
+            collector, one, {b"new": before + FAR_MS + 500, b"last": before + FAR_MS + 1_000}
+        )
     finally:
         collector.close()
     assert counts == {b"new": 1, b"last": 1}  # "cancelled" and "old" never, "last" came after
@@ -169,8 +189,11 @@ def test_a_reference_whose_record_is_gone_reaches_the_dlq_at_its_due_time(
         future.result(timeout=30)
     collector = one.collector()
     try:
-        collector.until(lambda _: len(collector.of(one.dlq)) == 2 and bool(collector.of(one.targets[0])),
-                        60, "two payload-missing dead letters and the kept record")  # fmt: skip
+        collector.until(
+            lambda _: len(collector.of(one.dlq)) == 2 and bool(collector.of(one.targets[0])),
+            60,
+            "two payload-missing dead letters and the kept record",
+        )
         letters = sorted(collector.of(one.dlq), key=lambda r: r.header(H_ORIGIN) or b"")
     finally:
         collector.close()
@@ -182,8 +205,11 @@ def test_a_reference_whose_record_is_gone_reaches_the_dlq_at_its_due_time(
         )
         assert letter.value is None and letter.key is None
         assert letter.timestamp_ms >= before + FAR_MS  # at its due time, not when found gone
-    wait_for(lambda: metric(bridge, 'delay_bridge_dead_lettered_total{reason="payload-missing"}')
-             == 2, 10, "the dead letters counted once acknowledged")  # fmt: skip
+    wait_for(
+        lambda: metric(bridge, 'delay_bridge_dead_lettered_total{reason="payload-missing"}') == 2,
+        10,
+        "the dead letters counted once acknowledged",
+    )
     assert metric(bridge, 'delay_bridge_read_back_total{result="missing"}') == 2
 
 
@@ -196,8 +222,9 @@ def test_references_are_rebuilt_when_redis_loses_them(one: Setup, bridges: list[
     references(one, 5)  # read again from the committed offset: below every reference
     collector = one.collector()
     try:
-        counts = on_time(collector, one, {f"far-{i}".encode(): before + FAR_MS + 2_000
-                                          for i in range(5)})  # fmt: skip
+        counts = on_time(
+            collector, one, {f"far-{i}".encode(): before + FAR_MS + 2_000 for i in range(5)}
+        )
     finally:
         collector.close()
     assert set(counts.values()) == {1}
@@ -218,8 +245,11 @@ def test_references_of_a_recreated_topic_reach_the_dlq_as_payload_missing(
     produce(one, ("new-0", 0, []))  # offset 0 again, in the new incarnation
     collector = one.collector()
     try:
-        collector.until(lambda _: len(collector.of(one.dlq)) == 2 and bool(collector.of(one.targets[0])),
-                        60, "two payload-missing dead letters and the new record")  # fmt: skip
+        collector.until(
+            lambda _: len(collector.of(one.dlq)) == 2 and bool(collector.of(one.targets[0])),
+            60,
+            "two payload-missing dead letters and the new record",
+        )
     finally:
         collector.close()
     assert [r.value for r in collector.of(one.targets[0])] == [b"new-0"]
@@ -232,8 +262,15 @@ def test_references_of_a_recreated_topic_reach_the_dlq_as_payload_missing(
 def test_a_retention_shorter_than_max_delay_stops_start_up_with_references(
     services: Services, topics: TopicFactory, unique: str, tmp_path: Path, bridges: list[Bridge]
 ) -> None:
-    short = Setup(services, topics("delay", 1, config={"retention.ms": "86400000"}),
-                  [topics("out", 1)], topics("dlq"), unique, tmp_path, topics("journal"))  # fmt: skip
+    short = Setup(
+        services,
+        topics("delay", 1, config={"retention.ms": "86400000"}),
+        [topics("out", 1)],
+        topics("dlq"),
+        unique,
+        tmp_path,
+        topics("journal"),
+    )
     refused = short.bridge("refused", limits__max_delay="2d").start()
     bridges.append(refused)
     assert refused.wait(60) == 2

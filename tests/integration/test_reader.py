@@ -46,8 +46,9 @@ class Requests:
 def reader(services: Services) -> Iterator[tuple[Reader, Requests]]:
     config = load(None, {"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": services.bootstrap})
     requests = Requests()
-    consumer = Consumer({**read_back_settings(config), "statistics.interval.ms": 100,
-                         "stats_cb": requests.stats})  # fmt: skip
+    consumer = Consumer(
+        {**read_back_settings(config), "statistics.interval.ms": 100, "stats_cb": requests.stats}
+    )
     made = Reader(consumer)
     yield made, requests
     made.close()

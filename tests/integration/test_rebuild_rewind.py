@@ -23,18 +23,28 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_batch_read_again_after_a_failed_rebuild_retires_nothing(
-    services: Services, topics: TopicFactory, unique: str, redis_client: redis.Redis,
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    services: Services,
+    topics: TopicFactory,
+    unique: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Redis lost one partition's state while a batch held records of two. The batch stored the
     other partition's share, then the rebuild's read of the committed offsets timed out (the
     coordinator moving; here a timeout too short for any answer, from the real broker) and the
     whole batch was read again: the partition stored already read as "offsets went back", was
     retired and read from its beginning, and every record delivered from it would go again."""
     delay, target, dlq = topics("delay", 2), topics("out"), topics("dlq")
-    env = bridge_env(services.bootstrap, services.redis_url, topics__delay=delay,
-                     topics__dead_letter=dlq, topics__journal=topics("journal"), kafka__group_id=f"g-{unique}",
-                     redis__key_prefix=f"test-{unique}")  # fmt: skip
+    env = bridge_env(
+        services.bootstrap,
+        services.redis_url,
+        topics__delay=delay,
+        topics__dead_letter=dlq,
+        topics__journal=topics("journal"),
+        kafka__group_id=f"g-{unique}",
+        redis__key_prefix=f"test-{unique}",
+    )
     # No commit during the test: the loss is found by the batch's add, not by the commit's read.
     monkeypatch.setattr(bridge.ingress.consumer, "COMMIT_INTERVAL_S", 3600.0)
     service = Service(from_mapping({}, env=env), CollectorRegistry())
@@ -53,8 +63,11 @@ def test_a_batch_read_again_after_a_failed_rebuild_retires_nothing(
             redis_client.delete(key)
         monkeypatch.setattr(bridge.positions, "COMMITTED_TIMEOUT_S", 0.000_001)
         produce_all(services.bootstrap, delay, [(b"k%d" % i, b"v", headers) for i in range(40)])
-        wait_for(lambda: "reading committed offsets for a rebuild failed" in caplog.text, 30,
-                 "the rebuild's read of the committed offsets to fail")  # fmt: skip
+        wait_for(
+            lambda: "reading committed offsets for a rebuild failed" in caplog.text,
+            30,
+            "the rebuild's read of the committed offsets to fail",
+        )
         monkeypatch.setattr(bridge.positions, "COMMITTED_TIMEOUT_S", 10.0)
         wait_for(lambda: "ingress stores batches again" in caplog.text, 60, "the batch stored")
         retired = redis_client.smembers(f"test-{unique}:{{{delay}:0}}:retired")

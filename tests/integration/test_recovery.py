@@ -25,18 +25,22 @@ pytestmark = pytest.mark.integration
 
 def due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> list[int]:
     records: list[tuple[bytes | None, bytes, Headers]] = [
-        (None, f"{tag}-{i}".encode(),
-         [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, f"{delay_ms}ms".encode())])
+        (
+            None,
+            f"{tag}-{i}".encode(),
+            [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, f"{delay_ms}ms".encode())],
+        )
         for i in range(count)
-    ]  # fmt: skip
+    ]
     return [offset for _, offset in produce_all(setup.services.bootstrap, setup.delay, records)]
 
 
 def committed(setup: Setup) -> tuple[int, int]:
     """The group's committed offset of partition 0, as Kafka's lag tools read it, and the rebuild
     point the bridge committed with it."""
-    consumer = Consumer({"bootstrap.servers": setup.services.bootstrap,
-                         "group.id": f"bridge-{setup.unique}"})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": setup.services.bootstrap, "group.id": f"bridge-{setup.unique}"}
+    )
     try:
         [tp] = consumer.committed([TopicPartition(setup.delay, 0)], timeout=10)
         return int(tp.offset), rebuild_point(tp)
@@ -62,8 +66,11 @@ def delivered_once(setup: Setup, count: int, what: str) -> collections.Counter[b
 def rebuilds(bridge: Bridge, setup: Setup) -> float:
     _, body = bridge.get("/metrics")
     topic = f'delay_topic="{setup.delay}"'
-    return sum(float(x.split()[-1]) for x in body.splitlines()
-               if x.startswith("delay_bridge_rebuilds_total{") and topic in x)  # fmt: skip
+    return sum(
+        float(x.split()[-1])
+        for x in body.splitlines()
+        if x.startswith("delay_bridge_rebuilds_total{") and topic in x
+    )
 
 
 def test_the_committed_offset_follows_ingestion_and_names_the_lowest_pending_record(

@@ -37,9 +37,14 @@ def tls_redis() -> Iterator[dict[str, str]]:
 
 def records(setup: Setup, count: int, tag: str) -> list[tuple[bytes, bytes, Headers]]:
     target = setup.targets[0].encode()
-    return [(f"k{i}".encode(), f"{tag}-{i}".encode(),
-             [(H_TARGET_TOPIC, target), (H_AFTER, f"{(i % 30) * 100}ms".encode())])
-            for i in range(count)]  # fmt: skip
+    return [
+        (
+            f"k{i}".encode(),
+            f"{tag}-{i}".encode(),
+            [(H_TARGET_TOPIC, target), (H_AFTER, f"{(i % 30) * 100}ms".encode())],
+        )
+        for i in range(count)
+    ]
 
 
 def delivers_all(setup: Setup, count: int, tag: str) -> None:
@@ -58,17 +63,22 @@ def master_port(sentinels: str) -> int:
     """The master's port as the first sentinel tells it (redis-cli: redis-py's parser of this
     reply does not take the arguments it is given)."""
     host, port = sentinels.split(",", maxsplit=1)[0].split(":")
-    reply = subprocess.run(["redis-cli", "-h", host, "-p", port, "sentinel",
-                            "get-master-addr-by-name", "mymaster"],
-                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    reply = subprocess.run(
+        ["redis-cli", "-h", host, "-p", port, "sentinel", "get-master-addr-by-name", "mymaster"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return int(reply[1])
 
 
 def test_through_sentinel_across_failovers(
     setup: Setup, sentinel_set: dict[str, str], bridges: list[Bridge]
 ) -> None:
-    bridge = setup.bridge(redis__sentinel__nodes=sentinel_set["sentinels"],
-                          redis__url="redis://ignored-with-sentinels:1/0")  # fmt: skip
+    bridge = setup.bridge(
+        redis__sentinel__nodes=sentinel_set["sentinels"],
+        redis__url="redis://ignored-with-sentinels:1/0",
+    )
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready through the sentinels")
     collector = setup.collector()
@@ -81,10 +91,16 @@ def test_through_sentinel_across_failovers(
             produce_all(setup.services.bootstrap, setup.delay, batch)
             before = master_port(sentinel_set["sentinels"])
             sentinel.execute_command("SENTINEL", "FAILOVER", "mymaster")  # type: ignore[no-untyped-call]
-            wait_for(lambda: master_port(sentinel_set["sentinels"]) != before, 60,  # noqa: B023
-                     "the sentinels to promote the replica")  # fmt: skip
-            collector.until(lambda rs: expected <= {r.value for r in rs}, 90,  # noqa: B023
-                            f"every record after failover {round_ + 1}")  # fmt: skip
+            wait_for(
+                lambda: master_port(sentinel_set["sentinels"]) != before,  # noqa: B023
+                60,
+                "the sentinels to promote the replica",
+            )
+            collector.until(
+                lambda rs: expected <= {r.value for r in rs},  # noqa: B023
+                90,
+                f"every record after failover {round_ + 1}",
+            )
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready on the new master")
     finally:
         collector.close()
@@ -100,9 +116,12 @@ def test_through_sentinel_across_failovers(
 def test_over_tls_with_a_client_certificate(
     setup: Setup, tls_redis: dict[str, str], bridges: list[Bridge]
 ) -> None:
-    bridge = setup.bridge(redis__url=tls_redis["url"], redis__tls__ca_file=tls_redis["ca_file"],
-                          redis__tls__cert_file=tls_redis["cert_file"],
-                          redis__tls__key_file=tls_redis["key_file"])  # fmt: skip
+    bridge = setup.bridge(
+        redis__url=tls_redis["url"],
+        redis__tls__ca_file=tls_redis["ca_file"],
+        redis__tls__cert_file=tls_redis["cert_file"],
+        redis__tls__key_file=tls_redis["key_file"],
+    )
     bridges.append(bridge.start())
     delivers_all(setup, 50, "tls")
     client = redis.Redis.from_url(tls_redis["url"], ssl_ca_certs=tls_redis["ca_file"])
@@ -142,14 +161,18 @@ def test_on_a_redis_cluster_with_a_master_failing_over(
         wait_for(lambda: _replica_port(master.port) is not None, 30, "the master's replica")
         replica = redis.Redis(port=_replica_port(master.port) or 0)
         replica.execute_command("CLUSTER", "FAILOVER")  # type: ignore[no-untyped-call]
-        wait_for(lambda: cast(dict[str, Any], replica.info("replication"))["role"] == "master",
-                 30, "the replica promoted")  # fmt: skip
+        wait_for(
+            lambda: cast(dict[str, Any], replica.info("replication"))["role"] == "master",
+            30,
+            "the replica promoted",
+        )
         replica.close()
         second = records(setup, 200, "after")
         produce_all(setup.services.bootstrap, setup.delay, second)
         expected = {value for _, value, _ in first + second}
-        collector.until(lambda rs: expected <= {r.value for r in rs}, 20,
-                        "every record, well within the lease")  # fmt: skip
+        collector.until(
+            lambda rs: expected <= {r.value for r in rs}, 20, "every record, well within the lease"
+        )
     finally:
         collector.close()
         delete_keys_cluster(client, setup.unique)
@@ -189,15 +212,19 @@ def test_on_a_redis_cluster_with_a_slot_nobody_serves(
 
         wait_for(says_cluster_down, 30, "/readyz to name the cluster fault in the mover")
         errors = "delay_bridge_redis_errors_total"
-        wait_for(lambda: says_cluster_down() and metric(bridge, errors) >= 5, 30,
-                 "the mover to keep backing off, alive")  # fmt: skip
+        wait_for(
+            lambda: says_cluster_down() and metric(bridge, errors) >= 5,
+            30,
+            "the mover to keep backing off, alive",
+        )
         _serve(owner, slot, ports)
         slot = -1
         second = records(setup, 200, "after")
         produce_all(setup.services.bootstrap, setup.delay, second)
         expected = {value for _, value, _ in first + second}
-        collector.until(lambda rs: expected <= {r.value for r in rs}, 20,
-                        "every record, well within the lease")  # fmt: skip
+        collector.until(
+            lambda rs: expected <= {r.value for r in rs}, 20, "every record, well within the lease"
+        )
         wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready again")
     finally:
         if slot >= 0:
@@ -222,8 +249,11 @@ def test_a_cluster_node_known_without_a_connection(
             node.redis_connection.close()
             node.redis_connection = None  # as redis-py leaves a node it learns from MOVED
         assert store.claim([shard], 10, 1000) == []
-        assert all(node.redis_connection is not None for node in client.get_nodes()
-                   if node.name == client.get_node_from_key(store.keys(shard).due).name)  # fmt: skip
+        assert all(
+            node.redis_connection is not None
+            for node in client.get_nodes()
+            if node.name == client.get_node_from_key(store.keys(shard).due).name
+        )
     finally:
         delete_keys_cluster(client, unique)
         client.close()
@@ -236,8 +266,15 @@ def test_an_unreachable_cluster_at_start_up_is_one_line(setup: Setup) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = setup.bridge(redis__url=f"redis://:secret@127.0.0.1:{port}/0", redis__cluster="true").env
-    proc = subprocess.run([sys.executable, "-m", "bridge", "run"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out and "secret" not in out, out
@@ -247,21 +284,26 @@ def test_an_unreachable_cluster_at_start_up_is_one_line(setup: Setup) -> None:
 def _serve(owner: int, slot: int, ports: list[int]) -> None:
     """Give ``slot`` back to the master on port ``owner``; wait until every node is content."""
     _cli(owner, "cluster", "addslots", str(slot))
-    wait_for(lambda: all("cluster_state:ok" in _cli(p, "cluster", "info") for p in ports), 30,
-             "the cluster to serve every slot again")  # fmt: skip
+    wait_for(
+        lambda: all("cluster_state:ok" in _cli(p, "cluster", "info") for p in ports),
+        30,
+        "the cluster to serve every slot again",
+    )
 
 
 def _cli(port: int, *args: str) -> str:
-    return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True,
-                          check=True).stdout  # fmt: skip
+    return subprocess.run(
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _replica_port(master_port: int) -> int | None:
     """The port of a replica of the master on ``master_port``, as CLUSTER NODES tells it."""
 
     def cli(*args: str) -> str:
-        return subprocess.run(["redis-cli", "-p", str(master_port), *args], capture_output=True,
-                              text=True, check=True).stdout  # fmt: skip
+        return subprocess.run(
+            ["redis-cli", "-p", str(master_port), *args], capture_output=True, text=True, check=True
+        ).stdout
 
     master_id = cli("cluster", "myid").strip()
     for line in cli("cluster", "nodes").splitlines():
@@ -287,16 +329,21 @@ def test_as_the_least_privileged_acl_user_the_docs_document(
     rules = [f"~{prefix}:*" if r == "~delay-bridge:*" else r for r in rules if r != ">PASSWORD"]
     # Records past the payload horizon are kept as references (add.lua and promote.lua count
     # them), and cancels and replacements look for them (withdraw in _lib.lua).
-    bridge = setup.bridge(redis__url=acl_user("least", *rules), store__payload_horizon="4s",
-                          store__fetch_ahead="2s")  # fmt: skip
+    bridge = setup.bridge(
+        redis__url=acl_user("least", *rules), store__payload_horizon="4s", store__fetch_ahead="2s"
+    )
     bridges.append(bridge.start())
     target = setup.targets[0].encode()
     far = [(H_TARGET_TOPIC, target), (H_AFTER, b"7s")]
-    produce_all(setup.services.bootstrap, setup.delay, [
-        *[(b"k", f"far-{i}".encode(), [*far, (H_ID, f"far-{i}".encode())]) for i in range(6)],
-        (b"k", b"", [(H_CANCEL, b"far-0")]),
-        (b"k", b"far-1-again", [*far, (H_ID, b"far-1")]),
-    ])  # fmt: skip
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            *[(b"k", f"far-{i}".encode(), [*far, (H_ID, f"far-{i}".encode())]) for i in range(6)],
+            (b"k", b"", [(H_CANCEL, b"far-0")]),
+            (b"k", b"far-1-again", [*far, (H_ID, b"far-1")]),
+        ],
+    )
     delivers_all(setup, 60, "acl")
     collector = setup.collector()
     try:
@@ -309,8 +356,11 @@ def test_as_the_least_privileged_acl_user_the_docs_document(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "ready")
     refusals = ("NOPERM", "can't run this command")  # the second: Redis's words in a script
     denied = [x for x in bridge.output().splitlines() if any(r in x for r in refusals)]
-    expected = ("could not check that Redis does not evict", "names of earlier builds",
-                "not sampling delay_bridge_stored_bytes")  # fmt: skip
+    expected = (
+        "could not check that Redis does not evict",
+        "names of earlier builds",
+        "not sampling delay_bridge_stored_bytes",
+    )
     assert all(any(e in line for e in expected) for line in denied), denied
 
 
@@ -440,8 +490,15 @@ def test_a_cancel_during_a_slot_migration_reaches_a_record_waiting_for_its_rate(
     try:
         store.layout.bind({shard: "first"})
         # Every key add.lua declares exists: records due and in flight, an id, a reference.
-        store.add({shard: (3, [rec(0, "slow"), rec(1, "out"), rec(2, "out"),
-                               rec(3, "out", due + 86_400_000)])}, refer_after_ms=due + 3_600_000)  # fmt: skip
+        store.add(
+            {
+                shard: (
+                    3,
+                    [rec(0, "slow"), rec(1, "out"), rec(2, "out"), rec(3, "out", due + 86_400_000)],
+                )
+            },
+            refer_after_ms=due + 3_600_000,
+        )
         claimed = store.claim([shard], 2, 30_000, now_ms=due)
         assert {c.record.target for c in claimed} == {"slow", "out"}
         assert store.unclaim([c for c in claimed if c.record.target == "slow"], wait=True) == 1

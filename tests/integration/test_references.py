@@ -27,8 +27,9 @@ SHARD = Shard("delay", 0)
 
 
 def rec(offset: int, due: int, delay_id: str = "", value: bytes = b"v" * 1000) -> Scheduled:
-    return Scheduled(offset, due, "out", b"k", value, [("h", b"1")],
-                     delay_id or f"delay:0:{offset}")  # fmt: skip
+    return Scheduled(
+        offset, due, "out", b"k", value, [("h", b"1")], delay_id or f"delay:0:{offset}"
+    )
 
 
 def add(store: Store, *records: Scheduled | Cancel, horizon: int = T0) -> int:
@@ -68,8 +69,10 @@ def test_a_reference_costs_redis_16_bytes_and_a_share_of_its_chunk(store: Store)
     for first in range(0, n, 500):
         add(store, *records[first : first + 500])
     k = store.keys(SHARD)
-    used = sum(int(cast(int | None, store.client.memory_usage(key, samples=0)) or 0)
-               for key in (k.refs, k.refs_due, k.pending, k.low))  # fmt: skip
+    used = sum(
+        int(cast(int | None, store.client.memory_usage(key, samples=0)) or 0)
+        for key in (k.refs, k.refs_due, k.pending, k.low)
+    )
     assert used / n <= 18, f"{used / n:.1f} bytes per reference"
     assert store.client.zcard(k.due) == 0
     assert store.references.counts([SHARD]) == {SHARD: n}
@@ -82,25 +85,36 @@ def test_cancel_and_replace_reach_references(store: Store) -> None:
     add(store, rec(0, far, "a"), rec(1, far, "b"), rec(2, far + 1))
     # The index keeps hashes of the ids: its candidates, references, are read in the delay topic.
     log = [rec(0, far, "a"), rec(1, far, "b"), rec(2, far + 1)]
-    added = store.add({SHARD: (4, [Cancel(3, "a"), rec(4, far + 2, "b", b"new")])},
-                      refer_after_ms=T0, bucket_ms=BUCKET, confirm=confirm_from(log))  # fmt: skip
+    added = store.add(
+        {SHARD: (4, [Cancel(3, "a"), rec(4, far + 2, "b", b"new")])},
+        refer_after_ms=T0,
+        bucket_ms=BUCKET,
+        confirm=confirm_from(log),
+    )
     assert (added.cancelled, added.replaced, added.not_found) == (1, 1, 0)
     assert store.references.counts([SHARD]) == {SHARD: 2}  # 2 and the replacement 4
     assert not store.inventory.is_pending(SHARD, 0) and not store.inventory.is_pending(SHARD, 1)
     index = read_index(store.client.hgetall(store.keys(SHARD).ids))  # type: ignore[arg-type]
     assert index == [(id_hash(SHARD.topic, "b"), offset_bytes(4), far + 2)]
-    records = {0: rec(0, far, "a"), 1: rec(1, far, "b"), 2: rec(2, far + 1),
-               4: rec(4, far + 2, "b", b"new")}  # fmt: skip
+    records = {
+        0: rec(0, far, "a"),
+        1: rec(1, far, "b"),
+        2: rec(2, far + 1),
+        4: rec(4, far + 2, "b", b"new"),
+    }
     assert promote_all(store, far, records) == 2  # the cancelled and the replaced are skipped
     claimed = store.claim([SHARD], 10, 30_000, now_ms=far + 2)
-    assert [(c.record.offset, c.record.value) for c in claimed] == [(2, records[2].value),
-                                                                    (4, b"new")]  # fmt: skip
+    assert [(c.record.offset, c.record.value) for c in claimed] == [
+        (2, records[2].value),
+        (4, b"new"),
+    ]
 
 
 def test_a_cancel_in_the_same_batch_reaches_a_reference(store: Store) -> None:
     far = T0 + 10 * BUCKET
-    added = store.add({SHARD: (1, [rec(0, far, "a"), Cancel(1, "a")])}, refer_after_ms=T0,
-                      bucket_ms=BUCKET)  # fmt: skip
+    added = store.add(
+        {SHARD: (1, [rec(0, far, "a"), Cancel(1, "a")])}, refer_after_ms=T0, bucket_ms=BUCKET
+    )
     assert added.cancelled == 1
     assert store.references.counts([SHARD]) == {SHARD: 0}
     assert promote_all(store, far, {0: rec(0, far, "a")}) == 0

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.integration
 
 def _kafka_libs() -> str:
     """Where scripts/services keeps the Kafka jars it runs (fetched by the session's services)."""
-    out = subprocess.run([str(SERVICES), "info", "kafka"], check=True, capture_output=True,
-                         text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(SERVICES), "info", "kafka"], check=True, capture_output=True, text=True
+    ).stdout
     return key_values(out)["libs"]
 
 
@@ -46,8 +47,13 @@ def test_a_cluster_id_never_reads_as_an_option_to_kafka_storage(
         f"log.dirs={tmp_path / 'data'}\n"
     )
     tool = ["java", "-cp", f"{_kafka_libs()}/*", "kafka.tools.StorageTool"]
-    proc = subprocess.run([*tool, "format", "-t", made, "-c", str(props)],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [*tool, "format", "-t", made, "-c", str(props)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"cluster.id={made}" in (tmp_path / "data" / "meta.properties").read_text()
     assert made == "EAAAAAAAAAAAAAAAAAAAAA"  # the third draw: the second has a "-" inside

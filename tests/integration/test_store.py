@@ -326,8 +326,9 @@ def test_a_claim_reads_redis_clock_again_at_its_end(
     # This claim's call alone (its keys carry the store's prefix): make test's other pytest runs
     # bridges beside this one, whose scripts the zero threshold logs too.
     prefix = f"test-{unique}:".encode()
-    [ran_us] = [e["duration"] for e in log
-                if e["command"].startswith(b"EVALSHA") and prefix in e["command"]]  # fmt: skip
+    [ran_us] = [
+        e["duration"] for e in log if e["command"].startswith(b"EVALSHA") and prefix in e["command"]
+    ]
     assert len(claimed) == 5000 and ran_us >= 2000  # long enough to tell start from end
     assert claimed.now_ms <= claimed.clock_ms <= store.time_ms()
     # Read at the start, the two would be equal. The slowlog's duration counts more than the
@@ -344,8 +345,7 @@ def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
     [leased] = store.claim([SHARD], 1, LEASE, now_ms=T0)
     assert store.layout.bind({SHARD: "id-1"})[SHARD].replaced is False
     bound = store.layout.bind({SHARD: "id-2"})[SHARD]
-    assert (bound.replaced, bound.stored_id, bound.records, bound.watermark) == (
-        True, "id-1", 3, 2)  # fmt: skip
+    assert (bound.replaced, bound.stored_id, bound.records, bound.watermark) == (True, "id-1", 3, 2)
     old = bound.retired
     assert old is not None and old.base() == SHARD and store.layout.retired([SHARD]) == {old}
     # The live shard starts empty: no watermark, nothing to claim; offsets 0.. are new records.

@@ -62,8 +62,24 @@ HORIZON = 3_600_000  # records due further out than this are kept as references
 
 # Due times: relative to the model's clock (around the on-time window, the ahead window and the
 # reference horizon), and absolute ones at the edges of the accepted range.
-RELATIVE = st.sampled_from([-1_000_001, -1001, -1000, -999, -1, 0, 1, 50, 999, 1000, 5000,
-                            HORIZON, HORIZON + 1, HORIZON + BUCKET + 7])  # fmt: skip
+RELATIVE = st.sampled_from(
+    [
+        -1_000_001,
+        -1001,
+        -1000,
+        -999,
+        -1,
+        0,
+        1,
+        50,
+        999,
+        1000,
+        5000,
+        HORIZON,
+        HORIZON + 1,
+        HORIZON + BUCKET + 7,
+    ]
+)
 ABSOLUTE = st.sampled_from([MIN_EPOCH_MS, MIN_EPOCH_MS + 1, MAX_EPOCH_MS])
 
 
@@ -81,9 +97,17 @@ class Rec:
     waits_for: str = ""  # set aside in its target's wait index
 
     def scheduled(self, shard: Shard) -> Scheduled:
-        return Scheduled(self.offset, self.due, self.target, b"k", f"v{self.offset}".encode(),
-                         [("h", b"1")], self.delay_id or origin(shard.topic, shard.partition,
-                         self.offset), priority=self.priority, timestamp_ms=self.ts)  # fmt: skip
+        return Scheduled(
+            self.offset,
+            self.due,
+            self.target,
+            b"k",
+            f"v{self.offset}".encode(),
+            [("h", b"1")],
+            self.delay_id or origin(shard.topic, shard.partition, self.offset),
+            priority=self.priority,
+            timestamp_ms=self.ts,
+        )
 
 
 @dataclass
@@ -101,17 +125,22 @@ class ShardModel:
     seen: int | None = None  # the watermark the ingress last saw (None: none yet)
 
     def copy(self) -> ShardModel:
-        return ShardModel(list(self.log), {o: replace(r) for o, r in self.waiting.items()},
-                          {o: (replace(r), d) for o, (r, d) in self.leased.items()},
-                          {i: list(e) for i, e in self.ids.items()}, self.watermark,
-                          self.seen)  # fmt: skip
+        return ShardModel(
+            list(self.log),
+            {o: replace(r) for o, r in self.waiting.items()},
+            {o: (replace(r), d) for o, (r, d) in self.leased.items()},
+            {i: list(e) for i, e in self.ids.items()},
+            self.watermark,
+            self.seen,
+        )
 
     def live(self) -> set[int]:
         return set(self.waiting) | set(self.leased)
 
 
-def apply(models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled | Cancel],
-          horizon: int) -> None:  # fmt: skip
+def apply(
+    models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled | Cancel], horizon: int
+) -> None:
     """What add.lua (and withdraw.lua, in the topic's other partitions) should do with
     ``records`` (ascending offsets above the watermark)."""
     model = models[shard]
@@ -131,8 +160,15 @@ def apply(models: dict[Shard, ShardModel], shard: Shard, records: list[Scheduled
             continue
         if given is not None:
             model.ids.setdefault(given, []).append((rec.offset, rec.timestamp_ms))
-        model.waiting[rec.offset] = Rec(rec.offset, rec.due_ms, rec.priority, given, rec.target,
-                                        rec.timestamp_ms, reference=rec.due_ms > horizon)  # fmt: skip
+        model.waiting[rec.offset] = Rec(
+            rec.offset,
+            rec.due_ms,
+            rec.priority,
+            given,
+            rec.target,
+            rec.timestamp_ms,
+            reference=rec.due_ms > horizon,
+        )
     model.watermark = max(model.watermark, *(r.offset for r in records))
 
 
@@ -274,17 +310,27 @@ class StoreModel(RuleBasedStateMachine):
         model = self.models[shard]
         expected = {shard: model.seen} if model.seen is not None else None
         horizon = self.now + HORIZON
-        added = self.store.add({shard: (records[-1].offset, records)}, expected,
-                               refer_after_ms=horizon, bucket_ms=BUCKET,
-                               partitions={TOPIC: len(SHARDS)}, confirm=self._read)  # fmt: skip
+        added = self.store.add(
+            {shard: (records[-1].offset, records)},
+            expected,
+            refer_after_ms=horizon,
+            bucket_ms=BUCKET,
+            partitions={TOPIC: len(SHARDS)},
+            confirm=self._read,
+        )
         if shard in added.lost:
             # Redis lost writes (a rollback): the ingress re-reads the delay topic from the
             # offset it committed, which nothing live is below, with no expectation.
             committed = self._committed(shard)
             again = [r for r in model.log if r.offset >= committed]
-            self.store.add({shard: (again[-1].offset, again)}, None, refer_after_ms=horizon,
-                           bucket_ms=BUCKET, partitions={TOPIC: len(SHARDS)},
-                           confirm=self._read)  # fmt: skip
+            self.store.add(
+                {shard: (again[-1].offset, again)},
+                None,
+                refer_after_ms=horizon,
+                bucket_ms=BUCKET,
+                partitions={TOPIC: len(SHARDS)},
+                confirm=self._read,
+            )
             apply(self.models, shard, again, horizon)
         else:
             apply(self.models, shard, records, horizon)
@@ -311,8 +357,15 @@ class StoreModel(RuleBasedStateMachine):
     def claim(self, limit: int, ahead: int, cut: Priority | None) -> None:
         shards = self._all()
         lanes = dict.fromkeys(shards, cut) if cut is not None else None
-        claims = self.store.claim(shards, limit, LEASE, now_ms=self.now, ahead_ms=ahead,
-                                  lanes=lanes, watermarks=self._seen())  # fmt: skip
+        claims = self.store.claim(
+            shards,
+            limit,
+            LEASE,
+            now_ms=self.now,
+            ahead_ms=ahead,
+            lanes=lanes,
+            watermarks=self._seen(),
+        )
         assert claims.now_ms == self.now
         by_shard: dict[Shard, list[Claimed]] = {}
         for c in claims:
@@ -362,8 +415,14 @@ class StoreModel(RuleBasedStateMachine):
         # Every expired lease comes back first; then, room permitting, every due record.
         back = [c for c in got if c.redelivery]
         assert len(back) == min(len(expired), limit), (len(back), expired)
-        due = [r for r in model.waiting.values() if not r.reference and not r.waits_for
-               and r.due <= self.now and (cut is None or r.priority <= cut)]  # fmt: skip
+        due = [
+            r
+            for r in model.waiting.values()
+            if not r.reference
+            and not r.waits_for
+            and r.due <= self.now
+            and (cut is None or r.priority <= cut)
+        ]
         if len(got) < limit and not self._rolled_back(shard):
             assert not due, f"{shard}: room left in the claim, yet still due: {due}"
         for rec in due:  # a lane's due records all leave before the next lane's first
@@ -403,8 +462,16 @@ class StoreModel(RuleBasedStateMachine):
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
-        claimed = [Claimed(shard, offset_bytes(o), model.leased[o][0].scheduled(shard), False,
-                           self.epochs.get(shard, "")) for o in chosen]  # fmt: skip
+        claimed = [
+            Claimed(
+                shard,
+                offset_bytes(o),
+                model.leased[o][0].scheduled(shard),
+                False,
+                self.epochs.get(shard, ""),
+            )
+            for o in chosen
+        ]
         assert self.store.unclaim(claimed, wait=wait) == len(chosen)
         for o in chosen:
             rec, _ = model.leased.pop(o)
@@ -428,8 +495,9 @@ class StoreModel(RuleBasedStateMachine):
                     assert rec.waits_for == target and rec.due <= self.now, (rec, self.now)
                     rec.waits_for = ""
                     model.leased[o] = (rec, self.now + LEASE)
-                left = [r for r in model.waiting.values() if r.waits_for == target
-                        and r.due <= self.now]  # fmt: skip
+                left = [
+                    r for r in model.waiting.values() if r.waits_for == target and r.due <= self.now
+                ]
                 assert len(mine) == limit or not left or self._rolled_back(shard), (target, left)
 
     @rule(data=st.data(), keep=st.booleans())
@@ -459,8 +527,11 @@ class StoreModel(RuleBasedStateMachine):
                 members.append((score(logged), member(logged, TOPIC, chunk.shard.partition)))
             stored = self.store.references.promote(chunk, members)
             assert stored is not None
-            promoted = [o for o, _ in chunk.references()
-                        if o in model.waiting and model.waiting[o].reference]  # fmt: skip
+            promoted = [
+                o
+                for o, _ in chunk.references()
+                if o in model.waiting and model.waiting[o].reference
+            ]
             assert stored == len(promoted), (stored, promoted)
             for o in promoted:
                 model.waiting[o].reference = False
@@ -477,9 +548,15 @@ class StoreModel(RuleBasedStateMachine):
             return
         chosen = data.draw(st.lists(st.sampled_from(produced), min_size=1, unique=True))
         live = {o: model.waiting.get(o) or model.leased[o][0] for o in chosen if o in model.live()}
-        fates = [(o, live[o].due if o in live else -1,
-                  (live[o].delay_id if o in live else None) or origin(shard.topic, shard.partition, o))
-                 for o in chosen]  # fmt: skip
+        fates = [
+            (
+                o,
+                live[o].due if o in live else -1,
+                (live[o].delay_id if o in live else None)
+                or origin(shard.topic, shard.partition, o),
+            )
+            for o in chosen
+        ]
         assert self.store.settle(shard, fates) == len(live)
         for o, rec in live.items():
             model.waiting.pop(o, None)
@@ -531,8 +608,11 @@ class StoreModel(RuleBasedStateMachine):
             referenced = set()
             for name, chunk in cast(dict[bytes, bytes], c.hgetall(k.refs)).items():
                 if name not in (b"count", b"seq", b"pending", b"promoted"):
-                    referenced |= {o for o, _ in references_in(chunk)
-                                   if self.store.inventory.is_pending(shard, o)}  # fmt: skip
+                    referenced |= {
+                        o
+                        for o, _ in references_in(chunk)
+                        if self.store.inventory.is_pending(shard, o)
+                    }
             full = {o for o, r in model.waiting.items() if not r.reference and not r.waits_for}
             assert set(waiting) == full, _diff(shard, "waiting", set(waiting), full)
             for o, m in waiting.items():
@@ -540,7 +620,8 @@ class StoreModel(RuleBasedStateMachine):
             want_waits = {o: r.waits_for for o, r in model.waiting.items() if r.waits_for}
             assert waits == want_waits, (shard, waits, want_waits)
             assert set(leased) == set(model.leased) == claimed, _diff(
-                shard, "leased", set(leased), set(model.leased))  # fmt: skip
+                shard, "leased", set(leased), set(model.leased)
+            )
             refs = {o for o, r in model.waiting.items() if r.reference}
             assert referenced == refs, _diff(shard, "referenced", referenced, refs)
             mark = cast(bytes | None, c.hget(k.meta, "ingested"))
@@ -550,7 +631,10 @@ class StoreModel(RuleBasedStateMachine):
                 lows = self.store.lows({shard: None})
                 committed = lows.offsets.get(shard, 0)
                 assert committed == (min(live) if live else model.watermark + 1), (
-                    shard, committed, sorted(live))  # fmt: skip
+                    shard,
+                    committed,
+                    sorted(live),
+                )
                 # The offset committed to Kafka: what was read, for its consumer-group lag.
                 assert lows.ends == {shard: model.watermark + 1}
 
@@ -564,8 +648,9 @@ class StoreModel(RuleBasedStateMachine):
         assert backlog.references == sum(
             1 for m in models for r in m.waiting.values() if r.reference
         )
-        overdue = sum(1 for m in models for r in m.waiting.values()
-                      if not r.reference and r.due <= self.now)  # fmt: skip
+        overdue = sum(
+            1 for m in models for r in m.waiting.values() if not r.reference and r.due <= self.now
+        )
         assert backlog.overdue == overdue
 
 
@@ -577,8 +662,10 @@ def _some_leased(data: st.DataObject, model: ShardModel) -> list[int]:
 
 
 def _diff(shard: Shard, what: str, redis_has: set[int], model_has: set[int]) -> str:
-    return (f"{shard} {what}: Redis only {sorted(redis_has - model_has)}, "
-            f"model only {sorted(model_has - redis_has)}")  # fmt: skip
+    return (
+        f"{shard} {what}: Redis only {sorted(redis_has - model_has)}, "
+        f"model only {sorted(model_has - redis_has)}"
+    )
 
 
 def test_the_store_behaves_as_its_model(services: Services) -> None:

@@ -52,10 +52,15 @@ def ready(bridge: Bridge, timeout: float = 60) -> None:
 def records_due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> int:
     """Produce ``count`` records due ``delay_ms`` from now; returns the earliest due time."""
     due = time.time_ns() // 1_000_000 + delay_ms
-    headers: Headers = [(H_TARGET_TOPIC, setup.targets[0].encode()),
-                        (H_AFTER, f"{delay_ms}ms".encode())]  # fmt: skip
-    produce_all(setup.services.bootstrap, setup.delay,
-                [(f"k{i}".encode(), f"{tag}-{i}".encode(), headers) for i in range(count)])  # fmt: skip
+    headers: Headers = [
+        (H_TARGET_TOPIC, setup.targets[0].encode()),
+        (H_AFTER, f"{delay_ms}ms".encode()),
+    ]
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(f"k{i}".encode(), f"{tag}-{i}".encode(), headers) for i in range(count)],
+    )
     return due
 
 
@@ -98,13 +103,15 @@ def test_a_replica_restarted_after_a_crash_gets_its_partitions_back_at_once(
 ) -> None:
     """With kafka.group_instance_id the restarted process is the same group member: its
     partitions come back without waiting for the dead one's session (30 s here) to end."""
-    bridge = with_session_timeout(setup, setup.bridge(kafka__group_instance_id="pod-0"),
-                                  LONG_SESSION)  # fmt: skip
+    bridge = with_session_timeout(
+        setup, setup.bridge(kafka__group_instance_id="pod-0"), LONG_SESSION
+    )
     bridges.append(bridge.start())
     ready(bridge)
     bridge.kill()
-    again = with_session_timeout(setup, setup.bridge("again", kafka__group_instance_id="pod-0"),
-                                 LONG_SESSION)  # fmt: skip
+    again = with_session_timeout(
+        setup, setup.bridge("again", kafka__group_instance_id="pod-0"), LONG_SESSION
+    )
     bridges.append(again.start())
     started = time.monotonic()
     records_due_in(setup, 9, 0, "after-restart")
@@ -129,14 +136,23 @@ def test_a_replica_stopped_for_good_hands_its_partitions_on_at_once(
     bridges += [first.start(), second.start()]
     ready(first)
     ready(second)
-    wait_for(lambda: metric(first, "delay_bridge_owned_partitions") >= 1
-             and metric(second, "delay_bridge_owned_partitions") >= 1, 60, "both own some")  # fmt: skip
+    wait_for(
+        lambda: (
+            metric(first, "delay_bridge_owned_partitions") >= 1
+            and metric(second, "delay_bridge_owned_partitions") >= 1
+        ),
+        60,
+        "both own some",
+    )
     assert " as instance " in first.output()  # static: named by the bridge
     first.signal(signal.SIGTERM)
     assert first.wait(30) == 0
     stopped = time.monotonic()
-    wait_for(lambda: metric(second, "delay_bridge_owned_partitions") == 3, 25,
-             "the other replica owning every partition")  # fmt: skip
+    wait_for(
+        lambda: metric(second, "delay_bridge_owned_partitions") == 3,
+        25,
+        "the other replica owning every partition",
+    )
     assert time.monotonic() - stopped < 10  # a member that stayed would hold them 30 s
 
 
@@ -145,8 +161,10 @@ def owners(admin: AdminClient, group: str) -> dict[str, list[int]]:
     description = admin.describe_consumer_groups([group])[group].result(10)
     if description.state.name != "STABLE":
         return {}
-    return {m.group_instance_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
-            for m in description.members}  # fmt: skip
+    return {
+        m.group_instance_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
+        for m in description.members
+    }
 
 
 def test_a_partition_given_up_by_a_member_that_crashed_before_it_rejoined_is_owned_again(
@@ -160,8 +178,9 @@ def test_a_partition_given_up_by_a_member_that_crashed_before_it_rejoined_is_own
     see a stable group leave a partition unowned and have one member rejoin."""
     group, bootstrap = f"bridge-{setup.unique}", setup.services.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    crashing = subprocess.Popen([sys.executable, "-c", CRASHES_GIVING_UP, bootstrap, group,
-                                 "pod-0", setup.delay])  # fmt: skip
+    crashing = subprocess.Popen(
+        [sys.executable, "-c", CRASHES_GIVING_UP, bootstrap, group, "pod-0", setup.delay]
+    )
     try:
         wait_for(lambda: owners(admin, group) == {"pod-0": [0, 1, 2]}, 60, "pod-0 owning all")
         joining = setup.bridge("pod-1", kafka__group_instance_id="pod-1")

@@ -12,6 +12,10 @@ from tests.conftest import ROOT
 @pytest.fixture(scope="session")
 def helm() -> str:
     subprocess.run([str(ROOT / "scripts" / "tools"), "helm"], check=True)
-    out = subprocess.run([str(ROOT / "scripts" / "tools"), "path", "helm"], check=True,
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "tools"), "path", "helm"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip()

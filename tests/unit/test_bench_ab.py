@@ -25,23 +25,41 @@ def test_a_bisects_sides_each_run_once_a_round_and_no_side_always_first() -> Non
 
 
 def test_each_figure_is_this_checkouts_mean_over_the_bases() -> None:
-    base = Side("base", Path("/base"), {"throughput": [
-        {"end_to_end_per_s": 10_000.0, "cpu_ms_per_record": 0.2},
-        {"end_to_end_per_s": 14_000.0, "cpu_ms_per_record": 0.1},
-    ]})  # fmt: skip
-    head = Side("head", Path("/head"), {"throughput": [
-        {"end_to_end_per_s": 18_000.0, "cpu_ms_per_record": 0.1},
-        {"end_to_end_per_s": 18_000.0, "cpu_ms_per_record": 0.05},
-    ]})  # fmt: skip
+    base = Side(
+        "base",
+        Path("/base"),
+        {
+            "throughput": [
+                {"end_to_end_per_s": 10_000.0, "cpu_ms_per_record": 0.2},
+                {"end_to_end_per_s": 14_000.0, "cpu_ms_per_record": 0.1},
+            ]
+        },
+    )
+    head = Side(
+        "head",
+        Path("/head"),
+        {
+            "throughput": [
+                {"end_to_end_per_s": 18_000.0, "cpu_ms_per_record": 0.1},
+                {"end_to_end_per_s": 18_000.0, "cpu_ms_per_record": 0.05},
+            ]
+        },
+    )
     got = ratios(base, head, ["throughput"])["throughput"]
     assert got["end_to_end_per_s"] == 18_000 / 12_000
     assert abs(got["cpu_ms_per_record"] - 0.075 / 0.15) < 1e-12
     text = table([base, head], ["throughput"])
     assert "| throughput | end_to_end_per_s (higher is better) | 10,000 · 14,000 |" in text
     assert text.rstrip().endswith("| 0.500 |")
-    other = Side("other", Path("/other"), {"throughput": [
-        {"end_to_end_per_s": 6_000.0, "cpu_ms_per_record": 0.3},
-    ]})  # fmt: skip
+    other = Side(
+        "other",
+        Path("/other"),
+        {
+            "throughput": [
+                {"end_to_end_per_s": 6_000.0, "cpu_ms_per_record": 0.3},
+            ]
+        },
+    )
     three = table([base, head, other], ["throughput"]).splitlines()
     assert three[0] == "| scenario | figure | base | head | ratio | other | ratio |"
     assert three[2].endswith("| 18,000 · 18,000 | 1.500 | 6,000 | 0.500 |")

@@ -48,8 +48,11 @@ def batch() -> tuple[list[Message], Batch]:
 
 def test_a_batch_in_pieces_is_each_offset_once_in_order() -> None:
     _, whole = batch()
-    got = [(s, high, [r.offset for r in recs], len(p.rejected), p.low[s], p.newest_ms)
-           for p in pieces(whole) for s, (high, recs) in p.stored.items()]  # fmt: skip
+    got = [
+        (s, high, [r.offset for r in recs], len(p.rejected), p.low[s], p.newest_ms)
+        for p in pieces(whole)
+        for s, (high, recs) in p.stored.items()
+    ]
     assert got == [
         (A, 3, [3], 0, 3, {}),
         (A, 4, [4, 4], 0, 4, {}),

@@ -11,10 +11,23 @@ SHARD = Shard("delay", 0)
 T0 = 1_800_000_000_000
 
 
-def claimed(offset: int, due_ms: int, delay_id: str | None = None, *,
-            shard: Shard = SHARD, redelivery: bool = False) -> Claimed:  # fmt: skip
-    record = Scheduled(offset, due_ms, "out", b"k", b"v", [],
-                       delay_id or origin(shard.topic, shard.partition, offset))  # fmt: skip
+def claimed(
+    offset: int,
+    due_ms: int,
+    delay_id: str | None = None,
+    *,
+    shard: Shard = SHARD,
+    redelivery: bool = False,
+) -> Claimed:
+    record = Scheduled(
+        offset,
+        due_ms,
+        "out",
+        b"k",
+        b"v",
+        [],
+        delay_id or origin(shard.topic, shard.partition, offset),
+    )
     return Claimed(shard, offset_bytes(offset), record, redelivery)
 
 

@@ -16,14 +16,24 @@ from bridge.message import Cancel, Rules, Scheduled, parse_duration_ms
 from tests.conftest import ROOT
 
 NOW = 1_790_000_000_000
-RULES = Rules(frozenset({"delay"}), {}, (re.compile(".*"),), "delay.dlq",
-              parse_duration_ms("365d"), 1_000_000)  # fmt: skip
+RULES = Rules(
+    frozenset({"delay"}), {}, (re.compile(".*"),), "delay.dlq", parse_duration_ms("365d"), 1_000_000
+)
 
 
 def scheduled(headers: list[tuple[str, bytes]]) -> Scheduled | Cancel:
     """What the bridge makes of a record with these headers (timestamp NOW, key b"k")."""
-    return parse_record(RULES, topic="delay", partition=0, offset=5, timestamp_ms=NOW, key=b"k",
-                        value=b"v", headers=list(headers), now_ms=NOW)  # fmt: skip
+    return parse_record(
+        RULES,
+        topic="delay",
+        partition=0,
+        offset=5,
+        timestamp_ms=NOW,
+        key=b"k",
+        value=b"v",
+        headers=list(headers),
+        now_ms=NOW,
+    )
 
 
 @pytest.mark.parametrize(
@@ -34,17 +44,21 @@ def scheduled(headers: list[tuple[str, bytes]]) -> Scheduled | Cancel:
         ({"after": timedelta(minutes=2, milliseconds=5)}, NOW + 120_005),
         ({"after": 0}, NOW),
         ({"at": 1_790_000_100_123}, 1_790_000_100_123),
-        ({"at": "2026-09-21T14:15:00.5+02:00"},
-         int(datetime(2026, 9, 21, 12, 15, 0, 500_000, tzinfo=UTC).timestamp()) * 1000 + 500),
+        (
+            {"at": "2026-09-21T14:15:00.5+02:00"},
+            int(datetime(2026, 9, 21, 12, 15, 0, 500_000, tzinfo=UTC).timestamp()) * 1000 + 500,
+        ),
         ({"at": datetime(2027, 1, 1, tzinfo=UTC)}, 1_798_761_600_000),
-        ({"at": datetime(2027, 1, 1, 1, tzinfo=timezone(timedelta(hours=1)), microsecond=7000)},
-         1_798_761_600_007),
+        (
+            {"at": datetime(2027, 1, 1, 1, tzinfo=timezone(timedelta(hours=1)), microsecond=7000)},
+            1_798_761_600_007,
+        ),
         # A part below a millisecond rounds up (as the header does): the natural
         # datetime.now(UTC) + timedelta(...) is never early, and never refused.
         ({"at": datetime(2027, 1, 1, microsecond=7001, tzinfo=UTC)}, 1_798_761_600_008),
         ({"after": timedelta(microseconds=1500)}, NOW + 2),
     ],
-)  # fmt: skip
+)
 def test_the_bridge_reads_the_due_time_it_was_given(kwargs: dict[str, object], due: int) -> None:
     rec = scheduled(delay_headers("orders.expired", **kwargs))  # type: ignore[arg-type]
     assert isinstance(rec, Scheduled)
@@ -85,7 +99,7 @@ def test_a_priority_travels_with_the_record() -> None:
         ({"after": "1s", "priority": "urgent"}, "delay-priority must be one of high, normal, low"),
         ({"after": "1s", "priority": 1}, "priority 1 is not one of high, normal, low"),
     ],
-)  # fmt: skip
+)
 def test_what_the_bridge_would_refuse_is_a_value_error(
     kwargs: dict[str, object], message: str
 ) -> None:
@@ -102,9 +116,21 @@ def test_a_bad_target_or_cancel_id_is_a_value_error() -> None:
 
 @pytest.mark.parametrize(
     "target",
-    ["__consumer_offsets", "__transaction_state", "__x", "a b", ".", "..", "x" * 250, "é",
-     "orders", "_one-underscore", "a.b_c-9", "x" * 249],
-)  # fmt: skip
+    [
+        "__consumer_offsets",
+        "__transaction_state",
+        "__x",
+        "a b",
+        ".",
+        "..",
+        "x" * 250,
+        "é",
+        "orders",
+        "_one-underscore",
+        "a.b_c-9",
+        "x" * 249,
+    ],
+)
 def test_a_target_is_refused_exactly_when_the_bridge_would_dead_letter_it(target: str) -> None:
     """Whatever the config allows, the bridge dead-letters illegal and internal targets; the
     helper refuses those, with the bridge's words, and nothing else."""
@@ -118,10 +144,15 @@ def test_a_target_is_refused_exactly_when_the_bridge_would_dead_letter_it(target
 
 @pytest.mark.parametrize(
     ("key", "murmur2"),
-    [(b"21", -973932308), (b"foobar", -790332482), (b"a-little-bit-long-string", -985981536),
-     (b"a-little-bit-longer-string", -1486304829), (b"abc", 479470107),
-     (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971)],
-)  # fmt: skip
+    [
+        (b"21", -973932308),
+        (b"foobar", -790332482),
+        (b"a-little-bit-long-string", -985981536),
+        (b"a-little-bit-longer-string", -1486304829),
+        (b"abc", 479470107),
+        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    ],
+)
 def test_murmur2_is_kafkas(key: bytes, murmur2: int) -> None:
     """The vectors of Kafka's own UtilsTest.testMurmur2."""
     assert client.murmur2(key) == murmur2
@@ -136,12 +167,15 @@ def test_partition_for_needs_a_partition_count(partitions: object) -> None:
 
 
 def test_importable_with_only_the_standard_library() -> None:
-    code = ("import sys\n"
-            "for name in ('redis', 'prometheus_client', 'confluent_kafka', 'yaml'):\n"
-            "    sys.modules[name] = None  # any import of it fails\n"
-            "from bridge.client import delay_headers, cancel_headers, partition_for\n"
-            "print(delay_headers('t', after='1s', delay_id='x'), cancel_headers('x'))\n")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    code = (
+        "import sys\n"
+        "for name in ('redis', 'prometheus_client', 'confluent_kafka', 'yaml'):\n"
+        "    sys.modules[name] = None  # any import of it fails\n"
+        "from bridge.client import delay_headers, cancel_headers, partition_for\n"
+        "print(delay_headers('t', after='1s', delay_id='x'), cancel_headers('x'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert "delay-cancel" in proc.stdout

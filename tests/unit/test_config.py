@@ -64,11 +64,15 @@ def test_documented_file_lists_every_key() -> None:
 
 def test_yaml_values_and_durations() -> None:
     config = from_mapping(
-        {"egress": {"lease": "1m30s", "batch_size": 100},
-         "topics": {"delay": ["a", "b"], "dialect": {"a": "kaspr", "b": "etf1"}}}, env={}
-    )  # fmt: skip
+        {
+            "egress": {"lease": "1m30s", "batch_size": 100},
+            "topics": {"delay": ["a", "b"], "dialect": {"a": "kaspr", "b": "etf1"}},
+        },
+        env={},
+    )
     assert from_mapping({"egress": {"max_rate_per_target": {"orders": 500}}}, env={}).egress == (
-        EgressConfig(max_rate_per_target={"orders": 500}))  # fmt: skip
+        EgressConfig(max_rate_per_target={"orders": 500})
+    )
     assert config.egress.lease == 90_000
     assert config.egress.batch_size == 100
     assert config.topics.delay == ("a", "b")
@@ -101,13 +105,22 @@ def test_environment_overrides_scalars() -> None:
         ({"egress": {"batch_size": True}}, {}, "egress.batch_size: expected an integer"),
         ({"egress": {"batch_size": 0}}, {}, "egress.batch_size: must be greater than 0"),
         ({"egress": {"lease": "soon"}}, {}, "egress.lease: not a duration"),
-        ({"egress": {"exactly_once": True}, "topics": {"journal": ""}}, {},
-         "egress.exactly_once: needs topics.journal"),
+        (
+            {"egress": {"exactly_once": True}, "topics": {"journal": ""}},
+            {},
+            "egress.exactly_once: needs topics.journal",
+        ),
         ({"egress": {"transaction": "2s"}}, {}, "egress.transaction: must be between 0 and 1s"),
-        ({"kafka": {"producer": {"transactional.id": "mine"}}}, {},
-         "kafka.producer.transactional.id: set by the bridge"),
-        ({"kafka": {"consumer": {"isolation.level": "read_uncommitted"}}}, {},
-         "kafka.consumer.isolation.level: must be read_committed"),
+        (
+            {"kafka": {"producer": {"transactional.id": "mine"}}},
+            {},
+            "kafka.producer.transactional.id: set by the bridge",
+        ),
+        (
+            {"kafka": {"consumer": {"isolation.level": "read_uncommitted"}}},
+            {},
+            "kafka.consumer.isolation.level: must be read_committed",
+        ),
         ({"logging": {"json": "yes"}}, {}, "logging.json: expected true or false"),
         ({"logging": {"level": "LOUD"}}, {}, "logging.level: unknown level"),
         ({"topics": {"delay": "delay"}}, {}, "topics.delay: expected a list"),
@@ -119,28 +132,52 @@ def test_environment_overrides_scalars() -> None:
         ({"topics": {"default_target": {"delay": "__x"}}}, {}, "internal topic"),
         ({"topics": {"dialect": {"other": "etf1"}}}, {}, "topics.dialect.other: not one of"),
         ({"topics": {"dialect": {"delay": "etf2"}}}, {}, "topics.dialect.delay: unknown dialect"),
-        ({"egress": {"max_rate_per_target": {"t": "fast"}}}, {},
-         "egress.max_rate_per_target.t: expected an integer"),
-        ({"egress": {"max_rate_per_target": {"t": -1}}}, {},
-         "egress.max_rate_per_target.t: must be 0 (no limit) or more"),
-        ({"egress": {"max_rate_per_target": {"a b": 1}}}, {},
-         "egress.max_rate_per_target.a b: 'a b' is not a legal topic name"),
+        (
+            {"egress": {"max_rate_per_target": {"t": "fast"}}},
+            {},
+            "egress.max_rate_per_target.t: expected an integer",
+        ),
+        (
+            {"egress": {"max_rate_per_target": {"t": -1}}},
+            {},
+            "egress.max_rate_per_target.t: must be 0 (no limit) or more",
+        ),
+        (
+            {"egress": {"max_rate_per_target": {"a b": 1}}},
+            {},
+            "egress.max_rate_per_target.a b: 'a b' is not a legal topic name",
+        ),
         ({"kafka": {"common": {"a": {"b": 1}}}}, {}, "kafka.common.a: expected a scalar"),
         ({"kafka": "x"}, {}, "kafka: expected a mapping"),
         ({"http": {"port": 70000}}, {}, "http.port"),
         ({"redis": {"url": "http://x"}}, {}, "redis.url"),
         ({"redis": {"key_prefix": "a{b}"}}, {}, "redis.key_prefix"),
-        ({}, {"DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID": "pod 0"},
-         "kafka.group_instance_id: 'pod 0' is not a legal instance id"),
-        ({"kafka": {"consumer": {"enable.auto.offset.store": True}}}, {},
-         "kafka.consumer.enable.auto.offset.store: must be false"),
-        ({"kafka": {"producer": {"enable.idempotence": "false"}}}, {},
-         "kafka.producer.enable.idempotence: must be true"),
-        ({"kafka": {"producer": {"delivery.timeout.ms": 60000}}}, {},
-         "kafka.producer.delivery.timeout.ms: 60000 must be below egress.lease"),
+        (
+            {},
+            {"DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID": "pod 0"},
+            "kafka.group_instance_id: 'pod 0' is not a legal instance id",
+        ),
+        (
+            {"kafka": {"consumer": {"enable.auto.offset.store": True}}},
+            {},
+            "kafka.consumer.enable.auto.offset.store: must be false",
+        ),
+        (
+            {"kafka": {"producer": {"enable.idempotence": "false"}}},
+            {},
+            "kafka.producer.enable.idempotence: must be true",
+        ),
+        (
+            {"kafka": {"producer": {"delivery.timeout.ms": 60000}}},
+            {},
+            "kafka.producer.delivery.timeout.ms: 60000 must be below egress.lease",
+        ),
         ({"egress": {"ahead": "2s"}}, {}, "egress.ahead: must be between 0 and 1s, got 2s"),
-        ({"egress": {"lease": "5s", "ahead": "1s"}}, {},
-         "egress.ahead: must be at most a tenth of egress.lease (5s), got 1s"),
+        (
+            {"egress": {"lease": "5s", "ahead": "1s"}},
+            {},
+            "egress.ahead: must be at most a tenth of egress.lease (5s), got 1s",
+        ),
         ({"ingress": {"hold": "-1ms"}}, {}, "ingress.hold"),
         ({"egress": {"send_tick": "5s"}}, {}, "egress.send_tick: must be between 0 and 1s, got 5s"),
         ({}, {"DELAY_BRIDGE_EGRESS__NOPE": "1"}, "DELAY_BRIDGE_EGRESS__NOPE names no config key"),
@@ -148,10 +185,13 @@ def test_environment_overrides_scalars() -> None:
         ({}, {"DELAY_BRIDGE_EGRESS__BATCH_SIZE": "ten"}, "egress.batch_size: expected an integer"),
         ({}, {"DELAY_BRIDGE_KAFKA__COMMON": "x"}, "kafka.common: a mapping cannot be set"),
         ({"redis": {"password_file": "/nonexistent/pw"}}, {}, None),
-        ({"kafka": {"common": {"sasl.password_file": "/nonexistent/pw"}}}, {},
-         "kafka.common.sasl.password_file: cannot read /nonexistent/pw"),
+        (
+            {"kafka": {"common": {"sasl.password_file": "/nonexistent/pw"}}},
+            {},
+            "kafka.common.sasl.password_file: cannot read /nonexistent/pw",
+        ),
     ],
-)  # fmt: skip
+)
 def test_errors_name_the_key(
     raw: dict[str, object], env: dict[str, str], message: str | None
 ) -> None:
@@ -222,8 +262,9 @@ def test_producer_and_consumer_defaults() -> None:
 def test_a_bucket_is_read_back_fetch_ahead_and_its_reading_time_before_it_starts(
     horizon: str, fetch_ahead: str, bucket_ms: int, read_ahead_ms: int
 ) -> None:
-    store = from_mapping({"store": {"payload_horizon": horizon, "fetch_ahead": fetch_ahead}},
-                         env={}).store  # fmt: skip
+    store = from_mapping(
+        {"store": {"payload_horizon": horizon, "fetch_ahead": fetch_ahead}}, env={}
+    ).store
     assert (store.bucket_ms, store.read_ahead_ms) == (bucket_ms, read_ahead_ms)
     # A reference (due past the horizon) is never due for read-back when it is made.
     assert store.payload_horizon - store.bucket_ms > store.read_ahead_ms
@@ -262,9 +303,14 @@ def cli(
     *args: str, env: dict[str, str] | None = None, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bridge", *args], capture_output=True, text=True, input=stdin,
-        env={"PATH": "/usr/bin:/bin", **(env or {})}, cwd=ROOT, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "bridge", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        cwd=ROOT,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -380,16 +426,27 @@ def test_a_port_in_use_is_one_line() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = cli("run", env={"DELAY_BRIDGE_HTTP__HOST": "127.0.0.1",
-                               "DELAY_BRIDGE_HTTP__PORT": str(port)})  # fmt: skip
+        proc = cli(
+            "run",
+            env={"DELAY_BRIDGE_HTTP__HOST": "127.0.0.1", "DELAY_BRIDGE_HTTP__PORT": str(port)},
+        )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"http.port: cannot listen on 127.0.0.1:{port}" in proc.stderr
 
 
 def test_produce_to_an_unreachable_kafka_is_one_line_within_its_timeout() -> None:
     started = time.monotonic()
-    proc = cli("produce", "--target", "t", "--after", "1s", "--timeout", "2s", "v",
-               env={"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})  # fmt: skip
+    proc = cli(
+        "produce",
+        "--target",
+        "t",
+        "--after",
+        "1s",
+        "--timeout",
+        "2s",
+        "v",
+        env={"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
+    )
     assert time.monotonic() - started < 15
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("delay-bridge: cannot reach Kafka at 127.0.0.1:1 within 2s")
@@ -399,9 +456,11 @@ def test_produce_to_an_unreachable_kafka_is_one_line_within_its_timeout() -> Non
 def test_sentinel_and_tls_keys(tmp_path: Path) -> None:
     ca = tmp_path / "ca.crt"
     ca.write_text("pem\n")
-    env = {"DELAY_BRIDGE_REDIS__SENTINEL__NODES": "s1:26379, s2:26379",
-           "DELAY_BRIDGE_REDIS__SENTINEL__PASSWORD": "sentinel-secret",
-           "DELAY_BRIDGE_REDIS__TLS__CA_FILE": str(ca)}  # fmt: skip
+    env = {
+        "DELAY_BRIDGE_REDIS__SENTINEL__NODES": "s1:26379, s2:26379",
+        "DELAY_BRIDGE_REDIS__SENTINEL__PASSWORD": "sentinel-secret",
+        "DELAY_BRIDGE_REDIS__TLS__CA_FILE": str(ca),
+    }
     config = from_mapping({"redis": {"sentinel": {"master": "orders"}}}, env=env)
     assert config.redis.sentinel.nodes == ("s1:26379", "s2:26379")
     assert config.redis.sentinel.master == "orders" and config.redis.tls.ca_file == str(ca)
@@ -416,16 +475,28 @@ def test_sentinel_and_tls_keys(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("raw", "env", "message"),
     [
-        ({"redis": {"sentinel": {"nodes": ["nohost"]}}}, {}, "redis.sentinel.nodes: expected host:port"),
+        (
+            {"redis": {"sentinel": {"nodes": ["nohost"]}}},
+            {},
+            "redis.sentinel.nodes: expected host:port",
+        ),
         ({"redis": {"sentinel": {"nodes": ["s:1"], "master": ""}}}, {}, "redis.sentinel.master"),
-        ({"redis": {"sentinel": {"password_file": "/nonexistent"}}}, {}, "redis.sentinel.password_file"),
+        (
+            {"redis": {"sentinel": {"password_file": "/nonexistent"}}},
+            {},
+            "redis.sentinel.password_file",
+        ),
         ({"redis": {"tls": {"ca_file": "/nonexistent/ca"}}}, {}, "redis.tls.ca_file"),
         ({"redis": {"sentinel": {"bogus": 1}}}, {}, "unknown key redis.sentinel.bogus"),
-        ({}, {"DELAY_BRIDGE_REDIS__SENTINEL__BOGUS": "1"}, "names no config key (redis.sentinel.bogus)"),
+        (
+            {},
+            {"DELAY_BRIDGE_REDIS__SENTINEL__BOGUS": "1"},
+            "names no config key (redis.sentinel.bogus)",
+        ),
         ({}, {"DELAY_BRIDGE_REDIS__SENTINEL": "x"}, "names no config key (redis.sentinel)"),
         ({}, {"DELAY_BRIDGE_REDIS__URL__X": "1"}, "names no config key"),
     ],
-)  # fmt: skip
+)
 def test_sentinel_and_tls_errors_name_the_key(
     raw: dict[str, object], env: dict[str, str], message: str
 ) -> None:

@@ -23,10 +23,24 @@ from bridge.http import HttpServer
 
 
 def test_options_become_the_cli_arguments() -> None:
-    options = {"key_prefix": "c-", "yes": True, "dry_run": False, "reason": ["a", "b"],
-               "shift": "-30m", "limit": 5, "topic": None, "target": ""}  # fmt: skip
-    assert argv(options) == ["--key-prefix=c-", "--yes", "--reason=a", "--reason=b",
-                             "--shift=-30m", "--limit=5"]  # fmt: skip
+    options = {
+        "key_prefix": "c-",
+        "yes": True,
+        "dry_run": False,
+        "reason": ["a", "b"],
+        "shift": "-30m",
+        "limit": 5,
+        "topic": None,
+        "target": "",
+    }
+    assert argv(options) == [
+        "--key-prefix=c-",
+        "--yes",
+        "--reason=a",
+        "--reason=b",
+        "--shift=-30m",
+        "--limit=5",
+    ]
 
 
 @pytest.mark.parametrize("name", ["config", "json", "help", "he", "c", "a b", "x;y"])
@@ -65,7 +79,9 @@ def test_a_write_is_refused_before_anything_runs(token_file: Path) -> None:
     assert gone.status == 403 and gone.body["error"].startswith("http.console.token_file: cannot")
     off = _api(None).post("/api/cancel", JSON, body)
     assert (off.status, off.body["error"]) == (
-        403, "writes are off: http.console.token_file names no token")  # fmt: skip
+        403,
+        "writes are off: http.console.token_file names no token",
+    )
 
 
 def test_a_bad_option_is_the_cli_parser_s_own_one_line_error(token_file: Path) -> None:
@@ -137,8 +153,14 @@ def _request(server: HttpServer, method: str, path: str, body: bytes = b"") -> t
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_http_server_serves_the_console_only_when_enabled(enabled: bool) -> None:
     config = from_mapping({}, env={})
-    server = HttpServer("127.0.0.1", 0, CollectorRegistry(), health=list, ready=list,
-                        console=Console(config, main) if enabled else None)  # fmt: skip
+    server = HttpServer(
+        "127.0.0.1",
+        0,
+        CollectorRegistry(),
+        health=list,
+        ready=list,
+        console=Console(config, main) if enabled else None,
+    )
     server.start()
     try:
         status, body = _request(server, "GET", "/ui/static/console.js")

@@ -62,8 +62,15 @@ class Placed:
 class FakeProducer:
     sent: list[Sent] = field(default_factory=list)
 
-    def produce(self, topic: str, *, value: bytes | None, headers: list[tuple[str, bytes | None]],
-                on_delivery: Any, **_: Any) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        *,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]],
+        on_delivery: Any,
+        **_: Any,
+    ) -> None:
         self.sent.append(Sent(topic, value, dict(headers), on_delivery))
 
     def flush(self, _timeout: float) -> int:
@@ -88,19 +95,31 @@ class Setup:
     def __init__(self, max_attempts: int = 2, max_lateness: int = 0) -> None:
         self.producer, self.store = FakeProducer(), FakeStore()
         self.retried: list[tuple[dict[Shard, list[bytes]], int]] = []
-        self.config = EgressConfig(max_attempts=max_attempts, tick=0, send_tick=0, ahead=0,
-                                   max_lateness=max_lateness)  # fmt: skip
+        self.config = EgressConfig(
+            max_attempts=max_attempts, tick=0, send_tick=0, ahead=0, max_lateness=max_lateness
+        )
         self.metrics = Metrics(CollectorRegistry())
         self.deliveries = Deliveries(
-            cast(Producer, self.producer), cast(Store, self.store),
-            self.metrics, Readiness(), self.config, dead_letter="delay.dlq",
+            cast(Producer, self.producer),
+            cast(Store, self.store),
+            self.metrics,
+            Readiness(),
+            self.config,
+            dead_letter="delay.dlq",
             clock_ms=lambda: NOW,
             on_retry=lambda members, wait: self.retried.append(
-                ({s: list(m) for s, m in members.items()}, wait)),
-        )  # fmt: skip
+                ({s: list(m) for s, m in members.items()}, wait)
+            ),
+        )
 
-    def claim(self, offset: int, value: bytes = b"v", *, due_ms: int = NOW,
-              headers: Sequence[tuple[str, bytes | None]] = ()) -> Ident:  # fmt: skip
+    def claim(
+        self,
+        offset: int,
+        value: bytes = b"v",
+        *,
+        due_ms: int = NOW,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> Ident:
         record = Scheduled(offset, due_ms, "orders", b"k", value, [("h", b"1"), *headers], "id")
         ident = (SHARD, offset_bytes(offset))
         inflight = self.deliveries.track(ident, Claimed(SHARD, ident[1], record, False), False)
@@ -134,7 +153,8 @@ def test_a_permanent_refusal_is_retried_then_dead_lettered_with_kafkas_error() -
     assert dlq.headers[H_ERROR] == b"delivery-failed"
     assert dlq.headers[H_ORIGIN] == b"delay:0:7"
     assert b"delivery to orders failed 2 times: UNKNOWN_TOPIC_OR_PART" in (
-        dlq.headers[H_ERROR_DETAIL] or b"")  # fmt: skip
+        dlq.headers[H_ERROR_DETAIL] or b""
+    )
     s.report(None)
     s.deliveries.ack(force=True)
     assert s.store.acked == [{SHARD: [ident[1]]}] and not s.store.released
@@ -236,8 +256,12 @@ def _sender(s: Setup) -> Sender:
 
 
 def _claims(now_ms: int, dues: list[tuple[int, int]]) -> Claims:
-    records = [Claimed(SHARD, offset_bytes(o), Scheduled(o, due, "orders", b"k", b"%d" % o, [], "id"),
-                       False) for o, due in dues]  # fmt: skip
+    records = [
+        Claimed(
+            SHARD, offset_bytes(o), Scheduled(o, due, "orders", b"k", b"%d" % o, [], "id"), False
+        )
+        for o, due in dues
+    ]
     return Claims(records, now_ms, {}, 0.0, now_ms)
 
 
@@ -257,8 +281,9 @@ def test_records_claimed_ahead_are_produced_at_their_due_time_never_before() -> 
 def test_records_held_at_shutdown_are_released_for_the_next_owner() -> None:
     s = Setup()
     sender = _sender(s)
-    sender.dispatch(_claims(NOW, [(1, NOW + 500), (2, NOW + 600)]), {(SHARD, offset_bytes(2))},
-                    None)  # offset 2 was put back: not held  # fmt: skip
+    sender.dispatch(
+        _claims(NOW, [(1, NOW + 500), (2, NOW + 600)]), {(SHARD, offset_bytes(2))}, None
+    )  # offset 2 was put back: not held
     sender.release()
     assert s.store.released == [({SHARD: [offset_bytes(1)]}, 0)]
     assert not s.deliveries.in_flight and not s.producer.sent

@@ -35,10 +35,20 @@ RULES = Rules(
 )
 
 
-def read(headers: Headers, *, topic: str = "delay", key: bytes | None = b"k",
-         value: bytes | None = b"v") -> Scheduled | Cancel:  # fmt: skip
-    return parse_record(RULES, topic=topic, partition=1, offset=9, timestamp_ms=NOW, key=key,
-                        value=value, headers=headers, now_ms=NOW)  # fmt: skip
+def read(
+    headers: Headers, *, topic: str = "delay", key: bytes | None = b"k", value: bytes | None = b"v"
+) -> Scheduled | Cancel:
+    return parse_record(
+        RULES,
+        topic=topic,
+        partition=1,
+        offset=9,
+        timestamp_ms=NOW,
+        key=key,
+        value=value,
+        headers=headers,
+        now_ms=NOW,
+    )
 
 
 def rejected(headers: Headers, **kwargs: bytes | str | None) -> Rejected:
@@ -60,13 +70,16 @@ def test_a_record_with_several_cancels_cancels_each_in_its_order() -> None:
     cancel = read(headers, value=None)
     assert isinstance(cancel, Cancel)
     assert [(c.offset, c.delay_id, c.due_ms) for c in cancel.each()] == [
-        (9, "a", None), (9, "b", None), (9, "a", None)
-    ]  # fmt: skip
+        (9, "a", None),
+        (9, "b", None),
+        (9, "a", None),
+    ]
     hinted = read([(H_CANCEL, b"a"), (H_DUE_AT, b"5"), (H_CANCEL, b"b"), (H_DUE_AT, b"7")])
     assert isinstance(hinted, Cancel)
     assert [(c.delay_id, c.due_ms, c.timestamp_ms) for c in hinted.each()] == [
-        ("a", 5, NOW), ("b", 7, NOW)
-    ]  # fmt: skip
+        ("a", 5, NOW),
+        ("b", 7, NOW),
+    ]
     assert read([(H_CANCEL, b"a")]).each() == [Cancel(9, "a")]  # type: ignore[union-attr]
 
 
@@ -96,15 +109,20 @@ def test_a_bad_cancel_is_a_bad_header(headers: Headers, detail: str) -> None:
 # ------------------------------------------------------------------ etf1
 
 
-def etf1(epoch: bytes = b"1790000100", target: bytes = b"orders.expired",
-         **extra: bytes) -> Headers:  # fmt: skip
+def etf1(
+    epoch: bytes = b"1790000100", target: bytes = b"orders.expired", **extra: bytes
+) -> Headers:
     headers: Headers = [("scheduler-epoch", epoch), ("scheduler-target-topic", target)]
     return headers + [(k.replace("_", "-"), v) for k, v in extra.items()]
 
 
 def test_an_etf1_record_is_scheduled_with_its_key_as_the_delay_id() -> None:
-    rec = read([*etf1(scheduler_target_key=b"o-1"), ("trace", b"t")], topic="legacy",
-               key=b"timeout-o-1", value=b"payload")  # fmt: skip
+    rec = read(
+        [*etf1(scheduler_target_key=b"o-1"), ("trace", b"t")],
+        topic="legacy",
+        key=b"timeout-o-1",
+        value=b"payload",
+    )
     assert isinstance(rec, Scheduled)
     assert rec.due_ms == 1_790_000_100_000  # unix seconds
     assert rec.target == "orders.expired"
@@ -114,10 +132,14 @@ def test_an_etf1_record_is_scheduled_with_its_key_as_the_delay_id() -> None:
     # Delivered as etf1 delivers it: the schedule's headers, then etf1's three (the schedule's
     # timestamp in unix seconds, its key and topic), then the bridge's own.
     assert rec.delivered_headers() == [
-        *etf1(scheduler_target_key=b"o-1"), ("trace", b"t"),
-        ("scheduler-timestamp", str(NOW // 1000).encode()), ("scheduler-key", b"timeout-o-1"),
-        ("scheduler-topic", b"legacy"), (H_ID, b"timeout-o-1"), ("delay-due-at", b"1790000100000"),
-    ]  # fmt: skip
+        *etf1(scheduler_target_key=b"o-1"),
+        ("trace", b"t"),
+        ("scheduler-timestamp", str(NOW // 1000).encode()),
+        ("scheduler-key", b"timeout-o-1"),
+        ("scheduler-topic", b"legacy"),
+        (H_ID, b"timeout-o-1"),
+        ("delay-due-at", b"1790000100000"),
+    ]
 
 
 def test_without_a_target_key_the_delivered_key_is_null_as_with_etf1() -> None:
@@ -147,13 +169,17 @@ def test_a_past_epoch_is_due_at_once() -> None:
         (etf1(epoch=b"1790000100.5"), b"k", Reason.BAD_DUE_TIME, "is not unix seconds"),
         (etf1(epoch=b"soon"), b"k", Reason.BAD_DUE_TIME, "is not unix seconds"),
         (etf1(epoch=b"9790000100"), b"k", Reason.DELAY_TOO_LONG, "limits.max_delay"),
-        (etf1(epoch=b"1790000100000"), b"k", Reason.BAD_DUE_TIME,
-         "scheduler-epoch 1790000100000 looks like milliseconds: etf1 takes unix seconds"),
+        (
+            etf1(epoch=b"1790000100000"),
+            b"k",
+            Reason.BAD_DUE_TIME,
+            "scheduler-epoch 1790000100000 looks like milliseconds: etf1 takes unix seconds",
+        ),
         ([("scheduler-epoch", b"1790000100")], b"k", Reason.MISSING_TARGET, "no delay-target"),
         (etf1(target=b"delay"), b"k", Reason.TARGET_NOT_ALLOWED, "is a delay topic"),
         ([*etf1(), ("scheduler-epoch", b"1")], b"k", Reason.BAD_HEADER, "more than once"),
     ],
-)  # fmt: skip
+)
 def test_what_etf1_would_refuse_goes_to_the_dlq(
     headers: Headers, key: bytes | None, reason: Reason, detail: str
 ) -> None:
@@ -174,12 +200,21 @@ FUTURE_AT = b"2026-09-22T08:00:00Z"
 FUTURE_MS = 1_790_064_000_000
 
 
-def kaspr(action: bytes | None = None, *, at: bytes | None = FUTURE_AT,
-          to: bytes | None = b"reminders-topic", rid: bytes | None = b"reminder-order-123",
-          extra: Headers | None = None) -> Headers:  # fmt: skip
+def kaspr(
+    action: bytes | None = None,
+    *,
+    at: bytes | None = FUTURE_AT,
+    to: bytes | None = b"reminders-topic",
+    rid: bytes | None = b"reminder-order-123",
+    extra: Headers | None = None,
+) -> Headers:
     headers: Headers = list(extra or [])
-    for name, value in (("x-scheduler-action", action), ("x-scheduler-deliver-to", to),
-                        ("x-scheduler-deliver-at", at), ("x-scheduler-request-id", rid)):  # fmt: skip
+    for name, value in (
+        ("x-scheduler-action", action),
+        ("x-scheduler-deliver-to", to),
+        ("x-scheduler-deliver-at", at),
+        ("x-scheduler-request-id", rid),
+    ):
         if value is not None:
             headers.append((name, value))
     return headers
@@ -194,8 +229,10 @@ def test_a_kaspr_add_is_scheduled_with_its_request_id_as_the_delay_id() -> None:
     assert rec.delivered_key() == b"order-123"  # Kaspr delivers the record's own key
     # Kaspr delivers the headers without its x-scheduler-* ones; the bridge adds its own two.
     assert rec.delivered_headers() == [
-        ("trace", b"t"), (H_ID, b"reminder-order-123"), ("delay-due-at", str(FUTURE_MS).encode())
-    ]  # fmt: skip
+        ("trace", b"t"),
+        (H_ID, b"reminder-order-123"),
+        ("delay-due-at", str(FUTURE_MS).encode()),
+    ]
     assert read(kaspr(b"ADD"), topic="kaspr") == read(kaspr(), topic="kaspr")
 
 
@@ -267,10 +304,13 @@ def test_a_kaspr_topic_with_a_default_target_needs_no_deliver_to() -> None:
         (kaspr(rid=b"r" * 257), Reason.BAD_HEADER, "delay-id must be 1 to 256 bytes"),
         (kaspr(b"CANCEL", rid=b"r" * 257), Reason.BAD_HEADER, "must be 1 to 256 bytes"),
         (kaspr(to=b"\xff"), Reason.BAD_HEADER, "x-scheduler-deliver-to is not valid UTF-8"),
-        (kaspr(extra=[("x-scheduler-deliver-at", FUTURE_AT)]), Reason.BAD_HEADER,
-         "x-scheduler-deliver-at appears more than once"),
+        (
+            kaspr(extra=[("x-scheduler-deliver-at", FUTURE_AT)]),
+            Reason.BAD_HEADER,
+            "x-scheduler-deliver-at appears more than once",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_kaspr_would_refuse_goes_to_the_dlq(
     headers: Headers, reason: Reason, detail: str
 ) -> None:

@@ -13,8 +13,10 @@ from tests.conftest import Clock
 
 def stats(**partitions: tuple[int, int]) -> dict[str, Any]:
     """A statistics document of topic ``delay``: partition → (leader, broker fetched from)."""
-    parts = {pid.removeprefix("p"): {"leader": leader, "broker": broker}
-             for pid, (leader, broker) in partitions.items()}  # fmt: skip
+    parts = {
+        pid.removeprefix("p"): {"leader": leader, "broker": broker}
+        for pid, (leader, broker) in partitions.items()
+    }
     parts["-1"] = {"leader": -1, "broker": -1}  # librdkafka's unassigned-partition entry
     return {"topics": {"delay": {"partitions": parts}}}
 
@@ -72,8 +74,9 @@ def group(stable: bool = True, **members: list[int]) -> Group:
 def test_a_partition_a_stable_group_leaves_unowned_has_its_least_loaded_member_rejoin() -> None:
     clock, said = Clock(), []
     answers: list[Group | None] = [group(a=[1, 2], b=[])]
-    watch = Unowned(lambda: answers[-1], lambda: {"delay": 3}, lambda m, why: said.append((m, why)),
-                    clock)  # fmt: skip
+    watch = Unowned(
+        lambda: answers[-1], lambda: {"delay": 3}, lambda m, why: said.append((m, why)), clock
+    )
     watch.check()
     clock.now += UNOWNED_S - 1  # a live member between the two steps of a move takes this
     watch.check()
@@ -103,10 +106,15 @@ def test_a_partition_a_stable_group_leaves_unowned_has_its_least_loaded_member_r
 
 def test_a_rebalance_or_every_partition_owned_asks_for_no_rejoin() -> None:
     clock, said = Clock(), []
-    answers = iter([group(a=[1, 2], b=[]), group(False, a=[1, 2], b=[]), group(a=[1, 2], b=[]),
-                    group(a=[1, 2], b=[0])])  # fmt: skip
-    watch = Unowned(lambda: next(answers), lambda: {"delay": 3}, lambda m, w: said.append(m),
-                    clock)  # fmt: skip
+    answers = iter(
+        [
+            group(a=[1, 2], b=[]),
+            group(False, a=[1, 2], b=[]),
+            group(a=[1, 2], b=[]),
+            group(a=[1, 2], b=[0]),
+        ]
+    )
+    watch = Unowned(lambda: next(answers), lambda: {"delay": 3}, lambda m, w: said.append(m), clock)
     for _ in range(4):  # the rebalance started the wait again; then the partition was assigned
         watch.check()
         clock.now += UNOWNED_S - 1

@@ -80,11 +80,9 @@ def test_an_entry_built_as_text_is_the_bytes_the_json_encoder_writes(
     record = Scheduled(offset, due, "orders", None, None, [], delay_id)
     text = delivered_entry(record, at, target, (partition, target_offset), reason)
     fate = Fate.EXPIRED if reason == "expired" else Fate.DEAD_LETTERED if reason else Fate.DELIVERED
-    entry = Entry(fate, offset, delay_id, due, at, target, partition, target_offset,
-                  reason=reason)  # fmt: skip
+    entry = Entry(fate, offset, delay_id, due, at, target, partition, target_offset, reason=reason)
     assert text.encode() == _dumps(entry.as_json())
-    withdrawn = Withdrawn(Shard("delay", 0), offset, due, delay_id, Shard("delay", 1), 5,
-                          cancelled)  # fmt: skip
+    withdrawn = Withdrawn(Shard("delay", 0), offset, due, delay_id, Shard("delay", 1), 5, cancelled)
     text = withdrawn_entry(withdrawn, at, by)
     fate = Fate.CANCELLED if cancelled else Fate.REPLACED
     assert text.encode() == _dumps(Entry(fate, offset, delay_id, due, at, by=by).as_json())
@@ -97,17 +95,31 @@ def test_a_stored_entry_has_only_the_fields_of_its_fate() -> None:
     assert json.loads(value) == {
         "topic": "delay",
         "partition": 1,
-        "entries": [{"fate": "cancelled", "offset": 3, "id": "a", "due": 10, "at": 20,
-                     "by": "d:1:4"}],
-    }  # fmt: skip
+        "entries": [
+            {"fate": "cancelled", "offset": 3, "id": "a", "due": 10, "at": 20, "by": "d:1:4"}
+        ],
+    }
 
 
 def test_a_reader_skips_fates_and_versions_it_does_not_know() -> None:
-    value = json.dumps({"topic": "d", "partition": 0, "entries": [
-        {"fate": "teleported", "offset": 1, "id": "x", "due": 1, "at": 2},
-        {"fate": "expired", "offset": 2, "id": "y", "due": 1, "at": 2, "reason": "expired",
-         "new_field": True},
-    ]}).encode()  # fmt: skip
+    value = json.dumps(
+        {
+            "topic": "d",
+            "partition": 0,
+            "entries": [
+                {"fate": "teleported", "offset": 1, "id": "x", "due": 1, "at": 2},
+                {
+                    "fate": "expired",
+                    "offset": 2,
+                    "id": "y",
+                    "due": 1,
+                    "at": 2,
+                    "reason": "expired",
+                    "new_field": True,
+                },
+            ],
+        }
+    ).encode()
     batch = decode_entries(value, [(H_JOURNAL, b"1")])
     assert batch is not None and [e.fate for e in batch.entries] == [Fate.EXPIRED]
     assert decode_entries(value, [(H_JOURNAL, b"2")]) is None
@@ -158,8 +170,9 @@ def test_a_batch_names_its_topic_s_incarnation_when_the_writer_knew_it() -> None
 def test_entries_are_pending_until_kafka_takes_or_refuses_them() -> None:
     """``delay_bridge_journal_pending``: how far the journal trails the deliveries. A producer
     with no broker to reach refuses the entry after its message timeout."""
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "200",
-                         "log_level": 0})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "200", "log_level": 0}
+    )
     metrics, readiness = Metrics(CollectorRegistry()), Readiness()
     journal = Journal(producer, "delay.journal", metrics, readiness, lambda: {"delay": "id-1"})
     journal.write(Shard("delay", 0), [Entry(Fate.DELIVERED, 7, "a", 1, 2, "out", 0, 3)] * 2)
@@ -175,8 +188,9 @@ def test_a_batch_of_entries_over_a_record_s_size_is_journaled_in_several() -> No
     over the producer's message.max.bytes (1 MB): refused at once, the whole batch was counted
     as failed (and an exactly-once transaction committed without its journal). The entries go
     in records of RECORD_BYTES each."""
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "200",
-                         "log_level": 0})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "200", "log_level": 0}
+    )
     metrics, readiness = Metrics(CollectorRegistry()), Readiness()
     journal = Journal(producer, "delay.journal", metrics, readiness)
     entries = [Entry(Fate.DELIVERED, o, "i" * 64, 1, 2, "t" * 64, 0, o) for o in range(8000)]
@@ -190,8 +204,9 @@ def test_a_batch_of_entries_over_a_record_s_size_is_journaled_in_several() -> No
 def test_a_transaction_s_journal_refused_at_once_raises() -> None:
     """Through a shard's transactional producer an entry Kafka refuses at once raises: the
     transaction aborts rather than commit without its journal."""
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": "10000",
-                         "log_level": 0})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": "10000", "log_level": 0}
+    )
     metrics, readiness = Metrics(CollectorRegistry()), Readiness()
     journal = Journal(producer, "delay.journal", metrics, readiness)
     huge = [Entry(Fate.DEAD_LETTERED, 1, "a", 1, 2, reason="x" * 20_000)]

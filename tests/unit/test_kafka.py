@@ -21,8 +21,14 @@ def test_a_value_the_client_cannot_take_is_a_refusal_of_that_record() -> None:
 
 def test_a_full_queue_waits_for_room_and_every_record_is_queued() -> None:
     # One record fits; with no broker each times out of the queue in 100 ms, making room.
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1,
-                         "message.timeout.ms": 100, "log_level": 0})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": "127.0.0.1:1",
+            "queue.buffering.max.messages": 1,
+            "message.timeout.ms": 100,
+            "log_level": 0,
+        }
+    )
     reports: list[KafkaError | None] = []
     for i in range(3):
         produce(producer, "orders", value=b"%d" % i, on_delivery=lambda e, _m: reports.append(e))

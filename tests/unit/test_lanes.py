@@ -68,8 +68,17 @@ def test_a_shard_no_longer_owned_holds_nothing() -> None:
 def test_a_lane_is_claimed_ahead_only_while_no_higher_one_falls_due_within_the_window() -> None:
     lanes, plan = Lanes(set), Plan(0, 0)
     assert lanes.ahead([A, B], NOW + 100) is None  # nothing known yet
-    lanes.claimed(Claims([], NOW, {A: None, B: None}, 0.0, NOW,
-                         earliest={A: (-1, NOW + 50, -1), B: (-1, -1, NOW + 10)}), plan)  # fmt: skip
+    lanes.claimed(
+        Claims(
+            [],
+            NOW,
+            {A: None, B: None},
+            0.0,
+            NOW,
+            earliest={A: (-1, NOW + 50, -1), B: (-1, -1, NOW + 10)},
+        ),
+        plan,
+    )
     assert lanes.ahead([A, B], NOW + 100) is NORMAL  # A's normal ones are due within it
     assert lanes.ahead([A, B], NOW + 40) is None  # not yet
     lanes.claimed(Claims([], NOW, {B: None}, 0.0, NOW, earliest={B: (NOW + 90, -1, -1)}), plan)

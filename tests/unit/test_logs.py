@@ -60,10 +60,14 @@ def test_librdkafka_lines_that_are_not_the_operators_concern_are_lowered() -> No
     def line(text: str) -> logging.LogRecord:
         return record("%s", text, level=logging.WARNING)
 
-    pid = line("GETPID [rdkafka#producer-1] [thrd:main]: Failed to acquire idempotence PID from "
-               "broker 127.0.0.1:19092/1: Broker: Coordinator load in progress: retrying")  # fmt: skip
-    refused = line("FAIL [rdkafka#producer-1] [thrd:127.0.0.1:19092/1]: Connect to "
-                   "ipv4#127.0.0.1:19092 failed: Connection refused (after 0ms in state CONNECT)")  # fmt: skip
+    pid = line(
+        "GETPID [rdkafka#producer-1] [thrd:main]: Failed to acquire idempotence PID from "
+        "broker 127.0.0.1:19092/1: Broker: Coordinator load in progress: retrying"
+    )
+    refused = line(
+        "FAIL [rdkafka#producer-1] [thrd:127.0.0.1:19092/1]: Connect to "
+        "ipv4#127.0.0.1:19092 failed: Connection refused (after 0ms in state CONNECT)"
+    )
     assert noise.filter(pid) and pid.levelno == logging.INFO
     assert noise.filter(refused) and refused.levelno == logging.WARNING  # running: it matters
     noise.stopping = True
@@ -75,10 +79,16 @@ def test_librdkafka_lines_that_are_not_the_operators_concern_are_lowered() -> No
 
 def test_a_fenced_transactional_producer_is_a_warning_not_a_critical_line() -> None:
     noise = KafkaNoise()
-    fenced = record("%s", "FATAL [rdkafka#producer-9] [thrd:main]: Fatal error: Local: This "
-                    "instance has been fenced by a newer instance: ProduceRequest failed",
-                    level=logging.CRITICAL)  # fmt: skip
+    fenced = record(
+        "%s",
+        "FATAL [rdkafka#producer-9] [thrd:main]: Fatal error: Local: This "
+        "instance has been fenced by a newer instance: ProduceRequest failed",
+        level=logging.CRITICAL,
+    )
     assert noise.filter(fenced) and fenced.levelno == logging.WARNING
-    other = record("%s", "FATAL [rdkafka#producer-9]: Fatal error: Broker: Cluster authorization "
-                   "failed", level=logging.CRITICAL)  # fmt: skip
+    other = record(
+        "%s",
+        "FATAL [rdkafka#producer-9]: Fatal error: Broker: Cluster authorization failed",
+        level=logging.CRITICAL,
+    )
     assert noise.filter(other) and other.levelno == logging.CRITICAL

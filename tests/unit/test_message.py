@@ -57,12 +57,25 @@ RULES = Rules(
 )
 
 
-def run(headers: Headers, *, topic: str = "delay", key: bytes | None = b"k",
-        value: bytes | None = b"v", timestamp_ms: int | None = TS) -> Scheduled:  # fmt: skip
+def run(
+    headers: Headers,
+    *,
+    topic: str = "delay",
+    key: bytes | None = b"k",
+    value: bytes | None = b"v",
+    timestamp_ms: int | None = TS,
+) -> Scheduled:
     rec = parse(
-        RULES, topic=topic, partition=2, offset=41, timestamp_ms=timestamp_ms,
-        key=key, value=value, headers=headers, now_ms=NOW,
-    )  # fmt: skip
+        RULES,
+        topic=topic,
+        partition=2,
+        offset=41,
+        timestamp_ms=timestamp_ms,
+        key=key,
+        value=value,
+        headers=headers,
+        now_ms=NOW,
+    )
     assert isinstance(rec, Scheduled)
     return rec
 
@@ -70,11 +83,18 @@ def run(headers: Headers, *, topic: str = "delay", key: bytes | None = b"k",
 @pytest.mark.parametrize(
     ("text", "ms"),
     [
-        ("0", 0), ("1500", 1500), ("250ms", 250), ("30s", 30_000), ("15m", 900_000),
-        ("2h", 7_200_000), ("7d", 604_800_000), ("1h30m", 5_400_000),
-        ("1d2h3m4s5ms", 93_784_005), (" 45s ", 45_000),
+        ("0", 0),
+        ("1500", 1500),
+        ("250ms", 250),
+        ("30s", 30_000),
+        ("15m", 900_000),
+        ("2h", 7_200_000),
+        ("7d", 604_800_000),
+        ("1h30m", 5_400_000),
+        ("1d2h3m4s5ms", 93_784_005),
+        (" 45s ", 45_000),
     ],
-)  # fmt: skip
+)
 def test_durations(text: str, ms: int) -> None:
     assert parse_duration_ms(text) == ms
 
@@ -116,12 +136,21 @@ def test_times(text: str, ms: int) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "", "tomorrow", "2026-11-21", "2026-11-21T10:00:00", "2026-13-01T00:00:00Z",
-        "2026-02-30T00:00:00Z", "2026-11-21T25:00:00Z", "2026-11-21T10:00:00+24:00",
-        "2026-11-21T10:00:00.Z", "1.5", "-1000", "99999999999999999",
+        "",
+        "tomorrow",
+        "2026-11-21",
+        "2026-11-21T10:00:00",
+        "2026-13-01T00:00:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-11-21T25:00:00Z",
+        "2026-11-21T10:00:00+24:00",
+        "2026-11-21T10:00:00.Z",
+        "1.5",
+        "-1000",
+        "99999999999999999",
         "2026-11-21T10:00:00Z trailing",
     ],
-)  # fmt: skip
+)
 def test_bad_times(text: str) -> None:
     with pytest.raises(ValueError):
         parse_time_ms(text)
@@ -173,16 +202,24 @@ def test_epoch_seconds_taken_for_milliseconds_are_refused(text: str) -> None:
 
 def test_accepted_record_shape() -> None:
     headers: Headers = [
-        ("trace", b"t1"), (H_TARGET_TOPIC, b"orders.eu"), (H_AFTER, b"5s"),
-        (H_TARGET_KEY, b"\xff\x00key"), (H_ID, b"order-7"), ("nothing", None), (H_DUE_AT, b"1"),
-    ]  # fmt: skip
+        ("trace", b"t1"),
+        (H_TARGET_TOPIC, b"orders.eu"),
+        (H_AFTER, b"5s"),
+        (H_TARGET_KEY, b"\xff\x00key"),
+        (H_ID, b"order-7"),
+        ("nothing", None),
+        (H_DUE_AT, b"1"),
+    ]
     rec = run(headers)
     assert (rec.target, rec.offset, rec.delay_id) == ("orders.eu", 41, "order-7")
     assert rec.key == b"k"  # its own key is kept for the DLQ ...
     assert rec.delivered_key() == b"\xff\x00key"  # ... the target sees delay-target-key
     assert rec.delivered_headers() == [
-        ("trace", b"t1"), ("nothing", None), (H_ID, b"order-7"), (H_DUE_AT, str(TS + 5000).encode()),
-    ]  # fmt: skip
+        ("trace", b"t1"),
+        ("nothing", None),
+        (H_ID, b"order-7"),
+        (H_DUE_AT, str(TS + 5000).encode()),
+    ]
 
 
 def test_default_delay_id_and_key() -> None:
@@ -197,7 +234,10 @@ def test_default_target_of_a_delay_topic() -> None:
 
 BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders")], Reason.MISSING_DUE_TIME),
-    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_DELIVER_AT, b"1")], Reason.CONFLICTING_DUE_TIME),
+    (
+        [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_DELIVER_AT, b"1")],
+        Reason.CONFLICTING_DUE_TIME,
+    ),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"soon")], Reason.BAD_DUE_TIME),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"")], Reason.BAD_DUE_TIME),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, None)], Reason.BAD_DUE_TIME),
@@ -206,7 +246,10 @@ BAD_CASES = [
     # found by the chaos harness: a due time past the year 9999 crashed the detail's formatting
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"9" * 40)], Reason.DELAY_TOO_LONG),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"99999999999999d")], Reason.DELAY_TOO_LONG),
-    ([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, str(NOW + 8 * 86_400_000).encode())], Reason.DELAY_TOO_LONG),
+    (
+        [(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, str(NOW + 8 * 86_400_000).encode())],
+        Reason.DELAY_TOO_LONG,
+    ),
     ([(H_AFTER, b"1s")], Reason.MISSING_TARGET),
     ([(H_TARGET_TOPIC, b""), (H_AFTER, b"1s")], Reason.MISSING_TARGET),
     ([(H_TARGET_TOPIC, b"orders/eu"), (H_AFTER, b"1s")], Reason.TARGET_NOT_ALLOWED),
@@ -227,13 +270,20 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"0")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"\xff")], Reason.BAD_HEADER),
-    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_PRIORITY, b"high"),
-      (H_PRIORITY, b"low")], Reason.BAD_HEADER),
+    (
+        [
+            (H_TARGET_TOPIC, b"orders"),
+            (H_AFTER, b"1s"),
+            (H_PRIORITY, b"high"),
+            (H_PRIORITY, b"low"),
+        ],
+        Reason.BAD_HEADER,
+    ),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"soon")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"-1s")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"\xff")], Reason.BAD_HEADER),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("headers", "reason"), BAD_CASES)
@@ -244,10 +294,17 @@ def test_rejections(headers: Headers, reason: Reason) -> None:
     assert info.value.detail and "\n" not in info.value.detail
 
 
-@pytest.mark.parametrize(("value", "priority"), [
-    (None, Priority.NORMAL), (b"high", Priority.HIGH), (b"normal", Priority.NORMAL),
-    (b"low", Priority.LOW), (b" High ", Priority.HIGH), (b"LOW", Priority.LOW),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "priority"),
+    [
+        (None, Priority.NORMAL),
+        (b"high", Priority.HIGH),
+        (b"normal", Priority.NORMAL),
+        (b"low", Priority.LOW),
+        (b" High ", Priority.HIGH),
+        (b"LOW", Priority.LOW),
+    ],
+)
 def test_the_priority_header(value: bytes | None, priority: Priority) -> None:
     headers: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), ("trace", b"t")]
     if value is not None:
@@ -278,8 +335,17 @@ def test_a_max_lateness_is_kept_with_the_record_and_sets_when_it_expires() -> No
 
 def test_a_cancel_may_carry_the_due_time_of_its_record_as_a_hint() -> None:
     def cancel(*more: tuple[str, bytes | None]) -> Scheduled | Cancel:
-        return parse(RULES, topic="delay", partition=2, offset=41, timestamp_ms=TS, key=b"k",
-                     value=b"", headers=[(H_CANCEL, b"delay:2:7"), *more], now_ms=NOW)  # fmt: skip
+        return parse(
+            RULES,
+            topic="delay",
+            partition=2,
+            offset=41,
+            timestamp_ms=TS,
+            key=b"k",
+            value=b"",
+            headers=[(H_CANCEL, b"delay:2:7"), *more],
+            now_ms=NOW,
+        )
 
     hinted = cancel((H_DUE_AT, b"1790000000000"))
     assert isinstance(hinted, Cancel) and hinted.due_ms == 1_790_000_000_000
@@ -295,19 +361,35 @@ def test_every_reason_is_covered() -> None:
     # delivery-failed: test_pipeline.py; payload-missing: below and test_read_back.py; expired:
     # test_deliveries.py and test_pipeline.py
     covered = {reason for _, reason in BAD_CASES} | {
-        Reason.DELIVERY_FAILED, Reason.PAYLOAD_MISSING, Reason.EXPIRED}  # fmt: skip
+        Reason.DELIVERY_FAILED,
+        Reason.PAYLOAD_MISSING,
+        Reason.EXPIRED,
+    }
     assert covered == set(Reason)
 
 
 def test_a_record_bound_for_the_dlq_at_its_due_time_keeps_its_reason_when_stored() -> None:
-    gone = dead_letter_when_due("delay", 3, 42, 1_800_000_000_000,
-                                reason=Reason.PAYLOAD_MISSING, detail="offset 42 was gone")  # fmt: skip
+    gone = dead_letter_when_due(
+        "delay",
+        3,
+        42,
+        1_800_000_000_000,
+        reason=Reason.PAYLOAD_MISSING,
+        detail="offset 42 was gone",
+    )
     back = decode(encode(gone, "delay", 3), "delay", 3, 42)
     assert back == gone and back.dead_letter and back.key is None and back.value is None
     assert dead_letter_reason(back.headers) == "payload-missing"
     assert dict(back.headers)[H_ORIGIN] == b"delay:3:42"
-    refused = dead_letter_when_due("delay", 3, 43, 1, reason=Reason.TARGET_NOT_ALLOWED,
-                                   detail="not now", message=(b"k", b"v", [(H_TARGET_TOPIC, b"x")]))  # fmt: skip
+    refused = dead_letter_when_due(
+        "delay",
+        3,
+        43,
+        1,
+        reason=Reason.TARGET_NOT_ALLOWED,
+        detail="not now",
+        message=(b"k", b"v", [(H_TARGET_TOPIC, b"x")]),
+    )
     assert refused.headers[0] == (H_TARGET_TOPIC, b"x") and refused.value == b"v"
     assert not Scheduled(1, 1, "out", None, None, [], "id").dead_letter
 
@@ -336,25 +418,41 @@ headers_st = st.lists(
 
 
 @given(
-    offset=st.integers(0, 2**62), due=st.integers(0, 2**53), target=st.text(min_size=1, max_size=30),
-    key=st.one_of(st.none(), st.binary(max_size=40)), value=st.one_of(st.none(), st.binary(max_size=200)),
-    headers=headers_st, delay_id=st.text(min_size=1, max_size=40),
+    offset=st.integers(0, 2**62),
+    due=st.integers(0, 2**53),
+    target=st.text(min_size=1, max_size=30),
+    key=st.one_of(st.none(), st.binary(max_size=40)),
+    value=st.one_of(st.none(), st.binary(max_size=200)),
+    headers=headers_st,
+    delay_id=st.text(min_size=1, max_size=40),
     priority=st.sampled_from(Priority),
-)  # fmt: skip
+)
 def test_encoding_round_trips(
-    offset: int, due: int, target: str, key: bytes | None, value: bytes | None,
-    headers: Headers, delay_id: str, priority: Priority,
-) -> None:  # fmt: skip
+    offset: int,
+    due: int,
+    target: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    delay_id: str,
+    priority: Priority,
+) -> None:
     for rec in (
         Scheduled(offset, due, target, key, value, headers, delay_id),
         Scheduled(offset, due, target, key, value, headers, delay_id, priority=priority),
         # What the compact form leaves out: a target from the header, the default delay-id.
-        Scheduled(offset, due, target, key, value,
-                  [*headers, (H_TARGET_TOPIC, target.encode())], f"delay:3:{offset}"),
+        Scheduled(
+            offset,
+            due,
+            target,
+            key,
+            value,
+            [*headers, (H_TARGET_TOPIC, target.encode())],
+            f"delay:3:{offset}",
+        ),
         # ... and a caller's delay-id from its header.
-        Scheduled(offset, due, target, key, value, [(H_ID, delay_id.encode()), *headers],
-                  delay_id),
-    ):  # fmt: skip
+        Scheduled(offset, due, target, key, value, [(H_ID, delay_id.encode()), *headers], delay_id),
+    ):
         assert decode(encode(rec, "delay", 3), "delay", 3, offset) == rec
 
 
@@ -388,15 +486,19 @@ def test_encoding_is_compact() -> None:
 def test_a_priority_costs_no_byte() -> None:
     rec = Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41")
     for priority in Priority:  # a flag bit: a normal record is stored as before lanes existed
-        stored = encode(Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41",
-                                  priority=priority), "delay", 2)  # fmt: skip
+        stored = encode(
+            Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41", priority=priority),
+            "delay",
+            2,
+        )
         assert len(stored) == len(encode(rec, "delay", 2))
         assert (stored == encode(rec, "delay", 2)) is (priority is Priority.NORMAL)
 
 
 def test_a_caller_delay_id_is_stored_once() -> None:
-    with_id = Scheduled(41, NOW, "orders", b"k", b"v", [(H_ID, b"expire-order-42")],
-                        "expire-order-42")  # fmt: skip
+    with_id = Scheduled(
+        41, NOW, "orders", b"k", b"v", [(H_ID, b"expire-order-42")], "expire-order-42"
+    )
     without = Scheduled(41, NOW, "orders", b"k", b"v", [], "delay:2:41")
     # The header (a 1-byte name code, 2 + 15 bytes of value), not the id a second time.
     assert len(encode(with_id, "delay", 2)) - len(encode(without, "delay", 2)) == 1 + 2 + 15

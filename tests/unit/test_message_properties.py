@@ -54,11 +54,24 @@ RULES = Rules(
 )
 
 
-def outcome(headers: Headers, key: bytes | None = b"k", value: bytes | None = b"v",
-            timestamp_ms: int | None = NOW) -> Scheduled | Cancel | Reason:  # fmt: skip
+def outcome(
+    headers: Headers,
+    key: bytes | None = b"k",
+    value: bytes | None = b"v",
+    timestamp_ms: int | None = NOW,
+) -> Scheduled | Cancel | Reason:
     try:
-        return parse(RULES, topic="delay", partition=0, offset=7, timestamp_ms=timestamp_ms,
-                     key=key, value=value, headers=headers, now_ms=NOW)  # fmt: skip
+        return parse(
+            RULES,
+            topic="delay",
+            partition=0,
+            offset=7,
+            timestamp_ms=timestamp_ms,
+            key=key,
+            value=value,
+            headers=headers,
+            now_ms=NOW,
+        )
     except Rejected as exc:
         assert exc.detail and "\n" not in exc.detail
         return exc.reason
@@ -69,8 +82,10 @@ def rfc3339(moment: datetime, fraction: str) -> bytes:
 
 
 @settings(max_examples=400)
-@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59)),
-       st.sampled_from(["", ".0", ".5", ".000001", ".999999999"]))  # fmt: skip
+@given(
+    st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59)),
+    st.sampled_from(["", ".0", ".5", ".000001", ".999999999"]),
+)
 @example(datetime(1999, 12, 31, 23, 59, 59), ".999999999")  # rounds up to 2000: accepted
 def test_a_due_time_from_year_1_to_9999_is_accepted_only_from_2000(
     moment: datetime, fraction: str
@@ -89,8 +104,12 @@ def test_a_due_time_from_year_1_to_9999_is_accepted_only_from_2000(
 
 
 @settings(max_examples=300)
-@given(st.one_of(st.integers(0, 10**20),
-                 st.sampled_from([MIN_EPOCH_MS - 1, MIN_EPOCH_MS, MAX_EPOCH_MS, MAX_EPOCH_MS + 1])))  # fmt: skip
+@given(
+    st.one_of(
+        st.integers(0, 10**20),
+        st.sampled_from([MIN_EPOCH_MS - 1, MIN_EPOCH_MS, MAX_EPOCH_MS, MAX_EPOCH_MS + 1]),
+    )
+)
 def test_epoch_milliseconds_anywhere(ms: int) -> None:
     got = outcome([(H_TARGET_TOPIC, b"orders"), (H_DELIVER_AT, str(ms).encode())])
     if not MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS:
@@ -103,8 +122,9 @@ def test_epoch_milliseconds_anywhere(ms: int) -> None:
 
 @given(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), st.integers(0, 10**16))
 def test_a_relative_delay_from_any_record_timestamp(timestamp: int | None, after: int) -> None:
-    got = outcome([(H_TARGET_TOPIC, b"orders"), (H_AFTER, str(after).encode())],
-                  timestamp_ms=timestamp)  # fmt: skip
+    got = outcome(
+        [(H_TARGET_TOPIC, b"orders"), (H_AFTER, str(after).encode())], timestamp_ms=timestamp
+    )
     base = timestamp if timestamp is not None and timestamp >= 0 else NOW
     if base + after - NOW > RULES.max_delay_ms:
         assert got is Reason.DELAY_TOO_LONG
@@ -131,10 +151,17 @@ def test_every_size_around_the_limit(delta: int, where: str) -> None:
 
 @given(st.sampled_from(sorted(CONTROL_HEADERS)))
 def test_every_control_header_twice_is_a_bad_header(name: str) -> None:
-    value = {H_TARGET_TOPIC: b"orders", H_AFTER: b"1s", H_DELIVER_AT: b"1790000000000",
-             H_PRIORITY: b"high", H_CANCEL: b"x", H_ID: b"x"}.get(name, b"x")  # fmt: skip
+    value = {
+        H_TARGET_TOPIC: b"orders",
+        H_AFTER: b"1s",
+        H_DELIVER_AT: b"1790000000000",
+        H_PRIORITY: b"high",
+        H_CANCEL: b"x",
+        H_ID: b"x",
+    }.get(name, b"x")
     assert outcome([(H_TARGET_TOPIC, b"orders"), (name, value), (name, value)]) in (
-        Reason.BAD_HEADER,)  # fmt: skip
+        Reason.BAD_HEADER,
+    )
 
 
 @given(st.sampled_from(sorted(CONTROL_HEADERS - {H_TARGET_KEY})), st.binary(min_size=1, max_size=8))
@@ -164,11 +191,30 @@ _HEADER_NAMES = st.sampled_from([*sorted(CONTROL_HEADERS), "trace", "delay-other
 _HEADER_VALUES = st.one_of(
     st.none(),
     st.binary(max_size=12),
-    st.sampled_from([b"orders", b"orders.eu", b"__consumer_offsets", b"delay", b"delay.dlq",
-                     b"1s", b"0", b"-1", b"1h30m", b"1790000000000", b"1790000000",
-                     b"2026-11-21T10:00:00Z", b"0001-01-01T00:00:00Z", b"1969-12-31T23:59:59Z",
-                     b"9999-12-31T23:59:59.999999999Z", b"high", b"normal", b"low", b"urgent"]),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            b"orders",
+            b"orders.eu",
+            b"__consumer_offsets",
+            b"delay",
+            b"delay.dlq",
+            b"1s",
+            b"0",
+            b"-1",
+            b"1h30m",
+            b"1790000000000",
+            b"1790000000",
+            b"2026-11-21T10:00:00Z",
+            b"0001-01-01T00:00:00Z",
+            b"1969-12-31T23:59:59Z",
+            b"9999-12-31T23:59:59.999999999Z",
+            b"high",
+            b"normal",
+            b"low",
+            b"urgent",
+        ]
+    ),
+)
 
 
 @settings(max_examples=500)

@@ -105,15 +105,27 @@ def test_a_claim_from_the_wait_indexes_plans_the_next_and_forgets_empty_ones() -
     clock = Clock()
     targets = limits({"slow": 100}, clock)
     targets.learn({A: {"slow"}, B: {"slow"}})
-    claims = Claims([claimed("slow", 0)], T0, {A: None, B: T0 + 500}, 0.0, T0,
-                    due_lanes={}, earliest={A: (-1, -1, -1), B: (-1, T0 + 500, -1)})  # fmt: skip
+    claims = Claims(
+        [claimed("slow", 0)],
+        T0,
+        {A: None, B: T0 + 500},
+        0.0,
+        T0,
+        due_lanes={},
+        earliest={A: (-1, -1, -1), B: (-1, T0 + 500, -1)},
+    )
     targets._claimed({"slow": claims})
     assert targets.waiting == {"slow": {B: T0 + 500}}
     assert targets._limits(T0, 1000, 500) == {}  # B's first record is not due yet
     assert targets.wait_s(T0) == pytest.approx(0.5)
     # Due records the claim did not take (a horizon): tried again 50 ms on, not in a busy loop.
-    targets._claimed({"slow": Claims([], T0 + 500, {B: T0 + 500}, 0.0, T0 + 500,
-                                     earliest={B: (-1, T0 + 500, -1)})})  # fmt: skip
+    targets._claimed(
+        {
+            "slow": Claims(
+                [], T0 + 500, {B: T0 + 500}, 0.0, T0 + 500, earliest={B: (-1, T0 + 500, -1)}
+            )
+        }
+    )
     assert targets.waiting == {"slow": {B: T0 + 550}}
     targets._claimed({"slow": Claims([], T0, {B: None}, 0.0, T0, earliest={B: (-1, -1, -1)})})
     assert targets.waiting == {} and targets.wait_s(T0) is None

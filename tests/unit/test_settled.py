@@ -126,8 +126,15 @@ class ReplacedReader(FakeReader):
 
 
 def exact(offset: int, replaces: int) -> Scheduled:
-    return Scheduled(offset, 1_800_000_000_000, "orders", b"k", b"v",
-                     [(H_REPLACES, f"delay:0:{replaces}".encode())], "m1")  # fmt: skip
+    return Scheduled(
+        offset,
+        1_800_000_000_000,
+        "orders",
+        b"k",
+        b"v",
+        [(H_REPLACES, f"delay:0:{replaces}".encode())],
+        "m1",
+    )
 
 
 @pytest.mark.parametrize("start", [0, 3], ids=["re-read", "rolled-back"])

@@ -54,8 +54,11 @@ if _TXN_PARTITION:
 
     def _refused(self: Any) -> None:
         if str(self.shard.partition) == _TXN_PARTITION:
-            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                            "not authorized (injected by the test)"))  # fmt: skip
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorized (injected by the test)"
+                )
+            )
         _start(self)
 
     setattr(transactions.ShardTransaction, "start", _refused)  # noqa: B010
