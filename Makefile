@@ -50,8 +50,8 @@ run: topics
 	@export $$(scripts/services env) && exec $(VENV)/bin/delay-bridge run -c $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check bridge tests scripts bench
-	$(VENV)/bin/ruff format --check bridge tests scripts bench
+	$(VENV)/bin/ruff check bridge testbed tests scripts bench
+	$(VENV)/bin/ruff format --check bridge testbed tests scripts bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict

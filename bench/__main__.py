@@ -33,9 +33,9 @@ from bench.scenarios import (
     throughput,
 )
 from bench.trace_journal import trace
-from tests.chaos import scenarios as chaos
-from tests.chaos.servers import Servers
-from tests.conftest import ROOT
+from testbed import scenarios as chaos
+from testbed.servers import Servers
+from testbed.services import ROOT
 
 SCENARIOS = (
     "throughput",

@@ -4,7 +4,7 @@
 
 The same harness measures both bridges: ``BASE`` is checked out beside (a git worktree under
 ``$DELAY_BRIDGE_STATE_DIR/ab``) and its ``python -m bridge`` runs in place of this one's
-(``tests.integration.harness.CODE_UNDER_TEST``). Runs alternate — base, this, this, base, … — so a
+(``testbed.harness.CODE_UNDER_TEST``). Runs alternate — base, this, this, base, … — so a
 machine whose speed drifts over the hour weighs on both alike. Scenarios:
 
 * ``throughput``: 50,000 records of 100 B due at once, produced before the bridge starts:
@@ -32,9 +32,9 @@ from pathlib import Path
 
 from bench.__main__ import local_servers
 from bench.scenarios import QUICK, Report, steady_load, throughput
-from tests.chaos.servers import STATE_DIR
-from tests.conftest import ROOT
-from tests.integration.harness import CODE_UNDER_TEST
+from testbed.harness import CODE_UNDER_TEST
+from testbed.servers import STATE_DIR
+from testbed.services import ROOT
 
 SCENARIOS = ("throughput", "steady")
 THROUGHPUT_RECORDS, STEADY_S = 50_000, 20.0

@@ -39,10 +39,10 @@ from bench.scenarios import (
 from bridge.cli.args import DEFAULT_RATE
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from tests.chaos.scenarios import PARTITIONS, Run
-from tests.chaos.servers import Servers
-from tests.chaos.workload import Record, steady
-from tests.conftest import ROOT
+from testbed.scenarios import PARTITIONS, Run
+from testbed.servers import Servers
+from testbed.services import ROOT
+from testbed.workload import Record, steady
 
 PREFIX = b"bulk-"
 

@@ -15,8 +15,8 @@ from collections import defaultdict
 from bridge.config import Config
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers, Scheduled, origin
 from bridge.store import AckBatch, Shard, Store
-from tests.chaos.scenarios import PARTITIONS
-from tests.chaos.workload import now_ms, value_of
+from testbed.scenarios import PARTITIONS
+from testbed.workload import now_ms, value_of
 
 LEASE_MS = 30_000
 

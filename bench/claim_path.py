@@ -21,9 +21,9 @@ from bench.__main__ import local_servers
 from bench.scenarios import ACK_STAMPS, Progress, finished, produce
 from bridge.message import H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
 from bridge.store import Store
-from tests.chaos.scenarios import Run
-from tests.chaos.workload import Record
-from tests.conftest import ROOT
+from testbed.scenarios import Run
+from testbed.services import ROOT
+from testbed.workload import Record
 
 DUE_AFTER_MS = 45_000  # every record stored before it falls due
 ID_BYTES = 31

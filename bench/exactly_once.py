@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.scenarios import Report, steady_load, throughput
-from tests.chaos.servers import Servers
+from testbed.servers import Servers
 
 MODES = {"at-least-once": False, "exactly-once": True}
 ROUNDS = 2

@@ -37,11 +37,11 @@ from bench.scenarios import (
 )
 from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
 from bridge.store import Store
-from tests.chaos.checker import Expected, settle
-from tests.chaos.scenarios import Run, references_waiting
-from tests.chaos.servers import Servers
-from tests.chaos.workload import Record, now_ms
-from tests.integration.harness import Bridge, metric
+from testbed.checker import Expected, settle
+from testbed.harness import Bridge, metric
+from testbed.scenarios import Run, references_waiting
+from testbed.servers import Servers
+from testbed.workload import Record, now_ms
 
 KEYS = 997  # distinct keys, spread over the partitions
 PROBES = 100  # records due while the bridge is stopped, in the restart case

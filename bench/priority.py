@@ -26,10 +26,10 @@ from bench.scenarios import (
 )
 from bridge.message import H_AFTER, H_PRIORITY, H_TARGET_TOPIC, Headers, Priority
 from bridge.store import Store
-from tests.chaos.checker import settle
-from tests.chaos.scenarios import Run
-from tests.chaos.servers import Servers
-from tests.chaos.workload import PRIORITY_MIX, Record, now_ms, prioritised
+from testbed.checker import settle
+from testbed.scenarios import Run
+from testbed.servers import Servers
+from testbed.workload import PRIORITY_MIX, Record, now_ms, prioritised
 
 LIVE_S = 5.0  # live high records arrive over this long from the restart (the rate-limited run)
 

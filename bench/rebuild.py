@@ -37,10 +37,10 @@ from bench.scenarios import (
 from bridge.config import consumer_settings, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from tests.chaos.checker import Expected, log_end
-from tests.chaos.scenarios import PARTITIONS, Run, references_waiting
-from tests.chaos.workload import Record, now_ms
-from tests.conftest import holds_within
+from testbed.checker import Expected, log_end
+from testbed.scenarios import PARTITIONS, Run, references_waiting
+from testbed.services import holds_within
+from testbed.workload import Record, now_ms
 
 KEYS = 997  # distinct keys, spread over the partitions
 MAX_PROBES = 10_000

@@ -31,8 +31,8 @@ from bridge.config import consumer_settings, from_mapping
 from bridge.kafka import headers_of
 from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers, record_size
 from bridge.store import Shard, Store
-from tests.chaos import scenarios as chaos
-from tests.chaos.checker import (
+from testbed import scenarios as chaos
+from testbed.checker import (
     Account,
     Expected,
     expectations,
@@ -41,10 +41,11 @@ from tests.chaos.checker import (
     settle,
     wait_seen,
 )
-from tests.chaos.scenarios import PARTITIONS, Run
-from tests.chaos.servers import Servers
-from tests.chaos.workload import Record, Workload, now_ms, steady, value_of
-from tests.integration.harness import ROOT, Bridge, bridge_env, metric, wait_ready
+from testbed.harness import Bridge, bridge_env, metric, wait_ready
+from testbed.scenarios import PARTITIONS, Run
+from testbed.servers import Servers
+from testbed.services import ROOT
+from testbed.workload import Record, Workload, now_ms, steady, value_of
 
 SAMPLE_S = 0.01
 QUANTILES = (0.5, 0.9, 0.99, 0.999)

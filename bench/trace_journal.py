@@ -31,10 +31,11 @@ from bench.scenarios import Report
 from bridge.journal import Entry, Fate, encode_entries
 from bridge.kafka import produce
 from bridge.message import H_DELIVER_AT, H_ID, H_TARGET_TOPIC
-from tests.chaos.scenarios import Run
-from tests.chaos.servers import Servers
-from tests.chaos.workload import now_ms
-from tests.integration.harness import ROOT, bridge_env
+from testbed.harness import bridge_env
+from testbed.scenarios import Run
+from testbed.servers import Servers
+from testbed.services import ROOT
+from testbed.workload import now_ms
 
 PER_RECORD = 500  # entries per journal record: a busy acknowledgement's worth
 SPAN_MS = 2 * 24 * 3600 * 1000

@@ -11,8 +11,8 @@ import bench.soak
 from bench.soak.judge import targets
 from bench.soak.report import plot, report
 from bench.soak.run import KAFKA_PORT, REDIS_PORT, soak
-from tests.chaos.servers import STATE_DIR, Servers
-from tests.conftest import ROOT
+from testbed.servers import STATE_DIR, Servers
+from testbed.services import ROOT
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import overload
 
 from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Headers
-from tests.chaos.workload import Record
+from testbed.workload import Record
 
 PRELOAD_RATE = 5000.0  # records/s
 MIN_DELAY_MS = 1000

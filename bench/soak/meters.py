@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scenarios import redis_cpu_s
 from bridge.store.scripts import script_names
-from tests.integration.harness import Bridge
+from testbed.harness import Bridge
 
 REDIS_STALL_MS = 20  # Redis's latency monitor notes events at least this long
 PROBE_LOOPS = 300_000  # ~12 ms of pure Python on this machine

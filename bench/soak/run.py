@@ -15,11 +15,11 @@ from bench.soak.judge import targets
 from bench.soak.load import MIN_DELAY_MS, PRELOAD_RATE, Load, Records
 from bench.soak.meters import BridgeMeter, BrokerGC, Machine, Meter, RedisMeter
 from bench.soak.tally import Tally, quantile
-from tests.chaos.scenarios import Run
-from tests.chaos.servers import Servers
-from tests.chaos.workload import Workload, now_ms
-from tests.conftest import ROOT
-from tests.integration.harness import wait_ready
+from testbed.harness import wait_ready
+from testbed.scenarios import Run
+from testbed.servers import Servers
+from testbed.services import ROOT
+from testbed.workload import Workload, now_ms
 
 # Ports and state of its own: a soak runs for an hour and must not meet `make test`'s chaos
 # servers (19192, 16479 and the cluster on 19292).

@@ -9,8 +9,8 @@ from confluent_kafka import Consumer, Message
 
 from bench.soak.load import Load
 from bridge.message import H_DUE_AT
-from tests.chaos.background import Background
-from tests.chaos.workload import CLIENT_LOG_LEVEL, seq_of
+from testbed.background import Background
+from testbed.workload import CLIENT_LOG_LEVEL, seq_of
 
 
 @dataclass

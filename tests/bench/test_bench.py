@@ -15,7 +15,7 @@ from bench import report
 from bench.__main__ import run_all
 from bench.exactly_once import MODES, exactly_once
 from bench.scenarios import Report, Sizes
-from tests.chaos.servers import Servers
+from testbed.servers import Servers
 from tests.conftest import Services
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]

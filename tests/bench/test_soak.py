@@ -19,7 +19,7 @@ from bench.soak.report import report
 from bench.soak.tally import quantile
 from bridge.metrics import Metrics
 from bridge.store.scripts import Scripts, script_names
-from tests.integration.harness import Bridge
+from testbed.harness import Bridge
 
 MIB = 1 << 20
 

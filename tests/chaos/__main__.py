@@ -14,9 +14,9 @@ import json
 import sys
 import time
 
-from tests.chaos import scenarios
-from tests.chaos.scenarios import HEADER, SCENARIOS, Result, run_scenario
-from tests.chaos.servers import STATE_DIR, Servers
+from testbed import scenarios
+from testbed.scenarios import HEADER, SCENARIOS, Result, run_scenario
+from testbed.servers import STATE_DIR, Servers
 from tests.conftest import ROOT
 
 

@@ -16,11 +16,11 @@ from bridge.config import from_mapping
 from bridge.journal import Entry, Fate, JournalReader, encode_entries
 from bridge.kafka import produce
 from bridge.store import Shard
-from tests.chaos import scenarios
-from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
-from tests.chaos.servers import STATE_DIR, Servers
+from testbed import scenarios
+from testbed.harness import bridge_env
+from testbed.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
+from testbed.servers import STATE_DIR, Servers
 from tests.conftest import recreate_topic
-from tests.integration.harness import bridge_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

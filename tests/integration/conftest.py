@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from bridge.store import Store
-from tests.clock import build_shim
+from testbed.clock import build_shim
+from testbed.harness import Bridge, Setup
 from tests.conftest import Services, TopicFactory, delete_keys, wait_for
-from tests.integration.harness import Bridge, Setup
 
 
 @pytest.fixture(autouse=True)
@@ -143,14 +143,14 @@ def redis_server(directory: Path, env: dict[str, str] | None = None) -> Iterator
 
 @pytest.fixture(scope="session")
 def clock_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/clock/shift.c built with the machine's C compiler (see its comment)."""
+    """testbed/clock/shift.c built with the machine's C compiler (see its comment)."""
     return build_shim(tmp_path_factory.mktemp("clock"))
 
 
 @dataclass
 class ClockShift:
     """A wall clock a test steps: processes started with :meth:`env` read their offset from
-    ``file`` (tests/clock/shift.c)."""
+    ``file`` (testbed/clock/shift.c)."""
 
     shim: Path
     file: Path

@@ -18,8 +18,7 @@ import redis
 from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
-from tests.conftest import wait_for
-from tests.integration.harness import (
+from testbed.harness import (
     Bridge,
     Collector,
     Received,
@@ -28,6 +27,7 @@ from tests.integration.harness import (
     metric,
     produce_all,
 )
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Never early, whatever one clock says: a real Redis's clock and a real bridge's clock stepped
-mid-run (tests/clock/shift.c), and every record still delivered no earlier than its due time,
+mid-run (testbed/clock/shift.c), and every record still delivered no earlier than its due time,
 none expired that was on time."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from bridge.message import H_DELIVER_AT, H_MAX_LATENESS, H_TARGET_TOPIC, Headers
+from testbed.clock import PYTHON_SHIFT  # its sitecustomize says why
+from testbed.harness import Bridge, Received, Setup, metric, produce_all, wait_ready
 from tests.conftest import wait_for
 from tests.integration.conftest import ClockShift, redis_server
-from tests.integration.harness import Bridge, Received, Setup, metric, produce_all, wait_ready
 
 pytestmark = pytest.mark.integration
 
 HALF_AN_HOUR_MS = 30 * 60_000
-PYTHON_SHIFT = Path(__file__).parents[1] / "clock" / "python"  # its sitecustomize says why
 
 
 def _due_between(

@@ -22,8 +22,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC, Headers
+from testbed.harness import Bridge, Collector, Setup, produce_all
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Collector, Setup, produce_all
 
 pytestmark = pytest.mark.integration
 

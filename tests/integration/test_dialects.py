@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from bridge.message import parse_time_ms
-from tests.conftest import wait_for
-from tests.integration.harness import (
+from testbed.harness import (
     Bridge,
     Collector,
     Received,
@@ -21,6 +20,7 @@ from tests.integration.harness import (
     produce_all,
     wait_ready,
 )
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 

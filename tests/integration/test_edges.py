@@ -24,8 +24,7 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
-from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import (
+from testbed.harness import (
     Bridge,
     Setup,
     ToPartition,
@@ -34,6 +33,7 @@ from tests.integration.harness import (
     produce_to,
     wait_ready,
 )
+from tests.conftest import Services, TopicFactory, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bridge.journal import decode_entries
 from bridge.kafka import headers_of
 from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC, Headers
-from tests.conftest import wait_for
-from tests.integration.harness import (
-    ROOT,
+from testbed.harness import (
     Bridge,
     Collector,
     Setup,
@@ -33,6 +31,7 @@ from tests.integration.harness import (
     wait_ready,
     wipe,
 )
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ from bridge.client import cancel_headers, delay_headers
 from bridge.config import from_mapping
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.service import Service
+from testbed.harness import Bridge, Setup, bridge_env, metric, produce_all
 from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.conftest import free_port
-from tests.integration.harness import Bridge, Setup, bridge_env, metric, produce_all
 
 pytestmark = pytest.mark.integration
 

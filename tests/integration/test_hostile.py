@@ -25,10 +25,7 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
-from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.conftest import redis_server
-from tests.integration.harness import (
-    ROOT,
+from testbed.harness import (
     Bridge,
     Setup,
     ToPartition,
@@ -37,6 +34,8 @@ from tests.integration.harness import (
     produce_to,
     wait_ready,
 )
+from tests.conftest import ROOT, Services, TopicFactory, wait_for
+from tests.integration.conftest import redis_server
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 
 from bridge.message import H_AFTER, H_CANCEL, H_ID, H_TARGET_TOPIC, Headers
-from tests.conftest import wait_for
-from tests.integration.harness import (
-    ROOT,
+from testbed.harness import (
     Bridge,
     Setup,
     cli_of,
@@ -24,6 +22,7 @@ from tests.integration.harness import (
     produce_all,
     produce_to,
 )
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import redis
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.store import Shard, Store
+from testbed.harness import Bridge, Setup, produce_all
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Setup, produce_all
 from tests.integration.test_recovery import delivered_once, due_in, rebuilds, values_delivered
 
 pytestmark = pytest.mark.integration

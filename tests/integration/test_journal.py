@@ -44,9 +44,7 @@ from bridge.message import (
     wire_headers,
 )
 from bridge.store import Shard, Store
-from tests.conftest import TopicFactory, wait_for
-from tests.integration.harness import (
-    ROOT,
+from testbed.harness import (
     Bridge,
     Collector,
     Received,
@@ -58,6 +56,7 @@ from tests.integration.harness import (
     snapshot_keys,
     wipe,
 )
+from tests.conftest import ROOT, TopicFactory, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,12 +21,12 @@ from confluent_kafka.cimpl import NewTopic
 from bridge.egress.settle import STALL_S
 from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC
 from bridge.topics import ID_TIMEOUT_S, Topics
-from tests.chaos.brokers import leader_of_most, proc_state
-from tests.chaos.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
-from tests.chaos.servers import STATE_DIR, Servers, cluster_brokers
+from testbed.brokers import leader_of_most, proc_state
+from testbed.harness import Bridge, bridge_env, metric, produce_all
+from testbed.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
+from testbed.servers import STATE_DIR, Servers, cluster_brokers
 from tests.conftest import Services, run_services, started, wait_for
 from tests.integration.conftest import redis_server
-from tests.integration.harness import Bridge, bridge_env, metric, produce_all
 from tests.integration.test_exactly_once import journaled
 
 pytestmark = pytest.mark.integration
@@ -279,7 +279,7 @@ def read_committed_values(bootstrap: str, topic: str, count: int) -> collections
 def test_chaos_scenario_short(
     name: str, own: Services, cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    """The short version of a three-broker chaos scenario (tests/chaos/brokers.py), on this
+    """The short version of a three-broker chaos scenario (testbed/brokers.py), on this
     module's cluster and the session's Redis."""
     _, quick, _ = SCENARIOS[name]
     assert quick is not None

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC
+from testbed.harness import Bridge, Setup, metric, produce_all
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Priority, Sche
 from bridge.metrics import Metrics, Sampler
 from bridge.service import Service
 from bridge.store import AckBatch, Shard, Store
+from testbed.harness import bridge_env, produce_all
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import bridge_env, produce_all
 
 pytestmark = pytest.mark.integration
 

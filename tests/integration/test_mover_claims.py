@@ -20,8 +20,8 @@ from bridge.egress.settle import Deliveries
 from bridge.message import Priority, Scheduled, origin
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard, Store
+from testbed.harness import Collector
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Collector
 
 pytestmark = pytest.mark.integration
 

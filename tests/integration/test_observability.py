@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.metrics import Metrics
+from testbed.harness import Bridge, bridge_env, produce_all
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, bridge_env, produce_all
 
 pytestmark = pytest.mark.integration
 

@@ -31,8 +31,8 @@ from bridge.message import (
     Scheduled,
 )
 from bridge.store import Shard, Store
+from testbed.harness import Bridge, Collector, Setup, cli_of, metric, produce_all
 from tests.conftest import ROOT, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Collector, Setup, cli_of, metric, produce_all
 from tests.integration.test_cancel_pipeline import Record as Scheduling
 from tests.integration.test_cancel_pipeline import check, settle
 

@@ -25,8 +25,7 @@ from bridge.message import (
     Headers,
 )
 from bridge.store import Shard, Store
-from tests.conftest import TopicFactory, wait_for
-from tests.integration.harness import (
+from testbed.harness import (
     Bridge,
     Collector,
     Setup,
@@ -37,6 +36,7 @@ from tests.integration.harness import (
     produce_all,
     schedule,
 )
+from tests.conftest import TopicFactory, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from bridge.message import H_DELIVER_AT, H_PRIORITY, H_TARGET_TOPIC, Cancel, Pri
 from bridge.store import Shard, Store, offset_bytes, score
 from bridge.store.ids import id_hash, read_index
 from bridge.store.keys import member
+from testbed.harness import Bridge, Collector, Setup, metric, produce_all
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import pytest
 
 from bridge.message import H_DELIVER_AT, H_TARGET_TOPIC, Cancel, Priority, Scheduled
 from bridge.store import AckBatch, Claims, Shard, Store
+from testbed.harness import Bridge, Collector, Setup, metric, produce_all
 from tests.conftest import wait_for
-from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ from bridge.message import (
     format_time_ms,
 )
 from bridge.store import Shard, Store
+from testbed.harness import Bridge, Collector, Setup, metric, produce_all, wipe
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Collector, Setup, metric, produce_all, wipe
 
 pytestmark = pytest.mark.integration
 

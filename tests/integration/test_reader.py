@@ -11,8 +11,8 @@ from confluent_kafka import Consumer
 from bridge.config import load, read_back_settings
 from bridge.readback import Reader
 from bridge.store import Shard
+from testbed.harness import produce_all
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import produce_all
 
 pytestmark = pytest.mark.integration
 

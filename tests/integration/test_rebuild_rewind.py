@@ -16,8 +16,8 @@ from bridge.config import from_mapping
 from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.service import Service
 from bridge.store import Shard
+from testbed.harness import bridge_env, produce_all
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import bridge_env, produce_all
 
 pytestmark = pytest.mark.integration
 

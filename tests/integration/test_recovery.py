@@ -17,8 +17,8 @@ from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.positions import rebuild_point
 from bridge.store import AckBatch, Shard, Store, offset_of
 from bridge.topics import check_retention
+from testbed.harness import Bridge, Collector, Setup, produce_all, wipe
 from tests.conftest import Services, TopicFactory, wait_for
-from tests.integration.harness import Bridge, Collector, Setup, produce_all, wipe
 
 pytestmark = pytest.mark.integration
 

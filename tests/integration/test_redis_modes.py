@@ -16,8 +16,9 @@ from redis.cluster import RedisCluster
 
 from bridge.message import H_AFTER, H_CANCEL, H_ID, H_TARGET_TOPIC, Cancel, Headers, Scheduled
 from bridge.store import Shard, Store
+from testbed.harness import Bridge, Setup, metric, produce_all
+from testbed.scenarios import sentinel_master
 from tests.conftest import ROOT, delete_keys, run_services, started, wait_for
-from tests.integration.harness import Bridge, Setup, metric, produce_all
 
 pytestmark = pytest.mark.integration
 
@@ -59,19 +60,6 @@ def delivers_all(setup: Setup, count: int, tag: str) -> None:
     assert {r.value for r in collector.records} == {value for _, value, _ in batch}
 
 
-def master_port(sentinels: str) -> int:
-    """The master's port as the first sentinel tells it (redis-cli: redis-py's parser of this
-    reply does not take the arguments it is given)."""
-    host, port = sentinels.split(",", maxsplit=1)[0].split(":")
-    reply = subprocess.run(
-        ["redis-cli", "-h", host, "-p", port, "sentinel", "get-master-addr-by-name", "mymaster"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    return int(reply[1])
-
-
 def test_through_sentinel_across_failovers(
     setup: Setup, sentinel_set: dict[str, str], bridges: list[Bridge]
 ) -> None:
@@ -89,10 +77,10 @@ def test_through_sentinel_across_failovers(
             batch = records(setup, 200, f"r{round_}")
             expected |= {value for _, value, _ in batch}
             produce_all(setup.services.bootstrap, setup.delay, batch)
-            before = master_port(sentinel_set["sentinels"])
+            before = sentinel_master(sentinel_set["sentinels"])
             sentinel.execute_command("SENTINEL", "FAILOVER", "mymaster")  # type: ignore[no-untyped-call]
             wait_for(
-                lambda: master_port(sentinel_set["sentinels"]) != before,  # noqa: B023
+                lambda: sentinel_master(sentinel_set["sentinels"]) != before,  # noqa: B023
                 60,
                 "the sentinels to promote the replica",
             )

@@ -14,14 +14,14 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from tests.conftest import wait_for
-from tests.integration.harness import (
+from testbed.harness import (
     Bridge,
     Setup,
     metric,
     produce_all,
     with_session_timeout,
 )
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 

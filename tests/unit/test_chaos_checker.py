@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.chaos.checker import Checker, Expected, Seen, met_again, settle
+from testbed.checker import Checker, Expected, Seen, met_again, settle
 
 
 def _seen(seen_ms: int, appended_ms: int | None = None) -> Seen:

@@ -161,3 +161,21 @@ def test_the_formatter_is_not_fought() -> None:
     for path, number in skips:
         before = path.read_text().splitlines()[number - 2].strip()
         assert before.startswith("#"), f"{path}:{number}: '# fmt: skip' without a reason above"
+
+
+def test_bench_and_the_test_bed_import_no_test_module() -> None:
+    """The benchmarks and the test bed they share with the tests (testbed/) import nothing from
+    tests/: a test may change without a benchmark knowing."""
+    found = []
+    for directory in ("bench", "testbed"):
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                found += [
+                    f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "tests"
+                ]
+    assert not found, found

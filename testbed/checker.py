@@ -42,8 +42,8 @@ from bridge.message import (
     parse_time_ms,
 )
 from bridge.store import Shard, Store
-from tests.chaos.background import Background
-from tests.chaos.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
+from testbed.background import Background
+from testbed.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
 
 # The longest a record due during a fault may wait once the fault is over (Account.recovery_ms).
 RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
@@ -507,9 +507,9 @@ def wait_seen(
     timeout: float,
     dues: Mapping[int, Collection[int]] | None = None,
 ) -> set[int]:
-    """Wait until the checker saw each of ``seqs`` delivered (due at one of ``dues[seq]`` when given)
-    or dead-lettered; returns the ones it did not see within ``timeout``. Only the unseen are
-    looked at again."""
+    """Wait until the checker saw each of ``seqs`` delivered (due at one of ``dues[seq]`` when
+    given) or dead-lettered; returns the ones it did not see within ``timeout``. Only the unseen
+    are looked at again."""
     deadline = time.monotonic() + timeout
     todo = set(seqs)
     due = dues or {}

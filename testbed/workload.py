@@ -274,7 +274,7 @@ _IDS = ["order-1", "order-2", "order-3", "订单-4", "id:with:colons", "x" * 256
 
 
 def adversarial(
-    count: int, target: str, delay: str, partitions: int, seed: int, max_bytes: int
+    count: int, target: str, delay: str, partitions: int, *, seed: int, max_bytes: int
 ) -> list[Record]:
     """``count`` records an adversary produces at once (seeded): valid ones with and without
     delay-ids, replacements and cancels by caller-given ids and by default ids of any partition

@@ -1,7 +1,7 @@
 """Faults of a three-broker Kafka cluster (replication factor 3, min.insync.replicas 2).
 
 The runs of these scenarios use ``scripts/services up kafka-cluster`` instead of the single broker
-(see :func:`tests.chaos.scenarios.run_scenario`), and their delay and target topics stamp records
+(see :func:`testbed.scenarios.run_scenario`), and their delay and target topics stamp records
 with the broker's append time. Lateness counts from the later of the due time and the append to
 the delay topic (a producer the fault held up is not the bridge's lateness) to the append to the
 target topic: when the record was in Kafka for its consumers. When the checker's own consumer
@@ -26,14 +26,14 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.egress.settle import STALL_S
 from bridge.store.scripts import script_names
-from tests.chaos.background import Background
-from tests.chaos.checker import RECOVERY_BOUND_AFTER_FAULT_MS, quantile
-from tests.chaos.workload import Workload, now_ms, steady
-from tests.conftest import wait_for
-from tests.integration.harness import Bridge, cli_of, metric, wait_ready
+from testbed.background import Background
+from testbed.checker import RECOVERY_BOUND_AFTER_FAULT_MS, quantile
+from testbed.harness import Bridge, cli_of, metric, wait_ready
+from testbed.services import wait_for
+from testbed.workload import Workload, now_ms, steady
 
 if TYPE_CHECKING:
-    from tests.chaos.scenarios import Result, Run, Size
+    from testbed.scenarios import Result, Run, Size
 
 MAX_DELAY_MS = 5000
 MIN_INSYNC = 2  # the cluster's min.insync.replicas (scripts/services)
@@ -314,7 +314,7 @@ def broker_fault(kind: str) -> Callable[[Run, Size, random.Random], Result]:
         if size.outage_s >= 30:  # the full run: the short one's faults are barely fenced
             # Exactly once, a commit needs the transaction coordinator too: when the broker was
             # that as well, its partition of the transaction log moves after another fencing.
-            from tests.chaos import scenarios  # here: it imports this module
+            from testbed import scenarios  # here: it imports this module
 
             bound = FENCED_LATENESS_S + (9.0 if scenarios.EXACTLY_ONCE else 0.0)
             within = result.account.max_lateness_ms <= bound * 1000

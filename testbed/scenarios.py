@@ -31,7 +31,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from bridge.config import Config, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Rules
 from bridge.store import Shard, Store
-from tests.chaos.brokers import (
+from testbed.brokers import (
     IN_SYNC_S,
     broker_fault,
     broker_roll,
@@ -39,7 +39,7 @@ from tests.chaos.brokers import (
     in_sync,
     isr_shrink,
 )
-from tests.chaos.checker import (
+from testbed.checker import (
     RECOVERY_BOUND_AFTER_FAULT_MS,
     Account,
     Checker,
@@ -49,8 +49,11 @@ from tests.chaos.checker import (
     settle,
     wait_settled,
 )
-from tests.chaos.servers import Servers
-from tests.chaos.workload import (
+from testbed.clock import PYTHON_SHIFT, build_shim
+from testbed.harness import Bridge, bridge_env, cli_of, metric, wait_ready
+from testbed.servers import Servers
+from testbed.services import delete_keys, recreate_topic, wait_for
+from testbed.workload import (
     CLIENT_LOG_LEVEL,
     Record,
     Workload,
@@ -60,9 +63,6 @@ from tests.chaos.workload import (
     prioritised,
     steady,
 )
-from tests.clock import build_shim
-from tests.conftest import delete_keys, recreate_topic, wait_for
-from tests.integration.harness import Bridge, bridge_env, cli_of, metric, wait_ready
 
 PARTITIONS = 3
 JOURNAL = True  # bridges write a journal (python -m bench --no-journal: without)
@@ -238,7 +238,7 @@ class Run:
     def bridge(self, instance: str = "", clock_shift_ms: int = 0) -> Bridge:
         """Start a bridge; with ``instance``, a static group member of that name (a pod's name:
         the same name again is the same member restarted); with ``clock_shift_ms``, on a host
-        whose wall clock is that far off (tests/clock/python/sitecustomize.py)."""
+        whose wall clock is that far off (testbed/clock/python/sitecustomize.py)."""
         env = self.env()
         if clock_shift_ms:
             env.update(CLOCK_SHIFT_MS=str(clock_shift_ms), PYTHONPATH=str(CLOCK_SHIFT))
@@ -398,7 +398,7 @@ class Run:
 
 
 Scenario = Callable[[Run, Size, random.Random], Result]
-CLOCK_SHIFT = Path(__file__).parents[1] / "clock" / "python"
+CLOCK_SHIFT = PYTHON_SHIFT
 # What an adversary's restarted bridge finds its host clock at: right, ahead by 20 s or an hour
 # (an NTP step), behind by 3 s.
 CLOCK_SHIFTS_MS = (0, 20_000, 3_600_000, -3_000)
@@ -779,10 +779,10 @@ def rollout(how: str) -> Scenario:
     member, back with the same partitions without a rebalance); a ``deployment`` starts a pod
     under a new name (the chart names no member: the bridge names its own after its host and
     port), waits for it to be ready, then stops an old one, which leaves the group as it stops,
-    so its partitions move on in one rebalance, not after a session. A StatefulSet's replica is away from
-    its SIGTERM until its replacement is ready (the fault, as long as the process takes to stop
-    and start); records due meanwhile reach their targets within the recovery bound of its
-    return, not after a session."""
+    so its partitions move on in one rebalance, not after a session. A StatefulSet's replica is
+    away from its SIGTERM until its replacement is ready (the fault, as long as the process takes
+    to stop and start); records due meanwhile reach their targets within the recovery bound of
+    its return, not after a session."""
 
     def scenario(run: Run, size: Size, rng: random.Random) -> Result:
         names = [f"pod-{i}" if how == "statefulset" else "" for i in range(3)]
@@ -869,7 +869,7 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
 
 def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
-    (:func:`~tests.chaos.workload.adversarial`: ids and default ids of every partition with other
+    (:func:`~testbed.workload.adversarial`: ids and default ids of every partition with other
     scripts' digits and numbers past every limit, cancels with hints, sizes around the limit,
     hypothesis's header sets); operators cancelling, firing and rescheduling by id and in bulk,
     replaying the DLQ and reading the API with hostile query strings; and faults at random
@@ -881,7 +881,12 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
     max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
     records = adversarial(
-        size.records, run.target, run.delay, PARTITIONS, rng.randrange(1 << 30), max_bytes
+        size.records,
+        run.target,
+        run.delay,
+        PARTITIONS,
+        seed=rng.randrange(1 << 30),
+        max_bytes=max_bytes,
     )
     bridge = run.bridge()
     workload = run.workload(records, size.seconds)
@@ -898,7 +903,7 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
         return rng.choice([c for c in choices if c <= 0 or other <= 0])
 
     # Redis comes back from a restart on a host whose clock is off (a failover to a replica whose
-    # clock is): tests/clock/shift.c, its offset in this file, back to 0 when the run ends.
+    # clock is): testbed/clock/shift.c, its offset in this file, back to 0 when the run ends.
     shim, shifted = build_shim(run.dir), run.dir / "redis-clock.offset"
     try:
         for kind, moment in zip(kinds, faults, strict=True):
@@ -1207,10 +1212,10 @@ def _failover_result(
     return result
 
 
-def _sentinel_master(sentinel: str) -> int:
-    """The master's port as a sentinel tells it (redis-cli: redis-py's parser of this reply does
-    not take the arguments it is given)."""
-    host, port = sentinel.split(":")
+def sentinel_master(sentinels: str) -> int:
+    """The master's port as the first of ``sentinels`` (host:port, comma-separated) tells it
+    (redis-cli: redis-py's parser of this reply does not take the arguments it is given)."""
+    host, port = sentinels.split(",", maxsplit=1)[0].split(":")
     reply = subprocess.run(
         ["redis-cli", "-h", host, "-p", port, "sentinel", "get-master-addr-by-name", "mymaster"],
         capture_output=True,
@@ -1233,7 +1238,7 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
     kinds: list[str] = []
     for i, moment in enumerate(moments(rng, size.faults, 2.0, size.seconds)):
         run.at(moment)
-        before = _sentinel_master(sentinel)
+        before = sentinel_master(sentinel)
         run.fault_began()
         faults.append(now_ms())
         if i == size.faults - 1:
@@ -1248,7 +1253,7 @@ def sentinel_failover(run: Run, size: Size, rng: random.Random) -> Result:
             )
             kinds.append("SENTINEL FAILOVER")
         deadline = time.monotonic() + 60
-        while _sentinel_master(sentinel) == before and time.monotonic() < deadline:
+        while sentinel_master(sentinel) == before and time.monotonic() < deadline:
             time.sleep(0.2)
         run.fault_over()
         if kinds[-1] == "kill -9":
@@ -1356,7 +1361,7 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
         None,
         Size(30_000, 60, 1, outage_s=20),
     ),
-    # On the three-broker cluster (tests/chaos/brokers.py), 600 records/s. The short versions
+    # On the three-broker cluster (testbed/brokers.py), 600 records/s. The short versions
     # run in tests/integration/test_kafka_cluster.py, on its cluster; isr-shrink's is
     # test_with_two_brokers_of_three_down_nothing_is_acknowledged_and_readyz_says_why there.
     "leader-kill": (
@@ -1408,7 +1413,7 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         servers.kafka_cluster_up()  # or its stopped brokers started again; it stays up after
         admin = AdminClient({"bootstrap.servers": servers.bootstrap, "log_level": CLIENT_LOG_LEVEL})
         wait_for(lambda: in_sync(admin), IN_SYNC_S, "every partition of the cluster in sync")
-        # The brokers' append times (see tests/chaos/brokers.py).
+        # The brokers' append times (see testbed/brokers.py).
         delay_config = target_config = {"message.timestamp.type": "LogAppendTime"}
     elif name in ("kafka-outage", "kafka-restart"):
         # The recovery after the broker is back counts to the append: the checker's own

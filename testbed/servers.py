@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import SERVICES, Services, key_values
+from testbed.services import SERVICES, Services, key_values
 
 # Where scripts/services keeps its servers' data, logs and pids.
 STATE_DIR = Path(
@@ -125,7 +125,7 @@ class Servers:
 
     def up(self, what: str | None = None, env: Mapping[str, str] | None = None) -> None:
         """Start both (or one) and return when they answer; ``env`` is added to a started
-        server's environment (a clock shim's, say: tests/clock)."""
+        server's environment (a clock shim's, say: testbed/clock)."""
         self._run("up", *([what] if what else []), extra=env)
 
     def down(self) -> None:

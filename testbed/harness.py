@@ -33,10 +33,7 @@ from bridge.message import (
     format_time_ms,
     wire_headers,
 )
-from tests.conftest import Services
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from testbed.services import ROOT, Services
 
 # A checkout whose bridge the harness runs instead of this one's (bench.ab: the code before a
 # change, measured by the same harness).
