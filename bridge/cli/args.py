@@ -5,18 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bridge.errors import UsageError
-from bridge.message import cut, parse_count, parse_when
-
-
-def when_arg(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> int | None:
-    """A command-line time (see :func:`bridge.message.parse_when`); None when the flag is not
-    given."""
-    if text is None:
-        return None
-    try:
-        return parse_when(text, now_ms, ago=ago)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
+from bridge.message import cut, parse_count
 
 
 def count(text: str) -> int:
@@ -29,8 +18,8 @@ def count(text: str) -> int:
 
 FILTERS = ("--target", "--key-prefix", "--due-after", "--due-before")
 # A bulk command's records a second at most by default: none. It follows the bridge instead
-# (bridge.bulk.Follow): the records other producers send to those partitions meanwhile wait behind
-# no more than bridge.bulk.AHEAD of its records.
+# (bridge.ops.Follow): the records other producers send to those partitions meanwhile wait
+# behind no more than bridge.ops.AHEAD of its records.
 DEFAULT_RATE = 0.0
 
 

@@ -1,6 +1,6 @@
 """``cancel``, ``fire`` and ``reschedule`` on many records: a filter, ``--dry-run`` or ``--yes``.
 
-Each finds the waiting records the filter matches (:mod:`bridge.bulk`) and acts through records
+Each finds the waiting records the filter matches (:mod:`bridge.ops.bulk`) and acts through records
 produced to their partitions — cancels, or replacements due at once or at a new time — so the
 bridge applies them in offset order like any other, and a Redis rebuild keeps them. ``fire`` and
 ``reschedule`` take ``--id`` too, for one record. Nothing matching: exit 1.
@@ -15,8 +15,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from bridge import bulk, ops
-from bridge.cli.args import given_filters, refuse_filters, when_arg
+from bridge import ops
+from bridge.cli.args import given_filters, refuse_filters
 from bridge.cli.records import delay_topic, send
 from bridge.config import Config
 from bridge.dialects import ETF1, KASPR
@@ -26,7 +26,7 @@ from bridge.message import parse_duration_ms
 PROGRESS_EVERY = 10_000
 
 
-def _filter(args: argparse.Namespace, verb: str, now_ms: int) -> bulk.Filter:
+def _filter(args: argparse.Namespace, verb: str, now_ms: int) -> ops.Filter:
     """The bulk form's filter, checked: at least one, and ``--dry-run`` or ``--yes``."""
     if not given_filters(args) and args.topic is None:
         raise UsageError(
@@ -36,15 +36,15 @@ def _filter(args: argparse.Namespace, verb: str, now_ms: int) -> bulk.Filter:
         raise UsageError(f"a bulk {verb} needs --dry-run (count what matches) or --yes (act)")
     if args.rate < 0:
         raise UsageError(f"--rate {args.rate:g}: 0 (no limit) or more records a second")
-    return bulk.Filter(
+    return ops.Filter(
         target=args.target,
         key_prefix=None if args.key_prefix is None else args.key_prefix.encode(),
-        due_after_ms=when_arg("--due-after", args.due_after, now_ms),
-        due_before_ms=when_arg("--due-before", args.due_before, now_ms),
+        due_after_ms=ops.when("--due-after", args.due_after, now_ms),
+        due_before_ms=ops.when("--due-before", args.due_before, now_ms),
     )
 
 
-Act = Callable[[bulk.Match, str | None, str], bulk.Outgoing | None]
+Act = Callable[[ops.Match, str | None, str], ops.Outgoing | None]
 DONE = {"cancel": "cancelled", "fire": "fired", "reschedule": "rescheduled"}
 # What names an operation when --operation does not: the command's verb, filters and new time, as
 # given (a relative "10m" stays "10m"), so the same command run again is the same operation.
@@ -74,9 +74,9 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
     flt = _filter(args, verb, now_ms)
     operation = operation_of(args, verb)
     topics = [delay_topic(args, config)] if args.topic else list(config.topics.delay)
-    tally, skipped, done, applied = bulk.Tally(Counter()), 0, 0, 0
+    tally, skipped, done, applied = ops.Tally(Counter()), 0, 0, 0
 
-    def counted(found: Iterator[bulk.Match], dialect: str | None) -> Iterator[bulk.Outgoing]:
+    def counted(found: Iterator[ops.Match], dialect: str | None) -> Iterator[ops.Outgoing]:
         nonlocal skipped, done
         for match in found:
             if match.done:
@@ -99,15 +99,15 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
             below = {s: mark + 1 for s, mark in store.inventory.watermarks(shards).items()}
             reads = read or dialect in (ETF1, KASPR)
             mine = None if verb == "cancel" else operation  # a cancelled record is gone anyway
-            found = bulk.matches(config, shards, flt, read_all=reads, below=below, operation=mine)
+            found = ops.matches(config, shards, flt, read_all=reads, below=below, operation=mine)
             records = counted(found, dialect)
             if verb == "cancel" and dialect not in (ETF1, KASPR):
-                records = bulk.packed(records, operation)
+                records = ops.packed(records, operation)
             if args.dry_run:
                 for _ in records:
                     pass
                 continue
-            follow = bulk.Follow(topic, store.inventory.watermarks)
+            follow = ops.Follow(topic, store.inventory.watermarks)
             send(
                 config,
                 topic,
@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace, config: Config, verb: str, act: Act, *, read:
         if follow.stalled:
             print(
                 f"delay-bridge: the bridge applied none of {topic}'s records for "
-                f"{bulk.STALL_S:.0f} s: the rest were produced without waiting for it",
+                f"{ops.STALL_S:.0f} s: the rest were produced without waiting for it",
                 file=sys.stderr,
             )
     if tally.total >= PROGRESS_EVERY and sys.stderr.isatty():
@@ -157,13 +157,13 @@ def bulk_cancel(args: argparse.Namespace, config: Config) -> int:
     """``cancel`` with a filter (see the module docstring)."""
     if args.key is not None or args.force:
         raise UsageError(f"{'--key' if args.key is not None else '--force'}: only with --id")
-    return _run(args, config, "cancel", lambda m, d, _: bulk.cancel_of(m, d), read=False)
+    return _run(args, config, "cancel", lambda m, d, _: ops.cancel_of(m, d), read=False)
 
 
 def _new_due(args: argparse.Namespace, now_ms: int) -> Callable[[int], int | None]:
     """``reschedule``'s new due time from a record's: ``--at``, ``--after`` or ``--shift``."""
     if args.at is not None:
-        at = when_arg("--at", args.at, now_ms)
+        at = ops.when("--at", args.at, now_ms)
         return lambda _: at
     text = args.after if args.after is not None else args.shift
     flag = "--after" if args.after is not None else "--shift"
@@ -199,8 +199,8 @@ def _replace(
                 "only this contract's delay topics replace by delay-id"
             )
 
-    def act(match: bulk.Match, _dialect: str | None, operation: str) -> bulk.Outgoing | None:
-        return bulk.replacement_of(match, due(match.due_ms), operation)
+    def act(match: ops.Match, _dialect: str | None, operation: str) -> ops.Outgoing | None:
+        return ops.replacement_of(match, due(match.due_ms), operation)
 
     if args.id is None:
         return _run(args, config, verb, act, read=True)
@@ -215,7 +215,7 @@ def _replace(
         )
         return 1
     made = [
-        bulk.replacement_of(bulk.Match(s, r.offset, r.due_ms, r), due(r.due_ms)) for s, r in found
+        ops.replacement_of(ops.Match(s, r.offset, r.due_ms, r), due(r.due_ms)) for s, r in found
     ]
     send(config, topic, args.timeout, iter([m for m in made if m is not None]), verb)
     return 0

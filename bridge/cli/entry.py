@@ -10,23 +10,21 @@ with code 2 (1 for a failed run); never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from bridge import __version__, ops, reads
-from bridge.bulk import AHEAD
-from bridge.cli.args import DEFAULT_RATE, count, when_arg
+from bridge import __version__, ops
+from bridge.cli.args import DEFAULT_RATE, count
 from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
 from bridge.cli.records import cancel_command, produce_command
 from bridge.config import Config, dump
 from bridge.config import load as load_file
-from bridge.dlq import Filters
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
-from bridge.message import Reason
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
@@ -60,7 +58,7 @@ def with_filters(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_RATE,
         help="records produced a second at most (0, the default: no limit); either way at most "
-        f"{AHEAD:,} are produced ahead of what the bridge applied, as other producers' records "
+        f"{ops.AHEAD:,} are produced ahead of what the bridge applied, as other producers' records "
         "wait behind them",
     )
 
@@ -290,86 +288,70 @@ def main(argv: Sequence[str] | None = None, config: Config | None = None) -> int
 
 
 def _status(args: argparse.Namespace, config: Config) -> int:
-    now, rows = ops.status(config)
-    ops.print_status(now, rows, args.json)
+    answer = ops.status_answer(config, ops.StatusAsk(), _now_ms())
+    if args.json:
+        return _said(answer)
+    ops.print_status(answer.now_ms, answer.rows)
     return 0
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    if args.skip and args.id is not None:
-        raise UsageError(f"--skip {args.skip}: not with --id")
-    now_ms = time.time_ns() // 1_000_000
-    before = when_arg("--due-before", args.due_before, now_ms)
-    records, total = ops.waiting(
-        config,
-        topic=args.topic,
-        partition=args.partition,
-        delay_id=args.id,
-        due_before_ms=before,
-        limit=args.limit,
-        skip=args.skip,
-    )
-    ops.print_waiting(records, total, args.json, args.skip)
+    ask = ops.ListAsk(args.topic, args.partition, args.id, args.due_before, args.limit, args.skip)
+    answer = ops.list_answer(config, ask, _now_ms())
+    if args.json:
+        return _said(answer)
+    ops.print_waiting(answer.records, answer.total, answer.skip)
     return 0
 
 
 def _trace(args: argparse.Namespace, config: Config) -> int:
-    from bridge import trace
-
-    now_ms = time.time_ns() // 1_000_000
-    since = when_arg("--since", args.since, now_ms, ago=True)
-    traced = trace.trace(
-        config, delay_id=args.id, at=args.origin, topic=args.topic, since_ms=since, now_ms=now_ms
+    answer = ops.trace_answer(
+        config, ops.TraceAsk(args.id, args.origin, args.topic, args.since), _now_ms()
     )
-    trace.print_trace(traced, args.json)
-    if traced.fate == "unknown":
-        what = f"--id {args.id}" if args.id else f"--origin {args.origin}"
-        why = (
-            "stored, but neither in Redis nor in the journal (not read by the bridge yet, or "
-            "its fate was not journaled)"
-            if traced.events
-            else "no trace in Redis or the journal"
-        )
-        print(f"delay-bridge: {what}: {why}", file=sys.stderr)
-        return 1
-    return 0
+    if args.json:
+        return _said(answer)
+    ops.print_trace(answer.traced)
+    for note in answer.notes:
+        print(f"delay-bridge: {note}", file=sys.stderr)
+    return 0 if answer.found else 1
 
 
-def _dlq_filters(args: argparse.Namespace) -> Filters:
-    """``dlq``'s filters, checked: known reasons, times, a positive limit."""
-    known = {r.value for r in Reason}
-    for reason in args.reason:
-        if reason not in known:
-            raise UsageError(f"--reason {reason}: not a delay-error ({', '.join(sorted(known))})")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit {args.limit}: at least 1")
-    now_ms = time.time_ns() // 1_000_000
-    since = when_arg("--since", args.since, now_ms, ago=True)
-    return Filters(frozenset(args.reason), since, when_arg("--until", args.until, now_ms, ago=True))
+def _dlq_ask(args: argparse.Namespace) -> ops.DlqAsk:
+    return ops.DlqAsk(tuple(args.reason), args.since, args.until, args.limit)
 
 
 def _dlq_list(args: argparse.Namespace, config: Config) -> int:
-    from bridge import dlq
-
-    reads.check_page(args.limit)
-    found = dlq.listing(config, _dlq_filters(args), args.limit)
-    dlq.print_listing(found, args.json)
+    answer = ops.dlq_answer(config, _dlq_ask(args), _now_ms())
+    if args.json:
+        return _said(answer)
+    ops.print_listing(answer.listing)
     return 0
 
 
-def _replay(args: argparse.Namespace, config: Config) -> int:
-    from bridge import replay
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
-    filters = _dlq_filters(args)
-    done = replay.replay(
+
+def _said(answer: ops.Answer) -> int:
+    """``--json``: the answer on stdout, its notes on stderr; the exit code (1: nothing found)."""
+    print(json.dumps(answer.json, indent=2))
+    for note in answer.notes:
+        print(note if answer.found else f"delay-bridge: {note}", file=sys.stderr)
+    return 0 if answer.found else 1
+
+
+def _replay(args: argparse.Namespace, config: Config) -> int:
+
+    ask = _dlq_ask(args)
+    done = ops.replay(
         config,
-        filters=filters,
+        filters=ops.dlq_filters(ask, _now_ms()),
         limit=args.limit,
         dry_run=args.dry_run,
         from_beginning=args.from_beginning,
-        progress=replay.terminal_progress,
+        progress=ops.terminal_progress,
     )
-    if sys.stderr.isatty() and sum(done.replayed.values()) >= replay.PROGRESS_EVERY:
+    if sys.stderr.isatty() and sum(done.replayed.values()) >= ops.PROGRESS_EVERY:
         print(file=sys.stderr)
     print(done.summary())
     return 0

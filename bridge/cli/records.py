@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 
 from bridge import ops
-from bridge.bulk import Follow
 from bridge.cli.args import refuse_filters
 from bridge.client import cancel_headers, partition_for
 from bridge.config import Config, producer_settings
@@ -289,7 +288,7 @@ def send(
     target: str | None = None,
     each: bool = True,
     rate: float = 0,
-    follow: Follow | None = None,
+    follow: ops.Follow | None = None,
 ) -> int:
     """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
     first one is taken, and so checked, before connecting); print each acknowledged offset as

@@ -1,12 +1,12 @@
-"""The JSON API at ``/api/``: every read and action of the console, each the CLI's own command.
+"""The JSON API at ``/api/``: every read and action of the console, each the CLI's own tool.
 
 A call's options are the command's options by name (``key_prefix`` for ``--key-prefix``, ``true``
 for a flag, a list for a repeated option), from the query string of a read or the JSON body of a
-write; the command runs in the bridge with the bridge's configuration, through the same argument
-parser and code as ``delay-bridge <command>``, so it checks, refuses and acts exactly as the CLI
-does. A read answers the command's ``--json`` output as ``result``; a write answers what the
-command printed. Exit 2 (bad options) is 400, exit 1 (nothing found, a service unreachable) 404 for
-a read and 422 for a write.
+write. A read calls the tool the command calls (:mod:`bridge.ops`) with the same typed options and
+answers what ``--json`` prints as ``result``, the notes beside it as ``messages``: 400 for an
+option it does not take, 404 when nothing was found or a service is unreachable. A write runs the
+command itself in the bridge, through the CLI's argument parser, and answers what it printed:
+exit 2 (bad options) is 400, exit 1 422.
 
 Reads are open unless ``http.console.read_token_file`` names a token; then they need it (or the
 write token) too. Without a token, a read shows no payload value and no header outside the
@@ -22,22 +22,25 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge import ops
 from bridge.config import Config
 from bridge.console.capture import captured
 from bridge.console.chart import SPANS, due_over
-from bridge.errors import ConfigError
+from bridge.errors import BridgeError, ConfigError, UsageError
 
 logger = logging.getLogger(__name__)
 
-READS: dict[str, list[str]] = {
-    "/api/status": ["status"],
-    "/api/records": ["list"],
-    "/api/trace": ["trace"],
-    "/api/dlq": ["dlq", "list"],
+# Each read: the options it takes, and the tool that answers it (bridge.ops, as the CLI's).
+READS: dict[str, tuple[type[Any], Callable[[Config, Any, int], ops.Answer]]] = {
+    "/api/status": (ops.StatusAsk, ops.status_answer),
+    "/api/records": (ops.ListAsk, ops.list_answer),
+    "/api/trace": (ops.TraceAsk, ops.trace_answer),
+    "/api/dlq": (ops.DlqAsk, ops.dlq_answer),
 }
 WRITES: dict[str, list[str]] = {
     "/api/cancel": ["cancel"],
@@ -140,29 +143,29 @@ class Api:
     def get(self, path: str, query: Mapping[str, list[str]], *, reveal: bool = False) -> Reply:
         """A read: ``query`` holds the command's options; payloads only if ``reveal`` (the
         request carried a token)."""
-        options: dict[str, Any] = {k: v if len(v) > 1 else v[0] for k, v in query.items()}
         if path == "/api/due":
-            span = str(options.get("span", "day"))
+            span = query.get("span", ["day"])[-1]
             if span not in SPANS:
                 return Reply(400, {"error": f"span {span}: one of {', '.join(SPANS)}"})
             return Reply(200, {"result": due_over(self.config, span)})
         if path not in READS:
             return Reply(404, {"error": f"no such call: GET {path}"})
+        kind, answer_of = READS[path]
         try:
-            command = [*READS[path], *argv(options), "--json"]
-        except ValueError as exc:
+            answer = answer_of(
+                self.config, ops.from_query(kind, query), time.time_ns() // 1_000_000
+            )
+        except (UsageError, ConfigError) as exc:
             return Reply(400, {"error": str(exc)})
-        code, out, err = self.run(command)
-        messages = _lines(err)
-        body: dict[str, Any] = {"messages": messages}
-        try:
-            result = json.loads(out) if out.strip() else None
-            body["result"] = result if reveal else without_payloads(result)
-        except ValueError:  # not JSON: passed on as the lines it is
-            body["output"] = _lines(out)
-        if code:
-            body["error"] = messages[-1] if messages else f"exit {code}"
-        return Reply({0: 200, 1: 404}.get(code, 400), body)
+        except BridgeError as exc:  # a service unreachable, nothing where it was asked
+            return Reply(404, {"error": str(exc), "messages": [str(exc)]})
+        body: dict[str, Any] = {
+            "messages": answer.notes,
+            "result": answer.json if reveal else without_payloads(answer.json),
+        }
+        if not answer.found:
+            body["error"] = answer.notes[-1] if answer.notes else "not found"
+        return Reply(200 if answer.found else 404, body)
 
     def post(self, path: str, headers: Mapping[str, str], data: bytes) -> Reply:
         """A write: ``data`` is the JSON object of the command's options."""

@@ -16,7 +16,6 @@ import pytest
 import redis
 import yaml
 
-from bridge.bulk import AHEAD, STALL_S
 from bridge.client import delay_headers, partition_for
 from bridge.message import (
     H_AFTER,
@@ -30,6 +29,7 @@ from bridge.message import (
     Priority,
     Scheduled,
 )
+from bridge.ops import AHEAD, STALL_S
 from bridge.store import Shard, Store
 from testbed.harness import Bridge, Collector, Setup, cli_of, metric, produce_all
 from tests.conftest import ROOT, TopicFactory, wait_for

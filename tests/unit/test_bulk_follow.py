@@ -1,11 +1,11 @@
-"""How a bulk command follows the bridge (bridge.bulk.Follow): it waits while more than ``ahead``
+"""How a bulk command follows the bridge (bridge.ops.bulk.Follow): it waits while more than ``ahead``
 of what it produced is not applied, and stops waiting for good when the bridge applies nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from bridge.bulk import Follow
+from bridge.ops import Follow
 from bridge.store import Shard
 
 

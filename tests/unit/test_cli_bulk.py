@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.bulk import Match, made_by, replacement_of
 from bridge.cli.bulk import operation_of
 from bridge.cli.entry import build_parser, main
 from bridge.message import H_OPERATION, Headers, Scheduled
+from bridge.ops import Match, made_by, replacement_of
 from bridge.store import Shard
 
 

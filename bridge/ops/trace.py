@@ -14,7 +14,6 @@ from ``since`` (a day back by default), decoding only the journal records that h
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,15 +146,15 @@ def trace(
 def _uses(
     config: Config, delay_id: str, *, topic: str | None, since_ms: int | None, now_ms: int
 ) -> list[Traced]:
-    """Each record that held ``delay_id`` — waiting now (:func:`bridge.ops.locate`), or in the
-    journal's entries with that id since ``since_ms`` (a day back by default) —, traced on its
-    own (its origin, its record as produced, its fate): waiting ones first, then by their last
-    event, the latest first, :data:`MAX_USES` at most. [] when none did."""
-    from bridge import ops
+    """Each record that held ``delay_id`` — waiting now (:func:`bridge.ops.records.locate`), or
+    in the journal's entries with that id since ``since_ms`` (a day back by default) —, traced on
+    its own (its origin, its record as produced, its fate): waiting ones first, then by their
+    last event, the latest first, :data:`MAX_USES` at most. [] when none did."""
+    from bridge.ops.records import locate
 
     waiting: dict[tuple[Shard, int], Scheduled] = {}
     for name in [topic] if topic else list(config.topics.delay):
-        for shard, rec in ops.locate(config, name, delay_id)[1]:
+        for shard, rec in locate(config, name, delay_id)[1]:
             waiting[shard, rec.offset] = rec
     reader = JournalReader(config)
     try:
@@ -217,9 +216,9 @@ def _add_entry(traced: Traced, entry: Entry) -> None:
 
 
 def _in_flight(config: Config, shard: Shard, offset: int) -> bool:
-    from bridge import ops
+    from bridge.ops.records import store_of
 
-    store = ops.store_of(config)
+    store = store_of(config)
     try:
         return store.inventory.in_flight(shard, offset)
     finally:
@@ -227,9 +226,9 @@ def _in_flight(config: Config, shard: Shard, offset: int) -> bool:
 
 
 def _waiting(config: Config, shard: Shard, delay_id: str, offset: int) -> Scheduled | None:
-    from bridge import ops
+    from bridge.ops.records import locate
 
-    for found_shard, rec in ops.locate(config, shard.topic, delay_id)[1]:
+    for found_shard, rec in locate(config, shard.topic, delay_id)[1]:
         if found_shard == shard and rec.offset == offset:
             return rec
     return None
@@ -300,11 +299,8 @@ def _search(
     return late or reader.scan(partition, first, split, mine, sought)
 
 
-def print_trace(traced: Traced, as_json: bool) -> None:
-    """``trace``'s output: JSON, or a few lines for a person."""
-    if as_json:
-        print(json.dumps(traced.as_json(), indent=2))
-        return
+def print_trace(traced: Traced) -> None:
+    """``trace`` for a person: a few lines."""
     print(f"delay-id  {traced.delay_id or '-'}")
     print(f"origin    {traced.origin or '-'}")
     print(f"fate      {traced.fate}")

@@ -35,7 +35,7 @@ from bridge.message import (
     Scheduled,
     origin,
 )
-from bridge.ops import store_of
+from bridge.ops.records import store_of
 from bridge.store import REFERENCE_BYTES, Shard, offset_of, references_in, stored_record
 
 Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]  # key, value, headers, partition

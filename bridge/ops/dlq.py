@@ -2,19 +2,17 @@
 
 :func:`dead_letters` reads the DLQ from given offsets up to where each partition ended when the
 read began (a DLQ written to meanwhile never keeps a command running), as :class:`DeadLetter`;
-``dlq replay`` (bridge.replay) and ``dlq list`` (:func:`listing`) read it so, with the same
+``dlq replay`` (bridge.ops.replay) and ``dlq list`` (:func:`listing`) read it so, with the same
 filters (:class:`Filters`). ``dlq list`` reads from the beginning without a consumer group: it
 commits nothing and leaves ``dlq replay``'s progress alone.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bridge.config import Config, consumer_settings
 from bridge.errors import BridgeError
@@ -27,7 +25,7 @@ from bridge.message import (
     Headers,
     format_time_ms,
 )
-from bridge.ops import KAFKA_TIMEOUT_S, print_table, topic_partitions
+from bridge.ops.records import KAFKA_TIMEOUT_S, print_table, topic_partitions
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
@@ -125,6 +123,23 @@ class Listing:
     shown: list[DeadLetter] = field(default_factory=list)
     matched: Counter[str] = field(default_factory=Counter)
 
+    def as_json(self) -> list[dict[str, Any]]:
+        """``dlq list --json``: each dead letter shown, its value left out (its size kept)."""
+        return [
+            {
+                "partition": d.partition,
+                "offset": d.offset,
+                "at_ms": d.timestamp_ms,
+                "reason": d.reason,
+                "detail": d.detail,
+                "origin": d.origin,
+                "target": d.target,
+                "key": None if d.key is None else d.key.decode("utf-8", errors="replace"),
+                "value_bytes": len(d.value or b""),
+            }
+            for d in self.shown
+        ]
+
     def summary(self) -> str:
         total = sum(self.matched.values())
         by_reason = sorted(self.matched.items())
@@ -166,30 +181,8 @@ def listing(config: Config, filters: Filters, limit: int) -> Listing:
         consumer.close()
 
 
-def print_listing(found: Listing, as_json: bool) -> None:
-    """The dead letters (a table, or JSON), then the summary (on stderr for JSON)."""
-    if as_json:
-        json.dump(
-            [
-                {
-                    "partition": d.partition,
-                    "offset": d.offset,
-                    "at_ms": d.timestamp_ms,
-                    "reason": d.reason,
-                    "detail": d.detail,
-                    "origin": d.origin,
-                    "target": d.target,
-                    "key": None if d.key is None else d.key.decode("utf-8", errors="replace"),
-                    "value_bytes": len(d.value or b""),
-                }
-                for d in found.shown
-            ],
-            sys.stdout,
-            indent=2,
-        )
-        print()
-        print(found.summary(), file=sys.stderr)
-        return
+def print_listing(found: Listing) -> None:
+    """The dead letters as a table, then the summary."""
     header = ["dead-lettered", "reason", "origin", "target", "key", "value bytes", "detail"]
     print_table(
         header,

@@ -8,11 +8,10 @@ of millions."""
 from __future__ import annotations
 
 import heapq
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bridge import lookup, reads
 from bridge.config import Config, consumer_settings
@@ -291,7 +290,12 @@ def _partitions(config: Config, topics: Sequence[str], *, offsets: bool = True) 
 # ------------------------------------------------------------------ printing
 
 
-def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> None:
+def status_json(now_ms: int, rows: list[PartitionStatus]) -> dict[str, Any]:
+    """``status --json``: Redis's now, every partition, and the totals over them."""
+    return {"now_ms": now_ms, "partitions": [asdict(r) for r in rows], "totals": _totals(rows)}
+
+
+def _totals(rows: list[PartitionStatus]) -> dict[str, float | None]:
     totals: dict[str, float | None] = {
         name: sum(getattr(r, name) for r in rows)
         for name in ("waiting", "references", "overdue", "in_flight")
@@ -301,14 +305,12 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
     nexts = [r.next_due_ms for r in rows if r.next_due_ms >= 0]
     totals["next_due_ms"] = min(nexts, default=-1)
     totals["oldest_overdue_s"] = max((r.oldest_overdue_s for r in rows), default=0.0)
-    if as_json:
-        json.dump(
-            {"now_ms": now_ms, "partitions": [asdict(r) for r in rows], "totals": totals},
-            sys.stdout,
-            indent=2,
-        )
-        print()
-        return
+    return totals
+
+
+def print_status(now_ms: int, rows: list[PartitionStatus]) -> None:
+    """``status`` for a person: a row per partition, the totals, Redis's now."""
+    totals = _totals(rows)
     header = [
         "topic",
         "partition",
@@ -363,18 +365,22 @@ def print_status(now_ms: int, rows: list[PartitionStatus], as_json: bool) -> Non
     print(f"(Redis time {format_time_ms(now_ms)})")
 
 
-def print_waiting(records: list[Waiting], total: int, as_json: bool, skip: int = 0) -> None:
-    """The records (a table, or JSON); on stderr, how many more the filters match."""
+def page_note(shown: int, total: int, skip: int = 0) -> str | None:
+    """What ``list`` says beside a page: how many more the filters match (None: no more)."""
     if skip:
-        shown = f"{skip + 1:,}-{skip + len(records):,}" if records else "none"
-        more = f"; --skip {skip + len(records)} for the next" if total > skip + len(records) else ""
-        print(f"{shown} of {total:,} shown{more}", file=sys.stderr)
-    elif total > len(records):
-        print(f"{len(records):,} of {total:,} shown; --limit to see more", file=sys.stderr)
-    if as_json:
-        json.dump([asdict(r) for r in records], sys.stdout, indent=2)
-        print()
-        return
+        span = f"{skip + 1:,}-{skip + shown:,}" if shown else "none"
+        more = f"; --skip {skip + shown} for the next" if total > skip + shown else ""
+        return f"{span} of {total:,} shown{more}"
+    if total > shown:
+        return f"{shown:,} of {total:,} shown; --limit to see more"
+    return None
+
+
+def print_waiting(records: list[Waiting], total: int, skip: int = 0) -> None:
+    """The records as a table; on stderr, how many more the filters match."""
+    note = page_note(len(records), total, skip)
+    if note:
+        print(note, file=sys.stderr)
     header = [
         "due",
         "delay-id",

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.config import Config, consumer_settings, producer_settings
-from bridge.dlq import Filters, dead_letters
 from bridge.errors import BridgeError
 from bridge.kafka import produce
 from bridge.message import (
@@ -39,7 +38,8 @@ from bridge.message import (
     Reason,
     wire_headers,
 )
-from bridge.ops import KAFKA_TIMEOUT_S, topic_partitions
+from bridge.ops.dlq import Filters, dead_letters
+from bridge.ops.records import KAFKA_TIMEOUT_S, topic_partitions
 
 DLQ_HEADERS = frozenset({H_ERROR, H_ERROR_DETAIL, H_ORIGIN})
 EVERY = Filters()  # no filter: every dead letter
