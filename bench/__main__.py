@@ -18,6 +18,7 @@ from bench import far_future
 from bench import report as rep
 from bench.bulk import bulk_cancel
 from bench.exactly_once import exactly_once
+from bench.local import RECOVERY_RATE, local_servers
 from bench.priority import priority
 from bench.rebuild import rebuild
 from bench.scenarios import (
@@ -33,7 +34,7 @@ from bench.scenarios import (
     throughput,
 )
 from bench.trace_journal import trace
-from testbed import scenarios as chaos
+from testbed import run as runs
 from testbed.servers import Servers
 from testbed.services import ROOT
 
@@ -57,13 +58,6 @@ SCENARIOS = (
 DEFAULT = SCENARIOS[:6]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 ID_BYTES = 31  # a delay-id of its own ("order-…"), as long as #59's far-future figure has it
-RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
-LOCAL_KAFKA_PORT, LOCAL_REDIS_PORT = 19092, 16379
-
-
-def local_servers() -> Servers:
-    """The services ``scripts/services`` runs by default (its env overrides apply)."""
-    return Servers.local()
 
 
 def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Report:
@@ -214,7 +208,7 @@ def main() -> int:
         "--no-journal", action="store_true", help="bridges without a journal (to measure its cost)"
     )
     args = parser.parse_args()
-    chaos.JOURNAL = not args.no_journal
+    runs.JOURNAL = not args.no_journal
     args.out.mkdir(parents=True, exist_ok=True)
     servers = local_servers()
     servers.up()

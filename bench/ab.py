@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.__main__ import local_servers
+from bench.local import local_servers
 from bench.scenarios import QUICK, Report, steady_load, throughput
 from testbed.harness import CODE_UNDER_TEST
 from testbed.servers import STATE_DIR

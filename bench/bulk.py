@@ -39,7 +39,7 @@ from bench.scenarios import (
 from bridge.cli.args import DEFAULT_RATE
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
-from testbed.scenarios import PARTITIONS, Run
+from testbed.run import PARTITIONS, Run
 from testbed.servers import Servers
 from testbed.services import ROOT
 from testbed.workload import Record, steady
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=DEFAULT_RATE)
     parser.add_argument("--held", type=int, default=0)
     args = parser.parse_args()
-    from bench.__main__ import RECOVERY_RATE, local_servers
+    from bench.local import RECOVERY_RATE, local_servers
 
     servers = local_servers()
     servers.up()

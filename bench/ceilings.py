@@ -15,7 +15,7 @@ from collections import defaultdict
 from bridge.config import Config
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers, Scheduled, origin
 from bridge.store import AckBatch, Shard, Store
-from testbed.scenarios import PARTITIONS
+from testbed.run import PARTITIONS
 from testbed.workload import now_ms, value_of
 
 LEASE_MS = 30_000

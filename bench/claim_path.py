@@ -17,11 +17,11 @@ import argparse
 import json
 import time
 
-from bench.__main__ import local_servers
+from bench.local import local_servers
 from bench.scenarios import ACK_STAMPS, Progress, finished, produce
 from bridge.message import H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
 from bridge.store import Store
-from testbed.scenarios import Run
+from testbed.run import Run
 from testbed.services import ROOT
 from testbed.workload import Record
 

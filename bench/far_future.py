@@ -39,7 +39,8 @@ from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
 from bridge.store import Store
 from testbed.checker import Expected, settle
 from testbed.harness import Bridge, metric
-from testbed.scenarios import Run, references_waiting
+from testbed.run import Run
+from testbed.scenarios import references_waiting
 from testbed.servers import Servers
 from testbed.workload import Record, now_ms
 

@@ -1,6 +1,7 @@
-"""The local Redis the store-only benches run on: a store under a prefix of its own, dropped after.
+"""The local services the benches run on: Kafka and Redis as scripts/services runs them, and a
+store under a prefix of its own, dropped after, for the store-only benches.
 
-``DELAY_BRIDGE_REDIS__URL`` names it, else scripts/services' port (16379).
+``DELAY_BRIDGE_REDIS__URL`` names the Redis, else scripts/services' port (16379).
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ import uuid
 import redis
 
 from bridge.store import Store
+from testbed.servers import Servers
+
+RECOVERY_RATE = 2000.0  # records/s: the steady load the recovery figures are measured under
+
+
+def local_servers() -> Servers:
+    """The services ``scripts/services`` runs by default (its env overrides apply)."""
+    return Servers.local()
 
 
 def local_redis() -> redis.Redis:

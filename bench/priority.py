@@ -27,7 +27,7 @@ from bench.scenarios import (
 from bridge.message import H_AFTER, H_PRIORITY, H_TARGET_TOPIC, Headers, Priority
 from bridge.store import Store
 from testbed.checker import settle
-from testbed.scenarios import Run
+from testbed.run import Run
 from testbed.servers import Servers
 from testbed.workload import PRIORITY_MIX, Record, now_ms, prioritised
 

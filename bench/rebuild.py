@@ -38,7 +38,8 @@ from bridge.config import consumer_settings, from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Headers
 from bridge.store import Shard, Store
 from testbed.checker import Expected, log_end
-from testbed.scenarios import PARTITIONS, Run, references_waiting
+from testbed.run import PARTITIONS, Run
+from testbed.scenarios import references_waiting
 from testbed.services import holds_within
 from testbed.workload import Record, now_ms
 

@@ -31,7 +31,7 @@ from bridge.config import consumer_settings, from_mapping
 from bridge.kafka import headers_of
 from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers, record_size
 from bridge.store import Shard, Store
-from testbed import scenarios as chaos
+from testbed import run as runs
 from testbed.checker import (
     Account,
     Expected,
@@ -42,7 +42,7 @@ from testbed.checker import (
     wait_seen,
 )
 from testbed.harness import Bridge, bridge_env, metric, wait_ready
-from testbed.scenarios import PARTITIONS, Run
+from testbed.run import PARTITIONS, Run
 from testbed.servers import Servers
 from testbed.services import ROOT
 from testbed.workload import Record, Workload, now_ms, steady, value_of
@@ -360,7 +360,7 @@ def throughput(
         wait_delivered(run, range(count), 300)
         account = settled(run, read_expected(run), range(count), report, name)
         rates["duplicates"] = account.duplicates
-        if chaos.JOURNAL:
+        if runs.JOURNAL:
             rates["journal_bytes_per_record"] = journal_bytes(run) / count
         report.figures[name] = rates
         report.series[name] = [((t - started) / 1000, i, i - s) for t, i, s in progress.samples]

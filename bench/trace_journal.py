@@ -32,7 +32,7 @@ from bridge.journal import Entry, Fate, encode_entries
 from bridge.kafka import produce
 from bridge.message import H_DELIVER_AT, H_ID, H_TARGET_TOPIC
 from testbed.harness import bridge_env
-from testbed.scenarios import Run
+from testbed.run import Run
 from testbed.servers import Servers
 from testbed.services import ROOT
 from testbed.workload import now_ms

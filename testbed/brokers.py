@@ -20,20 +20,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from confluent_kafka.admin import AdminClient
 
 from bridge.egress.settle import STALL_S
 from bridge.store.scripts import script_names
+from testbed import run as runs
 from testbed.background import Background
 from testbed.checker import RECOVERY_BOUND_AFTER_FAULT_MS, quantile
 from testbed.harness import Bridge, cli_of, metric, wait_ready
+from testbed.run import Result, Run, Size
 from testbed.services import wait_for
 from testbed.workload import Workload, now_ms, steady
-
-if TYPE_CHECKING:
-    from testbed.scenarios import Result, Run, Size
 
 MAX_DELAY_MS = 5000
 MIN_INSYNC = 2  # the cluster's min.insync.replicas (scripts/services)
@@ -314,9 +313,8 @@ def broker_fault(kind: str) -> Callable[[Run, Size, random.Random], Result]:
         if size.outage_s >= 30:  # the full run: the short one's faults are barely fenced
             # Exactly once, a commit needs the transaction coordinator too: when the broker was
             # that as well, its partition of the transaction log moves after another fencing.
-            from testbed import scenarios  # here: it imports this module
 
-            bound = FENCED_LATENESS_S + (9.0 if scenarios.EXACTLY_ONCE else 0.0)
+            bound = FENCED_LATENESS_S + (9.0 if runs.EXACTLY_ONCE else 0.0)
             within = result.account.max_lateness_ms <= bound * 1000
             result.checks[f"lateness <= fencing + 3 s ({bound:.0f} s)"] = within
         return result

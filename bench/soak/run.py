@@ -16,7 +16,7 @@ from bench.soak.load import MIN_DELAY_MS, PRELOAD_RATE, Load, Records
 from bench.soak.meters import BridgeMeter, BrokerGC, Machine, Meter, RedisMeter
 from bench.soak.tally import Tally, quantile
 from testbed.harness import wait_ready
-from testbed.scenarios import Run
+from testbed.run import Run
 from testbed.servers import Servers
 from testbed.services import ROOT
 from testbed.workload import Workload, now_ms

@@ -14,8 +14,9 @@ import json
 import sys
 import time
 
-from testbed import scenarios
-from testbed.scenarios import HEADER, SCENARIOS, Result, run_scenario
+from testbed import run as runs
+from testbed.run import HEADER, Result
+from testbed.scenarios import SCENARIOS, run_scenario
 from testbed.servers import STATE_DIR, Servers
 from tests.conftest import ROOT
 
@@ -56,9 +57,9 @@ def main() -> int:
         "logged in their logs",
     )
     args = parser.parse_args()
-    scenarios.EXACTLY_ONCE = args.exactly_once
-    scenarios.PRODUCER_DEBUG = args.producer_debug
-    scenarios.KEEP = args.keep
+    runs.EXACTLY_ONCE = args.exactly_once
+    runs.PRODUCER_DEBUG = args.producer_debug
+    runs.KEEP = args.keep
     names = args.scenarios or [
         n for n, (_, quick, _) in SCENARIOS.items() if quick or not args.quick
     ]

@@ -16,7 +16,7 @@ from bridge.config import from_mapping
 from bridge.journal import Entry, Fate, JournalReader, encode_entries
 from bridge.kafka import produce
 from bridge.store import Shard
-from testbed import scenarios
+from testbed import run as runs
 from testbed.harness import bridge_env
 from testbed.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
 from testbed.servers import STATE_DIR, Servers
@@ -61,7 +61,7 @@ def test_scenario(name: str, servers: Servers, tmp_path: Path) -> None:
 def test_scenario_exactly_once(
     name: str, servers: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scenarios, "EXACTLY_ONCE", True)
+    monkeypatch.setattr(runs, "EXACTLY_ONCE", True)
     _, quick, _ = SCENARIOS[name]
     assert quick is not None
     result = run_scenario(servers, tmp_path, name, quick, seed=zlib.crc32(name.encode()))
