@@ -112,9 +112,11 @@ def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
     status, hidden = call(bridge, "/api/trace?id=order-9", token=None)  # no token: no payload
     assert status == 200 and hidden["result"]["record"]["value"] is None
     assert call(bridge, "/api/trace?id=never-was")[0] == 404
-    assert call(bridge, "/api/records?limit=0")[1]["error"].startswith(
-        "error: --limit 0: 1 to 1,000"
+    assert call(bridge, "/api/records?limit=0") == (
+        400,
+        {"error": "--limit 0: 1 to 1,000 (a page; --skip for the next)"},
     )
+    assert call(bridge, "/api/records?json=1")[1] == {"error": "json: not an option of this call"}
 
     # Writes: the token, a JSON body, the CLI's own checks.
     cancel = {"id": "order-9"}
