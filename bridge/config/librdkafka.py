@@ -85,9 +85,8 @@ def consumer_settings(config: Config, *, instance: str | None = None) -> dict[st
         # 45 s default); a restarted static member is back without waiting for it at all. It
         # must outlast a broker that stops answering: Kafka fences it after 9 s and the
         # heartbeats find the new coordinator only once a request to the old one has timed out
-        # (socket.timeout.ms, 10 s). At 10 s the session ran out first on a frozen broker and
-        # the group took 10-14 s to form again: 22-23 s of lateness; at 20 s, 11 s (make chaos
-        # CHAOS_ARGS=broker-freeze).
+        # (socket.timeout.ms, 10 s): a session that ran out first made the group form again
+        # (docs/bench/history.md, "Figures that lived in config comments").
         "session.timeout.ms": "20000",
         "heartbeat.interval.ms": "3000",
         "socket.timeout.ms": SOCKET_TIMEOUT_MS,
