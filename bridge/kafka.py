@@ -25,24 +25,12 @@ def produce(producer: Producer, topic: str, **fields: Any) -> None:
     queue is full. Other refusals (e.g. a record over ``message.max.bytes``) raise
     KafkaException, the caller's to handle per record: a value the client cannot take at all is
     one too (``_INVALID_ARG``), never an error that ends the caller's loop."""
-    try:  # the one call of the common case: once per record delivered
-        producer.produce(topic, **fields)
-    except BufferError:
-        _produce_when_room(producer, topic, fields)
-    except KafkaException:
-        raise
-    except Exception as exc:
-        raise _refused(exc) from exc
-
-
-def _produce_when_room(producer: Producer, topic: str, fields: dict[str, Any]) -> None:
-    while True:
-        producer.poll(QUEUE_FULL_WAIT_S)
+    while True:  # one pass in the common case (try costs nothing until something raises)
         try:
             producer.produce(topic, **fields)
             return
         except BufferError:
-            continue
+            producer.poll(QUEUE_FULL_WAIT_S)
         except KafkaException:
             raise
         except Exception as exc:
