@@ -19,10 +19,8 @@ from typing import NoReturn
 
 from bridge import __version__, ops
 from bridge.cli.args import DEFAULT_RATE, count
-from bridge.cli.bulk import bulk_cancel, fire_command, reschedule_command
-from bridge.cli.records import cancel_command, produce_command
-from bridge.config import Config, dump
-from bridge.config import load as load_file
+from bridge.cli.records import produce_command, write_command
+from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
 
@@ -235,25 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, config: Config | None = None) -> int:
-    """Run the command line; returns the process exit code. ``config``: the configuration to act
-    with instead of ``--config``'s (the console's API runs the commands with the bridge's own)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
     args = build_parser().parse_args(argv)
-
-    def load(path: str | None) -> Config:
-        return config if config is not None else load_file(path)
-
     try:
         if args.command == "produce":
             return produce_command(args, load(args.config))
-        if args.command == "cancel" and args.id is None:
-            return bulk_cancel(args, load(args.config))
-        if args.command == "cancel":
-            return cancel_command(args, load(args.config))
-        if args.command == "fire":
-            return fire_command(args, load(args.config))
-        if args.command == "reschedule":
-            return reschedule_command(args, load(args.config))
+        if args.command in ("cancel", "fire", "reschedule"):
+            return write_command(args.command, args, load(args.config))
         if args.command == "status":
             return _status(args, load(args.config))
         if args.command == "list":
@@ -261,7 +248,7 @@ def main(argv: Sequence[str] | None = None, config: Config | None = None) -> int
         if args.command == "dlq" and args.dlq_command == "list":
             return _dlq_list(args, load(args.config))
         if args.command == "dlq":
-            return _replay(args, load(args.config))
+            return write_command("replay", args, load(args.config))
         if args.command == "trace":
             return _trace(args, load(args.config))
         loaded = load(args.config)
@@ -340,23 +327,6 @@ def _said(answer: ops.Answer) -> int:
     return 0 if answer.found else 1
 
 
-def _replay(args: argparse.Namespace, config: Config) -> int:
-
-    ask = _dlq_ask(args)
-    done = ops.replay(
-        config,
-        filters=ops.dlq_filters(ask, _now_ms()),
-        limit=args.limit,
-        dry_run=args.dry_run,
-        from_beginning=args.from_beginning,
-        progress=ops.terminal_progress,
-    )
-    if sys.stderr.isatty() and sum(done.replayed.values()) >= ops.PROGRESS_EVERY:
-        print(file=sys.stderr)
-    print(done.summary())
-    return 0
-
-
 def _run(config: Config) -> int:
     from bridge.console import Console
     from bridge.logs import setup
@@ -365,6 +335,6 @@ def _run(config: Config) -> int:
     setup(config.logging.level, config.logging.json)
     service = Service(config)
     if config.http.console.enabled:
-        service.http.console = Console(config, main)  # the API runs this CLI's commands
+        service.http.console = Console(config)
     service.install_signal_handlers()
     return service.run()

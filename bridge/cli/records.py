@@ -1,58 +1,43 @@
-"""``delay-bridge produce`` and ``cancel``: records written to a delay topic from the command line.
+"""``delay-bridge produce`` and the writes: records written to a delay topic from the command line.
 
-Each record is checked with the bridge's own rules before it is sent, so a mistake is an error
-now rather than a dead letter later; a cancel goes to the partition its record went to.
+``produce`` checks each record with the bridge's own rules before it is sent, so a mistake is an
+error now rather than a dead letter later. ``cancel``, ``fire``, ``reschedule`` and ``dlq replay``
+are the operator's tools (:mod:`bridge.ops`), their options parsed here and their results printed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import functools
-import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from bridge import ops
-from bridge.cli.args import refuse_filters
-from bridge.client import cancel_headers, partition_for
-from bridge.config import Config, producer_settings
+from bridge.config import Config
 from bridge.dialects import (
-    ETF1,
     KASPR,
-    KASPR_ACTION,
-    KASPR_CANCEL,
     KASPR_DELIVER_AT,
     KASPR_DELIVER_TO,
     KASPR_REQUEST_ID,
-    parse_record,
 )
-from bridge.errors import BridgeError, UsageError
-from bridge.kafka import produce
+from bridge.errors import UsageError
 from bridge.message import (
     CONTROL_HEADERS,
     H_AFTER,
-    H_CANCEL,
     H_DELIVER_AT,
-    H_DUE_AT,
     H_ID,
     H_PRIORITY,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
     Priority,
-    Reason,
-    Rejected,
-    Rules,
     format_time_ms,
     parse_duration_ms,
     parse_time_ms,
-    wire_headers,
 )
-
-# A record the CLI produces: key, value, headers, and its partition (None: by the key).
-Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]
 
 
 def _headers(args: argparse.Namespace, target: str | None, dialect: str | None) -> Headers:
@@ -125,256 +110,96 @@ def _values(value: str) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
-def _check(
-    rules: Rules, topic: str, key: bytes | None, value: bytes | None, headers: Headers
-) -> None:
-    """Refuse what the bridge would dead-letter a second later, with the bridge's own rules."""
-    now = time.time_ns() // 1_000_000
-    try:
-        parse_record(
-            rules,
-            topic=topic,
-            partition=0,
-            offset=0,
-            timestamp_ms=now,
-            key=key,
-            value=value,
-            headers=headers,
-            now_ms=now,
-        )
-    except Rejected as rejection:
-        flag = {
-            Reason.BAD_DUE_TIME: "--after/--at: ",
-            Reason.DELAY_TOO_LONG: "--after/--at: ",
-            Reason.TARGET_NOT_ALLOWED: "--target: ",
-            Reason.MISSING_TARGET: "--target: ",
-        }
-        raise UsageError(
-            f"{flag.get(rejection.reason, '')}{rejection.detail} (the bridge would dead-letter "
-            f"it as {rejection.reason.value})"
-        ) from None
-
-
-def delay_topic(args: argparse.Namespace, config: Config) -> str:
-    topic: str = args.topic or config.topics.delay[0]
-    if topic not in config.topics.delay:
-        raise UsageError(
-            f"--topic {topic}: not one of topics.delay ({', '.join(config.topics.delay)})"
-        )
-    return topic
-
-
 def produce_command(args: argparse.Namespace, config: Config) -> int:
     """Produce the record ``--value`` describes (one per line of ``-``: standard input) to the
     delay topic, each checked with the bridge's own rules first; a replacement (``--id``) goes
     to the partition where that id waits."""
-    topic = delay_topic(args, config)
+    topic = ops.delay_topic(config, args.topic)
     if args.target is None and topic not in config.topics.default_target:
         raise UsageError(f"--target is required: topics.default_target has none for {topic}")
     headers = _headers(args, args.target, config.topics.dialect.get(topic))
     key = args.key.encode() if args.key is not None else None
     rules = config.rules()
     partition = None
+    voice = cli_voice()
     if args.id is not None:  # a replacement goes where the id waits, whatever the key says
-        _check(rules, topic, key, b"", headers)
+        ops.check_record(rules, topic, key, b"", headers)
         count, found = ops.locate(config, topic, args.id)
         if found:
-            partition = _choose(
-                [shard.partition for shard, _ in found],
-                key,
-                count,
-                f"{args.id} waits in {topic}",
-                "replacement",
-            )
+            where = [shard.partition for shard, _ in found]
+            waits = f"{args.id} waits in {topic}"
+            partition = ops.choose(where, key, count, waits, what="replacement", voice=voice)
 
-    def records() -> Iterator[Outgoing]:
+    def records() -> Iterator[ops.Outgoing]:
         for value in _values(args.value):
-            _check(rules, topic, key, value, headers)
+            ops.check_record(rules, topic, key, value, headers)
             yield key, value, headers, partition
 
     target = args.target or config.topics.default_target[topic]
-    count = send(config, topic, args.timeout, records(), "scheduled", target=target)
+    placed = functools.partial(_say, "scheduled")
+    how = ops.Sending(args.timeout, placed=placed)
+    count = ops.send(config, topic, records(), how, voice, target=target)
     if args.at is not None and count:
         print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
     return 0
 
 
-def cancel_command(args: argparse.Namespace, config: Config) -> int:
-    """Produce the record that cancels the waiting record with ``--id`` — a ``delay-cancel``
-    header, on an etf1 topic a tombstone keyed by the id, on a kaspr topic a CANCEL request — to
-    each partition where the id waits (looked up in Redis: the partition a key maps to depends
-    on the producer's partitioner). An id that waits nowhere is an error unless ``--force``.
-    Without ``--id``: :func:`bridge.cli.bulk.bulk_cancel`."""
-    refuse_filters(args)
-    topic = delay_topic(args, config)
-    dialect = config.topics.dialect.get(topic)
-    etf1 = dialect == ETF1
-    if etf1 and args.key is not None and args.key != args.id:
-        raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
-    try:
-        headers: Headers = [] if etf1 else list(cancel_headers(args.id))  # checks the id too
-    except ValueError as exc:
-        raise UsageError(f"--id: {exc}") from None
-    if dialect == KASPR:
-        headers = [(KASPR_ACTION, KASPR_CANCEL.encode()), (KASPR_REQUEST_ID, args.id.encode())]
-    given = args.id.encode() if etf1 else None if args.key is None else args.key.encode()
-    value = None if etf1 else b""
-    _check(config.rules(), topic, given if etf1 else b"k", value, headers)
-    count, found = ops.locate(config, topic, args.id)
-    records: list[Outgoing] = []
-    if not found:
-        if not args.force:
-            raise BridgeError(
-                f"{args.id} waits in no partition of {topic} (already claimed or "
-                "delivered, never scheduled, or not read by the bridge yet); "
-                "nothing produced — --force produces the cancel anyway"
-            )
-        if given is None:
-            raise UsageError(
-                "--force needs --key: it picks the partition of a cancel for an id "
-                "that waits nowhere"
-            )
-        records.append((given, value, headers, None))
-    else:
-        if given is not None:
-            _choose(
-                [shard.partition for shard, _ in found],
-                given,
-                count,
-                f"{args.id} waits in {topic}",
-                "cancel",
-            )
-        if len(found) > 1:
-            print(
-                f"delay-bridge: {args.id} waits in {len(found)} partitions of {topic} "
-                f"({', '.join(str(s.partition) for s, _ in found)}): cancelling each",
-                file=sys.stderr,
-            )
-        for shard, rec in found:
-            hinted = headers
-            if dialect not in (ETF1, KASPR):  # the due time of its record: see Cancel
-                hinted = [*headers, (H_DUE_AT, b"%d" % rec.due_ms)]
-            records.append((rec.key if given is None else given, value, hinted, shard.partition))
-    send(config, topic, args.timeout, iter(records), f"cancel of {args.id}")
+def _say(what: str, place: ops.Placed) -> None:
+    print(f"{what} {place}")
+
+
+def cli_voice(progress: str = "", every: int = 0) -> ops.Voice:
+    """A tool's voice on the command line: each note on stderr as it comes; on a terminal,
+    ``progress`` (a format of the count) every ``every``."""
+
+    def note(text: str) -> None:
+        print(f"delay-bridge: {text}", file=sys.stderr)
+
+    def shown(count: int) -> None:
+        if every and count % every == 0 and sys.stderr.isatty():
+            print("\r" + progress.format(count), end="", file=sys.stderr, flush=True)
+
+    return ops.Voice(note, shown)
+
+
+# Each write: its options, and the tool that does it.
+WRITES: dict[str, tuple[type[Any], Callable[[Config, Any, int, ops.Voice], Any]]] = {
+    "cancel": (ops.CancelAsk, ops.cancel),
+    "fire": (ops.FireAsk, ops.fire),
+    "reschedule": (ops.RescheduleAsk, ops.reschedule),
+    "replay": (ops.ReplayAsk, ops.replay_dead_letters),
+}
+PROGRESS = {"replay": ("replayed {:,}", 1_000)}  # the rest: matches counted, every 10,000
+
+
+def asked(kind: type[Any], args: argparse.Namespace) -> Any:
+    """``kind`` (a tool's options) from the parsed command line: each field its option."""
+    values = {}
+    for f in dataclasses.fields(kind):
+        if hasattr(args, f.name):
+            given = getattr(args, f.name)
+            values[f.name] = tuple(given) if isinstance(given, list) else given
+    return kind(**values)
+
+
+def write_command(name: str, args: argparse.Namespace, config: Config) -> int:
+    """Run the write ``name`` (cancel, fire, reschedule, replay): its result's lines on stdout,
+    its notes on stderr as they come; exit 1 when nothing matched."""
+    kind, tool = WRITES[name]
+    ask = asked(kind, args)
+    form, every = PROGRESS.get(name, ("{:,} matched", 10_000))
+    voice = cli_voice(form, every)
+    done = tool(config, ask, time.time_ns() // 1_000_000, voice)
+    if every and sys.stderr.isatty() and _counted(done) >= every:
+        print(file=sys.stderr)  # after the progress line
+    for line in done.lines():
+        print(line)
+    return 0 if done.found else 1
+
+
+def _counted(done: Any) -> int:
+    if isinstance(done, ops.BulkDone):
+        return done.tally.total
+    if isinstance(done, ops.Replayed):
+        return sum(done.replayed.values())
     return 0
-
-
-def _choose(partitions: list[int], key: bytes | None, count: int, where: str, what: str) -> int:
-    """The partition (of ``partitions``, where the id waits) a ``what`` goes to: the one
-    ``key`` maps to if it is among them, else the first; says so on stderr when the key maps
-    elsewhere, since that means the record's producer partitions differently."""
-    mapped = None if key is None else partition_for(key, count)
-    if mapped in partitions:
-        return mapped
-    chosen = partitions[0]
-    if mapped is not None:
-        print(
-            f"delay-bridge: {where} partition {chosen}, so the {what} goes there; its "
-            f"key maps to partition {mapped} with Java's murmur2 partitioner (the record's "
-            "producer partitioned with another, e.g. librdkafka's default CRC32: use one "
-            "partitioner for a schedule and its cancels)",
-            file=sys.stderr,
-        )
-    return chosen
-
-
-def send(
-    config: Config,
-    topic: str,
-    timeout: str,
-    records: Iterator[Outgoing],
-    what: str,
-    *,
-    target: str | None = None,
-    each: bool = True,
-    rate: float = 0,
-    follow: ops.Follow | None = None,
-) -> int:
-    """Produce ``records`` to ``topic`` (each to its partition, or by its key when None; the
-    first one is taken, and so checked, before connecting); print each acknowledged offset as
-    ``<what> topic:partition:offset`` (unless not ``each``); warn when the records' ``target``
-    topic does not exist; ``rate``: at most this many records acted on a second (a record with
-    several ``delay-cancel`` headers counts each; 0: no limit); ``follow``: paced by the bridge
-    applying them too. Returns how many were produced."""
-    from confluent_kafka import KafkaError, KafkaException, Message, Producer
-
-    try:
-        timeout_ms = parse_duration_ms(timeout)
-    except ValueError as exc:
-        raise UsageError(f"--timeout: {exc}") from None
-    first = next(records, None)
-    if first is None:
-        return 0
-    errors: list[str] = []
-    quiet = logging.getLogger("librdkafka.cli")
-    quiet.propagate = False  # librdkafka's own lines would repeat every reconnect
-    settings = {
-        **producer_settings(config),
-        "delivery.timeout.ms": str(timeout_ms),
-        "logger": quiet,
-        "error_cb": lambda err: errors.append(err.str()),
-    }
-    producer = Producer(settings)
-    # Connect first: a record's timestamp is taken at produce(), and --after counts from it.
-    try:
-        topic_meta = producer.list_topics(topic, timeout=timeout_ms / 1000).topics[topic]
-    except KafkaException as exc:
-        last = errors[-1] if errors else exc.args[0].str()
-        raise BridgeError(
-            f"cannot reach Kafka at {config.kafka.bootstrap_servers} within {timeout}: {last}"
-        ) from None
-    if topic_meta.error is not None:
-        raise BridgeError(f"cannot produce to {topic}: {topic_meta.error.str()}")
-    if target is not None:
-        with contextlib.suppress(KafkaException):  # the warning is a courtesy, never a failure
-            meta = producer.list_topics(target, timeout=timeout_ms / 1000).topics.get(target)
-            if meta is None or meta.error is not None:
-                print(
-                    f"delay-bridge: warning: target topic {target} does not exist (yet): if it "
-                    "is still missing when the records fall due, the bridge dead-letters them "
-                    "as delivery-failed",
-                    file=sys.stderr,
-                )
-    failures: list[str] = []
-
-    def report(acted: int, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            failures.append(err.str())
-            return
-        if follow is not None:
-            follow.acknowledged(msg.partition() or 0, msg.offset() or 0, acted)
-        if each:
-            print(f"{what} {msg.topic()}:{msg.partition()}:{msg.offset()}")
-
-    count, acted, started = 0, 0, time.monotonic()
-    record: Outgoing | None = first
-    try:
-        while record is not None:
-            key, value, headers, partition = record
-            fields = {} if partition is None else {"partition": partition}
-            acts = sum(1 for name, _ in headers if name == H_CANCEL) or 1
-            produce(
-                producer,
-                topic,
-                value=value,
-                key=key,
-                headers=wire_headers(headers),
-                on_delivery=functools.partial(report, acts),
-                **fields,
-            )
-            producer.poll(0)
-            count += 1
-            acted += acts
-            if follow is not None:
-                follow.sent(acts)
-                follow.wait(producer.poll)
-            if rate and (ahead := acted / rate - (time.monotonic() - started)) > 0:
-                producer.poll(ahead)  # serves delivery reports while it paces
-            record = next(records, None)
-    except KafkaException as exc:
-        raise BridgeError(f"cannot produce to {topic}: {exc.args[0].str()}") from None
-    remaining = producer.flush(timeout_ms / 1000 + 1)
-    if failures or remaining:
-        reason = failures[0] if failures else f"{remaining} records not acknowledged"
-        raise BridgeError(f"produce to {topic} failed: {reason}")
-    return count

@@ -2,11 +2,11 @@
 
 A call's options are the command's options by name (``key_prefix`` for ``--key-prefix``, ``true``
 for a flag, a list for a repeated option), from the query string of a read or the JSON body of a
-write. A read calls the tool the command calls (:mod:`bridge.ops`) with the same typed options and
-answers what ``--json`` prints as ``result``, the notes beside it as ``messages``: 400 for an
-option it does not take, 404 when nothing was found or a service is unreachable. A write runs the
-command itself in the bridge, through the CLI's argument parser, and answers what it printed:
-exit 2 (bad options) is 400, exit 1 422.
+write, read into the typed options the command builds (:mod:`bridge.ops`); each call runs the tool
+the command runs. A read answers what ``--json`` prints as ``result``, the notes beside it as
+``messages``: 400 for an option it does not take, 404 when nothing was found or a service is
+unreachable. A write answers what the command prints as ``output``, its notes as ``messages`` and
+its typed result as ``result``: 400 for bad options, 422 when nothing matched or it failed.
 
 Reads are open unless ``http.console.read_token_file`` names a token; then they need it (or the
 write token) too. Without a token, a read shows no payload value and no header outside the
@@ -23,13 +23,12 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge import ops
 from bridge.config import Config
-from bridge.console.capture import captured
 from bridge.console.chart import SPANS, due_over
 from bridge.errors import BridgeError, ConfigError, UsageError
 
@@ -42,13 +41,13 @@ READS: dict[str, tuple[type[Any], Callable[[Config, Any, int], ops.Answer]]] = {
     "/api/trace": (ops.TraceAsk, ops.trace_answer),
     "/api/dlq": (ops.DlqAsk, ops.dlq_answer),
 }
-WRITES: dict[str, list[str]] = {
-    "/api/cancel": ["cancel"],
-    "/api/fire": ["fire"],
-    "/api/reschedule": ["reschedule"],
-    "/api/dlq/replay": ["dlq", "replay"],
+# Each write: its options, and the tool that does it (as the CLI's).
+WRITES: dict[str, tuple[type[Any], Callable[[Config, Any, int, ops.Voice], Any]]] = {
+    "/api/cancel": (ops.CancelAsk, ops.cancel),
+    "/api/fire": (ops.FireAsk, ops.fire),
+    "/api/reschedule": (ops.RescheduleAsk, ops.reschedule),
+    "/api/dlq/replay": (ops.ReplayAsk, ops.replay_dead_letters),
 }
-NOT_OPTIONS = frozenset({"config", "json", "help", "version"})  # the API sets or refuses these
 
 
 @dataclass
@@ -60,23 +59,6 @@ class Reply:
 
     def encoded(self) -> bytes:
         return (json.dumps(self.body, indent=2) + "\n").encode()
-
-
-def argv(options: Mapping[str, Any]) -> list[str]:
-    """The command-line options ``options`` name (see the module); ValueError for a name the
-    API does not pass on."""
-    out: list[str] = []
-    for name, value in options.items():
-        # A prefix counts: argparse takes an abbreviation (--he for --help) as the option.
-        if any(n.startswith(name) for n in NOT_OPTIONS) or not name.replace("_", "").isalnum():
-            raise ValueError(f"{name}: not an option of this call")
-        flag = "--" + name.replace("_", "-")
-        for one in value if isinstance(value, list) else [value]:
-            if one is True:
-                out.append(flag)
-            elif one is not None and one is not False and one != "":
-                out.append(f"{flag}={one}")  # with '=': a value may start with '-' (=-30m)
-    return out
 
 
 def _bearer(headers: Mapping[str, str]) -> str:
@@ -99,28 +81,11 @@ def without_payloads(data: Any) -> Any:
     return out
 
 
-def _lines(text: str) -> list[str]:
-    return [line.removeprefix("delay-bridge: ") for line in text.splitlines() if line.strip()]
-
-
-Command = Callable[[Sequence[str], Config], int]  # the CLI's main: argv, config -> exit code
-
-
 class Api:
-    """Runs API calls with the bridge's ``config``, each through ``command`` (the CLI's main)."""
+    """Runs API calls with the bridge's ``config``."""
 
-    def __init__(self, config: Config, command: Command) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
-        self.command = command
-
-    def run(self, command: Sequence[str]) -> tuple[int, str, str]:
-        """The CLI ``command`` run in this thread: (exit code, stdout, stderr)."""
-        with captured() as (out, err):
-            try:
-                code = self.command(list(command), self.config)
-            except SystemExit as exc:  # argparse: bad options, or --help
-                code = exc.code if isinstance(exc.code, int) else 2
-        return code, out.getvalue(), err.getvalue()
 
     def reveals(self, headers: Mapping[str, str]) -> bool:
         """Whether a request with ``headers`` carries the read or the write token."""
@@ -152,9 +117,7 @@ class Api:
             return Reply(404, {"error": f"no such call: GET {path}"})
         kind, answer_of = READS[path]
         try:
-            answer = answer_of(
-                self.config, ops.from_query(kind, query), time.time_ns() // 1_000_000
-            )
+            answer = answer_of(self.config, ops.from_query(kind, query), _now_ms())
         except (UsageError, ConfigError) as exc:
             return Reply(400, {"error": str(exc)})
         except BridgeError as exc:  # a service unreachable, nothing where it was asked
@@ -176,20 +139,28 @@ class Api:
             return Reply(403, {"error": refused})
         if headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
             return Reply(415, {"error": "send the options as a JSON object (application/json)"})
+        kind, tool = WRITES[path]
+        voice = ops.Voice()
         try:
             options = json.loads(data or b"{}")
             if not isinstance(options, dict):
-                raise ValueError("the body is not a JSON object")
-            command = [*WRITES[path], *argv(options)]
-        except ValueError as exc:  # JSONDecodeError is a ValueError
+                raise UsageError("the body is not a JSON object")
+            done = tool(self.config, ops.from_body(kind, options), _now_ms(), voice)
+        except (UsageError, ConfigError, ValueError) as exc:  # JSONDecodeError: a ValueError
             return Reply(400, {"error": str(exc)})
-        code, out, err = self.run(command)
-        messages = _lines(err)
-        logger.info("console: %s %s: exit %d", path, " ".join(command[len(WRITES[path]) :]), code)
-        body: dict[str, Any] = {"output": _lines(out), "messages": messages}
-        if code:
-            body["error"] = messages[-1] if messages else f"exit {code}"
-        return Reply({0: 200, 1: 422}.get(code, 400), body)
+        except BridgeError as exc:  # a service unreachable, the id waits nowhere
+            logger.info("console: %s: %s", path, exc)
+            return Reply(422, {"error": str(exc), "messages": [*voice.said, str(exc)]})
+        said = (done.lines() or voice.said or ["done"])[0]
+        logger.info("console: %s %s: %s", path, json.dumps(options)[:200], said)
+        body: dict[str, Any] = {
+            "output": done.lines(),
+            "messages": voice.said,
+            "result": done.as_json(),
+        }
+        if not done.found:
+            body["error"] = voice.said[-1] if voice.said else "not found"
+        return Reply(200 if done.found else 422, body)
 
     def _refused(self, headers: Mapping[str, str]) -> str | None:
         """Why a write is refused (None: it is not)."""
@@ -202,3 +173,7 @@ class Api:
         if not hmac.compare_digest(_bearer(headers).encode(), token.encode()):
             return "a write needs the console token: Authorization: Bearer <token>"
         return None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

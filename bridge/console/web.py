@@ -12,7 +12,7 @@ from importlib import resources
 from urllib.parse import parse_qs
 
 from bridge.config import Config
-from bridge.console.api import Api, Command, Reply
+from bridge.console.api import Api, Reply
 from bridge.console.pages import dead_letters, overview, record, records
 
 logger = logging.getLogger(__name__)
@@ -45,10 +45,10 @@ def _json(reply: Reply) -> Response:
 
 
 class Console:
-    """The console and its API, acting with ``config`` through ``command`` (the CLI's main)."""
+    """The console and its API, acting with ``config``."""
 
-    def __init__(self, config: Config, command: Command) -> None:
-        self.api = Api(config, command)
+    def __init__(self, config: Config) -> None:
+        self.api = Api(config)
         self._pages: dict[str, Callable[[Mapping[str, str], bool], str]] = {
             "/ui": lambda _, __: overview(self.api),
             "/ui/records": lambda q, _: records(self.api, q),

@@ -1,10 +1,24 @@
 """The operator's tools: functions the command line and the console share.
 
-What waits (``status``, ``list``, a record by its delay-id: :mod:`bridge.ops.records`), a record's
-fate (``trace``), the bulk actions on waiting records (``cancel``, ``fire``, ``reschedule`` by a
-filter: :mod:`bridge.ops.bulk`), and the dead-letter topic (``dlq list``, ``dlq replay``). They
-read the store and the topics with the bridge's configuration, never inside the bridge's loops."""
+Each takes typed options (:mod:`bridge.ops.asked`) and returns typed results. Reads: what waits
+(``status``, ``list``: :mod:`bridge.ops.records`), a record's fate (``trace``), the dead-letter
+topic (``dlq list``), answered by :mod:`bridge.ops.answers`. Writes (:mod:`bridge.ops.acts`):
+``cancel``, ``fire`` and ``reschedule`` of one record or of every match of a filter
+(:mod:`bridge.ops.bulk`), and ``dlq replay``; what they produce goes through
+:func:`bridge.ops.send.send`. They act with the bridge's configuration, never inside its loops."""
 
+from bridge.ops.acts import (
+    BulkDone,
+    Sent,
+    cancel,
+    check_record,
+    choose,
+    delay_topic,
+    fire,
+    operation_of,
+    replay_dead_letters,
+    reschedule,
+)
 from bridge.ops.answers import (
     Answer,
     DlqAnswer,
@@ -17,7 +31,20 @@ from bridge.ops.answers import (
     status_answer,
     trace_answer,
 )
-from bridge.ops.asked import DlqAsk, ListAsk, StatusAsk, TraceAsk, from_query, when
+from bridge.ops.asked import (
+    BulkAsk,
+    CancelAsk,
+    DlqAsk,
+    FireAsk,
+    ListAsk,
+    ReplayAsk,
+    RescheduleAsk,
+    StatusAsk,
+    TraceAsk,
+    from_body,
+    from_query,
+    when,
+)
 from bridge.ops.bulk import (
     AHEAD,
     STALL_S,
@@ -42,38 +69,56 @@ from bridge.ops.records import (
     store_of,
     waiting,
 )
-from bridge.ops.replay import PROGRESS_EVERY, replay, terminal_progress
+from bridge.ops.replay import Replayed, replay
+from bridge.ops.send import Placed, Sending, Voice, send
 from bridge.ops.trace import print_trace, trace
 
 __all__ = [
     "AHEAD",
-    "PROGRESS_EVERY",
     "STALL_S",
     "Answer",
+    "BulkAsk",
+    "BulkDone",
+    "CancelAsk",
     "DlqAnswer",
     "DlqAsk",
     "Filter",
     "Filters",
+    "FireAsk",
     "Follow",
     "ListAnswer",
     "ListAsk",
     "Match",
     "Outgoing",
+    "Placed",
+    "ReplayAsk",
+    "Replayed",
+    "RescheduleAsk",
+    "Sending",
+    "Sent",
     "StatusAnswer",
     "StatusAsk",
     "Tally",
     "TraceAnswer",
     "TraceAsk",
+    "Voice",
+    "cancel",
     "cancel_of",
+    "check_record",
+    "choose",
     "delay_shards",
+    "delay_topic",
     "dlq_answer",
     "dlq_filters",
+    "fire",
+    "from_body",
     "from_query",
     "list_answer",
     "listing",
     "locate",
     "made_by",
     "matches",
+    "operation_of",
     "packed",
     "print_listing",
     "print_status",
@@ -81,10 +126,12 @@ __all__ = [
     "print_waiting",
     "replacement_of",
     "replay",
+    "replay_dead_letters",
+    "reschedule",
+    "send",
     "status",
     "status_answer",
     "store_of",
-    "terminal_progress",
     "trace",
     "trace_answer",
     "waiting",

@@ -19,10 +19,10 @@ without producing or committing anything.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bridge.config import Config, consumer_settings, producer_settings
 from bridge.errors import BridgeError
@@ -47,7 +47,6 @@ EVERY = Filters()  # no filter: every dead letter
 # lateness give way to these.
 EXPIRED_TIMING = frozenset({H_DELIVER_AT, H_AFTER, H_MAX_LATENESS})
 DELIVER_NOW: Headers = [(H_AFTER, b"0"), (H_MAX_LATENESS, b"0")]
-PROGRESS_EVERY = 1000
 
 
 def replayed_headers(headers: Headers, reason: str) -> Headers:
@@ -68,6 +67,22 @@ class Replayed:
     not_ours: int = 0
     dry_run: bool = False
     group: str = ""
+
+    @property
+    def found(self) -> bool:
+        return True  # an empty replay is an answer too: nothing was dead-lettered since
+
+    def lines(self) -> list[str]:
+        return self.summary().splitlines()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "replayed": dict(sorted(self.replayed.items())),
+            "left_out": self.left_out,
+            "not_ours": self.not_ours,
+            "dry_run": self.dry_run,
+            "group": self.group,
+        }
 
     def summary(self) -> str:
         verb = "would replay" if self.dry_run else "replayed"
@@ -160,9 +175,3 @@ def replay(
         raise BridgeError(f"replay failed: {exc.args[0].str()}") from None
     finally:
         consumer.close()
-
-
-def terminal_progress(count: int) -> None:
-    """A progress line on a terminal, every PROGRESS_EVERY records."""
-    if count % PROGRESS_EVERY == 0 and sys.stderr.isatty():
-        print(f"\rreplayed {count:,}", end="", file=sys.stderr, flush=True)

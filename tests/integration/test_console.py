@@ -129,6 +129,7 @@ def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
     assert call(bridge, "/api/cancel", {"config": "/etc/passwd", "id": "x"})[0] == 400
     status, body = call(bridge, "/api/cancel", cancel)
     assert status == 200 and body["output"][0].startswith(f"cancel of order-9 {setup.delay}:"), body
+    assert [p["topic"] for p in body["result"]["produced"]] == [setup.delay]
     wait_for(lambda: waiting() == 2, 30, "order-9 cancelled")
     wait_for(
         lambda: call(bridge, "/api/trace?id=order-9")[1]["result"]["fate"] == "cancelled",
@@ -139,6 +140,7 @@ def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
     assert status == 200 and body["output"][0].startswith("would fire 2 waiting records"), body
     status, body = call(bridge, "/api/fire", {"key_prefix": "c-", "yes": True})
     assert status == 200 and body["output"][0].startswith("fired 2 waiting records"), body
+    assert sum(body["result"]["matched"].values()) == body["result"]["applied"] == 2, body
     got = Collector(setup.services.bootstrap, [setup.targets[0]], f"c-{setup.unique}")
     try:
         got.until(lambda rs: len(rs) >= 2, 60, "the two fired")
@@ -154,6 +156,7 @@ def test_the_api_reads_what_the_cli_reads_and_acts_only_with_the_token(
     reason = letters["result"][0]["reason"]
     status, body = call(bridge, "/api/dlq/replay", {"reason": [reason], "dry_run": True})
     assert status == 200 and "would replay 1" in " ".join(body["output"]), body
+    assert body["result"]["replayed"] == {reason: 1} and body["result"]["dry_run"], body
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.cli.bulk import operation_of
 from bridge.cli.entry import build_parser, main
+from bridge.cli.records import asked
 from bridge.message import H_OPERATION, Headers, Scheduled
-from bridge.ops import Match, made_by, replacement_of
+from bridge.ops import Match, RescheduleAsk, made_by, operation_of, replacement_of
 from bridge.store import Shard
 
 
@@ -50,13 +50,14 @@ def test_a_bulk_command_refuses_bad_input_in_one_line(
 
 def test_an_operation_is_named_by_the_command_as_given() -> None:
     def op(*args: str) -> str:
-        return operation_of(build_parser().parse_args(["reschedule", *args]), "reschedule")
+        return operation_of(asked(RescheduleAsk, build_parser().parse_args(["reschedule", *args])))
 
     shift = op("--due-after", "10m", "--shift", "1h", "--yes")
     assert shift == op("--shift", "1h", "--due-after", "10m", "--dry-run")  # same command
     assert shift != op("--due-after", "10m", "--shift", "2h", "--yes")
     assert shift != op("--due-after", "11m", "--shift", "1h", "--yes")
-    assert op("--shift", "1h", "--yes", "--operation", "campaign-42") == "campaign-42"
+    named = op("--target", "t", "--shift", "1h", "--yes", "--operation", "campaign-42")
+    assert named == "campaign-42"
 
 
 def test_a_replacement_carries_its_operation_and_its_delivery_does_not() -> None:

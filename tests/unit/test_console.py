@@ -1,52 +1,76 @@
-"""The console's pure parts, no server needed: options to arguments, what a write is refused for
-before anything runs, the chart, the per-thread capture, and the HTTP server without a console."""
+"""The console's pure parts, no server needed: a write's JSON body read into the tool's typed
+options, what a write is refused for before anything runs, the chart, and the HTTP server without
+a console."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import sys
-import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge.cli import main
+from bridge import ops
 from bridge.config import from_mapping
 from bridge.console import Console
-from bridge.console.api import Api, argv
-from bridge.console.capture import captured
+from bridge.console.api import Api
 from bridge.console.chart import svg
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, UsageError
 from bridge.http import HttpServer
 
 
-def test_options_become_the_cli_arguments() -> None:
-    options = {
+def test_a_write_s_body_becomes_its_typed_options() -> None:
+    body = {
         "key_prefix": "c-",
         "yes": True,
         "dry_run": False,
-        "reason": ["a", "b"],
         "shift": "-30m",
-        "limit": 5,
+        "rate": 5,
         "topic": None,
         "target": "",
     }
-    assert argv(options) == [
-        "--key-prefix=c-",
-        "--yes",
-        "--reason=a",
-        "--reason=b",
-        "--shift=-30m",
-        "--limit=5",
-    ]
+    assert ops.from_body(ops.RescheduleAsk, body) == ops.RescheduleAsk(
+        key_prefix="c-", yes=True, shift="-30m", rate=5.0
+    )
+    replay = ops.from_body(ops.ReplayAsk, {"reason": ["expired", "delivery-failed"], "limit": 5})
+    assert replay == ops.ReplayAsk(reason=("expired", "delivery-failed"), limit=5)
+    assert ops.from_body(ops.ReplayAsk, {"reason": "expired"}).reason == ("expired",)
+    assert ops.from_body(ops.CancelAsk, {"id": "order-7"}) == ops.CancelAsk(id="order-7")
 
 
-@pytest.mark.parametrize("name", ["config", "json", "help", "he", "c", "a b", "x;y"])
-def test_options_the_api_does_not_pass_on_are_refused(name: str) -> None:
-    with pytest.raises(ValueError, match="not an option of this call"):
-        argv({name: "x"})
+@pytest.mark.parametrize(
+    ("kind", "body", "message"),
+    [
+        (ops.CancelAsk, {"config": "/etc/passwd", "id": "x"}, "config: not an option of this call"),
+        (ops.CancelAsk, {"json": True, "id": "x"}, "json: not an option of this call"),
+        (ops.CancelAsk, {"he": True}, "he: not an option of this call"),
+        (ops.CancelAsk, {"id": ["a", "b"]}, "id: text"),
+        (ops.CancelAsk, {"id": 7}, "id: text"),
+        (ops.CancelAsk, {"id": "x", "force": "yes"}, "force: true or false"),
+        (ops.CancelAsk, {"target": "t", "yes": True, "rate": "fast"}, "rate 'fast': a number"),
+        (ops.CancelAsk, {"target": "t", "yes": True, "rate": "nan"}, "--rate nan: 0 (no limit)"),
+        (ops.CancelAsk, {"target": "t", "yes": True, "rate": True}, "rate: a number"),
+        (ops.CancelAsk, {"target": "t", "dry_run": True, "yes": True}, "--yes: not with --dry-"),
+        (ops.CancelAsk, {"target": "t"}, "a bulk cancel needs --dry-run"),
+        (ops.CancelAsk, {}, "give --id, or a filter"),
+        (ops.CancelAsk, {"key": "k", "target": "t", "yes": True}, "--key: only with --id"),
+        (ops.FireAsk, {"id": "x", "target": "t"}, "--target: not with --id"),
+        (ops.RescheduleAsk, {"id": "x"}, "one of the arguments --at --after --shift"),
+        (ops.RescheduleAsk, {"id": "x", "at": "1", "shift": "1h"}, "--shift: not with --at"),
+        (ops.ReplayAsk, {"limit": -1}, "limit '-1': a whole number"),
+        (ops.ReplayAsk, {"limit": "\u0663"}, "a whole number"),
+        (ops.ReplayAsk, {"reason": [1]}, "reason: text, or a list of texts"),
+        (ops.ReplayAsk, {"reason": ["soon"]}, "--reason soon: not a delay-error"),
+    ],
+)
+def test_a_write_s_body_is_refused_in_one_line_naming_the_option(
+    kind: Any, body: dict[str, object], message: str
+) -> None:
+    with pytest.raises(UsageError) as refused:
+        ops.from_body(kind, body)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.fixture
@@ -58,7 +82,7 @@ def token_file(tmp_path: Path) -> Path:
 
 def _api(token_file: Path | None) -> Api:
     console = {"token_file": str(token_file)} if token_file else {}
-    return Api(from_mapping({"http": {"console": console}}, env={}), main)
+    return Api(from_mapping({"http": {"console": console}}, env={}))
 
 
 JSON = {"Content-Type": "application/json", "Authorization": "Bearer the-token"}
@@ -84,10 +108,10 @@ def test_a_write_is_refused_before_anything_runs(token_file: Path) -> None:
     )
 
 
-def test_a_bad_option_is_the_cli_parser_s_own_one_line_error(token_file: Path) -> None:
+def test_a_bad_option_is_refused_in_the_cli_s_words(token_file: Path) -> None:
     reply = _api(token_file).post("/api/cancel", JSON, b'{"bogus": 1}')
     assert reply.status == 400
-    assert reply.body["error"] == "error: unrecognized arguments: --bogus=1"
+    assert reply.body["error"] == "bogus: not an option of this call"
     reply = _api(token_file).post("/api/reschedule", JSON, b'{"id": "x"}')
     assert (
         reply.status == 400 and "one of the arguments --at --after --shift" in reply.body["error"]
@@ -120,26 +144,6 @@ def test_the_chart_draws_a_bar_per_span_to_scale() -> None:
     assert heights[1] == 2 * heights[2] and heights[0] == 0
 
 
-def test_what_a_thread_prints_is_captured_for_that_thread_alone() -> None:
-    seen: dict[str, str] = {}
-    started = threading.Barrier(2)
-
-    def command(name: str) -> None:
-        with captured() as (out, err):
-            started.wait(5)
-            for _ in range(50):
-                print(name)
-                print(f"{name}!", file=sys.stderr)
-        seen[name] = out.getvalue() + "|" + err.getvalue()
-
-    threads = [threading.Thread(target=command, args=(n,)) for n in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert seen == {n: f"{n}\n" * 50 + "|" + f"{n}!\n" * 50 for n in ("a", "b")}
-
-
 def _request(server: HttpServer, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
     try:
@@ -159,7 +163,7 @@ def test_the_http_server_serves_the_console_only_when_enabled(enabled: bool) -> 
         CollectorRegistry(),
         health=list,
         ready=list,
-        console=Console(config, main) if enabled else None,
+        console=Console(config) if enabled else None,
     )
     server.start()
     try:

@@ -193,3 +193,26 @@ def test_the_rules_on_function_size_are_on() -> None:
     for number, line in enumerate(text):
         if line.startswith('"bridge/') and "PLR09" in line:
             assert text[number - 1].startswith("#"), f"{line}: no reason above"
+
+
+def test_the_console_calls_the_tools_not_the_command_line() -> None:
+    """The console's API calls bridge.ops with typed options, as the command line does: no
+    module of the bridge but its entry point imports the command line, and none points
+    sys.stdout or sys.stderr elsewhere to read what a command printed."""
+
+    def cli(module: str) -> bool:
+        return module == "bridge.cli" or module.startswith("bridge.cli.")
+
+    callers = [m for m, deps in GRAPH.items() if not cli(m) and any(cli(d) for d in deps)]
+    assert sorted(callers) == ["bridge.__main__"], callers
+    swapped = [
+        f"{module}:{node.lineno}"
+        for module, tree in TREES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and (target.value.id, target.attr) in {("sys", "stdout"), ("sys", "stderr")}
+    ]
+    assert not swapped, swapped
