@@ -22,6 +22,7 @@ checks (:func:`default_id_wheres`).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from bridge.message import (
     H_DUE_AT,
@@ -32,11 +33,11 @@ from bridge.message import (
     parse_count,
     parse_origin,
 )
-from bridge.store.calls import candidates_from
+from bridge.store.calls import CANDIDATES, WITHDRAW
 from bridge.store.ids import Confirm, Schedules, id_hash
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
-from bridge.store.scripts import Call, Scripts
+from bridge.store.scripts import Scripts
 
 # Where a cancel or replacement found its record in another partition: (shard, offset, due ms,
 # the record's own delay-id when it was named by another: its default id; else "").
@@ -72,17 +73,15 @@ def withdraw_elsewhere(
                 asked.append((Shard(topic, partition), theirs))
     if not asked:
         return {}
-    lookups: list[Call] = [
+    lookups = [
         (
-            "candidates",
-            [keys.of(there).ids, keys.of(there).pending],
+            CANDIDATES.keys(keys.of(there)),
             [id_hash(there.topic, r.delay_id) for _, r in theirs],
         )
         for there, theirs in asked
     ]
     planned: list[tuple[Shard, Hits]] = []
-    for (there, theirs), reply in zip(asked, scripts.run(lookups), strict=True):
-        candidates = candidates_from(reply)
+    for (there, theirs), candidates in zip(asked, scripts.call(CANDIDATES, lookups), strict=True):
         if not any(candidates):
             continue
         read = confirm(there, sorted({c for found in candidates for c in found}))
@@ -138,23 +137,20 @@ def _withdraw(
 ) -> dict[tuple[Shard, int, str], Found]:
     """withdraw.lua for each partition's ``planned`` hits, in one round trip: where each cancel
     or replacement found its record (:data:`Found`), for those withdrawn."""
-    calls: list[Call] = []
+    calls: list[tuple[list[str], list[Any]]] = []
     done: list[tuple[Shard, Hits]] = []
     for there, hits in planned:
         if hits:
-            k = keys.of(there)
-            args = [
+            args: list[Any] = [
                 x
                 for offset, (_, r, due, own) in hits.items()
                 for x in (id_hash(there.topic, own or r.delay_id), offset, due)
             ]
-            calls.append(
-                ("withdraw", [k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits], args)
-            )
+            calls.append((WITHDRAW.keys(keys.of(there)), args))
             done.append((there, hits))
     found_at: dict[tuple[Shard, int, str], Found] = {}
-    for (there, hits), reply in zip(done, scripts.run(calls) if calls else [], strict=True):
-        for offset in reply:
+    for (there, hits), withdrawn in zip(done, scripts.call(WITHDRAW, calls), strict=True):
+        for offset in withdrawn:
             s, r, due, own = hits[offset]
             found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, own))
     return found_at

@@ -13,19 +13,20 @@ from bridge.errors import KafkaFault
 from bridge.message import Cancel, Scheduled
 from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
 from bridge.store.calls import (
+    ADD,
     AddEntry,
+    AddOutcome,
     AddReply,
+    ConfirmFirst,
+    LocateFirst,
     add_argv,
-    asked_to_confirm,
-    asked_to_locate,
-    promoted_meanwhile,
 )
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Added, Lost, Withdrawn
-from bridge.store.scripts import Call, Scripts
+from bridge.store.scripts import Scripts
 
 # add.lua asks to confirm the references its id lookups found at most once per batch (only the
 # ingress adds to a shard, and nothing else makes references), to locate the records whose
@@ -48,13 +49,14 @@ def add_call(
     locate: Collection[int] = (),
     schedules: Schedules = undated,
     across: bool = False,
-) -> Call:
-    """The add.lua call of one shard's ``batch`` (highest offset, records); ``vouched`` the
-    delay-ids read in the delay topic at the offsets add.lua asked about (its references of this
-    batch with a caller-given id are vouched for here), ``locate`` the offsets it could not find
-    at the due times their cancels gave; ``schedules`` reads the record a default delay-id
-    names in the delay topic (for its due time). ``across``: the topic has other partitions
-    (what finds nothing here is kept in Redis until looked for there: :func:`_looked_across`)."""
+) -> tuple[list[str], list[Any]]:
+    """The add.lua call (KEYS, ARGV) of one shard's ``batch`` (highest offset, records);
+    ``vouched`` the delay-ids read in the delay topic at the offsets add.lua asked about (its
+    references of this batch with a caller-given id are vouched for here), ``locate`` the offsets
+    it could not find at the due times their cancels gave; ``schedules`` reads the record a
+    default delay-id names in the delay topic (for its due time). ``across``: the topic has other
+    partitions (what finds nothing here is kept in Redis until looked for there:
+    :func:`_looked_across`)."""
     high, records = batch
     k = keys.of(shard)
     entries: list[AddEntry] = []
@@ -80,10 +82,8 @@ def add_call(
             stored, at = member(rec, shard.topic, shard.partition), score(rec)
         hashed = id_hash(shard.topic, given) if given else b""
         entries.append((rec.offset, at, stored, given, hashed))
-    keys_ = [k.due, k.meta, k.low, k.pending, k.ids, k.inflight, k.refs, k.refs_due, k.waits]
     return (
-        "add",
-        keys_,
+        ADD.keys(k),
         add_argv(
             expected,
             high,
@@ -167,7 +167,7 @@ def _add(
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
     locate: dict[Shard, set[int]] = {s: set() for s in shards}
 
-    def call(shard: Shard) -> Call:
+    def call(shard: Shard) -> tuple[list[str], list[Any]]:
         return add_call(
             keys,
             inventory,
@@ -182,32 +182,34 @@ def _add(
             across=partitions.get(shard.topic, 0) > 1,
         )
 
-    replies = dict(zip(shards, scripts.run([call(s) for s in shards]), strict=True))
+    replies: dict[Shard, AddOutcome] = dict(
+        zip(shards, scripts.call(ADD, [call(s) for s in shards]), strict=True)
+    )
     for _ in range(ROUNDS):
-        asking = {s: a for s, r in replies.items() if (a := asked_to_confirm(r)) is not None}
-        missed = {s: m for s, r in replies.items() if (m := asked_to_locate(r)) is not None}
-        again = [
-            s for s, r in replies.items() if s in asking or s in missed or promoted_meanwhile(r)
-        ]
+        again = [s for s, r in replies.items() if not isinstance(r, AddReply)]
         if not again:
             break
-        for shard, offsets in missed.items():
-            locate[shard].update(offsets)
-        for shard, asked in asking.items():
-            read = confirm(shard, asked)
-            vouched[shard].update({o: read[o][0] if o in read else "" for o, _ in asked})
-        replies.update(zip(again, scripts.run([call(s) for s in again]), strict=True))
+        for shard in again:
+            asked = replies[shard]
+            if isinstance(asked, LocateFirst):
+                locate[shard].update(asked.offsets)
+            elif isinstance(asked, ConfirmFirst):
+                read = confirm(shard, asked.asked)
+                vouched[shard].update({o: read[o][0] if o in read else "" for o, _ in asked.asked})
+        replies.update(zip(again, scripts.call(ADD, [call(s) for s in again]), strict=True))
     else:
         raise RuntimeError(f"add.lua asked again after {ROUNDS} rounds")
     counts, lost = [0, 0, 0, 0], {}
     unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
     withdrawn: list[Withdrawn] = []
     for shard in shards:
-        r = AddReply.read(replies[shard])
+        r = replies[shard]
+        assert isinstance(r, AddReply)  # the rounds above end on add.lua's answer
         if r.loss is not None:
             lost[shard] = r.loss
             continue
-        counts = [a + b for a, b in zip(counts, r[1:5], strict=True)]
+        made = (r.added, r.replaced, r.cancelled, r.not_found)
+        counts = [a + b for a, b in zip(counts, made, strict=True)]
         records = batches[shard][1]
         unmatched += [(shard, records[i]) for i in r.unmatched]
         owns = _own_ids(schedules, shard, [o for o, _, _, own in r.withdrawn if own is None])

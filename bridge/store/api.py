@@ -17,10 +17,17 @@ from redis.cluster import RedisCluster
 from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
+    ACK,
+    CLAIM,
+    LOW,
+    RELEASE,
+    SETTLE,
+    STATS,
+    TAKE_OVER,
+    UNCLAIM,
     AckBatch,
     ClaimArgs,
     ClaimReply,
-    StatsReply,
     watermark_arg,
 )
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
@@ -30,7 +37,6 @@ from bridge.store.keys import (
     Shard,
     ShardKeys,
     offset_bytes,
-    offset_of,
     score,
     stored_record,
 )
@@ -43,12 +49,13 @@ from bridge.store.results import (
     Claimed,
     Claims,
     Lows,
-    lost_from,
 )
-from bridge.store.scripts import Call, Scripts
+from bridge.store.scripts import Scripts
 
 
-def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool = True) -> Claims:
+def _claims(
+    shards: Sequence[Shard], read: Sequence[ClaimReply], *, one_clock: bool = True
+) -> Claims:
     """The claim.lua replies of ``shards`` (one each, in order) as :class:`Claims`;
     ``one_clock``: all from one Redis (not a Cluster's several masters)."""
     received = time.monotonic()  # before decoding: each record decoded would lag the clock
@@ -56,7 +63,6 @@ def _claims(shards: Sequence[Shard], replies: Sequence[Any], *, one_clock: bool 
     next_ms: dict[Shard, int | None] = {}
     due_lanes: dict[Shard, frozenset[Priority]] = {}
     earliest: dict[Shard, tuple[int, int, int]] = {}
-    read = [ClaimReply.read(reply) for reply in replies]
     for shard, r in zip(shards, read, strict=True):
         next_ms[shard] = r.next_ms()
         if r.due_lanes:
@@ -154,21 +160,16 @@ class Store:
         it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
         """
         shards = list(expected)
-        calls: list[Call] = []
-        for shard in shards:
-            k = self.keys(shard)
-            args = [watermark_arg(expected[shard]), max_buckets]
-            calls.append(("low", [k.meta, k.low, k.pending], args))
+        calls = [
+            (LOW.keys(self.keys(s)), [watermark_arg(expected[s]), max_buckets]) for s in shards
+        ]
         offsets, lost, ends = {}, {}, {}
-        for shard, (status, mark, low) in zip(
-            shards, self.scripts.run(calls) if calls else [], strict=True
-        ):
-            loss = lost_from(int(status), int(mark))
-            if loss is None:
-                ends[shard] = int(mark) + 1
-                offsets[shard] = offset_of(low) if low else ends[shard]
-            elif loss.watermark is not None or expected[shard] is not None:
-                lost[shard] = loss
+        for shard, r in zip(shards, self.scripts.call(LOW, calls), strict=True):
+            if r.loss is None:
+                ends[shard] = r.watermark + 1
+                offsets[shard] = ends[shard] if r.low is None else r.low
+            elif r.loss.watermark is not None or expected[shard] is not None:
+                lost[shard] = r.loss
         return Lows(offsets, lost, ends)
 
     def claim(
@@ -219,9 +220,8 @@ class Store:
                 acks=(acks or {}).get(shard),
                 cap_ms=cap_ms,
             )
-            keys = [k.due, k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta, k.waits]
-            calls.append(("claim", keys, args.argv()))
-        return _claims(shards, self.scripts.run(calls), one_clock=self._one_clock)
+            calls.append((CLAIM.keys(k), args.argv()))
+        return _claims(shards, self.scripts.call(CLAIM, calls), one_clock=self._one_clock)
 
     def claim_waiting(
         self,
@@ -242,7 +242,7 @@ class Store:
         index in each shard."""
         horizons, lanes, watermarks = horizons or {}, lanes or {}, watermarks or {}
         pairs = list(limits)
-        calls: list[Call] = []
+        calls = []
         for shard, target in pairs:
             k = self.keys(shard)
             args = ClaimArgs(
@@ -255,21 +255,9 @@ class Store:
                 watermark=watermarks.get(shard),
                 cap_ms=cap_ms,
             )
-            keys = [
-                self._keys.wait(shard, target),
-                k.inflight,
-                k.claimed,
-                k.low,
-                k.pending,
-                k.ids,
-                k.meta,
-                k.waits,
-            ]
-            calls.append(("claim", keys, args.argv()))
-        grouped: dict[str, tuple[list[Shard], list[Any]]] = {}
-        for (shard, target), reply in zip(
-            pairs, self.scripts.run(calls) if calls else [], strict=True
-        ):
+            calls.append((CLAIM.keys(k, first=self._keys.wait(shard, target)), args.argv()))
+        grouped: dict[str, tuple[list[Shard], list[ClaimReply]]] = {}
+        for (shard, target), reply in zip(pairs, self.scripts.call(CLAIM, calls), strict=True):
             shards, replies = grouped.setdefault(target, ([], []))
             shards.append(shard)
             replies.append(reply)
@@ -280,13 +268,8 @@ class Store:
         with a caller-given delay-id go stale, to be swept, and records claimed before their
         shard's state was retired (another epoch than the batch's, :attr:`Claimed.epoch`) are
         left alone. Returns how many were still there."""
-        calls: list[Call] = []
-        for shard, batch in acks.items():
-            if batch.members:
-                k = self.keys(shard)
-                keys = [k.inflight, k.claimed, k.low, k.pending, k.ids, k.meta]
-                calls.append(("ack", keys, batch.argv()))
-        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
+        calls = [(ACK.keys(self.keys(s)), b.argv()) for s, b in acks.items() if b.members]
+        return sum(self.scripts.call(ACK, calls))
 
     def settle(self, shard: Shard, settled: Iterable[tuple[int, int, str]]) -> int:
         """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
@@ -299,17 +282,13 @@ class Store:
         ]
         if not args:
             return 0
-        k = self.keys(shard)
-        keys = [k.claimed, k.due, k.ids, k.low, k.pending, k.inflight, k.refs, k.waits]
-        return int(self.scripts.run([("settle", keys, args)])[0])
+        return sum(self.scripts.call(SETTLE, [(SETTLE.keys(self.keys(shard)), args)]))
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
         """End the leases of unacknowledged records so they are claimable at once, or after
         ``retry_in_ms`` (a back-off)."""
-        calls: list[Call] = [
-            ("release", [self.keys(s).inflight], [retry_in_ms, *m]) for s, m in members.items() if m
-        ]
-        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
+        calls = [(RELEASE.keys(self.keys(s)), [retry_in_ms, *m]) for s, m in members.items() if m]
+        return sum(self.scripts.call(RELEASE, calls))
 
     def unclaim(self, claimed: Iterable[Claimed], wait: bool = False) -> int:
         """Put claimed records back among the waiting ones, as if never claimed: a cancel or a
@@ -320,21 +299,18 @@ class Store:
         for c in claimed:
             target = c.record.target if wait else ""
             args.setdefault((c.shard, target), [target]).extend((score(c.record), c.member))
-        calls: list[Call] = []
-        for (shard, target), pairs in args.items():
-            k = self.keys(shard)
-            into = self._keys.wait(shard, target) if target else k.due
-            calls.append(("unclaim", [into, k.inflight, k.claimed, k.waits], pairs))
-        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
+        calls = [
+            (UNCLAIM.keys(self.keys(shard), first=self._keys.wait(shard, t) if t else None), pairs)
+            for (shard, t), pairs in args.items()
+        ]
+        return sum(self.scripts.call(UNCLAIM, calls))
 
     def take_over(self, held: Mapping[Shard, Sequence[bytes]]) -> int:
         """End the leases in each shard except the ``held`` offsets (the caller's own in-flight
         records), so the new owner of a partition redelivers what its earlier owner left at once
         (see take_over.lua). Returns how many leases ended."""
-        calls: list[Call] = [
-            ("take_over", [self.keys(s).inflight], list(offsets)) for s, offsets in held.items()
-        ]
-        return sum(int(n) for n in self.scripts.run(calls)) if calls else 0
+        calls = [(TAKE_OVER.keys(self.keys(s)), list(offsets)) for s, offsets in held.items()]
+        return sum(self.scripts.call(TAKE_OVER, calls))
 
     def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy`` (None if it names none); raises :class:`StoreError`
@@ -358,11 +334,7 @@ class Store:
         if not shards:
             return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
         args = ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
-        calls: list[Call] = []
-        for shard in shards:
-            k = self.keys(shard)
-            calls.append(("stats", [k.due, k.inflight, k.refs, k.waits], args))
-        replies = [StatsReply.read(reply) for reply in self.scripts.run(calls)]
+        replies = self.scripts.call(STATS, [(STATS.keys(self.keys(s)), args) for s in shards])
         oldest = [r.oldest_due_ms for r in replies if r.oldest_due_ms is not None]
         return Backlog(
             now_ms=replies[0].now_ms,

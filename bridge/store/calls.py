@@ -1,18 +1,21 @@
-"""The scripts' boundaries: each script's arguments and reply as named types, built and read here.
+"""The scripts' boundaries: each script's keys, arguments and reply, built and read here.
 
-A script takes its arguments by position and answers with a flat list (see its header); nothing
-else in the bridge indexes into either.
+A script takes its KEYS and ARGV by position and answers with a flat list (see its header). Each
+is a :class:`Script` below: its KEYS in the script's order, named once, and its reply read into a
+named type — a sentinel reply (add.lua's ``again``, ``confirm``, ``locate``; a lost shard's
+``{1, watermark}``; promote.lua's -1) into a typed outcome. Nothing else in the bridge names a
+script's keys or indexes into a reply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from bridge.message import Priority
-from bridge.store.keys import offset_bytes, offset_of, text
+from bridge.store.keys import ShardKeys, offset_bytes, offset_of, text
 from bridge.store.results import Lost, lost_from
 
 # Records due within this long before a claim are "on time" and get half of every claim, so an
@@ -192,26 +195,42 @@ def _own(reply: bytes | None) -> str | None:
     return None if reply is None else text(reply)
 
 
-def promoted_meanwhile(reply: Any) -> bool:
-    """Whether an add.lua reply says a reference was promoted since its caller looked for the
-    records its default delay-ids name: nothing was written, the caller looks again."""
-    return isinstance(reply, list) and reply == [b"again"]
+@dataclass(frozen=True, slots=True)
+class Again:
+    """add.lua: a reference was promoted since the caller looked for the records its default
+    delay-ids name; nothing was written, the caller looks again."""
 
 
-def asked_to_confirm(reply: Any) -> list[tuple[int, int]] | None:
-    """The (offset, due ms) of each reference an add.lua reply asks the caller to read in the
-    delay topic first (None: the reply is add.lua's answer)."""
-    if not (isinstance(reply, list) and reply and reply[0] == b"confirm"):
-        return None
-    return [(offset_of(reply[i]), int(reply[i + 1])) for i in range(1, len(reply), 2)]
+@dataclass(frozen=True, slots=True)
+class ConfirmFirst:
+    """add.lua: read these references in the delay topic first — (offset, due ms) each —
+    and call again with their delay-ids vouched for; nothing was written."""
+
+    asked: list[tuple[int, int]]
 
 
-def asked_to_locate(reply: Any) -> list[int] | None:
-    """The offsets an add.lua reply asks the caller to look for in the shard's whole records:
-    their cancels' due-time hints did not find them (None: the reply is add.lua's answer)."""
-    if not (isinstance(reply, list) and reply and reply[0] == b"locate"):
-        return None
-    return [offset_of(o) for o in reply[1:]]
+@dataclass(frozen=True, slots=True)
+class LocateFirst:
+    """add.lua: these cancels' due-time hints found nothing: look for their records among the
+    shard's whole records, and call again; nothing was written."""
+
+    offsets: list[int]
+
+
+AddOutcome = AddReply | Again | ConfirmFirst | LocateFirst
+
+
+def add_outcome(reply: Any) -> AddOutcome:
+    """add.lua's reply, read: its answer, or what it asks first."""
+    if reply and isinstance(reply[0], bytes):
+        if reply[0] == b"again":
+            return Again()
+        if reply[0] == b"confirm":
+            pairs = range(1, len(reply), 2)
+            return ConfirmFirst([(offset_of(reply[i]), int(reply[i + 1])) for i in pairs])
+        if reply[0] == b"locate":
+            return LocateFirst([offset_of(o) for o in reply[1:]])
+    return AddReply.read(reply)
 
 
 def candidates_from(reply: Sequence[Any]) -> list[list[tuple[int, int]]]:
@@ -253,3 +272,117 @@ class BindReply(NamedTuple):
         if int(reply[0]) == 0:
             return cls(False, text(reply[1]))
         return cls(True, text(reply[1]), int(reply[2]), _time(reply[3]))
+
+
+class LowReply(NamedTuple):
+    """low.lua's reply, read."""
+
+    loss: Lost | None  # the shard's state lost, else None
+    watermark: int  # the highest offset handled (-1: none)
+    low: int | None  # the lowest pending offset (None: none pending)
+
+    @classmethod
+    def read(cls, reply: Sequence[Any]) -> LowReply:
+        """The reply as Redis sent it."""
+        status, mark, low = reply
+        return cls(lost_from(int(status), int(mark)), int(mark), offset_of(low) if low else None)
+
+
+def _count(reply: Any) -> int:
+    return int(reply)
+
+
+def _stored(reply: Any) -> int | None:
+    """promote.lua: records stored, or None when the chunk changed since it was read."""
+    stored = int(reply)
+    return None if stored < 0 else stored
+
+
+def _offsets(reply: Sequence[bytes]) -> list[bytes]:
+    """withdraw.lua: the offsets (8 bytes each) withdrawn."""
+    return list(reply)
+
+
+R = TypeVar("R")
+
+
+class Script(Generic[R]):
+    """One script: its KEYS in its order, by name — a field of the shard's :class:`ShardKeys`;
+    ``old.<field>`` the same of another shard (a retired incarnation's); ``retired`` the SET of
+    retired incarnations — and how its reply is read. ``declares``: the wait indexes the shard's
+    waits SET lists follow its own keys (see undeclared in _lib.lua)."""
+
+    def __init__(
+        self, name: str, keys: str, read: Callable[[Any], R], *, declares: bool = False
+    ) -> None:
+        self.name = name
+        self.names = tuple(keys.split())
+        self.read = read
+        self.declares = declares
+
+    def keys(
+        self,
+        k: ShardKeys,
+        *,
+        old: ShardKeys | None = None,
+        retired: str = "",
+        first: str | None = None,
+    ) -> list[str]:
+        """The call's KEYS for the shard ``k`` (``first``: another key in the first place, the
+        wait index claim.lua and unclaim.lua take instead of the due index)."""
+        out = [self._key(name, k, old, retired) for name in self.names]
+        if first is not None:
+            out[0] = first
+        return out
+
+    @staticmethod
+    def _key(name: str, k: ShardKeys, old: ShardKeys | None, retired: str) -> str:
+        if name == "retired":
+            return retired
+        if name.startswith("old."):
+            assert old is not None, name
+            return str(getattr(old, name[4:]))
+        return str(getattr(k, name))
+
+
+ADD = Script(
+    "add", "due meta low pending ids inflight refs refs_due waits", add_outcome, declares=True
+)
+CLAIM = Script("claim", "due inflight claimed low pending ids meta waits", ClaimReply.read)
+ACK = Script("ack", "inflight claimed low pending ids meta", _count)
+RELEASE = Script("release", "inflight", _count)
+TAKE_OVER = Script("take_over", "inflight", _count)
+UNCLAIM = Script("unclaim", "due inflight claimed waits", _count)
+SETTLE = Script("settle", "claimed due ids low pending inflight refs waits", _count, declares=True)
+STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
+LOW = Script("low", "meta low pending", LowReply.read)
+CANDIDATES = Script("candidates", "ids pending", candidates_from)
+PROMOTE = Script("promote", "due refs refs_due pending", _stored)
+WITHDRAW = Script("withdraw", "due ids low pending inflight refs waits", _offsets, declares=True)
+INCARNATION = Script(
+    "incarnation",
+    "due inflight claimed meta low pending retired old.due old.inflight old.claimed ids refs "
+    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta",
+    BindReply.read,
+    declares=True,
+)
+RETIRED = Script("retired", "retired due inflight claimed refs refs_due waits pending meta", _count)
+SCRIPTS: dict[str, Script[Any]] = {
+    s.name: s
+    for s in (
+        ADD,
+        CLAIM,
+        ACK,
+        RELEASE,
+        TAKE_OVER,
+        STATS,
+        LOW,
+        INCARNATION,
+        RETIRED,
+        UNCLAIM,
+        PROMOTE,
+        WITHDRAW,
+        SETTLE,
+        CANDIDATES,
+    )
+}

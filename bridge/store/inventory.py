@@ -15,7 +15,7 @@ from typing import cast
 import redis
 
 from bridge.message import MAX_INT32, parse_count
-from bridge.store.calls import candidates_from
+from bridge.store.calls import CANDIDATES
 from bridge.store.ids import id_hash
 from bridge.store.keys import (
     LANE_BASES,
@@ -160,8 +160,8 @@ class Inventory:
         the id, so the caller confirms each by the delay-id of the record (a reference's read in
         the delay topic); a default id is not in the index (bridge.lookup.by_default_id)."""
         k = self.keys.of(shard)
-        call = ("candidates", [k.ids, k.pending], [id_hash(shard.topic, delay_id)])
-        [candidates] = candidates_from(self.scripts.run([call])[0])
+        call = (CANDIDATES.keys(k), [id_hash(shard.topic, delay_id)])
+        [[candidates]] = self.scripts.call(CANDIDATES, [call])
         found: list[tuple[int, bytes]] = []
         for offset, due in candidates:
             at = offset_bytes(offset)

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import redis
 
-from bridge.store.calls import BindReply
+from bridge.store.calls import INCARNATION, RETIRED
 from bridge.store.keys import Keys, Shard, text
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Bound
-from bridge.store.scripts import Call, Scripts
+from bridge.store.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -44,37 +44,15 @@ class Layout:
         # A label is kept until its shard's reply arrives: asked again, a retire that ran but
         # whose reply was lost is answered as it was (incarnation.lua), not taken for done.
         labels = {s: self._labels.setdefault(s, uuid.uuid4().hex[:12]) for s in shards}
-        calls: list[Call] = []
+        calls = []
         for shard in shards:
-            k = self.keys.of(shard)
             old = self.keys.of(Shard(shard.topic, shard.partition, labels[shard]))
             labelled = self.keys.retired_set(shard)
-            keys = [
-                k.due,
-                k.inflight,
-                k.claimed,
-                k.meta,
-                k.low,
-                k.pending,
-                labelled,
-                old.due,
-                old.inflight,
-                old.claimed,
-                k.ids,
-                k.refs,
-                k.refs_due,
-                old.refs,
-                old.refs_due,
-                k.waits,
-                old.waits,
-                old.pending,
-                old.meta,
-            ]
+            keys = INCARNATION.keys(self.keys.of(shard), old=old, retired=labelled)
             args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
-            calls.append(("incarnation", keys, args))
+            calls.append((keys, args))
         out = {}
-        for shard, reply in zip(shards, self.scripts.run(calls) if calls else [], strict=True):
-            r = BindReply.read(reply)
+        for shard, r in zip(shards, self.scripts.call(INCARNATION, calls), strict=True):
             retired = Shard(shard.topic, shard.partition, labels[shard]) if r.records else None
             out[shard] = Bound(r.retired, r.stored_id, r.records, r.watermark, retired)
         for shard in shards:
@@ -105,16 +83,5 @@ class Layout:
 
     def forget_retired(self, shard: Shard) -> bool:
         """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
-        k = self.keys.of(shard)
-        keys = [
-            self.keys.retired_set(shard),
-            k.due,
-            k.inflight,
-            k.claimed,
-            k.refs,
-            k.refs_due,
-            k.waits,
-            k.pending,
-            k.meta,
-        ]
-        return bool(int(self.scripts.run([("retired", keys, [shard.incarnation])])[0]))
+        keys = RETIRED.keys(self.keys.of(shard), retired=self.keys.retired_set(shard))
+        return bool(sum(self.scripts.call(RETIRED, [(keys, [shard.incarnation])])))

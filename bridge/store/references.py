@@ -15,9 +15,10 @@ from typing import Any, cast
 
 import redis
 
+from bridge.store.calls import PROMOTE
 from bridge.store.keys import Keys, Shard, references_in, text
 from bridge.store.redis_errors import as_store_error
-from bridge.store.scripts import Call, Scripts
+from bridge.store.scripts import Scripts
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,8 @@ class References:
         ]
         for record_score, member in members:
             args += [record_score, member]
-        calls: list[Call] = [("promote", [k.due, k.refs, k.refs_due, k.pending], args)]
-        stored = int(self.scripts.run(calls)[0])
-        return None if stored < 0 else stored
+        [stored] = self.scripts.call(PROMOTE, [(PROMOTE.keys(k), args)])
+        return stored
 
     def counts(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """References waiting per shard."""

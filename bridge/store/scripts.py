@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from importlib import resources
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
 
+from bridge.store.calls import SCRIPTS, Script
 from bridge.store.keys import LANE_WIDTH, text
 from bridge.store.redis_errors import as_store_error
 
@@ -19,29 +20,15 @@ from bridge.store.redis_errors import as_store_error
 # its keys are half moved) is sent again after a pause, doubling from the first to the last, for
 # up to CLUSTER_WAIT_S; the other calls' replies stand meanwhile.
 CLUSTER_PAUSES_S, CLUSTER_WAIT_S = (0.02, 0.5), 5.0
-NAMES = (
-    "add",
-    "claim",
-    "ack",
-    "release",
-    "take_over",
-    "stats",
-    "low",
-    "incarnation",
-    "retired",
-    "unclaim",
-    "promote",
-    "withdraw",
-    "settle",
-    "candidates",
-)
+NAMES = tuple(SCRIPTS)
 
 # One script call: the script's name, its keys, its arguments.
 Call = tuple[str, list[str], list[Any]]
 # Scripts that reach a shard's wait indexes through its waits SET declare them after their own
 # keys (this many): Redis Cluster routes and migrates by declared keys. A call that left one out
 # is answered {"undeclared", keys...} before it writes anything, and runs again with them.
-OWN_KEYS = {"add": 9, "withdraw": 7, "settle": 8, "stats": 4, "incarnation": 19}
+OWN_KEYS = {s.name: len(s.names) for s in SCRIPTS.values() if s.declares}
+R = TypeVar("R")
 UNDECLARED = b"undeclared"
 
 
@@ -79,7 +66,15 @@ class Scripts:
         # reply never came. The mover watches the count and ends such leases (bridge.egress).
         self.unanswered = 0
 
-    def run(self, calls: Iterable[Call]) -> list[Any]:
+    def call(self, script: Script[R], calls: Sequence[tuple[list[str], list[Any]]]) -> list[R]:
+        """Run ``script`` once per (KEYS, ARGV) of ``calls``, in one round trip: each reply read
+        as the script's (see :meth:`_run`)."""
+        if not calls:
+            return []
+        read = script.read
+        return [read(r) for r in self._run([(script.name, k, a) for k, a in calls])]
+
+    def _run(self, calls: Iterable[Call]) -> list[Any]:
         """Run script calls in one pipeline: EVALSHA only, one round trip. (A pipeline of
         registered scripts would first ask SCRIPT EXISTS, a second round trip every call.) A
         Redis that does not know a script (restarted, flushed, a replica just promoted: the

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from bridge.store import Shard
 from bridge.store.api import _claims
+from bridge.store.calls import ClaimReply
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 
 
-def reply(start_ms: int, end_ms: int) -> list[object]:
+def reply(start_ms: int, end_ms: int) -> ClaimReply:
     # now, redelivered, earliest due left, earliest lease, clock at the end, epoch, lanes due,
     # earliest due per lane, topic id: nothing claimed, nothing left
-    return [start_ms, 0, -1, -1, end_ms, b"", 0, -1, -1, -1, b""]
+    return ClaimReply.read([start_ms, 0, -1, -1, end_ms, b"", 0, -1, -1, -1, b""])
 
 
 def test_on_redis_cluster_the_mover_carries_on_the_earliest_master_clock() -> None:

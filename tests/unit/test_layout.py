@@ -216,3 +216,29 @@ def test_the_console_calls_the_tools_not_the_command_line() -> None:
         and (target.value.id, target.attr) in {("sys", "stdout"), ("sys", "stderr")}
     ]
     assert not swapped, swapped
+
+
+def test_every_script_is_one_typed_call_with_its_keys_named_once() -> None:
+    """Each Lua script has its Script in bridge/store/calls.py — its KEYS by name in the
+    script's order, its reply read into a named type — with as many keys as the script's header
+    documents; the runner's untyped entry (Scripts._run) is called from nowhere else."""
+    import re
+
+    from bridge.store.calls import SCRIPTS
+
+    lua = PACKAGE / "store" / "lua"
+    scripts = {p.stem for p in lua.glob("*.lua") if not p.stem.startswith("_")}
+    assert scripts == set(SCRIPTS)
+    for name, script in SCRIPTS.items():
+        documented = re.findall(r"KEYS\[(\d+)\](?!\.\.)", (lua / f"{name}.lua").read_text())
+        assert len(script.names) == max(map(int, documented)), name
+    raw = [
+        f"{module}:{node.lineno}"
+        for module, tree in TREES.items()
+        if module != "bridge.store.scripts"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("_run", "_evalsha")
+        and "scripts" in ast.unparse(node.value)
+    ]
+    assert not raw, raw
