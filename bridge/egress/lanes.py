@@ -18,10 +18,10 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from bridge.egress.failures import Ident
 from bridge.egress.plan import HOLD_WAIT_S, Plan
 from bridge.message import Priority
-from bridge.store import ON_TIME_WINDOW_MS, Claimed, Claims, Shard
+from bridge.store import ON_TIME_WINDOW_MS, Claimed, Claims, PerLane, Shard
 
 
-def lanes_min(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+def lanes_min(a: PerLane, b: PerLane) -> PerLane:
     """Lane by lane, the earlier of two earliest due times (-1: none)."""
     high, normal, low = (
         min(i, j) if i >= 0 and j >= 0 else max(i, j) for i, j in zip(a, b, strict=True)
@@ -35,17 +35,17 @@ class Stored:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._earliest: dict[Shard, tuple[int, int, int]] = {}
+        self._earliest: dict[Shard, PerLane] = {}
 
     def __bool__(self) -> bool:
         return bool(self._earliest)
 
-    def add(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> None:
+    def add(self, earliest: Mapping[Shard, PerLane]) -> None:
         with self._lock:
             for shard, lanes in earliest.items():
                 self._earliest[shard] = lanes_min(lanes, self._earliest.get(shard, lanes))
 
-    def take(self) -> dict[Shard, tuple[int, int, int]]:
+    def take(self) -> dict[Shard, PerLane]:
         with self._lock:
             taken, self._earliest = self._earliest, {}
         return taken
@@ -80,7 +80,7 @@ class Lanes:
         self.draining = draining
         self._due: dict[Shard, frozenset[Priority]] = {}  # shards with records due, by priority
         self._held: set[Shard] = set()  # shards with only lower priorities due: held back
-        self._earliest: dict[Shard, tuple[int, int, int]] = {}  # per lane, as each claim said
+        self._earliest: dict[Shard, PerLane] = {}  # per lane, as each claim said
 
     def cut(self) -> Priority | None:
         """The lowest priority to claim now (None: every one)."""
@@ -154,7 +154,7 @@ class Lanes:
         active = bool(backlog) or bool(self.draining())
         return Backlog(backlog, claims.now_ms - ON_TIME_WINDOW_MS if active else None)
 
-    def stored(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> dict[Shard, int]:
+    def stored(self, earliest: Mapping[Shard, PerLane]) -> dict[Shard, int]:
         """Ingress stored records due from these times on, lane by lane: what :meth:`ahead`
         reads until the shard's next claim says again. Returns each shard's earliest."""
         for shard, lanes in earliest.items():

@@ -25,6 +25,7 @@ from bridge.egress.plan import (
     IDLE_WAIT_S,
     NEVER,
     DecisionClock,
+    Moment,
     Plan,
     tell_clock,
 )
@@ -37,7 +38,7 @@ from bridge.health import Readiness
 from bridge.journal import Journal, Reconcile
 from bridge.message import Priority
 from bridge.metrics import Metrics
-from bridge.store import Claimed, Claims, Shard, Store
+from bridge.store import Claimed, Claims, PerLane, Shard, Store
 from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class Egress:
         """Records claimed ahead not due by ``now_ms``, and in flight and due, by priority."""
         return self.sender.not_due(now_ms), self.deliveries.due_in_flight(now_ms)
 
-    def notify(self, earliest: Mapping[Shard, tuple[int, int, int]]) -> None:
+    def notify(self, earliest: Mapping[Shard, PerLane]) -> None:
         """Ingress stored records due from these times on (the earliest of each priority lane,
         -1: none); wake up in case one is sooner than planned."""
         self._stored.add(earliest)
@@ -176,8 +177,8 @@ class Egress:
             self.turns.mark("taking shards over")
         if self._stored:
             self.plan.stored(self.lanes.stored(self._stored.take()), self.catch_up.horizons())
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        self.sender.send_due(now)
+        now = self.clock.moment(now_ms)
+        self.sender.send_due(now.ms)
         self.turns.mark("producing held records")
         room = self.deliveries.room()
         limited = False  # egress.max_rate leaves less room than the records in flight do
@@ -185,22 +186,20 @@ class Egress:
             allowed = self.rate.allowance()
             limited, room = allowed < room, min(room, allowed)
         self.lanes.release(self.owned, self.plan)
-        shards = self.plan.to_claim(self.taking_over.claimable(self.owned), now)
+        shards = self.plan.to_claim(self.taking_over.claimable(self.owned), now.ms)
         self._starved = bool(shards) and limited and room <= 0
         claimed = 0
         if shards and room > 0:
-            claimed = self._claim(shards, room, now, now_ms, limited)
+            claimed = self._claim(shards, room, now, limited)
         else:
             self.deliveries.ack()
         if self.targets.waiting and room > claimed:
-            claimed += self._claim_waiting(now, now_ms, room - claimed)
+            claimed += self._claim_waiting(now, room - claimed)
         self.deliveries.poll(0)
         self.turns.mark("producing claimed records")
         return claimed
 
-    def _claim(
-        self, shards: list[Shard], room: int, now: float, now_ms: int | None, limited: bool
-    ) -> int:
+    def _claim(self, shards: list[Shard], room: int, now: Moment, limited: bool) -> int:
         """Claim from the due indexes of ``shards`` and produce what is due; returns how many
         records it took (not those put back or set aside for their target's rate)."""
         per_shard = max(1, min(self.config.batch_size, room // len(shards)))
@@ -210,14 +209,14 @@ class Egress:
             shards,
             per_shard,
             self.config.lease,
-            now_ms,
+            now.fixed,
             horizons,
             ahead_ms=self.config.ahead,
             acks=acks,
             lanes=self.lanes.limits(shards),
-            ahead_lanes=self.lanes.ahead(self.owned, now + self.config.ahead),
+            ahead_lanes=self.lanes.ahead(self.owned, now.ms + self.config.ahead),
             watermarks=self.catch_up.watermarks(),
-            cap_ms=self.clock.ceiling(now_ms),
+            cap_ms=self.clock.ceiling(now.fixed),
         )
         self.turns.mark("claiming from redis")
         self.deliveries.acknowledged(acks)
@@ -235,9 +234,9 @@ class Egress:
         self.sender.dispatch(claimed, put_back, backlog)
         return len(claimed) - len(put_back)
 
-    def _claim_waiting(self, now: float, now_ms: int | None, room: int) -> int:
+    def _claim_waiting(self, now: Moment, room: int) -> int:
         """Claim from the wait indexes what the rate-limited targets' rates allow now."""
-        got = self.targets.claim(now, now_ms, room, self.catch_up, self.config.batch_size)
+        got = self.targets.claim(now, room, self.catch_up, self.config.batch_size)
         for claims in got:
             if self.rate is not None:
                 self.rate.take(len(claims))

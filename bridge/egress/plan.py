@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from bridge.health import Readiness
 from bridge.message import format_duration_ms
@@ -19,6 +21,21 @@ HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up
 def wall_ms() -> int:
     """This host's wall clock, epoch ms: a witness the decision clock checks Redis's against."""
     return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """When a step of the mover decides: ``ms``, the decision clock's reading (NEVER before the
+    first claim), and ``fixed``, the time a test gives its claims instead (None: Redis TIME
+    decides, capped by the decision clock)."""
+
+    ms: float
+    fixed: int | None = None
+
+    @property
+    def cap_ms(self) -> int | None:
+        """The ceiling a claim made at this moment puts on Redis TIME (None: none)."""
+        return None if self.fixed is not None or math.isinf(self.ms) else int(self.ms)
 
 
 class DecisionClock:
@@ -53,6 +70,10 @@ class DecisionClock:
         """The decision time now (NEVER before the first claim: every shard is due for one)."""
         redis_ms = self._redis_ms()
         return NEVER if redis_ms is None else min(redis_ms, self._wall())
+
+    def moment(self, fixed_ms: int | None = None) -> Moment:
+        """The moment a step decides by: now, or the ``fixed_ms`` a test gives."""
+        return Moment(self.now_ms() if fixed_ms is None else fixed_ms, fixed_ms)
 
     def decision_ms(self) -> int:
         """The decision time now as epoch ms, the wall clock before the first claim: what

@@ -6,14 +6,13 @@ each listed target's (:class:`TargetLimits`), whose records beyond the rate wait
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 
 from bridge.catchup import CatchUp
 from bridge.egress.failures import Ident
-from bridge.egress.plan import HOLD_WAIT_S
+from bridge.egress.plan import HOLD_WAIT_S, Moment
 from bridge.message import Priority
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, Shard, Store
@@ -151,30 +150,21 @@ class TargetLimits:
             self.waiting.setdefault(c.record.target, {})[c.shard] = -1
         return out
 
-    def claim(
-        self,
-        now: float,
-        now_ms: int | None,
-        room: int,
-        catch_up: CatchUp,
-        batch: int,
-    ) -> list[Claims]:
-        """Claim from the wait indexes what the targets' rates allow now (at most ``room`` in
-        all): the claims of each target claimed from. ``now`` is the mover's decision clock
-        (:class:`~bridge.egress.plan.DecisionClock`), the ceiling on Redis TIME for the claim;
-        ``now_ms`` the time the claim is to use instead (a test's); ``catch_up`` gives the
-        horizons and watermarks, as for the due indexes."""
-        limits = self._limits(now, room, batch)
+    def claim(self, now: Moment, room: int, catch_up: CatchUp, batch: int) -> list[Claims]:
+        """Claim from the wait indexes what the targets' rates allow ``now`` (the mover's
+        :class:`~bridge.egress.plan.Moment`; at most ``room`` in all): the claims of each target
+        claimed from; ``catch_up`` gives the horizons and watermarks, as for the due indexes."""
+        limits = self._limits(now.ms, room, batch)
         if not limits:
             return []
         got = self.store.claim_waiting(
             limits,
             self.lease_ms,
-            now_ms,
+            now.fixed,
             catch_up.horizons(),
             self._lanes(),
             watermarks=catch_up.watermarks(),
-            cap_ms=None if now_ms is not None or math.isinf(now) else int(now),
+            cap_ms=now.cap_ms,
         )
         self._claimed(got)
         return list(got.values())

@@ -28,7 +28,17 @@ from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Rules, Scheduled
 from bridge.metrics import Metrics
-from bridge.store import Added, Confirm, Schedules, Shard, Store, lane_firsts, unconfirmed, undated
+from bridge.store import (
+    Added,
+    Confirm,
+    PerLane,
+    Schedules,
+    Shard,
+    Store,
+    lane_firsts,
+    unconfirmed,
+    undated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +66,7 @@ class Ingress:
         topics: Sequence[str],
         on_assign: Callable[[set[Shard]], None],
         on_revoke: Callable[[set[Shard]], None],
-        on_stored: Callable[[Mapping[Shard, tuple[int, int, int]]], None],
+        on_stored: Callable[[Mapping[Shard, PerLane]], None],
         topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
         known_ids: Callable[[], Mapping[str, str]] = dict,
         partitions: Callable[[], Mapping[str, int]] = dict,
@@ -290,7 +300,7 @@ class Ingress:
         self._read_up_to(batch, set(batch.stored))
         self.holds.passed(set(batch.low) - set(refused))
         counts: dict[str, int] = {}
-        earliest: dict[Shard, tuple[int, int, int]] = {}
+        earliest: dict[Shard, PerLane] = {}
         for shard, (_, records) in batch.stored.items():
             dues = [(rec.priority, rec.due_ms) for rec in records if isinstance(rec, Scheduled)]
             if dues:

@@ -37,7 +37,7 @@ from bridge.message import (
 )
 from bridge.metrics import Metrics
 from bridge.readback.reader import Reader
-from bridge.store import Chunk, Shard, Store, lane_firsts, lane_of, member, score
+from bridge.store import Chunk, PerLane, Shard, Store, lane_firsts, lane_of, member, score
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ReadBack:
         *,
         owned: Callable[[], frozenset[Shard]],
         read_ahead_ms: int,
-        on_stored: Callable[[Mapping[Shard, tuple[int, int, int]]], None] = lambda earliest: None,
+        on_stored: Callable[[Mapping[Shard, PerLane]], None] = lambda earliest: None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.store = store

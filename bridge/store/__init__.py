@@ -7,6 +7,7 @@ from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import due_counts
 from bridge.store.keys import (
     REFERENCE_BYTES,
+    PerLane,
     Shard,
     ShardKeys,
     default_id_offset,
@@ -40,6 +41,7 @@ __all__ = [
     "Confirm",
     "Lost",
     "Lows",
+    "PerLane",
     "Replica",
     "Replicas",
     "Schedules",

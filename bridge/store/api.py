@@ -34,6 +34,7 @@ from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
     Keys,
+    PerLane,
     Shard,
     ShardKeys,
     offset_bytes,
@@ -62,7 +63,7 @@ def _claims(
     out: list[Claimed] = []
     next_ms: dict[Shard, int | None] = {}
     due_lanes: dict[Shard, frozenset[Priority]] = {}
-    earliest: dict[Shard, tuple[int, int, int]] = {}
+    earliest: dict[Shard, PerLane] = {}
     for shard, r in zip(shards, read, strict=True):
         next_ms[shard] = r.next_ms()
         if r.due_lanes:

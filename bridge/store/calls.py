@@ -15,7 +15,7 @@ from itertools import chain
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from bridge.message import Priority
-from bridge.store.keys import ShardKeys, offset_bytes, offset_of, text
+from bridge.store.keys import PerLane, ShardKeys, offset_bytes, offset_of, text
 from bridge.store.results import Lost, lost_from
 
 # Records due within this long before a claim are "on time" and get half of every claim, so an
@@ -88,7 +88,7 @@ class ClaimReply(NamedTuple):
     clock_ms: int  # Redis TIME at the end of the call
     epoch: str  # the shard's epoch: its acknowledgements name it
     due_lanes: frozenset[Priority]  # the lanes with records due left
-    earliest: tuple[int, int, int]  # each lane's earliest due ms left (high, normal, low; -1)
+    earliest: PerLane  # each lane's earliest due ms left (high, normal, low; -1)
     topic_id: str  # the incarnation the records belong to ("": not known)
     members: list[bytes]  # offset (8 bytes) + encoded record, in the order handed out
 
@@ -249,7 +249,7 @@ class StatsReply(NamedTuple):
     inflight: int
     oldest_due_ms: int | None  # the oldest overdue (or in flight) record's due time
     references: int
-    overdue_by: tuple[int, int, int]  # overdue per lane: high, normal, low
+    overdue_by: PerLane  # overdue per lane: high, normal, low
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> StatsReply:

@@ -206,7 +206,12 @@ def score(record: Scheduled) -> int:
     return record.due_ms + LANE_BASES[record.priority]
 
 
-def lane_firsts(records: Iterable[tuple[Priority, int]]) -> tuple[int, int, int]:
+# A figure per priority lane, in the order high, normal, low: the earliest due ms of each (-1:
+# none), or a count of each.
+PerLane = tuple[int, int, int]
+
+
+def lane_firsts(records: Iterable[tuple[Priority, int]]) -> PerLane:
     """The earliest due ms of each lane — high, normal, low; -1: none — among (priority, due ms)
     pairs."""
     first = [-1, -1, -1]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from bridge.message import Priority, Scheduled
-from bridge.store.keys import Shard
+from bridge.store.keys import PerLane, Shard
 
 
 @dataclass(slots=True)
@@ -131,7 +131,7 @@ class Claims(list[Claimed]):
         clock_ms: int,
         *,
         due_lanes: dict[Shard, frozenset[Priority]] | None = None,
-        earliest: dict[Shard, tuple[int, int, int]] | None = None,
+        earliest: dict[Shard, PerLane] | None = None,
     ) -> None:
         super().__init__(records)
         self.now_ms = now_ms
