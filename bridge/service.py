@@ -32,7 +32,17 @@ from bridge.egress import Egress, shard_transactions
 from bridge.errors import ConfigError, KafkaFault
 from bridge.health import PROBE_INTERVAL_S, FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
-from bridge.ingress import Ingress, ReplicaView, Settled, Unowned, closing_aside, replica_id
+from bridge.ingress import (
+    DeadLetters,
+    Ingress,
+    Owner,
+    ReplicaView,
+    Settled,
+    TopicReads,
+    Unowned,
+    closing_aside,
+    replica_id,
+)
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, Trimmer
@@ -192,33 +202,24 @@ class Service:
         )
         dlq_producer = Producer(producer_conf)
         self.id_reader = _id_reader(config)
+        journal = _journal(config, dlq_producer, self.metrics, self.readiness, self.topics)
         self.ingress = Ingress(
-            Consumer(consumer_conf),
-            dlq_producer,
+            lambda: Consumer(consumer_conf),
             self.store,
-            config.rules(),
             self.metrics,
-            config=config.ingress,
-            store_config=config.store,
-            topics=config.topics.delay,
-            on_assign=self.egress.add_shards,
-            on_revoke=self._on_revoke,
-            on_stored=self.egress.notify,
-            topic_ids=self.topics.ids,
-            known_ids=self.topics.known,
-            partitions=self.topics.partitions,
+            config,
+            DeadLetters(dlq_producer, config.rules(), self.metrics, journal),
+            topics=self.topics,
+            owner=Owner(self.egress.add_shards, self._on_revoke, self.egress.notify),
             readiness=self.readiness,
             catch_up=catch_up,
-            new_consumer=lambda: Consumer(consumer_conf),
-            journal=_journal(config, dlq_producer, self.metrics, self.readiness, self.topics),
             settled=Settled(
                 _journal_reader(config),
                 self.store,
                 self.topics.known,
                 before_read=self.egress.before_rebuild,
             ),
-            confirm=self.id_reader,
-            schedules=self.id_reader.schedules,
+            reads=TopicReads(self.id_reader, self.id_reader.schedules),
         )
         self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
         # Runs with store.references off too: the references stored before it are still read back.

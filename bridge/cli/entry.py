@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -23,6 +22,7 @@ from bridge.cli.records import produce_command, write_command
 from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
+from bridge.message import wall_ms
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _status(args: argparse.Namespace, config: Config) -> int:
-    answer = ops.status_answer(config, ops.StatusAsk(), _now_ms())
+    answer = ops.status_answer(config, ops.StatusAsk(), wall_ms())
     if args.json:
         return _said(answer)
     ops.print_status(answer.now_ms, answer.rows)
@@ -284,7 +284,7 @@ def _status(args: argparse.Namespace, config: Config) -> int:
 
 def _list(args: argparse.Namespace, config: Config) -> int:
     ask = ops.ListAsk(args.topic, args.partition, args.id, args.due_before, args.limit, args.skip)
-    answer = ops.list_answer(config, ask, _now_ms())
+    answer = ops.list_answer(config, ask, wall_ms())
     if args.json:
         return _said(answer)
     ops.print_waiting(answer.records, answer.total, answer.skip)
@@ -293,7 +293,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 def _trace(args: argparse.Namespace, config: Config) -> int:
     answer = ops.trace_answer(
-        config, ops.TraceAsk(args.id, args.origin, args.topic, args.since), _now_ms()
+        config, ops.TraceAsk(args.id, args.origin, args.topic, args.since), wall_ms()
     )
     if args.json:
         return _said(answer)
@@ -308,15 +308,11 @@ def _dlq_ask(args: argparse.Namespace) -> ops.DlqAsk:
 
 
 def _dlq_list(args: argparse.Namespace, config: Config) -> int:
-    answer = ops.dlq_answer(config, _dlq_ask(args), _now_ms())
+    answer = ops.dlq_answer(config, _dlq_ask(args), wall_ms())
     if args.json:
         return _said(answer)
     ops.print_listing(answer.listing)
     return 0
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _said(answer: ops.Answer) -> int:

@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import functools
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,6 +36,7 @@ from bridge.message import (
     format_time_ms,
     parse_duration_ms,
     parse_time_ms,
+    wall_ms,
 )
 
 
@@ -84,7 +84,7 @@ def _kaspr_headers(args: argparse.Namespace, target: str | None) -> Headers:
     headers = _extra_headers(args)
     try:
         if args.after is not None:
-            due_ms = time.time_ns() // 1_000_000 + parse_duration_ms(args.after)
+            due_ms = wall_ms() + parse_duration_ms(args.after)
         else:
             due_ms = parse_time_ms(args.at)
     except ValueError as exc:
@@ -189,7 +189,7 @@ def write_command(name: str, args: argparse.Namespace, config: Config) -> int:
     ask = asked(kind, args)
     form, every = PROGRESS.get(name, ("{:,} matched", 10_000))
     voice = cli_voice(form, every)
-    done = tool(config, ask, time.time_ns() // 1_000_000, voice)
+    done = tool(config, ask, wall_ms(), voice)
     if every and sys.stderr.isatty() and _counted(done) >= every:
         print(file=sys.stderr)  # after the progress line
     for line in done.lines():

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from bridge import ops
 from bridge.config import Config
 from bridge.console.chart import SPANS, due_over
 from bridge.errors import BridgeError, ConfigError, UsageError
+from bridge.message import wall_ms
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Api:
             return Reply(404, {"error": f"no such call: GET {path}"})
         kind, answer_of = READS[path]
         try:
-            answer = answer_of(self.config, ops.from_query(kind, query), _now_ms())
+            answer = answer_of(self.config, ops.from_query(kind, query), wall_ms())
         except (UsageError, ConfigError) as exc:
             return Reply(400, {"error": str(exc)})
         except BridgeError as exc:  # a service unreachable, nothing where it was asked
@@ -145,7 +145,7 @@ class Api:
             options = json.loads(data or b"{}")
             if not isinstance(options, dict):
                 raise UsageError("the body is not a JSON object")
-            done = tool(self.config, ops.from_body(kind, options), _now_ms(), voice)
+            done = tool(self.config, ops.from_body(kind, options), wall_ms(), voice)
         except (UsageError, ConfigError, ValueError) as exc:  # JSONDecodeError: a ValueError
             return Reply(400, {"error": str(exc)})
         except BridgeError as exc:  # a service unreachable, the id waits nowhere
@@ -173,7 +173,3 @@ class Api:
         if not hmac.compare_digest(_bearer(headers).encode(), token.encode()):
             return "a write needs the console token: Authorization: Bearer <token>"
         return None
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -9,18 +9,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from bridge.health import Readiness
-from bridge.message import format_duration_ms
+from bridge.message import format_duration_ms, wall_ms
 from bridge.metrics import Metrics
 from bridge.store import Claims, Shard
 
 IDLE_WAIT_S = 5.0  # a safety net only: wake-ups come from due times and ingress
 NEVER = float("inf")
 HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up ingress
-
-
-def wall_ms() -> int:
-    """This host's wall clock, epoch ms: a witness the decision clock checks Redis's against."""
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,22 +11,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from bridge.catchup import CatchUp
-from bridge.config import IngressConfig, StoreConfig
+from bridge.config import Config
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
-from bridge.ingress.membership import Membership
+from bridge.ingress.membership import Membership, Owner, TopicFacts
 from bridge.ingress.restarts import Restarts, close_aside
 from bridge.ingress.settled import Settled
 from bridge.journal import Journal
-from bridge.message import Rules, Scheduled
+from bridge.message import Scheduled, wall_ms
 from bridge.metrics import Metrics
 from bridge.store import (
     Added,
@@ -42,6 +43,19 @@ from bridge.store import (
 
 logger = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class TopicReads:
+    """What the ingress reads in the delay topic while it stores (see :meth:`Store.add`):
+    ``confirm`` reads the schedules the id index points at, ``schedules`` the records default
+    delay-ids name (for their due times)."""
+
+    confirm: Confirm = unconfirmed
+    schedules: Schedules = undated
+
+
+NO_READS = TopicReads()  # nothing read: the id index's candidates stand unconfirmed
+
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
 # A batch Redis refused is read again after this long, the next value for each refusal in a row.
 # The last is short: once Redis takes writes again, ingest resumes within it.
@@ -55,63 +69,55 @@ class Ingress:
 
     def __init__(
         self,
-        consumer: Consumer,
-        dlq_producer: Producer,
+        new_consumer: Callable[[], Consumer],
         store: Store,
-        rules: Rules,
         metrics: Metrics,
+        config: Config,
+        dead_letters: DeadLetters,
         *,
-        config: IngressConfig,
-        store_config: StoreConfig,
-        topics: Sequence[str],
-        on_assign: Callable[[set[Shard]], None],
-        on_revoke: Callable[[set[Shard]], None],
-        on_stored: Callable[[Mapping[Shard, PerLane]], None],
-        topic_ids: Callable[[Sequence[str]], dict[str, str]] = lambda topics: {},
-        known_ids: Callable[[], Mapping[str, str]] = dict,
-        partitions: Callable[[], Mapping[str, int]] = dict,
-        readiness: Readiness | None = None,
-        catch_up: CatchUp | None = None,
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
-        new_consumer: Callable[[], Consumer] | None = None,
-        journal: Journal | None = None,
+        topics: TopicFacts,
+        owner: Owner,
+        readiness: Readiness,
+        catch_up: CatchUp,
         settled: Settled | None = None,
-        confirm: Confirm = unconfirmed,
-        schedules: Schedules = undated,
+        reads: TopicReads = NO_READS,
     ) -> None:
-        self.consumer = consumer
-        self.restarts = Restarts(new_consumer)  # to start it again (restart_soon); None: never
-        self.catch_up = catch_up or CatchUp()
+        """``new_consumer`` makes the delay topics' consumer (again, after a fault: see
+        :class:`Restarts`); ``dead_letters`` sends what is refused; ``topics`` says what Kafka
+        knows of the delay topics, ``owner`` is told of the shards assigned, revoked and
+        stored to; ``settled`` reads the journal for a rebuild, ``reads`` the delay topic for
+        what the id index and default delay-ids point at."""
+        self.consumer = new_consumer()
+        self.restarts = Restarts(new_consumer)  # to start it again (restart_soon)
+        self.catch_up = catch_up
         self.store = store
-        self.confirm = confirm  # reads the id index's candidates in the delay topic
-        self.schedules = schedules  # reads the due time of what a default delay-id names there
-        self.rules = rules
+        self.reads = reads
+        self.rules = dead_letters.rules
         self.metrics = metrics
-        self.config = config  # batch_size, linger (ms), hold (ms)
+        self.config = config.ingress  # batch_size, linger (ms), hold (ms)
         # Records due further out than this when stored are kept as references (None: none is).
-        self.payload_horizon_ms = store_config.payload_horizon if store_config.references else None
-        self.bucket_ms = store_config.bucket_ms
+        held = config.store
+        self.payload_horizon_ms = held.payload_horizon if held.references else None
+        self.bucket_ms = held.bucket_ms
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
-        self._on_stored = on_stored
-        self.readiness = readiness or Readiness()
-        self.dead_letters = DeadLetters(dlq_producer, rules, metrics, journal)
+        self._owner = owner
+        self.readiness = readiness
+        self.dead_letters = dead_letters
         self.holds = Holds(self.readiness, self.catch_up)
         self.membership = Membership(
-            consumer,
+            self.consumer,
             store,
             metrics,
             self.catch_up,
-            topics=topics,
-            on_assign=on_assign,
-            on_revoke=on_revoke,
-            topic_ids=topic_ids,
-            known_ids=known_ids,
+            topics=config.topics.delay,
+            facts=topics,
+            owner=owner,
             paused=lambda: bool(self._paused_until),
             settled=settled,
         )
         self.positions = self.membership.positions
-        self._clock_ms = clock_ms
-        self._partitions = partitions  # delay topic -> partition count, as Kafka last said
+        self._clock_ms = wall_ms
+        self._partitions = topics.partitions  # delay topic -> partition count, as Kafka last said
         self._next_commit = 0.0
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_INTERVAL_S
         self._paused_until = 0.0
@@ -287,8 +293,8 @@ class Ingress:
                 refer_after_ms=refer_after,
                 bucket_ms=self.bucket_ms,
                 partitions=partition_counts(self._partitions(), self.assigned),
-                confirm=self.confirm,
-                schedules=self.schedules,
+                confirm=self.reads.confirm,
+                schedules=self.reads.schedules,
             )
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
@@ -309,7 +315,7 @@ class Ingress:
         for topic, n in counts.items():
             self.metrics.ingested.labels(delay_topic=topic).inc(n)
         if earliest:
-            self._on_stored(earliest)
+            self._owner.stored(earliest)
 
     def _read_up_to(self, batch: Batch, applied: set[Shard]) -> None:
         """Tell how far this batch applied ``applied`` (its newest record timestamps): the

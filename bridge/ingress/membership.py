@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -17,12 +19,36 @@ from bridge.errors import StoreError
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
-from bridge.store import Bound, Shard, Store
+from bridge.store import Bound, PerLane, Shard, Store
 
 logger = logging.getLogger(__name__)
 
 LEAVE_TIMEOUT_S, LEAVE_POLL_S = 5.0, 0.1  # serving the revocation before the group is left
 WATERMARK_TIMEOUT_S = 5.0  # reading a partition's end offset, when it is read again
+
+
+class TopicFacts(Protocol):
+    """What Kafka says of the delay topics (:class:`bridge.topics.Topics` answers it)."""
+
+    def ids(self, topics: Sequence[str]) -> dict[str, str]:
+        """Each topic's id, asked now."""
+
+    def known(self) -> Mapping[str, str]:
+        """The topic ids last heard, without asking."""
+
+    def partitions(self) -> Mapping[str, int]:
+        """Each topic's partition count, as Kafka last said."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who is told of the shards the ingress reads: ``assigned`` and ``revoked`` as the group
+    hands them over (a retired incarnation found is assigned too), and ``stored``, the earliest
+    due time per lane of what each batch stored in each shard."""
+
+    assigned: Callable[[set[Shard]], None]
+    revoked: Callable[[set[Shard]], None]
+    stored: Callable[[Mapping[Shard, PerLane]], None] = lambda earliest: None
 
 
 class Membership:
@@ -37,10 +63,8 @@ class Membership:
         catch_up: CatchUp,
         *,
         topics: Sequence[str],
-        on_assign: Callable[[set[Shard]], None],
-        on_revoke: Callable[[set[Shard]], None],
-        topic_ids: Callable[[Sequence[str]], dict[str, str]],
-        known_ids: Callable[[], Mapping[str, str]],
+        facts: TopicFacts,
+        owner: Owner,
         paused: Callable[[], bool],
         settled: Settled | None = None,
     ) -> None:
@@ -49,16 +73,15 @@ class Membership:
         self.store = store
         self.catch_up = catch_up
         self.topics = list(topics)
-        self._on_assign_cb = on_assign
-        self._on_revoke_cb = on_revoke
+        self.owner = owner
         self._paused = paused
         self.positions = Positions(
             consumer,
             store,
             metrics,
-            topic_ids,
-            on_retired=on_assign,
-            known_ids=known_ids,
+            facts.ids,
+            on_retired=owner.assigned,
+            known_ids=facts.known,
             # A new incarnation is read from its beginning (OFFSET_BEGINNING) as new.
             on_reread=lambda starts, rolled_back: self.reading_again(
                 starts,
@@ -135,7 +158,7 @@ class Membership:
             ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
             extra={"partitions": len(shards)},
         )
-        self._on_assign_cb(set(shards) | retired)
+        self.owner.assigned(set(shards) | retired)
 
     def _read_commits(
         self, shards: list[Shard], marks: Mapping[Shard, int]
@@ -204,7 +227,7 @@ class Membership:
             ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
             extra={"partitions": len(shards)},
         )
-        self._on_revoke_cb(shards)
+        self.owner.revoked(shards)
 
     def reading_again(
         self,

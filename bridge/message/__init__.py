@@ -49,6 +49,7 @@ from bridge.message.values import (
     parse_time_ms,
     parse_when,
     topic_refusal,
+    wall_ms,
 )
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "record_size",
     "stub_detail",
     "topic_refusal",
+    "wall_ms",
     "wire_headers",
     "without_value",
 ]

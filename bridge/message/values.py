@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 from datetime import UTC, datetime, timedelta, timezone
 
 # Digits are ASCII only, and bounded: `str.isdigit()` is true for "²" and "٣", and `int()` refuses
@@ -28,6 +29,11 @@ _RFC3339 = re.compile(
 # a unit mistake: µs or ns). The store's lanes are proven for this range (bridge.store.keys).
 MIN_EPOCH_MS = 946_684_800_000
 MAX_EPOCH_MS = 253_402_300_799_999
+
+
+def wall_ms() -> int:
+    """This host's wall clock, epoch ms."""
+    return time.time_ns() // 1_000_000
 
 
 def parse_count(text: str | bytes | None, limit: int = MAX_INT64) -> int | None:

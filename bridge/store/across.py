@@ -33,11 +33,11 @@ from bridge.message import (
     parse_count,
     parse_origin,
 )
-from bridge.store.calls import CANDIDATES, WITHDRAW
+from bridge.store.calls import candidates_argv, withdraw_argv
 from bridge.store.ids import Confirm, Schedules, id_hash
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
-from bridge.store.scripts import Scripts
+from bridge.store.scripts import CANDIDATES, WITHDRAW, Scripts
 
 # Where a cancel or replacement found its record in another partition: (shard, offset, due ms,
 # the record's own delay-id when it was named by another: its default id; else "").
@@ -76,7 +76,7 @@ def withdraw_elsewhere(
     lookups = [
         (
             CANDIDATES.keys(keys.of(there)),
-            [id_hash(there.topic, r.delay_id) for _, r in theirs],
+            candidates_argv([id_hash(there.topic, r.delay_id) for _, r in theirs]),
         )
         for there, theirs in asked
     ]
@@ -141,11 +141,12 @@ def _withdraw(
     done: list[tuple[Shard, Hits]] = []
     for there, hits in planned:
         if hits:
-            args: list[Any] = [
-                x
-                for offset, (_, r, due, own) in hits.items()
-                for x in (id_hash(there.topic, own or r.delay_id), offset, due)
-            ]
+            args = withdraw_argv(
+                [
+                    (id_hash(there.topic, own or r.delay_id), offset, due)
+                    for offset, (_, r, due, own) in hits.items()
+                ]
+            )
             calls.append((WITHDRAW.keys(keys.of(there)), args))
             done.append((there, hits))
     found_at: dict[tuple[Shard, int, str], Found] = {}

@@ -12,21 +12,13 @@ from typing import Any
 from bridge.errors import KafkaFault
 from bridge.message import Cancel, Scheduled
 from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
-from bridge.store.calls import (
-    ADD,
-    AddEntry,
-    AddOutcome,
-    AddReply,
-    ConfirmFirst,
-    LocateFirst,
-    add_argv,
-)
+from bridge.store.calls import AddEntry, AddOutcome, AddReply, ConfirmFirst, LocateFirst, add_argv
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Added, Lost, Withdrawn
-from bridge.store.scripts import Scripts
+from bridge.store.scripts import ADD, Scripts
 
 # add.lua asks to confirm the references its id lookups found at most once per batch (only the
 # ingress adds to a shard, and nothing else makes references), to locate the records whose

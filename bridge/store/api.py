@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -17,18 +17,15 @@ from redis.cluster import RedisCluster
 from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
-    ACK,
-    CLAIM,
-    LOW,
-    RELEASE,
-    SETTLE,
-    STATS,
-    TAKE_OVER,
-    UNCLAIM,
     AckBatch,
     ClaimArgs,
     ClaimReply,
-    watermark_arg,
+    low_argv,
+    release_argv,
+    settle_argv,
+    stats_argv,
+    take_over_argv,
+    unclaim_argv,
 )
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
@@ -37,7 +34,6 @@ from bridge.store.keys import (
     PerLane,
     Shard,
     ShardKeys,
-    offset_bytes,
     score,
     stored_record,
 )
@@ -51,7 +47,17 @@ from bridge.store.results import (
     Claims,
     Lows,
 )
-from bridge.store.scripts import Scripts
+from bridge.store.scripts import (
+    ACK,
+    CLAIM,
+    LOW,
+    RELEASE,
+    SETTLE,
+    STATS,
+    TAKE_OVER,
+    UNCLAIM,
+    Scripts,
+)
 
 
 def _claims(
@@ -161,9 +167,7 @@ class Store:
         it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
         """
         shards = list(expected)
-        calls = [
-            (LOW.keys(self.keys(s)), [watermark_arg(expected[s]), max_buckets]) for s in shards
-        ]
+        calls = [(LOW.keys(self.keys(s)), low_argv(expected[s], max_buckets)) for s in shards]
         offsets, lost, ends = {}, {}, {}
         for shard, r in zip(shards, self.scripts.call(LOW, calls), strict=True):
             if r.loss is None:
@@ -276,11 +280,12 @@ class Store:
         """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
         delay-id) each, as the journal has them — waiting or in flight (see settle.lua): what a
         rollback of Redis put back after their delivery. Returns how many were still there."""
-        args = [
-            x
-            for o, due, delay_id in settled
-            for x in (offset_bytes(o), due, id_hash(shard.topic, delay_id) if delay_id else b"")
-        ]
+        args = settle_argv(
+            [
+                (o, due, id_hash(shard.topic, delay_id) if delay_id else b"")
+                for o, due, delay_id in settled
+            ]
+        )
         if not args:
             return 0
         return sum(self.scripts.call(SETTLE, [(SETTLE.keys(self.keys(shard)), args)]))
@@ -288,7 +293,11 @@ class Store:
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
         """End the leases of unacknowledged records so they are claimable at once, or after
         ``retry_in_ms`` (a back-off)."""
-        calls = [(RELEASE.keys(self.keys(s)), [retry_in_ms, *m]) for s, m in members.items() if m]
+        calls = [
+            (RELEASE.keys(self.keys(s)), release_argv(retry_in_ms, m))
+            for s, m in members.items()
+            if m
+        ]
         return sum(self.scripts.call(RELEASE, calls))
 
     def unclaim(self, claimed: Iterable[Claimed], wait: bool = False) -> int:
@@ -296,13 +305,16 @@ class Store:
         replacement reaches them again (see unclaim.lua). With ``wait``, into their target's
         wait index instead of the due index: records of a rate-limited target beyond its rate
         (:meth:`claim`'s ``waiting``). Returns how many were put back."""
-        args: dict[tuple[Shard, str], list[Any]] = {}
+        back: dict[tuple[Shard, str], list[tuple[int, bytes]]] = {}
         for c in claimed:
             target = c.record.target if wait else ""
-            args.setdefault((c.shard, target), [target]).extend((score(c.record), c.member))
+            back.setdefault((c.shard, target), []).append((score(c.record), c.member))
         calls = [
-            (UNCLAIM.keys(self.keys(shard), first=self._keys.wait(shard, t) if t else None), pairs)
-            for (shard, t), pairs in args.items()
+            (
+                UNCLAIM.keys(self.keys(shard), first=self._keys.wait(shard, t) if t else None),
+                unclaim_argv(t, records),
+            )
+            for (shard, t), records in back.items()
         ]
         return sum(self.scripts.call(UNCLAIM, calls))
 
@@ -310,7 +322,7 @@ class Store:
         """End the leases in each shard except the ``held`` offsets (the caller's own in-flight
         records), so the new owner of a partition redelivers what its earlier owner left at once
         (see take_over.lua). Returns how many leases ended."""
-        calls = [(TAKE_OVER.keys(self.keys(s)), list(offsets)) for s, offsets in held.items()]
+        calls = [(TAKE_OVER.keys(self.keys(s)), take_over_argv(o)) for s, o in held.items()]
         return sum(self.scripts.call(TAKE_OVER, calls))
 
     def eviction_policy(self) -> str | None:
@@ -334,7 +346,7 @@ class Store:
         its lease deadline minus that, a time by which it was due (stats.lua)."""
         if not shards:
             return Backlog(self.time_ms() if now_ms is None else now_ms, 0, 0, 0, None)
-        args = ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
+        args = stats_argv(now_ms, due_by_ms)
         replies = self.scripts.call(STATS, [(STATS.keys(self.keys(s)), args) for s in shards])
         oldest = [r.oldest_due_ms for r in replies if r.oldest_due_ms is not None]
         return Backlog(

@@ -1,21 +1,23 @@
-"""The scripts' boundaries: each script's keys, arguments and reply, built and read here.
+"""The scripts' boundaries: each script's arguments and reply, built and read here.
 
 A script takes its KEYS and ARGV by position and answers with a flat list (see its header). Each
-is a :class:`Script` below: its KEYS in the script's order, named once, and its reply read into a
-named type — a sentinel reply (add.lua's ``again``, ``confirm``, ``locate``; a lost shard's
-``{1, watermark}``; promote.lua's -1) into a typed outcome. Nothing else in the bridge names a
-script's keys or indexes into a reply.
+is a :class:`~bridge.store.scripts.Script`: its KEYS in the script's order, named once there; its
+ARGV built here from named values (``claim``'s by :class:`ClaimArgs`, ``add``'s by
+:func:`add_argv`, the others' by ``<script>_argv``); its reply read into a named type — a
+sentinel reply (add.lua's ``again``, ``confirm``, ``locate``; a lost shard's ``{1,
+watermark}``; promote.lua's -1) into a typed outcome. Nothing else in the bridge names a
+script's keys, lays out its arguments or indexes into a reply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from bridge.message import Priority
-from bridge.store.keys import PerLane, ShardKeys, offset_bytes, offset_of, text
+from bridge.store.keys import PerLane, offset_bytes, offset_of, text
 from bridge.store.results import Lost, lost_from
 
 # Records due within this long before a claim are "on time" and get half of every claim, so an
@@ -274,6 +276,72 @@ class BindReply(NamedTuple):
         return cls(True, text(reply[1]), int(reply[2]), _time(reply[3]))
 
 
+# The other scripts' ARGV, each as its header documents it.
+
+
+def low_argv(watermark: int | None, max_buckets: int) -> list[Any]:
+    """low.lua: the watermark the caller expects, and how many buckets to look through."""
+    return [watermark_arg(watermark), max_buckets]
+
+
+def release_argv(retry_in_ms: int, members: Sequence[bytes]) -> list[Any]:
+    """release.lua: the back-off before the records are claimable again, their offsets."""
+    return [retry_in_ms, *members]
+
+
+def unclaim_argv(target: str, records: Sequence[tuple[int, bytes]]) -> list[Any]:
+    """unclaim.lua: the target whose wait index they go back to ("": the due index), then each
+    record's score and member."""
+    return [target, *chain.from_iterable(records)]
+
+
+def take_over_argv(held: Sequence[bytes]) -> list[Any]:
+    """take_over.lua: the offsets whose leases stand (the caller's own in flight)."""
+    return list(held)
+
+
+def stats_argv(now_ms: int | None, due_by_ms: int | None) -> list[Any]:
+    """stats.lua: the now to count by ("": Redis TIME) and egress.due_by_ms ("": none)."""
+    return ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
+
+
+def candidates_argv(hashes: Sequence[bytes]) -> list[Any]:
+    """candidates.lua: the delay-id hashes to look up."""
+    return list(hashes)
+
+
+def promote_argv(
+    field: str, data: bytes, retired: bool, members: Sequence[tuple[int, bytes]]
+) -> list[Any]:
+    """promote.lua: the chunk read (its field, length and first reference, which tell it has
+    not changed since), whether its shard is a retired incarnation, then each record's score
+    and member."""
+    return [field, len(data), data[:16], "1" if retired else "0", *chain.from_iterable(members)]
+
+
+def withdraw_argv(hits: Sequence[tuple[bytes, bytes, int]]) -> list[Any]:
+    """withdraw.lua: per record to withdraw, the hash of its delay-id, its offset (8 bytes) and
+    its due ms."""
+    return list(chain.from_iterable(hits))
+
+
+def settle_argv(settled: Sequence[tuple[int, int, bytes]]) -> list[Any]:
+    """settle.lua: per record whose fate is sealed, its offset, due ms and delay-id hash (b"":
+    its default id)."""
+    return [x for o, due, hashed in settled for x in (offset_bytes(o), due, hashed)]
+
+
+def incarnation_argv(topic_id: str, label: str, force: bool) -> list[Any]:
+    """incarnation.lua: the topic id now ("": unknown), the label to retire under, and
+    whether to retire even if the topic id is unchanged."""
+    return [topic_id, label, "1" if force else "0"]
+
+
+def retired_argv(label: str) -> list[Any]:
+    """retired.lua: the retired incarnation's label."""
+    return [label]
+
+
 class LowReply(NamedTuple):
     """low.lua's reply, read."""
 
@@ -288,101 +356,16 @@ class LowReply(NamedTuple):
         return cls(lost_from(int(status), int(mark)), int(mark), offset_of(low) if low else None)
 
 
-def _count(reply: Any) -> int:
+def count_of(reply: Any) -> int:
     return int(reply)
 
 
-def _stored(reply: Any) -> int | None:
+def stored_of(reply: Any) -> int | None:
     """promote.lua: records stored, or None when the chunk changed since it was read."""
     stored = int(reply)
     return None if stored < 0 else stored
 
 
-def _offsets(reply: Sequence[bytes]) -> list[bytes]:
+def offsets_of(reply: Sequence[bytes]) -> list[bytes]:
     """withdraw.lua: the offsets (8 bytes each) withdrawn."""
     return list(reply)
-
-
-R = TypeVar("R")
-
-
-class Script(Generic[R]):
-    """One script: its KEYS in its order, by name — a field of the shard's :class:`ShardKeys`;
-    ``old.<field>`` the same of another shard (a retired incarnation's); ``retired`` the SET of
-    retired incarnations — and how its reply is read. ``declares``: the wait indexes the shard's
-    waits SET lists follow its own keys (see undeclared in _lib.lua)."""
-
-    def __init__(
-        self, name: str, keys: str, read: Callable[[Any], R], *, declares: bool = False
-    ) -> None:
-        self.name = name
-        self.names = tuple(keys.split())
-        self.read = read
-        self.declares = declares
-
-    def keys(
-        self,
-        k: ShardKeys,
-        *,
-        old: ShardKeys | None = None,
-        retired: str = "",
-        first: str | None = None,
-    ) -> list[str]:
-        """The call's KEYS for the shard ``k`` (``first``: another key in the first place, the
-        wait index claim.lua and unclaim.lua take instead of the due index)."""
-        out = [self._key(name, k, old, retired) for name in self.names]
-        if first is not None:
-            out[0] = first
-        return out
-
-    @staticmethod
-    def _key(name: str, k: ShardKeys, old: ShardKeys | None, retired: str) -> str:
-        if name == "retired":
-            return retired
-        if name.startswith("old."):
-            assert old is not None, name
-            return str(getattr(old, name[4:]))
-        return str(getattr(k, name))
-
-
-ADD = Script(
-    "add", "due meta low pending ids inflight refs refs_due waits", add_outcome, declares=True
-)
-CLAIM = Script("claim", "due inflight claimed low pending ids meta waits", ClaimReply.read)
-ACK = Script("ack", "inflight claimed low pending ids meta", _count)
-RELEASE = Script("release", "inflight", _count)
-TAKE_OVER = Script("take_over", "inflight", _count)
-UNCLAIM = Script("unclaim", "due inflight claimed waits", _count)
-SETTLE = Script("settle", "claimed due ids low pending inflight refs waits", _count, declares=True)
-STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
-LOW = Script("low", "meta low pending", LowReply.read)
-CANDIDATES = Script("candidates", "ids pending", candidates_from)
-PROMOTE = Script("promote", "due refs refs_due pending", _stored)
-WITHDRAW = Script("withdraw", "due ids low pending inflight refs waits", _offsets, declares=True)
-INCARNATION = Script(
-    "incarnation",
-    "due inflight claimed meta low pending retired old.due old.inflight old.claimed ids refs "
-    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta",
-    BindReply.read,
-    declares=True,
-)
-RETIRED = Script("retired", "retired due inflight claimed refs refs_due waits pending meta", _count)
-SCRIPTS: dict[str, Script[Any]] = {
-    s.name: s
-    for s in (
-        ADD,
-        CLAIM,
-        ACK,
-        RELEASE,
-        TAKE_OVER,
-        STATS,
-        LOW,
-        INCARNATION,
-        RETIRED,
-        UNCLAIM,
-        PROMOTE,
-        WITHDRAW,
-        SETTLE,
-        CANDIDATES,
-    )
-}

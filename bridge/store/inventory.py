@@ -15,7 +15,7 @@ from typing import cast
 import redis
 
 from bridge.message import MAX_INT32, parse_count
-from bridge.store.calls import CANDIDATES
+from bridge.store.calls import candidates_argv
 from bridge.store.ids import id_hash
 from bridge.store.keys import (
     LANE_BASES,
@@ -30,7 +30,7 @@ from bridge.store.keys import (
     text,
 )
 from bridge.store.redis_errors import as_store_error
-from bridge.store.scripts import Scripts
+from bridge.store.scripts import CANDIDATES, Scripts
 
 ALL = 2**62  # a limit that is none
 SCAN_COUNT = 1000  # members a ZSCAN call asks for
@@ -160,7 +160,7 @@ class Inventory:
         the id, so the caller confirms each by the delay-id of the record (a reference's read in
         the delay topic); a default id is not in the index (bridge.lookup.by_default_id)."""
         k = self.keys.of(shard)
-        call = (CANDIDATES.keys(k), [id_hash(shard.topic, delay_id)])
+        call = (CANDIDATES.keys(k), candidates_argv([id_hash(shard.topic, delay_id)]))
         [[candidates]] = self.scripts.call(CANDIDATES, [call])
         found: list[tuple[int, bytes]] = []
         for offset, due in candidates:

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import redis
 
-from bridge.store.calls import INCARNATION, RETIRED
+from bridge.store.calls import incarnation_argv, retired_argv
 from bridge.store.keys import Keys, Shard, text
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Bound
-from bridge.store.scripts import Scripts
+from bridge.store.scripts import INCARNATION, RETIRED, Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Layout:
             old = self.keys.of(Shard(shard.topic, shard.partition, labels[shard]))
             labelled = self.keys.retired_set(shard)
             keys = INCARNATION.keys(self.keys.of(shard), old=old, retired=labelled)
-            args = [topic_ids[shard], labels[shard], "1" if shard in force else "0"]
+            args = incarnation_argv(topic_ids[shard], labels[shard], shard in force)
             calls.append((keys, args))
         out = {}
         for shard, r in zip(shards, self.scripts.call(INCARNATION, calls), strict=True):
@@ -84,4 +84,4 @@ class Layout:
     def forget_retired(self, shard: Shard) -> bool:
         """Drop a retired incarnation with nothing left in it; returns whether it was dropped."""
         keys = RETIRED.keys(self.keys.of(shard), retired=self.keys.retired_set(shard))
-        return bool(sum(self.scripts.call(RETIRED, [(keys, [shard.incarnation])])))
+        return bool(sum(self.scripts.call(RETIRED, [(keys, retired_argv(shard.incarnation))])))

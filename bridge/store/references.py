@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import redis
 
-from bridge.store.calls import PROMOTE
+from bridge.store.calls import promote_argv
 from bridge.store.keys import Keys, Shard, references_in, text
 from bridge.store.redis_errors import as_store_error
-from bridge.store.scripts import Scripts
+from bridge.store.scripts import PROMOTE, Scripts
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,7 @@ class References:
         caller, or renamed as it filled up): nothing was stored. Returns records stored (those
         not cancelled meanwhile)."""
         k = self.keys.of(chunk.shard)
-        args: list[Any] = [
-            chunk.field,
-            len(chunk.data),
-            chunk.data[:16],
-            "1" if chunk.shard.incarnation else "0",
-        ]
-        for record_score, member in members:
-            args += [record_score, member]
+        args = promote_argv(chunk.field, chunk.data, bool(chunk.shard.incarnation), members)
         [stored] = self.scripts.call(PROMOTE, [(PROMOTE.keys(k), args)])
         return stored
 

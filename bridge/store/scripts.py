@@ -1,25 +1,129 @@
-"""The Lua scripts: loaded once, run in one pipeline per call, routed by slot on Redis Cluster."""
+"""The Lua scripts: each one typed call, loaded once, run in one pipeline, routed by slot.
+
+Each script is a :class:`Script` of the table below — its KEYS named once in the script's order,
+its reply read by :mod:`bridge.store.calls` into a named type — and :meth:`Scripts.call` runs
+it: EVALSHA in one round trip, on Redis Cluster one pipeline per master."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
 
-from bridge.store.calls import SCRIPTS, Script
-from bridge.store.keys import LANE_WIDTH, text
+from bridge.store.calls import (
+    BindReply,
+    ClaimReply,
+    LowReply,
+    StatsReply,
+    add_outcome,
+    candidates_from,
+    count_of,
+    offsets_of,
+    stored_of,
+)
+from bridge.store.keys import LANE_WIDTH, ShardKeys, text
 from bridge.store.redis_errors import as_store_error
 
 # A script call whose slot moved (Redis Cluster failover) or is moving (resharding: TRYAGAIN while
 # its keys are half moved) is sent again after a pause, doubling from the first to the last, for
 # up to CLUSTER_WAIT_S; the other calls' replies stand meanwhile.
 CLUSTER_PAUSES_S, CLUSTER_WAIT_S = (0.02, 0.5), 5.0
+
+
+R = TypeVar("R")
+
+
+class Script(Generic[R]):
+    """One script: its KEYS in its order, by name — a field of the shard's :class:`ShardKeys`;
+    ``old.<field>`` the same of another shard (a retired incarnation's); ``retired`` the SET of
+    retired incarnations — and how its reply is read. ``declares``: the wait indexes the shard's
+    waits SET lists follow its own keys (see undeclared in _lib.lua)."""
+
+    def __init__(
+        self, name: str, keys: str, read: Callable[[Any], R], *, declares: bool = False
+    ) -> None:
+        self.name = name
+        self.names = tuple(keys.split())
+        self.read = read
+        self.declares = declares
+
+    def keys(
+        self,
+        k: ShardKeys,
+        *,
+        old: ShardKeys | None = None,
+        retired: str = "",
+        first: str | None = None,
+    ) -> list[str]:
+        """The call's KEYS for the shard ``k`` (``first``: another key in the first place, the
+        wait index claim.lua and unclaim.lua take instead of the due index)."""
+        out = [self._key(name, k, old, retired) for name in self.names]
+        if first is not None:
+            out[0] = first
+        return out
+
+    @staticmethod
+    def _key(name: str, k: ShardKeys, old: ShardKeys | None, retired: str) -> str:
+        if name == "retired":
+            return retired
+        if name.startswith("old."):
+            assert old is not None, name
+            return str(getattr(old, name[4:]))
+        return str(getattr(k, name))
+
+
+ADD = Script(
+    "add", "due meta low pending ids inflight refs refs_due waits", add_outcome, declares=True
+)
+CLAIM = Script("claim", "due inflight claimed low pending ids meta waits", ClaimReply.read)
+ACK = Script("ack", "inflight claimed low pending ids meta", count_of)
+RELEASE = Script("release", "inflight", count_of)
+TAKE_OVER = Script("take_over", "inflight", count_of)
+UNCLAIM = Script("unclaim", "due inflight claimed waits", count_of)
+SETTLE = Script(
+    "settle", "claimed due ids low pending inflight refs waits", count_of, declares=True
+)
+STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
+LOW = Script("low", "meta low pending", LowReply.read)
+CANDIDATES = Script("candidates", "ids pending", candidates_from)
+PROMOTE = Script("promote", "due refs refs_due pending", stored_of)
+WITHDRAW = Script("withdraw", "due ids low pending inflight refs waits", offsets_of, declares=True)
+INCARNATION = Script(
+    "incarnation",
+    "due inflight claimed meta low pending retired old.due old.inflight old.claimed ids refs "
+    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta",
+    BindReply.read,
+    declares=True,
+)
+RETIRED = Script(
+    "retired", "retired due inflight claimed refs refs_due waits pending meta", count_of
+)
+SCRIPTS: dict[str, Script[Any]] = {
+    s.name: s
+    for s in (
+        ADD,
+        CLAIM,
+        ACK,
+        RELEASE,
+        TAKE_OVER,
+        STATS,
+        LOW,
+        INCARNATION,
+        RETIRED,
+        UNCLAIM,
+        PROMOTE,
+        WITHDRAW,
+        SETTLE,
+        CANDIDATES,
+    )
+}
+
 NAMES = tuple(SCRIPTS)
 
 # One script call: the script's name, its keys, its arguments.
@@ -28,7 +132,6 @@ Call = tuple[str, list[str], list[Any]]
 # keys (this many): Redis Cluster routes and migrates by declared keys. A call that left one out
 # is answered {"undeclared", keys...} before it writes anything, and runs again with them.
 OWN_KEYS = {s.name: len(s.names) for s in SCRIPTS.values() if s.declares}
-R = TypeVar("R")
 UNDECLARED = b"undeclared"
 
 

@@ -223,12 +223,12 @@ def test_the_console_calls_the_tools_not_the_command_line() -> None:
 
 
 def test_every_script_is_one_typed_call_with_its_keys_named_once() -> None:
-    """Each Lua script has its Script in bridge/store/calls.py — its KEYS by name in the
-    script's order, its reply read into a named type — with as many keys as the script's header
+    """Each Lua script has its Script in bridge/store/scripts.py — its KEYS by name in the
+    script's order, its reply read into a named type (bridge/store/calls.py) — with as many keys as the script's header
     documents; the runner's untyped entry (Scripts._run) is called from nowhere else."""
     import re
 
-    from bridge.store.calls import SCRIPTS
+    from bridge.store.scripts import SCRIPTS
 
     lua = PACKAGE / "store" / "lua"
     scripts = {p.stem for p in lua.glob("*.lua") if not p.stem.startswith("_")}
