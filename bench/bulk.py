@@ -36,8 +36,8 @@ from bench.scenarios import (
     settled,
     wait_delivered,
 )
-from bridge.cli.args import DEFAULT_RATE
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers
+from bridge.ops import DEFAULT_RATE
 from bridge.store import Shard, Store
 from testbed.run import PARTITIONS, Run
 from testbed.servers import Servers

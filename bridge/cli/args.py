@@ -13,9 +13,3 @@ def count(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError(f"{cut(text, 40)!r}: a whole number, 0 or more")
     return value
-
-
-# A bulk command's records a second at most by default: none. It follows the bridge instead
-# (bridge.ops.Follow): the records other producers send to those partitions meanwhile wait
-# behind no more than bridge.ops.AHEAD of its records.
-DEFAULT_RATE = 0.0

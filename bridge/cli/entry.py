@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from bridge import __version__, ops
-from bridge.cli.args import DEFAULT_RATE, count
+from bridge.cli.args import count
 from bridge.cli.records import produce_command, write_command
 from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
@@ -54,7 +54,7 @@ def with_filters(p: argparse.ArgumentParser) -> None:
     bulk.add_argument(
         "--rate",
         type=float,
-        default=DEFAULT_RATE,
+        default=ops.DEFAULT_RATE,
         help="records produced a second at most (0, the default: no limit); either way at most "
         f"{ops.AHEAD:,} are produced ahead of what the bridge applied, as other producers' records "
         "wait behind them",

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from bridge import ops
@@ -121,7 +121,7 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
     key = args.key.encode() if args.key is not None else None
     rules = config.rules()
     partition = None
-    voice = cli_voice()
+    voice = Terminal().voice()
     if args.id is not None:  # a replacement goes where the id waits, whatever the key says
         ops.check_record(rules, topic, key, b"", headers)
         count, found = ops.locate(config, topic, args.id)
@@ -148,27 +148,32 @@ def _say(what: str, place: ops.Placed) -> None:
     print(f"{what} {place}")
 
 
-def cli_voice(progress: str = "", every: int = 0) -> ops.Voice:
+class Terminal:
     """A tool's voice on the command line: each note on stderr as it comes; on a terminal,
-    ``progress`` (a format of the count) every ``every``."""
+    ``progress`` (a format of the count) every ``every``, and a line ended after it."""
 
-    def note(text: str) -> None:
+    def __init__(self, progress: str = "", every: int = 0) -> None:
+        self.progress = progress
+        self.every = every
+        self.shown = False  # a progress line is open
+
+    def note(self, text: str) -> None:
         print(f"delay-bridge: {text}", file=sys.stderr)
 
-    def shown(count: int) -> None:
-        if every and count % every == 0 and sys.stderr.isatty():
-            print("\r" + progress.format(count), end="", file=sys.stderr, flush=True)
+    def count(self, count: int) -> None:
+        if self.every and count % self.every == 0 and sys.stderr.isatty():
+            print("\r" + self.progress.format(count), end="", file=sys.stderr, flush=True)
+            self.shown = True
 
-    return ops.Voice(note, shown)
+    def voice(self) -> ops.Voice:
+        return ops.Voice(self.note, self.count)
+
+    def end(self) -> None:
+        """End the progress line, if one was shown."""
+        if self.shown:
+            print(file=sys.stderr)
 
 
-# Each write: its options, and the tool that does it.
-WRITES: dict[str, tuple[type[Any], Callable[[Config, Any, int, ops.Voice], Any]]] = {
-    "cancel": (ops.CancelAsk, ops.cancel),
-    "fire": (ops.FireAsk, ops.fire),
-    "reschedule": (ops.RescheduleAsk, ops.reschedule),
-    "replay": (ops.ReplayAsk, ops.replay_dead_letters),
-}
 PROGRESS = {"replay": ("replayed {:,}", 1_000)}  # the rest: matches counted, every 10,000
 
 
@@ -185,21 +190,10 @@ def asked(kind: type[Any], args: argparse.Namespace) -> Any:
 def write_command(name: str, args: argparse.Namespace, config: Config) -> int:
     """Run the write ``name`` (cancel, fire, reschedule, replay): its result's lines on stdout,
     its notes on stderr as they come; exit 1 when nothing matched."""
-    kind, tool = WRITES[name]
-    ask = asked(kind, args)
-    form, every = PROGRESS.get(name, ("{:,} matched", 10_000))
-    voice = cli_voice(form, every)
-    done = tool(config, ask, wall_ms(), voice)
-    if every and sys.stderr.isatty() and _counted(done) >= every:
-        print(file=sys.stderr)  # after the progress line
+    kind, tool = ops.WRITES[name]
+    terminal = Terminal(*PROGRESS.get(name, ("{:,} matched", 10_000)))
+    done = tool(config, asked(kind, args), wall_ms(), terminal.voice())
+    terminal.end()
     for line in done.lines():
         print(line)
     return 0 if done.found else 1
-
-
-def _counted(done: Any) -> int:
-    if isinstance(done, ops.BulkDone):
-        return done.tally.total
-    if isinstance(done, ops.Replayed):
-        return sum(done.replayed.values())
-    return 0

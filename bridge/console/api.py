@@ -41,12 +41,12 @@ READS: dict[str, tuple[type[Any], Callable[[Config, Any, int], ops.Answer]]] = {
     "/api/trace": (ops.TraceAsk, ops.trace_answer),
     "/api/dlq": (ops.DlqAsk, ops.dlq_answer),
 }
-# Each write: its options, and the tool that does it (as the CLI's).
-WRITES: dict[str, tuple[type[Any], Callable[[Config, Any, int, ops.Voice], Any]]] = {
-    "/api/cancel": (ops.CancelAsk, ops.cancel),
-    "/api/fire": (ops.FireAsk, ops.fire),
-    "/api/reschedule": (ops.RescheduleAsk, ops.reschedule),
-    "/api/dlq/replay": (ops.ReplayAsk, ops.replay_dead_letters),
+# Each write: the operator's tool it calls, as the command of that name does (ops.WRITES).
+WRITES = {
+    "/api/cancel": "cancel",
+    "/api/fire": "fire",
+    "/api/reschedule": "reschedule",
+    "/api/dlq/replay": "replay",
 }
 
 
@@ -139,7 +139,7 @@ class Api:
             return Reply(403, {"error": refused})
         if headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
             return Reply(415, {"error": "send the options as a JSON object (application/json)"})
-        kind, tool = WRITES[path]
+        kind, tool = ops.WRITES[WRITES[path]]
         voice = ops.Voice()
         try:
             options = json.loads(data or b"{}")

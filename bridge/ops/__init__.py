@@ -8,6 +8,7 @@ topic (``dlq list``), answered by :mod:`bridge.ops.answers`. Writes (:mod:`bridg
 :func:`bridge.ops.send.send`. They act with the bridge's configuration, never inside its loops."""
 
 from bridge.ops.acts import (
+    WRITES,
     BulkDone,
     Sent,
     cancel,
@@ -32,6 +33,7 @@ from bridge.ops.answers import (
     trace_answer,
 )
 from bridge.ops.asked import (
+    DEFAULT_RATE,
     BulkAsk,
     CancelAsk,
     DlqAsk,
@@ -75,7 +77,9 @@ from bridge.ops.trace import print_trace, trace
 
 __all__ = [
     "AHEAD",
+    "DEFAULT_RATE",
     "STALL_S",
+    "WRITES",
     "Answer",
     "BulkAsk",
     "BulkDone",

@@ -32,7 +32,7 @@ from bridge.dialects import (
     parse_record,
 )
 from bridge.errors import BridgeError, UsageError
-from bridge.message import H_DUE_AT, Headers, Reason, Rejected, Rules, parse_duration_ms
+from bridge.message import H_DUE_AT, Headers, Reason, Rejected, Rules, parse_duration_ms, wall_ms
 from bridge.ops.answers import dlq_filters
 from bridge.ops.asked import BulkAsk, CancelAsk, FireAsk, ReplayAsk, RescheduleAsk, when
 from bridge.ops.bulk import (
@@ -143,7 +143,7 @@ def check_record(
     rules: Rules, topic: str, key: bytes | None, value: bytes | None, headers: Headers
 ) -> None:
     """Refuse what the bridge would dead-letter a second later, with the bridge's own rules."""
-    now = time.time_ns() // 1_000_000
+    now = wall_ms()
     try:
         parse_record(
             rules,
@@ -398,3 +398,12 @@ def ask_filter(ask: BulkAsk, now_ms: int) -> Filter:
         due_after_ms=when("--due-after", ask.due_after, now_ms),
         due_before_ms=when("--due-before", ask.due_before, now_ms),
     )
+
+
+# Each write: its options, and the tool that does it (the command line's and the API's).
+WRITES: dict[str, tuple[type[Any], Callable[[Config, Any, int, Voice], Any]]] = {
+    "cancel": (CancelAsk, cancel),
+    "fire": (FireAsk, fire),
+    "reschedule": (RescheduleAsk, reschedule),
+    "replay": (ReplayAsk, replay_dead_letters),
+}

@@ -20,6 +20,10 @@ from bridge.message import Reason, cut, parse_count, parse_when
 
 DEFAULT_LIMIT = 20
 FILTERS = ("target", "key_prefix", "due_after", "due_before")
+# A bulk write's records a second at most by default: none. It follows the bridge instead
+# (bridge.ops.Follow): the records other producers send to those partitions meanwhile wait
+# behind no more than bridge.ops.AHEAD of its records.
+DEFAULT_RATE = 0.0
 
 
 def when(flag: str, text: str | None, now_ms: int, *, ago: bool = False) -> int | None:
@@ -105,7 +109,7 @@ class BulkAsk:
     dry_run: bool = False
     yes: bool = False
     operation: str | None = None
-    rate: float = 0.0
+    rate: float = DEFAULT_RATE
 
     def __post_init__(self) -> None:
         if self.dry_run and self.yes:
