@@ -232,17 +232,31 @@ local function mark_pending(pending, low, members, on)
   for i, bucket in ipairs(buckets) do
     local old = maps[i] or NO_BITS
     local map = old
-    for _, n in ipairs(bits[bucket]) do
-      local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
-      local byte = string.byte(map, j)
-      local changed
-      if on then
-        changed = bit.bor(byte, mask)
-      else
-        changed = bit.band(byte, bit.bnot(mask))
+    local ns = bits[bucket]
+    if #ns > 2 then  -- many bits (an add's run of offsets): the bytes edited, then one string
+      local bytes = {string.byte(old, 1, #old)}
+      for _, n in ipairs(ns) do
+        local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
+        if on then
+          bytes[j] = bit.bor(bytes[j], mask)
+        else
+          bytes[j] = bit.band(bytes[j], bit.bnot(mask))
+        end
       end
-      if changed ~= byte then
-        map = string.sub(map, 1, j - 1) .. string.char(changed) .. string.sub(map, j + 1)
+      map = string.char(unpack(bytes))
+    else  -- a bit or two (an acknowledgement's): only the bytes that change are rewritten
+      for _, n in ipairs(ns) do
+        local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
+        local byte = string.byte(map, j)
+        local changed
+        if on then
+          changed = bit.bor(byte, mask)
+        else
+          changed = bit.band(byte, bit.bnot(mask))
+        end
+        if changed ~= byte then
+          map = string.sub(map, 1, j - 1) .. string.char(changed) .. string.sub(map, j + 1)
+        end
       end
     end
     if map ~= NO_BITS then
