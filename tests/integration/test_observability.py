@@ -24,6 +24,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "helm" / "delay-bridge" / "files"
+# What every dashboard expression selects by: the deployments chosen in its variables.
+SCOPE = 'namespace=~"$namespace", job=~"$job", instance=~"$instance"'
 
 
 def exported_names() -> set[str]:
@@ -56,6 +58,17 @@ def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path) -> None:
     for expr in exprs:  # the alert rules': tests/ship/test_alerts.py
         unknown = metric_names(expr) - exported
         assert not unknown, f"{expr} uses metrics the bridge does not export: {unknown}"
+        # Many deployments report to one Prometheus: every series is of the chosen ones.
+        uses = re.findall(r"\bdelay_bridge_[a-z_]+(\{[^}]*\})?", expr)
+        assert uses and all(u == "{" + SCOPE + "}" for u in uses), f"{expr} is not scoped"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    chosen: list[str] = []
+    for name in ("namespace", "job", "instance"):
+        query = variables[name]["query"]["query"]
+        assert query.startswith("label_values(delay_bridge_build_info"), query
+        assert all(f'{c}=~"${c}"' in query for c in chosen), f"{name} ignores {chosen}: {query}"
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+        chosen.append(name)
     # Syntax: wrap every dashboard expression in a recording rule and let promtool parse it.
     generated = {
         "groups": [
