@@ -8,9 +8,9 @@ import re
 import time
 from datetime import UTC, datetime, timedelta, timezone
 
-# Digits are ASCII only, and bounded: `str.isdigit()` is true for "²" and "٣", and `int()` refuses
-# 4,301 digits; producer text never reaches `int()` but through these patterns.
-_DIGITS = re.compile(r"[0-9]{1,19}")
+# Digits are ASCII only, and bounded: `str.isdigit()` alone is true for "²" and "٣", and `int()`
+# refuses 4,301 digits; producer text never reaches `int()` but through this pattern or
+# _ascii_digits and a length check.
 _ALL_DIGITS = re.compile(r"[0-9]+")
 MAX_INT64 = 2**63 - 1
 MAX_INT32 = 2**31 - 1
@@ -44,10 +44,17 @@ def parse_count(text: str | bytes | None, limit: int = MAX_INT64) -> int | None:
     if text is None:
         return None
     text = text.strip()
-    if _DIGITS.fullmatch(text) is None:
+    if not _ascii_digits(text) or len(text) > 19:
         return None
     value = int(text)
     return value if value <= limit else None
+
+
+def _ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more of 0-9 and nothing else: what ``[0-9]+`` matches, read per
+    record without a regular expression (an ASCII character is a digit only if it is one of
+    them)."""
+    return text.isascii() and text.isdigit()
 
 
 def parse_origin(text: str) -> tuple[str, int, int] | None:
@@ -139,9 +146,8 @@ def parse_time_ms(text: str) -> int:
     time outside 2000-9999 reaches the store, whose arithmetic is proven for that range only.
     """
     text = text.strip()
-    if _ALL_DIGITS.fullmatch(text):
-        value = parse_count(text)
-        if value is None or value > MAX_EPOCH_MS:
+    if _ascii_digits(text):
+        if len(text) > 19 or (value := int(text)) > MAX_EPOCH_MS:
             raise ValueError(f"epoch milliseconds out of range: {len(text)} digits")
         if value < MIN_EPOCH_MS:
             raise ValueError(

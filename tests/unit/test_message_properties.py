@@ -37,6 +37,7 @@ from bridge.message import (
     parse_count,
     parse_duration_ms,
     parse_origin,
+    parse_time_ms,
     record_size,
 )
 from bridge.store import Shard, default_id_offset
@@ -274,3 +275,26 @@ def test_an_origin_reads_back_only_as_its_own_text(text: str) -> None:
     assert parts is None or origin(*parts) == text
     count = parse_count(text)
     assert count is None or (count == int(text.strip()) and count < 2**63)
+
+
+def test_a_number_is_ascii_digits_whatever_code_point_stands_in_it() -> None:
+    """The checks read per record without a regular expression (``isascii`` and ``isdigit``)
+    take exactly 0-9: every code point of Unicode tried alone and as a digit among ASCII ones."""
+    for point in range(0x110000):
+        char = chr(point)
+        ascii_digit = "0" <= char <= "9"
+        for text in (char, f"17{char}0000000000"):
+            assert (parse_count(text) is not None) == ascii_digit, repr(text)
+        try:
+            parse_time_ms(f"1{char}00000000000")
+        except ValueError:
+            assert not ascii_digit, repr(char)
+        else:
+            assert ascii_digit, repr(char)
+
+
+@given(st.one_of(_ANY_TEXT, _NUMBERS))
+def test_a_count_is_what_the_pattern_of_one_to_19_ascii_digits_reads(text: str) -> None:
+    stripped = text.strip()
+    expected = int(stripped) if re.fullmatch(r"[0-9]{1,19}", stripped) else None
+    assert parse_count(text) == (expected if expected is None or expected < 2**63 else None)
