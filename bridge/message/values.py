@@ -9,9 +9,8 @@ import time
 from datetime import UTC, datetime, timedelta, timezone
 
 # Digits are ASCII only, and bounded: `str.isdigit()` alone is true for "²" and "٣", and `int()`
-# refuses 4,301 digits; producer text never reaches `int()` but through this pattern or
-# _ascii_digits and a length check.
-_ALL_DIGITS = re.compile(r"[0-9]+")
+# refuses 4,301 digits; producer text never reaches `int()` but through _ascii_digits (and a
+# length check, or _saturated).
 MAX_INT64 = 2**63 - 1
 MAX_INT32 = 2**31 - 1
 # Canonical only (no leading zero): an id names one offset in one spelling.
@@ -78,7 +77,7 @@ def parse_duration_ms(text: str) -> int:
     Cached: producers use a handful of delays, and this runs per record.
     """
     text = text.strip()
-    if _ALL_DIGITS.fullmatch(text):
+    if _ascii_digits(text):
         return _saturated(text)
     pos = total = 0
     last_rank = -1
@@ -123,7 +122,7 @@ def parse_when(text: str, now_ms: int, *, ago: bool = False) -> int:
     try:
         return parse_time_ms(text)
     except ValueError:
-        if _ALL_DIGITS.fullmatch(text.strip()):  # epoch ms: parse_time_ms says what is wrong
+        if _ascii_digits(text.strip()):  # epoch ms: parse_time_ms says what is wrong
             raise
     stripped, sign = text.strip(), -1 if ago else 1
     if stripped[:1] in ("-", "+"):

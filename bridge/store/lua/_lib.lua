@@ -216,6 +216,15 @@ local NO_BITS = string.rep('\0', 32)
 -- mark_pending keeps it whole, so is_pending reads a bucket from Redis once per call.
 local known_maps = {}
 
+-- `byte` (the one of a bitmap holding bit `n`) with that bit set (`on`) or cleared.
+local function with_bit(byte, n, on)
+  local mask = bit.lshift(1, n % 8)
+  if on then
+    return bit.bor(byte, mask)
+  end
+  return bit.band(byte, bit.bnot(mask))
+end
+
 local function mark_pending(pending, low, members, on)
   local bits, buckets = {}, {}
   for _, member in ipairs(members) do
@@ -236,24 +245,15 @@ local function mark_pending(pending, low, members, on)
     if #ns > 2 then  -- many bits (an add's run of offsets): the bytes edited, then one string
       local bytes = {string.byte(old, 1, #old)}
       for _, n in ipairs(ns) do
-        local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
-        if on then
-          bytes[j] = bit.bor(bytes[j], mask)
-        else
-          bytes[j] = bit.band(bytes[j], bit.bnot(mask))
-        end
+        local j = math.floor(n / 8) + 1
+        bytes[j] = with_bit(bytes[j], n, on)
       end
       map = string.char(unpack(bytes))
     else  -- a bit or two (an acknowledgement's): only the bytes that change are rewritten
       for _, n in ipairs(ns) do
-        local j, mask = math.floor(n / 8) + 1, bit.lshift(1, n % 8)
+        local j = math.floor(n / 8) + 1
         local byte = string.byte(map, j)
-        local changed
-        if on then
-          changed = bit.bor(byte, mask)
-        else
-          changed = bit.band(byte, bit.bnot(mask))
-        end
+        local changed = with_bit(byte, n, on)
         if changed ~= byte then
           map = string.sub(map, 1, j - 1) .. string.char(changed) .. string.sub(map, j + 1)
         end
