@@ -10,7 +10,7 @@ CONFIG ?= config/bridge.yaml
 DELAY_PARTITIONS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck docs unit chaos bench bench-full bench-ab soak image services services-down services-status topics tools clean
+.PHONY: run test lint typecheck docs unit chaos bench bench-full bench-ab soak image dist services services-down services-status topics tools clean
 
 # -qq for the package itself: errors only, not setuptools' notice about editable installs.
 $(STAMP): pyproject.toml
@@ -33,6 +33,12 @@ tools:
 # The image, built for real with buildah on a local Debian base (scripts/image).
 image:
 	scripts/image build localhost/delay-bridge:dev
+
+# The release artifacts in dist/: wheel and sdist (twine-checked), the image as an OCI archive
+# with its CycloneDX SBOM, and SHA256SUMS (scripts/dist; publishing them: docs/deploying.md).
+dist: $(STAMP)
+	scripts/tools buildah
+	PYTHON=$(PY) scripts/dist dist
 
 services-down:
 	scripts/services down

@@ -21,6 +21,9 @@ from bridge.errors import ConfigError
 from tests.conftest import ROOT
 
 CHART = ROOT / "helm" / "delay-bridge"
+# The chart has no default image (none is published): every render names one, as a user does.
+REPOSITORY = "registry.example.com/platform/delay-bridge"
+AT_CHART = (str(CHART), "--set", f"image.repository={REPOSITORY}")
 ALL_VALUES = CHART / "ci" / "all-values.yaml"
 KUBE_VERSION = "1.31.0"
 MONITORING = "monitoring.coreos.com/v1"
@@ -40,7 +43,7 @@ def render(
             helm,
             "template",
             release,
-            str(CHART),
+            *AT_CHART,
             "--namespace",
             namespace,
             "--kube-version",
@@ -77,7 +80,7 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("values", [[], ["-f", str(ALL_VALUES)]], ids=["default", "all"])
 def test_helm_lint_strict(helm: str, values: list[str]) -> None:
     proc = subprocess.run(
-        [helm, "lint", "--strict", str(CHART), *values], capture_output=True, text=True, check=False
+        [helm, "lint", "--strict", *AT_CHART, *values], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
@@ -325,7 +328,7 @@ def test_passwords_inline_in_config_go_to_the_secret_too(helm: str) -> None:
             helm,
             "template",
             "rel",
-            str(CHART),
+            *AT_CHART,
             "--set",
             "config.redis.password=x",
             "--set",
@@ -407,10 +410,32 @@ def test_mistakes_fail_at_render_time_naming_the_key(
 ) -> None:
     for command in (["template", "rel"], ["lint", "--strict"]):
         proc = subprocess.run(
-            [helm, *command, str(CHART), *args], capture_output=True, text=True, check=False
+            [helm, *command, *AT_CHART, *args], capture_output=True, text=True, check=False
         )
         assert proc.returncode != 0
         assert message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_image_repository_is_required_and_names_where_to_get_one(helm: str) -> None:
+    """No registry publishes the image: without image.repository nothing renders, and the error
+    says what to do; with one, both the bridge and its helm test pod pull it."""
+    for given in ([], ["--set", "image.repository="]):
+        proc = subprocess.run(
+            [helm, "template", "rel", str(CHART), *given],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode != 0
+        assert "image.repository is required" in proc.stderr and "make dist" in proc.stderr
+    docs = render(helm, "--set", "image.tag=1.2.3")
+    images = [
+        c["image"]
+        for d in docs
+        if d["kind"] in ("StatefulSet", "Pod")
+        for c in (d["spec"]["template"]["spec"] if d["kind"] != "Pod" else d["spec"])["containers"]
+    ]
+    assert images == [f"{REPOSITORY}:1.2.3"] * 2
 
 
 def test_defaults_spread_replicas_and_outlast_the_drain(helm: str) -> None:
@@ -451,7 +476,7 @@ def test_each_pod_is_a_static_group_member_named_after_itself(helm: str) -> None
     assert not deployment.get("env")
     # The pods' own names would contradict the config's dynamic member: refused as the bridge would.
     mixed = subprocess.run(
-        [helm, "template", "rel", str(CHART), "--set", "config.kafka.static_membership=false"],
+        [helm, "template", "rel", *AT_CHART, "--set", "config.kafka.static_membership=false"],
         capture_output=True,
         text=True,
         check=False,
@@ -549,7 +574,7 @@ def test_every_secret_kafka_property_goes_to_the_secret_never_a_configmap(
             helm,
             "template",
             "rel",
-            str(CHART),
+            *AT_CHART,
             "--set-string",
             f"config.kafka.{role}.{escaped}={value}",
             "--set",
@@ -578,7 +603,7 @@ def test_a_password_inside_the_redis_url_goes_to_the_secret(helm: str, tmp_path:
             helm,
             "template",
             "rel",
-            str(CHART),
+            *AT_CHART,
             "--set",
             "config.redis.url=redis://:p%40ss@redis:6379/0",
         ],
@@ -689,7 +714,7 @@ def test_what_check_config_rejects_the_chart_rejects_naming_the_key(
     values.write_text(yaml.safe_dump({"config": _chart_config(*pairs)}))
     for command in (["template", "rel"], ["lint", "--strict"]):
         proc = subprocess.run(
-            [helm, *command, str(CHART), "-f", str(values)],
+            [helm, *command, *AT_CHART, "-f", str(values)],
             capture_output=True,
             text=True,
             check=False,
@@ -721,7 +746,7 @@ def test_what_check_config_takes_the_chart_takes(
     values.write_text(yaml.safe_dump({"config": _chart_config(*pairs)}))
     for command in (["template", "rel"], ["lint", "--strict"]):
         proc = subprocess.run(
-            [helm, *command, str(CHART), "-f", str(values)],
+            [helm, *command, *AT_CHART, "-f", str(values)],
             capture_output=True,
             text=True,
             check=False,
@@ -734,7 +759,7 @@ def test_the_http_port_is_one_value(helm: str) -> None:
     assert yaml.safe_load(config["data"]["bridge.yaml"])["http"]["port"] == 8080
     for command in (["template", "rel"], ["lint", "--strict"]):
         proc = subprocess.run(
-            [helm, *command, str(CHART), "--set", "config.http.port=8081"],
+            [helm, *command, *AT_CHART, "--set", "config.http.port=8081"],
             capture_output=True,
             text=True,
             check=False,

@@ -63,7 +63,8 @@ ServiceAccount name.
 Image reference.
 */}}
 {{- define "delay-bridge.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- $repository := required "image.repository is required: no registry publishes a delay-bridge image; build it (make dist), push it to a registry your cluster pulls from and set image.repository (docs/deploying.md, Publishing the image)" .Values.image.repository -}}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
 {{/*
