@@ -87,7 +87,8 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "redis.sentinel.nodes": {"items": {"type": "string", "pattern": "^.+:[0-9]+$"}},
     "topics.delay": {"minItems": 1, "items": {"type": "string", **TOPIC}},
     "topics.dead_letter": TOPIC,
-    "topics.journal": {"pattern": r"^[a-zA-Z0-9._-]{0,249}$", "not": {"enum": [".", ".."]}},
+    # <delay>: the first delay topic's name (bridge.config.schema.FIRST_DELAY).
+    "topics.journal": {"pattern": r"^([a-zA-Z0-9._-]|<delay>)*$", "not": {"enum": [".", ".."]}},
     "topics.dialect": {"additionalProperties": {"enum": list(DIALECTS)}},
     "ingress.batch_size": {"minimum": 1},
     "egress.batch_size": {"minimum": 1, "maximum": 10_000},

@@ -65,6 +65,11 @@ class RedisConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
 
 
+# In topics.journal, the first delay topic's name: the default journal follows a deployment's
+# delay topics, so deployments that name theirs apart do not share one.
+FIRST_DELAY = "<delay>"
+
+
 @dataclass(frozen=True)
 class TopicsConfig:
     """Which topics are read, where records may go, and where failures go."""
@@ -74,7 +79,11 @@ class TopicsConfig:
     allowed_targets: tuple[str, ...] = (".*",)
     dead_letter: str = "delay.dlq"
     dialect: dict[str, str] = field(default_factory=dict)
-    journal: str = "delay.journal"  # "": no journal
+    journal: str = f"{FIRST_DELAY}.journal"  # "": no journal
+
+    def __post_init__(self) -> None:
+        if FIRST_DELAY in self.journal and self.delay:  # none: refused by the loader
+            object.__setattr__(self, "journal", self.journal.replace(FIRST_DELAY, self.delay[0]))
 
 
 @dataclass(frozen=True)

@@ -637,6 +637,11 @@ CHECK_CONFIG_MISTAKES: list[tuple[list[tuple[str, Any]], str, str]] = [
     ([("topics/dead_letter", "delay")], "topics.dead_letter", "config.topics.dead_letter"),
     ([("topics/journal", "delay.dlq")], "topics.journal", "config.topics.journal"),
     ([("topics/journal", "no spaces")], "topics", "config.topics.journal"),
+    (
+        [("topics/delay", ["orders"]), ("topics/journal", "<delay>")],
+        "topics.journal",
+        "config.topics.journal",
+    ),
     ([("limits/max_delay", "0s")], "limits.max_delay", "config.limits.max_delay"),
     ([("egress/lease", "0m0s")], "egress.lease", "config.egress.lease"),
     ([("egress/lease", "30s1h")], "egress.lease", "config.egress.lease"),

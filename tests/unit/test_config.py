@@ -56,6 +56,26 @@ def test_defaults_match_the_documented_file() -> None:
     assert documented.limits.max_delay == 365 * 86_400_000
 
 
+def test_the_default_journal_follows_the_first_delay_topic() -> None:
+    """Two deployments that name their delay topics apart do not share a journal by default;
+    ``<delay>`` in a journal's name given stands for the first delay topic too."""
+    assert Config().topics.journal == "delay.journal"
+    orders = from_mapping({"topics": {"delay": ["orders.delay", "orders.retry"]}}, env={})
+    assert orders.topics.journal == "orders.delay.journal"
+    by_env = from_mapping({}, env={"DELAY_BRIDGE_TOPICS__DELAY": "billing"})
+    assert by_env.topics.journal == "billing.journal"
+    named = from_mapping({"topics": {"delay": ["a"], "journal": "fates-<delay>"}}, env={})
+    assert named.topics.journal == "fates-a"
+    assert from_mapping({"topics": {"journal": "shared.journal"}}, env={}).topics.journal == (
+        "shared.journal"
+    )
+    assert from_mapping({"topics": {"journal": ""}}, env={}).topics.journal == ""
+    with pytest.raises(ConfigError, match=r"^topics.journal: must be neither"):
+        from_mapping({"topics": {"delay": ["x"], "journal": "<delay>"}}, env={})
+    shown = yaml.safe_load(dump(orders))
+    assert shown["topics"]["journal"] == "orders.delay.journal"  # check-config shows the name
+
+
 def test_documented_file_lists_every_key() -> None:
     raw = yaml.safe_load((ROOT / "config" / "bridge.yaml").read_text())
     shown = yaml.safe_load(dump(Config()))

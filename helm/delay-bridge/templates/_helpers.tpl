@@ -300,7 +300,7 @@ chart's own: no inline secret beside auth.existingSecret, http.port is service.p
 {{- if has $dlq $delay }}
 {{- include "delay-bridge.fail" (printf "config.topics.dead_letter: must not be a delay topic (%s is one of config.topics.delay)" $dlq) }}
 {{- end }}
-{{- $journal := dig "topics" "journal" "delay.journal" $c }}
+{{- $journal := dig "topics" "journal" "<delay>.journal" $c | replace "<delay>" (first $delay) }}
 {{- if and $journal (or (has $journal $delay) (eq $journal $dlq)) }}
 {{- include "delay-bridge.fail" (printf "config.topics.journal: must be neither a delay topic nor the DLQ (%s)" $journal) }}
 {{- end }}
