@@ -7,7 +7,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
 RUN python3 -m venv /opt/delay-bridge \
-    && /opt/delay-bridge/bin/python -m pip install --no-cache-dir --disable-pip-version-check /src
+    && /opt/delay-bridge/bin/python -m pip install --no-cache-dir --disable-pip-version-check "/src[otel]"
 
 FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0

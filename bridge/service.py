@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
 from prometheus_client import CollectorRegistry
@@ -52,6 +52,9 @@ from bridge.redis_client import redis_client
 from bridge.startup import check_rebuildable, start_up
 from bridge.store import Replicas, Shard, Store
 from bridge.topics import Topics
+
+if TYPE_CHECKING:
+    from bridge.tracing import Spans
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,15 @@ def _id_reader(config: Config) -> IdReader:
     """What the ingress reads the records the id index and default ids name with (one consumer)."""
     settings = {**read_back_settings(config), "logger": _kafka_logger("ids")}
     return IdReader(lambda: Reader(Consumer(settings)), config.rules())
+
+
+def _spans(config: Config) -> Spans | None:
+    """The bridge's spans (None: tracing.enabled is off, and OpenTelemetry is not imported)."""
+    if not config.tracing.enabled:
+        return None
+    from bridge.tracing import Spans
+
+    return Spans.start(config)
 
 
 def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
@@ -178,6 +190,7 @@ class Service:
         catch_up = CatchUp()  # the ingress says how far it is read, the mover claims up to it
         producer = Producer(producer_conf)
         journal = _journal(config, producer, self.metrics, self.readiness, self.topics)
+        self.spans = spans = _spans(config)
         self.reconcile = reconcile = Reconcile.of(config, self.store, self.topics.known)
         self.egress = Egress(
             producer,
@@ -199,6 +212,7 @@ class Service:
                 on_fatal=self._on_producer_error,
                 log=_kafka_logger("txn"),
             ),
+            spans=spans,
         )
         dlq_producer = Producer(producer_conf)
         self.id_reader = _id_reader(config)
@@ -220,6 +234,7 @@ class Service:
                 before_read=self.egress.before_rebuild,
             ),
             reads=TopicReads(self.id_reader, self.id_reader.schedules),
+            spans=spans,
         )
         self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
         # Runs with store.references off too: the references stored before it are still read back.
@@ -391,6 +406,8 @@ class Service:
             self.reconcile.close()
         self.id_reader.close()
         self.redis.close()
+        if self.spans is not None:
+            self.spans.shutdown()  # the spans not exported yet
         announce.summary(self.registry, time.monotonic() - started)
         return 1 if self._errors else 0
 

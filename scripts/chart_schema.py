@@ -88,6 +88,7 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "topics.delay": {"minItems": 1, "items": {"type": "string", **TOPIC}},
     "topics.dead_letter": TOPIC,
     # <delay>: the first delay topic's name (bridge.config.schema.FIRST_DELAY).
+    "tracing.mode": {"enum": ["continue", "link"]},
     "topics.journal": {"pattern": r"^([a-zA-Z0-9._-]|<delay>)*$", "not": {"enum": [".", ".."]}},
     "topics.dialect": {"additionalProperties": {"enum": list(DIALECTS)}},
     "ingress.batch_size": {"minimum": 1},

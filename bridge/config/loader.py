@@ -8,6 +8,7 @@ levels) override scalar keys.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from bridge.config.librdkafka import consumer_settings, producer_settings
-from bridge.config.schema import Config
+from bridge.config.schema import TRACING_MODES, Config
 from bridge.errors import ConfigError
 from bridge.message import (
     DIALECTS,
@@ -279,6 +280,15 @@ def _validate(config: Config) -> None:
             "egress.exactly_once: needs topics.journal (a shard taken over reads what was "
             "committed there)"
         )
+    if config.tracing.mode not in TRACING_MODES:
+        raise ConfigError(
+            f"tracing.mode: {config.tracing.mode!r} is none of {', '.join(TRACING_MODES)}"
+        )
+    if config.tracing.enabled and not _has_otel():
+        raise ConfigError(
+            "tracing.enabled: needs the OpenTelemetry SDK and its OTLP exporter: "
+            "pip install 'delay-bridge[otel]'"
+        )
     if "transactional.id" in producer_settings(config):
         raise ConfigError(
             "kafka.producer.transactional.id: set by the bridge (one per delay-topic partition "
@@ -326,3 +336,14 @@ def _validate(config: Config) -> None:
             f"kafka.producer.delivery.timeout.ms: {timeout} must be below egress.lease "
             f"({config.egress.lease} ms), or a lease would expire while its record is in flight"
         )
+
+
+def _has_otel() -> bool:
+    """Whether the extra delay-bridge[otel] is installed (tracing.enabled needs it)."""
+    try:  # a dotted name's parents are imported: ModuleNotFoundError when one is missing
+        return all(
+            importlib.util.find_spec(name) is not None
+            for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+        )
+    except ModuleNotFoundError:
+        return False

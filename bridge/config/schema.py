@@ -182,6 +182,17 @@ class LoggingConfig:
     json: bool = False
 
 
+TRACING_MODES = ("continue", "link")
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry spans of the bridge's hop (bridge.tracing)."""
+
+    enabled: bool = False
+    mode: str = "continue"  # TRACING_MODES
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration."""
@@ -195,6 +206,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def journal_topics(self) -> tuple[str, ...]:
         """The journal topic, if there is one."""

@@ -17,6 +17,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError
 
@@ -39,6 +40,9 @@ from bridge.message import (
 )
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,7 @@ class InFlight:
     stub: bool = False  # ... and then as a stub: too large even without its value
     placed: tuple[int, int] = (-1, -1)  # where Kafka put it: partition, offset
     expired: str = ""  # why it expired (its DLQ copy's delay-error-detail); "": it did not
+    span: Span | None = None  # its delivery's send span, while one is open (bridge.tracing)
 
     def expire(self, now_ms: int, default_ms: int) -> bool:
         """Whether it is too late to deliver at ``now_ms`` (see :meth:`Scheduled.expires_ms`):

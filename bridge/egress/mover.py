@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Producer
 
@@ -40,6 +41,9 @@ from bridge.message import Priority
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Claims, PerLane, Shard, Store
 from bridge.turns import Turns
+
+if TYPE_CHECKING:
+    from bridge.tracing import Spans
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +75,7 @@ class Egress:
         journal: Journal | None = None,
         reconcile: Reconcile | None = None,
         transactions: Transactions | None = None,
+        spans: Spans | None = None,
     ) -> None:
         self.catch_up = catch_up or CatchUp()
         self.readiness = readiness or Readiness()
@@ -90,6 +95,7 @@ class Egress:
             on_retry=self._claim_again,
             journal=journal,
             outlet=transactions,
+            spans=spans,
         )
         if transactions is not None:
             transactions.settings.on_ended = self._ended

@@ -15,6 +15,7 @@ import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -27,6 +28,9 @@ from bridge.journal import Journal
 from bridge.message import Priority, Scheduled, wire_headers
 from bridge.metrics import Metrics
 from bridge.store import AckBatch, Claimed, Shard, Store
+
+if TYPE_CHECKING:
+    from bridge.tracing import Spans
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,28 @@ def count_acknowledged(
         readiness.ok("dlq-writes")
 
 
+def _watch(deliveries: Deliveries, now: float) -> None:
+    """:meth:`Deliveries.watch`'s look at the records in flight, at ``now`` (monotonic s)."""
+    sent = [p for p in deliveries.in_flight.values() if p.sent_s]
+    oldest = min(sent, key=lambda p: p.sent_s, default=None)
+    age = 0.0 if oldest is None else now - oldest.sent_s
+    deliveries.metrics.oldest_inflight.set(age)
+    failures, readiness = deliveries.failures, deliveries.readiness
+    if oldest is not None and age > STALL_S:
+        stalled = sum(1 for p in sent if now - p.sent_s > STALL_S)
+        why = (
+            f"{stalled:,} deliveries not acknowledged by Kafka for more than {STALL_S:.0f}s "
+            f"(the oldest for {age:.0f}s, to {failures.topic(oldest)}): its brokers are "
+            "not taking writes"
+        )
+        readiness.fail("deliveries", why)
+    elif failures.failing:
+        failing = "; ".join(f"to {t}: {e}" for t, e in sorted(failures.failing.items()))
+        readiness.fail("deliveries", f"deliveries failing, retried: {failing}")
+    else:
+        readiness.ok("deliveries")
+
+
 class Deliveries:
     """The records in flight: produced, their delivery reports applied on the mover's thread."""
 
@@ -92,6 +118,7 @@ class Deliveries:
         on_retry: Callable[[Mapping[Shard, Sequence[bytes]], int], None],
         journal: Journal | None = None,
         outlet: Outlet | None = None,
+        spans: Spans | None = None,
     ) -> None:
         # Exactly once (a Transactions outlet): journaled in the records' transaction, not here.
         self.outlet: Outlet = outlet or Direct(producer)
@@ -99,6 +126,7 @@ class Deliveries:
         self.store = store
         self.metrics = metrics
         self.readiness = readiness
+        self.spans = spans  # tracing.enabled: a send span per delivery
         self.failures = Failures(metrics, readiness, dead_letter=dead_letter, config=config)
         # Delivered records are acknowledged with their shard's next claim or after this long:
         # with claims ahead, a claim comes every half window.
@@ -136,6 +164,11 @@ class Deliveries:
             topic, headers = self.failures.dead_letter, inflight.dlq_headers()
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
+        if self.spans is not None:  # the delivered record's traceparent: its send span's
+            reason = inflight.dlq_reason() if inflight.dead_letter else ""
+            inflight.span, headers = self.spans.sending(
+                record, ident[0], topic, headers, previous=inflight.span, dead_letter=reason
+            )
         # The producer stamps the record; never earlier than the due time, whatever the local clock.
         timestamp = max(now_ms, record.due_ms)
         inflight.sent_s = time.monotonic()
@@ -181,6 +214,9 @@ class Deliveries:
                 inflight.placed = (partition, offset)
                 self._delivered(ident, inflight, at_ms)
                 continue
+            if self.spans is not None:
+                self.spans.failed(inflight.span, err.str())
+                inflight.span = None
             if err.fatal():  # its shard's transactions ended: leased for the next owner
                 abandoned.append(ident)
                 continue
@@ -205,6 +241,9 @@ class Deliveries:
     def _delivered(self, ident: Ident, inflight: InFlight, at_ms: int) -> None:
         """Kafka has the record: it waits to be acknowledged, with its shard's others."""
         inflight.sent_s = 0.0
+        if self.spans is not None:
+            self.spans.delivered(inflight.span, inflight.claimed.record, inflight.placed, at_ms)
+            inflight.span = None
         self.failures.delivered(ident, inflight)
         epoch = inflight.claimed.epoch
         acked = self.acked.get(ident[0])
@@ -227,27 +266,9 @@ class Deliveries:
         /readyz — failing while a record waits longer than STALL_S for Kafka or a topic's last
         delivery report was a failure."""
         now = time.monotonic()
-        if now < self._next_watch:
-            return
-        self._next_watch = now + WATCH_EVERY_S
-        sent = [p for p in self.in_flight.values() if p.sent_s]
-        oldest = min(sent, key=lambda p: p.sent_s, default=None)
-        age = 0.0 if oldest is None else now - oldest.sent_s
-        self.metrics.oldest_inflight.set(age)
-        if oldest is not None and age > STALL_S:
-            stalled = sum(1 for p in sent if now - p.sent_s > STALL_S)
-            why = (
-                f"{stalled:,} deliveries not acknowledged by Kafka for more than {STALL_S:.0f}s "
-                f"(the oldest for {age:.0f}s, to {self.failures.topic(oldest)}): its brokers are "
-                "not taking writes"
-            )
-            self.readiness.fail("deliveries", why)
-            return
-        if self.failures.failing:
-            failing = "; ".join(f"to {t}: {e}" for t, e in sorted(self.failures.failing.items()))
-            self.readiness.fail("deliveries", f"deliveries failing, retried: {failing}")
-        else:
-            self.readiness.ok("deliveries")
+        if now >= self._next_watch:
+            self._next_watch = now + WATCH_EVERY_S
+            _watch(self, now)
 
     def ack(self, force: bool = False) -> None:
         """Acknowledge delivered records in Redis: a tick (or half an ``ahead`` window) after the

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -40,6 +41,9 @@ from bridge.store import (
     unconfirmed,
     undated,
 )
+
+if TYPE_CHECKING:
+    from bridge.tracing import Spans
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +85,7 @@ class Ingress:
         catch_up: CatchUp,
         settled: Settled | None = None,
         reads: TopicReads = NO_READS,
+        spans: Spans | None = None,
     ) -> None:
         """``new_consumer`` makes the delay topics' consumer (again, after a fault: see
         :class:`Restarts`); ``dead_letters`` sends what is refused; ``topics`` says what Kafka
@@ -92,6 +97,7 @@ class Ingress:
         self.catch_up = catch_up
         self.store = store
         self.reads = reads
+        self.spans = spans  # tracing.enabled: a store span per record stored
         self.rules = dead_letters.rules
         self.metrics = metrics
         self.config = config.ingress  # batch_size, linger (ms), hold (ms)
@@ -272,6 +278,7 @@ class Ingress:
         self.dead_letters.flush()
 
     def _handle(self, messages: list[Message], batch: Batch) -> None:
+        started_ns = time.time_ns()  # the store spans' start
         # Held partitions are read again from their record once their back-off is over; what
         # came of them meanwhile (fetched before the hold) waits for that.
         back = self.positions.went_back(batch.low.items()) | (set(batch.low) & self.holds.waiting())
@@ -302,6 +309,8 @@ class Ingress:
                 self.marks[shard] = max(high, self.marks.get(shard, -1))
             if added.lost:
                 self.positions.rebuild(added.lost)
+            if self.spans is not None:
+                self.spans.stored(batch.stored, started_ns)
             _report(added, self.metrics, self.dead_letters.journal, self._clock_ms)
         self._read_up_to(batch, set(batch.stored))
         self.holds.passed(set(batch.low) - set(refused))

@@ -74,11 +74,13 @@ def test_the_image_runs_the_bridge(image: str) -> None:
         ["python", "-c", "import urllib.request"],
         # The store's Lua scripts ship as package data of bridge.store, beside its modules.
         ["python", "-c", LIST_LUA],
+        # The otel extra: tracing.enabled works with the image as it is.
+        ["python", "-c", "import bridge.tracing"],
     ]
     proc = run(image, "python", "-c", IN_ONE_CONTAINER, json.dumps(commands))
     assert proc.returncode == 0, proc.stderr
-    version, tini, checked, uid, urllib, listed = json.loads(proc.stdout)
-    for rc, _, err in (version, tini, checked, urllib, listed):
+    version, tini, checked, uid, urllib, listed, tracing = json.loads(proc.stdout)
+    for rc, _, err in (version, tini, checked, urllib, listed, tracing):
         assert rc == 0, err
     assert version[1].strip() == f"delay-bridge {__import__('bridge').__version__}"
     assert yaml.safe_load(checked[1])["logging"]["json"] is True  # JSON logs in the image
