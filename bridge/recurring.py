@@ -1,0 +1,236 @@
+"""When a recurring schedule's occurrences fall, and which to deliver after an outage (pure).
+
+A recurring schedule (the contract's "Recurring schedules"; not delivered yet) is one record with
+``delay-cron`` — five fields read in ``delay-timezone`` (an IANA name, UTC by default), or a macro
+``@hourly`` … ``@yearly`` — or ``delay-every`` (a duration of at least a second: occurrences at the
+start plus whole intervals, in absolute time, whatever the zone's clocks do). :class:`Recurrence`
+is its arithmetic; the store and the egress keep where it has got to.
+
+Cron fields are read as crontab(5) reads them, by cronsim (Debian cron's semantics, including
+day-of-month *or* day-of-week when both are restricted), with the contract's two rules for a
+zone's clock changes, tested per zone in tests/unit/test_recurring.py:
+
+- a local time that does not exist (spring forward) fires at the first instant after the gap
+  (02:30 on the night Paris goes from 02:00 to 03:00 fires at 03:00 CEST);
+- a local time that occurs twice (fall back) fires once, at its first occurrence (``*/30 * * * *``
+  fires at 02:00 and 02:30 CEST, not again at 02:00 and 02:30 CET).
+
+Occurrences that fell due while nothing could deliver them (an outage, the bridge stopped) are
+*missed*: later than ``missed_after_ms`` (the schedule's ``delay-max-lateness``, else a minute, as
+Quartz's misfire threshold) when the bridge gets to them. ``delay-missed`` says what becomes of
+them (:meth:`Recurrence.fire`): ``latest`` (default) delivers the latest occurrence due by then,
+once; ``all`` delivers every one, in order; ``skip`` delivers the latest only if it is not missed
+itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+MIN_EVERY_MS = 1_000
+MISSED_AFTER_MS = 60_000  # an occurrence this late is missed, unless delay-max-lateness says
+# Steps a search of cron occurrences takes at most: a minute-by-minute expression over a long
+# outage is walked backwards from now, not forwards from the outage's start.
+MAX_STEPS = 10_000
+MACROS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
+_SPACES = re.compile(r"\s+")
+
+
+class Missed(StrEnum):
+    """What becomes of occurrences missed (``delay-missed``)."""
+
+    LATEST = "latest"
+    ALL = "all"
+    SKIP = "skip"
+
+
+class BadSchedule(ValueError):
+    """A schedule that cannot be: the detail of a ``bad-schedule`` dead letter."""
+
+
+@dataclass(frozen=True)
+class Fire:
+    """What to do with an occurrence the bridge got to at some moment: deliver ``deliver`` (None:
+    nothing: it was missed and ``skip`` drops it), having passed over ``skipped`` occurrences,
+    and come back at ``next_ms`` (None: the schedule has ended)."""
+
+    deliver: int | None
+    skipped: int
+    next_ms: int | None
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """A schedule's occurrences: from ``start_ms`` (the first at or after it) to ``until_ms``
+    (none after it; None: no end), every ``every_ms`` or as ``cron`` says in ``zone``."""
+
+    cron: str = ""
+    every_ms: int = 0
+    zone: str = "UTC"
+    start_ms: int = 0
+    until_ms: int | None = None
+    missed: Missed = Missed.LATEST
+    missed_after_ms: int = MISSED_AFTER_MS
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        cron: str | None,
+        every_ms: int | None,
+        zone: str | None,
+        start_ms: int,
+        until_ms: int | None = None,
+        missed: str | None = None,
+        missed_after_ms: int | None = None,
+    ) -> Recurrence:
+        """A checked schedule: raises :class:`BadSchedule` naming what is wrong — neither or both
+        of cron and every, a bad expression or zone, too short an interval, an unknown missed
+        policy, or a schedule with no occurrence at all."""
+        if (cron is None) == (every_ms is None):
+            raise BadSchedule("exactly one of delay-cron and delay-every is needed")
+        try:
+            policy = Missed(missed or Missed.LATEST)
+        except ValueError:
+            raise BadSchedule(f"delay-missed: {missed!r} is none of latest, all, skip") from None
+        name = zone or "UTC"
+        try:
+            ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise BadSchedule(f"delay-timezone: {name!r} is no IANA time zone") from None
+        expression = ""
+        if cron is not None:
+            expression = MACROS.get(cron.strip().lower(), _SPACES.sub(" ", cron.strip()))
+            try:
+                CronSim(expression, datetime.now(UTC))
+            except CronSimError as exc:
+                raise BadSchedule(f"delay-cron: {cron!r}: {exc}") from None
+        elif every_ms is not None and every_ms < MIN_EVERY_MS:
+            raise BadSchedule(f"delay-every: {every_ms} ms is shorter than a second")
+        made = cls(
+            expression,
+            every_ms or 0,
+            name,
+            start_ms,
+            until_ms,
+            policy,
+            MISSED_AFTER_MS if missed_after_ms is None else missed_after_ms,
+        )
+        if made.first() is None:
+            raise BadSchedule("no occurrence falls between its start and delay-until")
+        return made
+
+    def first(self) -> int | None:
+        """The first occurrence (epoch ms; None: there is none)."""
+        return self.after(self.start_ms - 1)
+
+    def after(self, ms: int) -> int | None:
+        """The first occurrence after ``ms`` (epoch ms), None when none is left."""
+        if self.every_ms:
+            k = 0 if ms < self.start_ms else (ms - self.start_ms) // self.every_ms + 1
+            found: int | None = self.start_ms + k * self.every_ms
+        else:
+            found = self._cron_after(max(ms, self.start_ms - 1))
+        if found is None or (self.until_ms is not None and found > self.until_ms):
+            return None
+        return found
+
+    def latest_by(self, ms: int) -> int | None:
+        """The last occurrence at or before ``ms`` (None: none is)."""
+        if self.until_ms is not None:
+            ms = min(ms, self.until_ms)
+        if ms < self.start_ms:
+            return None
+        if self.every_ms:
+            return self.start_ms + (ms - self.start_ms) // self.every_ms * self.every_ms
+        found = self._cron_before(ms + 1)
+        return found if found is not None and found >= self.start_ms else None
+
+    def upcoming(self, ms: int, n: int) -> list[int]:
+        """The next ``n`` occurrences after ``ms`` (fewer when the schedule ends)."""
+        found: list[int] = []
+        at: int | None = ms
+        while len(found) < n and at is not None:
+            at = self.after(at)
+            if at is not None:
+                found.append(at)
+        return found
+
+    def fire(self, occurrence_ms: int, now_ms: int) -> Fire:
+        """What to deliver of ``occurrence_ms``, the bridge getting to it at ``now_ms`` (see the
+        module's docstring: missed occurrences)."""
+        if now_ms - occurrence_ms <= self.missed_after_ms or self.missed is Missed.ALL:
+            return Fire(occurrence_ms, 0, self.after(occurrence_ms))
+        latest = self.latest_by(now_ms)
+        assert latest is not None  # occurrence_ms is one, and at or before now_ms
+        skipped = self._count_between(occurrence_ms, latest)
+        if self.missed is Missed.SKIP and now_ms - latest > self.missed_after_ms:
+            return Fire(None, skipped + 1, self.after(latest))
+        return Fire(latest, skipped, self.after(latest))
+
+    def local(self, ms: int) -> datetime:
+        """``ms`` as a time in the schedule's zone."""
+        return datetime.fromtimestamp(ms / 1000, ZoneInfo(self.zone))
+
+    def _count_between(self, first_ms: int, last_ms: int) -> int:
+        """Occurrences from ``first_ms`` up to, not including, ``last_ms`` (both occurrences)."""
+        if self.every_ms:
+            return (last_ms - first_ms) // self.every_ms
+        count, at = 0, first_ms
+        while at < last_ms and count < MAX_STEPS:
+            count += 1
+            nxt = self.after(at)
+            if nxt is None:
+                break
+            at = nxt
+        return count
+
+    def _cron_after(self, ms: int) -> int | None:
+        zone = ZoneInfo(self.zone)
+        # cronsim yields whole minutes after the moment it is given.
+        times = CronSim(self.cron, datetime.fromtimestamp(ms / 1000, zone))
+        for _ in range(MAX_STEPS):
+            try:
+                when = next(times)
+            except StopIteration:
+                return None
+            if not _repeated(when):
+                return _epoch_ms(when)
+        return None
+
+    def _cron_before(self, ms: int) -> int | None:
+        zone = ZoneInfo(self.zone)
+        times = CronSim(self.cron, datetime.fromtimestamp(ms / 1000, zone), reverse=True)
+        for _ in range(MAX_STEPS):
+            try:
+                when = next(times)
+            except StopIteration:
+                return None
+            if _epoch_ms(when) < ms and not _repeated(when):
+                return _epoch_ms(when)
+        return None
+
+
+def _repeated(when: datetime) -> bool:
+    """Whether ``when`` is the second occurrence of a local time a fall-back repeats."""
+    if not when.fold:
+        return False
+    return when.replace(fold=0).utcoffset() != when.utcoffset()
+
+
+def _epoch_ms(when: datetime) -> int:
+    return int((when - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(milliseconds=1))
