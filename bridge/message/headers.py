@@ -43,6 +43,15 @@ H_OPERATION = "delay-operation"
 # so one that reaches its record after it was claimed or delivered delivers nothing twice.
 H_REPLACES = "delay-replaces"
 
+# A recurring schedule (cron or an interval) and the records that pause and resume one: the
+# contract names them; this version refuses them as bad-schedule rather than deliver one of them
+# once as a one-shot record.
+H_CRON = "delay-cron"
+H_EVERY = "delay-every"
+H_PAUSE = "delay-pause"
+H_RESUME = "delay-resume"
+RECURRING_HEADERS = (H_CRON, H_EVERY, H_PAUSE, H_RESUME)
+
 CONTROL_HEADERS = frozenset(
     {
         H_TARGET_TOPIC,
@@ -53,6 +62,7 @@ CONTROL_HEADERS = frozenset(
         H_CANCEL,
         H_PRIORITY,
         H_MAX_LATENESS,
+        *RECURRING_HEADERS,
     }
 )
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
@@ -101,6 +111,7 @@ class Reason(StrEnum):
     DELIVERY_FAILED = "delivery-failed"
     PAYLOAD_MISSING = "payload-missing"
     EXPIRED = "expired"
+    BAD_SCHEDULE = "bad-schedule"
 
 
 class Rejected(Exception):

@@ -12,13 +12,18 @@ from bridge.message.headers import (
     CONTROL_HEADERS,
     H_AFTER,
     H_CANCEL,
+    H_CRON,
     H_DELIVER_AT,
     H_DUE_AT,
+    H_EVERY,
     H_ID,
     H_MAX_LATENESS,
+    H_PAUSE,
     H_PRIORITY,
+    H_RESUME,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
+    RECURRING_HEADERS,
     Cancel,
     Headers,
     Priority,
@@ -166,6 +171,13 @@ def parse(
             f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",
         )
     control, cancels = _control(headers)
+    if H_CRON in control or H_EVERY in control or H_PAUSE in control or H_RESUME in control:
+        named = [h for h in RECURRING_HEADERS if h in control]
+        raise Rejected(
+            Reason.BAD_SCHEDULE,
+            f"{', '.join(named)}: this version of delay-bridge does not deliver recurring "
+            "schedules; nothing was scheduled",
+        )
     target = _text(control, H_TARGET_TOPIC)
     deliver_at = _text(control, H_DELIVER_AT)
     after = _text(control, H_AFTER)

@@ -15,11 +15,14 @@ from confluent_kafka.cimpl import NewPartitions
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
+    H_CRON,
     H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
+    H_EVERY,
     H_ID,
     H_ORIGIN,
+    H_PAUSE,
     H_PRIORITY,
     H_TARGET_TOPIC,
     Headers,
@@ -144,6 +147,44 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
         detail = (r.header(H_ERROR_DETAIL) or b"").decode()
         assert f"value of {size} bytes left out" in detail, detail
         assert r.header(H_TARGET_TOPIC) is not None  # the headers are kept
+
+
+def test_a_recurring_schedule_goes_to_the_dlq_as_bad_schedule_not_once_as_a_one_shot(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The contract's recurring schedules are not delivered by this version: a cron record that
+    also carries a due time, an interval and a pause each reach the DLQ whole as bad-schedule,
+    nothing of them reaches the target, and their partitions go on."""
+    target = setup.targets[0].encode()
+    schedules: ToPartition = [
+        (0, b"digest", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_CRON, b"0 9 * * 1-5")]),
+        (1, b"poll", [(H_TARGET_TOPIC, target), (H_EVERY, b"5m"), (H_ID, b"poll")]),
+        (2, None, [(H_PAUSE, b"poll")]),
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, schedules)
+    produce_to(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 6, 60, "3 deliveries and 3 dead letters")
+        collector.poll(1.0)  # a one-shot delivery of the cron record would show up now
+    finally:
+        collector.close()
+    assert sorted(r.value or b"" for r in collector.of(setup.targets[0])) == [
+        b"after-0",
+        b"after-1",
+        b"after-2",
+    ]
+    dead = {int((r.header(H_ORIGIN) or b"").split(b":")[1]): r for r in collector.of(setup.dlq)}
+    assert sorted(dead) == [0, 1, 2]
+    for partition, value, named in ((0, b"digest", "delay-cron"), (1, b"poll", "delay-every")):
+        assert dead[partition].value == value and dead[partition].key == b"k"
+        assert dead[partition].header(H_ERROR) == b"bad-schedule"
+        detail = (dead[partition].header(H_ERROR_DETAIL) or b"").decode()
+        assert detail.startswith(f"{named}: this version of delay-bridge does not deliver"), detail
+    assert dead[2].header(H_PAUSE) == b"poll" and dead[2].header(H_ERROR) == b"bad-schedule"
+    assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="bad-schedule"}') == 3
 
 
 def test_a_dlq_refusal_holds_its_partition_only(

@@ -14,14 +14,18 @@ from hypothesis import strategies as st
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
+    H_CRON,
     H_DELIVER_AT,
     H_DUE_AT,
     H_ERROR,
     H_ERROR_DETAIL,
+    H_EVERY,
     H_ID,
     H_MAX_LATENESS,
     H_ORIGIN,
+    H_PAUSE,
     H_PRIORITY,
+    H_RESUME,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Cancel,
@@ -283,7 +287,22 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"-1s")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"\xff")], Reason.BAD_HEADER),
+    # A recurring schedule is refused, not delivered once as if it were a one-shot record.
+    ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_CRON, b"0 9 * * *")], Reason.BAD_SCHEDULE),
+    ([(H_TARGET_TOPIC, b"orders"), (H_EVERY, b"5m"), (H_ID, b"poll")], Reason.BAD_SCHEDULE),
+    ([(H_PAUSE, b"poll")], Reason.BAD_SCHEDULE),
+    ([(H_RESUME, b"poll")], Reason.BAD_SCHEDULE),
+    ([(H_CANCEL, b"poll"), (H_CRON, b"@daily")], Reason.BAD_SCHEDULE),
 ]
+
+
+def test_a_recurring_schedule_is_refused_naming_its_headers() -> None:
+    with pytest.raises(Rejected) as info:
+        run([(H_TARGET_TOPIC, b"orders"), (H_CRON, b"* * * * *"), (H_EVERY, b"1m")])
+    assert info.value.detail == (
+        "delay-cron, delay-every: this version of delay-bridge does not deliver recurring "
+        "schedules; nothing was scheduled"
+    )
 
 
 @pytest.mark.parametrize(("headers", "reason"), BAD_CASES)

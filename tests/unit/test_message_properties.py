@@ -24,6 +24,7 @@ from bridge.message import (
     MAX_EPOCH_MS,
     MAX_ID_BYTES,
     MIN_EPOCH_MS,
+    RECURRING_HEADERS,
     Cancel,
     Headers,
     Reason,
@@ -165,13 +166,27 @@ def test_every_control_header_twice_is_a_bad_header(name: str) -> None:
     )
 
 
-@given(st.sampled_from(sorted(CONTROL_HEADERS - {H_TARGET_KEY})), st.binary(min_size=1, max_size=8))
+@given(
+    st.sampled_from(sorted(CONTROL_HEADERS - {H_TARGET_KEY, *RECURRING_HEADERS})),
+    st.binary(min_size=1, max_size=8),
+)
 def test_a_control_header_that_is_not_utf8_is_a_bad_header(name: str, tail: bytes) -> None:
     headers: Headers = [(name, b"\xff" + tail)]
     if name != H_TARGET_TOPIC:
         headers.append((H_TARGET_TOPIC, b"orders"))
     got = outcome(headers)
     assert got is Reason.BAD_HEADER
+
+
+@given(st.sampled_from(RECURRING_HEADERS), st.binary(max_size=12), st.booleans())
+def test_a_recurring_schedules_header_is_a_bad_schedule_whatever_its_value(
+    name: str, value: bytes, one_shot: bool
+) -> None:
+    """Refused whatever else the record says: never delivered once as a one-shot record."""
+    headers: Headers = [(name, value)]
+    if one_shot:
+        headers += [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")]
+    assert outcome(headers) is Reason.BAD_SCHEDULE
 
 
 @given(st.integers(0, MAX_ID_BYTES + 2), st.sampled_from([H_ID, H_CANCEL]))
