@@ -120,8 +120,10 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
         server.server_close()
 
 
-def traced_bridge(one: Setup, bridges: list[Bridge], endpoint: str, mode: str) -> Bridge:
-    bridge = one.bridge(tracing__enabled="true", tracing__mode=mode)
+def traced_bridge(
+    one: Setup, bridges: list[Bridge], endpoint: str, mode: str, **overrides: str
+) -> Bridge:
+    bridge = one.bridge(tracing__enabled="true", tracing__mode=mode, **overrides)
     bridge.env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_SERVICE_NAME="orders-delay",
@@ -248,6 +250,23 @@ def test_link_mode_starts_a_new_trace_linked_to_the_producers(
     wait_for(lambda: len(found.named("store ")) >= 2, 30, "the store spans exported")
     [store] = [s for s in found.named("store ") if s.trace_id == PRODUCER_TRACE]
     assert store.parent == PRODUCER_SPAN
+
+
+def test_exactly_once_deliveries_carry_their_send_spans_through_the_transaction(
+    one: Setup, bridges: list[Bridge], receiver: tuple[Receiver, str]
+) -> None:
+    """With egress.exactly_once the records leave through each shard's transactions: the send
+    span's context rides in the transaction's record, and the span ends at its report."""
+    found, endpoint = receiver
+    traced_bridge(one, bridges, endpoint, "continue", egress__exactly_once="true")
+    send_two(one)
+    traced = delivered(one)[b"traced"]  # read_committed: the transaction committed
+    trace_id, span_id = traceparent_of(traced)
+    assert trace_id == PRODUCER_TRACE
+    wait_for(lambda: any(s.span_id == span_id for s in found.spans), 30, "the send span exported")
+    [send] = [s for s in found.named("send ") if s.span_id == span_id]
+    assert send.parent == PRODUCER_SPAN and send.status == STATUS_OK
+    assert send.attributes["messaging.kafka.offset"] == traced.offset
 
 
 def test_without_tracing_the_trace_headers_pass_through_unchanged(
