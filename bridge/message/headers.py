@@ -51,6 +51,15 @@ H_EVERY = "delay-every"
 H_PAUSE = "delay-pause"
 H_RESUME = "delay-resume"
 RECURRING_HEADERS = (H_CRON, H_EVERY, H_PAUSE, H_RESUME)
+# What else a recurring schedule may say (bridge.message.recurrence): its zone, its end, how many
+# occurrences at most, and what becomes of occurrences missed in an outage.
+H_TIMEZONE = "delay-timezone"
+H_UNTIL = "delay-until"
+H_COUNT = "delay-count"
+H_MISSED = "delay-missed"
+SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED)
+# A record with any of these is about a recurring schedule (a bad-schedule if it is not one).
+SCHEDULING = frozenset((*RECURRING_HEADERS, *SCHEDULE_HEADERS))
 
 CONTROL_HEADERS = frozenset(
     {
@@ -63,6 +72,7 @@ CONTROL_HEADERS = frozenset(
         H_PRIORITY,
         H_MAX_LATENESS,
         *RECURRING_HEADERS,
+        *SCHEDULE_HEADERS,
     }
 )
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,

@@ -24,6 +24,7 @@ from bridge.message.headers import (
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
     RECURRING_HEADERS,
+    SCHEDULING,
     Cancel,
     Headers,
     Priority,
@@ -33,6 +34,7 @@ from bridge.message.headers import (
     origin,
     record_size,
 )
+from bridge.message.recurrence import BadSchedule, recurrence_of
 from bridge.message.values import (
     MAX_EPOCH_MS,
     MIN_EPOCH_MS,
@@ -146,6 +148,40 @@ def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | Non
     return Cancel(offset, first, base_ms, due, tuple(more))
 
 
+def _schedule_refusal(control: dict[str, bytes], base_ms: int) -> str:
+    """Why a recurring schedule (or a pause or resume of one) is refused: what is wrong with
+    it, else that this version does not deliver them."""
+    named = ", ".join(h for h in RECURRING_HEADERS if h in control)
+    not_yet = (
+        f"{named}: this version of delay-bridge does not deliver recurring schedules; "
+        "nothing was scheduled"
+    )
+    texts: dict[str, str] = {}
+    for name, raw in control.items():
+        try:
+            texts[name] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"header {name} is not valid UTF-8"
+    if (H_PAUSE in texts or H_RESUME in texts) and H_CRON not in texts and H_EVERY not in texts:
+        return not_yet
+    try:
+        lateness = texts.get(H_MAX_LATENESS)
+        schedule = recurrence_of(texts, base_ms, None if lateness is None else _duration(lateness))
+    except BadSchedule as exc:
+        return str(exc)
+    first = schedule.first()
+    assert first is not None  # recurrence_of refuses a schedule with none
+    return f"{not_yet} (its first occurrence: {format_time_ms(first)})"
+
+
+def _duration(text: str) -> int | None:
+    """A duration header's ms (None: not one; its own checks say so elsewhere)."""
+    try:
+        return parse_duration_ms(text)
+    except ValueError:
+        return None
+
+
 def parse(
     rules: Rules,
     *,
@@ -171,13 +207,9 @@ def parse(
             f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",
         )
     control, cancels = _control(headers)
-    if H_CRON in control or H_EVERY in control or H_PAUSE in control or H_RESUME in control:
-        named = [h for h in RECURRING_HEADERS if h in control]
-        raise Rejected(
-            Reason.BAD_SCHEDULE,
-            f"{', '.join(named)}: this version of delay-bridge does not deliver recurring "
-            "schedules; nothing was scheduled",
-        )
+    if not SCHEDULING.isdisjoint(control):
+        base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
+        raise Rejected(Reason.BAD_SCHEDULE, _schedule_refusal(control, base_ms))
     target = _text(control, H_TARGET_TOPIC)
     deliver_at = _text(control, H_DELIVER_AT)
     after = _text(control, H_AFTER)

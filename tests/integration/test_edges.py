@@ -157,7 +157,11 @@ def test_a_recurring_schedule_goes_to_the_dlq_as_bad_schedule_not_once_as_a_one_
     nothing of them reaches the target, and their partitions go on."""
     target = setup.targets[0].encode()
     schedules: ToPartition = [
-        (0, b"digest", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_CRON, b"0 9 * * 1-5")]),
+        (
+            0,
+            b"digest",
+            [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_CRON, b"0 9 * * 1-5"), (H_ID, b"d")],
+        ),
         (1, b"poll", [(H_TARGET_TOPIC, target), (H_EVERY, b"5m"), (H_ID, b"poll")]),
         (2, None, [(H_PAUSE, b"poll")]),
     ]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
+    H_COUNT,
     H_CRON,
     H_DELIVER_AT,
     H_DUE_AT,
@@ -22,12 +23,15 @@ from bridge.message import (
     H_EVERY,
     H_ID,
     H_MAX_LATENESS,
+    H_MISSED,
     H_ORIGIN,
     H_PAUSE,
     H_PRIORITY,
     H_RESUME,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
+    H_TIMEZONE,
+    H_UNTIL,
     Cancel,
     Headers,
     Priority,
@@ -41,6 +45,7 @@ from bridge.message import (
     decode,
     encode,
     format_duration_ms,
+    format_time_ms,
     parse,
     parse_duration_ms,
     parse_time_ms,
@@ -296,13 +301,49 @@ BAD_CASES = [
 ]
 
 
-def test_a_recurring_schedule_is_refused_naming_its_headers() -> None:
+@pytest.mark.parametrize(
+    ("headers", "detail"),
+    [
+        (
+            [(H_CRON, b"0 9 * * 1-5"), (H_ID, b"digest"), (H_TIMEZONE, b"Europe/Paris")],
+            "delay-cron: this version of delay-bridge does not deliver recurring schedules; "
+            "nothing was scheduled (its first occurrence: 2026-09-22T07:00:00.000Z)",
+        ),
+        (
+            [(H_EVERY, b"5m"), (H_ID, b"poll"), (H_DELIVER_AT, str(NOW).encode())],
+            "delay-every: this version of delay-bridge does not deliver recurring schedules; "
+            f"nothing was scheduled (its first occurrence: {format_time_ms(NOW)})",
+        ),
+        ([(H_PAUSE, b"poll")], "delay-pause: this version of delay-bridge does not deliver"),
+        ([(H_AFTER, b"1s"), (H_COUNT, b"3")], "exactly one of delay-cron and delay-every"),
+        ([(H_CRON, b"0 9 * * *")], "delay-id: a recurring schedule needs one of 1 to 256 bytes"),
+        ([(H_CRON, b"* * * * *"), (H_EVERY, b"1m"), (H_ID, b"x")], "exactly one of delay-cron"),
+        ([(H_CRON, b"0 9 * *"), (H_ID, b"x")], "delay-cron: '0 9 * *': Wrong number of fields"),
+        ([(H_CRON, b"0 9 * * *"), (H_ID, b"x"), (H_TIMEZONE, b"Mars/Olympus")], "delay-timezone"),
+        ([(H_EVERY, b"5 minutes"), (H_ID, b"x")], "delay-every: "),
+        ([(H_EVERY, b"500ms"), (H_ID, b"x")], "delay-every: 500 ms is shorter than a second"),
+        ([(H_EVERY, b"1m"), (H_ID, b"x"), (H_COUNT, b"0")], "delay-count: a positive integer"),
+        ([(H_EVERY, b"1m"), (H_ID, b"x"), (H_UNTIL, b"soon")], "delay-until: "),
+        ([(H_EVERY, b"1m"), (H_ID, b"x"), (H_MISSED, b"never")], "delay-missed: 'never'"),
+        (
+            [(H_EVERY, b"1m"), (H_ID, b"x"), (H_AFTER, b"1s"), (H_DELIVER_AT, b"1")],
+            "both delay-deliver-at and delay-after are set",
+        ),
+        (
+            [(H_EVERY, b"1m"), (H_ID, b"x"), (H_UNTIL, str(TS - 1).encode())],
+            "no occurrence falls between its start and delay-until",
+        ),
+        ([(H_CRON, b"\xff"), (H_ID, b"x")], "header delay-cron is not valid UTF-8"),
+    ],
+)
+def test_a_recurring_schedule_is_refused_saying_what_is_wrong_with_it(
+    headers: Headers, detail: str
+) -> None:
+    """Each refusal names the header at fault; a valid schedule's says when it would have begun."""
     with pytest.raises(Rejected) as info:
-        run([(H_TARGET_TOPIC, b"orders"), (H_CRON, b"* * * * *"), (H_EVERY, b"1m")])
-    assert info.value.detail == (
-        "delay-cron, delay-every: this version of delay-bridge does not deliver recurring "
-        "schedules; nothing was scheduled"
-    )
+        run([(H_TARGET_TOPIC, b"orders"), *headers])
+    assert info.value.reason is Reason.BAD_SCHEDULE
+    assert info.value.detail.startswith(detail), info.value.detail
 
 
 @pytest.mark.parametrize(("headers", "reason"), BAD_CASES)

@@ -1,4 +1,4 @@
-"""A recurring schedule's arithmetic (bridge.recurring): occurrences in five zones across both of
+"""A recurring schedule's arithmetic (bridge.message.recurrence): occurrences in five zones across both of
 a year's clock changes, with every expected instant written out; intervals; missed occurrences;
 what is refused; and properties over expressions, zones and starts drawn at random."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.recurring import MACROS, BadSchedule, Fire, Missed, Recurrence
+from bridge.message.recurrence import MACROS, BadSchedule, Fire, Missed, Recurrence
 
 
 def ms(text: str) -> int:

@@ -26,12 +26,27 @@ itself.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
+
+from bridge.message.headers import (
+    H_AFTER,
+    H_COUNT,
+    H_CRON,
+    H_DELIVER_AT,
+    H_EVERY,
+    H_ID,
+    H_MISSED,
+    H_TIMEZONE,
+    H_UNTIL,
+    MAX_ID_BYTES,
+)
+from bridge.message.values import parse_count, parse_duration_ms, parse_time_ms
 
 MIN_EVERY_MS = 1_000
 MISSED_AFTER_MS = 60_000  # an occurrence this late is missed, unless delay-max-lateness says
@@ -85,6 +100,7 @@ class Recurrence:
     until_ms: int | None = None
     missed: Missed = Missed.LATEST
     missed_after_ms: int = MISSED_AFTER_MS
+    count: int | None = None  # occurrences delivered at most (delay-count; None: no limit)
 
     @classmethod
     def of(
@@ -97,6 +113,7 @@ class Recurrence:
         until_ms: int | None = None,
         missed: str | None = None,
         missed_after_ms: int | None = None,
+        count: int | None = None,
     ) -> Recurrence:
         """A checked schedule: raises :class:`BadSchedule` naming what is wrong — neither or both
         of cron and every, a bad expression or zone, too short an interval, an unknown missed
@@ -129,6 +146,7 @@ class Recurrence:
             until_ms,
             policy,
             MISSED_AFTER_MS if missed_after_ms is None else missed_after_ms,
+            count,
         )
         if made.first() is None:
             raise BadSchedule("no occurrence falls between its start and delay-until")
@@ -223,6 +241,60 @@ class Recurrence:
             if _epoch_ms(when) < ms and not _repeated(when):
                 return _epoch_ms(when)
         return None
+
+
+def recurrence_of(
+    texts: Mapping[str, str], base_ms: int, missed_after_ms: int | None = None
+) -> Recurrence:
+    """The schedule a record's headers describe: ``texts`` holds its control headers' texts
+    (``delay-cron`` or ``delay-every``, and ``delay-id``, ``delay-timezone``, the due-time headers
+    for its start — else ``base_ms``, the record's timestamp — ``delay-until``, ``delay-count``,
+    ``delay-missed``); ``missed_after_ms``: its ``delay-max-lateness``. Raises
+    :class:`BadSchedule` naming the header at fault."""
+    if (H_CRON in texts) == (H_EVERY in texts):
+        raise BadSchedule(f"exactly one of {H_CRON} and {H_EVERY} is needed")
+    delay_id = texts.get(H_ID)
+    if delay_id is None or not 1 <= len(delay_id.encode()) <= MAX_ID_BYTES:
+        raise BadSchedule(
+            f"{H_ID}: a recurring schedule needs one of 1 to {MAX_ID_BYTES} bytes (its identity: "
+            "cancels, pauses and replacements name it)"
+        )
+    every_ms = None
+    if H_EVERY in texts:
+        every_ms = _read(H_EVERY, parse_duration_ms, texts[H_EVERY])
+    if H_DELIVER_AT in texts and H_AFTER in texts:
+        raise BadSchedule(f"both {H_DELIVER_AT} and {H_AFTER} are set: the first occurrence is one")
+    start_ms = base_ms
+    if H_DELIVER_AT in texts:
+        start_ms = _read(H_DELIVER_AT, parse_time_ms, texts[H_DELIVER_AT])
+    elif H_AFTER in texts:
+        start_ms = base_ms + _read(H_AFTER, parse_duration_ms, texts[H_AFTER])
+    until_ms = None
+    if H_UNTIL in texts:
+        until_ms = _read(H_UNTIL, parse_time_ms, texts[H_UNTIL])
+    count = None
+    if H_COUNT in texts:
+        count = parse_count(texts[H_COUNT].strip())
+        if not count:
+            raise BadSchedule(f"{H_COUNT}: a positive integer, not {texts[H_COUNT][:40]!r}")
+    return Recurrence.of(
+        cron=texts.get(H_CRON),
+        every_ms=every_ms,
+        zone=texts.get(H_TIMEZONE),
+        start_ms=start_ms,
+        until_ms=until_ms,
+        missed=texts.get(H_MISSED),
+        missed_after_ms=missed_after_ms,
+        count=count,
+    )
+
+
+def _read(name: str, reader: Callable[[str], int], text: str) -> int:
+    """``reader(text)``; its refusal as a BadSchedule naming the header ``name``."""
+    try:
+        return reader(text)
+    except ValueError as exc:
+        raise BadSchedule(f"{name}: {exc}") from None
 
 
 def _repeated(when: datetime) -> bool:
