@@ -207,8 +207,8 @@ def parse(
             f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",
         )
     control, cancels = _control(headers)
+    base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
     if not SCHEDULING.isdisjoint(control):
-        base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
         raise Rejected(Reason.BAD_SCHEDULE, _schedule_refusal(control, base_ms))
     target = _text(control, H_TARGET_TOPIC)
     deliver_at = _text(control, H_DELIVER_AT)
@@ -218,7 +218,6 @@ def parse(
     priority_text = _text(control, H_PRIORITY)
     max_lateness = _text(control, H_MAX_LATENESS)
 
-    base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
     # (the ids a cancel names are checked by _cancel)
     if delay_id is not None and not 1 <= len(control[H_ID]) <= MAX_ID_BYTES:
         raise Rejected(Reason.BAD_HEADER, f"header {H_ID} must be 1 to {MAX_ID_BYTES} bytes")

@@ -29,6 +29,7 @@ from bridge.message import (
 )
 from testbed.harness import (
     Bridge,
+    Collector,
     Setup,
     ToPartition,
     metric,
@@ -93,6 +94,15 @@ def test_due_times_before_2000_are_dead_lettered_and_the_rest_delivered_once(
     assert bridge.proc is not None and bridge.proc.poll() is None, bridge.output()
 
 
+def _assert_one_after_per_partition(collector: Collector, setup: Setup) -> None:
+    """The records of _deliver_one_per_partition(setup, 3, "after") reached the target, once."""
+    assert sorted(r.value or b"" for r in collector.of(setup.targets[0])) == [
+        b"after-0",
+        b"after-1",
+        b"after-2",
+    ]
+
+
 def _deliver_one_per_partition(setup: Setup, partitions: int, tag: str) -> ToPartition:
     return [
         (p, f"{tag}-{p}".encode(), [(H_TARGET_TOPIC, setup.targets[0].encode()), (H_AFTER, b"0ms")])
@@ -133,11 +143,7 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
         collector.until(lambda rs: len(rs) >= 5, 60, "3 deliveries and 2 dead letters")
     finally:
         collector.close()
-    assert sorted(r.value or b"" for r in collector.of(setup.targets[0])) == [
-        b"after-0",
-        b"after-1",
-        b"after-2",
-    ]
+    _assert_one_after_per_partition(collector, setup)
     dead = {int((r.header(H_ORIGIN) or b"").split(b":")[1]): r for r in collector.of(setup.dlq)}
     assert set(dead) == {0, 1}
     for partition, reason, size in ((0, b"too-large", 2_000_000), (1, b"bad-header", 10_000)):
@@ -175,11 +181,7 @@ def test_a_recurring_schedule_goes_to_the_dlq_as_bad_schedule_not_once_as_a_one_
         collector.poll(1.0)  # a one-shot delivery of the cron record would show up now
     finally:
         collector.close()
-    assert sorted(r.value or b"" for r in collector.of(setup.targets[0])) == [
-        b"after-0",
-        b"after-1",
-        b"after-2",
-    ]
+    _assert_one_after_per_partition(collector, setup)
     dead = {int((r.header(H_ORIGIN) or b"").split(b":")[1]): r for r in collector.of(setup.dlq)}
     assert sorted(dead) == [0, 1, 2]
     for partition, value, named in ((0, b"digest", "delay-cron"), (1, b"poll", "delay-every")):

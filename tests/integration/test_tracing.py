@@ -89,6 +89,12 @@ class Receiver:
         with self.lock:
             return [s for s in self.spans if s.name.startswith(prefix)]
 
+    def send_span(self, span_id: str) -> Exported:
+        """The one send span with this id, once it has been exported."""
+        wait_for(lambda: any(s.span_id == span_id for s in self.named("send ")), 30, "the span")
+        [send] = [s for s in self.named("send ") if s.span_id == span_id]
+        return send
+
 
 @pytest.fixture
 def receiver() -> Iterator[tuple[Receiver, str]]:
@@ -204,7 +210,7 @@ def test_a_trace_goes_from_the_producer_through_the_bridge_to_the_consumer(
     trace_id, span_id = traceparent_of(traced)
     assert trace_id == PRODUCER_TRACE and span_id != PRODUCER_SPAN
     assert traced.header("tracestate") == b"vendor=abc"
-    [send] = [s for s in found.named("send ") if s.span_id == span_id]
+    send = found.send_span(span_id)
     assert (send.name, send.kind, send.trace_id, send.parent) == (
         f"send {one.targets[0]}",
         SPAN_KIND_PRODUCER,
@@ -224,7 +230,7 @@ def test_a_trace_goes_from_the_producer_through_the_bridge_to_the_consumer(
     # send span, so its consumer's trace starts at the bridge.
     untraced = records[b"untraced"]
     trace_id, span_id = traceparent_of(untraced)
-    [send] = [s for s in found.named("send ") if s.span_id == span_id]
+    send = found.send_span(span_id)
     assert send.parent == "" and send.trace_id == trace_id != PRODUCER_TRACE
     assert send.attributes["messaging.message.id"] == origin(one.delay, 0, 1)
     [store] = [s for s in found.named("store ") if s.attributes["messaging.kafka.offset"] == 1]
@@ -240,8 +246,7 @@ def test_link_mode_starts_a_new_trace_linked_to_the_producers(
     traced = delivered(one)[b"traced"]
     trace_id, span_id = traceparent_of(traced)
     assert trace_id != PRODUCER_TRACE
-    wait_for(lambda: any(s.span_id == span_id for s in found.spans), 30, "the send span exported")
-    [send] = [s for s in found.named("send ") if s.span_id == span_id]
+    send = found.send_span(span_id)
     assert send.trace_id == trace_id and send.parent == ""
     assert send.links == [(PRODUCER_TRACE, PRODUCER_SPAN)]
     # The producer's tracestate belongs to its trace, not to the new one.
@@ -263,8 +268,7 @@ def test_exactly_once_deliveries_carry_their_send_spans_through_the_transaction(
     traced = delivered(one)[b"traced"]  # read_committed: the transaction committed
     trace_id, span_id = traceparent_of(traced)
     assert trace_id == PRODUCER_TRACE
-    wait_for(lambda: any(s.span_id == span_id for s in found.spans), 30, "the send span exported")
-    [send] = [s for s in found.named("send ") if s.span_id == span_id]
+    send = found.send_span(span_id)
     assert send.parent == PRODUCER_SPAN and send.status == STATUS_OK
     assert send.attributes["messaging.kafka.offset"] == traced.offset
 
