@@ -5,8 +5,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -20,12 +19,10 @@ from prometheus_client import (
 )
 
 from bridge import __version__
-from bridge.errors import StoreError
 from bridge.message import Priority, Reason
-from bridge.store import Shard, Store
+from bridge.store import Shard
 
 logger = logging.getLogger(__name__)
-SAMPLE_INTERVAL_S = 2.0
 READ_BACK_RESULTS = ("stored", "missing", "refused")
 REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "offsets-went-back")
 
@@ -164,6 +161,20 @@ class Metrics:
             "delay_bridge_references_messages",
             "Far-future records Redis holds as references, to be read back from the delay topic "
             "store.fetch_ahead before they fall due (owned partitions)",
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "delay_bridge_waiting_messages",
+            "Records waiting whole in Redis per target topic (owned partitions; not in flight, not "
+            "references): what limits.max_waiting_per_target counts. The 100 targets "
+            'with the most; the rest summed as target_topic="(other)"',
+            ["target_topic"],
+            registry=registry,
+        )
+        self.waiting_quota = Gauge(
+            "delay_bridge_waiting_quota_messages",
+            "limits.max_waiting_per_target of each target delay_bridge_waiting_messages names",
+            ["target_topic"],
             registry=registry,
         )
         self.stored_bytes = Gauge(
@@ -372,79 +383,3 @@ class Metrics:
         for shard in shards:
             with contextlib.suppress(KeyError):  # never reported for this partition
                 self.ingest_lag.remove(shard.topic, str(shard.partition))
-
-
-class Sampler:
-    """Mirrors the Redis backlog of the owned shards into gauges, on a short timer — and of the
-    shards lost with the group session (Kafka unreachable) until the group forms again, so the
-    gauges keep saying what falls due in the very outage that keeps it from being delivered."""
-
-    def __init__(
-        self,
-        store: Store,
-        metrics: Metrics,
-        owned: Callable[[], Iterable[Shard]],
-        ready: Callable[[], list[str]] = lambda: [],
-        *,
-        in_memory: Callable[[int], tuple[int, Mapping[Priority, int]]] = lambda now_ms: (0, {}),
-        lost: Callable[[], Iterable[Shard]] = frozenset,
-        due_by_ms: int | None = None,
-    ) -> None:
-        self.store = store
-        self.metrics = metrics
-        self.owned = owned
-        self.lost = lost
-        self.due_by_ms = due_by_ms  # records in flight count in the oldest (Store.backlog)
-        self.ready = ready
-        # This process's records in flight: how many are not due yet (claimed ahead), and how
-        # many are due, by priority (Egress.readings).
-        self.in_memory = in_memory
-        self._bytes_denied = False
-
-    def sample_once(self, now_ms: int | None = None) -> None:
-        """Read the backlog of the owned (and lost) shards and set the gauges."""
-        owned = set(self.owned())
-        shards = sorted(owned | set(self.lost()))
-        try:
-            backlog = self.store.backlog(shards, now_ms, self.due_by_ms)
-        except StoreError as exc:
-            self.metrics.ready.set(0)
-            self.metrics.redis_errors.labels(stage="metrics").inc()
-            logger.warning("backlog sample failed: %s", exc)
-            return
-        m = self.metrics
-        m.owned_partitions.set(len(owned))
-        m.scheduled.set(backlog.scheduled)
-        not_due, known = self.in_memory(backlog.now_ms)
-        in_flight = max(0, backlog.inflight - not_due)
-        for priority in Priority:
-            overdue = backlog.overdue_by.get(priority, 0) + known.get(priority, 0)
-            if priority is Priority.NORMAL:
-                # In flight in Redis but not in this process (left by an earlier life, taken over
-                # at the next claim): their priority is in their record, which only a claim reads.
-                overdue += max(0, in_flight - sum(known.values()))
-            m.overdue.labels(priority=priority.label).set(overdue)
-        m.inflight.set(backlog.inflight)
-        m.references.set(backlog.references)
-        self._sample_bytes(sorted(owned))
-        oldest = backlog.oldest_due_ms
-        m.oldest_overdue.set(0 if oldest is None else max(0, backlog.now_ms - oldest) / 1000)
-        m.ready.set(0 if self.ready() else 1)
-
-    def _sample_bytes(self, shards: list[Shard]) -> None:
-        if self._bytes_denied:
-            return
-        try:
-            tiers = self.store.inventory.stored_bytes(shards)
-        except StoreError as exc:  # MEMORY is often denied on managed Redis: the gauges stay 0
-            self._bytes_denied = True
-            logger.info("not sampling delay_bridge_stored_bytes: %s", exc)
-            return
-        for tier, n in tiers.items():
-            self.metrics.stored_bytes.labels(tier=tier).set(n)
-
-    def run(self, stop: threading.Event) -> None:
-        """Sample every couple of seconds until ``stop`` is set."""
-        while not stop.is_set():
-            self.sample_once()
-            stop.wait(SAMPLE_INTERVAL_S)

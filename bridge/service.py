@@ -46,9 +46,10 @@ from bridge.ingress import (
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, Trimmer
-from bridge.metrics import Metrics, Sampler
+from bridge.metrics import Metrics
 from bridge.readback import IdReader, ReadBack, Reader
 from bridge.redis_client import redis_client
+from bridge.sampler import Sampler
 from bridge.startup import check_rebuildable, start_up
 from bridge.store import Replicas, Shard, Store
 from bridge.topics import Topics
@@ -259,6 +260,7 @@ class Service:
             in_memory=self.egress.readings,
             lost=lambda: self.ingress.lost,
             due_by_ms=config.egress.due_by_ms,
+            quota_of=self.ingress.quotas.limit,
         )
         self.stop_event = threading.Event()
         self._errors: list[BaseException] = []

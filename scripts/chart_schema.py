@@ -113,6 +113,10 @@ CONFIG_RULES: dict[str, dict[str, Any]] = {
     "store.fetch_ahead": POSITIVE_DURATION,
     "limits.max_delay": POSITIVE_DURATION,
     "limits.max_record_bytes": {"minimum": 1},
+    "limits.max_waiting_per_target": {
+        "propertyNames": {"minLength": 1},
+        "additionalProperties": {"type": "integer", "minimum": 0},
+    },
     "http.port": {"minimum": 0, "maximum": 65535},
     "logging.level": {
         "pattern": "^(?i)(critical|fatal|error|warn|warning|info|debug|notset)$",

@@ -226,6 +226,14 @@ def _validate(config: Config) -> None:
         )
     positive("limits.max_delay", config.limits.max_delay)
     positive("limits.max_record_bytes", config.limits.max_record_bytes)
+    for pattern, quota in config.limits.max_waiting_per_target.items():
+        path = f"limits.max_waiting_per_target.{pattern}"
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{path}: bad pattern: {exc}") from None
+        if quota < 0:
+            raise ConfigError(f"{path}: must be 0 or more records, got {quota}")
     positive("redis.socket_timeout", config.redis.socket_timeout)
     if config.egress.batch_size > 10_000:
         raise ConfigError("egress.batch_size: at most 10000 (one Redis script call claims a batch)")

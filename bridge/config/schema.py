@@ -153,6 +153,9 @@ class LimitsConfig:
 
     max_delay: int = duration("365d")
     max_record_bytes: int = 1048576
+    # Target topic regex -> records it may keep waiting at most (the first pattern that fully
+    # matches counts); a record past it goes to the DLQ as quota-exceeded (docs/quotas.md).
+    max_waiting_per_target: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership, Owner, TopicFacts
+from bridge.ingress.quotas import Quotas, message_finder
 from bridge.ingress.restarts import Restarts, close_aside
 from bridge.ingress.settled import Settled
 from bridge.journal import Journal
@@ -110,6 +111,7 @@ class Ingress:
         self.readiness = readiness
         self.dead_letters = dead_letters
         self.holds = Holds(self.readiness, self.catch_up)
+        self.quotas = Quotas(config.limits.max_waiting_per_target, store)
         self.membership = Membership(
             self.consumer,
             store,
@@ -285,6 +287,9 @@ class Ingress:
         if back:
             messages = [m for m in messages if shard_of(m) not in back]
             batch.drop(back)
+        if self.quotas:
+            partitions = partition_counts(self._partitions(), self.assigned)
+            self.quotas.apply(batch, self.marks, partitions, message_finder(messages))
         refused = self.dead_letters.send(batch.rejected) if batch.rejected else {}
         for shard, (offset, why) in refused.items():
             batch.stop_at(shard, offset, self.marks.get(shard, -1))

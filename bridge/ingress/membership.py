@@ -93,7 +93,7 @@ class Membership:
         self.joined = False
         # Partitions lost with the group session (Kafka unreachable), until the group forms
         # again: nobody else can own them meanwhile, so their backlog is still this replica's
-        # to report (bridge.metrics.Sampler).
+        # to report (bridge.sampler.Sampler).
         self.lost: frozenset[Shard] = frozenset()
 
     def subscribe(self) -> None:

@@ -122,6 +122,7 @@ class Reason(StrEnum):
     PAYLOAD_MISSING = "payload-missing"
     EXPIRED = "expired"
     BAD_SCHEDULE = "bad-schedule"
+    QUOTA_EXCEEDED = "quota-exceeded"
 
 
 class Rejected(Exception):

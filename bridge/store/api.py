@@ -58,6 +58,7 @@ from bridge.store.scripts import (
     UNCLAIM,
     Scripts,
 )
+from bridge.store.targets import Targets
 
 
 def _claims(
@@ -105,6 +106,7 @@ class Store:
         self.layout = Layout(client, self._keys, self.scripts)
         self.references = References(client, self._keys, self.scripts)
         self.inventory = Inventory(client, self._keys, self.scripts)
+        self.targets = Targets(client, self._keys, self.scripts)
         self._one_clock = not isinstance(client, RedisCluster)
 
     def keys(self, shard: Shard) -> ShardKeys:

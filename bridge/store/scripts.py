@@ -79,30 +79,35 @@ class Script(Generic[R]):
 
 
 ADD = Script(
-    "add", "due meta low pending ids inflight refs refs_due waits", add_outcome, declares=True
+    "add",
+    "due meta low pending ids inflight refs refs_due waits targets",
+    add_outcome,
+    declares=True,
 )
-CLAIM = Script("claim", "due inflight claimed low pending ids meta waits", ClaimReply.read)
+CLAIM = Script("claim", "due inflight claimed low pending ids meta waits targets", ClaimReply.read)
 ACK = Script("ack", "inflight claimed low pending ids meta", count_of)
 RELEASE = Script("release", "inflight", count_of)
 TAKE_OVER = Script("take_over", "inflight", count_of)
-UNCLAIM = Script("unclaim", "due inflight claimed waits", count_of)
+UNCLAIM = Script("unclaim", "due inflight claimed waits targets", count_of)
 SETTLE = Script(
-    "settle", "claimed due ids low pending inflight refs waits", count_of, declares=True
+    "settle", "claimed due ids low pending inflight refs waits targets", count_of, declares=True
 )
 STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
 LOW = Script("low", "meta low pending", LowReply.read)
 CANDIDATES = Script("candidates", "ids pending", candidates_from)
-PROMOTE = Script("promote", "due refs refs_due pending", stored_of)
-WITHDRAW = Script("withdraw", "due ids low pending inflight refs waits", offsets_of, declares=True)
+PROMOTE = Script("promote", "due refs refs_due pending targets", stored_of)
+WITHDRAW = Script(
+    "withdraw", "due ids low pending inflight refs waits targets", offsets_of, declares=True
+)
 INCARNATION = Script(
     "incarnation",
     "due inflight claimed meta low pending retired old.due old.inflight old.claimed ids refs "
-    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta",
+    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta targets old.targets",
     BindReply.read,
     declares=True,
 )
 RETIRED = Script(
-    "retired", "retired due inflight claimed refs refs_due waits pending meta", count_of
+    "retired", "retired due inflight claimed refs refs_due waits pending meta targets", count_of
 )
 SCRIPTS: dict[str, Script[Any]] = {
     s.name: s

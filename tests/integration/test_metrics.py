@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Priority, Scheduled
-from bridge.metrics import Metrics, Sampler
+from bridge.metrics import Metrics
+from bridge.sampler import Sampler
 from bridge.service import Service
 from bridge.store import AckBatch, Shard, Store
 from testbed.harness import bridge_env, produce_all

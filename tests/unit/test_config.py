@@ -90,6 +90,9 @@ def test_yaml_values_and_durations() -> None:
         },
         env={},
     )
+    quotas = {"orders[.].*": 1000, "mail": 0}
+    limits = from_mapping({"limits": {"max_waiting_per_target": quotas}}, env={}).limits
+    assert limits.max_waiting_per_target == quotas
     assert from_mapping({"egress": {"max_rate_per_target": {"orders": 500}}}, env={}).egress == (
         EgressConfig(max_rate_per_target={"orders": 500})
     )
@@ -166,6 +169,21 @@ def test_environment_overrides_scalars() -> None:
             {"egress": {"max_rate_per_target": {"a b": 1}}},
             {},
             "egress.max_rate_per_target.a b: 'a b' is not a legal topic name",
+        ),
+        (
+            {"limits": {"max_waiting_per_target": {"orders(": 10}}},
+            {},
+            "limits.max_waiting_per_target.orders(: bad pattern",
+        ),
+        (
+            {"limits": {"max_waiting_per_target": {"orders": -1}}},
+            {},
+            "limits.max_waiting_per_target.orders: must be 0 or more records, got -1",
+        ),
+        (
+            {"limits": {"max_waiting_per_target": {"orders": "many"}}},
+            {},
+            "limits.max_waiting_per_target.orders: expected an integer",
         ),
         ({"kafka": {"common": {"a": {"b": 1}}}}, {}, "kafka.common.a: expected a scalar"),
         ({"kafka": "x"}, {}, "kafka: expected a mapping"),

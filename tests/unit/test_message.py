@@ -419,11 +419,12 @@ def test_a_cancel_may_carry_the_due_time_of_its_record_as_a_hint() -> None:
 
 def test_every_reason_is_covered() -> None:
     # delivery-failed: test_pipeline.py; payload-missing: below and test_read_back.py; expired:
-    # test_deliveries.py and test_pipeline.py
+    # test_deliveries.py and test_pipeline.py; quota-exceeded: test_quotas.py
     covered = {reason for _, reason in BAD_CASES} | {
         Reason.DELIVERY_FAILED,
         Reason.PAYLOAD_MISSING,
         Reason.EXPIRED,
+        Reason.QUOTA_EXCEEDED,
     }
     assert covered == set(Reason)
 

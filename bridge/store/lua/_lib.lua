@@ -44,6 +44,17 @@ stored_id(member): the delay-id its producer gave a stored record (a due index m
 8 bytes, then bridge.message.encode's form), or nil when it has the default one. It reads the
 form as decode does: the id is a length-prefixed field, or the first delay-id header's value.
 
+stored_target(member): the target topic of a stored record (a due index member), as decode reads
+it: a length-prefixed field, or the first delay-target-topic header's value.
+
+The targets HASH (`…:targets`) counts, per target topic, the records a shard keeps waiting whole:
+in the due index or a wait index, not in flight, not a reference (limits.max_waiting_per_target and
+delay_bridge_waiting_messages read it). Every script that moves a record into or out of those
+indexes counts it there, in the same call: add and promote store (+1), claim takes (-1), unclaim
+puts back (+1), a withdrawal or a settle removes (-1); a count that reaches 0 leaves the HASH.
+new_counts(), count(counts, member, n), write_counts(key, counts): add n per member's target,
+one HINCRBY per target at the write; count_members(key, members, n) the three in one.
+
 where(offset, due) / read_where(hint): where a record waits, as a caller names it (the `where`
 of a cancel of a default delay-id, see add.lua): its offset (8 bytes), then its due ms as text.
 
@@ -82,9 +93,9 @@ back if one of them is among them).
 unvouched(shard, hashes, vouched): the candidates for `hashes` that are references `vouched` does
 not name, as a flat list of offset, due ms: what the caller reads in the delay topic before
 withdraw can confirm them.
-withdrawing(first): the shard table withdraw and withdraw_at take, from KEYS[first..first+6] in
-that order (due, ids, low, pending, inflight, refs, waits), or the reply {"undeclared", ...} when
-the call left out a wait index (declared from KEYS[first + 7] on).
+withdrawing(first): the shard table withdraw and withdraw_at take, from KEYS[first..first+7] in
+that order (due, ids, low, pending, inflight, refs, waits, targets), or the reply
+{"undeclared", ...} when the call left out a wait index (declared from KEYS[first + 8] on).
 withdraw_at(shard, offset, due) removes the record at `offset` due at `due` (-1: a reference, or
 not waiting) wherever it waits, however it is known; returns whether it did, whether it is in
 flight instead, and the member it took (nil: a reference's, or none). It leaves the id index as
@@ -310,13 +321,13 @@ end
 
 -- The stored form's flags (bridge.message.encoding: never renumbered) and its delay-id header code.
 local TARGET_IN_HEADER, DEFAULT_ID, WIDE_LENGTHS, STORED_AT, ID_IN_HEADER = 1, 2, 4, 8, 16
-local MANY_HEADERS, ID_CODE = 128, 5
+local MANY_HEADERS, TARGET_CODE, ID_CODE = 128, 1, 5
 
-local function stored_id(member)
+-- A stored form's head: its flags, its header count, where its fields start, and readers of
+-- the length-prefixed field at a position: `field` gives its value (nil: absent) and the position
+-- after it, `skip` only the position (a payload is not copied to be passed over).
+local function stored_head(member)
   local flags = string.byte(member, 10)
-  if bit.band(flags, DEFAULT_ID) ~= 0 then
-    return nil
-  end
   -- After the offset (8), the version and flags (2) and the due ms (8): the header count.
   local count, pos = struct.unpack('>H', member, 19)
   if bit.band(flags, MANY_HEADERS) ~= 0 then
@@ -325,39 +336,98 @@ local function stored_id(member)
   if bit.band(flags, STORED_AT) ~= 0 then
     pos = pos + 8
   end
-  local length, none = '>H', 65535
+  local length, none, width = '>H', 65535, 2
   if bit.band(flags, WIDE_LENGTHS) ~= 0 then
-    length, none = '>I4', 4294967295
+    length, none, width = '>I4', 4294967295, 4
   end
-  local function field()  -- the next length-prefixed field (nil: absent), pos past it
+  local function field(at)
     local size
-    size, pos = struct.unpack(length, member, pos)
+    size, at = struct.unpack(length, member, at)
     if size == none then
-      return nil
+      return nil, at
     end
-    pos = pos + size
-    return string.sub(member, pos - size, pos - 1)
+    return string.sub(member, at, at + size - 1), at + size
   end
-  if bit.band(flags, TARGET_IN_HEADER) == 0 then
-    field()
+  local function skip(at)
+    local size = struct.unpack(length, member, at)
+    return at + width + (size == none and 0 or size)
   end
-  if bit.band(flags, ID_IN_HEADER) == 0 then
-    return field() or ''
-  end
-  field()  -- the key
-  field()  -- the value
+  return flags, count, pos, field, skip
+end
+
+-- The value of the first header with name code `wanted` ("" when it has none), nil when there is
+-- none, reading `count` headers from `pos` on.
+local function stored_header(member, count, pos, field, skip, wanted)
   for _ = 1, count do
     local code = string.byte(member, pos)
     pos = pos + 1
     if code == 0 then
-      field()  -- a name not among the known ones
+      pos = skip(pos)  -- a name not among the known ones
     end
-    local data = field()
-    if code == ID_CODE then
-      return data or ''
+    if code == wanted then
+      return field(pos) or ''
     end
+    pos = skip(pos)
   end
   return nil
+end
+
+local function stored_id(member)
+  local flags, count, pos, field, skip = stored_head(member)
+  if bit.band(flags, DEFAULT_ID) ~= 0 then
+    return nil
+  end
+  if bit.band(flags, TARGET_IN_HEADER) == 0 then
+    pos = skip(pos)
+  end
+  if bit.band(flags, ID_IN_HEADER) == 0 then
+    return field(pos) or ''
+  end
+  return stored_header(member, count, skip(skip(pos)), field, skip, ID_CODE)  -- after key, value
+end
+
+local function stored_target(member)
+  local flags, count, pos, field, skip = stored_head(member)
+  if bit.band(flags, TARGET_IN_HEADER) == 0 then
+    return field(pos) or ''
+  end
+  if bit.band(flags, DEFAULT_ID + ID_IN_HEADER) == 0 then
+    pos = skip(pos)  -- the delay-id
+  end
+  return stored_header(member, count, skip(skip(pos)), field, skip, TARGET_CODE) or ''
+end
+
+-- Per-target counts of the records a shard keeps waiting whole (see the targets HASH above).
+local function new_counts()
+  return {by = {}, order = {}}
+end
+
+local function count(counts, member, n)
+  local target = stored_target(member)
+  local by = counts.by
+  if by[target] == nil then
+    by[target] = 0
+    counts.order[#counts.order + 1] = target
+  end
+  by[target] = by[target] + n
+end
+
+local function write_counts(key, counts)
+  for _, target in ipairs(counts.order) do
+    local n = counts.by[target]
+    if n ~= 0 and redis.call('HINCRBY', key, target, n) == 0 then
+      redis.call('HDEL', key, target)
+    end
+  end
+  counts.by, counts.order = {}, {}
+end
+
+local function count_members(key, members, n)
+  local counts = new_counts()
+  for _, member in ipairs(members) do
+    count(counts, member, n)
+  end
+  write_counts(key, counts)
 end
 
 local function where(offset, due)
@@ -741,13 +811,13 @@ end
 
 local function withdrawing(first)
   local waits = KEYS[first + 6]
-  local refused = undeclared(first + 7, wait_keys(waits))
+  local refused = undeclared(first + 8, wait_keys(waits))
   if refused then
     return nil, refused
   end
   return {due = KEYS[first], ids = KEYS[first + 1], low = KEYS[first + 2],
           pending = KEYS[first + 3], inflight = KEYS[first + 4], refs = KEYS[first + 5],
-          waits = waits}
+          waits = waits, targets = KEYS[first + 7]}
 end
 
 local function withdraw_at(shard, offset, due)
@@ -772,6 +842,9 @@ local function withdraw_at(shard, offset, due)
     if not is_pending(shard.pending, offset) then
       return false, false
     end
+  end
+  if found then
+    count_members(shard.targets, {found}, -1)
   end
   unpend(shard, offset, not found)  -- not found whole: a reference, never read back now
   return true, false, found or nil
@@ -803,6 +876,7 @@ local function withdraw(shard, id, hash, vouched, before)
       id_drop(shard.ids, hash, offset, true)
     elseif kind == 'whole' and stored_id(member) == id then
       redis.call('ZREM', key, member)
+      count_members(shard.targets, {member}, -1)
       if target and redis.call('EXISTS', key) == 0 then
         redis.call('SREM', shard.waits, target)
       end

@@ -39,7 +39,8 @@ KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> re
 KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lua): a cancel or
                               a replacement reaches a record waiting for its target's rate there
-KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
+KEYS[10] targets       HASH  target -> records waiting whole (see the targets HASH in _lib.lua)
+KEYS[11..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms (where a reference is appended, and where
@@ -86,7 +87,7 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
          an id of the batch that the caller did not vouch for: nothing was written; the caller
          reads them in the delay topic and calls again
 ]]
-local refused = undeclared(10, wait_keys(KEYS[9]))
+local refused = undeclared(11, wait_keys(KEYS[9]))
 if refused then
   return refused
 end
@@ -129,7 +130,7 @@ local function append_references()
 end
 
 local shard = {due = KEYS[1], ids = KEYS[5], low = KEYS[3], pending = KEYS[4],
-               inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9]}
+               inflight = KEYS[6], refs = KEYS[7], waits = KEYS[9], targets = KEYS[10]}
 local watermark = tonumber(mark or '-1')
 if ARGV[4] ~= '' and (redis.call('HGET', KEYS[7], 'promoted') or '0') ~= ARGV[4] then
   return {'again'}  -- a reference promoted since the caller looked for what default ids name
@@ -325,6 +326,11 @@ end
 -- Write the records held back so far (see below).
 local held = {}  -- their offsets
 local function flush()
+  local counts = new_counts()
+  for i = 2, #due, 2 do
+    count(counts, due[i], 1)
+  end
+  write_counts(KEYS[10], counts)
   call_chunked('ZADD', KEYS[1], due)
   mark_pending(KEYS[4], KEYS[3], members, true)
   if referred > 0 then

@@ -39,6 +39,8 @@ KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
 KEYS[7]  meta           HASH  "epoch" -> the state's epoch (see ack() in _lib.lua), "topic_id"
 KEYS[8]  waits          SET   targets with a wait index
+KEYS[9]  targets        HASH  target -> records waiting whole (see _lib.lua): each record claimed
+                              leaves its count (a lease claimed again is not in it)
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
@@ -199,6 +201,13 @@ if #claimed > 0 then
     out[o + 1], o = member, o + 1
   end
   call_chunked('HSET', KEYS[3], held)
+  if target ~= '' then  -- a wait index holds one target's records
+    if redis.call('HINCRBY', KEYS[9], target, -#claimed) == 0 then
+      redis.call('HDEL', KEYS[9], target)
+    end
+  else
+    count_members(KEYS[9], claimed, -1)
+  end
 end
 call_chunked('ZADD', KEYS[2], leases)
 -- The earliest due time left: of each lane's first record (rolled back: a moment from now).

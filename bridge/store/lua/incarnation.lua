@@ -35,7 +35,9 @@ KEYS[18] retired pending  (KEYS[6] under the label, kept with the references: a 
                                 references' field "pending" says the bits were kept)
 KEYS[19] retired meta     HASH  "topic_id" -> the retired incarnation's topic id: its records'
                                 journal entries name it (a claim of them returns it)
-KEYS[20..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
+KEYS[20] targets         HASH  target -> records waiting whole (see _lib.lua), moved to KEYS[21]
+                                with the records it counts
+KEYS[22..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
            _lib.lua)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
@@ -52,7 +54,7 @@ local waits_now, waits_retired = wait_keys(KEYS[16]), wait_keys(KEYS[16], KEYS[1
 for _, key in ipairs(waits_retired) do
   waits_now[#waits_now + 1] = key
 end
-local refused = undeclared(20, waits_now)
+local refused = undeclared(22, waits_now)
 if refused then
   return refused
 end
@@ -86,6 +88,9 @@ for _, target in ipairs(redis.call('SMEMBERS', KEYS[16])) do
 end
 if redis.call('EXISTS', KEYS[16]) == 1 then
   redis.call('RENAME', KEYS[16], KEYS[17])
+end
+if redis.call('EXISTS', KEYS[20]) == 1 then
+  redis.call('RENAME', KEYS[20], KEYS[21])
 end
 for i = 1, 3 do
   if redis.call('EXISTS', KEYS[i]) == 1 then

@@ -18,6 +18,8 @@ KEYS[2]  references     HASH  chunk -> references (16 bytes each); "count" -> re
                              "promoted" -> calls that stored records (see add.lua, ARGV[4])
 KEYS[3]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
+KEYS[5]  targets        HASH  target -> records waiting whole (see _lib.lua): each record stored
+                             counts there from now on
 ARGV[1]  the chunk's field
 ARGV[2]  how many bytes of it the caller read
 ARGV[3]  its first reference (16 bytes)
@@ -42,6 +44,11 @@ for i = 5, #ARGV, 2 do
 end
 call_chunked('ZADD', KEYS[1], due)
 local stored = #due / 2
+local counts = new_counts()
+for i = 2, #due, 2 do
+  count(counts, due[i], 1)
+end
+write_counts(KEYS[5], counts)
 if #chunk > read then
   redis.call('HSET', KEYS[2], ARGV[1], string.sub(chunk, read + 1))
 else

@@ -13,7 +13,9 @@ KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  "count" -> references waiting
 KEYS[8]  waits          SET   targets with a wait index
-KEYS[9..] the wait indexes the SET lists (see undeclared in _lib.lua)
+KEYS[9]  targets        HASH  target -> records waiting whole (see _lib.lua): a record in flight
+                              left it when it was claimed
+KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] triples: the record's offset (8 bytes), its due ms, the hash of its caller-given
           delay-id ("": none)
 

@@ -1,0 +1,121 @@
+"""limits.max_waiting_per_target on the real servers: a target's records past its quota reach the
+DLQ as quota-exceeded, another target's are stored, and what a cancel frees is taken again."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.message import H_AFTER, H_CANCEL, H_ERROR, H_ERROR_DETAIL, H_ID, H_TARGET_TOPIC
+from testbed.harness import Bridge, Setup, metric, produce_all
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+QUOTA = 50
+
+
+def _waiting(bridge: Bridge, target: str) -> float:
+    return metric(bridge, f'delay_bridge_waiting_messages{{target_topic="{target}"}}')
+
+
+def _number(delay_id: bytes | None) -> int:
+    return int((delay_id or b"").decode().rsplit("-", 1)[1])
+
+
+def test_records_past_their_targets_quota_are_dead_lettered_and_a_cancel_frees_room(
+    one: Setup, bridges: list[Bridge]
+) -> None:
+    """Quota 50 for one target (by a pattern), none for the other: of 80 records for the first,
+    the first 50 are stored and the last 30 dead-lettered as quota-exceeded; the other target's 30
+    are all stored. At the quota, a record replacing a waiting one by its delay-id is stored and a
+    new one is refused; after 10 cancels, 10 new records are stored and the 11th is refused. The
+    gauges count what waits, per target, and the quota."""
+    limited, free = one.targets[0], f"{one.targets[0]}-free"
+    config = one.tmp / "bridge.yaml"  # a mapping, which the environment cannot set
+    config.write_text(
+        f'limits:\n  max_waiting_per_target: {{"{limited.replace(".", "[.]")}": {QUOTA}}}\n'
+    )
+    bridge = one.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    later = b"10m"  # waiting whole (within store.payload_horizon) for the whole test
+
+    def record(target: str, delay_id: str, value: bytes = b"v") -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
+        headers = [(H_TARGET_TOPIC, target.encode()), (H_AFTER, later), (H_ID, delay_id.encode())]
+        return (b"k", value, headers)
+
+    produce_all(
+        one.services.bootstrap,
+        one.delay,
+        [record(limited, f"a-{i}") for i in range(80)]
+        + [record(free, f"b-{i}") for i in range(30)],
+    )
+    collector = one.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 30, 60, "30 dead letters")
+        wait_for(lambda: _waiting(bridge, free) == 30, 30, "the free target's 30 counted")
+        assert _waiting(bridge, limited) == QUOTA
+        dead = collector.of(one.dlq)
+        assert sorted(_number(r.header(H_ID)) for r in dead) == list(range(50, 80))
+        for r in dead:
+            assert r.header(H_ERROR) == b"quota-exceeded"
+            detail = (r.header(H_ERROR_DETAIL) or b"").decode()
+            assert f"{limited!r} has 50 records waiting; its quota is 50" in detail, detail
+        quota = metric(bridge, f'delay_bridge_waiting_quota_messages{{target_topic="{limited}"}}')
+        assert quota == QUOTA
+        assert f'quota_messages{{target_topic="{free}"}}' not in bridge.get("/metrics")[1]
+
+        # At the quota: a replacement of a waiting record is stored, a new record is not.
+        produce_all(
+            one.services.bootstrap,
+            one.delay,
+            [record(limited, "a-0", b"replaced"), record(limited, "a-new")],
+        )
+        collector.until(lambda rs: len(rs) >= 31, 60, "the new one dead-lettered")
+        assert [r.header(H_ID) for r in collector.of(one.dlq)][30:] == [b"a-new"]
+
+        # 10 cancels free 10 places: 10 new records are stored, the 11th is refused.
+        cancels = [(b"k", None, [(H_CANCEL, f"a-{i}".encode())]) for i in range(1, 11)]
+        produce_all(one.services.bootstrap, one.delay, cancels)
+        wait_for(lambda: _waiting(bridge, limited) == QUOTA - 10, 30, "the cancels applied")
+        produce_all(
+            one.services.bootstrap, one.delay, [record(limited, f"c-{i}") for i in range(11)]
+        )
+        collector.until(lambda rs: len(rs) >= 32, 60, "the 11th dead-lettered")
+        wait_for(lambda: _waiting(bridge, limited) == QUOTA, 30, "10 new ones stored")
+        collector.poll(1.0)  # another dead letter would show up now
+    finally:
+        collector.close()
+    assert [r.header(H_ID) for r in collector.of(one.dlq)][31:] == [b"c-10"]
+    assert len(collector.of(one.dlq)) == 32
+    assert not [r for r in collector.records if r.topic != one.dlq]  # nothing due yet
+    assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="quota-exceeded"}') == 32
+
+
+def test_a_target_without_a_quota_is_never_refused(one: Setup, bridges: list[Bridge]) -> None:
+    """A quota for another target's pattern leaves this one's records alone, however many."""
+    target = one.targets[0]
+    config = one.tmp / "bridge.yaml"
+    config.write_text('limits:\n  max_waiting_per_target: {"other[.].*": 1}\n')
+    bridge = one.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    produce_all(
+        one.services.bootstrap,
+        one.delay,
+        [
+            (b"k", b"%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"0ms")])
+            for i in range(300)
+        ],
+    )
+    collector = one.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 300, 60, "all 300 delivered")
+        collector.poll(1.0)
+    finally:
+        collector.close()
+    assert sorted(int(r.value or b"-1") for r in collector.of(target)) == list(range(300))
+    assert collector.of(one.dlq) == []
+    assert _waiting(bridge, target) == 0
