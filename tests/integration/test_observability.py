@@ -98,6 +98,8 @@ def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path) -> None:
         "delay_bridge_replaced_total",
         "delay_bridge_dlq_produce_errors_total",
         "delay_bridge_redis_writable",
+        "delay_bridge_waiting_messages",
+        "delay_bridge_waiting_quota_messages",
     ):
         assert needed in covered, f"the dashboard shows no {needed}"
 

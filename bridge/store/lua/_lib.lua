@@ -323,9 +323,8 @@ end
 local TARGET_IN_HEADER, DEFAULT_ID, WIDE_LENGTHS, STORED_AT, ID_IN_HEADER = 1, 2, 4, 8, 16
 local MANY_HEADERS, TARGET_CODE, ID_CODE = 128, 1, 5
 
--- A stored form's head: its flags, its header count, where its fields start, and readers of
--- the length-prefixed field at a position: `field` gives its value (nil: absent) and the position
--- after it, `skip` only the position (a payload is not copied to be passed over).
+-- A stored form's head: its flags, its header count, where its fields start, and whether its
+-- lengths are wide (4 bytes, not 2).
 local function stored_head(member)
   local flags = string.byte(member, 10)
   -- After the offset (8), the version and flags (2) and the due ms (8): the header count.
@@ -336,65 +335,78 @@ local function stored_head(member)
   if bit.band(flags, STORED_AT) ~= 0 then
     pos = pos + 8
   end
-  local length, none, width = '>H', 65535, 2
-  if bit.band(flags, WIDE_LENGTHS) ~= 0 then
-    length, none, width = '>I4', 4294967295, 4
+  return flags, count, pos, bit.band(flags, WIDE_LENGTHS) ~= 0
+end
+
+-- The length-prefixed field at `pos`: its value (nil: absent) and the position after it, or with
+-- `skip` only the position (a payload is not copied to be passed over). Per record, so no
+-- closure is made per call.
+local function stored_field(member, pos, wide, skip)
+  local size, at, none
+  if wide then
+    size, at, none = struct.unpack('>I4', member, pos), pos + 4, 4294967295
+  else
+    size, at, none = struct.unpack('>H', member, pos), pos + 2, 65535
   end
-  local function field(at)
-    local size
-    size, at = struct.unpack(length, member, at)
-    if size == none then
-      return nil, at
-    end
-    return string.sub(member, at, at + size - 1), at + size
+  if size == none then
+    return nil, at
+  elseif skip then
+    return nil, at + size
   end
-  local function skip(at)
-    local size = struct.unpack(length, member, at)
-    return at + width + (size == none and 0 or size)
-  end
-  return flags, count, pos, field, skip
+  return string.sub(member, at, at + size - 1), at + size
 end
 
 -- The value of the first header with name code `wanted` ("" when it has none), nil when there is
 -- none, reading `count` headers from `pos` on.
-local function stored_header(member, count, pos, field, skip, wanted)
-  for _ = 1, count do
+local function stored_header(member, count, pos, wide, wanted)
+  local _
+  for _n = 1, count do
     local code = string.byte(member, pos)
     pos = pos + 1
     if code == 0 then
-      pos = skip(pos)  -- a name not among the known ones
+      _, pos = stored_field(member, pos, wide, true)  -- a name not among the known ones
     end
     if code == wanted then
-      return field(pos) or ''
+      return stored_field(member, pos, wide) or ''
     end
-    pos = skip(pos)
+    _, pos = stored_field(member, pos, wide, true)
   end
   return nil
 end
 
+-- Past the key and the value at `pos`.
+local function past_payload(member, pos, wide)
+  local _
+  _, pos = stored_field(member, pos, wide, true)
+  _, pos = stored_field(member, pos, wide, true)
+  return pos
+end
+
 local function stored_id(member)
-  local flags, count, pos, field, skip = stored_head(member)
+  local flags, count, pos, wide = stored_head(member)
+  local _
   if bit.band(flags, DEFAULT_ID) ~= 0 then
     return nil
   end
   if bit.band(flags, TARGET_IN_HEADER) == 0 then
-    pos = skip(pos)
+    _, pos = stored_field(member, pos, wide, true)
   end
   if bit.band(flags, ID_IN_HEADER) == 0 then
-    return field(pos) or ''
+    return stored_field(member, pos, wide) or ''
   end
-  return stored_header(member, count, skip(skip(pos)), field, skip, ID_CODE)  -- after key, value
+  return stored_header(member, count, past_payload(member, pos, wide), wide, ID_CODE)
 end
 
 local function stored_target(member)
-  local flags, count, pos, field, skip = stored_head(member)
+  local flags, count, pos, wide = stored_head(member)
+  local _
   if bit.band(flags, TARGET_IN_HEADER) == 0 then
-    return field(pos) or ''
+    return stored_field(member, pos, wide) or ''
   end
   if bit.band(flags, DEFAULT_ID + ID_IN_HEADER) == 0 then
-    pos = skip(pos)  -- the delay-id
+    _, pos = stored_field(member, pos, wide, true)  -- the delay-id
   end
-  return stored_header(member, count, skip(skip(pos)), field, skip, TARGET_CODE) or ''
+  return stored_header(member, count, past_payload(member, pos, wide), wide, TARGET_CODE) or ''
 end
 
 -- Per-target counts of the records a shard keeps waiting whole (see the targets HASH above).
