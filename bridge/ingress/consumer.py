@@ -289,7 +289,8 @@ class Ingress:
             batch.drop(back)
         if self.quotas:
             partitions = partition_counts(self._partitions(), self.assigned)
-            self.quotas.apply(batch, self.marks, partitions, message_finder(messages))
+            find = message_finder(messages)
+            self.quotas.apply(batch, self.marks, partitions, find, self.membership.settled.has)
         refused = self.dead_letters.send(batch.rejected) if batch.rejected else {}
         for shard, (offset, why) in refused.items():
             batch.stop_at(shard, offset, self.marks.get(shard, -1))

@@ -79,16 +79,19 @@ class Quotas:
         marks: Mapping[Shard, int],
         partitions: Mapping[str, int],
         find: Callable[[Shard, int], Message],
+        settled: Callable[[Shard, int], bool] = lambda shard, offset: False,
     ) -> int:
         """Move the records of ``batch`` past their target's quota from what it stores to what it
         rejects (``find`` gives a record's consumed message by shard and offset); returns how
-        many moved. Records at or below their shard's watermark in ``marks`` stay."""
+        many moved. Records at or below their shard's watermark in ``marks`` stay, and so do
+        those a re-read leaves out (``settled``: the journal holds their fate)."""
         judged = [
             (shard, rec)
             for shard, (_, records) in batch.stored.items()
             for rec in records
             if isinstance(rec, Scheduled)
             and rec.offset > marks.get(shard, -1)
+            and not settled(shard, rec.offset)
             and self.quota_of(rec.target) is not None
         ]
         if not judged:

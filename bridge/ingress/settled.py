@@ -123,6 +123,12 @@ class Settled:
                 forgotten,
             )
 
+    def has(self, shard: Shard, offset: int) -> bool:
+        """Whether the journal holds the fate of the record at ``offset`` of ``shard`` (a re-read
+        leaves it out)."""
+        settled = self._offsets.get(shard)
+        return settled is not None and offset in settled
+
     def drop(self, stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]]) -> int:
         """Leave out of ``stored`` (a batch's records by partition, with the highest offset
         read) the settled ones; returns how many."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.message import H_AFTER, H_CANCEL, H_ERROR, H_ERROR_DETAIL, H_ID, H_TARGET_TOPIC
-from testbed.harness import Bridge, Setup, metric, produce_all
+from testbed.harness import Bridge, Setup, metric, produce_all, wipe
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -119,3 +119,51 @@ def test_a_target_without_a_quota_is_never_refused(one: Setup, bridges: list[Bri
     assert sorted(int(r.value or b"-1") for r in collector.of(target)) == list(range(300))
     assert collector.of(one.dlq) == []
     assert _waiting(bridge, target) == 0
+
+
+def test_a_rebuild_refuses_nothing_it_stored_before(setup: Setup, bridges: list[Bridge]) -> None:
+    """Quota 60. Offset 0 waits and pins the committed offset; 50 records due at once are
+    delivered (and journaled); then 49 more wait: 50 waiting, all stored. Redis loses everything:
+    the rebuild re-reads from offset 0. The 50 delivered are left out by the journal — and were
+    judged first, counting against the quota as if stored again: 40 of the waiting ones went to
+    the DLQ as quota-exceeded."""
+    target = setup.targets[0]
+    config = setup.tmp / "bridge.yaml"
+    config.write_text(f'limits:\n  max_waiting_per_target: {{"{target}": 60}}\n')
+    bridge = setup.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    key = b"one-partition"  # all in one partition, so offset 0 holds its commit back
+
+    def record(value: bytes, after: bytes) -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
+        return (key, value, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, after)])
+
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [record(b"waits", b"10m")] + [record(b"now-%d" % i, b"0ms") for i in range(50)],
+    )
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_journal_written_total") >= 50,
+        60,
+        "the 50 delivered and journaled",
+    )
+    produce_all(
+        setup.services.bootstrap, setup.delay, [record(b"later-%d" % i, b"10m") for i in range(49)]
+    )
+    wait_for(lambda: _waiting(bridge, target) == 50, 30, "50 waiting")
+    assert wipe(setup) > 0
+    wait_for(
+        lambda: "the journal holds the fate of 50 records since" in bridge.output(),
+        60,
+        "the rebuild",
+    )
+    wait_for(lambda: _waiting(bridge, target) == 50, 30, "50 waiting again")
+    collector = setup.collector()
+    try:
+        collector.poll(2.0)  # a dead letter would show up now
+    finally:
+        collector.close()
+    assert collector.of(setup.dlq) == []
+    assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="quota-exceeded"}') == 0
