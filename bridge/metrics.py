@@ -165,8 +165,8 @@ class Metrics:
         )
         self.waiting = Gauge(
             "delay_bridge_waiting_messages",
-            "Records waiting whole in Redis per target topic (owned partitions; not in flight, not "
-            "references): what limits.max_waiting_per_target counts. The 100 targets "
+            "Records Redis holds whole per target topic, waiting or in flight (owned partitions; "
+            "not references): what limits.max_waiting_per_target counts. The 100 targets "
             'with the most; the rest summed as target_topic="(other)"',
             ["target_topic"],
             registry=registry,

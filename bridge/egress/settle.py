@@ -253,6 +253,7 @@ class Deliveries:
         if acked is None:  # not setdefault: that builds an Acked per record
             acked = self.acked[ident[0]] = Acked(epoch)
         acked.members.append(ident[1])
+        acked.targets.append(inflight.claimed.record.target)
         if inflight.claimed.given_id() is not None:
             acked.with_ids += 1
         acked.delivered.append((inflight, at_ms))

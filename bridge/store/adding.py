@@ -12,7 +12,7 @@ from typing import Any
 from bridge.errors import KafkaFault
 from bridge.message import Cancel, Scheduled
 from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
-from bridge.store.calls import AddEntry, AddOutcome, AddReply, ConfirmFirst, LocateFirst, add_argv
+from bridge.store.calls import AddEntries, AddOutcome, AddReply, ConfirmFirst, LocateFirst, add_argv
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
@@ -51,7 +51,7 @@ def add_call(
     :func:`_looked_across`)."""
     high, records = batch
     k = keys.of(shard)
-    entries: list[AddEntry] = []
+    entries = AddEntries()
     vouch = dict(vouched)
     wheres, promotions = default_id_wheres(
         inventory, shard, records, refer_after_ms=refer_after_ms, locate=locate, schedules=schedules
@@ -61,7 +61,8 @@ def add_call(
         if isinstance(rec, Cancel):
             where = wheres.get(i, b"")
             hashed = id_hash(shard.topic, rec.delay_id)
-            entries.append((rec.offset, "", where, rec.delay_id, hashed))
+            entries.items.append((rec.offset, "", where, rec.delay_id, hashed))
+            entries.targets.append("")
             continue
         given = rec.given_id(shard.topic, shard.partition) or ""
         if i in wheres:
@@ -70,10 +71,12 @@ def add_call(
             stored, at = reference(rec.offset, rec.due_ms), rec.due_ms
             if given:
                 vouch[rec.offset] = given
+            entries.targets.append("")
         else:
             stored, at = member(rec, shard.topic, shard.partition), score(rec)
+            entries.targets.append(rec.target)
         hashed = id_hash(shard.topic, given) if given else b""
-        entries.append((rec.offset, at, stored, given, hashed))
+        entries.items.append((rec.offset, at, stored, given, hashed))
     return (
         ADD.keys(k),
         add_argv(

@@ -35,10 +35,39 @@ class AckBatch:
     epoch: str = ""
     members: list[bytes] = field(default_factory=list)
     with_ids: int = 0
+    # Each member's target topic, in their order, or none at all: the script reads them from
+    # the records (the per-target counts: the targets HASH in _lib.lua).
+    targets: list[str] = field(default_factory=list)
 
     def argv(self) -> list[Any]:
-        """As ack() in _lib.lua reads them: epoch, n, n offsets, how many have a delay-id."""
-        return [self.epoch, len(self.members), *self.members, self.with_ids]
+        """As ack() in _lib.lua reads them: epoch, n, n offsets, how many have a delay-id, their
+        targets."""
+        return [
+            self.epoch,
+            len(self.members),
+            *self.members,
+            self.with_ids,
+            *targets_argv(self.targets),
+        ]
+
+
+def targets_argv(targets: Sequence[str]) -> list[Any]:
+    """Each item's target as named_targets in _lib.lua reads them: T, T names, and 2 bytes per
+    item, the number of its target among them ("": none, 0)."""
+    numbers: dict[str, int] = {"": 0}
+    out = bytearray()
+    for target in targets:
+        number = numbers.get(target)
+        if number is None:
+            number = numbers[target] = len(numbers)
+        out += _NUMBER[number] if number < len(_NUMBER) else number.to_bytes(2, "big")
+    names = list(numbers)[1:]
+    if len(names) > 0xFFFF:
+        raise ValueError(f"{len(names)} targets in one call (at most 65535)")
+    return [len(names), *names, bytes(out)]
+
+
+_NUMBER = [n.to_bytes(2, "big") for n in range(256)]  # the common ones, made once
 
 
 def watermark_arg(watermark: int | None) -> str:
@@ -129,12 +158,21 @@ def _time(value: Any) -> int | None:
 AddEntry = tuple[int, int | str, bytes | str, str, bytes]
 
 
+@dataclass(slots=True)
+class AddEntries:
+    """The entries of one add.lua call, with each one's record's target topic ("": a cancel or a
+    reference, not counted in the targets HASH of _lib.lua)."""
+
+    items: list[AddEntry] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+
+
 def add_argv(
     watermark: int | None,
     high: int,
     bucket_ms: int,
     vouched: Mapping[int, str],
-    entries: list[AddEntry],
+    entries: AddEntries,
     *,
     replaces: Mapping[int, tuple[bytes, bool]],
     promotions: int | None = None,
@@ -154,7 +192,8 @@ def add_argv(
     for offset, (named, exact) in replaces.items():
         argv += (str(offset), named, "1" if exact else "")
     argv.append("1" if across else "")
-    argv.extend(chain.from_iterable(entries))
+    argv += targets_argv(entries.targets)
+    argv.extend(chain.from_iterable(entries.items))
     return argv
 
 

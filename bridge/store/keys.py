@@ -34,10 +34,10 @@ pattern ``~<prefix>:*`` covers a deployment:
   ``egress.max_rate_per_target``, moved there from the due index when a claim took more of them
   than the target's rate allowed, and claimed from there at that rate (so they hold up no other
   target's records); ``…:waits`` the SET of the targets that have one.;
-* ``…:targets``   HASH target topic → how many of the shard's records for it wait whole (in the
-  due index or a wait index: not in flight, not references), kept by the scripts that move
-  records in and out of those (the targets HASH in _lib.lua): what ``limits.max_waiting_per_target``
-  and ``delay_bridge_waiting_messages`` read.
+* ``…:targets``   HASH target topic → how many of the shard's records for it Redis holds whole
+  (waiting, or in flight: not references), kept by the scripts that store and forget records
+  (the targets HASH in _lib.lua): what ``limits.max_waiting_per_target`` and
+  ``delay_bridge_waiting_messages`` read.
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
@@ -125,7 +125,7 @@ class ShardKeys:
     refs: str  # references (far-future records) in chunks, with their count
     refs_due: str  # chunk -> its bucket's start ms
     waits: str  # the targets with a wait index (see Keys.wait)
-    targets: str  # target -> records waiting whole (limits.max_waiting_per_target)
+    targets: str  # target -> records held whole, waiting or in flight (quotas)
 
     def all(self) -> tuple[str, ...]:
         """The shard's fixed keys (not its wait indexes, named by :attr:`waits`)."""

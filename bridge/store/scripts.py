@@ -85,10 +85,10 @@ ADD = Script(
     declares=True,
 )
 CLAIM = Script("claim", "due inflight claimed low pending ids meta waits targets", ClaimReply.read)
-ACK = Script("ack", "inflight claimed low pending ids meta", count_of)
+ACK = Script("ack", "inflight claimed low pending ids meta targets", count_of)
 RELEASE = Script("release", "inflight", count_of)
 TAKE_OVER = Script("take_over", "inflight", count_of)
-UNCLAIM = Script("unclaim", "due inflight claimed waits targets", count_of)
+UNCLAIM = Script("unclaim", "due inflight claimed waits", count_of)
 SETTLE = Script(
     "settle", "claimed due ids low pending inflight refs waits targets", count_of, declares=True
 )

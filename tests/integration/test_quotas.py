@@ -118,7 +118,8 @@ def test_a_target_without_a_quota_is_never_refused(one: Setup, bridges: list[Bri
         collector.close()
     assert sorted(int(r.value or b"-1") for r in collector.of(target)) == list(range(300))
     assert collector.of(one.dlq) == []
-    assert _waiting(bridge, target) == 0
+    # Acknowledged (the egress names their targets): none is counted any more.
+    wait_for(lambda: _waiting(bridge, target) == 0, 30, "the count back to 0")
 
 
 def test_a_rebuild_refuses_nothing_it_stored_before(setup: Setup, bridges: list[Bridge]) -> None:
@@ -167,3 +168,38 @@ def test_a_rebuild_refuses_nothing_it_stored_before(setup: Setup, bridges: list[
         collector.close()
     assert collector.of(setup.dlq) == []
     assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="quota-exceeded"}') == 0
+
+
+def test_a_quota_holds_exactly_over_thousands_of_records_on_every_partition(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Quota 5,000 over three partitions: of 8,000 records for the target, produced at once and
+    ingested in many batches, exactly 5,000 are stored and 3,000 dead-lettered, each record one
+    or the other; 1,000 for another target are all stored."""
+    limited, other = setup.targets
+    config = setup.tmp / "bridge.yaml"
+    config.write_text(f'limits:\n  max_waiting_per_target: {{"{limited}": 5000}}\n')
+    bridge = setup.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+
+    def record(target: str, i: int) -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
+        return (b"k%d" % i, b"%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"10m")])
+
+    records = [record(limited, i) for i in range(8000)]
+    records += [record(other, i) for i in range(1000)]
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 3000, 120, "3,000 dead letters")
+        wait_for(lambda: _waiting(bridge, other) == 1000, 30, "the other target's 1,000")
+        wait_for(lambda: _waiting(bridge, limited) == 5000, 30, "5,000 waiting")
+        collector.poll(1.0)  # another dead letter would show up now
+    finally:
+        collector.close()
+    dead = [int(r.value or b"-1") for r in collector.of(setup.dlq)]
+    assert len(dead) == len(set(dead)) == 3000
+    assert all(r.header(H_ERROR) == b"quota-exceeded" for r in collector.of(setup.dlq))
+    assert all(r.header(H_TARGET_TOPIC) == limited.encode() for r in collector.of(setup.dlq))
+    assert metric(bridge, "delay_bridge_scheduled_messages") == 6000

@@ -445,15 +445,22 @@ class StoreModel(RuleBasedStateMachine):
         for rec in due:  # a lane's due records all leave before the next lane's first
             assert all(rec.priority >= p for p in lanes_taken), (rec, lanes_taken)
 
-    @rule(data=st.data(), old_epoch=st.booleans())
-    def ack(self, data: st.DataObject, old_epoch: bool) -> None:
+    @rule(data=st.data(), old_epoch=st.booleans(), named=st.booleans(), again=st.booleans())
+    def ack(self, data: st.DataObject, old_epoch: bool, named: bool, again: bool) -> None:
+        """``named``: the targets come with the offsets, as the egress sends them (else the
+        script reads them from the records); ``again``: the same acknowledgement applied twice,
+        as after a lost reply."""
         shard = data.draw(st.sampled_from(self._all()))
         model, chosen = self.models[shard], _some_leased(data, self.models[shard])
         if not chosen:
             return
         ids = sum(1 for o in chosen if model.leased[o][0].delay_id is not None)
         epoch = "an-earlier-epoch" if old_epoch else self.epochs.get(shard, "")
-        removed = self.store.ack({shard: AckBatch(epoch, [offset_bytes(o) for o in chosen], ids)})
+        targets = [model.leased[o][0].target for o in chosen] if named else []
+        acks = AckBatch(epoch, [offset_bytes(o) for o in chosen], ids, targets)
+        removed = self.store.ack({shard: acks})
+        if again:
+            assert self.store.ack({shard: acks}) == 0
         if old_epoch:
             assert removed == 0
             return
@@ -656,12 +663,13 @@ class StoreModel(RuleBasedStateMachine):
                 assert lows.ends == {shard: model.watermark + 1}
 
     @invariant()
-    def targets_count_what_waits_whole(self) -> None:
+    def targets_count_what_is_held_whole(self) -> None:
         for shard in self._all():
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.store.keys(shard).targets))
             counted = {t.decode(): int(n) for t, n in raw.items()}
-            model = self.models[shard].waiting.values()
-            want = Counter(r.target for r in model if not r.reference)
+            model = self.models[shard]
+            want = Counter(r.target for r in model.waiting.values() if not r.reference)
+            want.update(r.target for r, _ in model.leased.values())
             assert counted == dict(want), (shard, counted, want)
 
     @invariant()

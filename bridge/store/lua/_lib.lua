@@ -47,13 +47,16 @@ form as decode does: the id is a length-prefixed field, or the first delay-id he
 stored_target(member): the target topic of a stored record (a due index member), as decode reads
 it: a length-prefixed field, or the first delay-target-topic header's value.
 
-The targets HASH (`…:targets`) counts, per target topic, the records a shard keeps waiting whole:
-in the due index or a wait index, not in flight, not a reference (limits.max_waiting_per_target and
-delay_bridge_waiting_messages read it). Every script that moves a record into or out of those
-indexes counts it there, in the same call: add and promote store (+1), claim takes (-1), unclaim
-puts back (+1), a withdrawal or a settle removes (-1); a count that reaches 0 leaves the HASH.
-new_counts(), count(counts, member, n), write_counts(key, counts): add n per member's target,
-one HINCRBY per target at the write; count_members(key, members, n) the three in one.
+The targets HASH (`…:targets`) counts, per target topic, the records a shard holds whole: waiting
+in the due index or a wait index, or in flight — not references (limits.max_waiting_per_target and
+delay_bridge_waiting_messages read it). Every script that stores or forgets a record counts it
+there, in the same call: add and promote store (+1); an acknowledgement, a withdrawal or a settle
+forgets (-1); a claim and an unclaim only move a record, and count nothing. A count that reaches
+0 leaves the HASH. On the hot paths (add, ack) the caller names each record's target
+(named_targets(argv, at), target_of(names, numbers, item)), so no record is read for it; where
+it does not, and in the rare paths, the script reads it from the record. new_counts(),
+count(counts, member, n), write_counts(key, counts): add n per member's target, one HINCRBY per
+target at the write; count_members(key, members, n) the three in one.
 
 where(offset, due) / read_where(hint): where a record waits, as a caller names it (the `where`
 of a cancel of a default delay-id, see add.lua): its offset (8 bytes), then its due ms as text.
@@ -104,7 +107,8 @@ it is.
 ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
 acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
 claimed in, argv[first + 1] n, then n offsets (8 bytes each), then how many of them have a
-caller-given delay-id; keys are {in-flight, claimed, low, pending, id index, meta}.
+caller-given delay-id, then their targets (named_targets); keys are {in-flight, claimed, low,
+pending, id index, meta, targets}.
 Acknowledgements of another epoch than the shard's (meta "epoch", set when incarnation.lua
 retires its state) are dropped: their records were retired, where the mover delivers them
 again, and the offsets now belong to other records. An acknowledged offset is no longer pending
@@ -409,7 +413,7 @@ local function stored_target(member)
   return stored_header(member, count, past_payload(member, pos, wide), wide, TARGET_CODE) or ''
 end
 
--- Per-target counts of the records a shard keeps waiting whole (see the targets HASH above).
+-- Per-target counts of the records a shard holds whole (see the targets HASH above).
 local function new_counts()
   return {by = {}, order = {}}
 end
@@ -432,6 +436,23 @@ local function write_counts(key, counts)
     end
   end
   counts.by, counts.order = {}, {}
+end
+
+-- Targets a caller names (the list of add.lua's and ack()'s ARGV): `at` is the place of T, then
+-- T names, then a string of 2 bytes per item, big-endian, each the number of its item's target
+-- in the list (from 1; 0: none). Returns the names, the string and the place after it.
+local function named_targets(argv, at)
+  local n = tonumber(argv[at])
+  local names = {}
+  for i = 1, n do
+    names[i] = argv[at + i]
+  end
+  return names, argv[at + n + 1] or '', at + n + 2
+end
+
+local function target_of(names, numbers, item)
+  local hi, lo = string.byte(numbers, 2 * item - 1, 2 * item)
+  return names[(hi or 0) * 256 + (lo or 0)]
 end
 
 local function count_members(key, members, n)
@@ -930,8 +951,31 @@ local function ack(keys, argv, first)
   for i = 1, n do
     offsets[i] = argv[first + 1 + i]
   end
+  -- The offsets by target, to forget each group with one HDEL and count what it removed (an
+  -- acknowledgement applied again removes nothing, and counts nothing).
+  local names, numbers = named_targets(argv, first + n + 3)
+  local groups, order = {}, {}
+  if #names == 0 then  -- not named by the caller: read from the records
+    local _, members = call_chunked('HMGET', keys[2], offsets)
+    for i, member in ipairs(members) do
+      if member then
+        append_grouped(groups, order, stored_target(member), offsets[i])
+      end
+    end
+  else
+    for i, offset in ipairs(offsets) do
+      append_grouped(groups, order, target_of(names, numbers, i) or '', offset)
+    end
+  end
   call_chunked('ZREM', keys[1], offsets)
-  local removed = call_chunked('HDEL', keys[2], offsets)
+  local removed = 0
+  for _, target in ipairs(order) do
+    local gone = call_chunked('HDEL', keys[2], groups[target])
+    removed = removed + gone
+    if gone > 0 and redis.call('HINCRBY', keys[7], target, -gone) == 0 then
+      redis.call('HDEL', keys[7], target)
+    end
+  end
   mark_pending(keys[4], keys[3], offsets, false)
   if redis.call('EXISTS', keys[4]) == 0 then
     redis.call('DEL', keys[5])  -- nothing pending: every entry left is stale
@@ -945,3 +989,4 @@ local function ack(keys, argv, first)
   end
   return removed
 end
+

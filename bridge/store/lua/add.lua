@@ -39,7 +39,7 @@ KEYS[7]  references     HASH  chunk -> references (16 bytes each); "count" -> re
 KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lua): a cancel or
                               a replacement reaches a record waiting for its target's rate there
-KEYS[10] targets       HASH  target -> records waiting whole (see the targets HASH in _lib.lua)
+KEYS[10] targets       HASH  target -> records held whole (see the targets HASH in _lib.lua)
 KEYS[11..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
@@ -63,7 +63,10 @@ ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose calle
 ARGV[7 + 2V + 3W] "1" when the topic has other partitions: each entry that finds nothing here is
           kept in meta "withdrawing" until the caller, having looked for it there, deletes the
           field; an entry at or below the watermark still kept there is reported again
-ARGV[8 + 2V + 3W..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
+ARGV[8 + 2V + 3W] T, then T target names, then 2 bytes per group below: the number of its
+          record's target among them, 0 for a cancel and a reference (see named_targets in
+          _lib.lua): each record stored whole counts in the targets HASH
+ARGV[10 + 2V + 3W + T..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
@@ -144,7 +147,8 @@ for i = replacing + 1, at_across - 1, 3 do
   replaces[ARGV[i]] = ARGV[i + 1]
   exactly[ARGV[i]] = ARGV[i + 2] == '1'
 end
-local across, first = ARGV[at_across] == '1', at_across + 1
+local across = ARGV[at_across] == '1'
+local target_names, target_numbers, first = named_targets(ARGV, at_across + 1)
 
 -- What calls before this one left to look for in the topic's other partitions (meta
 -- "withdrawing": "<offset>:<k>" of the k-th entry at that offset, from 0, space-separated):
@@ -323,14 +327,22 @@ local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = own
 end
 
+-- Each record stored whole counts for its target (written at the end, one HINCRBY a target).
+local stored_by = new_counts()
+-- A record the caller named no target for has its read from the record.
+local function stored_whole(place, member)
+  local target = target_of(target_names, target_numbers, place + 1) or stored_target(member)
+  local by = stored_by.by
+  if by[target] == nil then
+    by[target] = 0
+    stored_by.order[#stored_by.order + 1] = target
+  end
+  by[target] = by[target] + 1
+end
+
 -- Write the records held back so far (see below).
 local held = {}  -- their offsets
 local function flush()
-  local counts = new_counts()
-  for i = 2, #due, 2 do
-    count(counts, due[i], 1)
-  end
-  write_counts(KEYS[10], counts)
   call_chunked('ZADD', KEYS[1], due)
   mark_pending(KEYS[4], KEYS[3], members, true)
   if referred > 0 then
@@ -406,6 +418,7 @@ for i = first, #ARGV, 5 do
       else
         due[#due + 1] = score
         due[#due + 1] = member
+        stored_whole(place, member)
       end
       members[#members + 1] = member
       plain = plain + 1
@@ -441,6 +454,7 @@ for i = first, #ARGV, 5 do
         else
           due[#due + 1] = score
           due[#due + 1] = member
+          stored_whole(place, member)
         end
         members[#members + 1] = member
         held[string.sub(member, 1, 8)] = true
@@ -451,6 +465,7 @@ for i = first, #ARGV, 5 do
   end
 end
 flush()
+write_counts(KEYS[10], stored_by)
 clear_pending()
 append_references()
 id_flush()

@@ -39,8 +39,8 @@ KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  id index       HASH  delay-id -> offset (8 bytes) .. due ms
 KEYS[7]  meta           HASH  "epoch" -> the state's epoch (see ack() in _lib.lua), "topic_id"
 KEYS[8]  waits          SET   targets with a wait index
-KEYS[9]  targets        HASH  target -> records waiting whole (see _lib.lua): each record claimed
-                              leaves its count (a lease claimed again is not in it)
+KEYS[9]  targets        HASH  target -> records held whole (see _lib.lua): the
+                              acknowledgements' records leave it
 ARGV[1]  batch limit (records)
 ARGV[2]  lease length ms
 ARGV[3]  now ms, or "" to read Redis TIME
@@ -60,7 +60,8 @@ ARGV[10] the ingest watermark the caller's ingress last saw, or "": a shard whos
 ARGV[11] a ceiling ms on now, or "": the caller's other clocks (bridge.egress.plan.DecisionClock);
          the claim decides by the lesser of it and Redis TIME, so a step forward of Redis's host
          clock makes nothing early and ends no lease
-ARGV[12..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id
+ARGV[12..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id,
+         their targets
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
           Redis TIME at the end (now ms when given; never capped: the caller compares its
@@ -74,7 +75,7 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV, 12)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9]}, ARGV, 12)
 local target = ARGV[9]
 local now = now_ms(ARGV[3])
 if ARGV[11] ~= '' then
@@ -201,13 +202,6 @@ if #claimed > 0 then
     out[o + 1], o = member, o + 1
   end
   call_chunked('HSET', KEYS[3], held)
-  if target ~= '' then  -- a wait index holds one target's records
-    if redis.call('HINCRBY', KEYS[9], target, -#claimed) == 0 then
-      redis.call('HDEL', KEYS[9], target)
-    end
-  else
-    count_members(KEYS[9], claimed, -1)
-  end
 end
 call_chunked('ZADD', KEYS[2], leases)
 -- The earliest due time left: of each lane's first record (rolled back: a moment from now).

@@ -35,7 +35,7 @@ KEYS[18] retired pending  (KEYS[6] under the label, kept with the references: a 
                                 references' field "pending" says the bits were kept)
 KEYS[19] retired meta     HASH  "topic_id" -> the retired incarnation's topic id: its records'
                                 journal entries name it (a claim of them returns it)
-KEYS[20] targets         HASH  target -> records waiting whole (see _lib.lua), moved to KEYS[21]
+KEYS[20] targets         HASH  target -> records held whole (see _lib.lua), moved to KEYS[21]
                                 with the records it counts
 KEYS[22..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
            _lib.lua)

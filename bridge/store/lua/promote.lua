@@ -18,7 +18,7 @@ KEYS[2]  references     HASH  chunk -> references (16 bytes each); "count" -> re
                              "promoted" -> calls that stored records (see add.lua, ARGV[4])
 KEYS[3]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
-KEYS[5]  targets        HASH  target -> records waiting whole (see _lib.lua): each record stored
+KEYS[5]  targets        HASH  target -> records held whole (see _lib.lua): each record stored
                              counts there from now on
 ARGV[1]  the chunk's field
 ARGV[2]  how many bytes of it the caller read

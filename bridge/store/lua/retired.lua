@@ -11,7 +11,7 @@ KEYS[6]  retired chunk index ZSET chunk -> its bucket's start ms
 KEYS[7]  retired waits      SET   targets with a wait index (records waiting for their rate)
 KEYS[8]  retired pending    HASH  offset bucket -> bitmap (kept for its references)
 KEYS[9]  retired meta       HASH  "topic_id" -> the retired incarnation's topic id
-KEYS[10] retired targets    HASH  target -> records waiting whole (empty by now)
+KEYS[10] retired targets    HASH  target -> records held whole (empty by now)
 ARGV[1]  the label
 
 Returns: 1 if it was empty and is forgotten, else 0 (records left)

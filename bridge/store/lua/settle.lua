@@ -13,8 +13,7 @@ KEYS[5]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[6]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[7]  references     HASH  "count" -> references waiting
 KEYS[8]  waits          SET   targets with a wait index
-KEYS[9]  targets        HASH  target -> records waiting whole (see _lib.lua): a record in flight
-                              left it when it was claimed
+KEYS[9]  targets        HASH  target -> records held whole (see _lib.lua)
 KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] triples: the record's offset (8 bytes), its due ms, the hash of its caller-given
           delay-id ("": none)
@@ -29,7 +28,10 @@ local removed = 0
 for i = 1, #ARGV, 3 do
   local offset = ARGV[i]
   local done = false
-  if redis.call('HDEL', KEYS[1], offset) == 1 then
+  local claimed = redis.call('HGET', KEYS[1], offset)
+  if claimed then
+    redis.call('HDEL', KEYS[1], offset)
+    count_members(KEYS[9], {claimed}, -1)
     redis.call('ZREM', shard.inflight, offset)
     mark_pending(shard.pending, shard.low, {offset}, false)
     done = true

@@ -11,8 +11,6 @@ KEYS[1]  where they wait  ZSET  member -> score (due ms in its lane): the due in
 KEYS[2]  in-flight        ZSET  offset -> lease deadline ms
 KEYS[3]  claimed          HASH  offset -> member
 KEYS[4]  waits            SET   targets with a wait index
-KEYS[5]  targets          HASH  target -> records waiting whole (see _lib.lua): each record put
-                                back counts there again
 ARGV[1]  the target whose wait index KEYS[1] is, or "" for the due index
 ARGV[2..] pairs: score, offset (8 bytes)
 
@@ -34,11 +32,6 @@ end
 call_chunked('ZREM', KEYS[2], gone)
 call_chunked('HDEL', KEYS[3], gone)
 call_chunked('ZADD', KEYS[1], back)
-local counts = new_counts()
-for i = 2, #back, 2 do
-  count(counts, back[i], 1)
-end
-write_counts(KEYS[5], counts)
 if ARGV[1] ~= '' and #gone > 0 then
   redis.call('SADD', KEYS[4], ARGV[1])
 end

@@ -16,7 +16,7 @@ KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[6]  references     HASH  "count" -> references waiting
 KEYS[7]  waits          SET   targets with a wait index
-KEYS[8]  targets        HASH  target -> records waiting whole (see _lib.lua)
+KEYS[8]  targets        HASH  target -> records held whole (see _lib.lua)
 KEYS[9..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] triples: the id hash, the record's offset (8 bytes), its due ms (as the index has it)
 
