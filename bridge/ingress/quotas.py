@@ -29,6 +29,7 @@ from bridge.message import Reason, Rejected, Scheduled
 from bridge.store import Shard, Store
 
 REFRESH_S = 1.0  # how old the counts read from Redis may be
+KNOWN_TARGETS = 10_000  # targets whose quota is remembered, at most
 
 
 class Quotas:
@@ -53,6 +54,8 @@ class Quotas:
     def quota_of(self, target: str) -> tuple[str, int] | None:
         """The pattern that sets ``target``'s quota and the quota (None: it has none)."""
         if target not in self._of:
+            if len(self._of) >= KNOWN_TARGETS:  # targets named by producers: kept bounded
+                self._of.clear()
             self._of[target] = next(
                 ((p, n) for p, rx, n in self._patterns if rx.fullmatch(target)), None
             )
@@ -64,8 +67,9 @@ class Quotas:
         return None if found is None else found[1]
 
     def waiting(self, partitions: Mapping[str, int], *, fresh: bool = False) -> Counter[str]:
-        """Records waiting per target over every partition of the delay topics, as Redis counted
-        them at most REFRESH_S ago (``fresh``: now), plus what was admitted since."""
+        """Records held per target (waiting or in flight) over every partition of the delay
+        topics, as Redis counted them at most REFRESH_S ago (``fresh``: now), plus what was
+        admitted since."""
         now = self._clock()
         if fresh or self._read_at is None or now - self._read_at >= REFRESH_S:
             shards = [Shard(t, p) for t, n in sorted(partitions.items()) for p in range(n)]

@@ -450,3 +450,22 @@ def test_the_replicas_word_on_their_partitions_lasts_a_session_or_until_they_sto
     assert set(replicas.alive(60_000)) == {"pod-0:7"}
     wait_for(lambda: replicas.alive(1) == {}, 5, "a silent replica's word to lapse")
     assert redis_client.hlen(f"test-{unique}:replicas:g") == 0
+
+
+def test_records_stored_before_the_counts_leave_no_count_below_zero(store: Store) -> None:
+    """Records stored by a version that kept no per-target counts (here: the HASH deleted after
+    they were stored) are acknowledged without taking their target's count below 0; the ones
+    stored after count from 0, with or without the targets named in the acknowledgement."""
+    targets = store.keys(SHARD).targets
+    add(store, rec(0, T0), rec(1, T0), rec(2, T0))
+    assert store.client.hgetall(targets) == {b"out": b"3"}
+    store.client.delete(targets)
+    old = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert store.ack({SHARD: AckBatch(members=[c.member for c in old[:2]], targets=["out"] * 2)})
+    assert store.ack({SHARD: AckBatch(members=[old[2].member])}) == 1
+    assert store.client.hgetall(targets) == {}
+    add(store, rec(3, T0, "late"), rec(4, T0, "late"), high=4)
+    assert store.client.hgetall(targets) == {b"late": b"2"}
+    new = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert store.ack({SHARD: AckBatch(members=[new[0].member], targets=["late"])}) == 1
+    assert store.client.hgetall(targets) == {b"late": b"1"}

@@ -52,7 +52,8 @@ in the due index or a wait index, or in flight — not references (limits.max_wa
 delay_bridge_waiting_messages read it). Every script that stores or forgets a record counts it
 there, in the same call: add and promote store (+1); an acknowledgement, a withdrawal or a settle
 forgets (-1); a claim and an unclaim only move a record, and count nothing. A count that reaches
-0 leaves the HASH. On the hot paths (add, ack) the caller names each record's target
+0 leaves the HASH, and so does one that would go below (records stored by a version that kept
+no counts, forgotten by one that does: they were never counted). On the hot paths (add, ack) the caller names each record's target
 (named_targets(argv, at), target_of(names, numbers, item)), so no record is read for it; where
 it does not, and in the rare paths, the script reads it from the record. new_counts(),
 count(counts, member, n), write_counts(key, counts): add n per member's target, one HINCRBY per
@@ -431,7 +432,7 @@ end
 local function write_counts(key, counts)
   for _, target in ipairs(counts.order) do
     local n = counts.by[target]
-    if n ~= 0 and redis.call('HINCRBY', key, target, n) == 0 then
+    if n ~= 0 and redis.call('HINCRBY', key, target, n) <= 0 then
       redis.call('HDEL', key, target)
     end
   end
@@ -972,7 +973,7 @@ local function ack(keys, argv, first)
   for _, target in ipairs(order) do
     local gone = call_chunked('HDEL', keys[2], groups[target])
     removed = removed + gone
-    if gone > 0 and redis.call('HINCRBY', keys[7], target, -gone) == 0 then
+    if gone > 0 and redis.call('HINCRBY', keys[7], target, -gone) <= 0 then
       redis.call('HDEL', keys[7], target)
     end
   end
