@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from bridge.errors import StoreError
-from bridge.message import Scheduled, encode
+from bridge.message import Cancel, Scheduled, encode
 from bridge.store import (
     AckBatch,
     Lost,
@@ -469,3 +469,29 @@ def test_records_stored_before_the_counts_leave_no_count_below_zero(store: Store
     new = store.claim([SHARD], 10, LEASE, now_ms=T0)
     assert store.ack({SHARD: AckBatch(members=[new[0].member], targets=["late"])}) == 1
     assert store.client.hgetall(targets) == {b"late": b"1"}
+
+
+def test_a_record_cancelled_in_the_batch_that_stores_it_is_not_counted(store: Store) -> None:
+    """A record with a delay-id and a cancel of that id in one add call: the record is written
+    (the cancel finds it among those held back) and withdrawn. Its count was written at the end
+    of the call, after the withdrawal had taken it away (and found nothing to take): 1 stayed."""
+    targets = store.keys(SHARD).targets
+    kept = rec(0, T0 + 5000)
+    given = Scheduled(1, T0, "out", b"k", b"v", [], "order-7")
+    assert store.add({SHARD: (2, [kept, given, Cancel(2, "order-7")])}).cancelled == 1
+    assert store.client.hgetall(targets) == {b"out": b"1"}
+
+
+def test_a_record_that_does_not_decode_is_acknowledged_and_counted_nowhere(store: Store) -> None:
+    """A claimed record whose bytes do not read as a stored record (corrupted in Redis): its
+    acknowledgement, with the targets read by the script or named "" by the egress (it knows no
+    target for it), removes it and counts nothing — it stopped every call of its shard with a
+    Lua error (the claims carry the acknowledgements along)."""
+    add(store, rec(0, T0), rec(1, T0))
+    k = store.keys(SHARD)
+    claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    for c in claimed:
+        store.client.hset(k.claimed, mapping={c.member[:8]: c.member[:8] + b"\x09not a record"})
+    assert store.ack({SHARD: AckBatch(members=[claimed[0].member])}) == 1
+    assert store.ack({SHARD: AckBatch(members=[claimed[1].member], targets=[""])}) == 1
+    assert store.client.hgetall(k.targets) == {b"out": b"2"}  # counted when stored, left so

@@ -55,7 +55,9 @@ forgets (-1); a claim and an unclaim only move a record, and count nothing. A co
 0 leaves the HASH, and so does one that would go below (records stored by a version that kept
 no counts, forgotten by one that does: they were never counted). On the hot paths (add, ack) the caller names each record's target
 (named_targets(argv, at), target_of(names, numbers, item)), so no record is read for it; where
-it does not, and in the rare paths, the script reads it from the record. new_counts(),
+it does not, and in the rare paths, the script reads it from the record (target_if_any: a
+record whose bytes do not read as one, corrupted in Redis, is not counted and stops nothing; nor
+is a target named ""). new_counts(),
 count(counts, member, n), write_counts(key, counts): add n per member's target, one HINCRBY per
 target at the write; count_members(key, members, n) the three in one.
 
@@ -419,8 +421,21 @@ local function new_counts()
   return {by = {}, order = {}}
 end
 
+-- The target of a stored record, nil for one whose bytes do not read as a stored record
+-- (corrupted in Redis, or written by another program): it is not counted, and stops nothing.
+local function target_if_any(member)
+  local ok, target = pcall(stored_target, member)
+  if ok and target ~= '' then
+    return target
+  end
+  return nil
+end
+
 local function count(counts, member, n)
-  local target = stored_target(member)
+  local target = target_if_any(member)
+  if not target then
+    return
+  end
   local by = counts.by
   if by[target] == nil then
     by[target] = 0
@@ -956,11 +971,11 @@ local function ack(keys, argv, first)
   -- acknowledgement applied again removes nothing, and counts nothing).
   local names, numbers = named_targets(argv, first + n + 3)
   local groups, order = {}, {}
-  if #names == 0 then  -- not named by the caller: read from the records
+  if #numbers == 0 then  -- not named by the caller: read from the records
     local _, members = call_chunked('HMGET', keys[2], offsets)
     for i, member in ipairs(members) do
       if member then
-        append_grouped(groups, order, stored_target(member), offsets[i])
+        append_grouped(groups, order, target_if_any(member) or '', offsets[i])
       end
     end
   else
@@ -973,7 +988,7 @@ local function ack(keys, argv, first)
   for _, target in ipairs(order) do
     local gone = call_chunked('HDEL', keys[2], groups[target])
     removed = removed + gone
-    if gone > 0 and redis.call('HINCRBY', keys[7], target, -gone) <= 0 then
+    if gone > 0 and target ~= '' and redis.call('HINCRBY', keys[7], target, -gone) <= 0 then
       redis.call('HDEL', keys[7], target)
     end
   end

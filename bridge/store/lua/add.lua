@@ -327,11 +327,15 @@ local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = own
 end
 
--- Each record stored whole counts for its target (written at the end, one HINCRBY a target).
+-- Each record stored whole counts for its target (written with the records, by flush: one
+-- HINCRBY a target).
 local stored_by = new_counts()
 -- A record the caller named no target for has its read from the record.
 local function stored_whole(place, member)
-  local target = target_of(target_names, target_numbers, place + 1) or stored_target(member)
+  local target = target_of(target_names, target_numbers, place + 1) or target_if_any(member)
+  if not target then
+    return
+  end
   local by = stored_by.by
   if by[target] == nil then
     by[target] = 0
@@ -343,6 +347,7 @@ end
 -- Write the records held back so far (see below).
 local held = {}  -- their offsets
 local function flush()
+  write_counts(KEYS[10], stored_by)  -- before a withdrawal of one of them takes it away
   call_chunked('ZADD', KEYS[1], due)
   mark_pending(KEYS[4], KEYS[3], members, true)
   if referred > 0 then
@@ -465,7 +470,6 @@ for i = first, #ARGV, 5 do
   end
 end
 flush()
-write_counts(KEYS[10], stored_by)
 clear_pending()
 append_references()
 id_flush()
