@@ -18,6 +18,18 @@ def _waiting(bridge: Bridge, target: str) -> float:
     return metric(bridge, f'delay_bridge_waiting_messages{{target_topic="{target}"}}')
 
 
+def _started(bridges: list[Bridge], setup: Setup, quotas: str) -> Bridge:
+    """A bridge of ``setup`` with ``quotas`` as limits.max_waiting_per_target (a mapping, which
+    the environment cannot set), ready."""
+    path = setup.tmp / "bridge.yaml"
+    path.write_text(f"limits:\n  max_waiting_per_target: {quotas}\n")
+    bridge = setup.bridge()
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(path)
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    return bridge
+
+
 def _number(delay_id: bytes | None) -> int:
     return int((delay_id or b"").decode().rsplit("-", 1)[1])
 
@@ -31,14 +43,7 @@ def test_records_past_their_targets_quota_are_dead_lettered_and_a_cancel_frees_r
     new one is refused; after 10 cancels, 10 new records are stored and the 11th is refused. The
     gauges count what waits, per target, and the quota."""
     limited, free = one.targets[0], f"{one.targets[0]}-free"
-    config = one.tmp / "bridge.yaml"  # a mapping, which the environment cannot set
-    config.write_text(
-        f'limits:\n  max_waiting_per_target: {{"{limited.replace(".", "[.]")}": {QUOTA}}}\n'
-    )
-    bridge = one.bridge()
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    bridges.append(bridge.start())
-    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    bridge = _started(bridges, one, f'{{"{limited.replace(".", "[.]")}": {QUOTA}}}')
     later = b"10m"  # waiting whole (within store.payload_horizon) for the whole test
 
     def record(target: str, delay_id: str, value: bytes = b"v") -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
@@ -96,12 +101,7 @@ def test_records_past_their_targets_quota_are_dead_lettered_and_a_cancel_frees_r
 def test_a_target_without_a_quota_is_never_refused(one: Setup, bridges: list[Bridge]) -> None:
     """A quota for another target's pattern leaves this one's records alone, however many."""
     target = one.targets[0]
-    config = one.tmp / "bridge.yaml"
-    config.write_text('limits:\n  max_waiting_per_target: {"other[.].*": 1}\n')
-    bridge = one.bridge()
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    bridges.append(bridge.start())
-    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    bridge = _started(bridges, one, '{"other[.].*": 1}')
     produce_all(
         one.services.bootstrap,
         one.delay,
@@ -129,12 +129,7 @@ def test_a_rebuild_refuses_nothing_it_stored_before(setup: Setup, bridges: list[
     judged first, counting against the quota as if stored again: 40 of the waiting ones went to
     the DLQ as quota-exceeded."""
     target = setup.targets[0]
-    config = setup.tmp / "bridge.yaml"
-    config.write_text(f'limits:\n  max_waiting_per_target: {{"{target}": 60}}\n')
-    bridge = setup.bridge()
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    bridges.append(bridge.start())
-    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    bridge = _started(bridges, setup, f'{{"{target}": 60}}')
     key = b"one-partition"  # all in one partition, so offset 0 holds its commit back
 
     def record(value: bytes, after: bytes) -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
@@ -177,12 +172,7 @@ def test_a_quota_holds_exactly_over_thousands_of_records_on_every_partition(
     ingested in many batches, exactly 5,000 are stored and 3,000 dead-lettered, each record one
     or the other; 1,000 for another target are all stored."""
     limited, other = setup.targets
-    config = setup.tmp / "bridge.yaml"
-    config.write_text(f'limits:\n  max_waiting_per_target: {{"{limited}": 5000}}\n')
-    bridge = setup.bridge()
-    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
-    bridges.append(bridge.start())
-    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    bridge = _started(bridges, setup, f'{{"{limited}": 5000}}')
 
     def record(target: str, i: int) -> tuple[bytes, bytes, list]:  # type: ignore[type-arg]
         return (b"k%d" % i, b"%d" % i, [(H_TARGET_TOPIC, target.encode()), (H_AFTER, b"10m")])

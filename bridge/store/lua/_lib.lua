@@ -58,7 +58,8 @@ no counts, forgotten by one that does: they were never counted). On the hot path
 it does not, and in the rare paths, the script reads it from the record (target_if_any: a
 record whose bytes do not read as one, corrupted in Redis, is not counted and stops nothing; nor
 is a target named ""). new_counts(),
-count(counts, member, n), write_counts(key, counts): add n per member's target, one HINCRBY per
+tally(counts, target, n), count(counts, member, n), write_counts(key, counts): add n for a target
+or per member's target, one HINCRBY per
 target at the write; count_members(key, members, n) the three in one.
 
 where(offset, due) / read_where(hint): where a record waits, as a caller names it (the `where`
@@ -431,17 +432,20 @@ local function target_if_any(member)
   return nil
 end
 
-local function count(counts, member, n)
-  local target = target_if_any(member)
-  if not target then
-    return
-  end
+local function tally(counts, target, n)
   local by = counts.by
   if by[target] == nil then
     by[target] = 0
     counts.order[#counts.order + 1] = target
   end
   by[target] = by[target] + n
+end
+
+local function count(counts, member, n)
+  local target = target_if_any(member)
+  if target then
+    tally(counts, target, n)
+  end
 end
 
 local function write_counts(key, counts)

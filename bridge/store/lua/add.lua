@@ -333,15 +333,9 @@ local stored_by = new_counts()
 -- A record the caller named no target for has its read from the record.
 local function stored_whole(place, member)
   local target = target_of(target_names, target_numbers, place + 1) or target_if_any(member)
-  if not target then
-    return
+  if target then
+    tally(stored_by, target, 1)
   end
-  local by = stored_by.by
-  if by[target] == nil then
-    by[target] = 0
-    stored_by.order[#stored_by.order + 1] = target
-  end
-  by[target] = by[target] + 1
 end
 
 -- Write the records held back so far (see below).
