@@ -4,8 +4,12 @@
 
 The same harness measures both bridges: ``BASE`` is checked out beside (a git worktree under
 ``$DELAY_BRIDGE_STATE_DIR/ab``) and its ``python -m bridge`` runs in place of this one's
-(``testbed.harness.CODE_UNDER_TEST``). Runs alternate — base, this, this, base, … — so a
-machine whose speed drifts over the hour weighs on both alike. Scenarios:
+(``testbed.harness.CODE_UNDER_TEST``). Runs alternate — base, this, A/A, A/A, this, base, … — so a
+machine whose speed drifts over the hour weighs on every side alike. The A/A side runs the base's
+code again (``--no-aa`` leaves it out): its ratios are the harness's spread in that run, which a
+head's ratio must clear to mean anything. It runs last in each round's list, so the middle of each
+pair of rounds, where a dip of the machine weighs on the heads and not on the base, weighs on it
+as well. Scenarios:
 
 * ``throughput``: 50,000 records of 100 B due at once, produced before the bridge starts:
   end-to-end records/s and the bridge's and Redis's CPU per record over the drain;
@@ -178,14 +182,18 @@ def compare(
     rounds: int,
     *,
     heads: Sequence[str] = (),
+    aa: bool = True,
     records: int = THROUGHPUT_RECORDS,
     seconds: float = STEADY_S,
     say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
 ) -> list[Side]:
     """Run ``scenarios`` ``rounds`` times on each side, in turn (``order``): the base, then
-    this checkout, or a checkout of each of ``heads`` (a bisect's commits); every side's runs."""
+    this checkout, or a checkout of each of ``heads`` (a bisect's commits), and with ``aa`` the
+    base again; every side's runs."""
     sides = [Side(f"base {base_commit}", worktree(base_commit))]
     sides += [Side(c, worktree(c)) for c in heads] or [Side("this checkout", ROOT)]
+    if aa:
+        sides.append(Side(f"A/A: base {base_commit} again", sides[0].code))
     turns = order(rounds, len(sides))
     for i, which in enumerate(turns):
         side = sides[which]
@@ -220,6 +228,12 @@ def main() -> int:
         help="compare these commits with the base instead of this checkout "
         "(a bisect: each in turn, every ratio against the base)",
     )
+    parser.add_argument(
+        "--no-aa",
+        dest="aa",
+        action="store_false",
+        help="leave out the A/A side (the base run again, its ratios the harness's spread)",
+    )
     parser.add_argument("--records", type=int, default=THROUGHPUT_RECORDS, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=STEADY_S, help=argparse.SUPPRESS)
     parser.add_argument("--leg", choices=SCENARIOS, help=argparse.SUPPRESS)
@@ -237,10 +251,16 @@ def main() -> int:
         scenarios,
         args.rounds,
         heads=args.heads,
+        aa=args.aa,
         records=args.records,
         seconds=args.seconds,
     )
     print(table(sides, scenarios))
+    if args.aa:
+        print(
+            "\nThe A/A side is the base run again: its ratios are this run's spread, and a"
+            " head's ratio nearer 1 than the A/A's distance from it tells nothing."
+        )
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     (out / "ab.json").write_text(
@@ -250,6 +270,7 @@ def main() -> int:
                 "base": args.base,
                 "rounds": args.rounds,
                 "heads": args.heads,
+                "aa": args.aa,
                 "runs": {side.label: side.runs for side in sides},
                 "ratios": {side.label: ratios(sides[0], side, scenarios) for side in sides[1:]},
             },

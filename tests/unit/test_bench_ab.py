@@ -63,3 +63,11 @@ def test_each_figure_is_this_checkouts_mean_over_the_bases() -> None:
     three = table([base, head, other], ["throughput"]).splitlines()
     assert three[0] == "| scenario | figure | base | head | ratio | other | ratio |"
     assert three[2].endswith("| 18,000 · 18,000 | 1.500 | 6,000 | 0.500 |")
+
+
+def test_the_last_side_of_a_round_runs_in_the_middle_of_each_pair_of_rounds() -> None:
+    # The A/A side is the last of the list: where a dip between the base's runs weighs on
+    # the heads, it weighs on the A/A too, and shows in its ratio.
+    runs = order(4, 3)
+    assert [i for i, side in enumerate(runs) if side == 2] == [2, 3, 8, 9]
+    assert [i for i, side in enumerate(runs) if side == 0] == [0, 5, 6, 11]
