@@ -17,7 +17,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError
 
@@ -96,12 +96,15 @@ class InFlight:
     placed: tuple[int, int] = (-1, -1)  # where Kafka put it: partition, offset
     expired: str = ""  # why it expired (its DLQ copy's delay-error-detail); "": it did not
     span: Span | None = None  # its delivery's send span, while one is open (bridge.tracing)
+    # A recurring schedule's record carrying it on (topic and Producer.produce's fields),
+    # produced with the occurrence and reported as one with it (bridge.egress.recurring).
+    onward: tuple[str, dict[str, Any]] | None = None
 
     def expire(self, now_ms: int, default_ms: int) -> bool:
         """Whether it is too late to deliver at ``now_ms`` (see :meth:`Scheduled.expires_ms`):
         if so it is bound for the DLQ from now on, as ``expired``."""
         record = self.claimed.record
-        if self.dead_letter:
+        if self.dead_letter or record.recurring:  # a schedule's delay-missed says instead
             return False
         expires_ms = record.expires_ms(default_ms)
         if expires_ms is None or now_ms <= expires_ms:

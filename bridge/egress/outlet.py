@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.config import Config, transactional_id, transactional_settings
 from bridge.egress.committed import Committed
@@ -71,7 +71,14 @@ class Direct:
     def send(
         self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
     ) -> None:
-        produce(self.producer, topic, on_delivery=report, **fields)
+        onward = inflight.onward
+        if onward is None:
+            produce(self.producer, topic, on_delivery=report, **fields)
+            return
+        # A recurring schedule's occurrence and the record carrying it on: one report for both.
+        both = Both(report)
+        produce(self.producer, topic, on_delivery=both.first, **fields)
+        produce(self.producer, onward[0], on_delivery=both.second, **onward[1])
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)
@@ -81,6 +88,34 @@ class Direct:
 
     def stop(self) -> None:
         pass
+
+
+class Both:
+    """Two records' delivery reports as one (an occurrence and the record carrying its schedule
+    on, see bridge.egress.recurring): reported once both are in — the first error, else the
+    first record's message."""
+
+    __slots__ = ("_err", "_left", "_msg", "_report")
+
+    def __init__(self, report: Report) -> None:
+        self._report = report
+        self._err: KafkaError | None = None
+        self._msg: Message | None = None
+        self._left = 2
+
+    def first(self, err: KafkaError | None, msg: Message | None) -> None:
+        self._msg = msg
+        self._took(err)
+
+    def second(self, err: KafkaError | None, msg: Message | None) -> None:
+        self._took(err)
+
+    def _took(self, err: KafkaError | None) -> None:
+        if err is not None and self._err is None:
+            self._err = err
+        self._left -= 1
+        if self._left == 0:
+            self._report(self._err, None if self._err is not None else self._msg)
 
 
 def shard_transactions(

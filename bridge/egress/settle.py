@@ -22,10 +22,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight, by_shard
 from bridge.egress.outlet import Direct, Outlet
+from bridge.egress.recurring import occurrence_headers, step
 from bridge.errors import StoreError
 from bridge.health import Readiness
 from bridge.journal import Journal
-from bridge.message import Priority, Scheduled, wire_headers
+from bridge.message import Headers, Priority, Scheduled, wire_headers
 from bridge.metrics import Metrics
 from bridge.store import AckBatch, Claimed, Shard, Store
 
@@ -162,6 +163,11 @@ class Deliveries:
         if inflight.dead_letter:
             key = None if inflight.stub else record.key
             topic, headers = self.failures.dead_letter, inflight.dlq_headers()
+        elif record.recurring:
+            sending = self._occurrence(ident, inflight, now_ms)
+            if sending is None:
+                return
+            topic, key, headers = sending
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         if self.spans is not None:  # the delivered record's traceparent: its send span's
@@ -188,14 +194,52 @@ class Deliveries:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))
 
+    def _occurrence(
+        self, ident: Ident, inflight: InFlight, now_ms: int
+    ) -> tuple[str, bytes | None, Headers] | None:
+        """A recurring schedule's record fell due (bridge.egress.recurring): the occurrence to
+        produce to its target, with the record carrying the schedule on beside it
+        (:attr:`InFlight.onward`). None when there is no occurrence to deliver (a missed one
+        ``delay-missed: skip`` drops): that record alone is produced here, reported with no place
+        in the target (nothing went there), or, when the schedule ended on the occurrence it
+        skipped, nothing is and the record is acknowledged at once."""
+        record = inflight.claimed.record
+        did = step(record, now_ms)
+        inflight.onward = None
+        if did.onward is not None:
+            fields = {
+                "partition": ident[0].partition,
+                "key": record.key,
+                "value": record.value,
+                "headers": wire_headers(did.onward),
+            }
+            inflight.onward = (ident[0].topic, fields)
+        if did.occurrence_ms is not None:
+            headers = occurrence_headers(record, did.occurrence_ms)
+            return record.target, record.delivered_key(), headers
+        onward, inflight.onward = inflight.onward, None
+        if onward is None:
+            self._reports.append((ident, None, now_ms, -1, -1))
+            return None
+        inflight.sent_s = time.monotonic()
+        report = functools.partial(self._on_delivery, ident, unplaced=True)
+        try:
+            self.outlet.send(ident, inflight, onward[0], report, **onward[1])
+        except KafkaException as exc:
+            self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))
+        return None
+
     def poll(self, timeout_s: float) -> None:
         """Serve the delivery reports (queued for :meth:`apply_reports`), waiting up to
         ``timeout_s`` for the first."""
         self.outlet.poll(timeout_s)
 
-    def _on_delivery(self, ident: Ident, err: KafkaError | None, msg: Message | None) -> None:
-        # No message: refused before Kafka had it, or abandoned (see apply_reports).
-        at = (-1, -1) if msg is None else (msg.partition() or 0, msg.offset() or 0)
+    def _on_delivery(
+        self, ident: Ident, err: KafkaError | None, msg: Message | None, unplaced: bool = False
+    ) -> None:
+        # No message: refused before Kafka had it, or abandoned (see apply_reports); unplaced:
+        # a schedule's record carried on with no occurrence delivered (see _occurrence).
+        at = (-1, -1) if msg is None or unplaced else (msg.partition() or 0, msg.offset() or 0)
         self._reports.append((ident, err, self._clock_ms(), *at))
 
     def apply_reports(self) -> None:

@@ -221,6 +221,10 @@ class ShardTransaction:
                     on_delivery=functools.partial(self._reported, item),
                     **item.fields,
                 )
+                onward = item.inflight.onward  # a schedule carried on: in the same transaction
+                if onward is not None:
+                    report = functools.partial(self._reported_onward, item)
+                    produce(self.producer, onward[0], on_delivery=report, **onward[1])
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.fatal():
@@ -239,9 +243,15 @@ class ShardTransaction:
             self._items.append(item)
 
     def _reported(self, item: Outgoing, err: KafkaError | None, msg: Message) -> None:
-        item.err, item.msg, item.at_ms = err, msg, self.s.clock_ms()
+        # A schedule's record carried on may have failed first (_reported_onward): kept.
+        item.err = err if err is not None else item.err
+        item.msg, item.at_ms = msg, self.s.clock_ms()
         if err is None:  # for its journal entry
             item.inflight.placed = (msg.partition() or 0, msg.offset() or 0)
+
+    def _reported_onward(self, item: Outgoing, err: KafkaError | None, msg: Message) -> None:
+        if err is not None and item.err is None:  # the transaction aborts: both go again
+            item.err = err
 
     def _commit(self) -> None:
         """Commit the open transaction, with the journal entries of its records; abort it if one

@@ -6,7 +6,9 @@ import struct
 
 from bridge.message.headers import (
     H_AFTER,
+    H_CRON,
     H_DELIVER_AT,
+    H_EVERY,
     H_ID,
     H_MAX_LATENESS,
     H_TARGET_KEY,
@@ -49,10 +51,21 @@ _PRIORITY_OF = {
 }
 _STORED = struct.Struct(">q")
 _COUNT = struct.Struct(">I")
-# Codes are stored: append only, never reorder.
-_KNOWN_NAMES = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_TARGET_KEY, H_ID, H_MAX_LATENESS)
+# Codes are stored: append only, never reorder. A record with a delay-cron or delay-every header
+# (codes from _RECURRING_CODE on) is a recurring schedule: decode says so without a name compared.
+_KNOWN_NAMES = (
+    H_TARGET_TOPIC,
+    H_DELIVER_AT,
+    H_AFTER,
+    H_TARGET_KEY,
+    H_ID,
+    H_MAX_LATENESS,
+    H_CRON,
+    H_EVERY,
+)
 _NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
 _TARGET_CODE, _ID_CODE = _NAME_CODES[H_TARGET_TOPIC], _NAME_CODES[H_ID]
+_RECURRING_CODE = _NAME_CODES[H_CRON]
 _CODE_BYTES = [bytes((code,)) for code in range(len(_KNOWN_NAMES) + 1)]
 _ABSENT = object()  # a header not present (None is a header present without a value)
 
@@ -170,6 +183,7 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
         if not flags & _TARGET_IN_HEADER:
             target = (fields.pop() or b"").decode()
         headers: Headers = []
+        recurring = False
         for _ in range(count):
             code = blob[pos]
             pos += 1
@@ -196,6 +210,8 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
                 target = (data or b"").decode()
             elif code == _ID_CODE and delay_id is None:
                 delay_id = (data or b"").decode()
+            elif code >= _RECURRING_CODE:
+                recurring = True
         if pos != len(blob):
             raise ValueError("stored record is longer than its fields")
         if target is None or delay_id is None:
@@ -211,6 +227,7 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
             stored_ms,
             default_of=(topic, partition) if flags & _DEFAULT_ID else None,
             priority=_PRIORITY_OF[flags & (_HIGH | _LOW)],
+            recurring=recurring,
         )
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"stored record does not decode: {exc}") from None

@@ -44,8 +44,8 @@ H_OPERATION = "delay-operation"
 H_REPLACES = "delay-replaces"
 
 # A recurring schedule (cron or an interval) and the records that pause and resume one: the
-# contract names them; this version refuses them as bad-schedule rather than deliver one of them
-# once as a one-shot record.
+# contract names them (bridge.message.recurrence); this version delivers schedules and refuses
+# pauses and resumes as bad-schedule rather than act on them half.
 H_CRON = "delay-cron"
 H_EVERY = "delay-every"
 H_PAUSE = "delay-pause"
@@ -57,7 +57,12 @@ H_TIMEZONE = "delay-timezone"
 H_UNTIL = "delay-until"
 H_COUNT = "delay-count"
 H_MISSED = "delay-missed"
-SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED)
+# Set by the bridge on the record that carries a schedule on to its next occurrence: the offset of
+# the record it continues, in the same partition (see bridge.egress.recurring).
+H_CONTINUES = "delay-continues"
+SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED, H_CONTINUES)
+# Set by the bridge on each occurrence it delivers: the instant it was scheduled for (epoch ms).
+H_OCCURRENCE = "delay-occurrence"
 # A record with any of these is about a recurring schedule (a bad-schedule if it is not one).
 SCHEDULING = frozenset((*RECURRING_HEADERS, *SCHEDULE_HEADERS))
 
@@ -77,7 +82,7 @@ CONTROL_HEADERS = frozenset(
 )
 # Stripped from a delivered record: the control headers, and the ones the bridge sets itself,
 # so a record that passes through the bridge twice never carries a stale due time.
-STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT, H_OPERATION, H_REPLACES}
+STRIPPED_ON_DELIVERY = CONTROL_HEADERS | {H_DUE_AT, H_OPERATION, H_REPLACES, H_OCCURRENCE}
 MAX_ID_BYTES = 256
 # The header sets a delay topic may speak (topics.dialect): this contract's, that of
 # etf1/kafka-message-scheduler and that of Kaspr's scheduler (see bridge.dialects).
@@ -164,6 +169,13 @@ class Scheduled:
     # in another partition withdraws it only if stamped no earlier. Not kept in Redis's encoding
     # (the id index keeps it for records with a caller-given id).
     timestamp_ms: int = field(default=0, compare=False)
+    # A recurring schedule (delay-cron or delay-every): each time it falls due, the egress
+    # delivers an occurrence and carries it on to the next (bridge.egress.recurring).
+    recurring: bool = field(default=False, compare=False)
+    # The offset of the record of the same partition this one carries on from (its delay-continues
+    # header, set by the bridge), None for one a producer wrote: the store takes it only while the
+    # schedule is still that record's (add.lua's schedule registry).
+    continues: int | None = field(default=None, compare=False)
 
     def given_id(self, topic: str, partition: int) -> str | None:
         """The delay-id its producer gave; None when it is the default one (the origin)."""

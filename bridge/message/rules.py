@@ -12,10 +12,9 @@ from bridge.message.headers import (
     CONTROL_HEADERS,
     H_AFTER,
     H_CANCEL,
-    H_CRON,
+    H_CONTINUES,
     H_DELIVER_AT,
     H_DUE_AT,
-    H_EVERY,
     H_ID,
     H_MAX_LATENESS,
     H_PAUSE,
@@ -23,7 +22,6 @@ from bridge.message.headers import (
     H_RESUME,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
-    RECURRING_HEADERS,
     SCHEDULING,
     Cancel,
     Headers,
@@ -148,30 +146,39 @@ def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | Non
     return Cancel(offset, first, base_ms, due, tuple(more))
 
 
-def _schedule_refusal(control: dict[str, bytes], base_ms: int) -> str:
-    """Why a recurring schedule (or a pause or resume of one) is refused: what is wrong with
-    it, else that this version does not deliver them."""
-    named = ", ".join(h for h in RECURRING_HEADERS if h in control)
-    not_yet = (
-        f"{named}: this version of delay-bridge does not deliver recurring schedules; "
-        "nothing was scheduled"
-    )
+def _schedule(control: dict[str, bytes], base_ms: int) -> tuple[int, int | None]:
+    """A recurring schedule's next occurrence (epoch ms) and the offset of the record it carries
+    on from (its ``delay-continues``; None: a producer wrote it), or :class:`Rejected` as
+    bad-schedule naming what is wrong — and for a pause or a resume, that this version does not
+    act on them."""
     texts: dict[str, str] = {}
     for name, raw in control.items():
         try:
             texts[name] = raw.decode("utf-8")
         except UnicodeDecodeError:
-            return f"header {name} is not valid UTF-8"
-    if (H_PAUSE in texts or H_RESUME in texts) and H_CRON not in texts and H_EVERY not in texts:
-        return not_yet
+            raise Rejected(Reason.BAD_SCHEDULE, f"header {name} is not valid UTF-8") from None
+    if H_PAUSE in texts or H_RESUME in texts:
+        named = ", ".join(h for h in (H_PAUSE, H_RESUME) if h in texts)
+        raise Rejected(
+            Reason.BAD_SCHEDULE,
+            f"{named}: this version of delay-bridge does not pause or resume recurring "
+            "schedules; nothing was changed",
+        )
     try:
         lateness = texts.get(H_MAX_LATENESS)
         schedule = recurrence_of(texts, base_ms, None if lateness is None else _duration(lateness))
     except BadSchedule as exc:
-        return str(exc)
+        raise Rejected(Reason.BAD_SCHEDULE, str(exc)) from None
     first = schedule.first()
     assert first is not None  # recurrence_of refuses a schedule with none
-    return f"{not_yet} (its first occurrence: {format_time_ms(first)})"
+    continues = None
+    if H_CONTINUES in texts:
+        continues = parse_count(texts[H_CONTINUES].strip())
+        if continues is None:
+            raise Rejected(
+                Reason.BAD_SCHEDULE, f"{H_CONTINUES}: an offset, not {texts[H_CONTINUES][:40]!r}"
+            )
+    return first, continues
 
 
 def _duration(text: str) -> int | None:
@@ -208,8 +215,7 @@ def parse(
         )
     control, cancels = _control(headers)
     base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
-    if not SCHEDULING.isdisjoint(control):
-        raise Rejected(Reason.BAD_SCHEDULE, _schedule_refusal(control, base_ms))
+    recurring = not SCHEDULING.isdisjoint(control)
     target = _text(control, H_TARGET_TOPIC)
     deliver_at = _text(control, H_DELIVER_AT)
     after = _text(control, H_AFTER)
@@ -222,6 +228,12 @@ def parse(
     if delay_id is not None and not 1 <= len(control[H_ID]) <= MAX_ID_BYTES:
         raise Rejected(Reason.BAD_HEADER, f"header {H_ID} must be 1 to {MAX_ID_BYTES} bytes")
     if cancel is not None:
+        if recurring:
+            named = ", ".join(h for h in sorted(SCHEDULING) if h in control)
+            raise Rejected(
+                Reason.BAD_SCHEDULE,
+                f"a {H_CANCEL} record ends a schedule and starts none: it must not carry {named}",
+            )
         extra = [h for h in (H_DELIVER_AT, H_AFTER, H_TARGET_TOPIC) if h in control]
         if extra:
             raise Rejected(
@@ -229,17 +241,11 @@ def parse(
                 f"a {H_CANCEL} record schedules nothing: it must not carry {' or '.join(extra)}",
             )
         return _cancel(offset, base_ms, cancels, [v for k, v in headers if k == H_DUE_AT])
-    if deliver_at is None and after is None:
-        raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
-    if deliver_at is not None and after is not None:
-        raise Rejected(Reason.CONFLICTING_DUE_TIME, f"both {H_DELIVER_AT} and {H_AFTER} are set")
-    try:
-        if deliver_at is not None:
-            due_ms = parse_time_ms(deliver_at)
-        else:
-            due_ms = base_ms + parse_duration_ms(after or "")
-    except ValueError as exc:
-        raise Rejected(Reason.BAD_DUE_TIME, str(exc)) from None
+    continues = None
+    if recurring:  # its due-time headers say when its occurrences start
+        due_ms, continues = _schedule(control, base_ms)
+    else:
+        due_ms = _due_ms(deliver_at, after, base_ms)
     if due_ms - now_ms > rules.max_delay_ms:
         raise Rejected(
             Reason.DELAY_TOO_LONG,
@@ -289,4 +295,21 @@ def parse(
         default_of=(topic, partition) if delay_id is None else None,
         priority=priority,
         timestamp_ms=base_ms,
+        recurring=recurring,
+        continues=continues,
     )
+
+
+def _due_ms(deliver_at: str | None, after: str | None, base_ms: int) -> int:
+    """A one-shot record's due time, from ``delay-deliver-at`` or ``delay-after`` (counted from
+    ``base_ms``)."""
+    if deliver_at is None and after is None:
+        raise Rejected(Reason.MISSING_DUE_TIME, f"neither {H_DELIVER_AT} nor {H_AFTER} is set")
+    if deliver_at is not None and after is not None:
+        raise Rejected(Reason.CONFLICTING_DUE_TIME, f"both {H_DELIVER_AT} and {H_AFTER} are set")
+    try:
+        if deliver_at is not None:
+            return parse_time_ms(deliver_at)
+        return base_ms + parse_duration_ms(after or "")
+    except ValueError as exc:
+        raise Rejected(Reason.BAD_DUE_TIME, str(exc)) from None

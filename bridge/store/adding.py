@@ -77,6 +77,8 @@ def add_call(
             entries.targets.append(rec.target)
         hashed = id_hash(shard.topic, given) if given else b""
         entries.items.append((rec.offset, at, stored, given, hashed))
+        if rec.recurring and given:
+            entries.recurring.append((rec.offset, "" if rec.continues is None else rec.continues))
     return (
         ADD.keys(k),
         add_argv(
@@ -212,6 +214,11 @@ def _add(
             _withdrawn((shard, offset, due), shard, records[by], owns.get(offset, own or ""))
             for offset, due, by, own in r.withdrawn
         ]
+        withdrawn += [
+            _ended(shard, rec, by, cancel)
+            for place, by, cancel in r.ended
+            if isinstance(rec := records[place], Scheduled)
+        ]
     found = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
@@ -278,6 +285,13 @@ def _added(
         tuple(missed),
         tuple(withdrawn),
     )
+
+
+def _ended(shard: Shard, record: Scheduled, by: int, cancelled: bool) -> Withdrawn:
+    """A record carrying a schedule on that add.lua did not store, its schedule ended (or moved
+    to another record) by the record at offset ``by`` of the same shard: journaled as that
+    record's withdrawal, so a rebuild does not store it either."""
+    return Withdrawn(shard, record.offset, record.due_ms, record.delay_id, shard, by, cancelled)
 
 
 def _withdrawn(

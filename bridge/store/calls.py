@@ -165,6 +165,9 @@ class AddEntries:
 
     items: list[AddEntry] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)
+    # The recurring schedules among them: (offset, the offset of the record it carries on from,
+    # "" for one a producer wrote) — see add.lua's schedule registry.
+    recurring: list[tuple[int, int | str]] = field(default_factory=list)
 
 
 def add_argv(
@@ -193,6 +196,8 @@ def add_argv(
         argv += (str(offset), named, "1" if exact else "")
     argv.append("1" if across else "")
     argv += targets_argv(entries.targets)
+    argv.append(len(entries.recurring))
+    argv.extend(chain.from_iterable(entries.recurring))
     argv.extend(chain.from_iterable(entries.items))
     return argv
 
@@ -213,6 +218,10 @@ class AddReply(NamedTuple):
     # its own delay-id when what did it named it by its default id and it has one, else "";
     # None for a reference so named: its own delay-id is read in the delay topic).
     withdrawn: list[tuple[int, int, int, str | None]]
+    # The records carrying a schedule on that were not stored: (their place in the batch, the
+    # offset of what ended the schedule, whether that was a cancel or a one-shot record rather
+    # than another schedule).
+    ended: tuple[tuple[int, int, bool], ...] = ()
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> AddReply:
@@ -222,13 +231,18 @@ class AddReply(NamedTuple):
             return cls(loss, 0, 0, 0, 0, [], [])
         added, replaced, cancelled, not_found, count = (int(n) for n in reply[1:6])
         end = 6 + count
-        rest = reply[end:]
+        unmatched = [int(i) for i in reply[6:end]]
+        ends = int(reply[end])
+        ended = tuple(
+            (int(reply[i]), abs(int(reply[i + 1])), int(reply[i + 1]) < 0)
+            for i in range(end + 1, end + 1 + 2 * ends, 2)
+        )
+        rest = reply[end + 1 + 2 * ends :]
         withdrawn = [
             (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), _own(rest[i + 3]))
             for i in range(0, len(rest), 4)
         ]
-        unmatched = [int(i) for i in reply[6:end]]
-        return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn)
+        return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn, ended)
 
 
 def _own(reply: bytes | None) -> str | None:

@@ -37,7 +37,11 @@ pattern ``~<prefix>:*`` covers a deployment:
 * ``…:targets``   HASH target topic → how many of the shard's records for it Redis holds whole
   (waiting, or in flight: not references), kept by the scripts that store and forget records
   (the targets HASH in _lib.lua): what ``limits.max_waiting_per_target`` and
-  ``delay_bridge_waiting_messages`` read.
+  ``delay_bridge_waiting_messages`` read;
+* ``…:schedules`` HASH id hash → where each recurring schedule of the shard is: the offset of the
+  record that holds it, or ``-`` and the offset of the cancel or record that ended it (the
+  schedule registry of add.lua): a record the bridge writes to carry a schedule on
+  (``delay-continues``) is stored only while the schedule is still at the record it continues.
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
@@ -85,6 +89,7 @@ _KEY_NAMES = {
     "refs_due": "refs-due",
     "waits": "waits",
     "targets": "targets",
+    "schedules": "schedules",
 }
 
 
@@ -126,6 +131,7 @@ class ShardKeys:
     refs_due: str  # chunk -> its bucket's start ms
     waits: str  # the targets with a wait index (see Keys.wait)
     targets: str  # target -> records held whole, waiting or in flight (quotas)
+    schedules: str  # the schedule registry: id hash -> the record a recurring schedule is at
 
     def all(self) -> tuple[str, ...]:
         """The shard's fixed keys (not its wait indexes, named by :attr:`waits`)."""

@@ -80,7 +80,7 @@ class Script(Generic[R]):
 
 ADD = Script(
     "add",
-    "due meta low pending ids inflight refs refs_due waits targets",
+    "due meta low pending ids inflight refs refs_due waits targets schedules",
     add_outcome,
     declares=True,
 )
@@ -102,7 +102,8 @@ WITHDRAW = Script(
 INCARNATION = Script(
     "incarnation",
     "due inflight claimed meta low pending retired old.due old.inflight old.claimed ids refs "
-    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta targets old.targets",
+    "refs_due old.refs old.refs_due waits old.waits old.pending old.meta targets old.targets "
+    "schedules",
     BindReply.read,
     declares=True,
 )

@@ -40,7 +40,10 @@ KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lua): a cancel or
                               a replacement reaches a record waiting for its target's rate there
 KEYS[10] targets       HASH  target -> records held whole (see the targets HASH in _lib.lua)
-KEYS[11..] the wait indexes the SET lists (see undeclared in _lib.lua)
+KEYS[11] schedules     HASH  the schedule registry: id hash -> "<offset>:<ms>" of the record a
+                              recurring schedule with that id is at, or "-<offset>:<ms>" of the
+                              cancel or record that ended it (ms: when it was written)
+KEYS[12..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms (where a reference is appended, and where
@@ -66,7 +69,18 @@ ARGV[7 + 2V + 3W] "1" when the topic has other partitions: each entry that finds
 ARGV[8 + 2V + 3W] T, then T target names, then 2 bytes per group below: the number of its
           record's target among them, 0 for a cancel and a reference (see named_targets in
           _lib.lua): each record stored whole counts in the targets HASH
-ARGV[10 + 2V + 3W + T..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
+ARGV[9 + 2V + 3W + T] R, then R pairs: the offset of a recurring schedule of this batch and the
+          offset of the record of this shard it carries on from (its delay-continues), "" for
+          one a producer wrote. A producer's schedule is stored as any record with its delay-id
+          and registered at its offset. One the bridge wrote (from the record it continues, as
+          its occurrence was delivered) is stored only while the registry has the schedule at
+          that record, or has no word of it (a state rebuilt, or made before the registry), and
+          withdraws nothing: the record it continues may wait again for its own occurrence's
+          retry. Any other record or cancel with the id of a registered schedule ends it there
+          (the registry says "-" and its offset): whatever the egress wrote from before it is
+          not stored, so a cancel read while the schedule's occurrence was in flight, or before
+          the record carrying it on was read, still ends it.
+ARGV[10 + 2V + 3W + T + 2R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
@@ -78,7 +92,9 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
           the batch (the entry's, from 0: a record with several cancels is an entry each, at
           one offset) of each cancel that found nothing and each record with a caller-given id
           that replaced nothing here (the caller looks for theirs in the topic's other
-          partitions), then quadruples for each record withdrawn: its offset (8 bytes), its due
+          partitions), E, then E pairs for the records carrying a schedule on that were not
+          stored (see ARGV[9 + 2V + 3W + T]): the place in the batch, and the offset of what
+          ended the schedule, "-" first when it was a cancel or a one-shot record, then quadruples for each record withdrawn: its offset (8 bytes), its due
           ms (-1: a reference), the place of the cancel or replacement that withdrew it and, when
           that named it by its default id, the delay-id of its own ("" when it has none, or was
           named by it; false, a nil reply, for a reference: the caller reads it in the delay
@@ -90,7 +106,7 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
          an id of the batch that the caller did not vouch for: nothing was written; the caller
          reads them in the delay topic and calls again
 ]]
-local refused = undeclared(11, wait_keys(KEYS[9]))
+local refused = undeclared(12, wait_keys(KEYS[9]))
 if refused then
   return refused
 end
@@ -148,7 +164,46 @@ for i = replacing + 1, at_across - 1, 3 do
   exactly[ARGV[i]] = ARGV[i + 2] == '1'
 end
 local across = ARGV[at_across] == '1'
-local target_names, target_numbers, first = named_targets(ARGV, at_across + 1)
+local target_names, target_numbers, at_recurring = named_targets(ARGV, at_across + 1)
+local recurring, first = {}, at_recurring + 1 + 2 * tonumber(ARGV[at_recurring])
+for i = at_recurring + 1, first - 1, 2 do
+  recurring[ARGV[i]] = ARGV[i + 1]
+end
+
+-- The schedule registry (KEYS[11]), read only when it holds something or this batch adds to it:
+-- a deployment without recurring schedules pays one EXISTS a call.
+local registry_any = at_recurring + 1 < first or redis.call('EXISTS', KEYS[11]) == 1
+local registered, stamp = {}, nil
+local function registry(hash)
+  local v = registered[hash]
+  if v == nil then
+    v = redis.call('HGET', KEYS[11], hash) or false
+    registered[hash] = v
+  end
+  return v
+end
+local function register(hash, value)
+  stamp = stamp or now_ms('')
+  value = value .. ':' .. int(stamp)
+  registered[hash] = value
+  redis.call('HSET', KEYS[11], hash, value)
+end
+local ended = {}
+-- Whether a record carrying the schedule `hash` names on from `from` comes too late: its schedule
+-- ended, or moved to another record, since (noted in `ended` with what did it).
+local function superseded(hash, from, place)
+  local v = registry(hash)
+  if not v then
+    return false  -- no word of it: a rebuilt state, or one made before the registry
+  end
+  local at = string.match(v, '^(%-?%d+)')
+  if at == from then
+    return false
+  end
+  ended[#ended + 1] = place
+  ended[#ended + 1] = at
+  return true
+end
 
 -- What calls before this one left to look for in the topic's other partitions (meta
 -- "withdrawing": "<offset>:<k>" of the k-th entry at that offset, from 0, space-separated):
@@ -407,6 +462,9 @@ for i = first, #ARGV, 5 do
         missing = missing + 1
         unmatch(i, place)
       end
+      if registry_any and hash ~= '' and registry(hash) then
+        register(hash, '-' .. ARGV[i])
+      end
     elseif id == '' then
       -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
       -- written in one go (at the end, or before such a cancel). A record with an id is held
@@ -421,6 +479,24 @@ for i = first, #ARGV, 5 do
       end
       members[#members + 1] = member
       plain = plain + 1
+    elseif recurring[ARGV[i]] and recurring[ARGV[i]] ~= ''
+        and (not registry_any or not superseded(hash, recurring[ARGV[i]], place)) then
+      -- Carrying its schedule on: stored beside whatever waits (see ARGV[9 + 2V + 3W + T]).
+      if #member == REFERENCE then
+        refer(score, member)
+        referred = referred + 1
+      else
+        due[#due + 1] = score
+        due[#due + 1] = member
+        stored_whole(place, member)
+      end
+      members[#members + 1] = member
+      held[string.sub(member, 1, 8)] = true
+      id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
+      register(hash, ARGV[i])
+      added = added + 1
+    elseif recurring[ARGV[i]] and recurring[ARGV[i]] ~= '' then
+      -- Its schedule ended or moved on (noted by superseded): nothing of it is written.
     else
       local exact = exactly[ARGV[i]]  -- that record only, and only while it waits
       local done, offset, at, by_default, took, flight = false, nil, nil, false, nil, false
@@ -459,6 +535,11 @@ for i = first, #ARGV, 5 do
         held[string.sub(member, 1, 8)] = true
         id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
         added = added + 1
+        if recurring[ARGV[i]] then  -- a producer's schedule: registered here
+          register(hash, ARGV[i])
+        elseif registry_any and registry(hash) then  -- a one-shot record ends the schedule
+          register(hash, '-' .. ARGV[i])
+        end
       end
     end
   end
@@ -481,7 +562,11 @@ if left_changed then
   redis.call('HSET', KEYS[2], 'withdrawing', table.concat(tokens, ' '))
 end
 local reply = {0, added + plain, replaced, cancelled, missing, #unmatched}
-for _, list in ipairs({unmatched, withdrawn}) do
+for _, x in ipairs(unmatched) do
+  reply[#reply + 1] = x
+end
+reply[#reply + 1] = #ended / 2
+for _, list in ipairs({ended, withdrawn}) do
   for _, x in ipairs(list) do
     reply[#reply + 1] = x
   end

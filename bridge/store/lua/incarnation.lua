@@ -37,7 +37,9 @@ KEYS[19] retired meta     HASH  "topic_id" -> the retired incarnation's topic id
                                 journal entries name it (a claim of them returns it)
 KEYS[20] targets         HASH  target -> records held whole (see _lib.lua), moved to KEYS[21]
                                 with the records it counts
-KEYS[22..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
+KEYS[22] schedule registry HASH  id hash -> where a recurring schedule is (see add.lua; dropped
+                                as the id index is)
+KEYS[23..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
            _lib.lua)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
@@ -54,7 +56,7 @@ local waits_now, waits_retired = wait_keys(KEYS[16]), wait_keys(KEYS[16], KEYS[1
 for _, key in ipairs(waits_retired) do
   waits_now[#waits_now + 1] = key
 end
-local refused = undeclared(22, waits_now)
+local refused = undeclared(23, waits_now)
 if refused then
   return refused
 end
@@ -115,7 +117,7 @@ if moved > 0 then
 else  -- what is left of its references (all cancelled) is nobody's to read
   redis.call('DEL', KEYS[14], KEYS[15], KEYS[18])
 end
-redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11])
+redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11], KEYS[22])
 redis.call('HSET', KEYS[4], 'epoch', ARGV[2], 'retire',
   (stored or '') .. ' ' .. moved .. ' ' .. mark)
 if id ~= '' then

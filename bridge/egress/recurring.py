@@ -1,0 +1,136 @@
+"""Recurring schedules at the egress: each occurrence delivered, and the schedule carried on.
+
+A recurring schedule (``delay-cron`` or ``delay-every``) waits in the store as one record due at
+its next occurrence. When it falls due, :func:`step` asks its :class:`Recurrence` what to do at
+this moment — the occurrence to deliver, by the schedule's ``delay-missed`` policy when the bridge
+comes to it late (bridge.message.recurrence), and the occurrence after — and the egress produces,
+together (in one Kafka transaction with ``egress.exactly_once``):
+
+* the occurrence, to the schedule's target, as a one-shot record would be delivered, with
+  ``delay-id`` (the schedule's) and ``delay-occurrence`` (the instant it was scheduled for);
+* the record that carries the schedule on: the schedule's own record produced again to its
+  partition of the delay topic, due at the next occurrence (``delay-deliver-at``), with what is
+  left of its ``delay-count`` and ``delay-continues``: this record's offset.
+
+The record is acknowledged once Kafka has both. So the delay topic always holds the schedule at its
+latest step (its retention never reaches a live schedule older than a step), a Redis rebuilt from
+the delay topic finds it there, and an occurrence delivered is never due again. The store takes the
+record that carries a schedule on only while its registry still has the schedule at the record it
+continues (add.lua): a cancel, a replacement, or the same record carried on twice (delivered again
+after a lease ran out) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bridge.message import (
+    H_AFTER,
+    H_CONTINUES,
+    H_COUNT,
+    H_CRON,
+    H_DELIVER_AT,
+    H_DUE_AT,
+    H_EVERY,
+    H_ID,
+    H_MAX_LATENESS,
+    H_MISSED,
+    H_OCCURRENCE,
+    H_TIMEZONE,
+    H_UNTIL,
+    Headers,
+    Scheduled,
+    parse_count,
+    parse_duration_ms,
+    parse_time_ms,
+)
+from bridge.message.headers import STRIPPED_ON_DELIVERY
+from bridge.message.recurrence import BadSchedule, Recurrence
+
+logger = logging.getLogger(__name__)
+
+# The headers the record carrying a schedule on sets afresh: its start, what is left of its count,
+# and the record it continues.
+_RESET = frozenset((H_DELIVER_AT, H_AFTER, H_COUNT, H_CONTINUES))
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What a recurring schedule's record does when it falls due: deliver ``occurrence_ms`` (None:
+    nothing, a missed occurrence ``delay-missed: skip`` drops), and be carried on with ``onward``
+    headers (None: the schedule has ended)."""
+
+    occurrence_ms: int | None
+    onward: Headers | None
+
+
+def step(record: Scheduled, now_ms: int) -> Step:
+    """What ``record`` (a recurring schedule, due at one of its occurrences) does at ``now_ms``."""
+    try:
+        schedule = schedule_at(record)
+    except BadSchedule as exc:  # it was read the same way when stored: a bug, or a corrupt record
+        logger.error("%s: %s; delivered once, as a one-shot record", record.delay_id, exc)
+        return Step(record.due_ms, None)
+    fire = schedule.fire(record.due_ms, now_ms)
+    left = schedule.count
+    if left is not None and fire.deliver is not None:
+        left -= 1
+    after = fire.next_ms if left is None or left > 0 else None
+    if after is None:
+        return Step(fire.deliver, None)
+    return Step(fire.deliver, onward_headers(record, after, left))
+
+
+def schedule_at(record: Scheduled) -> Recurrence:
+    """The schedule ``record``'s headers describe, from its due time on (an occurrence: the
+    start its due-time headers gave has done its work)."""
+    texts: dict[str, str] = {}
+    for name, value in record.headers:
+        if name in _SCHEDULE and name not in texts:
+            texts[name] = (value or b"").decode()
+    lateness = texts.get(H_MAX_LATENESS)
+    return Recurrence.of(
+        cron=texts.get(H_CRON),
+        every_ms=_read(parse_duration_ms, texts.get(H_EVERY)),
+        zone=texts.get(H_TIMEZONE),
+        start_ms=record.due_ms,
+        until_ms=_read(parse_time_ms, texts.get(H_UNTIL)),
+        missed=texts.get(H_MISSED),
+        missed_after_ms=_read(parse_duration_ms, lateness),
+        count=parse_count(texts[H_COUNT].strip()) if H_COUNT in texts else None,
+    )
+
+
+_SCHEDULE = frozenset((H_CRON, H_EVERY, H_TIMEZONE, H_UNTIL, H_MISSED, H_COUNT, H_MAX_LATENESS))
+
+
+def _read(reader: Callable[[str], int], text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return reader(text)
+    except ValueError as exc:
+        raise BadSchedule(str(exc)) from None
+
+
+def onward_headers(record: Scheduled, next_ms: int, left: int | None) -> Headers:
+    """The headers of the record carrying ``record``'s schedule on to ``next_ms``: its own, with
+    its start at ``next_ms``, ``left`` occurrences at most (None: no limit) and the offset it
+    continues."""
+    kept = [(k, v) for k, v in record.headers if k not in _RESET]
+    kept.append((H_DELIVER_AT, str(next_ms).encode()))
+    if left is not None:
+        kept.append((H_COUNT, str(left).encode()))
+    kept.append((H_CONTINUES, str(record.offset).encode()))
+    return kept
+
+
+def occurrence_headers(record: Scheduled, occurrence_ms: int) -> Headers:
+    """The headers of an occurrence delivered: the schedule's own without the control headers,
+    then ``delay-id``, ``delay-due-at`` and ``delay-occurrence``."""
+    kept = [(k, v) for k, v in record.headers if k not in STRIPPED_ON_DELIVERY]
+    when = str(occurrence_ms).encode()
+    kept += [(H_ID, record.delay_id.encode()), (H_DUE_AT, when), (H_OCCURRENCE, when)]
+    return kept

@@ -1,0 +1,200 @@
+"""Recurring schedules on the real servers: each occurrence delivered once, at its instant, and the
+schedule carried on through the delay topic until its count, its end, a cancel or a replacement
+(bridge.egress.recurring, add.lua's schedule registry)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from bridge.message import (
+    H_CANCEL,
+    H_COUNT,
+    H_DELIVER_AT,
+    H_EVERY,
+    H_ID,
+    H_MAX_LATENESS,
+    H_MISSED,
+    H_OCCURRENCE,
+    H_TARGET_TOPIC,
+    Headers,
+)
+from testbed.harness import Bridge, Collector, Received, Setup, produce_to, wipe
+
+pytestmark = pytest.mark.integration
+
+EXACTLY_ONCE = {"egress__exactly_once": "true", "egress__transaction": "100ms"}
+
+
+def _schedule(
+    setup: Setup, sid: bytes, start_ms: int, every: bytes, *more: tuple[str, bytes]
+) -> Headers:
+    return [
+        (H_TARGET_TOPIC, setup.targets[0].encode()),
+        (H_EVERY, every),
+        (H_ID, sid),
+        (H_DELIVER_AT, str(start_ms).encode()),
+        *more,
+    ]
+
+
+def _occurrences(records: list[Received], topic: str, sid: str = "") -> list[int]:
+    """The ``delay-occurrence`` of each record of ``topic`` (of schedule ``sid``), as delivered."""
+    return [
+        int(r.header(H_OCCURRENCE) or b"-1")
+        for r in records
+        if r.topic == topic and (not sid or r.delay_id == sid)
+    ]
+
+
+def _start(setup: Setup, bridges: list[Bridge], **overrides: str) -> Bridge:
+    bridge = setup.bridge(**overrides).start()
+    bridges.append(bridge)
+    return bridge
+
+
+def _next_second(ms_ahead: int = 2000) -> int:
+    now = time.time_ns() // 1_000_000
+    return (now + ms_ahead) // 1000 * 1000
+
+
+@pytest.mark.parametrize("overrides", [{}, EXACTLY_ONCE], ids=["at-least-once", "exactly-once"])
+def test_an_interval_schedule_delivers_each_occurrence_once_at_its_instant_up_to_its_count(
+    setup: Setup, bridges: list[Bridge], overrides: dict[str, str]
+) -> None:
+    """Every second from a given instant, four times: four occurrences, each once, none before its
+    instant, each with the schedule's delay-id, key and value and its own delay-occurrence; then
+    nothing more, and nothing of it left in Redis."""
+    start = _next_second()
+    headers = _schedule(setup, b"poll-partner", start, b"1s", (H_COUNT, b"4"))
+    produce_to(setup.services.bootstrap, setup.delay, [(1, b"poll", headers)])
+    _start(setup, bridges, **overrides)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 4, 60, "4 occurrences")
+        end = time.monotonic() + 2.5  # a fifth occurrence would be due by then
+        while time.monotonic() < end:
+            collector.poll()
+    finally:
+        collector.close()
+    target = collector.of(setup.targets[0])
+    assert _occurrences(target, setup.targets[0]) == [start + k * 1000 for k in range(4)]
+    for r in target:
+        assert r.value == b"poll" and r.key == b"k" and r.delay_id == "poll-partner"
+        assert r.due_ms == int(r.header(H_OCCURRENCE) or b"0")
+        assert r.timestamp_ms >= r.due_ms and r.seen_ms >= r.due_ms  # never early
+        assert r.header(H_EVERY) is None and r.header(H_COUNT) is None  # control headers stripped
+    assert collector.of(setup.dlq) == []
+
+
+def test_a_cancel_ends_a_schedule_and_a_record_with_its_id_replaces_it(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Two schedules every second: once each has delivered twice, one is cancelled and the other
+    replaced by a schedule with the same id and another value. The cancelled one delivers at most
+    the occurrence already on its way, then nothing; the replaced one delivers only the new
+    value from then on."""
+    start = _next_second()
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"ended", _schedule(setup, b"to-cancel", start, b"1s")),
+            (0, b"old", _schedule(setup, b"to-replace", start, b"1s")),
+        ],
+    )
+    _start(setup, bridges)
+    collector = setup.collector()
+    target = setup.targets[0]
+    try:
+        collector.until(
+            lambda rs: (
+                min(Counter(r.delay_id for r in rs).values(), default=0) >= 2
+                and len(Counter(r.delay_id for r in rs)) == 2
+            ),
+            60,
+            "two occurrences of each",
+        )
+        produce_to(
+            setup.services.bootstrap,
+            setup.delay,
+            [
+                (0, None, [(H_CANCEL, b"to-cancel")]),
+                (0, b"new", _schedule(setup, b"to-replace", _next_second(0), b"1s")),
+            ],
+        )
+        told = time.time_ns() // 1_000_000
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            collector.poll()
+    finally:
+        collector.close()
+    cancelled = [r for r in collector.of(target) if r.delay_id == "to-cancel"]
+    late = [r for r in cancelled if r.seen_ms > told + 1500]
+    assert late == [], [(r.due_ms, r.seen_ms - told) for r in late]
+    replaced = [r for r in collector.of(target) if r.delay_id == "to-replace"]
+    after = [r.value for r in replaced if r.seen_ms > told + 1500]
+    assert after and set(after) == {b"new"}, after
+    twice = Counter((r.value, r.header(H_OCCURRENCE)) for r in replaced)
+    assert max(twice.values()) == 1, twice
+
+
+@pytest.mark.parametrize("policy, expected", [("latest", 1), ("all", 11), ("skip", 1)])
+def test_occurrences_missed_before_the_bridge_got_to_them_follow_the_missed_policy(
+    setup: Setup, bridges: list[Bridge], policy: str, expected: int
+) -> None:
+    """A schedule every second that started 10 s ago, with a max lateness of 2 s: its 11 past
+    occurrences were missed. ``latest`` delivers the latest of them once, ``all`` every one in
+    order, ``skip`` none of the missed (the latest, under a second late when the bridge gets to it,
+    is not missed itself); from then on each occurrence comes at its instant."""
+    now = time.time_ns() // 1_000_000
+    start = now // 1000 * 1000 - 10_000
+    headers = _schedule(
+        setup, b"missed", start, b"1s", (H_MAX_LATENESS, b"2s"), (H_MISSED, policy.encode())
+    )
+    produce_to(setup.services.bootstrap, setup.delay, [(2, b"m", headers)])
+    _start(setup, bridges)
+    collector = setup.collector()
+    target = setup.targets[0]
+    try:
+        collector.until(lambda rs: len(rs) >= expected + 2, 60, "the missed, then two on time")
+    finally:
+        collector.close()
+    got = _occurrences(collector.of(target), target)
+    first = got[0] if expected == 1 else start
+    assert got == [first + k * 1000 for k in range(len(got))], got  # in order, none twice or left
+    if expected == 1:  # the latest by the time the bridge got to it: none of the ten before
+        assert got[0] >= now // 1000 * 1000, (got, now)
+    assert got[-1] > now  # carried on after the outage
+
+
+def test_a_schedule_outlives_a_redis_that_lost_its_data(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Exactly once, a schedule every second for eight occurrences; Redis loses everything after
+    the second. The bridge rebuilds from the delay topic and the journal: every occurrence is
+    delivered, none twice."""
+    start = _next_second()
+    headers = _schedule(setup, b"durable", start, b"1s", (H_COUNT, b"8"))
+    produce_to(setup.services.bootstrap, setup.delay, [(1, b"d", headers)])
+    _start(setup, bridges, **EXACTLY_ONCE)
+    collector = setup.collector()
+    target = setup.targets[0]
+    try:
+        collector.until(lambda rs: len(rs) >= 2, 60, "two occurrences")
+        assert wipe(setup) > 0
+        collector.until(lambda rs: len(rs) >= 8, 90, "all eight occurrences")
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            collector.poll()
+    finally:
+        collector.close()
+    assert sorted(_occurrences(collector.records, target)) == [start + k * 1000 for k in range(8)]
+
+
+def _collect(collector: Collector, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        collector.poll()
