@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bridge.egress.failures import InFlight
 from bridge.message import (
     H_AFTER,
     H_CONTINUES,
@@ -40,14 +41,17 @@ from bridge.message import (
     H_OCCURRENCE,
     H_TIMEZONE,
     H_UNTIL,
+    STRIPPED_ON_DELIVERY,
+    BadSchedule,
     Headers,
+    Recurrence,
     Scheduled,
     parse_count,
     parse_duration_ms,
     parse_time_ms,
+    wire_headers,
 )
-from bridge.message.headers import STRIPPED_ON_DELIVERY
-from bridge.message.recurrence import BadSchedule, Recurrence
+from bridge.store import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,35 @@ class Step:
 
     occurrence_ms: int | None
     onward: Headers | None
+
+
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """What the egress produces for a recurring schedule's record that fell due: to ``topic``
+    (``partition``; -1: its partitioner's choice), with ``key`` and ``headers``."""
+
+    topic: str
+    key: bytes | None
+    headers: Headers
+    partition: int = -1
+
+
+def sending(record: Scheduled, shard: Shard, now_ms: int, inflight: InFlight) -> Sending | None:
+    """What to produce of ``record`` (a recurring schedule of ``shard``) at ``now_ms``: its
+    occurrence, with the record carrying it on set as ``inflight``'s :attr:`InFlight.onward`
+    (produced beside it, reported as one); or, when a missed occurrence is skipped, that record
+    alone, to the delay topic. None: nothing, the schedule ended on an occurrence it skipped."""
+    did = step(record, now_ms)
+    inflight.onward = None
+    if did.onward is not None and did.occurrence_ms is not None:
+        fields = {"partition": shard.partition, "key": record.key, "value": record.value}
+        inflight.onward = (shard.topic, {**fields, "headers": wire_headers(did.onward)})
+    if did.occurrence_ms is not None:
+        headers = occurrence_headers(record, did.occurrence_ms)
+        return Sending(record.target, record.delivered_key(), headers)
+    if did.onward is None:
+        return None
+    return Sending(shard.topic, record.key, did.onward, shard.partition)
 
 
 def step(record: Scheduled, now_ms: int) -> Step:

@@ -22,11 +22,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight, by_shard
 from bridge.egress.outlet import Direct, Outlet
-from bridge.egress.recurring import occurrence_headers, step
+from bridge.egress.recurring import sending
 from bridge.errors import StoreError
 from bridge.health import Readiness
 from bridge.journal import Journal
-from bridge.message import Headers, Priority, Scheduled, wire_headers
+from bridge.message import Priority, Scheduled, wire_headers
 from bridge.metrics import Metrics
 from bridge.store import AckBatch, Claimed, Shard, Store
 
@@ -79,6 +79,14 @@ def count_acknowledged(
         metrics.expired.labels(target_topic=target).inc(n)
     if dead_lettered:
         readiness.ok("dlq-writes")
+
+
+def journal_fates(journal: Journal, dlq: str, acks: Mapping[Shard, Acked]) -> None:
+    """Journal the fates of acknowledged records: delivered, or dead-lettered to ``dlq``."""
+    for shard, acked in acks.items():
+        journal.delivered(
+            shard, ((p.claimed.topic_id, p.fate(at_ms, dlq)) for p, at_ms in acked.delivered)
+        )
 
 
 def _watch(deliveries: Deliveries, now: float) -> None:
@@ -160,14 +168,18 @@ class Deliveries:
         callback = functools.partial(self._on_delivery, ident)
         now_ms = self._clock_ms()
         inflight.expire(now_ms, self.failures.max_lateness_ms)
+        partition = -1  # the target's partitioner decides
         if inflight.dead_letter:
             key = None if inflight.stub else record.key
             topic, headers = self.failures.dead_letter, inflight.dlq_headers()
-        elif record.recurring:
-            sending = self._occurrence(ident, inflight, now_ms)
-            if sending is None:
+        elif record.recurring:  # an occurrence, and the schedule carried on (or that alone)
+            out = sending(record, ident[0], now_ms, inflight)
+            if out is None:  # it ended on an occurrence it skipped: nothing to produce
+                self._reports.append((ident, None, now_ms, -1, -1))
                 return
-            topic, key, headers = sending
+            topic, key, headers, partition = out.topic, out.key, out.headers, out.partition
+            if out.partition >= 0:  # no occurrence: no place in the target
+                callback = functools.partial(self._on_delivery, ident, unplaced=True)
         else:
             topic, key, headers = record.target, record.delivered_key(), record.delivered_headers()
         if self.spans is not None:  # the delivered record's traceparent: its send span's
@@ -189,45 +201,11 @@ class Deliveries:
                 key=key,
                 headers=wire_headers(headers),
                 timestamp=timestamp,
+                partition=partition,
             )
         except KafkaException as exc:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))
-
-    def _occurrence(
-        self, ident: Ident, inflight: InFlight, now_ms: int
-    ) -> tuple[str, bytes | None, Headers] | None:
-        """A recurring schedule's record fell due (bridge.egress.recurring): the occurrence to
-        produce to its target, with the record carrying the schedule on beside it
-        (:attr:`InFlight.onward`). None when there is no occurrence to deliver (a missed one
-        ``delay-missed: skip`` drops): that record alone is produced here, reported with no place
-        in the target (nothing went there), or, when the schedule ended on the occurrence it
-        skipped, nothing is and the record is acknowledged at once."""
-        record = inflight.claimed.record
-        did = step(record, now_ms)
-        inflight.onward = None
-        if did.onward is not None:
-            fields = {
-                "partition": ident[0].partition,
-                "key": record.key,
-                "value": record.value,
-                "headers": wire_headers(did.onward),
-            }
-            inflight.onward = (ident[0].topic, fields)
-        if did.occurrence_ms is not None:
-            headers = occurrence_headers(record, did.occurrence_ms)
-            return record.target, record.delivered_key(), headers
-        onward, inflight.onward = inflight.onward, None
-        if onward is None:
-            self._reports.append((ident, None, now_ms, -1, -1))
-            return None
-        inflight.sent_s = time.monotonic()
-        report = functools.partial(self._on_delivery, ident, unplaced=True)
-        try:
-            self.outlet.send(ident, inflight, onward[0], report, **onward[1])
-        except KafkaException as exc:
-            self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))
-        return None
 
     def poll(self, timeout_s: float) -> None:
         """Serve the delivery reports (queued for :meth:`apply_reports`), waiting up to
@@ -335,7 +313,7 @@ class Deliveries:
         if not acks:
             return
         if self.journal is not None:
-            self._journal(acks)
+            journal_fates(self.journal, self.failures.dead_letter, acks)
         self.forget({shard: a.members for shard, a in acks.items()})
         count_acknowledged(
             self.metrics, self.readiness, [d for a in acks.values() for d in a.delivered]
@@ -343,15 +321,6 @@ class Deliveries:
         self.acked = {s: a for s, a in self.acked.items() if s not in acks}
         if not self.acked:
             self.ack_by = None
-
-    def _journal(self, acks: Mapping[Shard, Acked]) -> None:
-        """Journal the fates of acknowledged records: delivered, or dead-lettered."""
-        assert self.journal is not None
-        dlq = self.failures.dead_letter
-        for shard, acked in acks.items():
-            self.journal.delivered(
-                shard, ((p.claimed.topic_id, p.fate(at_ms, dlq)) for p, at_ms in acked.delivered)
-            )
 
     def track(self, ident: Ident, claimed: Claimed, draining: bool) -> InFlight:
         """A claimed record is in flight from now on; ``draining`` (taken from a backlog, see

@@ -31,6 +31,7 @@ from bridge.message.headers import (
     MAX_ID_BYTES,
     RECURRING_HEADERS,
     SCHEDULING,
+    STRIPPED_ON_DELIVERY,
     Cancel,
     Headers,
     Priority,
@@ -46,6 +47,7 @@ from bridge.message.headers import (
     wire_headers,
     without_value,
 )
+from bridge.message.recurrence import BadSchedule, Recurrence
 from bridge.message.rules import Rules, parse
 from bridge.message.values import (
     MAX_EPOCH_MS,
@@ -97,10 +99,13 @@ __all__ = [
     "MIN_EPOCH_MS",
     "RECURRING_HEADERS",
     "SCHEDULING",
+    "STRIPPED_ON_DELIVERY",
+    "BadSchedule",
     "Cancel",
     "Headers",
     "Priority",
     "Reason",
+    "Recurrence",
     "Rejected",
     "Rules",
     "Scheduled",

@@ -155,20 +155,21 @@ def test_a_dead_letter_copy_that_does_not_fit_goes_without_its_value(
         assert r.header(H_TARGET_TOPIC) is not None  # the headers are kept
 
 
-def test_a_recurring_schedule_goes_to_the_dlq_as_bad_schedule_not_once_as_a_one_shot(
+def test_a_schedule_that_cannot_be_goes_to_the_dlq_as_bad_schedule_not_once_as_a_one_shot(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
-    """The contract's recurring schedules are not delivered by this version: a cron record that
-    also carries a due time, an interval and a pause each reach the DLQ whole as bad-schedule,
-    nothing of them reaches the target, and their partitions go on."""
+    """A cron record whose expression cannot be (that also carries a due time), an interval
+    without the delay-id a schedule needs, and a pause (not acted on by this version) each reach
+    the DLQ whole as bad-schedule, nothing of them reaches the target, and their partitions go
+    on."""
     target = setup.targets[0].encode()
     schedules: ToPartition = [
         (
             0,
             b"digest",
-            [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_CRON, b"0 9 * * 1-5"), (H_ID, b"d")],
+            [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_CRON, b"61 9 * * 1-5"), (H_ID, b"d")],
         ),
-        (1, b"poll", [(H_TARGET_TOPIC, target), (H_EVERY, b"5m"), (H_ID, b"poll")]),
+        (1, b"poll", [(H_TARGET_TOPIC, target), (H_EVERY, b"5m")]),
         (2, None, [(H_PAUSE, b"poll")]),
     ]
     produce_to(setup.services.bootstrap, setup.delay, schedules)
@@ -184,11 +185,11 @@ def test_a_recurring_schedule_goes_to_the_dlq_as_bad_schedule_not_once_as_a_one_
     _assert_one_after_per_partition(collector, setup)
     dead = {int((r.header(H_ORIGIN) or b"").split(b":")[1]): r for r in collector.of(setup.dlq)}
     assert sorted(dead) == [0, 1, 2]
-    for partition, value, named in ((0, b"digest", "delay-cron"), (1, b"poll", "delay-every")):
+    for partition, value, named in ((0, b"digest", "delay-cron: "), (1, b"poll", "delay-id: ")):
         assert dead[partition].value == value and dead[partition].key == b"k"
         assert dead[partition].header(H_ERROR) == b"bad-schedule"
         detail = (dead[partition].header(H_ERROR_DETAIL) or b"").decode()
-        assert detail.startswith(f"{named}: this version of delay-bridge does not deliver"), detail
+        assert detail.startswith(named), detail
     assert dead[2].header(H_PAUSE) == b"poll" and dead[2].header(H_ERROR) == b"bad-schedule"
     assert metric(bridge, 'delay_bridge_dead_lettered_total{reason="bad-schedule"}') == 3
 

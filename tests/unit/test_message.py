@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
+    H_CONTINUES,
     H_COUNT,
     H_CRON,
     H_DELIVER_AT,
@@ -292,9 +293,8 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"-1s")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"")], Reason.BAD_HEADER),
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"\xff")], Reason.BAD_HEADER),
-    # A recurring schedule is refused, not delivered once as if it were a one-shot record.
+    # A schedule that cannot be is refused, not delivered once as if it were a one-shot record.
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_CRON, b"0 9 * * *")], Reason.BAD_SCHEDULE),
-    ([(H_TARGET_TOPIC, b"orders"), (H_EVERY, b"5m"), (H_ID, b"poll")], Reason.BAD_SCHEDULE),
     ([(H_PAUSE, b"poll")], Reason.BAD_SCHEDULE),
     ([(H_RESUME, b"poll")], Reason.BAD_SCHEDULE),
     ([(H_CANCEL, b"poll"), (H_CRON, b"@daily")], Reason.BAD_SCHEDULE),
@@ -304,17 +304,9 @@ BAD_CASES = [
 @pytest.mark.parametrize(
     ("headers", "detail"),
     [
-        (
-            [(H_CRON, b"0 9 * * 1-5"), (H_ID, b"digest"), (H_TIMEZONE, b"Europe/Paris")],
-            "delay-cron: this version of delay-bridge does not deliver recurring schedules; "
-            "nothing was scheduled (its first occurrence: 2026-09-22T07:00:00.000Z)",
-        ),
-        (
-            [(H_EVERY, b"5m"), (H_ID, b"poll"), (H_DELIVER_AT, str(NOW).encode())],
-            "delay-every: this version of delay-bridge does not deliver recurring schedules; "
-            f"nothing was scheduled (its first occurrence: {format_time_ms(NOW)})",
-        ),
-        ([(H_PAUSE, b"poll")], "delay-pause: this version of delay-bridge does not deliver"),
+        ([(H_PAUSE, b"poll")], "delay-pause: this version of delay-bridge does not pause"),
+        ([(H_RESUME, b"poll")], "delay-resume: this version of delay-bridge does not pause"),
+        ([(H_EVERY, b"1m"), (H_ID, b"x"), (H_CONTINUES, b"-1")], "delay-continues: an offset"),
         ([(H_AFTER, b"1s"), (H_COUNT, b"3")], "exactly one of delay-cron and delay-every"),
         ([(H_CRON, b"0 9 * * *")], "delay-id: a recurring schedule needs one of 1 to 256 bytes"),
         ([(H_CRON, b"* * * * *"), (H_EVERY, b"1m"), (H_ID, b"x")], "exactly one of delay-cron"),
@@ -339,11 +331,42 @@ BAD_CASES = [
 def test_a_recurring_schedule_is_refused_saying_what_is_wrong_with_it(
     headers: Headers, detail: str
 ) -> None:
-    """Each refusal names the header at fault; a valid schedule's says when it would have begun."""
+    """Each refusal names the header at fault."""
     with pytest.raises(Rejected) as info:
         run([(H_TARGET_TOPIC, b"orders"), *headers])
     assert info.value.reason is Reason.BAD_SCHEDULE
     assert info.value.detail.startswith(detail), info.value.detail
+
+
+@pytest.mark.parametrize(
+    ("headers", "first", "continues"),
+    [
+        # Weekdays at 09:00 in Paris: the first after the record's timestamp, in UTC.
+        ([(H_CRON, b"0 9 * * 1-5"), (H_ID, b"digest"), (H_TIMEZONE, b"Europe/Paris")], None, None),
+        ([(H_EVERY, b"5m"), (H_ID, b"poll"), (H_DELIVER_AT, str(NOW).encode())], NOW, None),
+        ([(H_EVERY, b"5m"), (H_ID, b"poll"), (H_AFTER, b"1m")], TS + 60_000, None),
+        (
+            [(H_EVERY, b"5m"), (H_ID, b"poll"), (H_DELIVER_AT, str(NOW + 7).encode())]
+            + [(H_CONTINUES, b"39")],
+            NOW + 7,
+            39,
+        ),
+    ],
+)
+def test_a_recurring_schedule_is_stored_due_at_its_first_occurrence(
+    headers: Headers, first: int | None, continues: int | None
+) -> None:
+    """Its due-time headers say when its occurrences start; the record carrying one on says
+    which record it continues."""
+    got = run([(H_TARGET_TOPIC, b"orders"), *headers])
+    assert isinstance(got, Scheduled) and got.recurring
+    if first is None:
+        assert format_time_ms(got.due_ms) == "2026-09-22T07:00:00.000Z"
+    else:
+        assert got.due_ms == first
+    assert got.delay_id == (b"digest" if first is None else b"poll").decode()
+    assert got.continues == continues
+    assert got.target == "orders"
 
 
 @pytest.mark.parametrize(("headers", "reason"), BAD_CASES)

@@ -1,0 +1,111 @@
+"""add.lua's schedule registry on the real Redis, with explicit times: a record carrying a schedule
+on is stored only while the schedule is still at the record it continues — whatever came between
+(a cancel or a record with its id read while the occurrence was in flight, or after it was
+acknowledged; the same record carried on twice)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.message import Cancel, Scheduled
+from bridge.store import AckBatch, Shard, Store, Withdrawn
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000_000
+LEASE = 30_000
+SHARD = Shard("delay", 0)
+
+
+def schedule(offset: int, due: int, continues: int | None = None, sid: str = "poll") -> Scheduled:
+    """A recurring schedule's record (its headers do not matter to the store)."""
+    return Scheduled(
+        offset,
+        due,
+        "out",
+        b"k",
+        f"v{offset}".encode(),
+        [("delay-every", b"1s"), ("delay-id", sid.encode())],
+        sid,
+        recurring=True,
+        continues=continues,
+    )
+
+
+def one_shot(offset: int, due: int, sid: str = "poll") -> Scheduled:
+    return Scheduled(offset, due, "out", b"k", b"one", [("delay-id", sid.encode())], sid)
+
+
+def add(store: Store, *records: Scheduled | Cancel) -> tuple[int, tuple[Withdrawn, ...]]:
+    added = store.add({SHARD: (max(r.offset for r in records), list(records))})
+    return added.count, added.withdrawn
+
+
+def delivered(store: Store, now: int) -> list[int]:
+    """Claim what is due at ``now`` and acknowledge it; the offsets."""
+    claimed = store.claim([SHARD], 10, LEASE, now_ms=now)
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed])})
+    return [c.record.offset for c in claimed]
+
+
+def test_a_schedule_is_carried_on_record_by_record(store: Store) -> None:
+    assert add(store, schedule(0, T0)) == (1, ())
+    claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert [c.record.offset for c in claimed] == [0]
+    assert add(store, schedule(5, T0 + 1000, continues=0)) == (1, ())  # while 0 is in flight
+    store.ack({SHARD: AckBatch(members=[c.member for c in claimed])})
+    assert delivered(store, T0 + 1000) == [5]
+    assert add(store, schedule(9, T0 + 2000, continues=5)) == (1, ())  # after 5 was acknowledged
+    assert delivered(store, T0 + 2000) == [9]
+
+
+def test_a_cancel_read_while_the_occurrence_is_in_flight_ends_the_schedule(store: Store) -> None:
+    """The cancel finds nothing waiting (the record is in flight, or acknowledged and its next
+    not read yet): the record carrying the schedule on, read after it, is not stored, and says
+    so as a withdrawal (the journal's entry keeps a rebuild from storing it)."""
+    for in_flight in (True, False):
+        prefix = store.prefix
+        store = Store(store.client, f"{prefix}-{in_flight}")
+        add(store, schedule(0, T0))
+        claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
+        if not in_flight:
+            store.ack({SHARD: AckBatch(members=[c.member for c in claimed])})
+        count, _ = add(store, Cancel(3, "poll"))
+        assert count == 0
+        count, withdrawn = add(store, schedule(4, T0 + 1000, continues=0))
+        assert count == 0
+        assert [(w.offset, w.by_offset, w.cancelled) for w in withdrawn] == [(4, 3, True)]
+        assert store.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []
+
+
+def test_a_record_carried_on_twice_is_stored_once(store: Store) -> None:
+    """Delivered again after its lease ran out, the record is carried on a second time: the
+    second copy finds the schedule moved on to the first, and is not stored — even while the
+    first is in flight itself."""
+    add(store, schedule(0, T0))
+    store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert add(store, schedule(4, T0 + 1000, continues=0))[0] == 1
+    store.claim([SHARD], 10, LEASE, now_ms=T0 + 1000)  # the first copy in flight
+    count, withdrawn = add(store, schedule(6, T0 + 1000, continues=0))
+    assert count == 0
+    assert [(w.offset, w.by_offset, w.cancelled) for w in withdrawn] == [(6, 4, False)]
+
+
+def test_a_record_with_the_schedules_id_ends_it_or_replaces_it(store: Store) -> None:
+    """A producer's new schedule with the same id takes over (what carries the old one on is
+    not stored); a one-shot record with it ends the schedule, and is delivered itself."""
+    add(store, schedule(0, T0))
+    store.claim([SHARD], 10, LEASE, now_ms=T0)
+    assert add(store, schedule(2, T0 + 500))[0] == 1  # a producer's: registered at 2
+    assert add(store, schedule(3, T0 + 1000, continues=0))[0] == 0
+    assert delivered(store, T0 + 500) == [2]
+    assert add(store, one_shot(5, T0 + 700))[0] == 1  # ends the schedule at 2
+    assert add(store, schedule(6, T0 + 1500, continues=2))[0] == 0
+    assert delivered(store, T0 + 2000) == [5]
+
+
+def test_a_registry_that_knows_nothing_takes_the_record(store: Store) -> None:
+    """A rebuilt state (or one from before the registry) has no word of the schedule: the
+    record carrying it on is stored, so no schedule is lost to a Redis that lost its data."""
+    assert add(store, schedule(7, T0 + 1000, continues=3))[0] == 1
+    assert delivered(store, T0 + 1000) == [7]

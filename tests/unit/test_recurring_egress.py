@@ -1,0 +1,188 @@
+"""A recurring schedule at the egress (bridge.egress.recurring): what each occurrence delivers, and
+the record that carries the schedule on — read back by the ingress's own parser, step after step,
+so the chain keeps the schedule's arithmetic across a zone's clock changes, its count and its end."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from confluent_kafka import KafkaError
+
+from bridge.egress.outlet import Both
+from bridge.egress.recurring import occurrence_headers, step
+from bridge.message import (
+    H_AFTER,
+    H_CONTINUES,
+    H_COUNT,
+    H_CRON,
+    H_DELIVER_AT,
+    H_DUE_AT,
+    H_EVERY,
+    H_ID,
+    H_MAX_LATENESS,
+    H_MISSED,
+    H_OCCURRENCE,
+    H_TARGET_TOPIC,
+    H_TIMEZONE,
+    H_UNTIL,
+    Headers,
+    Rules,
+    Scheduled,
+    parse,
+    parse_duration_ms,
+)
+
+RULES = Rules(
+    delay_topics=frozenset({"delay"}),
+    default_targets={},
+    allowed_targets=(re.compile(".*"),),
+    dead_letter="delay.dlq",
+    max_delay_ms=parse_duration_ms("400d"),
+    max_record_bytes=100_000,
+)
+
+
+def ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+def utc(millis: int) -> str:
+    return datetime.fromtimestamp(millis / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def read(headers: Headers, offset: int, now_ms: int) -> Scheduled:
+    """The record as the ingress stores it, produced at ``now_ms``."""
+    got = parse(
+        RULES,
+        topic="delay",
+        partition=0,
+        offset=offset,
+        timestamp_ms=now_ms,
+        key=b"k",
+        value=b"v",
+        headers=headers,
+        now_ms=now_ms,
+    )
+    assert isinstance(got, Scheduled) and got.recurring
+    return got
+
+
+def chain(headers: Headers, produced_ms: int, steps: int) -> list[tuple[int | None, Headers]]:
+    """Deliver a schedule ``steps`` times, each record at its due time, reading the record that
+    carries it on as the ingress would: each step's occurrence and that record's headers."""
+    record = read(headers, 0, produced_ms)
+    out: list[tuple[int | None, Headers]] = []
+    for n in range(1, steps + 1):
+        did = step(record, record.due_ms)
+        out.append((did.occurrence_ms, did.onward or []))
+        if did.onward is None:
+            break
+        record = read(did.onward, n, record.due_ms)
+    return out
+
+
+def test_a_cron_schedule_carried_on_keeps_its_zones_clock_changes() -> None:
+    """02:30 every day in Paris, through the night the clocks go forward (02:30 does not exist:
+    it fires at 03:00 CEST) and the night they go back (02:30 happens twice: it fires once)."""
+    spring = [(H_TARGET_TOPIC, b"out"), (H_CRON, b"30 2 * * *"), (H_ID, b"nightly")]
+    spring += [(H_TIMEZONE, b"Europe/Paris")]
+    got = [utc(o) for o, _ in chain(spring, ms("2026-03-27T12:00:00+00:00"), 4) if o is not None]
+    assert got == [
+        "2026-03-28T01:30Z",  # 02:30 CET
+        "2026-03-29T01:00Z",  # 03:00 CEST: the first instant after the gap
+        "2026-03-30T00:30Z",  # 02:30 CEST
+        "2026-03-31T00:30Z",
+    ]
+    got = [utc(o) for o, _ in chain(spring, ms("2026-10-23T12:00:00+00:00"), 4) if o is not None]
+    assert got == [
+        "2026-10-24T00:30Z",  # 02:30 CEST
+        "2026-10-25T00:30Z",  # 02:30 CEST, the first of the two: once
+        "2026-10-26T01:30Z",  # 02:30 CET
+        "2026-10-27T01:30Z",
+    ]
+
+
+def test_an_interval_counts_down_and_ends() -> None:
+    start = ms("2026-06-01T00:00:00+00:00")
+    headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"90s"), (H_ID, b"poll"), (H_COUNT, b"3")]
+    headers += [(H_DELIVER_AT, str(start).encode())]
+    steps = chain(headers, start - 5000, 10)
+    assert [o for o, _ in steps] == [start, start + 90_000, start + 180_000]
+    assert steps[-1][1] == []  # the third ends it: nothing carries it on
+    first = dict(steps[0][1])
+    assert first[H_COUNT] == b"2" and first[H_CONTINUES] == b"0"
+    assert first[H_DELIVER_AT] == str(start + 90_000).encode()
+
+
+def test_the_record_carrying_a_schedule_on_keeps_what_it_says_and_resets_its_start() -> None:
+    """Its own headers pass on (a producer's, the zone, the end); a relative start is replaced
+    by the next occurrence, absolute, so it does not count from the new record's timestamp."""
+    now = ms("2026-06-01T00:00:00+00:00")
+    headers = [
+        (H_TARGET_TOPIC, b"out"),
+        (H_EVERY, b"1h"),
+        (H_ID, b"poll"),
+        (H_AFTER, b"10m"),
+        (H_UNTIL, str(now + 3 * 3_600_000).encode()),
+        ("trace", b"abc"),
+    ]
+    did = step(read(headers, 7, now), now + 600_000)
+    assert did.occurrence_ms == now + 600_000
+    assert did.onward is not None
+    names = [k for k, _ in did.onward]
+    assert H_AFTER not in names and names.count(H_DELIVER_AT) == 1
+    assert dict(did.onward)[H_DELIVER_AT] == str(now + 600_000 + 3_600_000).encode()
+    assert dict(did.onward)[H_CONTINUES] == b"7" and dict(did.onward)["trace"] == b"abc"
+    last = read(did.onward, 8, now + 600_000)
+    assert step(last, last.due_ms).onward is not None
+    after = step(
+        read(step(last, last.due_ms).onward or [], 9, last.due_ms), last.due_ms + 3_600_000
+    )
+    assert after.onward is None  # the next would be past delay-until
+
+
+def test_missed_occurrences_at_the_egress() -> None:
+    """Come to 11.5 minutes late with a max lateness of 10 s (so the latest is missed too): ``latest`` delivers the latest
+    occurrence due by then; ``skip`` delivers none and carries the schedule on; a skipped last
+    occurrence ends it with nothing produced."""
+    start = ms("2026-06-01T00:00:00+00:00")
+    base = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p"), (H_MAX_LATENESS, b"10s")]
+    base += [(H_DELIVER_AT, str(start).encode())]
+    late = start + 10 * 60_000 + 90_000
+    latest = step(read(base, 0, start), late)
+    assert latest.occurrence_ms == start + 11 * 60_000
+    assert dict(latest.onward or [])[H_DELIVER_AT] == str(start + 12 * 60_000).encode()
+    skip = step(read([*base, (H_MISSED, b"skip")], 0, start), late)
+    assert skip.occurrence_ms is None and skip.onward is not None
+    ending = [*base, (H_MISSED, b"skip"), (H_UNTIL, str(start + 30_000).encode())]
+    assert step(read(ending, 0, start), late) == type(skip)(None, None)
+
+
+def test_an_occurrence_carries_the_schedules_id_and_instant_and_no_control_header() -> None:
+    now = ms("2026-06-01T00:00:00+00:00")
+    headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p"), ("mine", b"1")]
+    record = read([*headers, (H_DELIVER_AT, str(now).encode())], 3, now)
+    got = occurrence_headers(record, now)
+    assert got == [
+        ("mine", b"1"),
+        (H_ID, b"p"),
+        (H_DUE_AT, str(now).encode()),
+        (H_OCCURRENCE, str(now).encode()),
+    ]
+
+
+def test_two_reports_are_told_as_one() -> None:
+    """Both records in: the first's message when both went, the first error when one did not."""
+    told: list[tuple[object, object]] = []
+    both = Both(lambda err, msg: told.append((err, msg)))
+    both.second(None, None)
+    assert told == []
+    both.first(None, "occurrence")  # type: ignore[arg-type]
+    assert told == [(None, "occurrence")]
+    failed = KafkaError(KafkaError._MSG_TIMED_OUT)
+    told.clear()
+    both = Both(lambda err, msg: told.append((err, msg)))
+    both.first(None, "occurrence")  # type: ignore[arg-type]
+    both.second(failed, None)
+    assert told == [(failed, None)]
