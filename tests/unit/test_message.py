@@ -346,8 +346,12 @@ def test_a_recurring_schedule_is_refused_saying_what_is_wrong_with_it(
         ([(H_EVERY, b"5m"), (H_ID, b"poll"), (H_DELIVER_AT, str(NOW).encode())], NOW, None),
         ([(H_EVERY, b"5m"), (H_ID, b"poll"), (H_AFTER, b"1m")], TS + 60_000, None),
         (
-            [(H_EVERY, b"5m"), (H_ID, b"poll"), (H_DELIVER_AT, str(NOW + 7).encode())]
-            + [(H_CONTINUES, b"39")],
+            [
+                (H_EVERY, b"5m"),
+                (H_ID, b"poll"),
+                (H_DELIVER_AT, str(NOW + 7).encode()),
+                (H_CONTINUES, b"39"),
+            ],
             NOW + 7,
             39,
         ),

@@ -85,7 +85,7 @@ def chain(headers: Headers, produced_ms: int, steps: int) -> list[tuple[int | No
 def test_a_cron_schedule_carried_on_keeps_its_zones_clock_changes() -> None:
     """02:30 every day in Paris, through the night the clocks go forward (02:30 does not exist:
     it fires at 03:00 CEST) and the night they go back (02:30 happens twice: it fires once)."""
-    spring = [(H_TARGET_TOPIC, b"out"), (H_CRON, b"30 2 * * *"), (H_ID, b"nightly")]
+    spring: Headers = [(H_TARGET_TOPIC, b"out"), (H_CRON, b"30 2 * * *"), (H_ID, b"nightly")]
     spring += [(H_TIMEZONE, b"Europe/Paris")]
     got = [utc(o) for o, _ in chain(spring, ms("2026-03-27T12:00:00+00:00"), 4) if o is not None]
     assert got == [
@@ -105,7 +105,12 @@ def test_a_cron_schedule_carried_on_keeps_its_zones_clock_changes() -> None:
 
 def test_an_interval_counts_down_and_ends() -> None:
     start = ms("2026-06-01T00:00:00+00:00")
-    headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"90s"), (H_ID, b"poll"), (H_COUNT, b"3")]
+    headers: Headers = [
+        (H_TARGET_TOPIC, b"out"),
+        (H_EVERY, b"90s"),
+        (H_ID, b"poll"),
+        (H_COUNT, b"3"),
+    ]
     headers += [(H_DELIVER_AT, str(start).encode())]
     steps = chain(headers, start - 5000, 10)
     assert [o for o, _ in steps] == [start, start + 90_000, start + 180_000]
@@ -119,7 +124,7 @@ def test_the_record_carrying_a_schedule_on_keeps_what_it_says_and_resets_its_sta
     """Its own headers pass on (a producer's, the zone, the end); a relative start is replaced
     by the next occurrence, absolute, so it does not count from the new record's timestamp."""
     now = ms("2026-06-01T00:00:00+00:00")
-    headers = [
+    headers: Headers = [
         (H_TARGET_TOPIC, b"out"),
         (H_EVERY, b"1h"),
         (H_ID, b"poll"),
@@ -147,7 +152,12 @@ def test_missed_occurrences_at_the_egress() -> None:
     occurrence due by then; ``skip`` delivers none and carries the schedule on; a skipped last
     occurrence ends it with nothing produced."""
     start = ms("2026-06-01T00:00:00+00:00")
-    base = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p"), (H_MAX_LATENESS, b"10s")]
+    base: Headers = [
+        (H_TARGET_TOPIC, b"out"),
+        (H_EVERY, b"1m"),
+        (H_ID, b"p"),
+        (H_MAX_LATENESS, b"10s"),
+    ]
     base += [(H_DELIVER_AT, str(start).encode())]
     late = start + 10 * 60_000 + 90_000
     latest = step(read(base, 0, start), late)
@@ -155,13 +165,13 @@ def test_missed_occurrences_at_the_egress() -> None:
     assert dict(latest.onward or [])[H_DELIVER_AT] == str(start + 12 * 60_000).encode()
     skip = step(read([*base, (H_MISSED, b"skip")], 0, start), late)
     assert skip.occurrence_ms is None and skip.onward is not None
-    ending = [*base, (H_MISSED, b"skip"), (H_UNTIL, str(start + 30_000).encode())]
+    ending: Headers = [*base, (H_MISSED, b"skip"), (H_UNTIL, str(start + 30_000).encode())]
     assert step(read(ending, 0, start), late) == type(skip)(None, None)
 
 
 def test_an_occurrence_carries_the_schedules_id_and_instant_and_no_control_header() -> None:
     now = ms("2026-06-01T00:00:00+00:00")
-    headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p"), ("mine", b"1")]
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p"), ("mine", b"1")]
     record = read([*headers, (H_DELIVER_AT, str(now).encode())], 3, now)
     got = occurrence_headers(record, now)
     assert got == [
