@@ -12,6 +12,10 @@ together (in one Kafka transaction with ``egress.exactly_once``):
   partition of the delay topic, due at the next occurrence (``delay-deliver-at``), with what is
   left of its ``delay-count`` and ``delay-continues``: this record's offset.
 
+A schedule paused (``delay-pause``; the registry says so when its record is claimed,
+:attr:`Claimed.paused`) delivers nothing and is carried on all the same, with ``delay-paused``:
+its occurrences are skipped until a ``delay-resume``.
+
 The record is acknowledged once Kafka has both. So the delay topic always holds the schedule at its
 latest step (its retention never reaches a live schedule older than a step), a Redis rebuilt from
 the delay topic finds it there, and an occurrence delivered is never due again. The store takes the
@@ -39,6 +43,7 @@ from bridge.message import (
     H_MAX_LATENESS,
     H_MISSED,
     H_OCCURRENCE,
+    H_PAUSED,
     H_TIMEZONE,
     H_UNTIL,
     STRIPPED_ON_DELIVERY,
@@ -56,8 +61,8 @@ from bridge.store import Shard
 logger = logging.getLogger(__name__)
 
 # The headers the record carrying a schedule on sets afresh: its start, what is left of its count,
-# and the record it continues.
-_RESET = frozenset((H_DELIVER_AT, H_AFTER, H_COUNT, H_CONTINUES))
+# the record it continues, and whether it was paused.
+_RESET = frozenset((H_DELIVER_AT, H_AFTER, H_COUNT, H_CONTINUES, H_PAUSED))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +91,7 @@ def sending(record: Scheduled, shard: Shard, now_ms: int, inflight: InFlight) ->
     occurrence, with the record carrying it on set as ``inflight``'s :attr:`InFlight.onward`
     (produced beside it, reported as one); or, when a missed occurrence is skipped, that record
     alone, to the delay topic. None: nothing, the schedule ended on an occurrence it skipped."""
-    did = step(record, now_ms)
+    did = step(record, now_ms, paused=inflight.claimed.paused)
     inflight.onward = None
     if did.onward is not None and did.occurrence_ms is not None:
         fields = {"partition": shard.partition, "key": record.key, "value": record.value}
@@ -99,21 +104,24 @@ def sending(record: Scheduled, shard: Shard, now_ms: int, inflight: InFlight) ->
     return Sending(shard.topic, record.key, did.onward, shard.partition)
 
 
-def step(record: Scheduled, now_ms: int) -> Step:
-    """What ``record`` (a recurring schedule, due at one of its occurrences) does at ``now_ms``."""
+def step(record: Scheduled, now_ms: int, *, paused: bool = False) -> Step:
+    """What ``record`` (a recurring schedule, due at one of its occurrences) does at ``now_ms``;
+    ``paused`` (``delay-pause``): it delivers nothing, and is carried on all the same (the
+    occurrences of a paused schedule are skipped, not kept for its resume)."""
     try:
         schedule = schedule_at(record)
     except BadSchedule as exc:  # it was read the same way when stored: a bug, or a corrupt record
         logger.error("%s: %s; delivered once, as a one-shot record", record.delay_id, exc)
         return Step(record.due_ms, None)
     fire = schedule.fire(record.due_ms, now_ms)
+    deliver = None if paused else fire.deliver
     left = schedule.count
-    if left is not None and fire.deliver is not None:
+    if left is not None and deliver is not None:
         left -= 1
     after = fire.next_ms if left is None or left > 0 else None
     if after is None:
-        return Step(fire.deliver, None)
-    return Step(fire.deliver, onward_headers(record, after, left))
+        return Step(deliver, None)
+    return Step(deliver, onward_headers(record, after, left, paused=paused))
 
 
 def schedule_at(record: Scheduled) -> Recurrence:
@@ -148,15 +156,19 @@ def _read(reader: Callable[[str], int], text: str | None) -> int | None:
         raise BadSchedule(str(exc)) from None
 
 
-def onward_headers(record: Scheduled, next_ms: int, left: int | None) -> Headers:
+def onward_headers(
+    record: Scheduled, next_ms: int, left: int | None, *, paused: bool = False
+) -> Headers:
     """The headers of the record carrying ``record``'s schedule on to ``next_ms``: its own, with
-    its start at ``next_ms``, ``left`` occurrences at most (None: no limit) and the offset it
-    continues."""
+    its start at ``next_ms``, ``left`` occurrences at most (None: no limit), the offset it
+    continues and, when ``paused``, ``delay-paused``."""
     kept = [(k, v) for k, v in record.headers if k not in _RESET]
     kept.append((H_DELIVER_AT, str(next_ms).encode()))
     if left is not None:
         kept.append((H_COUNT, str(left).encode()))
     kept.append((H_CONTINUES, str(record.offset).encode()))
+    if paused:
+        kept.append((H_PAUSED, b"1"))
     return kept
 
 

@@ -43,9 +43,8 @@ H_OPERATION = "delay-operation"
 # so one that reaches its record after it was claimed or delivered delivers nothing twice.
 H_REPLACES = "delay-replaces"
 
-# A recurring schedule (cron or an interval) and the records that pause and resume one: the
-# contract names them (bridge.message.recurrence); this version delivers schedules and refuses
-# pauses and resumes as bad-schedule rather than act on them half.
+# A recurring schedule (cron or an interval) and the records that pause and resume one (the
+# contract's "Recurring schedules", bridge.message.recurrence).
 H_CRON = "delay-cron"
 H_EVERY = "delay-every"
 H_PAUSE = "delay-pause"
@@ -60,7 +59,10 @@ H_MISSED = "delay-missed"
 # Set by the bridge on the record that carries a schedule on to its next occurrence: the offset of
 # the record it continues, in the same partition (see bridge.egress.recurring).
 H_CONTINUES = "delay-continues"
-SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED, H_CONTINUES)
+# ... and, when the schedule was paused as it was carried on: what a registry that has no word of
+# the schedule (a Redis that lost its data) goes by until a pause or a resume is read again.
+H_PAUSED = "delay-paused"
+SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED, H_CONTINUES, H_PAUSED)
 # Set by the bridge on each occurrence it delivers: the instant it was scheduled for (epoch ms).
 H_OCCURRENCE = "delay-occurrence"
 # A record with any of these is about a recurring schedule (a bad-schedule if it is not one).
@@ -237,6 +239,9 @@ class Cancel:
     timestamp_ms: int = field(default=0, compare=False)
     due_ms: int | None = field(default=None, compare=False)
     more: tuple[tuple[str, int | None], ...] = field(default=(), compare=False)
+    # Not a cancel but a pause (True) or a resume (False) of the recurring schedule with
+    # ``delay_id`` (``delay-pause``, ``delay-resume``): it withdraws nothing.
+    hold: bool | None = field(default=None, compare=False)
 
     def each(self) -> list[Cancel]:
         """One cancel per delay-id the record names, in its order."""

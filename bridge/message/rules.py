@@ -149,21 +149,13 @@ def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | Non
 def _schedule(control: dict[str, bytes], base_ms: int) -> tuple[int, int | None]:
     """A recurring schedule's next occurrence (epoch ms) and the offset of the record it carries
     on from (its ``delay-continues``; None: a producer wrote it), or :class:`Rejected` as
-    bad-schedule naming what is wrong — and for a pause or a resume, that this version does not
-    act on them."""
+    bad-schedule naming what is wrong."""
     texts: dict[str, str] = {}
     for name, raw in control.items():
         try:
             texts[name] = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise Rejected(Reason.BAD_SCHEDULE, f"header {name} is not valid UTF-8") from None
-    if H_PAUSE in texts or H_RESUME in texts:
-        named = ", ".join(h for h in (H_PAUSE, H_RESUME) if h in texts)
-        raise Rejected(
-            Reason.BAD_SCHEDULE,
-            f"{named}: this version of delay-bridge does not pause or resume recurring "
-            "schedules; nothing was changed",
-        )
     try:
         lateness = texts.get(H_MAX_LATENESS)
         schedule = recurrence_of(texts, base_ms, None if lateness is None else _duration(lateness))
@@ -241,6 +233,8 @@ def parse(
                 f"a {H_CANCEL} record schedules nothing: it must not carry {' or '.join(extra)}",
             )
         return _cancel(offset, base_ms, cancels, [v for k, v in headers if k == H_DUE_AT])
+    if H_PAUSE in control or H_RESUME in control:
+        return _hold(offset, base_ms, control)
     continues = None
     if recurring:  # its due-time headers say when its occurrences start
         due_ms, continues = _schedule(control, base_ms)
@@ -298,6 +292,28 @@ def parse(
         recurring=recurring,
         continues=continues,
     )
+
+
+def _hold(offset: int, base_ms: int, control: dict[str, bytes]) -> Cancel:
+    """A record that pauses (``delay-pause: <id>``) or resumes (``delay-resume``) a recurring
+    schedule: nothing else may it carry."""
+    pause = H_PAUSE in control
+    name = H_PAUSE if pause else H_RESUME
+    extra = sorted(h for h in control if h != name)
+    if extra:
+        raise Rejected(
+            Reason.BAD_SCHEDULE,
+            f"a {name} record changes a schedule and starts none: it must not carry "
+            f"{', '.join(extra)}",
+        )
+    raw = control[name]
+    try:
+        delay_id = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Rejected(Reason.BAD_SCHEDULE, f"header {name} is not valid UTF-8") from None
+    if not 1 <= len(raw) <= MAX_ID_BYTES:
+        raise Rejected(Reason.BAD_SCHEDULE, f"header {name} must be 1 to {MAX_ID_BYTES} bytes")
+    return Cancel(offset, delay_id, base_ms, hold=pause)
 
 
 def _due_ms(deliver_at: str | None, after: str | None, base_ms: int) -> int:

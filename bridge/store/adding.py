@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.errors import KafkaFault
-from bridge.message import Cancel, Scheduled
+from bridge.message import H_PAUSED, Cancel, Scheduled
 from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
 from bridge.store.calls import AddEntries, AddOutcome, AddReply, ConfirmFirst, LocateFirst, add_argv
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
@@ -59,7 +59,7 @@ def add_call(
     replaces: dict[int, tuple[bytes, bool]] = {}
     for i, rec in enumerate(records):
         if isinstance(rec, Cancel):
-            where = wheres.get(i, b"")
+            where = wheres.get(i, b"") if rec.hold is None else (b"p" if rec.hold else b"r")
             hashed = id_hash(shard.topic, rec.delay_id)
             entries.items.append((rec.offset, "", where, rec.delay_id, hashed))
             entries.targets.append("")
@@ -78,7 +78,10 @@ def add_call(
         hashed = id_hash(shard.topic, given) if given else b""
         entries.items.append((rec.offset, at, stored, given, hashed))
         if rec.recurring and given:
-            entries.recurring.append((rec.offset, "" if rec.continues is None else rec.continues))
+            paused = rec.continues is not None and any(k == H_PAUSED for k, _ in rec.headers)
+            entries.recurring.append(
+                (rec.offset, "" if rec.continues is None else rec.continues, "1" if paused else "")
+            )
     return (
         ADD.keys(k),
         add_argv(

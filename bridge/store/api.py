@@ -40,6 +40,7 @@ from bridge.store.keys import (
 from bridge.store.layout import Layout
 from bridge.store.redis_errors import as_store_error
 from bridge.store.references import References
+from bridge.store.registry import Registry
 from bridge.store.results import (
     Added,
     Backlog,
@@ -107,6 +108,7 @@ class Store:
         self.references = References(client, self._keys, self.scripts)
         self.inventory = Inventory(client, self._keys, self.scripts)
         self.targets = Targets(client, self._keys, self.scripts)
+        self.registry = Registry(client, self._keys)
         self._one_clock = not isinstance(client, RedisCluster)
 
     def keys(self, shard: Shard) -> ShardKeys:
@@ -228,7 +230,9 @@ class Store:
                 cap_ms=cap_ms,
             )
             calls.append((CLAIM.keys(k), args.argv()))
-        return _claims(shards, self.scripts.call(CLAIM, calls), one_clock=self._one_clock)
+        claims = _claims(shards, self.scripts.call(CLAIM, calls), one_clock=self._one_clock)
+        self.registry.mark_paused(claims)
+        return claims
 
     def claim_waiting(
         self,
@@ -268,7 +272,10 @@ class Store:
             shards, replies = grouped.setdefault(target, ([], []))
             shards.append(shard)
             replies.append(reply)
-        return {t: _claims(*group, one_clock=self._one_clock) for t, group in grouped.items()}
+        got = {t: _claims(*group, one_clock=self._one_clock) for t, group in grouped.items()}
+        for claims in got.values():
+            self.registry.mark_paused(claims)
+        return got
 
     def ack(self, acks: Mapping[Shard, AckBatch]) -> int:
         """Remove records Kafka acknowledged (:class:`AckBatch`): the id index entries of those

@@ -166,8 +166,9 @@ class AddEntries:
     items: list[AddEntry] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)
     # The recurring schedules among them: (offset, the offset of the record it carries on from,
-    # "" for one a producer wrote) — see add.lua's schedule registry.
-    recurring: list[tuple[int, int | str]] = field(default_factory=list)
+    # "" for one a producer wrote, "1" when it was carried on paused) — see add.lua's schedule
+    # registry.
+    recurring: list[tuple[int, int | str, str]] = field(default_factory=list)
 
 
 def add_argv(

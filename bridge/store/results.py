@@ -24,6 +24,9 @@ class Claimed:
     # The topic id of the incarnation it belongs to ("": not known): its journal entry names it,
     # so a take-over of a retired incarnation tells its entries from the new one's at its offsets.
     topic_id: str = ""
+    # A recurring schedule the shard's registry says is paused (Registry.mark_paused): its
+    # occurrence is skipped and the schedule carried on.
+    paused: bool = False
 
     def given_id(self) -> str | None:
         """The record's delay-id if its producer gave one (only those are in the id index)."""

@@ -18,6 +18,8 @@ from bridge.message import (
     H_MAX_LATENESS,
     H_MISSED,
     H_OCCURRENCE,
+    H_PAUSE,
+    H_RESUME,
     H_TARGET_TOPIC,
     Headers,
 )
@@ -168,6 +170,40 @@ def test_occurrences_missed_before_the_bridge_got_to_them_follow_the_missed_poli
     if expected == 1:  # the latest by the time the bridge got to it: none of the ten before
         assert got[0] >= now // 1000 * 1000, (got, now)
     assert got[-1] > now  # carried on after the outage
+
+
+def test_a_paused_schedule_skips_its_occurrences_until_it_is_resumed(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Every second: paused after two occurrences, it delivers nothing for three seconds (once
+    what was on its way is out); resumed, it goes on at its next instant, and the occurrences
+    that fell while it was paused are never delivered."""
+    start = _next_second()
+    produce_to(
+        setup.services.bootstrap, setup.delay, [(0, b"p", _schedule(setup, b"held", start, b"1s"))]
+    )
+    _start(setup, bridges)
+    collector = setup.collector()
+    target = setup.targets[0]
+    try:
+        collector.until(lambda rs: len(rs) >= 2, 60, "two occurrences")
+        produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_PAUSE, b"held")])])
+        paused = time.time_ns() // 1_000_000
+        _collect(collector, 4)
+        produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_RESUME, b"held")])])
+        resumed = time.time_ns() // 1_000_000
+        collector.until(
+            lambda rs: any(int(r.header(H_OCCURRENCE) or b"0") > resumed for r in rs),
+            30,
+            "an occurrence after the resume",
+        )
+    finally:
+        collector.close()
+    got = _occurrences(collector.of(target), target)
+    assert got == sorted(set(got)), got
+    held = [t for t in got if paused + 1500 < t <= resumed]
+    assert held == [], (held, paused, resumed)  # skipped, and never delivered later
+    assert [t for t in got if t > resumed], got
 
 
 def test_a_schedule_outlives_a_redis_that_lost_its_data(

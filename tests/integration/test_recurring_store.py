@@ -109,3 +109,25 @@ def test_a_registry_that_knows_nothing_takes_the_record(store: Store) -> None:
     record carrying it on is stored, so no schedule is lost to a Redis that lost its data."""
     assert add(store, schedule(7, T0 + 1000, continues=3))[0] == 1
     assert delivered(store, T0 + 1000) == [7]
+
+
+def test_a_pause_holds_the_schedule_wherever_it_is_and_goes_on_with_it(store: Store) -> None:
+    """Paused while its occurrence is in flight: the record carrying it on is claimed paused, and
+    so is the next; resumed, the one after is not. A registry that has no word of a schedule
+    goes by the record's own delay-paused."""
+    add(store, schedule(0, T0))
+    store.claim([SHARD], 10, LEASE, now_ms=T0)
+    add(store, Cancel(1, "poll", hold=True))
+    add(store, schedule(2, T0 + 1000, continues=0))
+    [first] = store.claim([SHARD], 10, LEASE, now_ms=T0 + 1000)
+    assert first.record.offset == 2 and first.paused
+    add(store, schedule(3, T0 + 2000, continues=2))
+    add(store, Cancel(4, "poll", hold=False))
+    [second] = store.claim([SHARD], 10, LEASE, now_ms=T0 + 2000)
+    assert second.record.offset == 3 and not second.paused
+    other = Store(store.client, f"{store.prefix}-rebuilt")
+    carried = schedule(8, T0 + 3000, continues=7)
+    carried.headers.append(("delay-paused", b"1"))
+    add(other, carried)
+    [third] = other.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)
+    assert third.paused

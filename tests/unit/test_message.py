@@ -295,8 +295,9 @@ BAD_CASES = [
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_MAX_LATENESS, b"\xff")], Reason.BAD_HEADER),
     # A schedule that cannot be is refused, not delivered once as if it were a one-shot record.
     ([(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s"), (H_CRON, b"0 9 * * *")], Reason.BAD_SCHEDULE),
-    ([(H_PAUSE, b"poll")], Reason.BAD_SCHEDULE),
-    ([(H_RESUME, b"poll")], Reason.BAD_SCHEDULE),
+    ([(H_PAUSE, b"poll"), (H_RESUME, b"poll")], Reason.BAD_SCHEDULE),
+    ([(H_PAUSE, b"poll"), (H_AFTER, b"1s")], Reason.BAD_SCHEDULE),
+    ([(H_RESUME, b"")], Reason.BAD_SCHEDULE),
     ([(H_CANCEL, b"poll"), (H_CRON, b"@daily")], Reason.BAD_SCHEDULE),
 ]
 
@@ -304,8 +305,8 @@ BAD_CASES = [
 @pytest.mark.parametrize(
     ("headers", "detail"),
     [
-        ([(H_PAUSE, b"poll")], "delay-pause: this version of delay-bridge does not pause"),
-        ([(H_RESUME, b"poll")], "delay-resume: this version of delay-bridge does not pause"),
+        ([(H_PAUSE, b"poll")], "a delay-pause record changes a schedule and starts none: it "),
+        ([(H_RESUME, b"p"), (H_EVERY, b"1m")], "a delay-resume record changes a schedule and "),
         ([(H_EVERY, b"1m"), (H_ID, b"x"), (H_CONTINUES, b"-1")], "delay-continues: an offset"),
         ([(H_AFTER, b"1s"), (H_COUNT, b"3")], "exactly one of delay-cron and delay-every"),
         ([(H_CRON, b"0 9 * * *")], "delay-id: a recurring schedule needs one of 1 to 256 bytes"),
@@ -371,6 +372,23 @@ def test_a_recurring_schedule_is_stored_due_at_its_first_occurrence(
     assert got.delay_id == (b"digest" if first is None else b"poll").decode()
     assert got.continues == continues
     assert got.target == "orders"
+
+
+@pytest.mark.parametrize(("name", "pause"), [(H_PAUSE, True), (H_RESUME, False)])
+def test_a_pause_or_a_resume_names_a_schedule_and_withdraws_nothing(name: str, pause: bool) -> None:
+    got = parse(
+        RULES,
+        topic="delay",
+        partition=2,
+        offset=41,
+        timestamp_ms=TS,
+        key=b"k",
+        value=None,
+        headers=[(name, b"poll-partner")],
+        now_ms=NOW,
+    )
+    assert got == Cancel(41, "poll-partner")
+    assert isinstance(got, Cancel) and got.hold is pause and got.timestamp_ms == TS
 
 
 @pytest.mark.parametrize(("headers", "reason"), BAD_CASES)

@@ -41,8 +41,9 @@ KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lu
                               a replacement reaches a record waiting for its target's rate there
 KEYS[10] targets       HASH  target -> records held whole (see the targets HASH in _lib.lua)
 KEYS[11] schedules     HASH  the schedule registry: id hash -> "<offset>:<ms>" of the record a
-                              recurring schedule with that id is at, or "-<offset>:<ms>" of the
-                              cancel or record that ended it (ms: when it was written)
+                              recurring schedule with that id is at (":p" after it: paused), or
+                              "-<offset>:<ms>" of the cancel or record that ended it (ms: when it
+                              was written)
 KEYS[12..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
@@ -69,9 +70,10 @@ ARGV[7 + 2V + 3W] "1" when the topic has other partitions: each entry that finds
 ARGV[8 + 2V + 3W] T, then T target names, then 2 bytes per group below: the number of its
           record's target among them, 0 for a cancel and a reference (see named_targets in
           _lib.lua): each record stored whole counts in the targets HASH
-ARGV[9 + 2V + 3W + T] R, then R pairs: the offset of a recurring schedule of this batch and the
+ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of this batch, the
           offset of the record of this shard it carries on from (its delay-continues), "" for
-          one a producer wrote. A producer's schedule is stored as any record with its delay-id
+          one a producer wrote, and "1" when it says it was paused when written (its
+          delay-paused: what a registry that has no word of it goes by). A producer's schedule is stored as any record with its delay-id
           and registered at its offset. One the bridge wrote (from the record it continues, as
           its occurrence was delivered) is stored only while the registry has the schedule at
           that record, or has no word of it (a state rebuilt, or made before the registry), and
@@ -79,8 +81,10 @@ ARGV[9 + 2V + 3W + T] R, then R pairs: the offset of a recurring schedule of thi
           retry. Any other record or cancel with the id of a registered schedule ends it there
           (the registry says "-" and its offset): whatever the egress wrote from before it is
           not stored, so a cancel read while the schedule's occurrence was in flight, or before
-          the record carrying it on was read, still ends it.
-ARGV[10 + 2V + 3W + T + 2R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
+          the record carrying it on was read, still ends it. A pause or a resume (an entry like
+          a cancel's, its `where` "p" or "r") marks a registered schedule paused or not, and is
+          nothing else: the egress skips a paused schedule's occurrences and carries it on.
+ARGV[10 + 2V + 3W + T + 3R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
           index): then a `where` (_lib.lua) naming its record (its due ms -1 when it waits in no
@@ -165,9 +169,10 @@ for i = replacing + 1, at_across - 1, 3 do
 end
 local across = ARGV[at_across] == '1'
 local target_names, target_numbers, at_recurring = named_targets(ARGV, at_across + 1)
-local recurring, first = {}, at_recurring + 1 + 2 * tonumber(ARGV[at_recurring])
-for i = at_recurring + 1, first - 1, 2 do
+local recurring, paused_as, first = {}, {}, at_recurring + 1 + 3 * tonumber(ARGV[at_recurring])
+for i = at_recurring + 1, first - 1, 3 do
   recurring[ARGV[i]] = ARGV[i + 1]
+  paused_as[ARGV[i]] = ARGV[i + 2] == '1'
 end
 
 -- The schedule registry (KEYS[11]), read only when it holds something or this batch adds to it:
@@ -182,11 +187,26 @@ local function registry(hash)
   end
   return v
 end
-local function register(hash, value)
+local function register(hash, value, paused)
   stamp = stamp or now_ms('')
-  value = value .. ':' .. int(stamp)
+  value = value .. ':' .. int(stamp) .. (paused and ':p' or '')
   registered[hash] = value
   redis.call('HSET', KEYS[11], hash, value)
+end
+-- Whether the registry has the schedule paused (nil: it has no word of it, or it ended).
+local function paused_in(hash)
+  local v = registry(hash)
+  if not v or string.sub(v, 1, 1) == '-' then
+    return nil
+  end
+  return string.sub(v, -2) == ':p'
+end
+-- A pause or a resume: the schedule's flag, where the registry has it live.
+local function hold(hash, paused)
+  local v = registry_any and registry(hash)
+  if v and string.sub(v, 1, 1) ~= '-' then
+    register(hash, string.match(v, '^(%d+)'), paused)
+  end
 end
 local ended = {}
 -- Whether a record carrying the schedule `hash` names on from `from` comes too late: its schedule
@@ -338,7 +358,7 @@ local function check(hint)
 end
 for i = first, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
-    if ARGV[i + 1] == '' and ARGV[i + 2] ~= '' then
+    if ARGV[i + 1] == '' and ARGV[i + 2] ~= '' and ARGV[i + 2] ~= 'p' and ARGV[i + 2] ~= 'r' then
       check(ARGV[i + 2])
     elseif replaces[ARGV[i]] then
       check(replaces[ARGV[i]])
@@ -446,7 +466,11 @@ for i = first, #ARGV, 5 do
   else
     local score, member, id, hash = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     local place = (i - first) / 5  -- in the batch, from 0
-    if score == '' then
+    if score == '' and (member == 'p' or member == 'r') then
+      if hash ~= '' then
+        hold(hash, member == 'p')
+      end
+    elseif score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
       local by_default, took, _ = false, nil, nil
       if not done and member ~= '' then  -- a default id: where the caller found its record
@@ -493,7 +517,11 @@ for i = first, #ARGV, 5 do
       members[#members + 1] = member
       held[string.sub(member, 1, 8)] = true
       id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
-      register(hash, ARGV[i])
+      local paused = paused_in(hash)
+      if paused == nil then
+        paused = paused_as[ARGV[i]]
+      end
+      register(hash, ARGV[i], paused)
       added = added + 1
     elseif recurring[ARGV[i]] and recurring[ARGV[i]] ~= '' then
       -- Its schedule ended or moved on (noted by superseded): nothing of it is written.

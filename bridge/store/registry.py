@@ -1,0 +1,51 @@
+"""The schedule registry add.lua keeps per shard (``…:schedules``), read: which recurring
+schedules are paused when their records are claimed, and what the registry holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import redis
+
+from bridge.store.ids import id_hash
+from bridge.store.keys import Keys, Shard
+from bridge.store.redis_errors import as_store_error
+from bridge.store.results import Claimed
+
+PAUSED = b":p"  # the end of a registry entry of a paused schedule (add.lua)
+
+
+class Registry:
+    """Reads of the schedule registry, a round trip each."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+
+    def mark_paused(self, claimed: Sequence[Claimed]) -> None:
+        """Set :attr:`Claimed.paused` on the recurring schedules among ``claimed`` that their
+        shard's registry says are paused (one pipelined read, and none without a schedule)."""
+        schedules = [c for c in claimed if c.record.recurring]
+        if not schedules:
+            return
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for c in schedules:
+                pipe.hget(self.keys.of(c.shard.base()).schedules, cast(str, _field(c)))
+            entries = cast(list[bytes | None], pipe.execute())
+        for c, entry in zip(schedules, entries, strict=True):
+            c.paused = entry is not None and entry.endswith(PAUSED) and not entry.startswith(b"-")
+
+    def entries(self, shards: Sequence[Shard]) -> dict[Shard, dict[bytes, bytes]]:
+        """Each shard's registry: id hash -> its entry (see add.lua)."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hgetall(self.keys.of(shard).schedules)
+            replies = cast(list[dict[bytes, bytes]], pipe.execute())
+        return dict(zip(shards, replies, strict=True))
+
+
+def _field(claimed: Claimed) -> bytes:
+    return id_hash(claimed.shard.topic, claimed.record.delay_id)
