@@ -87,3 +87,33 @@ def read_back(
     finally:
         reader.close()
     return out
+
+
+def records_at(
+    config: Config, shard: Shard, offsets: Sequence[int], now_ms: int
+) -> list[Scheduled]:
+    """The records at ``offsets`` of ``shard`` in the delay topic, as the ingress parsed them (one
+    consumer, never a group member); those gone, unreadable or refused are left out."""
+    from confluent_kafka import Consumer, KafkaException
+
+    from bridge.dialects import parse_message
+    from bridge.readback import Reader
+
+    reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
+    try:
+        messages = reader.read(shard, sorted(offsets))
+    except (BridgeError, KafkaException):
+        return []
+    finally:
+        reader.close()
+    rules, out = config.rules(), []
+    for offset, msg in sorted(messages.items()):
+        if msg is None:  # gone from the delay topic
+            continue
+        try:
+            got = parse_message(rules, (shard.topic, shard.partition, offset), msg, now_ms)
+        except Rejected:
+            continue
+        if isinstance(got, Scheduled):
+            out.append(got)
+    return out

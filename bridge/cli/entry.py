@@ -10,6 +10,7 @@ with code 2 (1 for a failed run); never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import NoReturn
 
 from bridge import __version__, ops
 from bridge.cli.args import count
-from bridge.cli.records import produce_command, write_command
+from bridge.cli.records import hold_command, produce_command, write_command
 from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
@@ -81,9 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument(
         "--target", help="topic to deliver to (default: topics.default_target of the delay topic)"
     )
-    when = produce.add_mutually_exclusive_group(required=True)
-    when.add_argument("--after", help="delay from now: 250ms, 30s, 15m, 2h, 7d, 1h30m")
-    when.add_argument("--at", help="due time: epoch ms or RFC 3339 (2026-11-21T10:00:00Z)")
+    when = produce.add_mutually_exclusive_group()
+    when.add_argument(
+        "--after", help="delay from now: 250ms, 30s, 15m, 2h, 7d, 1h30m (a schedule's start)"
+    )
+    when.add_argument(
+        "--at", help="due time: epoch ms or RFC 3339 (2026-11-21T10:00:00Z) (a schedule's start)"
+    )
+    recurring = produce.add_mutually_exclusive_group()
+    recurring.add_argument(
+        "--cron", help="a recurring schedule: five cron fields ('0 9 * * 1-5') or @daily, …"
+    )
+    recurring.add_argument("--every", help="a recurring schedule: every 30s, 5m, 1h30m, …")
+    produce.add_argument("--tz", help="the time zone of --cron (IANA, default UTC)")
+    produce.add_argument("--until", help="a schedule's end: epoch ms or RFC 3339")
+    produce.add_argument("--count", help="a schedule's occurrences at most")
+    produce.add_argument(
+        "--missed", help="a schedule's missed occurrences: latest (default), all, skip"
+    )
     produce.add_argument("--key", help="record key")
     produce.add_argument("--target-key", help="key of the delivered record (default: --key)")
     produce.add_argument("--id", help="delay-id: the schedule's id (1-256 bytes of UTF-8)")
@@ -100,6 +116,34 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument(
         "value", nargs="?", default="-", help="record value; - (default) reads one record per line"
     )
+    schedules = sub.add_parser(
+        "schedules", help="list the recurring schedules, or pause or resume one"
+    )
+    schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
+    listed_schedules = schedules_sub.add_parser(
+        "list", help="each live schedule with its next three occurrences, in its zone and UTC"
+    )
+    with_config(listed_schedules)
+    listed_schedules.add_argument(
+        "--topic", action="append", help="a delay topic (repeatable; default: all)"
+    )
+    listed_schedules.add_argument(
+        "--limit", type=count, default=100, help="show at most this many (100)"
+    )
+    listed_schedules.add_argument("--json", action="store_true", help="JSON for scripts")
+    for verb in ("pause", "resume"):
+        held = schedules_sub.add_parser(verb, help=f"{verb} the recurring schedule with --id")
+        with_config(held)
+        held.add_argument("--id", required=True, help="the schedule's delay-id")
+        held.add_argument("--topic", help="delay topic (default: the first in config)")
+        held.add_argument(
+            "--key",
+            help="key to send it with when the schedule is not found (its partition: where the "
+            "schedule's own key maps)",
+        )
+        held.add_argument(
+            "--timeout", default="10s", help="how long to try reaching Kafka and delivering (10s)"
+        )
     cancel = sub.add_parser(
         "cancel", help="cancel a waiting record by its delay-id, or every one a filter matches"
     )
@@ -239,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "produce":
             return produce_command(args, load(args.config))
+        if args.command == "schedules" and args.schedules_command == "list":
+            return _schedules(args, load(args.config))
+        if args.command == "schedules":
+            return hold_command(args, load(args.config))
         if args.command in ("cancel", "fire", "reschedule"):
             return write_command(args.command, args, load(args.config))
         if args.command == "status":
@@ -289,6 +337,19 @@ def _list(args: argparse.Namespace, config: Config) -> int:
         return _said(answer)
     ops.print_waiting(answer.records, answer.total, answer.skip)
     return 0
+
+
+def _schedules(args: argparse.Namespace, config: Config) -> int:
+    topics = args.topic or list(config.topics.delay)
+    rows = ops.schedules(config, topics, args.limit)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+    else:
+        for row in rows:
+            print("\n".join(row.lines()))
+        if not rows:
+            print(f"no recurring schedule in {', '.join(topics)}", file=sys.stderr)
+    return 0 if rows else 1
 
 
 def _trace(args: argparse.Namespace, config: Config) -> int:

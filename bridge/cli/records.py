@@ -26,30 +26,62 @@ from bridge.errors import UsageError
 from bridge.message import (
     CONTROL_HEADERS,
     H_AFTER,
+    H_COUNT,
+    H_CRON,
     H_DELIVER_AT,
+    H_EVERY,
     H_ID,
+    H_MISSED,
+    H_PAUSE,
     H_PRIORITY,
+    H_RESUME,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
+    H_TIMEZONE,
+    H_UNTIL,
     Headers,
     Priority,
     format_time_ms,
     parse_duration_ms,
     parse_time_ms,
+    recurrence_of,
     wall_ms,
+)
+
+# produce's options for a recurring schedule, and the header each sets.
+_SCHEDULE_OPTIONS = (
+    ("cron", H_CRON),
+    ("every", H_EVERY),
+    ("tz", H_TIMEZONE),
+    ("until", H_UNTIL),
+    ("count", H_COUNT),
+    ("missed", H_MISSED),
 )
 
 
 def _headers(args: argparse.Namespace, target: str | None, dialect: str | None) -> Headers:
+    recurring = args.cron is not None or args.every is not None
+    given = [f"--{o}" for o, _ in _SCHEDULE_OPTIONS if getattr(args, o) is not None]
+    if given and not recurring:
+        raise UsageError(f"{', '.join(given)}: only with --cron or --every (a recurring schedule)")
+    if recurring and args.id is None:
+        raise UsageError("--id is required with --cron or --every: it names the schedule")
+    if not recurring and args.after is None and args.at is None:
+        raise UsageError("one of --after, --at, --cron or --every is required")
     if dialect == KASPR:
+        if recurring:
+            raise UsageError("--cron/--every: Kaspr's headers have no recurring schedule")
         return _kaspr_headers(args, target)
     headers = _extra_headers(args)
     if target is not None:
         headers.append((H_TARGET_TOPIC, target.encode()))
     if args.after is not None:
         headers.append((H_AFTER, args.after.encode()))
-    else:
+    elif args.at is not None:
         headers.append((H_DELIVER_AT, args.at.encode()))
+    for option, header in _SCHEDULE_OPTIONS:
+        if getattr(args, option) is not None:
+            headers.append((header, getattr(args, option).encode()))
     if args.target_key is not None:
         headers.append((H_TARGET_KEY, args.target_key.encode()))
     if args.id is not None:
@@ -139,8 +171,39 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
     placed = functools.partial(_say, "scheduled")
     how = ops.Sending(args.timeout, placed=placed)
     count = ops.send(config, topic, records(), how, voice, target=target)
-    if args.at is not None and count:
+    if count and (args.cron is not None or args.every is not None):
+        _say_upcoming(headers)
+    elif args.at is not None and count:
         print(f"{count} record(s) due at {format_time_ms(parse_time_ms(args.at))}", file=sys.stderr)
+    return 0
+
+
+def _say_upcoming(headers: Headers) -> None:
+    """A schedule's next three occurrences, in its zone and in UTC (on stderr)."""
+    texts = {k: (v or b"").decode() for k, v in headers}
+    schedule = recurrence_of(texts, wall_ms())
+    for at in schedule.upcoming(schedule.start_ms - 1, 3):
+        print(f"occurs {schedule.local(at).isoformat()} ({format_time_ms(at)})", file=sys.stderr)
+
+
+def hold_command(args: argparse.Namespace, config: Config) -> int:
+    """``schedules pause|resume --id``: the record that pauses or resumes the recurring schedule,
+    to the partition where the schedule is (its registry says), else to ``--key``'s."""
+    topic = ops.delay_topic(config, args.topic)
+    header = H_PAUSE if args.schedules_command == "pause" else H_RESUME
+    headers: Headers = [(header, args.id.encode())]
+    key = args.key.encode() if args.key is not None else None
+    rules = config.rules()
+    ops.check_record(rules, topic, key, None, headers)
+    partitions = ops.schedule_partitions(config, topic, args.id)
+    if not partitions and key is None:
+        raise UsageError(
+            f"no recurring schedule with delay-id {args.id!r} in {topic} (ended, or not read "
+            "yet): give --key to send it to that key's partition all the same"
+        )
+    partition = partitions[0] if partitions else None
+    how = ops.Sending(args.timeout, placed=functools.partial(_say, f"{args.schedules_command}d"))
+    ops.send(config, topic, iter([(key, None, headers, partition)]), how, Terminal().voice())
     return 0
 
 

@@ -48,7 +48,7 @@ from bridge.message.headers import (
     wire_headers,
     without_value,
 )
-from bridge.message.recurrence import BadSchedule, Recurrence
+from bridge.message.recurrence import BadSchedule, Recurrence, recurrence_of
 from bridge.message.rules import Rules, parse
 from bridge.message.values import (
     MAX_EPOCH_MS,
@@ -128,6 +128,7 @@ __all__ = [
     "parse_time_ms",
     "parse_when",
     "record_size",
+    "recurrence_of",
     "stub_detail",
     "topic_refusal",
     "wall_ms",

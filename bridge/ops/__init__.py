@@ -72,6 +72,7 @@ from bridge.ops.records import (
     waiting,
 )
 from bridge.ops.replay import Replayed, replay
+from bridge.ops.schedules import ScheduleRow, schedule_partitions, schedules
 from bridge.ops.send import Placed, Sending, Voice, send
 from bridge.ops.trace import print_trace, trace
 
@@ -98,6 +99,7 @@ __all__ = [
     "ReplayAsk",
     "Replayed",
     "RescheduleAsk",
+    "ScheduleRow",
     "Sending",
     "Sent",
     "StatusAnswer",
@@ -132,6 +134,8 @@ __all__ = [
     "replay",
     "replay_dead_letters",
     "reschedule",
+    "schedule_partitions",
+    "schedules",
     "send",
     "status",
     "status_answer",

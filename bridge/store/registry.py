@@ -37,6 +37,18 @@ class Registry:
         for c, entry in zip(schedules, entries, strict=True):
             c.paused = entry is not None and entry.endswith(PAUSED) and not entry.startswith(b"-")
 
+    def live(self, shards: Sequence[Shard], delay_id: str) -> list[Shard]:
+        """The ``shards`` (of one delay topic) whose registry has a live schedule ``delay_id``."""
+        if not shards:
+            return []
+        field = cast(str, id_hash(shards[0].topic, delay_id))
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hget(self.keys.of(shard).schedules, field)
+            entries = cast(list[bytes | None], pipe.execute())
+        return [s for s, e in zip(shards, entries, strict=True) if e and not e.startswith(b"-")]
+
     def entries(self, shards: Sequence[Shard]) -> dict[Shard, dict[bytes, bytes]]:
         """Each shard's registry: id hash -> its entry (see add.lua)."""
         with as_store_error():

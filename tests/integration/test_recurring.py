@@ -4,6 +4,8 @@ schedule carried on through the delay topic until its count, its end, a cancel o
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -24,6 +26,8 @@ from bridge.message import (
     Headers,
 )
 from testbed.harness import Bridge, Collector, Received, Setup, produce_to, wipe
+from testbed.services import ROOT
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -228,6 +232,64 @@ def test_a_schedule_outlives_a_redis_that_lost_its_data(
     finally:
         collector.close()
     assert sorted(_occurrences(collector.records, target)) == [start + k * 1000 for k in range(8)]
+
+
+def _cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args],
+        cwd=ROOT,
+        env=setup.bridge().env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_command_line_makes_lists_pauses_resumes_and_cancels_a_schedule(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``produce --cron --tz --id`` schedules it and says when it next occurs; ``schedules list``
+    shows it with its next three occurrences in its zone and in UTC; ``schedules pause`` and
+    ``resume`` mark it; ``cancel --id`` ends it and the list is empty again. A schedule without
+    an id is refused before anything is sent."""
+    _start(setup, bridges)
+    target = setup.targets[0]
+    refused = _cli(setup, "produce", "--target", target, "--every", "1h", "v")
+    assert refused.returncode == 2 and "--id is required" in refused.stderr, refused.stderr
+    made = _cli(
+        setup,
+        "produce",
+        "--target",
+        target,
+        "--cron",
+        "0 9 * * 1-5",
+        "--tz",
+        "Europe/Paris",
+        "--id",
+        "digest",
+        "--key",
+        "d",
+        "hello",
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stderr.count("occurs ") == 3 and "T09:00:00+0" in made.stderr, made.stderr
+
+    def listed() -> str:
+        got = _cli(setup, "schedules", "list")
+        return got.stdout if got.returncode == 0 else ""
+
+    wait_for(lambda: "digest: cron '0 9 * * 1-5' in Europe/Paris" in listed(), 30, "listed")
+    text = listed()
+    assert text.count("  next ") == 3 and "T09:00:00+0" in text and "paused" not in text, text
+    assert _cli(setup, "schedules", "pause", "--id", "digest").returncode == 0
+    wait_for(lambda: "(paused" in listed(), 30, "listed as paused")
+    assert _cli(setup, "schedules", "resume", "--id", "digest").returncode == 0
+    wait_for(lambda: "(paused" not in listed() and "digest" in listed(), 30, "resumed")
+    assert _cli(setup, "cancel", "--id", "digest").returncode == 0
+    wait_for(lambda: _cli(setup, "schedules", "list").returncode == 1, 30, "no schedule left")
+    unknown = _cli(setup, "schedules", "pause", "--id", "nothing")
+    assert unknown.returncode != 0 and "no recurring schedule" in unknown.stderr, unknown.stderr
 
 
 def _collect(collector: Collector, seconds: float) -> None:
