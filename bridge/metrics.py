@@ -157,33 +157,7 @@ class Metrics:
             ["priority"],
             registry=registry,
         )
-        self.references = Gauge(
-            "delay_bridge_references_messages",
-            "Far-future records Redis holds as references, to be read back from the delay topic "
-            "store.fetch_ahead before they fall due (owned partitions)",
-            registry=registry,
-        )
-        self.waiting = Gauge(
-            "delay_bridge_waiting_messages",
-            "Records Redis holds whole per target topic, waiting or in flight (owned partitions; "
-            "not references): what limits.max_waiting_per_target counts. The 100 targets "
-            'with the most; the rest summed as target_topic="(other)"',
-            ["target_topic"],
-            registry=registry,
-        )
-        self.waiting_quota = Gauge(
-            "delay_bridge_waiting_quota_messages",
-            "limits.max_waiting_per_target of each target delay_bridge_waiting_messages names",
-            ["target_topic"],
-            registry=registry,
-        )
-        self.stored_bytes = Gauge(
-            "delay_bridge_stored_bytes",
-            "Redis memory of the owned partitions' records (tier full: records held whole, waiting "
-            "or in flight; tier reference: references), from MEMORY USAGE with 5 samples per key",
-            ["tier"],
-            registry=registry,
-        )
+        self._held_gauges(registry)
         self.read_back = Counter(
             "delay_bridge_read_back",
             "References read back from the delay topic: stored (whole, for delivery), missing "
@@ -335,6 +309,38 @@ class Metrics:
             self.stored_bytes.labels(tier=tier)
         for priority in Priority:  # a series from the start: 0, not "no data", to alert on
             self.lateness.labels(priority=priority.label)
+
+    def _held_gauges(self, registry: CollectorRegistry) -> None:
+        """The gauges of what Redis holds for the owned partitions (bridge.sampler)."""
+        self.references = Gauge(
+            "delay_bridge_references_messages",
+            "Far-future records Redis holds as references, to be read back from the delay topic "
+            "store.fetch_ahead before they fall due (owned partitions)",
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "delay_bridge_waiting_messages",
+            "Records Redis holds whole per target topic, waiting or in flight (owned partitions; "
+            "not references): what limits.max_waiting_per_target counts. The 100 targets "
+            'with the most; the rest summed as target_topic="(other)"',
+            ["target_topic"],
+            registry=registry,
+        )
+        recurring = "Recurring schedules of the owned partitions: running or paused"
+        self.schedules = Gauge("delay_bridge_schedules", recurring, ["state"], registry=registry)
+        self.waiting_quota = Gauge(
+            "delay_bridge_waiting_quota_messages",
+            "limits.max_waiting_per_target of each target delay_bridge_waiting_messages names",
+            ["target_topic"],
+            registry=registry,
+        )
+        self.stored_bytes = Gauge(
+            "delay_bridge_stored_bytes",
+            "Redis memory of the owned partitions' records (tier full: records held whole, waiting "
+            "or in flight; tier reference: references), from MEMORY USAGE with 5 samples per key",
+            ["tier"],
+            registry=registry,
+        )
 
     def declare_delay_topics(self, topics: Iterable[str]) -> None:
         """Create the per-delay-topic series at 0, so alerts see them from start-up."""

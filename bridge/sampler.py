@@ -1,7 +1,7 @@
 """The gauges of what Redis holds, sampled on a short timer.
 
-Backlog, per-target waiting records and their quotas, stored bytes: each a figure Redis keeps
-per shard, summed over the shards this replica owns."""
+Backlog, per-target waiting records and their quotas, recurring schedules, stored bytes: each a
+figure Redis keeps per shard, summed over the shards this replica owns."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ class Sampler:
         try:
             backlog = self.store.backlog(shards, now_ms, self.due_by_ms)
             waiting = self.store.targets.waiting_by_target(sorted(owned))
+            schedules, paused = self.store.registry.counts(sorted(owned))
         except StoreError as exc:
             self.metrics.ready.set(0)
             self.metrics.redis_errors.labels(stage="metrics").inc()
@@ -75,6 +76,8 @@ class Sampler:
                 overdue += max(0, in_flight - sum(known.values()))
             m.overdue.labels(priority=priority.label).set(overdue)
         m.inflight.set(backlog.inflight)
+        m.schedules.labels(state="running").set(schedules - paused)
+        m.schedules.labels(state="paused").set(paused)
         m.references.set(backlog.references)
         self._sample_waiting(waiting)
         self._sample_bytes(sorted(owned))

@@ -16,7 +16,9 @@ A schedule paused (``delay-pause``; the registry says so when its record is clai
 :attr:`Claimed.paused`) delivers nothing and is carried on all the same, with ``delay-paused``:
 its occurrences are skipped until a ``delay-resume``.
 
-The record is acknowledged once Kafka has both. So the delay topic always holds the schedule at its
+After the last occurrence (its count or its end reached) the second record is one that ends the
+schedule (``delay-ended``), so the store's registry forgets it. The record is acknowledged once
+Kafka has both. So the delay topic always holds the schedule at its
 latest step (its retention never reaches a live schedule older than a step), a Redis rebuilt from
 the delay topic finds it there, and an occurrence delivered is never due again. The store takes the
 record that carries a schedule on only while its registry still has the schedule at the record it
@@ -38,6 +40,7 @@ from bridge.message import (
     H_CRON,
     H_DELIVER_AT,
     H_DUE_AT,
+    H_ENDED,
     H_EVERY,
     H_ID,
     H_MAX_LATENESS,
@@ -86,22 +89,39 @@ class Sending:
     partition: int = -1
 
 
-def sending(record: Scheduled, shard: Shard, now_ms: int, inflight: InFlight) -> Sending | None:
+def sending(record: Scheduled, shard: Shard, now_ms: int, inflight: InFlight) -> Sending:
     """What to produce of ``record`` (a recurring schedule of ``shard``) at ``now_ms``: its
-    occurrence, with the record carrying it on set as ``inflight``'s :attr:`InFlight.onward`
-    (produced beside it, reported as one); or, when a missed occurrence is skipped, that record
-    alone, to the delay topic. None: nothing, the schedule ended on an occurrence it skipped."""
+    occurrence, with the record carrying the schedule on — or, after its last occurrence, the
+    record that ends it (:func:`end_headers`) — set as ``inflight``'s :attr:`InFlight.onward`
+    (produced beside it, reported as one); or, when no occurrence is delivered (missed and
+    skipped, or paused), that record alone, to the schedule's partition of the delay topic."""
     did = step(record, now_ms, paused=inflight.claimed.paused)
-    inflight.onward = None
-    if did.onward is not None and did.occurrence_ms is not None:
-        fields = {"partition": shard.partition, "key": record.key, "value": record.value}
-        inflight.onward = (shard.topic, {**fields, "headers": wire_headers(did.onward)})
+    ended = did.onward is None
+    headers = end_headers(record) if ended else did.onward
+    assert headers is not None
+    fields = {
+        "partition": shard.partition,
+        "key": record.key,
+        "value": None if ended else record.value,
+        "headers": wire_headers(headers),
+    }
     if did.occurrence_ms is not None:
-        headers = occurrence_headers(record, did.occurrence_ms)
-        return Sending(record.target, record.delivered_key(), headers)
-    if did.onward is None:
-        return None
-    return Sending(shard.topic, record.key, did.onward, shard.partition)
+        inflight.onward = (shard.topic, fields)
+        return Sending(
+            record.target, record.delivered_key(), occurrence_headers(record, did.occurrence_ms)
+        )
+    inflight.onward = None
+    return Sending(shard.topic, record.key, headers, shard.partition)
+
+
+def end_headers(record: Scheduled) -> Headers:
+    """The record that ends ``record``'s schedule (its last occurrence delivered or skipped):
+    the store's registry forgets the schedule when it reads it (see add.lua)."""
+    return [
+        (H_ID, record.delay_id.encode()),
+        (H_CONTINUES, str(record.offset).encode()),
+        (H_ENDED, b"1"),
+    ]
 
 
 def step(record: Scheduled, now_ms: int, *, paused: bool = False) -> Step:

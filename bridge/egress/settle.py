@@ -174,9 +174,6 @@ class Deliveries:
             topic, headers = self.failures.dead_letter, inflight.dlq_headers()
         elif record.recurring:  # an occurrence, and the schedule carried on (or that alone)
             out = sending(record, ident[0], now_ms, inflight)
-            if out is None:  # it ended on an occurrence it skipped: nothing to produce
-                self._reports.append((ident, None, now_ms, -1, -1))
-                return
             topic, key, headers, partition = out.topic, out.key, out.headers, out.partition
             if out.partition >= 0:  # no occurrence: no place in the target
                 callback = functools.partial(self._on_delivery, ident, unplaced=True)

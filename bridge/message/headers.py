@@ -62,7 +62,10 @@ H_CONTINUES = "delay-continues"
 # ... and, when the schedule was paused as it was carried on: what a registry that has no word of
 # the schedule (a Redis that lost its data) goes by until a pause or a resume is read again.
 H_PAUSED = "delay-paused"
-SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED, H_CONTINUES, H_PAUSED)
+# ... or, on the record the bridge writes when a schedule's last occurrence is delivered (its count
+# or its end reached): the schedule ends at the record it continues (the registry forgets it).
+H_ENDED = "delay-ended"
+SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED, H_CONTINUES, H_PAUSED, H_ENDED)
 # Set by the bridge on each occurrence it delivers: the instant it was scheduled for (epoch ms).
 H_OCCURRENCE = "delay-occurrence"
 # A record with any of these is about a recurring schedule (a bad-schedule if it is not one).
@@ -242,6 +245,9 @@ class Cancel:
     # Not a cancel but a pause (True) or a resume (False) of the recurring schedule with
     # ``delay_id`` (``delay-pause``, ``delay-resume``): it withdraws nothing.
     hold: bool | None = field(default=None, compare=False)
+    # Not a cancel but the end of the schedule with ``delay_id`` at the record at this offset
+    # (``delay-ended``, written by the bridge with its last occurrence): it withdraws nothing.
+    ends: int | None = field(default=None, compare=False)
 
     def each(self) -> list[Cancel]:
         """One cancel per delay-id the record names, in its order."""

@@ -15,6 +15,7 @@ from bridge.message.headers import (
     H_CONTINUES,
     H_DELIVER_AT,
     H_DUE_AT,
+    H_ENDED,
     H_ID,
     H_MAX_LATENESS,
     H_PAUSE,
@@ -235,6 +236,8 @@ def parse(
         return _cancel(offset, base_ms, cancels, [v for k, v in headers if k == H_DUE_AT])
     if H_PAUSE in control or H_RESUME in control:
         return _hold(offset, base_ms, control)
+    if H_ENDED in control:
+        return _ended(offset, base_ms, control)
     continues = None
     if recurring:  # its due-time headers say when its occurrences start
         due_ms, continues = _schedule(control, base_ms)
@@ -314,6 +317,25 @@ def _hold(offset: int, base_ms: int, control: dict[str, bytes]) -> Cancel:
     if not 1 <= len(raw) <= MAX_ID_BYTES:
         raise Rejected(Reason.BAD_SCHEDULE, f"header {name} must be 1 to {MAX_ID_BYTES} bytes")
     return Cancel(offset, delay_id, base_ms, hold=pause)
+
+
+def _ended(offset: int, base_ms: int, control: dict[str, bytes]) -> Cancel:
+    """The record the bridge writes with a schedule's last occurrence: ``delay-id``,
+    ``delay-continues`` (the record it ends at) and ``delay-ended``, nothing else."""
+    ends = parse_count((control.get(H_CONTINUES) or b"").decode("ascii", "replace").strip())
+    extra = sorted(h for h in control if h not in (H_ENDED, H_CONTINUES, H_ID))
+    raw = control.get(H_ID, b"")
+    if ends is None or extra or not 1 <= len(raw) <= MAX_ID_BYTES:
+        raise Rejected(
+            Reason.BAD_SCHEDULE,
+            f"a {H_ENDED} record names a schedule ({H_ID}) and the record it ends at "
+            f"({H_CONTINUES}), and nothing else",
+        )
+    try:
+        delay_id = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Rejected(Reason.BAD_SCHEDULE, f"header {H_ID} is not valid UTF-8") from None
+    return Cancel(offset, delay_id, base_ms, ends=ends)
 
 
 def _due_ms(deliver_at: str | None, after: str | None, base_ms: int) -> int:

@@ -22,8 +22,6 @@ from bridge.message import (
 )
 from bridge.ops.records import delay_shards, store_of
 
-PAUSED = b":p"  # the end of a paused schedule's registry entry (add.lua)
-
 
 @dataclass(frozen=True)
 class ScheduleRow:
@@ -61,17 +59,13 @@ def schedules(config: Config, topics: Sequence[str], limit: int) -> list[Schedul
     shards = delay_shards(config, topics)
     store = store_of(config)
     try:
-        registry = store.registry.entries(shards)
+        registry = store.registry.at(shards)
     finally:
         store.client.close()
     rows: list[ScheduleRow] = []
     now = wall_ms()
     for shard in shards:
-        live = {
-            int(entry.split(b":")[0]): entry.endswith(PAUSED)
-            for entry in registry[shard].values()
-            if not entry.startswith(b"-")
-        }
+        live = registry[shard]
         chosen = sorted(live)[: max(0, limit - len(rows))]
         if not chosen:
             continue

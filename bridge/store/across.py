@@ -209,8 +209,8 @@ def default_id_wheres(
     for i, c in enumerate(batch):
         if isinstance(c, Scheduled) and c.default_of is not None:
             continue  # its own default id (the parser says so): no other record's
-        if isinstance(c, Cancel) and c.hold is not None:
-            continue  # a pause or a resume: it names a schedule, never by a default id
+        if isinstance(c, Cancel) and (c.hold is not None or c.ends is not None):
+            continue  # a pause, a resume or an end: it names a schedule, never by a default id
         o = replaced_exactly(shard, c)
         if o is None:
             o = default_id_offset(shard, c.delay_id)

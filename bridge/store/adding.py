@@ -59,7 +59,12 @@ def add_call(
     replaces: dict[int, tuple[bytes, bool]] = {}
     for i, rec in enumerate(records):
         if isinstance(rec, Cancel):
-            where = wheres.get(i, b"") if rec.hold is None else (b"p" if rec.hold else b"r")
+            where = wheres.get(i, b"")
+            if rec.hold is not None:  # a pause or a resume
+                where = b"p" if rec.hold else b"r"
+            elif rec.ends is not None:  # a schedule's end, at the record it continues
+                where = b"e"
+                entries.recurring.append((rec.offset, rec.ends, ""))
             hashed = id_hash(shard.topic, rec.delay_id)
             entries.items.append((rec.offset, "", where, rec.delay_id, hashed))
             entries.targets.append("")

@@ -1,5 +1,7 @@
-"""The schedule registry add.lua keeps per shard (``…:schedules``), read: which recurring
-schedules are paused when their records are claimed, and what the registry holds."""
+"""Reads of the schedule registry add.lua keeps per shard (``…:schedules``).
+
+Which recurring schedules are paused when their records are claimed, where each live one is, and
+how many run."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Claimed
 
 PAUSED = b":p"  # the end of a registry entry of a paused schedule (add.lua)
+COUNTS = (b"#schedules", b"#paused")  # its fields that count, not schedules
 
 
 class Registry:
@@ -49,14 +52,33 @@ class Registry:
             entries = cast(list[bytes | None], pipe.execute())
         return [s for s, e in zip(shards, entries, strict=True) if e and not e.startswith(b"-")]
 
-    def entries(self, shards: Sequence[Shard]) -> dict[Shard, dict[bytes, bytes]]:
-        """Each shard's registry: id hash -> its entry (see add.lua)."""
+    def at(self, shards: Sequence[Shard]) -> dict[Shard, dict[int, bool]]:
+        """Each shard's live schedules: the offset of the record each is at -> whether it is
+        paused."""
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
                 pipe.hgetall(self.keys.of(shard).schedules)
             replies = cast(list[dict[bytes, bytes]], pipe.execute())
-        return dict(zip(shards, replies, strict=True))
+        return {
+            s: {
+                int(v.split(b":")[0]): v.endswith(PAUSED)
+                for f, v in r.items()
+                if f not in COUNTS and not v.startswith(b"-")
+            }
+            for s, r in zip(shards, replies, strict=True)
+        }
+
+    def counts(self, shards: Sequence[Shard]) -> tuple[int, int]:
+        """The live schedules of ``shards``, and how many of them are paused (the registry's
+        own counts)."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hmget(self.keys.of(shard).schedules, ["#schedules", "#paused"])
+            replies = cast(list[list[bytes | None]], pipe.execute())
+        live = sum(int(r[0] or 0) for r in replies)
+        return live, sum(int(r[1] or 0) for r in replies)
 
 
 def _field(claimed: Claimed) -> bytes:

@@ -100,6 +100,7 @@ def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path) -> None:
         "delay_bridge_redis_writable",
         "delay_bridge_waiting_messages",
         "delay_bridge_waiting_quota_messages",
+        "delay_bridge_schedules",
     ):
         assert needed in covered, f"the dashboard shows no {needed}"
 

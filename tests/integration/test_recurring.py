@@ -25,7 +25,7 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
-from testbed.harness import Bridge, Collector, Received, Setup, produce_to, wipe
+from testbed.harness import Bridge, Collector, Received, Setup, metric, produce_to, wipe
 from testbed.services import ROOT
 from tests.conftest import wait_for
 
@@ -76,7 +76,8 @@ def test_an_interval_schedule_delivers_each_occurrence_once_at_its_instant_up_to
     start = _next_second()
     headers = _schedule(setup, b"poll-partner", start, b"1s", (H_COUNT, b"4"))
     produce_to(setup.services.bootstrap, setup.delay, [(1, b"poll", headers)])
-    _start(setup, bridges, **overrides)
+    bridge = _start(setup, bridges, **overrides)
+    wait_for(lambda: metric(bridge, 'delay_bridge_schedules{state="running"}') == 1, 30, "it runs")
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(rs) >= 4, 60, "4 occurrences")
@@ -87,6 +88,8 @@ def test_an_interval_schedule_delivers_each_occurrence_once_at_its_instant_up_to
         collector.close()
     target = collector.of(setup.targets[0])
     assert _occurrences(target, setup.targets[0]) == [start + k * 1000 for k in range(4)]
+    # The last occurrence ended it: the registry forgets it and the gauge says none run.
+    wait_for(lambda: metric(bridge, 'delay_bridge_schedules{state="running"}') == 0, 10, "none")
     for r in target:
         assert r.value == b"poll" and r.key == b"k" and r.delay_id == "poll-partner"
         assert r.due_ms == int(r.header(H_OCCURRENCE) or b"0")

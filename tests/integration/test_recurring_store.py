@@ -131,3 +131,30 @@ def test_a_pause_holds_the_schedule_wherever_it_is_and_goes_on_with_it(store: St
     add(other, carried)
     [third] = other.claim([SHARD], 10, LEASE, now_ms=T0 + 3000)
     assert third.paused
+
+
+def counts(store: Store) -> tuple[int, int]:
+    return store.registry.counts([SHARD])
+
+
+def test_the_registry_counts_running_and_paused_schedules_and_forgets_one_that_ended(
+    store: Store,
+) -> None:
+    """Two schedules: one paused and resumed, one ended by the record the bridge writes with its
+    last occurrence (and an end that comes after the schedule moved on ends nothing)."""
+    add(store, schedule(0, T0, sid="a"), schedule(1, T0, sid="b"))
+    assert counts(store) == (2, 0)
+    add(store, Cancel(2, "a", hold=True))
+    assert counts(store) == (2, 1)
+    add(store, Cancel(3, "a", hold=True))  # paused again: counted once
+    assert counts(store) == (2, 1)
+    add(store, Cancel(4, "a", hold=False))
+    assert counts(store) == (2, 0)
+    add(store, Cancel(5, "b", ends=0))  # not where b is (1): nothing ends
+    assert counts(store) == (2, 0)
+    add(store, Cancel(6, "b", ends=1))
+    assert counts(store) == (1, 0)
+    assert sorted(store.registry.at([SHARD])[SHARD]) == [0]
+    add(store, Cancel(7, "a"))  # a cancel ends the other
+    assert counts(store) == (0, 0) and store.registry.at([SHARD])[SHARD] == {}
+    assert add(store, schedule(8, T0 + 1000, continues=1, sid="b"))[0] == 0  # b ended at 6

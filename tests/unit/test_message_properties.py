@@ -18,7 +18,9 @@ from bridge.message import (
     H_CANCEL,
     H_DELIVER_AT,
     H_ID,
+    H_PAUSE,
     H_PRIORITY,
+    H_RESUME,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     MAX_EPOCH_MS,
@@ -182,11 +184,25 @@ def test_a_control_header_that_is_not_utf8_is_a_bad_header(name: str, tail: byte
 def test_a_recurring_schedules_header_is_a_bad_schedule_whatever_its_value(
     name: str, value: bytes, one_shot: bool
 ) -> None:
-    """Refused whatever else the record says: never delivered once as a one-shot record."""
+    """Refused whatever else the record says — never delivered once as a one-shot record — but
+    a pause or a resume alone, naming a schedule by a delay-id it could have."""
     headers: Headers = [(name, value)]
     if one_shot:
         headers += [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")]
-    assert outcome(headers) is Reason.BAD_SCHEDULE
+    got = outcome(headers)
+    if name in (H_PAUSE, H_RESUME) and not one_shot and value and _utf8(value):
+        assert isinstance(got, Cancel) and got.hold is (name == H_PAUSE)
+        assert got.delay_id == value.decode()
+    else:
+        assert got is Reason.BAD_SCHEDULE
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @given(st.integers(0, MAX_ID_BYTES + 2), st.sampled_from([H_ID, H_CANCEL]))

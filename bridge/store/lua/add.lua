@@ -83,7 +83,10 @@ ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of t
           not stored, so a cancel read while the schedule's occurrence was in flight, or before
           the record carrying it on was read, still ends it. A pause or a resume (an entry like
           a cancel's, its `where` "p" or "r") marks a registered schedule paused or not, and is
-          nothing else: the egress skips a paused schedule's occurrences and carries it on.
+          nothing else: the egress skips a paused schedule's occurrences and carries it on. The
+          end of a schedule (`where` "e", its record in the triples above with the record it
+          ends at) ends it there as a cancel would, and withdraws nothing. The registry counts
+          its live schedules in field "#schedules", of which "#paused" paused.
 ARGV[10 + 2V + 3W + T + 3R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
@@ -187,11 +190,30 @@ local function registry(hash)
   end
   return v
 end
+-- A registry entry's state: "running", "paused", or nil (none, or ended).
+local function state_of(v)
+  if not v or string.sub(v, 1, 1) == '-' then
+    return nil
+  end
+  return string.sub(v, -2) == ':p' and 'paused' or 'running'
+end
 local function register(hash, value, paused)
+  local was = state_of(registry(hash))
   stamp = stamp or now_ms('')
   value = value .. ':' .. int(stamp) .. (paused and ':p' or '')
   registered[hash] = value
   redis.call('HSET', KEYS[11], hash, value)
+  -- The live schedules ("#schedules", of which "#paused" are paused): Redis's own count, for the
+  -- delay_bridge_schedules gauge (fields no 5-byte id hash can be).
+  local now = state_of(value)
+  if was ~= now then
+    if not was or not now then
+      redis.call('HINCRBY', KEYS[11], '#schedules', was and -1 or 1)
+    end
+    if was == 'paused' or now == 'paused' then
+      redis.call('HINCRBY', KEYS[11], '#paused', was == 'paused' and -1 or 1)
+    end
+  end
 end
 -- Whether the registry has the schedule paused (nil: it has no word of it, or it ended).
 local function paused_in(hash)
@@ -358,7 +380,7 @@ local function check(hint)
 end
 for i = first, #ARGV, 5 do
   if tonumber(ARGV[i]) > watermark then
-    if ARGV[i + 1] == '' and ARGV[i + 2] ~= '' and ARGV[i + 2] ~= 'p' and ARGV[i + 2] ~= 'r' then
+    if ARGV[i + 1] == '' and #ARGV[i + 2] > 1 then  -- not a pause, resume or end (p, r, e)
       check(ARGV[i + 2])
     elseif replaces[ARGV[i]] then
       check(replaces[ARGV[i]])
@@ -469,6 +491,12 @@ for i = first, #ARGV, 5 do
     if score == '' and (member == 'p' or member == 'r') then
       if hash ~= '' then
         hold(hash, member == 'p')
+      end
+    elseif score == '' and member == 'e' then
+      -- The end of a schedule at the record it continues (its last occurrence delivered).
+      local v = hash ~= '' and registry_any and registry(hash)
+      if v and string.match(v, '^(%-?%d+)') == recurring[ARGV[i]] then
+        register(hash, '-' .. ARGV[i])
       end
     elseif score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
