@@ -4,6 +4,7 @@ schedule carried on through the delay topic until its count, its end, a cancel o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -293,6 +294,34 @@ def test_the_command_line_makes_lists_pauses_resumes_and_cancels_a_schedule(
     wait_for(lambda: _cli(setup, "schedules", "list").returncode == 1, 30, "no schedule left")
     unknown = _cli(setup, "schedules", "pause", "--id", "nothing")
     assert unknown.returncode != 0 and "no recurring schedule" in unknown.stderr, unknown.stderr
+
+
+def test_trace_tells_a_schedules_occurrences_apart(setup: Setup, bridges: list[Bridge]) -> None:
+    """``trace --id`` of a schedule that ran three times: each record that carried it is a use
+    of its id, each delivered, due at its own occurrence."""
+    start = _next_second()
+    headers = _schedule(setup, b"traced", start, b"1s", (H_COUNT, b"3"))
+    produce_to(setup.services.bootstrap, setup.delay, [(2, b"t", headers)])
+    _start(setup, bridges)
+    setup.await_value(b"t", 30, "the first occurrence")
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 3, 30, "three occurrences")
+    finally:
+        collector.close()
+
+    def traced() -> list[tuple[str, int]]:
+        got = _cli(setup, "trace", "--id", "traced", "--json")
+        if got.returncode != 0:
+            return []
+        top = json.loads(got.stdout)
+        return sorted(
+            (use["fate"], next(e["due"] for e in use["events"] if "due" in e))
+            for use in [top, *top.get("uses", [])]
+        )
+
+    want = [("delivered", start + k * 1000) for k in range(3)]
+    wait_for(lambda: traced() == want, 30, f"three uses delivered: {traced()}")
 
 
 def _collect(collector: Collector, seconds: float) -> None:
