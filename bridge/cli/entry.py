@@ -10,7 +10,6 @@ with code 2 (1 for a failed run); never a traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ from typing import NoReturn
 
 from bridge import __version__, ops
 from bridge.cli.args import count
-from bridge.cli.records import hold_command, produce_command, write_command
+from bridge.cli.records import produce_command, write_command
 from bridge.config import Config, dump, load
 from bridge.errors import BridgeError, ConfigError, UsageError
 from bridge.kafka import check_settings
@@ -124,9 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="each live schedule with its next three occurrences, in its zone and UTC"
     )
     with_config(listed_schedules)
-    listed_schedules.add_argument(
-        "--topic", action="append", help="a delay topic (repeatable; default: all)"
-    )
+    listed_schedules.add_argument("--topic", help="a delay topic (default: every one)")
     listed_schedules.add_argument(
         "--limit", type=count, default=100, help="show at most this many (100)"
     )
@@ -286,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "schedules" and args.schedules_command == "list":
             return _schedules(args, load(args.config))
         if args.command == "schedules":
-            return hold_command(args, load(args.config))
+            return write_command(args.schedules_command, args, load(args.config))
         if args.command in ("cancel", "fire", "reschedule"):
             return write_command(args.command, args, load(args.config))
         if args.command == "status":
@@ -340,16 +337,14 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _schedules(args: argparse.Namespace, config: Config) -> int:
-    topics = args.topic or list(config.topics.delay)
-    rows = ops.schedules(config, topics, args.limit)
+    answer = ops.schedules_answer(config, ops.SchedulesAsk(args.topic, args.limit), wall_ms())
     if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
-    else:
-        for row in rows:
-            print("\n".join(row.lines()))
-        if not rows:
-            print(f"no recurring schedule in {', '.join(topics)}", file=sys.stderr)
-    return 0 if rows else 1
+        return _said(answer)
+    for row in answer.rows:
+        print("\n".join(row.lines()))
+    for note in answer.notes:
+        print(f"delay-bridge: {note}", file=sys.stderr)
+    return 0 if answer.found else 1
 
 
 def _trace(args: argparse.Namespace, config: Config) -> int:

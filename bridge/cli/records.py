@@ -32,9 +32,7 @@ from bridge.message import (
     H_EVERY,
     H_ID,
     H_MISSED,
-    H_PAUSE,
     H_PRIORITY,
-    H_RESUME,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     H_TIMEZONE,
@@ -186,27 +184,6 @@ def _say_upcoming(headers: Headers) -> None:
         print(f"occurs {schedule.local(at).isoformat()} ({format_time_ms(at)})", file=sys.stderr)
 
 
-def hold_command(args: argparse.Namespace, config: Config) -> int:
-    """``schedules pause|resume --id``: the record that pauses or resumes the recurring schedule,
-    to the partition where the schedule is (its registry says), else to ``--key``'s."""
-    topic = ops.delay_topic(config, args.topic)
-    header = H_PAUSE if args.schedules_command == "pause" else H_RESUME
-    headers: Headers = [(header, args.id.encode())]
-    key = args.key.encode() if args.key is not None else None
-    rules = config.rules()
-    ops.check_record(rules, topic, key, None, headers)
-    partitions = ops.schedule_partitions(config, topic, args.id)
-    if not partitions and key is None:
-        raise UsageError(
-            f"no recurring schedule with delay-id {args.id!r} in {topic} (ended, or not read "
-            "yet): give --key to send it to that key's partition all the same"
-        )
-    partition = partitions[0] if partitions else None
-    how = ops.Sending(args.timeout, placed=functools.partial(_say, f"{args.schedules_command}d"))
-    ops.send(config, topic, iter([(key, None, headers, partition)]), how, Terminal().voice())
-    return 0
-
-
 def _say(what: str, place: ops.Placed) -> None:
     print(f"{what} {place}")
 
@@ -251,8 +228,8 @@ def asked(kind: type[Any], args: argparse.Namespace) -> Any:
 
 
 def write_command(name: str, args: argparse.Namespace, config: Config) -> int:
-    """Run the write ``name`` (cancel, fire, reschedule, replay): its result's lines on stdout,
-    its notes on stderr as they come; exit 1 when nothing matched."""
+    """Run the write ``name`` (cancel, fire, reschedule, replay, pause, resume): its result's
+    lines on stdout, its notes on stderr as they come; exit 1 when nothing matched."""
     kind, tool = ops.WRITES[name]
     terminal = Terminal(*PROGRESS.get(name, ("{:,} matched", 10_000)))
     done = tool(config, asked(kind, args), wall_ms(), terminal.voice())

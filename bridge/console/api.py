@@ -40,6 +40,7 @@ READS: dict[str, tuple[type[Any], Callable[[Config, Any, int], ops.Answer]]] = {
     "/api/records": (ops.ListAsk, ops.list_answer),
     "/api/trace": (ops.TraceAsk, ops.trace_answer),
     "/api/dlq": (ops.DlqAsk, ops.dlq_answer),
+    "/api/schedules": (ops.SchedulesAsk, ops.schedules_answer),
 }
 # Each write: the operator's tool it calls, as the command of that name does (ops.WRITES).
 WRITES = {
@@ -47,6 +48,8 @@ WRITES = {
     "/api/fire": "fire",
     "/api/reschedule": "reschedule",
     "/api/dlq/replay": "replay",
+    "/api/schedules/pause": "pause",
+    "/api/schedules/resume": "resume",
 }
 
 

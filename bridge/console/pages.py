@@ -17,7 +17,12 @@ from bridge.console.api import Api, Reply
 from bridge.console.chart import SPANS, svg
 from bridge.message import cut, format_time_ms, parse_count
 
-NAV = (("/ui", "Overview"), ("/ui/records", "Records"), ("/ui/dlq", "Dead letters"))
+NAV = (
+    ("/ui", "Overview"),
+    ("/ui/records", "Records"),
+    ("/ui/schedules", "Schedules"),
+    ("/ui/dlq", "Dead letters"),
+)
 
 
 def _e(value: object) -> str:
@@ -318,6 +323,41 @@ def record(api: Api, query: Mapping[str, str], *, reveal: bool = False) -> str:
 
 
 DLQ_FILTERS = ("reason", "since", "until", "limit")
+
+
+def schedules(api: Api, query: Mapping[str, str]) -> str:
+    """The live recurring schedules, each with its next three occurrences in its zone and in
+    UTC; pause, resume and cancel on each row."""
+    asked, form = _asked(query, ("topic",), ("topic", "limit"))
+    reply = api.get("/api/schedules", asked)
+    if reply.status not in (200, 404) or "result" not in reply.body:
+        return page("Schedules", "/ui/schedules", form + _failed(reply))
+    rows = []
+    for r in reply.body["result"]:
+        ids = {"id": r["delay_id"], "topic": r["topic"]}
+        state = "paused" if r["paused"] else "running"
+        actions = _action("/api/schedules/pause", ids, _button("pause"), True)
+        actions += _action("/api/schedules/resume", ids, _button("resume"), True)
+        actions += _action("/api/cancel", ids, _button("cancel", None, "End this schedule?"), True)
+        upcoming = "<br>".join(
+            f"{_e(local)} ({_e(_when(at))})"
+            for at, local in zip(r["upcoming_ms"], r["upcoming_local"], strict=True)
+        )
+        how = f"{r['cron']} ({r['zone']})" if r["cron"] else f"every {r['every']}"
+        rows.append(
+            [
+                _c(r["delay_id"]),
+                _c(how),
+                _c(r["target"]),
+                _e(state),
+                upcoming,
+                _e(f"{r['topic']}[{r['partition']}]@{r['offset']}"),
+                actions,
+            ]
+        )
+    header = ["delay-id", "when", "target", "state", "next occurrences", "where", ""]
+    listing = _table(header, rows, set()) if rows else '<p class="note">no recurring schedule</p>'
+    return page("Schedules", "/ui/schedules", form + _notes(reply) + listing)
 
 
 def dead_letters(api: Api, query: Mapping[str, str]) -> str:

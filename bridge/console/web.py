@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 
 from bridge.config import Config
 from bridge.console.api import Api, Reply
-from bridge.console.pages import dead_letters, overview, record, records
+from bridge.console.pages import dead_letters, overview, record, records, schedules
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Console:
             "/ui": lambda _, __: overview(self.api),
             "/ui/records": lambda q, _: records(self.api, q),
             "/ui/record": lambda q, reveal: record(self.api, q, reveal=reveal),
+            "/ui/schedules": lambda q, _: schedules(self.api, q),
             "/ui/dlq": lambda q, _: dead_letters(self.api, q),
         }
 

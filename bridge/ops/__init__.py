@@ -4,11 +4,14 @@ Each takes typed options (:mod:`bridge.ops.asked`) and returns typed results. Re
 (``status``, ``list``: :mod:`bridge.ops.records`), a record's fate (``trace``), the dead-letter
 topic (``dlq list``), answered by :mod:`bridge.ops.answers`. Writes (:mod:`bridge.ops.acts`):
 ``cancel``, ``fire`` and ``reschedule`` of one record or of every match of a filter
-(:mod:`bridge.ops.bulk`), and ``dlq replay``; what they produce goes through
+(:mod:`bridge.ops.bulk`), and ``dlq replay``; a recurring schedule's ``schedules list``, ``pause``
+and ``resume`` (:mod:`bridge.ops.schedules`); what they produce goes through
 :func:`bridge.ops.send.send`. They act with the bridge's configuration, never inside its loops."""
 
+from typing import Any
+
+from bridge.ops.acts import WRITES as BY_ID_OR_FILTER
 from bridge.ops.acts import (
-    WRITES,
     BulkDone,
     Sent,
     cancel,
@@ -39,8 +42,11 @@ from bridge.ops.asked import (
     DlqAsk,
     FireAsk,
     ListAsk,
+    PauseAsk,
     ReplayAsk,
     RescheduleAsk,
+    ResumeAsk,
+    SchedulesAsk,
     StatusAsk,
     TraceAsk,
     from_body,
@@ -72,9 +78,23 @@ from bridge.ops.records import (
     waiting,
 )
 from bridge.ops.replay import Replayed, replay
-from bridge.ops.schedules import ScheduleRow, schedule_partitions, schedules
+from bridge.ops.schedules import (
+    ScheduleRow,
+    SchedulesAnswer,
+    hold,
+    schedule_partitions,
+    schedules,
+    schedules_answer,
+)
 from bridge.ops.send import Placed, Sending, Voice, send
 from bridge.ops.trace import print_trace, trace
+
+# Each write by its command's name: its options and its tool (the command line's and the API's).
+WRITES: dict[str, tuple[type[Any], Any]] = {
+    **BY_ID_OR_FILTER,
+    "pause": (PauseAsk, hold),
+    "resume": (ResumeAsk, hold),
+}
 
 __all__ = [
     "AHEAD",
@@ -95,11 +115,15 @@ __all__ = [
     "ListAsk",
     "Match",
     "Outgoing",
+    "PauseAsk",
     "Placed",
     "ReplayAsk",
     "Replayed",
     "RescheduleAsk",
+    "ResumeAsk",
     "ScheduleRow",
+    "SchedulesAnswer",
+    "SchedulesAsk",
     "Sending",
     "Sent",
     "StatusAnswer",
@@ -119,6 +143,7 @@ __all__ = [
     "fire",
     "from_body",
     "from_query",
+    "hold",
     "list_answer",
     "listing",
     "locate",
@@ -136,6 +161,7 @@ __all__ = [
     "reschedule",
     "schedule_partitions",
     "schedules",
+    "schedules_answer",
     "send",
     "status",
     "status_answer",

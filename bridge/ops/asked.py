@@ -196,8 +196,40 @@ class ReplayAsk(DlqAsk):
     dry_run: bool = False
 
 
-Ask = TypeVar("Ask", StatusAsk, ListAsk, TraceAsk, DlqAsk)
-Write = TypeVar("Write", CancelAsk, FireAsk, RescheduleAsk, ReplayAsk)
+@dataclass(frozen=True)
+class SchedulesAsk:
+    """``schedules list``: the live recurring schedules of ``topic`` (None: every delay topic),
+    ``limit`` at most."""
+
+    topic: str | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True)
+class PauseAsk:
+    """``schedules pause``: the recurring schedule with ``id``, by a record to the partition its
+    registry has it in — or, when it is found nowhere, to ``key``'s partition."""
+
+    verb: ClassVar[str] = "pause"
+    id: str | None = None
+    topic: str | None = None
+    key: str | None = None
+    timeout: str = "10s"
+
+    def __post_init__(self) -> None:
+        if self.id is None:
+            raise UsageError("--id is required: it names the schedule")
+
+
+@dataclass(frozen=True)
+class ResumeAsk(PauseAsk):
+    """``schedules resume``: as :class:`PauseAsk`."""
+
+    verb: ClassVar[str] = "resume"
+
+
+Ask = TypeVar("Ask", StatusAsk, ListAsk, TraceAsk, DlqAsk, SchedulesAsk)
+Write = TypeVar("Write", CancelAsk, FireAsk, RescheduleAsk, ReplayAsk, PauseAsk, ResumeAsk)
 
 
 def from_query(kind: type[Ask], query: Mapping[str, Sequence[str]]) -> Ask:

@@ -7,20 +7,27 @@ occurrences to come."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 from bridge import lookup
 from bridge.config import Config
+from bridge.errors import BridgeError
 from bridge.message import (
     H_CRON,
     H_EVERY,
+    H_PAUSE,
+    H_RESUME,
     H_TIMEZONE,
+    Headers,
     Scheduled,
     format_time_ms,
     recurrence_of,
-    wall_ms,
 )
+from bridge.ops.acts import Sent, check_record, delay_topic
+from bridge.ops.answers import Answer
+from bridge.ops.asked import PauseAsk, SchedulesAsk
 from bridge.ops.records import delay_shards, store_of
+from bridge.ops.send import Placed, Sending, Voice, send
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,44 @@ class ScheduleRow:
         return [head, where, *times]
 
 
-def schedules(config: Config, topics: Sequence[str], limit: int) -> list[ScheduleRow]:
+@dataclass(frozen=True)
+class SchedulesAnswer(Answer):
+    rows: list[ScheduleRow] = field(default_factory=list)
+
+
+def schedules_answer(config: Config, ask: SchedulesAsk, now_ms: int) -> SchedulesAnswer:
+    """``schedules list``: the live recurring schedules, each with its next three occurrences."""
+    topics = [delay_topic(config, ask.topic)] if ask.topic else list(config.topics.delay)
+    rows = schedules(config, topics, ask.limit, now_ms)
+    notes = [] if rows else [f"no recurring schedule in {', '.join(topics)}"]
+    return SchedulesAnswer([asdict(r) for r in rows], notes, bool(rows), rows=rows)
+
+
+def hold(config: Config, ask: PauseAsk, now_ms: int, voice: Voice) -> Sent:
+    """``schedules pause|resume``: the record that pauses (or resumes) the schedule with
+    ``ask.id``, to the partition its registry has it in, else to ``ask.key``'s; an id found
+    nowhere without a key is an error."""
+    assert ask.id is not None  # PauseAsk refuses none
+    topic = delay_topic(config, ask.topic)
+    headers: Headers = [(H_PAUSE if ask.verb == "pause" else H_RESUME, ask.id.encode())]
+    key = ask.key.encode() if ask.key is not None else None
+    check_record(config.rules(), topic, key, None, headers)
+    partitions = schedule_partitions(config, topic, ask.id)
+    if not partitions and key is None:
+        raise BridgeError(
+            f"no recurring schedule with delay-id {ask.id!r} in {topic} (ended, or not read "
+            "yet): give --key to send it to that key's partition all the same"
+        )
+    placed: list[Placed] = []
+    partition = partitions[0] if partitions else None
+    record = (key, None, headers, partition)
+    send(config, topic, iter([record]), Sending(ask.timeout, placed=placed.append), voice)
+    return Sent(f"{ask.verb} of {ask.id}", placed)
+
+
+def schedules(config: Config, topics: Sequence[str], limit: int, now: int) -> list[ScheduleRow]:
     """Up to ``limit`` live recurring schedules of ``topics`` (by partition, then offset), each
-    with its next three occurrences."""
+    with its next three occurrences after ``now`` (epoch ms)."""
     shards = delay_shards(config, topics)
     store = store_of(config)
     try:
@@ -63,7 +105,6 @@ def schedules(config: Config, topics: Sequence[str], limit: int) -> list[Schedul
     finally:
         store.client.close()
     rows: list[ScheduleRow] = []
-    now = wall_ms()
     for shard in shards:
         live = registry[shard]
         chosen = sorted(live)[: max(0, limit - len(rows))]

@@ -281,3 +281,42 @@ def test_the_console_in_a_browser_shows_counts_and_fates_and_acts_with_the_token
     assert _act(browser, replay, "replay").startswith("replayed 1 (1 missing-target)")
     # Replayed, it is read and validated again: still without a target, dead-lettered again.
     wait_for(lambda: len(call(bridge, "/api/dlq")[1]["result"]) == 2, 60, "it back in the DLQ")
+
+
+def test_the_console_shows_recurring_schedules_and_pauses_resumes_and_ends_one(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``/api/schedules`` and the Schedules page: the schedule with its next three occurrences in
+    its zone and in UTC; pause and resume behind the token (refused without it), as ``schedules
+    pause|resume`` do; a cancel ends it."""
+    bridge = console_bridge(setup, bridges)
+    headers: Headers = [
+        (H_TARGET_TOPIC, setup.targets[0].encode()),
+        ("delay-cron", b"30 8 * * *"),
+        ("delay-timezone", b"Asia/Kathmandu"),
+        ("delay-id", b"morning"),
+    ]
+    produce_all(setup.services.bootstrap, setup.delay, [(b"m", b"report", headers)])
+
+    def listed() -> list[dict[str, Any]]:
+        status, body = call(bridge, "/api/schedules")
+        return list(body.get("result") or []) if status == 200 else []
+
+    wait_for(lambda: len(listed()) == 1, 30, "the schedule listed")
+    [row] = listed()
+    assert row["delay_id"] == "morning" and row["zone"] == "Asia/Kathmandu" and not row["paused"]
+    assert len(row["upcoming_ms"]) == 3
+    assert all(local.endswith("T08:30:00+05:45") for local in row["upcoming_local"])
+    page = bridge.get("/ui/schedules")[1]
+    assert "morning" in page and "08:30:00+05:45" in page and "running" in page
+    assert call(bridge, "/api/schedules/pause", {"id": "morning"}, token=None)[0] == 403
+    status, body = call(bridge, "/api/schedules/pause", {"id": "morning"})
+    assert status == 200, body
+    wait_for(lambda: listed() and listed()[0]["paused"], 30, "paused")
+    assert "paused" in bridge.get("/ui/schedules")[1]
+    assert call(bridge, "/api/schedules/resume", {"id": "morning"})[0] == 200
+    wait_for(lambda: listed() and not listed()[0]["paused"], 30, "resumed")
+    status, body = call(bridge, "/api/schedules/pause", {"id": "nothing"})
+    assert status == 422 and "no recurring schedule" in body["error"], body
+    assert call(bridge, "/api/cancel", {"id": "morning"})[0] == 200
+    wait_for(lambda: call(bridge, "/api/schedules")[0] == 404, 30, "no schedule left")
