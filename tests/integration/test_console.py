@@ -312,10 +312,10 @@ def test_the_console_shows_recurring_schedules_and_pauses_resumes_and_ends_one(
     assert call(bridge, "/api/schedules/pause", {"id": "morning"}, token=None)[0] == 403
     status, body = call(bridge, "/api/schedules/pause", {"id": "morning"})
     assert status == 200, body
-    wait_for(lambda: listed() and listed()[0]["paused"], 30, "paused")
+    wait_for(lambda: bool(listed()) and listed()[0]["paused"] is True, 30, "paused")
     assert "paused" in bridge.get("/ui/schedules")[1]
     assert call(bridge, "/api/schedules/resume", {"id": "morning"})[0] == 200
-    wait_for(lambda: listed() and not listed()[0]["paused"], 30, "resumed")
+    wait_for(lambda: bool(listed()) and listed()[0]["paused"] is False, 30, "resumed")
     status, body = call(bridge, "/api/schedules/pause", {"id": "nothing"})
     assert status == 422 and "no recurring schedule" in body["error"], body
     assert call(bridge, "/api/cancel", {"id": "morning"})[0] == 200
