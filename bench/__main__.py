@@ -21,6 +21,7 @@ from bench.exactly_once import exactly_once
 from bench.local import RECOVERY_RATE, local_servers
 from bench.priority import priority
 from bench.rebuild import rebuild
+from bench.recurring import recurring
 from bench.scenarios import (
     FULL,
     QUICK,
@@ -50,11 +51,13 @@ SCENARIOS = (
     "trace",
     "bulk",
     "rebuild",
+    "recurring",
 )
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
 # lasts the spread of its scattered case twice; trace writes ten million journal entries (full):
 # each asked for by name; bulk cancels a million far-future records (full) under live traffic;
-# rebuild loses Redis holding ten million waiting records (full).
+# rebuild loses Redis holding ten million waiting records (full); recurring fires 100,000
+# schedules a minute beside 2,000 one-shot records a second for three minutes (full).
 DEFAULT = SCENARIOS[:6]
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 ID_BYTES = 31  # a delay-id of its own ("order-…"), as long as #59's far-future figure has it
@@ -183,6 +186,21 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             "then Redis lost"
         )
         rebuild(servers, out, report, sizes.rebuild)
+    if "recurring" in names:
+        schedules, every_s, seconds = sizes.recurring
+        say(
+            f"recurring: {schedules:,} schedules every {every_s} s ({schedules / every_s:,.0f} "
+            f"occurrences a second) beside 2,000 one-shot records a second, for {seconds:.0f} s"
+        )
+        recurring(
+            servers,
+            out,
+            report,
+            schedules=schedules,
+            every_s=every_s,
+            seconds=seconds,
+            max_delay_ms=sizes.max_delay_ms,
+        )
     if "trace" in names:
         say(
             f"trace: a journal of {sizes.journal:,} entries over two days, records delivered a "

@@ -87,6 +87,8 @@ class Sizes:
     bulk: int = 1_000_000
     # rebuild: records waiting (one in ten whole, the rest references) when Redis is lost.
     rebuild: int = 10_000_000
+    # recurring: schedules, each every this many seconds, measured over this many seconds.
+    recurring: tuple[int, int, float] = (100_000, 60, 180.0)
 
 
 QUICK = Sizes(
@@ -98,6 +100,7 @@ QUICK = Sizes(
     cluster=50_000,
     bulk=100_000,
     rebuild=1_000_000,
+    recurring=(10_000, 10, 30.0),
 )
 FULL = Sizes(
     throughput=500_000,

@@ -39,6 +39,7 @@ TOY = Sizes(
     journal=20_000,
     bulk=3000,
     rebuild=30_000,
+    recurring=(300, 2, 4.0),
 )
 
 
@@ -246,3 +247,15 @@ def test_the_trace_scenario_finds_what_was_delivered_a_day_ago(
     assert t["by_id_since_25h_s"] > 0
     assert "Trace" in report.tables(result)
     assert any("traced within 1 s" in t for t, _, _ in report.targets(result))
+
+
+def test_the_recurring_scenario_delivers_every_occurrence_once(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = run_all(servers, tmp_path, TOY, ["recurring"])
+    assert result.problems == []  # no occurrence missed, early or twice; no one-shot lost
+    r = result.figures["recurring 300 every 2s"]
+    assert r["expected"] == 600 and r["delivered"] == 600
+    assert r["missed"] == r["early"] == r["twice"] == 0
+    assert r["ack_lateness_ms"]["p99"] >= 0 and r["one_shot_ack_lateness_ms"]["p99"] >= 0
