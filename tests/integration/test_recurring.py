@@ -250,7 +250,6 @@ def test_exactly_once_each_occurrence_through_sigkills_and_a_redis_that_lost_its
     ]
     produce_to(setup.services.bootstrap, setup.delay, records)
     bridge = _start(setup, bridges, **EXACTLY_ONCE)
-    end = start + 12_000
     collector = setup.collector()
     try:
         for moment, fault in ((3000, "kill"), (6000, "wipe"), (9000, "kill")):
