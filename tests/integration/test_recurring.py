@@ -26,7 +26,16 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
-from testbed.harness import Bridge, Collector, Received, Setup, metric, produce_to, wipe
+from testbed.harness import (
+    Bridge,
+    Collector,
+    Received,
+    Setup,
+    ToPartition,
+    metric,
+    produce_to,
+    wipe,
+)
 from testbed.services import ROOT
 from tests.conftest import wait_for
 
@@ -245,7 +254,7 @@ def test_exactly_once_each_occurrence_through_sigkills_and_a_redis_that_lost_its
     and Redis loses everything once while they run: every occurrence of the twelve seconds
     watched is delivered, none twice, none early."""
     start = _next_second(3000)
-    records = [
+    records: ToPartition = [
         (p % 3, b"c%d" % p, _schedule(setup, b"c%d" % p, start + p * 50, b"1s")) for p in range(20)
     ]
     produce_to(setup.services.bootstrap, setup.delay, records)
