@@ -76,8 +76,8 @@ unit: $(STAMP)
 # three-broker cluster's tests (a Kafka and Redis of their own), the unit tests, the store's
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
-# (early is early however busy the machine), a record's identity and the dialects: none checks
-# a time — and every other
+# (early is early however busy the machine), a record's identity, the dialects and the recurring
+# schedules (their margins are seconds): none checks a time to the millisecond — and every other
 # test on the session's services,
 # the chaos scenarios last (their checks of lateness want the machine to themselves: BESIDE is
 # long done by then). BESIDE's report is printed after the other's (build/test-beside.log).
@@ -85,11 +85,13 @@ unit: $(STAMP)
 BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
   exactly_once_scenario_runs_both_modes_and_keeps_the_contract \
   recovery_scenario_kills_restarts_and_keeps_the_contract \
-  trace_scenario_finds_what_was_delivered_a_day_ago)
+  trace_scenario_finds_what_was_delivered_a_day_ago \
+  recurring_scenario_delivers_every_occurrence_once)
 BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/test_store_model.py \
   tests/integration/test_ops.py tests/integration/test_redis_modes.py tests/integration/test_hostile.py \
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
-  tests/integration/test_dialects.py tests/integration/test_cancel_pipeline.py
+  tests/integration/test_dialects.py tests/integration/test_cancel_pipeline.py \
+  tests/integration/test_recurring.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \

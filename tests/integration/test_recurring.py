@@ -113,7 +113,7 @@ def test_a_cancel_ends_a_schedule_and_a_record_with_its_id_replaces_it(
 ) -> None:
     """Two schedules every second: once each has delivered twice, one is cancelled and the other
     replaced by a schedule with the same id and another value. The cancelled one delivers at most
-    the occurrence already on its way, then nothing; the replaced one delivers only the new
+    what was on its way (three seconds' worth at most however busy the machine), then nothing; the replaced one delivers only the new
     value from then on."""
     start = _next_second()
     produce_to(
@@ -145,16 +145,14 @@ def test_a_cancel_ends_a_schedule_and_a_record_with_its_id_replaces_it(
             ],
         )
         told = time.time_ns() // 1_000_000
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            collector.poll()
+        _collect(collector, 6)
     finally:
         collector.close()
     cancelled = [r for r in collector.of(target) if r.delay_id == "to-cancel"]
-    late = [r for r in cancelled if r.seen_ms > told + 1500]
+    late = [r for r in cancelled if r.seen_ms > told + 3000]
     assert late == [], [(r.due_ms, r.seen_ms - told) for r in late]
     replaced = [r for r in collector.of(target) if r.delay_id == "to-replace"]
-    after = [r.value for r in replaced if r.seen_ms > told + 1500]
+    after = [r.value for r in replaced if r.seen_ms > told + 3000]
     assert after and set(after) == {b"new"}, after
     twice = Counter((r.value, r.header(H_OCCURRENCE)) for r in replaced)
     assert max(twice.values()) == 1, twice
@@ -193,7 +191,7 @@ def test_a_paused_schedule_skips_its_occurrences_until_it_is_resumed(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
     """Every second: paused after two occurrences, it delivers nothing for three seconds (once
-    what was on its way is out); resumed, it goes on at its next instant, and the occurrences
+    what was on its way is out, three seconds at most however busy the machine); resumed, it goes on at its next instant, and the occurrences
     that fell while it was paused are never delivered."""
     start = _next_second()
     produce_to(
@@ -206,7 +204,7 @@ def test_a_paused_schedule_skips_its_occurrences_until_it_is_resumed(
         collector.until(lambda rs: len(rs) >= 2, 60, "two occurrences")
         produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_PAUSE, b"held")])])
         paused = time.time_ns() // 1_000_000
-        _collect(collector, 4)
+        _collect(collector, 6)
         produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_RESUME, b"held")])])
         resumed = time.time_ns() // 1_000_000
         collector.until(
@@ -218,7 +216,7 @@ def test_a_paused_schedule_skips_its_occurrences_until_it_is_resumed(
         collector.close()
     got = _occurrences(collector.of(target), target)
     assert got == sorted(set(got)), got
-    held = [t for t in got if paused + 1500 < t <= resumed]
+    held = [t for t in got if paused + 3000 < t <= resumed]
     assert held == [], (held, paused, resumed)  # skipped, and never delivered later
     assert [t for t in got if t > resumed], got
 
