@@ -159,9 +159,8 @@ def test_a_schedule_that_cannot_be_goes_to_the_dlq_as_bad_schedule_not_once_as_a
     setup: Setup, bridges: list[Bridge]
 ) -> None:
     """A cron record whose expression cannot be (that also carries a due time), an interval
-    without the delay-id a schedule needs, and a pause (not acted on by this version) each reach
-    the DLQ whole as bad-schedule, nothing of them reaches the target, and their partitions go
-    on."""
+    without the delay-id a schedule needs, and a pause that also names a target each reach the
+    DLQ whole as bad-schedule, nothing of them reaches the target, and their partitions go on."""
     target = setup.targets[0].encode()
     schedules: ToPartition = [
         (
@@ -170,7 +169,7 @@ def test_a_schedule_that_cannot_be_goes_to_the_dlq_as_bad_schedule_not_once_as_a
             [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), (H_CRON, b"61 9 * * 1-5"), (H_ID, b"d")],
         ),
         (1, b"poll", [(H_TARGET_TOPIC, target), (H_EVERY, b"5m")]),
-        (2, None, [(H_PAUSE, b"poll")]),
+        (2, None, [(H_PAUSE, b"poll"), (H_TARGET_TOPIC, target)]),
     ]
     produce_to(setup.services.bootstrap, setup.delay, schedules)
     produce_to(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 3, "after"))
