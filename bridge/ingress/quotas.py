@@ -88,12 +88,15 @@ class Quotas:
         """Move the records of ``batch`` past their target's quota from what it stores to what it
         rejects (``find`` gives a record's consumed message by shard and offset); returns how
         many moved. Records at or below their shard's watermark in ``marks`` stay, and so do
-        those a re-read leaves out (``settled``: the journal holds their fate)."""
+        those a re-read leaves out (``settled``: the journal holds their fate) and those that
+        carry a recurring schedule on (the schedule was counted when it came in)."""
         judged = [
             (shard, rec)
             for shard, (_, records) in batch.stored.items()
             for rec in records
             if isinstance(rec, Scheduled)
+            and rec.continues
+            is None  # carrying a schedule on: in the place of the one it continues
             and rec.offset > marks.get(shard, -1)
             and not settled(shard, rec.offset)
             and self.quota_of(rec.target) is not None

@@ -5,8 +5,13 @@ acknowledged; the same record carried on twice)."""
 
 from __future__ import annotations
 
-import pytest
+from typing import cast
 
+import pytest
+from confluent_kafka import Message
+
+from bridge.ingress.batch import Batch
+from bridge.ingress.quotas import Quotas
 from bridge.message import Cancel, Scheduled
 from bridge.store import AckBatch, Shard, Store, Withdrawn
 
@@ -158,3 +163,22 @@ def test_the_registry_counts_running_and_paused_schedules_and_forgets_one_that_e
     add(store, Cancel(7, "a"))  # a cancel ends the other
     assert counts(store) == (0, 0) and store.registry.at([SHARD])[SHARD] == {}
     assert add(store, schedule(8, T0 + 1000, continues=1, sid="b"))[0] == 0  # b ended at 6
+
+
+def test_the_record_carrying_a_schedule_on_passes_its_targets_quota(store: Store) -> None:
+    """Quota 1: the schedule's record was acknowledged and a one-shot record took the place
+    before the record carrying the schedule on was read. That record is not refused — the
+    schedule was admitted when it came in — while a new schedule is."""
+    add(store, schedule(0, T0))
+    assert delivered(store, T0) == [0]
+    add(store, one_shot(1, T0 + 60_000, sid="other"))  # the target's one place
+    quotas = Quotas({"out": 1}, store)
+    carried, new = schedule(2, T0 + 1000, continues=0), schedule(3, T0, sid="new")
+    batch = Batch(stored={SHARD: (3, [carried, new])})
+
+    def find(shard: Shard, offset: int) -> Message:
+        return cast(Message, ("message", offset))
+
+    assert quotas.apply(batch, {}, {"delay": 1}, find) == 1
+    assert [r.offset for r in batch.stored[SHARD][1]] == [2]
+    assert [(m, r.reason.value) for m, r in batch.rejected] == [(("message", 3), "quota-exceeded")]
