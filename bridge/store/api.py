@@ -40,7 +40,7 @@ from bridge.store.keys import (
 from bridge.store.layout import Layout
 from bridge.store.redis_errors import as_store_error
 from bridge.store.references import References
-from bridge.store.registry import Registry
+from bridge.store.registry import KEEP_ENDED_MS, Registry
 from bridge.store.results import (
     Added,
     Backlog,
@@ -171,7 +171,10 @@ class Store:
         it: then, like a watermark below the expected one, it is reported in :attr:`Lows.lost`.
         """
         shards = list(expected)
-        calls = [(LOW.keys(self.keys(s)), low_argv(expected[s], max_buckets)) for s in shards]
+        calls = [
+            (LOW.keys(self.keys(s)), low_argv(expected[s], max_buckets, KEEP_ENDED_MS))
+            for s in shards
+        ]
         offsets, lost, ends = {}, {}, {}
         for shard, r in zip(shards, self.scripts.call(LOW, calls), strict=True):
             if r.loss is None:

@@ -333,9 +333,10 @@ class BindReply(NamedTuple):
 # The other scripts' ARGV, each as its header documents it.
 
 
-def low_argv(watermark: int | None, max_buckets: int) -> list[Any]:
-    """low.lua: the watermark the caller expects, and how many buckets to look through."""
-    return [watermark_arg(watermark), max_buckets]
+def low_argv(watermark: int | None, max_buckets: int, keep_ended_ms: int) -> list[Any]:
+    """low.lua: the watermark the caller expects, how many buckets to look through, and how long
+    the schedule registry keeps an ended schedule's marker."""
+    return [watermark_arg(watermark), max_buckets, keep_ended_ms]
 
 
 def release_argv(retry_in_ms: int, members: Sequence[bytes]) -> list[Any]:

@@ -16,7 +16,10 @@ from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Claimed
 
 PAUSED = b":p"  # the end of a registry entry of a paused schedule (add.lua)
-COUNTS = (b"#schedules", b"#paused")  # its fields that count, not schedules
+# Its fields that are not schedules: the counts, and low.lua's cursor. The registry keeps the
+# marker of a schedule a cancel (or a record with its id) ended this long (low.lua).
+COUNTS = (b"#schedules", b"#paused", b"#cursor")
+KEEP_ENDED_MS = 24 * 3600 * 1000
 
 
 class Registry:

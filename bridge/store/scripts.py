@@ -93,7 +93,7 @@ SETTLE = Script(
     "settle", "claimed due ids low pending inflight refs waits targets", count_of, declares=True
 )
 STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
-LOW = Script("low", "meta low pending", LowReply.read)
+LOW = Script("low", "meta low pending schedules", LowReply.read)
 CANDIDATES = Script("candidates", "ids pending", candidates_from)
 PROMOTE = Script("promote", "due refs refs_due pending targets", stored_of)
 WITHDRAW = Script(

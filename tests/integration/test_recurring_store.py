@@ -14,6 +14,8 @@ from bridge.ingress.batch import Batch
 from bridge.ingress.quotas import Quotas
 from bridge.message import Cancel, Scheduled
 from bridge.store import AckBatch, Shard, Store, Withdrawn
+from bridge.store.ids import id_hash
+from bridge.store.registry import KEEP_ENDED_MS
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +184,20 @@ def test_the_record_carrying_a_schedule_on_passes_its_targets_quota(store: Store
     assert quotas.apply(batch, {}, {"delay": 1}, find) == 1
     assert [r.offset for r in batch.stored[SHARD][1]] == [2]
     assert [(m, r.reason.value) for m, r in batch.rejected] == [(("message", 3), "quota-exceeded")]
+
+
+def test_the_marker_of_an_ended_schedule_is_forgotten_a_day_on(store: Store) -> None:
+    """The committer's low.lua sweeps the registry a few entries a call: a marker older than a
+    day goes; a newer one, and a live schedule, stay — and the counts with them."""
+    add(store, schedule(0, T0, sid="old"), schedule(1, T0, sid="new"), schedule(2, T0, sid="live"))
+    add(store, Cancel(3, "old"), Cancel(4, "new"))
+    key = store.keys(SHARD).schedules
+    old = id_hash(SHARD.topic, "old")
+    now = store.time_ms()
+    store.client.hset(key, cast(str, old), f"-3:{now - KEEP_ENDED_MS - 1000}")
+    for _ in range(3):  # a whole pass of the cursor, whatever it starts at
+        store.lows({SHARD: None})
+    left = cast(dict[bytes, bytes], store.client.hgetall(key))
+    assert old not in left
+    assert id_hash(SHARD.topic, "new") in left and id_hash(SHARD.topic, "live") in left
+    assert counts(store) == (1, 0)

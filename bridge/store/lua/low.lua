@@ -16,8 +16,13 @@ lowest pending offset.
 KEYS[1]  meta           HASH  "ingested" -> highest offset handled, "withdrawing" -> see add.lua
 KEYS[2]  low index      ZSET  offset bucket -> 0
 KEYS[3]  pending        HASH  offset bucket -> bitmap of its pending offsets
+KEYS[4]  schedules      HASH  the schedule registry (see add.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  the most buckets to read
+ARGV[3]  how long (ms) the registry keeps the marker of a schedule a cancel or a record with its
+         id ended: by then every record carried on from before that cancel has been read. Each
+         call looks at a few of the registry's entries (HSCAN, its cursor in field "#cursor")
+         and forgets the markers older than that.
 
 Returns: {0, watermark, the lowest pending offset as 8 bytes (or lower: see above), or ""}
        | {1, -1, ""} shard state missing | {2, watermark, ""} watermark below the expected one
@@ -51,6 +56,29 @@ local function lowest_pending()
   local next_bucket = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   return next_bucket and next_bucket .. string.char(0) or ''
 end
+
+-- Forget the markers of ended schedules older than `keep_ms`, a few entries a call.
+local function sweep_registry(keep_ms)
+  if redis.call('EXISTS', KEYS[4]) == 0 then
+    return
+  end
+  local reply = redis.call('HSCAN', KEYS[4], redis.call('HGET', KEYS[4], '#cursor') or '0',
+    'COUNT', 100)
+  local now, gone, fields = now_ms(''), {}, reply[2]
+  for i = 1, #fields, 2 do
+    local at = string.match(fields[i + 1], '^%-%d+:(%d+)')
+    if at and now - tonumber(at) > keep_ms then
+      gone[#gone + 1] = fields[i]
+    end
+  end
+  call_chunked('HDEL', KEYS[4], gone)
+  if reply[1] == '0' then
+    redis.call('HDEL', KEYS[4], '#cursor')
+  else
+    redis.call('HSET', KEYS[4], '#cursor', reply[1])
+  end
+end
+sweep_registry(tonumber(ARGV[3]))
 
 local low = lowest_pending()
 local lowest  -- of what is still to be looked for in other partitions (offsets stay below 2^53)
