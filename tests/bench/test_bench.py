@@ -259,3 +259,7 @@ def test_the_recurring_scenario_delivers_every_occurrence_once(
     assert r["expected"] == 600 and r["delivered"] == 600
     assert r["missed"] == r["early"] == r["twice"] == 0
     assert r["ack_lateness_ms"]["p99"] >= 0 and r["one_shot_ack_lateness_ms"]["p99"] >= 0
+    assert "Recurring schedules" in report.tables(result)
+    assert any(
+        t.endswith("0 missed, 0 early, 0 twice") and ok for t, _, ok in report.targets(result)
+    )
