@@ -213,7 +213,7 @@ class Deliveries:
         self, ident: Ident, err: KafkaError | None, msg: Message | None, unplaced: bool = False
     ) -> None:
         # No message: refused before Kafka had it, or abandoned (see apply_reports); unplaced:
-        # a schedule's record carried on with no occurrence delivered (see _occurrence).
+        # a schedule's record carried on with no occurrence delivered (recurring.sending).
         at = (-1, -1) if msg is None or unplaced else (msg.partition() or 0, msg.offset() or 0)
         self._reports.append((ident, err, self._clock_ms(), *at))
 
