@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 
 from bridge.message import (
     H_CANCEL,
     H_COUNT,
+    H_CRON,
     H_DELIVER_AT,
     H_EVERY,
     H_ID,
@@ -24,6 +26,7 @@ from bridge.message import (
     H_PAUSE,
     H_RESUME,
     H_TARGET_TOPIC,
+    H_TIMEZONE,
     Headers,
 )
 from testbed.harness import (
@@ -38,6 +41,7 @@ from testbed.harness import (
 )
 from testbed.services import ROOT
 from tests.conftest import wait_for
+from tests.unit.test_recurring import CASES, ms
 
 pytestmark = pytest.mark.integration
 
@@ -285,6 +289,47 @@ def test_exactly_once_each_occurrence_through_sigkills_and_a_redis_that_lost_its
     twice = {k: n for k, n in got.items() if n > 1}
     assert twice == {}, sorted(twice.items())[:10]
     assert all(r.seen_ms >= r.due_ms for r in collector.of(setup.targets[0]))
+
+
+def test_each_zones_clock_changes_end_to_end(setup: Setup, bridges: list[Bridge]) -> None:
+    """The unit tests' DST cases (tests/unit/test_recurring.py), each a schedule on the real
+    servers that started in the past with ``delay-missed: all`` and as many occurrences as the
+    case writes out: the bridge delivers them at once, in order, each once, at the instants the
+    case expects — through Paris's, New York's and Lord Howe's (30-minute) changes, Kathmandu's
+    +05:45 and Tokyo's none."""
+    now = time.time_ns() // 1_000_000
+    cases = [c for c in CASES if max(_utc_ms(t) for t in c[3]) < now]
+    assert len(cases) >= 10
+    records: ToPartition = []
+    for n, (expression, zone, start, expected) in enumerate(cases):
+        headers: Headers = [
+            (H_TARGET_TOPIC, setup.targets[0].encode()),
+            (H_CRON, expression.encode()),
+            (H_TIMEZONE, zone.encode()),
+            (H_ID, b"dst-%d" % n),
+            (H_DELIVER_AT, str(ms(start)).encode()),
+            (H_COUNT, str(len(expected)).encode()),
+            (H_MISSED, b"all"),
+        ]
+        records.append((n % 3, b"dst", headers))
+    produce_to(setup.services.bootstrap, setup.delay, records)
+    _start(setup, bridges)
+    total = sum(len(c[3]) for c in cases)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= total, 120, f"{total} occurrences")
+        _collect(collector, 2)  # one too many would be in by now
+    finally:
+        collector.close()
+    target = setup.targets[0]
+    for n, (expression, zone, _, expected) in enumerate(cases):
+        got = _occurrences(collector.of(target), target, f"dst-{n}")
+        assert got == [_utc_ms(t) for t in expected], (expression, zone, got)
+
+
+def _utc_ms(text: str) -> int:
+    """``2026-03-28T01:30Z`` as epoch ms."""
+    return int(datetime.strptime(text, "%Y-%m-%dT%H:%MZ").replace(tzinfo=UTC).timestamp() * 1000)
 
 
 def _cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
