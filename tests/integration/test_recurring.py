@@ -12,6 +12,9 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
+import redis
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bridge.message import (
     H_CANCEL,
@@ -29,6 +32,7 @@ from bridge.message import (
     H_TIMEZONE,
     Headers,
 )
+from bridge.store import Shard, Store
 from testbed.harness import (
     Bridge,
     Collector,
@@ -330,6 +334,42 @@ def test_each_zones_clock_changes_end_to_end(setup: Setup, bridges: list[Bridge]
 def _utc_ms(text: str) -> int:
     """``2026-03-28T01:30Z`` as epoch ms."""
     return int(datetime.strptime(text, "%Y-%m-%dT%H:%MZ").replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def test_a_schedule_outlives_the_delay_topics_retention(
+    one: Setup, bridges: list[Bridge], admin: AdminClient, redis_client: redis.Redis
+) -> None:
+    """Exactly once, every second: after three occurrences every record of the delay topic
+    below the one that holds the schedule now is deleted (as retention does), and then Redis
+    loses everything. Rebuilt from what is left, the schedule goes on: three more occurrences,
+    none twice."""
+    start = _next_second()
+    produce_to(
+        one.services.bootstrap, one.delay, [(0, b"r", _schedule(one, b"kept", start, b"1s"))]
+    )
+    _start(one, bridges, **EXACTLY_ONCE)
+    collector = one.collector()
+    target = one.targets[0]
+    try:
+        collector.until(lambda rs: len(rs) >= 3, 60, "three occurrences")
+        shard = Shard(one.delay, 0)
+        at = Store(redis_client, f"test-{one.unique}").registry.at([shard])[shard]
+        assert len(at) == 1
+        for future in admin.delete_records([TopicPartition(one.delay, 0, min(at))]).values():
+            future.result(timeout=30)
+        deleted = time.time_ns() // 1_000_000
+        assert wipe(one) > 0
+        collector.until(
+            lambda rs: len([r for r in rs if r.seen_ms > deleted + 500]) >= 3,
+            60,
+            "three occurrences after the retention and the loss",
+        )
+        _collect(collector, 2)
+    finally:
+        collector.close()
+    got = _occurrences(collector.of(target), target)
+    assert got == sorted(set(got)), got  # none twice, in order
+    assert got[0] == start and len(got) >= 6
 
 
 def _cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
