@@ -29,7 +29,6 @@ after a lease ran out) leaves nothing behind.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from bridge.egress.failures import InFlight
@@ -37,26 +36,17 @@ from bridge.message import (
     H_AFTER,
     H_CONTINUES,
     H_COUNT,
-    H_CRON,
     H_DELIVER_AT,
     H_DUE_AT,
     H_ENDED,
-    H_EVERY,
     H_ID,
-    H_MAX_LATENESS,
-    H_MISSED,
     H_OCCURRENCE,
     H_PAUSED,
-    H_TIMEZONE,
-    H_UNTIL,
     STRIPPED_ON_DELIVERY,
-    BadSchedule,
     Headers,
-    Recurrence,
+    Rejected,
     Scheduled,
-    parse_count,
-    parse_duration_ms,
-    parse_time_ms,
+    recurrence_at,
     wire_headers,
 )
 from bridge.store import Shard
@@ -125,15 +115,22 @@ def end_headers(record: Scheduled) -> Headers:
 
 
 def step(record: Scheduled, now_ms: int, *, paused: bool = False) -> Step:
-    """What ``record`` (a recurring schedule, due at one of its occurrences) does at ``now_ms``;
-    ``paused`` (``delay-pause``): it delivers nothing, and is carried on all the same (the
-    occurrences of a paused schedule are skipped, not kept for its resume)."""
+    """What ``record`` (a recurring schedule, due at its next occurrence or, when that is further
+    out than a record waits, before it: bridge.message.rules) does at ``now_ms``; ``paused``
+    (``delay-pause``): it delivers nothing, and is carried on all the same (the occurrences of a
+    paused schedule are skipped, not kept for its resume)."""
     try:
-        schedule = schedule_at(record)
-    except BadSchedule as exc:  # it was read the same way when stored: a bug, or a corrupt record
+        schedule = recurrence_at(record)
+    except Rejected as exc:  # it was read the same way when stored: a bug, or a corrupt record
         logger.error("%s: %s; delivered once, as a one-shot record", record.delay_id, exc)
         return Step(record.due_ms, None)
-    fire = schedule.fire(record.due_ms, now_ms)
+    occurrence = schedule.first()
+    if occurrence is None:  # it was read with one: a bug, or a corrupt record
+        logger.error("%s: no occurrence left; the schedule ends", record.delay_id)
+        return Step(None, None)
+    if occurrence > max(now_ms, record.due_ms):  # carried on towards it, nothing to deliver
+        return Step(None, onward_headers(record, occurrence, schedule.count, paused=paused))
+    fire = schedule.fire(occurrence, now_ms)
     deliver = None if paused else fire.deliver
     left = schedule.count
     if left is not None and deliver is not None:
@@ -142,38 +139,6 @@ def step(record: Scheduled, now_ms: int, *, paused: bool = False) -> Step:
     if after is None:
         return Step(deliver, None)
     return Step(deliver, onward_headers(record, after, left, paused=paused))
-
-
-def schedule_at(record: Scheduled) -> Recurrence:
-    """The schedule ``record``'s headers describe, from its due time on (an occurrence: the
-    start its due-time headers gave has done its work)."""
-    texts: dict[str, str] = {}
-    for name, value in record.headers:
-        if name in _SCHEDULE and name not in texts:
-            texts[name] = (value or b"").decode()
-    lateness = texts.get(H_MAX_LATENESS)
-    return Recurrence.of(
-        cron=texts.get(H_CRON),
-        every_ms=_read(parse_duration_ms, texts.get(H_EVERY)),
-        zone=texts.get(H_TIMEZONE),
-        start_ms=record.due_ms,
-        until_ms=_read(parse_time_ms, texts.get(H_UNTIL)),
-        missed=texts.get(H_MISSED),
-        missed_after_ms=_read(parse_duration_ms, lateness),
-        count=parse_count(texts[H_COUNT].strip()) if H_COUNT in texts else None,
-    )
-
-
-_SCHEDULE = frozenset((H_CRON, H_EVERY, H_TIMEZONE, H_UNTIL, H_MISSED, H_COUNT, H_MAX_LATENESS))
-
-
-def _read(reader: Callable[[str], int], text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return reader(text)
-    except ValueError as exc:
-        raise BadSchedule(str(exc)) from None
 
 
 def onward_headers(

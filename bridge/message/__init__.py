@@ -50,7 +50,7 @@ from bridge.message.headers import (
     without_value,
 )
 from bridge.message.recurrence import BadSchedule, Recurrence, recurrence_of
-from bridge.message.rules import Rules, parse
+from bridge.message.rules import Rules, parse, recurrence_at
 from bridge.message.values import (
     MAX_EPOCH_MS,
     MAX_INT32,
@@ -130,6 +130,7 @@ __all__ = [
     "parse_time_ms",
     "parse_when",
     "record_size",
+    "recurrence_at",
     "recurrence_of",
     "stub_detail",
     "topic_refusal",

@@ -33,7 +33,7 @@ from bridge.message.headers import (
     origin,
     record_size,
 )
-from bridge.message.recurrence import BadSchedule, recurrence_of
+from bridge.message.recurrence import BadSchedule, Recurrence, recurrence_of
 from bridge.message.values import (
     MAX_EPOCH_MS,
     MIN_EPOCH_MS,
@@ -147,10 +147,23 @@ def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | Non
     return Cancel(offset, first, base_ms, due, tuple(more))
 
 
-def _schedule(control: dict[str, bytes], base_ms: int) -> tuple[int, int | None]:
-    """A recurring schedule's next occurrence (epoch ms) and the offset of the record it carries
-    on from (its ``delay-continues``; None: a producer wrote it), or :class:`Rejected` as
-    bad-schedule naming what is wrong."""
+def _schedule(control: dict[str, bytes], base_ms: int) -> tuple[Recurrence, int | None]:
+    """A recurring schedule and the offset of the record it carries on from (its
+    ``delay-continues``; None: a producer wrote it), or :class:`Rejected` as bad-schedule naming
+    what is wrong."""
+    schedule = _recurrence(control, base_ms)
+    continues = None
+    if H_CONTINUES in control:
+        text = control[H_CONTINUES].decode("ascii", "replace")
+        continues = parse_count(text.strip())
+        if continues is None:
+            raise Rejected(Reason.BAD_SCHEDULE, f"{H_CONTINUES}: an offset, not {text[:40]!r}")
+    return schedule, continues
+
+
+def _recurrence(control: dict[str, bytes], base_ms: int) -> Recurrence:
+    """The schedule the control headers describe (its start from ``base_ms`` when they give
+    none), or :class:`Rejected` as bad-schedule."""
     texts: dict[str, str] = {}
     for name, raw in control.items():
         try:
@@ -159,19 +172,36 @@ def _schedule(control: dict[str, bytes], base_ms: int) -> tuple[int, int | None]
             raise Rejected(Reason.BAD_SCHEDULE, f"header {name} is not valid UTF-8") from None
     try:
         lateness = texts.get(H_MAX_LATENESS)
-        schedule = recurrence_of(texts, base_ms, None if lateness is None else _duration(lateness))
+        return recurrence_of(texts, base_ms, None if lateness is None else _duration(lateness))
     except BadSchedule as exc:
         raise Rejected(Reason.BAD_SCHEDULE, str(exc)) from None
+
+
+def recurrence_at(record: Scheduled) -> Recurrence:
+    """The schedule a stored recurring record describes. Its start is in its headers: a
+    producer's ``delay-after`` (or none) was made a ``delay-deliver-at`` when it was read
+    (:func:`parse`), so its own timestamp is not needed. Raises :class:`Rejected` (bad-schedule)
+    for a record that was not read as a recurring schedule."""
+    return _recurrence(_control(record.headers)[0], 0)
+
+
+def _carried(
+    schedule: Recurrence, control: dict[str, bytes], headers: Headers, base_ms: int, rules: Rules
+) -> tuple[int, Headers]:
+    """A recurring record's due time and the headers it is stored with.
+
+    It falls due at its next occurrence, or sooner: no record of a schedule waits longer than
+    half of ``limits.max_delay``, which the delay topic's retention covers (bridge.topics), so
+    a schedule whose occurrences are further apart (a yearly one under the default, a monthly one
+    under 30 days) is carried on between them with nothing delivered (bridge.egress.recurring).
+    The start of a producer's record is written into its headers as ``delay-deliver-at``, so the
+    egress reads the same schedule from the stored record (:func:`recurrence_at`)."""
     first = schedule.first()
     assert first is not None  # recurrence_of refuses a schedule with none
-    continues = None
-    if H_CONTINUES in texts:
-        continues = parse_count(texts[H_CONTINUES].strip())
-        if continues is None:
-            raise Rejected(
-                Reason.BAD_SCHEDULE, f"{H_CONTINUES}: an offset, not {texts[H_CONTINUES][:40]!r}"
-            )
-    return first, continues
+    if H_DELIVER_AT not in control:
+        headers = [(k, v) for k, v in headers if k != H_AFTER]
+        headers.append((H_DELIVER_AT, str(schedule.start_ms).encode()))
+    return min(first, base_ms + rules.max_delay_ms // 2), headers
 
 
 def _duration(text: str) -> int | None:
@@ -240,7 +270,14 @@ def parse(
         return _ended(offset, base_ms, control)
     continues = None
     if recurring:  # its due-time headers say when its occurrences start
-        due_ms, continues = _schedule(control, base_ms)
+        schedule, continues = _schedule(control, base_ms)
+        if continues is None and schedule.start_ms - now_ms > rules.max_delay_ms:
+            raise Rejected(
+                Reason.DELAY_TOO_LONG,
+                f"the schedule starts {format_time_ms(schedule.start_ms)}, further out than "
+                f"limits.max_delay ({format_duration_ms(rules.max_delay_ms)})",
+            )
+        due_ms, headers = _carried(schedule, control, headers, base_ms, rules)
     else:
         due_ms = _due_ms(deliver_at, after, base_ms)
     if due_ms - now_ms > rules.max_delay_ms:

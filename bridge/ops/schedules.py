@@ -21,7 +21,7 @@ from bridge.message import (
     Headers,
     Scheduled,
     format_time_ms,
-    recurrence_of,
+    recurrence_at,
 )
 from bridge.ops.acts import Sent, check_record, delay_topic
 from bridge.ops.answers import Answer
@@ -118,7 +118,7 @@ def schedules(config: Config, topics: Sequence[str], limit: int, now: int) -> li
 
 def _row(topic: str, partition: int, record: Scheduled, paused: bool, now_ms: int) -> ScheduleRow:
     texts = {k: (v or b"").decode(errors="replace") for k, v in reversed(record.headers)}
-    schedule = recurrence_of(texts, record.timestamp_ms)
+    schedule = recurrence_at(record)
     upcoming = tuple(schedule.upcoming(max(now_ms, record.due_ms - 1), 3))
     return ScheduleRow(
         record.delay_id,

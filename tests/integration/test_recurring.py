@@ -372,6 +372,46 @@ def test_a_schedule_outlives_the_delay_topics_retention(
     assert got[0] == start and len(got) >= 6
 
 
+def test_a_schedule_whose_occurrences_are_further_apart_than_limits_max_delay_goes_on(
+    one: Setup, bridges: list[Bridge], admin: AdminClient, redis_client: redis.Redis
+) -> None:
+    """Exactly once, every 6 s with ``limits.max_delay`` 4 s: no record may wait longer than 4 s,
+    so the schedule is carried on at half of it between its occurrences (a yearly schedule under
+    the default 365 days, a monthly one under 30). After the first occurrence, once a record
+    carried on with no occurrence holds the schedule, every record below it is deleted (as
+    retention does) and Redis loses everything: each occurrence comes once at its instant, and
+    nothing reaches the DLQ."""
+    start = _next_second()
+    sid = b"far-apart"
+    headers = _schedule(one, sid, start, b"6s", (H_COUNT, b"3"))
+    produce_to(one.services.bootstrap, one.delay, [(0, b"f", headers)])
+    overrides = {**EXACTLY_ONCE, "limits__max_delay": "4s"}
+    _start(one, bridges, **overrides)
+    collector = one.collector()
+    target = one.targets[0]
+    shard = Shard(one.delay, 0)
+    registry = Store(redis_client, f"test-{one.unique}").registry
+
+    def held_at() -> int:
+        return min(registry.at([shard])[shard] or [-1])
+
+    try:
+        collector.until(lambda rs: len(rs) >= 1, 60, "the first occurrence")
+        # Carried on twice since (at 2 s and 4 s), the next occurrence not due yet.
+        wait_for(lambda: held_at() >= 3, 20, f"a record carried on between: {held_at()}")
+        for future in admin.delete_records([TopicPartition(one.delay, 0, held_at())]).values():
+            future.result(timeout=30)
+        assert wipe(one) > 0
+        collector.until(lambda rs: len(rs) >= 3, 60, f"three occurrences: {collector.records}")
+        _collect(collector, 2)
+    finally:
+        collector.close()
+    got = collector.of(target)
+    assert _occurrences(got, target) == [start, start + 6000, start + 12000]
+    assert all(r.seen_ms >= r.due_ms for r in got)
+    assert collector.of(one.dlq) == []
+
+
 def _cli(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bridge", *args],

@@ -5,12 +5,14 @@ so the chain keeps the schedule's arithmetic across a zone's clock changes, its 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
 from confluent_kafka import KafkaError
 
 from bridge.egress.outlet import Both
-from bridge.egress.recurring import occurrence_headers, step
+from bridge.egress.recurring import Step, occurrence_headers, step
 from bridge.message import (
     H_AFTER,
     H_CONTINUES,
@@ -27,6 +29,8 @@ from bridge.message import (
     H_TIMEZONE,
     H_UNTIL,
     Headers,
+    Reason,
+    Rejected,
     Rules,
     Scheduled,
     parse,
@@ -51,10 +55,10 @@ def utc(millis: int) -> str:
     return datetime.fromtimestamp(millis / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def read(headers: Headers, offset: int, now_ms: int) -> Scheduled:
+def read(headers: Headers, offset: int, now_ms: int, rules: Rules = RULES) -> Scheduled:
     """The record as the ingress stores it, produced at ``now_ms``."""
     got = parse(
-        RULES,
+        rules,
         topic="delay",
         partition=0,
         offset=offset,
@@ -68,17 +72,28 @@ def read(headers: Headers, offset: int, now_ms: int) -> Scheduled:
     return got
 
 
-def chain(headers: Headers, produced_ms: int, steps: int) -> list[tuple[int | None, Headers]]:
+def chain(
+    headers: Headers, produced_ms: int, steps: int, rules: Rules = RULES
+) -> list[tuple[int | None, Headers]]:
     """Deliver a schedule ``steps`` times, each record at its due time, reading the record that
     carries it on as the ingress would: each step's occurrence and that record's headers."""
-    record = read(headers, 0, produced_ms)
-    out: list[tuple[int | None, Headers]] = []
+    return [
+        (did.occurrence_ms, did.onward or []) for _, did in walk(headers, produced_ms, steps, rules)
+    ]
+
+
+def walk(
+    headers: Headers, produced_ms: int, steps: int, rules: Rules = RULES
+) -> list[tuple[Scheduled, Step]]:
+    """:func:`chain`'s records, each with what it did at its due time."""
+    record = read(headers, 0, produced_ms, rules)
+    out: list[tuple[Scheduled, Step]] = []
     for n in range(1, steps + 1):
         did = step(record, record.due_ms)
-        out.append((did.occurrence_ms, did.onward or []))
+        out.append((record, did))
         if did.onward is None:
             break
-        record = read(did.onward, n, record.due_ms)
+        record = read(did.onward, n, record.due_ms, rules)
     return out
 
 
@@ -101,6 +116,73 @@ def test_a_cron_schedule_carried_on_keeps_its_zones_clock_changes() -> None:
         "2026-10-26T01:30Z",  # 02:30 CET
         "2026-10-27T01:30Z",
     ]
+
+
+RULES_30D = replace(RULES, max_delay_ms=parse_duration_ms("30d"))
+DAY = 86_400_000
+
+
+def test_a_leap_day_schedule_under_a_30_day_max_delay_waits_15_days_at_most_per_record() -> None:
+    """Midnight UTC on 29 February, every fourth year, with limits.max_delay 30 days: each record
+    of the schedule falls due at most 15 days after it was produced (the topic's retention, at
+    least limits.max_delay, always holds it), delivers nothing until the occurrence, and then
+    delivers it once, at its instant."""
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_CRON, b"0 0 29 2 *"), (H_ID, b"leap")]
+    produced = ms("2027-03-01T00:00:00+00:00")
+    steps = walk(headers, produced, 400, RULES_30D)
+    at = produced
+    for record, _ in steps:
+        assert record.due_ms - at <= 15 * DAY
+        at = record.due_ms
+    delivered = [(r.due_ms, d.occurrence_ms) for r, d in steps if d.occurrence_ms is not None]
+    got = [utc(o) for _, o in delivered]
+    assert got[:3] == ["2028-02-29T00:00Z", "2032-02-29T00:00Z", "2036-02-29T00:00Z"]
+    assert all(due == o for due, o in delivered)  # each at its instant, none early
+    # Its start, the record's own timestamp, was written into the stored record as absolute.
+    assert dict(steps[0][0].headers)[H_DELIVER_AT] == str(produced).encode()
+
+
+def test_an_interval_whose_start_is_further_out_than_half_the_max_delay_keeps_its_grid() -> None:
+    """Every 40 days from 20 days after the record (``delay-after``), with limits.max_delay 30
+    days: the first record is due after 15 days, with nothing to deliver; its start was made
+    absolute when it was read, so the occurrences stay on the grid the record gave."""
+    produced = ms("2027-01-01T00:00:00+00:00")
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"40d"), (H_ID, b"grid")]
+    headers += [(H_AFTER, b"20d"), (H_COUNT, b"3")]
+    steps = walk(headers, produced, 50, RULES_30D)
+    assert steps[0][0].due_ms == produced + 15 * DAY and steps[0][1].occurrence_ms is None
+    assert [d.occurrence_ms for _, d in steps if d.occurrence_ms is not None] == [
+        produced + (20 + 40 * k) * DAY for k in range(3)
+    ]
+    assert steps[-1][1].onward is None  # the count reached
+
+
+def test_a_record_carried_on_between_occurrences_and_reached_late_follows_the_missed_policy() -> (
+    None
+):
+    """The bridge got to a record carried on between two occurrences only after the second
+    had passed (an outage): it delivers the latest, once, as any late occurrence would."""
+    produced = ms("2027-01-01T00:00:00+00:00")
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"40d"), (H_ID, b"late")]
+    headers += [(H_DELIVER_AT, str(produced + 40 * DAY).encode()), (H_CONTINUES, b"0")]
+    record = read(headers, 1, produced, RULES_30D)
+    assert record.due_ms == produced + 15 * DAY
+    did = step(record, produced + 81 * DAY)
+    assert did.occurrence_ms == produced + 80 * DAY
+    assert dict(did.onward or [])[H_DELIVER_AT] == str(produced + 120 * DAY).encode()
+
+
+def test_a_schedule_may_start_no_further_out_than_the_max_delay() -> None:
+    """As a one-shot record may be due no further out; its first occurrence may be further out
+    than that (a cron that fires once a year), reached in steps."""
+    produced = ms("2027-01-02T00:00:00+00:00")
+    far: Headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1d"), (H_ID, b"far")]
+    with pytest.raises(Rejected) as refused:
+        read([*far, (H_AFTER, b"31d")], 0, produced, RULES_30D)
+    assert refused.value.reason is Reason.DELAY_TOO_LONG
+    assert "the schedule starts 2027-02-02" in refused.value.detail
+    yearly: Headers = [(H_TARGET_TOPIC, b"out"), (H_CRON, b"0 0 1 1 *"), (H_ID, b"new-year")]
+    assert read(yearly, 0, produced, RULES_30D).due_ms == produced + 15 * DAY
 
 
 def test_an_interval_counts_down_and_ends() -> None:
