@@ -39,6 +39,7 @@ from testbed.checker import (
 )
 from testbed.clock import build_shim
 from testbed.harness import Bridge, cli_of, metric, wait_ready
+from testbed.recurring import recurring_sigkill
 from testbed.run import PARTITIONS, RECOVERY, RECOVERY_CHECK, Result, Run, Size
 from testbed.servers import Servers
 from testbed.services import wait_for
@@ -1038,6 +1039,9 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     ),
     "isr-shrink": (isr_shrink, None, Size(60_000, 100, 1, outage_s=30)),
     "broker-roll": (broker_roll, Size(2000, 20, 1), Size(60_000, 100, 1)),
+    # Its short version: test_recurring.py's test_exactly_once_each_occurrence_through_sigkills_
+    # and_a_redis_that_lost_its_data (twelve seconds, twenty schedules every second).
+    "recurring-sigkill": (recurring_sigkill, None, Size(60_000, 630, 10)),
 }
 KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze", "isr-shrink", "broker-roll"})
 
@@ -1077,7 +1081,7 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         wait_for(lambda: in_sync(admin), IN_SYNC_S, "every partition of the cluster in sync")
         # The brokers' append times (see testbed/brokers.py).
         delay_config = target_config = {"message.timestamp.type": "LogAppendTime"}
-    elif name in ("kafka-outage", "kafka-restart"):
+    elif name in ("kafka-outage", "kafka-restart", "recurring-sigkill"):
         # The recovery after the broker is back counts to the append: the checker's own
         # consumer rejoins its group after the outage too.
         target_config = {"message.timestamp.type": "LogAppendTime"}

@@ -1,0 +1,222 @@
+"""Recurring schedules under faults, and the oracle of their occurrences.
+
+A recurring schedule's occurrences are not records of the workload: the checker skips the
+schedule's own records (testbed.checker.expectations), and this module says what each schedule
+should have delivered — every occurrence in a window, each once — and reads the target topic
+for what it did. The ``recurring-sigkill`` chaos scenario and ``python -m bench recurring``
+both account with it.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, Producer
+
+from bridge.kafka import headers_of
+from bridge.kafka import produce as produce_one
+from bridge.message import (
+    H_CRON,
+    H_DELIVER_AT,
+    H_EVERY,
+    H_ID,
+    H_MISSED,
+    H_OCCURRENCE,
+    H_TARGET_TOPIC,
+    Headers,
+)
+from testbed import run as runs
+from testbed.run import Result, Run, Size
+from testbed.workload import CLIENT_LOG_LEVEL, now_ms, steady
+
+VALUE = b"x" * 100
+MINUTE_MS = 60_000
+# An occurrence delivered again at least once may have been in flight at a fault this close.
+IN_FLIGHT_MS = 15_000
+
+Occurrence = tuple[str, int]  # (the schedule's delay-id, the instant, epoch ms)
+
+
+@dataclass
+class Occurrences:
+    """What the target topic holds of the occurrences expected: the first append time of each
+    one seen, and how many times each came."""
+
+    seen: dict[Occurrence, int] = field(default_factory=dict)
+    copies: Counter[Occurrence] = field(default_factory=Counter)
+
+    def missed(self, expected: list[Occurrence]) -> list[Occurrence]:
+        return [k for k in expected if k not in self.seen]
+
+    def early(self, expected: list[Occurrence]) -> list[Occurrence]:
+        return [k for k in expected if k in self.seen and self.seen[k] < k[1]]
+
+    def twice(self) -> list[Occurrence]:
+        return sorted(k for k, n in self.copies.items() if n > 1)
+
+
+def produce_schedules(
+    bootstrap: str, topic: str, target: str, schedules: list[tuple[bytes, Headers]]
+) -> None:
+    """Produce each ``(delay-id, headers)`` schedule to ``topic``, keyed by its id, for
+    ``target``."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "log_level": CLIENT_LOG_LEVEL,
+        }
+    )
+    for i, (sid, own) in enumerate(schedules):
+        headers = [(H_TARGET_TOPIC, target.encode()), (H_ID, sid), *own]
+        produce_one(producer, topic, key=sid, value=VALUE, headers=headers)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError("the schedules were not all produced")
+
+
+def spread(
+    count: int, first_ms: int, every_ms: int, prefix: str = "s"
+) -> list[tuple[bytes, Headers]]:
+    """``count`` schedules every ``every_ms``, their first occurrences spread evenly over one
+    interval from ``first_ms``."""
+    return [
+        (
+            f"{prefix}{i}".encode(),
+            [
+                (H_EVERY, f"{every_ms}ms".encode()),
+                (H_DELIVER_AT, b"%d" % (first_ms + i * every_ms // count)),
+            ],
+        )
+        for i in range(count)
+    ]
+
+
+def expected_spread(
+    count: int, first_ms: int, every_ms: int, start: int, end: int, prefix: str = "s"
+) -> list[Occurrence]:
+    """Every occurrence of :func:`spread`'s schedules due in ``start`` .. ``end``."""
+    out = []
+    for i in range(count):
+        at = first_ms + i * every_ms // count
+        at += max(0, (start - at + every_ms - 1) // every_ms) * every_ms
+        while at < end:
+            out.append((f"{prefix}{i}", at))
+            at += every_ms
+    return out
+
+
+def read_occurrences(
+    bootstrap: str, target: str, expected: list[Occurrence], deadline_ms: int
+) -> Occurrences:
+    """Read ``target`` from its beginning (``read_committed``) for the ``expected`` occurrences:
+    until all have come and a second more has passed (a second copy would be in by then), or
+    ``deadline_ms``."""
+    wanted = set(expected)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"occurrences-{target}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": CLIENT_LOG_LEVEL,
+        }
+    )
+    consumer.subscribe([target])
+    got = Occurrences()
+    all_in: float | None = None
+    try:
+        while now_ms() < deadline_ms and (all_in is None or time.time() < all_in + 1):
+            for msg in consumer.consume(1000, 0.2):
+                headers = dict(headers_of(msg))
+                occurrence = headers.get(H_OCCURRENCE)
+                if msg.error() is not None or occurrence is None:
+                    continue
+                key = ((headers.get(H_ID) or b"").decode(), int(occurrence))
+                if key not in wanted:
+                    continue
+                got.copies[key] += 1
+                got.seen.setdefault(key, msg.timestamp()[1])
+            if all_in is None and len(got.seen) == len(wanted):
+                all_in = time.time()
+    finally:
+        consumer.close()
+    return got
+
+
+def recurring_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
+    """Recurring schedules through a SIGKILL just after each minute boundary and one Redis
+    FLUSHALL (#81's target): ``size.records`` // 100 schedules firing at every minute (a cron
+    ``* * * * *``, all at once) and as many every 10 s spread over it, all ``delay-missed:
+    all``, beside a steady load of one-shot records. Every occurrence of the window is
+    delivered, none early; exactly once, none twice; at least once, only one in flight at a
+    fault comes again."""
+    bridge = run.bridge("pod-0")
+    count = max(10, size.records // 100)
+    first = (now_ms() + 20_000) // MINUTE_MS * MINUTE_MS + MINUTE_MS
+    every = [(sid, [*h, (H_MISSED, b"all")]) for sid, h in spread(count, first, 10_000, "e")]
+    minute: list[tuple[bytes, Headers]] = [
+        (b"m%d" % i, [(H_CRON, b"* * * * *"), (H_DELIVER_AT, b"%d" % first), (H_MISSED, b"all")])
+        for i in range(count)
+    ]
+    produce_schedules(run.servers.bootstrap, run.delay, run.target, every + minute)
+    end = first + int(size.seconds * 1000)
+    workload = run.workload(
+        steady(size.records, run.target, 5000, rng.randrange(1 << 30)), size.seconds
+    )
+    # (epoch ms, fault): a SIGKILL within half a second after each minute boundary (the minute's
+    # occurrences in flight), and a FLUSHALL half a minute after the middle one.
+    events = [
+        (first + k * MINUTE_MS + rng.randrange(0, 500), "kill") for k in range(1, size.faults + 1)
+    ]
+    events.append((first + (size.faults // 2) * MINUTE_MS + 30_000, "wipe"))
+    faults: list[int] = []
+    for at, fault in sorted(events):
+        if at >= end:
+            break
+        _until(at)
+        faults.append(at)
+        if fault == "wipe":
+            client = run.servers.redis()
+            client.flushall()
+            client.close()
+            run.fault_over("FLUSHALL")
+            continue
+        bridge.kill()
+        bridge = run.bridge("pod-0")
+        run.fault_over(f"SIGKILL at {at % MINUTE_MS} ms past the minute")
+    kills = len(faults) - 1
+    result = run.finish(workload, "recurring SIGKILL", f"{kills} x SIGKILL at a minute, FLUSHALL")
+    expected = expected_spread(count, first, 10_000, first, end, "e")
+    expected += [(f"m{i}", at) for i in range(count) for at in range(first, end, MINUTE_MS)]
+    got = read_occurrences(run.servers.bootstrap, run.target, expected, now_ms() + 120_000)
+    missed, early, twice = got.missed(expected), got.early(expected), got.twice()
+    stray = [k for k in twice if not any(abs(k[1] - f) <= IN_FLIGHT_MS for f in faults)]
+    result.checks["every occurrence delivered"] = not missed
+    result.checks["no occurrence early"] = not early
+    result.checks["an occurrence twice only when in flight at a fault"] = not stray
+    if runs.EXACTLY_ONCE:
+        result.checks["no occurrence twice (exactly once)"] = not twice
+    result.notes.append(
+        f"{len(expected):,} occurrences of {2 * count:,} schedules: {len(missed)} missed, "
+        f"{len(early)} early, {len(twice)} twice"
+    )
+    for what, keys in (("missed", missed), ("early", early), ("twice", twice)):
+        if keys:
+            print(f"   {what}: {keys[:10]}", file=sys.stderr, flush=True)
+    return result
+
+
+def _until(epoch_ms: int) -> None:
+    """Wait until the wall clock reads ``epoch_ms`` (fault timing against the schedules' own
+    instants, not synchronisation)."""
+    left = epoch_ms - now_ms()
+    if left > 0:
+        time.sleep(left / 1000)
