@@ -50,6 +50,7 @@ from tests.unit.test_recurring import CASES, ms
 pytestmark = pytest.mark.integration
 
 EXACTLY_ONCE = {"egress__exactly_once": "true", "egress__transaction": "100ms"}
+TIERS = {"store__payload_horizon": "4s", "store__fetch_ahead": "2s"}
 
 
 def _schedule(
@@ -409,6 +410,39 @@ def test_a_schedule_whose_occurrences_are_further_apart_than_limits_max_delay_go
     got = collector.of(target)
     assert _occurrences(got, target) == [start, start + 6000, start + 12000]
     assert all(r.seen_ms >= r.due_ms for r in got)
+    assert collector.of(one.dlq) == []
+
+
+def test_a_schedule_further_apart_than_the_payload_horizon_waits_as_a_reference(
+    one: Setup, bridges: list[Bridge], redis_client: redis.Redis
+) -> None:
+    """Every 9 s, 4 KiB, with ``store.payload_horizon`` 4 s: between its occurrences the
+    schedule's record waits as a reference (its payload left in the delay topic, not in Redis)
+    and is read back before each. Every occurrence comes with the payload, once, at its instant;
+    then Redis is lost while it waits so, and it goes on."""
+    start = _next_second()
+    payload = bytes(range(256)) * 16
+    headers = _schedule(one, b"far-ref", start, b"9s", (H_COUNT, b"4"))
+    produce_to(one.services.bootstrap, one.delay, [(0, payload, headers)])
+    bridge = _start(one, bridges, **EXACTLY_ONCE, **TIERS)
+    collector = one.collector()
+    target = one.targets[0]
+    store = Store(redis_client, f"test-{one.unique}")
+    shard = Shard(one.delay, 0)
+    try:
+        collector.until(lambda rs: len(rs) >= 1, 60, "the first occurrence")
+        wait_for(lambda: store.references.counts([shard]) == {shard: 1}, 10, "a reference")
+        collector.until(lambda rs: len(rs) >= 2, 30, "the second occurrence")
+        wait_for(lambda: store.references.counts([shard]) == {shard: 1}, 10, "a reference again")
+        assert wipe(one) > 0
+        collector.until(lambda rs: len(rs) >= 4, 60, "four occurrences")
+        _collect(collector, 2)
+    finally:
+        collector.close()
+    got = collector.of(target)
+    assert _occurrences(got, target) == [start + k * 9000 for k in range(4)]
+    assert all(r.value == payload and r.seen_ms >= r.due_ms for r in got)
+    assert metric(bridge, 'delay_bridge_read_back_total{result="stored"}') >= 1
     assert collector.of(one.dlq) == []
 
 
