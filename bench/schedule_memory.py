@@ -58,9 +58,11 @@ def per_schedule(
     config, client = StoreConfig(), store.client
     now = store.time_ms()
     settled = time.monotonic() + 30  # what an earlier kind's keys held, freed in the background
-    while client.info("memory").get("lazyfree_pending_objects") and time.monotonic() < settled:
+    memory = cast(dict[str, int], client.info("memory"))
+    while memory.get("lazyfree_pending_objects") and time.monotonic() < settled:
         time.sleep(0.1)
-    used = cast(dict[str, int], client.info("memory"))["used_memory"]
+        memory = cast(dict[str, int], client.info("memory"))
+    used = memory["used_memory"]
     started, offset, added = time.monotonic(), 0, 0
     while added < schedules:
         batches: dict[Shard, tuple[int, list[Scheduled]]] = {}

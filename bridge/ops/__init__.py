@@ -73,6 +73,7 @@ from bridge.ops.records import (
     locate,
     print_status,
     print_waiting,
+    schedule_partitions,
     status,
     store_of,
     waiting,
@@ -82,7 +83,6 @@ from bridge.ops.schedules import (
     ScheduleRow,
     SchedulesAnswer,
     hold,
-    schedule_partitions,
     schedules,
     schedules_answer,
 )

@@ -47,7 +47,7 @@ from bridge.ops.bulk import (
     packed,
     replacement_of,
 )
-from bridge.ops.records import delay_shards, locate, store_of
+from bridge.ops.records import delay_shards, locate, schedule_partitions, store_of
 from bridge.ops.replay import Replayed, replay
 from bridge.ops.send import Placed, Sending, Voice, send
 
@@ -203,21 +203,15 @@ def cancel(config: Config, ask: CancelAsk, now_ms: int, voice: Voice) -> Sent | 
         return _bulk(config, ask, now_ms, voice, lambda m, d, _: cancel_of(m, d))
     topic = delay_topic(config, ask.topic)
     dialect = config.topics.dialect.get(topic)
-    etf1 = dialect == ETF1
-    if etf1 and ask.key is not None and ask.key != ask.id:
-        raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
-    try:
-        headers: Headers = [] if etf1 else list(cancel_headers(ask.id))  # checks the id too
-    except ValueError as exc:
-        raise UsageError(f"--id: {exc}") from None
-    if dialect == KASPR:
-        headers = [(KASPR_ACTION, KASPR_CANCEL.encode()), (KASPR_REQUEST_ID, ask.id.encode())]
-    given = ask.id.encode() if etf1 else None if ask.key is None else ask.key.encode()
-    value = None if etf1 else b""
-    check_record(config.rules(), topic, given if etf1 else b"k", value, headers)
+    headers, given, value = _cancel_record(topic, dialect, ask.id, ask.key)
+    check_record(config.rules(), topic, given if dialect == ETF1 else b"k", value, headers)
     count, found = locate(config, topic, ask.id)
+    # A recurring schedule may wait nowhere (its occurrence in flight, its next record on its way
+    # in) and yet live in its partition's registry: a cancel there ends it (add.lua).
+    waiting = {shard.partition for shard, _ in found}
+    running = [p for p in schedule_partitions(config, topic, ask.id) if p not in waiting]
     records: list[Outgoing] = []
-    if not found:
+    if not found and not running:
         if not ask.force:
             raise BridgeError(
                 f"{ask.id} waits in no partition of {topic} (already claimed or delivered, never "
@@ -231,20 +225,41 @@ def cancel(config: Config, ask: CancelAsk, now_ms: int, voice: Voice) -> Sent | 
             )
         records.append((given, value, headers, None))
     else:
-        where = [shard.partition for shard, _ in found]
+        where = sorted(waiting.union(running))
         if given is not None:
             choose(where, given, count, f"{ask.id} waits in {topic}", what="cancel", voice=voice)
-        if len(found) > 1:
+        if len(where) > 1:
             voice(
-                f"{ask.id} waits in {len(found)} partitions of {topic} "
+                f"{ask.id} waits in {len(where)} partitions of {topic} "
                 f"({', '.join(str(p) for p in where)}): cancelling each"
             )
+        for partition in running:
+            voice(f"{ask.id}: a recurring schedule running in partition {partition}, ended there")
+            records.append((given, value, headers, partition))
         for shard, rec in found:
             hinted = headers
             if dialect not in (ETF1, KASPR):  # the due time of its record: see Cancel
                 hinted = [*headers, (H_DUE_AT, b"%d" % rec.due_ms)]
             records.append((rec.key if given is None else given, value, hinted, shard.partition))
     return _sent(config, topic, records, ask, what=f"cancel of {ask.id}", voice=voice)
+
+
+def _cancel_record(
+    topic: str, dialect: str | None, delay_id: str, key: str | None
+) -> tuple[Headers, bytes | None, bytes | None]:
+    """The headers, key (None: the record's own) and value of a cancel of ``delay_id`` on
+    ``topic`` in its ``dialect``."""
+    etf1 = dialect == ETF1
+    if etf1 and key is not None and key != delay_id:
+        raise UsageError(f"--key: on {topic} (etf1) the key is the delay-id; leave --key out")
+    try:
+        headers: Headers = [] if etf1 else list(cancel_headers(delay_id))  # checks the id too
+    except ValueError as exc:
+        raise UsageError(f"--id: {exc}") from None
+    if dialect == KASPR:
+        headers = [(KASPR_ACTION, KASPR_CANCEL.encode()), (KASPR_REQUEST_ID, delay_id.encode())]
+    given = delay_id.encode() if etf1 else None if key is None else key.encode()
+    return headers, given, None if etf1 else b""
 
 
 def fire(config: Config, ask: FireAsk, now_ms: int, voice: Voice) -> Sent | BulkDone:

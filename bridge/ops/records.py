@@ -158,6 +158,17 @@ def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[S
     )
 
 
+def schedule_partitions(config: Config, topic: str, delay_id: str) -> list[int]:
+    """The partitions of ``topic`` whose schedule registry has a live recurring schedule with
+    ``delay_id`` (waiting, its occurrence in flight, or its next record on its way in)."""
+    shards = delay_shards(config, [topic])
+    store = store_of(config)
+    try:
+        return [s.partition for s in store.registry.live(shards, delay_id)]
+    finally:
+        store.client.close()
+
+
 def _find(
     config: Config,
     shards: Sequence[Shard],

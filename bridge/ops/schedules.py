@@ -26,7 +26,7 @@ from bridge.message import (
 from bridge.ops.acts import Sent, check_record, delay_topic
 from bridge.ops.answers import Answer
 from bridge.ops.asked import PauseAsk, SchedulesAsk
-from bridge.ops.records import delay_shards, store_of
+from bridge.ops.records import delay_shards, schedule_partitions, store_of
 from bridge.ops.send import Placed, Sending, Voice, send
 
 
@@ -133,14 +133,3 @@ def _row(topic: str, partition: int, record: Scheduled, paused: bool, now_ms: in
         upcoming,
         tuple(schedule.local(at).isoformat() for at in upcoming),
     )
-
-
-def schedule_partitions(config: Config, topic: str, delay_id: str) -> list[int]:
-    """The partitions of ``topic`` whose schedule registry has a live recurring schedule with
-    ``delay_id`` (waiting, its occurrence in flight, or its next record on its way in)."""
-    shards = delay_shards(config, [topic])
-    store = store_of(config)
-    try:
-        return [s.partition for s in store.registry.live(shards, delay_id)]
-    finally:
-        store.client.close()

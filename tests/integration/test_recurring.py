@@ -16,6 +16,7 @@ import redis
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bridge.client import partition_for
 from bridge.message import (
     H_CANCEL,
     H_COUNT,
@@ -502,6 +503,29 @@ def test_the_command_line_makes_lists_pauses_resumes_and_cancels_a_schedule(
     wait_for(lambda: _cli(setup, "schedules", "list").returncode == 1, 30, "no schedule left")
     unknown = _cli(setup, "schedules", "pause", "--id", "nothing")
     assert unknown.returncode != 0 and "no recurring schedule" in unknown.stderr, unknown.stderr
+
+
+def test_cancel_ends_a_schedule_whose_occurrence_is_in_flight(
+    setup: Setup, bridges: list[Bridge], redis_client: redis.Redis
+) -> None:
+    """``cancel --id`` while the schedule's record is claimed (its occurrence in flight at
+    another replica): nothing of it waits, but its partition's registry has it live, so the
+    cancel goes there — not to the partition its key maps to — and ends it."""
+    start = _next_second(3_600_000)
+    headers = _schedule(setup, b"in-flight", start, b"1h")
+    produce_to(setup.services.bootstrap, setup.delay, [(2, b"i", headers)])
+    bridge = _start(setup, bridges)
+    wait_for(lambda: metric(bridge, 'delay_bridge_schedules{state="running"}') == 1, 30, "stored")
+    store = Store(redis_client, f"test-{setup.unique}")
+    shard = Shard(setup.delay, 2)
+    claimed = store.claim([shard], 10, 3_600_000, now_ms=start)  # in flight elsewhere, an hour
+    assert [c.record.delay_id for c in claimed] == ["in-flight"]
+    assert partition_for(b"elsewhere", 3) != 2
+    done = _cli(setup, "cancel", "--id", "in-flight", "--key", "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert "partition 2" in done.stderr, done.stderr
+    wait_for(lambda: metric(bridge, 'delay_bridge_schedules{state="running"}') == 0, 30, "ended")
+    assert store.registry.live([shard], "in-flight") == []
 
 
 def test_trace_tells_a_schedules_occurrences_apart(setup: Setup, bridges: list[Bridge]) -> None:
