@@ -99,6 +99,9 @@ class InFlight:
     # A recurring schedule's record carrying it on (topic and Producer.produce's fields),
     # produced with the occurrence and reported as one with it (bridge.egress.recurring).
     onward: tuple[str, dict[str, Any]] | None = None
+    # The instant of the occurrence a recurring schedule's record delivers (None: it delivers
+    # none, carried on alone): its lateness counts from there.
+    occurrence_ms: int | None = None
 
     def expire(self, now_ms: int, default_ms: int) -> bool:
         """Whether it is too late to deliver at ``now_ms`` (see :meth:`Scheduled.expires_ms`):

@@ -95,6 +95,7 @@ def sending(record: Scheduled, shard: Shard, now_ms: int, inflight: InFlight) ->
         "value": None if ended else record.value,
         "headers": wire_headers(headers),
     }
+    inflight.occurrence_ms = did.occurrence_ms
     if did.occurrence_ms is not None:
         inflight.onward = (shard.topic, fields)
         return Sending(

@@ -67,8 +67,13 @@ def count_acknowledged(
             if inflight.expired:
                 expired[record.target] += 1
             continue
+        late_from = record.late_from_ms()
+        if record.recurring:  # its occurrence's instant; none: carried on, nothing delivered
+            if inflight.occurrence_ms is None:
+                continue
+            late_from = max(late_from, inflight.occurrence_ms)
         per_target[record.target] += 1
-        late_s[record.priority].append(max(0, now_ms - record.late_from_ms()) / 1000)
+        late_s[record.priority].append(max(0, now_ms - late_from) / 1000)
     for priority, amounts in late_s.items():
         metrics.lateness.labels(priority=priority.label).observe_many(amounts)
     for target, n in per_target.items():

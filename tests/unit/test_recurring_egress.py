@@ -10,9 +10,13 @@ from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import KafkaError
+from prometheus_client import CollectorRegistry
 
+from bridge.egress.failures import InFlight
 from bridge.egress.outlet import Both
-from bridge.egress.recurring import Step, occurrence_headers, step
+from bridge.egress.recurring import Step, occurrence_headers, sending, step
+from bridge.egress.settle import count_acknowledged
+from bridge.health import Readiness
 from bridge.message import (
     H_AFTER,
     H_CONTINUES,
@@ -29,6 +33,7 @@ from bridge.message import (
     H_TIMEZONE,
     H_UNTIL,
     Headers,
+    Priority,
     Reason,
     Rejected,
     Rules,
@@ -36,6 +41,8 @@ from bridge.message import (
     parse,
     parse_duration_ms,
 )
+from bridge.metrics import Metrics
+from bridge.store import Claimed, Shard
 
 RULES = Rules(
     delay_topics=frozenset({"delay"}),
@@ -278,3 +285,37 @@ def test_two_reports_are_told_as_one() -> None:
     both.first(None, "occurrence")  # type: ignore[arg-type]
     both.second(failed, None)
     assert told == [(failed, None)]
+
+
+def test_an_occurrence_counts_as_delivered_late_from_its_own_instant() -> None:
+    """``latest`` delivers the latest occurrence due when the bridge came to the record: its
+    lateness counts from that instant, not from the record's due time; a step that delivers
+    nothing (skipped, or carried on between occurrences) is no delivery."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    start = ms("2026-06-01T00:00:00+00:00")
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p")]
+    record = read([*headers, (H_DELIVER_AT, str(start).encode())], 0, start)
+    late = start + 10 * 60_000 + 1500  # the 10th occurrence after it, 1.5 s late
+    delivered = InFlight(Claimed(Shard("delay", 0), b"m", record, False))
+    sending(record, Shard("delay", 0), late, delivered)
+    assert delivered.occurrence_ms == start + 10 * 60_000
+    skipped_record = read(
+        [
+            *headers,
+            (H_DELIVER_AT, str(start).encode()),
+            (H_MISSED, b"skip"),
+            (H_MAX_LATENESS, b"1s"),
+        ],
+        1,
+        start,
+    )
+    skipped = InFlight(Claimed(Shard("delay", 0), b"n", skipped_record, False))
+    sending(skipped_record, Shard("delay", 0), late + 60_000, skipped)
+    assert skipped.occurrence_ms is None
+    count_acknowledged(metrics, Readiness(), [(delivered, late), (skipped, late + 60_000)])
+    assert registry.get_sample_value("delay_bridge_delivered_total", {"target_topic": "out"}) == 1
+    total = registry.get_sample_value(
+        "delay_bridge_delivery_lateness_seconds_sum", {"priority": Priority.NORMAL.label}
+    )
+    assert total == 1.5
