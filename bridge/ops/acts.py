@@ -326,6 +326,11 @@ def _replace(
             "scheduled, or not read by the bridge yet)"
         )
         return Sent(ask.verb, found=False)
+    if any(r.recurring for _, r in found):
+        raise UsageError(
+            f"{ask.id} is a recurring schedule: {ask.verb} moves one-shot records; pause, resume "
+            "or cancel it (schedules pause|resume, cancel), or produce it again with its id"
+        )
     made = [replacement_of(Match(s, r.offset, r.due_ms, r), due(r.due_ms)) for s, r in found]
     kept = [m for m in made if m is not None]
     return _sent(config, topic, kept, ask, what=ask.verb, voice=voice)
@@ -352,13 +357,16 @@ def _bulk(
     flt = ask_filter(ask, now_ms)
     operation = operation_of(ask)
     topics = [delay_topic(config, ask.topic)] if ask.topic else list(config.topics.delay)
-    tally, skipped, already, applied = Tally(Counter()), 0, 0, 0
+    tally, skipped, already, applied, schedules = Tally(Counter()), 0, 0, 0, 0
 
     def counted(found: Iterator[Match], dialect: str | None) -> Iterator[Outgoing]:
-        nonlocal skipped, already
+        nonlocal skipped, already, schedules
         for match in found:
             if match.done:
                 already += 1
+                continue
+            if ask.verb != "cancel" and match.record is not None and match.record.recurring:
+                schedules += 1  # fire and reschedule move one-shot records
                 continue
             out = act(match, dialect, operation)
             if out is None:
@@ -399,6 +407,12 @@ def _bulk(
         voice(
             f"{skipped:,} matched but are bound for the DLQ (their payload is gone from the "
             "delay topic): left as they are"
+        )
+    if schedules:
+        many = schedules > 1
+        voice(
+            f"{schedules:,} recurring schedule{'s' * many} matched: left as "
+            f"{'they are' if many else 'it is'} ({ask.verb} moves one-shot records)"
         )
     if not tally.total and not already:
         voice("no waiting record matches")

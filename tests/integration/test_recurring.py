@@ -528,6 +528,42 @@ def test_cancel_ends_a_schedule_whose_occurrence_is_in_flight(
     assert store.registry.live([shard], "in-flight") == []
 
 
+def test_fire_and_reschedule_leave_a_recurring_schedule_alone(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``fire`` and ``reschedule`` move one-shot records: by id, a schedule is refused with what
+    to do instead; by a filter that matches one, it is left alone and said so, while the
+    one-shot records beside it are fired. The schedule's next occurrence is unchanged."""
+    start = _next_second(3_600_000)
+    target = setup.targets[0]
+    one_shots: ToPartition = [
+        (0, b"one", [(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, str(start).encode())])
+        for _ in range(3)
+    ]
+    schedule = (0, b"s", _schedule(setup, b"hourly", start, b"1h"))
+    produce_to(setup.services.bootstrap, setup.delay, [schedule, *one_shots])
+    bridge = _start(setup, bridges)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 4, 30, "all four stored")
+    for verb in (["fire"], ["reschedule", "--at", str(start + 60_000)]):
+        refused = _cli(setup, *verb, "--id", "hourly")
+        assert refused.returncode == 2, refused.stderr
+        assert "hourly is a recurring schedule" in refused.stderr, refused.stderr
+    fired = _cli(setup, "fire", "--target", target, "--yes")
+    assert fired.returncode == 0, fired.stderr
+    assert "1 recurring schedule matched: left as it is" in fired.stderr, fired.stderr
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 3, 30, "the three one-shot records fired")
+        _collect(collector, 2)
+    finally:
+        collector.close()
+    assert [r.value for r in collector.of(target)] == [b"one"] * 3
+    listed = _cli(setup, "schedules", "list")
+    assert f"next {datetime.fromtimestamp(start / 1000, UTC):%Y-%m-%dT%H:%M:%S}" in listed.stdout, (
+        listed.stdout
+    )
+
+
 def test_trace_tells_a_schedules_occurrences_apart(setup: Setup, bridges: list[Bridge]) -> None:
     """``trace --id`` of a schedule that ran three times: each record that carried it is a use
     of its id, each delivered, due at its own occurrence."""
