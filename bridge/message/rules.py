@@ -185,6 +185,20 @@ def recurrence_at(record: Scheduled) -> Recurrence:
     return _recurrence(_control(record.headers)[0], 0)
 
 
+# What the record carrying a schedule on may add to the schedule's own (bridge.egress.recurring):
+# an absolute start, its count and the offset it continues (names and values at their longest),
+# and that it is paused.
+CARRIED_BYTES = 3 * (16 + 19) + 12 + 1
+
+
+def _carried_within(size: int, rules: Rules, headers: Headers) -> bool:
+    """Whether a record over the size limit is one the bridge wrote to carry a schedule on (its
+    ``delay-continues``) within what that adds: the schedule was held to the limit when it came."""
+    return size <= rules.max_record_bytes + CARRIED_BYTES and any(
+        name == H_CONTINUES for name, _ in headers
+    )
+
+
 def _carried(
     schedule: Recurrence, control: dict[str, bytes], headers: Headers, base_ms: int, rules: Rules
 ) -> tuple[int, Headers]:
@@ -231,7 +245,7 @@ def parse(
     read twice gets the same due time); when the record has none, ``now_ms`` stands in.
     """
     size = record_size(key, value, headers)
-    if size > rules.max_record_bytes:
+    if size > rules.max_record_bytes and not _carried_within(size, rules, headers):
         raise Rejected(
             Reason.TOO_LARGE,
             f"record is {size} bytes, limits.max_record_bytes is {rules.max_record_bytes}",

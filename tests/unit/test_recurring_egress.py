@@ -40,6 +40,7 @@ from bridge.message import (
     Scheduled,
     parse,
     parse_duration_ms,
+    record_size,
 )
 from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard
@@ -62,7 +63,9 @@ def utc(millis: int) -> str:
     return datetime.fromtimestamp(millis / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def read(headers: Headers, offset: int, now_ms: int, rules: Rules = RULES) -> Scheduled:
+def read(
+    headers: Headers, offset: int, now_ms: int, rules: Rules = RULES, value: bytes = b"v"
+) -> Scheduled:
     """The record as the ingress stores it, produced at ``now_ms``."""
     got = parse(
         rules,
@@ -71,7 +74,7 @@ def read(headers: Headers, offset: int, now_ms: int, rules: Rules = RULES) -> Sc
         offset=offset,
         timestamp_ms=now_ms,
         key=b"k",
-        value=b"v",
+        value=value,
         headers=headers,
         now_ms=now_ms,
     )
@@ -319,3 +322,34 @@ def test_an_occurrence_counts_as_delivered_late_from_its_own_instant() -> None:
         "delay_bridge_delivery_lateness_seconds_sum", {"priority": Priority.NORMAL.label}
     )
     assert total == 1.5
+
+
+def test_a_schedule_at_the_size_limit_is_carried_on_all_the_same() -> None:
+    """A schedule's record exactly ``limits.max_record_bytes`` long, with a relative start: the
+    record carrying it on adds its absolute start, its count and the offset it continues (and
+    may be paused), and is stored all the same — a few bytes over the limit cost no schedule."""
+    rules = replace(RULES, max_record_bytes=400)
+    now = ms("2026-06-01T00:00:00+00:00")
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_EVERY, b"1m"), (H_ID, b"p")]
+    headers += [(H_AFTER, b"0"), (H_COUNT, b"9")]
+    fill = 400 - record_size(b"k", b"", headers)
+    record = parse(
+        rules,
+        topic="delay",
+        partition=0,
+        offset=123_456_789_012,
+        timestamp_ms=now,
+        key=b"k",
+        value=b"v" * fill,
+        headers=headers,
+        now_ms=now,
+    )
+    assert isinstance(record, Scheduled)
+    did = step(record, now, paused=True)
+    onward = did.onward or []
+    assert record_size(b"k", record.value, onward) > 400
+    carried = read(onward, 123_456_789_013, now, rules, record.value or b"")
+    assert carried.continues == 123_456_789_012
+    with pytest.raises(Rejected) as refused:  # a producer's own is held to the limit
+        read([*headers, ("x", b"y")], 0, now, rules, record.value or b"")
+    assert refused.value.reason is Reason.TOO_LARGE
