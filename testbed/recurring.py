@@ -15,11 +15,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Message, Producer
 
 from bridge.kafka import headers_of
 from bridge.kafka import produce as produce_one
 from bridge.message import (
+    H_CANCEL,
+    H_COUNT,
     H_CRON,
     H_DELIVER_AT,
     H_EVERY,
@@ -30,7 +32,8 @@ from bridge.message import (
     Headers,
 )
 from testbed import run as runs
-from testbed.run import Result, Run, Size
+from testbed.checker import read_topic
+from testbed.run import PARTITIONS, Result, Run, Size
 from testbed.workload import CLIENT_LOG_LEVEL, now_ms, steady
 
 VALUE = b"x" * 100
@@ -151,6 +154,24 @@ def read_occurrences(
     return got
 
 
+def counted_schedules(
+    run: Run, schedules: int, every_ms: int, occurrences: int, first_ms: int
+) -> list[Occurrence]:
+    """Produce ``schedules`` schedules (ids ``c<i>``) every ``every_ms``, their first
+    occurrences spread over one interval from ``first_ms``, ``occurrences`` each
+    (``delay-count``) and ``delay-missed: all``; returns every occurrence they must deliver."""
+    made = [
+        (sid, [*own, (H_COUNT, b"%d" % occurrences), (H_MISSED, b"all")])
+        for sid, own in spread(schedules, first_ms, every_ms, "c")
+    ]
+    produce_schedules(run.servers.bootstrap, run.delay, run.target, made)
+    return [
+        (f"c{i}", first_ms + i * every_ms // schedules + k * every_ms)
+        for i in range(schedules)
+        for k in range(occurrences)
+    ]
+
+
 def recurring_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     """Recurring schedules through a SIGKILL just after each minute boundary and one Redis
     FLUSHALL (#81's target): ``size.records`` // 100 schedules firing at every minute (a cron
@@ -196,8 +217,21 @@ def recurring_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     result = run.finish(workload, "recurring SIGKILL", f"{kills} x SIGKILL at a minute, FLUSHALL")
     expected = expected_spread(count, first, 10_000, first, end, "e")
     expected += [(f"m{i}", at) for i in range(count) for at in range(first, end, MINUTE_MS)]
+    check_occurrences(run, result, expected, f"{2 * count:,} schedules", faults)
+    return result
+
+
+def check_occurrences(
+    run: Run, result: Result, expected: list[Occurrence], what: str, faults: list[int]
+) -> None:
+    """Read the run's target for the ``expected`` occurrences (of ``what``) and add the checks:
+    every one delivered (but those of a schedule a record of the delay topic named by its
+    origin: see :func:`named_by_origin`), none early (by the broker's append time), none twice
+    exactly once, and at least once only one due within :data:`IN_FLIGHT_MS` of a fault."""
     got = read_occurrences(run.servers.bootstrap, run.target, expected, now_ms() + 120_000)
-    missed, early, twice = got.missed(expected), got.early(expected), got.twice()
+    hit = named_by_origin(read_topic(run.servers.bootstrap, run.delay, PARTITIONS), run.delay)
+    missed = [k for k in got.missed(expected) if k[0] not in hit]
+    early, twice = got.early(expected), got.twice()
     stray = [k for k in twice if not any(abs(k[1] - f) <= IN_FLIGHT_MS for f in faults)]
     result.checks["every occurrence delivered"] = not missed
     result.checks["no occurrence early"] = not early
@@ -205,13 +239,28 @@ def recurring_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     if runs.EXACTLY_ONCE:
         result.checks["no occurrence twice (exactly once)"] = not twice
     result.notes.append(
-        f"{len(expected):,} occurrences of {2 * count:,} schedules: {len(missed)} missed, "
-        f"{len(early)} early, {len(twice)} twice"
+        f"{len(expected):,} occurrences of {what}: {len(missed)} missed, {len(early)} early, "
+        f"{len(twice)} twice" + (f"; {len(hit)} cancelled or replaced by origin" if hit else "")
     )
-    for what, keys in (("missed", missed), ("early", early), ("twice", twice)):
+    for name, keys in (("missed", missed), ("early", early), ("twice", twice)):
         if keys:
-            print(f"   {what}: {keys[:10]}", file=sys.stderr, flush=True)
-    return result
+            print(f"   {name}: {keys[:10]}", file=sys.stderr, flush=True)
+
+
+def named_by_origin(messages: list[Message], delay: str) -> set[str]:
+    """The schedules (delay-ids) one of whose records a cancel or a record of ``messages`` (the
+    delay topic's) names by its origin, ``<topic>:<partition>:<offset>`` (an adversary's default
+    ids): withdrawn if it waited then, so its occurrences from then on may not come."""
+    origins: dict[str, str] = {}
+    named: set[str] = set()
+    for msg in messages:
+        headers = headers_of(msg)
+        names = {k for k, _ in headers}
+        given = dict(headers).get(H_ID)
+        if given is not None and not names.isdisjoint((H_CRON, H_EVERY)):
+            origins[f"{delay}:{msg.partition()}:{msg.offset()}"] = given.decode()
+        named |= {(v or b"").decode(errors="replace") for k, v in headers if k in (H_CANCEL, H_ID)}
+    return {sid for origin, sid in origins.items() if origin in named}
 
 
 def _until(epoch_ms: int) -> None:

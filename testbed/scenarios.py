@@ -39,7 +39,7 @@ from testbed.checker import (
 )
 from testbed.clock import build_shim
 from testbed.harness import Bridge, cli_of, metric, wait_ready
-from testbed.recurring import recurring_sigkill
+from testbed.recurring import check_occurrences, counted_schedules, recurring_sigkill
 from testbed.run import PARTITIONS, RECOVERY, RECOVERY_CHECK, Result, Run, Size
 from testbed.servers import Servers
 from testbed.services import wait_for
@@ -552,6 +552,11 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
         max_bytes=max_bytes,
     )
     bridge = run.bridge()
+    # Recurring schedules beside them, each occurrence checked (testbed.recurring).
+    every_ms = 2000
+    expected = counted_schedules(
+        run, 20, every_ms, max(3, int(size.seconds * 1000) // every_ms - 1), now_ms() + 3000
+    )
     workload = run.workload(records, size.seconds)
     answers: list[str] = []  # what an operator's command or read got that it must not
     faults = moments(rng, size.faults, 1.0, size.seconds)
@@ -608,6 +613,7 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     )
     result.checks["ready again at the end"] = wait_ready(bridge, 60)
     result.checks["operators answered in one line, reads never 5xx"] = not answers
+    check_occurrences(run, result, expected, "20 schedules", [end for _, end in run.faults])
     if answers:
         result.notes += answers[:5]
     return result
@@ -1081,7 +1087,7 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         wait_for(lambda: in_sync(admin), IN_SYNC_S, "every partition of the cluster in sync")
         # The brokers' append times (see testbed/brokers.py).
         delay_config = target_config = {"message.timestamp.type": "LogAppendTime"}
-    elif name in ("kafka-outage", "kafka-restart", "recurring-sigkill"):
+    elif name in ("kafka-outage", "kafka-restart", "recurring-sigkill", "adversary"):
         # The recovery after the broker is back counts to the append: the checker's own
         # consumer rejoins its group after the outage too.
         target_config = {"message.timestamp.type": "LogAppendTime"}

@@ -202,3 +202,30 @@ def test_the_marker_of_an_ended_schedule_is_forgotten_a_day_on(store: Store) -> 
     assert old not in left
     assert id_hash(SHARD.topic, "new") in left and id_hash(SHARD.topic, "live") in left
     assert counts(store) == (1, 0)
+
+
+def test_a_registry_rolled_back_behind_the_record_carried_on_takes_it(store: Store) -> None:
+    """Redis restarts from an AOF missing its last writes: the registry is back at record 0
+    while the schedule went on to record 5 and its next, record 9 (continuing 5), is what the
+    ingress reads again from its committed offset. The registry is behind it, not ahead: a
+    cancel or a replacement since would be read again after it (and the journal settles one
+    read before). Record 9 is stored, the schedule goes on, and nothing is counted ended."""
+    add(store, schedule(0, T0))
+    dumped = {
+        name: cast(bytes, store.client.dump(name))
+        for name in store.client.scan_iter(match=f"{store.prefix}:*")
+    }
+    assert delivered(store, T0) == [0]
+    assert add(store, schedule(5, T0 + 1000, continues=0)) == (1, ())
+    assert delivered(store, T0 + 1000) == [5]
+    for name in list(store.client.scan_iter(match=f"{store.prefix}:*")):
+        store.client.delete(name)
+    for name, value in dumped.items():  # the restart: what was written since is gone
+        store.client.restore(name, 0, value, replace=True)
+    assert delivered(store, T0) == [0]  # its lease back as it was: at least once
+    assert add(store, schedule(9, T0 + 2000, continues=5)) == (1, ())
+    assert delivered(store, T0 + 2000) == [9]
+    assert store.registry.counts([SHARD]) == (1, 0)
+    # Still: a record carrying it on from before the registry's own is too late (replaced).
+    count, withdrawn = add(store, schedule(12, T0 + 3000, continues=5))
+    assert count == 0 and [(w.offset, w.by_offset) for w in withdrawn] == [(12, 9)]

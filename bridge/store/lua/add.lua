@@ -242,6 +242,13 @@ local function superseded(hash, from, place)
   if at == from then
     return false
   end
+  -- A live entry at a record before the one it continues: the registry is behind the schedule
+  -- (Redis lost its last writes and the delay topic is read again from the committed offset).
+  -- A cancel or a record with its id read since is read again after this one, or was settled
+  -- by the journal; what moved the schedule on, the registry would be at or past this record.
+  if string.sub(at, 1, 1) ~= '-' and tonumber(at) < tonumber(from) then
+    return false
+  end
   ended[#ended + 1] = place
   ended[#ended + 1] = at
   return true
