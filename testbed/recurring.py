@@ -116,12 +116,17 @@ def expected_spread(
 
 
 def read_occurrences(
-    bootstrap: str, target: str, expected: list[Occurrence], deadline_ms: int
+    bootstrap: str,
+    target: str,
+    expected: list[Occurrence],
+    deadline_ms: int,
+    optional: frozenset[str] = frozenset(),
 ) -> Occurrences:
     """Read ``target`` from its beginning (``read_committed``) for the ``expected`` occurrences:
-    until all have come and a second more has passed (a second copy would be in by then), or
-    ``deadline_ms``."""
+    until all have come — but those of the schedules ``optional`` names, which may not — and a
+    second more has passed (a second copy would be in by then), or ``deadline_ms``."""
     wanted = set(expected)
+    required = len([k for k in wanted if k[0] not in optional])
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -146,8 +151,10 @@ def read_occurrences(
                 if key not in wanted:
                     continue
                 got.copies[key] += 1
-                got.seen.setdefault(key, msg.timestamp()[1])
-            if all_in is None and len(got.seen) == len(wanted):
+                if key not in got.seen:
+                    got.seen[key] = msg.timestamp()[1]
+                    required -= key[0] not in optional
+            if all_in is None and required == 0:
                 all_in = time.time()
     finally:
         consumer.close()
@@ -228,8 +235,10 @@ def check_occurrences(
     every one delivered (but those of a schedule a record of the delay topic named by its
     origin: see :func:`named_by_origin`), none early (by the broker's append time), none twice
     exactly once, and at least once only one due within :data:`IN_FLIGHT_MS` of a fault."""
-    got = read_occurrences(run.servers.bootstrap, run.target, expected, now_ms() + 120_000)
     hit = named_by_origin(read_topic(run.servers.bootstrap, run.delay, PARTITIONS), run.delay)
+    got = read_occurrences(
+        run.servers.bootstrap, run.target, expected, now_ms() + 120_000, frozenset(hit)
+    )
     missed = [k for k in got.missed(expected) if k[0] not in hit]
     early, twice = got.early(expected), got.twice()
     stray = [k for k in twice if not any(abs(k[1] - f) <= IN_FLIGHT_MS for f in faults)]
