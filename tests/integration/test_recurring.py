@@ -42,6 +42,7 @@ from testbed.harness import (
     ToPartition,
     metric,
     produce_to,
+    wait_ready,
     wipe,
 )
 from testbed.services import ROOT
@@ -81,6 +82,14 @@ def _start(setup: Setup, bridges: list[Bridge], **overrides: str) -> Bridge:
     return bridge
 
 
+def _consuming(setup: Setup, bridges: list[Bridge], **overrides: str) -> Bridge:
+    """A bridge started and consuming the delay topic (ready, with its partitions assigned)."""
+    bridge = _start(setup, bridges, **overrides)
+    assert wait_ready(bridge), bridge.output()
+    wait_for(lambda: metric(bridge, "delay_bridge_owned_partitions") >= 1, 60, "its partitions")
+    return bridge
+
+
 def _next_second(ms_ahead: int = 2000) -> int:
     now = time.time_ns() // 1_000_000
     return (now + ms_ahead) // 1000 * 1000
@@ -93,10 +102,13 @@ def test_an_interval_schedule_delivers_each_occurrence_once_at_its_instant_up_to
     """Every second from a given instant, four times: four occurrences, each once, none before its
     instant, each with the schedule's delay-id, key and value and its own delay-occurrence; then
     nothing more, and nothing of it left in Redis."""
-    start = _next_second()
+    # The bridge consumes before the schedule is produced: one that started after its four
+    # seconds had passed would deliver the latest alone (delay-missed: latest), and this test is
+    # about each occurrence at its instant.
+    bridge = _consuming(setup, bridges, **overrides)
+    start = _next_second(3000)
     headers = _schedule(setup, b"poll-partner", start, b"1s", (H_COUNT, b"4"))
     produce_to(setup.services.bootstrap, setup.delay, [(1, b"poll", headers)])
-    bridge = _start(setup, bridges, **overrides)
     wait_for(lambda: metric(bridge, 'delay_bridge_schedules{state="running"}') == 1, 30, "it runs")
     collector = setup.collector()
     try:
