@@ -65,7 +65,20 @@ H_PAUSED = "delay-paused"
 # ... or, on the record the bridge writes when a schedule's last occurrence is delivered (its count
 # or its end reached): the schedule ends at the record it continues (the registry forgets it).
 H_ENDED = "delay-ended"
-SCHEDULE_HEADERS = (H_TIMEZONE, H_UNTIL, H_COUNT, H_MISSED, H_CONTINUES, H_PAUSED, H_ENDED)
+# Set by the bridge on a producer's schedule as it stores it, and kept on every record carrying it
+# on: the producer's timestamp (epoch ms). A cancel read in another partition ends the schedule if
+# stamped no earlier than this, however recently the schedule was carried on.
+H_PRODUCED = "delay-produced-at"
+SCHEDULE_HEADERS = (
+    H_TIMEZONE,
+    H_UNTIL,
+    H_COUNT,
+    H_MISSED,
+    H_CONTINUES,
+    H_PAUSED,
+    H_ENDED,
+    H_PRODUCED,
+)
 # Set by the bridge on each occurrence it delivers: the instant it was scheduled for (epoch ms).
 H_OCCURRENCE = "delay-occurrence"
 # A record with any of these is about a recurring schedule (a bad-schedule if it is not one).
@@ -194,6 +207,15 @@ class Scheduled:
         """Whether it goes to the DLQ at its due time (see :func:`dead_letter_when_due`): its
         headers are the DLQ's already."""
         return not self.target
+
+    def produced_ms(self) -> int:
+        """When its producer produced it: a recurring schedule's ``delay-produced-at`` (the
+        producer's record's, kept as the bridge carries it on), else its own timestamp."""
+        if self.recurring:
+            for name, value in self.headers:
+                if name == H_PRODUCED and value and value.isdigit():
+                    return int(value)
+        return self.timestamp_ms
 
     def late_from_ms(self) -> int:
         """The moment from which a delivery counts as late."""

@@ -20,6 +20,7 @@ from bridge.message.headers import (
     H_MAX_LATENESS,
     H_PAUSE,
     H_PRIORITY,
+    H_PRODUCED,
     H_RESUME,
     H_TARGET_TOPIC,
     MAX_ID_BYTES,
@@ -186,9 +187,9 @@ def recurrence_at(record: Scheduled) -> Recurrence:
 
 
 # What the record carrying a schedule on may add to the schedule's own (bridge.egress.recurring):
-# an absolute start, its count and the offset it continues (names and values at their longest),
-# and that it is paused.
-CARRIED_BYTES = 3 * (16 + 19) + 12 + 1
+# an absolute start, its count, the offset it continues and when it was produced (names and
+# values at their longest), and that it is paused.
+CARRIED_BYTES = 3 * (16 + 19) + (17 + 19) + 12 + 1
 
 
 def _carried_within(size: int, rules: Rules, headers: Headers) -> bool:
@@ -212,9 +213,11 @@ def _carried(
     egress reads the same schedule from the stored record (:func:`recurrence_at`)."""
     first = schedule.first()
     assert first is not None  # recurrence_of refuses a schedule with none
-    if H_DELIVER_AT not in control:
-        headers = [(k, v) for k, v in headers if k != H_AFTER]
-        headers.append((H_DELIVER_AT, str(schedule.start_ms).encode()))
+    if H_CONTINUES not in control:  # a producer's: stamped as produced (H_PRODUCED)
+        headers = [(k, v) for k, v in headers if k not in (H_AFTER, H_PRODUCED)]
+        if H_DELIVER_AT not in control:
+            headers.append((H_DELIVER_AT, str(schedule.start_ms).encode()))
+        headers.append((H_PRODUCED, str(base_ms).encode()))
     return min(first, base_ms + rules.max_delay_ms // 2), headers
 
 

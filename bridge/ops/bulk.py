@@ -167,7 +167,13 @@ def cancel_of(match: Match, dialect: str | None) -> Outgoing:
         request = (match.delay_id or "").encode()
         headers: Headers = [(KASPR_ACTION, KASPR_CANCEL.encode()), (KASPR_REQUEST_ID, request)]
         return match.key, b"", headers, shard.partition
-    named = origin(shard.topic, shard.partition, match.offset).encode()
+    if match.record is not None and match.record.recurring:
+        # A schedule moves on to a new record at each occurrence, within its partition: by the
+        # time the cancel is read, the record matched may be gone and the schedule further on.
+        # Its delay-id (required, its identity) ends it wherever it is.
+        named = match.record.delay_id.encode()
+    else:
+        named = origin(shard.topic, shard.partition, match.offset).encode()
     hint = b"%d" % match.due_ms
     return match.key, b"", [(H_CANCEL, named), (H_DUE_AT, hint)], shard.partition
 

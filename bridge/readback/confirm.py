@@ -41,27 +41,43 @@ class IdReader:
     ) -> Mapping[int, tuple[str, int]]:
         """For each (offset, due ms) asked, the delay-id and timestamp of the schedule read there;
         an offset gone from the log, or holding another record than one due then, is left out.
-        Raises :class:`bridge.errors.KafkaFault` when Kafka does not answer."""
+        A due of -1 asks for whatever record is there (the one a recurring schedule is at, as
+        the registry names it). Raises :class:`bridge.errors.KafkaFault` when Kafka does not
+        answer."""
         due = dict(asked)
         messages = self._read(shard, sorted(due))
         out: dict[int, tuple[str, int]] = {}
         now_ms = self._clock_ms()
+        anywhen = [o for o, d in due.items() if d < 0]
+        for offset, record in self._parsed(shard, messages, anywhen, now_ms).items():
+            out[offset] = (record.delay_id, record.produced_ms())
         for offset, msg in messages.items():
-            if msg is not None:
+            if msg is not None and due[offset] >= 0:
                 record, outcome = parse_read_back(
                     self.rules, shard, (offset, due[offset]), msg, now_ms
                 )
                 if outcome == "stored":
-                    out[offset] = (record.delay_id, record.timestamp_ms)
+                    out[offset] = (record.delay_id, record.produced_ms())
         return out
 
     def schedules(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Scheduled]:
         """For each offset asked, the schedule read there, as the ingress parsed it (a record's
         due time is the same however often it is read); an offset gone from the log, or holding
         no schedule, is left out. Raises :class:`bridge.errors.KafkaFault`."""
-        now_ms = self._clock_ms()
+        messages = self._read(shard, sorted(offsets))
+        return self._parsed(shard, messages, offsets, self._clock_ms())
+
+    def _parsed(
+        self,
+        shard: Shard,
+        messages: Mapping[int, Message | None],
+        offsets: Sequence[int],
+        now_ms: int,
+    ) -> dict[int, Scheduled]:
+        """The schedules among ``messages`` at ``offsets``, as the ingress parsed them."""
         out: dict[int, Scheduled] = {}
-        for offset, msg in self._read(shard, sorted(offsets)).items():
+        for offset in offsets:
+            msg = messages.get(offset)
             if msg is None:
                 continue
             try:

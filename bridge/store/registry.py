@@ -10,15 +10,16 @@ from typing import cast
 
 import redis
 
-from bridge.store.ids import id_hash
+from bridge.store.ids import HASH_BYTES, id_hash
 from bridge.store.keys import Keys, Shard
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Claimed
 
 PAUSED = b":p"  # the end of a registry entry of a paused schedule (add.lua)
-# Its fields that are not schedules: the counts, and low.lua's cursor. The registry keeps the
-# marker of a schedule a cancel (or a record with its id) ended this long (low.lua).
-COUNTS = (b"#schedules", b"#paused", b"#cursor")
+# Its fields that are not schedules, their names not HASH_BYTES long: the counts ("#schedules",
+# "#paused"), low.lua's "#cursor", and "@<offset>" naming the schedule at that record back. The
+# registry keeps the marker of a schedule a cancel (or a record with its id) ended this long
+# (low.lua).
 KEEP_ENDED_MS = 24 * 3600 * 1000
 
 
@@ -67,7 +68,7 @@ class Registry:
             s: {
                 int(v.split(b":")[0]): v.endswith(PAUSED)
                 for f, v in r.items()
-                if f not in COUNTS and not v.startswith(b"-")
+                if len(f) == HASH_BYTES and not v.startswith(b"-")
             }
             for s, r in zip(shards, replies, strict=True)
         }

@@ -94,10 +94,13 @@ SETTLE = Script(
 )
 STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
 LOW = Script("low", "meta low pending schedules", LowReply.read)
-CANDIDATES = Script("candidates", "ids pending", candidates_from)
+CANDIDATES = Script("candidates", "ids pending schedules", candidates_from)
 PROMOTE = Script("promote", "due refs refs_due pending targets", stored_of)
 WITHDRAW = Script(
-    "withdraw", "due ids low pending inflight refs waits targets", offsets_of, declares=True
+    "withdraw",
+    "due ids low pending inflight refs waits targets schedules",
+    offsets_of,
+    declares=True,
 )
 INCARNATION = Script(
     "incarnation",

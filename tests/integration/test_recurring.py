@@ -608,3 +608,86 @@ def _collect(collector: Collector, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         collector.poll()
+
+
+def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A thousand schedules every second across the delay topic's partitions, cancelled by a
+    filter while they run: each moves on to a new record every second, so many have moved on
+    from the record the bulk matched by the time its cancel is read. Every one ends — the gauge
+    goes to 0 — and no occurrence comes after what was on its way when the cancels were read."""
+    count = 1000
+    bridge = _consuming(setup, bridges)
+    start = _next_second(3000)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (i % 3, b"tick", _schedule(setup, f"tick-{i}".encode(), start, b"1s"))
+            for i in range(count)
+        ],
+    )
+    running = 'delay_bridge_schedules{state="running"}'
+    wait_for(lambda: metric(bridge, running) == count, 60, "every schedule running")
+    delivered = "delay_bridge_delivered_total"
+    wait_for(lambda: metric(bridge, delivered) >= 2 * count, 60, "two occurrences of each")
+    cancelled = _cli(setup, "cancel", "--target", setup.targets[0], "--yes")
+    assert cancelled.returncode == 0, cancelled.stderr
+    done_ms = time.time_ns() // 1_000_000
+    wait_for(lambda: metric(bridge, running) == 0, 30, "every schedule ended")
+    collector = setup.collector()
+    try:
+        _collect(collector, 3)
+    finally:
+        collector.close()
+    late = [o for o in _occurrences(collector.records, setup.targets[0]) if o > done_ms + 1000]
+    assert late == [], late[:5]
+
+
+def test_cancels_read_in_other_partitions_end_every_schedule_wherever_it_was(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Three hundred schedules every second; each cancelled by a record produced to another
+    partition than its own, the cancels spread over a second so that some find their schedule's
+    record waiting, some its occurrence in flight, some between its occurrence and the record
+    carrying it on. Every schedule ends, and none delivers an occurrence due after its cancel
+    was produced, but what was on its way."""
+    count, groups = 300, 10
+    bridge = _consuming(setup, bridges)
+    start = _next_second(3000)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (i % 3, b"tick", _schedule(setup, f"tick-{i}".encode(), start, b"1s"))
+            for i in range(count)
+        ],
+    )
+    running = 'delay_bridge_schedules{state="running"}'
+    wait_for(lambda: metric(bridge, running) == count, 60, "every schedule running")
+    wait_for(lambda: metric(bridge, "delay_bridge_delivered_total") >= 2 * count, 60, "two each")
+    cancelled_ms: dict[str, int] = {}
+    per_group = count // groups
+    for g in range(groups):
+        batch = range(g * per_group, (g + 1) * per_group)
+        produce_to(
+            setup.services.bootstrap,
+            setup.delay,
+            [((i + 1) % 3, b"", [(H_CANCEL, f"tick-{i}".encode())]) for i in batch],
+        )
+        now = time.time_ns() // 1_000_000
+        cancelled_ms.update({f"tick-{i}": now for i in batch})
+        time.sleep(1 / groups)  # spread over a second: not a wait for a condition
+    wait_for(lambda: metric(bridge, running) == 0, 30, "every schedule ended")
+    collector = setup.collector()
+    try:
+        _collect(collector, 3)
+    finally:
+        collector.close()
+    late = [
+        (r.delay_id, o)
+        for r in collector.of(setup.targets[0])
+        if (o := int(r.header(H_OCCURRENCE) or b"0")) > cancelled_ms[r.delay_id or ""] + 1000
+    ]
+    assert late == [], late[:5]

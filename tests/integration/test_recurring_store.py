@@ -12,10 +12,11 @@ from confluent_kafka import Message
 
 from bridge.ingress.batch import Batch
 from bridge.ingress.quotas import Quotas
-from bridge.message import Cancel, Scheduled
+from bridge.message import Cancel, Scheduled, origin
 from bridge.store import AckBatch, Shard, Store, Withdrawn
 from bridge.store.ids import id_hash
 from bridge.store.registry import KEEP_ENDED_MS
+from testbed.services import confirm_from
 
 pytestmark = pytest.mark.integration
 
@@ -229,3 +230,44 @@ def test_a_registry_rolled_back_behind_the_record_carried_on_takes_it(store: Sto
     # Still: a record carrying it on from before the registry's own is too late (replaced).
     count, withdrawn = add(store, schedule(12, T0 + 3000, continues=5))
     assert count == 0 and [(w.offset, w.by_offset) for w in withdrawn] == [(12, 9)]
+
+
+def test_a_cancel_by_the_default_id_of_a_schedules_record_ends_the_schedule(store: Store) -> None:
+    """A cancel naming the schedule's record by its default id (``<topic>:<p>:<offset>``, as a
+    bulk cancel names what it matched) ends the schedule whether the record waits or its
+    occurrence is in flight: the registry forgets it, and the record carrying it on is not
+    stored."""
+    for in_flight in (False, True):
+        each = Store(store.client, f"{store.prefix}-{in_flight}")
+        add(each, schedule(0, T0))
+        if in_flight:
+            assert [c.record.offset for c in each.claim([SHARD], 10, LEASE, now_ms=T0)] == [0]
+        add(each, Cancel(3, origin(SHARD.topic, SHARD.partition, 0), due_ms=T0))
+        assert counts(each) == (0, 0), in_flight
+        count, withdrawn = add(each, schedule(4, T0 + 1000, continues=0))
+        assert count == 0 and [(w.offset, w.cancelled) for w in withdrawn] == [(4, True)]
+        assert each.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []
+
+
+def test_a_cancel_read_in_another_partition_ends_the_schedule(store: Store) -> None:
+    """The schedule's id cancelled with another key (read in partition 1): the record it finds
+    in partition 0 — waiting, its occurrence in flight, or acknowledged with the record carrying
+    it on not read yet — ends the schedule there."""
+    other = Shard(SHARD.topic, 1)
+    for state in ("waiting", "in flight", "acknowledged"):
+        each = Store(store.client, f"{store.prefix}-{state}")
+        first = schedule(0, T0)
+        add(each, first)
+        if state != "waiting":
+            claimed = each.claim([SHARD], 10, LEASE, now_ms=T0)
+            assert [c.record.offset for c in claimed] == [0]
+        if state == "acknowledged":
+            each.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=1)})
+        cancel = Cancel(0, "poll", timestamp_ms=T0)
+        elsewhere = each.add(
+            {other: (0, [cancel])}, partitions={"delay": 2}, confirm=confirm_from([first])
+        )
+        assert elsewhere.cancelled == (1 if state == "waiting" else 0)
+        assert counts(each) == (0, 0), state
+        assert add(each, schedule(4, T0 + 1000, continues=0))[0] == 0
+        assert each.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []

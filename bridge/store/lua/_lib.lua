@@ -100,9 +100,15 @@ back if one of them is among them).
 unvouched(shard, hashes, vouched): the candidates for `hashes` that are references `vouched` does
 not name, as a flat list of offset, due ms: what the caller reads in the delay topic before
 withdraw can confirm them.
-withdrawing(first): the shard table withdraw and withdraw_at take, from KEYS[first..first+7] in
-that order (due, ids, low, pending, inflight, refs, waits, targets), or the reply
-{"undeclared", ...} when the call left out a wait index (declared from KEYS[first + 8] on).
+withdrawing(first, declared): the shard table withdraw and withdraw_at take, from
+KEYS[first..first+7] in that order (due, ids, low, pending, inflight, refs, waits, targets), or
+the reply {"undeclared", ...} when the call left out a wait index (declared from
+KEYS[declared] on; default first + 8).
+schedule_registry(key, any): a shard's schedule registry (add.lua's KEYS[11]): get(hash),
+state(entry) (running or paused, and its record's offset; nil once ended), set(hash, offset or
+"-" .. the ender's, paused) keeping its counts and the "@<offset>" field that names a live
+schedule's record back, end_at(hash or nil, offset, by) ending the schedule live at that record.
+offset8(text) / decimal_of(8 bytes): an offset as a member starts with it, and as text.
 withdraw_at(shard, offset, due) removes the record at `offset` due at `due` (-1: a reference, or
 not waiting) wherever it waits, however it is known; returns whether it did, whether it is in
 flight instead, and the member it took (nil: a reference's, or none). It leaves the id index as
@@ -862,9 +868,9 @@ local function clear_pending()
   clearing.offsets, clearing.refs = {}, {}
 end
 
-local function withdrawing(first)
+local function withdrawing(first, declared)
   local waits = KEYS[first + 6]
-  local refused = undeclared(first + 8, wait_keys(waits))
+  local refused = undeclared(declared or first + 8, wait_keys(waits))
   if refused then
     return nil, refused
   end
@@ -1010,3 +1016,87 @@ local function ack(keys, argv, first)
   return removed
 end
 
+
+-- The offset `decimal` (text) as the 8 big-endian bytes a member starts with, and back.
+local function offset8(decimal)
+  local n = tonumber(decimal)
+  local hi = math.floor(n / 4294967296)
+  return struct.pack('>I4I4', hi, n - hi * 4294967296)
+end
+
+local function decimal_of(offset)
+  local hi, lo = struct.unpack('>I4I4', offset)
+  return int(hi * 4294967296 + lo)
+end
+
+-- The schedule registry of a shard (a HASH, see add.lua's KEYS[11]): id hash -> "<offset>:<ms>"
+-- of the record a live schedule is at (":p" after it: paused), or "-<offset>:<ms>" of what ended
+-- it; "#schedules" and "#paused" count the live ones. A live schedule's record is named back too:
+-- "@" and its offset's 8 bytes -> "@" and the id hash, so a cancel that names the record by its
+-- offset (a default delay-id) finds the schedule. `any`: whether the HASH may hold anything (a
+-- shard without schedules reads none of it). Entries read are kept for the script's call.
+local function schedule_registry(key, any)
+  local reg, seen, stamp = {any = any}, {}, nil
+  function reg.get(hash)
+    local v = seen[hash]
+    if v == nil then
+      v = redis.call('HGET', key, hash) or false
+      seen[hash] = v
+    end
+    return v
+  end
+  -- An entry's state: "running", "paused", or nil (none, or ended); and its live offset.
+  function reg.state(v)
+    if not v or string.sub(v, 1, 1) == '-' then
+      return nil
+    end
+    return string.sub(v, -2) == ':p' and 'paused' or 'running', string.match(v, '^(%d+)')
+  end
+  -- The schedule `hash` at the record `value` (its offset; "-" first: ended by that record).
+  function reg.set(hash, value, paused)
+    local was, was_at = reg.state(reg.get(hash))
+    stamp = stamp or now_ms('')
+    value = value .. ':' .. int(stamp) .. (paused and ':p' or '')
+    seen[hash] = value
+    redis.call('HSET', key, hash, value)
+    local now, now_at = reg.state(value)
+    if was_at ~= now_at then
+      if was_at then
+        redis.call('HDEL', key, '@' .. offset8(was_at))
+      end
+      if now_at then
+        redis.call('HSET', key, '@' .. offset8(now_at), '@' .. hash)
+      end
+    end
+    if was ~= now then
+      if not was or not now then
+        redis.call('HINCRBY', key, '#schedules', was and -1 or 1)
+      end
+      if was == 'paused' or now == 'paused' then
+        redis.call('HINCRBY', key, '#paused', was == 'paused' and -1 or 1)
+      end
+    end
+  end
+  -- End the schedule `hash` (nil: whichever is live at the record) if it is live at the record
+  -- at `offset` (8 bytes), by the record at offset `by` (text): a cancel that found that record
+  -- waiting, or its occurrence in flight. Returns whether it did.
+  function reg.end_at(hash, offset, by)
+    if not any then
+      return false
+    end
+    if not hash then
+      local named = redis.call('HGET', key, '@' .. offset)
+      if not named then
+        return false
+      end
+      hash = string.sub(named, 2)
+    end
+    local _, at = reg.state(reg.get(hash))
+    if at ~= decimal_of(offset) then
+      return false
+    end
+    reg.set(hash, '-' .. by)
+    return true
+  end
+  return reg
+end

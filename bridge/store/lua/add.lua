@@ -43,7 +43,8 @@ KEYS[10] targets       HASH  target -> records held whole (see the targets HASH 
 KEYS[11] schedules     HASH  the schedule registry: id hash -> "<offset>:<ms>" of the record a
                               recurring schedule with that id is at (":p" after it: paused), or
                               "-<offset>:<ms>" of the cancel or record that ended it (ms: when it
-                              was written)
+                              was written); "@" and a live schedule's record's offset (8 bytes)
+                              -> "@" and its id hash (see schedule_registry in _lib.lua)
 KEYS[12..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
@@ -78,7 +79,8 @@ ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of t
           its occurrence was delivered) is stored only while the registry has the schedule at
           that record, or has no word of it (a state rebuilt, or made before the registry), and
           withdraws nothing: the record it continues may wait again for its own occurrence's
-          retry. Any other record or cancel with the id of a registered schedule ends it there
+          retry. Any other record or cancel with the id of a registered schedule, or naming its
+          record by its default id (waiting or in flight), ends it there
           (the registry says "-" and its offset): whatever the egress wrote from before it is
           not stored, so a cancel read while the schedule's occurrence was in flight, or before
           the record carrying it on was read, still ends it. A pause or a resume (an entry like
@@ -181,53 +183,21 @@ end
 -- The schedule registry (KEYS[11]), read only when it holds something or this batch adds to it:
 -- a deployment without recurring schedules pays one EXISTS a call.
 local registry_any = at_recurring + 1 < first or redis.call('EXISTS', KEYS[11]) == 1
-local registered, stamp = {}, nil
-local function registry(hash)
-  local v = registered[hash]
-  if v == nil then
-    v = redis.call('HGET', KEYS[11], hash) or false
-    registered[hash] = v
-  end
-  return v
-end
--- A registry entry's state: "running", "paused", or nil (none, or ended).
-local function state_of(v)
-  if not v or string.sub(v, 1, 1) == '-' then
-    return nil
-  end
-  return string.sub(v, -2) == ':p' and 'paused' or 'running'
-end
-local function register(hash, value, paused)
-  local was = state_of(registry(hash))
-  stamp = stamp or now_ms('')
-  value = value .. ':' .. int(stamp) .. (paused and ':p' or '')
-  registered[hash] = value
-  redis.call('HSET', KEYS[11], hash, value)
-  -- The live schedules ("#schedules", of which "#paused" are paused): Redis's own count, for the
-  -- delay_bridge_schedules gauge (fields no 5-byte id hash can be).
-  local now = state_of(value)
-  if was ~= now then
-    if not was or not now then
-      redis.call('HINCRBY', KEYS[11], '#schedules', was and -1 or 1)
-    end
-    if was == 'paused' or now == 'paused' then
-      redis.call('HINCRBY', KEYS[11], '#paused', was == 'paused' and -1 or 1)
-    end
-  end
-end
+local reg = schedule_registry(KEYS[11], registry_any)
+local registry, register = reg.get, reg.set
 -- Whether the registry has the schedule paused (nil: it has no word of it, or it ended).
 local function paused_in(hash)
-  local v = registry(hash)
-  if not v or string.sub(v, 1, 1) == '-' then
-    return nil
+  local state = reg.state(registry(hash))
+  if state then
+    return state == 'paused'
   end
-  return string.sub(v, -2) == ':p'
+  return nil
 end
 -- A pause or a resume: the schedule's flag, where the registry has it live.
 local function hold(hash, paused)
-  local v = registry_any and registry(hash)
-  if v and string.sub(v, 1, 1) ~= '-' then
-    register(hash, string.match(v, '^(%d+)'), paused)
+  local _, at = reg.state(registry_any and registry(hash))
+  if at then
+    register(hash, at, paused)
   end
 end
 local ended = {}
@@ -507,12 +477,15 @@ for i = first, #ARGV, 5 do
       end
     elseif score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
-      local by_default, took, _ = false, nil, nil
+      local by_default, took, flight = false, nil, false
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
         offset, at = read_where(located[member])
-        done, _, took = withdraw_at(shard, offset, at)
+        done, flight, took = withdraw_at(shard, offset, at)
         by_default = true
+        if done or flight then  -- a schedule's record: the schedule ends
+          reg.end_at(nil, offset, ARGV[i])
+        end
       end
       if done then
         withdrew(offset, at, place, by_default, took)
@@ -571,6 +544,9 @@ for i = first, #ARGV, 5 do
         offset, at = read_where(located[replaces[ARGV[i]]])
         done, flight, took = withdraw_at(shard, offset, at)
         by_default = true
+        if done or (flight and not exact) then  -- a schedule's record: the schedule ends
+          reg.end_at(nil, offset, ARGV[i])
+        end
       end
       local late = exact and not done and (flight or settled_before(offset, ARGV[i]))
       if exact and not done and not late then  -- this state cannot know: by its id

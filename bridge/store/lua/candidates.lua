@@ -5,20 +5,30 @@ Read only.
 
 KEYS[1]  id index       HASH  buckets of entries: id hash, offset, due ms
 KEYS[2]  pending        HASH  offset bucket -> bitmap of its pending offsets
+KEYS[3]  schedules      HASH  the schedule registry (see add.lua)
 ARGV[1..] id hashes (5 bytes each)
 
 Returns: per hash, a list of pairs: offset (8 bytes), due ms — of records still pending (a stale
-entry, its record acknowledged, is left out: nothing to read)
+entry, its record acknowledged, is left out: nothing to read), then the record a live recurring
+schedule with that hash is at when it is not among them, due -1 (its occurrence acknowledged, the
+record carrying it on not read yet: a cancel read elsewhere ends the schedule there, withdraw.lua)
 ]]
 id_prefetch(KEYS[1], ARGV)
+local reg = schedule_registry(KEYS[3], redis.call('EXISTS', KEYS[3]) == 1)
 local out = {}
 for i = 1, #ARGV do
-  local flat = {}
+  local flat, listed = {}, {}
   for _, found in ipairs(id_candidates(KEYS[1], ARGV[i])) do
     if is_pending(KEYS[2], found[1]) then
       flat[#flat + 1] = found[1]
       flat[#flat + 1] = found[2]
+      listed[found[1]] = true
     end
+  end
+  local _, at = reg.state(reg.any and reg.get(ARGV[i]))
+  if at and not listed[offset8(at)] then
+    flat[#flat + 1] = offset8(at)
+    flat[#flat + 1] = -1
   end
   out[i] = flat
 end

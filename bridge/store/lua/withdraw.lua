@@ -7,7 +7,8 @@ passes only records that carry the delay-id of the cancel or replacement and are
 than it (a schedule produced after the cancel stands). Run by the ingress for the cancels and the
 records with a caller-given id that add.lua found nothing for in their own partition. A record
 in flight stays (its entry goes stale with its acknowledgement); one gone meanwhile has its entry
-dropped.
+dropped. A recurring schedule the shard's registry has at a record named ends there, as a cancel
+read in its own partition ends it (add.lua): the record carrying it on is not stored.
 
 KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
 KEYS[2]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
@@ -17,18 +18,23 @@ KEYS[5]  in-flight      ZSET  offset -> lease deadline ms
 KEYS[6]  references     HASH  "count" -> references waiting
 KEYS[7]  waits          SET   targets with a wait index
 KEYS[8]  targets        HASH  target -> records held whole (see _lib.lua)
-KEYS[9..] the wait indexes the SET lists (see undeclared in _lib.lua)
+KEYS[9]  schedules      HASH  the schedule registry (see add.lua)
+KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] triples: the id hash, the record's offset (8 bytes), its due ms (as the index has it)
 
 Returns: the offset (8 bytes) of each record withdrawn | {"undeclared", wait indexes...}
 ]]
-local shard, refused = withdrawing(1)
+local shard, refused = withdrawing(1, 10)
 if refused then
   return refused
 end
+local reg = schedule_registry(KEYS[9], redis.call('EXISTS', KEYS[9]) == 1)
 local withdrawn = {}
 for i = 1, #ARGV, 3 do
   local done, in_flight = withdraw_at(shard, ARGV[i + 1], tonumber(ARGV[i + 2]))
+  -- A schedule at that record ends there: waiting, in flight, or its occurrence acknowledged
+  -- and the record carrying it on not read yet (candidates.lua gives that one too).
+  reg.end_at(ARGV[i], ARGV[i + 1], decimal_of(ARGV[i + 1]))
   if done then
     withdrawn[#withdrawn + 1] = ARGV[i + 1]
   end
