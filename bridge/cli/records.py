@@ -154,7 +154,7 @@ def produce_command(args: argparse.Namespace, config: Config) -> int:
     voice = Terminal().voice()
     if args.id is not None:  # a replacement goes where the id waits, whatever the key says
         ops.check_record(rules, topic, key, b"", headers)
-        count, found = ops.locate(config, topic, args.id)
+        count, found, _ = ops.locate(config, topic, args.id)
         if found:
             where = [shard.partition for shard, _ in found]
             waits = f"{args.id} waits in {topic}"

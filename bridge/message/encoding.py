@@ -6,11 +6,13 @@ import struct
 
 from bridge.message.headers import (
     H_AFTER,
+    H_CONTINUES,
     H_CRON,
     H_DELIVER_AT,
     H_EVERY,
     H_ID,
     H_MAX_LATENESS,
+    H_PRODUCED,
     H_TARGET_KEY,
     H_TARGET_TOPIC,
     Headers,
@@ -51,8 +53,9 @@ _PRIORITY_OF = {
 }
 _STORED = struct.Struct(">q")
 _COUNT = struct.Struct(">I")
-# Codes are stored: append only, never reorder. A record with a delay-cron or delay-every header
-# (codes from _RECURRING_CODE on) is a recurring schedule: decode says so without a name compared.
+# Codes are stored: append only, never reorder. A record with a delay-cron or delay-every header,
+# or one only a recurring schedule's records carry (codes from _RECURRING_CODE on), is a recurring
+# schedule: decode says so without a name compared.
 _KNOWN_NAMES = (
     H_TARGET_TOPIC,
     H_DELIVER_AT,
@@ -62,6 +65,8 @@ _KNOWN_NAMES = (
     H_MAX_LATENESS,
     H_CRON,
     H_EVERY,
+    H_PRODUCED,
+    H_CONTINUES,
 )
 _NAME_CODES = {name: code for code, name in enumerate(_KNOWN_NAMES, start=1)}
 _TARGET_CODE, _ID_CODE = _NAME_CODES[H_TARGET_TOPIC], _NAME_CODES[H_ID]

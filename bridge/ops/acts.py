@@ -47,7 +47,7 @@ from bridge.ops.bulk import (
     packed,
     replacement_of,
 )
-from bridge.ops.records import delay_shards, locate, schedule_partitions, store_of
+from bridge.ops.records import delay_shards, locate, store_of
 from bridge.ops.replay import Replayed, replay
 from bridge.ops.send import Placed, Sending, Voice, send
 
@@ -205,11 +205,11 @@ def cancel(config: Config, ask: CancelAsk, now_ms: int, voice: Voice) -> Sent | 
     dialect = config.topics.dialect.get(topic)
     headers, given, value = _cancel_record(topic, dialect, ask.id, ask.key)
     check_record(config.rules(), topic, given if dialect == ETF1 else b"k", value, headers)
-    count, found = locate(config, topic, ask.id)
+    count, found, live = locate(config, topic, ask.id)
     # A recurring schedule may wait nowhere (its occurrence in flight, its next record on its way
     # in) and yet live in its partition's registry: a cancel there ends it (add.lua).
     waiting = {shard.partition for shard, _ in found}
-    running = [p for p in schedule_partitions(config, topic, ask.id) if p not in waiting]
+    running = [p for p in live if p not in waiting]
     records: list[Outgoing] = []
     if not found and not running:
         if not ask.force:
@@ -319,7 +319,7 @@ def _replace(
     if ask.id is None:
         return _bulk(config, ask, now_ms, voice, act, read=True)
     topic = delay_topic(config, ask.topic)
-    _, found = locate(config, topic, ask.id)
+    found = locate(config, topic, ask.id).found
     if not found:
         voice(
             f"{ask.id} waits in no partition of {topic} (already claimed or delivered, never "

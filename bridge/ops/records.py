@@ -123,14 +123,14 @@ def waiting(
     ]
     if partition is not None and not shards:
         raise UsageError(f"--partition {partition}: no such partition of {', '.join(topics)}")
-    found = _find(config, shards, delay_id, due_before_ms, limit, skip=skip)
-    total = len(found)
-    if delay_id is None and (len(found) == limit or skip):
-        store = store_of(config)
-        try:
+    store = store_of(config)
+    try:
+        found = _find(config, store, shards, delay_id, due_before_ms, limit, skip=skip)
+        total = len(found)
+        if delay_id is None and (len(found) == limit or skip):
             total = sum(store.inventory.count(s, due_before_ms) for s in shards)
-        finally:
-            store.client.close()
+    finally:
+        store.client.close()
     return [
         Waiting(
             due,
@@ -147,30 +147,33 @@ def waiting(
     ], max(total, len(found))
 
 
-def locate(config: Config, topic: str, delay_id: str) -> tuple[int, list[tuple[Shard, Scheduled]]]:
-    """``topic``'s partition count, and where the record with ``delay_id`` waits in it: (its
-    shard, the record) for each partition that holds one (a delay-id names a schedule per
-    partition), in partition order."""
-    shards = delay_shards(config, [topic])
-    found = _find(config, shards, delay_id, None, len(shards))
-    return len(shards), sorted(
-        ((shard, rec) for _, shard, rec in found), key=lambda sr: sr[0].partition
-    )
+class Located(NamedTuple):
+    """Where a delay-id is in a delay topic of ``partitions``: (its shard, the record) for
+    each partition where a record with it waits (a delay-id names a schedule per partition), in
+    partition order, and the partitions whose schedule registry has a live recurring schedule
+    with it (waiting, its occurrence in flight, or its next record on its way in)."""
+
+    partitions: int
+    found: list[tuple[Shard, Scheduled]]
+    running: list[int]
 
 
-def schedule_partitions(config: Config, topic: str, delay_id: str) -> list[int]:
-    """The partitions of ``topic`` whose schedule registry has a live recurring schedule with
-    ``delay_id`` (waiting, its occurrence in flight, or its next record on its way in)."""
+def locate(config: Config, topic: str, delay_id: str) -> Located:
+    """Where ``delay_id`` is in ``topic`` (:class:`Located`), read with one Redis client."""
     shards = delay_shards(config, [topic])
     store = store_of(config)
     try:
-        return [s.partition for s in store.registry.live(shards, delay_id)]
+        found = _find(config, store, shards, delay_id, None, len(shards))
+        running = [s.partition for s in store.registry.live(shards, delay_id)]
     finally:
         store.client.close()
+    ordered = sorted(((shard, rec) for _, shard, rec in found), key=lambda sr: sr[0].partition)
+    return Located(len(shards), ordered, running)
 
 
 def _find(
     config: Config,
+    store: Store,
     shards: Sequence[Shard],
     delay_id: str | None,
     due_before_ms: int | None,
@@ -180,42 +183,38 @@ def _find(
 ) -> list[tuple[int, Shard, Scheduled]]:
     """The ``limit`` earliest waiting records of ``shards`` after the ``skip`` earliest (only the
     one with ``delay_id`` when given), as (due ms, shard, record) in due order."""
-    store = store_of(config)
-    try:
-        found: list[tuple[int, bytes, Shard]] = []
-        for shard in shards:
-            if delay_id is None:
-                page = store.inventory.page(shard, due_before_ms, skip + limit)
-            else:  # candidates: the index keeps a hash of the id (confirmed below)
-                page = store.inventory.by_id(shard, delay_id)
-                # A default id names the record at its offset, and any record given it since
-                # (a fire or reschedule of that record: the id index holds those).
-                if (offset := default_id_offset(shard, delay_id)) is not None:
-                    page += lookup.by_default_id(config, store, shard, offset)
-            found += [(due, member, shard) for due, member in page]
-        chosen = [
-            (due, member, shard)
-            for due, member, shard in heapq.nsmallest(
-                skip + limit if delay_id is None else len(found), found, key=lambda x: x[:2]
-            )
-            if due_before_ms is None or due < due_before_ms
-        ][skip if delay_id is None else 0 :]
-        far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
-        now_ms = store.time_ms()
-        read = lookup.read_back(config, far, now_ms) if far else {}
-        records = [
-            (
-                due,
-                shard,
-                read[shard, member]
-                if len(member) == REFERENCE_BYTES
-                else stored_record(member, shard, now_ms),
-            )
-            for due, member, shard in chosen
-        ]
-        return [r for r in records if delay_id is None or r[2].delay_id == delay_id][:limit]
-    finally:
-        store.client.close()
+    found: list[tuple[int, bytes, Shard]] = []
+    for shard in shards:
+        if delay_id is None:
+            page = store.inventory.page(shard, due_before_ms, skip + limit)
+        else:  # candidates: the index keeps a hash of the id (confirmed below)
+            page = store.inventory.by_id(shard, delay_id)
+            # A default id names the record at its offset, and any record given it since
+            # (a fire or reschedule of that record: the id index holds those).
+            if (offset := default_id_offset(shard, delay_id)) is not None:
+                page += lookup.by_default_id(config, store, shard, offset)
+        found += [(due, member, shard) for due, member in page]
+    chosen = [
+        (due, member, shard)
+        for due, member, shard in heapq.nsmallest(
+            skip + limit if delay_id is None else len(found), found, key=lambda x: x[:2]
+        )
+        if due_before_ms is None or due < due_before_ms
+    ][skip if delay_id is None else 0 :]
+    far = [(shard, m) for _, m, shard in chosen if len(m) == REFERENCE_BYTES]
+    now_ms = store.time_ms()
+    read = lookup.read_back(config, far, now_ms) if far else {}
+    records = [
+        (
+            due,
+            shard,
+            read[shard, member]
+            if len(member) == REFERENCE_BYTES
+            else stored_record(member, shard, now_ms),
+        )
+        for due, member, shard in chosen
+    ]
+    return [r for r in records if delay_id is None or r[2].delay_id == delay_id][:limit]
 
 
 def topic_partitions(consumer: Consumer, topic: str, what: str) -> list[TopicPartition]:

@@ -26,7 +26,7 @@ from bridge.message import (
 from bridge.ops.acts import Sent, check_record, delay_topic
 from bridge.ops.answers import Answer
 from bridge.ops.asked import PauseAsk, SchedulesAsk
-from bridge.ops.records import delay_shards, schedule_partitions, store_of
+from bridge.ops.records import delay_shards, locate, store_of
 from bridge.ops.send import Placed, Sending, Voice, send
 
 
@@ -82,7 +82,7 @@ def hold(config: Config, ask: PauseAsk, now_ms: int, voice: Voice) -> Sent:
     headers: Headers = [(H_PAUSE if ask.verb == "pause" else H_RESUME, ask.id.encode())]
     key = ask.key.encode() if ask.key is not None else None
     check_record(config.rules(), topic, key, None, headers)
-    partitions = schedule_partitions(config, topic, ask.id)
+    partitions = locate(config, topic, ask.id).running
     if not partitions and key is None:
         raise BridgeError(
             f"no recurring schedule with delay-id {ask.id!r} in {topic} (ended, or not read "

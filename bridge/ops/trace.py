@@ -154,7 +154,7 @@ def _uses(
 
     waiting: dict[tuple[Shard, int], Scheduled] = {}
     for name in [topic] if topic else list(config.topics.delay):
-        for shard, rec in locate(config, name, delay_id)[1]:
+        for shard, rec in locate(config, name, delay_id).found:
             waiting[shard, rec.offset] = rec
     reader = JournalReader(config)
     try:
@@ -228,7 +228,7 @@ def _in_flight(config: Config, shard: Shard, offset: int) -> bool:
 def _waiting(config: Config, shard: Shard, delay_id: str, offset: int) -> Scheduled | None:
     from bridge.ops.records import locate
 
-    for found_shard, rec in locate(config, shard.topic, delay_id)[1]:
+    for found_shard, rec in locate(config, shard.topic, delay_id).found:
         if found_shard == shard and rec.offset == offset:
             return rec
     return None

@@ -34,7 +34,7 @@ from bridge.message import (
     parse_origin,
 )
 from bridge.store.calls import candidates_argv, withdraw_argv
-from bridge.store.ids import Confirm, Schedules, id_hash
+from bridge.store.ids import Confirm, Schedules
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
 from bridge.store.scripts import CANDIDATES, WITHDRAW, Scripts
@@ -76,7 +76,7 @@ def withdraw_elsewhere(
     lookups = [
         (
             CANDIDATES.keys(keys.of(there)),
-            candidates_argv([id_hash(there.topic, r.delay_id) for _, r in theirs]),
+            candidates_argv(there.topic, [r.delay_id for _, r in theirs]),
         )
         for there, theirs in asked
     ]
@@ -142,10 +142,8 @@ def _withdraw(
     for there, hits in planned:
         if hits:
             args = withdraw_argv(
-                [
-                    (id_hash(there.topic, own or r.delay_id), offset, due)
-                    for offset, (_, r, due, own) in hits.items()
-                ]
+                there.topic,
+                [(own or r.delay_id, offset, due) for offset, (_, r, due, own) in hits.items()],
             )
             calls.append((WITHDRAW.keys(keys.of(there)), args))
             done.append((there, hits))

@@ -17,6 +17,7 @@ from itertools import chain
 from typing import Any, NamedTuple
 
 from bridge.message import Priority
+from bridge.store.ids import id_hash
 from bridge.store.keys import PerLane, offset_bytes, offset_of, text
 from bridge.store.results import Lost, lost_from
 
@@ -360,9 +361,10 @@ def stats_argv(now_ms: int | None, due_by_ms: int | None) -> list[Any]:
     return ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
 
 
-def candidates_argv(hashes: Sequence[bytes]) -> list[Any]:
-    """candidates.lua: the delay-id hashes to look up."""
-    return list(hashes)
+def candidates_argv(topic: str, delay_ids: Sequence[str]) -> list[Any]:
+    """candidates.lua: the delay-ids to look up in the delay topic ``topic``, each as its hash
+    and itself."""
+    return [x for i in delay_ids for x in (id_hash(topic, i), i)]
 
 
 def promote_argv(
@@ -374,10 +376,10 @@ def promote_argv(
     return [field, len(data), data[:16], "1" if retired else "0", *chain.from_iterable(members)]
 
 
-def withdraw_argv(hits: Sequence[tuple[bytes, bytes, int]]) -> list[Any]:
-    """withdraw.lua: per record to withdraw, the hash of its delay-id, its offset (8 bytes) and
-    its due ms."""
-    return list(chain.from_iterable(hits))
+def withdraw_argv(topic: str, hits: Sequence[tuple[str, bytes, int]]) -> list[Any]:
+    """withdraw.lua: per record to withdraw of the delay topic ``topic``, the hash of its
+    delay-id, its offset (8 bytes), its due ms and its delay-id."""
+    return [x for i, o, due in hits for x in (id_hash(topic, i), o, due, i)]
 
 
 def settle_argv(settled: Sequence[tuple[int, int, bytes]]) -> list[Any]:

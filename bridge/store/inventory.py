@@ -16,7 +16,6 @@ import redis
 
 from bridge.message import MAX_INT32, parse_count
 from bridge.store.calls import candidates_argv
-from bridge.store.ids import id_hash
 from bridge.store.keys import (
     LANE_BASES,
     LANE_WIDTH,
@@ -160,7 +159,7 @@ class Inventory:
         the id, so the caller confirms each by the delay-id of the record (a reference's read in
         the delay topic); a default id is not in the index (bridge.lookup.by_default_id)."""
         k = self.keys.of(shard)
-        call = (CANDIDATES.keys(k), candidates_argv([id_hash(shard.topic, delay_id)]))
+        call = (CANDIDATES.keys(k), candidates_argv(shard.topic, [delay_id]))
         [[candidates]] = self.scripts.call(CANDIDATES, [call])
         found: list[tuple[int, bytes]] = []
         for offset, due in candidates:

@@ -10,16 +10,15 @@ from typing import cast
 
 import redis
 
-from bridge.store.ids import HASH_BYTES, id_hash
 from bridge.store.keys import Keys, Shard
 from bridge.store.redis_errors import as_store_error
 from bridge.store.results import Claimed
 
 PAUSED = b":p"  # the end of a registry entry of a paused schedule (add.lua)
-# Its fields that are not schedules, their names not HASH_BYTES long: the counts ("#schedules",
-# "#paused"), low.lua's "#cursor", and "@<offset>" naming the schedule at that record back. The
-# registry keeps the marker of a schedule a cancel (or a record with its id) ended this long
-# (low.lua).
+# A schedule's field: "=" and its delay-id. The others are the counts ("#schedules", "#paused") and
+# low.lua's "#cursor". The registry keeps the marker of a schedule a cancel (or a record with its
+# id) ended this long (low.lua).
+SCHEDULE = b"="
 KEEP_ENDED_MS = 24 * 3600 * 1000
 
 
@@ -39,7 +38,9 @@ class Registry:
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for c in schedules:
-                pipe.hget(self.keys.of(c.shard.base()).schedules, cast(str, _field(c)))
+                pipe.hget(
+                    self.keys.of(c.shard.base()).schedules, cast(str, field_of(c.record.delay_id))
+                )
             entries = cast(list[bytes | None], pipe.execute())
         for c, entry in zip(schedules, entries, strict=True):
             c.paused = entry is not None and entry.endswith(PAUSED) and not entry.startswith(b"-")
@@ -48,7 +49,7 @@ class Registry:
         """The ``shards`` (of one delay topic) whose registry has a live schedule ``delay_id``."""
         if not shards:
             return []
-        field = cast(str, id_hash(shards[0].topic, delay_id))
+        field = cast(str, field_of(delay_id))
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
@@ -68,7 +69,7 @@ class Registry:
             s: {
                 int(v.split(b":")[0]): v.endswith(PAUSED)
                 for f, v in r.items()
-                if len(f) == HASH_BYTES and not v.startswith(b"-")
+                if f.startswith(SCHEDULE) and not v.startswith(b"-")
             }
             for s, r in zip(shards, replies, strict=True)
         }
@@ -85,5 +86,6 @@ class Registry:
         return live, sum(int(r[1] or 0) for r in replies)
 
 
-def _field(claimed: Claimed) -> bytes:
-    return id_hash(claimed.shard.topic, claimed.record.delay_id)
+def field_of(delay_id: str) -> bytes:
+    """The registry's field of the schedule ``delay_id``."""
+    return SCHEDULE + delay_id.encode()

@@ -80,7 +80,7 @@ class Script(Generic[R]):
 
 ADD = Script(
     "add",
-    "due meta low pending ids inflight refs refs_due waits targets schedules",
+    "due meta low pending ids inflight refs refs_due waits targets schedules claimed",
     add_outcome,
     declares=True,
 )

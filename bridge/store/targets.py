@@ -12,7 +12,6 @@ from typing import cast
 import redis
 
 from bridge.store.calls import candidates_argv
-from bridge.store.ids import id_hash
 from bridge.store.keys import Keys, Shard, text
 from bridge.store.redis_errors import as_store_error
 from bridge.store.scripts import CANDIDATES, Scripts
@@ -47,7 +46,7 @@ class Targets:
         if not shards or not delay_ids:
             return set()
         topic = shards[0].topic
-        argv = candidates_argv([id_hash(topic, i) for i in delay_ids])
+        argv = candidates_argv(topic, delay_ids)
         calls = [(CANDIDATES.keys(self.keys.of(s)), argv) for s in shards]
         found: set[str] = set()
         for per_id in self.scripts.call(CANDIDATES, calls):

@@ -14,8 +14,8 @@ from bridge.ingress.batch import Batch
 from bridge.ingress.quotas import Quotas
 from bridge.message import Cancel, Scheduled, origin
 from bridge.store import AckBatch, Shard, Store, Withdrawn
-from bridge.store.ids import id_hash
-from bridge.store.registry import KEEP_ENDED_MS
+from bridge.store import ids as id_index
+from bridge.store.registry import KEEP_ENDED_MS, field_of
 from testbed.services import confirm_from
 
 pytestmark = pytest.mark.integration
@@ -194,14 +194,14 @@ def test_the_marker_of_an_ended_schedule_is_forgotten_a_day_on(store: Store) -> 
     add(store, schedule(0, T0, sid="old"), schedule(1, T0, sid="new"), schedule(2, T0, sid="live"))
     add(store, Cancel(3, "old"), Cancel(4, "new"))
     key = store.keys(SHARD).schedules
-    old = id_hash(SHARD.topic, "old")
+    old = field_of("old")
     now = store.time_ms()
     store.client.hset(key, cast(str, old), f"-3:{now - KEEP_ENDED_MS - 1000}")
     for _ in range(3):  # a whole pass of the cursor, whatever it starts at
         store.lows({SHARD: None})
     left = cast(dict[bytes, bytes], store.client.hgetall(key))
     assert old not in left
-    assert id_hash(SHARD.topic, "new") in left and id_hash(SHARD.topic, "live") in left
+    assert field_of("new") in left and field_of("live") in left
     assert counts(store) == (1, 0)
 
 
@@ -271,3 +271,21 @@ def test_a_cancel_read_in_another_partition_ends_the_schedule(store: Store) -> N
         assert counts(each) == (0, 0), state
         assert add(each, schedule(4, T0 + 1000, continues=0))[0] == 0
         assert each.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []
+
+
+def test_schedules_whose_ids_hash_alike_keep_registry_entries_of_their_own(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one bit of the id hash kept, two of three ids share their hash: a cancel of one ends
+    that one only, and the other is carried on."""
+    monkeypatch.setattr(id_index, "HASH_BITS", 1)
+    by_hash: dict[bytes, list[str]] = {}
+    for sid in ("a", "b", "c"):
+        by_hash.setdefault(id_index.id_hash(SHARD.topic, sid), []).append(sid)
+    one, other = next(ids for ids in by_hash.values() if len(ids) > 1)[:2]
+    add(store, schedule(0, T0, sid=one), schedule(1, T0, sid=other))
+    assert counts(store) == (2, 0)
+    add(store, Cancel(2, one))
+    assert counts(store) == (1, 0)
+    assert delivered(store, T0) == [1]
+    assert add(store, schedule(3, T0 + 1000, continues=1, sid=other))[0] == 1

@@ -104,11 +104,11 @@ withdrawing(first, declared): the shard table withdraw and withdraw_at take, fro
 KEYS[first..first+7] in that order (due, ids, low, pending, inflight, refs, waits, targets), or
 the reply {"undeclared", ...} when the call left out a wait index (declared from
 KEYS[declared] on; default first + 8).
-schedule_registry(key, any): a shard's schedule registry (add.lua's KEYS[11]): get(hash),
-state(entry) (running or paused, and its record's offset; nil once ended), set(hash, offset or
-"-" .. the ender's, paused) keeping its counts and the "@<offset>" field that names a live
-schedule's record back, end_at(hash or nil, offset, by) ending the schedule live at that record.
-offset8(text) / decimal_of(8 bytes): an offset as a member starts with it, and as text.
+schedule_registry(key, any): a shard's schedule registry (add.lua's KEYS[11]), by delay-id:
+get(id), state(entry) (running or paused, and its record's offset; nil once ended), set(id,
+offset or "-" .. the ender's, paused) keeping its counts, end_at(id, offset, by) ending the
+schedule live at that record. offset8(text) / decimal_of(8 bytes): an offset as a member starts
+with it, and as text.
 withdraw_at(shard, offset, due) removes the record at `offset` due at `due` (-1: a reference, or
 not waiting) wherever it waits, however it is known; returns whether it did, whether it is in
 flight instead, and the member it took (nil: a reference's, or none). It leaves the id index as
@@ -1029,19 +1029,19 @@ local function decimal_of(offset)
   return int(hi * 4294967296 + lo)
 end
 
--- The schedule registry of a shard (a HASH, see add.lua's KEYS[11]): id hash -> "<offset>:<ms>"
--- of the record a live schedule is at (":p" after it: paused), or "-<offset>:<ms>" of what ended
--- it; "#schedules" and "#paused" count the live ones. A live schedule's record is named back too:
--- "@" and its offset's 8 bytes -> "@" and the id hash, so a cancel that names the record by its
--- offset (a default delay-id) finds the schedule. `any`: whether the HASH may hold anything (a
--- shard without schedules reads none of it). Entries read are kept for the script's call.
+-- The schedule registry of a shard (a HASH, see add.lua's KEYS[11]): "=" and a delay-id ->
+-- "<offset>:<ms>" of the record a live schedule is at (":p" after it: paused), or "-<offset>:<ms>"
+-- of what ended it; "#schedules" and "#paused" count the live ones. Keyed by the id itself, not
+-- its hash: a script finds the schedule of any record it holds (stored_id), and two ids never
+-- share an entry. `any`: whether the HASH may hold anything (a shard without schedules reads none
+-- of it). Entries read are kept for the script's call.
 local function schedule_registry(key, any)
   local reg, seen, stamp = {any = any}, {}, nil
-  function reg.get(hash)
-    local v = seen[hash]
+  function reg.get(sid)
+    local v = seen[sid]
     if v == nil then
-      v = redis.call('HGET', key, hash) or false
-      seen[hash] = v
+      v = redis.call('HGET', key, '=' .. sid) or false
+      seen[sid] = v
     end
     return v
   end
@@ -1052,22 +1052,14 @@ local function schedule_registry(key, any)
     end
     return string.sub(v, -2) == ':p' and 'paused' or 'running', string.match(v, '^(%d+)')
   end
-  -- The schedule `hash` at the record `value` (its offset; "-" first: ended by that record).
-  function reg.set(hash, value, paused)
-    local was, was_at = reg.state(reg.get(hash))
+  -- The schedule `sid` at the record `value` (its offset; "-" first: ended by that record).
+  function reg.set(sid, value, paused)
+    local was = reg.state(reg.get(sid))
     stamp = stamp or now_ms('')
     value = value .. ':' .. int(stamp) .. (paused and ':p' or '')
-    seen[hash] = value
-    redis.call('HSET', key, hash, value)
-    local now, now_at = reg.state(value)
-    if was_at ~= now_at then
-      if was_at then
-        redis.call('HDEL', key, '@' .. offset8(was_at))
-      end
-      if now_at then
-        redis.call('HSET', key, '@' .. offset8(now_at), '@' .. hash)
-      end
-    end
+    seen[sid] = value
+    redis.call('HSET', key, '=' .. sid, value)
+    local now = reg.state(value)
     if was ~= now then
       if not was or not now then
         redis.call('HINCRBY', key, '#schedules', was and -1 or 1)
@@ -1077,25 +1069,18 @@ local function schedule_registry(key, any)
       end
     end
   end
-  -- End the schedule `hash` (nil: whichever is live at the record) if it is live at the record
-  -- at `offset` (8 bytes), by the record at offset `by` (text): a cancel that found that record
-  -- waiting, or its occurrence in flight. Returns whether it did.
-  function reg.end_at(hash, offset, by)
-    if not any then
+  -- End the schedule `sid` (nil: none) if it is live at the record at `offset` (8 bytes), by the
+  -- record at offset `by` (text): a cancel that found that record waiting, or its occurrence in
+  -- flight. Returns whether it did.
+  function reg.end_at(sid, offset, by)
+    if not any or not sid then
       return false
     end
-    if not hash then
-      local named = redis.call('HGET', key, '@' .. offset)
-      if not named then
-        return false
-      end
-      hash = string.sub(named, 2)
-    end
-    local _, at = reg.state(reg.get(hash))
+    local _, at = reg.state(reg.get(sid))
     if at ~= decimal_of(offset) then
       return false
     end
-    reg.set(hash, '-' .. by)
+    reg.set(sid, '-' .. by)
     return true
   end
   return reg

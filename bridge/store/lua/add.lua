@@ -40,12 +40,12 @@ KEYS[8]  chunk index    ZSET  chunk -> its bucket's start ms
 KEYS[9]  waits          SET   targets with a wait index (see wait_key in _lib.lua): a cancel or
                               a replacement reaches a record waiting for its target's rate there
 KEYS[10] targets       HASH  target -> records held whole (see the targets HASH in _lib.lua)
-KEYS[11] schedules     HASH  the schedule registry: id hash -> "<offset>:<ms>" of the record a
+KEYS[11] schedules     HASH  the schedule registry: "=" and a delay-id -> "<offset>:<ms>" of the record a
                               recurring schedule with that id is at (":p" after it: paused), or
                               "-<offset>:<ms>" of the cancel or record that ended it (ms: when it
-                              was written); "@" and a live schedule's record's offset (8 bytes)
-                              -> "@" and its id hash (see schedule_registry in _lib.lua)
-KEYS[12..] the wait indexes the SET lists (see undeclared in _lib.lua)
+                              was written) (see schedule_registry in _lib.lua)
+KEYS[12] claimed       HASH  offset -> member of the records in flight
+KEYS[13..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms (where a reference is appended, and where
@@ -115,7 +115,7 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
          an id of the batch that the caller did not vouch for: nothing was written; the caller
          reads them in the delay topic and calls again
 ]]
-local refused = undeclared(12, wait_keys(KEYS[9]))
+local refused = undeclared(13, wait_keys(KEYS[9]))
 if refused then
   return refused
 end
@@ -186,25 +186,31 @@ local registry_any = at_recurring + 1 < first or redis.call('EXISTS', KEYS[11]) 
 local reg = schedule_registry(KEYS[11], registry_any)
 local registry, register = reg.get, reg.set
 -- Whether the registry has the schedule paused (nil: it has no word of it, or it ended).
-local function paused_in(hash)
-  local state = reg.state(registry(hash))
+local function paused_in(sid)
+  local state = reg.state(registry(sid))
   if state then
     return state == 'paused'
   end
   return nil
 end
+-- The delay-id its producer gave the record at `offset` (8 bytes) that a default id named: from
+-- the member withdrawn (`took`), or the one in flight (nil: a reference, or none).
+local function own_id(offset, took)
+  local member = took or (registry_any and redis.call('HGET', KEYS[12], offset))
+  return member and stored_id(member) or nil
+end
 -- A pause or a resume: the schedule's flag, where the registry has it live.
-local function hold(hash, paused)
-  local _, at = reg.state(registry_any and registry(hash))
+local function hold(sid, paused)
+  local _, at = reg.state(registry_any and registry(sid))
   if at then
-    register(hash, at, paused)
+    register(sid, at, paused)
   end
 end
 local ended = {}
--- Whether a record carrying the schedule `hash` names on from `from` comes too late: its schedule
+-- Whether a record carrying the schedule `sid` names on from `from` comes too late: its schedule
 -- ended, or moved to another record, since (noted in `ended` with what did it).
-local function superseded(hash, from, place)
-  local v = registry(hash)
+local function superseded(sid, from, place)
+  local v = registry(sid)
   if not v then
     return false  -- no word of it: a rebuilt state, or one made before the registry
   end
@@ -466,14 +472,14 @@ for i = first, #ARGV, 5 do
     local score, member, id, hash = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     local place = (i - first) / 5  -- in the batch, from 0
     if score == '' and (member == 'p' or member == 'r') then
-      if hash ~= '' then
-        hold(hash, member == 'p')
+      if id ~= '' then
+        hold(id, member == 'p')
       end
     elseif score == '' and member == 'e' then
       -- The end of a schedule at the record it continues (its last occurrence delivered).
-      local v = hash ~= '' and registry_any and registry(hash)
+      local v = id ~= '' and registry_any and registry(id)
       if v and string.match(v, '^(%-?%d+)') == recurring[ARGV[i]] then
-        register(hash, '-' .. ARGV[i])
+        register(id, '-' .. ARGV[i])
       end
     elseif score == '' then
       local done, offset, at = withdraw(shard, id, hash, vouched, written)
@@ -484,7 +490,7 @@ for i = first, #ARGV, 5 do
         done, flight, took = withdraw_at(shard, offset, at)
         by_default = true
         if done or flight then  -- a schedule's record: the schedule ends
-          reg.end_at(nil, offset, ARGV[i])
+          reg.end_at(own_id(offset, took), offset, ARGV[i])
         end
       end
       if done then
@@ -494,8 +500,8 @@ for i = first, #ARGV, 5 do
         missing = missing + 1
         unmatch(i, place)
       end
-      if registry_any and hash ~= '' and registry(hash) then
-        register(hash, '-' .. ARGV[i])
+      if registry_any and id ~= '' and registry(id) then
+        register(id, '-' .. ARGV[i])
       end
     elseif id == '' then
       -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
@@ -512,7 +518,7 @@ for i = first, #ARGV, 5 do
       members[#members + 1] = member
       plain = plain + 1
     elseif recurring[ARGV[i]] and recurring[ARGV[i]] ~= ''
-        and (not registry_any or not superseded(hash, recurring[ARGV[i]], place)) then
+        and (not registry_any or not superseded(id, recurring[ARGV[i]], place)) then
       -- Carrying its schedule on: stored beside whatever waits (see ARGV[9 + 2V + 3W + T]).
       if #member == REFERENCE then
         refer(score, member)
@@ -525,11 +531,11 @@ for i = first, #ARGV, 5 do
       members[#members + 1] = member
       held[string.sub(member, 1, 8)] = true
       id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
-      local paused = paused_in(hash)
+      local paused = paused_in(id)
       if paused == nil then
         paused = paused_as[ARGV[i]]
       end
-      register(hash, ARGV[i], paused)
+      register(id, ARGV[i], paused)
       added = added + 1
     elseif recurring[ARGV[i]] and recurring[ARGV[i]] ~= '' then
       -- Its schedule ended or moved on (noted by superseded): nothing of it is written.
@@ -545,7 +551,7 @@ for i = first, #ARGV, 5 do
         done, flight, took = withdraw_at(shard, offset, at)
         by_default = true
         if done or (flight and not exact) then  -- a schedule's record: the schedule ends
-          reg.end_at(nil, offset, ARGV[i])
+          reg.end_at(own_id(offset, took), offset, ARGV[i])
         end
       end
       local late = exact and not done and (flight or settled_before(offset, ARGV[i]))
@@ -575,9 +581,9 @@ for i = first, #ARGV, 5 do
         id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
         added = added + 1
         if recurring[ARGV[i]] then  -- a producer's schedule: registered here
-          register(hash, ARGV[i])
-        elseif registry_any and registry(hash) then  -- a one-shot record ends the schedule
-          register(hash, '-' .. ARGV[i])
+          register(id, ARGV[i])
+        elseif registry_any and registry(id) then  -- a one-shot record ends the schedule
+          register(id, '-' .. ARGV[i])
         end
       end
     end

@@ -20,7 +20,8 @@ KEYS[7]  waits          SET   targets with a wait index
 KEYS[8]  targets        HASH  target -> records held whole (see _lib.lua)
 KEYS[9]  schedules      HASH  the schedule registry (see add.lua)
 KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
-ARGV[1..] triples: the id hash, the record's offset (8 bytes), its due ms (as the index has it)
+ARGV[1..] quadruples: the id hash, the record's offset (8 bytes), its due ms (as the index has it)
+          and its delay-id
 
 Returns: the offset (8 bytes) of each record withdrawn | {"undeclared", wait indexes...}
 ]]
@@ -30,11 +31,11 @@ if refused then
 end
 local reg = schedule_registry(KEYS[9], redis.call('EXISTS', KEYS[9]) == 1)
 local withdrawn = {}
-for i = 1, #ARGV, 3 do
+for i = 1, #ARGV, 4 do
   local done, in_flight = withdraw_at(shard, ARGV[i + 1], tonumber(ARGV[i + 2]))
   -- A schedule at that record ends there: waiting, in flight, or its occurrence acknowledged
   -- and the record carrying it on not read yet (candidates.lua gives that one too).
-  reg.end_at(ARGV[i], ARGV[i + 1], decimal_of(ARGV[i + 1]))
+  reg.end_at(ARGV[i + 3], ARGV[i + 1], decimal_of(ARGV[i + 1]))
   if done then
     withdrawn[#withdrawn + 1] = ARGV[i + 1]
   end
