@@ -13,9 +13,10 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from bridge.kafka import headers_of
 from bridge.kafka import produce as produce_one
@@ -31,6 +32,7 @@ from bridge.message import (
     H_TARGET_TOPIC,
     Headers,
 )
+from bridge.store import Shard, Store
 from testbed import run as runs
 from testbed.checker import read_topic
 from testbed.run import PARTITIONS, Result, Run, Size
@@ -278,3 +280,128 @@ def _until(epoch_ms: int) -> None:
     left = epoch_ms - now_ms()
     if left > 0:
         time.sleep(left / 1000)
+
+
+@dataclass
+class Cancelling:
+    """Schedules with no end (ids ``x<i>``), cancelled one at a time by records keyed at random
+    (most read in another partition than the schedule's), then checked to have ended."""
+
+    run: Run
+    left: list[str]
+    produced: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> its cancel's place
+
+    @classmethod
+    def start(cls, run: Run, schedules: int, every_ms: int, first_ms: int) -> Cancelling:
+        """Produce ``schedules`` of them every ``every_ms`` from ``first_ms``."""
+        made = [
+            (sid, [*own, (H_MISSED, b"all")])
+            for sid, own in spread(schedules, first_ms, every_ms, "x")
+        ]
+        produce_schedules(run.servers.bootstrap, run.delay, run.target, made)
+        return cls(run, [sid.decode() for sid, _ in made])
+
+    def cancel(self, rng: random.Random, every: bool = False) -> None:
+        """Cancel one of those left (``every``: all of them)."""
+        ids, self.left = (self.left, []) if every else (self.left[-1:], self.left[:-1])
+        self.produced |= cancel_schedules(self.run, ids, rng)
+
+    def check(self, result: Result) -> None:
+        """The check that each ended: see :func:`check_cancelled`."""
+        check_cancelled(self.run, result, self.produced)
+
+
+def cancel_schedules(run: Run, ids: list[str], rng: random.Random) -> dict[str, tuple[int, int]]:
+    """Cancel each of ``ids`` by a record keyed at random (most land in another partition than
+    the schedule's); returns where each cancel is: its partition and offset."""
+    producer = Producer({"bootstrap.servers": run.servers.bootstrap, "log_level": CLIENT_LOG_LEVEL})
+    placed: dict[str, tuple[int, int]] = {}
+
+    def report(sid: str) -> Callable[[KafkaError | None, Message], None]:
+        def placed_at(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                placed[sid] = (msg.partition() or 0, msg.offset() or 0)
+
+        return placed_at
+
+    for sid in ids:
+        key = rng.choice([None, b"k", b"customer-1", sid.encode()])
+        cancel = [(H_CANCEL, sid.encode())]
+        produce_one(
+            producer, run.delay, key=key, value=b"", headers=cancel, on_delivery=report(sid)
+        )
+    if producer.flush(60) or len(placed) < len(ids):
+        raise RuntimeError("the cancels were not all produced")
+    return placed
+
+
+def check_cancelled(run: Run, result: Result, cancelled: dict[str, tuple[int, int]]) -> None:
+    """Add the check that every schedule ``cancelled`` names ended: once the bridge stored what
+    its partition holds up to each cancel (Redis's watermarks), none delivers an occurrence due
+    after, read for a while past that moment."""
+    shards = [Shard(run.delay, p) for p in range(PARTITIONS)]
+    wanted = {
+        p: max((o for q, o in cancelled.values() if q == p), default=-1) for p in range(PARTITIONS)
+    }
+    client = run.servers.redis()
+    try:
+        store = Store(client, run.prefix)
+        deadline = time.monotonic() + 120
+
+        def read() -> bool:
+            marks = store.inventory.watermarks(shards)
+            return all(marks.get(s, -1) >= wanted[s.partition] for s in shards)
+
+        while not read() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # Past the watermark, the look in the other partitions takes a moment more (across.py).
+        settled_ms = now_ms() + 1000
+        after = occurrences_after(run.servers.bootstrap, run.target, set(cancelled), settled_ms)
+        # Every schedule of the run ended by now (by its count, a cancel, or a record naming one
+        # of its records by origin): the registry has none left, its count as its entries.
+        while store.registry.counts(shards)[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = store.registry.counts(shards)[0]
+        live = sum(len(at) for at in store.registry.at(shards).values())
+    finally:
+        client.close()
+    result.checks["every cancelled schedule ended"] = not after
+    result.checks["no schedule left in the registry"] = left == live == 0
+    result.notes.append(
+        f"{len(cancelled)} schedules cancelled from random partitions while running: "
+        f"{len({sid for sid, _ in after})} delivered after the end; {left} left in the registry"
+    )
+    if after:
+        print(f"   after their cancel: {sorted(after)[:10]}", file=sys.stderr, flush=True)
+
+
+def occurrences_after(
+    bootstrap: str, target: str, ids: set[str], after_ms: int, read_s: float = 6.0
+) -> list[Occurrence]:
+    """The occurrences of the schedules ``ids`` in ``target`` due after ``after_ms``: read from
+    the beginning until ``read_s`` past that moment (three intervals of the adversary's)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"after-{target}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": CLIENT_LOG_LEVEL,
+        }
+    )
+    consumer.subscribe([target])
+    found: list[Occurrence] = []
+    try:
+        while now_ms() < after_ms + read_s * 1000:
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error() is not None:
+                    continue
+                headers = dict(headers_of(msg))
+                sid = (headers.get(H_ID) or b"").decode(errors="replace")
+                occurrence = headers.get(H_OCCURRENCE)
+                if sid in ids and occurrence is not None and int(occurrence) > after_ms:
+                    found.append((sid, int(occurrence)))
+    finally:
+        consumer.close()
+    return found

@@ -39,7 +39,12 @@ from testbed.checker import (
 )
 from testbed.clock import build_shim
 from testbed.harness import Bridge, cli_of, metric, wait_ready
-from testbed.recurring import check_occurrences, counted_schedules, recurring_sigkill
+from testbed.recurring import (
+    Cancelling,
+    check_occurrences,
+    counted_schedules,
+    recurring_sigkill,
+)
 from testbed.run import PARTITIONS, RECOVERY, RECOVERY_CHECK, Result, Run, Size
 from testbed.servers import Servers
 from testbed.services import wait_for
@@ -530,6 +535,21 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
     return result
 
 
+def _fault_kinds(rng: random.Random, faults: int) -> list[str]:
+    """The adversary's faults in a random order: a Redis restart, a broker restart with four
+    faults or more, and bridge restarts for the rest."""
+    kinds = ["redis", *(["kafka"] if faults >= 4 else [])]
+    kinds += ["bridge"] * (faults - len(kinds))
+    rng.shuffle(kinds)
+    return kinds
+
+
+def _shift(rng: random.Random, choices: tuple[int, ...], other: int) -> int:
+    """A clock's offset: ahead only while the other clock is not. Both ahead is beyond the
+    guarantee (DESIGN: never early, whatever ONE clock says): the earlier one decides."""
+    return rng.choice([c for c in choices if c <= 0 or other <= 0])
+
+
 def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
     (:func:`~testbed.workload.adversarial`: ids and default ids of every partition with other
@@ -557,18 +577,13 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     expected = counted_schedules(
         run, 20, every_ms, max(3, int(size.seconds * 1000) // every_ms - 1), now_ms() + 3000
     )
+    # And ten with no end, cancelled one by one at the faults (the rest at the end).
+    cancelling = Cancelling.start(run, 10, every_ms, now_ms() + 3000)
     workload = run.workload(records, size.seconds)
     answers: list[str] = []  # what an operator's command or read got that it must not
     faults = moments(rng, size.faults, 1.0, size.seconds)
-    kinds = ["redis", *(["kafka"] if len(faults) >= 4 else [])]
-    kinds += ["bridge"] * (len(faults) - len(kinds))
-    rng.shuffle(kinds)
+    kinds = _fault_kinds(rng, len(faults))
     rolled_back, redis_shift, bridge_shift = 0, 0, 0
-
-    def shift(choices: tuple[int, ...], other: int) -> int:
-        """A clock's offset: ahead only while the other clock is not. Both ahead is beyond the
-        guarantee (DESIGN: never early, whatever ONE clock says): the earlier one decides."""
-        return rng.choice([c for c in choices if c <= 0 or other <= 0])
 
     # Redis comes back from a restart on a host whose clock is off (a failover to a replica whose
     # clock is): testbed/clock/shift.c, its offset in this file, back to 0 when the run ends.
@@ -577,11 +592,12 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
         for kind, moment in zip(kinds, faults, strict=True):
             run.at(moment)
             answers += _operate(run, bridge, rng)
+            cancelling.cancel(rng)
             run.fault_began()
             if kind == "redis":
                 run.servers.kill("redis")
                 rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
-                redis_shift = shift(REDIS_SHIFTS_MS, bridge_shift)
+                redis_shift = _shift(rng, REDIS_SHIFTS_MS, bridge_shift)
                 shifted.write_text(str(redis_shift))
                 env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shifted)}
                 run.servers.up("redis", env=env)
@@ -590,12 +606,13 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
                 run.servers.up("kafka")
             else:
                 bridge.kill()
-                bridge_shift = shift(CLOCK_SHIFTS_MS, redis_shift)
+                bridge_shift = _shift(rng, CLOCK_SHIFTS_MS, redis_shift)
                 bridge = run.bridge(clock_shift_ms=bridge_shift)
             shifted_ms = redis_shift if kind == "redis" else bridge_shift if kind == "bridge" else 0
             run.fault_over(f"{kind}, its clock {shifted_ms / 1000:+,.0f} s" if shifted_ms else kind)
         workload.join(600)
         answers += _operate(run, bridge, rng)
+        cancelling.cancel(rng, every=True)
     finally:
         shifted.write_text("0")
     bridge.kill()
@@ -614,6 +631,7 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     result.checks["ready again at the end"] = wait_ready(bridge, 60)
     result.checks["operators answered in one line, reads never 5xx"] = not answers
     check_occurrences(run, result, expected, "20 schedules", [end for _, end in run.faults])
+    cancelling.check(result)
     if answers:
         result.notes += answers[:5]
     return result
