@@ -131,11 +131,16 @@ class InFlight:
 
     def fate(self, at_ms: int, dead_letter: str) -> str:
         """Its journal entry (JSON text) once Kafka took it (``at_ms``) where :attr:`placed`
-        says: delivered, or dead-lettered to ``dead_letter``."""
+        says: delivered, or dead-lettered to ``dead_letter``; delivered with no target for a
+        recurring schedule's step that delivered no occurrence (``trace`` says carried-on)."""
         record = self.claimed.record
-        if not self.dead_letter:
-            return delivered_entry(record, at_ms, record.target, self.placed)
-        return delivered_entry(record, at_ms, dead_letter, self.placed, self.dlq_reason())
+        if self.dead_letter:
+            return delivered_entry(record, at_ms, dead_letter, self.placed, self.dlq_reason())
+        if record.recurring and self.occurrence_ms is None:
+            # A schedule's step that delivered nothing (skipped, paused, or carried on between
+            # occurrences): no target, no place (what it produced went to the delay topic).
+            return delivered_entry(record, at_ms, "", (-1, -1))
+        return delivered_entry(record, at_ms, record.target, self.placed)
 
     def dlq_headers(self) -> list[tuple[str, bytes | None]]:
         """The headers of its DLQ copy."""

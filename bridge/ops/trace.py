@@ -202,11 +202,22 @@ def _uses(
     return [use for use, _, _ in kept]
 
 
+# The fate ``trace`` gives a recurring schedule's step that delivered no occurrence (skipped,
+# paused, or carried on between occurrences): journaled as delivered with no target.
+CARRIED_ON = "carried-on"
+
+
+def _fate(entry: Entry) -> str:
+    if entry.fate is Fate.DELIVERED and not entry.target:
+        return CARRIED_ON
+    return entry.fate.value
+
+
 def _add_entry(traced: Traced, entry: Entry) -> None:
     """A journal entry of ``traced``'s record: its fate so far, an event, where it went."""
-    traced.fate = entry.fate.value
+    traced.fate = _fate(entry)
     traced.events.append(_event(entry))
-    if entry.fate is Fate.DELIVERED:
+    if entry.fate is Fate.DELIVERED and entry.target:
         traced.delivered = {
             "topic": entry.target,
             "partition": entry.target_partition,
@@ -242,12 +253,12 @@ def _stored(record: Scheduled, produced_ms: int | None) -> dict[str, Any]:
 
 
 def _event(entry: Entry) -> dict[str, Any]:
-    event: dict[str, Any] = {"event": entry.fate.value, "at": entry.at_ms, "due": entry.due_ms}
+    event: dict[str, Any] = {"event": _fate(entry), "at": entry.at_ms, "due": entry.due_ms}
     if entry.target:
         event.update(
             topic=entry.target, partition=entry.target_partition, offset=entry.target_offset
         )
-    if entry.fate is Fate.DELIVERED:
+    if entry.fate is Fate.DELIVERED and entry.target:
         event["late_ms"] = max(0, entry.at_ms - entry.due_ms)
     if entry.by:
         event["by"] = entry.by

@@ -242,6 +242,20 @@ def test_a_paused_schedule_skips_its_occurrences_until_it_is_resumed(
     assert held == [], (held, paused, resumed)  # skipped, and never delivered later
     assert [t for t in got if t > resumed], got
 
+    # trace tells the steps that delivered nothing from the occurrences: carried on, not
+    # delivered (to no place).
+    def uses() -> list[dict[str, object]]:
+        got = _cli(setup, "trace", "--id", "held", "--json")
+        top = json.loads(got.stdout) if got.returncode == 0 else {}
+        return [top, *top.get("uses", [])] if top else []
+
+    wait_for(lambda: any(u["fate"] == "carried-on" for u in uses()), 30, "a step carried on")
+    for use in uses():
+        delivered = use.get("delivered")
+        assert use["fate"] != "delivered" or (
+            isinstance(delivered, dict) and delivered["partition"] >= 0
+        )
+
 
 def test_a_schedule_outlives_a_redis_that_lost_its_data(
     setup: Setup, bridges: list[Bridge]
