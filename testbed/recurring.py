@@ -117,6 +117,23 @@ def expected_spread(
     return out
 
 
+def _from_the_start(bootstrap: str, target: str) -> Consumer:
+    """A consumer of ``target`` from its beginning, committed records only, in a group of its
+    own."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"occurrences-{target}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": CLIENT_LOG_LEVEL,
+        }
+    )
+    consumer.subscribe([target])
+    return consumer
+
+
 def read_occurrences(
     bootstrap: str,
     target: str,
@@ -129,17 +146,7 @@ def read_occurrences(
     second more has passed (a second copy would be in by then), or ``deadline_ms``."""
     wanted = set(expected)
     required = len([k for k in wanted if k[0] not in optional])
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"occurrences-{target}-{time.monotonic_ns()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "log_level": CLIENT_LOG_LEVEL,
-        }
-    )
-    consumer.subscribe([target])
+    consumer = _from_the_start(bootstrap, target)
     got = Occurrences()
     all_in: float | None = None
     try:
@@ -380,17 +387,7 @@ def occurrences_after(
 ) -> list[Occurrence]:
     """The occurrences of the schedules ``ids`` in ``target`` due after ``after_ms``: read from
     the beginning until ``read_s`` past that moment (three intervals of the adversary's)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"after-{target}-{time.monotonic_ns()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "log_level": CLIENT_LOG_LEVEL,
-        }
-    )
-    consumer.subscribe([target])
+    consumer = _from_the_start(bootstrap, target)
     found: list[Occurrence] = []
     try:
         while now_ms() < after_ms + read_s * 1000:

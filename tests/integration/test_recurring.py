@@ -624,14 +624,12 @@ def _collect(collector: Collector, seconds: float) -> None:
         collector.poll()
 
 
-def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """A thousand schedules every second across the delay topic's partitions, cancelled by a
-    filter while they run: each moves on to a new record every second, so many have moved on
-    from the record the bulk matched by the time its cancel is read. Every one ends — the gauge
-    goes to 0 — and no occurrence comes after what was on its way when the cancels were read."""
-    count = 1000
+RUNNING = 'delay_bridge_schedules{state="running"}'
+
+
+def _ticking(setup: Setup, bridges: list[Bridge], count: int) -> Bridge:
+    """A consuming bridge running ``count`` schedules every second (ids ``tick-<i>``) across the
+    delay topic's three partitions, once each has delivered twice."""
     bridge = _consuming(setup, bridges)
     start = _next_second(3000)
     produce_to(
@@ -642,19 +640,35 @@ def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
             for i in range(count)
         ],
     )
-    running = 'delay_bridge_schedules{state="running"}'
-    wait_for(lambda: metric(bridge, running) == count, 60, "every schedule running")
+    wait_for(lambda: metric(bridge, RUNNING) == count, 60, "every schedule running")
     delivered = "delay_bridge_delivered_total"
     wait_for(lambda: metric(bridge, delivered) >= 2 * count, 60, "two occurrences of each")
+    return bridge
+
+
+def _collected(setup: Setup, seconds: float) -> Collector:
+    """What the targets and the DLQ hold, read for ``seconds``."""
+    collector = setup.collector()
+    try:
+        _collect(collector, seconds)
+    finally:
+        collector.close()
+    return collector
+
+
+def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A thousand schedules every second across the delay topic's partitions, cancelled by a
+    filter while they run: each moves on to a new record every second, so many have moved on
+    from the record the bulk matched by the time its cancel is read. Every one ends — the gauge
+    goes to 0 — and no occurrence comes after what was on its way when the cancels were read."""
+    bridge = _ticking(setup, bridges, 1000)
     cancelled = _cli(setup, "cancel", "--target", setup.targets[0], "--yes")
     assert cancelled.returncode == 0, cancelled.stderr
     done_ms = time.time_ns() // 1_000_000
-    wait_for(lambda: metric(bridge, running) == 0, 30, "every schedule ended")
-    collector = setup.collector()
-    try:
-        _collect(collector, 3)
-    finally:
-        collector.close()
+    wait_for(lambda: metric(bridge, RUNNING) == 0, 30, "every schedule ended")
+    collector = _collected(setup, 3)
     late = [o for o in _occurrences(collector.records, setup.targets[0]) if o > done_ms + 1000]
     assert late == [], late[:5]
 
@@ -668,19 +682,7 @@ def test_cancels_read_in_other_partitions_end_every_schedule_wherever_it_was(
     carrying it on. Every schedule ends, and none delivers an occurrence due after its cancel
     was produced, but what was on its way."""
     count, groups = 300, 10
-    bridge = _consuming(setup, bridges)
-    start = _next_second(3000)
-    produce_to(
-        setup.services.bootstrap,
-        setup.delay,
-        [
-            (i % 3, b"tick", _schedule(setup, f"tick-{i}".encode(), start, b"1s"))
-            for i in range(count)
-        ],
-    )
-    running = 'delay_bridge_schedules{state="running"}'
-    wait_for(lambda: metric(bridge, running) == count, 60, "every schedule running")
-    wait_for(lambda: metric(bridge, "delay_bridge_delivered_total") >= 2 * count, 60, "two each")
+    bridge = _ticking(setup, bridges, count)
     cancelled_ms: dict[str, int] = {}
     per_group = count // groups
     for g in range(groups):
@@ -693,12 +695,8 @@ def test_cancels_read_in_other_partitions_end_every_schedule_wherever_it_was(
         now = time.time_ns() // 1_000_000
         cancelled_ms.update({f"tick-{i}": now for i in batch})
         time.sleep(1 / groups)  # spread over a second: not a wait for a condition
-    wait_for(lambda: metric(bridge, running) == 0, 30, "every schedule ended")
-    collector = setup.collector()
-    try:
-        _collect(collector, 3)
-    finally:
-        collector.close()
+    wait_for(lambda: metric(bridge, RUNNING) == 0, 30, "every schedule ended")
+    collector = _collected(setup, 3)
     late = [
         (r.delay_id, o)
         for r in collector.of(setup.targets[0])
