@@ -170,6 +170,9 @@ def run_leg(scenario: str, records: int, seconds: float) -> dict[str, float]:
             got = {
                 "cpu_ms_per_record": float(f["cpu_ms_per_record"]),
                 "ack_p99_ms": float(f["ack_lateness_ms"]["p99"]),
+                # Printed with each run, in no ratio: threads the code under test names apart
+                # (db-*, from 2026-12-03 on; earlier code's Python threads are one "python").
+                **{f"us {t}": float(us) for t, us in f["threads_us_per_record"].items()},
             }
     if report.problems:
         raise SystemExit(f"the contract broke: {report.problems}")

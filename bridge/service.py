@@ -53,6 +53,7 @@ from bridge.sampler import Sampler
 from bridge.startup import check_rebuildable, start_up
 from bridge.store import Replicas, Shard, Store
 from bridge.topics import Topics
+from bridge.turns import name_os_thread
 
 if TYPE_CHECKING:
     from bridge.tracing import Spans
@@ -341,6 +342,7 @@ class Service:
 
     def _thread(self, name: str, target: Callable[[threading.Event], None]) -> threading.Thread:
         def body() -> None:
+            name_os_thread(name)
             try:
                 target(self.stop_event)
             except BaseException as exc:

@@ -130,6 +130,21 @@ class Bridge:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def thread_cpu_seconds(self) -> dict[str, float]:
+        """CPU time so far per thread name (``/proc/<pid>/task/*/comm``: the bridge names its
+        loops ``db-<loop>``, librdkafka its threads ``rdk:<role>``), threads of one name summed."""
+        assert self.proc is not None
+        tick = os.sysconf("SC_CLK_TCK")
+        per: dict[str, float] = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            per[name] = per.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return per
+
     def http_port(self, timeout: float = 30) -> int:
         """The port the bridge's HTTP server bound, from its start-up log line."""
         deadline = time.monotonic() + timeout

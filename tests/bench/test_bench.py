@@ -71,6 +71,8 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
         cost = f[run]
         assert cost["early"] == 0 and cost["lost"] == 0 and cost["measured_records"] > 0
         assert cost["bridge_cpu_ms_per_record"] > 0 and cost["redis_calls_per_record"] > 0
+        # The bridge's share by thread, its loops by the names it gives them.
+        assert {"db-ingress", "db-egress"} <= set(cost["threads_us_per_record"]), cost
     assert f["steady defaults"]["cpu_vs_off"] > 0
     c = f["catch-up"]
     assert c["records"] == 3000

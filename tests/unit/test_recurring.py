@@ -214,9 +214,10 @@ def test_what_cannot_be_a_schedule_is_refused_saying_why(
 ) -> None:
     given_fields: dict[str, object] = {"cron": None, "every_ms": None, "zone": None}
     given_fields.update(fields)
-    with pytest.raises(BadSchedule) as refused:
-        Recurrence.of(start_ms=0, **given_fields)  # type: ignore[arg-type]
-    assert str(refused.value).startswith(detail), str(refused.value)
+    for _ in range(2):  # the second time, a cron expression's verdict is the one kept
+        with pytest.raises(BadSchedule) as refused:
+            Recurrence.of(start_ms=0, **given_fields)  # type: ignore[arg-type]
+        assert str(refused.value).startswith(detail), str(refused.value)
 
 
 def test_macros_and_spacing_read_as_crontab_reads_them() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
+from pathlib import Path
 
 import pytest
 
-from bridge.turns import SLOW_S, Turns
+from bridge.turns import SLOW_S, Turns, name_os_thread
 
 
 class Clock:
@@ -55,3 +57,17 @@ def test_a_slow_turn_names_its_parts_and_how_late_it_woke(
     caplog.clear()
     turns.begin()  # the next turn starts afresh
     assert not caplog.records
+
+
+def test_a_loop_thread_is_named_apart_where_the_system_keeps_names() -> None:
+    named: list[str] = []
+
+    def body() -> None:
+        name_os_thread("read-back")
+        comm = Path(f"/proc/self/task/{threading.get_native_id()}/comm")
+        named.append(comm.read_text().strip() if comm.exists() else "db-read-back")
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert named == ["db-read-back"]
