@@ -28,9 +28,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -89,6 +90,23 @@ class Fire:
     next_ms: int | None
 
 
+_UNKNOWN = object()
+
+
+class _Walk:
+    """What a cron :class:`Recurrence` keeps of its CronSim walks: its first occurrence once
+    found (``_UNKNOWN`` until then), and the walk under way — the occurrence it last gave and its
+    iterator, which the occurrence after that one continues instead of parsing and walking from
+    the start again (an egress step asks for its first occurrence, then for the one after)."""
+
+    __slots__ = ("at", "first", "times")
+
+    def __init__(self) -> None:
+        self.first: object = _UNKNOWN
+        self.at = 0
+        self.times: CronSim | None = None
+
+
 @dataclass(frozen=True)
 class Recurrence:
     """A schedule's occurrences: from ``start_ms`` (the first at or after it) to ``until_ms``
@@ -102,6 +120,7 @@ class Recurrence:
     missed: Missed = Missed.LATEST
     missed_after_ms: int = MISSED_AFTER_MS
     count: int | None = None  # occurrences delivered at most (delay-count; None: no limit)
+    _walk: _Walk | None = field(default=None, init=False, compare=False, repr=False)  # cron only
 
     @classmethod
     def of(
@@ -154,7 +173,14 @@ class Recurrence:
 
     def first(self) -> int | None:
         """The first occurrence (epoch ms; None: there is none)."""
-        return self.after(self.start_ms - 1)
+        if self.every_ms:
+            return self.after(self.start_ms - 1)
+        # A cron schedule's is a CronSim walk (~25 µs), found once per schedule read: its check,
+        # the ingest's due time and the egress's step each ask.
+        walk = self._walker()
+        if walk.first is _UNKNOWN:
+            walk.first = self.after(self.start_ms - 1)
+        return cast("int | None", walk.first)
 
     def after(self, ms: int) -> int | None:
         """The first occurrence after ``ms`` (epoch ms), None when none is left."""
@@ -217,17 +243,27 @@ class Recurrence:
             at = nxt
         return count
 
+    def _walker(self) -> _Walk:
+        walk = self._walk
+        if walk is None:  # made on first use: an interval's schedule has none
+            walk = _Walk()
+            object.__setattr__(self, "_walk", walk)  # frozen: its fields, not this state
+        return walk
+
     def _cron_after(self, ms: int) -> int | None:
-        zone = ZoneInfo(self.zone)
-        # cronsim yields whole minutes after the moment it is given.
-        times = CronSim(self.cron, datetime.fromtimestamp(ms / 1000, zone))
+        walk = self._walker()
+        times = walk.times
+        if times is None or walk.at != ms:  # cronsim yields whole minutes after the moment given
+            times = CronSim(self.cron, datetime.fromtimestamp(ms / 1000, ZoneInfo(self.zone)))
+        walk.times = None
         for _ in range(MAX_STEPS):
             try:
                 when = next(times)
             except StopIteration:
                 return None
             if not _repeated(when):
-                return _epoch_ms(when)
+                walk.at, walk.times = _epoch_ms(when), times
+                return walk.at
         return None
 
     def _cron_before(self, ms: int) -> int | None:
@@ -316,5 +352,8 @@ def _repeated(when: datetime) -> bool:
     return when.replace(fold=0).utcoffset() != when.utcoffset()
 
 
+_EPOCH, _MS = datetime(1970, 1, 1, tzinfo=UTC), timedelta(milliseconds=1)
+
+
 def _epoch_ms(when: datetime) -> int:
-    return int((when - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(milliseconds=1))
+    return (when - _EPOCH) // _MS  # exact: cronsim's times are whole seconds

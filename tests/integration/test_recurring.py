@@ -4,6 +4,7 @@ schedule carried on through the delay topic until its count, its end, a cancel o
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -671,6 +672,63 @@ def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
     collector = _collected(setup, 3)
     late = [o for o in _occurrences(collector.records, setup.targets[0]) if o > done_ms + 1000]
     assert late == [], late[:5]
+
+
+@pytest.mark.parametrize("verb", [["fire"], ["reschedule", "--after", "3s"]], ids=lambda v: v[0])
+def test_a_bulk_fire_or_reschedule_beside_a_thousand_schedules_moves_only_the_one_shots(
+    setup: Setup, bridges: list[Bridge], verb: list[str]
+) -> None:
+    """A thousand schedules every second and a thousand one-shot records due in an hour, all
+    bound for one target; a bulk fire (or reschedule) by that target. It moves each one-shot
+    record once — delivered once, a rescheduled one not before its new time — and leaves every
+    schedule as it is: each still running, none losing or repeating an occurrence, however many
+    of their records moved on while the bulk ran."""
+    count = 1000
+    bridge = _ticking(setup, bridges, count)
+    target = setup.targets[0]
+    later = str(time.time_ns() // 1_000_000 + 3_600_000).encode()
+    one_shots: ToPartition = [
+        (i % 3, f"one-{i}".encode(), [(H_TARGET_TOPIC, target.encode()), (H_DELIVER_AT, later)])
+        for i in range(count)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, one_shots)
+
+    def matched() -> str:
+        return _cli(setup, *verb, "--target", target, "--dry-run").stdout + "\n"
+
+    wait_for(lambda: f"{count:,} waiting records" in matched(), 60, "the one-shots stored")
+    moved_ms = time.time_ns() // 1_000_000
+    moved = _cli(setup, *verb, "--target", target, "--yes")
+    assert moved.returncode == 0, moved.stderr
+    assert f"{count:,} waiting records" in moved.stdout, moved.stdout
+    assert "recurring schedules matched: left as they are" in moved.stderr, moved.stderr
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(_one_shots(rs)) >= count, 60, "every one-shot delivered")
+        _collect(collector, 3)
+    finally:
+        collector.close()
+    assert metric(bridge, RUNNING) == count
+    delivered = _one_shots(collector.of(target))
+    assert sorted(r.value or b"" for r in delivered) == sorted(v or b"" for _, v, _ in one_shots)
+    if verb[0] == "reschedule":
+        early = [r.value for r in delivered if r.timestamp_ms < moved_ms + 3000]
+        assert early == [], early[:5]
+    occurrences = [
+        (r.delay_id, int(r.header(H_OCCURRENCE) or b"-1"))
+        for r in collector.of(target)
+        if r.delay_id.startswith("tick-")
+    ]
+    twice = [o for o, n in Counter(occurrences).items() if n > 1]
+    assert twice == [], twice[:5]
+    for sid in (f"tick-{i}" for i in range(count)):  # none lost one: each second, each schedule
+        instants = sorted(o for d, o in occurrences if d == sid)
+        gaps = [b - a for a, b in itertools.pairwise(instants) if b - a != 1000]
+        assert gaps == [], (sid, gaps)
+
+
+def _one_shots(records: list[Received]) -> list[Received]:
+    return [r for r in records if (r.value or b"").startswith(b"one-")]
 
 
 def test_cancels_read_in_other_partitions_end_every_schedule_wherever_it_was(

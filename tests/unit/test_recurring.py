@@ -4,6 +4,7 @@ what is refused; and properties over expressions, zones and starts drawn at rand
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, datetime
 
@@ -274,3 +275,5 @@ def test_occurrences_rise_never_repeat_a_local_time_and_latest_by_finds_them(
         assert schedule.after(t - 1) == t
     for earlier, later in itertools.pairwise(found):
         assert schedule.latest_by(later - 1) == earlier
+        # upcoming continued one CronSim walk; a walk started afresh at each finds the same
+        assert dataclasses.replace(schedule).after(earlier) == later
