@@ -119,8 +119,10 @@ def run(store: Store, seconds: float, rate: float, ahead_ms: int, acks: bool) ->
                 spent.claim_us += script_us(store.client) - before
                 spent.claimed += len(claims)
             carried = {}
-            for item in claims:
-                carried.setdefault(item.shard, AckBatch(item.epoch)).members.append(item.member)
+            for item in claims:  # with each one's target, as the mover names them (Acked)
+                batch = carried.setdefault(item.shard, AckBatch(item.epoch))
+                batch.members.append(item.member)
+                batch.targets.append(item.record.target)
         time.sleep(max(0.0, min(next_add, next_claim) - time.monotonic()))
     return spent
 
