@@ -639,10 +639,13 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
 
 # What an operator does now and then: by id (the adversary's ids, default ids of early offsets,
 # one with another script's digit, one past every bound), in bulk (by key prefix: "customer-1"
-# and "k" are the adversary's keys), and a replay of what the DLQ holds for reasons a replay
-# meets again (the record is refused again, as it was).
+# and "k" are the adversary's keys; a recurring schedule is keyed by its id, "c<i>" and "x<i>":
+# a bulk fire or reschedule that matches schedules leaves them as they are), and a replay of
+# what the DLQ holds for reasons a replay meets again (the record is refused again, as it was).
 BULK = [
     ["fire", "--key-prefix", "customer", "--yes"],
+    ["fire", "--key-prefix", "c", "--yes"],
+    ["reschedule", "--key-prefix", "x", "--shift", "2s", "--yes"],
     ["reschedule", "--key-prefix", "k", "--shift", "2s", "--yes"],
     ["cancel", "--key-prefix", "customer", "--due-after", "2s", "--yes"],
     [
