@@ -1,8 +1,9 @@
-"""A loop's slow turns, logged with where the time went.
+"""A loop's slow turns, logged with where the time went; and its thread, named for the system.
 
 How an operator sees the bridge itself hold records up (a Redis call that took a second, a thread
 that woke a second late because the process got no core or no GIL), apart from Redis or Kafka
-being slow to answer."""
+being slow to answer — and, by the thread's name (:func:`name_os_thread`), which loop spends the
+CPU."""
 
 from __future__ import annotations
 
