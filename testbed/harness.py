@@ -72,6 +72,12 @@ def fit_config(path: Path, env: dict[str, str]) -> None:
         print(f"{code_under_test()} does not know {found.group(1)}: left out", file=sys.stderr)
 
 
+def _cpu_s(stat: Path) -> float:
+    """User and system CPU seconds of a process or thread, from its ``/proc`` ``stat`` file."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Bridge:
     """A ``delay-bridge run`` process with its own topics, group and key prefix."""
@@ -127,22 +133,19 @@ class Bridge:
     def cpu_seconds(self) -> float:
         """The process's CPU time so far, user and system (``/proc/<pid>/stat``)."""
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_s(Path(f"/proc/{self.proc.pid}/stat"))
 
     def thread_cpu_seconds(self) -> dict[str, float]:
         """CPU time so far per thread name (``/proc/<pid>/task/*/comm``: the bridge names its
         loops ``db-<loop>``, librdkafka its threads ``rdk:<role>``), threads of one name summed."""
         assert self.proc is not None
-        tick = os.sysconf("SC_CLK_TCK")
         per: dict[str, float] = {}
         for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
             try:
-                name = (task / "comm").read_text().strip()
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                name, spent = (task / "comm").read_text().strip(), _cpu_s(task / "stat")
             except OSError:  # the thread ended meanwhile
                 continue
-            per[name] = per.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+            per[name] = per.get(name, 0.0) + spent
         return per
 
     def http_port(self, timeout: float = 30) -> int:
