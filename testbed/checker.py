@@ -43,7 +43,7 @@ from bridge.message import (
 )
 from bridge.store import Shard, Store
 from testbed.background import Background
-from testbed.workload import CLIENT_LOG_LEVEL, now_ms, seq_of
+from testbed.workload import CLIENT_LOG_LEVEL, ReadOnce, now_ms, seq_of
 
 # The longest a record due during a fault may wait once the fault is over (Account.recovery_ms).
 RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
@@ -106,11 +106,9 @@ class Checker(Background):
     delivered: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
     dead: dict[int, list[Seen]] = field(default_factory=lambda: collections.defaultdict(list))
     strays: int = 0
-    # Every output record read (topic, partition, offset): one read again — the checker's group
-    # lost its position when the broker restarted, and it reads from the beginning — is no
-    # second delivery. Counted in ``reread``.
-    read: set[tuple[str, int, int]] = field(default_factory=set)
-    reread: int = 0
+    # Every output record read: one read again (the checker's group lost its position when the
+    # broker restarted) is no second delivery.
+    read: ReadOnce = field(default_factory=ReadOnce)
     # (delay-origin, due ms) -> seqs of records whose payload may go (Expected.payload_may_go):
     # a payload-missing DLQ record has no value to read its seq from. Records of two incarnations
     # of a topic at one offset can be due at the same ms: each DLQ record takes one of them.
@@ -162,11 +160,8 @@ class Checker(Background):
 
     def _take(self, msg: Message) -> None:
         seen = now_ms()
-        where = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
-        if where in self.read:
-            self.reread += 1
+        if not self.read.first(msg):
             return
-        self.read.add(where)
         headers: Headers = list(msg.headers() or [])  # type: ignore[arg-type]
         seq = seq_of(msg.value())
         due = _header(headers, H_DUE_AT)

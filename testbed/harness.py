@@ -34,6 +34,7 @@ from bridge.message import (
     wire_headers,
 )
 from testbed.services import ROOT, Services
+from testbed.workload import ReadOnce
 
 # A checkout whose bridge the harness runs instead of this one's (bench.ab: the code before a
 # change, measured by the same harness).
@@ -268,13 +269,14 @@ class Received:
 
 @dataclass
 class Collector:
-    """Reads topics from the beginning and keeps every record."""
+    """Reads topics from the beginning and keeps every record, once (see ReadOnce)."""
 
     bootstrap: str
     topics: list[str]
     group: str
     records: list[Received] = field(default_factory=list)
     consumer: Consumer | None = None
+    read: ReadOnce = field(default_factory=ReadOnce)
 
     def __post_init__(self) -> None:
         self.consumer = Consumer(
@@ -290,8 +292,13 @@ class Collector:
     def poll(self, seconds: float = 0.2) -> None:
         assert self.consumer is not None
         for msg in self.consumer.consume(1000, seconds):
-            if msg.error() is None:
+            if msg.error() is None and self.read.first(msg):
                 self.records.append(_received(msg))
+
+    @property
+    def again(self) -> int:
+        """How many records were read again at a position read before (see ReadOnce)."""
+        return self.read.again
 
     def until(self, done: Callable[[list[Received]], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

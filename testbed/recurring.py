@@ -36,7 +36,7 @@ from bridge.store import Shard, Store
 from testbed import run as runs
 from testbed.checker import read_topic
 from testbed.run import PARTITIONS, Result, Run, Size
-from testbed.workload import CLIENT_LOG_LEVEL, now_ms, steady
+from testbed.workload import CLIENT_LOG_LEVEL, ReadOnce, now_ms, steady
 
 VALUE = b"x" * 100
 MINUTE_MS = 60_000
@@ -148,13 +148,16 @@ def read_occurrences(
     required = len([k for k in wanted if k[0] not in optional])
     consumer = _from_the_start(bootstrap, target)
     got = Occurrences()
+    read = ReadOnce()
     all_in: float | None = None
     try:
         while now_ms() < deadline_ms and (all_in is None or time.time() < all_in + 1):
             for msg in consumer.consume(1000, 0.2):
+                if msg.error() is not None or not read.first(msg):
+                    continue
                 headers = dict(headers_of(msg))
                 occurrence = headers.get(H_OCCURRENCE)
-                if msg.error() is not None or occurrence is None:
+                if occurrence is None:
                     continue
                 key = ((headers.get(H_ID) or b"").decode(), int(occurrence))
                 if key not in wanted:

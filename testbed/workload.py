@@ -34,6 +34,26 @@ FILLER = b"x" * 100
 CLIENT_LOG_LEVEL = 2
 
 
+@dataclass
+class ReadOnce:
+    """The log positions a reader of the outputs has read. Its group commits nothing, so when it
+    rebalances (a broker restarted, a topic's metadata came late to its subscription) it reads
+    its partitions again from their start: a record read again at the same position is the one
+    delivery it was, never a second one. Those are counted in ``again``."""
+
+    positions: set[tuple[str, int, int]] = field(default_factory=set)
+    again: int = 0
+
+    def first(self, msg: Message) -> bool:
+        """Whether ``msg`` is read here for the first time (counted in ``again`` if not)."""
+        where = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+        if where in self.positions:
+            self.again += 1
+            return False
+        self.positions.add(where)
+        return True
+
+
 def value_of(seq: int, size: int | None = None) -> bytes:
     """``seq:<n>:`` and 100 filler bytes, or padded to exactly ``size`` bytes."""
     head = b"seq:%d:" % seq

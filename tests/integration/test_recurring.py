@@ -320,7 +320,7 @@ def test_exactly_once_each_occurrence_through_sigkills_and_a_redis_that_lost_its
         if r.header(H_OCCURRENCE) is not None
     )
     twice = {k: n for k, n in got.items() if n > 1}
-    assert twice == {}, sorted(twice.items())[:10]
+    assert twice == {}, (sorted(twice.items())[:10], f"positions read again: {collector.again}")
     assert all(r.seen_ms >= r.due_ms for r in collector.of(setup.targets[0]))
 
 
