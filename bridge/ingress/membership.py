@@ -134,15 +134,17 @@ class Membership:
             elif shard in unknown:
                 tp.offset = unknown[shard]
         consumer.incremental_assign(partitions)
-        # Never committed: read from the log's start (as auto.offset.reset has it), never stored.
+        # Never committed: read from the log's start (as auto.offset.reset has it).
         starts = {
             s: OFFSET_BEGINNING if s in never else tp.offset
             for s, tp in zip(shards, partitions, strict=True)
         }
         # Read with no state in Redis (wiped while stopped), or less than it had: stored
-        # before, maybe settled since.
+        # before, maybe settled since. One never committed too: a replica that stored and
+        # delivered its records may have died before its first commit (the auto-commit is a
+        # second apart), and Redis lost them since; the journal says what of them is settled.
         rolled_back = self.positions.lost_while_away(marks, ends, starts)
-        stored = [s for s in shards if s not in replaced and s not in never]
+        stored = [s for s in shards if s not in replaced]
         self.reading_again(
             starts,
             again=[s for s in stored if s not in marks or s in rolled_back],

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Producer, TopicCollection
+from confluent_kafka import Consumer, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -416,6 +416,18 @@ def test_cancelled_and_replaced_records_are_journaled_and_traced(
     )
 
 
+def _counts_through(setup: Setup, value: bytes) -> Counter[bytes | None]:
+    """How many times each value was delivered: read until ``value`` is in, and two seconds
+    more for anything delivered again after it."""
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == value for r in rs), 60, repr(value))
+        collector.poll(2.0)
+    finally:
+        collector.close()
+    return Counter(r.value for r in collector.records)
+
+
 @pytest.mark.parametrize("when", ["running", "stopped"])
 def test_a_rebuild_does_not_deliver_again_what_the_journal_holds(
     setup: Setup, bridges: list[Bridge], when: str
@@ -446,17 +458,66 @@ def test_a_rebuild_does_not_deliver_again_what_the_journal_holds(
         bridges.append(setup.bridge("again").start())
     else:
         assert wipe(setup) > 0
-    collector = setup.collector()
-    try:
-        collector.until(lambda rs: any(r.value == b"waits" for r in rs), 60, "the waiting one")
-        collector.poll(2.0)  # and anything delivered again after it
-    finally:
-        collector.close()
-    counts = Counter(r.value for r in collector.records)
+    counts = _counts_through(setup, b"waits")
     assert len(counts) == 61 and max(counts.values()) == 1, {
         v: n for v, n in counts.items() if n > 1
     }
     assert "the journal holds the fate of 60 records since" in bridges[-1].output()
+
+
+def _never_committing(setup: Setup, name: str) -> Bridge:
+    """A bridge that commits no offset while it runs (its auto-commit is ten minutes apart), and
+    whose partitions move within seconds of a SIGKILL."""
+    config = setup.tmp / f"{name}.yaml"
+    config.write_text(
+        "kafka:\n  consumer: {auto.commit.interval.ms: '600000', session.timeout.ms: '6000',"
+        " heartbeat.interval.ms: '1000'}\n"
+    )
+    bridge = setup.bridge(name)
+    bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
+    return bridge.start()
+
+
+def test_redis_lost_after_a_bridge_died_before_its_first_commit_delivers_nothing_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A bridge stores and delivers 20 records and is SIGKILLed before the group ever committed
+    an offset of their partition; Redis then loses everything. The next bridge finds no commit
+    and nothing in Redis: the partition was stored before all the same, and the journal says
+    what of it was settled. Before, "never committed" was read as "never stored": the partition
+    was read from its start without the journal and the 20 were delivered again (stop 96's CI:
+    every occurrence of a schedule's first three seconds twice)."""
+    first = _never_committing(setup, "first")
+    bridges.append(first)
+    wait_for(lambda: first.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    key = b"one-partition"
+    now = [(key, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]) for i in range(20)]
+    produce_all(setup.services.bootstrap, setup.delay, now)
+    wait_for(
+        lambda: metric(first, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
+    group = Consumer(
+        {"bootstrap.servers": setup.services.bootstrap, "group.id": f"bridge-{setup.unique}"}
+    )
+    try:
+        commits = group.committed([TopicPartition(setup.delay, p) for p in range(3)], 10)
+    finally:
+        group.close()
+    assert all(tp.offset < 0 for tp in commits), commits  # what the test is about
+    first.kill()
+    assert wipe(setup) > 0
+    again = _never_committing(setup, "again")
+    bridges.append(again)
+    wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready again")
+    produce_all(
+        setup.services.bootstrap, setup.delay, [(key, b"after", [(H_TARGET_TOPIC, target)])]
+    )
+    counts = _counts_through(setup, b"after")
+    assert set(counts) == {v for _, v, _ in now} | {b"after"}, counts
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
 
 
 def test_a_rebuild_keeps_what_an_operator_rescheduled(setup: Setup, bridges: list[Bridge]) -> None:
