@@ -536,9 +536,10 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
 
 
 def _fault_kinds(rng: random.Random, faults: int) -> list[str]:
-    """The adversary's faults in a random order: a Redis restart, a broker restart with four
-    faults or more, and bridge restarts for the rest."""
-    kinds = ["redis", *(["kafka"] if faults >= 4 else [])]
+    """The adversary's faults in a random order: a Redis restart, Redis losing everything with
+    three faults or more, a broker restart with four or more, and bridge restarts for the
+    rest."""
+    kinds = ["redis", *(["wipe"] if faults >= 3 else []), *(["kafka"] if faults >= 4 else [])]
     kinds += ["bridge"] * (faults - len(kinds))
     rng.shuffle(kinds)
     return kinds
@@ -550,6 +551,43 @@ def _shift(rng: random.Random, choices: tuple[int, ...], other: int) -> int:
     return rng.choice([c for c in choices if c <= 0 or other <= 0])
 
 
+class _Faults:
+    """The adversary's faults, and the clocks they leave the bridge and Redis on. Redis comes
+    back from a restart on a host whose clock is off (a failover to a replica whose clock is):
+    testbed/clock/shift.c, its offset in a file of the run, back to 0 when the run ends."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.shim, self.shifted = build_shim(run.dir), run.dir / "redis-clock.offset"
+        self.rolled_back, self.redis_shift, self.bridge_shift = 0, 0, 0
+
+    def inject(self, kind: str, bridge: Bridge, rng: random.Random) -> Bridge:
+        """One fault of ``kind`` (:func:`_fault_kinds`); returns the bridge running after it."""
+        run = self.run
+        run.fault_began()
+        if kind == "redis":
+            run.servers.kill("redis")
+            self.rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
+            self.redis_shift = _shift(rng, REDIS_SHIFTS_MS, self.bridge_shift)
+            self.shifted.write_text(str(self.redis_shift))
+            env = {"LD_PRELOAD": str(self.shim), "CLOCK_SHIFT_FILE": str(self.shifted)}
+            run.servers.up("redis", env=env)
+        elif kind == "kafka":
+            run.servers.kill("kafka")
+            run.servers.up("kafka")
+        elif kind == "wipe":  # its volume lost: everything is rebuilt from Kafka
+            client = run.servers.redis()
+            client.flushall()
+            client.close()
+        else:
+            bridge.kill()
+            self.bridge_shift = _shift(rng, CLOCK_SHIFTS_MS, self.redis_shift)
+            bridge = run.bridge(clock_shift_ms=self.bridge_shift)
+        shifted = {"redis": self.redis_shift, "bridge": self.bridge_shift}.get(kind, 0)
+        run.fault_over(f"{kind}, its clock {shifted / 1000:+,.0f} s" if shifted else kind)
+        return bridge
+
+
 def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
     (:func:`~testbed.workload.adversarial`: ids and default ids of every partition with other
@@ -558,9 +596,10 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     replaying the DLQ and reading the API with hostile query strings; and faults at random
     moments: SIGKILLs, the bridge back on a host whose clock is off (ahead by seconds or an hour,
     behind), a Redis restart that rolls back what it had not fsynced onto a clock that is off
-    (30 minutes or 20 s ahead, 3 s behind), and (with four faults or
-    more) a broker restart. The checker's oracle (the parser, every cancel and replacement by
-    delay-id or origin, an operator's copies of a record by its seq) settles every offset:
+    (30 minutes or 20 s ahead, 3 s behind), (with three faults or more) Redis losing everything,
+    and (with four faults or more) a broker restart. The checker's oracle (the parser, every
+    cancel and replacement by delay-id or origin, an operator's copies of a record by its seq)
+    settles every offset:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
     max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
     records = adversarial(
@@ -583,38 +622,18 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     answers: list[str] = []  # what an operator's command or read got that it must not
     faults = moments(rng, size.faults, 1.0, size.seconds)
     kinds = _fault_kinds(rng, len(faults))
-    rolled_back, redis_shift, bridge_shift = 0, 0, 0
-
-    # Redis comes back from a restart on a host whose clock is off (a failover to a replica whose
-    # clock is): testbed/clock/shift.c, its offset in this file, back to 0 when the run ends.
-    shim, shifted = build_shim(run.dir), run.dir / "redis-clock.offset"
+    injected = _Faults(run)
     try:
         for kind, moment in zip(kinds, faults, strict=True):
             run.at(moment)
             answers += _operate(run, bridge, rng)
             cancelling.cancel(rng)
-            run.fault_began()
-            if kind == "redis":
-                run.servers.kill("redis")
-                rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
-                redis_shift = _shift(rng, REDIS_SHIFTS_MS, bridge_shift)
-                shifted.write_text(str(redis_shift))
-                env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shifted)}
-                run.servers.up("redis", env=env)
-            elif kind == "kafka":
-                run.servers.kill("kafka")
-                run.servers.up("kafka")
-            else:
-                bridge.kill()
-                bridge_shift = _shift(rng, CLOCK_SHIFTS_MS, redis_shift)
-                bridge = run.bridge(clock_shift_ms=bridge_shift)
-            shifted_ms = redis_shift if kind == "redis" else bridge_shift if kind == "bridge" else 0
-            run.fault_over(f"{kind}, its clock {shifted_ms / 1000:+,.0f} s" if shifted_ms else kind)
+            bridge = injected.inject(kind, bridge, rng)
         workload.join(600)
         answers += _operate(run, bridge, rng)
         cancelling.cancel(rng, every=True)
     finally:
-        shifted.write_text("0")
+        injected.shifted.write_text("0")
     bridge.kill()
     bridge = run.bridge()  # the clocks right again: /readyz names no skew
     horizon = now_ms() + 10_000  # valid delays are seconds (or days: hypothesis's)
@@ -623,8 +642,9 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
         "adversary",
         f"{size.records:,} adversarial records, "
         f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
-        f"rolled back {rolled_back:,} bytes of AOF, its clock off by "
-        f"{redis_shift / 1000:+,.0f} s"
+        f"rolled back {injected.rolled_back:,} bytes of AOF, its clock off by "
+        f"{injected.redis_shift / 1000:+,.0f} s"
+        f"{', Redis lost' if 'wipe' in kinds else ''}"
         f"{', a broker restart' if 'kafka' in kinds else ''})",
         horizon_ms=horizon,
     )
@@ -1033,7 +1053,7 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "rollout": (rollout("statefulset"), Size(3000, 16, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
-    "adversary": (adversary, Size(1000, 10, 2), Size(20_000, 90, 12)),
+    "adversary": (adversary, Size(1000, 10, 3), Size(20_000, 90, 12)),
     # Their short versions: test_recovery.py's test_redis_wiped_while_running_is_rebuilt_from_the_
     # delay_topic and test_incarnation.py's test_a_recreated_delay_topic_is_read_from_its_beginning.
     "redis-lost": (redis_lost(False), None, Size(50_000, 30, 2)),

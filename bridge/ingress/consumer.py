@@ -158,9 +158,8 @@ class Ingress:
         self.membership.subscribe()
 
     def restart_soon(self, why: str) -> None:
-        """Close the consumer and start a new one before the next batch (see :class:`Restarts`).
-        Called from the statistics callback, inside a poll of this thread, where the consumer
-        cannot close."""
+        """Close the consumer and start a new one before the next batch (:class:`Restarts`):
+        called in a poll of this thread (the statistics callback), where it cannot close."""
         self.restarts.soon(why)
 
     def _restart(self) -> None:
@@ -187,6 +186,7 @@ class Ingress:
         if self.last_loop >= self._next_commit:
             self._next_commit = self.last_loop + COMMIT_INTERVAL_S
             self.positions.store_lows(set(self.assigned))
+            self.membership.look_again()
             self.dead_letters.producer.poll(0)  # the journal's delivery reports
         if self.last_loop >= self._next_topic_check:
             self._next_topic_check = self.last_loop + TOPIC_CHECK_INTERVAL_S
@@ -308,7 +308,10 @@ class Ingress:
                 partitions=partition_counts(self._partitions(), self.assigned),
                 confirm=self.reads.confirm,
                 schedules=self.reads.schedules,
+                reading=self.catch_up.ends,
+                known=self.marks,
             )
+            self.membership.looking |= added.again
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
             for shard, (high, _) in batch.stored.items():

@@ -95,6 +95,9 @@ class Membership:
         # again: nobody else can own them meanwhile, so their backlog is still this replica's
         # to report (bridge.sampler.Sampler).
         self.lost: frozenset[Shard] = frozenset()
+        # Shards whose cancels found nothing while another partition of their topic was not
+        # whole in Redis (Store.add's ``again``), until they are read again from them.
+        self.looking: set[Shard] = set()
 
     def subscribe(self) -> None:
         """Join the consumer group on the delay topics."""
@@ -281,6 +284,39 @@ class Membership:
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
+
+    def look_again(self) -> None:
+        """Read the shards whose cancels wait to look again (:attr:`looking`) from the first of
+        those, once no other partition of their topic is read behind its end: the next add
+        hands the cancels back (add.lua keeps them, meta "withdrawing", until they are looked
+        for), and they look in those partitions again."""
+        behind = self.catch_up.ends()
+        ready = sorted(
+            s
+            for s in self.looking & self.positions.assigned
+            if not any(o.topic == s.topic and o != s for o in behind)
+        )
+        self.looking &= self.positions.assigned
+        if not ready:
+            return
+        try:
+            points = self.store.inventory.resume_points(ready)
+        except StoreError as exc:
+            logger.warning("cancels kept to look again not read again yet: %s", exc)
+            return
+        for shard in ready:
+            self.looking.discard(shard)
+            mark, start = points.get(shard, (-1, 0))
+            if start <= mark:
+                logger.info(
+                    "%s[%d] is read again from offset %d: cancels that found nothing while "
+                    "another partition of its topic was not whole in Redis look there again",
+                    shard.topic,
+                    shard.partition,
+                    start,
+                )
+                self.positions.resumed[shard] = start
+                self.consumer.seek(TopicPartition(shard.topic, shard.partition, start))
 
     def close(self, *, leave: bool = False) -> None:
         """Commit what is stored and close the consumer; ``leave``: leave the group first, which
