@@ -186,7 +186,6 @@ class Ingress:
         if self.last_loop >= self._next_commit:
             self._next_commit = self.last_loop + COMMIT_INTERVAL_S
             self.positions.store_lows(set(self.assigned))
-            self.membership.look_again()
             self.dead_letters.producer.poll(0)  # the journal's delivery reports
         if self.last_loop >= self._next_topic_check:
             self._next_topic_check = self.last_loop + TOPIC_CHECK_INTERVAL_S

@@ -19,7 +19,7 @@ from bridge.errors import StoreError
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
-from bridge.store import Bound, PerLane, Shard, Store
+from bridge.store import Bound, PerLane, Shard, Store, not_whole
 
 logger = logging.getLogger(__name__)
 
@@ -284,29 +284,28 @@ class Membership:
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
+        if self.looking:
+            self.look_again()
 
     def look_again(self) -> None:
         """Read the shards whose cancels wait to look again (:attr:`looking`) from the first of
-        those, once no other partition of their topic is read behind its end: the next add
-        hands the cancels back (add.lua keeps them, meta "withdrawing", until they are looked
-        for), and they look in those partitions again."""
-        behind = self.catch_up.ends()
-        ready = sorted(
-            s
-            for s in self.looking & self.positions.assigned
-            if not any(o.topic == s.topic and o != s for o in behind)
-        )
+        those, once every other partition of their topic is whole in Redis — none read behind
+        its end, none whose watermark Redis lost and whose rebuild is yet to start (found at the
+        next second's check): the next add hands the cancels back (add.lua keeps them, meta
+        "withdrawing", until they are looked for), and they look there again."""
         self.looking &= self.positions.assigned
-        if not ready:
-            return
         try:
-            points = self.store.inventory.resume_points(ready)
+            waiting = not_whole(
+                self.store.inventory, sorted(self.looking), self.catch_up.ends, self.positions.marks
+            )
+            ready = sorted(self.looking - waiting)
+            held = self.store.inventory.resume_points(ready) if ready else {}
         except StoreError as exc:
             logger.warning("cancels kept to look again not read again yet: %s", exc)
             return
         for shard in ready:
             self.looking.discard(shard)
-            mark, start = points.get(shard, (-1, 0))
+            mark, start = held.get(shard, (-1, 0))
             if start <= mark:
                 logger.info(
                     "%s[%d] is read again from offset %d: cancels that found nothing while "

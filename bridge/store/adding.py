@@ -235,13 +235,13 @@ def _add(
     missed = [
         s for s, r in unmatched if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
     ]
-    kept = _not_whole(inventory, missed, reading, known)
+    kept = not_whole(inventory, missed, reading, known)
     looked = {s for s, _ in unmatched if partitions.get(s.topic, 0) > 1}
     _looked_across(scripts, keys, looked - kept)
     return _added(counts, lost, unmatched, withdrawn, found, kept)
 
 
-def _not_whole(
+def not_whole(
     inventory: Inventory,
     shards: Sequence[Shard],
     reading: Callable[[], Collection[Shard]],
@@ -249,8 +249,9 @@ def _not_whole(
 ) -> frozenset[Shard]:
     """Those of ``shards`` (with cancels that found nothing) whose topic has another partition
     Redis does not hold whole yet: one ``reading`` (read behind its end: after a rebuild, it has
-    not reached the record a cancel names), or one ``known`` that Redis has lost the watermark of
-    since (its rebuild is yet to start). Their cancels look again once it is whole."""
+    not reached the record a cancel names), or one ``known`` (the caller's watermarks) that Redis
+    has lost the watermark of since (its rebuild is yet to start). Their cancels are kept, and
+    look again once it is whole (bridge.ingress.membership)."""
     if not shards:
         return frozenset()
     topics = {s.topic for s in shards}
