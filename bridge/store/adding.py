@@ -313,6 +313,12 @@ def _added(
     across = sum(
         1 for s, r in unmatched if (s, r.offset, r.delay_id) in found and isinstance(r, Cancel)
     )
+    # Those kept to look again are counted when they have (the add that hands them back).
+    not_found -= sum(
+        1
+        for s, r in unmatched
+        if isinstance(r, Cancel) and s in again and (s, r.offset, r.delay_id) not in found
+    )
     replaced += len(found) - across
     return Added(
         added,
