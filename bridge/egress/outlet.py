@@ -32,6 +32,8 @@ from bridge.kafka import produce
 from bridge.metrics import Metrics
 from bridge.store import Shard, Store
 
+logger = logging.getLogger(__name__)
+
 COMMIT_WAIT_S = 0.005  # how often a wait for commits looks again
 # What was committed is remembered for two leases, and a minute at least: a Redis replica that
 # lagged this long and lost acknowledgements, not ingested records, brings them back (see
@@ -193,6 +195,30 @@ class Transactions:
             t.join()
         self._shards.update(started)
         return failed
+
+    def fence(self, shards: Iterable[Shard]) -> None:
+        """Fence the earlier owners of ``shards`` that this replica has no producer for, all at
+        once: a producer with each one's transactional id starts and is dropped. Kafka aborts
+        what an earlier owner left open, which holds a read of the journal (read_committed)
+        back until then: a rebuild reads it before the shard's own producer starts (open)."""
+        new = sorted({s.base() for s in shards if not self._live(s.base())})
+
+        def fence_one(shard: Shard) -> None:
+            try:
+                self.settings.producer(shard).init_transactions(INIT_TIMEOUT_S)
+            except KafkaException as exc:
+                logger.warning(
+                    "%s: its earlier owner not fenced before the journal is read (%s): what that "
+                    "one left open holds the read back",
+                    shard,
+                    exc.args[0].str() if exc.args else exc,
+                )
+
+        threads = [threading.Thread(target=fence_one, args=(s,)) for s in new]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _live(self, shard: Shard) -> bool:
         txn = self._shards.get(shard)

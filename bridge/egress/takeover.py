@@ -96,6 +96,7 @@ class TakeOver:
         read finds it. Waits up to ``timeout_s`` for both."""
         if self.transactions is None or not shards:
             return
+        self.transactions.fence(shards)  # those it has not taken over yet: their earlier owners
         bases, dropped = {s.base() for s in shards}, threading.Event()
         with self._lock:
             self._rebuilt.append((bases, dropped))

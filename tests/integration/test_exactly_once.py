@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bridge.journal import decode_entries
 from bridge.kafka import headers_of
-from bridge.message import H_AFTER, H_ID, H_TARGET_TOPIC, Headers
+from bridge.message import H_AFTER, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
 from testbed.harness import (
     Bridge,
     Collector,
@@ -30,6 +30,7 @@ from testbed.harness import (
     snapshot_keys,
     wait_ready,
     wipe,
+    with_session_timeout,
 )
 from tests.conftest import ROOT, wait_for
 
@@ -290,3 +291,47 @@ def test_acknowledgements_redis_lost_without_its_watermark_going_back_deliver_no
         v: n for v, n in counts.items() if n > 1
     }
     assert "redis lost" not in bridge.output()  # no rebuild: the mover alone saw to it
+
+
+def test_a_rebuild_after_a_kill_mid_commit_reads_the_journal_at_once(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A replica delivers records, stalls in its third transaction's commit (its journal entries
+    at the broker, the commit not sent) and is SIGKILLed; Redis loses everything before the next
+    one starts. That one's rebuild reads the journal for what was settled, but the transaction
+    left open in it (Kafka aborts it when the partition's producer starts again, or after
+    egress.lease) held the read back until it gave up: everything delivered before was delivered
+    again (the exactly-once recurring test: one occurrence of every schedule of a partition
+    twice). The earlier owner is now fenced before the read."""
+    first = setup.bridge("first", **EXACTLY_ONCE, egress__lease="60s")
+    first.env.update(JOURNAL_HANG_AFTER="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    first = with_session_timeout(setup, first, "6000", "1000").start()
+    bridges.append(first)
+    assert wait_ready(first)
+    target = setup.targets[0].encode()
+    key = b"one-partition"
+    start = time.time_ns() // 1_000_000 + 1000
+    records = [
+        (key, b"r-%d" % i, [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % (start + 20 * i))])
+        for i in range(100)
+    ]
+    produce_all(setup.services.bootstrap, setup.delay, records)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 2, 60, "two transactions committed")
+        wait_for(
+            lambda: metric(first, "delay_bridge_oldest_inflight_seconds") > 2,
+            30,
+            "the third stalled in its commit",
+        )
+        first.kill()
+        assert wipe(setup) > 0
+        again = fast_takeover(setup, "again", **EXACTLY_ONCE)
+        bridges.append(again)
+        collector.until(lambda rs: len(rs) >= 100, 90, "all 100")
+        collector.poll(2.0)  # anything more would be a duplicate
+    finally:
+        collector.close()
+    counts = collections.Counter(r.value for r in collector.records)
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    assert "journal not read" not in again.output(), again.output()[-2000:]

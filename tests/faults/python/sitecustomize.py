@@ -5,7 +5,9 @@ that record alone and store the rest (bridge.ingress.careful). With ``ACROSS_FAU
 first N looks for what cancels name in other partitions fail as a broker bounce would (a
 ``KafkaFault``), after add.lua stored their batch. With ``TXN_FAULT_PARTITION=P``, the
 transactional producer of each delay-topic partition P does not start (as an ACL refusing its
-transactional id would)."""
+transactional id would). With ``JOURNAL_HANG_AFTER=N``, the N-th transaction to journal its
+records stalls once its journal entries are at the broker, before its commit (a process that
+stops mid-commit: the test SIGKILLs it), leaving that transaction open in the journal."""
 
 import os
 from typing import Any
@@ -62,3 +64,21 @@ if _TXN_PARTITION:
         _start(self)
 
     setattr(transactions.ShardTransaction, "start", _refused)  # noqa: B010
+
+_HANG = [int(os.environ.get("JOURNAL_HANG_AFTER", "0"))]
+
+if _HANG[0]:
+    import time
+
+    from bridge.journal import writer
+
+    _delivered = writer.Journal.delivered
+
+    def _stalling(self: Any, shard: Any, fates: Any, producer: Any = None) -> None:
+        _delivered(self, shard, fates, producer)
+        _HANG[0] -= 1
+        if _HANG[0] == 0 and producer is not None:
+            producer.flush(10)
+            time.sleep(3600)  # the commit never comes
+
+    setattr(writer.Journal, "delivered", _stalling)  # noqa: B010
