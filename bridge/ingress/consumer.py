@@ -158,8 +158,9 @@ class Ingress:
         self.membership.subscribe()
 
     def restart_soon(self, why: str) -> None:
-        """Close the consumer and start a new one before the next batch (:class:`Restarts`):
-        called in a poll of this thread (the statistics callback), where it cannot close."""
+        """Close the consumer and start a new one before the next batch (see :class:`Restarts`).
+        Called from the statistics callback, inside a poll of this thread, where the consumer
+        cannot close."""
         self.restarts.soon(why)
 
     def _restart(self) -> None:
@@ -307,10 +308,7 @@ class Ingress:
                 partitions=partition_counts(self._partitions(), self.assigned),
                 confirm=self.reads.confirm,
                 schedules=self.reads.schedules,
-                reading=self.catch_up.ends,
-                known=self.marks,
             )
-            self.membership.looking |= added.again
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
             for shard, (high, _) in batch.stored.items():

@@ -19,7 +19,7 @@ from bridge.errors import StoreError
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
-from bridge.store import Bound, PerLane, Shard, Store, not_whole
+from bridge.store import Bound, PerLane, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +95,6 @@ class Membership:
         # again: nobody else can own them meanwhile, so their backlog is still this replica's
         # to report (bridge.sampler.Sampler).
         self.lost: frozenset[Shard] = frozenset()
-        # Shards whose cancels found nothing while another partition of their topic was not
-        # whole in Redis (Store.add's ``again``), until they are read again from them.
-        self.looking: set[Shard] = set()
 
     def subscribe(self) -> None:
         """Join the consumer group on the delay topics."""
@@ -284,38 +281,6 @@ class Membership:
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
-        if self.looking:
-            self.look_again()
-
-    def look_again(self) -> None:
-        """Read the shards whose cancels wait to look again (:attr:`looking`) from the first of
-        those, once every other partition of their topic is whole in Redis — none read behind
-        its end, none whose watermark Redis lost and whose rebuild is yet to start (found at the
-        next second's check): the next add hands the cancels back (add.lua keeps them, meta
-        "withdrawing", until they are looked for), and they look there again."""
-        self.looking &= self.positions.assigned
-        try:
-            waiting = not_whole(
-                self.store.inventory, sorted(self.looking), self.catch_up.ends, self.positions.marks
-            )
-            ready = sorted(self.looking - waiting)
-            held = self.store.inventory.resume_points(ready) if ready else {}
-        except StoreError as exc:
-            logger.warning("cancels kept to look again not read again yet: %s", exc)
-            return
-        for shard in ready:
-            self.looking.discard(shard)
-            mark, start = held.get(shard, (-1, 0))
-            if start <= mark:
-                logger.info(
-                    "%s[%d] is read again from offset %d: cancels that found nothing while "
-                    "another partition of its topic was not whole in Redis look there again",
-                    shard.topic,
-                    shard.partition,
-                    start,
-                )
-                self.positions.resumed[shard] = start
-                self.consumer.seek(TopicPartition(shard.topic, shard.partition, start))
 
     def close(self, *, leave: bool = False) -> None:
         """Commit what is stored and close the consumer; ``leave``: leave the group first, which

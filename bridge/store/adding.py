@@ -6,7 +6,7 @@ others (:mod:`bridge.store.across`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.errors import KafkaFault
@@ -166,8 +166,6 @@ def _add(
     partitions: Mapping[str, int],
     confirm: Confirm,
     schedules: Schedules,
-    reading: Callable[[], Collection[Shard]],
-    known: Mapping[Shard, int],
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -232,35 +230,8 @@ def _add(
     found = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
-    missed = [
-        s for s, r in unmatched if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
-    ]
-    kept = not_whole(inventory, missed, reading, known)
-    looked = {s for s, _ in unmatched if partitions.get(s.topic, 0) > 1}
-    _looked_across(scripts, keys, looked - kept)
-    return _added(counts, lost, unmatched, withdrawn, found, kept)
-
-
-def not_whole(
-    inventory: Inventory,
-    shards: Sequence[Shard],
-    reading: Callable[[], Collection[Shard]],
-    known: Mapping[Shard, int],
-) -> frozenset[Shard]:
-    """Those of ``shards`` (with cancels that found nothing) whose topic has another partition
-    Redis does not hold whole yet: one ``reading`` (read behind its end: after a rebuild, it has
-    not reached the record a cancel names), or one ``known`` (the caller's watermarks) that Redis
-    has lost the watermark of since (its rebuild is yet to start). Their cancels are kept, and
-    look again once it is whole (bridge.ingress.membership)."""
-    if not shards:
-        return frozenset()
-    topics = {s.topic for s in shards}
-    behind = set(reading())
-    others = [s for s in known if s.topic in topics and s not in behind]
-    if others:
-        held = inventory.watermarks(others)
-        behind |= {s for s in others if s not in held}
-    return frozenset(s for s in shards if any(o.topic == s.topic and o != s for o in behind))
+    _looked_across(scripts, keys, {s for s, _ in unmatched if partitions.get(s.topic, 0) > 1})
+    return _added(counts, lost, unmatched, withdrawn, found)
 
 
 def _looked_across(scripts: Scripts, keys: Keys, shards: set[Shard]) -> None:
@@ -294,7 +265,6 @@ def _added(
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
     found: Mapping[tuple[Shard, int, str], Found],
-    again: frozenset[Shard],
 ) -> Added:
     """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
     with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
@@ -307,17 +277,11 @@ def _added(
     missed = [
         (s, r.offset, r.delay_id)
         for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found and s not in again
+        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
     ]
     added, replaced, cancelled, not_found = counts
     across = sum(
         1 for s, r in unmatched if (s, r.offset, r.delay_id) in found and isinstance(r, Cancel)
-    )
-    # Those kept to look again are counted when they have (the add that hands them back).
-    not_found -= sum(
-        1
-        for s, r in unmatched
-        if isinstance(r, Cancel) and s in again and (s, r.offset, r.delay_id) not in found
     )
     replaced += len(found) - across
     return Added(
@@ -328,7 +292,6 @@ def _added(
         not_found - across,
         tuple(missed),
         tuple(withdrawn),
-        again,
     )
 
 

@@ -8,7 +8,7 @@ never per record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 import redis
@@ -134,8 +134,6 @@ class Store:
         partitions: Mapping[str, int] | None = None,
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
-        reading: Callable[[], Collection[Shard]] = tuple,
-        known: Mapping[Shard, int] | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -150,12 +148,7 @@ class Store:
         over, hands them back). ``confirm`` reads in the delay topic the
         records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
         ``schedules`` the record a default delay-id names (its due time, and its own delay-id
-        for the journal; without it, Redis's whole records are scanned for it). A cancel that
-        finds nothing while another partition of its topic is not whole in Redis — one of the
-        caller's shards it is ``reading`` behind their end (asked only then: read again after a
-        rebuild, or at start-up), or one
-        it ``known`` a watermark of (as it last saw them) that Redis has lost since — is kept to
-        look again (:attr:`Added.again`: the next add of its record hands it back).
+        for the journal; without it, Redis's whole records are scanned for it).
         """
         return add_batches(
             self.scripts,
@@ -168,8 +161,6 @@ class Store:
             partitions=partitions or {},
             confirm=confirm,
             schedules=schedules,
-            reading=reading,
-            known=known or {},
         )
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:

@@ -79,9 +79,6 @@ class Added:
     # (shard, offset, delay-id) of the first few cancels per shard that found nothing
     missed: tuple[tuple[Shard, int, str], ...] = ()
     withdrawn: tuple[Withdrawn, ...] = ()  # what the cancels and replacements withdrew
-    # Shards with cancels that found nothing while another partition of their topic was read
-    # again: kept to look again once it is read up to its end (see Store.add's ``reading``).
-    again: frozenset[Shard] = frozenset()
 
     def plus(self, later: Added) -> Added:
         """This and what a ``later`` call of the same batch did."""
@@ -93,7 +90,6 @@ class Added:
             self.not_found + later.not_found,
             self.missed + later.missed,
             self.withdrawn + later.withdrawn,
-            self.again | later.again,
         )
 
 
