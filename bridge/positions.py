@@ -110,6 +110,11 @@ class Positions:
         # to look for in other partitions (bridge.store.across). Offsets read from there up to
         # the watermark are expected, not a log that went back.
         self.resumed: dict[Shard, int] = {}
+        # The commit each shard's offsets were last stored with (end, low). librdkafka commits a
+        # stored offset only when it differs from the committed one, whatever its metadata: a
+        # rebuild point that moved while the end did not (deliveries, nothing new read), or the
+        # first after an assignment (the commit found may be older), is committed explicitly.
+        self._stored: dict[Shard, tuple[int, int]] = {}
 
     def store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
         """Store each shard's watermark + 1 and lowest pending offset for the next commit (auto
@@ -120,9 +125,19 @@ class Positions:
         try:
             lows = self.store.lows({s: self.marks.get(s) for s in sorted(shards)})
             if lows.offsets:
-                self.consumer.store_offsets(
-                    offsets=[commit_of(s, lows.ends[s], low) for s, low in lows.offsets.items()]
-                )
+                now = {s: (lows.ends[s], low) for s, low in lows.offsets.items()}
+                self.consumer.store_offsets(offsets=[commit_of(s, *c) for s, c in now.items()])
+                # What the auto-commit leaves out: the first after an assignment, and a rebuild
+                # point that moved while the end did not.
+                before = self._stored
+                unsent = [
+                    commit_of(s, *c)
+                    for s, c in now.items()
+                    if s not in before or (before[s][0] == c[0] and before[s] != c)
+                ]
+                self._stored.update(now)
+                if unsent:
+                    self.consumer.commit(offsets=unsent, asynchronous=True)
             if lows.lost and rebuild:
                 self.rebuild(lows.lost)
         except StoreError as exc:
@@ -130,6 +145,13 @@ class Positions:
             logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
         except (KafkaException, KafkaFault) as exc:
             logger.warning("storing offsets failed: %s", exc)
+
+    def dropped(self, shards: set[Shard]) -> None:
+        """These shards are no longer owned here (revoked, lost, released)."""
+        self.assigned.difference_update(shards)
+        for shard in shards:
+            self.marks.pop(shard, None)
+            self._stored.pop(shard, None)
 
     def lost_while_away(
         self, marks: Mapping[Shard, int], ends: Mapping[Shard, int], starts: Mapping[Shard, int]

@@ -1157,7 +1157,7 @@ def assert_kept(result: Result, run_dir: Path) -> None:
     duplicate with its delay-id, every record accounted for, and every check of the scenario."""
     account = result.account
     print(f"{result.scenario}: {result.row()}")
-    assert account.lost == [], f"lost: {account.lost[:10]}"
+    assert account.lost == [], f"lost: {account.lost[:10]}\n{_lost_story(account.lost, run_dir)}"
     assert account.early == [], f"early: {account.early[:10]}"
     assert account.misrouted == [], f"misrouted: {account.misrouted[:10]}"
     assert account.duplicate_ids_differ == 0, "a duplicate carried another delay-id"
@@ -1177,6 +1177,30 @@ def _why(result: Result, run_dir: Path) -> str:
     )
     notes = "; ".join(result.notes)
     return f"notes: {notes}\nslowest after a fault:\n{slowest}\n{_crashes(run_dir)}"
+
+
+def _lost_story(lost: list[str], run_dir: Path, traced: int = 3) -> str:
+    """What is known of records lost, for the failure message (CI keeps no files): the trace of
+    the first few (``TOPIC:PARTITION:OFFSET``, the text before a space) and the bridges' warnings
+    and errors."""
+    parts = []
+    config = next(iter(sorted(run_dir.rglob("bridge.yaml"))), None)
+    for where in [x.split(" ")[0] for x in lost[:traced]]:
+        if config is None:
+            break
+        traced_out = subprocess.run(
+            [sys.executable, "-m", "bridge", "trace", "-c", str(config), "--origin", where],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        parts.append(f"trace {where}:\n{traced_out.stdout}{traced_out.stderr}")
+    for log in sorted(run_dir.rglob("bridge-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        said = [x for x in lines if " WARNING " in x or " ERROR " in x][:40]
+        parts.append(f"{log.name}: {len(said)} warnings and errors\n" + "\n".join(said))
+    return "\n".join(parts)
 
 
 def _crashes(run_dir: Path) -> str:

@@ -218,10 +218,9 @@ class Membership:
 
     def _drop(self, partitions: list[TopicPartition], how: str) -> None:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
-        self.positions.assigned.difference_update(shards)
+        self.positions.dropped(shards)
         self.settled.forget(shards)
         for shard in shards:
-            self.positions.marks.pop(shard, None)
             self.catch_up.stop(shard)
         logger.info(
             "%s %s",
