@@ -110,10 +110,10 @@ class Positions:
         # to look for in other partitions (bridge.store.across). Offsets read from there up to
         # the watermark are expected, not a log that went back.
         self.resumed: dict[Shard, int] = {}
-        # The commit each shard's offsets were last stored with (end, low). librdkafka commits a
-        # stored offset only when it differs from the committed one, whatever its metadata: a
-        # rebuild point that moved while the end did not (deliveries, nothing new read), or the
-        # first after an assignment (the commit found may be older), is committed explicitly.
+        # The commit each shard's offsets were last stored with (end, low), or found committed
+        # at its assignment. librdkafka commits a stored offset only when it differs from the
+        # committed one, whatever its metadata: a rebuild point that moved while the end did not
+        # (deliveries, nothing new read) is committed explicitly.
         self._stored: dict[Shard, tuple[int, int]] = {}
 
     def store_lows(self, shards: set[Shard], *, rebuild: bool = True) -> None:
@@ -127,13 +127,13 @@ class Positions:
             if lows.offsets:
                 now = {s: (lows.ends[s], low) for s, low in lows.offsets.items()}
                 self.consumer.store_offsets(offsets=[commit_of(s, *c) for s, c in now.items()])
-                # What the auto-commit leaves out: the first after an assignment, and a rebuild
-                # point that moved while the end did not.
+                # What the auto-commit leaves out: a rebuild point that moved while the end did
+                # not.
                 before = self._stored
                 unsent = [
                     commit_of(s, *c)
                     for s, c in now.items()
-                    if s not in before or (before[s][0] == c[0] and before[s] != c)
+                    if s in before and before[s][0] == c[0] and before[s] != c
                 ]
                 self._stored.update(now)
                 if unsent:
@@ -145,6 +145,13 @@ class Positions:
             logger.warning("lowest pending offsets not read, commit skipped: %s", exc)
         except (KafkaException, KafkaFault) as exc:
             logger.warning("storing offsets failed: %s", exc)
+
+    def found_committed(self, commits: Mapping[Shard, TopicPartition]) -> None:
+        """The group's commits of shards just assigned: what the next stored offsets are
+        compared with."""
+        for shard, tp in commits.items():
+            if tp.offset >= 0:
+                self._stored[shard] = (int(tp.offset), rebuild_point(tp))
 
     def dropped(self, shards: set[Shard]) -> None:
         """These shards are no longer owned here (revoked, lost, released)."""

@@ -20,6 +20,7 @@ from bridge.catchup import CatchUp
 from bridge.config import Config
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
+from bridge.ingress.adds import Adds
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
@@ -122,6 +123,14 @@ class Ingress:
             owner=owner,
             paused=lambda: bool(self._paused_until),
             settled=settled,
+            adds=Adds(
+                store,
+                catch_up,
+                partitions=lambda: partition_counts(self._partitions(), self.assigned),
+                confirm=reads.confirm,
+                schedules=reads.schedules,
+                report=lambda added: _report(added, metrics, dead_letters.journal, self._clock_ms),
+            ),
         )
         self.positions = self.membership.positions
         self._clock_ms = wall_ms
@@ -300,15 +309,7 @@ class Ingress:
             expected = {s: self.marks[s] for s in batch.stored if s in self.marks}
             horizon = self.payload_horizon_ms
             refer_after = None if horizon is None else self._clock_ms() + horizon
-            added = self.store.add(
-                batch.stored,
-                expected,
-                refer_after_ms=refer_after,
-                bucket_ms=self.bucket_ms,
-                partitions=partition_counts(self._partitions(), self.assigned),
-                confirm=self.reads.confirm,
-                schedules=self.reads.schedules,
-            )
+            added = self.membership.adds.add(batch.stored, expected, refer_after, self.bucket_ms)
             for shard in added.lost:
                 del batch.stored[shard]  # refused whole: re-read after the rebuild
             for shard, (high, _) in batch.stored.items():
@@ -317,7 +318,6 @@ class Ingress:
                 self.positions.rebuild(added.lost)
             if self.spans is not None:
                 self.spans.stored(batch.stored, started_ns)
-            _report(added, self.metrics, self.dead_letters.journal, self._clock_ms)
         self._read_up_to(batch, set(batch.stored))
         self.holds.passed(set(batch.low) - set(refused))
         counts: dict[str, int] = {}

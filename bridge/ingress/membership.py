@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
+from bridge.ingress.adds import Adds
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
@@ -67,9 +68,11 @@ class Membership:
         owner: Owner,
         paused: Callable[[], bool],
         settled: Settled | None = None,
+        adds: Adds | None = None,
     ) -> None:
         self.consumer = consumer
         self.settled = settled or Settled(None)
+        self.adds = adds or Adds(store, catch_up)
         self.store = store
         self.catch_up = catch_up
         self.topics = list(topics)
@@ -187,6 +190,7 @@ class Membership:
                     exc,
                 )
             return dict.fromkeys(empty, OFFSET_BEGINNING), set(), {}
+        self.positions.found_committed(tps)
         points = {s: rebuild_point(tp) for s, tp in tps.items() if s not in marks}
         return (
             {s: offset for s, offset in points.items() if offset >= 0},
@@ -220,6 +224,7 @@ class Membership:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
         self.positions.dropped(shards)
         self.settled.forget(shards)
+        self.adds.forget(shards)
         for shard in shards:
             self.catch_up.stop(shard)
         logger.info(
@@ -242,6 +247,7 @@ class Membership:
         flow as they would have before. Those read ``again`` (stored before) leave out what the
         journal says is settled since; those ``rolled_back`` also have what Redis put back
         forgotten (bridge.ingress.settled)."""
+        self.adds.forget(starts.keys())
         reread: dict[Shard, int] = {}
         for shard, asked in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)
@@ -280,6 +286,7 @@ class Membership:
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
+        self.adds.look_again()
 
     def close(self, *, leave: bool = False) -> None:
         """Commit what is stored and close the consumer; ``leave``: leave the group first, which

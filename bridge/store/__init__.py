@@ -1,6 +1,7 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
 from bridge.store.across import replaced_exactly
+from bridge.store.adding import not_whole
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
@@ -58,6 +59,7 @@ __all__ = [
     "lane_firsts",
     "lane_of",
     "member",
+    "not_whole",
     "offset_bytes",
     "offset_of",
     "references_in",

@@ -6,7 +6,7 @@ others (:mod:`bridge.store.across`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.errors import KafkaFault
@@ -166,6 +166,8 @@ def _add(
     partitions: Mapping[str, int],
     confirm: Confirm,
     schedules: Schedules,
+    keep: Keep,
+    holding: Collection[Shard],
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -230,21 +232,99 @@ def _add(
     found = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
-    _looked_across(scripts, keys, {s for s, _ in unmatched if partitions.get(s.topic, 0) > 1})
-    return _added(counts, lost, unmatched, withdrawn, found)
+    missed = [
+        (s, r)
+        for s, r in unmatched
+        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
+    ]
+    waiting = keep(sorted({s for s, _ in missed})) if missed else frozenset()
+    kept = tuple((s, r) for s, r in missed if s in waiting)
+    looked = [(s, r) for s, r in unmatched if partitions.get(s.topic, 0) > 1]
+    _looked_across(scripts, keys, looked, {*holding, *waiting}, kept)
+    return _added(counts, lost, unmatched, withdrawn, found, kept)
 
 
-def _looked_across(scripts: Scripts, keys: Keys, shards: set[Shard]) -> None:
-    """What add.lua kept of ``shards`` to look for in their topics' other partitions (meta
-    "withdrawing") was looked for: forgotten. Until then it holds the offset to commit and is
-    handed back by the next add (here, or on the replica that takes the shard over), so no
-    fault between add.lua and the look loses a cancel or a replacement."""
-    if shards:
-        with as_store_error():
-            pipe = scripts.client.pipeline(transaction=False)
-            for shard in shards:
+Keep = Callable[[Sequence[Shard]], Collection[Shard]]
+
+
+def keep_none(shards: Sequence[Shard]) -> Collection[Shard]:
+    """:data:`Keep` of a caller that keeps no cancel to look again."""
+    return ()
+
+
+def look_again(
+    scripts: Scripts,
+    keys: Keys,
+    kept: Sequence[tuple[Shard, Cancel]],
+    partitions: Mapping[str, int],
+    confirm: Confirm,
+    schedules: Schedules,
+    holding: Collection[Shard],
+) -> Added:
+    """See :meth:`bridge.store.Store.look_again`."""
+    found = withdraw_elsewhere(
+        scripts, keys, kept, partitions, confirm=confirm, schedules=schedules
+    )
+    _looked_across(scripts, keys, kept, {*holding, *(s for s, _ in kept)})
+    return _added([0, 0, 0, len(kept)], {}, list(kept), [], found)
+
+
+def _looked_across(
+    scripts: Scripts,
+    keys: Keys,
+    looked: Sequence[tuple[Shard, Scheduled | Cancel]],
+    holding: Collection[Shard],
+    kept: Sequence[tuple[Shard, Cancel]] = (),
+) -> None:
+    """What add.lua kept to look for in the topics' other partitions (meta "withdrawing") was
+    ``looked`` for: forgotten. Until then it holds the offset to commit and is handed back by
+    the next add (here, or on the replica that takes the shard over), so no fault between
+    add.lua and the look loses a cancel or a replacement. Of a shard ``holding`` cancels kept
+    to look again (``kept``, or of an earlier add) only the entries at the offsets looked for
+    are forgotten (a record's several cancels go together: kept while one of them is); of the
+    others the field goes."""
+    shards = {s for s, _ in looked}
+    if not shards:
+        return
+    held = sorted(shards & set(holding))
+    with as_store_error():
+        pipe = scripts.client.pipeline(transaction=False)
+        for shard in held:
+            pipe.hget(keys.of(shard).meta, "withdrawing")
+        tokens = pipe.execute() if held else []
+        pipe = scripts.client.pipeline(transaction=False)
+        for shard in shards - set(held):
+            pipe.hdel(keys.of(shard).meta, "withdrawing")
+        for shard, left in zip(held, tokens, strict=True):
+            done = {b"%d" % r.offset for s, r in looked if s == shard}
+            done -= {b"%d" % r.offset for s, r in kept if s == shard}
+            rest = [t for t in (left or b"").split() if t.split(b":")[0] not in done]
+            if rest:
+                pipe.hset(keys.of(shard).meta, "withdrawing", b" ".join(rest).decode())
+            else:
                 pipe.hdel(keys.of(shard).meta, "withdrawing")
-            pipe.execute()
+        pipe.execute()
+
+
+def not_whole(
+    inventory: Inventory,
+    shards: Sequence[Shard],
+    reading: Callable[[], Collection[Shard]],
+    known: Mapping[Shard, int],
+) -> frozenset[Shard]:
+    """Those of ``shards`` whose topic has another partition Redis does not hold whole yet: one
+    ``reading`` (read behind its end: after a rebuild, it has not reached the records a cancel
+    may name), or one ``known`` (the caller's watermarks) whose watermark Redis lost since (its
+    rebuild is yet to start)."""
+    if not shards:
+        return frozenset()
+    topics = {s.topic for s in shards}
+    behind = set(reading())
+    others = [s for s in known if s.topic in topics and s not in behind]
+    if others:
+        held = inventory.watermarks(others)
+        behind |= {s for s in others if s not in held}
+    return frozenset(s for s in shards if any(o.topic == s.topic and o != s for o in behind))
 
 
 def _own_ids(schedules: Schedules, shard: Shard, offsets: Sequence[int]) -> Mapping[int, str]:
@@ -265,9 +345,11 @@ def _added(
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
     found: Mapping[tuple[Shard, int, str], Found],
+    kept: Sequence[tuple[Shard, Cancel]] = (),
 ) -> Added:
     """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
-    with what the ``unmatched`` cancels and replacements ``found`` in other partitions."""
+    with what the ``unmatched`` cancels and replacements ``found`` in other partitions, and the
+    cancels ``kept`` to look again (counted when they have)."""
     withdrawn += [
         _withdrawn((there, offset, due), s, r, own)
         for s, r in unmatched
@@ -277,9 +359,10 @@ def _added(
     missed = [
         (s, r.offset, r.delay_id)
         for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
+        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found and (s, r) not in kept
     ]
     added, replaced, cancelled, not_found = counts
+    not_found -= len(kept)
     across = sum(
         1 for s, r in unmatched if (s, r.offset, r.delay_id) in found and isinstance(r, Cancel)
     )
@@ -292,6 +375,7 @@ def _added(
         not_found - across,
         tuple(missed),
         tuple(withdrawn),
+        tuple(kept),
     )
 
 

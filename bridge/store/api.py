@@ -8,13 +8,14 @@ never per record.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import cast
 
 import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
+from bridge.store.adding import Keep, keep_none, look_again
 from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
     AckBatch,
@@ -134,6 +135,8 @@ class Store:
         partitions: Mapping[str, int] | None = None,
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
+        keep: Keep = keep_none,
+        holding: Collection[Shard] = (),
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -149,6 +152,9 @@ class Store:
         records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
         ``schedules`` the record a default delay-id names (its due time, and its own delay-id
         for the journal; without it, Redis's whole records are scanned for it).
+        A cancel that finds nothing in a shard ``keep`` names (its topic not whole in Redis) is
+        kept (:attr:`Added.kept`, and in Redis) to :meth:`look_again`; ``holding``: the shards
+        whose cancels earlier calls kept.
         """
         return add_batches(
             self.scripts,
@@ -161,7 +167,23 @@ class Store:
             partitions=partitions or {},
             confirm=confirm,
             schedules=schedules,
+            keep=keep,
+            holding=holding,
         )
+
+    def look_again(
+        self,
+        kept: Sequence[tuple[Shard, Cancel]],
+        partitions: Mapping[str, int],
+        *,
+        confirm: Confirm = unconfirmed,
+        schedules: Schedules = undated,
+        holding: Collection[Shard] = (),
+    ) -> Added:
+        """Look in the other partitions of their topics, now whole, for what cancels :meth:`add`
+        kept name; forget them in Redis (``holding``: as in :meth:`add`)."""
+        scripts, keys = self.scripts, self._keys
+        return look_again(scripts, keys, kept, partitions, confirm, schedules, holding)
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """Each shard's lowest pending offset, else watermark + 1 (where its rebuild would start),

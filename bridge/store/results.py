@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bridge.message import Priority, Scheduled
+from bridge.message import Cancel, Priority, Scheduled
 from bridge.store.keys import PerLane, Shard
 
 
@@ -79,6 +79,9 @@ class Added:
     # (shard, offset, delay-id) of the first few cancels per shard that found nothing
     missed: tuple[tuple[Shard, int, str], ...] = ()
     withdrawn: tuple[Withdrawn, ...] = ()  # what the cancels and replacements withdrew
+    # Cancels that found nothing while another partition of their topic was not whole in Redis:
+    # kept to look again (Store.add's ``keep``), not counted yet.
+    kept: tuple[tuple[Shard, Cancel], ...] = ()
 
     def plus(self, later: Added) -> Added:
         """This and what a ``later`` call of the same batch did."""
@@ -90,6 +93,7 @@ class Added:
             self.not_found + later.not_found,
             self.missed + later.missed,
             self.withdrawn + later.withdrawn,
+            self.kept + later.kept,
         )
 
 

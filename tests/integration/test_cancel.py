@@ -392,3 +392,35 @@ def test_a_record_with_several_cancels_withdraws_each_record_it_names(store: Sto
     # Read again (a crash before the commit): nothing more happens.
     again = store.add({SHARD: (3, cancels.each())}, {SHARD: 3}, **topic)  # type: ignore[arg-type]
     assert (again.cancelled, again.not_found) == (0, 0)
+
+
+def test_a_cancel_kept_while_its_topic_is_not_whole_looks_again_and_holds_its_offset_until(
+    store: Store,
+) -> None:
+    """A cancel read in partition 0 that finds nothing while partition 1 is not whole (``keep``)
+    is kept: not counted, its offset held for the commit and the resume point. A later add of
+    partition 0 whose own cancel finds nothing forgets only its own entry (it forgot the whole
+    field, the kept one with it). Once partition 1 holds the record again, the kept cancel looks
+    again, finds it, and partition 0 resumes after its watermark."""
+    other, topic = Shard("delay", 1), {"delay": 2}
+    kept = store.add(
+        {SHARD: (3, [rec(2, T0 + 9000, "filler"), Cancel(3, "job", T0 + 6000)])},
+        partitions=topic,
+        keep=lambda shards: shards,
+    )
+    assert (kept.not_found, kept.missed, kept.kept) == (0, (), ((SHARD, Cancel(3, "job")),))
+    assert store.inventory.resume_points([SHARD]) == {SHARD: (3, 3)}
+    later = store.add(
+        {SHARD: (5, [rec(4, T0 + 9000, "filler-2"), Cancel(5, "nobody")])},
+        partitions=topic,
+        holding={SHARD},
+    )
+    assert (later.not_found, later.kept) == (1, ())
+    assert store.inventory.resume_points([SHARD]) == {SHARD: (5, 3)}
+    assert store.lows({SHARD: 5}).offsets[SHARD] == 2  # the filler: the lowest pending
+    job = rec(0, T0 + 5000, "job")
+    store.add({other: (0, [job])})
+    again = store.look_again(kept.kept, topic, confirm=confirm_from([job]))
+    assert (again.cancelled, again.not_found) == (1, 0)
+    assert store.inventory.resume_points([SHARD]) == {SHARD: (5, 6)}
+    assert store.inventory.by_id(other, "job") == []

@@ -52,6 +52,7 @@ from testbed.harness import (
     cli_of,
     metric,
     produce_all,
+    produce_to,
     roll_back,
     snapshot_keys,
     wipe,
@@ -518,6 +519,39 @@ def test_redis_lost_after_a_bridge_died_before_its_first_commit_delivers_nothing
     counts = _counts_through(setup, b"after")
     assert set(counts) == {v for _, v, _ in now} | {b"after"}, counts
     assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+
+
+def test_a_cancel_read_while_its_records_partition_is_rebuilt_still_withdraws_it(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record with its own id waits in partition 2 behind 20,000 others. Redis loses
+    everything, and a cancel of the record is produced to partition 0 at once: its add finds
+    partition 0's state gone and rebuilds it within milliseconds, while partition 2's loss is
+    found at the next second's check and its re-read reaches the record after 20,000 more. The
+    cancel, read first, found nothing, and the record came back to be delivered (the adversary,
+    seed 4 with a Redis loss: a schedule cancelled from another partition went on). The cancel
+    is kept, and looks again once the partitions of its topic are whole in Redis again."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    later: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"filler", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]) for _ in range(20_000)
+    ]
+    later.append((2, b"cancelled", [(H_TARGET_TOPIC, target), (H_AFTER, b"15s"), (H_ID, b"o")]))
+    produce_to(setup.services.bootstrap, setup.delay, later)
+    wait_for(
+        lambda: metric(bridge, "delay_bridge_ingested_total") >= 20_001, 60, "the 20,001 stored"
+    )
+    assert wipe(setup) > 0
+    produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_CANCEL, b"o")])])
+    after: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"16s")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = _counts_through(setup, b"after", 90)
+    assert b"cancelled" not in counts, bridge.output()[-3000:]
+    assert "1 cancels kept looked again: 1 found their record" in bridge.output()
 
 
 def test_a_rebuild_keeps_what_an_operator_rescheduled(setup: Setup, bridges: list[Bridge]) -> None:

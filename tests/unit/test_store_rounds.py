@@ -1,10 +1,14 @@
-"""A batch is stored in calls of bounded size, a record's several cancels never split."""
+"""A batch is stored in calls of bounded size, a record's several cancels never split; a cancel
+that found nothing is kept while its topic is not whole in Redis."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from bridge.message import Cancel, Scheduled
 from bridge.store import Shard
-from bridge.store.adding import rounds
+from bridge.store.adding import not_whole, rounds
+from bridge.store.inventory import Inventory
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 
@@ -32,3 +36,30 @@ def test_batches_within_a_call_are_one_round_as_they_are() -> None:
     two: list[Scheduled | Cancel] = [_rec(0), _rec(1)]
     assert rounds({A: (9, two), B: (5, [_rec(5)])}, most=2) == [{A: (9, two), B: (5, [_rec(5)])}]
     assert len(rounds({A: (9, [*two, _rec(2)])}, most=2)) == 2
+
+
+class _Watermarks:
+    """What :func:`not_whole` asks Redis: the watermarks it holds."""
+
+    def __init__(self, held: dict[Shard, int]) -> None:
+        self.held = held
+
+    def watermarks(self, shards: list[Shard]) -> dict[Shard, int]:
+        return {s: self.held[s] for s in shards if s in self.held}
+
+
+def test_a_cancel_that_found_nothing_is_kept_while_another_partition_is_not_whole() -> None:
+    """Read behind its end, or its watermark lost in Redis since the caller saw it: another
+    partition of the cancel's topic may yet hold its record. Its own, or another topic's, never
+    keeps it."""
+    c, other = Shard("delay", 2), Shard("other", 1)
+    known = {A: 10, B: 20, c: 30}
+    whole = cast(Inventory, _Watermarks({A: 10, B: 20, c: 30}))
+    lost_b = cast(Inventory, _Watermarks({A: 10, c: 30}))
+    assert not_whole(whole, [A], lambda: [], known) == frozenset()
+    assert not_whole(whole, [A], lambda: [B], known) == {A}
+    assert not_whole(whole, [A], lambda: [A, other], known) == frozenset()
+    assert not_whole(lost_b, [A], lambda: [], known) == {A}
+    assert not_whole(lost_b, [B], lambda: [], known) == frozenset()  # its own loss: a rebuild
+    assert not_whole(lost_b, [A, other], lambda: [], {**known, other: 5}) == {A}
+    assert not_whole(whole, [], lambda: [B], known) == frozenset()

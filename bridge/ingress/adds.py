@@ -1,0 +1,126 @@
+"""The ingress's adds to the store, and the cancels they keep to look again.
+
+What each add did is counted and journaled. A cancel that found nothing while its record's
+partition was not whole in Redis is kept:
+
+A cancel looks for its record in its own partition, then in its topic's others. When Redis lost a
+partition's state, the loss is found at that partition's next add or at the next second's check,
+and its rebuild then reads it again up to where it ended: until both are done, the records it
+held are not there to be found, and a cancel read meanwhile from another partition would find
+nothing and be done with, while the rebuild brings its record back to be delivered. Such a cancel
+is kept here instead, and looks again once every other partition of its topic this replica owns
+is whole. add.lua keeps it in Redis as well until then (meta "withdrawing"), which holds its
+partition's commit and resume point at it: a replica that dies meanwhile, or a Redis that loses
+this partition too, reads it again.
+
+A partition of the topic owned by another replica is not known here: its loss is not waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from bridge.catchup import CatchUp
+from bridge.errors import StoreError
+from bridge.message import Cancel, Scheduled
+from bridge.store import Added, Confirm, Schedules, Shard, Store, not_whole, unconfirmed, undated
+
+logger = logging.getLogger(__name__)
+
+
+class Adds:
+    """Adds batches to the store; keeps the cancels to look again, by the shard they were read
+    from."""
+
+    def __init__(
+        self,
+        store: Store,
+        catch_up: CatchUp,
+        *,
+        partitions: Callable[[], Mapping[str, int]] = dict,
+        confirm: Confirm = unconfirmed,
+        schedules: Schedules = undated,
+        report: Callable[[Added], None] = lambda added: None,
+    ) -> None:
+        """``partitions``: each delay topic's partition count; ``confirm`` and ``schedules``
+        read the delay topic for the id index and default delay-ids (Store.add); ``report``
+        counts and journals what the cancels did."""
+        self._store = store
+        self._catch_up = catch_up  # the shards read behind their end, and the known watermarks
+        self._partitions = partitions
+        self._confirm = confirm
+        self._schedules = schedules
+        self._report = report
+        self.by_shard: dict[Shard, list[Cancel]] = {}
+
+    def add(
+        self,
+        batches: Mapping[Shard, tuple[int, Sequence[Scheduled | Cancel]]],
+        expected: Mapping[Shard, int],
+        refer_after_ms: int | None,
+        bucket_ms: int,
+    ) -> Added:
+        """:meth:`Store.add` these ``batches``; what it did is reported, its cancels that found
+        nothing while their topic was not whole are kept."""
+        added = self._store.add(
+            batches,
+            expected,
+            refer_after_ms=refer_after_ms,
+            bucket_ms=bucket_ms,
+            partitions=self._partitions(),
+            confirm=self._confirm,
+            schedules=self._schedules,
+            keep=self.waiting,
+            holding=set(self.by_shard),
+        )
+        self._report(added)
+        self.keep(added.kept)
+        return added
+
+    def waiting(self, shards: Sequence[Shard]) -> frozenset[Shard]:
+        """Those of ``shards`` whose topic has another owned partition not whole in Redis (what
+        :meth:`Store.add` is given as ``keep``)."""
+        catch_up = self._catch_up
+        return not_whole(self._store.inventory, shards, catch_up.ends, catch_up.marks)
+
+    def keep(self, kept: Sequence[tuple[Shard, Cancel]]) -> None:
+        for shard, cancel in kept:
+            self.by_shard.setdefault(shard, []).append(cancel)
+        if kept:
+            logger.info(
+                "%d cancels found nothing while another partition of their topic is not whole "
+                "in Redis: they look there again once it is",
+                len(kept),
+            )
+
+    def forget(self, shards: Collection[Shard]) -> None:
+        """These shards are read again, or are no longer owned here: their cancels are read
+        again (add.lua hands them back), here or where they are owned now."""
+        for shard in shards:
+            self.by_shard.pop(shard, None)
+
+    def look_again(self) -> None:
+        """The cancels whose topics are whole again look there."""
+        if not self.by_shard:
+            return
+        try:
+            waiting = self.waiting(sorted(self.by_shard))
+            ready = [(s, c) for s, cs in self.by_shard.items() if s not in waiting for c in cs]
+            if not ready:
+                return
+            added = self._store.look_again(
+                ready,
+                self._partitions(),
+                confirm=self._confirm,
+                schedules=self._schedules,
+                holding=waiting,
+            )
+        except StoreError as exc:
+            logger.warning("cancels kept to look again did not look yet: %s", exc)
+            return
+        self.forget({s for s, _ in ready})
+        logger.info(
+            "%d cancels kept looked again: %d found their record", len(ready), added.cancelled
+        )
+        self._report(added)
