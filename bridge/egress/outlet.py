@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -188,11 +188,7 @@ class Transactions:
             except KafkaException as exc:
                 failed[shard] = str(exc.args[0].str() if exc.args else exc)
 
-        threads = [threading.Thread(target=start, args=(s,)) for s in sorted(new)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _each_at_once(start, sorted(new))
         self._shards.update(started)
         return failed
 
@@ -214,11 +210,7 @@ class Transactions:
                     exc.args[0].str() if exc.args else exc,
                 )
 
-        threads = [threading.Thread(target=fence_one, args=(s,)) for s in new]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _each_at_once(fence_one, new)
 
     def _live(self, shard: Shard) -> bool:
         txn = self._shards.get(shard)
@@ -274,3 +266,13 @@ class Transactions:
         deadline = time.monotonic() + timeout_s
         for txn in self._closed.values():
             txn.join(deadline - time.monotonic())
+
+
+def _each_at_once(call: Callable[[Shard], None], shards: Sequence[Shard]) -> None:
+    """``call`` each shard on a thread of its own, all at once; returns when all have returned
+    (each waits on Kafka: a producer's start, one after another, would add up)."""
+    threads = [threading.Thread(target=call, args=(s,)) for s in shards]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
