@@ -149,6 +149,7 @@ def add(
         lost = {} if total is None else total.lost
         calls = {s: c for s, c in each.items() if s not in lost}
         added = _add(scripts, keys, inventory, calls, marks, **how)
+        how["holding"] = {*how["holding"], *(s for s, _ in added.kept)}  # for the next rounds
         marks |= {s: high for s, (high, _) in calls.items() if s not in added.lost}
         total = added if total is None else total.plus(added)
     return total if total is not None else Added(0, {})

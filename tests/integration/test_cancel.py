@@ -424,3 +424,22 @@ def test_a_cancel_kept_while_its_topic_is_not_whole_looks_again_and_holds_its_of
     assert (again.cancelled, again.not_found) == (1, 0)
     assert store.inventory.resume_points([SHARD]) == {SHARD: (5, 6)}
     assert store.inventory.by_id(other, "job") == []
+
+
+def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next(
+    store: Store,
+) -> None:
+    """A batch larger than one call (1,000 entries) is stored in rounds: a cancel kept in the
+    first stays kept in Redis when the second round's own cancel, which finds nothing and is not
+    kept, is looked for."""
+    asked: list[Sequence[Shard]] = []
+
+    def keep_first(shards: Sequence[Shard]) -> Sequence[Shard]:
+        asked.append(shards)
+        return shards if len(asked) == 1 else ()
+
+    first = [Cancel(0, "job", T0), *(rec(i, T0 + 9000) for i in range(1, 1000))]
+    second = [*(rec(i, T0 + 9000) for i in range(1000, 1500)), Cancel(1500, "nobody")]
+    added = store.add({SHARD: (1500, [*first, *second])}, partitions={"delay": 2}, keep=keep_first)
+    assert (len(asked), added.kept, added.not_found) == (2, ((SHARD, Cancel(0, "job")),), 1)
+    assert store.inventory.resume_points([SHARD]) == {SHARD: (1500, 0)}
