@@ -438,8 +438,10 @@ def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next
         asked.append(shards)
         return shards if len(asked) == 1 else ()
 
-    first = [Cancel(0, "job", T0), *(rec(i, T0 + 9000) for i in range(1, 1000))]
-    second = [*(rec(i, T0 + 9000) for i in range(1000, 1500)), Cancel(1500, "nobody")]
+    first: list[Scheduled | Cancel] = [Cancel(0, "job", T0)]
+    first += [rec(i, T0 + 9000) for i in range(1, 1000)]
+    second: list[Scheduled | Cancel] = [rec(i, T0 + 9000) for i in range(1000, 1500)]
+    second.append(Cancel(1500, "nobody"))
     added = store.add({SHARD: (1500, [*first, *second])}, partitions={"delay": 2}, keep=keep_first)
     assert (len(asked), added.kept, added.not_found) == (2, ((SHARD, Cancel(0, "job")),), 1)
     assert store.inventory.resume_points([SHARD]) == {SHARD: (1500, 0)}
