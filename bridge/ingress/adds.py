@@ -1,7 +1,5 @@
-"""The ingress's adds to the store, and the cancels they keep to look again.
-
-What each add did is counted and journaled. A cancel that found nothing while its record's
-partition was not whole in Redis is kept:
+"""The ingress's adds to the store, what each did (counted and journaled), and the cancels they
+keep to look again.
 
 A cancel looks for its record in its own partition, then in its topic's others. When Redis lost a
 partition's state, the loss is found at that partition's next add or at the next second's check,
@@ -22,7 +20,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bridge.catchup import CatchUp
-from bridge.errors import StoreError
+from bridge.errors import BridgeError
 from bridge.message import Cancel, Scheduled
 from bridge.store import Added, Confirm, Schedules, Shard, Store, not_whole, unconfirmed, undated
 
@@ -85,6 +83,7 @@ class Adds:
         return not_whole(self._store.inventory, shards, catch_up.ends, catch_up.marks)
 
     def keep(self, kept: Sequence[tuple[Shard, Cancel]]) -> None:
+        """Keep these cancels (:attr:`Added.kept`) until their topics are whole."""
         for shard, cancel in kept:
             self.by_shard.setdefault(shard, []).append(cancel)
         if kept:
@@ -116,7 +115,7 @@ class Adds:
                 schedules=self._schedules,
                 holding=waiting,
             )
-        except StoreError as exc:
+        except BridgeError as exc:  # Redis, or Kafka for the records the id index names
             logger.warning("cancels kept to look again did not look yet: %s", exc)
             return
         self.forget({s for s, _ in ready})
