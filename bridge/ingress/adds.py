@@ -1,5 +1,6 @@
-"""The ingress's adds to the store, what each did (counted and journaled), and the cancels they
-keep to look again.
+"""The ingress's adds to the store, and the cancels they keep to look again.
+
+What each add did is counted and journaled.
 
 A cancel looks for its record in its own partition, then in its topic's others. When Redis lost a
 partition's state, the loss is found at that partition's next add or at the next second's check,
