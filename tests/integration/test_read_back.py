@@ -133,7 +133,9 @@ def test_a_bucket_is_read_back_fetch_ahead_before_its_first_record_is_due(
     """fetch_ahead is the lead every record gets, the first of its bucket too: reading a bucket
     starts early enough to finish by then (here 2.5 s before the bucket starts)."""
     bridges.append(one.bridge(**TIERS).start())
-    due = (now_ms() + FAR_MS) // 1000 * 1000  # the first instant of a 1 s bucket
+    # The first instant of a 1 s bucket, far enough that the records are references even when
+    # the bridge stores them 10 s after they are produced (CI: 5 s was not always enough).
+    due = (now_ms() + FAR_MS + 6_000) // 1000 * 1000
     headers = [
         (H_TARGET_TOPIC, one.targets[0].encode()),
         (H_DELIVER_AT, format_time_ms(due).encode()),
