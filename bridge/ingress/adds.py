@@ -52,6 +52,8 @@ class Adds:
         self._schedules = schedules
         self._report = report
         self.by_shard: dict[Shard, list[Cancel]] = {}
+        # The shards read again after Redis lost their state, while they catch up (Store.add).
+        self._rebuilt: set[Shard] = set()
 
     def add(
         self,
@@ -62,6 +64,8 @@ class Adds:
     ) -> Added:
         """:meth:`Store.add` these ``batches``; what it did is reported, its cancels that found
         nothing while their topic was not whole are kept."""
+        if self._rebuilt:
+            self._rebuilt.intersection_update(self._catch_up.ends())
         added = self._store.add(
             batches,
             expected,
@@ -72,6 +76,7 @@ class Adds:
             schedules=self._schedules,
             keep=self.waiting,
             holding=set(self.by_shard),
+            reread=self._rebuilt,
         )
         self._report(added)
         self.keep(added.kept)
@@ -94,11 +99,14 @@ class Adds:
                 len(kept),
             )
 
-    def forget(self, shards: Collection[Shard]) -> None:
+    def forget(self, shards: Collection[Shard], *, rebuilt: Collection[Shard] = ()) -> None:
         """These shards are read again, or are no longer owned here: their cancels are read
-        again (add.lua hands them back), here or where they are owned now."""
+        again (add.lua hands them back), here or where they are owned now. Those ``rebuilt``
+        are read again after Redis lost their state, until they catch up."""
         for shard in shards:
             self.by_shard.pop(shard, None)
+        self._rebuilt.difference_update(shards)
+        self._rebuilt.update(rebuilt)
 
     def look_again(self) -> None:
         """The cancels whose topics are whole again look there."""

@@ -247,7 +247,6 @@ class Membership:
         flow as they would have before. Those read ``again`` (stored before) leave out what the
         journal says is settled since; those ``rolled_back`` also have what Redis put back
         forgotten (bridge.ingress.settled)."""
-        self.adds.forget(starts.keys())
         reread: dict[Shard, int] = {}
         for shard, asked in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)
@@ -267,6 +266,7 @@ class Membership:
             self.catch_up.start(shard, start, end)
             if shard in again and start < end:
                 reread[shard] = start
+        self.adds.forget(starts.keys(), rebuilt=reread.keys())
         self.settled.load(reread, rolled_back)
 
     def caught_up(self) -> None:

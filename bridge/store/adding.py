@@ -12,7 +12,15 @@ from typing import Any
 from bridge.errors import KafkaFault
 from bridge.message import H_PAUSED, Cancel, Scheduled
 from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
-from bridge.store.calls import AddEntries, AddOutcome, AddReply, ConfirmFirst, LocateFirst, add_argv
+from bridge.store.calls import (
+    AddEntries,
+    AddOutcome,
+    AddReply,
+    ConfirmFirst,
+    LocateFirst,
+    add_argv,
+    add_flags,
+)
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
@@ -41,6 +49,7 @@ def add_call(
     locate: Collection[int] = (),
     schedules: Schedules = undated,
     across: bool = False,
+    reread: bool = False,
 ) -> tuple[list[str], list[Any]]:
     """The add.lua call (KEYS, ARGV) of one shard's ``batch`` (highest offset, records);
     ``vouched`` the delay-ids read in the delay topic at the offsets add.lua asked about (its
@@ -48,7 +57,8 @@ def add_call(
     it could not find at the due times their cancels gave; ``schedules`` reads the record a
     default delay-id names in the delay topic (for its due time). ``across``: the topic has other
     partitions (what finds nothing here is kept in Redis until looked for there:
-    :func:`_looked_across`)."""
+    :func:`_looked_across`); ``reread``: the shard is read again after Redis lost its state
+    (see add.lua)."""
     high, records = batch
     k = keys.of(shard)
     entries = AddEntries()
@@ -97,7 +107,7 @@ def add_call(
             entries,
             replaces=replaces,
             promotions=promotions,
-            across=across,
+            flags=add_flags(across=across, reread=reread),
         ),
     )
 
@@ -169,6 +179,7 @@ def _add(
     schedules: Schedules,
     keep: Keep,
     holding: Collection[Shard],
+    reread: Collection[Shard],
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -188,6 +199,7 @@ def _add(
             locate=locate[shard],
             schedules=schedules,
             across=partitions.get(shard.topic, 0) > 1,
+            reread=shard in reread,
         )
 
     replies: dict[Shard, AddOutcome] = dict(

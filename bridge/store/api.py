@@ -137,6 +137,7 @@ class Store:
         schedules: Schedules = undated,
         keep: Keep = keep_none,
         holding: Collection[Shard] = (),
+        reread: Collection[Shard] = (),
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -154,7 +155,9 @@ class Store:
         for the journal; without it, Redis's whole records are scanned for it).
         A cancel that finds nothing in a shard ``keep`` names (its topic not whole in Redis) is
         kept (:attr:`Added.kept`, and in Redis) to :meth:`look_again`; ``holding``: the shards
-        whose cancels earlier calls kept.
+        whose cancels earlier calls kept. A cancel by its delay-id that finds nothing in a shard
+        ``reread`` names (read again after Redis lost its state) ends a schedule of that id the
+        registry has no word of (see add.lua).
         """
         return add_batches(
             self.scripts,
@@ -169,6 +172,7 @@ class Store:
             schedules=schedules,
             keep=keep,
             holding=holding,
+            reread=reread,
         )
 
     def look_again(

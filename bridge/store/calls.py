@@ -172,6 +172,12 @@ class AddEntries:
     recurring: list[tuple[int, int | str, str]] = field(default_factory=list)
 
 
+def add_flags(*, across: bool, reread: bool) -> str:
+    """add.lua's flags of a shard: ``across`` its topic has other partitions, ``reread`` it is
+    read again after Redis lost its state (see add.lua)."""
+    return ("a" if across else "") + ("r" if reread else "")
+
+
 def add_argv(
     watermark: int | None,
     high: int,
@@ -181,14 +187,14 @@ def add_argv(
     *,
     replaces: Mapping[int, tuple[bytes, bool]],
     promotions: int | None = None,
-    across: bool = False,
+    flags: str = "",
 ) -> list[Any]:
     """add.lua's ARGV: ``vouched`` the delay-id read in the delay topic at each offset (see
     withdraw in _lib.lua); ``replaces`` where the record each record of the batch replaces by
     its default delay-id, or exactly, waits (record offset -> a ``where``, and whether exactly:
     see ``delay-replaces``); ``promotions`` the shard's count
-    of promotions read before the ``where`` were looked up (None: none was); ``across``
-    whether the topic has other partitions (see add.lua)."""
+    of promotions read before the ``where`` were looked up (None: none was); ``flags`` what
+    :func:`add_flags` says of the shard."""
     seen = "" if promotions is None else promotions
     argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, seen, len(vouched)]
     for offset, delay_id in vouched.items():
@@ -196,7 +202,7 @@ def add_argv(
     argv.append(len(replaces))
     for offset, (named, exact) in replaces.items():
         argv += (str(offset), named, "1" if exact else "")
-    argv.append("1" if across else "")
+    argv.append(flags)
     argv += targets_argv(entries.targets)
     argv.append(len(entries.recurring))
     argv.extend(chain.from_iterable(entries.recurring))

@@ -34,11 +34,14 @@ from bridge.kafka import produce
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
+    H_CONTINUES,
     H_DELIVER_AT,
     H_ERROR,
     H_ERROR_DETAIL,
+    H_EVERY,
     H_ID,
     H_MAX_LATENESS,
+    H_PRODUCED,
     H_TARGET_TOPIC,
     Headers,
     wire_headers,
@@ -552,6 +555,58 @@ def test_a_cancel_read_while_its_records_partition_is_rebuilt_still_withdraws_it
     produce_to(setup.services.bootstrap, setup.delay, after)
     counts = _counts_through(setup, b"after", 90)
     assert b"cancelled" not in counts, bridge.output()[-3000:]
+
+
+def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Partition 0 holds a record waiting an hour (its commit's rebuild point) and a schedule
+    whose occurrence was delivered (the journal says so); then a cancel of the schedule, and the
+    record the egress wrote to carry it on, produced after the cancel while that was unread (the
+    adversary's long seed 4). Redis loses everything: the re-read leaves the schedule's record out
+    as the journal says, so the registry has no word of the schedule when the cancel comes and the
+    cancel finds nothing. It must end the schedule all the same: the record carrying it on was
+    stored, and its occurrence delivered after the cancel."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    now = int(time.time() * 1000)
+    every = [(H_TARGET_TOPIC, target), (H_EVERY, b"1h"), (H_ID, b"poll")]
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]),
+            (0, b"poll", [*every, (H_AFTER, b"1h")]),
+        ],
+    )
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
+    bridge.signal(signal.SIGTERM)
+    assert bridge.wait(30) == 0
+    carried = [*every, (H_PRODUCED, str(now).encode()), (H_DELIVER_AT, str(now + 5000).encode())]
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, None, [(H_CANCEL, b"poll")]),
+            (0, b"carried", [*carried, (H_CONTINUES, b"1")]),
+            (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"8s")]),
+        ],
+    )
+    producer = Producer(  # the journal's partitioner: its entries where the bridge reads them
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
+    delivered = Entry(Fate.DELIVERED, 1, "poll", now, now, setup.targets[0], 0, 0)
+    key, value, headers = encode_entries(setup.delay, 0, [delivered], "")
+    produce(producer, setup.journal, key=key, value=value, headers=headers)
+    assert producer.flush(30) == 0
+    assert wipe(setup) > 0
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    counts = _counts_through(setup, b"after", 90)
+    assert "the journal holds the fate of 1 records since" in again.output()
+    assert b"carried" not in counts, again.output()[-3000:]
 
 
 def test_a_rebuild_keeps_what_an_operator_rescheduled(setup: Setup, bridges: list[Bridge]) -> None:

@@ -205,6 +205,23 @@ def test_the_marker_of_an_ended_schedule_is_forgotten_a_day_on(store: Store) -> 
     assert counts(store) == (1, 0)
 
 
+def test_a_cancel_that_finds_nothing_in_a_shard_read_again_ends_a_schedule_unknown_there(
+    store: Store,
+) -> None:
+    """Read again after Redis lost its state, a cancel finds no record and the registry has no
+    word of its id (the journal left the schedule's record out): it ends the schedule all the
+    same, so a record carrying it on from before the cancel is not stored. Read live, a cancel
+    that finds nothing writes nothing (a one-shot record's id, most likely)."""
+    batch: list[Scheduled | Cancel] = [Cancel(3, "poll"), schedule(4, T0 + 1000, continues=0)]
+    added = store.add({SHARD: (4, batch)}, reread={SHARD})
+    assert added.count == 0
+    assert [(w.offset, w.by_offset, w.cancelled) for w in added.withdrawn] == [(4, 3, True)]
+    assert counts(store) == (0, 0)
+    other = Store(store.client, f"{store.prefix}-live")
+    assert other.add({SHARD: (3, [Cancel(3, "poll")])}).count == 0
+    assert other.client.exists(other.keys(SHARD).schedules) == 0
+
+
 def test_a_registry_rolled_back_behind_the_record_carried_on_takes_it(store: Store) -> None:
     """Redis restarts from an AOF missing its last writes: the registry is back at record 0
     while the schedule went on to record 5 and its next, record 9 (continuing 5), is what the

@@ -65,9 +65,14 @@ ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose calle
           one ("" else): that record only, and nothing when this shard's state knows it no longer
           waits (claimed, or settled since the state's floor: see below); when the state cannot
           know (an offset below its floor), a replacement by its delay-id as any other
-ARGV[7 + 2V + 3W] "1" when the topic has other partitions: each entry that finds nothing here is
-          kept in meta "withdrawing" until the caller, having looked for it there, deletes the
-          field; an entry at or below the watermark still kept there is reported again
+ARGV[7 + 2V + 3W] flags: "a" when the topic has other partitions: each entry that finds nothing
+          here is kept in meta "withdrawing" until the caller, having looked for it there,
+          deletes the field; an entry at or below the watermark still kept there is reported
+          again. "r" when the shard is read again after Redis lost its state, up to where it
+          ended then: a cancel by its delay-id that finds nothing, of a schedule the registry
+          has no word of, ends it there all the same (the registry says "-" and its offset) —
+          the journal may have left the schedule's record out, and a record carrying it on from
+          before the cancel may follow
 ARGV[8 + 2V + 3W] T, then T target names, then 2 bytes per group below: the number of its
           record's target among them, 0 for a cancel and a reference (see named_targets in
           _lib.lua): each record stored whole counts in the targets HASH
@@ -172,7 +177,8 @@ for i = replacing + 1, at_across - 1, 3 do
   replaces[ARGV[i]] = ARGV[i + 1]
   exactly[ARGV[i]] = ARGV[i + 2] == '1'
 end
-local across = ARGV[at_across] == '1'
+local across = string.find(ARGV[at_across], 'a', 1, true) ~= nil
+local reread = string.find(ARGV[at_across], 'r', 1, true) ~= nil
 local target_names, target_numbers, at_recurring = named_targets(ARGV, at_across + 1)
 local recurring, paused_as, first = {}, {}, at_recurring + 1 + 3 * tonumber(ARGV[at_recurring])
 for i = at_recurring + 1, first - 1, 3 do
@@ -502,6 +508,11 @@ for i = first, #ARGV, 5 do
       end
       if registry_any and id ~= '' and registry(id) then
         register(id, '-' .. ARGV[i])
+      elseif reread and not done and member == '' and id ~= '' then
+        -- No word of it in a state read again: a schedule's record the journal left out (its
+        -- occurrence delivered) may be carried on by a record after this cancel.
+        register(id, '-' .. ARGV[i])
+        registry_any = true
       end
     elseif id == '' then
       -- No caller-given id, so only a cancel of its default id can withdraw it: held back and
