@@ -91,6 +91,12 @@ class BatchHistogram(Histogram):
             self._sum.inc(total)
 
 
+_CANCELS_KEPT = (
+    "Cancels that found nothing while another partition of their topic was being rebuilt in "
+    "Redis, kept to look there again once it is whole"
+)
+
+
 class Metrics:
     """Every metric the bridge exports, registered on ``registry``."""
 
@@ -250,6 +256,7 @@ class Metrics:
             "goes on without them",
             registry=registry,
         )
+        self.cancels_kept = Gauge("delay_bridge_cancels_kept", _CANCELS_KEPT, registry=registry)
         self.journal_pending = Gauge(
             "delay_bridge_journal_pending",
             "Journal entries produced that Kafka has not yet taken or refused: how far the "

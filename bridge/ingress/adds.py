@@ -18,6 +18,7 @@ A partition of the topic owned by another replica is not known here: its loss is
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bridge.catchup import CatchUp
@@ -26,6 +27,8 @@ from bridge.message import Cancel, Scheduled
 from bridge.store import Added, Confirm, Schedules, Shard, Store, not_whole, unconfirmed, undated
 
 logger = logging.getLogger(__name__)
+
+LOOK_INTERVAL_S = 1.0  # how often kept cancels ask Redis whether their topics are whole
 
 
 class Adds:
@@ -41,10 +44,13 @@ class Adds:
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
         report: Callable[[Added], None] = lambda added: None,
+        kept: Callable[[int], None] = lambda count: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``partitions``: each delay topic's partition count; ``confirm`` and ``schedules``
         read the delay topic for the id index and default delay-ids (Store.add); ``report``
-        counts and journals what the cancels did."""
+        counts and journals what the cancels did; ``kept`` is told how many cancels are kept
+        whenever that changes."""
         self._store = store
         self._catch_up = catch_up  # the shards read behind their end, and the known watermarks
         self._partitions = partitions
@@ -52,6 +58,9 @@ class Adds:
         self._schedules = schedules
         self._report = report
         self.by_shard: dict[Shard, list[Cancel]] = {}
+        self._kept = kept
+        self._clock = clock
+        self._looked = 0.0  # when kept cancels last asked whether their topics are whole
         # The shards read again after Redis lost their state, while they catch up (Store.add).
         self._rebuilt: set[Shard] = set()
 
@@ -93,6 +102,7 @@ class Adds:
         for shard, cancel in kept:
             self.by_shard.setdefault(shard, []).append(cancel)
         if kept:
+            self._told()
             logger.info(
                 "%d cancels found nothing while another partition of their topic is not whole "
                 "in Redis: they look there again once it is",
@@ -103,15 +113,24 @@ class Adds:
         """These shards are read again, or are no longer owned here: their cancels are read
         again (add.lua hands them back), here or where they are owned now. Those ``rebuilt``
         are read again after Redis lost their state, until they catch up."""
-        for shard in shards:
-            self.by_shard.pop(shard, None)
+        forgotten = [s for s in shards if self.by_shard.pop(s, None) is not None]
+        if forgotten:
+            self._told()
         self._rebuilt.difference_update(shards)
         self._rebuilt.update(rebuilt)
 
+    def _told(self) -> None:
+        self._kept(sum(len(cs) for cs in self.by_shard.values()))
+
     def look_again(self) -> None:
-        """The cancels whose topics are whole again look there."""
+        """The cancels whose topics are whole again look there (asked at most once a
+        second)."""
         if not self.by_shard:
             return
+        now = self._clock()
+        if now - self._looked < LOOK_INTERVAL_S:
+            return
+        self._looked = now
         try:
             waiting = self.waiting(sorted(self.by_shard))
             ready = [(s, c) for s, cs in self.by_shard.items() if s not in waiting for c in cs]

@@ -130,6 +130,7 @@ class Ingress:
                 confirm=reads.confirm,
                 schedules=reads.schedules,
                 report=lambda added: _report(added, metrics, dead_letters.journal, self._clock_ms),
+                kept=metrics.cancels_kept.set,
             ),
         )
         self.positions = self.membership.positions

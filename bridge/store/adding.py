@@ -245,16 +245,13 @@ def _add(
     found = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
-    missed = [
-        (s, r)
-        for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
-    ]
+    missed = _missed(unmatched, found)
     waiting = keep(sorted({s for s, _ in missed})) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)
     looked = [(s, r) for s, r in unmatched if partitions.get(s.topic, 0) > 1]
     _looked_across(scripts, keys, looked, {*holding, *waiting}, kept)
-    return _added(counts, lost, unmatched, withdrawn, found, kept)
+    missed = [(s, r) for s, r in missed if s not in waiting]
+    return _added(counts, lost, unmatched, withdrawn, found, missed, kept)
 
 
 Keep = Callable[[Sequence[Shard]], Collection[Shard]]
@@ -279,7 +276,7 @@ def look_again(
         scripts, keys, kept, partitions, confirm=confirm, schedules=schedules
     )
     _looked_across(scripts, keys, kept, {*holding, *(s for s, _ in kept)})
-    return _added([0, 0, 0, len(kept)], {}, list(kept), [], found)
+    return _added([0, 0, 0, len(kept)], {}, list(kept), [], found, _missed(kept, found))
 
 
 def _looked_across(
@@ -352,27 +349,35 @@ def _own_ids(schedules: Schedules, shard: Shard, offsets: Sequence[int]) -> Mapp
         return {}
 
 
+def _missed(
+    unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
+    found: Mapping[tuple[Shard, int, str], Found],
+) -> list[tuple[Shard, Cancel]]:
+    """The ``unmatched`` cancels that other partitions did not find a record for either."""
+    return [
+        (s, r)
+        for s, r in unmatched
+        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
+    ]
+
+
 def _added(
     counts: list[int],
     lost: dict[Shard, Lost],
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
     found: Mapping[tuple[Shard, int, str], Found],
+    missed: Sequence[tuple[Shard, Cancel]],
     kept: Sequence[tuple[Shard, Cancel]] = (),
 ) -> Added:
     """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
-    with what the ``unmatched`` cancels and replacements ``found`` in other partitions, and the
-    cancels ``kept`` to look again (counted when they have)."""
+    with what the ``unmatched`` cancels and replacements ``found`` in other partitions, the
+    cancels ``missed`` everywhere, and those ``kept`` to look again (counted when they have)."""
     withdrawn += [
         _withdrawn((there, offset, due), s, r, own)
         for s, r in unmatched
         if (where := found.get((s, r.offset, r.delay_id))) is not None
         for there, offset, due, own in [where]
-    ]
-    missed = [
-        (s, r.offset, r.delay_id)
-        for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found and (s, r) not in kept
     ]
     added, replaced, cancelled, not_found = counts
     not_found -= len(kept)
@@ -386,7 +391,7 @@ def _added(
         replaced,
         cancelled + across,
         not_found - across,
-        tuple(missed),
+        tuple((s, r.offset, r.delay_id) for s, r in missed),
         tuple(withdrawn),
         tuple(kept),
     )

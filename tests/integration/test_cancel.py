@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from bridge.catchup import CatchUp
 from bridge.errors import StoreError
+from bridge.ingress.adds import Adds
 from bridge.message import H_DUE_AT, Cancel, Scheduled
 from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
@@ -424,6 +426,40 @@ def test_a_cancel_kept_while_its_topic_is_not_whole_looks_again_and_holds_its_of
     assert (again.cancelled, again.not_found) == (1, 0)
     assert store.inventory.resume_points([SHARD]) == {SHARD: (5, 6)}
     assert store.inventory.by_id(other, "job") == []
+
+
+def test_the_ingress_counts_the_cancels_it_keeps_and_asks_redis_once_a_second(
+    store: Store,
+) -> None:
+    """The ingress's :class:`Adds`: a cancel read while partition 1 is read behind its end is
+    kept, and the gauge says 1. Partition 1 catches up and holds the record: the cancels look
+    again at the next second's turn, not before (each look asks Redis which partitions are
+    whole), find it, and the gauge says 0."""
+    other, now, told = Shard("delay", 1), [100.0], list[float]()
+    catch_up = CatchUp()
+    catch_up.start(other, 0, 1)
+    adds = Adds(
+        store,
+        catch_up,
+        partitions=lambda: {"delay": 2},
+        confirm=confirm_from([rec(0, T0 + 5000, "job")]),
+        kept=told.append,
+        clock=lambda: now[0],
+    )
+    adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+    assert told == [1] and list(adds.by_shard) == [SHARD]
+    adds.add({other: (0, [rec(0, T0 + 5000, "job")])}, {}, None, 60_000)
+    catch_up.reached(other, 1)
+    adds.look_again()  # the first look: partition 1 is whole
+    assert told == [1, 0] and not adds.by_shard
+    assert store.inventory.by_id(other, "job") == []
+    adds.keep([(SHARD, Cancel(1, "late"))])
+    now[0] += 0.5
+    adds.look_again()
+    assert told == [1, 0, 1]  # not yet asked again
+    now[0] += 0.6
+    adds.look_again()
+    assert told == [1, 0, 1, 0]
 
 
 def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next(
