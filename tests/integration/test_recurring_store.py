@@ -306,3 +306,24 @@ def test_schedules_whose_ids_hash_alike_keep_registry_entries_of_their_own(
     assert counts(store) == (1, 0)
     assert delivered(store, T0) == [1]
     assert add(store, schedule(3, T0 + 1000, continues=1, sid=other))[0] == 1
+
+
+def test_a_cancel_by_the_default_id_of_a_schedules_reference_ends_the_schedule(
+    store: Store,
+) -> None:
+    """A daily schedule's record far enough out is kept as a reference (16 bytes, no delay-id in
+    Redis). A cancel naming it by its default id withdraws the reference, and the registry
+    forgets the schedule as it does one stored whole: add.lua asks for the reference's own id,
+    read in the delay topic, first (it stayed live, a schedule counted that no record held)."""
+    sched = schedule(0, T0 + 86_400_000)
+    store.add({SHARD: (0, [sched])}, refer_after_ms=T0)
+    assert counts(store) == (1, 0)
+    cancel = Cancel(3, origin(SHARD.topic, SHARD.partition, 0), due_ms=sched.due_ms)
+    added = store.add(
+        {SHARD: (3, [cancel])},
+        refer_after_ms=T0,
+        confirm=confirm_from([sched]),
+    )
+    assert added.cancelled == 1
+    assert [(w.offset, w.delay_id) for w in added.withdrawn] == [(0, "poll")]
+    assert counts(store) == (0, 0)

@@ -117,8 +117,9 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
        | {"undeclared", wait indexes...}
        | {"again"} see ARGV[4]
        | {"confirm", then pairs: offset, due ms} references the id index gives as candidates for
-         an id of the batch that the caller did not vouch for: nothing was written; the caller
-         reads them in the delay topic and calls again
+         an id of the batch that the caller did not vouch for, and references a default id of
+         the batch names while the registry holds schedules (their own delay-ids end theirs):
+         nothing was written; the caller reads them in the delay topic and calls again
 ]]
 local refused = undeclared(13, wait_keys(KEYS[9]))
 if refused then
@@ -200,10 +201,15 @@ local function paused_in(sid)
   return nil
 end
 -- The delay-id its producer gave the record at `offset` (8 bytes) that a default id named: from
--- the member withdrawn (`took`), or the one in flight (nil: a reference, or none).
+-- the member withdrawn (`took`), the one in flight, or a reference's as the caller read it in the
+-- delay topic (nil: none).
 local function own_id(offset, took)
   local member = took or (registry_any and redis.call('HGET', KEYS[12], offset))
-  return member and stored_id(member) or nil
+  if member then
+    return stored_id(member)
+  end
+  local read = vouched[offset]  -- a reference's, read in the delay topic (see `located`)
+  return read ~= nil and read ~= '' and read or nil
 end
 -- A pause or a resume: the schedule's flag, where the registry has it live.
 local function hold(sid, paused)
@@ -351,7 +357,9 @@ end
 -- due time). Otherwise the hint is wrong: the caller looks for those records ({"locate",
 -- offsets}) and calls again with where they wait. Nothing an add does turns a reference whole,
 -- so an answer holds for the whole batch.
-local located, locate = {}, {}
+-- A reference named where the registry holds schedules has its own delay-id read in the delay
+-- topic first (asked as a candidate is: {"confirm", ...}), to end its schedule (own_id).
+local located, locate, own_asked = {}, {}, {}
 local function check(hint)
   local offset, at = read_where(hint)
   if located[hint] then
@@ -360,6 +368,10 @@ local function check(hint)
     located[hint] = hint
   elseif referenced(offset, at) then
     located[hint] = where(offset, -1)
+    if registry_any and vouched[offset] == nil then
+      own_asked[#own_asked + 1] = offset
+      own_asked[#own_asked + 1] = at
+    end
   else
     located[hint] = hint
     if candidate(shard, offset, at) == 'reference' then  -- pending, yet not where it says
@@ -379,6 +391,10 @@ end
 if #locate > 0 then
   table.insert(locate, 1, 'locate')
   return locate
+end
+if #own_asked > 0 then
+  table.insert(own_asked, 1, 'confirm')
+  return own_asked
 end
 
 defer_clearing()
@@ -408,7 +424,7 @@ local function withdrew(offset, due, by, by_default, member)
   -- false (nil to the caller) for a reference, whose own id the caller reads in the delay topic.
   local own = ''
   if by_default then
-    own = member and (stored_id(member) or '') or false
+    own = member and (stored_id(member) or '') or vouched[offset] or false
   end
   withdrawn[#withdrawn + 1] = own
 end
