@@ -92,8 +92,8 @@ class BatchHistogram(Histogram):
 
 
 _CANCELS_KEPT = (
-    "Cancels that found nothing while another partition of their topic was being rebuilt in "
-    "Redis, kept to look there again once it is whole"
+    "Cancels and replacements by delay-id that found nothing while another partition of their "
+    "topic was being rebuilt in Redis, kept to look there again once it is whole"
 )
 
 

@@ -1,14 +1,17 @@
-"""The ingress's adds to the store, and the cancels they keep to look again.
+"""The ingress's adds to the store, and the cancels and replacements they keep to look again.
 
 What each add did is counted and journaled.
 
-A cancel looks for its record in its own partition, then in its topic's others. When Redis lost a
-partition's state, the loss is found at that partition's next add or at the next second's check,
-and its rebuild then reads it again up to where it ended: until both are done, the records it
-held are not there to be found, and a cancel read meanwhile from another partition would find
-nothing and be done with, while the rebuild brings its record back to be delivered. Such a cancel
-is kept here instead, and looks again once every other partition of its topic this replica owns
-is whole. add.lua keeps it in Redis as well until then (meta "withdrawing"), which holds its
+A cancel, or a record replacing another by its delay-id, looks for that record in its own
+partition, then in its topic's others. When Redis lost a partition's state, the loss is found at
+that partition's next add or at the next second's check, and its rebuild then reads it again up
+to where it ended: until both are done, the records it held are not there to be found, and a
+cancel or a replacement read meanwhile from another partition would find nothing and be done
+with, while the rebuild brings its record back to be delivered. Such a cancel or replacement is
+kept here instead (the replacement is stored all the same), and looks again once every other
+partition of its topic this replica owns is whole: what the add looked in tells which have no
+state in Redis, and the catch-up which are read behind their end, so keeping costs no call of its
+own. add.lua keeps it in Redis as well until then (meta "withdrawing"), which holds its
 partition's commit and resume point at it: a replica that dies meanwhile, or a Redis that loses
 this partition too, reads it again.
 
@@ -57,7 +60,7 @@ class Adds:
         self._confirm = confirm
         self._schedules = schedules
         self._report = report
-        self.by_shard: dict[Shard, list[Cancel]] = {}
+        self.by_shard: dict[Shard, list[Scheduled | Cancel]] = {}
         self._kept = kept
         self._clock = clock
         self._looked = 0.0  # when kept cancels last asked whether their topics are whole
@@ -91,21 +94,25 @@ class Adds:
         self.keep(added.kept)
         return added
 
-    def waiting(self, shards: Sequence[Shard]) -> frozenset[Shard]:
+    def waiting(
+        self, shards: Sequence[Shard], unstored: Collection[Shard] | None = None
+    ) -> frozenset[Shard]:
         """Those of ``shards`` whose topic has another owned partition not whole in Redis (what
-        :meth:`Store.add` is given as ``keep``)."""
+        :meth:`Store.add` is given as ``keep``, with the partitions it found ``unstored``;
+        without them, read in Redis)."""
         catch_up = self._catch_up
-        return not_whole(self._store.inventory, shards, catch_up.ends, catch_up.marks)
+        return not_whole(self._store.inventory, shards, catch_up.ends, catch_up.marks, unstored)
 
-    def keep(self, kept: Sequence[tuple[Shard, Cancel]]) -> None:
-        """Keep these cancels (:attr:`Added.kept`) until their topics are whole."""
+    def keep(self, kept: Sequence[tuple[Shard, Scheduled | Cancel]]) -> None:
+        """Keep these cancels and replacements (:attr:`Added.kept`) until their topics are
+        whole."""
         for shard, cancel in kept:
             self.by_shard.setdefault(shard, []).append(cancel)
         if kept:
             self._told()
             logger.info(
-                "%d cancels found nothing while another partition of their topic is not whole "
-                "in Redis: they look there again once it is",
+                "%d cancels and replacements found nothing while another partition of their "
+                "topic is not whole in Redis: they look there again once it is",
                 len(kept),
             )
 
@@ -144,10 +151,12 @@ class Adds:
                 holding=waiting,
             )
         except BridgeError as exc:  # Redis, or Kafka for the records the id index names
-            logger.warning("cancels kept to look again did not look yet: %s", exc)
+            logger.warning("cancels and replacements kept did not look again yet: %s", exc)
             return
         self.forget({s for s, _ in ready})
         logger.info(
-            "%d cancels kept looked again: %d found their record", len(ready), added.cancelled
+            "%d cancels and replacements kept looked again: %d found their record",
+            len(ready),
+            added.cancelled + added.replaced,
         )
         self._report(added)

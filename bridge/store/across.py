@@ -22,7 +22,7 @@ checks (:func:`default_id_wheres`).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from bridge.message import (
     H_DUE_AT,
@@ -47,6 +47,15 @@ Found = tuple[Shard, int, int, str]
 Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
 
 
+class Elsewhere(NamedTuple):
+    """What :func:`withdraw_elsewhere` did: for the (shard, offset, delay-id) of each cancel or
+    replacement that found its record, where that record was (:data:`Found`); and the other
+    partitions it looked in whose state Redis does not hold (lost, or never made)."""
+
+    found: dict[tuple[Shard, int, str], Found]
+    unstored: frozenset[Shard]
+
+
 def withdraw_elsewhere(
     scripts: Scripts,
     keys: Keys,
@@ -55,24 +64,14 @@ def withdraw_elsewhere(
     *,
     confirm: Confirm,
     schedules: Schedules | None = None,
-) -> dict[tuple[Shard, int, str], Found]:
+) -> Elsewhere:
     """Withdraw what ``unmatched`` cancels and replacements name in the other partitions of
     their topic — by the id index, and a default delay-id of another partition at its offset
-    (``schedules``: read there; without it, not looked for) —; returns, for the
-    (shard, offset, delay-id) of each that found its record, where that record was and its due
-    time (:data:`Found`)."""
-    by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
-    for shard, rec in unmatched:
-        if partitions.get(shard.topic, 0) > 1:
-            by_topic.setdefault(shard.topic, []).append((shard, rec))
-    asked: list[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] = []
-    for topic, items in by_topic.items():
-        for partition in range(partitions[topic]):
-            theirs = [(s, r) for s, r in items if s.partition != partition]
-            if theirs:
-                asked.append((Shard(topic, partition), theirs))
+    (``schedules``: read there; without it, not looked for) —; returns what it found, and
+    where it could not have (:class:`Elsewhere`)."""
+    asked = _elsewhere(unmatched, partitions)
     if not asked:
-        return {}
+        return Elsewhere({}, frozenset())
     lookups = [
         (
             CANDIDATES.keys(keys.of(there)),
@@ -81,7 +80,11 @@ def withdraw_elsewhere(
         for there, theirs in asked
     ]
     planned: list[tuple[Shard, Hits]] = []
-    for (there, theirs), candidates in zip(asked, scripts.call(CANDIDATES, lookups), strict=True):
+    unstored: set[Shard] = set()
+    for (there, theirs), reply in zip(asked, scripts.call(CANDIDATES, lookups), strict=True):
+        candidates = reply.found
+        if not reply.stored:
+            unstored.add(there)
         if not any(candidates):
             continue
         read = confirm(there, sorted({c for found in candidates for c in found}))
@@ -96,7 +99,24 @@ def withdraw_elsewhere(
     if schedules is not None:
         left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
         found_at |= _withdraw_origins(scripts, keys, left, partitions, schedules)
-    return found_at
+    return Elsewhere(found_at, frozenset(unstored))
+
+
+def _elsewhere(
+    unmatched: Sequence[tuple[Shard, Scheduled | Cancel]], partitions: Mapping[str, int]
+) -> list[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]]:
+    """Each other partition of their topics, with the ``unmatched`` to look for there."""
+    by_topic: dict[str, list[tuple[Shard, Scheduled | Cancel]]] = {}
+    for shard, rec in unmatched:
+        if partitions.get(shard.topic, 0) > 1:
+            by_topic.setdefault(shard.topic, []).append((shard, rec))
+    asked: list[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] = []
+    for topic, items in by_topic.items():
+        for partition in range(partitions[topic]):
+            theirs = [(s, r) for s, r in items if s.partition != partition]
+            if theirs:
+                asked.append((Shard(topic, partition), theirs))
+    return asked
 
 
 def _withdraw_origins(

@@ -242,11 +242,11 @@ def _add(
             for place, by, cancel in r.ended
             if isinstance(rec := records[place], Scheduled)
         ]
-    found = withdraw_elsewhere(
+    found, unstored = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
     missed = _missed(unmatched, found)
-    waiting = keep(sorted({s for s, _ in missed})) if missed else frozenset()
+    waiting = keep(sorted({s for s, _ in missed}), unstored) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)
     looked = [(s, r) for s, r in unmatched if partitions.get(s.topic, 0) > 1]
     _looked_across(scripts, keys, looked, {*holding, *waiting}, kept)
@@ -254,29 +254,33 @@ def _add(
     return _added(counts, lost, unmatched, withdrawn, found, missed, kept)
 
 
-Keep = Callable[[Sequence[Shard]], Collection[Shard]]
+# Those of the shards of cancels and replacements that found nothing whose topic is not whole in
+# Redis (their entries are kept to look again), given the other partitions looked in whose state
+# Redis does not hold.
+Keep = Callable[[Sequence[Shard], Collection[Shard]], Collection[Shard]]
 
 
-def keep_none(shards: Sequence[Shard]) -> Collection[Shard]:
-    """:data:`Keep` of a caller that keeps no cancel to look again."""
+def keep_none(shards: Sequence[Shard], unstored: Collection[Shard]) -> Collection[Shard]:
+    """:data:`Keep` of a caller that keeps nothing to look again."""
     return ()
 
 
 def look_again(
     scripts: Scripts,
     keys: Keys,
-    kept: Sequence[tuple[Shard, Cancel]],
+    kept: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
     confirm: Confirm,
     schedules: Schedules,
     holding: Collection[Shard],
 ) -> Added:
     """See :meth:`bridge.store.Store.look_again`."""
-    found = withdraw_elsewhere(
+    found, _ = withdraw_elsewhere(
         scripts, keys, kept, partitions, confirm=confirm, schedules=schedules
     )
     _looked_across(scripts, keys, kept, {*holding, *(s for s, _ in kept)})
-    return _added([0, 0, 0, len(kept)], {}, list(kept), [], found, _missed(kept, found))
+    cancels = sum(isinstance(r, Cancel) for _, r in kept)
+    return _added([0, 0, 0, cancels], {}, list(kept), [], found, _missed(kept, found))
 
 
 def _looked_across(
@@ -284,7 +288,7 @@ def _looked_across(
     keys: Keys,
     looked: Sequence[tuple[Shard, Scheduled | Cancel]],
     holding: Collection[Shard],
-    kept: Sequence[tuple[Shard, Cancel]] = (),
+    kept: Sequence[tuple[Shard, Scheduled | Cancel]] = (),
 ) -> None:
     """What add.lua kept to look for in the topics' other partitions (meta "withdrawing") was
     ``looked`` for: forgotten. Until then it holds the offset to commit and is handed back by
@@ -321,17 +325,20 @@ def not_whole(
     shards: Sequence[Shard],
     reading: Callable[[], Collection[Shard]],
     known: Mapping[Shard, int],
+    unstored: Collection[Shard] | None = None,
 ) -> frozenset[Shard]:
     """Those of ``shards`` whose topic has another partition Redis does not hold whole yet: one
     ``reading`` (read behind its end: after a rebuild, it has not reached the records a cancel
     may name), or one ``known`` (the caller's watermarks) whose watermark Redis lost since (its
-    rebuild is yet to start)."""
+    rebuild is yet to start): read in Redis, or ``unstored`` when the caller just did."""
     if not shards:
         return frozenset()
     topics = {s.topic for s in shards}
     behind = set(reading())
     others = [s for s in known if s.topic in topics and s not in behind]
-    if others:
+    if others and unstored is not None:
+        behind |= {s for s in others if s in unstored}
+    elif others:
         held = inventory.watermarks(others)
         behind |= {s for s in others if s not in held}
     return frozenset(s for s in shards if any(o.topic == s.topic and o != s for o in behind))
@@ -352,13 +359,10 @@ def _own_ids(schedules: Schedules, shard: Shard, offsets: Sequence[int]) -> Mapp
 def _missed(
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     found: Mapping[tuple[Shard, int, str], Found],
-) -> list[tuple[Shard, Cancel]]:
-    """The ``unmatched`` cancels that other partitions did not find a record for either."""
-    return [
-        (s, r)
-        for s, r in unmatched
-        if isinstance(r, Cancel) and (s, r.offset, r.delay_id) not in found
-    ]
+) -> list[tuple[Shard, Scheduled | Cancel]]:
+    """The ``unmatched`` cancels and replacements that other partitions did not find a record
+    for either."""
+    return [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found]
 
 
 def _added(
@@ -367,12 +371,13 @@ def _added(
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
     found: Mapping[tuple[Shard, int, str], Found],
-    missed: Sequence[tuple[Shard, Cancel]],
-    kept: Sequence[tuple[Shard, Cancel]] = (),
+    missed: Sequence[tuple[Shard, Scheduled | Cancel]],
+    kept: Sequence[tuple[Shard, Scheduled | Cancel]] = (),
 ) -> Added:
     """What :meth:`Store.add` did: add.lua's ``counts`` (added, replaced, cancelled, not found),
     with what the ``unmatched`` cancels and replacements ``found`` in other partitions, the
-    cancels ``missed`` everywhere, and those ``kept`` to look again (counted when they have)."""
+    cancels and replacements ``missed`` everywhere (the cancels are reported), and those
+    ``kept`` to look again (a cancel counted when it has)."""
     withdrawn += [
         _withdrawn((there, offset, due), s, r, own)
         for s, r in unmatched
@@ -380,7 +385,7 @@ def _added(
         for there, offset, due, own in [where]
     ]
     added, replaced, cancelled, not_found = counts
-    not_found -= len(kept)
+    not_found -= sum(isinstance(r, Cancel) for _, r in kept)
     across = sum(
         1 for s, r in unmatched if (s, r.offset, r.delay_id) in found and isinstance(r, Cancel)
     )
@@ -391,7 +396,7 @@ def _added(
         replaced,
         cancelled + across,
         not_found - across,
-        tuple((s, r.offset, r.delay_id) for s, r in missed),
+        tuple((s, r.offset, r.delay_id) for s, r in missed if isinstance(r, Cancel)),
         tuple(withdrawn),
         tuple(kept),
     )

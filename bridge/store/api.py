@@ -153,11 +153,11 @@ class Store:
         records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
         ``schedules`` the record a default delay-id names (its due time, and its own delay-id
         for the journal; without it, Redis's whole records are scanned for it).
-        A cancel that finds nothing in a shard ``keep`` names (its topic not whole in Redis) is
-        kept (:attr:`Added.kept`, and in Redis) to :meth:`look_again`; ``holding``: the shards
-        whose cancels earlier calls kept. A cancel by its delay-id that finds nothing in a shard
-        ``reread`` names (read again after Redis lost its state) ends a schedule of that id the
-        registry has no word of (see add.lua).
+        A cancel or a replacement that finds nothing in a shard ``keep`` names (its topic not
+        whole in Redis) is kept (:attr:`Added.kept`, and in Redis) to :meth:`look_again`;
+        ``holding``: the shards whose cancels and replacements earlier calls kept. A cancel by
+        its delay-id that finds nothing in a shard ``reread`` names (read again after Redis lost
+        its state) ends a schedule of that id the registry has no word of (see add.lua).
         """
         return add_batches(
             self.scripts,
@@ -177,15 +177,16 @@ class Store:
 
     def look_again(
         self,
-        kept: Sequence[tuple[Shard, Cancel]],
+        kept: Sequence[tuple[Shard, Scheduled | Cancel]],
         partitions: Mapping[str, int],
         *,
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
         holding: Collection[Shard] = (),
     ) -> Added:
-        """Look in the other partitions of their topics, now whole, for what cancels :meth:`add`
-        kept name; forget them in Redis (``holding``: as in :meth:`add`)."""
+        """Look in the other partitions of their topics, now whole, for what the cancels and
+        replacements :meth:`add` kept name; forget them in Redis (``holding``: as in
+        :meth:`add`)."""
         scripts, keys = self.scripts, self._keys
         return look_again(scripts, keys, kept, partitions, confirm, schedules, holding)
 

@@ -296,11 +296,17 @@ def add_outcome(reply: Any) -> AddOutcome:
     return AddReply.read(reply)
 
 
-def candidates_from(reply: Sequence[Any]) -> list[list[tuple[int, int]]]:
-    """candidates.lua's reply, read: per id hash asked, the (offset, due ms) of its entries."""
-    return [
-        [(offset_of(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)] for flat in reply
-    ]
+class Candidates(NamedTuple):
+    """candidates.lua's reply, read."""
+
+    found: list[list[tuple[int, int]]]  # per id hash asked, the (offset, due ms) of its entries
+    stored: bool  # Redis holds the shard's state (a watermark): not lost, nor never made
+
+    @classmethod
+    def read(cls, reply: Sequence[Any]) -> Candidates:
+        *per_id, stored = reply
+        found = [[(offset_of(f[i]), int(f[i + 1])) for i in range(0, len(f), 2)] for f in per_id]
+        return cls(found, bool(stored))
 
 
 class StatsReply(NamedTuple):

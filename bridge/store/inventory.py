@@ -160,7 +160,8 @@ class Inventory:
         the delay topic); a default id is not in the index (bridge.lookup.by_default_id)."""
         k = self.keys.of(shard)
         call = (CANDIDATES.keys(k), candidates_argv(shard.topic, [delay_id]))
-        [[candidates]] = self.scripts.call(CANDIDATES, [call])
+        [reply] = self.scripts.call(CANDIDATES, [call])
+        [candidates] = reply.found
         found: list[tuple[int, bytes]] = []
         for offset, due in candidates:
             at = offset_bytes(offset)

@@ -79,9 +79,9 @@ class Added:
     # (shard, offset, delay-id) of the first few cancels per shard that found nothing
     missed: tuple[tuple[Shard, int, str], ...] = ()
     withdrawn: tuple[Withdrawn, ...] = ()  # what the cancels and replacements withdrew
-    # Cancels that found nothing while another partition of their topic was not whole in Redis:
-    # kept to look again (Store.add's ``keep``), not counted yet.
-    kept: tuple[tuple[Shard, Cancel], ...] = ()
+    # Cancels and replacements that found nothing while another partition of their topic was not
+    # whole in Redis: kept to look again (Store.add's ``keep``), a cancel not counted yet.
+    kept: tuple[tuple[Shard, Scheduled | Cancel], ...] = ()
 
     def plus(self, later: Added) -> Added:
         """This and what a ``later`` call of the same batch did."""

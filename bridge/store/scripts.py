@@ -18,11 +18,11 @@ from redis.cluster import RedisCluster
 
 from bridge.store.calls import (
     BindReply,
+    Candidates,
     ClaimReply,
     LowReply,
     StatsReply,
     add_outcome,
-    candidates_from,
     count_of,
     offsets_of,
     stored_of,
@@ -94,7 +94,7 @@ SETTLE = Script(
 )
 STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
 LOW = Script("low", "meta low pending schedules", LowReply.read)
-CANDIDATES = Script("candidates", "ids pending schedules", candidates_from)
+CANDIDATES = Script("candidates", "ids pending schedules meta", Candidates.read)
 PROMOTE = Script("promote", "due refs refs_due pending targets", stored_of)
 WITHDRAW = Script(
     "withdraw",

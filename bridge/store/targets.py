@@ -49,6 +49,6 @@ class Targets:
         argv = candidates_argv(topic, delay_ids)
         calls = [(CANDIDATES.keys(self.keys.of(s)), argv) for s in shards]
         found: set[str] = set()
-        for per_id in self.scripts.call(CANDIDATES, calls):
-            found.update(i for i, candidates in zip(delay_ids, per_id, strict=True) if candidates)
+        for reply in self.scripts.call(CANDIDATES, calls):
+            found.update(i for i, hits in zip(delay_ids, reply.found, strict=True) if hits)
         return found

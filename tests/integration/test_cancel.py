@@ -3,7 +3,7 @@ offset order within a batch, idempotent re-reads, and the id index's life next t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import pytest
 
@@ -406,9 +406,9 @@ def test_a_cancel_kept_while_its_topic_is_not_whole_looks_again_and_holds_its_of
     again, finds it, and partition 0 resumes after its watermark."""
     other, topic = Shard("delay", 1), {"delay": 2}
     kept = store.add(
-        {SHARD: (3, [rec(2, T0 + 9000, "filler"), Cancel(3, "job", T0 + 6000)])},
+        {SHARD: (3, [rec(2, T0 + 9000), Cancel(3, "job", T0 + 6000)])},
         partitions=topic,
-        keep=lambda shards: shards,
+        keep=lambda shards, unstored: shards,
     )
     assert (kept.not_found, kept.missed, kept.kept) == (0, (), ((SHARD, Cancel(3, "job")),))
     assert store.inventory.resume_points([SHARD]) == {SHARD: (3, 3)}
@@ -462,6 +462,36 @@ def test_the_ingress_counts_the_cancels_it_keeps_and_asks_redis_once_a_second(
     assert told == [1, 0, 1, 0]
 
 
+def test_a_replacement_read_while_another_partition_lost_its_state_replaces_once_it_is_back(
+    store: Store,
+) -> None:
+    """Partition 1 held the record with id ``job``; Redis loses its state. A record replacing it
+    by its id is read in partition 0 meanwhile: it is stored, and kept — the add's own look in
+    partition 1 saw no state there, so keeping it asks Redis nothing more. Partition 1 is
+    rebuilt with the record; the replacement looks again and withdraws it: one ``job`` waits."""
+    other, told = Shard("delay", 1), list[float]()
+    old, new = rec(5, T0 + 5000, "job", b"old"), rec(0, T0 + 6000, "job", b"new")
+    store.add({other: (5, [old])})
+    catch_up = CatchUp()
+    catch_up.marks[other] = 5
+    for key in store.client.scan_iter(match=f"{store.prefix}*"):
+        store.client.delete(key)
+    adds = Adds(
+        store,
+        catch_up,
+        partitions=lambda: {"delay": 2},
+        confirm=confirm_from([old]),
+        kept=told.append,
+    )
+    added = adds.add({SHARD: (0, [new])}, {}, None, 60_000)
+    assert (added.count, added.kept, told) == (1, ((SHARD, new),), [1])
+    store.add({other: (5, [old])})
+    adds.look_again()
+    assert told == [1, 0] and not adds.by_shard
+    assert store.inventory.by_id(other, "job") == []
+    assert [due for due, _ in store.inventory.by_id(SHARD, "job")] == [T0 + 6000]
+
+
 def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next(
     store: Store,
 ) -> None:
@@ -470,7 +500,7 @@ def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next
     kept, is looked for."""
     asked: list[Sequence[Shard]] = []
 
-    def keep_first(shards: Sequence[Shard]) -> Sequence[Shard]:
+    def keep_first(shards: Sequence[Shard], unstored: Collection[Shard]) -> Sequence[Shard]:
         asked.append(shards)
         return shards if len(asked) == 1 else ()
 

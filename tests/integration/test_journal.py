@@ -524,8 +524,9 @@ def test_redis_lost_after_a_bridge_died_before_its_first_commit_delivers_nothing
     assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
 
 
+@pytest.mark.parametrize("kind", ["cancel", "replacement"])
 def test_a_cancel_read_while_its_records_partition_is_rebuilt_still_withdraws_it(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], kind: str
 ) -> None:
     """A record with its own id waits in partition 2 behind 20,000 others. Redis loses
     everything, and a cancel of the record is produced to partition 0 at once: its add finds
@@ -534,7 +535,7 @@ def test_a_cancel_read_while_its_records_partition_is_rebuilt_still_withdraws_it
     cancel, read first, found nothing, and the record came back to be delivered (the adversary,
     seed 4 with a Redis loss: a schedule cancelled from another partition went on; 2 runs in 3
     on that code). The cancel is kept, and looks again once the partitions of its topic are
-    whole in Redis again."""
+    whole in Redis again. So is a record replacing it by its id: both were delivered before."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
@@ -548,13 +549,18 @@ def test_a_cancel_read_while_its_records_partition_is_rebuilt_still_withdraws_it
         lambda: metric(bridge, "delay_bridge_ingested_total") >= 20_001, 60, "the 20,001 stored"
     )
     assert wipe(setup) > 0
-    produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_CANCEL, b"o")])])
+    if kind == "cancel":
+        withdraws: Headers = [(H_CANCEL, b"o")]
+    else:
+        withdraws = [(H_TARGET_TOPIC, target), (H_AFTER, b"15s"), (H_ID, b"o")]
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"replacement", withdraws)])
     after: list[tuple[int, bytes | None, Headers]] = [
         (2, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"16s")])
     ]
     produce_to(setup.services.bootstrap, setup.delay, after)
     counts = _counts_through(setup, b"after", 90)
     assert b"cancelled" not in counts, bridge.output()[-3000:]
+    assert counts[b"replacement"] == (kind == "replacement")
 
 
 def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out(

@@ -6,12 +6,14 @@ Read only.
 KEYS[1]  id index       HASH  buckets of entries: id hash, offset, due ms
 KEYS[2]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[3]  schedules      HASH  the schedule registry (see add.lua)
+KEYS[4]  meta           HASH  field "ingested" -> the shard's watermark (see add.lua)
 ARGV[1..] pairs: an id hash (5 bytes), and the delay-id
 
 Returns: per pair, a list of pairs: offset (8 bytes), due ms — of records still pending (a stale
 entry, its record acknowledged, is left out: nothing to read), then the record a live recurring
 schedule with that hash is at when it is not among them, due -1 (its occurrence acknowledged, the
-record carrying it on not read yet: a cancel read elsewhere ends the schedule there, withdraw.lua)
+record carrying it on not read yet: a cancel read elsewhere ends the schedule there, withdraw.lua);
+then 1 when Redis holds the shard's state (a watermark), 0 when it does not (lost, or none yet)
 ]]
 local hashes = {}
 for i = 1, #ARGV, 2 do
@@ -36,4 +38,5 @@ for i = 1, #ARGV, 2 do
   end
   out[#out + 1] = flat
 end
+out[#out + 1] = redis.call('HGET', KEYS[4], 'ingested') and 1 or 0
 return out
