@@ -327,3 +327,17 @@ def test_a_cancel_by_the_default_id_of_a_schedules_reference_ends_the_schedule(
     assert added.cancelled == 1
     assert [(w.offset, w.delay_id) for w in added.withdrawn] == [(0, "poll")]
     assert counts(store) == (0, 0)
+
+
+def test_a_schedule_with_an_ended_ones_id_goes_on_when_its_record_was_left_out(
+    store: Store,
+) -> None:
+    """The id ``poll`` ended at a cancel (offset 3); a new schedule with it (5) was delivered and
+    the journal holds it, so a rebuild leaves it out. The record carrying the new one on (7,
+    continuing 5) comes after the end the registry knows: it is stored, not taken for a copy
+    of the ended schedule."""
+    add(store, schedule(0, T0))
+    add(store, Cancel(3, "poll"))
+    assert add(store, schedule(7, T0 + 1000, continues=5))[0] == 1
+    assert delivered(store, T0 + 1000) == [7]
+    assert counts(store) == (1, 0)

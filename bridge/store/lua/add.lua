@@ -234,7 +234,9 @@ local function superseded(sid, from, place)
   -- (Redis lost its last writes and the delay topic is read again from the committed offset).
   -- A cancel or a record with its id read since is read again after this one, or was settled
   -- by the journal; what moved the schedule on, the registry would be at or past this record.
-  if string.sub(at, 1, 1) ~= '-' and tonumber(at) < tonumber(from) then
+  -- An end before it: a schedule with the id produced after that end, whose record the registry
+  -- never saw (a rebuild left it out, the journal holding its occurrence delivered).
+  if tonumber((string.gsub(at, '^%-', ''))) < tonumber(from) then
     return false
   end
   ended[#ended + 1] = place
