@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
@@ -373,6 +374,16 @@ def check_cancelled(run: Run, result: Result, cancelled: dict[str, tuple[int, in
             time.sleep(0.2)
         left = store.registry.counts(shards)[0]
         live = sum(len(at) for at in store.registry.at(shards).values())
+        if left or live:
+            entries = {
+                (s.partition, k, v)
+                for s in shards
+                for k, v in cast(
+                    dict[bytes, bytes], client.hgetall(store.keys(s).schedules)
+                ).items()
+                if k.startswith(b"=") and not v.startswith(b"-")
+            }
+            print(f"   left in the registry: {sorted(entries)[:10]}", file=sys.stderr, flush=True)
     finally:
         client.close()
     result.checks["every cancelled schedule ended"] = not after
