@@ -76,8 +76,11 @@ class Adds:
     ) -> Added:
         """:meth:`Store.add` these ``batches``; what it did is reported, its cancels that found
         nothing while their topic was not whole are kept."""
+        reread: dict[Shard, int] = {}
         if self._rebuilt:
-            self._rebuilt.intersection_update(self._catch_up.ends())
+            ends = self._catch_up.ends()
+            self._rebuilt.intersection_update(ends)
+            reread = {s: ends[s] for s in self._rebuilt}
         added = self._store.add(
             batches,
             expected,
@@ -88,7 +91,7 @@ class Adds:
             schedules=self._schedules,
             keep=self.waiting,
             holding=set(self.by_shard),
-            reread=self._rebuilt,
+            reread=reread,
         )
         self._report(added)
         self.keep(added.kept)

@@ -49,7 +49,7 @@ def add_call(
     locate: Collection[int] = (),
     schedules: Schedules = undated,
     across: bool = False,
-    reread: bool = False,
+    reread: int | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The add.lua call (KEYS, ARGV) of one shard's ``batch`` (highest offset, records);
     ``vouched`` the delay-ids read in the delay topic at the offsets add.lua asked about (its
@@ -57,8 +57,8 @@ def add_call(
     it could not find at the due times their cancels gave; ``schedules`` reads the record a
     default delay-id names in the delay topic (for its due time). ``across``: the topic has other
     partitions (what finds nothing here is kept in Redis until looked for there:
-    :func:`_looked_across`); ``reread``: the shard is read again after Redis lost its state
-    (see add.lua)."""
+    :func:`_looked_across`); ``reread``: the offset up to which the shard is read again after
+    Redis lost its state (see add.lua)."""
     high, records = batch
     k = keys.of(shard)
     entries = AddEntries()
@@ -179,7 +179,7 @@ def _add(
     schedules: Schedules,
     keep: Keep,
     holding: Collection[Shard],
-    reread: Collection[Shard],
+    reread: Mapping[Shard, int],
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -199,7 +199,7 @@ def _add(
             locate=locate[shard],
             schedules=schedules,
             across=partitions.get(shard.topic, 0) > 1,
-            reread=shard in reread,
+            reread=reread.get(shard),
         )
 
     replies: dict[Shard, AddOutcome] = dict(

@@ -137,7 +137,7 @@ class Store:
         schedules: Schedules = undated,
         keep: Keep = keep_none,
         holding: Collection[Shard] = (),
-        reread: Collection[Shard] = (),
+        reread: Mapping[Shard, int] | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -157,7 +157,8 @@ class Store:
         whole in Redis) is kept (:attr:`Added.kept`, and in Redis) to :meth:`look_again`;
         ``holding``: the shards whose cancels and replacements earlier calls kept. A cancel by
         its delay-id that finds nothing in a shard ``reread`` names (read again after Redis lost
-        its state) ends a schedule of that id the registry has no word of (see add.lua).
+        its state, up to the offset given: Redis keeps it for whoever reads the shard next)
+        ends a schedule of that id the registry has no word of (see add.lua).
         """
         return add_batches(
             self.scripts,
@@ -172,7 +173,7 @@ class Store:
             schedules=schedules,
             keep=keep,
             holding=holding,
-            reread=reread,
+            reread=reread or {},
         )
 
     def look_again(

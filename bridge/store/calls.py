@@ -172,10 +172,10 @@ class AddEntries:
     recurring: list[tuple[int, int | str, str]] = field(default_factory=list)
 
 
-def add_flags(*, across: bool, reread: bool) -> str:
-    """add.lua's flags of a shard: ``across`` its topic has other partitions, ``reread`` it is
-    read again after Redis lost its state (see add.lua)."""
-    return ("a" if across else "") + ("r" if reread else "")
+def add_flags(*, across: bool, reread: int | None) -> str:
+    """add.lua's flags of a shard: ``across`` its topic has other partitions, ``reread`` the
+    offset up to which it is read again after Redis lost its state (see add.lua)."""
+    return ("a" if across else "") + ("" if reread is None else f"r{reread}")
 
 
 def add_argv(

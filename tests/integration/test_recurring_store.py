@@ -213,13 +213,30 @@ def test_a_cancel_that_finds_nothing_in_a_shard_read_again_ends_a_schedule_unkno
     same, so a record carrying it on from before the cancel is not stored. Read live, a cancel
     that finds nothing writes nothing (a one-shot record's id, most likely)."""
     batch: list[Scheduled | Cancel] = [Cancel(3, "poll"), schedule(4, T0 + 1000, continues=0)]
-    added = store.add({SHARD: (4, batch)}, reread={SHARD})
+    added = store.add({SHARD: (4, batch)}, reread={SHARD: 5})
     assert added.count == 0
     assert [(w.offset, w.by_offset, w.cancelled) for w in added.withdrawn] == [(4, 3, True)]
     assert counts(store) == (0, 0)
     other = Store(store.client, f"{store.prefix}-live")
     assert other.add({SHARD: (3, [Cancel(3, "poll")])}).count == 0
     assert other.client.exists(other.keys(SHARD).schedules) == 0
+
+
+def test_a_shard_read_again_stays_so_for_the_next_owner_until_it_reaches_the_end(
+    store: Store,
+) -> None:
+    """The replica rebuilding the shard dies before it reaches the cancel; the next owner
+    resumes from what Redis holds, which is not a re-read to it. Redis keeps where the re-read
+    ends (offset 10 here), so the cancel, read by the next owner, still ends the schedule the
+    registry has no word of; past that end, a cancel that finds nothing writes nothing."""
+    store.add({SHARD: (1, [one_shot(1, T0, sid="other")])}, reread={SHARD: 10})
+    batch: list[Scheduled | Cancel] = [Cancel(3, "poll"), schedule(4, T0 + 1000, continues=0)]
+    added = store.add({SHARD: (4, batch)})
+    assert added.count == 0
+    assert [(w.offset, w.by_offset) for w in added.withdrawn] == [(4, 3)]
+    store.add({SHARD: (11, [Cancel(11, "nobody")])})
+    entries = cast(dict[bytes, bytes], store.client.hgetall(store.keys(SHARD).schedules))
+    assert field_of("nobody") not in entries and field_of("poll") in entries
 
 
 def test_a_registry_rolled_back_behind_the_record_carried_on_takes_it(store: Store) -> None:

@@ -68,11 +68,12 @@ ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose calle
 ARGV[7 + 2V + 3W] flags: "a" when the topic has other partitions: each entry that finds nothing
           here is kept in meta "withdrawing" until the caller, having looked for it there,
           deletes the field; an entry at or below the watermark still kept there is reported
-          again. "r" when the shard is read again after Redis lost its state, up to where it
-          ended then: a cancel by its delay-id that finds nothing, of a schedule the registry
-          has no word of, ends it there all the same (the registry says "-" and its offset) —
-          the journal may have left the schedule's record out, and a record carrying it on from
-          before the cancel may follow
+          again. "r" and an offset when the shard is read again after Redis lost its state, up
+          to that offset (where the partition ended then), kept in meta "reread" until the
+          watermark passes it, whoever reads the shard next: below it, a cancel by its
+          delay-id that finds nothing, of a schedule the registry has no word of, ends it there
+          all the same (the registry says "-" and its offset) — the journal may have left the
+          schedule's record out, and a record carrying it on from before the cancel may follow
 ARGV[8 + 2V + 3W] T, then T target names, then 2 bytes per group below: the number of its
           record's target among them, 0 for a cancel and a reference (see named_targets in
           _lib.lua): each record stored whole counts in the targets HASH
@@ -125,7 +126,8 @@ local refused = undeclared(13, wait_keys(KEYS[9]))
 if refused then
   return refused
 end
-local mark, pending_across = unpack(redis.call('HMGET', KEYS[2], 'ingested', 'withdrawing'))
+local mark, pending_across, reread_to = unpack(redis.call('HMGET', KEYS[2], 'ingested',
+  'withdrawing', 'reread'))
 if ARGV[1] ~= '' then
   if not mark then
     return {1, -1}
@@ -179,7 +181,15 @@ for i = replacing + 1, at_across - 1, 3 do
   exactly[ARGV[i]] = ARGV[i + 2] == '1'
 end
 local across = string.find(ARGV[at_across], 'a', 1, true) ~= nil
-local reread = string.find(ARGV[at_across], 'r', 1, true) ~= nil
+local reread_end = tonumber(string.match(ARGV[at_across], 'r(%d+)') or '')
+if reread_end and reread_end > tonumber(reread_to or '-1') then
+  redis.call('HSET', KEYS[2], 'reread', reread_end)
+  reread_to = reread_end
+end
+reread_to = tonumber(reread_to or '-1')
+if reread_to >= 0 and tonumber(ARGV[2]) + 1 >= reread_to then
+  redis.call('HDEL', KEYS[2], 'reread')  -- this batch reaches the end: read live from here on
+end
 local target_names, target_numbers, at_recurring = named_targets(ARGV, at_across + 1)
 local recurring, paused_as, first = {}, {}, at_recurring + 1 + 3 * tonumber(ARGV[at_recurring])
 for i = at_recurring + 1, first - 1, 3 do
@@ -526,7 +536,7 @@ for i = first, #ARGV, 5 do
       end
       if registry_any and id ~= '' and registry(id) then
         register(id, '-' .. ARGV[i])
-      elseif reread and not done and member == '' and id ~= '' then
+      elseif tonumber(ARGV[i]) < reread_to and not done and member == '' and id ~= '' then
         -- No word of it in a state read again: a schedule's record the journal left out (its
         -- occurrence delivered) may be carried on by a record after this cancel.
         register(id, '-' .. ARGV[i])
