@@ -149,16 +149,15 @@ class Store:
         names in the other partitions of its topic (``partitions``: topic -> partition count;
         see withdraw.lua), if stamped no later; add.lua keeps those until this is done (a fault
         in between loses none: the next add of the shard, here or on the replica that takes it
-        over, hands them back). ``confirm`` reads in the delay topic the
-        records the id index gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`),
-        ``schedules`` the record a default delay-id names (its due time, and its own delay-id
-        for the journal; without it, Redis's whole records are scanned for it).
-        A cancel or a replacement that finds nothing in a shard ``keep`` names (its topic not
-        whole in Redis) is kept (:attr:`Added.kept`, and in Redis) to :meth:`look_again`;
-        ``holding``: the shards whose cancels and replacements earlier calls kept. A cancel by
-        its delay-id that finds nothing in a shard ``reread`` names (read again after Redis lost
-        its state, up to the offset given: Redis keeps it for whoever reads the shard next)
-        ends a schedule of that id the registry has no word of (see add.lua).
+        over, hands them back). ``confirm`` reads in the delay topic the records the id index
+        gives as candidates where Redis cannot tell (:mod:`bridge.store.ids`), ``schedules`` the
+        record a default delay-id names (its due time, and its own delay-id for the journal;
+        without it, Redis's whole records are scanned for it). A cancel or a replacement that
+        finds nothing in a shard ``keep`` names (its topic not whole in Redis) is kept
+        (:attr:`Added.kept`, and in Redis) to :meth:`look_again`; ``holding``: the shards whose
+        cancels and replacements earlier calls kept. A cancel by its delay-id that finds nothing
+        in a shard ``reread`` names (read again after Redis lost its state, up to the offset
+        given, which Redis keeps) ends a schedule of that id the registry has no word of.
         """
         return add_batches(
             self.scripts,
