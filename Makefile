@@ -92,8 +92,7 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
   tests/integration/test_dialects.py tests/integration/test_cancel_pipeline.py \
   tests/integration/test_recurring.py tests/integration/test_testbed.py \
-  tests/integration/test_recovery.py tests/integration/test_incarnation.py \
-  tests/integration/test_takeover.py
+  tests/integration/test_recovery.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
