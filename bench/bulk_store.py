@@ -6,14 +6,16 @@ On one shard under a unique prefix on the local Redis (``DELAY_BRIDGE_REDIS__URL
 scripts/services' port), W records due within the hour are held whole (the live backlog), then N
 records due in a month are stored as references (no delay-id of their own), then cancelled by
 their default delay-ids with their due times as hints (as the command line's bulk cancel sends
-them), B cancels a call. Prints the cancels' rate and Redis's CPU per
-cancel; the keys are deleted after. Run it from two checkouts, alternating, to compare code.
+them), B cancels a call, their own delay-ids read as the ingress reads them in the delay topic
+(here from memory). Prints the cancels' rate and Redis's CPU per cancel; the keys are deleted
+after. Run it from two checkouts, alternating, to compare code.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 from bench.local import drop, local_store
 from bench.scenarios import redis_cpu_s
@@ -35,6 +37,10 @@ def main() -> None:
 
     def due(offset: int) -> int:
         return T0 + 10**9 + offset * 7
+
+    def read(shard: Shard, asked: Sequence[tuple[int, int]]) -> dict[int, tuple[str, int]]:
+        # The references' own delay-ids as the bridge reads them in the delay topic (none here).
+        return {o: (origin(shard.topic, shard.partition, o), T0) for o, _ in asked}
 
     try:
         for first in range(0, w, 1000):
@@ -73,7 +79,7 @@ def main() -> None:
         for first in range(w, w + n, batch):
             named = range(first, min(first + batch, w + n))
             cancels = [Cancel(n + o, origin("delay", 0, o), T0, due(o)) for o in named]
-            store.add({SHARD: (n + named[-1], cancels)}, refer_after_ms=T0 + 1000)
+            store.add({SHARD: (n + named[-1], cancels)}, refer_after_ms=T0 + 1000, confirm=read)
         seconds, cpu = time.perf_counter() - started, redis_cpu_s(store.client) - cpu
         left = store.inventory.count(SHARD) - w
         print(

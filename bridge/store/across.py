@@ -200,6 +200,41 @@ def due_hint(headers: Headers) -> int | None:
     return None
 
 
+def _named(
+    shard: Shard, batch: Sequence[Scheduled | Cancel]
+) -> tuple[dict[int, int], dict[int, int | None]]:
+    """The records of ``shard`` the cancels and replacements of the ``batch`` name by their default
+    delay-ids or exactly (see :func:`default_id_wheres`), by their place in the batch, and the
+    due time each gives for its record (None: none)."""
+    named: dict[int, int] = {}  # its place -> the offset the default id names
+    hints: dict[int, int | None] = {}
+    for i, c in enumerate(batch):
+        if isinstance(c, Scheduled) and c.default_of is not None:
+            continue  # its own default id (the parser says so): no other record's
+        if isinstance(c, Cancel) and (c.hold is not None or c.ends is not None):
+            continue  # a pause, a resume or an end: it names a schedule, never by a default id
+        o = replaced_exactly(shard, c)
+        if o is None:
+            o = default_id_offset(shard, c.delay_id)
+        if o is None or o >= c.offset:
+            continue
+        named[i] = o
+        hints[i] = c.due_ms if isinstance(c, Cancel) else due_hint(c.headers)
+    return named, hints
+
+
+def references_named(
+    shard: Shard, batch: Sequence[Scheduled | Cancel], refer_after_ms: int
+) -> list[int]:
+    """The records of ``shard`` that cancels and replacements of the ``batch`` name by their
+    default delay-ids (or exactly) with a due time past ``refer_after_ms``: kept as references
+    (a reference turns whole only as its due time nears), their own delay-ids in the delay
+    topic alone. add.lua asks for the rest it finds references."""
+    named, hints = _named(shard, batch)
+    far = {o for i, o in named.items() if (hint := hints[i]) is not None and hint > refer_after_ms}
+    return sorted(far)
+
+
 def default_id_wheres(
     inventory: Inventory,
     shard: Shard,
@@ -222,20 +257,7 @@ def default_id_wheres(
     index (a reference, or gone). Then the shard's
     promotions counted before Redis was looked at (None: it was not): a reference promoted since
     is whole where a -1 does not look, so add.lua answers "again" when the count moved."""
-    named: dict[int, int] = {}  # its place -> the offset the default id names
-    hints: dict[int, int | None] = {}
-    for i, c in enumerate(batch):
-        if isinstance(c, Scheduled) and c.default_of is not None:
-            continue  # its own default id (the parser says so): no other record's
-        if isinstance(c, Cancel) and (c.hold is not None or c.ends is not None):
-            continue  # a pause, a resume or an end: it names a schedule, never by a default id
-        o = replaced_exactly(shard, c)
-        if o is None:
-            o = default_id_offset(shard, c.delay_id)
-        if o is None or o >= c.offset:
-            continue
-        named[i] = o
-        hints[i] = c.due_ms if isinstance(c, Cancel) else due_hint(c.headers)
+    named, hints = _named(shard, batch)
     if not named:
         return {}, None
     scheduled = {r.offset: r for r in batch if isinstance(r, Scheduled)}

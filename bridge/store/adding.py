@@ -9,9 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bridge.errors import KafkaFault
 from bridge.message import H_PAUSED, Cancel, Scheduled
-from bridge.store.across import Found, default_id_wheres, replaced_exactly, withdraw_elsewhere
+from bridge.store.across import (
+    Found,
+    default_id_wheres,
+    references_named,
+    replaced_exactly,
+    withdraw_elsewhere,
+)
 from bridge.store.calls import (
     AddEntries,
     AddOutcome,
@@ -185,6 +190,9 @@ def _add(
     shards = list(batches)
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
     locate: dict[Shard, set[int]] = {s: set() for s in shards}
+    for shard in shards:  # read before add.lua asks for them: one call, not two
+        if far := references_named(shard, batches[shard][1], refer_after_ms):
+            vouched[shard] |= _own_ids(confirm, shard, far)
 
     def call(shard: Shard) -> tuple[list[str], list[Any]]:
         return add_call(
@@ -232,9 +240,8 @@ def _add(
         counts = [a + b for a, b in zip(counts, made, strict=True)]
         records = batches[shard][1]
         unmatched += [(shard, records[i]) for i in r.unmatched]
-        owns = _own_ids(schedules, shard, [o for o, _, _, own in r.withdrawn if own is None])
         withdrawn += [
-            _withdrawn((shard, offset, due), shard, records[by], owns.get(offset, own or ""))
+            _withdrawn((shard, offset, due), shard, records[by], own)
             for offset, due, by, own in r.withdrawn
         ]
         withdrawn += [
@@ -344,16 +351,11 @@ def not_whole(
     return frozenset(s for s in shards if any(o.topic == s.topic and o != s for o in behind))
 
 
-def _own_ids(schedules: Schedules, shard: Shard, offsets: Sequence[int]) -> Mapping[int, str]:
-    """The own delay-ids of the references of ``shard`` at ``offsets`` that cancels or
-    replacements withdrew by their default ids, read in the delay topic for the journal; left
-    out when Kafka does not answer (they are withdrawn: the journal names them by that id)."""
-    if not offsets:
-        return {}
-    try:
-        return {o: rec.delay_id for o, rec in schedules(shard, sorted(offsets)).items()}
-    except KafkaFault:
-        return {}
+def _own_ids(confirm: Confirm, shard: Shard, offsets: Sequence[int]) -> dict[int, str]:
+    """The delay-ids of the records of ``shard`` at ``offsets``, read in the delay topic ("": none
+    read there), as add.lua's {"confirm", ...} asks for a reference's own: any record there."""
+    read = confirm(shard, [(o, -1) for o in offsets])
+    return {o: read[o][0] if o in read else "" for o in offsets}
 
 
 def _missed(

@@ -223,9 +223,8 @@ class AddReply(NamedTuple):
     # partitions.
     unmatched: list[int]
     # What was withdrawn: (its offset, its due ms or -1, the place in the batch of what did it,
-    # its own delay-id when what did it named it by its default id and it has one, else "";
-    # None for a reference so named: its own delay-id is read in the delay topic).
-    withdrawn: list[tuple[int, int, int, str | None]]
+    # its own delay-id when what did it named it by its default id and it has one, else "").
+    withdrawn: list[tuple[int, int, int, str]]
     # The records carrying a schedule on that were not stored: (their place in the batch, the
     # offset of what ended the schedule, whether that was a cancel or a one-shot record rather
     # than another schedule).
@@ -247,15 +246,10 @@ class AddReply(NamedTuple):
         )
         rest = reply[end + 1 + 2 * ends :]
         withdrawn = [
-            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), _own(rest[i + 3]))
+            (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), text(rest[i + 3]))
             for i in range(0, len(rest), 4)
         ]
         return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn, ended)
-
-
-def _own(reply: bytes | None) -> str | None:
-    """A withdrawn record's own delay-id as add.lua gives it (None: a reference, unread)."""
-    return None if reply is None else text(reply)
 
 
 @dataclass(frozen=True, slots=True)

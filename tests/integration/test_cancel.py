@@ -304,7 +304,9 @@ def test_cancels_of_default_ids_find_their_records_without_a_scan_each(store: St
     cancels.append(Cancel(3505, "delay:0:3004", due_ms=T0 + 10**10 + 3))  # a reference's, wrong
     cancels.append(Cancel(3506, "delay:0:997", due_ms=10**20))  # beyond any due time
     before = _zscans(store)
-    added = store.add({SHARD: (3506, cancels)}, refer_after_ms=T0 + 10**9)
+    # The references' own delay-ids are read in the delay topic (the journal names them by them).
+    read = confirm_from(far)
+    added = store.add({SHARD: (3506, cancels)}, refer_after_ms=T0 + 10**9, confirm=read)
     assert (added.cancelled, added.not_found) == (107, 0)
     assert _zscans(store) - before <= 4  # one pass over the due index, not 107
     left = waiting(store, T0 + 2 * 10**10)  # the whole records left (references are not due)
@@ -325,14 +327,15 @@ def test_cancels_of_references_at_their_due_times_read_no_whole_record(store: St
     store.add({SHARD: (5099, far)}, refer_after_ms=T0 + 10**9, bucket_ms=bucket)
     named = [0, 1, 1022, 1023, 1500, 2046, 2099]
     first = [Cancel(5100, f"delay:0:{3000 + named[0]}", due_ms=due)]
-    assert store.add({SHARD: (5100, first)}, bucket_ms=bucket).cancelled == 1
+    read = confirm_from(far)  # the references' own delay-ids, read in the delay topic
+    assert store.add({SHARD: (5100, first)}, bucket_ms=bucket, confirm=read).cancelled == 1
     batch: list[Scheduled | Cancel] = [
         Cancel(5101 + k, f"delay:0:{3000 + i}", due_ms=due + i // 2) for k, i in enumerate(named)
     ]
     moved = rec(5108, T0 + 5000, "delay:0:4700", b"now")  # "fire now" of a reference
     moved.headers.append((H_DUE_AT, b"%d" % (due + 850)))
     before = _zscans(store)
-    added = store.add({SHARD: (5108, [*batch, moved])}, bucket_ms=bucket)
+    added = store.add({SHARD: (5108, [*batch, moved])}, bucket_ms=bucket, confirm=read)
     assert (added.cancelled, added.not_found) == (len(named) - 1, 1)  # the first one again
     assert added.replaced == 1
     assert _zscans(store) == before
@@ -346,10 +349,12 @@ def test_a_record_with_a_default_id_as_its_delay_id_replaces_that_record(store: 
     default id (``delay:0:<offset>``: the delay-id its delivered copy would carry) replaces it,
     whole or a reference, with the due-time hint or without; then it answers to that id."""
     apply(store, rec(0, T0 + 5000, value=b"whole"), rec(1, T0 + 5000, value=b"plain"))
-    store.add({SHARD: (2, [rec(2, T0 + 10**10, value=b"far")])}, refer_after_ms=T0 + 10**9)
+    far = rec(2, T0 + 10**10, value=b"far")
+    store.add({SHARD: (2, [far])}, refer_after_ms=T0 + 10**9)
     hinted = rec(3, T0 + 100, "delay:0:0", b"whole now")
     hinted.headers.append((H_DUE_AT, b"%d" % (T0 + 5000)))
-    added = apply(store, hinted, rec(4, T0 + 200, "delay:0:2", b"far now"))
+    moved = rec(4, T0 + 200, "delay:0:2", b"far now")  # the reference's own id read in the topic
+    added = store.add({SHARD: (4, [hinted, moved])}, confirm=confirm_from([far]))
     assert (added.count, added.replaced) == (2, 2)
     assert store.inventory.is_pending(SHARD, 0) is False
     assert store.inventory.is_pending(SHARD, 2) is False

@@ -325,17 +325,20 @@ def test_schedules_whose_ids_hash_alike_keep_registry_entries_of_their_own(
     assert add(store, schedule(3, T0 + 1000, continues=1, sid=other))[0] == 1
 
 
+@pytest.mark.parametrize("hint", [0, 1, None], ids=["its-due-time", "a-wrong-one", "none"])
 def test_a_cancel_by_the_default_id_of_a_schedules_reference_ends_the_schedule(
-    store: Store,
+    store: Store, hint: int | None
 ) -> None:
     """A daily schedule's record far enough out is kept as a reference (16 bytes, no delay-id in
     Redis). A cancel naming it by its default id withdraws the reference, and the registry
-    forgets the schedule as it does one stored whole: add.lua asks for the reference's own id,
-    read in the delay topic, first (it stayed live, a schedule counted that no record held)."""
+    forgets the schedule as it does one stored whole: the reference's own id is read in the
+    delay topic first — whatever due time the cancel gives, or none (it stayed live, a schedule
+    counted that no record held, without its record's due time)."""
     sched = schedule(0, T0 + 86_400_000)
     store.add({SHARD: (0, [sched])}, refer_after_ms=T0)
     assert counts(store) == (1, 0)
-    cancel = Cancel(3, origin(SHARD.topic, SHARD.partition, 0), due_ms=sched.due_ms)
+    due = None if hint is None else sched.due_ms + hint
+    cancel = Cancel(3, origin(SHARD.topic, SHARD.partition, 0), due_ms=due)
     added = store.add(
         {SHARD: (3, [cancel])},
         refer_after_ms=T0,

@@ -276,7 +276,8 @@ def test_a_reference_promoted_while_its_cancel_is_looked_up_is_still_cancelled(
     if hinted:
         assert promote_all(store, far, records) == 2  # before: its hint finds it whole
     cancel = Cancel(2, "delay:0:0", due_ms=far if hinted else None)
-    added = store.add({SHARD: (2, [cancel])}, refer_after_ms=T0, bucket_ms=BUCKET)
+    read = confirm_from(records.values())  # a reference's own delay-id, read in the delay topic
+    added = store.add({SHARD: (2, [cancel])}, refer_after_ms=T0, bucket_ms=BUCKET, confirm=read)
     monkeypatch.undo()
     assert (added.cancelled, added.not_found) == (1, 0)
     assert looked == ([] if hinted else [{0: -1}, {0: far}])  # looked for again, found whole

@@ -112,15 +112,14 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
           ended the schedule, "-" first when it was a cancel or a one-shot record, then quadruples for each record withdrawn: its offset (8 bytes), its due
           ms (-1: a reference), the place of the cancel or replacement that withdrew it and, when
           that named it by its default id, the delay-id of its own ("" when it has none, or was
-          named by it; false, a nil reply, for a reference: the caller reads it in the delay
-          topic) (the journal's cancelled and replaced entries)}
+          named by it) (the journal's cancelled and replaced entries)}
        | {1, -1} shard state missing | {2, watermark} watermark went back
        | {"undeclared", wait indexes...}
        | {"again"} see ARGV[4]
        | {"confirm", then pairs: offset, due ms} references the id index gives as candidates for
          an id of the batch that the caller did not vouch for, and references a default id of
-         the batch names while the registry holds schedules (their own delay-ids end theirs):
-         nothing was written; the caller reads them in the delay topic and calls again
+         the batch names (their own delay-ids end their schedules and name them in the
+         journal): nothing was written; the caller reads them in the delay topic and calls again
 ]]
 local refused = undeclared(13, wait_keys(KEYS[9]))
 if refused then
@@ -369,21 +368,28 @@ end
 -- due time). Otherwise the hint is wrong: the caller looks for those records ({"locate",
 -- offsets}) and calls again with where they wait. Nothing an add does turns a reference whole,
 -- so an answer holds for the whole batch.
--- A reference named where the registry holds schedules has its own delay-id read in the delay
--- topic first (asked as a candidate is: {"confirm", ...}), to end its schedule (own_id).
+-- A reference so named has its own delay-id read in the delay topic first (asked as a candidate
+-- is: {"confirm", ...}): it ends its schedule (own_id), and the journal names it by it.
 local located, locate, own_asked = {}, {}, {}
+local function ask_own(offset, at)
+  if vouched[offset] == nil then
+    own_asked[#own_asked + 1] = offset
+    own_asked[#own_asked + 1] = at
+  end
+end
 local function check(hint)
   local offset, at = read_where(hint)
   if located[hint] then
     return
-  elseif at < 0 then
+  elseif at < 0 then  -- in no index: a reference (its due time unknown: -1 reads any record), or gone
     located[hint] = hint
+    if vouched[offset] == nil and is_pending(shard.pending, offset)
+        and not redis.call('ZSCORE', shard.inflight, offset) then
+      ask_own(offset, -1)
+    end
   elseif referenced(offset, at) then
     located[hint] = where(offset, -1)
-    if registry_any and vouched[offset] == nil then
-      own_asked[#own_asked + 1] = offset
-      own_asked[#own_asked + 1] = at
-    end
+    ask_own(offset, at)
   else
     located[hint] = hint
     if candidate(shard, offset, at) == 'reference' then  -- pending, yet not where it says
@@ -400,13 +406,15 @@ for i = first, #ARGV, 5 do
     end
   end
 end
-if #locate > 0 then
-  table.insert(locate, 1, 'locate')
-  return locate
-end
+-- Asked first: the hints located (by a pass over the shard's records) hold for the next round,
+-- the own delay-ids vouched for do too, and a pass is made once.
 if #own_asked > 0 then
   table.insert(own_asked, 1, 'confirm')
   return own_asked
+end
+if #locate > 0 then
+  table.insert(locate, 1, 'locate')
+  return locate
 end
 
 defer_clearing()
@@ -432,11 +440,11 @@ local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = offset
   withdrawn[#withdrawn + 1] = due
   withdrawn[#withdrawn + 1] = by
-  -- Named by its default id: the delay-id of its own, if it has one (the journal names it so);
-  -- false (nil to the caller) for a reference, whose own id the caller reads in the delay topic.
+  -- Named by its default id: the delay-id of its own, if it has one (the journal names it so):
+  -- a reference's as the caller read it in the delay topic (see `located`).
   local own = ''
   if by_default then
-    own = member and (stored_id(member) or '') or vouched[offset] or false
+    own = member and (stored_id(member) or '') or vouched[offset] or ''
   end
   withdrawn[#withdrawn + 1] = own
 end
