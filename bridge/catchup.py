@@ -45,6 +45,7 @@ class CatchUp:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._ends: dict[Shard, int] = {}
+        self._again: set[Shard] = set()  # of those, read again after Redis lost their state
         self._horizons: dict[Shard, int] = {}
         self._read: dict[Shard, int] = {}  # the newest record timestamp applied, of every shard
         # Shards read live behind their end as the last fetch saw it: (position, since when).
@@ -58,15 +59,20 @@ class CatchUp:
         self._clock = clock
         self._lock = threading.Lock()
 
-    def start(self, shard: Shard, position: int, end: int) -> None:
+    def start(self, shard: Shard, position: int, end: int, *, again: bool = False) -> None:
         """The ingress reads ``shard`` from offset ``position`` and the partition ends at
-        ``end`` (its high watermark): hold its records until it gets there."""
+        ``end`` (its high watermark): hold its records until it gets there. ``again``: what it
+        reads was stored before, and Redis lost it (see :meth:`rereads`)."""
         if end <= position:
             self.stop(shard)
             return
         with self._lock:
             self._ends[shard] = end
             self._horizons[shard] = 0
+            if again:
+                self._again.add(shard)
+            else:
+                self._again.discard(shard)
         logger.info(
             "catching up on %s[%d] up to offset %d: records are claimed only once the "
             "records produced before they fell due are read",
@@ -110,12 +116,14 @@ class CatchUp:
             if end is None or position < end:
                 return
             del self._ends[shard], self._horizons[shard]
+            self._again.discard(shard)
         logger.info("caught up on %s[%d]", shard.topic, shard.partition)
 
     def stop(self, shard: Shard) -> None:
         """``shard`` is no longer read here (revoked)."""
         with self._lock:
             self._ends.pop(shard, None)
+            self._again.discard(shard)
             self._horizons.pop(shard, None)
             self._read.pop(shard, None)
             self._behind.pop(shard, None)
@@ -126,6 +134,12 @@ class CatchUp:
         """The shards being caught up on, with the offset each must reach."""
         with self._lock:
             return dict(self._ends)
+
+    def rereads(self) -> dict[Shard, int]:
+        """Those of :meth:`ends` read again after Redis lost what they stored, until they reach
+        their end: a cancel read there that finds nothing leaves its end (see add.lua)."""
+        with self._lock:
+            return {s: self._ends[s] for s in self._again}
 
     def watermarks(self) -> dict[Shard, int]:
         """Shard -> the watermark the ingress last saw in Redis (see :meth:`Store.claim`)."""

@@ -64,8 +64,6 @@ class Adds:
         self._kept = kept
         self._clock = clock
         self._looked = 0.0  # when kept cancels last asked whether their topics are whole
-        # The shards read again after Redis lost their state, while they catch up (Store.add).
-        self._rebuilt: set[Shard] = set()
 
     def add(
         self,
@@ -76,11 +74,6 @@ class Adds:
     ) -> Added:
         """:meth:`Store.add` these ``batches``; what it did is reported, its cancels that found
         nothing while their topic was not whole are kept."""
-        reread: dict[Shard, int] = {}
-        if self._rebuilt:
-            ends = self._catch_up.ends()
-            self._rebuilt.intersection_update(ends)
-            reread = {s: ends[s] for s in self._rebuilt}
         added = self._store.add(
             batches,
             expected,
@@ -91,7 +84,7 @@ class Adds:
             schedules=self._schedules,
             keep=self.waiting,
             holding=set(self.by_shard),
-            reread=reread,
+            reread=self._catch_up.rereads(),
         )
         self._report(added)
         self.keep(added.kept)
@@ -119,15 +112,12 @@ class Adds:
                 len(kept),
             )
 
-    def forget(self, shards: Collection[Shard], *, rebuilt: Collection[Shard] = ()) -> None:
+    def forget(self, shards: Collection[Shard]) -> None:
         """These shards are read again, or are no longer owned here: their cancels are read
-        again (add.lua hands them back), here or where they are owned now. Those ``rebuilt``
-        are read again after Redis lost their state, until they catch up."""
+        again (add.lua hands them back), here or where they are owned now."""
         forgotten = [s for s in shards if self.by_shard.pop(s, None) is not None]
         if forgotten:
             self._told()
-        self._rebuilt.difference_update(shards)
-        self._rebuilt.update(rebuilt)
 
     def _told(self) -> None:
         self._kept(sum(len(cs) for cs in self.by_shard.values()))

@@ -263,10 +263,10 @@ class Membership:
                 )
                 continue
             start = asked if asked >= 0 else low
-            self.catch_up.start(shard, start, end)
+            self.catch_up.start(shard, start, end, again=shard in again)
             if shard in again and start < end:
                 reread[shard] = start
-        self.adds.forget(starts.keys(), rebuilt=reread.keys())
+        self.adds.forget(starts.keys())
         self.settled.load(reread, rolled_back)
 
     def caught_up(self) -> None:

@@ -83,3 +83,24 @@ def test_a_catch_up_holds_every_record_past_its_horizon() -> None:
     assert [c.record.offset for c in catch_up.past(claims, ())] == [2, 3]
     catch_up.reached(SHARD, 100)  # caught up; read live from here, still behind the fetch
     assert [c.record.offset for c in catch_up.past(claims, ())] == [3]
+
+
+def test_a_shard_read_again_after_a_loss_is_a_reread_until_it_reaches_its_end() -> None:
+    """Of the catch-ups, those of shards read again after Redis lost what they stored are
+    re-reads (add.lua applies their rule up to the end), until the end is reached, the shard is
+    read again otherwise, or it is revoked."""
+    catch_up = CatchUp(Clock())
+    other = Shard("delay", 1)
+    catch_up.start(SHARD, 0, 100, again=True)
+    catch_up.start(other, 5, 50)  # a catch-up after a rebalance: stored before, and not lost
+    assert catch_up.rereads() == {SHARD: 100}
+    catch_up.reached(SHARD, 99)
+    assert catch_up.rereads() == {SHARD: 100}
+    catch_up.reached(SHARD, 100)
+    assert catch_up.rereads() == {}
+    catch_up.start(SHARD, 0, 100, again=True)
+    catch_up.start(SHARD, 60, 100)  # read again from elsewhere, not after a loss
+    assert catch_up.rereads() == {}
+    catch_up.start(other, 5, 50, again=True)
+    catch_up.stop(other)
+    assert catch_up.rereads() == {}
