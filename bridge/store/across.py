@@ -200,12 +200,14 @@ def due_hint(headers: Headers) -> int | None:
     return None
 
 
-def _named(
-    shard: Shard, batch: Sequence[Scheduled | Cancel]
-) -> tuple[dict[int, int], dict[int, int | None]]:
-    """The records of ``shard`` the cancels and replacements of the ``batch`` name by their default
-    delay-ids or exactly (see :func:`default_id_wheres`), by their place in the batch, and the
-    due time each gives for its record (None: none)."""
+# The records of a shard that the cancels and replacements of a batch name by their default
+# delay-ids or exactly (see default_id_wheres), by their place in the batch, and the due time each
+# gives for its record (None: none).
+Named = tuple[dict[int, int], dict[int, int | None]]
+
+
+def named_by_default(shard: Shard, batch: Sequence[Scheduled | Cancel]) -> Named:
+    """The :data:`Named` of ``batch``, read from ``shard``."""
     named: dict[int, int] = {}  # its place -> the offset the default id names
     hints: dict[int, int | None] = {}
     for i, c in enumerate(batch):
@@ -223,15 +225,12 @@ def _named(
     return named, hints
 
 
-def references_named(
-    shard: Shard, batch: Sequence[Scheduled | Cancel], refer_after_ms: int
-) -> list[int]:
-    """The records of ``shard`` that cancels and replacements of the ``batch`` name by their
-    default delay-ids (or exactly) with a due time past ``refer_after_ms``: kept as references
-    (a reference turns whole only as its due time nears), their own delay-ids in the delay
-    topic alone. add.lua asks for the rest it finds references."""
-    named, hints = _named(shard, batch)
-    far = {o for i, o in named.items() if (hint := hints[i]) is not None and hint > refer_after_ms}
+def references_named(named: Named, refer_after_ms: int) -> list[int]:
+    """Of the records ``named``, those with a due time past ``refer_after_ms``: kept as
+    references (a reference turns whole only as its due time nears), their own delay-ids in the
+    delay topic alone. add.lua asks for the rest it finds references."""
+    by_place, hints = named
+    far = {o for i, o in by_place.items() if (h := hints[i]) is not None and h > refer_after_ms}
     return sorted(far)
 
 
@@ -243,6 +242,7 @@ def default_id_wheres(
     refer_after_ms: int,
     locate: Collection[int] = (),
     schedules: Schedules | None = None,
+    named_as: Named | None = None,
 ) -> tuple[dict[int, bytes], int | None]:
     """For each cancel of the ``batch`` that names a default delay-id of ``shard``, each
     record that has one as its delay-id (it replaces that record) and each that names the record
@@ -257,7 +257,7 @@ def default_id_wheres(
     index (a reference, or gone). Then the shard's
     promotions counted before Redis was looked at (None: it was not): a reference promoted since
     is whole where a -1 does not look, so add.lua answers "again" when the count moved."""
-    named, hints = _named(shard, batch)
+    named, hints = named_as or named_by_default(shard, batch)
     if not named:
         return {}, None
     scheduled = {r.offset: r for r in batch if isinstance(r, Scheduled)}

@@ -12,7 +12,9 @@ from typing import Any
 from bridge.message import H_PAUSED, Cancel, Scheduled
 from bridge.store.across import (
     Found,
+    Named,
     default_id_wheres,
+    named_by_default,
     references_named,
     replaced_exactly,
     withdraw_elsewhere,
@@ -55,6 +57,7 @@ def add_call(
     schedules: Schedules = undated,
     across: bool = False,
     reread: int | None = None,
+    named: Named | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The add.lua call (KEYS, ARGV) of one shard's ``batch`` (highest offset, records);
     ``vouched`` the delay-ids read in the delay topic at the offsets add.lua asked about (its
@@ -63,13 +66,20 @@ def add_call(
     default delay-id names in the delay topic (for its due time). ``across``: the topic has other
     partitions (what finds nothing here is kept in Redis until looked for there:
     :func:`_looked_across`); ``reread``: the offset up to which the shard is read again after
-    Redis lost its state (see add.lua)."""
+    Redis lost its state (see add.lua); ``named``: the batch's :func:`named_by_default`, if the
+    caller has it."""
     high, records = batch
     k = keys.of(shard)
     entries = AddEntries()
     vouch = dict(vouched)
     wheres, promotions = default_id_wheres(
-        inventory, shard, records, refer_after_ms=refer_after_ms, locate=locate, schedules=schedules
+        inventory,
+        shard,
+        records,
+        refer_after_ms=refer_after_ms,
+        locate=locate,
+        schedules=schedules,
+        named_as=named,
     )
     replaces: dict[int, tuple[bytes, bool]] = {}
     for i, rec in enumerate(records):
@@ -190,8 +200,9 @@ def _add(
     shards = list(batches)
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
     locate: dict[Shard, set[int]] = {s: set() for s in shards}
+    named = {s: named_by_default(s, batches[s][1]) for s in shards}
     for shard in shards:  # read before add.lua asks for them: one call, not two
-        if far := references_named(shard, batches[shard][1], refer_after_ms):
+        if far := references_named(named[shard], refer_after_ms):
             vouched[shard] |= _own_ids(confirm, shard, far)
 
     def call(shard: Shard) -> tuple[list[str], list[Any]]:
@@ -208,6 +219,7 @@ def _add(
             schedules=schedules,
             across=partitions.get(shard.topic, 0) > 1,
             reread=reread.get(shard),
+            named=named[shard],
         )
 
     replies: dict[Shard, AddOutcome] = dict(
