@@ -15,7 +15,10 @@ own. add.lua keeps it in Redis as well until then (meta "withdrawing"), which ho
 partition's commit and resume point at it: a replica that dies meanwhile, or a Redis that loses
 this partition too, reads it again.
 
-A partition of the topic owned by another replica is not known here: its loss is not waited for.
+A partition of the topic owned by another replica is known here by what Redis says of it: its
+re-read after a loss is waited for (meta "reread", which its owner's first add of the re-read
+sets), the second or so before its owner finds the loss is not (a partition with no state looks
+like one that never had any).
 """
 
 from __future__ import annotations
@@ -27,7 +30,17 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from bridge.catchup import CatchUp
 from bridge.errors import BridgeError
 from bridge.message import Cancel, Scheduled
-from bridge.store import Added, Confirm, Schedules, Shard, Store, not_whole, unconfirmed, undated
+from bridge.store import (
+    Added,
+    Confirm,
+    Elsewhere,
+    Schedules,
+    Shard,
+    Store,
+    not_whole,
+    unconfirmed,
+    undated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +103,13 @@ class Adds:
         self.keep(added.kept)
         return added
 
-    def waiting(
-        self, shards: Sequence[Shard], unstored: Collection[Shard] | None = None
-    ) -> frozenset[Shard]:
-        """Those of ``shards`` whose topic has another owned partition not whole in Redis (what
-        :meth:`Store.add` is given as ``keep``, with the partitions it found ``unstored``;
-        without them, read in Redis)."""
+    def waiting(self, shards: Sequence[Shard], looked: Elsewhere | None = None) -> frozenset[Shard]:
+        """Those of ``shards`` whose topic has another partition not whole in Redis (what
+        :meth:`Store.add` is given as ``keep``, with what its look in the other partitions saw;
+        without it, read in Redis)."""
         catch_up = self._catch_up
-        return not_whole(self._store.inventory, shards, catch_up.ends, catch_up.marks, unstored)
+        inventory, partitions = self._store.inventory, self._partitions()
+        return not_whole(inventory, shards, catch_up.ends, catch_up.marks, partitions, looked)
 
     def keep(self, kept: Sequence[tuple[Shard, Scheduled | Cancel]]) -> None:
         """Keep these cancels and replacements (:attr:`Added.kept`) until their topics are
@@ -118,6 +130,17 @@ class Adds:
         forgotten = [s for s in shards if self.by_shard.pop(s, None) is not None]
         if forgotten:
             self._told()
+
+    def reread_over(self, shards: Collection[Shard]) -> None:
+        """These shards, read again after Redis lost their state, reached where they ended: so
+        Redis says (add.lua says so at a record there or after it; a partition that ends with a
+        transaction's marker has none), and other replicas' cancels wait for them no more."""
+        if not shards:
+            return
+        try:
+            self._store.inventory.reread_over(sorted(shards))
+        except BridgeError as exc:  # the next add there says so
+            logger.warning("the end of a re-read not written to redis yet: %s", exc)
 
     def _told(self) -> None:
         self._kept(sum(len(cs) for cs in self.by_shard.values()))

@@ -277,6 +277,7 @@ class Membership:
         if not assigned:
             return
         ends = self.catch_up.ends()
+        rereads = self.catch_up.rereads() if ends else {}
         behind: dict[Shard, int] = {}
         tps = [TopicPartition(s.topic, s.partition) for s in assigned]
         for tp in self.consumer.position(tps):
@@ -286,6 +287,8 @@ class Membership:
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
+        if rereads:  # those that reached their end: past a transaction's marker, no record may
+            self.adds.reread_over(set(rereads).difference(self.catch_up.rereads()))
         self.adds.look_again()
 
     def close(self, *, leave: bool = False) -> None:

@@ -1,6 +1,6 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
-from bridge.store.across import replaced_exactly
+from bridge.store.across import Elsewhere, replaced_exactly
 from bridge.store.adding import not_whole
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
@@ -40,6 +40,7 @@ __all__ = [
     "Claimed",
     "Claims",
     "Confirm",
+    "Elsewhere",
     "Lost",
     "Lows",
     "PerLane",

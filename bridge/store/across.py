@@ -49,11 +49,13 @@ Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
 
 class Elsewhere(NamedTuple):
     """What :func:`withdraw_elsewhere` did: for the (shard, offset, delay-id) of each cancel or
-    replacement that found its record, where that record was (:data:`Found`); and the other
-    partitions it looked in whose state Redis does not hold (lost, or never made)."""
+    replacement that found its record, where that record was (:data:`Found`); the other
+    partitions it looked in whose state Redis does not hold (lost, or never made); and those
+    their owners read again after Redis lost them, not yet up to where they ended."""
 
     found: dict[tuple[Shard, int, str], Found]
     unstored: frozenset[Shard]
+    rereading: frozenset[Shard] = frozenset()
 
 
 def withdraw_elsewhere(
@@ -81,10 +83,13 @@ def withdraw_elsewhere(
     ]
     planned: list[tuple[Shard, Hits]] = []
     unstored: set[Shard] = set()
+    rereading: set[Shard] = set()
     for (there, theirs), reply in zip(asked, scripts.call(CANDIDATES, lookups), strict=True):
         candidates = reply.found
         if not reply.stored:
             unstored.add(there)
+        if reply.rereading:
+            rereading.add(there)
         if not any(candidates):
             continue
         read = confirm(there, sorted({c for found in candidates for c in found}))
@@ -99,7 +104,7 @@ def withdraw_elsewhere(
     if schedules is not None:
         left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
         found_at |= _withdraw_origins(scripts, keys, left, partitions, schedules)
-    return Elsewhere(found_at, frozenset(unstored))
+    return Elsewhere(found_at, frozenset(unstored), frozenset(rereading))
 
 
 def _elsewhere(

@@ -11,6 +11,7 @@ from typing import Any
 
 from bridge.message import H_PAUSED, Cancel, Scheduled
 from bridge.store.across import (
+    Elsewhere,
     Found,
     Named,
     default_id_wheres,
@@ -261,11 +262,12 @@ def _add(
             for place, by, cancel in r.ended
             if isinstance(rec := records[place], Scheduled)
         ]
-    found, unstored = withdraw_elsewhere(
+    elsewhere = withdraw_elsewhere(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
+    found = elsewhere.found
     missed = _missed(unmatched, found)
-    waiting = keep(sorted({s for s, _ in missed}), unstored) if missed else frozenset()
+    waiting = keep(sorted({s for s, _ in missed}), elsewhere) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)
     looked = [(s, r) for s, r in unmatched if partitions.get(s.topic, 0) > 1]
     _looked_across(scripts, keys, looked, {*holding, *waiting}, kept)
@@ -274,12 +276,12 @@ def _add(
 
 
 # Those of the shards of cancels and replacements that found nothing whose topic is not whole in
-# Redis (their entries are kept to look again), given the other partitions looked in whose state
-# Redis does not hold.
-Keep = Callable[[Sequence[Shard], Collection[Shard]], Collection[Shard]]
+# Redis (their entries are kept to look again), given what the look in the other partitions saw
+# of them (Elsewhere: their state not held, or read again).
+Keep = Callable[[Sequence[Shard], Elsewhere], Collection[Shard]]
 
 
-def keep_none(shards: Sequence[Shard], unstored: Collection[Shard]) -> Collection[Shard]:
+def keep_none(shards: Sequence[Shard], looked: Elsewhere) -> Collection[Shard]:
     """:data:`Keep` of a caller that keeps nothing to look again."""
     return ()
 
@@ -294,9 +296,9 @@ def look_again(
     holding: Collection[Shard],
 ) -> Added:
     """See :meth:`bridge.store.Store.look_again`."""
-    found, _ = withdraw_elsewhere(
+    found = withdraw_elsewhere(
         scripts, keys, kept, partitions, confirm=confirm, schedules=schedules
-    )
+    ).found
     _looked_across(scripts, keys, kept, {*holding, *(s for s, _ in kept)})
     cancels = sum(isinstance(r, Cancel) for _, r in kept)
     return _added([0, 0, 0, cancels], {}, list(kept), [], found, _missed(kept, found))
@@ -344,23 +346,38 @@ def not_whole(
     shards: Sequence[Shard],
     reading: Callable[[], Collection[Shard]],
     known: Mapping[Shard, int],
-    unstored: Collection[Shard] | None = None,
+    partitions: Mapping[str, int],
+    looked: Elsewhere | None = None,
 ) -> frozenset[Shard]:
     """Those of ``shards`` whose topic has another partition Redis does not hold whole yet: one
-    ``reading`` (read behind its end: after a rebuild, it has not reached the records a cancel
-    may name), or one ``known`` (the caller's watermarks) whose watermark Redis lost since (its
-    rebuild is yet to start): read in Redis, or ``unstored`` when the caller just did."""
+    ``reading`` (read here behind its end: after a rebuild, it has not reached the records a
+    cancel may name), one ``known`` (the caller's watermarks) whose watermark Redis lost since
+    (its rebuild is yet to start), or one another replica reads again after Redis lost it, not
+    yet up to where it ended (meta "reread"). ``looked``: what the caller's look in the other
+    partitions just saw of them; without it, read in Redis (``partitions``: each topic's
+    partition count). A partition of another replica that lost its state and whose rebuild has
+    not started is not seen: it looks as one that never had any."""
     if not shards:
         return frozenset()
     topics = {s.topic for s in shards}
-    behind = set(reading())
-    others = [s for s in known if s.topic in topics and s not in behind]
-    if others and unstored is not None:
-        behind |= {s for s in others if s in unstored}
-    elif others:
-        held = inventory.watermarks(others)
-        behind |= {s for s in others if s not in held}
-    return frozenset(s for s in shards if any(o.topic == s.topic and o != s for o in behind))
+    behind = {s.base() for s in reading()}
+    others = [s for s in known if s.topic in topics and s.base() not in behind]
+    if looked is not None:
+        behind |= {s.base() for s in others if s in looked.unstored}
+        behind |= {s.base() for s in looked.rereading if s.topic in topics}
+    else:
+        if others:
+            held = inventory.watermarks(others)
+            behind |= {s.base() for s in others if s not in held}
+        mine = {s.base() for s in known} | behind
+        theirs = [
+            there
+            for topic in sorted(topics)
+            for p in range(partitions.get(topic, 0))
+            if (there := Shard(topic, p)) not in mine
+        ]
+        behind |= inventory.rereading(theirs)
+    return frozenset(s for s in shards if any(o.topic == s.topic and o != s.base() for o in behind))
 
 
 def _own_ids(confirm: Confirm, shard: Shard, offsets: Sequence[int]) -> dict[int, str]:

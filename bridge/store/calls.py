@@ -295,12 +295,14 @@ class Candidates(NamedTuple):
 
     found: list[list[tuple[int, int]]]  # per id hash asked, the (offset, due ms) of its entries
     stored: bool  # Redis holds the shard's state (a watermark): not lost, nor never made
+    # Its owner reads it again after Redis lost it, not yet up to where it ended: not whole.
+    rereading: bool = False
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> Candidates:
-        *per_id, stored = reply
+        *per_id, state = reply
         found = [[(offset_of(f[i]), int(f[i + 1])) for i in range(0, len(f), 2)] for f in per_id]
-        return cls(found, bool(stored))
+        return cls(found, int(state) > 0, int(state) == 2)
 
 
 class StatsReply(NamedTuple):

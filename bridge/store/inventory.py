@@ -260,6 +260,27 @@ class Inventory:
         """The ingest watermark of each shard that has one."""
         return {s: mark for s, (mark, _) in self.resume_points(shards).items()}
 
+    def rereading(self, shards: Sequence[Shard]) -> set[Shard]:
+        """Those of ``shards`` their owners read again after Redis lost them, not yet up to where
+        they ended (meta "reread", see add.lua)."""
+        if not shards:
+            return set()
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hexists(self.keys.of(shard).meta, "reread")
+            flags = pipe.execute()
+        return {s for s, flag in zip(shards, flags, strict=True) if flag}
+
+    def reread_over(self, shards: Sequence[Shard]) -> None:
+        """These shards, read again after Redis lost them, were applied up to where they ended:
+        no longer :meth:`rereading`."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hdel(self.keys.of(shard).meta, "reread")
+            pipe.execute()
+
     def resume_points(self, shards: Sequence[Shard]) -> dict[Shard, tuple[int, int]]:
         """For each shard that has a watermark: it, and the offset to read from — the one after
         it, or the lowest cancel or replacement add.lua keeps until it is looked for in the

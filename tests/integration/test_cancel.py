@@ -3,7 +3,7 @@ offset order within a batch, idempotent re-reads, and the id index's life next t
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -11,7 +11,7 @@ from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.adds import Adds
 from bridge.message import H_DUE_AT, Cancel, Scheduled
-from bridge.store import AckBatch, Added, Shard, Store, id_hash, offset_bytes, offset_of
+from bridge.store import AckBatch, Added, Elsewhere, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
 from tests.conftest import confirm_from
 
@@ -467,6 +467,41 @@ def test_the_ingress_counts_the_cancels_it_keeps_and_asks_redis_once_a_second(
     assert told == [1, 0, 1, 0]
 
 
+def test_a_cancel_read_while_another_replicas_partition_is_read_again_waits_for_it(
+    store: Store,
+) -> None:
+    """Redis lost everything. Partition 1, owned by another replica, is read again up to its end
+    (offset 10: its owner's first add says so, meta "reread") and has not reached the record with
+    id ``job`` (8) yet. A cancel of ``job`` read here, in partition 0, finds nothing: it is kept
+    — this replica knows partition 1 only by what Redis says of it — and looks again once the
+    re-read passes its end, and withdraws the record. Done with at once, it was lost: the
+    re-read stored the record, and it was delivered."""
+    other, now, told = Shard("delay", 1), [100.0], list[float]()
+    store.add({other: (3, [rec(i, T0 + 5000) for i in range(4)])}, reread={other: 10})
+    job = rec(8, T0 + 6000, "job")
+    adds = Adds(
+        store,
+        CatchUp(),  # this replica reads partition 0 alone
+        partitions=lambda: {"delay": 2},
+        confirm=confirm_from([job]),
+        kept=told.append,
+        clock=lambda: now[0],
+    )
+    added = adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+    assert told == [1] and added.not_found == 0
+    now[0] += 1.1
+    adds.look_again()  # partition 1 is still read again: not yet
+    assert told == [1]
+    store.add(
+        {other: (9, [rec(4, T0 + 5000), job, rec(9, T0 + 5000)])}, {other: 3}, reread={other: 10}
+    )
+    now[0] += 1.1
+    adds.look_again()
+    assert told == [1, 0]
+    assert store.inventory.by_id(other, "job") == []
+    assert not store.inventory.is_pending(other, 8)
+
+
 def test_a_replacement_read_while_another_partition_lost_its_state_replaces_once_it_is_back(
     store: Store,
 ) -> None:
@@ -505,7 +540,7 @@ def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next
     kept, is looked for."""
     asked: list[Sequence[Shard]] = []
 
-    def keep_first(shards: Sequence[Shard], unstored: Collection[Shard]) -> Sequence[Shard]:
+    def keep_first(shards: Sequence[Shard], looked: Elsewhere) -> Sequence[Shard]:
         asked.append(shards)
         return shards if len(asked) == 1 else ()
 

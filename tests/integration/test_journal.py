@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -47,6 +47,7 @@ from bridge.message import (
     wire_headers,
 )
 from bridge.store import Shard, Store
+from bridge.store.keys import Keys
 from testbed.harness import (
     Bridge,
     Collector,
@@ -561,6 +562,123 @@ def test_a_cancel_read_while_its_records_partition_is_rebuilt_still_withdraws_it
     counts = _counts_through(setup, b"after", 90)
     assert b"cancelled" not in counts, bridge.output()[-3000:]
     assert counts[b"replacement"] == (kind == "replacement")
+
+
+def test_a_cancel_read_while_another_replicas_partition_is_rebuilt_still_withdraws_it(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Two replicas. A record with its own id waits in partition 2 behind 20,000 others; Redis
+    loses everything, and partition 2's owner reads it again (20 records a batch: some seconds).
+    Meanwhile a cancel of the record is read by the other replica, in a partition it owns: it
+    knows partition 2 only by what Redis says of it, and found nothing there, so the cancel was
+    done with and the re-read brought the record back to be delivered. Redis says the partition
+    is read again (meta "reread"): the cancel is kept until the re-read passes its end."""
+    slow = {"ingress__batch_size": "20"}
+    pair = [setup.bridge("one", **slow).start(), setup.bridge("two", **slow).start()]
+    bridges.extend(pair)
+    wait_for(
+        lambda: all(metric(b, "delay_bridge_owned_partitions") > 0 for b in pair), 90, "both own"
+    )
+    target = setup.targets[0].encode()
+    later: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"filler", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]) for _ in range(20_000)
+    ]
+    later.append((2, b"cancelled", [(H_TARGET_TOPIC, target), (H_AFTER, b"20s"), (H_ID, b"o")]))
+    produce_to(setup.services.bootstrap, setup.delay, later)
+
+    def ingested() -> list[float]:
+        return [metric(b, "delay_bridge_ingested_total") for b in pair]
+
+    wait_for(lambda: max(ingested()) >= 20_001, 90, "the 20,001 stored")
+    owner = ingested().index(max(ingested()))
+    other = pair[1 - owner]
+    mine = next(  # a partition the other replica owns: a record produced there, stored by it
+        p for p in (0, 1) if _stored_by(setup, pair, p, other)
+    )
+    meta = Keys(f"test-{setup.unique}").of(Shard(setup.delay, 2)).meta
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        assert wipe(setup) > 0
+        wait_for(lambda: _field(client, meta, "reread") is not None, 30, "partition 2 read again")
+        produce_to(setup.services.bootstrap, setup.delay, [(mine, None, [(H_CANCEL, b"o")])])
+        wait_for(
+            lambda: (
+                metric(other, "delay_bridge_cancels_kept") == 1
+                or _field(client, meta, "reread") is None
+            ),
+            30,
+            "the cancel read",
+        )
+    finally:
+        client.close()
+    after: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"21s")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = _counts_through(setup, b"after", 90)
+    assert b"cancelled" not in counts, other.output()[-3000:]
+
+
+def test_a_partition_read_again_up_to_a_transactions_marker_says_so_in_redis_when_it_ends(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Partition 0 ends with a transaction's commit marker (the egress writes the records that
+    carry schedules on so, exactly once): no record sits at its last offset. Redis loses
+    everything; the bridge reads the partition again up to that end and says so in Redis (meta
+    "reread", which other replicas' cancels wait for). Reaching the end, the re-read is over
+    there too — with no record after it, the field stayed, and the other replicas' cancels
+    waited on it until the partition's next record."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    pin: tuple[int, bytes | None, Headers] = (
+        0,
+        b"pin",
+        [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")],
+    )
+    produce_to(setup.services.bootstrap, setup.delay, [pin])  # the rebuild point
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the pin stored")
+    producer = Producer(
+        {"bootstrap.servers": setup.services.bootstrap, "transactional.id": f"t-{setup.unique}"}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for _ in range(20):
+        headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
+        produce(producer, setup.delay, partition=0, value=b"in a transaction", headers=headers)
+    producer.commit_transaction(30)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 21, 30, "the 21 stored")
+    meta = Keys(f"test-{setup.unique}").of(Shard(setup.delay, 0)).meta
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        assert wipe(setup) > 0
+        wait_for(lambda: _field(client, meta, "ingested") == b"20", 30, "read again to its end")
+        wait_for(lambda: _field(client, meta, "reread") is None, 10, "the re-read over in Redis")
+    finally:
+        client.close()
+
+
+def _field(client: redis.Redis, key: str, field: str) -> bytes | None:
+    """A HASH field's value (None: none)."""
+    return cast(bytes | None, client.hget(key, field))
+
+
+def _stored_by(setup: Setup, pair: list[Bridge], partition: int, which: Bridge) -> bool:
+    """Whether a record produced to ``partition`` (due in an hour) is stored by ``which``."""
+    before = [metric(b, "delay_bridge_ingested_total") for b in pair]
+    target = setup.targets[0].encode()
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(partition, b"probe", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
+    )
+    wait_for(
+        lambda: sum(metric(b, "delay_bridge_ingested_total") for b in pair) > sum(before),
+        30,
+        "the probe stored",
+    )
+    return metric(which, "delay_bridge_ingested_total") > before[pair.index(which)]
 
 
 def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import cast
 
 from bridge.message import Cancel, Scheduled
-from bridge.store import Shard
+from bridge.store import Elsewhere, Shard
 from bridge.store.adding import not_whole, rounds
 from bridge.store.inventory import Inventory
 
@@ -39,13 +39,17 @@ def test_batches_within_a_call_are_one_round_as_they_are() -> None:
 
 
 class _Watermarks:
-    """What :func:`not_whole` asks Redis: the watermarks it holds."""
+    """What :func:`not_whole` asks Redis: the watermarks it holds, and the shards read again."""
 
-    def __init__(self, held: dict[Shard, int]) -> None:
+    def __init__(self, held: dict[Shard, int], rereading: frozenset[Shard] = frozenset()) -> None:
         self.held = held
+        self._rereading = rereading
 
     def watermarks(self, shards: list[Shard]) -> dict[Shard, int]:
         return {s: self.held[s] for s in shards if s in self.held}
+
+    def rereading(self, shards: list[Shard]) -> set[Shard]:
+        return set(shards) & self._rereading
 
 
 def test_a_cancel_that_found_nothing_is_kept_while_another_partition_is_not_whole() -> None:
@@ -56,10 +60,29 @@ def test_a_cancel_that_found_nothing_is_kept_while_another_partition_is_not_whol
     known = {A: 10, B: 20, c: 30}
     whole = cast(Inventory, _Watermarks({A: 10, B: 20, c: 30}))
     lost_b = cast(Inventory, _Watermarks({A: 10, c: 30}))
-    assert not_whole(whole, [A], lambda: [], known) == frozenset()
-    assert not_whole(whole, [A], lambda: [B], known) == {A}
-    assert not_whole(whole, [A], lambda: [A, other], known) == frozenset()
-    assert not_whole(lost_b, [A], lambda: [], known) == {A}
-    assert not_whole(lost_b, [B], lambda: [], known) == frozenset()  # its own loss: a rebuild
-    assert not_whole(lost_b, [A, other], lambda: [], {**known, other: 5}) == {A}
-    assert not_whole(whole, [], lambda: [B], known) == frozenset()
+    assert not_whole(whole, [A], lambda: [], known, {}) == frozenset()
+    assert not_whole(whole, [A], lambda: [B], known, {}) == {A}
+    assert not_whole(whole, [A], lambda: [A, other], known, {}) == frozenset()
+    assert not_whole(lost_b, [A], lambda: [], known, {}) == {A}
+    assert not_whole(lost_b, [B], lambda: [], known, {}) == frozenset()  # its own loss: a rebuild
+    assert not_whole(lost_b, [A, other], lambda: [], {**known, other: 5}, {}) == {A}
+    assert not_whole(whole, [], lambda: [B], known, {}) == frozenset()
+
+
+def test_a_cancel_is_kept_while_another_replicas_partition_is_read_again() -> None:
+    """A partition this replica does not own (not ``known``), read again by its owner after a
+    loss (meta "reread"): whether the add's look saw it so, or Redis says so when asked."""
+    c, d = Shard("delay", 2), Shard("delay", 3)
+    known = {A: 10, B: 20}
+    rereading = cast(Inventory, _Watermarks(known, frozenset({d})))
+    whole = cast(Inventory, _Watermarks(known))
+    partitions = {"delay": 4}
+    assert not_whole(rereading, [A], lambda: [], known, partitions) == {A}
+    assert not_whole(whole, [A], lambda: [], known, partitions) == frozenset()
+    assert not_whole(rereading, [d], lambda: [], known, partitions) == frozenset()  # its own
+    looked = Elsewhere({}, frozenset({c}), frozenset({d}))  # c: no state, whose loss is unknown
+    assert not_whole(whole, [A], lambda: [], known, partitions, looked) == {A}
+    assert (
+        not_whole(whole, [A], lambda: [], known, partitions, looked._replace(rereading=frozenset()))
+        == frozenset()
+    )

@@ -13,7 +13,9 @@ Returns: per pair, a list of pairs: offset (8 bytes), due ms — of records stil
 entry, its record acknowledged, is left out: nothing to read), then the record a live recurring
 schedule with that hash is at when it is not among them, due -1 (its occurrence acknowledged, the
 record carrying it on not read yet: a cancel read elsewhere ends the schedule there, withdraw.lua);
-then 1 when Redis holds the shard's state (a watermark), 0 when it does not (lost, or none yet)
+then 1 when Redis holds the shard's state (a watermark), 2 when it does and its owner reads it
+again after Redis lost it, not yet up to where it ended (meta "reread", see add.lua), 0 when it
+does not (lost, or none yet)
 ]]
 local hashes = {}
 for i = 1, #ARGV, 2 do
@@ -38,5 +40,6 @@ for i = 1, #ARGV, 2 do
   end
   out[#out + 1] = flat
 end
-out[#out + 1] = redis.call('HGET', KEYS[4], 'ingested') and 1 or 0
+local mark, reread = unpack(redis.call('HMGET', KEYS[4], 'ingested', 'reread'))
+out[#out + 1] = not mark and 0 or reread and 2 or 1
 return out
