@@ -10,7 +10,7 @@ import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -263,23 +263,12 @@ class Inventory:
     def rereading(self, shards: Sequence[Shard]) -> set[Shard]:
         """Those of ``shards`` their owners read again after Redis lost them, not yet up to where
         they ended (meta "reread", see add.lua)."""
-        if not shards:
-            return set()
-        with as_store_error():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in shards:
-                pipe.hexists(self.keys.of(shard).meta, "reread")
-            flags = pipe.execute()
+        flags = _each_meta(self.client, self.keys, shards, "hexists", "reread")
         return {s for s, flag in zip(shards, flags, strict=True) if flag}
 
     def reread_over(self, shards: Sequence[Shard]) -> None:
-        """These shards, read again after Redis lost them, were applied up to where they ended:
-        no longer :meth:`rereading`."""
-        with as_store_error():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in shards:
-                pipe.hdel(self.keys.of(shard).meta, "reread")
-            pipe.execute()
+        """These shards were applied up to where their re-read ended: not :meth:`rereading`."""
+        _each_meta(self.client, self.keys, shards, "hdel", "reread")
 
     def resume_points(self, shards: Sequence[Shard]) -> dict[Shard, tuple[int, int]]:
         """For each shard that has a watermark: it, and the offset to read from — the one after
@@ -345,6 +334,19 @@ class Inventory:
         for (tier, _), size in zip(named, sizes, strict=True):
             tiers[tier] += int(size or 0)
         return tiers
+
+
+def _each_meta(
+    client: redis.Redis, keys: Keys, shards: Sequence[Shard], command: str, field: str
+) -> list[Any]:
+    """The replies of a HASH ``command`` on the meta ``field`` of each shard, pipelined."""
+    if not shards:
+        return []
+    with as_store_error():
+        pipe = client.pipeline(transaction=False)
+        for shard in shards:
+            getattr(pipe, command)(keys.of(shard).meta, field)
+        return list(pipe.execute())
 
 
 def due_counts(inventory: Inventory, shard: Shard, bounds: Sequence[int]) -> list[int]:
