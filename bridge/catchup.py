@@ -109,15 +109,18 @@ class CatchUp:
             else:
                 self._blocked.discard(shard)
 
-    def reached(self, shard: Shard, position: int) -> None:
-        """The ingress's next offset to read in ``shard`` is ``position``."""
+    def reached(self, shard: Shard, position: int) -> bool:
+        """The ingress's next offset to read in ``shard`` is ``position``; returns whether that
+        ended a re-read after Redis lost the shard (:meth:`rereads`)."""
         with self._lock:
             end = self._ends.get(shard)
             if end is None or position < end:
-                return
+                return False
             del self._ends[shard], self._horizons[shard]
+            again = shard in self._again
             self._again.discard(shard)
         logger.info("caught up on %s[%d]", shard.topic, shard.partition)
+        return again
 
     def stop(self, shard: Shard) -> None:
         """``shard`` is no longer read here (revoked)."""

@@ -277,18 +277,17 @@ class Membership:
         if not assigned:
             return
         ends = self.catch_up.ends()
-        rereads = self.catch_up.rereads() if ends else {}
         behind: dict[Shard, int] = {}
+        over: list[Shard] = []  # re-reads after a loss that reached their end now
         tps = [TopicPartition(s.topic, s.partition) for s in assigned]
         for tp in self.consumer.position(tps):
             shard, position = Shard(tp.topic, tp.partition), tp.offset
-            if shard in ends:
-                self.catch_up.reached(shard, position)
+            if shard in ends and self.catch_up.reached(shard, position):
+                over.append(shard)
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
-        if rereads:  # those that reached their end: past a transaction's marker, no record may
-            self.adds.reread_over(set(rereads).difference(self.catch_up.rereads()))
+        self.adds.reread_over(over)  # past a transaction's marker, no record may say so
         self.adds.look_again()
 
     def close(self, *, leave: bool = False) -> None:
