@@ -235,7 +235,7 @@ class Service:
                 self.topics.known,
                 before_read=self.egress.before_rebuild,
             ),
-            reads=TopicReads(self.id_reader, self.id_reader.schedules),
+            reads=TopicReads(self.id_reader, self.id_reader.schedules, self.id_reader.logged),
             spans=spans,
         )
         self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])

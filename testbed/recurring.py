@@ -394,6 +394,8 @@ def check_cancelled(run: Run, result: Result, cancelled: dict[str, tuple[int, in
     )
     if after:
         print(f"   after their cancel: {sorted(after)[:10]}", file=sys.stderr, flush=True)
+        places = {sid: cancelled[sid] for sid, _ in after}
+        print(f"   those cancels (partition, offset): {places}", file=sys.stderr, flush=True)
 
 
 def occurrences_after(

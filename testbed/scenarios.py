@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -559,16 +560,25 @@ class _Faults:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.shim, self.shifted = build_shim(run.dir), run.dir / "redis-clock.offset"
-        self.rolled_back, self.redis_shift, self.bridge_shift = 0, 0, 0
+        self.rolled_back, self.redis_shift = 0, 0
+        self.bridge_shifts: list[int] = []  # each replica's, in the order of the bridges
 
-    def inject(self, kind: str, bridge: Bridge, rng: random.Random) -> Bridge:
-        """One fault of ``kind`` (:func:`_fault_kinds`); returns the bridge running after it."""
+    @property
+    def bridge_shift(self) -> int:
+        """The clock furthest ahead of the replicas'."""
+        return max(self.bridge_shifts, default=0)
+
+    def inject(self, kind: str, bridges: list[Bridge], rng: random.Random) -> None:
+        """One fault of ``kind`` (:func:`_fault_kinds`); a bridge killed is replaced in
+        ``bridges`` (one of them, at random) by the one started after it."""
         run = self.run
         run.fault_began()
+        self.bridge_shifts += [0] * (len(bridges) - len(self.bridge_shifts))
+        shifted = 0
         if kind == "redis":
             run.servers.kill("redis")
             self.rolled_back += run.servers.drop_aof_tail(rng.randint(1_024, 65_536))
-            self.redis_shift = _shift(rng, REDIS_SHIFTS_MS, self.bridge_shift)
+            self.redis_shift = shifted = _shift(rng, REDIS_SHIFTS_MS, self.bridge_shift)
             self.shifted.write_text(str(self.redis_shift))
             env = {"LD_PRELOAD": str(self.shim), "CLOCK_SHIFT_FILE": str(self.shifted)}
             run.servers.up("redis", env=env)
@@ -580,15 +590,22 @@ class _Faults:
             client.flushall()
             client.close()
         else:
-            bridge.kill()
-            self.bridge_shift = _shift(rng, CLOCK_SHIFTS_MS, self.redis_shift)
-            bridge = run.bridge(clock_shift_ms=self.bridge_shift)
-        shifted = {"redis": self.redis_shift, "bridge": self.bridge_shift}.get(kind, 0)
+            i = rng.randrange(len(bridges))
+            bridges[i].kill()
+            self.bridge_shifts[i] = shifted = _shift(rng, CLOCK_SHIFTS_MS, self.redis_shift)
+            bridges[i] = run.bridge(clock_shift_ms=shifted)
+            kind += f" {i}" if len(bridges) > 1 else ""
         run.fault_over(f"{kind}, its clock {shifted / 1000:+,.0f} s" if shifted else kind)
-        return bridge
 
 
-def adversary(run: Run, size: Size, rng: random.Random) -> Result:
+def adversary(replicas: int) -> Scenario:
+    """:func:`_adversary` against ``replicas`` bridges sharing the delay topic's partitions
+    (dynamic group members: a replica killed has its partitions taken over by the others
+    until it is back and the group rebalances again)."""
+    return functools.partial(_adversary, replicas=replicas)
+
+
+def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -> Result:
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
     (:func:`~testbed.workload.adversarial`: ids and default ids of every partition with other
     scripts' digits and numbers past every limit, cancels with hints, sizes around the limit,
@@ -610,7 +627,7 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
         seed=rng.randrange(1 << 30),
         max_bytes=max_bytes,
     )
-    bridge = run.bridge()
+    bridges = [run.bridge() for _ in range(replicas)]
     # Recurring schedules beside them, each occurrence checked (testbed.recurring).
     every_ms = 2000
     expected = counted_schedules(
@@ -626,21 +643,22 @@ def adversary(run: Run, size: Size, rng: random.Random) -> Result:
     try:
         for kind, moment in zip(kinds, faults, strict=True):
             run.at(moment)
-            answers += _operate(run, bridge, rng)
+            answers += _operate(run, rng.choice(bridges), rng)
             cancelling.cancel(rng)
-            bridge = injected.inject(kind, bridge, rng)
+            injected.inject(kind, bridges, rng)
         workload.join(600)
-        answers += _operate(run, bridge, rng)
+        answers += _operate(run, rng.choice(bridges), rng)
         cancelling.cancel(rng, every=True)
     finally:
         injected.shifted.write_text("0")
-    bridge.kill()
+    for bridge in bridges:
+        bridge.kill()
     bridge = run.bridge()  # the clocks right again: /readyz names no skew
     horizon = now_ms() + 10_000  # valid delays are seconds (or days: hypothesis's)
     result = run.finish(
         workload,
         "adversary",
-        f"{size.records:,} adversarial records, "
+        f"{size.records:,} adversarial records{f', {replicas} replicas' * (replicas > 1)}, "
         f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
         f"rolled back {injected.rolled_back:,} bytes of AOF, its clock off by "
         f"{injected.redis_shift / 1000:+,.0f} s"
@@ -1053,7 +1071,10 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     "rollout": (rollout("statefulset"), Size(3000, 16, 1), Size(30_000, 120, 3)),
     "rollout-deployment": (rollout("deployment"), None, Size(30_000, 120, 2)),
     "hostile-input": (hostile_input, Size(1000, 5, 300), Size(20_000, 20, 2000)),
-    "adversary": (adversary, Size(1000, 10, 3), Size(20_000, 90, 12)),
+    "adversary": (adversary(1), Size(1000, 10, 3), Size(20_000, 90, 12)),
+    # Two replicas: each fault that kills a bridge kills one of them, the other takes its
+    # partitions over meanwhile. Long only: make test's time is spent.
+    "adversary-replicas": (adversary(2), None, Size(20_000, 90, 12)),
     # Their short versions: test_recovery.py's test_redis_wiped_while_running_is_rebuilt_from_the_
     # delay_topic and test_incarnation.py's test_a_recreated_delay_topic_is_read_from_its_beginning.
     "redis-lost": (redis_lost(False), None, Size(50_000, 30, 2)),
@@ -1096,7 +1117,7 @@ KAFKA_CLUSTER_SCENARIOS = frozenset({"leader-kill", "broker-freeze", "isr-shrink
 def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: int) -> Result:
     scenario = SCENARIOS[name][0]
     overrides: dict[str, object] = {}
-    if name in ("hostile-input", "adversary"):
+    if name == "hostile-input" or name.startswith("adversary"):
         overrides["limits__max_record_bytes"] = 100_000
     # What a user gets, not the harness's faster settings: the bridge's own group session and
     # heartbeat, and the default lease (recovery must not wait for it; it also sets the
@@ -1128,7 +1149,9 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         wait_for(lambda: in_sync(admin), IN_SYNC_S, "every partition of the cluster in sync")
         # The brokers' append times (see testbed/brokers.py).
         delay_config = target_config = {"message.timestamp.type": "LogAppendTime"}
-    elif name in ("kafka-outage", "kafka-restart", "recurring-sigkill", "adversary"):
+    elif name in ("kafka-outage", "kafka-restart", "recurring-sigkill") or name.startswith(
+        "adversary"
+    ):
         # The recovery after the broker is back counts to the append: the checker's own
         # consumer rejoins its group after the outage too.
         target_config = {"message.timestamp.type": "LogAppendTime"}

@@ -1,6 +1,7 @@
 """Ingress: the delay topics consumed, valid records stored in Redis, the rest dead-lettered."""
 
-from bridge.ingress.consumer import Ingress, TopicReads
+from bridge.ingress.adds import TopicReads
+from bridge.ingress.consumer import Ingress
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.membership import Owner, TopicFacts
 from bridge.ingress.restarts import closing_aside

@@ -17,8 +17,8 @@ this partition too, reads it again.
 
 A partition of the topic owned by another replica is known here by what Redis says of it: its
 re-read after a loss is waited for (meta "reread", which its owner's first add of the re-read
-sets), the second or so before its owner finds the loss is not (a partition with no state looks
-like one that never had any).
+sets), and so is the second or so before its owner finds the loss: Redis then holds no state of
+it at all, and its log in Kafka holding records tells it from a partition that never had any.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from bridge.catchup import CatchUp
 from bridge.errors import BridgeError
@@ -34,17 +35,33 @@ from bridge.store import (
     Added,
     Confirm,
     Elsewhere,
+    Logged,
     Schedules,
     Shard,
     Store,
     not_whole,
     unconfirmed,
     undated,
+    unlogged,
 )
 
 logger = logging.getLogger(__name__)
 
 LOOK_INTERVAL_S = 1.0  # how often kept cancels ask Redis whether their topics are whole
+
+
+@dataclass(frozen=True)
+class TopicReads:
+    """What the ingress reads in the delay topic while it stores (see :meth:`Store.add`):
+    ``confirm`` reads the schedules the id index points at, ``schedules`` the records default
+    delay-ids name (for their due times), ``logged`` which partitions hold records."""
+
+    confirm: Confirm = unconfirmed
+    schedules: Schedules = undated
+    logged: Logged = unlogged
+
+
+NO_READS = TopicReads()  # nothing read: the id index's candidates stand unconfirmed
 
 
 class Adds:
@@ -57,21 +74,19 @@ class Adds:
         catch_up: CatchUp,
         *,
         partitions: Callable[[], Mapping[str, int]] = dict,
-        confirm: Confirm = unconfirmed,
-        schedules: Schedules = undated,
+        reads: TopicReads = NO_READS,
         report: Callable[[Added], None] = lambda added: None,
         kept: Callable[[int], None] = lambda count: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``partitions``: each delay topic's partition count; ``confirm`` and ``schedules``
-        read the delay topic for the id index and default delay-ids (Store.add); ``report``
+        """``partitions``: each delay topic's partition count; ``reads``: what is read in the
+        delay topic (:class:`TopicReads`); ``report``
         counts and journals what the cancels did; ``kept`` is told how many cancels are kept
         whenever that changes."""
         self._store = store
         self._catch_up = catch_up  # the shards read behind their end, and the known watermarks
         self._partitions = partitions
-        self._confirm = confirm
-        self._schedules = schedules
+        self._reads = reads
         self._report = report
         self.by_shard: dict[Shard, list[Scheduled | Cancel]] = {}
         self._kept = kept
@@ -93,8 +108,8 @@ class Adds:
             refer_after_ms=refer_after_ms,
             bucket_ms=bucket_ms,
             partitions=self._partitions(),
-            confirm=self._confirm,
-            schedules=self._schedules,
+            confirm=self._reads.confirm,
+            schedules=self._reads.schedules,
             keep=self.waiting,
             holding=set(self.by_shard),
             reread=self._catch_up.rereads(),
@@ -109,7 +124,9 @@ class Adds:
         without it, read in Redis)."""
         catch_up = self._catch_up
         inventory, partitions = self._store.inventory, self._partitions()
-        return not_whole(inventory, shards, catch_up.ends, catch_up.marks, partitions, looked)
+        return not_whole(
+            inventory, shards, catch_up.ends, catch_up.marks, partitions, looked, self._reads.logged
+        )
 
     def keep(self, kept: Sequence[tuple[Shard, Scheduled | Cancel]]) -> None:
         """Keep these cancels and replacements (:attr:`Added.kept`) until their topics are
@@ -162,8 +179,8 @@ class Adds:
             added = self._store.look_again(
                 ready,
                 self._partitions(),
-                confirm=self._confirm,
-                schedules=self._schedules,
+                confirm=self._reads.confirm,
+                schedules=self._reads.schedules,
                 holding=waiting,
             )
         except BridgeError as exc:  # Redis, or Kafka for the records the id index names

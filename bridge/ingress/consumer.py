@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -20,7 +19,7 @@ from bridge.catchup import CatchUp
 from bridge.config import Config
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
-from bridge.ingress.adds import Adds
+from bridge.ingress.adds import NO_READS, Adds, TopicReads
 from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
@@ -34,14 +33,10 @@ from bridge.message import Scheduled, wall_ms
 from bridge.metrics import Metrics
 from bridge.store import (
     Added,
-    Confirm,
     PerLane,
-    Schedules,
     Shard,
     Store,
     lane_firsts,
-    unconfirmed,
-    undated,
 )
 
 if TYPE_CHECKING:
@@ -49,18 +44,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class TopicReads:
-    """What the ingress reads in the delay topic while it stores (see :meth:`Store.add`):
-    ``confirm`` reads the schedules the id index points at, ``schedules`` the records default
-    delay-ids name (for their due times)."""
-
-    confirm: Confirm = unconfirmed
-    schedules: Schedules = undated
-
-
-NO_READS = TopicReads()  # nothing read: the id index's candidates stand unconfirmed
 
 COMMIT_INTERVAL_S = 1.0  # how often the lowest pending offsets are stored for the auto-commit
 # A batch Redis refused is read again after this long, the next value for each refusal in a row.
@@ -127,8 +110,7 @@ class Ingress:
                 store,
                 catch_up,
                 partitions=lambda: partition_counts(self._partitions(), self.assigned),
-                confirm=reads.confirm,
-                schedules=reads.schedules,
+                reads=reads,
                 report=lambda added: _report(added, metrics, dead_letters.journal, self._clock_ms),
                 kept=metrics.cancels_kept.set,
             ),

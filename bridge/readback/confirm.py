@@ -3,21 +3,28 @@
 The id index keeps a hash of each delay-id: a candidate the scripts cannot confirm from Redis (a
 reference, whose payload stays in Kafka; any record a cancel read in another partition names, its
 timestamp deciding too) is read in the delay topic here, by the ingress, before add.lua or
-withdraw.lua acts on it. One consumer, never a group member, made at the first read.
+withdraw.lua acts on it; and whether a partition's log holds records at all
+(:data:`bridge.store.Logged`). One consumer, never a group member, made at the first read.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from confluent_kafka import Message
 
 from bridge.dialects import parse_message
+from bridge.errors import KafkaFault
 from bridge.message import Rejected, Rules, Scheduled
 from bridge.readback.loop import parse_read_back
 from bridge.readback.reader import Reader
 from bridge.store import Shard
+
+logger = logging.getLogger(__name__)
+
+EMPTY_ASKED_AGAIN_S = 1.0  # a partition whose log held no records is asked again after this
 
 
 class IdReader:
@@ -35,6 +42,8 @@ class IdReader:
         self._reader: Reader | None = None
         self.rules = rules
         self._clock_ms = clock_ms
+        self._held: set[Shard] = set()  # partitions whose log was found to hold records
+        self._empty: dict[Shard, float] = {}  # found empty: asked again from this monotonic s
 
     def __call__(
         self, shard: Shard, asked: Sequence[tuple[int, int]]
@@ -88,6 +97,28 @@ class IdReader:
                 continue
             if isinstance(record, Scheduled):
                 out[offset] = record
+        return out
+
+    def logged(self, shards: Collection[Shard]) -> set[Shard]:
+        """Those of ``shards`` whose log holds records (:data:`bridge.store.Logged`), or that
+        Kafka did not say it of: a cancel waits on those. A partition found to hold records is not
+        asked again; one found empty is, a second on."""
+        now = time.monotonic()
+        out = {s for s in shards if s in self._held}
+        for shard in [s for s in shards if s not in out and self._empty.get(s, 0.0) <= now]:
+            if self._reader is None:
+                self._reader = self._new_reader()
+            try:
+                low, high = self._reader.bounds(shard)
+            except KafkaFault as exc:
+                logger.warning("%s; a cancel that found nothing waits for it", exc)
+                out.add(shard)
+                continue
+            if high > low:
+                self._held.add(shard)
+                out.add(shard)
+            else:
+                self._empty[shard] = now + EMPTY_ASKED_AGAIN_S
         return out
 
     def _read(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Message | None]:

@@ -48,6 +48,16 @@ class Reader:
             self._read_run(shard, run, found)
         return found
 
+    def bounds(self, shard: Shard, timeout_s: float = 2.0) -> tuple[int, int]:
+        """The partition's log start and end offsets, asked of its leader. Raises
+        :class:`KafkaFault` when Kafka does not answer."""
+        tp = TopicPartition(shard.topic, shard.partition)
+        try:
+            low, high = self.consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        except KafkaException as exc:
+            raise KafkaFault(f"the log bounds of {shard}: {exc}") from None
+        return int(low), int(high)
+
     def release(self) -> None:
         """Stop fetching until the next read: a consumer left assigned goes on fetching at the
         end of the log (fetches return at once: ~800 a second, a sixth of the broker's core)."""
@@ -112,11 +122,7 @@ class Reader:
                 found[offset] = None
             return len(wanted)
         if code in _GONE:  # the offset is outside the log: which ones are still in it?
-            tp = TopicPartition(shard.topic, shard.partition)
-            try:
-                low, high = self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-            except KafkaException as exc:
-                raise KafkaFault(f"read-back of {shard}: {exc}") from None
+            low, high = self.bounds(shard, 10)
             while i < len(wanted) and (wanted[i] < low or wanted[i] >= high):
                 found[wanted[i]] = None
                 i += 1

@@ -1,10 +1,9 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
-from bridge.store.across import Elsewhere, replaced_exactly
-from bridge.store.adding import not_whole
+from bridge.store.across import Elsewhere, not_whole, replaced_exactly
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
-from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
+from bridge.store.ids import Confirm, Logged, Schedules, id_hash, unconfirmed, undated, unlogged
 from bridge.store.inventory import due_counts
 from bridge.store.keys import (
     REFERENCE_BYTES,
@@ -41,6 +40,7 @@ __all__ = [
     "Claims",
     "Confirm",
     "Elsewhere",
+    "Logged",
     "Lost",
     "Lows",
     "PerLane",
@@ -70,4 +70,5 @@ __all__ = [
     "stored_record",
     "unconfirmed",
     "undated",
+    "unlogged",
 ]

@@ -17,11 +17,14 @@ A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a 
 in the partition it names, finds its record by offset and the due time it gives, or else the due
 time the record read at that offset asks for (:data:`bridge.store.ids.Schedules`), which add.lua
 checks (:func:`default_id_wheres`).
+
+A cancel that finds nothing anywhere while another partition of its topic is not whole in Redis
+(lost, or read again) is kept to look again: :func:`not_whole` says which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from bridge.message import (
@@ -34,7 +37,7 @@ from bridge.message import (
     parse_origin,
 )
 from bridge.store.calls import candidates_argv, withdraw_argv
-from bridge.store.ids import Confirm, Schedules
+from bridge.store.ids import Confirm, Logged, Schedules, unlogged
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, default_id_offset, offset_bytes, offset_of, where
 from bridge.store.scripts import CANDIDATES, WITHDRAW, Scripts
@@ -281,3 +284,47 @@ def default_id_wheres(
     promotions = inventory.promotions(shard) if wanted else None
     dues |= inventory.wholes(shard, wanted) if wanted else {}
     return {c: where(offset_bytes(o), dues[o]) for c, o in named.items()}, promotions
+
+
+def not_whole(
+    inventory: Inventory,
+    shards: Sequence[Shard],
+    reading: Callable[[], Collection[Shard]],
+    known: Mapping[Shard, int],
+    partitions: Mapping[str, int],
+    looked: Elsewhere | None = None,
+    logged: Logged = unlogged,
+) -> frozenset[Shard]:
+    """Those of ``shards`` whose topic has another partition Redis does not hold whole yet: one
+    ``reading`` (read here behind its end: after a rebuild, it has not reached the records a
+    cancel may name), one ``known`` (the caller's watermarks) whose watermark Redis lost since
+    (its rebuild is yet to start), one another replica reads again after Redis lost it, not yet
+    up to where it ended (meta "reread"), or one Redis holds no state of whose log holds records
+    (``logged``, read in Kafka): another replica's, lost, before its owner finds out. ``looked``:
+    what the caller's look in the other partitions just saw of them; without it, read in Redis
+    (``partitions``: each topic's partition count)."""
+    if not shards:
+        return frozenset()
+    topics = {s.topic for s in shards}
+    behind = {s.base() for s in reading()}
+    others = [s for s in known if s.topic in topics and s.base() not in behind]
+    mine = {s.base() for s in known}
+    if looked is not None:
+        behind |= {s.base() for s in others if s in looked.unstored}
+        behind |= {s.base() for s in looked.rereading if s.topic in topics}
+        unstored = {s.base() for s in looked.unstored if s.topic in topics}
+    else:
+        if others:
+            held = inventory.watermarks(others)
+            behind |= {s.base() for s in others if s not in held}
+        theirs = [
+            there
+            for topic in sorted(topics)
+            for p in range(partitions.get(topic, 0))
+            if (there := Shard(topic, p)) not in mine | behind
+        ]
+        rereading, unstored = inventory.rereading(theirs)
+        behind |= rereading
+    if unstored := unstored - mine - behind:
+        behind |= set(logged(sorted(unstored)))
+    return frozenset(s for s in shards if any(o.topic == s.topic and o != s.base() for o in behind))

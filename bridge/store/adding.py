@@ -341,45 +341,6 @@ def _looked_across(
         pipe.execute()
 
 
-def not_whole(
-    inventory: Inventory,
-    shards: Sequence[Shard],
-    reading: Callable[[], Collection[Shard]],
-    known: Mapping[Shard, int],
-    partitions: Mapping[str, int],
-    looked: Elsewhere | None = None,
-) -> frozenset[Shard]:
-    """Those of ``shards`` whose topic has another partition Redis does not hold whole yet: one
-    ``reading`` (read here behind its end: after a rebuild, it has not reached the records a
-    cancel may name), one ``known`` (the caller's watermarks) whose watermark Redis lost since
-    (its rebuild is yet to start), or one another replica reads again after Redis lost it, not
-    yet up to where it ended (meta "reread"). ``looked``: what the caller's look in the other
-    partitions just saw of them; without it, read in Redis (``partitions``: each topic's
-    partition count). A partition of another replica that lost its state and whose rebuild has
-    not started is not seen: it looks as one that never had any."""
-    if not shards:
-        return frozenset()
-    topics = {s.topic for s in shards}
-    behind = {s.base() for s in reading()}
-    others = [s for s in known if s.topic in topics and s.base() not in behind]
-    if looked is not None:
-        behind |= {s.base() for s in others if s in looked.unstored}
-        behind |= {s.base() for s in looked.rereading if s.topic in topics}
-    else:
-        if others:
-            held = inventory.watermarks(others)
-            behind |= {s.base() for s in others if s not in held}
-        mine = {s.base() for s in known} | behind
-        theirs = [
-            there
-            for topic in sorted(topics)
-            for p in range(partitions.get(topic, 0))
-            if (there := Shard(topic, p)) not in mine
-        ]
-        behind |= inventory.rereading(theirs)
-    return frozenset(s for s in shards if any(o.topic == s.topic and o != s.base() for o in behind))
-
-
 def _own_ids(confirm: Confirm, shard: Shard, offsets: Sequence[int]) -> dict[int, str]:
     """The delay-ids of the records of ``shard`` at ``offsets``, read in the delay topic ("": none
     read there), as add.lua's {"confirm", ...} asks for a reference's own: any record there."""

@@ -12,7 +12,7 @@ timestamp decides too).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bridge.message import Scheduled
 from bridge.store.keys import Shard
@@ -32,6 +32,10 @@ Confirm = Callable[[Shard, Sequence[tuple[int, int]]], Mapping[int, tuple[str, i
 # where the record a default delay-id names waits (its due time: a hint add.lua checks), its own
 # delay-id and its timestamp; an offset left out holds no schedule (gone from the log, or not one).
 Schedules = Callable[[Shard, Sequence[int]], Mapping[int, Scheduled]]
+# Of the partitions asked, those whose log holds records, read in Kafka: one Redis holds no state
+# of lost it (a partition with none never had any), so a cancel that found nothing waits for its
+# owner to read it again.
+Logged = Callable[[Collection[Shard]], Collection[Shard]]
 
 
 def id_hash(topic: str, delay_id: str) -> bytes:
@@ -47,6 +51,12 @@ def unconfirmed(shard: Shard, asked: Sequence[tuple[int, int]]) -> Mapping[int, 
     """The :data:`Confirm` of a store given none: a candidate that needs reading in Kafka is an
     error (the bridge's ingress always gives one; a test of the store alone gives its own)."""
     raise LookupError(f"{shard}: id index candidates {list(asked)} need reading in the delay topic")
+
+
+def unlogged(shards: Collection[Shard]) -> Collection[Shard]:
+    """The :data:`Logged` of a store given none (a test of the store alone): a partition Redis
+    holds no state of is taken to have never had any."""
+    return ()
 
 
 def undated(shard: Shard, asked: Sequence[int]) -> Mapping[int, Scheduled]:

@@ -260,11 +260,13 @@ class Inventory:
         """The ingest watermark of each shard that has one."""
         return {s: mark for s, (mark, _) in self.resume_points(shards).items()}
 
-    def rereading(self, shards: Sequence[Shard]) -> set[Shard]:
+    def rereading(self, shards: Sequence[Shard]) -> tuple[set[Shard], set[Shard]]:
         """Those of ``shards`` their owners read again after Redis lost them, not yet up to where
-        they ended (meta "reread", see add.lua)."""
-        flags = _each_meta(self.client, self.keys, shards, "hexists", "reread")
-        return {s for s, flag in zip(shards, flags, strict=True) if flag}
+        they ended (meta "reread", see add.lua); and those Redis holds no state of (no
+        watermark: lost, or never made)."""
+        replies = _each_meta(self.client, self.keys, shards, "hmget", ["ingested", "reread"])
+        pairs = list(zip(shards, replies, strict=True))
+        return {s for s, (_, flag) in pairs if flag}, {s for s, (mark, _) in pairs if mark is None}
 
     def reread_over(self, shards: Sequence[Shard]) -> None:
         """These shards were applied up to where their re-read ended: not :meth:`rereading`."""
@@ -337,9 +339,10 @@ class Inventory:
 
 
 def _each_meta(
-    client: redis.Redis, keys: Keys, shards: Sequence[Shard], command: str, field: str
+    client: redis.Redis, keys: Keys, shards: Sequence[Shard], command: str, field: str | list[str]
 ) -> list[Any]:
-    """The replies of a HASH ``command`` on the meta ``field`` of each shard, pipelined."""
+    """The replies of a HASH ``command`` on the meta ``field`` (or fields) of each shard,
+    pipelined."""
     if not shards:
         return []
     with as_store_error():

@@ -9,7 +9,7 @@ import pytest
 
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
-from bridge.ingress.adds import Adds
+from bridge.ingress.adds import Adds, TopicReads
 from bridge.message import H_DUE_AT, Cancel, Scheduled
 from bridge.store import AckBatch, Added, Elsewhere, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
@@ -447,7 +447,7 @@ def test_the_ingress_counts_the_cancels_it_keeps_and_asks_redis_once_a_second(
         store,
         catch_up,
         partitions=lambda: {"delay": 2},
-        confirm=confirm_from([rec(0, T0 + 5000, "job")]),
+        reads=TopicReads(confirm_from([rec(0, T0 + 5000, "job")])),
         kept=told.append,
         clock=lambda: now[0],
     )
@@ -483,7 +483,7 @@ def test_a_cancel_read_while_another_replicas_partition_is_read_again_waits_for_
         store,
         CatchUp(),  # this replica reads partition 0 alone
         partitions=lambda: {"delay": 2},
-        confirm=confirm_from([job]),
+        reads=TopicReads(confirm_from([job])),
         kept=told.append,
         clock=lambda: now[0],
     )
@@ -520,7 +520,7 @@ def test_a_replacement_read_while_another_partition_lost_its_state_replaces_once
         store,
         catch_up,
         partitions=lambda: {"delay": 2},
-        confirm=confirm_from([old]),
+        reads=TopicReads(confirm_from([old])),
         kept=told.append,
     )
     added = adds.add({SHARD: (0, [new])}, {}, None, 60_000)

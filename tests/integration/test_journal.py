@@ -619,6 +619,53 @@ def test_a_cancel_read_while_another_replicas_partition_is_rebuilt_still_withdra
     assert b"cancelled" not in counts, other.output()[-3000:]
 
 
+def test_a_cancel_read_before_another_replica_finds_its_partition_lost_still_withdraws_it(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Two replicas. A record with its own id waits in partition 2; Redis loses everything while
+    partition 2's owner is frozen (SIGSTOP, shorter than its session), so Redis has no word of
+    partition 2 at all — not even that it is read again. A cancel of the record is read by the
+    other replica meanwhile, in a partition it owns. Partition 2 looked like one that never had
+    a record, the cancel was done with, and the owner, back, rebuilt the record and delivered
+    it. The partition's log holds records, so its lost state is waited for: the cancel is kept
+    until the owner has read it again, and withdraws the record."""
+    pair = [setup.bridge("one").start(), setup.bridge("two").start()]
+    bridges.extend(pair)
+    wait_for(
+        lambda: all(metric(b, "delay_bridge_owned_partitions") > 0 for b in pair), 90, "both own"
+    )
+    target = setup.targets[0].encode()
+    owner = next(b for b in pair if _stored_by(setup, pair, 2, b))
+    other = pair[1 - pair.index(owner)]
+    mine = next(p for p in (0, 1) if _stored_by(setup, pair, p, other))
+    cancelled: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"cancelled", [(H_TARGET_TOPIC, target), (H_AFTER, b"15s"), (H_ID, b"o")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, cancelled)
+    wait_for(lambda: metric(owner, "delay_bridge_ingested_total") >= 2, 30, "the record stored")
+    not_found = 'delay_bridge_cancelled_total{result="not-found"}'
+    owner.signal(signal.SIGSTOP)
+    try:
+        assert wipe(setup) > 0
+        produce_to(setup.services.bootstrap, setup.delay, [(mine, None, [(H_CANCEL, b"o")])])
+        wait_for(
+            lambda: metric(other, "delay_bridge_cancels_kept") == 1 or metric(other, not_found) > 0,
+            10,
+            "the cancel read",
+        )
+    finally:
+        owner.signal(signal.SIGCONT)
+    after: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"16s")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = _counts_through(setup, b"after", 90)
+    assert b"cancelled" not in counts, other.output()[-3000:]
+    assert metric(other, not_found) == 0
+    assert metric(other, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    assert metric(other, "delay_bridge_cancels_kept") == 0
+
+
 def test_a_partition_read_again_up_to_a_transactions_marker_says_so_in_redis_when_it_ends(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

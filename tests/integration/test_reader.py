@@ -10,8 +10,9 @@ from confluent_kafka import Consumer
 
 from bridge.config import load, read_back_settings
 from bridge.readback import Reader
+from bridge.readback.confirm import IdReader
 from bridge.store import Shard
-from testbed.harness import produce_all
+from testbed.harness import produce_all, produce_to
 from tests.conftest import Services, TopicFactory, wait_for
 
 pytestmark = pytest.mark.integration
@@ -66,3 +67,21 @@ def test_a_reader_done_reading_leaves_the_broker_alone(
     sent = requests.over(read.consumer, 20)  # 2 s
     assert sent < 40, f"{sent} requests in 2 s with nothing to read"
     assert [m.value() for m in read.read(Shard(topic, 0), [2]).values() if m] == [b"v"]
+
+
+def test_which_partitions_hold_records_is_read_in_kafka(
+    services: Services, topics: TopicFactory, reader: tuple[Reader, Requests]
+) -> None:
+    """What a cancel that found nothing asks of the partitions Redis holds no state of: partition
+    0 holds records (Redis lost its state), partition 1 never had one. Once found to hold records,
+    a partition is not asked again; an empty one is, a second on."""
+    read, _ = reader
+    topic = topics("delay", 2)
+    produce_to(services.bootstrap, topic, [(0, b"v", [])])
+    ids = IdReader(lambda: read, load(None, {}).rules())
+    both = [Shard(topic, 0), Shard(topic, 1)]
+    assert ids.logged(both) == {Shard(topic, 0)}
+    assert read.bounds(Shard(topic, 0)) == (0, 1) and read.bounds(Shard(topic, 1)) == (0, 0)
+    produce_to(services.bootstrap, topic, [(1, b"v", [])])
+    assert ids.logged(both) == {Shard(topic, 0)}  # partition 1: asked again a second on
+    wait_for(lambda: ids.logged(both) == set(both), 5, "partition 1 asked again")

@@ -3,11 +3,13 @@ that found nothing is kept while its topic is not whole in Redis."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import cast
 
 from bridge.message import Cancel, Scheduled
 from bridge.store import Elsewhere, Shard
-from bridge.store.adding import not_whole, rounds
+from bridge.store.across import not_whole
+from bridge.store.adding import rounds
 from bridge.store.inventory import Inventory
 
 A, B = Shard("delay", 0), Shard("delay", 1)
@@ -48,8 +50,8 @@ class _Watermarks:
     def watermarks(self, shards: list[Shard]) -> dict[Shard, int]:
         return {s: self.held[s] for s in shards if s in self.held}
 
-    def rereading(self, shards: list[Shard]) -> set[Shard]:
-        return set(shards) & self._rereading
+    def rereading(self, shards: list[Shard]) -> tuple[set[Shard], set[Shard]]:
+        return set(shards) & self._rereading, {s for s in shards if s not in self.held}
 
 
 def test_a_cancel_that_found_nothing_is_kept_while_another_partition_is_not_whole() -> None:
@@ -86,3 +88,30 @@ def test_a_cancel_is_kept_while_another_replicas_partition_is_read_again() -> No
         not_whole(whole, [A], lambda: [], known, partitions, looked._replace(rereading=frozenset()))
         == frozenset()
     )
+
+
+def test_a_cancel_is_kept_while_another_replicas_partition_has_no_state_and_its_log_has_records() -> (
+    None
+):
+    """Redis lost a partition another replica owns, which has not found out yet: Redis holds no
+    state of it at all. Its log holding records (``logged``, read in Kafka) tells it from a
+    partition that never had any, which keeps nothing — whether the add's look saw it so, or
+    Redis says so when asked."""
+    c, d = Shard("delay", 2), Shard("delay", 3)
+    known = {A: 10, B: 20}
+    held = cast(Inventory, _Watermarks({**known, d: 5}))  # c: no state
+    partitions = {"delay": 4}
+    asked: list[list[Shard]] = []
+
+    def logged(shards: Collection[Shard]) -> set[Shard]:
+        asked.append(list(shards))
+        return {c} & set(shards)
+
+    assert not_whole(held, [A], lambda: [], known, partitions, logged=logged) == {A}
+    assert asked == [[c]]  # only the partition with no state is asked of Kafka
+    assert not_whole(held, [A], lambda: [], known, partitions, logged=lambda s: ()) == frozenset()
+    looked = Elsewhere({}, frozenset({c}))
+    assert not_whole(held, [A], lambda: [], known, partitions, looked, logged) == {A}
+    assert not_whole(held, [c], lambda: [], known, partitions, looked, logged) == frozenset()
+    empty = Elsewhere({}, frozenset())
+    assert not_whole(held, [A], lambda: [], known, partitions, empty, logged) == frozenset()
