@@ -31,19 +31,24 @@ class Registry:
 
     def mark_paused(self, claimed: Sequence[Claimed]) -> None:
         """Set :attr:`Claimed.paused` on the recurring schedules among ``claimed`` that their
-        shard's registry says are paused (one pipelined read, and none without a schedule)."""
-        schedules = [c for c in claimed if c.record.recurring]
-        if not schedules:
+        shard's registry says are paused (one HMGET a shard, pipelined; none without a schedule)."""
+        by_shard: dict[Shard, list[Claimed]] = {}
+        for c in claimed:
+            if c.record.recurring:
+                by_shard.setdefault(c.shard.base(), []).append(c)
+        if not by_shard:
             return
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
-            for c in schedules:
-                pipe.hget(
-                    self.keys.of(c.shard.base()).schedules, cast(str, field_of(c.record.delay_id))
+            for shard, schedules in by_shard.items():
+                fields = [cast(str, field_of(c.record.delay_id)) for c in schedules]
+                pipe.hmget(self.keys.of(shard).schedules, fields)
+            replies = cast(list[list[bytes | None]], pipe.execute())
+        for schedules, entries in zip(by_shard.values(), replies, strict=True):
+            for c, entry in zip(schedules, entries, strict=True):
+                c.paused = (
+                    entry is not None and entry.endswith(PAUSED) and not entry.startswith(b"-")
                 )
-            entries = cast(list[bytes | None], pipe.execute())
-        for c, entry in zip(schedules, entries, strict=True):
-            c.paused = entry is not None and entry.endswith(PAUSED) and not entry.startswith(b"-")
 
     def live(self, shards: Sequence[Shard], delay_id: str) -> list[Shard]:
         """The ``shards`` (of one delay topic) whose registry has a live schedule ``delay_id``."""
