@@ -111,10 +111,12 @@ class Membership:
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
+        unfinished: set[Shard] = set()  # read again after a loss by an earlier owner, part-way
         try:
             replaced = self.positions.bind(shards)
             points = self.store.inventory.resume_points(shards)
             retired = self.store.layout.retired(shards)
+            unfinished, _ = self.store.inventory.rereading(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from the rebuild points")
             points = {}
@@ -148,9 +150,11 @@ class Membership:
         # second apart), and Redis lost them since; the journal says what of them is settled.
         rolled_back = self.positions.lost_while_away(marks, ends, starts)
         stored = [s for s in shards if s not in replaced]
+        # A re-read an earlier owner left part-way (meta "reread") goes on as one: what the
+        # journal says is settled of the rest is left out, whatever the group's commit says.
         self.reading_again(
             starts,
-            again=[s for s in stored if s not in marks or s in rolled_back],
+            again=[s for s in stored if s not in marks or s in rolled_back or s in unfinished],
             rolled_back=rolled_back,
         )
         self.positions.assigned.update(shards)

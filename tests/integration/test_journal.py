@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 import redis
-from confluent_kafka import Consumer, Producer, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -46,6 +46,7 @@ from bridge.message import (
     Headers,
     wire_headers,
 )
+from bridge.positions import commit_of
 from bridge.store import Shard, Store
 from bridge.store.keys import Keys
 from testbed.harness import (
@@ -60,6 +61,7 @@ from testbed.harness import (
     roll_back,
     snapshot_keys,
     wipe,
+    with_session_timeout,
 )
 from tests.conftest import ROOT, TopicFactory, wait_for
 
@@ -664,6 +666,78 @@ def test_a_cancel_read_before_another_replica_finds_its_partition_lost_still_wit
     assert metric(other, not_found) == 0
     assert metric(other, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
     assert metric(other, "delay_bridge_cancels_kept") == 0
+
+
+def test_a_rebuild_cut_short_by_a_sigkill_goes_on_with_the_journal_after_the_restart(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Redis loses everything; the bridge reads partition 0 again from its rebuild point,
+    leaving out what the journal says was delivered, and is SIGKILLed part-way (20 records a
+    batch, 20,000 waiting ahead of the 100 delivered). The group's commit is at the re-read's
+    position, as an owner's that committed there leaves it. The next owner resumes from what
+    Redis holds, which the re-read left (meta "reread"): it goes on as a re-read, with the
+    journal, and the 100 are not delivered again. Resumed as a plain read (Redis and the
+    commit agreeing), each was delivered twice."""
+    slow = {"ingress__batch_size": "20"}
+    first = with_session_timeout(setup, setup.bridge(**slow), "6000", "1000").start()
+    bridges.append(first)
+    wait_for(lambda: first.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    waiting: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"waits", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]) for _ in range(20_000)
+    ]
+    due: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"due-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"2s")]) for i in range(100)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, [*waiting, *due])
+    assert all(n == 1 for n in _counts_through(setup, b"due-99", 60).values() if n)
+    wait_for(lambda: metric(first, "delay_bridge_journal_written_total") >= 100, 30, "journaled")
+    meta = Keys(f"test-{setup.unique}").of(Shard(setup.delay, 0)).meta
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        assert wipe(setup) > 0
+        wait_for(
+            lambda: (
+                _field(client, meta, "reread") is not None
+                and int(_field(client, meta, "ingested") or -1) >= 100
+            ),
+            30,
+            "partition 0 read again part-way",
+        )
+        first.kill()
+        mark = int(_field(client, meta, "ingested") or -1)
+        assert mark < 20_000 and _field(client, meta, "reread") is not None
+    finally:
+        client.close()
+    group = Consumer(
+        {"bootstrap.servers": setup.services.bootstrap, "group.id": f"bridge-{setup.unique}"}
+    )
+    try:  # once the killed member's session is over, the group is empty and takes it
+        wait_for(
+            lambda: _committed_at(group, commit_of(Shard(setup.delay, 0), mark + 1, 0)),
+            30,
+            "the commit at the re-read's position",
+        )
+    finally:
+        group.close()
+    again = setup.bridge(**slow).start()
+    bridges.append(again)
+    after: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"1s")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = _counts_through(setup, b"after", 120)
+    twice = [v for v, n in counts.items() if v and v.startswith(b"due-") and n > 1]
+    assert not twice, again.output()[-3000:]
+
+
+def _committed_at(group: Consumer, tp: TopicPartition) -> bool:
+    """Commit ``tp`` for the group; whether Kafka took it (not while a member holds it)."""
+    try:
+        group.commit(offsets=[tp], asynchronous=False)
+    except KafkaException:
+        return False
+    return True
 
 
 def test_a_partition_read_again_up_to_a_transactions_marker_says_so_in_redis_when_it_ends(
