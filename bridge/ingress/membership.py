@@ -252,6 +252,7 @@ class Membership:
         journal says is settled since; those ``rolled_back`` also have what Redis put back
         forgotten (bridge.ingress.settled)."""
         reread: dict[Shard, int] = {}
+        ends: dict[Shard, int] = {}
         for shard, asked in starts.items():
             tp = TopicPartition(shard.topic, shard.partition)
             try:
@@ -269,9 +270,9 @@ class Membership:
             start = asked if asked >= 0 else low
             self.catch_up.start(shard, start, end, again=shard in again)
             if shard in again and start < end:
-                reread[shard] = start
+                reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
-        self.settled.load(reread, rolled_back)
+        self.settled.load(reread, rolled_back, ends)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

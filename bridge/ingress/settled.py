@@ -49,11 +49,21 @@ class Settled:
         self._last: dict[Shard, int] = {}
         # The origins of the records that replaced one of those, by the offset they replaced.
         self._replaced_by: dict[Shard, dict[int, str]] = {}
+        # The offsets the journal holds another fate of (delivered, cancelled, dead-lettered),
+        # before the start too: a record read again that replaces one of them exactly came too
+        # late for it, as add.lua would have found had Redis known it (its state's floor).
+        self._left: dict[Shard, frozenset[int]] = {}
 
-    def load(self, starts: Mapping[Shard, int], rolled_back: Collection[Shard] = ()) -> None:
-        """These partitions are read again from these offsets: learn what of them is settled.
-        Those ``rolled_back`` (Redis lost writes it had taken) also have what the journal holds
-        of their records before the start forgotten in Redis, before their claims resume."""
+    def load(
+        self,
+        starts: Mapping[Shard, int],
+        rolled_back: Collection[Shard] = (),
+        ends: Mapping[Shard, int] | None = None,
+    ) -> None:
+        """These partitions are read again from these offsets (up to ``ends``, where each
+        partition ended then): learn what of them is settled. Those ``rolled_back`` (Redis lost
+        writes it had taken) also have what the journal holds of their records before the start
+        forgotten in Redis, before their claims resume."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
@@ -77,10 +87,12 @@ class Settled:
                 replaced = {e.offset: e.by for e in entries if e.fate == Fate.REPLACED}
                 bys = [parse_origin(by) for by in replaced.values()]
                 here = [p[2] for p in bys if p and p[:2] == (shard.topic, shard.partition)]
-                ends = [*offsets, *here]
-                if ends:
-                    self._offsets[shard], self._last[shard] = offsets, max(ends)
-                    self._replaced_by[shard] = replaced
+                left = frozenset(e.offset for e in entries if e.fate != Fate.REPLACED)
+                end = (ends or {}).get(shard, 0) - 1  # a copy read up to there may be late
+                last = [*offsets, *here, *([end] if left and end >= 0 else [])]
+                if last:
+                    self._offsets[shard], self._last[shard] = offsets, max(last)
+                    self._replaced_by[shard], self._left[shard] = replaced, left
                 if offsets:
                     logger.info(
                         "%s[%d] is read again from offset %d; the journal holds the fate of "
@@ -136,12 +148,28 @@ class Settled:
         for shard in [s for s in stored if s in self._offsets]:
             high, records = stored[shard]
             settled = self._offsets[shard]
-            kept = [r for r in records if r.offset not in settled or isinstance(r, Cancel)]
+            kept = [
+                r
+                for r in records
+                if isinstance(r, Cancel) or (r.offset not in settled and not self._late(shard, r))
+            ]
             dropped += len(records) - len(kept)
             stored[shard] = (high, [self._replacing(shard, r) for r in kept])
             if high >= self._last[shard]:
                 self.forget({shard})
         return dropped
+
+    def _late(self, shard: Shard, record: Scheduled) -> bool:
+        """Whether ``record`` replaces exactly (``delay-replaces``: an operator's fire or
+        reschedule) a record whose fate the journal holds, but for being replaced by it: that
+        record left before this one came, and this one is nothing (see add.lua)."""
+        named = replaced_exactly(shard, record)
+        if named is None:
+            return False
+        if named in self._left.get(shard, ()):
+            return True
+        by = self._replaced_by[shard].get(named)
+        return by is not None and by != origin(shard.topic, shard.partition, record.offset)
 
     def _replacing(self, shard: Shard, record: Scheduled | Cancel) -> Scheduled | Cancel:
         """``record``, or when it replaced exactly a record this re-read leaves out (the journal
@@ -162,3 +190,4 @@ class Settled:
         """These partitions are no longer read here."""
         for shard in shards & set(self._offsets):
             del self._offsets[shard], self._last[shard], self._replaced_by[shard]
+            self._left.pop(shard, None)

@@ -42,6 +42,7 @@ from bridge.message import (
     H_ID,
     H_MAX_LATENESS,
     H_PRODUCED,
+    H_REPLACES,
     H_TARGET_TOPIC,
     Headers,
     wire_headers,
@@ -64,6 +65,7 @@ from testbed.harness import (
     with_session_timeout,
 )
 from tests.conftest import ROOT, TopicFactory, wait_for
+from tests.integration.test_recovery import committed
 
 pytestmark = pytest.mark.integration
 
@@ -738,6 +740,52 @@ def _committed_at(group: Consumer, tp: TopicPartition) -> bool:
     except KafkaException:
         return False
     return True
+
+
+def test_a_copy_whose_record_was_delivered_before_it_came_stays_out_of_a_rebuild(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """An operator fired a record (``delay-bridge fire``: a copy due now that replaces exactly
+    the record at its origin) just after the record was delivered: the copy came too late, and is
+    not stored. Redis loses everything; the rebuild starts past the record (the rebuild point
+    is a later record still waiting), so Redis cannot know the copy came too late — the journal
+    does, and the copy stays out. Stored, it was delivered: twice what the operator fired once."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    first: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"fired", [(H_TARGET_TOPIC, target), (H_AFTER, b"1s")]),
+        (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]),  # the rebuild point
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, first)
+    assert _counts_through(setup, b"fired", 60)[b"fired"] == 1
+    wait_for(lambda: committed(setup)[1] == 1, 30, "the rebuild point past the delivered record")
+    copy: list[tuple[int, bytes | None, Headers]] = [
+        (
+            0,
+            b"the copy",
+            [
+                (H_TARGET_TOPIC, target),
+                (H_AFTER, b"1s"),
+                (H_ID, f"{setup.delay}:0:0".encode()),  # the command line's copy: its id
+                (H_REPLACES, f"{setup.delay}:0:0".encode()),
+            ],
+        ),
+        (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"2s")]),
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, copy)
+    assert b"the copy" not in _counts_through(setup, b"after", 60)  # too late: not stored
+    wait_for(lambda: committed(setup)[0] == 4, 30, "the copy and the marker committed")
+    assert wipe(setup) > 0
+    wait_for(lambda: metric(bridge, "delay_bridge_rebuilds_total") >= 1, 30, "the rebuild")
+    marker: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"after the rebuild", [(H_TARGET_TOPIC, target), (H_AFTER, b"2s")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, marker)
+    counts = _counts_through(setup, b"after the rebuild", 60)
+    assert b"the copy" not in counts, bridge.output()[-3000:]
+    assert counts[b"fired"] == counts[b"after"] == 1
 
 
 def test_a_partition_read_again_up_to_a_transactions_marker_says_so_in_redis_when_it_ends(
