@@ -17,11 +17,11 @@ Run it from two checkouts, one after the other and back, to compare code with co
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 
 from bench.local import drop, local_store
+from bench.schedule_memory import RULES
 from bridge.egress.failures import InFlight
 from bridge.egress.recurring import sending
 from bridge.message import (
@@ -30,21 +30,11 @@ from bridge.message import (
     H_ID,
     H_TARGET_TOPIC,
     Headers,
-    Rules,
     Scheduled,
     parse,
-    parse_duration_ms,
 )
 from bridge.store import Claimed, Shard
 
-RULES = Rules(
-    delay_topics=frozenset({"delay"}),
-    default_targets={},
-    allowed_targets=(re.compile(".*"),),
-    dead_letter="delay.dlq",
-    max_delay_ms=parse_duration_ms("365d"),
-    max_record_bytes=1_000_000,
-)
 SHARDS = 3
 
 

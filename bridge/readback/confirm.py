@@ -106,10 +106,8 @@ class IdReader:
         now = time.monotonic()
         out = {s for s in shards if s in self._held}
         for shard in [s for s in shards if s not in out and self._empty.get(s, 0.0) <= now]:
-            if self._reader is None:
-                self._reader = self._new_reader()
             try:
-                low, high = self._reader.bounds(shard)
+                low, high = self._made().bounds(shard)
             except KafkaFault as exc:
                 logger.warning("%s; a cancel that found nothing waits for it", exc)
                 out.add(shard)
@@ -121,13 +119,18 @@ class IdReader:
                 self._empty[shard] = now + EMPTY_ASKED_AGAIN_S
         return out
 
-    def _read(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Message | None]:
+    def _made(self) -> Reader:
+        """The reader, made at its first use."""
         if self._reader is None:
             self._reader = self._new_reader()
+        return self._reader
+
+    def _read(self, shard: Shard, offsets: Sequence[int]) -> Mapping[int, Message | None]:
+        reader = self._made()
         try:
-            return self._reader.read(shard, offsets)
+            return reader.read(shard, offsets)
         finally:
-            self._reader.release()
+            reader.release()
 
     def close(self) -> None:
         """Close the consumer, if one was made."""
