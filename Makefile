@@ -76,8 +76,8 @@ unit: $(STAMP)
 # three-broker cluster's tests (a Kafka and Redis of their own), the unit tests, the store's
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
-# (early is early however busy the machine), a record's identity, the dialects and the recurring
-# schedules (their margins are seconds): none checks a time to the millisecond — and every other
+# (early is early however busy the machine), a record's identity, the dialects, the recurring
+# schedules and the cancels read beside a rebuild (their margins are seconds): none checks a time to the millisecond — and every other
 # test on the session's services,
 # the chaos scenarios last (their checks of lateness want the machine to themselves: BESIDE is
 # long done by then). BESIDE's report is printed after the other's (build/test-beside.log).
@@ -92,7 +92,7 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
   tests/integration/test_dialects.py tests/integration/test_cancel_pipeline.py \
   tests/integration/test_recurring.py tests/integration/test_testbed.py \
-  tests/integration/test_recovery.py
+  tests/integration/test_recovery.py tests/integration/test_rebuild_cancels.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
