@@ -111,16 +111,16 @@ class Membership:
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
-        unfinished: set[Shard] = set()  # read again after a loss by an earlier owner, part-way
         try:
             replaced = self.positions.bind(shards)
             points = self.store.inventory.resume_points(shards)
             retired = self.store.layout.retired(shards)
-            unfinished, _ = self.store.inventory.rereading(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from the rebuild points")
             points = {}
-        marks = {s: mark for s, (mark, _) in points.items()}
+        marks = {s: point.mark for s, point in points.items()}
+        # Read again after a loss by an earlier owner, part-way.
+        unfinished = {s for s, point in points.items() if point.reread}
         unknown, never, ends = self._read_commits([s for s in shards if s not in replaced], marks)
         # Redis knows what it holds: resume right after it, which skips re-reading records
         # already stored (or delivered) when the last commit was lost in a crash — or at what it
@@ -130,7 +130,7 @@ class Membership:
             if shard in replaced:
                 tp.offset = OFFSET_BEGINNING
             elif shard in marks:
-                tp.offset = points[shard][1]
+                tp.offset = points[shard].start
                 self.positions.marks[shard] = marks[shard]
                 if tp.offset <= marks[shard]:
                     self.positions.resumed[shard] = tp.offset

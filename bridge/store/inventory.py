@@ -10,7 +10,7 @@ import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 
@@ -34,6 +34,16 @@ from bridge.store.scripts import CANDIDATES, Scripts
 ALL = 2**62  # a limit that is none
 SCAN_COUNT = 1000  # members a ZSCAN call asks for
 SCAN_CHUNKS = 4  # reference chunks an HMGET of a scan reads (up to 1,023 references each)
+
+
+class ResumePoint(NamedTuple):
+    """Where an owner of a shard goes on: its watermark, the offset to read from, and whether an
+    earlier owner was reading it again after Redis lost it, not yet up to where it ended (meta
+    "reread", see add.lua)."""
+
+    mark: int
+    start: int
+    reread: bool = False
 
 
 class Inventory:
@@ -258,7 +268,7 @@ class Inventory:
 
     def watermarks(self, shards: Sequence[Shard]) -> dict[Shard, int]:
         """The ingest watermark of each shard that has one."""
-        return {s: mark for s, (mark, _) in self.resume_points(shards).items()}
+        return {s: point.mark for s, point in self.resume_points(shards).items()}
 
     def rereading(self, shards: Sequence[Shard]) -> tuple[set[Shard], set[Shard]]:
         """Those of ``shards`` their owners read again after Redis lost them, not yet up to where
@@ -272,20 +282,20 @@ class Inventory:
         """These shards were applied up to where their re-read ended: not :meth:`rereading`."""
         _each_meta(self.client, self.keys, shards, "hdel", "reread")
 
-    def resume_points(self, shards: Sequence[Shard]) -> dict[Shard, tuple[int, int]]:
-        """For each shard that has a watermark: it, and the offset to read from — the one after
-        it, or the lowest cancel or replacement add.lua keeps until it is looked for in the
-        topic's other partitions (meta "withdrawing"), which the next add hands back."""
+    def resume_points(self, shards: Sequence[Shard]) -> dict[Shard, ResumePoint]:
+        """For each shard that has a watermark, where to go on (:class:`ResumePoint`): the offset
+        after the watermark, or the lowest cancel or replacement add.lua keeps until it is looked
+        for in the topic's other partitions (meta "withdrawing"), which the next add hands back."""
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
-                pipe.hmget(self.keys.of(shard).meta, ["ingested", "withdrawing"])
+                pipe.hmget(self.keys.of(shard).meta, ["ingested", "withdrawing", "reread"])
             values = pipe.execute()
-        out: dict[Shard, tuple[int, int]] = {}
-        for shard, (mark, left) in zip(shards, values, strict=True):
+        out: dict[Shard, ResumePoint] = {}
+        for shard, (mark, left, reread) in zip(shards, values, strict=True):
             if mark is not None:
                 kept = [int(t.split(b":")[0]) for t in (left or b"").split()]
-                out[shard] = (int(mark), min([int(mark) + 1, *kept]))
+                out[shard] = ResumePoint(int(mark), min([int(mark) + 1, *kept]), bool(reread))
         return out
 
     def stored_shards(self, topic: str) -> list[Shard]:
