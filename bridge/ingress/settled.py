@@ -53,6 +53,9 @@ class Settled:
         # before the start too: a record read again that replaces one of them exactly came too
         # late for it, as add.lua would have found had Redis known it (its state's floor).
         self._left: dict[Shard, frozenset[int]] = {}
+        # The offsets the journal holds delivered: a recurring schedule's record among them is
+        # carried on (or ended) by a record after it, so the registry has the schedule there.
+        self._delivered: dict[Shard, frozenset[int]] = {}
 
     def load(
         self,
@@ -93,6 +96,9 @@ class Settled:
                 if last:
                     self._offsets[shard], self._last[shard] = offsets, max(last)
                     self._replaced_by[shard], self._left[shard] = replaced, left
+                    self._delivered[shard] = frozenset(
+                        e.offset for e in entries if e.fate == Fate.DELIVERED and e.offset >= start
+                    )
                 if offsets:
                     logger.info(
                         "%s[%d] is read again from offset %d; the journal holds the fate of "
@@ -143,21 +149,39 @@ class Settled:
 
     def drop(self, stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]]) -> int:
         """Leave out of ``stored`` (a batch's records by partition, with the highest offset
-        read) the settled ones; returns how many."""
+        read) the settled ones; returns how many. A recurring schedule's record whose step was
+        delivered leaves a :attr:`Cancel.left_out` in its place: the schedule is at that record
+        until the one carrying it on is read, as the registry had it before Redis lost it (a
+        cancel read meanwhile in another partition ends it there)."""
         dropped = 0
         for shard in [s for s in stored if s in self._offsets]:
             high, records = stored[shard]
             settled = self._offsets[shard]
-            kept = [
-                r
-                for r in records
-                if isinstance(r, Cancel) or (r.offset not in settled and not self._late(shard, r))
-            ]
-            dropped += len(records) - len(kept)
-            stored[shard] = (high, [self._replacing(shard, r) for r in kept])
+            kept: list[Scheduled | Cancel] = []
+            for r in records:
+                if isinstance(r, Cancel) or (r.offset not in settled and not self._late(shard, r)):
+                    kept.append(self._replacing(shard, r))
+                    continue
+                dropped += 1
+                left = self._left_out(shard, r)
+                if left is not None:
+                    kept.append(left)
+            stored[shard] = (high, kept)
             if high >= self._last[shard]:
                 self.forget({shard})
         return dropped
+
+    def _left_out(self, shard: Shard, record: Scheduled) -> Cancel | None:
+        """What stands for ``record``, left out, in the store: a schedule's record with its own
+        delay-id whose step the journal holds delivered is where the schedule is."""
+        if not record.recurring or record.offset not in self._delivered.get(shard, ()):
+            return None
+        given = record.given_id(shard.topic, shard.partition)
+        if given is None:
+            return None
+        return Cancel(
+            record.offset, given, record.timestamp_ms, left_out=record.carried_on_paused()
+        )
 
     def _late(self, shard: Shard, record: Scheduled) -> bool:
         """Whether ``record`` replaces exactly (``delay-replaces``: an operator's fire or
@@ -191,3 +215,4 @@ class Settled:
         for shard in shards & set(self._offsets):
             del self._offsets[shard], self._last[shard], self._replaced_by[shard]
             self._left.pop(shard, None)
+            self._delivered.pop(shard, None)

@@ -202,6 +202,11 @@ class Scheduled:
             return None
         return None if self.delay_id == origin(topic, partition, self.offset) else self.delay_id
 
+    def carried_on_paused(self) -> bool:
+        """Whether the bridge carried its schedule on while the schedule was paused (its
+        ``delay-paused`` on a record that continues another)."""
+        return self.continues is not None and any(k == H_PAUSED for k, _ in self.headers)
+
     @property
     def dead_letter(self) -> bool:
         """Whether it goes to the DLQ at its due time (see :func:`dead_letter_when_due`): its
@@ -270,6 +275,11 @@ class Cancel:
     # Not a cancel but the end of the schedule with ``delay_id`` at the record at this offset
     # (``delay-ended``, written by the bridge with its last occurrence): it withdraws nothing.
     ends: int | None = field(default=None, compare=False)
+    # Not a cancel but a schedule's record with this delay-id that a re-read left out, its step
+    # delivered (the journal says so: bridge.ingress.settled): the schedule is at this record,
+    # and the record carrying it on (or ending it) follows. True: it was carried on paused. It
+    # withdraws nothing.
+    left_out: bool | None = field(default=None, compare=False)
 
     def each(self) -> list[Cancel]:
         """One cancel per delay-id the record names, in its order."""

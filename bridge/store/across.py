@@ -221,8 +221,10 @@ def named_by_default(shard: Shard, batch: Sequence[Scheduled | Cancel]) -> Named
     for i, c in enumerate(batch):
         if isinstance(c, Scheduled) and c.default_of is not None:
             continue  # its own default id (the parser says so): no other record's
-        if isinstance(c, Cancel) and (c.hold is not None or c.ends is not None):
-            continue  # a pause, a resume or an end: it names a schedule, never by a default id
+        if isinstance(c, Cancel) and (
+            c.hold is not None or c.ends is not None or c.left_out is not None
+        ):
+            continue  # a pause, a resume, an end, a record left out: never by a default id
         o = replaced_exactly(shard, c)
         if o is None:
             o = default_id_offset(shard, c.delay_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bridge.message import H_PAUSED, Cancel, Scheduled
+from bridge.message import Cancel, Scheduled
 from bridge.store.across import (
     Elsewhere,
     Found,
@@ -91,6 +91,9 @@ def add_call(
             elif rec.ends is not None:  # a schedule's end, at the record it continues
                 where = b"e"
                 entries.recurring.append((rec.offset, rec.ends, ""))
+            elif rec.left_out is not None:  # a schedule's record a re-read left out
+                where = b"s"
+                entries.recurring.append((rec.offset, "", "1" if rec.left_out else ""))
             hashed = id_hash(shard.topic, rec.delay_id)
             entries.items.append((rec.offset, "", where, rec.delay_id, hashed))
             entries.targets.append("")
@@ -109,9 +112,9 @@ def add_call(
         hashed = id_hash(shard.topic, given) if given else b""
         entries.items.append((rec.offset, at, stored, given, hashed))
         if rec.recurring and given:
-            paused = rec.continues is not None and any(k == H_PAUSED for k, _ in rec.headers)
+            paused = "1" if rec.carried_on_paused() else ""
             entries.recurring.append(
-                (rec.offset, "" if rec.continues is None else rec.continues, "1" if paused else "")
+                (rec.offset, "" if rec.continues is None else rec.continues, paused)
             )
     return (
         ADD.keys(k),

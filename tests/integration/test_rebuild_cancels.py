@@ -369,22 +369,16 @@ def _stored_by(setup: Setup, pair: list[Bridge], partition: int, which: Bridge) 
     return metric(which, "delay_bridge_ingested_total") > before[pair.index(which)]
 
 
-def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out(
-    setup: Setup, bridges: list[Bridge]
-) -> None:
-    """Partition 0 holds a record waiting an hour (its commit's rebuild point) and a schedule
-    whose occurrence was delivered (the journal says so); then a cancel of the schedule, and the
-    record the egress wrote to carry it on, produced after the cancel while that was unread (the
-    adversary's long seed 4). Redis loses everything: the re-read leaves the schedule's record out
-    as the journal says, so the registry has no word of the schedule when the cancel comes and the
-    cancel finds nothing. It must end the schedule all the same: the record carrying it on was
-    stored, and its occurrence delivered after the cancel."""
+def _a_step_journaled(setup: Setup, bridges: list[Bridge]) -> tuple[Headers, int]:
+    """A bridge stores, in partition 0, a record waiting an hour (its commit's rebuild point) and
+    at offset 1 a schedule "poll" (every hour), and stops; then the journal says the schedule's
+    step at offset 1 was delivered. Returns the schedule's headers and when it was produced."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
     now = int(time.time() * 1000)
-    every = [(H_TARGET_TOPIC, target), (H_EVERY, b"1h"), (H_ID, b"poll")]
+    every: Headers = [(H_TARGET_TOPIC, target), (H_EVERY, b"1h"), (H_ID, b"poll")]
     produce_to(
         setup.services.bootstrap,
         setup.delay,
@@ -396,6 +390,28 @@ def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
     bridge.signal(signal.SIGTERM)
     assert bridge.wait(30) == 0
+    producer = Producer(  # the journal's partitioner: its entries where the bridge reads them
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
+    delivered = Entry(Fate.DELIVERED, 1, "poll", now, now, setup.targets[0], 0, 0)
+    key, value, headers = encode_entries(setup.delay, 0, [delivered], "")
+    produce(producer, setup.journal, key=key, value=value, headers=headers)
+    assert producer.flush(30) == 0
+    return every, now
+
+
+def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Partition 0 holds a record waiting an hour (its commit's rebuild point) and a schedule
+    whose occurrence was delivered (the journal says so); then a cancel of the schedule, and the
+    record the egress wrote to carry it on, produced after the cancel while that was unread (the
+    adversary's long seed 4). Redis loses everything: the re-read leaves the schedule's record out
+    as the journal says, so the registry has no word of the schedule when the cancel comes and the
+    cancel finds nothing. It must end the schedule all the same: the record carrying it on was
+    stored, and its occurrence delivered after the cancel."""
+    every, now = _a_step_journaled(setup, bridges)
+    target = setup.targets[0].encode()
     carried = [*every, (H_PRODUCED, str(now).encode()), (H_DELIVER_AT, str(now + 5000).encode())]
     produce_to(
         setup.services.bootstrap,
@@ -406,16 +422,50 @@ def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out
             (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"8s")]),
         ],
     )
-    producer = Producer(  # the journal's partitioner: its entries where the bridge reads them
-        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
-    )
-    delivered = Entry(Fate.DELIVERED, 1, "poll", now, now, setup.targets[0], 0, 0)
-    key, value, headers = encode_entries(setup.delay, 0, [delivered], "")
-    produce(producer, setup.journal, key=key, value=value, headers=headers)
-    assert producer.flush(30) == 0
     assert wipe(setup) > 0
     again = setup.bridge("again").start()
     bridges.append(again)
     counts = counts_through(setup, b"after", 90)
     assert "the journal holds the fate of 1 records since" in again.output()
+    assert b"carried" not in counts, again.output()[-3000:]
+
+
+def test_a_cancel_from_another_partition_ends_a_schedule_whose_record_a_rebuild_left_out(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Partition 0 holds a schedule whose step was delivered (the journal says so), and Redis
+    loses everything before the record carrying the schedule on is written: its transaction
+    commits after the re-read of partition 0 found where the partition ends (what is in flight
+    commits before the journal is read). The re-read leaves the schedule's record out, as the
+    journal says; a cancel of the schedule read in partition 1 found no word of it anywhere,
+    and the record carrying it on, read after, was stored and its occurrences delivered (the
+    adversary with two replicas, seed 2, exactly once: a schedule cancelled from another
+    partition went on). The registry has the schedule at the record left out, as it had before
+    Redis lost it: the cancel ends it there, and the record carrying it on is nothing."""
+    every, now = _a_step_journaled(setup, bridges)
+    target = setup.targets[0].encode()
+    assert wipe(setup) > 0
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready again")
+    wait_for(
+        lambda: "the journal holds the fate of 1 records since" in again.output(), 30, "re-read"
+    )
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(1, None, [(H_CANCEL, b"poll")]), (1, b"read", [(H_TARGET_TOPIC, target)])],
+    )
+    assert counts_through(setup, b"read", 60)[b"read"] == 1
+    carried = [*every, (H_PRODUCED, str(now).encode())]
+    due = str(int(time.time() * 1000) + 3000).encode()
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"carried", [*carried, (H_DELIVER_AT, due), (H_CONTINUES, b"1")]),
+            (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")]),
+        ],
+    )
+    counts = counts_through(setup, b"after", 90)
     assert b"carried" not in counts, again.output()[-3000:]

@@ -361,3 +361,26 @@ def test_a_schedule_with_an_ended_ones_id_goes_on_when_its_record_was_left_out(
     assert add(store, schedule(7, T0 + 1000, continues=5))[0] == 1
     assert delivered(store, T0 + 1000) == [7]
     assert counts(store) == (1, 0)
+
+
+def test_a_schedules_record_left_out_by_a_rebuild_is_where_the_schedule_is(store: Store) -> None:
+    """A rebuilt state: the schedule's record at 2 was left out (its step delivered, the journal
+    says so) and stands as a marker. The registry has the schedule there, paused as its record
+    was carried on, so a cancel read in another partition ends it, and the record carrying it
+    on is nothing; without the cancel, that record is stored."""
+    other = Shard(SHARD.topic, 1)
+    for cancelled in (True, False):
+        each = Store(store.client, f"{store.prefix}-{cancelled}")
+        add(each, one_shot(0, T0 + 3_600_000, sid="pin"))
+        assert add(each, Cancel(2, "poll", left_out=True)) == (0, ())
+        assert counts(each) == (1, 1)
+        if cancelled:
+            cancel = Cancel(0, "poll", timestamp_ms=T0)
+            each.add(
+                {other: (0, [cancel])},
+                partitions={"delay": 2},
+                confirm=confirm_from([schedule(2, T0)]),
+            )
+            assert counts(each) == (0, 0)
+        assert add(each, schedule(4, T0 + 1000, continues=2))[0] == (0 if cancelled else 1)
+        assert delivered(each, T0 + 1000) == ([] if cancelled else [4])

@@ -10,7 +10,7 @@ import pytest
 from bridge.errors import BridgeError
 from bridge.ingress import Settled
 from bridge.journal import Entry, Fate, JournalReader
-from bridge.message import H_REPLACES, Cancel, Scheduled
+from bridge.message import H_PAUSED, H_REPLACES, Cancel, Scheduled, origin
 from bridge.store import Shard, Store
 
 A, B = Shard("delay", 0), Shard("delay", 1)
@@ -65,6 +65,29 @@ def test_a_cancel_is_never_left_out() -> None:
     settled.load({A: 0})
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (7, [Cancel(7, "x")])}
     assert settled.drop(stored) == 0 and len(stored[A][1]) == 1
+
+
+def test_a_schedules_record_left_out_says_where_the_schedule_is() -> None:
+    """A recurring schedule's record with its own delay-id whose step the journal holds
+    delivered is not stored, but stands in the batch as where the schedule is (add.lua's
+    registry); a one-shot record, and a schedule known by its default id, leave nothing."""
+    settled = Settled(lambda: cast(JournalReader, FakeReader({A: frozenset({3, 5, 6, 9})})))
+    settled.load({A: 0})
+    running = Scheduled(3, 1, "orders", None, b"v", [], "poll", recurring=True, timestamp_ms=7)
+    paused = Scheduled(
+        5, 1, "orders", None, b"v", [(H_PAUSED, b"1")], "poll", recurring=True, continues=3
+    )
+    by_default = Scheduled(9, 1, "orders", None, b"v", [], origin("delay", 0, 9), recurring=True)
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {
+        A: (9, [running, paused, rec(6), by_default])
+    }
+    assert settled.drop(stored) == 4
+    left = stored[A][1]
+    assert [(c.offset, c.delay_id, c.timestamp_ms) for c in left] == [
+        (3, "poll", 7),
+        (5, "poll", 0),
+    ]
+    assert [cast(Cancel, c).left_out for c in left] == [False, True]
 
 
 def test_a_journal_that_cannot_be_read_leaves_the_partition_as_before() -> None:

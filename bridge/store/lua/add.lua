@@ -93,7 +93,10 @@ ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of t
           a cancel's, its `where` "p" or "r") marks a registered schedule paused or not, and is
           nothing else: the egress skips a paused schedule's occurrences and carries it on. The
           end of a schedule (`where` "e", its record in the triples above with the record it
-          ends at) ends it there as a cancel would, and withdraws nothing. The registry counts
+          ends at) ends it there as a cancel would, and withdraws nothing. A schedule's record
+          a re-read left out, its step delivered (`where` "s", in the triples above as a
+          producer's): the registry has the schedule there unless it has word of it at or past
+          that record; nothing is stored or withdrawn. The registry counts
           its live schedules in field "#schedules", of which "#paused" paused.
 ARGV[10 + 2V + 3W + T + 3R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
@@ -516,6 +519,15 @@ for i = first, #ARGV, 5 do
     if score == '' and (member == 'p' or member == 'r') then
       if id ~= '' then
         hold(id, member == 'p')
+      end
+    elseif score == '' and member == 's' then
+      -- A schedule's record a re-read left out, its step delivered (the journal says so): the
+      -- record carrying it on or ending it follows, so the schedule is here, as the registry had
+      -- it before Redis lost it — unless the registry has word of it at or past this record.
+      local v = id ~= '' and registry(id)
+      local at = v and tonumber((string.gsub(string.match(v, '^(%-?%d+)'), '^%-', '')))
+      if id ~= '' and (not at or at < tonumber(ARGV[i])) then
+        register(id, ARGV[i], paused_as[ARGV[i]])
       end
     elseif score == '' and member == 'e' then
       -- The end of a schedule at the record it continues (its last occurrence delivered).
