@@ -248,9 +248,10 @@ class Membership:
         """The consumer reads these shards from these offsets (OFFSET_BEGINNING: the log's
         start): hold their due records until it reaches where each partition ends now (see
         bridge.catchup). Without the end offset the shard is not held: said once, the records
-        flow as they would have before. Those read ``again`` (stored before) leave out what the
-        journal says is settled since; those ``rolled_back`` also have what Redis put back
-        forgotten (bridge.ingress.settled)."""
+        flow as they would have before. Each leaves out what the journal says is settled from
+        its start on; those read ``again`` (stored before, and Redis lost them) are marked so in
+        Redis until they reach their end, and those ``rolled_back`` also have what Redis put
+        back forgotten (bridge.ingress.settled)."""
         reread: dict[Shard, int] = {}
         ends: dict[Shard, int] = {}
         for shard, asked in starts.items():
@@ -269,7 +270,11 @@ class Membership:
                 continue
             start = asked if asked >= 0 else low
             self.catch_up.start(shard, start, end, again=shard in again)
-            if shard in again and start < end:
+            # Read after a loss, or by a new owner where the last one stopped: either way what
+            # follows may have been stored and settled by an owner whose writes Redis lost while
+            # the group's commit never saw them (it died before its next commit). The journal
+            # says; a partition read live from its end has nothing of it.
+            if start < end:
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
         self.settled.load(reread, rolled_back, ends)

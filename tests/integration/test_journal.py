@@ -52,11 +52,13 @@ from testbed.harness import (
     cli_of,
     metric,
     produce_all,
+    produce_to,
     roll_back,
     snapshot_keys,
     wipe,
 )
 from tests.conftest import ROOT, TopicFactory, wait_for
+from tests.integration.test_recovery import committed
 
 pytestmark = pytest.mark.integration
 
@@ -594,6 +596,50 @@ def test_a_rollback_that_lost_acknowledgements_delivers_nothing_again(
     assert set(counts) == {v for _, v, _ in first}, counts
     assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
     assert "20 records Redis put back after their fate was journaled" in bridge.output()
+
+
+def test_a_rollback_of_writes_the_groups_commit_never_saw_delivers_nothing_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A replica stores and delivers 20 records and is SIGKILLed before the group commits their
+    offsets; Redis then loses its latest writes (a restart from an AOF missing its tail) back to
+    before it stored them. Redis's watermark and the group's commit agree, so nothing says a
+    write was lost: the next owner read the 20 as new records, without the journal, and
+    delivered them again (the adversary with two replicas, seed 13, exactly once: 18 records
+    twice). Whatever a new owner reads, it leaves out what the journal says is settled."""
+    target = setup.targets[0].encode()
+    first = setup.bridge("first").start()
+    bridges.append(first)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
+    )
+    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    second = _never_committing(setup, "second")
+    bridges.append(second)
+    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    snapshot = snapshot_keys(setup)
+    now: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]) for i in range(20)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, now)
+    wait_for(
+        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
+    second.kill()
+    roll_back(setup, snapshot)
+    assert committed(setup)[0] == 1  # what the test is about: the commit never saw the 20
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
+    counts = counts_through(setup, b"after", 90)
+    assert set(counts) == {v for _, v, _ in now} | {b"after"}, counts
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
 
 
 def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
