@@ -11,7 +11,9 @@ The id index keeps a hash of each id, not the id nor the record's timestamp: the
 indexes give candidates (candidates.lua, one call per partition in one round trip), each is read
 in the delay topic (:data:`bridge.store.ids.Confirm`: its delay-id and timestamp decide), and
 withdraw.lua runs only where one is confirmed. A record with its own id first seen, the usual case,
-costs a bucket lookup per other partition and no read.
+costs a bucket lookup per other partition and no read. A schedule that the partition's owner
+(another replica) carried on between the look and the withdrawal is looked for again where it is
+now (withdraw.lua names it), up to :data:`LOOKS` times.
 
 A default delay-id, ``<topic>:<partition>:<offset>``, is not in the id index: a cancel of one,
 in the partition it names, finds its record by offset and the due time it gives, or else the due
@@ -48,6 +50,7 @@ Found = tuple[Shard, int, int, str]
 # What withdraw.lua is asked to withdraw in one partition: offset (8 bytes) -> the cancel's or
 # replacement's shard and record, the due time there, and the record's own delay-id (or "").
 Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
+LOOKS = 3  # looks by the id index at most, while a schedule found is carried on meanwhile
 
 
 class Elsewhere(NamedTuple):
@@ -74,9 +77,39 @@ def withdraw_elsewhere(
     their topic — by the id index, and a default delay-id of another partition at its offset
     (``schedules``: read there; without it, not looked for) —; returns what it found, and
     where it could not have (:class:`Elsewhere`)."""
+    found_at: dict[tuple[Shard, int, str], Found] = {}
+    unstored: set[Shard] = set()
+    rereading: set[Shard] = set()
+    looking = list(unmatched)
+    # A schedule its owner (another replica) carried on between the look and the withdrawal is
+    # looked for again where it is now, a few times at most.
+    for _ in range(LOOKS):
+        found, moved = _look(scripts, keys, looking, partitions, confirm, unstored, rereading)
+        found_at |= found
+        looking = [(s, r) for s, r in looking if (s, r.offset, r.delay_id) in moved]
+        if not looking:
+            break
+    if schedules is not None:
+        left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
+        found_at |= _withdraw_origins(scripts, keys, left, partitions, schedules)
+    return Elsewhere(found_at, frozenset(unstored), frozenset(rereading))
+
+
+def _look(
+    scripts: Scripts,
+    keys: Keys,
+    unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
+    partitions: Mapping[str, int],
+    confirm: Confirm,
+    unstored: set[Shard],
+    rereading: set[Shard],
+) -> tuple[dict[tuple[Shard, int, str], Found], set[tuple[Shard, int, str]]]:
+    """One look by the id index in the other partitions, adding to ``unstored`` and
+    ``rereading`` (:class:`Elsewhere`): where each found its record, and those that found a
+    schedule carried on since (withdraw.lua's ``moved``)."""
     asked = _elsewhere(unmatched, partitions)
     if not asked:
-        return Elsewhere({}, frozenset())
+        return {}, set()
     lookups = [
         (
             CANDIDATES.keys(keys.of(there)),
@@ -85,8 +118,6 @@ def withdraw_elsewhere(
         for there, theirs in asked
     ]
     planned: list[tuple[Shard, Hits]] = []
-    unstored: set[Shard] = set()
-    rereading: set[Shard] = set()
     for (there, theirs), reply in zip(asked, scripts.call(CANDIDATES, lookups), strict=True):
         candidates = reply.found
         if not reply.stored:
@@ -103,11 +134,7 @@ def withdraw_elsewhere(
                 if delay_id == r.delay_id and stamped <= r.timestamp_ms:
                     hits.setdefault(offset_bytes(offset), (s, r, due, ""))
         planned.append((there, hits))
-    found_at = _withdraw(scripts, keys, planned)
-    if schedules is not None:
-        left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
-        found_at |= _withdraw_origins(scripts, keys, left, partitions, schedules)
-    return Elsewhere(found_at, frozenset(unstored), frozenset(rereading))
+    return _withdraw(scripts, keys, planned)
 
 
 def _elsewhere(
@@ -157,14 +184,18 @@ def _withdraw_origins(
             if namers:
                 hits[offset_bytes(offset)] = (*namers[0], rec.due_ms, rec.delay_id)
         planned.append((there, hits))
-    return _withdraw(scripts, keys, planned)
+    # A record named by its default id ends its schedule only while waiting or in flight, as
+    # in its own partition (add.lua): one whose schedule moved on since is not looked for again.
+    found, _ = _withdraw(scripts, keys, planned)
+    return found
 
 
 def _withdraw(
     scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]]
-) -> dict[tuple[Shard, int, str], Found]:
+) -> tuple[dict[tuple[Shard, int, str], Found], set[tuple[Shard, int, str]]]:
     """withdraw.lua for each partition's ``planned`` hits, in one round trip: where each cancel
-    or replacement found its record (:data:`Found`), for those withdrawn."""
+    or replacement found its record (:data:`Found`), for those withdrawn; and the (shard,
+    offset, delay-id) of those that found a schedule carried on since they looked."""
     calls: list[tuple[list[str], list[Any]]] = []
     done: list[tuple[Shard, Hits]] = []
     for there, hits in planned:
@@ -176,11 +207,15 @@ def _withdraw(
             calls.append((WITHDRAW.keys(keys.of(there)), args))
             done.append((there, hits))
     found_at: dict[tuple[Shard, int, str], Found] = {}
-    for (there, hits), withdrawn in zip(done, scripts.call(WITHDRAW, calls), strict=True):
-        for offset in withdrawn:
+    moved: set[tuple[Shard, int, str]] = set()
+    for (there, hits), did in zip(done, scripts.call(WITHDRAW, calls), strict=True):
+        for offset in did.withdrawn:
             s, r, due, own = hits[offset]
             found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, own))
-    return found_at
+        for offset in did.moved:
+            s, r, _, _ = hits[offset]
+            moved.add((s, r.offset, r.delay_id))
+    return found_at, moved - set(found_at)
 
 
 def replaced_exactly(shard: Shard, record: Scheduled | Cancel) -> int | None:

@@ -431,6 +431,15 @@ def stored_of(reply: Any) -> int | None:
     return None if stored < 0 else stored
 
 
-def offsets_of(reply: Sequence[bytes]) -> list[bytes]:
-    """withdraw.lua: the offsets (8 bytes each) withdrawn."""
-    return list(reply)
+class Withdrew(NamedTuple):
+    """What withdraw.lua did: the offsets (8 bytes each) it withdrew, and those of records named
+    whose schedule the registry has at a later record now (carried on since they were looked
+    up: look again)."""
+
+    withdrawn: list[bytes]
+    moved: list[bytes]
+
+    @classmethod
+    def read(cls, reply: Sequence[Any]) -> Withdrew:
+        count = int(reply[0])
+        return cls(list(reply[1 : 1 + count]), list(reply[1 + count :]))

@@ -22,9 +22,9 @@ from bridge.store.calls import (
     ClaimReply,
     LowReply,
     StatsReply,
+    Withdrew,
     add_outcome,
     count_of,
-    offsets_of,
     stored_of,
 )
 from bridge.store.keys import LANE_WIDTH, ShardKeys, text
@@ -99,7 +99,7 @@ PROMOTE = Script("promote", "due refs refs_due pending targets", stored_of)
 WITHDRAW = Script(
     "withdraw",
     "due ids low pending inflight refs waits targets schedules",
-    offsets_of,
+    Withdrew.read,
     declares=True,
 )
 INCARNATION = Script(

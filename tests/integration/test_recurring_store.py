@@ -5,6 +5,7 @@ acknowledged; the same record carried on twice)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import pytest
@@ -384,3 +385,36 @@ def test_a_schedules_record_left_out_by_a_rebuild_is_where_the_schedule_is(store
             assert counts(each) == (0, 0)
         assert add(each, schedule(4, T0 + 1000, continues=2))[0] == (0 if cancelled else 1)
         assert delivered(each, T0 + 1000) == ([] if cancelled else [4])
+
+
+def test_a_cancel_from_another_partition_ends_a_schedule_that_moved_on_while_it_looked(
+    store: Store,
+) -> None:
+    """The cancel, read in partition 1, finds the schedule's record in partition 0 in flight and
+    reads it in the delay topic; meanwhile another replica, which owns partition 0, has the
+    occurrence acknowledged and stores the record carrying the schedule on. The cancel ends the
+    schedule where it is now. Before, it found the record it read gone and the schedule at
+    another, and was done with nothing ended (the adversary with two replicas, seed 13: a
+    schedule went on to the end of the run after its cancel)."""
+    other = Shard(SHARD.topic, 1)
+    first, moved_on = schedule(0, T0), schedule(4, T0 + 1000, continues=0)
+    add(store, first)
+    claimed = store.claim([SHARD], 10, LEASE, now_ms=T0)
+    confirm, looked = confirm_from([first, moved_on]), list[Shard]()
+
+    def meanwhile(shard: Shard, asked: Sequence[tuple[int, int]]) -> Mapping[int, tuple[str, int]]:
+        if not looked:  # the other replica, between the cancel's look and its withdrawal
+            store.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=1)})
+            assert add(store, moved_on)[0] == 1
+        looked.append(shard)
+        return confirm(shard, asked)
+
+    store.add(
+        {other: (0, [Cancel(0, "poll", timestamp_ms=T0)])},
+        partitions={"delay": 2},
+        confirm=meanwhile,
+    )
+    assert looked == [SHARD, SHARD]  # where it was, then where it is now
+    assert counts(store) == (0, 0)
+    assert add(store, schedule(6, T0 + 2000, continues=4))[0] == 0
+    assert store.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []

@@ -23,25 +23,41 @@ KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] quadruples: the id hash, the record's offset (8 bytes), its due ms (as the index has it)
           and its delay-id
 
-Returns: the offset (8 bytes) of each record withdrawn | {"undeclared", wait indexes...}
+Returns: W, the offset (8 bytes) of each of the W records withdrawn, then the offset of each record
+named that neither was withdrawn nor ended its schedule because the registry has the schedule at
+a later record now: carried on since the caller looked (the caller looks again)
+| {"undeclared", wait indexes...}
 ]]
 local shard, refused = withdrawing(1, 10)
 if refused then
   return refused
 end
 local reg = schedule_registry(KEYS[9], redis.call('EXISTS', KEYS[9]) == 1)
-local withdrawn = {}
+local withdrawn, moved = {}, {}
 for i = 1, #ARGV, 4 do
   local done, in_flight = withdraw_at(shard, ARGV[i + 1], tonumber(ARGV[i + 2]))
   -- A schedule at that record ends there: waiting, in flight, or its occurrence acknowledged
   -- and the record carrying it on not read yet (candidates.lua gives that one too).
-  reg.end_at(ARGV[i + 3], ARGV[i + 1], decimal_of(ARGV[i + 1]))
+  local ended = reg.end_at(ARGV[i + 3], ARGV[i + 1], decimal_of(ARGV[i + 1]))
   if done then
     withdrawn[#withdrawn + 1] = ARGV[i + 1]
+  elseif not ended then
+    -- Carried on since the caller looked (its owner is another replica): the caller looks again.
+    local _, at = reg.state(reg.get(ARGV[i + 3]))
+    if at and tonumber(at) > tonumber(decimal_of(ARGV[i + 1])) then
+      moved[#moved + 1] = ARGV[i + 1]
+    end
   end
   if not in_flight then
     id_drop(shard.ids, ARGV[i], ARGV[i + 1])
   end
 end
 id_flush()
-return withdrawn
+local out = {#withdrawn}
+for _, offset in ipairs(withdrawn) do
+  out[#out + 1] = offset
+end
+for _, offset in ipairs(moved) do
+  out[#out + 1] = offset
+end
+return out
