@@ -56,6 +56,10 @@ class Settled:
         # The offsets the journal holds delivered: a recurring schedule's record among them is
         # carried on (or ended) by a record after it, so the registry has the schedule there.
         self._delivered: dict[Shard, frozenset[int]] = {}
+        # The offsets the journal holds cancelled: a schedule's record among them ends its
+        # schedule there (one left out as delivered may have put it in the registry). One
+        # replaced is not: what replaced it, read again, says what the registry has.
+        self._withdrawn: dict[Shard, frozenset[int]] = {}
 
     def load(
         self,
@@ -98,6 +102,9 @@ class Settled:
                     self._replaced_by[shard], self._left[shard] = replaced, left
                     self._delivered[shard] = frozenset(
                         e.offset for e in entries if e.fate == Fate.DELIVERED and e.offset >= start
+                    )
+                    self._withdrawn[shard] = frozenset(
+                        e.offset for e in entries if e.fate == Fate.CANCELLED and e.offset >= start
                     )
                 if offsets:
                     logger.info(
@@ -152,7 +159,8 @@ class Settled:
         read) the settled ones; returns how many. A recurring schedule's record whose step was
         delivered leaves a :attr:`Cancel.left_out` in its place: the schedule is at that record
         until the one carrying it on is read, as the registry had it before Redis lost it (a
-        cancel read meanwhile in another partition ends it there)."""
+        cancel read meanwhile in another partition ends it there). One cancelled leaves a
+        :attr:`Cancel.left_withdrawn`: the schedule ended there."""
         dropped = 0
         for shard in [s for s in stored if s in self._offsets]:
             high, records = stored[shard]
@@ -173,15 +181,19 @@ class Settled:
 
     def _left_out(self, shard: Shard, record: Scheduled) -> Cancel | None:
         """What stands for ``record``, left out, in the store: a schedule's record with its own
-        delay-id whose step the journal holds delivered is where the schedule is."""
-        if not record.recurring or record.offset not in self._delivered.get(shard, ()):
+        delay-id whose step the journal holds delivered is where the schedule is; one it holds
+        cancelled is where the schedule ended."""
+        if not record.recurring:
             return None
         given = record.given_id(shard.topic, shard.partition)
         if given is None:
             return None
-        return Cancel(
-            record.offset, given, record.timestamp_ms, left_out=record.carried_on_paused()
-        )
+        if record.offset in self._delivered.get(shard, ()):
+            paused = record.carried_on_paused()
+            return Cancel(record.offset, given, record.timestamp_ms, left_out=paused)
+        if record.offset in self._withdrawn.get(shard, ()):
+            return Cancel(record.offset, given, record.timestamp_ms, left_withdrawn=True)
+        return None
 
     def _late(self, shard: Shard, record: Scheduled) -> bool:
         """Whether ``record`` replaces exactly (``delay-replaces``: an operator's fire or
@@ -216,3 +228,4 @@ class Settled:
             del self._offsets[shard], self._last[shard], self._replaced_by[shard]
             self._left.pop(shard, None)
             self._delivered.pop(shard, None)
+            self._withdrawn.pop(shard, None)

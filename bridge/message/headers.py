@@ -280,6 +280,10 @@ class Cancel:
     # and the record carrying it on (or ending it) follows. True: it was carried on paused. It
     # withdraws nothing.
     left_out: bool | None = field(default=None, compare=False)
+    # Not a cancel but a schedule's record with this delay-id that a re-read left out, cancelled
+    # (the journal says so): the schedule went no further, and ends here if the registry has it
+    # at an earlier record. It withdraws nothing.
+    left_withdrawn: bool = field(default=False, compare=False)
 
     def each(self) -> list[Cancel]:
         """One cancel per delay-id the record names, in its order."""

@@ -257,7 +257,7 @@ def named_by_default(shard: Shard, batch: Sequence[Scheduled | Cancel]) -> Named
         if isinstance(c, Scheduled) and c.default_of is not None:
             continue  # its own default id (the parser says so): no other record's
         if isinstance(c, Cancel) and (
-            c.hold is not None or c.ends is not None or c.left_out is not None
+            c.hold is not None or c.ends is not None or c.left_out is not None or c.left_withdrawn
         ):
             continue  # a pause, a resume, an end, a record left out: never by a default id
         o = replaced_exactly(shard, c)

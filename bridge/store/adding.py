@@ -94,6 +94,8 @@ def add_call(
             elif rec.left_out is not None:  # a schedule's record a re-read left out
                 where = b"s"
                 entries.recurring.append((rec.offset, "", "1" if rec.left_out else ""))
+            elif rec.left_withdrawn:  # the same, cancelled
+                where = b"x"
             hashed = id_hash(shard.topic, rec.delay_id)
             entries.items.append((rec.offset, "", where, rec.delay_id, hashed))
             entries.targets.append("")

@@ -400,6 +400,11 @@ def _a_step_journaled(setup: Setup, bridges: list[Bridge]) -> tuple[Headers, int
     return every, now
 
 
+def _carried_on(every: Headers, produced_ms: int, due_ms: int) -> Headers:
+    """The headers of the record carrying the schedule ``every`` on, due at ``due_ms``."""
+    return [*every, (H_PRODUCED, str(produced_ms).encode()), (H_DELIVER_AT, str(due_ms).encode())]
+
+
 def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
@@ -412,7 +417,7 @@ def test_a_cancel_read_again_ends_the_schedule_whose_record_the_journal_left_out
     stored, and its occurrence delivered after the cancel."""
     every, now = _a_step_journaled(setup, bridges)
     target = setup.targets[0].encode()
-    carried = [*every, (H_PRODUCED, str(now).encode()), (H_DELIVER_AT, str(now + 5000).encode())]
+    carried = _carried_on(every, now, now + 5000)
     produce_to(
         setup.services.bootstrap,
         setup.delay,
@@ -457,15 +462,55 @@ def test_a_cancel_from_another_partition_ends_a_schedule_whose_record_a_rebuild_
         [(1, None, [(H_CANCEL, b"poll")]), (1, b"read", [(H_TARGET_TOPIC, target)])],
     )
     assert counts_through(setup, b"read", 60)[b"read"] == 1
-    carried = [*every, (H_PRODUCED, str(now).encode())]
-    due = str(int(time.time() * 1000) + 3000).encode()
+    carried = _carried_on(every, now, int(time.time() * 1000) + 3000)
     produce_to(
         setup.services.bootstrap,
         setup.delay,
         [
-            (0, b"carried", [*carried, (H_DELIVER_AT, due), (H_CONTINUES, b"1")]),
+            (0, b"carried", [*carried, (H_CONTINUES, b"1")]),
             (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")]),
         ],
     )
     counts = counts_through(setup, b"after", 90)
     assert b"carried" not in counts, again.output()[-3000:]
+
+
+def test_a_rebuild_leaves_no_schedule_in_the_registry_whose_next_record_was_cancelled(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """As above, and the record carrying the schedule on (offset 2) was cancelled by its default
+    id before Redis lost everything; the journal holds both fates. The re-read has the schedule
+    at offset 1, as delivered, and then ended at offset 2: before, the schedule stayed in the
+    registry as running, with no record (the adversary with two replicas, seed 4)."""
+    every, now = _a_step_journaled(setup, bridges)
+    target = setup.targets[0].encode()
+    carried = _carried_on(every, now, now + 5000)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"carried", [*carried, (H_CONTINUES, b"1")]),
+            (0, None, [(H_CANCEL, f"{setup.delay}:0:2".encode())]),
+        ],
+    )
+    producer = Producer(
+        {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
+    )
+    cancelled = Entry(Fate.CANCELLED, 2, "poll", now + 5000, now, by=f"{setup.delay}:0:3")
+    key, value, headers = encode_entries(setup.delay, 0, [cancelled], "")
+    produce(producer, setup.journal, key=key, value=value, headers=headers)
+    assert producer.flush(30) == 0
+    assert wipe(setup) > 0
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
+    counts = counts_through(setup, b"after", 90)
+    assert b"carried" not in counts
+    assert "the journal holds the fate of 2 records since" in again.output()
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        schedules = Keys(f"test-{setup.unique}").of(Shard(setup.delay, 0)).schedules
+        entry = _field(client, schedules, "=poll")
+        assert entry is not None and entry.startswith(b"-"), entry
+    finally:
+        client.close()

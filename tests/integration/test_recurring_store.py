@@ -385,6 +385,15 @@ def test_a_schedules_record_left_out_by_a_rebuild_is_where_the_schedule_is(store
             assert counts(each) == (0, 0)
         assert add(each, schedule(4, T0 + 1000, continues=2))[0] == (0 if cancelled else 1)
         assert delivered(each, T0 + 1000) == ([] if cancelled else [4])
+    # The record carrying it on was left out too, cancelled (by its default id): the schedule
+    # ended there, and nothing of it is left in the registry.
+    ended = Store(store.client, f"{store.prefix}-ended")
+    add(ended, one_shot(0, T0 + 3_600_000, sid="pin"))
+    add(ended, Cancel(2, "poll", left_out=False))
+    assert counts(ended) == (1, 0)
+    add(ended, Cancel(4, "poll", left_withdrawn=True))
+    assert counts(ended) == (0, 0)
+    assert add(ended, schedule(6, T0 + 2000, continues=4))[0] == 0
 
 
 def test_a_cancel_from_another_partition_ends_a_schedule_that_moved_on_while_it_looked(

@@ -90,6 +90,24 @@ def test_a_schedules_record_left_out_says_where_the_schedule_is() -> None:
     assert [cast(Cancel, c).left_out for c in left] == [False, True]
 
 
+def test_a_schedules_record_left_out_as_cancelled_says_the_schedule_ended_there() -> None:
+    class Withdrawn(FakeReader):
+        def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+            return [
+                Entry(Fate.CANCELLED, 3, "poll", 1, 2, by="delay:1:9"),
+                Entry(Fate.REPLACED, 4, "poll", 1, 2, by="delay:0:8"),
+                Entry(Fate.DEAD_LETTERED, 5, "poll", 1, 2),
+            ]
+
+    settled = Settled(lambda: cast(JournalReader, Withdrawn({})))
+    settled.load({A: 0})
+    records = [Scheduled(o, 1, "orders", None, b"v", [], "poll", recurring=True) for o in (3, 4, 5)]
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (5, list(records))}
+    assert settled.drop(stored) == 3
+    # Replaced: what replaced it says what the registry has; dead-lettered: nothing.
+    assert [(c.offset, cast(Cancel, c).left_withdrawn) for c in stored[A][1]] == [(3, True)]
+
+
 def test_a_journal_that_cannot_be_read_leaves_the_partition_as_before() -> None:
     reader = FakeReader({A: frozenset({1}), B: frozenset({1})}, failing=frozenset({A}))
     settled = Settled(lambda: cast(JournalReader, reader))

@@ -96,8 +96,10 @@ ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of t
           ends at) ends it there as a cancel would, and withdraws nothing. A schedule's record
           a re-read left out, its step delivered (`where` "s", in the triples above as a
           producer's): the registry has the schedule there unless it has word of it at or past
-          that record; nothing is stored or withdrawn. The registry counts
-          its live schedules in field "#schedules", of which "#paused" paused.
+          that record; nothing is stored or withdrawn. One left out as cancelled (`where`
+          "x"): where the registry has the schedule live at an earlier record, it ends there.
+          The registry counts its live schedules in field "#schedules", of which "#paused"
+          paused.
 ARGV[10 + 2V + 3W + T + 3R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
           delay-id and its hash "" unless the caller gave one; a cancel is offset, "", where,
           delay-id, id hash — `where` "" but for a default delay-id of this shard (not in the id
@@ -528,6 +530,13 @@ for i = first, #ARGV, 5 do
       local at = v and tonumber((string.gsub(string.match(v, '^(%-?%d+)'), '^%-', '')))
       if id ~= '' and (not at or at < tonumber(ARGV[i])) then
         register(id, ARGV[i], paused_as[ARGV[i]])
+      end
+    elseif score == '' and member == 'x' then
+      -- The same, its record cancelled (the journal says so): the schedule went no further, and
+      -- where the registry has it at an earlier record it ends here.
+      local _, at = reg.state(id ~= '' and registry(id))
+      if at and tonumber(at) < tonumber(ARGV[i]) then
+        register(id, '-' .. ARGV[i])
       end
     elseif score == '' and member == 'e' then
       -- The end of a schedule at the record it continues (its last occurrence delivered).
