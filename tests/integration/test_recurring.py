@@ -695,14 +695,24 @@ def test_a_bulk_reschedule_beside_a_thousand_schedules_moves_only_the_one_shots(
     produce_to(setup.services.bootstrap, setup.delay, one_shots)
 
     def matched() -> str:
-        return _cli(setup, *verb, "--target", target, "--dry-run").stdout + "\n"
+        dry = _cli(setup, *verb, "--target", target, "--dry-run")
+        return dry.stdout + "\n" + dry.stderr
 
-    wait_for(lambda: f"{count:,} waiting records" in matched(), 60, "the one-shots stored")
+    # The schedules' records wait between their steps, and the dry run says it would leave
+    # them; a busy machine may hold every one in flight for a moment (the real run then
+    # matches fewer: what it must do to them is the same, nothing).
+    wait_for(
+        lambda: (
+            f"{count:,} waiting records" in (m := matched())
+            and "recurring schedules matched: left as they are" in m
+        ),
+        60,
+        "the one-shots stored, beside waiting schedules",
+    )
     moved_ms = time.time_ns() // 1_000_000
     moved = _cli(setup, *verb, "--target", target, "--yes")
     assert moved.returncode == 0, moved.stderr
     assert f"{count:,} waiting records" in moved.stdout, moved.stdout
-    assert "recurring schedules matched: left as they are" in moved.stderr, moved.stderr
     collector = setup.collector()
     try:
         collector.until(lambda rs: len(_one_shots(rs)) >= count, 60, "every one-shot delivered")
