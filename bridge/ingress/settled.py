@@ -56,10 +56,13 @@ class Settled:
         # The offsets the journal holds delivered: a recurring schedule's record among them is
         # carried on (or ended) by a record after it, so the registry has the schedule there.
         self._delivered: dict[Shard, frozenset[int]] = {}
-        # The offsets the journal holds cancelled: a schedule's record among them ends its
-        # schedule there (one left out as delivered may have put it in the registry). One
-        # replaced is not: what replaced it, read again, says what the registry has.
-        self._withdrawn: dict[Shard, frozenset[int]] = {}
+        # The offsets the journal holds cancelled, before the start too: a schedule's record
+        # among them ends its schedule there, whether its step was delivered too or not (a
+        # cancel read while its occurrence was in flight or delivered, the record carrying it on
+        # unread, ended it there), and a record carrying the schedule on from one is nothing.
+        # One replaced by a record this re-read reads again is not: what replaced it says what
+        # the registry has.
+        self._ended: dict[Shard, frozenset[int]] = {}
 
     def load(
         self,
@@ -95,17 +98,17 @@ class Settled:
                 bys = [parse_origin(by) for by in replaced.values()]
                 here = [p[2] for p in bys if p and p[:2] == (shard.topic, shard.partition)]
                 left = frozenset(e.offset for e in entries if e.fate != Fate.REPLACED)
-                end = (ends or {}).get(shard, 0) - 1  # a copy read up to there may be late
-                last = [*offsets, *here, *([end] if left and end >= 0 else [])]
+                ended = frozenset(e.offset for e in entries if _ended_by(e, shard, start))
+                # A copy, or a record carrying an ended schedule on, read up to there may be late.
+                end = (ends or {}).get(shard, 0) - 1
+                last = [*offsets, *here, *([end] if (left or ended) and end >= 0 else [])]
                 if last:
                     self._offsets[shard], self._last[shard] = offsets, max(last)
                     self._replaced_by[shard], self._left[shard] = replaced, left
                     self._delivered[shard] = frozenset(
                         e.offset for e in entries if e.fate == Fate.DELIVERED and e.offset >= start
                     )
-                    self._withdrawn[shard] = frozenset(
-                        e.offset for e in entries if e.fate == Fate.CANCELLED and e.offset >= start
-                    )
+                    self._ended[shard] = ended
                 if offsets:
                     logger.info(
                         "%s[%d] is read again from offset %d; the journal holds the fate of "
@@ -159,15 +162,21 @@ class Settled:
         read) the settled ones; returns how many. A recurring schedule's record whose step was
         delivered leaves a :attr:`Cancel.left_out` in its place: the schedule is at that record
         until the one carrying it on is read, as the registry had it before Redis lost it (a
-        cancel read meanwhile in another partition ends it there). One cancelled leaves a
-        :attr:`Cancel.left_withdrawn`: the schedule ended there."""
+        cancel read meanwhile in another partition ends it there). One cancelled, or carrying
+        on a schedule the journal holds ended, leaves a :attr:`Cancel.left_withdrawn`: the
+        schedule ended there."""
         dropped = 0
         for shard in [s for s in stored if s in self._offsets]:
             high, records = stored[shard]
             settled = self._offsets[shard]
             kept: list[Scheduled | Cancel] = []
+            ended = self._ended.get(shard, frozenset())
             for r in records:
-                if isinstance(r, Cancel) or (r.offset not in settled and not self._late(shard, r)):
+                if isinstance(r, Cancel) or (
+                    r.offset not in settled
+                    and not self._late(shard, r)
+                    and r.continues not in ended
+                ):
                     kept.append(self._replacing(shard, r))
                     continue
                 dropped += 1
@@ -182,17 +191,18 @@ class Settled:
     def _left_out(self, shard: Shard, record: Scheduled) -> Cancel | None:
         """What stands for ``record``, left out, in the store: a schedule's record with its own
         delay-id whose step the journal holds delivered is where the schedule is; one it holds
-        cancelled is where the schedule ended."""
+        cancelled, or one carrying on from such a record, is where the schedule ended."""
         if not record.recurring:
             return None
         given = record.given_id(shard.topic, shard.partition)
         if given is None:
             return None
+        ended = self._ended.get(shard, frozenset())
+        if record.offset in ended or record.continues in ended:
+            return Cancel(record.offset, given, record.timestamp_ms, left_withdrawn=True)
         if record.offset in self._delivered.get(shard, ()):
             paused = record.carried_on_paused()
             return Cancel(record.offset, given, record.timestamp_ms, left_out=paused)
-        if record.offset in self._withdrawn.get(shard, ()):
-            return Cancel(record.offset, given, record.timestamp_ms, left_withdrawn=True)
         return None
 
     def _late(self, shard: Shard, record: Scheduled) -> bool:
@@ -228,4 +238,16 @@ class Settled:
             del self._offsets[shard], self._last[shard], self._replaced_by[shard]
             self._left.pop(shard, None)
             self._delivered.pop(shard, None)
-            self._withdrawn.pop(shard, None)
+            self._ended.pop(shard, None)
+
+
+def _ended_by(entry: Entry, shard: Shard, start: int) -> bool:
+    """Whether the journal's ``entry`` says the schedule of its record (if it is one's) ended
+    there for a re-read of ``shard`` from ``start``: cancelled; or replaced by a record the re-read
+    does not read again (of another partition, or before the start)."""
+    if entry.fate == Fate.CANCELLED:
+        return True
+    if entry.fate != Fate.REPLACED:
+        return False
+    by = parse_origin(entry.by)
+    return by is not None and (by[:2] != (shard.topic, shard.partition) or by[2] < start)

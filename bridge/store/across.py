@@ -27,6 +27,7 @@ A cancel that finds nothing anywhere while another partition of its topic is not
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from bridge.message import (
@@ -47,6 +48,9 @@ from bridge.store.scripts import CANDIDATES, WITHDRAW, Scripts
 # Where a cancel or replacement found its record in another partition: (shard, offset, due ms,
 # the record's own delay-id when it was named by another: its default id; else "").
 Found = tuple[Shard, int, int, str]
+# Each cancel or replacement, by its (shard, offset, delay-id), with the records it found.
+FoundAt = dict[tuple[Shard, int, str], tuple[Found, ...]]
+Asked = tuple[Shard, int, str]  # a cancel or replacement: its shard, offset and delay-id
 # What withdraw.lua is asked to withdraw in one partition: offset (8 bytes) -> the cancel's or
 # replacement's shard and record, the due time there, and the record's own delay-id (or "").
 Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
@@ -55,13 +59,26 @@ LOOKS = 3  # looks by the id index at most, while a schedule found is carried on
 
 class Elsewhere(NamedTuple):
     """What :func:`withdraw_elsewhere` did: for the (shard, offset, delay-id) of each cancel or
-    replacement that found its record, where that record was (:data:`Found`); the other
-    partitions it looked in whose state Redis does not hold (lost, or never made); and those
-    their owners read again after Redis lost them, not yet up to where they ended."""
+    replacement that withdrew records, where they were (:data:`FoundAt`); the other partitions
+    it looked in whose state Redis does not hold (lost, or never made); those their owners read
+    again after Redis lost them, not yet up to where they ended; and where each ended the
+    schedule the registry had at a record it did not withdraw (in flight, or its occurrence
+    acknowledged): journaled as that record's withdrawal, so that a rebuild that does not read
+    the cancel again ends the schedule there too."""
 
-    found: dict[tuple[Shard, int, str], Found]
+    found: FoundAt
     unstored: frozenset[Shard]
     rereading: frozenset[Shard] = frozenset()
+    ended: Mapping[Asked, tuple[Found, ...]] = MappingProxyType({})
+
+
+class _Did(NamedTuple):
+    """What withdraw.lua did for a look: :attr:`Elsewhere.found` and :attr:`Elsewhere.ended`, and
+    the cancels and replacements that found a schedule carried on since they looked."""
+
+    found: FoundAt
+    ended: FoundAt
+    moved: set[Asked]
 
 
 def withdraw_elsewhere(
@@ -77,22 +94,32 @@ def withdraw_elsewhere(
     their topic — by the id index, and a default delay-id of another partition at its offset
     (``schedules``: read there; without it, not looked for) —; returns what it found, and
     where it could not have (:class:`Elsewhere`)."""
-    found_at: dict[tuple[Shard, int, str], Found] = {}
+    found_at: FoundAt = {}
+    ended: FoundAt = {}
     unstored: set[Shard] = set()
     rereading: set[Shard] = set()
     looking = list(unmatched)
     # A schedule its owner (another replica) carried on between the look and the withdrawal is
     # looked for again where it is now, a few times at most.
     for _ in range(LOOKS):
-        found, moved = _look(scripts, keys, looking, partitions, confirm, unstored, rereading)
-        found_at |= found
-        looking = [(s, r) for s, r in looking if (s, r.offset, r.delay_id) in moved]
+        did = _look(scripts, keys, looking, partitions, confirm, unstored, rereading)
+        _join(found_at, did.found)
+        _join(ended, did.ended)
+        looking = [(s, r) for s, r in looking if (s, r.offset, r.delay_id) in did.moved]
         if not looking:
             break
     if schedules is not None:
         left = [(s, r) for s, r in unmatched if (s, r.offset, r.delay_id) not in found_at]
-        found_at |= _withdraw_origins(scripts, keys, left, partitions, schedules)
-    return Elsewhere(found_at, frozenset(unstored), frozenset(rereading))
+        did = _withdraw_origins(scripts, keys, left, partitions, schedules)
+        _join(found_at, did.found)
+        _join(ended, did.ended)
+    return Elsewhere(found_at, frozenset(unstored), frozenset(rereading), ended)
+
+
+def _join(found_at: FoundAt, more: Mapping[Asked, tuple[Found, ...]]) -> None:
+    """Add to ``found_at`` what a further look found."""
+    for key, found in more.items():
+        found_at[key] = found_at.get(key, ()) + found
 
 
 def _look(
@@ -103,13 +130,12 @@ def _look(
     confirm: Confirm,
     unstored: set[Shard],
     rereading: set[Shard],
-) -> tuple[dict[tuple[Shard, int, str], Found], set[tuple[Shard, int, str]]]:
+) -> _Did:
     """One look by the id index in the other partitions, adding to ``unstored`` and
-    ``rereading`` (:class:`Elsewhere`): where each found its record, and those that found a
-    schedule carried on since (withdraw.lua's ``moved``)."""
+    ``rereading`` (:class:`Elsewhere`)."""
     asked = _elsewhere(unmatched, partitions)
     if not asked:
-        return {}, set()
+        return _Did({}, {}, set())
     lookups = [
         (
             CANDIDATES.keys(keys.of(there)),
@@ -160,7 +186,7 @@ def _withdraw_origins(
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
     schedules: Schedules,
-) -> dict[tuple[Shard, int, str], Found]:
+) -> _Did:
     """What :func:`withdraw_elsewhere` withdraws for the cancels and replacements that name a
     default delay-id of another partition (not in its id index): the record at that offset, read
     once in the delay topic for its due time, delay-id and timestamp (stamped no later than the
@@ -186,16 +212,11 @@ def _withdraw_origins(
         planned.append((there, hits))
     # A record named by its default id ends its schedule only while waiting or in flight, as
     # in its own partition (add.lua): one whose schedule moved on since is not looked for again.
-    found, _ = _withdraw(scripts, keys, planned)
-    return found
+    return _withdraw(scripts, keys, planned)
 
 
-def _withdraw(
-    scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]]
-) -> tuple[dict[tuple[Shard, int, str], Found], set[tuple[Shard, int, str]]]:
-    """withdraw.lua for each partition's ``planned`` hits, in one round trip: where each cancel
-    or replacement found its record (:data:`Found`), for those withdrawn; and the (shard,
-    offset, delay-id) of those that found a schedule carried on since they looked."""
+def _withdraw(scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]]) -> _Did:
+    """withdraw.lua for each partition's ``planned`` hits, in one round trip."""
     calls: list[tuple[list[str], list[Any]]] = []
     done: list[tuple[Shard, Hits]] = []
     for there, hits in planned:
@@ -206,16 +227,18 @@ def _withdraw(
             )
             calls.append((WITHDRAW.keys(keys.of(there)), args))
             done.append((there, hits))
-    found_at: dict[tuple[Shard, int, str], Found] = {}
-    moved: set[tuple[Shard, int, str]] = set()
+    found_at: FoundAt = {}
+    ended: FoundAt = {}
+    moved: set[Asked] = set()
     for (there, hits), did in zip(done, scripts.call(WITHDRAW, calls), strict=True):
-        for offset in did.withdrawn:
-            s, r, due, own = hits[offset]
-            found_at.setdefault((s, r.offset, r.delay_id), (there, offset_of(offset), due, own))
+        for into, offsets in ((found_at, did.withdrawn), (ended, did.ended)):
+            for offset in offsets:
+                s, r, due, own = hits[offset]
+                _join(into, {(s, r.offset, r.delay_id): ((there, offset_of(offset), due, own),)})
         for offset in did.moved:
             s, r, _, _ = hits[offset]
             moved.add((s, r.offset, r.delay_id))
-    return found_at, moved - set(found_at)
+    return _Did(found_at, ended, moved - set(found_at) - set(ended))
 
 
 def replaced_exactly(shard: Shard, record: Scheduled | Cancel) -> int | None:

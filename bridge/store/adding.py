@@ -13,6 +13,7 @@ from bridge.message import Cancel, Scheduled
 from bridge.store.across import (
     Elsewhere,
     Found,
+    FoundAt,
     Named,
     default_id_wheres,
     named_by_default,
@@ -271,6 +272,7 @@ def _add(
         scripts, keys, unmatched, partitions, confirm=confirm, schedules=schedules
     )
     found = elsewhere.found
+    withdrawn += _across(unmatched, elsewhere.ended)
     missed = _missed(unmatched, found)
     waiting = keep(sorted({s for s, _ in missed}), elsewhere) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)
@@ -301,12 +303,14 @@ def look_again(
     holding: Collection[Shard],
 ) -> Added:
     """See :meth:`bridge.store.Store.look_again`."""
-    found = withdraw_elsewhere(
+    elsewhere = withdraw_elsewhere(
         scripts, keys, kept, partitions, confirm=confirm, schedules=schedules
-    ).found
+    )
+    found = elsewhere.found
     _looked_across(scripts, keys, kept, {*holding, *(s for s, _ in kept)})
     cancels = sum(isinstance(r, Cancel) for _, r in kept)
-    return _added([0, 0, 0, cancels], {}, list(kept), [], found, _missed(kept, found))
+    ended = _across(kept, elsewhere.ended)
+    return _added([0, 0, 0, cancels], {}, list(kept), ended, found, _missed(kept, found))
 
 
 def _looked_across(
@@ -355,7 +359,7 @@ def _own_ids(confirm: Confirm, shard: Shard, offsets: Sequence[int]) -> dict[int
 
 def _missed(
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
-    found: Mapping[tuple[Shard, int, str], Found],
+    found: FoundAt,
 ) -> list[tuple[Shard, Scheduled | Cancel]]:
     """The ``unmatched`` cancels and replacements that other partitions did not find a record
     for either."""
@@ -367,7 +371,7 @@ def _added(
     lost: dict[Shard, Lost],
     unmatched: list[tuple[Shard, Scheduled | Cancel]],
     withdrawn: list[Withdrawn],
-    found: Mapping[tuple[Shard, int, str], Found],
+    found: FoundAt,
     missed: Sequence[tuple[Shard, Scheduled | Cancel]],
     kept: Sequence[tuple[Shard, Scheduled | Cancel]] = (),
 ) -> Added:
@@ -375,12 +379,7 @@ def _added(
     with what the ``unmatched`` cancels and replacements ``found`` in other partitions, the
     cancels and replacements ``missed`` everywhere (the cancels are reported), and those
     ``kept`` to look again (a cancel counted when it has)."""
-    withdrawn += [
-        _withdrawn((there, offset, due), s, r, own)
-        for s, r in unmatched
-        if (where := found.get((s, r.offset, r.delay_id))) is not None
-        for there, offset, due, own in [where]
-    ]
+    withdrawn += _across(unmatched, found)
     added, replaced, cancelled, not_found = counts
     not_found -= sum(isinstance(r, Cancel) for _, r in kept)
     across = sum(
@@ -397,6 +396,19 @@ def _added(
         tuple(withdrawn),
         tuple(kept),
     )
+
+
+def _across(
+    unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
+    found: Mapping[tuple[Shard, int, str], tuple[Found, ...]],
+) -> list[Withdrawn]:
+    """What the ``unmatched`` cancels and replacements ``found`` in other partitions, as the
+    journal's entries have it."""
+    return [
+        _withdrawn((there, offset, due), s, r, own)
+        for s, r in unmatched
+        for there, offset, due, own in found.get((s, r.offset, r.delay_id), ())
+    ]
 
 
 def _ended(shard: Shard, record: Scheduled, by: int, cancelled: bool) -> Withdrawn:

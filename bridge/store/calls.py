@@ -432,14 +432,18 @@ def stored_of(reply: Any) -> int | None:
 
 
 class Withdrew(NamedTuple):
-    """What withdraw.lua did: the offsets (8 bytes each) it withdrew, and those of records named
-    whose schedule the registry has at a later record now (carried on since they were looked
-    up: look again)."""
+    """What withdraw.lua did: the offsets (8 bytes each) it withdrew; those of records named that
+    it did not withdraw (in flight, or their occurrence acknowledged) but where it ended the
+    schedule the registry had there; and those of records named whose schedule the registry has
+    at a later record now (carried on since they were looked up: look again)."""
 
     withdrawn: list[bytes]
+    ended: list[bytes]
     moved: list[bytes]
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> Withdrew:
         count = int(reply[0])
-        return cls(list(reply[1 : 1 + count]), list(reply[1 + count :]))
+        ended = int(reply[1 + count])
+        rest = 2 + count + ended
+        return cls(list(reply[1 : 1 + count]), list(reply[2 + count : rest]), list(reply[rest:]))

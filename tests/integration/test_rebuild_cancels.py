@@ -369,31 +369,35 @@ def _stored_by(setup: Setup, pair: list[Bridge], partition: int, which: Bridge) 
     return metric(which, "delay_bridge_ingested_total") > before[pair.index(which)]
 
 
-def _a_step_journaled(setup: Setup, bridges: list[Bridge]) -> tuple[Headers, int]:
+def _a_step_journaled(
+    setup: Setup, bridges: list[Bridge], pinned: bool = True
+) -> tuple[Headers, int]:
     """A bridge stores, in partition 0, a record waiting an hour (its commit's rebuild point) and
     at offset 1 a schedule "poll" (every hour), and stops; then the journal says the schedule's
-    step at offset 1 was delivered. Returns the schedule's headers and when it was produced."""
+    step at offset 1 was delivered. Not ``pinned``: the schedule alone, at offset 0. Returns the
+    schedule's headers and when it was produced."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
     now = int(time.time() * 1000)
     every: Headers = [(H_TARGET_TOPIC, target), (H_EVERY, b"1h"), (H_ID, b"poll")]
+    pin: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])
+    ]
     produce_to(
         setup.services.bootstrap,
         setup.delay,
-        [
-            (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]),
-            (0, b"poll", [*every, (H_AFTER, b"1h")]),
-        ],
+        [*(pin if pinned else []), (0, b"poll", [*every, (H_AFTER, b"1h")])],
     )
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "both stored")
+    stored = 2 if pinned else 1
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == stored, 30, "stored")
     bridge.signal(signal.SIGTERM)
     assert bridge.wait(30) == 0
     producer = Producer(  # the journal's partitioner: its entries where the bridge reads them
         {"bootstrap.servers": setup.services.bootstrap, "partitioner": "murmur2_random"}
     )
-    delivered = Entry(Fate.DELIVERED, 1, "poll", now, now, setup.targets[0], 0, 0)
+    delivered = Entry(Fate.DELIVERED, stored - 1, "poll", now, now, setup.targets[0], 0, 0)
     key, value, headers = encode_entries(setup.delay, 0, [delivered], "")
     produce(producer, setup.journal, key=key, value=value, headers=headers)
     assert producer.flush(30) == 0
@@ -468,6 +472,57 @@ def test_a_cancel_from_another_partition_ends_a_schedule_whose_record_a_rebuild_
         setup.delay,
         [
             (0, b"carried", [*carried, (H_CONTINUES, b"1")]),
+            (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")]),
+        ],
+    )
+    counts = counts_through(setup, b"after", 90)
+    assert b"carried" not in counts, again.output()[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("cancelled_in", "pinned"),
+    [(1, True), (1, False), (0, False)],
+    ids=["across", "unpinned", "own"],
+)
+def test_a_cancel_that_ended_a_schedule_between_its_records_outlives_a_redis_loss(
+    setup: Setup, bridges: list[Bridge], cancelled_in: int, pinned: bool
+) -> None:
+    """As above, the cancel (read in partition 1, or in the schedule's own) ends the schedule
+    where the registry has it: at the record whose step was delivered, the record carrying it on
+    not read yet. The cancel's commit then passes it (nothing of it waits; unpinned, nothing waits
+    in partition 0 either, so its rebuild starts after the schedule's record), and Redis loses
+    everything again: neither the cancel nor, unpinned, the schedule's record is read again, and
+    the record carrying the schedule on was stored and its occurrences delivered (the adversary
+    with two replicas, seed 4, exactly once: a schedule cancelled from another partition went on
+    after a Redis rollback and a wipe). The journal holds the end, as the withdrawal of the
+    schedule's record by the cancel: the re-read ends the schedule there."""
+    every, now = _a_step_journaled(setup, bridges, pinned)
+    step = 1 if pinned else 0
+    target = setup.targets[0].encode()
+    assert wipe(setup) > 0
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready again")
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (cancelled_in, None, [(H_CANCEL, b"poll")]),
+            (cancelled_in, b"read", [(H_TARGET_TOPIC, target)]),
+        ],
+    )
+    assert counts_through(setup, b"read", 60)[b"read"] == 1
+    past = 2 if cancelled_in else step + 3
+    wait_for(lambda: committed(setup, cancelled_in)[1] == past, 30, "committed past the cancel")
+    if not pinned:
+        wait_for(lambda: committed(setup, 0)[1] > step, 30, "committed past the schedule")
+    assert wipe(setup) > 0
+    carried = _carried_on(every, now, int(time.time() * 1000) + 3000)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (0, b"carried", [*carried, (H_CONTINUES, str(step).encode())]),
             (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")]),
         ],
     )

@@ -35,14 +35,14 @@ def due_in(setup: Setup, count: int, delay_ms: int, tag: str) -> list[int]:
     return [offset for _, offset in produce_all(setup.services.bootstrap, setup.delay, records)]
 
 
-def committed(setup: Setup) -> tuple[int, int]:
-    """The group's committed offset of partition 0, as Kafka's lag tools read it, and the rebuild
+def committed(setup: Setup, partition: int = 0) -> tuple[int, int]:
+    """The group's committed offset of a partition, as Kafka's lag tools read it, and the rebuild
     point the bridge committed with it."""
     consumer = Consumer(
         {"bootstrap.servers": setup.services.bootstrap, "group.id": f"bridge-{setup.unique}"}
     )
     try:
-        [tp] = consumer.committed([TopicPartition(setup.delay, 0)], timeout=10)
+        [tp] = consumer.committed([TopicPartition(setup.delay, partition)], timeout=10)
         return int(tp.offset), rebuild_point(tp)
     finally:
         consumer.close()

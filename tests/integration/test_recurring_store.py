@@ -284,13 +284,16 @@ def test_a_cancel_by_the_default_id_of_a_schedules_record_ends_the_schedule(stor
         assert each.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []
 
 
-def test_a_cancel_read_in_another_partition_ends_the_schedule(store: Store) -> None:
-    """The schedule's id cancelled with another key (read in partition 1): the record it finds
-    in partition 0 — waiting, its occurrence in flight, or acknowledged with the record carrying
-    it on not read yet — ends the schedule there."""
-    other = Shard(SHARD.topic, 1)
+@pytest.mark.parametrize("partition", [1, 0], ids=["another partition", "its own"])
+def test_a_cancel_read_in_another_partition_ends_the_schedule(store: Store, partition: int) -> None:
+    """The schedule's id cancelled with another key (read in partition 1), or in its own
+    partition: the record it finds in partition 0 — waiting, its occurrence in flight, or
+    acknowledged with the record carrying it on not read yet — ends the schedule there. Either
+    way the journal is told: the record withdrawn, or the one the schedule ended at (a rebuild
+    that does not read the cancel again ends it there too)."""
+    other = Shard(SHARD.topic, partition)
     for state in ("waiting", "in flight", "acknowledged"):
-        each = Store(store.client, f"{store.prefix}-{state}")
+        each = Store(store.client, f"{store.prefix}-{state}-{partition}")
         first = schedule(0, T0)
         add(each, first)
         if state != "waiting":
@@ -298,11 +301,15 @@ def test_a_cancel_read_in_another_partition_ends_the_schedule(store: Store) -> N
             assert [c.record.offset for c in claimed] == [0]
         if state == "acknowledged":
             each.ack({SHARD: AckBatch(members=[c.member for c in claimed], with_ids=1)})
-        cancel = Cancel(0, "poll", timestamp_ms=T0)
+        at = 1 - partition  # after the schedule's record in its own partition
+        cancel = Cancel(at, "poll", timestamp_ms=T0)
         elsewhere = each.add(
-            {other: (0, [cancel])}, partitions={"delay": 2}, confirm=confirm_from([first])
+            {other: (at, [cancel])}, partitions={"delay": 2}, confirm=confirm_from([first])
         )
         assert elsewhere.cancelled == (1 if state == "waiting" else 0)
+        assert [(w.shard, w.offset, w.cancelled) for w in elsewhere.withdrawn] == [
+            (SHARD, 0, True)
+        ], state
         assert counts(each) == (0, 0), state
         assert add(each, schedule(4, T0 + 1000, continues=0))[0] == 0
         assert each.claim([SHARD], 10, LEASE, now_ms=T0 + 5000) == []

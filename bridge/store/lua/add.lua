@@ -97,7 +97,9 @@ ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of t
           a re-read left out, its step delivered (`where` "s", in the triples above as a
           producer's): the registry has the schedule there unless it has word of it at or past
           that record; nothing is stored or withdrawn. One left out as cancelled (`where`
-          "x"): where the registry has the schedule live at an earlier record, it ends there.
+          "x"; or delivered and its schedule ended there by a cancel read while the record
+          carrying it on was not): the schedule ends there, unless the registry has word of it
+          past that record.
           The registry counts its live schedules in field "#schedules", of which "#paused"
           paused.
 ARGV[10 + 2V + 3W + T + 3R..] groups of five, offsets ascending (several cancels may share one): offset, score, member, delay-id, id hash — the
@@ -532,10 +534,12 @@ for i = first, #ARGV, 5 do
         register(id, ARGV[i], paused_as[ARGV[i]])
       end
     elseif score == '' and member == 'x' then
-      -- The same, its record cancelled (the journal says so): the schedule went no further, and
-      -- where the registry has it at an earlier record it ends here.
-      local _, at = reg.state(id ~= '' and registry(id))
-      if at and tonumber(at) < tonumber(ARGV[i]) then
+      -- The same, its record cancelled (the journal says so; or its schedule ended there: its
+      -- occurrence in flight or delivered when a cancel came): the schedule went no further. It
+      -- ends here unless the registry has word of it past this record.
+      local v = id ~= '' and registry(id)
+      local at = v and tonumber((string.gsub(string.match(v, '^(%-?%d+)'), '^%-', '')))
+      if id ~= '' and (not at or at <= tonumber(ARGV[i])) then
         register(id, '-' .. ARGV[i])
       end
     elseif score == '' and member == 'e' then
@@ -552,8 +556,10 @@ for i = first, #ARGV, 5 do
         offset, at = read_where(located[member])
         done, flight, took = withdraw_at(shard, offset, at)
         by_default = true
-        if done or flight then  -- a schedule's record: the schedule ends
-          reg.end_at(own_id(offset, took), offset, ARGV[i])
+        -- A schedule's record: the schedule ends (journaled as that record's withdrawal when it
+        -- is in flight: see below).
+        if (done or flight) and reg.end_at(own_id(offset, took), offset, ARGV[i]) and not done then
+          withdrew(offset, at, place, by_default, took)
         end
       end
       if done then
@@ -564,6 +570,14 @@ for i = first, #ARGV, 5 do
         unmatch(i, place)
       end
       if registry_any and id ~= '' and registry(id) then
+        -- The schedule ends. Live at a record this cancel did not withdraw (in flight, or its
+        -- occurrence acknowledged and the record carrying it on not read yet), the end is
+        -- journaled as that record's withdrawal: a rebuild that does not read this cancel again
+        -- (the commit passed it) ends the schedule there all the same.
+        local _, live = reg.state(registry(id))
+        if live and not (done and offset8(live) == offset) then
+          withdrew(offset8(live), -1, place, false, nil)
+        end
         register(id, '-' .. ARGV[i])
       elseif tonumber(ARGV[i]) < reread_to and not done and member == '' and id ~= '' then
         -- No word of it in a state read again: a schedule's record the journal left out (its

@@ -23,9 +23,12 @@ KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1..] quadruples: the id hash, the record's offset (8 bytes), its due ms (as the index has it)
           and its delay-id
 
-Returns: W, the offset (8 bytes) of each of the W records withdrawn, then the offset of each record
-named that neither was withdrawn nor ended its schedule because the registry has the schedule at
-a later record now: carried on since the caller looked (the caller looks again)
+Returns: W, the offset (8 bytes) of each of the W records withdrawn, E, the offset of each of the E
+records named that were not withdrawn but where the registry had a schedule, ended there (its
+occurrence in flight or acknowledged: the journal says so, as a withdrawal of that record, so
+that a rebuild ends it there too), then the offset of each record named that neither was
+withdrawn nor ended its schedule because the registry has the schedule at a later record now:
+carried on since the caller looked (the caller looks again)
 | {"undeclared", wait indexes...}
 ]]
 local shard, refused = withdrawing(1, 10)
@@ -33,7 +36,7 @@ if refused then
   return refused
 end
 local reg = schedule_registry(KEYS[9], redis.call('EXISTS', KEYS[9]) == 1)
-local withdrawn, moved = {}, {}
+local withdrawn, ended_at, moved = {}, {}, {}
 for i = 1, #ARGV, 4 do
   local done, in_flight = withdraw_at(shard, ARGV[i + 1], tonumber(ARGV[i + 2]))
   -- A schedule at that record ends there: waiting, in flight, or its occurrence acknowledged
@@ -41,7 +44,9 @@ for i = 1, #ARGV, 4 do
   local ended = reg.end_at(ARGV[i + 3], ARGV[i + 1], decimal_of(ARGV[i + 1]))
   if done then
     withdrawn[#withdrawn + 1] = ARGV[i + 1]
-  elseif not ended then
+  elseif ended then
+    ended_at[#ended_at + 1] = ARGV[i + 1]
+  else
     -- Carried on since the caller looked (its owner is another replica): the caller looks again.
     local _, at = reg.state(reg.get(ARGV[i + 3]))
     if at and tonumber(at) > tonumber(decimal_of(ARGV[i + 1])) then
@@ -53,9 +58,12 @@ for i = 1, #ARGV, 4 do
   end
 end
 id_flush()
-local out = {#withdrawn}
-for _, offset in ipairs(withdrawn) do
-  out[#out + 1] = offset
+local out = {}
+for _, list in ipairs({withdrawn, ended_at}) do
+  out[#out + 1] = #list
+  for _, offset in ipairs(list) do
+    out[#out + 1] = offset
+  end
 end
 for _, offset in ipairs(moved) do
   out[#out + 1] = offset
