@@ -62,7 +62,8 @@ class Settled:
         # unread, ended it there), and a record carrying the schedule on from one is nothing.
         # One replaced by a record this re-read reads again is not: what replaced it says what
         # the registry has.
-        self._ended: dict[Shard, frozenset[int]] = {}
+        # A record carrying the schedule on from one of them joins them, as it is left out.
+        self._ended: dict[Shard, set[int]] = {}
 
     def load(
         self,
@@ -108,7 +109,7 @@ class Settled:
                     self._delivered[shard] = frozenset(
                         e.offset for e in entries if e.fate == Fate.DELIVERED and e.offset >= start
                     )
-                    self._ended[shard] = ended
+                    self._ended[shard] = set(ended)
                 if offsets:
                     logger.info(
                         "%s[%d] is read again from offset %d; the journal holds the fate of "
@@ -170,13 +171,14 @@ class Settled:
             high, records = stored[shard]
             settled = self._offsets[shard]
             kept: list[Scheduled | Cancel] = []
-            ended = self._ended.get(shard, frozenset())
+            ended = self._ended.get(shard, set())
             for r in records:
-                if isinstance(r, Cancel) or (
-                    r.offset not in settled
-                    and not self._late(shard, r)
-                    and r.continues not in ended
-                ):
+                if isinstance(r, Cancel):
+                    kept.append(r)
+                    continue
+                if r.continues is not None and r.continues in ended:
+                    ended.add(r.offset)  # its schedule ended before it: it is nothing
+                elif r.offset not in settled and not self._late(shard, r):
                     kept.append(self._replacing(shard, r))
                     continue
                 dropped += 1
@@ -197,8 +199,7 @@ class Settled:
         given = record.given_id(shard.topic, shard.partition)
         if given is None:
             return None
-        ended = self._ended.get(shard, frozenset())
-        if record.offset in ended or record.continues in ended:
+        if record.offset in self._ended.get(shard, ()):
             return Cancel(record.offset, given, record.timestamp_ms, left_withdrawn=True)
         if record.offset in self._delivered.get(shard, ()):
             paused = record.carried_on_paused()

@@ -108,6 +108,45 @@ def test_a_schedules_record_left_out_as_cancelled_says_the_schedule_ended_there(
     assert [(c.offset, cast(Cancel, c).left_withdrawn) for c in stored[A][1]] == [(3, True)]
 
 
+def test_a_schedule_the_journal_holds_ended_before_the_start_goes_no_further() -> None:
+    """A cancel read while the schedule's occurrence at offset 2 was delivered (or in flight)
+    ended it there, before the re-read's start (the commit passed both): the records carrying it
+    on from there, and from those, are left out, each where the schedule ended; one replaced from
+    another partition ends it too, and a schedule of the same id made by its producer after the
+    end is not one of them."""
+
+    class Ended(FakeReader):
+        def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+            return [
+                Entry(Fate.DELIVERED, 2, "poll", 1, 2, "orders", 0, 0),
+                Entry(Fate.CANCELLED, 2, "poll", 1, 2, by="delay:1:9"),
+                Entry(Fate.REPLACED, 3, "tick", 1, 2, by="delay:1:10"),
+            ]
+
+    settled = Settled(lambda: cast(JournalReader, Ended({})))
+    settled.load({A: 5}, ends={A: 12})
+
+    def carried(offset: int, sid: str, continues: int | None) -> Scheduled:
+        return Scheduled(offset, 1, "o", None, b"v", [], sid, recurring=True, continues=continues)
+
+    records = [
+        carried(6, "poll", 2),
+        carried(7, "tick", 3),
+        carried(8, "poll", 6),
+        carried(9, "poll", None),
+        carried(10, "poll", 9),
+    ]
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (10, list(records))}
+    assert settled.drop(stored) == 3
+    assert [(r.offset, isinstance(r, Cancel) and r.left_withdrawn) for r in stored[A][1]] == [
+        (6, True),
+        (7, True),
+        (8, True),
+        (9, False),
+        (10, False),
+    ]
+
+
 def test_a_journal_that_cannot_be_read_leaves_the_partition_as_before() -> None:
     reader = FakeReader({A: frozenset({1}), B: frozenset({1})}, failing=frozenset({A}))
     settled = Settled(lambda: cast(JournalReader, reader))
