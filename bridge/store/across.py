@@ -48,9 +48,9 @@ from bridge.store.scripts import CANDIDATES, WITHDRAW, Scripts
 # Where a cancel or replacement found its record in another partition: (shard, offset, due ms,
 # the record's own delay-id when it was named by another: its default id; else "").
 Found = tuple[Shard, int, int, str]
-# Each cancel or replacement, by its (shard, offset, delay-id), with the records it found.
-FoundAt = dict[tuple[Shard, int, str], tuple[Found, ...]]
 Asked = tuple[Shard, int, str]  # a cancel or replacement: its shard, offset and delay-id
+# Each cancel or replacement with the records it found.
+FoundAt = dict[Asked, tuple[Found, ...]]
 # What withdraw.lua is asked to withdraw in one partition: offset (8 bytes) -> the cancel's or
 # replacement's shard and record, the due time there, and the record's own delay-id (or "").
 Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]

@@ -480,12 +480,12 @@ def test_a_cancel_from_another_partition_ends_a_schedule_whose_record_a_rebuild_
 
 
 @pytest.mark.parametrize(
-    ("cancelled_in", "pinned"),
-    [(1, True), (1, False), (0, False)],
-    ids=["across", "unpinned", "own"],
+    ("cancelled_in", "pinned", "ender"),
+    [(1, True, "cancel"), (1, False, "cancel"), (0, False, "cancel"), (0, False, "record")],
+    ids=["across", "unpinned", "own", "own-replaced"],
 )
 def test_a_cancel_that_ended_a_schedule_between_its_records_outlives_a_redis_loss(
-    setup: Setup, bridges: list[Bridge], cancelled_in: int, pinned: bool
+    setup: Setup, bridges: list[Bridge], cancelled_in: int, pinned: bool, ender: str
 ) -> None:
     """As above, the cancel (read in partition 1, or in the schedule's own) ends the schedule
     where the registry has it: at the record whose step was delivered, the record carrying it on
@@ -495,7 +495,9 @@ def test_a_cancel_that_ended_a_schedule_between_its_records_outlives_a_redis_los
     the record carrying the schedule on was stored and its occurrences delivered (the adversary
     with two replicas, seed 4, exactly once: a schedule cancelled from another partition went on
     after a Redis rollback and a wipe). The journal holds the end, as the withdrawal of the
-    schedule's record by the cancel: the re-read ends the schedule there."""
+    schedule's record by the cancel: the re-read ends the schedule there. So does a one-shot
+    record with the schedule's id (it replaces the schedule), journaled as that record's
+    replacement."""
     every, now = _a_step_journaled(setup, bridges, pinned)
     step = 1 if pinned else 0
     target = setup.targets[0].encode()
@@ -503,11 +505,20 @@ def test_a_cancel_that_ended_a_schedule_between_its_records_outlives_a_redis_los
     again = setup.bridge("again").start()
     bridges.append(again)
     wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready again")
+    # The egress wrote the record carrying the schedule on as the step was acknowledged: before
+    # the cancel was read (it is produced below, after Redis lost everything, stamped then).
+    stepped = int(time.time() * 1000)
     produce_to(
         setup.services.bootstrap,
         setup.delay,
         [
-            (cancelled_in, None, [(H_CANCEL, b"poll")]),
+            (cancelled_in, None, [(H_CANCEL, b"poll")])
+            if ender == "cancel"
+            else (
+                cancelled_in,
+                b"one-shot",
+                [(H_TARGET_TOPIC, target), (H_ID, b"poll"), (H_AFTER, b"1ms")],
+            ),
             (cancelled_in, b"read", [(H_TARGET_TOPIC, target)]),
         ],
     )
@@ -518,13 +529,16 @@ def test_a_cancel_that_ended_a_schedule_between_its_records_outlives_a_redis_los
         wait_for(lambda: committed(setup, 0)[1] > step, 30, "committed past the schedule")
     assert wipe(setup) > 0
     carried = _carried_on(every, now, int(time.time() * 1000) + 3000)
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap})
+    headers = [*carried, (H_CONTINUES, str(step).encode())]
+    produce(
+        producer, setup.delay, partition=0, value=b"carried", headers=headers, timestamp=stepped
+    )
+    assert producer.flush(30) == 0
     produce_to(
         setup.services.bootstrap,
         setup.delay,
-        [
-            (0, b"carried", [*carried, (H_CONTINUES, str(step).encode())]),
-            (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")]),
-        ],
+        [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"6s")])],
     )
     counts = counts_through(setup, b"after", 90)
     assert b"carried" not in counts, again.output()[-3000:]

@@ -89,7 +89,9 @@ ARGV[9 + 2V + 3W + T] R, then R triples: the offset of a recurring schedule of t
           record by its default id (waiting or in flight), ends it there
           (the registry says "-" and its offset): whatever the egress wrote from before it is
           not stored, so a cancel read while the schedule's occurrence was in flight, or before
-          the record carrying it on was read, still ends it. A pause or a resume (an entry like
+          the record carrying it on was read, still ends it; the record the schedule was at is
+          then among those withdrawn (due -1), for the journal, so that a rebuild that does not
+          read the cancel again ends it there too. A pause or a resume (an entry like
           a cancel's, its `where` "p" or "r") marks a registered schedule paused or not, and is
           nothing else: the egress skips a paused schedule's occurrences and carries it on. The
           end of a schedule (`where` "e", its record in the triples above with the record it
@@ -662,6 +664,12 @@ for i = first, #ARGV, 5 do
         held[string.sub(member, 1, 8)] = true
         id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
         added = added + 1
+        -- A schedule of that id live at a record this one did not withdraw ends there,
+        -- journaled so (see the cancels above).
+        local _, live = reg.state(registry_any and registry(id))
+        if live and not (done and offset8(live) == offset) then
+          withdrew(offset8(live), -1, place, false, nil)
+        end
         if recurring[ARGV[i]] then  -- a producer's schedule: registered here
           register(id, ARGV[i])
         elseif registry_any and registry(id) then  -- a one-shot record ends the schedule
