@@ -277,7 +277,7 @@ class Membership:
             if start < end:
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
-        self.settled.load(reread, rolled_back, ends)
+        self.settled.load(reread, ends)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

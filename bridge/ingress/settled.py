@@ -6,10 +6,12 @@ was stopped — the records it meets were stored before, and some were delivered
 replaced or dead-lettered since. Redis, which knew, lost it; the journal did not. Before the
 re-read starts, the journal's entries for the partition from there on are read (located by the
 time of the first record re-read, :meth:`JournalReader.settled`), and those records are left
-out of what is stored again. When Redis lost only its latest writes (a failover, an AOF tail:
-its watermark went back), the acknowledgements among them are lost too, and the records they
-removed are back, waiting or in flight: the journal's entries from there on name them, and they
-are forgotten in Redis (settle.lua) before the partition's claims resume. What was delivered and
+out of what is stored again. When Redis lost only its latest writes (a failover, an AOF tail),
+the acknowledgements among them are lost too, and the records they removed are back, waiting or
+in flight: the journal's entries from there on name them, and they are forgotten in Redis
+(settle.lua) before the partition's claims resume — on every read again, as Redis's watermark
+need not have gone back past the group's commit for it (the acknowledgements of records stored
+before the last writes it kept). What was delivered and
 not yet journaled when Redis lost it is delivered again: at most the records in flight then.
 A record that replaced exactly one left out (``delay-replaces``, as the journal's entry says)
 stands: that record is gone because this one replaced it, not because it left before.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 
 from bridge.errors import BridgeError, StoreError
 from bridge.journal import Entry, Fate, JournalReader
@@ -65,16 +67,12 @@ class Settled:
         # A record carrying the schedule on from one of them joins them, as it is left out.
         self._ended: dict[Shard, set[int]] = {}
 
-    def load(
-        self,
-        starts: Mapping[Shard, int],
-        rolled_back: Collection[Shard] = (),
-        ends: Mapping[Shard, int] | None = None,
-    ) -> None:
+    def load(self, starts: Mapping[Shard, int], ends: Mapping[Shard, int] | None = None) -> None:
         """These partitions are read again from these offsets (up to ``ends``, where each
-        partition ended then): learn what of them is settled. Those ``rolled_back`` (Redis lost
-        writes it had taken) also have what the journal holds of their records before the start
-        forgotten in Redis, before their claims resume."""
+        partition ended then): learn what of them is settled. What the journal holds of their
+        records before the start is forgotten in Redis, before their claims resume: Redis may
+        have lost writes it had taken, acknowledgements among them, with nothing to tell (its
+        watermark past the group's commit, and the replica that knew better dead)."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
@@ -119,8 +117,7 @@ class Settled:
                         start,
                         len(offsets),
                     )
-                if shard in rolled_back:
-                    self._forget_put_back(shard, [e for e in entries if e.offset < start])
+                self._forget_put_back(shard, [e for e in entries if e.offset < start])
         finally:
             reader.close()
 

@@ -642,6 +642,56 @@ def test_a_rollback_of_writes_the_groups_commit_never_saw_delivers_nothing_again
     assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
 
 
+def test_a_rollback_of_acknowledgements_no_commit_saw_delivers_nothing_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """As above, but the writes Redis loses are the acknowledgements of 20 records delivered
+    (and journaled), and the storing of 5 more after them: Redis is back at its watermark with
+    the 20 waiting again. The watermark is past the group's commit, so nothing says a write was
+    lost; the next owner reads the 5 again from the watermark, leaving out what the journal says
+    of them, and delivered the 20 again (the adversary with two replicas, seed 13, exactly once:
+    56 records twice). A new owner forgets in Redis what the journal holds of the records before
+    where it starts reading, as it does after a rollback it finds."""
+    target = setup.targets[0].encode()
+    first = setup.bridge("first").start()
+    bridges.append(first)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
+    )
+    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    second = _never_committing(setup, "second")
+    bridges.append(second)
+    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    soon: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"4s")]) for i in range(20)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, soon)
+    wait_for(lambda: metric(second, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
+    snapshot = snapshot_keys(setup)
+    later: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"later-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]) for i in range(5)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, later)
+    wait_for(
+        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
+    second.kill()
+    roll_back(setup, snapshot)
+    assert committed(setup)[0] == 1  # the commit never saw the 25
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
+    counts = counts_through(setup, b"after", 90)
+    assert set(counts) == {v for _, v, _ in soon} | {b"after"}, counts
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+
+
 def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

@@ -177,17 +177,17 @@ class FakeStore:
         return len(settled)
 
 
-def test_a_rolled_back_partition_forgets_in_redis_what_the_journal_settled_before_its_start() -> (
+def test_a_partition_read_again_forgets_in_redis_what_the_journal_settled_before_its_start() -> (
     None
 ):
-    """Redis lost writes, acknowledgements among them: the records they removed are back in
-    Redis, below where the re-read starts. Only a rolled-back partition's are forgotten (a
-    partition read again for another reason holds none of them)."""
+    """Redis may have lost writes, acknowledgements among them, with nothing to tell (the
+    adversary with two replicas, seed 13): the records they removed are back in Redis, below
+    where the re-read starts. Every partition read again has them forgotten."""
     store = FakeStore()
     reader = FakeReader({A: frozenset({1, 2, 6}), B: frozenset({1, 7})})
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
-    settled.load({A: 5, B: 5}, rolled_back={A})
-    assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])]
+    settled.load({A: 5, B: 5})
+    assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")]), (B, [(1, 10, "id-1")])]
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (6, [rec(5), rec(6)])}
     assert settled.drop(stored) == 1 and [r.offset for r in stored[A][1]] == [5]
 
