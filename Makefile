@@ -90,7 +90,7 @@ BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
 BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/test_store_model.py \
   tests/integration/test_ops.py tests/integration/test_redis_modes.py tests/integration/test_hostile.py \
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
-  tests/integration/test_dialects.py tests/integration/test_cancel_pipeline.py \
+  tests/integration/test_dialects.py \
   tests/integration/test_recurring.py tests/integration/test_testbed.py \
   tests/integration/test_recovery.py tests/integration/test_rebuild_cancels.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
