@@ -480,6 +480,26 @@ def _never_committing(setup: Setup, name: str) -> Bridge:
     return bridge.start()
 
 
+def _pinned_then_never_committing(setup: Setup, bridges: list[Bridge]) -> Bridge:
+    """A bridge stores a record waiting an hour in partition 0 (its commit stays at offset 1)
+    and stops; then a bridge that never commits (:func:`_never_committing`) runs, ready."""
+    target = setup.targets[0].encode()
+    first = setup.bridge("first").start()
+    bridges.append(first)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
+    )
+    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    second = _never_committing(setup, "second")
+    bridges.append(second)
+    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    return second
+
+
 def test_redis_lost_after_a_bridge_died_before_its_first_commit_delivers_nothing_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
@@ -608,19 +628,7 @@ def test_a_rollback_of_writes_the_groups_commit_never_saw_delivers_nothing_again
     delivered them again (the adversary with two replicas, seed 13, exactly once: 18 records
     twice). Whatever a new owner reads, it leaves out what the journal says is settled."""
     target = setup.targets[0].encode()
-    first = setup.bridge("first").start()
-    bridges.append(first)
-    produce_to(
-        setup.services.bootstrap,
-        setup.delay,
-        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
-    )
-    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
-    first.signal(signal.SIGTERM)
-    assert first.wait(30) == 0
-    second = _never_committing(setup, "second")
-    bridges.append(second)
-    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    second = _pinned_then_never_committing(setup, bridges)
     snapshot = snapshot_keys(setup)
     now: list[tuple[int, bytes | None, Headers]] = [
         (0, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]) for i in range(20)
@@ -653,19 +661,7 @@ def test_a_rollback_of_acknowledgements_no_commit_saw_delivers_nothing_again(
     56 records twice). A new owner forgets in Redis what the journal holds of the records before
     where it starts reading, as it does after a rollback it finds."""
     target = setup.targets[0].encode()
-    first = setup.bridge("first").start()
-    bridges.append(first)
-    produce_to(
-        setup.services.bootstrap,
-        setup.delay,
-        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
-    )
-    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
-    first.signal(signal.SIGTERM)
-    assert first.wait(30) == 0
-    second = _never_committing(setup, "second")
-    bridges.append(second)
-    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    second = _pinned_then_never_committing(setup, bridges)
     soon: list[tuple[int, bytes | None, Headers]] = [
         (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"4s")]) for i in range(20)
     ]

@@ -458,6 +458,17 @@ local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = own
 end
 
+-- The schedule `sid` ends by the entry at `place`: live at a record that entry did not withdraw
+-- (`took`: the offset it withdrew, or false) — in flight, or its occurrence acknowledged and the
+-- record carrying it on not read yet — the end is journaled as that record's withdrawal, so a
+-- rebuild that does not read the entry again (the commit passed it) ends the schedule there too.
+local function journal_end(sid, took, place)
+  local _, live = reg.state(registry(sid))
+  if live and offset8(live) ~= took then
+    withdrew(offset8(live), -1, place, false, nil)
+  end
+end
+
 -- Each record stored whole counts for its target (written with the records, by flush: one
 -- HINCRBY a target).
 local stored_by = new_counts()
@@ -572,14 +583,7 @@ for i = first, #ARGV, 5 do
         unmatch(i, place)
       end
       if registry_any and id ~= '' and registry(id) then
-        -- The schedule ends. Live at a record this cancel did not withdraw (in flight, or its
-        -- occurrence acknowledged and the record carrying it on not read yet), the end is
-        -- journaled as that record's withdrawal: a rebuild that does not read this cancel again
-        -- (the commit passed it) ends the schedule there all the same.
-        local _, live = reg.state(registry(id))
-        if live and not (done and offset8(live) == offset) then
-          withdrew(offset8(live), -1, place, false, nil)
-        end
+        journal_end(id, done and offset, place)
         register(id, '-' .. ARGV[i])
       elseif tonumber(ARGV[i]) < reread_to and not done and member == '' and id ~= '' then
         -- No word of it in a state read again: a schedule's record the journal left out (its
@@ -664,11 +668,8 @@ for i = first, #ARGV, 5 do
         held[string.sub(member, 1, 8)] = true
         id_put(KEYS[5], hash, string.sub(member, 1, 8), due_of(score))
         added = added + 1
-        -- A schedule of that id live at a record this one did not withdraw ends there,
-        -- journaled so (see the cancels above).
-        local _, live = reg.state(registry_any and registry(id))
-        if live and not (done and offset8(live) == offset) then
-          withdrew(offset8(live), -1, place, false, nil)
+        if registry_any then
+          journal_end(id, done and offset, place)
         end
         if recurring[ARGV[i]] then  -- a producer's schedule: registered here
           register(id, ARGV[i])
