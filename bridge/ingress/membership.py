@@ -86,10 +86,8 @@ class Membership:
             on_retired=owner.assigned,
             known_ids=facts.known,
             # A new incarnation is read from its beginning (OFFSET_BEGINNING) as new.
-            on_reread=lambda starts, rolled_back: self.reading_again(
-                starts,
-                again=[s for s, o in starts.items() if o != OFFSET_BEGINNING],
-                rolled_back=rolled_back,
+            on_reread=lambda starts, _: self.reading_again(
+                starts, again=[s for s, o in starts.items() if o != OFFSET_BEGINNING]
             ),
             marks=catch_up.marks,
         )
@@ -155,7 +153,7 @@ class Membership:
         self.reading_again(
             starts,
             again=[s for s in stored if s not in marks or s in rolled_back or s in unfinished],
-            rolled_back=rolled_back,
+            written={s: p.written for s, p in points.items() if p.written is not None},
         )
         self.positions.assigned.update(shards)
         self.lost = frozenset()  # the group formed again: what is not ours now is another's
@@ -243,15 +241,16 @@ class Membership:
         self,
         starts: Mapping[Shard, int],
         again: Collection[Shard] = (),
-        rolled_back: Collection[Shard] = (),
+        written: Mapping[Shard, int] | None = None,
     ) -> None:
         """The consumer reads these shards from these offsets (OFFSET_BEGINNING: the log's
         start): hold their due records until it reaches where each partition ends now (see
         bridge.catchup). Without the end offset the shard is not held: said once, the records
         flow as they would have before. Each leaves out what the journal says is settled from
-        its start on; those read ``again`` (stored before, and Redis lost them) are marked so in
-        Redis until they reach their end, and those ``rolled_back`` also have what Redis put
-        back forgotten (bridge.ingress.settled)."""
+        its start on, and has what Redis put back forgotten (bridge.ingress.settled): the
+        journal is read from its start's record, or from when Redis last took a write of it
+        (``written``) if that is earlier. Those read ``again`` (stored before, and
+        Redis lost them) are marked so in Redis until they reach their end."""
         reread: dict[Shard, int] = {}
         ends: dict[Shard, int] = {}
         for shard, asked in starts.items():
@@ -273,11 +272,13 @@ class Membership:
             # Read after a loss, or by a new owner where the last one stopped: either way what
             # follows may have been stored and settled by an owner whose writes Redis lost while
             # the group's commit never saw them (it died before its next commit). The journal
-            # says; a partition read live from its end has nothing of it.
-            if start < end:
+            # says. A partition read live from its end has nothing of it, but what Redis put
+            # back when it lost the acknowledgements among its last writes: the journal from
+            # the last write it kept says.
+            if start < end or (written and shard in written):
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
-        self.settled.load(reread, ends)
+        self.settled.load(reread, ends, written)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

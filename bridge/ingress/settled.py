@@ -67,12 +67,20 @@ class Settled:
         # A record carrying the schedule on from one of them joins them, as it is left out.
         self._ended: dict[Shard, set[int]] = {}
 
-    def load(self, starts: Mapping[Shard, int], ends: Mapping[Shard, int] | None = None) -> None:
-        """These partitions are read again from these offsets (up to ``ends``, where each
-        partition ended then): learn what of them is settled. What the journal holds of their
-        records before the start is forgotten in Redis, before their claims resume: Redis may
-        have lost writes it had taken, acknowledgements among them, with nothing to tell (its
-        watermark past the group's commit, and the replica that knew better dead)."""
+    def load(
+        self,
+        starts: Mapping[Shard, int],
+        ends: Mapping[Shard, int] | None = None,
+        written: Mapping[Shard, int] | None = None,
+    ) -> None:
+        """These partitions are read from these offsets (up to ``ends``, where each partition
+        ended then; one that starts there has nothing to read again): learn what of them is
+        settled. What the journal holds of their records before the start is forgotten in
+        Redis, before their claims resume: Redis may have lost writes it had taken,
+        acknowledgements among them, with nothing to tell (its watermark past the group's
+        commit, and the replica that knew better dead). The journal is read from when their
+        start's record was produced, or from the last write Redis kept of them (``written``,
+        meta "written") if that is earlier: the acknowledgements it lost came after."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
@@ -80,7 +88,13 @@ class Settled:
         try:
             for shard, start in starts.items():
                 try:
-                    entries = reader.fates(shard, start, ids.get(shard.topic, ""))
+                    entries = reader.fates(
+                        shard,
+                        start,
+                        ids.get(shard.topic, ""),
+                        since_ms=(written or {}).get(shard),
+                        at_end=start >= (ends or {}).get(shard, start + 1),
+                    )
                 except BridgeError as exc:
                     logger.warning(
                         "journal not read for the re-read of %s[%d] from offset %d (%s): "

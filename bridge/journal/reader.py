@@ -118,13 +118,24 @@ class JournalReader:
             self._partitions = len(topic.partitions)
         return self._partitions
 
-    def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
-        """The entries of ``shard``'s records written since the record at ``start`` was produced:
-        those from ``start`` on are what a re-read from there must not schedule again; those
-        before, what a rollback of Redis may have put back (see bridge.ingress.settled). With
-        ``topic_id``, entries written for another incarnation of the topic are left out."""
-        _, stamped = self.delay_record(shard, start)
-        from_ms = 0 if stamped is None else stamped - CLOCK_SLACK_MS
+    def fates(
+        self,
+        shard: Shard,
+        start: int,
+        topic_id: str = "",
+        *,
+        since_ms: int | None = None,
+        at_end: bool = False,
+    ) -> list[Entry]:
+        """The entries of ``shard``'s records written since the record at ``start`` was produced,
+        or since ``since_ms`` when that is earlier (when Redis last acknowledged a record of the
+        shard); ``at_end``: no record is at ``start`` yet, ``since_ms`` alone says. Those from
+        ``start`` on are what a re-read from there must not schedule again; those before, what a
+        rollback of Redis may have put back (see bridge.ingress.settled). With ``topic_id``,
+        entries written for another incarnation of the topic are left out."""
+        stamped = None if at_end else self.delay_record(shard, start)[1]
+        known = [t for t in (stamped, since_ms) if t is not None]
+        from_ms = min(known) - CLOCK_SLACK_MS if known else 0
         found = self.scan(
             self.partition_of(shard),
             from_ms,

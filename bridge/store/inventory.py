@@ -37,13 +37,27 @@ SCAN_CHUNKS = 4  # reference chunks an HMGET of a scan reads (up to 1,023 refere
 
 
 class ResumePoint(NamedTuple):
-    """Where an owner of a shard goes on: its watermark, the offset to read from, and whether an
+    """Where an owner of a shard goes on: its watermark, the offset to read from, whether an
     earlier owner was reading it again after Redis lost it, not yet up to where it ended (meta
-    "reread", see add.lua)."""
+    "reread", see add.lua), and when Redis last took a write of it (an add or an
+    acknowledgement: meta "written", epoch ms; None: a state made before it was kept)."""
 
     mark: int
     start: int
     reread: bool = False
+    written: int | None = None
+
+    @classmethod
+    def read(
+        cls, mark: int, left: bytes | None, reread: bytes | None, at: bytes | None
+    ) -> ResumePoint:
+        """The shard's, from its watermark and the meta fields :data:`RESUME_FIELDS`."""
+        kept = [int(t.split(b":")[0]) for t in (left or b"").split()]
+        written = None if at is None else int(at)
+        return cls(mark, min([mark + 1, *kept]), bool(reread), written)
+
+
+RESUME_FIELDS = ["withdrawing", "reread", "written"]  # what a resume point reads of meta
 
 
 class Inventory:
@@ -289,14 +303,13 @@ class Inventory:
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
-                pipe.hmget(self.keys.of(shard).meta, ["ingested", "withdrawing", "reread"])
+                pipe.hmget(self.keys.of(shard).meta, ["ingested", *RESUME_FIELDS])
             values = pipe.execute()
-        out: dict[Shard, ResumePoint] = {}
-        for shard, (mark, left, reread) in zip(shards, values, strict=True):
-            if mark is not None:
-                kept = [int(t.split(b":")[0]) for t in (left or b"").split()]
-                out[shard] = ResumePoint(int(mark), min([int(mark) + 1, *kept]), bool(reread))
-        return out
+        return {
+            shard: ResumePoint.read(int(mark), *rest)
+            for shard, (mark, *rest) in zip(shards, values, strict=True)
+            if mark is not None
+        }
 
     def stored_shards(self, topic: str) -> list[Shard]:
         """The live shards of ``topic`` that Redis holds state for, by partition: what the

@@ -688,6 +688,50 @@ def test_a_rollback_of_acknowledgements_no_commit_saw_delivers_nothing_again(
     assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
 
 
+def test_a_rollback_of_acknowledgements_alone_delivers_nothing_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """As above, with no record after the 20: Redis loses their acknowledgements alone, its
+    watermark where it was, so the next owner reads the partition from its end, with nothing to
+    read again, and the journal was not read: the 20 were delivered again. Redis notes when it
+    last acknowledged a record of the partition (meta "acked"): the next owner reads the journal
+    from then and forgets in Redis what it holds."""
+    target = setup.targets[0].encode()
+    first = setup.bridge("first").start()
+    bridges.append(first)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
+    )
+    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    second = _never_committing(setup, "second")
+    bridges.append(second)
+    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    soon: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")]) for i in range(20)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, soon)
+    wait_for(lambda: metric(second, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
+    snapshot = snapshot_keys(setup)
+    wait_for(
+        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
+    second.kill()
+    roll_back(setup, snapshot)
+    again = setup.bridge("again").start()
+    bridges.append(again)
+    wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready: read from the end")
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
+    counts = counts_through(setup, b"after", 90)
+    assert set(counts) == {v for _, v, _ in soon} | {b"after"}, counts
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+
+
 def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

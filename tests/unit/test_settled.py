@@ -24,7 +24,9 @@ class FakeReader:
         self.asked: list[tuple[Shard, int]] = []
         self.closed = False
 
-    def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+    def fates(
+        self, shard: Shard, start: int, topic_id: str = "", **_: int | bool | None
+    ) -> list[Entry]:
         """Every entry of the shard, before ``start`` too (the real reader's are since the
         record at ``start`` was produced, which may hold fates of earlier offsets)."""
         self.asked.append((shard, start))
@@ -92,7 +94,9 @@ def test_a_schedules_record_left_out_says_where_the_schedule_is() -> None:
 
 def test_a_schedules_record_left_out_as_cancelled_says_the_schedule_ended_there() -> None:
     class Withdrawn(FakeReader):
-        def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+        def fates(
+            self, shard: Shard, start: int, topic_id: str = "", **_: int | bool | None
+        ) -> list[Entry]:
             return [
                 Entry(Fate.CANCELLED, 3, "poll", 1, 2, by="delay:1:9"),
                 Entry(Fate.REPLACED, 4, "poll", 1, 2, by="delay:0:8"),
@@ -116,7 +120,9 @@ def test_a_schedule_the_journal_holds_ended_before_the_start_goes_no_further() -
     end is not one of them."""
 
     class Ended(FakeReader):
-        def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+        def fates(
+            self, shard: Shard, start: int, topic_id: str = "", **_: int | bool | None
+        ) -> list[Entry]:
             return [
                 Entry(Fate.DELIVERED, 2, "poll", 1, 2, "orders", 0, 0),
                 Entry(Fate.CANCELLED, 2, "poll", 1, 2, by="delay:1:9"),
@@ -199,7 +205,9 @@ class ReplacedReader(FakeReader):
         super().__init__({A: delivered})
         self._replaced = replaced
 
-    def fates(self, shard: Shard, start: int, topic_id: str = "") -> list[Entry]:
+    def fates(
+        self, shard: Shard, start: int, topic_id: str = "", **_: int | bool | None
+    ) -> list[Entry]:
         return super().fates(shard, start, topic_id) + [
             Entry(Fate.REPLACED, o, f"id-{o}", 10 * o, 1, by=by) for o, by in self._replaced.items()
         ]

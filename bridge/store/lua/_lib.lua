@@ -973,6 +973,10 @@ local function ack(keys, argv, first)
   if n == 0 or (redis.call('HGET', keys[6], 'epoch') or '') ~= epoch then
     return 0
   end
+  -- When Redis last took a write of the shard (meta "written", Redis's clock; add.lua too): a
+  -- new owner reads the journal from then, for what a rollback may have put back
+  -- (bridge.ingress.settled).
+  redis.call('HSET', keys[6], 'written', now_ms(''))
   local offsets = {}
   for i = 1, n do
     offsets[i] = argv[first + 1 + i]

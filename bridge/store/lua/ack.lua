@@ -6,7 +6,8 @@ KEYS[2]  claimed        HASH  offset -> member
 KEYS[3]  low index      ZSET  offset bucket -> 0
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
-KEYS[6]  meta           HASH  "epoch" -> the state's epoch (none until a retire)
+KEYS[6]  meta           HASH  "epoch" -> the state's epoch (none until a retire); "written" -> when
+                              Redis last took a write of the shard (epoch ms, its clock)
 KEYS[7]  targets        HASH  target -> records held whole (see _lib.lua)
 ARGV[1]  the epoch the records were claimed in ("" before any retire)
 ARGV[2]  n, the number of offsets

@@ -27,7 +27,9 @@ second): nothing is written and the caller re-reads the delay topic from a point
 covers (see bridge.ingress).
 
 KEYS[1]  due index      ZSET  member -> score (due ms in its lane)
-KEYS[2]  meta           HASH  field "ingested" -> highest offset handled
+KEYS[2]  meta           HASH  field "ingested" -> highest offset handled, "written" -> when it
+                              moved on (epoch ms, Redis's clock; acknowledgements too: see ack
+                              in _lib.lua)
                               "floor" -> the lowest offset this state applied (set once),
                               "withdrawing" -> entries not yet looked for in other partitions
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
@@ -685,7 +687,7 @@ clear_pending()
 append_references()
 id_flush()
 if tonumber(ARGV[2]) > watermark then
-  redis.call('HSET', KEYS[2], 'ingested', ARGV[2])
+  redis.call('HSET', KEYS[2], 'ingested', ARGV[2], 'written', now_ms(''))
 end
 if not mark then
   redis.call('HSET', KEYS[2], 'floor', floor)
