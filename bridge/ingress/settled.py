@@ -80,7 +80,10 @@ class Settled:
         acknowledgements among them, with nothing to tell (its watermark past the group's
         commit, and the replica that knew better dead). The journal is read from when their
         start's record was produced, or from the last write Redis kept of them (``written``,
-        meta "written") if that is earlier: the acknowledgements it lost came after."""
+        meta "written") if that is earlier: the acknowledgements it lost came after.
+        ``written`` is given at an assignment: records it finds in flight are left leased, for
+        the take-over's reconciliation to look up (bridge.journal.reconcile) — an earlier owner
+        left them so, whether Redis lost anything or not."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
@@ -131,18 +134,20 @@ class Settled:
                         start,
                         len(offsets),
                     )
-                self._forget_put_back(shard, [e for e in entries if e.offset < start])
+                before = [e for e in entries if e.offset < start]
+                self._forget_put_back(shard, before, leased=written is None)
         finally:
             reader.close()
 
-    def _forget_put_back(self, shard: Shard, entries: list[Entry]) -> None:
+    def _forget_put_back(self, shard: Shard, entries: list[Entry], leased: bool) -> None:
         """Forget in Redis the records a rollback put back after their fate was journaled (their
-        acknowledgement was among the writes lost): they would be delivered again."""
+        acknowledgement was among the writes lost): they would be delivered again. ``leased``:
+        those in flight too."""
         if self._store is None or not entries:
             return
         try:
             forgotten = self._store.settle(
-                shard, [(e.offset, e.due_ms, e.delay_id) for e in entries]
+                shard, [(e.offset, e.due_ms, e.delay_id) for e in entries], leased=leased
             )
         except StoreError as exc:
             logger.warning(

@@ -315,18 +315,17 @@ class Store:
         calls = [(ACK.keys(self.keys(s)), b.argv()) for s, b in acks.items() if b.members]
         return sum(self.scripts.call(ACK, calls))
 
-    def settle(self, shard: Shard, settled: Iterable[tuple[int, int, str]]) -> int:
+    def settle(
+        self, shard: Shard, settled: Iterable[tuple[int, int, str]], *, leased: bool = True
+    ) -> int:
         """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
-        delay-id) each, as the journal has them — waiting or in flight (see settle.lua): what a
-        rollback of Redis put back after their delivery. Returns how many were still there."""
-        args = settle_argv(
-            [
-                (o, due, id_hash(shard.topic, delay_id) if delay_id else b"")
-                for o, due, delay_id in settled
-            ]
-        )
-        if not args:
+        delay-id) each, as the journal has them — waiting or, with ``leased``, in flight (see
+        settle.lua): what a rollback of Redis put back after their delivery. Returns how many
+        were still there."""
+        given = [(o, due, id_hash(shard.topic, i) if i else b"") for o, due, i in settled]
+        if not given:
             return 0
+        args = settle_argv(given, leased)
         return sum(self.scripts.call(SETTLE, [(SETTLE.keys(self.keys(shard)), args)]))
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:

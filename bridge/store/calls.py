@@ -390,10 +390,10 @@ def withdraw_argv(topic: str, hits: Sequence[tuple[str, bytes, int]]) -> list[An
     return [x for i, o, due in hits for x in (id_hash(topic, i), o, due, i)]
 
 
-def settle_argv(settled: Sequence[tuple[int, int, bytes]]) -> list[Any]:
-    """settle.lua: per record whose fate is sealed, its offset, due ms and delay-id hash (b"":
-    its default id)."""
-    return [x for o, due, hashed in settled for x in (offset_bytes(o), due, hashed)]
+def settle_argv(settled: Sequence[tuple[int, int, bytes]], leased: bool = True) -> list[Any]:
+    """settle.lua: whether to forget records in flight too, then per record whose fate is sealed,
+    its offset, due ms and delay-id hash (b"": its default id)."""
+    return ["1" if leased else "0", *(x for o, d, h in settled for x in (offset_bytes(o), d, h))]
 
 
 def incarnation_argv(topic_id: str, label: str, force: bool) -> list[Any]:

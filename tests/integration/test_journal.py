@@ -694,22 +694,10 @@ def test_a_rollback_of_acknowledgements_alone_delivers_nothing_again(
     """As above, with no record after the 20: Redis loses their acknowledgements alone, its
     watermark where it was, so the next owner reads the partition from its end, with nothing to
     read again, and the journal was not read: the 20 were delivered again. Redis notes when it
-    last acknowledged a record of the partition (meta "acked"): the next owner reads the journal
+    last took a write of the partition (meta "written"): the next owner reads the journal
     from then and forgets in Redis what it holds."""
     target = setup.targets[0].encode()
-    first = setup.bridge("first").start()
-    bridges.append(first)
-    produce_to(
-        setup.services.bootstrap,
-        setup.delay,
-        [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])],
-    )
-    wait_for(lambda: committed(setup)[0] == 1, 60, "the first record stored and committed")
-    first.signal(signal.SIGTERM)
-    assert first.wait(30) == 0
-    second = _never_committing(setup, "second")
-    bridges.append(second)
-    wait_for(lambda: second.get("/readyz")[0] == 200, 60, "ready")
+    second = _pinned_then_never_committing(setup, bridges)
     soon: list[tuple[int, bytes | None, Headers]] = [
         (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")]) for i in range(20)
     ]

@@ -177,9 +177,11 @@ def test_without_a_journal_or_after_a_revoke_nothing_is_left_out() -> None:
 class FakeStore:
     def __init__(self) -> None:
         self.settled: list[tuple[Shard, list[tuple[int, int, str]]]] = []
+        self.leased: list[bool] = []
 
-    def settle(self, shard: Shard, settled: list[tuple[int, int, str]]) -> int:
+    def settle(self, shard: Shard, settled: list[tuple[int, int, str]], *, leased: bool) -> int:
         self.settled.append((shard, list(settled)))
+        self.leased.append(leased)
         return len(settled)
 
 
@@ -194,8 +196,20 @@ def test_a_partition_read_again_forgets_in_redis_what_the_journal_settled_before
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
     settled.load({A: 5, B: 5})
     assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")]), (B, [(1, 10, "id-1")])]
+    assert store.leased == [True, True], "records in flight too: no take-over looks them up"
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (6, [rec(5), rec(6)])}
     assert settled.drop(stored) == 1 and [r.offset for r in stored[A][1]] == [5]
+
+
+def test_an_assignment_leaves_records_in_flight_to_the_take_overs_reconciliation() -> None:
+    """At an assignment (when Redis last took a write of each partition given), what an earlier
+    owner left leased is the take-over's to look up in the journal: only what waits is
+    forgotten here."""
+    store = FakeStore()
+    reader = FakeReader({A: frozenset({1, 2, 6})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
+    settled.load({A: 5}, {A: 7}, written={A: 1})
+    assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])] and store.leased == [False]
 
 
 class ReplacedReader(FakeReader):

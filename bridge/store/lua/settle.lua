@@ -15,7 +15,9 @@ KEYS[7]  references     HASH  "count" -> references waiting
 KEYS[8]  waits          SET   targets with a wait index
 KEYS[9]  targets        HASH  target -> records held whole (see _lib.lua)
 KEYS[10..] the wait indexes the SET lists (see undeclared in _lib.lua)
-ARGV[1..] triples: the record's offset (8 bytes), its due ms, the hash of its caller-given
+ARGV[1]  "1": forget records in flight too; "0": leave them leased (a take-over's
+         reconciliation looks them up: bridge.journal.reconcile)
+ARGV[2..] triples: the record's offset (8 bytes), its due ms, the hash of its caller-given
           delay-id ("": none)
 
 Returns: the number of records removed | {"undeclared", wait indexes...}
@@ -25,16 +27,19 @@ if refused then
   return refused
 end
 local removed = 0
-for i = 1, #ARGV, 3 do
+local leased_too = ARGV[1] == '1'
+for i = 2, #ARGV, 3 do
   local offset = ARGV[i]
   local done = false
   local claimed = redis.call('HGET', KEYS[1], offset)
   if claimed then
-    redis.call('HDEL', KEYS[1], offset)
-    count_members(KEYS[9], {claimed}, -1)
-    redis.call('ZREM', shard.inflight, offset)
-    mark_pending(shard.pending, shard.low, {offset}, false)
-    done = true
+    if leased_too then
+      redis.call('HDEL', KEYS[1], offset)
+      count_members(KEYS[9], {claimed}, -1)
+      redis.call('ZREM', shard.inflight, offset)
+      mark_pending(shard.pending, shard.low, {offset}, false)
+      done = true
+    end
   else
     done = withdraw_at(shard, offset, tonumber(ARGV[i + 1]))
   end
