@@ -114,11 +114,13 @@ not waiting) wherever it waits, however it is known; returns whether it did, whe
 flight instead, and the member it took (nil: a reference's, or none). It leaves the id index as
 it is.
 
-ack(keys, argv, first): forget records Kafka acknowledged (ack.lua; claim.lua takes the
-acknowledgements of its shard along, saving a call). argv[first] is the epoch the records were
-claimed in, argv[first + 1] n, then n offsets (8 bytes each), then how many of them have a
-caller-given delay-id, then their targets (named_targets); keys are {in-flight, claimed, low,
-pending, id index, meta, targets}.
+ack(keys, argv, first, now): forget records Kafka acknowledged (ack.lua; claim.lua takes the
+acknowledgements of its shard along, saving a call) at ``now`` ms, noted in meta "written": a new
+owner reads the journal from then, for what a rollback may have put back (bridge.ingress.settled);
+the earliest clock the caller knows, so a clock ahead never starts that read too late.
+argv[first] is the epoch the records were claimed in, argv[first + 1] n, then n offsets (8 bytes
+each), then how many of them have a caller-given delay-id, then their targets (named_targets);
+keys are {in-flight, claimed, low, pending, id index, meta, targets}.
 Acknowledgements of another epoch than the shard's (meta "epoch", set when incarnation.lua
 retires its state) are dropped: their records were retired, where the mover delivers them
 again, and the offsets now belong to other records. An acknowledged offset is no longer pending
@@ -968,15 +970,12 @@ local function unvouched(shard, hashes, vouched)
   return asked
 end
 
-local function ack(keys, argv, first)
+local function ack(keys, argv, first, now)
   local epoch, n = argv[first], tonumber(argv[first + 1])
   if n == 0 or (redis.call('HGET', keys[6], 'epoch') or '') ~= epoch then
     return 0
   end
-  -- When Redis last took a write of the shard (meta "written", Redis's clock; add.lua too): a
-  -- new owner reads the journal from then, for what a rollback may have put back
-  -- (bridge.ingress.settled).
-  redis.call('HSET', keys[6], 'written', now_ms(''))
+  redis.call('HSET', keys[6], 'written', now)
   local offsets = {}
   for i = 1, n do
     offsets[i] = argv[first + 1 + i]

@@ -19,4 +19,4 @@ ARGV[n+4..]   T, then T target names, then 2 bytes per offset: the number of its
 
 Returns: the number of records removed (0 when the epoch is not the shard's).
 ]]
-return ack(KEYS, ARGV, 1)
+return ack(KEYS, ARGV, 1, now_ms(''))

@@ -75,12 +75,12 @@ Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease 
           clock at the end lets it carry Redis's clock on from its reply (a claim of many records
           runs for ms).
 ]]
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9]}, ARGV, 12)
 local target = ARGV[9]
 local now = now_ms(ARGV[3])
 if ARGV[11] ~= '' then
   now = math.min(now, tonumber(ARGV[11]))
 end
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9]}, ARGV, 12, now)
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
 local deadline = string.format('%d', now + tonumber(ARGV[2]))
