@@ -25,6 +25,8 @@ from bridge.store import Shard
 logger = logging.getLogger(__name__)
 READ_BACK_RESULTS = ("stored", "missing", "refused")
 REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "offsets-went-back")
+# Why Redis handed out again a record whose fate was sealed (delay_bridge_redeliveries_avoided).
+AVOIDED_CAUSES = ("take-over", "lease-expired", "redis-lost-writes")
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
 LATENESS_BUCKETS = (
@@ -134,6 +136,15 @@ class Metrics:
         self.redelivered = Counter(
             "delay_bridge_redelivered",
             "Leases that expired and were handed out again",
+            registry=registry,
+        )
+        self.redeliveries_avoided = Counter(
+            "delay_bridge_redeliveries_avoided",
+            "Records Redis held again after their fate was sealed (delivered, cancelled, "
+            "dead-lettered: the journal or this replica's transactions say), forgotten instead "
+            "of delivered again: left in flight by an earlier owner (take-over), claimed again "
+            "after their lease (lease-expired), put back by a rollback (redis-lost-writes)",
+            ["delay_topic", "cause"],
             registry=registry,
         )
         self.lateness = BatchHistogram(
@@ -355,44 +366,54 @@ class Metrics:
             self.ingested.labels(delay_topic=topic)
             for cause in REBUILD_CAUSES:
                 self.rebuilds.labels(delay_topic=topic, cause=cause)
+            for cause in AVOIDED_CAUSES:
+                self.redeliveries_avoided.labels(delay_topic=topic, cause=cause)
 
-    def set_lag(self, positions: Mapping[Shard, int | None], stats: Mapping[str, Any]) -> int:
-        """Update the lag gauges from a librdkafka statistics document; returns brokers up.
-
-        ``positions`` is the next offset to store per owned shard (watermark + 1), or None when
-        Redis has not told yet (then the committed offset, else the log start, stands in). The
-        committed offset is the lowest *pending* one, so librdkafka's own consumer_lag would count
-        every scheduled record; the lag here counts only records not yet read into Redis.
-        """
-        # Only real brokers: bootstrap and logical (GroupCoordinator) connections have no node id.
-        up = len(
-            {
-                b.get("nodeid")
-                for b in stats.get("brokers", {}).values()
-                if b.get("state") == "UP" and b.get("nodeid", -1) >= 0
-            }
-        )
-        self.kafka_brokers_up.set(up)
-        for topic, t in stats.get("topics", {}).items():
-            for pid, p in t.get("partitions", {}).items():
-                shard = Shard(topic, int(pid))
-                if shard not in positions:
-                    continue
-                position = positions[shard]
-                if position is None:
-                    committed = p.get("committed_offset", -1)
-                    position = committed if committed >= 0 else p.get("lo_offset", -1)
-                end = p.get("ls_offset", -1)
-                if end < 0:
-                    end = p.get("hi_offset", -1)
-                if position >= 0 and end >= 0:
-                    self.ingest_lag.labels(delay_topic=topic, partition=pid).set(
-                        max(0, end - position)
-                    )
-        return up
+    def avoided(self, shard: Shard, cause: str, records: int) -> None:
+        """``records`` of ``shard`` were not delivered again, for ``cause`` (AVOIDED_CAUSES)."""
+        if records:
+            self.redeliveries_avoided.labels(delay_topic=shard.topic, cause=cause).inc(records)
 
     def forget_partitions(self, shards: Iterable[Shard]) -> None:
         """Remove the lag series of revoked partitions."""
         for shard in shards:
             with contextlib.suppress(KeyError):  # never reported for this partition
                 self.ingest_lag.remove(shard.topic, str(shard.partition))
+
+
+def set_lag(
+    metrics: Metrics, positions: Mapping[Shard, int | None], stats: Mapping[str, Any]
+) -> int:
+    """Update ``metrics``' lag gauges from a librdkafka statistics document; returns brokers up.
+
+    ``positions`` is the next offset to store per owned shard (watermark + 1), or None when
+    Redis has not told yet (then the committed offset, else the log start, stands in). The
+    committed offset is the lowest *pending* one, so librdkafka's own consumer_lag would count
+    every scheduled record; the lag here counts only records not yet read into Redis.
+    """
+    # Only real brokers: bootstrap and logical (GroupCoordinator) connections have no node id.
+    up = len(
+        {
+            b.get("nodeid")
+            for b in stats.get("brokers", {}).values()
+            if b.get("state") == "UP" and b.get("nodeid", -1) >= 0
+        }
+    )
+    metrics.kafka_brokers_up.set(up)
+    for topic, t in stats.get("topics", {}).items():
+        for pid, p in t.get("partitions", {}).items():
+            shard = Shard(topic, int(pid))
+            if shard not in positions:
+                continue
+            position = positions[shard]
+            if position is None:
+                committed = p.get("committed_offset", -1)
+                position = committed if committed >= 0 else p.get("lo_offset", -1)
+            end = p.get("ls_offset", -1)
+            if end < 0:
+                end = p.get("hi_offset", -1)
+            if position >= 0 and end >= 0:
+                metrics.ingest_lag.labels(delay_topic=topic, partition=pid).set(
+                    max(0, end - position)
+                )
+    return up

@@ -46,7 +46,7 @@ from bridge.ingress import (
 from bridge.journal import Journal, JournalReader, Reconcile
 from bridge.logs import KafkaNoise
 from bridge.memory import TRIM_INTERVAL_S, Trimmer
-from bridge.metrics import Metrics
+from bridge.metrics import Metrics, set_lag
 from bridge.readback import IdReader, ReadBack, Reader
 from bridge.redis_client import redis_client
 from bridge.sampler import Sampler
@@ -117,9 +117,12 @@ def _spans(config: Config) -> Spans | None:
     return Spans.start(config)
 
 
-def _journal_reader(config: Config) -> Callable[[], JournalReader] | None:
-    """How the journal is read back (None: topics.journal is "")."""
-    return (lambda: JournalReader(config)) if config.topics.journal else None
+def _settled(service: Service) -> Settled:
+    """What the ingress leaves out of a re-read, as the journal says (topics.journal "": none)."""
+    config = service.config
+    reader = (lambda: JournalReader(config)) if config.topics.journal else None
+    before = service.egress.before_rebuild
+    return Settled(reader, service.store, service.topics.known, before, service.metrics)
 
 
 def _starting(config: Config, instance: str) -> None:
@@ -193,7 +196,9 @@ class Service:
         producer = Producer(producer_conf)
         journal = _journal(config, producer, self.metrics, self.readiness, self.topics)
         self.spans = spans = _spans(config)
-        self.reconcile = reconcile = Reconcile.of(config, self.store, self.topics.known)
+        self.reconcile = reconcile = Reconcile.of(
+            config, self.store, self.topics.known, self.metrics
+        )
         self.egress = Egress(
             producer,
             self.store,
@@ -229,12 +234,7 @@ class Service:
             owner=Owner(self.egress.add_shards, self._on_revoke, self.egress.notify),
             readiness=self.readiness,
             catch_up=catch_up,
-            settled=Settled(
-                _journal_reader(config),
-                self.store,
-                self.topics.known,
-                before_read=self.egress.before_rebuild,
-            ),
+            settled=_settled(self),
             reads=TopicReads(self.id_reader, self.id_reader.schedules, self.id_reader.logged),
             spans=spans,
         )
@@ -275,7 +275,7 @@ class Service:
         stats = json.loads(stats_json)
         marks = self.ingress.marks
         positions = {s: marks[s] + 1 if s in marks else None for s in self.ingress.assigned}
-        self.brokers_up = self.metrics.set_lag(positions, stats)
+        self.brokers_up = set_lag(self.metrics, positions, stats)
         stuck = self.fetch_watch.update(stats, positions.keys())
         if stuck:
             names = ", ".join(f"{s.topic}[{s.partition}]" for s in stuck)

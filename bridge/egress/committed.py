@@ -21,6 +21,7 @@ from collections.abc import Container, Iterable
 
 from bridge.errors import BridgeError, StoreError
 from bridge.journal import Reconcile
+from bridge.metrics import Metrics
 from bridge.store import Claimed, Shard, Store, offset_of
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,15 @@ class Committed:
     """Offsets committed lately, by shard: added on the shards' transaction threads, looked up
     on the mover's."""
 
-    def __init__(self, store: Store, keep_s: float, journal: Reconcile | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        keep_s: float,
+        journal: Reconcile | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.store = store
+        self.metrics = metrics  # counts what it forgets (delay_bridge_redeliveries_avoided)
         self.keep_s = keep_s
         self.journal = journal  # asked about records claimed again after their lease ran out
         # By shard and epoch (Claimed.epoch): a new incarnation of the topic (the state retired)
@@ -118,5 +126,7 @@ class Committed:
             settled = [(offset_of(c.member), c.record.due_ms, c.record.delay_id) for c in records]
             # If Redis fails, they stay leased: claimed again after the lease, found here again.
             with contextlib.suppress(StoreError):
-                self.store.settle(shard, settled)
+                n = self.store.settle(shard, settled)
+                if self.metrics is not None:
+                    self.metrics.avoided(shard, "lease-expired", n)
         return {(c.shard, c.member) for c in (*unsure, *(c for r in found.values() for c in r))}

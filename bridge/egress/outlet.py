@@ -151,7 +151,10 @@ def shard_transactions(
         clock_ms=lambda: time.time_ns() // 1_000_000,
         on_fatal=on_fatal,
         committed=Committed(
-            store, keep_s=max(KEEP_COMMITTED_S, 2 * config.egress.lease / 1000), journal=reconcile
+            store,
+            keep_s=max(KEEP_COMMITTED_S, 2 * config.egress.lease / 1000),
+            journal=reconcile,
+            metrics=metrics,
         ),
     )
     return Transactions(settings)

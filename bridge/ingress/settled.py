@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from bridge.errors import BridgeError, StoreError
 from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
+from bridge.metrics import Metrics
 from bridge.store import Shard, Store, replaced_exactly
 
 logger = logging.getLogger(__name__)
@@ -40,9 +41,11 @@ class Settled:
         store: Store | None = None,
         topic_ids: Callable[[], Mapping[str, str]] = dict,
         before_read: Callable[[set[Shard]], None] = lambda shards: None,
+        metrics: Metrics | None = None,
     ):
         self._reader = reader  # None: no journal
         self._store = store
+        self._metrics = metrics  # counts what it forgets (delay_bridge_redeliveries_avoided)
         # What is in flight of the partitions commits first (Egress.before_rebuild).
         self._before_read = before_read
         # The delay topics' ids as last heard: entries of an earlier incarnation are not these.
@@ -158,6 +161,8 @@ class Settled:
                 exc,
             )
             return
+        if self._metrics is not None:
+            self._metrics.avoided(shard, "redis-lost-writes", forgotten)
         if forgotten:
             logger.warning(
                 "%s[%d]: %d records Redis put back after their fate was journaled (their "

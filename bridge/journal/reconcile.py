@@ -26,6 +26,7 @@ from bridge.config import Config
 from bridge.errors import BridgeError
 from bridge.journal.entries import Entry
 from bridge.journal.reader import JournalReader
+from bridge.metrics import Metrics
 from bridge.store import Shard, Store, offset_of, shard_names
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,10 @@ class Reconcile:
         topic_ids: Callable[[], Mapping[str, str]] = dict,
         *,
         strict: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics  # counts what it forgets (delay_bridge_redeliveries_avoided)
         # Exactly once: a journal not read stops the take-over (raises), tried again at the
         # mover's next step; else the records are delivered again.
         self.strict = strict
@@ -63,7 +66,11 @@ class Reconcile:
 
     @classmethod
     def of(
-        cls, config: Config, store: Store, topic_ids: Callable[[], Mapping[str, str]]
+        cls,
+        config: Config,
+        store: Store,
+        topic_ids: Callable[[], Mapping[str, str]],
+        metrics: Metrics | None = None,
     ) -> Reconcile | None:
         """The reconciliation ``config`` calls for (None: no journal)."""
         if not config.topics.journal:
@@ -74,6 +81,7 @@ class Reconcile:
             config.egress.lease,
             topic_ids,
             strict=config.egress.exactly_once,
+            metrics=metrics,
         )
 
     def _reader(self) -> JournalReader:
@@ -160,6 +168,8 @@ class Reconcile:
 
     def _forget(self, shard: Shard, left: int, settled: Iterable[Entry]) -> int:
         n = self.store.settle(shard, [(e.offset, e.due_ms, e.delay_id) for e in settled])
+        if self.metrics is not None:
+            self.metrics.avoided(shard, "take-over", n)
         logger.info(
             "%s: %d of the %d records an earlier owner left in flight were delivered or settled "
             "by it (the journal says): forgotten, not delivered again",

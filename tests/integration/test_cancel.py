@@ -22,6 +22,14 @@ LEASE = 30_000
 SHARD = Shard("delay", 0)
 
 
+def resumes_at(store: Store) -> tuple[int, int, bool]:
+    """SHARD's resume point: its watermark, where it is read from, whether it is read again; and
+    a write Redis took of it is noted (meta "written")."""
+    point = store.inventory.resume_points([SHARD])[SHARD]
+    assert point.written is not None
+    return point.mark, point.start, point.reread
+
+
 def rec(offset: int, due: int, delay_id: str | None = None, value: bytes = b"v") -> Scheduled:
     """A record with a caller-given ``delay_id``, or with the default one (its origin)."""
     return Scheduled(offset, due, "out", b"k", value, [], delay_id or f"delay:0:{offset}")
@@ -416,20 +424,20 @@ def test_a_cancel_kept_while_its_topic_is_not_whole_looks_again_and_holds_its_of
         keep=lambda shards, unstored: shards,
     )
     assert (kept.not_found, kept.missed, kept.kept) == (0, (), ((SHARD, Cancel(3, "job")),))
-    assert store.inventory.resume_points([SHARD]) == {SHARD: (3, 3, False)}
+    assert resumes_at(store) == (3, 3, False)
     later = store.add(
         {SHARD: (5, [rec(4, T0 + 9000, "filler-2"), Cancel(5, "nobody")])},
         partitions=topic,
         holding={SHARD},
     )
     assert (later.not_found, later.kept) == (1, ())
-    assert store.inventory.resume_points([SHARD]) == {SHARD: (5, 3, False)}
+    assert resumes_at(store) == (5, 3, False)
     assert store.lows({SHARD: 5}).offsets[SHARD] == 2  # the filler: the lowest pending
     job = rec(0, T0 + 5000, "job")
     store.add({other: (0, [job])})
     again = store.look_again(kept.kept, topic, confirm=confirm_from([job]))
     assert (again.cancelled, again.not_found) == (1, 0)
-    assert store.inventory.resume_points([SHARD]) == {SHARD: (5, 6, False)}
+    assert resumes_at(store) == (5, 6, False)
     assert store.inventory.by_id(other, "job") == []
 
 
@@ -550,4 +558,4 @@ def test_a_cancel_kept_in_one_round_of_a_large_batch_stays_kept_through_the_next
     second.append(Cancel(1500, "nobody"))
     added = store.add({SHARD: (1500, [*first, *second])}, partitions={"delay": 2}, keep=keep_first)
     assert (len(asked), added.kept, added.not_found) == (2, ((SHARD, Cancel(0, "job")),), 1)
-    assert store.inventory.resume_points([SHARD]) == {SHARD: (1500, 0, False)}
+    assert resumes_at(store) == (1500, 0, False)

@@ -43,6 +43,7 @@ from bridge.message import (
     Headers,
     wire_headers,
 )
+from bridge.metrics import AVOIDED_CAUSES
 from bridge.store import Shard, Store
 from testbed.harness import (
     Bridge,
@@ -718,6 +719,7 @@ def test_a_rollback_of_acknowledgements_alone_delivers_nothing_again(
     counts = counts_through(setup, b"after", 90)
     assert set(counts) == {v for _, v, _ in soon} | {b"after"}, counts
     assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    assert avoided(again, "redis-lost-writes") == 20
 
 
 def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
@@ -769,6 +771,7 @@ def test_a_rollback_while_no_bridge_ran_delivers_nothing_again(
     assert "20 records Redis put back after their fate was journaled" in out
     rebuilds = r'^delay_bridge_rebuilds_total\{[^}]*cause="redis-lost-writes"[^}]*\} 1\.0$'
     assert re.search(rebuilds, again.get("/metrics")[1], re.M)
+    assert avoided(again, "redis-lost-writes") == 20
 
 
 def test_a_rebuild_reads_no_entry_of_an_earlier_incarnation_of_its_topic(setup: Setup) -> None:
@@ -851,6 +854,7 @@ def test_a_partition_taken_over_does_not_deliver_again_what_its_earlier_owner_jo
     counts = Counter(r.value for r in collector.records)
     assert len(counts) == 10 and max(counts.values()) == 1, counts
     assert sum(int(n) for n in FORGOTTEN.findall(second.output())) == 10
+    assert avoided(second, "take-over") == 10 and avoided(second, "redis-lost-writes") == 0
 
 
 def test_records_a_take_over_forgot_that_a_rollback_puts_back_are_looked_up_again(
@@ -880,9 +884,17 @@ def test_records_a_take_over_forgot_that_a_rollback_puts_back_are_looked_up_agai
         collector.close()
     counts = Counter(r.value for r in collector.records)
     assert len(counts) == 10 and max(counts.values()) == 1, counts
+    assert avoided(second, "take-over") == 10, "the 10 forgotten at the take-over"
+    assert sum(avoided(second, c) for c in AVOIDED_CAUSES) == 20, "and again, looked up again"
 
 
 FORGOTTEN = re.compile(r": (\d+) of the \d+ records an earlier owner left in flight were delivered")
+
+
+def avoided(bridge: Bridge, cause: str) -> float:
+    """``delay_bridge_redeliveries_avoided_total`` of ``cause``, summed over delay topics."""
+    series = rf'^delay_bridge_redeliveries_avoided_total\{{[^}}]*cause="{cause}"[^}}]*\}} (\S+)$'
+    return sum(float(n) for n in re.findall(series, bridge.get("/metrics")[1], re.M))
 
 
 def test_one_journal_reader_connected_at_start_up_serves_every_take_over(setup: Setup) -> None:

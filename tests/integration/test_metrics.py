@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
 from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC, Priority, Scheduled
-from bridge.metrics import Metrics
+from bridge.metrics import Metrics, set_lag
 from bridge.sampler import Sampler
 from bridge.service import Service
 from bridge.store import AckBatch, Shard, Store
@@ -175,7 +175,7 @@ def test_ingest_lag_from_librdkafka_statistics(
             "group.id": f"lag-{unique}",
             "enable.auto.commit": False,
             "statistics.interval.ms": 200,
-            "stats_cb": lambda js: metrics.set_lag(positions, json.loads(js)),
+            "stats_cb": lambda js: set_lag(metrics, positions, json.loads(js)),
         }
     )
 
