@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from bridge.errors import BridgeError, StoreError
-from bridge.journal import Entry, Fate, JournalReader
+from bridge.journal import CLOCK_SLACK_MS, Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
 from bridge.metrics import Metrics
 from bridge.store import Shard, Store, replaced_exactly
@@ -83,23 +84,25 @@ class Settled:
         acknowledgements among them, with nothing to tell (its watermark past the group's
         commit, and the replica that knew better dead). The journal is read from when their
         start's record was produced, or from the last write Redis kept of them (``written``,
-        meta "written") if that is earlier: the acknowledgements it lost came after.
-        ``written`` is given at an assignment: records it finds in flight are left leased, for
-        the take-over's reconciliation to look up (bridge.journal.reconcile) — an earlier owner
-        left them so, whether Redis lost anything or not."""
+        meta "written") if that is earlier: the acknowledgements it lost came after — but only
+        while records due wait in Redis (:meth:`_put_back_since`), and one with nothing to read
+        again is not read at all without them. ``written`` is given at an assignment: records
+        it finds in flight are left leased, for the take-over's reconciliation to look up
+        (bridge.journal.reconcile) — an earlier owner left them so, whether Redis lost anything
+        or not."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
         reader, ids = self._reader(), self._topic_ids()
         try:
             for shard, start in starts.items():
+                since = self._put_back_since(shard, (written or {}).get(shard))
+                at_end = start >= (ends or {}).get(shard, start + 1)
+                if at_end and since is None:
+                    continue  # nothing to read again, and nothing Redis put back to look for
                 try:
                     entries = reader.fates(
-                        shard,
-                        start,
-                        ids.get(shard.topic, ""),
-                        since_ms=(written or {}).get(shard),
-                        at_end=start >= (ends or {}).get(shard, start + 1),
+                        shard, start, ids.get(shard.topic, ""), since_ms=since, at_end=at_end
                     )
                 except BridgeError as exc:
                     logger.warning(
@@ -141,6 +144,21 @@ class Settled:
                 self._forget_put_back(shard, before, leased=written is None)
         finally:
             reader.close()
+
+    def _put_back_since(self, shard: Shard, written: int | None) -> int | None:
+        """From when the journal holds the fates of records a rollback may have put back among
+        ``shard``'s waiting ones, or None: from the last write Redis kept of it (``written``),
+        but only if a record due waits there, and not before the oldest such record's due time
+        (never delivered, so never journaled, before it). A record due later waits as it
+        should: never delivered, nothing put it back."""
+        if written is None or self._store is None:
+            return written
+        try:  # due by this host's clock, or a peer's up to the slack ahead of it
+            backlog = self._store.backlog([shard], now_ms=int(time.time() * 1000) + CLOCK_SLACK_MS)
+        except StoreError:
+            return written
+        oldest = backlog.oldest_due_ms
+        return None if oldest is None else max(written, oldest)
 
     def _forget_put_back(self, shard: Shard, entries: list[Entry], leased: bool) -> None:
         """Forget in Redis the records a rollback put back after their fate was journaled (their

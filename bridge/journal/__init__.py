@@ -14,11 +14,12 @@ from bridge.journal.entries import (
     may_hold,
     offset_needles,
 )
-from bridge.journal.reader import JournalReader, Sought
+from bridge.journal.reader import CLOCK_SLACK_MS, JournalReader, Sought
 from bridge.journal.reconcile import Reconcile
 from bridge.journal.writer import Journal
 
 __all__ = [
+    "CLOCK_SLACK_MS",
     "FORMAT_VERSION",
     "H_JOURNAL",
     "Batch",

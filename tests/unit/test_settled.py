@@ -11,7 +11,7 @@ from bridge.errors import BridgeError
 from bridge.ingress import Settled
 from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_PAUSED, H_REPLACES, Cancel, Scheduled, origin
-from bridge.store import Shard, Store
+from bridge.store import Backlog, Shard, Store
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 
@@ -22,14 +22,17 @@ class FakeReader:
     ):
         self._settled, self._failing = settled, failing
         self.asked: list[tuple[Shard, int]] = []
+        self.since: list[int | None] = []  # each read's since_ms
         self.closed = False
 
     def fates(
-        self, shard: Shard, start: int, topic_id: str = "", **_: int | bool | None
+        self, shard: Shard, start: int, topic_id: str = "", **given: int | bool | None
     ) -> list[Entry]:
         """Every entry of the shard, before ``start`` too (the real reader's are since the
         record at ``start`` was produced, which may hold fates of earlier offsets)."""
         self.asked.append((shard, start))
+        since = given.get("since_ms")
+        self.since.append(since if isinstance(since, int) else None)
         if shard in self._failing:
             raise BridgeError("Kafka did not answer")
         return [
@@ -175,9 +178,14 @@ def test_without_a_journal_or_after_a_revoke_nothing_is_left_out() -> None:
 
 
 class FakeStore:
-    def __init__(self) -> None:
+    def __init__(self, oldest_due_ms: int | None = 1) -> None:
         self.settled: list[tuple[Shard, list[tuple[int, int, str]]]] = []
         self.leased: list[bool] = []
+        self.oldest_due_ms = oldest_due_ms  # of the records due that wait (None: none)
+
+    def backlog(self, shards: list[Shard], now_ms: int) -> Backlog:
+        due = self.oldest_due_ms is not None
+        return Backlog(now_ms, 0, int(due), 0, self.oldest_due_ms)
 
     def settle(self, shard: Shard, settled: list[tuple[int, int, str]], *, leased: bool) -> int:
         self.settled.append((shard, list(settled)))
@@ -210,6 +218,26 @@ def test_an_assignment_leaves_records_in_flight_to_the_take_overs_reconciliation
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
     settled.load({A: 5}, {A: 7}, written={A: 1})
     assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])] and store.leased == [False]
+
+
+def test_an_assignment_reads_the_journal_for_what_was_put_back_only_while_records_due_wait() -> (
+    None
+):
+    """A partition whose last write Redis kept is days old (nothing came since) would have the
+    journal read from then at each assignment: minutes of it, on a busy journal. What a rollback
+    put back waits due (delivered records were due), so with no record due waiting a partition
+    read from its end is not looked up, one read again is looked up from its start's record, and
+    otherwise the journal is read from the later of the last write and the oldest due time."""
+    idle, reader = FakeStore(oldest_due_ms=None), FakeReader({A: frozenset({1}), B: frozenset()})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, idle))
+    settled.load({A: 5, B: 3}, {A: 5, B: 9}, written={A: 1_000, B: 1_000})
+    assert (reader.asked, reader.since) == ([(B, 3)], [None]) and idle.settled == []
+    due, reader = FakeStore(oldest_due_ms=4_000), FakeReader({A: frozenset({1})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, due))
+    settled.load({A: 5}, {A: 5}, written={A: 1_000})
+    assert (reader.asked, reader.since) == ([(A, 5)], [4_000]) and len(due.settled) == 1
+    settled.load({A: 5}, {A: 5}, written={A: 9_000})
+    assert reader.since[-1] == 9_000
 
 
 class ReplacedReader(FakeReader):
