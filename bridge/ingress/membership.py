@@ -20,7 +20,7 @@ from bridge.ingress.adds import Adds
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
-from bridge.store import Bound, PerLane, Shard, Store
+from bridge.store import Bound, PerLane, ResumePoint, Shard, Store
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class Membership:
         self.reading_again(
             starts,
             again=[s for s in stored if s not in marks or s in rolled_back or s in unfinished],
-            written={s: p.written for s, p in points.items() if p.written is not None},
+            points=points,
         )
         self.positions.assigned.update(shards)
         self.lost = frozenset()  # the group formed again: what is not ours now is another's
@@ -241,7 +241,7 @@ class Membership:
         self,
         starts: Mapping[Shard, int],
         again: Collection[Shard] = (),
-        written: Mapping[Shard, int] | None = None,
+        points: Mapping[Shard, ResumePoint] | None = None,
     ) -> None:
         """The consumer reads these shards from these offsets (OFFSET_BEGINNING: the log's
         start): hold their due records until it reaches where each partition ends now (see
@@ -249,8 +249,9 @@ class Membership:
         flow as they would have before. Each leaves out what the journal says is settled from
         its start on, and has what Redis put back forgotten (bridge.ingress.settled): the
         journal is read from its start's record, or from when Redis last took a write of it
-        (``written``) if that is earlier. Those read ``again`` (stored before, and
-        Redis lost them) are marked so in Redis until they reach their end."""
+        if that is earlier (its resume point's ``written``, at an assignment: ``points``).
+        Those read ``again`` (stored before, and Redis lost them) are marked so in Redis until
+        they reach their end."""
         reread: dict[Shard, int] = {}
         ends: dict[Shard, int] = {}
         for shard, asked in starts.items():
@@ -275,10 +276,11 @@ class Membership:
             # says. A partition read live from its end has nothing of it, but what Redis put
             # back when it lost the acknowledgements among its last writes: the journal from
             # the last write it kept says.
-            if start < end or (written and shard in written):
+            point = (points or {}).get(shard)
+            if start < end or (point is not None and point.written is not None):
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
-        self.settled.load(reread, ends, written)
+        self.settled.load(reread, ends, points)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

@@ -28,7 +28,7 @@ from bridge.errors import BridgeError, StoreError
 from bridge.journal import CLOCK_SLACK_MS, Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
 from bridge.metrics import Metrics
-from bridge.store import Shard, Store, replaced_exactly
+from bridge.store import ResumePoint, Shard, Store, replaced_exactly
 
 logger = logging.getLogger(__name__)
 
@@ -75,28 +75,31 @@ class Settled:
         self,
         starts: Mapping[Shard, int],
         ends: Mapping[Shard, int] | None = None,
-        written: Mapping[Shard, int] | None = None,
+        points: Mapping[Shard, ResumePoint] | None = None,
     ) -> None:
         """These partitions are read from these offsets (up to ``ends``, where each partition
         ended then; one that starts there has nothing to read again): learn what of them is
         settled. What the journal holds of their records before the start is forgotten in
         Redis, before their claims resume: Redis may have lost writes it had taken,
         acknowledgements among them, with nothing to tell (its watermark past the group's
-        commit, and the replica that knew better dead). The journal is read from when their
-        start's record was produced, or from the last write Redis kept of them (``written``,
-        meta "written") if that is earlier: the acknowledgements it lost came after — but only
-        while records due wait in Redis (:meth:`_put_back_since`), and one with nothing to read
-        again is not read at all without them. ``written`` is given at an assignment: records
-        it finds in flight are left leased, for the take-over's reconciliation to look up
-        (bridge.journal.reconcile) — an earlier owner left them so, whether Redis lost anything
-        or not."""
+        commit, and the replica that knew better dead). ``points`` are given at an assignment:
+        each shard's resume point in Redis. The journal is read from when their start's record
+        was produced, or from the last write Redis kept of them (``ResumePoint.written``) if
+        that is earlier: the acknowledgements it lost came after — but only while records due
+        wait in Redis (:meth:`_put_back_since`), and one with nothing to read again is not read
+        at all without them. What it holds up to the watermark is forgotten too, when the start
+        is below it (a cancel kept to look for in other partitions): the re-read does not store
+        those records again, Redis has them. Records found in flight are left leased, for the
+        take-over's reconciliation to look up (bridge.journal.reconcile) — an earlier owner
+        left them so, whether Redis lost anything or not."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
         reader, ids = self._reader(), self._topic_ids()
         try:
             for shard, start in starts.items():
-                since = self._put_back_since(shard, (written or {}).get(shard))
+                point = (points or {}).get(shard)
+                since = self._put_back_since(shard, point.written if point else None)
                 at_end = start >= (ends or {}).get(shard, start + 1)
                 if at_end and since is None:
                     continue  # nothing to read again, and nothing Redis put back to look for
@@ -140,8 +143,9 @@ class Settled:
                         start,
                         len(offsets),
                     )
-                before = [e for e in entries if e.offset < start]
-                self._forget_put_back(shard, before, leased=written is None)
+                below = max(start, point.mark + 1) if point else start
+                before = [e for e in entries if e.offset < below]
+                self._forget_put_back(shard, before, leased=points is None)
         finally:
             reader.close()
 

@@ -4,7 +4,7 @@ from bridge.store.across import Elsewhere, not_whole, replaced_exactly
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
 from bridge.store.ids import Confirm, Logged, Schedules, id_hash, unconfirmed, undated, unlogged
-from bridge.store.inventory import due_counts
+from bridge.store.inventory import ResumePoint, due_counts
 from bridge.store.keys import (
     REFERENCE_BYTES,
     PerLane,
@@ -46,6 +46,7 @@ __all__ = [
     "PerLane",
     "Replica",
     "Replicas",
+    "ResumePoint",
     "Schedules",
     "Shard",
     "ShardKeys",

@@ -11,7 +11,7 @@ from bridge.errors import BridgeError
 from bridge.ingress import Settled
 from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_PAUSED, H_REPLACES, Cancel, Scheduled, origin
-from bridge.store import Backlog, Shard, Store
+from bridge.store import Backlog, ResumePoint, Shard, Store
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 
@@ -216,8 +216,24 @@ def test_an_assignment_leaves_records_in_flight_to_the_take_overs_reconciliation
     store = FakeStore()
     reader = FakeReader({A: frozenset({1, 2, 6})})
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
-    settled.load({A: 5}, {A: 7}, written={A: 1})
+    settled.load({A: 5}, {A: 7}, {A: ResumePoint(4, 5, False, 1)})
     assert store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])] and store.leased == [False]
+
+
+def test_an_assignment_below_the_watermark_forgets_what_the_journal_holds_up_to_it() -> None:
+    """An assignment may start below Redis's watermark (at a cancel it keeps to look for in the
+    other partitions): the re-read does not store again what lies up to the watermark, Redis has
+    it, so what a rollback put back there is forgotten too (the adversary, seed 20: 228 twice)."""
+    store = FakeStore()
+    reader = FakeReader({A: frozenset({1, 2, 6, 8})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
+    settled.load({A: 3}, {A: 9}, {A: ResumePoint(6, 3, False, 1)})
+    assert [o for o, _, _ in store.settled[0][1]] == [1, 2, 6], "8: the re-read leaves it out"
+
+
+def point(written: int) -> ResumePoint:
+    """A resume point at offset 3, the watermark 2, Redis's last write at ``written``."""
+    return ResumePoint(2, 3, False, written)
 
 
 def test_an_assignment_reads_the_journal_for_what_was_put_back_only_while_records_due_wait() -> (
@@ -230,13 +246,13 @@ def test_an_assignment_reads_the_journal_for_what_was_put_back_only_while_record
     otherwise the journal is read from the later of the last write and the oldest due time."""
     idle, reader = FakeStore(oldest_due_ms=None), FakeReader({A: frozenset({1}), B: frozenset()})
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, idle))
-    settled.load({A: 5, B: 3}, {A: 5, B: 9}, written={A: 1_000, B: 1_000})
+    settled.load({A: 5, B: 3}, {A: 5, B: 9}, {A: ResumePoint(4, 5, False, 1_000), B: point(1_000)})
     assert (reader.asked, reader.since) == ([(B, 3)], [None]) and idle.settled == []
     due, reader = FakeStore(oldest_due_ms=4_000), FakeReader({A: frozenset({1})})
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, due))
-    settled.load({A: 5}, {A: 5}, written={A: 1_000})
+    settled.load({A: 5}, {A: 5}, {A: ResumePoint(4, 5, False, 1_000)})
     assert (reader.asked, reader.since) == ([(A, 5)], [4_000]) and len(due.settled) == 1
-    settled.load({A: 5}, {A: 5}, written={A: 9_000})
+    settled.load({A: 5}, {A: 5}, {A: ResumePoint(4, 5, False, 9_000)})
     assert reader.since[-1] == 9_000
 
 
