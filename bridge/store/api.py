@@ -62,6 +62,10 @@ from bridge.store.scripts import (
 )
 from bridge.store.targets import Targets
 
+# Records a settle.lua call forgets at most: a re-read's journal may name hundreds of thousands,
+# and one call holds Redis for all of them (the calls go in one pipeline).
+SETTLE_CHUNK = 2_000
+
 
 def _claims(
     shards: Sequence[Shard], read: Sequence[ClaimReply], *, one_clock: bool = True
@@ -320,13 +324,12 @@ class Store:
     ) -> int:
         """Forget the records of ``shard`` whose fate is sealed elsewhere — (offset, due ms,
         delay-id) each, as the journal has them — waiting or, with ``leased``, in flight (see
-        settle.lua): what a rollback of Redis put back after their delivery. Returns how many
-        were still there."""
+        settle.lua): what a rollback of Redis put back after their delivery, a call per
+        SETTLE_CHUNK of them. Returns how many were still there."""
         given = [(o, due, id_hash(shard.topic, i) if i else b"") for o, due, i in settled]
-        if not given:
-            return 0
-        args = settle_argv(given, leased)
-        return sum(self.scripts.call(SETTLE, [(SETTLE.keys(self.keys(shard)), args)]))
+        keys, chunks = SETTLE.keys(self.keys(shard)), range(0, len(given), SETTLE_CHUNK)
+        calls = [(keys, settle_argv(given[i : i + SETTLE_CHUNK], leased)) for i in chunks]
+        return sum(self.scripts.call(SETTLE, calls)) if calls else 0
 
     def release(self, members: Mapping[Shard, Sequence[bytes]], retry_in_ms: int = 0) -> int:
         """End the leases of unacknowledged records so they are claimable at once, or after

@@ -22,6 +22,7 @@ from bridge.store import (
     as_store_error,
     offset_bytes,
 )
+from bridge.store.api import SETTLE_CHUNK
 from bridge.store.keys import Keys
 from tests.conftest import Services, wait_for
 
@@ -78,6 +79,21 @@ def test_same_due_comes_out_in_offset_order(store: Store) -> None:
     # 9 < 10 < 256 numerically but not as decimal strings: members are big-endian binary.
     add(store, rec(256, T0), rec(10, T0), rec(9, T0), rec(300, T0 - 1))
     assert offsets(store.claim([SHARD], 10, LEASE, now_ms=T0)) == [300, 9, 10, 256]
+
+
+def test_settle_forgets_more_records_than_one_call_takes_waiting_and_leased_as_asked(
+    store: Store,
+) -> None:
+    """A re-read's journal may name more records than one settle.lua call takes (SETTLE_CHUNK):
+    each is forgotten, those in flight only when asked (an assignment leaves them leased)."""
+    count = SETTLE_CHUNK + 500
+    add(store, *(rec(i, T0 + i % 7) for i in range(count)))
+    leased = offsets(store.claim([SHARD], 100, LEASE, now_ms=T0 + 10))
+    fates = [(i, T0 + i % 7, "") for i in range(count)]
+    assert store.settle(SHARD, fates, leased=False) == count - len(leased)
+    assert store.claim([SHARD], 100, LEASE, now_ms=T0 + 10) == [], "none waits"
+    assert store.settle(SHARD, fates) == len(leased)
+    assert offsets(store.claim([SHARD], 100, LEASE, now_ms=T0 + LEASE + 20)) == []
 
 
 def test_lease_expiry_makes_a_record_claimable_again(store: Store) -> None:
