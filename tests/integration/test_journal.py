@@ -50,6 +50,7 @@ from testbed.harness import (
     Collector,
     Received,
     Setup,
+    ToPartition,
     cli_of,
     metric,
     produce_all,
@@ -619,6 +620,54 @@ def test_a_rollback_that_lost_acknowledgements_delivers_nothing_again(
     assert "20 records Redis put back after their fate was journaled" in bridge.output()
 
 
+def _twenty_whose_acknowledgements_redis_lost(
+    setup: Setup,
+    bridges: list[Bridge],
+    *,
+    due: bytes = b"3s",
+    before: ToPartition | None = None,
+    between: ToPartition | None = None,
+) -> set[bytes | None]:
+    """A bridge that never commits (:func:`_pinned_then_never_committing`) stores ``before``
+    and 20 records due after ``due`` in partition 0; Redis's keys are snapshotted, ``between``
+    is produced, the 20 are delivered and journaled; the bridge is killed and Redis rolled back
+    to the snapshot: the 20 wait again, their acknowledgements lost. Returns their values."""
+    target = setup.targets[0].encode()
+    second = _pinned_then_never_committing(setup, bridges)
+    soon: ToPartition = [
+        (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, due)]) for i in range(20)
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, [*(before or []), *soon])
+    wait_for(lambda: metric(second, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
+    snapshot = snapshot_keys(setup)
+    if between:
+        produce_to(setup.services.bootstrap, setup.delay, between)
+    _twenty_journaled_then_rolled_back(setup, second, snapshot)
+    return {v for _, v, _ in soon}
+
+
+def _twenty_journaled_then_rolled_back(
+    setup: Setup, second: Bridge, snapshot: dict[bytes, bytes]
+) -> None:
+    """Once ``second`` journaled 20 records, it is killed and Redis rolled back to ``snapshot``."""
+    wait_for(
+        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
+        60,
+        "the 20 delivered and journaled",
+    )
+    second.kill()
+    roll_back(setup, snapshot)
+
+
+def _each_delivered_once(setup: Setup, values: set[bytes | None]) -> None:
+    """A record after them goes out, and each of ``values`` went out once, as it did."""
+    target = setup.targets[0].encode()
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
+    counts = counts_through(setup, b"after", 90)
+    assert set(counts) == values | {b"after"}, counts
+    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+
+
 def test_a_rollback_of_writes_the_groups_commit_never_saw_delivers_nothing_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
@@ -631,24 +680,15 @@ def test_a_rollback_of_writes_the_groups_commit_never_saw_delivers_nothing_again
     target = setup.targets[0].encode()
     second = _pinned_then_never_committing(setup, bridges)
     snapshot = snapshot_keys(setup)
-    now: list[tuple[int, bytes | None, Headers]] = [
+    now: ToPartition = [
         (0, b"now-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]) for i in range(20)
     ]
     produce_to(setup.services.bootstrap, setup.delay, now)
-    wait_for(
-        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
-        60,
-        "the 20 delivered and journaled",
-    )
-    second.kill()
-    roll_back(setup, snapshot)
+    _twenty_journaled_then_rolled_back(setup, second, snapshot)
     assert committed(setup)[0] == 1  # what the test is about: the commit never saw the 20
     again = setup.bridge("again").start()
     bridges.append(again)
-    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
-    counts = counts_through(setup, b"after", 90)
-    assert set(counts) == {v for _, v, _ in now} | {b"after"}, counts
-    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    _each_delivered_once(setup, {v for _, v, _ in now})
 
 
 def test_a_rollback_of_acknowledgements_no_commit_saw_delivers_nothing_again(
@@ -662,31 +702,14 @@ def test_a_rollback_of_acknowledgements_no_commit_saw_delivers_nothing_again(
     56 records twice). A new owner forgets in Redis what the journal holds of the records before
     where it starts reading, as it does after a rollback it finds."""
     target = setup.targets[0].encode()
-    second = _pinned_then_never_committing(setup, bridges)
-    soon: list[tuple[int, bytes | None, Headers]] = [
-        (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"4s")]) for i in range(20)
-    ]
-    produce_to(setup.services.bootstrap, setup.delay, soon)
-    wait_for(lambda: metric(second, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
-    snapshot = snapshot_keys(setup)
-    later: list[tuple[int, bytes | None, Headers]] = [
+    later: ToPartition = [
         (0, b"later-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]) for i in range(5)
     ]
-    produce_to(setup.services.bootstrap, setup.delay, later)
-    wait_for(
-        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
-        60,
-        "the 20 delivered and journaled",
-    )
-    second.kill()
-    roll_back(setup, snapshot)
+    soon = _twenty_whose_acknowledgements_redis_lost(setup, bridges, due=b"4s", between=later)
     assert committed(setup)[0] == 1  # the commit never saw the 25
     again = setup.bridge("again").start()
     bridges.append(again)
-    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
-    counts = counts_through(setup, b"after", 90)
-    assert set(counts) == {v for _, v, _ in soon} | {b"after"}, counts
-    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    _each_delivered_once(setup, soon)
 
 
 def test_a_rollback_of_acknowledgements_a_kept_cancel_reads_past_delivers_nothing_again(
@@ -698,22 +721,8 @@ def test_a_rollback_of_acknowledgements_a_kept_cancel_reads_past_delivers_nothin
     store them again (Redis has them), and only what the journal holds before the start was
     forgotten, so they were delivered again (the adversary, seed 20, exactly once: 228 twice).
     What it holds up to the watermark is forgotten now."""
-    target = setup.targets[0].encode()
-    second = _pinned_then_never_committing(setup, bridges)
-    produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_CANCEL, b"nobody")])])
-    soon: list[tuple[int, bytes | None, Headers]] = [
-        (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")]) for i in range(20)
-    ]
-    produce_to(setup.services.bootstrap, setup.delay, soon)
-    wait_for(lambda: metric(second, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
-    snapshot = snapshot_keys(setup)
-    wait_for(
-        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
-        60,
-        "the 20 delivered and journaled",
-    )
-    second.kill()
-    roll_back(setup, snapshot)
+    cancel: ToPartition = [(0, None, [(H_CANCEL, b"nobody")])]
+    soon = _twenty_whose_acknowledgements_redis_lost(setup, bridges, before=cancel)
     client = redis.Redis.from_url(setup.services.redis_url)
     try:  # the cancel at offset 1 not looked for across yet: where the next owner starts
         meta = Store(client, f"test-{setup.unique}").keys(Shard(setup.delay, 0)).meta
@@ -722,10 +731,7 @@ def test_a_rollback_of_acknowledgements_a_kept_cancel_reads_past_delivers_nothin
         client.close()
     again = setup.bridge("again").start()
     bridges.append(again)
-    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
-    counts = counts_through(setup, b"after", 90)
-    assert set(counts) == {v for _, v, _ in soon} | {b"after"}, counts
-    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    _each_delivered_once(setup, soon)
     assert avoided(again, "redis-lost-writes") == 20
 
 
@@ -737,28 +743,11 @@ def test_a_rollback_of_acknowledgements_alone_delivers_nothing_again(
     read again, and the journal was not read: the 20 were delivered again. Redis notes when it
     last took a write of the partition (meta "written"): the next owner reads the journal
     from then and forgets in Redis what it holds."""
-    target = setup.targets[0].encode()
-    second = _pinned_then_never_committing(setup, bridges)
-    soon: list[tuple[int, bytes | None, Headers]] = [
-        (0, b"soon-%d" % i, [(H_TARGET_TOPIC, target), (H_AFTER, b"3s")]) for i in range(20)
-    ]
-    produce_to(setup.services.bootstrap, setup.delay, soon)
-    wait_for(lambda: metric(second, "delay_bridge_ingested_total") >= 20, 30, "the 20 stored")
-    snapshot = snapshot_keys(setup)
-    wait_for(
-        lambda: metric(second, "delay_bridge_journal_written_total") >= 20,
-        60,
-        "the 20 delivered and journaled",
-    )
-    second.kill()
-    roll_back(setup, snapshot)
+    soon = _twenty_whose_acknowledgements_redis_lost(setup, bridges)
     again = setup.bridge("again").start()
     bridges.append(again)
     wait_for(lambda: again.get("/readyz")[0] == 200, 60, "ready: read from the end")
-    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", [(H_TARGET_TOPIC, target)])])
-    counts = counts_through(setup, b"after", 90)
-    assert set(counts) == {v for _, v, _ in soon} | {b"after"}, counts
-    assert max(counts.values()) == 1, {v: n for v, n in counts.items() if n > 1}
+    _each_delivered_once(setup, soon)
     assert avoided(again, "redis-lost-writes") == 20
 
 
