@@ -77,7 +77,8 @@ unit: $(STAMP)
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
 # (early is early however busy the machine), a record's identity, the dialects, the recurring
-# schedules and the cancels read beside a rebuild (their margins are seconds): none checks a time to the millisecond — and every other
+# schedules, the cancels read beside a rebuild, the take-overs and the recreated delay topics (their
+# margins are seconds): none checks a time to the millisecond — and every other
 # test on the session's services,
 # the chaos scenarios last (their checks of lateness want the machine to themselves: BESIDE is
 # long done by then). BESIDE's report is printed after the other's (build/test-beside.log).
@@ -92,7 +93,8 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
   tests/integration/test_dialects.py \
   tests/integration/test_recurring.py tests/integration/test_testbed.py \
-  tests/integration/test_recovery.py tests/integration/test_rebuild_cancels.py
+  tests/integration/test_recovery.py tests/integration/test_rebuild_cancels.py \
+  tests/integration/test_takeover.py tests/integration/test_incarnation.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \

@@ -72,6 +72,11 @@ Scenario = Callable[[Run, Size, random.Random], Result]
 # (an NTP step), behind by 3 s.
 CLOCK_SHIFTS_MS = (0, 20_000, 3_600_000, -3_000)
 REDIS_SHIFTS_MS = (1_800_000, 20_000, -3_000)  # the Redis clock's, after its restart
+# How long an adversary's bridge stands still (SIGSTOP: a GC pause, a stalled VM): past the
+# harness's group session (6 s), and past the lease (30 s) too — its records claimed again while
+# it still holds them.
+FREEZE_S = (8.0, 12.0, 33.0)
+REDIS_FREEZE_S = (2.0, 5.0, 9.0)  # Redis stands still: a network partition, a stalled host
 READ_BOUND_S = 30.0  # the longest one read of the API may take
 # Query strings anyone on the HTTP port may send: past every bound, other scripts' digits.
 HOSTILE_READS = [
@@ -538,9 +543,10 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
 
 def _fault_kinds(rng: random.Random, faults: int) -> list[str]:
     """The adversary's faults in a random order: a Redis restart, Redis losing everything with
-    three faults or more, a broker restart with four or more, and bridge restarts for the
-    rest."""
+    three faults or more, a broker restart with four or more, a bridge standing still with five
+    or more, Redis standing still with six or more, and bridge restarts for the rest."""
     kinds = ["redis", *(["wipe"] if faults >= 3 else []), *(["kafka"] if faults >= 4 else [])]
+    kinds += [*(["freeze"] if faults >= 5 else []), *(["redis-freeze"] if faults >= 6 else [])]
     kinds += ["bridge"] * (faults - len(kinds))
     rng.shuffle(kinds)
     return kinds
@@ -589,6 +595,23 @@ class _Faults:
             client = run.servers.redis()
             client.flushall()
             client.close()
+        elif kind == "freeze":  # woken with what it had in flight, whoever owns it now
+            i = rng.randrange(len(bridges))
+            seconds = rng.choice(FREEZE_S)
+            bridges[i].signal(signal.SIGSTOP)
+            try:
+                time.sleep(seconds)  # the fault's length, not a wait on a condition
+            finally:
+                bridges[i].signal(signal.SIGCONT)
+            kind += f"{f' {i}' if len(bridges) > 1 else ''} for {seconds:.0f} s"
+        elif kind == "redis-freeze":  # it keeps its connections, answers nothing, then goes on
+            seconds = rng.choice(REDIS_FREEZE_S)
+            run.servers.freeze_redis()
+            try:
+                time.sleep(seconds)  # the fault's length, not a wait on a condition
+            finally:
+                run.servers.thaw_redis()
+            kind += f" for {seconds:.0f} s"
         else:
             i = rng.randrange(len(bridges))
             bridges[i].kill()
@@ -614,9 +637,10 @@ def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -
     moments: SIGKILLs, the bridge back on a host whose clock is off (ahead by seconds or an hour,
     behind), a Redis restart that rolls back what it had not fsynced onto a clock that is off
     (30 minutes or 20 s ahead, 3 s behind), (with three faults or more) Redis losing everything,
-    and (with four faults or more) a broker restart. The checker's oracle (the parser, every
-    cancel and replacement by delay-id or origin, an operator's copies of a record by its seq)
-    settles every offset:
+    (four or more) a broker restart, (five or more) a bridge standing still (SIGSTOP) past its
+    group session or its lease and woken with what it had in flight, and (six or more) Redis
+    standing still for seconds. The checker's oracle (the parser, every cancel and replacement by
+    delay-id or origin, an operator's copies of a record by its seq) settles every offset:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
     max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
     records = adversarial(
@@ -663,7 +687,9 @@ def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -
         f"rolled back {injected.rolled_back:,} bytes of AOF, its clock off by "
         f"{injected.redis_shift / 1000:+,.0f} s"
         f"{', Redis lost' if 'wipe' in kinds else ''}"
-        f"{', a broker restart' if 'kafka' in kinds else ''})",
+        f"{', a broker restart' if 'kafka' in kinds else ''}"
+        f"{', a bridge standing still' if 'freeze' in kinds else ''}"
+        f"{', Redis standing still' if 'redis-freeze' in kinds else ''})",
         horizon_ms=horizon,
     )
     result.checks["ready again at the end"] = wait_ready(bridge, 60)
