@@ -77,6 +77,9 @@ REDIS_SHIFTS_MS = (1_800_000, 20_000, -3_000)  # the Redis clock's, after its re
 # it still holds them.
 FREEZE_S = (8.0, 12.0, 33.0)
 REDIS_FREEZE_S = (2.0, 5.0, 9.0)  # Redis stands still: a network partition, a stalled host
+# The broker stands still: produce requests and transactions hang; past the group session, its
+# members are expired when it wakes (its clock went on).
+KAFKA_FREEZE_S = (4.0, 15.0)
 READ_BOUND_S = 30.0  # the longest one read of the API may take
 # Query strings anyone on the HTTP port may send: past every bound, other scripts' digits.
 HOSTILE_READS = [
@@ -544,9 +547,11 @@ def hostile_input(run: Run, size: Size, rng: random.Random) -> Result:
 def _fault_kinds(rng: random.Random, faults: int) -> list[str]:
     """The adversary's faults in a random order: a Redis restart, Redis losing everything with
     three faults or more, a broker restart with four or more, a bridge standing still with five
-    or more, Redis standing still with six or more, and bridge restarts for the rest."""
+    or more, Redis standing still with six or more, the broker standing still with seven or more,
+    and bridge restarts for the rest."""
     kinds = ["redis", *(["wipe"] if faults >= 3 else []), *(["kafka"] if faults >= 4 else [])]
     kinds += [*(["freeze"] if faults >= 5 else []), *(["redis-freeze"] if faults >= 6 else [])]
+    kinds += ["kafka-freeze"] if faults >= 7 else []
     kinds += ["bridge"] * (faults - len(kinds))
     rng.shuffle(kinds)
     return kinds
@@ -596,21 +601,13 @@ class _Faults:
             client.flushall()
             client.close()
         elif kind == "freeze":  # woken with what it had in flight, whoever owns it now
-            i = rng.randrange(len(bridges))
-            seconds = rng.choice(FREEZE_S)
-            bridges[i].signal(signal.SIGSTOP)
-            try:
-                time.sleep(seconds)  # the fault's length, not a wait on a condition
-            finally:
-                bridges[i].signal(signal.SIGCONT)
+            i, seconds = rng.randrange(len(bridges)), rng.choice(FREEZE_S)
+            _stand_still(bridges[i].signal, seconds)
             kind += f"{f' {i}' if len(bridges) > 1 else ''} for {seconds:.0f} s"
-        elif kind == "redis-freeze":  # it keeps its connections, answers nothing, then goes on
-            seconds = rng.choice(REDIS_FREEZE_S)
-            run.servers.freeze_redis()
-            try:
-                time.sleep(seconds)  # the fault's length, not a wait on a condition
-            finally:
-                run.servers.thaw_redis()
+        elif kind in ("redis-freeze", "kafka-freeze"):
+            server = kind.split("-")[0]
+            seconds = rng.choice(REDIS_FREEZE_S if server == "redis" else KAFKA_FREEZE_S)
+            _stand_still(functools.partial(run.servers.signal, server), seconds)
             kind += f" for {seconds:.0f} s"
         else:
             i = rng.randrange(len(bridges))
@@ -619,6 +616,16 @@ class _Faults:
             bridges[i] = run.bridge(clock_shift_ms=shifted)
             kind += f" {i}" if len(bridges) > 1 else ""
         run.fault_over(f"{kind}, its clock {shifted / 1000:+,.0f} s" if shifted else kind)
+
+
+def _stand_still(send: Callable[[signal.Signals], None], seconds: float) -> None:
+    """A process stands still for ``seconds`` (SIGSTOP, then SIGCONT): a GC pause, a stalled
+    host, a network partition — it keeps its connections and its state."""
+    send(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)  # the fault's length, not a wait on a condition
+    finally:
+        send(signal.SIGCONT)
 
 
 def adversary(replicas: int) -> Scenario:
@@ -638,9 +645,10 @@ def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -
     behind), a Redis restart that rolls back what it had not fsynced onto a clock that is off
     (30 minutes or 20 s ahead, 3 s behind), (with three faults or more) Redis losing everything,
     (four or more) a broker restart, (five or more) a bridge standing still (SIGSTOP) past its
-    group session or its lease and woken with what it had in flight, and (six or more) Redis
-    standing still for seconds. The checker's oracle (the parser, every cancel and replacement by
-    delay-id or origin, an operator's copies of a record by its seq) settles every offset:
+    group session or its lease and woken with what it had in flight, (six or more) Redis
+    standing still for seconds and (seven or more) the broker too. The checker's oracle (the
+    parser, every cancel and replacement by delay-id or origin, an operator's copies of a record
+    by its seq) settles every offset:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
     max_bytes = int(str(run.overrides["limits__max_record_bytes"]))
     records = adversarial(
@@ -689,7 +697,8 @@ def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -
         f"{', Redis lost' if 'wipe' in kinds else ''}"
         f"{', a broker restart' if 'kafka' in kinds else ''}"
         f"{', a bridge standing still' if 'freeze' in kinds else ''}"
-        f"{', Redis standing still' if 'redis-freeze' in kinds else ''})",
+        f"{', Redis standing still' if 'redis-freeze' in kinds else ''}"
+        f"{', the broker standing still' if 'kafka-freeze' in kinds else ''})",
         horizon_ms=horizon,
     )
     result.checks["ready again at the end"] = wait_ready(bridge, 60)

@@ -189,10 +189,15 @@ class Servers:
 
     def freeze_redis(self) -> None:
         """SIGSTOP: Redis stops answering but keeps its connections — a network partition."""
-        os.kill(self.pid("redis"), signal.SIGSTOP)
+        self.signal("redis", signal.SIGSTOP)
 
     def thaw_redis(self) -> None:
-        os.kill(self.pid("redis"), signal.SIGCONT)
+        self.signal("redis", signal.SIGCONT)
+
+    def signal(self, what: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to ``redis`` or ``kafka`` (SIGSTOP: it keeps its connections and answers
+        nothing, requests hang rather than being refused)."""
+        os.kill(self.pid(what), sig)
 
     def drop_aof_tail(self, size: int) -> int:
         """Cut the last ``size`` bytes off the AOF of a killed Redis — what a machine crash takes
