@@ -501,6 +501,31 @@ def wait_settled(
     return time.monotonic() - started
 
 
+def wait_held(
+    checker: Checker,
+    expected: dict[int, Expected],
+    horizon_ms: int,
+    store: Store,
+    timeout: float,
+) -> set[int]:
+    """Wait until every record due after ``horizon_ms`` (but one a later record may replace) is
+    waiting in Redis, or was seen delivered (an operator fired it) or dead-lettered; returns the
+    ones that were not within ``timeout``. A run's last bridge, or one rebuilding a Redis that
+    lost everything, reads the delay topic again before it holds them."""
+    deadline = time.monotonic() + timeout
+    todo = {
+        s: e.offset
+        for s, e in expected.items()
+        if e.reason is None and not e.replaceable and (e.due_ms or 0) > horizon_ms
+    }
+    while True:
+        seen = {s for s in todo if checker.delivered.get(s) or checker.dead.get(s)}
+        todo = {s: at for s, at in todo.items() if s not in seen and not _waiting(store, at)}
+        if not todo or time.monotonic() >= deadline:
+            return set(todo)
+        time.sleep(0.2)
+
+
 def wait_seen(
     checker: Checker,
     seqs: Iterable[int],

@@ -32,6 +32,7 @@ from testbed.checker import (
     expectations,
     read_topic,
     settle,
+    wait_held,
     wait_settled,
 )
 from testbed.clock import PYTHON_SHIFT
@@ -305,13 +306,10 @@ class Run:
         time.sleep(1.0)  # let duplicates still in flight arrive before counting them
         client = self.servers.redis()
         try:
+            store = Store(client, self.prefix)
+            wait_held(self.checker, expected, horizon, store, SETTLE_TIMEOUT_S)
             account = settle(
-                self.checker,
-                expected,
-                horizon,
-                Store(client, self.prefix),
-                self.faults,
-                by_append=self.append_times,
+                self.checker, expected, horizon, store, self.faults, by_append=self.append_times
             )
         finally:
             client.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -15,11 +16,15 @@ from confluent_kafka.admin import AdminClient
 from bridge.config import from_mapping
 from bridge.journal import Entry, Fate, JournalReader, encode_entries
 from bridge.kafka import produce
+from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.store import Shard
 from testbed import run as runs
+from testbed.checker import wait_seen
 from testbed.harness import bridge_env
+from testbed.run import Run
 from testbed.scenarios import KAFKA_CLUSTER_SCENARIOS, SCENARIOS, assert_kept, run_scenario
 from testbed.servers import STATE_DIR, Servers
+from testbed.workload import Record, now_ms
 from tests.conftest import recreate_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -100,3 +105,34 @@ def test_a_journal_reader_kept_across_a_broker_restart_reads_on(servers: Servers
         reader.close()
         with contextlib.suppress(KafkaException):
             admin.delete_topics([journal])[journal].result(timeout=30)
+
+
+def test_the_oracle_looks_for_records_due_later_once_the_last_bridge_holds_them(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """A run's last bridge, after Redis lost everything, reads the delay topic again before it
+    holds the records due after the run: the oracle looks for them in Redis once they are there,
+    not while the bridge is still reading (the adversary, seed 64: two records due in 7 days
+    called lost, found waiting in Redis seconds later)."""
+    run = Run(servers, tmp_path, "oracle")
+    try:
+        target = (H_TARGET_TOPIC, run.target.encode())
+        workload = run.workload(
+            [Record([target], delay_ms=500), Record([target, (H_AFTER, b"7d")])], 10
+        )
+        workload.join(60)
+        first = run.bridge()
+        assert wait_seen(run.checker, [0], 60) == set()
+        first.kill()
+        client = servers.redis()
+        client.flushall()  # what the last bridge finds: Redis lost everything
+        client.close()
+        # The fault's timing: the last bridge comes up only as the oracle looks.
+        late = threading.Timer(3.0, run.bridge)
+        late.start()
+        result = run.finish(workload, "oracle", "Redis lost, the last bridge late", now_ms())
+        late.join()
+    finally:
+        run.close()
+    assert result.account.lost == [], result.account.lost
+    assert result.account.scheduled == 1
