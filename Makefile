@@ -80,8 +80,9 @@ unit: $(STAMP)
 # schedules, the cancels read beside a rebuild, the take-overs and the recreated delay topics (their
 # margins are seconds): none checks a time to the millisecond — and every other
 # test on the session's services,
-# the chaos scenarios last (their checks of lateness want the machine to themselves: BESIDE is
-# long done by then). BESIDE's report is printed after the other's (build/test-beside.log).
+# the chaos scenarios last (their checks of lateness have margins of seconds: BESIDE's last
+# tests run beside them; the two take about as long). BESIDE's report is printed after the
+# other's (build/test-beside.log).
 # PYTEST_ARGS given: one pytest with them.
 BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
   exactly_once_scenario_runs_both_modes_and_keeps_the_contract \
