@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import re
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -512,18 +512,16 @@ def wait_held(
     waiting in Redis, or was seen delivered (an operator fired it) or dead-lettered; returns the
     ones that were not within ``timeout``. A run's last bridge, or one rebuilding a Redis that
     lost everything, reads the delay topic again before it holds them."""
-    deadline = time.monotonic() + timeout
-    todo = {
+    later = {
         s: e.offset
         for s, e in expected.items()
         if e.reason is None and not e.replaceable and (e.due_ms or 0) > horizon_ms
     }
-    while True:
-        seen = {s for s in todo if checker.delivered.get(s) or checker.dead.get(s)}
-        todo = {s: at for s, at in todo.items() if s not in seen and not _waiting(store, at)}
-        if not todo or time.monotonic() >= deadline:
-            return set(todo)
-        time.sleep(0.2)
+
+    def held(s: int) -> bool:
+        return bool(checker.delivered.get(s) or checker.dead.get(s)) or _waiting(store, later[s])
+
+    return _not_within(set(later), held, timeout)
 
 
 def wait_seen(
@@ -535,16 +533,21 @@ def wait_seen(
     """Wait until the checker saw each of ``seqs`` delivered (due at one of ``dues[seq]`` when
     given) or dead-lettered; returns the ones it did not see within ``timeout``. Only the unseen
     are looked at again."""
-    deadline = time.monotonic() + timeout
-    todo = set(seqs)
     due = dues or {}
 
     def seen(s: int) -> bool:
         got = checker.delivered.get(s, [])
         return bool(checker.dead.get(s)) or any(s not in due or g.due_header in due[s] for g in got)
 
+    return _not_within(set(seqs), seen, timeout)
+
+
+def _not_within(todo: set[int], done: Callable[[int], bool], timeout: float) -> set[int]:
+    """Those of ``todo`` not ``done`` within ``timeout``; only those not done yet are asked
+    again, every 0.2 s."""
+    deadline = time.monotonic() + timeout
     while True:
-        todo = {s for s in todo if not seen(s)}
+        todo = {s for s in todo if not done(s)}
         if not todo or time.monotonic() >= deadline:
             return todo
         time.sleep(0.2)

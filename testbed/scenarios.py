@@ -80,6 +80,16 @@ REDIS_FREEZE_S = (2.0, 5.0, 9.0)  # Redis stands still: a network partition, a s
 # The broker stands still: produce requests and transactions hang; past the group session, its
 # members are expired when it wakes (its clock went on).
 KAFKA_FREEZE_S = (4.0, 15.0)
+# The adversary's faults other than a bridge restart, each once from this many faults on, and
+# how its row names them (the Redis restart by its rollback and clock).
+ONCE_EACH = {
+    "redis": (1, ""),
+    "wipe": (3, "Redis lost"),
+    "kafka": (4, "a broker restart"),
+    "freeze": (5, "a bridge standing still"),
+    "redis-freeze": (6, "Redis standing still"),
+    "kafka-freeze": (7, "the broker standing still"),
+}
 READ_BOUND_S = 30.0  # the longest one read of the API may take
 # Query strings anyone on the HTTP port may send: past every bound, other scripts' digits.
 HOSTILE_READS = [
@@ -345,7 +355,7 @@ def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
     )
     run.at(size.seconds / 3)
     run.fault_began()
-    run.servers.freeze_redis()
+    run.servers.signal("redis", signal.SIGSTOP)
     frozen = time.monotonic()
     not_ready_after: float | None = None
     healthy = True
@@ -357,7 +367,7 @@ def redis_unreachable(run: Run, size: Size, rng: random.Random) -> Result:
             healthy = healthy and bridge.get("/healthz")[0] == 200
             time.sleep(0.5)
     finally:
-        run.servers.thaw_redis()
+        run.servers.signal("redis", signal.SIGCONT)
     run.fault_over()
     thawed = time.monotonic()
     recovered = wait_ready(bridge, 60)
@@ -549,9 +559,7 @@ def _fault_kinds(rng: random.Random, faults: int) -> list[str]:
     three faults or more, a broker restart with four or more, a bridge standing still with five
     or more, Redis standing still with six or more, the broker standing still with seven or more,
     and bridge restarts for the rest."""
-    kinds = ["redis", *(["wipe"] if faults >= 3 else []), *(["kafka"] if faults >= 4 else [])]
-    kinds += [*(["freeze"] if faults >= 5 else []), *(["redis-freeze"] if faults >= 6 else [])]
-    kinds += ["kafka-freeze"] if faults >= 7 else []
+    kinds = [kind for kind, (least, _) in ONCE_EACH.items() if faults >= least]
     kinds += ["bridge"] * (faults - len(kinds))
     rng.shuffle(kinds)
     return kinds
@@ -694,11 +702,7 @@ def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -
         f"{size.faults} faults (SIGKILLs with clock steps, a Redis restart "
         f"rolled back {injected.rolled_back:,} bytes of AOF, its clock off by "
         f"{injected.redis_shift / 1000:+,.0f} s"
-        f"{', Redis lost' if 'wipe' in kinds else ''}"
-        f"{', a broker restart' if 'kafka' in kinds else ''}"
-        f"{', a bridge standing still' if 'freeze' in kinds else ''}"
-        f"{', Redis standing still' if 'redis-freeze' in kinds else ''}"
-        f"{', the broker standing still' if 'kafka-freeze' in kinds else ''})",
+        f"{''.join(f', {n}' for k, (_, n) in ONCE_EACH.items() if n and k in kinds)})",
         horizon_ms=horizon,
     )
     result.checks["ready again at the end"] = wait_ready(bridge, 60)

@@ -187,13 +187,6 @@ class Servers:
     def pid(self, what: str) -> int:
         return int(self._run("pid", what))
 
-    def freeze_redis(self) -> None:
-        """SIGSTOP: Redis stops answering but keeps its connections — a network partition."""
-        self.signal("redis", signal.SIGSTOP)
-
-    def thaw_redis(self) -> None:
-        self.signal("redis", signal.SIGCONT)
-
     def signal(self, what: str, sig: signal.Signals) -> None:
         """Send ``sig`` to ``redis`` or ``kafka`` (SIGSTOP: it keeps its connections and answers
         nothing, requests hang rather than being refused)."""
