@@ -6,7 +6,7 @@ Unit tests request none of these fixtures and need no server.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 import redis
@@ -45,6 +45,25 @@ __all__ = [
     "started",
     "wait_for",
 ]
+
+
+REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's report is kept on its test (``REPORTS`` in its stash), for fixtures that say more
+    in their teardown when the test failed (see tests.integration.conftest.bridges)."""
+    report = yield
+    item.stash.setdefault(REPORTS, {})[report.when] = report
+    return report
+
+
+def failed(item: pytest.Item) -> bool:
+    """Whether ``item``'s setup or call failed (in its teardown)."""
+    return any(r.failed for r in item.stash.get(REPORTS, {}).values())
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 LEAVE_TIMEOUT_S, LEAVE_POLL_S = 5.0, 0.1  # serving the revocation before the group is left
 WATERMARK_TIMEOUT_S = 5.0  # reading a partition's end offset, when it is read again
+# An assignment that takes longer (Redis, the group's commits, ends and the journal read in the
+# group's callback, every partition's reading held meanwhile) says how long in its log line.
+SLOW_ASSIGNMENT_S = 2.0
 
 
 class TopicFacts(Protocol):
@@ -106,6 +109,7 @@ class Membership:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:
             return  # a failed consumer being closed aside (bridge.ingress.restarts)
+        began = time.monotonic()
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
@@ -160,10 +164,13 @@ class Membership:
         self.joined = True
         if self._paused():
             consumer.pause(partitions)
-        logger.info(
-            "assigned %s",
+        took = time.monotonic() - began
+        logger.log(
+            logging.WARNING if took > SLOW_ASSIGNMENT_S else logging.INFO,
+            "assigned %s%s",
             ", ".join(f"{s.topic}[{s.partition}]" for s in sorted(shards)),
-            extra={"partitions": len(shards)},
+            f" (in {took:.1f} s)" if took > SLOW_ASSIGNMENT_S else "",
+            extra={"partitions": len(shards), "seconds": round(took, 3)},
         )
         self.owner.assigned(set(shards) | retired)
 

@@ -16,7 +16,7 @@ import redis
 from bridge.store import Store
 from testbed.clock import build_shim
 from testbed.harness import Bridge, Setup
-from tests.conftest import Services, TopicFactory, delete_keys, wait_for
+from tests.conftest import Services, TopicFactory, delete_keys, failed, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -64,11 +64,20 @@ def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -
 
 
 @pytest.fixture
-def bridges() -> Iterator[list[Bridge]]:
+def bridges(request: pytest.FixtureRequest) -> Iterator[list[Bridge]]:
+    """The test's bridges, killed afterwards; when the test failed, the end of each one's log
+    is printed (pytest shows it in the failure's report, "Captured stdout teardown")."""
     running: list[Bridge] = []
     yield running
     for b in running:
         b.kill()
+    if failed(request.node):
+        for n, b in enumerate(running):
+            tail = b.output().splitlines()[-LOG_TAIL_LINES:]
+            print(f"--- bridge {n}: the last {len(tail)} lines of {b.log} ---", *tail, sep="\n")
+
+
+LOG_TAIL_LINES = 60
 
 
 @pytest.fixture
