@@ -31,6 +31,7 @@ from bench.scenarios import (
     precision_and_backlog,
     recovery,
     redis_modes,
+    replicas,
     steady_cost,
     throughput,
 )
@@ -46,6 +47,7 @@ SCENARIOS = (
     "priority",
     "recovery",
     "exactly-once",
+    "replicas",
     "cluster",
     "far-future",
     "trace",
@@ -53,12 +55,15 @@ SCENARIOS = (
     "rebuild",
     "recurring",
 )
+# replicas drains three times the throughput scenario's records (two replicas' joining the group,
+# one after the other, is a smaller share of a longer drain);
 # cluster starts a Redis Cluster of its own; far-future holds ten million records (full) and
 # lasts the spread of its scattered case twice; trace writes ten million journal entries (full):
 # each asked for by name; bulk cancels a million far-future records (full) under live traffic;
 # rebuild loses Redis holding ten million waiting records (full); recurring fires 100,000
 # schedules a minute beside 2,000 one-shot records a second for three minutes (full).
-DEFAULT = SCENARIOS[:6]
+DEFAULT = SCENARIOS[:7]
+REPLICA_RECORDS_PER_THROUGHPUT = 3
 READ_BACK_VALUE = 1024  # bytes: a reminder's payload
 ID_BYTES = 31  # a delay-id of its own ("order-…"), as long as #59's far-future figure has it
 
@@ -141,6 +146,13 @@ def run_all(servers: Servers, out: Path, sizes: Sizes, names: list[str]) -> Repo
             seconds=sizes.precision_s,
             max_delay_ms=sizes.max_delay_ms,
         )
+    if "replicas" in names:
+        count = REPLICA_RECORDS_PER_THROUGHPUT * sizes.throughput
+        say(
+            f"replicas: {count:,} records of 100 B due at once, drained by one bridge, then by "
+            "two side by side"
+        )
+        replicas(servers, out, count, report)
     if "cluster" in names:
         say(
             f"cluster: {sizes.cluster:,} records due at once and {sizes.precision_s:.0f} s of "

@@ -68,6 +68,17 @@ def tables(report: Report) -> str:
         for name, t in f.items()
         if name.startswith("throughput") and "ingest_vs_no_ids" in t
     ]
+    side_by_side = [
+        [
+            str(r["replicas"]),
+            f"{r['records']:,} x {r['value_bytes']} B on {r['partitions']} partitions",
+            *(_rate(r[f"{leg}_per_s"]) for leg in ("ingest", "egress", "end_to_end")),
+            f"{r['cpu_ms_per_record']:.3f} ms",
+            f"**{r['end_to_end_vs_one']:.2f}x**" if "end_to_end_vs_one" in r else "1",
+        ]
+        for name, r in f.items()
+        if name.startswith("replicas-")
+    ]
     precision = [
         [
             name.removeprefix("precision "),
@@ -404,6 +415,20 @@ def tables(report: Report) -> str:
                 "records without one)",
                 ["records", "ingest", "egress (claim + ack)", "end to end"],
                 with_ids,
+            ),
+            *_section(
+                "Replicas side by side on the same machine (due at once; each replica a static "
+                "member of the group)",
+                [
+                    "replicas",
+                    "records",
+                    "ingest",
+                    "egress",
+                    "end to end",
+                    "CPU per record, bridges + Redis",
+                    "end to end / one",
+                ],
+                side_by_side,
             ),
             *_section(
                 "Precision (delays uniform in 1-10 s; lateness at the acknowledgement and at "

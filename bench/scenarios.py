@@ -42,7 +42,7 @@ from testbed.checker import (
     wait_seen,
 )
 from testbed.harness import Bridge, bridge_env, metric, wait_ready
-from testbed.run import PARTITIONS, Run
+from testbed.run import PARTITIONS, Run, Topics
 from testbed.servers import Servers
 from testbed.services import ROOT
 from testbed.workload import Record, Workload, now_ms, steady, value_of
@@ -136,9 +136,9 @@ class Progress:
     records Redis holds; ``ingested - stored`` is what left Redis, i.e. was acknowledged.
     """
 
-    def __init__(self, store: Store, topic: str) -> None:
+    def __init__(self, store: Store, topic: str, partitions: int = PARTITIONS) -> None:
         self.store = store
-        self.shards = [Shard(topic, p) for p in range(PARTITIONS)]
+        self.shards = [Shard(topic, p) for p in range(partitions)]
         self.samples: list[tuple[int, int, int]] = []  # (epoch ms, ingested, stored)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
@@ -214,7 +214,7 @@ def settled(
 
 def read_expected(run: Run) -> dict[int, Expected]:
     """What every delay-topic record of the run asks for (reads the whole topic: once a run)."""
-    return expectations(read_topic(run.servers.bootstrap, run.delay, PARTITIONS), run.rules())
+    return expectations(read_topic(run.servers.bootstrap, run.delay, run.partitions), run.rules())
 
 
 def wait_delivered(run: Run, seqs: range, timeout: float) -> None:
@@ -300,12 +300,16 @@ def throughput(
     tag: str = "",
     id_bytes: int = 0,
     ceilings: bool = True,
+    replicas: int = 1,
+    partitions: int = PARTITIONS,
 ) -> float:
     """``count`` records due at once (each with a delay-id ``id_bytes`` long if given: then
     without the ceilings, which such records do not change), produced before the bridge starts
     (configured with ``overrides``, its figures named with ``tag``); the bare pipe reads the same
-    delay topic first (``ceilings``). Returns the bridge's end-to-end rate (records/s); the CPU
-    time of the bridge and of Redis per record over the run is among the figures."""
+    delay topic first (``ceilings``). ``replicas``: bridges started side by side, each a static
+    member of the group, on a delay topic of ``partitions``. Returns the end-to-end rate
+    (records/s); the CPU time of the bridges and of Redis per record over the run is among the
+    figures."""
     name = f"throughput-{value_size}{tag}"
     run = Run(
         servers,
@@ -315,19 +319,21 @@ def throughput(
         target_config=ACK_STAMPS,
         watch=False,
         overrides=overrides,
+        topics=Topics(partitions=partitions),
     )
     store = Store(servers.redis(), run.prefix)
     try:
         records = due_now(count, run.target, id_bytes)
         finished(produce(run, records, float("inf"), value_size=value_size))
         pipe = None if id_bytes or not ceilings else _bare_pipe(run, count)
-        progress = Progress(store, run.delay).start()
+        progress = Progress(store, run.delay, partitions).start()
         redis_cpu = redis_cpu_s(store.client)
-        bridge = run.bridge()
+        bridges = [run.bridge(f"r{n}" if replicas > 1 else "") for n in range(replicas)]
         progress.wait(lambda i, s: i >= count and s == 0, 600, f"{name}: all acknowledged")
         progress.stop()
-        cpu_s = bridge.cpu_seconds() + redis_cpu_s(store.client) - redis_cpu
-        bridge.stop()
+        cpu_s = sum(b.cpu_seconds() for b in bridges) + redis_cpu_s(store.client) - redis_cpu
+        for bridge in bridges:
+            bridge.stop()
         started = progress.first(lambda i, s: i > 0)
         ingested = progress.first(lambda i, s: i >= count)
         acked_first = progress.first(lambda i, s: i - s > 0)
@@ -336,6 +342,8 @@ def throughput(
             "records": count,
             "value_bytes": value_size,
             "delay_id_bytes": id_bytes,
+            "replicas": replicas,
+            "partitions": partitions,
             "ingest_per_s": count / max(1e-3, (ingested - started) / 1000),
             "egress_per_s": count / max(1e-3, (acked - acked_first) / 1000),
             "end_to_end_per_s": count / max(1e-3, (acked - started) / 1000),
@@ -371,6 +379,36 @@ def throughput(
     finally:
         store.client.close()
         run.close()
+
+
+REPLICA_PARTITIONS = 6  # the delay topic of the replicas scenario: three partitions each
+
+
+def replicas(servers: Servers, workdir: Path, count: int, report: Report) -> float:
+    """``count`` records of 100 B due at once, drained by one bridge and then by two replicas
+    side by side (the chart's default, ``replicaCount: 2``), each on a delay topic of
+    REPLICA_PARTITIONS; figures ``replicas-1`` and ``replicas-2``. Returns the two replicas'
+    end-to-end rate over the one bridge's: what a second process buys on the same machine."""
+    rates = [
+        throughput(
+            servers,
+            workdir,
+            count,
+            100,
+            report,
+            tag=f"-replicas-{n}",
+            ceilings=False,
+            replicas=n,
+            partitions=REPLICA_PARTITIONS,
+        )
+        for n in (1, 2)
+    ]
+    for n in (1, 2):
+        report.figures[f"replicas-{n}"] = report.figures.pop(f"throughput-100-replicas-{n}")
+        report.series.pop(f"throughput-100-replicas-{n}", None)
+    ratio = rates[1] / rates[0]
+    report.figures["replicas-2"]["end_to_end_vs_one"] = ratio
+    return ratio
 
 
 def _bare_pipe(run: Run, count: int) -> dict[str, int]:

@@ -57,6 +57,17 @@ PRODUCER_DEBUG = ""
 KEEP = False  # --keep: the servers and the last run's topics and keys stay, to trace records
 
 SETTLE_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Topics:
+    """A run's delay, target and journal topics: their ``partitions``, and the delay topic's
+    ``delay_config`` beside the harness's own (retention: forever)."""
+
+    partitions: int = PARTITIONS
+    delay_config: dict[str, str] = field(default_factory=dict)
+
+
 # Once these faults end (the broker answers, Redis takes writes, the cluster serves every slot, a
 # replica replaced by a StatefulSet is ready again), every record due during them reaches its
 # target within this: the fault's length, not a lease or a session behind it, bounds the lateness.
@@ -149,11 +160,12 @@ class Run:
         *,
         label: str = "chaos",
         target_config: dict[str, str] | None = None,
-        delay_config: dict[str, str] | None = None,
+        topics: Topics = Topics(),
         watch: bool = True,
         overrides: dict[str, object] | None = None,
     ) -> None:
         self.servers = servers
+        self.partitions = partitions = topics.partitions  # of the delay, target, journal topics
         self.name = name
         uid = uuid.uuid4().hex[:8]
         self.delay, self.target, self.dlq = (
@@ -169,14 +181,14 @@ class Run:
             {"bootstrap.servers": servers.bootstrap, "log_level": CLIENT_LOG_LEVEL}
         )
         rf = servers.replication
-        delay = {"retention.ms": "-1", **(delay_config or {})}
-        topics = [
-            NewTopic(self.delay, PARTITIONS, rf, config=delay),
-            NewTopic(self.target, PARTITIONS, rf, config=target_config or {}),
+        delay = {"retention.ms": "-1", **topics.delay_config}
+        made = [
+            NewTopic(self.delay, partitions, rf, config=delay),
+            NewTopic(self.target, partitions, rf, config=target_config or {}),
             NewTopic(self.dlq, 1, rf),
-            NewTopic(self.journal, PARTITIONS, rf),
+            NewTopic(self.journal, partitions, rf),
         ]
-        for future in self.admin.create_topics(topics).values():
+        for future in self.admin.create_topics(made).values():
             future.result(timeout=30)
         document: dict[str, object] = {
             "kafka": {
@@ -249,12 +261,12 @@ class Run:
     def expected(self) -> dict[int, Expected]:
         """What every record now in the delay topic asks for, by seq."""
         return expectations(
-            read_topic(self.servers.bootstrap, self.delay, PARTITIONS), self.rules()
+            read_topic(self.servers.bootstrap, self.delay, self.partitions), self.rules()
         )
 
     def recreate(self, topic: str, config: dict[str, str] | None = None) -> None:
         """Delete ``topic`` (if it exists) and create it again under the same name."""
-        recreate_topic(self.admin, topic, PARTITIONS if topic != self.dlq else 1, config)
+        recreate_topic(self.admin, topic, self.partitions if topic != self.dlq else 1, config)
 
     def at(self, moment: float) -> None:
         """Wait until ``moment`` seconds after the run started (fault timing, not sync)."""

@@ -46,7 +46,7 @@ from testbed.recurring import (
     counted_schedules,
     recurring_sigkill,
 )
-from testbed.run import PARTITIONS, RECOVERY, RECOVERY_CHECK, Result, Run, Size
+from testbed.run import PARTITIONS, RECOVERY, RECOVERY_CHECK, Result, Run, Size, Topics
 from testbed.servers import Servers
 from testbed.services import wait_for
 from testbed.workload import (
@@ -1200,7 +1200,7 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         name,
         overrides=overrides,
         watch=name != "dlq-missing",
-        delay_config=delay_config,
+        topics=Topics(delay_config=delay_config or {}),
         target_config=target_config,
     )
     if ha_set:

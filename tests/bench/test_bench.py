@@ -145,6 +145,20 @@ def test_the_recovery_scenario_kills_restarts_and_keeps_the_contract(
     assert {t for t, _, _ in report.targets(result)} >= {"restart: 0 lost, 0 early"}
 
 
+def test_the_replicas_scenario_drains_with_one_bridge_then_two_side_by_side(
+    services: Services, tmp_path: Path
+) -> None:
+    servers = Servers.on(services, tmp_path)  # never started
+    result = run_all(servers, tmp_path, TOY, ["replicas"])
+    assert result.problems == []  # nothing lost or early, whichever replica delivered it
+    one, two = result.figures["replicas-1"], result.figures["replicas-2"]
+    for n, r in ((1, one), (2, two)):
+        assert (r["replicas"], r["partitions"], r["records"]) == (n, 6, 9000)
+        assert r["end_to_end_per_s"] > 0 and r["cpu_ms_per_record"] > 0
+    assert two["end_to_end_vs_one"] == two["end_to_end_per_s"] / one["end_to_end_per_s"]
+    assert "| 2 | 9,000 x 100 B on 6 partitions |" in report.tables(result)
+
+
 def test_tables_report_missed_targets() -> None:
     # The far-future backlog is kept as references (overhead below the payload): the memory
     # target is the near-term one's, a record held whole.
