@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 import yaml
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from bridge.kafka import produce
 from bridge.message import (
@@ -371,11 +371,27 @@ ToPartition = list[tuple[int, bytes | None, Headers]]
 
 def produce_to(bootstrap: str, topic: str, records: ToPartition, **settings: str) -> None:
     """Produce each (partition, value, headers) with the key ``k``, in order; ``settings`` are the
-    producer's librdkafka properties."""
+    producer's librdkafka properties. A record the broker refused fails it (AssertionError): a
+    partition its metadata does not have yet, say, right after the topic grew."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **settings})
+    refused: list[str] = []
+
+    def report(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            refused.append(f"partition {msg.partition()}: {err}")
+
     for partition, value, headers in records:
-        produce(producer, topic, partition=partition, key=b"k", value=value, headers=headers)
+        produce(
+            producer,
+            topic,
+            partition=partition,
+            key=b"k",
+            value=value,
+            headers=headers,
+            on_delivery=report,
+        )
     assert producer.flush(30) == 0
+    assert not refused, f"records refused by {topic}: {'; '.join(refused)}"
 
 
 @dataclass

@@ -263,6 +263,13 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
     bridges.append(bridge)
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     admin.create_partitions([NewPartitions(setup.delay, 6)])[setup.delay].result(timeout=30)
+    # The broker's metadata follows the controller's a moment later (seconds on a busy machine):
+    # a record produced to a partition it does not know yet is refused. From when it knows them.
+    wait_for(
+        lambda: len(admin.list_topics(setup.delay, timeout=10).topics[setup.delay].partitions) == 6,
+        30,
+        "the broker's metadata with the 6 partitions",
+    )
     grown = time.monotonic()
     produce_to(setup.services.bootstrap, setup.delay, _deliver_one_per_partition(setup, 6, "grown"))
     collector = setup.collector()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from testbed.harness import Collector, produce_to
@@ -28,3 +29,14 @@ def test_a_collector_reading_its_topics_again_counts_each_record_once(
         collector.close()
     assert sorted(r.value or b"" for r in collector.records) == [b"v%d" % p for p in range(6)]
     assert collector.again == 6
+
+
+def test_a_record_the_broker_refuses_fails_the_produce_instead_of_vanishing(
+    services: Services, topics: TopicFactory
+) -> None:
+    """A record produced to a partition the broker does not know yet (its topic just grew, and the
+    broker's metadata lags) was refused in its delivery report, which nobody read: the test went
+    on as if it had been produced, and waited for a delivery that could never come."""
+    topic = topics("grown-late", 3)
+    with pytest.raises(AssertionError, match=r"partition 5: .*UNKNOWN_PARTITION"):
+        produce_to(services.bootstrap, topic, [(0, b"kept", []), (5, b"refused", [])])
