@@ -60,6 +60,10 @@ SOCKET_TIMEOUT_MS = "10000"
 # What the bridge's guarantees rest on: a user setting that contradicts one is a config error.
 _CONSUMER_FIXED = {
     "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
+    # A partition never read (a new group's, or one a delay topic gained: assigned up to the
+    # metadata refresh after records came to it) is read from its start; from its end, those
+    # records were never delivered.
+    "auto.offset.reset": "earliest",
     "partition.assignment.strategy": "cooperative-sticky",
     # A record of an aborted transaction is never scheduled, and the journal read back holds
     # only what was committed (exactly-once delivery rests on it).
@@ -76,7 +80,6 @@ def consumer_settings(config: Config, *, instance: str | None = None) -> dict[st
     consumer with it would fence the running replica."""
     settings = {
         "group.id": config.kafka.group_id,
-        "auto.offset.reset": "earliest",  # a new group must not skip records already waiting
         "enable.auto.commit": "true",
         "auto.commit.interval.ms": "1000",
         "enable.partition.eof": "false",

@@ -283,6 +283,25 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
     ]
 
 
+def test_a_consumer_told_to_start_at_the_latest_offset_is_refused_at_start_up(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``kafka.consumer`` passes librdkafka properties through: with auto.offset.reset=latest, a
+    partition added to a delay topic was read from where it ended when it was assigned, up to
+    10 s after it was added, and the records produced to it meanwhile were never delivered (a
+    record to each of six partitions, three of them new: those three never came). The bridge
+    keeps it at earliest."""
+    config = setup.tmp / "latest.yaml"
+    config.write_text("kafka:\n  consumer:\n    auto.offset.reset: latest\n")
+    bridge = setup.bridge(config=str(config)).start()
+    bridges.append(bridge)
+    assert bridge.wait(30) == 2
+    assert bridge.output().splitlines() == [
+        "delay-bridge: config error: kafka.consumer.auto.offset.reset: must be earliest "
+        "(the delivery guarantees rely on it)"
+    ]
+
+
 def test_a_cancel_or_replacement_in_another_partition_finds_its_record(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

@@ -200,6 +200,11 @@ def test_environment_overrides_scalars() -> None:
             {},
             "kafka.consumer.enable.auto.offset.store: must be false",
         ),
+        (  # a partition never read would be read from its end: what came before, never delivered
+            {"kafka": {"consumer": {"auto.offset.reset": "latest"}}},
+            {},
+            "kafka.consumer.auto.offset.reset: must be earliest",
+        ),
         (
             {"kafka": {"producer": {"enable.idempotence": "false"}}},
             {},
