@@ -37,6 +37,21 @@ ENV_PATH = "DELAY_BRIDGE_CONFIG"
 ENV_PREFIX = "DELAY_BRIDGE_"
 
 
+# librdkafka properties the bridge sets from its own keys, refused where they would pass through
+# (kafka.common, or the client's own map): a consumer group of another name than kafka.group_id
+# was joined while the transactional ids, the replicas' registry and the start-up line went by
+# kafka.group_id.
+_SET_BY_THE_BRIDGE = (
+    ("group.id", ("common", "consumer"), "kafka.group_id"),
+    ("group.instance.id", ("common", "consumer"), "kafka.group_instance_id"),
+    (
+        "transactional.id",
+        ("common", "producer"),
+        "the bridge (one per delay-topic partition with egress.exactly_once)",
+    ),
+)
+
+
 def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Read the config file (``path``, else ``$DELAY_BRIDGE_CONFIG``, else the default path).
 
@@ -297,11 +312,11 @@ def _validate(config: Config) -> None:
             "tracing.enabled: needs the OpenTelemetry SDK and its OTLP exporter: "
             "pip install 'delay-bridge[otel]'"
         )
-    if "transactional.id" in producer_settings(config):
-        raise ConfigError(
-            "kafka.producer.transactional.id: set by the bridge (one per delay-topic partition "
-            "with egress.exactly_once)"
-        )
+    for key, roles, why in _SET_BY_THE_BRIDGE:
+        for role in roles:
+            passed: Mapping[str, object] = getattr(config.kafka, role)
+            if key in passed or f"{key}_file" in passed:
+                raise ConfigError(f"kafka.{role}.{key}: set by {why}")
     if (
         not config.redis.key_prefix
         or "{" in config.redis.key_prefix

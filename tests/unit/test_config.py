@@ -139,6 +139,21 @@ def test_environment_overrides_scalars() -> None:
             {},
             "kafka.producer.transactional.id: set by the bridge",
         ),
+        (  # named where it was set
+            {"kafka": {"common": {"transactional.id": "mine"}}},
+            {},
+            "kafka.common.transactional.id: set by the bridge",
+        ),
+        (  # the bridge's other uses of its group (transactional ids, lag) go by kafka.group_id
+            {"kafka": {"consumer": {"group.id": "other"}}},
+            {},
+            "kafka.consumer.group.id: set by kafka.group_id",
+        ),
+        (
+            {"kafka": {"common": {"group.id_file": "/run/secrets/group"}}},
+            {},
+            "kafka.common.group.id: set by kafka.group_id",
+        ),
         (
             {"kafka": {"consumer": {"isolation.level": "read_uncommitted"}}},
             {},
@@ -320,8 +335,9 @@ def test_only_the_group_member_carries_the_instance_id() -> None:
     instance = member_instance(config, 9464)
     assert consumer_settings(config, instance=instance)["group.instance.id"] == "delay-bridge-7f9c"
     assert "group.instance.id" not in consumer_settings(config)
-    by_map = from_mapping({"kafka": {"consumer": {"group.instance.id": "x"}}}, env={})
-    assert "group.instance.id" not in consumer_settings(by_map)
+    # Named through the consumer's map, it would have been every consumer's: refused.
+    with pytest.raises(ConfigError, match=r"^kafka.consumer.group.instance.id: set by kafka.gr"):
+        from_mapping({"kafka": {"consumer": {"group.instance.id": "x"}}}, env={})
 
 
 def test_a_member_is_named_after_its_host_and_http_port_unless_named_or_dynamic(
