@@ -69,8 +69,8 @@ docs: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# Two pytests side by side, both of which must pass: BESIDE — five of the harness's own tests
-# (first, beside the harness's others: these five do not measure Redis's memory; the others'
+# Two pytests side by side, both of which must pass: BESIDE — four of the harness's own tests
+# (first, beside the harness's others: these four do not measure Redis's memory; the others'
 # Redis figures, a used_memory delta, move with the tests beside, so they only check a figure was
 # taken), the shipping checks (the chart, hadolint, the image build: no Kafka or Redis), the
 # three-broker cluster's tests (a Kafka and Redis of their own), the unit tests, the store's
@@ -87,7 +87,6 @@ unit: $(STAMP)
 BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
   exactly_once_scenario_runs_both_modes_and_keeps_the_contract \
   recovery_scenario_kills_restarts_and_keeps_the_contract \
-  replicas_scenario_drains_with_one_bridge_then_two_side_by_side \
   trace_scenario_finds_what_was_delivered_a_day_ago \
   recurring_scenario_delivers_every_occurrence_once)
 BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/test_store_model.py \

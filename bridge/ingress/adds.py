@@ -11,7 +11,7 @@ with, while the rebuild brings its record back to be delivered. Such a cancel or
 kept here instead (the replacement is stored all the same), and looks again once every other
 partition of its topic this replica owns is whole: what the add looked in tells which have no
 state in Redis, and the catch-up which are read behind their end, so keeping costs no call of its
-own. add.lua keeps it in Redis as well until then (meta "withdrawing"), which holds its
+own. add.lua keeps it in Redis as well until then (the shard's withdrawing ZSET), which holds its
 partition's commit and resume point at it: a replica that dies meanwhile, or a Redis that loses
 this partition too, reads it again.
 

@@ -320,34 +320,49 @@ def _looked_across(
     holding: Collection[Shard],
     kept: Sequence[tuple[Shard, Scheduled | Cancel]] = (),
 ) -> None:
-    """What add.lua kept to look for in the topics' other partitions (meta "withdrawing") was
-    ``looked`` for: forgotten. Until then it holds the offset to commit and is handed back by
-    the next add (here, or on the replica that takes the shard over), so no fault between
-    add.lua and the look loses a cancel or a replacement. Of a shard ``holding`` cancels kept
-    to look again (``kept``, or of an earlier add) only the entries at the offsets looked for
-    are forgotten (a record's several cancels go together: kept while one of them is); of the
-    others the field goes."""
+    """What add.lua kept to look for in the topics' other partitions (the shard's withdrawing
+    ZSET) was ``looked`` for: forgotten. Until then it holds the offset to commit and is handed
+    back by the next add (here, or on the replica that takes the shard over), so no fault
+    between add.lua and the look loses a cancel or a replacement. Of a shard ``holding``
+    cancels kept to look again (``kept``, or of an earlier add) only the entries at the offsets
+    looked for are forgotten (a record's several cancels go together: kept while one of them
+    is); of the others, all of them."""
     shards = {s for s, _ in looked}
     if not shards:
         return
-    held = sorted(shards & set(holding))
+    done: dict[Shard, set[int]] = {s: set() for s in shards & set(holding)}
+    for shard, rec in looked:
+        if shard in done:
+            done[shard].add(rec.offset)
+    for shard, rec in kept:
+        if shard in done:
+            done[shard].discard(rec.offset)
+    # Read, then removed by name: the commands the documented ACL user has (docs/redis.md).
+    spans = [(keys.of(s).withdrawing, run) for s in sorted(done) for run in _runs(done[s])]
     with as_store_error():
         pipe = scripts.client.pipeline(transaction=False)
-        for shard in held:
-            pipe.hget(keys.of(shard).meta, "withdrawing")
-        tokens = pipe.execute() if held else []
+        for key, (first, last) in spans:
+            pipe.zrangebyscore(key, first, last)
+        found: list[list[bytes]] = pipe.execute() if spans else []
         pipe = scripts.client.pipeline(transaction=False)
-        for shard in shards - set(held):
-            pipe.hdel(keys.of(shard).meta, "withdrawing")
-        for shard, left in zip(held, tokens, strict=True):
-            done = {b"%d" % r.offset for s, r in looked if s == shard}
-            done -= {b"%d" % r.offset for s, r in kept if s == shard}
-            rest = [t for t in (left or b"").split() if t.split(b":")[0] not in done]
-            if rest:
-                pipe.hset(keys.of(shard).meta, "withdrawing", b" ".join(rest).decode())
-            else:
-                pipe.hdel(keys.of(shard).meta, "withdrawing")
+        for shard in sorted(shards - set(done)):
+            pipe.delete(keys.of(shard).withdrawing)
+        for (key, _), members in zip(spans, found, strict=True):
+            if members:
+                pipe.zrem(key, *members)
         pipe.execute()
+
+
+def _runs(offsets: Collection[int]) -> list[tuple[int, int]]:
+    """``offsets`` as runs of consecutive ones, (first, last) each, in order: a batch's records
+    looked for are mostly one run, removed in one call."""
+    runs: list[tuple[int, int]] = []
+    for offset in sorted(offsets):
+        if runs and runs[-1][1] == offset - 1:
+            runs[-1] = (runs[-1][0], offset)
+        else:
+            runs.append((offset, offset))
+    return runs
 
 
 def _own_ids(confirm: Confirm, shard: Shard, offsets: Sequence[int]) -> dict[int, str]:

@@ -11,6 +11,7 @@ timestamp decides too).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 
@@ -38,12 +39,23 @@ Schedules = Callable[[Shard, Sequence[int]], Mapping[int, Scheduled]]
 Logged = Callable[[Collection[Shard]], Collection[Shard]]
 
 
+# A record with its own delay-id is hashed where it is stored and again for each other partition
+# of its topic it is looked for in (bridge.store.across), a batch apart at most: the hashes of
+# the last few batches are kept (docs/bench/history.md, "A delay-id's ingest").
+HASHES_KEPT = 4096
+
+
 def id_hash(topic: str, delay_id: str) -> bytes:
     """The id index's hash of ``delay_id`` in the delay topic ``topic`` (HASH_BYTES bytes)."""
+    return _hashed(topic, delay_id, HASH_BITS)
+
+
+@functools.lru_cache(maxsize=HASHES_KEPT)
+def _hashed(topic: str, delay_id: str, bits: int) -> bytes:
     digest = hashlib.blake2b(f"{topic}\0{delay_id}".encode(), digest_size=HASH_BYTES).digest()
-    if HASH_BITS >= 8 * HASH_BYTES:
+    if bits >= 8 * HASH_BYTES:
         return digest
-    kept = int.from_bytes(digest, "big") & ((1 << HASH_BITS) - 1)
+    kept = int.from_bytes(digest, "big") & ((1 << bits) - 1)
     return kept.to_bytes(HASH_BYTES, "big")
 
 

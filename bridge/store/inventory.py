@@ -49,12 +49,17 @@ class ResumePoint(NamedTuple):
 
     @classmethod
     def read(
-        cls, mark: int, left: bytes | None, reread: bytes | None, at: bytes | None
+        cls, fields: Sequence[bytes | None], lowest: Sequence[tuple[bytes, float]] = ()
     ) -> ResumePoint:
-        """The shard's, from its watermark and the meta fields :data:`RESUME_FIELDS`."""
+        """The shard's, from its meta's watermark and :data:`RESUME_FIELDS` (``fields``, the
+        watermark set) and the lowest entry kept to look for in other partitions (its
+        ``withdrawing`` ZSET's first, with its score; meta "withdrawing" is where earlier code
+        kept them)."""
+        mark, left, reread, at = fields
         kept = [int(t.split(b":")[0]) for t in (left or b"").split()]
+        kept += [int(score) for _, score in lowest]
         written = None if at is None else int(at)
-        return cls(mark, min([mark + 1, *kept]), bool(reread), written)
+        return cls(int(mark or -1), min([int(mark or -1) + 1, *kept]), bool(reread), written)
 
 
 RESUME_FIELDS = ["withdrawing", "reread", "written"]  # what a resume point reads of meta
@@ -298,18 +303,16 @@ class Inventory:
 
     def resume_points(self, shards: Sequence[Shard]) -> dict[Shard, ResumePoint]:
         """For each shard that has a watermark, where to go on (:class:`ResumePoint`): the offset
-        after the watermark, or the lowest cancel or replacement add.lua keeps until it is looked
-        for in the topic's other partitions (meta "withdrawing"), which the next add hands back."""
+        after the watermark, or the lowest cancel or replacement add.lua keeps (``withdrawing``)
+        until it is looked for in the topic's other partitions, which the next add hands back."""
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
-            for shard in shards:
-                pipe.hmget(self.keys.of(shard).meta, ["ingested", *RESUME_FIELDS])
+            for keys in map(self.keys.of, shards):
+                pipe.hmget(keys.meta, ["ingested", *RESUME_FIELDS])
+                pipe.zrange(keys.withdrawing, 0, 0, withscores=True)
             values = pipe.execute()
-        return {
-            shard: ResumePoint.read(int(mark), *rest)
-            for shard, (mark, *rest) in zip(shards, values, strict=True)
-            if mark is not None
-        }
+        points = zip(shards, values[0::2], values[1::2], strict=True)
+        return {s: ResumePoint.read(f, low) for s, f, low in points if f[0] is not None}
 
     def stored_shards(self, topic: str) -> list[Shard]:
         """The live shards of ``topic`` that Redis holds state for, by partition: what the

@@ -42,6 +42,13 @@ pattern ``~<prefix>:*`` covers a deployment:
   record that holds it, or ``-`` and the offset of the cancel or record that ended it (the
   schedule registry of add.lua): a record the bridge writes to carry a schedule on
   (``delay-continues``) is stored only while the schedule is still at the record it continues.
+* ``…:withdrawing`` ZSET ``<offset>:<k>`` (the k-th entry at that offset) → the offset: the cancels
+  and replacements add.lua found nothing for in the shard, kept until the ingress has looked for
+  them in the topic's other partitions (while one of those is not whole in Redis, until it is);
+  the lowest holds the offset to commit and to resume from. A ZSET, not a field of the meta
+  HASH as before: one string of them all was read and written whole by every add, which made a
+  catch-up of records with delay-ids quadratic (meta ``withdrawing``, left by earlier code, is
+  moved here by the next add and read until then).
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
@@ -90,6 +97,7 @@ _KEY_NAMES = {
     "waits": "waits",
     "targets": "targets",
     "schedules": "schedules",
+    "withdrawing": "withdrawing",
 }
 
 
@@ -132,6 +140,7 @@ class ShardKeys:
     waits: str  # the targets with a wait index (see Keys.wait)
     targets: str  # target -> records held whole, waiting or in flight (quotas)
     schedules: str  # the schedule registry: id hash -> the record a recurring schedule is at
+    withdrawing: str  # cancels and replacements still to be looked for in the other partitions
 
     def all(self) -> tuple[str, ...]:
         """The shard's fixed keys (not its wait indexes, named by :attr:`waits`)."""

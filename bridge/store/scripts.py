@@ -80,7 +80,7 @@ class Script(Generic[R]):
 
 ADD = Script(
     "add",
-    "due meta low pending ids inflight refs refs_due waits targets schedules claimed",
+    "due meta low pending ids inflight refs refs_due waits targets schedules claimed withdrawing",
     add_outcome,
     declares=True,
 )
@@ -93,7 +93,7 @@ SETTLE = Script(
     "settle", "claimed due ids low pending inflight refs waits targets", count_of, declares=True
 )
 STATS = Script("stats", "due inflight refs waits", StatsReply.read, declares=True)
-LOW = Script("low", "meta low pending schedules", LowReply.read)
+LOW = Script("low", "meta low pending schedules withdrawing", LowReply.read)
 CANDIDATES = Script("candidates", "ids pending schedules meta", Candidates.read)
 PROMOTE = Script("promote", "due refs refs_due pending targets", stored_of)
 WITHDRAW = Script(
@@ -106,7 +106,7 @@ INCARNATION = Script(
     "incarnation",
     "due inflight claimed meta low pending retired old.due old.inflight old.claimed ids refs "
     "refs_due old.refs old.refs_due waits old.waits old.pending old.meta targets old.targets "
-    "schedules",
+    "schedules withdrawing",
     BindReply.read,
     declares=True,
 )

@@ -16,7 +16,7 @@ import redis
 from bridge.store import Store
 from testbed.clock import build_shim
 from testbed.harness import Bridge, Setup
-from tests.conftest import Services, TopicFactory, delete_keys, failed, wait_for
+from tests.conftest import ROOT, Services, TopicFactory, delete_keys, failed, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +99,16 @@ def acl_user(services: Services, unique: str) -> Iterator[Callable[..., str]]:
     for user in made:
         admin.acl_deluser(user)
     admin.close()
+
+
+def documented_acl_rules(prefix: str) -> list[str]:
+    """The least-privileged ACL user's rules as docs/redis.md documents them, for the key
+    prefix ``prefix`` (the docs' is ``delay-bridge``) and without the password."""
+    text = (ROOT / "docs" / "redis.md").read_text()
+    [line] = [x for x in text.splitlines() if x.startswith("ACL SETUSER delay-bridge on ")]
+    rules = line.split()[4:]  # after ACL SETUSER <user> on
+    assert "~delay-bridge:*" in rules and "-@all" in rules
+    return [f"~{prefix}:*" if r == "~delay-bridge:*" else r for r in rules if r != ">PASSWORD"]
 
 
 def free_port() -> int:

@@ -716,7 +716,7 @@ def test_a_rollback_of_acknowledgements_a_kept_cancel_reads_past_delivers_nothin
     setup: Setup, bridges: list[Bridge]
 ) -> None:
     """As above, but the next owner starts reading below Redis's watermark: at a cancel Redis
-    keeps to look for in the other partitions (meta "withdrawing"; its owner died before it
+    keeps to look for in the other partitions (its withdrawing ZSET; its owner died before it
     looked). The 20 put back lie between that start and the watermark: the re-read does not
     store them again (Redis has them), and only what the journal holds before the start was
     forgotten, so they were delivered again (the adversary, seed 20, exactly once: 228 twice).
@@ -725,8 +725,8 @@ def test_a_rollback_of_acknowledgements_a_kept_cancel_reads_past_delivers_nothin
     soon = _twenty_whose_acknowledgements_redis_lost(setup, bridges, before=cancel)
     client = redis.Redis.from_url(setup.services.redis_url)
     try:  # the cancel at offset 1 not looked for across yet: where the next owner starts
-        meta = Store(client, f"test-{setup.unique}").keys(Shard(setup.delay, 0)).meta
-        client.hset(meta, "withdrawing", "1:0")
+        kept = Store(client, f"test-{setup.unique}").keys(Shard(setup.delay, 0)).withdrawing
+        client.zadd(kept, {"1:0": 1})
     finally:
         client.close()
     again = setup.bridge("again").start()

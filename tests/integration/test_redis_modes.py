@@ -19,6 +19,7 @@ from bridge.store import Shard, Store
 from testbed.harness import Bridge, Setup, metric, produce_all
 from testbed.scenarios import sentinel_master
 from tests.conftest import ROOT, delete_keys, run_services, started, wait_for
+from tests.integration.conftest import documented_acl_rules
 
 pytestmark = pytest.mark.integration
 
@@ -309,12 +310,7 @@ def delete_keys_cluster(client: RedisCluster, marker: str) -> None:
 def test_as_the_least_privileged_acl_user_the_docs_document(
     setup: Setup, acl_user: Callable[..., str], bridges: list[Bridge]
 ) -> None:
-    readme = (ROOT / "docs" / "redis.md").read_text()
-    [line] = [x for x in readme.splitlines() if x.startswith("ACL SETUSER delay-bridge on ")]
-    rules = line.split()[4:]  # after ACL SETUSER <user> on
-    assert "~delay-bridge:*" in rules and "-@all" in rules
-    prefix = f"test-{setup.unique}"
-    rules = [f"~{prefix}:*" if r == "~delay-bridge:*" else r for r in rules if r != ">PASSWORD"]
+    rules = documented_acl_rules(f"test-{setup.unique}")
     # Records past the payload horizon are kept as references (add.lua and promote.lua count
     # them), and cancels and replacements look for them (withdraw in _lib.lua).
     bridge = setup.bridge(

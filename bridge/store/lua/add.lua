@@ -31,7 +31,7 @@ KEYS[2]  meta           HASH  field "ingested" -> highest offset handled, "writt
                               moved on (epoch ms, Redis's clock; acknowledgements too: see ack
                               in _lib.lua)
                               "floor" -> the lowest offset this state applied (set once),
-                              "withdrawing" -> entries not yet looked for in other partitions
+                              ("withdrawing": earlier code's KEYS[13], moved there)
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[5]  id index       HASH  buckets of entries: id hash, offset, due ms (see _lib.lua)
@@ -47,7 +47,9 @@ KEYS[11] schedules     HASH  the schedule registry: "=" and a delay-id -> "<offs
                               "-<offset>:<ms>" of the cancel or record that ended it (ms: when it
                               was written) (see schedule_registry in _lib.lua)
 KEYS[12] claimed       HASH  offset -> member of the records in flight
-KEYS[13..] the wait indexes the SET lists (see undeclared in _lib.lua)
+KEYS[13] withdrawing   ZSET  "<offset>:<k>" (the k-th entry at that offset) -> the offset: entries
+                              not yet looked for in other partitions
+KEYS[14..] the wait indexes the SET lists (see undeclared in _lib.lua)
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  highest offset of the batch, including records sent to the DLQ instead of stored
 ARGV[3]  the width of a reference time bucket in ms (where a reference is appended, and where
@@ -68,8 +70,8 @@ ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose calle
           waits (claimed, or settled since the state's floor: see below); when the state cannot
           know (an offset below its floor), a replacement by its delay-id as any other
 ARGV[7 + 2V + 3W] flags: "a" when the topic has other partitions: each entry that finds nothing
-          here is kept in meta "withdrawing" until the caller, having looked for it there,
-          deletes the field; an entry at or below the watermark still kept there is reported
+          here is kept in KEYS[13] until the caller, having looked for it there, removes it; an
+          entry at or below the watermark still kept there is reported
           again. "r" and an offset when the shard is read again after Redis lost its state, up
           to that offset (where the partition ended then), kept in meta "reread" until the
           watermark passes it, whoever reads the shard next: below it, a cancel by its
@@ -132,7 +134,7 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
          the batch names (their own delay-ids end their schedules and name them in the
          journal): nothing was written; the caller reads them in the delay topic and calls again
 ]]
-local refused = undeclared(13, wait_keys(KEYS[9]))
+local refused = undeclared(14, wait_keys(KEYS[9]))
 if refused then
   return refused
 end
@@ -264,16 +266,23 @@ local function superseded(sid, from, place)
   return true
 end
 
--- What calls before this one left to look for in the topic's other partitions (meta
--- "withdrawing": "<offset>:<k>" of the k-th entry at that offset, from 0, space-separated):
--- kept until the caller looked there, whatever happens in between; the offset to commit (low.lua)
--- and to resume reading from stay at or below them.
-local left, left_any, left_changed = {}, false, false
+-- What calls before this one left to look for in the topic's other partitions (KEYS[13]:
+-- "<offset>:<k>" of the k-th entry at that offset, from 0, scored by the offset): kept until the
+-- caller looked there, whatever happens in between; the offset to commit (low.lua) and to resume
+-- reading from stay at or below them. Each call reads only the entries it asks about and adds
+-- its own (one string of them all, read and written whole, made a catch-up quadratic). Earlier
+-- code kept them in meta "withdrawing": moved here.
 if pending_across then
+  local moved = {}
   for token in string.gmatch(pending_across, '%S+') do
-    left[token], left_any = true, true
+    moved[#moved + 1] = string.match(token, '^(%d+):')
+    moved[#moved + 1] = token
   end
+  call_chunked('ZADD', KEYS[13], moved)
+  redis.call('HDEL', KEYS[2], 'withdrawing')
 end
+local left_any = redis.call('EXISTS', KEYS[13]) == 1
+local kept_now = {}  -- score, member pairs: what this call keeps to look for elsewhere
 local hashes = {}
 for i = first, #ARGV, 5 do
   if ARGV[i + 4] ~= '' and tonumber(ARGV[i]) > watermark then
@@ -515,7 +524,8 @@ end
 local function unmatch(i, place)
   unmatched[#unmatched + 1] = place
   if across then
-    left[token(i)], left_changed = true, true
+    kept_now[#kept_now + 1] = ARGV[i]
+    kept_now[#kept_now + 1] = token(i)
   end
 end
 
@@ -526,7 +536,7 @@ for i = first, #ARGV, 5 do
     token_offset, token_k = ARGV[i], 0
   end
   if tonumber(ARGV[i]) <= watermark then
-    if left_any and left[token(i)] then  -- applied, but not yet looked for elsewhere
+    if left_any and redis.call('ZSCORE', KEYS[13], token(i)) then  -- not looked for elsewhere
       unmatched[#unmatched + 1] = (i - first) / 5
       if ARGV[i + 1] == '' then
         missing = missing + 1
@@ -692,13 +702,7 @@ end
 if not mark then
   redis.call('HSET', KEYS[2], 'floor', floor)
 end
-if left_changed then
-  local tokens = {}
-  for t in pairs(left) do
-    tokens[#tokens + 1] = t
-  end
-  redis.call('HSET', KEYS[2], 'withdrawing', table.concat(tokens, ' '))
-end
+call_chunked('ZADD', KEYS[13], kept_now)
 local reply = {0, added + plain, replaced, cancelled, missing, #unmatched}
 for _, x in ipairs(unmatched) do
   reply[#reply + 1] = x

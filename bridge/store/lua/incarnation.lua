@@ -39,7 +39,9 @@ KEYS[20] targets         HASH  target -> records held whole (see _lib.lua), move
                                 with the records it counts
 KEYS[22] schedule registry HASH  id hash -> where a recurring schedule is (see add.lua; dropped
                                 as the id index is)
-KEYS[23..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
+KEYS[23] withdrawing     ZSET  entries kept to look for in other partitions (see add.lua; dropped
+                                with the meta: the new incarnation is read from its start)
+KEYS[24..] the wait indexes KEYS[16] lists, then their names under KEYS[17] (see undeclared in
            _lib.lua)
 ARGV[1]  the topic id now, or "" when it could not be read (the stored one is kept)
 ARGV[2]  the label to retire under
@@ -56,7 +58,7 @@ local waits_now, waits_retired = wait_keys(KEYS[16]), wait_keys(KEYS[16], KEYS[1
 for _, key in ipairs(waits_retired) do
   waits_now[#waits_now + 1] = key
 end
-local refused = undeclared(23, waits_now)
+local refused = undeclared(24, waits_now)
 if refused then
   return refused
 end
@@ -117,7 +119,7 @@ if moved > 0 then
 else  -- what is left of its references (all cancelled) is nobody's to read
   redis.call('DEL', KEYS[14], KEYS[15], KEYS[18])
 end
-redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11], KEYS[22])
+redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[11], KEYS[22], KEYS[23])
 redis.call('HSET', KEYS[4], 'epoch', ARGV[2], 'retire',
   (stored or '') .. ' ' .. moved .. ' ' .. mark)
 if id ~= '' then

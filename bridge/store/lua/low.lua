@@ -4,8 +4,8 @@ low: the lowest offset of one shard that Redis does not yet account for, the off
 Every offset below it was either delivered (or dead-lettered) and acknowledged, so re-reading the
 delay topic from it after Redis lost its data rebuilds every pending record. It is the lowest
 pending record's offset, or watermark + 1 when nothing is pending — or lower, the lowest cancel
-or replacement still to be looked for in the topic's other partitions (meta "withdrawing", see
-add.lua): read again from there, it is looked for again.
+or replacement still to be looked for in the topic's other partitions (KEYS[5], see add.lua):
+read again from there, it is looked for again.
 
 The lowest bucket of the low index has the lowest pending offset as its lowest set bit
 (mark_pending in _lib.lua keeps the two in step). A bucket without pending bits (which
@@ -13,10 +13,12 @@ mark_pending never leaves: a defence) is dropped and the next one read, at most 
 call; reaching that bound returns the start of the next bucket, which is still at or below the
 lowest pending offset.
 
-KEYS[1]  meta           HASH  "ingested" -> highest offset handled, "withdrawing" -> see add.lua
+KEYS[1]  meta           HASH  "ingested" -> highest offset handled, "withdrawing" -> earlier
+                              code's KEYS[5] (the next add moves it there)
 KEYS[2]  low index      ZSET  offset bucket -> 0
 KEYS[3]  pending        HASH  offset bucket -> bitmap of its pending offsets
 KEYS[4]  schedules      HASH  the schedule registry (see add.lua)
+KEYS[5]  withdrawing    ZSET  entries still to be looked for in other partitions -> offset
 ARGV[1]  the watermark the caller expects, or "" when it knows none
 ARGV[2]  the most buckets to read
 ARGV[3]  how long (ms) the registry keeps the marker of a schedule a cancel or a record with its
@@ -81,8 +83,10 @@ end
 sweep_registry(tonumber(ARGV[3]))
 
 local low = lowest_pending()
-local lowest  -- of what is still to be looked for in other partitions (offsets stay below 2^53)
-for offset in string.gmatch(across or '', '(%d+):%d+') do
+-- Of what is still to be looked for in other partitions (offsets stay below 2^53).
+local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+local lowest = first[2] and tonumber(first[2])
+for offset in string.gmatch(across or '', '(%d+):%d+') do  -- kept by earlier code, not moved yet
   lowest = math.min(lowest or tonumber(offset), tonumber(offset))
 end
 if lowest then
