@@ -110,9 +110,8 @@ def consumer_settings(config: Config, *, instance: str | None = None) -> dict[st
     }
     if instance:
         settings["group.instance.id"] = instance
+    # The user's: never group.id or group.instance.id (refused when the config is loaded).
     settings.update(kafka_settings(config, "consumer"))
-    if instance is None:
-        settings.pop("group.instance.id", None)
     return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
 
 

@@ -55,11 +55,12 @@ class ResumePoint(NamedTuple):
         watermark set) and the lowest entry kept to look for in other partitions (its
         ``withdrawing`` ZSET's first, with its score; meta "withdrawing" is where earlier code
         kept them)."""
-        mark, left, reread, at = fields
+        raw_mark, left, reread, at = fields
+        mark = int(raw_mark or -1)
         kept = [int(t.split(b":")[0]) for t in (left or b"").split()]
         kept += [int(score) for _, score in lowest]
         written = None if at is None else int(at)
-        return cls(int(mark or -1), min([int(mark or -1) + 1, *kept]), bool(reread), written)
+        return cls(mark, min([mark + 1, *kept]), bool(reread), written)
 
 
 RESUME_FIELDS = ["withdrawing", "reread", "written"]  # what a resume point reads of meta
