@@ -60,6 +60,10 @@ SOCKET_TIMEOUT_MS = "10000"
 # What the bridge's guarantees rest on: a user setting that contradicts one is a config error.
 _CONSUMER_FIXED = {
     "enable.auto.offset.store": "false",  # offsets are stored only once Redis holds the record
+    # ... and committed by librdkafka every auto.commit.interval.ms: without it, nothing was
+    # committed until a partition was revoked, and a Redis loss without the journal read (and
+    # delivered again) everything since.
+    "enable.auto.commit": "true",
     # A partition never read (a new group's, or one a delay topic gained: assigned up to the
     # metadata refresh after records came to it) is read from its start; from its end, those
     # records were never delivered.
@@ -80,7 +84,6 @@ def consumer_settings(config: Config, *, instance: str | None = None) -> dict[st
     consumer with it would fence the running replica."""
     settings = {
         "group.id": config.kafka.group_id,
-        "enable.auto.commit": "true",
         "auto.commit.interval.ms": "1000",
         "enable.partition.eof": "false",
         "statistics.interval.ms": "5000",  # ingest lag and broker state for the metrics
@@ -112,7 +115,7 @@ def consumer_settings(config: Config, *, instance: str | None = None) -> dict[st
         settings["group.instance.id"] = instance
     # The user's: never group.id or group.instance.id (refused when the config is loaded).
     settings.update(kafka_settings(config, "consumer"))
-    return _fix(settings, _CONSUMER_FIXED, "kafka.consumer")
+    return _fix(settings, _CONSUMER_FIXED, config, "consumer")
 
 
 def member_instance(config: Config, http_port: int) -> str:
@@ -163,7 +166,7 @@ def producer_settings(config: Config) -> dict[str, str]:
         "socket.timeout.ms": SOCKET_TIMEOUT_MS,
     }
     settings.update(kafka_settings(config, "producer"))
-    return _fix(settings, _PRODUCER_FIXED, "kafka.producer")
+    return _fix(settings, _PRODUCER_FIXED, config, "producer")
 
 
 def transactional_id(group_id: str, topic: str, partition: int) -> str:
@@ -186,9 +189,13 @@ def transactional_settings(config: Config, transactional_id: str) -> dict[str, s
     return settings
 
 
-def _fix(settings: dict[str, str], fixed: dict[str, str], path: str) -> dict[str, str]:
+def _fix(
+    settings: dict[str, str], fixed: dict[str, str], config: Config, role: str
+) -> dict[str, str]:
     for key, value in fixed.items():
         if settings.get(key, value).lower() != value:
-            raise ConfigError(f"{path}.{key}: must be {value} (the delivery guarantees rely on it)")
+            own: Mapping[str, object] = getattr(config.kafka, role)
+            where = f"kafka.{role if key in own or f'{key}_file' in own else 'common'}.{key}"
+            raise ConfigError(f"{where}: must be {value} (the delivery guarantees rely on it)")
         settings[key] = value
     return settings

@@ -283,22 +283,31 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
     ]
 
 
-def test_a_consumer_told_to_start_at_the_latest_offset_is_refused_at_start_up(
-    setup: Setup, bridges: list[Bridge]
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ("auto.offset.reset: latest", "kafka.consumer.auto.offset.reset: must be earliest"),
+        ("enable.auto.commit: 'false'", "kafka.consumer.enable.auto.commit: must be true"),
+    ],
+    ids=["latest", "no-auto-commit"],
+)
+def test_a_consumer_setting_the_guarantees_rest_on_is_refused_at_start_up(
+    setup: Setup, bridges: list[Bridge], setting: str, line: str
 ) -> None:
-    """``kafka.consumer`` passes librdkafka properties through: with auto.offset.reset=latest, a
+    """``kafka.consumer`` passes librdkafka properties through. With auto.offset.reset=latest, a
     partition added to a delay topic was read from where it ended when it was assigned, up to
     10 s after it was added, and the records produced to it meanwhile were never delivered (a
-    record to each of six partitions, three of them new: those three never came). The bridge
-    keeps it at earliest."""
-    config = setup.tmp / "latest.yaml"
-    config.write_text("kafka:\n  consumer:\n    auto.offset.reset: latest\n")
+    record to each of six partitions, three of them new: those three never came). With
+    enable.auto.commit=false, the group's offsets never followed the records stored (none
+    committed 15 s after five were delivered): a Redis loss without the journal delivered the
+    whole log again. The bridge keeps both."""
+    config = setup.tmp / "consumer.yaml"
+    config.write_text(f"kafka:\n  consumer:\n    {setting}\n")
     bridge = setup.bridge(config=str(config)).start()
     bridges.append(bridge)
     assert bridge.wait(30) == 2
     assert bridge.output().splitlines() == [
-        "delay-bridge: config error: kafka.consumer.auto.offset.reset: must be earliest "
-        "(the delivery guarantees rely on it)"
+        f"delay-bridge: config error: {line} (the delivery guarantees rely on it)"
     ]
 
 

@@ -220,6 +220,16 @@ def test_environment_overrides_scalars() -> None:
             {},
             "kafka.consumer.auto.offset.reset: must be earliest",
         ),
+        (  # nothing committed until a partition was revoked
+            {"kafka": {"consumer": {"enable.auto.commit": False}}},
+            {},
+            "kafka.consumer.enable.auto.commit: must be true",
+        ),
+        (
+            {"kafka": {"common": {"enable.auto.commit": "false"}}},
+            {},
+            "kafka.common.enable.auto.commit: must be true",
+        ),
         (
             {"kafka": {"producer": {"enable.idempotence": "false"}}},
             {},
