@@ -131,15 +131,17 @@ class Adds:
     def keep(self, kept: Sequence[tuple[Shard, Scheduled | Cancel]]) -> None:
         """Keep these cancels and replacements (:attr:`Added.kept`) until their topics are
         whole."""
+        if not kept:
+            return
+        if not self.by_shard:  # once per wait, not per batch: a catch-up keeps one per record
+            logger.info(
+                "cancels and replacements found nothing while another partition of their topic "
+                "is not whole in Redis: they look there again once it is "
+                "(delay_bridge_cancels_kept counts them)"
+            )
         for shard, cancel in kept:
             self.by_shard.setdefault(shard, []).append(cancel)
-        if kept:
-            self._told()
-            logger.info(
-                "%d cancels and replacements found nothing while another partition of their "
-                "topic is not whole in Redis: they look there again once it is",
-                len(kept),
-            )
+        self._told()
 
     def forget(self, shards: Collection[Shard]) -> None:
         """These shards are read again, or are no longer owned here: their cancels are read
