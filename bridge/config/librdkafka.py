@@ -20,14 +20,40 @@ MAX_INSTANCE_ID = 249  # Kafka's rule for a group.instance.id: that many of a-z 
 _ILLEGAL_IN_INSTANCE = re.compile(r"[^a-zA-Z0-9._-]")
 
 
+# librdkafka's other names for properties the bridge sets or checks. Of two names of one
+# property, the one set last wins there: message.timeout.ms: 60000 passed the check that
+# delivery.timeout.ms stays below egress.lease, then replaced the bridge's value, and a record
+# could still be in flight when its lease ran out. A user's setting is read under the bridge's
+# name (and named as written in errors: see written_as).
+ALIASES = {
+    "message.timeout.ms": "delivery.timeout.ms",
+    "queue.buffering.max.ms": "linger.ms",
+    "request.required.acks": "acks",
+    "metadata.broker.list": "bootstrap.servers",
+}
+
+
 def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in settings.items():
         if key.endswith("_file"):
-            out[key[: -len("_file")]] = read_secret(value, f"{path}.{key}")
+            name, resolved = key[: -len("_file")], read_secret(value, f"{path}.{key}")
         else:
-            out[key] = value
+            name, resolved = key, value
+        out[ALIASES.get(name, name)] = resolved
     return out
+
+
+def written_as(config: Config, role: str, key: str) -> str:
+    """Where the user's setting of librdkafka property ``key`` for ``role``'s client is in the
+    config (``kafka.<role or common>.<the name used>``); ``kafka.<role>.<key>`` if none."""
+    for where in (role, "common"):
+        own: Mapping[str, object] = getattr(config.kafka, where)
+        for name in own:
+            bare = name.removesuffix("_file")
+            if ALIASES.get(bare, bare) == key:
+                return f"kafka.{where}.{name}"
+    return f"kafka.{role}.{key}"
 
 
 def admin_settings(config: Config) -> dict[str, str]:
@@ -194,8 +220,7 @@ def _fix(
 ) -> dict[str, str]:
     for key, value in fixed.items():
         if settings.get(key, value).lower() != value:
-            own: Mapping[str, object] = getattr(config.kafka, role)
-            where = f"kafka.{role if key in own or f'{key}_file' in own else 'common'}.{key}"
+            where = written_as(config, role, key)
             raise ConfigError(f"{where}: must be {value} (the delivery guarantees rely on it)")
         settings[key] = value
     return settings

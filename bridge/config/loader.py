@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from bridge.config.librdkafka import consumer_settings, producer_settings
+from bridge.config.librdkafka import consumer_settings, producer_settings, written_as
 from bridge.config.schema import TRACING_MODES, Config
 from bridge.errors import ConfigError
 from bridge.message import (
@@ -356,8 +356,9 @@ def _validate(config: Config) -> None:
     timeout_ms = parse_count(timeout)
     if timeout_ms is None or timeout_ms >= config.egress.lease:
         raise ConfigError(
-            f"kafka.producer.delivery.timeout.ms: {timeout} must be below egress.lease "
-            f"({config.egress.lease} ms), or a lease would expire while its record is in flight"
+            f"{written_as(config, 'producer', 'delivery.timeout.ms')}: {timeout} must be below "
+            f"egress.lease ({config.egress.lease} ms), or a lease would expire while its record "
+            "is in flight"
         )
 
 

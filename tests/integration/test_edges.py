@@ -283,32 +283,71 @@ def test_a_delay_topic_that_gains_partitions_has_them_consumed_within_30_s(
     ]
 
 
+_GUARANTEES = "(the delivery guarantees rely on it)"
+
+
 @pytest.mark.parametrize(
     ("setting", "line"),
     [
-        ("auto.offset.reset: latest", "kafka.consumer.auto.offset.reset: must be earliest"),
-        ("enable.auto.commit: 'false'", "kafka.consumer.enable.auto.commit: must be true"),
+        (
+            "consumer:\n    auto.offset.reset: latest",
+            f"kafka.consumer.auto.offset.reset: must be earliest {_GUARANTEES}",
+        ),
+        (
+            "consumer:\n    enable.auto.commit: 'false'",
+            f"kafka.consumer.enable.auto.commit: must be true {_GUARANTEES}",
+        ),
+        (
+            "producer:\n    message.timeout.ms: 60000",
+            "kafka.producer.message.timeout.ms: 60000 must be below egress.lease (30000 ms), or a "
+            "lease would expire while its record is in flight",
+        ),
     ],
-    ids=["latest", "no-auto-commit"],
+    ids=["latest", "no-auto-commit", "timeout-alias"],
 )
-def test_a_consumer_setting_the_guarantees_rest_on_is_refused_at_start_up(
+def test_a_client_setting_the_guarantees_rest_on_is_refused_at_start_up(
     setup: Setup, bridges: list[Bridge], setting: str, line: str
 ) -> None:
-    """``kafka.consumer`` passes librdkafka properties through. With auto.offset.reset=latest, a
-    partition added to a delay topic was read from where it ended when it was assigned, up to
-    10 s after it was added, and the records produced to it meanwhile were never delivered (a
-    record to each of six partitions, three of them new: those three never came). With
-    enable.auto.commit=false, the group's offsets never followed the records stored (none
-    committed 15 s after five were delivered): a Redis loss without the journal delivered the
-    whole log again. The bridge keeps both."""
-    config = setup.tmp / "consumer.yaml"
-    config.write_text(f"kafka:\n  consumer:\n    {setting}\n")
+    """``kafka.consumer`` and ``kafka.producer`` pass librdkafka properties through. With
+    auto.offset.reset=latest, a partition added to a delay topic was read from where it ended
+    when it was assigned, up to 10 s after it was added, and the records produced to it meanwhile
+    were never delivered (a record to each of six partitions, three of them new: those three
+    never came). With enable.auto.commit=false, the group's offsets never followed the records
+    stored (none committed 15 s after five were delivered): a Redis loss without the journal
+    delivered the whole log again. message.timeout.ms, librdkafka's other name for
+    delivery.timeout.ms, passed the check that keeps it below the lease and, set after the
+    bridge's value, replaced it. Each stops start-up in one line."""
+    config = setup.tmp / "client.yaml"
+    config.write_text(f"kafka:\n  {setting}\n")
     bridge = setup.bridge(config=str(config)).start()
     bridges.append(bridge)
     assert bridge.wait(30) == 2
-    assert bridge.output().splitlines() == [
-        f"delay-bridge: config error: {line} (the delivery guarantees rely on it)"
-    ]
+    assert bridge.output().splitlines() == [f"delay-bridge: config error: {line}"]
+
+
+def test_a_consumer_told_to_report_partition_ends_delivers_and_logs_no_warning_for_them(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """With ``kafka.consumer.enable.partition.eof: true`` (passed through), each time a partition
+    was read to its end the ingress logged a WARNING with the consumer's error: at a steady load,
+    a line per partition per fetch that caught up. The end of a partition is no error."""
+    config = setup.tmp / "eof.yaml"
+    config.write_text("kafka:\n  consumer:\n    enable.partition.eof: 'true'\n")
+    bridge = setup.bridge(config=str(config)).start()
+    bridges.append(bridge)
+    for round_ in range(3):  # each round reads every partition to its end again
+        produce_to(
+            setup.services.bootstrap,
+            setup.delay,
+            _deliver_one_per_partition(setup, 3, f"r{round_}"),
+        )
+        delivered = 3 * (round_ + 1)  # waited for within the turn: no late binding to fear
+        wait_for(
+            lambda: metric(bridge, "delay_bridge_delivered_total") >= delivered,  # noqa: B023
+            30,
+            f"round {round_} delivered",
+        )
+    assert "PARTITION_EOF" not in bridge.output()
 
 
 def test_a_cancel_or_replacement_in_another_partition_finds_its_record(

@@ -240,6 +240,16 @@ def test_environment_overrides_scalars() -> None:
             {},
             "kafka.producer.delivery.timeout.ms: 60000 must be below egress.lease",
         ),
+        (  # librdkafka's other name for it, set last, replaced the bridge's value unchecked
+            {"kafka": {"producer": {"message.timeout.ms": 60000}}},
+            {},
+            "kafka.producer.message.timeout.ms: 60000 must be below egress.lease",
+        ),
+        (
+            {"kafka": {"common": {"message.timeout.ms": 60000}}},
+            {},
+            "kafka.common.message.timeout.ms: 60000 must be below egress.lease",
+        ),
         ({"egress": {"ahead": "2s"}}, {}, "egress.ahead: must be between 0 and 1s, got 2s"),
         (
             {"egress": {"lease": "5s", "ahead": "1s"}},
@@ -317,6 +327,26 @@ def test_producer_and_consumer_defaults() -> None:
     assert "group.instance.id" not in consumer_settings(Config(), instance="")
     mine = from_mapping({"kafka": {"consumer": {"fetch.wait.max.ms": "500"}}}, env={})
     assert consumer_settings(mine)["fetch.wait.max.ms"] == "500"  # the user's value wins
+
+
+def test_a_setting_under_librdkafkas_other_name_is_read_under_the_bridges() -> None:
+    """Of two names of one librdkafka property, the one set last wins: a user's
+    ``queue.buffering.max.ms`` after the bridge's ``linger.ms`` was the one that counted, unseen
+    by anything that read linger.ms. Each client gets one name, with the user's value."""
+    config = from_mapping(
+        {
+            "kafka": {
+                "common": {"metadata.broker.list": "k:9092"},
+                "producer": {"queue.buffering.max.ms": "5", "message.timeout.ms": "9000"},
+            }
+        },
+        env={},
+    )
+    producer = producer_settings(config)
+    assert (producer["linger.ms"], producer["delivery.timeout.ms"]) == ("5", "9000")
+    assert producer["bootstrap.servers"] == "k:9092"
+    for alias in ("queue.buffering.max.ms", "message.timeout.ms", "metadata.broker.list"):
+        assert alias not in producer and alias not in consumer_settings(config)
 
 
 @pytest.mark.parametrize(
