@@ -360,7 +360,7 @@ def _is_error(restarts: Restarts, msg: Message) -> bool:
     error = msg.error()
     if error is None:
         return False
-    if error.code() == KafkaError._PARTITION_EOF:  # kafka.consumer.enable.partition.eof: news
+    if error.code() == KafkaError._PARTITION_EOF:  # enable.partition.eof: an end, not an error
         return True
     if error.fatal() or error.code() == KafkaError._FATAL:
         restarts.failed(error)
