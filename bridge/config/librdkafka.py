@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from bridge.config.schema import Config, read_secret
 from bridge.errors import ConfigError
@@ -44,16 +44,23 @@ def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
     return out
 
 
-def written_as(config: Config, role: str, key: str) -> str:
-    """Where the user's setting of librdkafka property ``key`` for ``role``'s client is in the
-    config (``kafka.<role or common>.<the name used>``); ``kafka.<role>.<key>`` if none."""
-    for where in (role, "common"):
+def set_in(config: Config, roles: Sequence[str], key: str) -> str | None:
+    """Where the user set librdkafka property ``key`` (under any of its names, or its ``_file``
+    variant) in ``kafka.<role>`` for the first of ``roles`` that sets it: ``kafka.<role>.<the
+    name used>``; None if none does."""
+    for where in roles:
         own: Mapping[str, object] = getattr(config.kafka, where)
         for name in own:
             bare = name.removesuffix("_file")
             if ALIASES.get(bare, bare) == key:
                 return f"kafka.{where}.{name}"
-    return f"kafka.{role}.{key}"
+    return None
+
+
+def written_as(config: Config, role: str, key: str) -> str:
+    """Where the user's setting of librdkafka property ``key`` for ``role``'s client is in the
+    config (see :func:`set_in`); ``kafka.<role>.<key>`` if none."""
+    return set_in(config, (role, "common"), key) or f"kafka.{role}.{key}"
 
 
 def admin_settings(config: Config) -> dict[str, str]:

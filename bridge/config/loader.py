@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from bridge.config.librdkafka import consumer_settings, producer_settings, written_as
+from bridge.config.librdkafka import consumer_settings, producer_settings, set_in, written_as
 from bridge.config.schema import TRACING_MODES, Config
 from bridge.errors import ConfigError
 from bridge.message import (
@@ -313,10 +313,9 @@ def _validate(config: Config) -> None:
             "pip install 'delay-bridge[otel]'"
         )
     for key, roles, why in _SET_BY_THE_BRIDGE:
-        for role in roles:
-            passed: Mapping[str, object] = getattr(config.kafka, role)
-            if key in passed or f"{key}_file" in passed:
-                raise ConfigError(f"kafka.{role}.{key}: set by {why}")
+        where = set_in(config, roles, key)
+        if where is not None:
+            raise ConfigError(f"{where}: set by {why}")
     if (
         not config.redis.key_prefix
         or "{" in config.redis.key_prefix

@@ -152,7 +152,7 @@ def test_environment_overrides_scalars() -> None:
         (
             {"kafka": {"common": {"group.id_file": "/run/secrets/group"}}},
             {},
-            "kafka.common.group.id: set by kafka.group_id",
+            "kafka.common.group.id_file: set by kafka.group_id",
         ),
         (
             {"kafka": {"consumer": {"isolation.level": "read_uncommitted"}}},
