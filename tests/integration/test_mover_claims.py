@@ -179,7 +179,7 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
     slow.produced, slow.stalled, slow.go_on = [], threading.Event(), threading.Event()
     egress.add_shards({shard})
     egress.step(now_ms=t0 - 200)  # learns what is due when
-    assert egress.step(now_ms=t0 - 50) == 5  # the high ones, ahead: held until t0
+    assert egress.step(now_ms=t0 - 20) == 5  # the high ones, a lead ahead: held until t0
     sender = threading.Thread(target=egress.sender.send_due, args=(t0,), name="sender")
     sender.start()
     assert slow.stalled.wait(30), "the sender thread never took the high records"

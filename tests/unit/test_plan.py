@@ -1,0 +1,73 @@
+"""When the mover claims from a shard next, with claims ahead (egress.ahead, egress.tick)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.egress.plan import Plan, lead_ms
+from bridge.store import Claims, Shard
+
+A, B = Shard("delay", 0), Shard("delay", 1)
+NOW = 1_800_000_000_000
+TICK, AHEAD = 10, 100
+LEAD = lead_ms(AHEAD)
+
+
+def claimed(plan: Plan, next_ms: dict[Shard, int | None], now: int = NOW) -> None:
+    """A claim at ``now`` that took a few records of each shard (not a full batch) and left
+    each one's next due time at ``next_ms``."""
+    plan.claimed(Claims([], now, next_ms, 0.0, now), per_shard=100, horizons={})
+
+
+def test_the_lead_is_a_quarter_window_and_none_without_claims_ahead() -> None:
+    assert lead_ms(100) == 25 and lead_ms(0) == 0
+
+
+@pytest.mark.parametrize("after", [AHEAD + 1, AHEAD + 30, 5_000])
+def test_a_shard_is_claimed_a_lead_before_its_next_record_falls_due(after: int) -> None:
+    plan = Plan(TICK, AHEAD)
+    claimed(plan, {A: NOW + after})
+    assert plan.claim_at(A) == NOW + after - LEAD
+    # Claimed then, the record is in the claim's window, a lead before it is due.
+    assert plan.claim_at(A) + AHEAD >= NOW + after
+    assert plan.to_claim([A], NOW + after - LEAD - 1) == []
+    assert plan.to_claim([A], NOW + after - LEAD) == [A]
+
+
+def test_a_steady_stream_is_claimed_three_quarters_of_a_window_apart() -> None:
+    plan = Plan(TICK, AHEAD)
+    now = NOW
+    for _ in range(10):
+        # What is due within the window is claimed; the next record is due just past it.
+        claimed(plan, {A: now + AHEAD + 1}, now)
+        nxt = plan.claim_at(A)
+        assert nxt - now == AHEAD - LEAD + 1
+        now = int(nxt)
+
+
+def test_a_record_due_within_half_a_window_that_was_not_claimed_is_claimed_at_its_due_time() -> None:
+    # A record with its own delay-id stays in Redis until due: the plan comes back to it then,
+    # not before half a window (no claim after claim returning nothing meanwhile).
+    plan = Plan(TICK, AHEAD)
+    claimed(plan, {A: NOW + 30})
+    assert plan.claim_at(A) == NOW + 30
+    claimed(plan, {A: NOW + 70})
+    assert plan.claim_at(A) == NOW + AHEAD / 2
+
+
+def test_an_earlier_record_stored_moves_the_claim_to_a_lead_before_it() -> None:
+    plan = Plan(TICK, AHEAD)
+    claimed(plan, {A: NOW + 5_000, B: NOW + 5_000})
+    plan.stored({A: NOW + 300}, {})
+    assert plan.claim_at(A) == NOW + 300 - LEAD
+    assert plan.claim_at(B) == NOW + 5_000 - LEAD  # untouched
+    plan.stored({A: NOW + 400}, {})  # later than planned: no change
+    assert plan.claim_at(A) == NOW + 300 - LEAD
+
+
+def test_without_claims_ahead_a_shard_is_claimed_at_its_due_time() -> None:
+    plan = Plan(TICK, 0)
+    claimed(plan, {A: NOW + 500})
+    assert plan.claim_at(A) == NOW + 500
+    plan.stored({A: NOW + 200}, {})
+    assert plan.claim_at(A) == NOW + 200
