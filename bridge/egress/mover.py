@@ -208,6 +208,7 @@ class Egress:
     def _claim(self, shards: list[Shard], room: int, now: Moment, limited: bool) -> int:
         """Claim from the due indexes of ``shards`` and produce what is due; returns how many
         records it took (not those put back or set aside for their target's rate)."""
+        started = time.monotonic()
         per_shard = max(1, min(self.config.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
         acks = self.deliveries.acks_of(shards)
@@ -238,6 +239,7 @@ class Egress:
         if self.rate is not None:
             self.rate.count(claimed, self.metrics if limited else None, put_back)
         self.sender.dispatch(claimed, put_back, backlog)
+        self.plan.took((time.monotonic() - started) * 1000)
         return len(claimed) - len(put_back)
 
     def _claim_waiting(self, now: Moment, room: int) -> int:

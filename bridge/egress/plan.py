@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -18,12 +18,15 @@ NEVER = float("inf")
 HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up ingress
 
 
-def lead_ms(ahead_ms: int) -> int:
-    """How long before its next record falls due a shard is claimed from, with claims ahead
-    (``egress.ahead``): a quarter window, 25 ms at the defaults — a claim's round trip with room
-    to spare (13 ms at the p99 of records delivered at 7,000/s) — so a claim takes three quarters
-    of a window's records while they keep coming: a quarter less CPU per record at 2,000/s than
-    the half window's claims took (docs/bench/history.md, "Claims a quarter window before due")."""
+CLAIMS_TIMED = 8  # the lead covers the slowest of this many last claims
+
+
+def least_lead_ms(ahead_ms: int) -> int:
+    """How long before its next record falls due a shard is claimed from, at least, with claims
+    ahead (``egress.ahead``): a quarter window, 25 ms at the defaults, so a claim takes three
+    quarters of a window's records while they keep coming — a tenth less CPU per record than
+    claims every half window took (docs/bench/history.md, "Claims a quarter window before
+    due"). :attr:`Plan.lead_ms` stretches it to the slowest of the last claims."""
     return ahead_ms // 4
 
 
@@ -130,9 +133,23 @@ class Plan:
     def __init__(self, tick_ms: int, ahead_ms: int) -> None:
         self.tick_ms = tick_ms
         self.ahead_ms = ahead_ms
-        self.lead_ms = lead_ms(ahead_ms)
+        self._least_lead_ms = least_lead_ms(ahead_ms)
+        self._took_ms: deque[float] = deque(maxlen=CLAIMS_TIMED)
         self._next_ms: dict[Shard, float] = {}
         self._not_before_ms: dict[Shard, float] = {}
+
+    def took(self, ms: float) -> None:
+        """A claim took ``ms``, from the call to its records in memory."""
+        self._took_ms.append(ms)
+
+    @property
+    def lead_ms(self) -> float:
+        """How long before its next record falls due a shard is claimed from: :func:`least_lead_ms`,
+        or the slowest of the last claims (a busy machine, a large claim at a high rate) so the
+        records are in memory by their due time — at most half a window, where claims come at
+        the latest anyway."""
+        slowest = max(self._took_ms, default=0.0)
+        return min(self.ahead_ms / 2, max(self._least_lead_ms, slowest))
 
     def forget(self, shards: Iterable[Shard]) -> None:
         """Nothing is known of these shards: claim from them at once (if owned)."""
@@ -179,6 +196,7 @@ class Plan:
         Returns the retired incarnations that came back with nothing left in them."""
         got = Counter(item.shard for item in claims)
         empty: list[Shard] = []
+        lead = self.lead_ms
         for shard, next_ms in claims.next_ms.items():
             if got[shard] >= per_shard:
                 self._next_ms[shard], self._not_before_ms[shard] = claims.now_ms, 0.0
@@ -191,7 +209,7 @@ class Plan:
                 # Records are claimed ahead: look again a lead before the next one falls due,
                 # but not within half a window of this claim (a record with its own delay-id
                 # is claimed at its due time, as without).
-                plan = min(plan, max(plan - self.lead_ms, claims.now_ms + self.ahead_ms / 2))
+                plan = min(plan, max(plan - lead, claims.now_ms + self.ahead_ms / 2))
             self._next_ms[shard] = plan
             self._not_before_ms[shard] = claims.now_ms + self.tick_ms if got[shard] else 0.0
             if shard in horizons:

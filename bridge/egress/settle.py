@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight, by_shard
 from bridge.egress.outlet import Direct, Outlet
-from bridge.egress.plan import lead_ms
+from bridge.egress.plan import least_lead_ms
 from bridge.egress.recurring import sending
 from bridge.errors import StoreError
 from bridge.health import Readiness
@@ -145,7 +145,7 @@ class Deliveries:
         self.failures = Failures(metrics, readiness, dead_letter=dead_letter, config=config)
         # Delivered records are acknowledged with their shard's next claim or after this long:
         # with claims ahead, a claim comes every window less a lead while records keep coming.
-        self.ack_wait_ms = max(config.tick, config.ahead - lead_ms(config.ahead))
+        self.ack_wait_ms = max(config.tick, config.ahead - least_lead_ms(config.ahead))
         # Records in flight at most: claims stop there. Ten batches keep the producer busy while
         # delivery reports of earlier ones come back (fewer cost throughput:
         # docs/bench/history.md); all are leased, so a crash redelivers at most this many.

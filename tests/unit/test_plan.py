@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.egress.plan import Plan, lead_ms
+from bridge.egress.plan import CLAIMS_TIMED, Plan, least_lead_ms
 from bridge.store import Claims, Shard
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 NOW = 1_800_000_000_000
 TICK, AHEAD = 10, 100
-LEAD = lead_ms(AHEAD)
+LEAD = least_lead_ms(AHEAD)
 
 
 def claimed(plan: Plan, next_ms: dict[Shard, int | None], now: int = NOW) -> None:
@@ -20,7 +20,7 @@ def claimed(plan: Plan, next_ms: dict[Shard, int | None], now: int = NOW) -> Non
 
 
 def test_the_lead_is_a_quarter_window_and_none_without_claims_ahead() -> None:
-    assert lead_ms(100) == 25 and lead_ms(0) == 0
+    assert least_lead_ms(100) == 25 and least_lead_ms(0) == 0
 
 
 @pytest.mark.parametrize("after", [AHEAD + 1, AHEAD + 30, 5_000])
@@ -45,7 +45,9 @@ def test_a_steady_stream_is_claimed_three_quarters_of_a_window_apart() -> None:
         now = int(nxt)
 
 
-def test_a_record_due_within_half_a_window_that_was_not_claimed_is_claimed_at_its_due_time() -> None:
+def test_a_record_due_within_half_a_window_that_was_not_claimed_is_claimed_at_its_due_time() -> (
+    None
+):
     # A record with its own delay-id stays in Redis until due: the plan comes back to it then,
     # not before half a window (no claim after claim returning nothing meanwhile).
     plan = Plan(TICK, AHEAD)
@@ -71,3 +73,31 @@ def test_without_claims_ahead_a_shard_is_claimed_at_its_due_time() -> None:
     assert plan.claim_at(A) == NOW + 500
     plan.stored({A: NOW + 200}, {})
     assert plan.claim_at(A) == NOW + 200
+
+
+@pytest.mark.parametrize(
+    ("took", "lead"), [([3.0, 12.0], LEAD), ([40.0, 5.0], 40.0), ([90.0], 50.0)]
+)
+def test_a_slow_claim_stretches_the_lead_to_its_length_up_to_half_a_window(
+    took: list[float], lead: float
+) -> None:
+    # A claim of many records on a busy machine takes longer than the quarter window: its
+    # records would reach memory after the first of them fell due.
+    plan = Plan(TICK, AHEAD)
+    for ms in took:
+        plan.took(ms)
+    assert plan.lead_ms == lead
+    claimed(plan, {A: NOW + 5_000})
+    assert plan.claim_at(A) == NOW + 5_000 - lead
+    plan.stored({A: NOW + 300}, {})
+    assert plan.claim_at(A) == NOW + 300 - lead
+
+
+def test_the_lead_follows_the_last_claims_only() -> None:
+    plan = Plan(TICK, AHEAD)
+    plan.took(45.0)
+    for _ in range(CLAIMS_TIMED - 1):
+        plan.took(1.0)
+    assert plan.lead_ms == 45.0
+    plan.took(1.0)  # the slow one is out of the last CLAIMS_TIMED
+    assert plan.lead_ms == LEAD
