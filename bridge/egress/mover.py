@@ -206,8 +206,7 @@ class Egress:
         return claimed
 
     def _claim(self, shards: list[Shard], room: int, now: Moment, limited: bool) -> int:
-        """Claim from the due indexes of ``shards`` and produce what is due; returns how many
-        records it took (not those put back or set aside for their target's rate)."""
+        """Claim from ``shards``, produce what is due; returns the records kept (not put back)."""
         started = time.monotonic()
         per_shard = max(1, min(self.config.batch_size, room // len(shards)))
         horizons = self.catch_up.horizons()
@@ -317,8 +316,7 @@ class Egress:
                 stop.wait(self.turns.waits(wait))
 
     def _seconds_to_next(self) -> float:
-        """Until the first owned shard is to be claimed from or the delivery reports applied
-        (at most IDLE_WAIT_S)."""
+        """Until the next claim or acknowledgement is due (at most IDLE_WAIT_S)."""
         if self._stored or self.taking_over:
             return 0.0
         seconds = IDLE_WAIT_S
