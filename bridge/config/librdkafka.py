@@ -33,15 +33,17 @@ ALIASES = {
 }
 
 
+def _property(key: str) -> str:
+    """The librdkafka property a user's key sets: without ``_file``, under the bridge's name."""
+    bare = key.removesuffix("_file")
+    return ALIASES.get(bare, bare)
+
+
 def _resolve_files(settings: Mapping[str, str], path: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in settings.items():
-        if key.endswith("_file"):
-            name, resolved = key[: -len("_file")], read_secret(value, f"{path}.{key}")
-        else:
-            name, resolved = key, value
-        out[ALIASES.get(name, name)] = resolved
-    return out
+    return {
+        _property(key): read_secret(value, f"{path}.{key}") if key.endswith("_file") else value
+        for key, value in settings.items()
+    }
 
 
 def set_in(config: Config, roles: Sequence[str], key: str) -> str | None:
@@ -51,8 +53,7 @@ def set_in(config: Config, roles: Sequence[str], key: str) -> str | None:
     for where in roles:
         own: Mapping[str, object] = getattr(config.kafka, where)
         for name in own:
-            bare = name.removesuffix("_file")
-            if ALIASES.get(bare, bare) == key:
+            if _property(name) == key:
                 return f"kafka.{where}.{name}"
     return None
 
