@@ -323,36 +323,28 @@ def test_many_records_move_in_one_claim(store: Store) -> None:
     assert offsets(store.claim([SHARD], 2400, LEASE, now_ms=T0)) == list(range(2400, 2500))
 
 
-def test_a_claim_reads_redis_clock_again_at_its_end(
-    store: Store, redis_client: redis.Redis, unique: str
-) -> None:
+def test_a_claim_reads_redis_clock_again_at_its_end(scratch_redis: str) -> None:
     # The mover carries Redis's clock on from a claim's reply; a claim of many records runs
-    # for ms, and a clock read at its start would put the mover that far behind.
-    now = store.time_ms()
-    add(store, *(rec(i, now - 1) for i in range(5000)))
-    config = cast(dict[str, str], redis_client.config_get("slowlog-log-slower-than"))
-    threshold = config["slowlog-log-slower-than"]
-    redis_client.config_set("slowlog-log-slower-than", 0)
-    try:
-        redis_client.slowlog_reset()
+    # for ms, and a clock read at its start would put the mover that far behind. On a Redis of
+    # its own: the SLOWLOG that times the claim is the server's, and make test's other pytest
+    # run empties it and sets its threshold for its own scenarios.
+    with redis.Redis.from_url(scratch_redis) as client:
+        store = Store(client, "clock")
+        now = store.time_ms()
+        add(store, *(rec(i, now - 1) for i in range(5000)))
+        client.config_set("slowlog-log-slower-than", 0)
+        client.slowlog_reset()
         claimed = store.claim([SHARD], 5000, LEASE)
-        log = cast(list[dict[str, Any]], redis_client.slowlog_get(128))
-    finally:
-        redis_client.config_set("slowlog-log-slower-than", threshold)
-    # This claim's call alone (its keys carry the store's prefix): make test's other pytest runs
-    # bridges beside this one, whose scripts the zero threshold logs too.
-    prefix = f"test-{unique}:".encode()
-    [ran_us] = [
-        e["duration"] for e in log if e["command"].startswith(b"EVALSHA") and prefix in e["command"]
-    ]
-    assert len(claimed) == 5000 and ran_us >= 2000  # long enough to tell start from end
-    assert claimed.now_ms <= claimed.clock_ms <= store.time_ms()
-    # Read at the start, the two would be equal. The slowlog's duration counts more than the
-    # script's run between its two reads (its arguments, its 5,000-record reply, a Lua GC
-    # step: 3.4 of 33.4 ms once in CI), so half of it is what the reads must be apart.
-    assert claimed.clock_ms - claimed.now_ms >= ran_us // 2000
-    # A time given by a test is the clock at both ends.
-    assert store.claim([SHARD], 10, LEASE, now_ms=T0).clock_ms == T0
+        log = cast(list[dict[str, Any]], client.slowlog_get(128))
+        [ran_us] = [e["duration"] for e in log if e["command"].startswith(b"EVALSHA")]
+        assert len(claimed) == 5000 and ran_us >= 2000  # long enough to tell start from end
+        assert claimed.now_ms <= claimed.clock_ms <= store.time_ms()
+        # Read at the start, the two would be equal. The slowlog's duration counts more than the
+        # script's run between its two reads (its arguments, its 5,000-record reply, a Lua GC
+        # step: 3.4 of 33.4 ms once in CI), so half of it is what the reads must be apart.
+        assert claimed.clock_ms - claimed.now_ms >= ran_us // 2000
+        # A time given by a test is the clock at both ends.
+        assert store.claim([SHARD], 10, LEASE, now_ms=T0).clock_ms == T0
 
 
 def test_a_new_topic_incarnation_retires_the_old_state(store: Store) -> None:
