@@ -107,7 +107,7 @@ class EgressConfig:
     max_lateness: int = duration("0s")
     tick: int = duration("10ms")
     send_tick: int = duration("2ms")
-    ahead: int = duration("100ms")
+    ahead: int = duration("400ms")
     max_rate: int = 0  # records/s per replica, 0: no limit
     max_rate_per_target: dict[str, int] = field(default_factory=dict)  # target -> records/s
     exactly_once: bool = False  # target, DLQ and journal records in one transaction per shard

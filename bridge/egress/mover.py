@@ -28,6 +28,7 @@ from bridge.egress.plan import (
     DecisionClock,
     Moment,
     Plan,
+    ahead_limit,
     tell_clock,
 )
 from bridge.egress.rate import RateLimit, TargetLimits
@@ -83,7 +84,7 @@ class Egress:
         self.metrics = metrics
         self.config = config
         self.clock = clock or DecisionClock()
-        self.plan = Plan(config.tick, config.ahead)
+        self.plan = Plan(config.tick, config.ahead, ahead_limit(config.batch_size))
         self.deliveries = self.deliveries_type(
             producer,
             store,
@@ -209,8 +210,7 @@ class Egress:
         """Claim from ``shards``, produce what is due; returns the records kept (not put back)."""
         started = time.monotonic()
         per_shard = max(1, min(self.config.batch_size, room // len(shards)))
-        horizons = self.catch_up.horizons()
-        acks = self.deliveries.acks_of(shards)
+        horizons, acks = self.catch_up.horizons(), self.deliveries.acks_of(shards)
         claimed = self.store.claim(
             shards,
             per_shard,
@@ -223,6 +223,7 @@ class Egress:
             ahead_lanes=self.lanes.ahead(self.owned, now.ms + self.config.ahead),
             watermarks=self.catch_up.watermarks(),
             cap_ms=self.clock.ceiling(now.fixed),
+            ahead_limit=self.plan.limit,
         )
         self.turns.mark("claiming from redis")
         self.deliveries.acknowledged(acks)

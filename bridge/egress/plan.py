@@ -21,6 +21,15 @@ HOLD_WAIT_S = 0.05  # the longest sleep while due records wait for a catching-up
 CLAIMS_TIMED = 8  # the lead covers the slowest of this many last claims
 
 
+def ahead_limit(batch_size: int) -> int:
+    """The most records a claim takes ahead from a shard: half a batch. Where a window holds
+    more (a high rate) the claim stops there and the shard is claimed again a lead before the
+    first record it left, so a claim's size and its run in Redis stop growing with the rate;
+    below it (a moderate rate) a whole window comes in one call (docs/bench/history.md,
+    "A wider window, half a batch at most")."""
+    return batch_size // 2
+
+
 def least_lead_ms(ahead_ms: int) -> int:
     """How long before its next record falls due a shard is claimed from, at least, with claims
     ahead (``egress.ahead``): a quarter window, 25 ms at the defaults, so a claim takes three
@@ -130,9 +139,10 @@ class Plan:
     """When each owned shard is claimed from next, on Redis's clock (from its last claim's
     reply), and the earliest moment the tick allows; a shard absent is unknown: claimed at once."""
 
-    def __init__(self, tick_ms: int, ahead_ms: int) -> None:
+    def __init__(self, tick_ms: int, ahead_ms: int, limit: int | None = None) -> None:
         self.tick_ms = tick_ms
         self.ahead_ms = ahead_ms
+        self.limit = limit  # the most records a claim takes ahead from a shard (None: no limit)
         self._least_lead_ms = least_lead_ms(ahead_ms)
         self._took_ms: deque[float] = deque(maxlen=CLAIMS_TIMED)
         self._next_ms: dict[Shard, float] = {}
@@ -209,7 +219,10 @@ class Plan:
                 # Records are claimed ahead: look again a lead before the next one falls due,
                 # but not within half a window of this claim (a record with its own delay-id
                 # is claimed at its due time, as without).
-                plan = min(plan, max(plan - lead, claims.now_ms + self.ahead_ms / 2))
+                if self.limit is not None and got[shard] >= self.limit:
+                    plan -= lead  # the limit cut the window short: what is left is due in it
+                else:
+                    plan = min(plan, max(plan - lead, claims.now_ms + self.ahead_ms / 2))
             self._next_ms[shard] = plan
             self._not_before_ms[shard] = claims.now_ms + self.tick_ms if got[shard] else 0.0
             if shard in horizons:

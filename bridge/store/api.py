@@ -229,6 +229,7 @@ class Store:
         ahead_lanes: Priority | None = None,
         watermarks: Mapping[Shard, int] | None = None,
         cap_ms: int | None = None,
+        ahead_limit: int | None = None,
     ) -> Claims:
         """Lease up to ``limit`` due records from each shard: expired leases first, then on-time
         and overdue records sharing the rest (see claim.lua); from a shard in ``horizons`` only
@@ -236,13 +237,13 @@ class Store:
         next has work, so the mover plans its sleep without another call. The ``acks`` of a shard
         claimed from are applied first in the same call, as :meth:`ack` would. With
         ``ahead_ms``, records with the default delay-id due within that much of now are leased
-        too (room permitting): the caller produces them when they fall due. A shard in
-        ``lanes`` gives only records of that priority or higher, and only records of
-        ``ahead_lanes`` or higher are claimed ahead; the reply says which priorities
-        still have records due and each lane's earliest due time (:class:`Claims`). From a shard
-        whose Redis watermark is below its ``watermarks`` entry (the ingress's; Redis rolled
-        back) nothing new is claimed until the ingress has read it again (see claim.lua). The
-        claim decides by Redis TIME, or by ``cap_ms`` when that is earlier (the caller's other
+        too (room permitting, at most ``ahead_limit`` per shard): the caller produces them when
+        they fall due. A shard in ``lanes`` gives only records of that priority or higher, and
+        only records of ``ahead_lanes`` or higher are claimed ahead; the reply says which
+        priorities still have records due and each lane's earliest due time (:class:`Claims`).
+        From a shard whose Redis watermark is below its ``watermarks`` entry (the ingress's; Redis
+        rolled back) nothing new is claimed until the ingress has read it again (see claim.lua).
+        The claim decides by Redis TIME, or by ``cap_ms`` when that is earlier (the caller's other
         clocks: a step of Redis's host clock makes nothing early)."""
         if not shards:
             now = self.time_ms() if now_ms is None else now_ms
@@ -262,6 +263,7 @@ class Store:
                 watermark=watermarks.get(shard),
                 acks=(acks or {}).get(shard),
                 cap_ms=cap_ms,
+                ahead_limit=ahead_limit,
             )
             calls.append((CLAIM.keys(k), args.argv()))
         claims = _claims(shards, self.scripts.call(CLAIM, calls), one_clock=self._one_clock)

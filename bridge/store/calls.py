@@ -43,13 +43,8 @@ class AckBatch:
     def argv(self) -> list[Any]:
         """As ack() in _lib.lua reads them: epoch, n, n offsets, how many have a delay-id, their
         targets."""
-        return [
-            self.epoch,
-            len(self.members),
-            *self.members,
-            self.with_ids,
-            *targets_argv(self.targets),
-        ]
+        members = self.members
+        return [self.epoch, len(members), *members, self.with_ids, *targets_argv(self.targets)]
 
 
 def targets_argv(targets: Sequence[str]) -> list[Any]:
@@ -71,9 +66,9 @@ def targets_argv(targets: Sequence[str]) -> list[Any]:
 _NUMBER = [n.to_bytes(2, "big") for n in range(256)]  # the common ones, made once
 
 
-def watermark_arg(watermark: int | None) -> str:
-    """A watermark the caller expects, as the scripts take it ("": none known)."""
-    return "" if watermark is None else str(watermark)
+def optional(value: int | None) -> str:
+    """A number a script may be given (a watermark, a time, a limit) as it takes it ("": none)."""
+    return "" if value is None else str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,21 +86,23 @@ class ClaimArgs:
     watermark: int | None = None  # the ingress's; a shard below it rolled back
     acks: AckBatch | None = None  # applied first, in the same call
     cap_ms: int | None = None  # now is at most this (the caller's other clocks; None: TIME alone)
+    ahead_limit: int | None = None  # the most records leased ahead (None: as room allows)
 
     def argv(self) -> list[Any]:
         """claim.lua's ARGV."""
         return [
             self.limit,
             self.lease_ms,
-            "" if self.now_ms is None else self.now_ms,
+            optional(self.now_ms),
             ON_TIME_WINDOW_MS,
-            "" if self.horizon is None else self.horizon,
+            optional(self.horizon),
             self.ahead_ms,
             "" if self.last_lane is None else self.last_lane + 1,
             "" if self.last_ahead_lane is None else self.last_ahead_lane + 1,
             self.target,
-            watermark_arg(self.watermark),
-            "" if self.cap_ms is None else self.cap_ms,
+            optional(self.watermark),
+            optional(self.cap_ms),
+            optional(self.ahead_limit),
             *(self.acks or AckBatch()).argv(),
         ]
 
@@ -196,7 +193,7 @@ def add_argv(
     of promotions read before the ``where`` were looked up (None: none was); ``flags`` what
     :func:`add_flags` says of the shard."""
     seen = "" if promotions is None else promotions
-    argv: list[Any] = [watermark_arg(watermark), high, bucket_ms, seen, len(vouched)]
+    argv: list[Any] = [optional(watermark), high, bucket_ms, seen, len(vouched)]
     for offset, delay_id in vouched.items():
         argv += (offset_bytes(offset), delay_id)
     argv.append(len(replaces))
@@ -345,7 +342,7 @@ class BindReply(NamedTuple):
 def low_argv(watermark: int | None, max_buckets: int, keep_ended_ms: int) -> list[Any]:
     """low.lua: the watermark the caller expects, how many buckets to look through, and how long
     the schedule registry keeps an ended schedule's marker."""
-    return [watermark_arg(watermark), max_buckets, keep_ended_ms]
+    return [optional(watermark), max_buckets, keep_ended_ms]
 
 
 def release_argv(retry_in_ms: int, members: Sequence[bytes]) -> list[Any]:
@@ -366,7 +363,7 @@ def take_over_argv(held: Sequence[bytes]) -> list[Any]:
 
 def stats_argv(now_ms: int | None, due_by_ms: int | None) -> list[Any]:
     """stats.lua: the now to count by ("": Redis TIME) and egress.due_by_ms ("": none)."""
-    return ["" if now_ms is None else str(now_ms), "" if due_by_ms is None else str(due_by_ms)]
+    return [optional(now_ms), optional(due_by_ms)]
 
 
 def candidates_argv(topic: str, delay_ids: Sequence[str]) -> list[Any]:

@@ -3,18 +3,22 @@ offset order within a batch, idempotent re-reads, and the id index's life next t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.adds import Adds, TopicReads
-from bridge.message import H_DUE_AT, Cancel, Scheduled
+from bridge.message import H_DUE_AT, Cancel, Priority, Scheduled
 from bridge.store import AckBatch, Added, Elsewhere, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
-from tests.conftest import Services, confirm_from
+from tests.conftest import Services, confirm_from, delete_keys
 from tests.integration.conftest import documented_acl_rules
 
 pytestmark = pytest.mark.integration
@@ -22,6 +26,7 @@ pytestmark = pytest.mark.integration
 T0 = 1_800_000_000_000
 LEASE = 30_000
 SHARD = Shard("delay", 0)
+EXAMPLES = itertools.count()  # a key prefix per hypothesis example
 
 
 def resumes_at(store: Store) -> tuple[int, int, bool]:
@@ -174,6 +179,59 @@ def test_only_records_no_cancel_can_reach_are_claimed_ahead(store: Store) -> Non
     assert apply(store, Cancel(5, "job")).cancelled == 1  # still waiting: the cancel finds it
     assert store.claim([SHARD], 10, LEASE, now_ms=T0 + 101)[0].record.offset == 3
     assert store.backlog([SHARD]).inflight == 4
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    records=st.lists(
+        st.tuples(
+            st.sampled_from([-5, 0, 1, 40, 99, 100, 101, 400]),  # due, from T0
+            st.booleans(),  # its own delay-id
+            st.sampled_from(list(Priority)),
+        ),
+        max_size=14,
+    ),
+    limit=st.integers(1, 10),
+    ahead_limit=st.one_of(st.none(), st.integers(0, 6)),
+)
+def test_a_claim_ahead_takes_the_earliest_default_id_records_up_to_its_limit(
+    redis_client: redis.Redis,
+    unique: str,
+    records: list[tuple[int, bool, Priority]],
+    limit: int,
+    ahead_limit: int | None,
+) -> None:
+    # The mover's limit (bridge.egress.plan.ahead_limit) caps what a claim takes ahead, never
+    # what is due; each lane's window is read in order and only default-id records leave it.
+    store = Store(redis_client, f"test-{unique}-{next(EXAMPLES)}")
+    try:
+        scheduled = [
+            replace(rec(o, T0 + due, f"id-{o}" if own else None), priority=p)
+            for o, (due, own, p) in enumerate(records)
+        ]
+        if scheduled:
+            apply(store, *scheduled)
+        got = store.claim([SHARD], limit, LEASE, now_ms=T0, ahead_ms=100, ahead_limit=ahead_limit)
+        due = [r for r in scheduled if r.due_ms <= T0]
+        expected = {r.offset for r in due} if len(due) <= limit else None
+        if expected is not None:  # all due left: the room that is left goes ahead
+            room = min(limit - len(due), limit if ahead_limit is None else ahead_limit)
+            for lane in sorted(Priority):
+                window = sorted(
+                    (r.due_ms, r.offset, r.delay_id.startswith("delay:"))
+                    for r in scheduled
+                    if r.priority == lane and T0 < r.due_ms <= T0 + 100
+                )[: max(room, 0)]
+                taken = [o for _, o, default in window if default]
+                expected |= set(taken)
+                room -= len(taken)
+            assert {c.record.offset for c in got} == expected
+        else:  # more due than the room: the due ones alone (claim.lua's on-time and overdue)
+            assert len(got) == limit and all(c.record.due_ms <= T0 for c in got)
+        ahead = [c for c in got if c.record.due_ms > T0]
+        assert ahead_limit is None or len(ahead) <= ahead_limit
+    finally:
+        delete_keys(redis_client, store.prefix)
 
 
 def test_an_entry_whose_record_is_gone_is_dropped_by_the_next_cancel(store: Store) -> None:

@@ -113,7 +113,7 @@ def test_end_to_end_delivery_and_dead_letters(setup: Setup, bridges: list[Bridge
 
 def test_sigkill_mid_run_loses_nothing(setup: Setup, bridges: list[Bridge]) -> None:
     expected = schedule(setup, 3000, seed=3, max_delay_ms=4000)
-    first = fast_takeover(setup, "first", egress__lease="3s")
+    first = fast_takeover(setup, "first", egress__lease="3s", egress__ahead="300ms")
     bridges.append(first)
     collector = setup.collector()
     try:
@@ -122,7 +122,7 @@ def test_sigkill_mid_run_loses_nothing(setup: Setup, bridges: list[Bridge]) -> N
         )
         first.kill()  # SIGKILL with records in flight and offsets uncommitted
         assert len(delivered(collector, setup)) < len(expected)
-        bridges.append(fast_takeover(setup, "second", egress__lease="3s"))
+        bridges.append(fast_takeover(setup, "second", egress__lease="3s", egress__ahead="300ms"))
         collector.until(
             lambda rs: {r.delay_id for r in delivered(collector, setup)} >= set(expected),
             90,

@@ -368,10 +368,11 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(
         limit=st.integers(1, 8),
-        ahead=st.sampled_from([0, 0, 2000]),
+        ahead=st.sampled_from([0, 2000]),
         cut=st.sampled_from([None, None, Priority.HIGH, Priority.NORMAL]),
+        ahead_limit=st.sampled_from([None, 0, 1, 2]),
     )
-    def claim(self, limit: int, ahead: int, cut: Priority | None) -> None:
+    def claim(self, limit: int, ahead: int, cut: Priority | None, ahead_limit: int | None) -> None:
         shards = self._all()
         lanes = dict.fromkeys(shards, cut) if cut is not None else None
         claims = self.store.claim(
@@ -382,13 +383,14 @@ class StoreModel(RuleBasedStateMachine):
             ahead_ms=ahead,
             lanes=lanes,
             watermarks=self._seen(),
+            ahead_limit=ahead_limit,
         )
         assert claims.now_ms == self.now
         by_shard: dict[Shard, list[Claimed]] = {}
         for c in claims:
             by_shard.setdefault(c.shard, []).append(c)
         for shard in shards:
-            self._claimed(shard, by_shard.get(shard, []), limit, ahead, cut)
+            self._claimed(shard, by_shard.get(shard, []), limit, ahead, cut, ahead_limit)
 
     def _seen(self) -> dict[Shard, int]:
         """The watermark the ingress last saw per shard, as the mover passes it."""
@@ -401,7 +403,13 @@ class StoreModel(RuleBasedStateMachine):
         return model.seen is not None and model.watermark < model.seen
 
     def _claimed(
-        self, shard: Shard, got: list[Claimed], limit: int, ahead: int, cut: Priority | None
+        self,
+        shard: Shard,
+        got: list[Claimed],
+        limit: int,
+        ahead: int,
+        cut: Priority | None,
+        ahead_limit: int | None,
     ) -> None:
         model = self.models[shard]
         assert len(got) <= limit
@@ -444,6 +452,16 @@ class StoreModel(RuleBasedStateMachine):
             assert not due, f"{shard}: room left in the claim, yet still due: {due}"
         for rec in due:  # a lane's due records all leave before the next lane's first
             assert all(rec.priority >= p for p in lanes_taken), (rec, lanes_taken)
+        # Ahead: at most ahead_limit records, and all the window's default-id ones while there
+        # was room (and nothing left due, in any lane: records due come first).
+        taken_ahead = sum(1 for c in got if not c.redelivery and c.record.due_ms > self.now)
+        assert ahead_limit is None or taken_ahead <= ahead_limit, (taken_ahead, ahead_limit)
+        room_ahead = limit - len(got) > 0 and (ahead_limit is None or taken_ahead < ahead_limit)
+        if ahead and room_ahead and not self._rolled_back(shard):
+            waiting = [r for r in model.waiting.values() if not r.reference and not r.waits_for]
+            if not any(r.due <= self.now for r in waiting):
+                left = [r for r in waiting if r.delay_id is None and r.due <= self.now + ahead]
+                assert not left, f"{shard}: room left ahead, yet left in the window: {left}"
 
     @rule(data=st.data(), old_epoch=st.booleans(), named=st.booleans(), again=st.booleans())
     def ack(self, data: st.DataObject, old_epoch: bool, named: bool, again: bool) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.egress.plan import CLAIMS_TIMED, Plan, least_lead_ms
-from bridge.store import Claims, Shard
+from bridge.egress.plan import CLAIMS_TIMED, Plan, ahead_limit, least_lead_ms
+from bridge.message import Scheduled
+from bridge.store import Claimed, Claims, Shard
 
 A, B = Shard("delay", 0), Shard("delay", 1)
 NOW = 1_800_000_000_000
@@ -101,3 +102,52 @@ def test_the_lead_follows_the_last_claims_only() -> None:
     assert plan.lead_ms == 45.0
     plan.took(1.0)  # the slow one is out of the last CLAIMS_TIMED
     assert plan.lead_ms == LEAD
+
+
+def took(shard: Shard, count: int) -> list[Claimed]:
+    """``count`` records claimed from ``shard``."""
+    record = Scheduled(0, NOW, "out", None, b"v", [], "delay:0:0")
+    return [Claimed(shard, i.to_bytes(8, "big"), record, False) for i in range(count)]
+
+
+@pytest.mark.parametrize("left_in", [5, 40, 90, 300])
+def test_a_claim_the_limit_cut_short_is_followed_a_lead_before_the_first_record_it_left(
+    left_in: int,
+) -> None:
+    # At a high rate the window holds more than the limit: the claim took the limit's records
+    # of the window's first part, and what it left is due within the window.
+    plan = Plan(TICK, 4 * AHEAD, limit=5)
+    left = NOW + left_in
+    plan.claimed(Claims([*took(A, 5), *took(B, 4)], NOW, {A: left, B: left}, 0.0, NOW), 100, {})
+    assert plan.claim_at(A) == max(left - plan.lead_ms, NOW + TICK)  # a tick apart at least
+    # Under the limit the window was whole: what it left there has its own delay-id, claimed at
+    # its due time, and no later than half a window after this claim (a tick at the least).
+    assert plan.claim_at(B) == max(min(left, NOW + 2 * AHEAD), NOW + TICK)
+
+
+@pytest.mark.parametrize(("per_ms", "per_claim"), [(0.2, 60), (0.667, 200), (2.333, 250)])
+def test_a_steady_stream_is_claimed_a_window_or_the_limit_at_a_time(
+    per_ms: float, per_claim: int
+) -> None:
+    # Records of default delay-ids due every 1/per_ms ms, claimed as claim.lua would: those due,
+    # then those due within the window, at most the limit of them.
+    window, limit = 400, 250
+    plan, now, claimed_to, sizes = Plan(TICK, window, limit=limit), 0.0, 0, []
+    while now < 20_000:
+        due = int(now * per_ms) + 1  # records 0..due-1 are due by now
+        n = max(0, due - claimed_to) + limit
+        n = min(n, int((now + window) * per_ms) + 1 - claimed_to)
+        claimed_to += n
+        sizes.append(n)
+        nxt = int(claimed_to / per_ms) + 1  # the first record left
+        plan.claimed(Claims(took(A, n), int(now), {A: nxt}, 0.0, int(now)), 500, {})
+        assert nxt - plan.claim_at(A) <= plan.lead_ms + 1  # in memory by its due time
+        now = plan.claim_at(A)
+    steady = sizes[len(sizes) // 2 :]
+    # Below the limit a claim takes three quarters of a window (the rest is the lead); above
+    # it, the limit — so claims come per_claim / per_ms apart and no claim grows with the rate.
+    assert abs(sum(steady) / len(steady) - per_claim) <= per_claim * 0.05 and max(steady) <= limit
+
+
+def test_a_claim_ahead_takes_half_a_batch_at_most() -> None:
+    assert ahead_limit(500) == 250 and Plan(TICK, AHEAD).limit is None

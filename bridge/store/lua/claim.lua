@@ -60,7 +60,9 @@ ARGV[10] the ingest watermark the caller's ingress last saw, or "": a shard whos
 ARGV[11] a ceiling ms on now, or "": the caller's other clocks (bridge.egress.plan.DecisionClock);
          the claim decides by the lesser of it and Redis TIME, so a step forward of Redis's host
          clock makes nothing early and ends no lease
-ARGV[12..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id,
+ARGV[12] the most records claimed ahead, or "": as many as the room leaves (the mover's cap
+         keeps a claim ahead from growing with the rate: bridge.egress.plan.ahead_limit)
+ARGV[13..] acknowledgements, as ack.lua's ARGV: epoch, n, n offsets, how many have a delay-id,
          their targets
 
 Returns: {now ms, redelivered count, earliest due ms left or -1, earliest lease deadline ms or -1,
@@ -80,7 +82,7 @@ local now = now_ms(ARGV[3])
 if ARGV[11] ~= '' then
   now = math.min(now, tonumber(ARGV[11]))
 end
-ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9]}, ARGV, 12, now)
+ack({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9]}, ARGV, 13, now)
 local limit = tonumber(ARGV[1])
 -- The lease deadline as text once: a number passed to redis.call is formatted per argument.
 local deadline = string.format('%d', now + tonumber(ARGV[2]))
@@ -171,6 +173,9 @@ if room > 0 and ahead > 0 and upto == now and out[7] == 0 then
   local last_ahead = #LANES
   if ARGV[8] ~= '' then
     last_ahead = tonumber(ARGV[8])
+  end
+  if ARGV[12] ~= '' then
+    room = math.min(room, tonumber(ARGV[12]))
   end
   for lane, base in ipairs(LANES) do
     if room <= 0 or lane > last_ahead then
