@@ -343,8 +343,8 @@ class Egress:
         if self.deliveries.in_flight:
             # Reports are applied once per tick anyway: collect them at the next step (poll(0))
             # instead of waking for each one. While the sender has records to produce it polls
-            # too: the mover then applies them at most half an ``ahead`` window later.
-            seconds = min(seconds, (self.deliveries.ack_wait_ms if self.sender else tick_ms) / 1000)
+            # too: the mover then applies them at most a window less the lead later.
+            seconds = min(seconds, (self.deliveries.ack_waits[1] if self.sender else tick_ms) / 1e3)
         self.turns.waits(seconds)
         if seconds > 0:
             self._wake.wait(seconds)

@@ -39,6 +39,20 @@ def least_lead_ms(ahead_ms: int) -> int:
     return ahead_ms // 4
 
 
+ACK_WAIT_MAX_MS = 75  # acknowledgements wait at most this long while nothing is held ahead
+
+
+def ack_waits(tick_ms: int, ahead_ms: int) -> tuple[int, int]:
+    """How long delivered records wait for their shard's next claim to carry their
+    acknowledgements before they go on their own: while nothing is held ahead, and while records
+    are. Held records mean the next claim comes within a window less the lead: that long.
+    Otherwise none may come soon (the end of a drain, records with their own delay-ids): at most
+    ACK_WAIT_MAX_MS, so the backlog gauges and what a crash leaves leased do not go by the
+    window (docs/bench/history.md, "A wider window, half a batch at most")."""
+    wait = ahead_ms - least_lead_ms(ahead_ms)
+    return max(tick_ms, min(wait, ACK_WAIT_MAX_MS)), max(tick_ms, wait)
+
+
 @dataclass(frozen=True, slots=True)
 class Moment:
     """When a step of the mover decides: ``ms``, the decision clock's reading (NEVER before the

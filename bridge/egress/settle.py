@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from bridge.config import EgressConfig
 from bridge.egress.failures import Failures, Ident, InFlight, by_shard
 from bridge.egress.outlet import Direct, Outlet
-from bridge.egress.plan import least_lead_ms
+from bridge.egress.plan import ack_waits
 from bridge.egress.recurring import sending
 from bridge.errors import StoreError
 from bridge.health import Readiness
@@ -143,9 +143,9 @@ class Deliveries:
         self.readiness = readiness
         self.spans = spans  # tracing.enabled: a send span per delivery
         self.failures = Failures(metrics, readiness, dead_letter=dead_letter, config=config)
-        # Delivered records are acknowledged with their shard's next claim or after this long:
-        # with claims ahead, a claim comes every window less a lead while records keep coming.
-        self.ack_wait_ms = max(config.tick, config.ahead - least_lead_ms(config.ahead))
+        # Acks ride the shard's next claim, or go alone after ack_waits[any records held ahead].
+        self.ack_waits = ack_waits(config.tick, config.ahead)
+        self.holding: Callable[[], int] = lambda: 0  # records held ahead (the Sender's count)
         # Records in flight at most: claims stop there. Ten batches keep the producer busy while
         # delivery reports of earlier ones come back (fewer cost throughput:
         # docs/bench/history.md); all are leased, so a crash redelivers at most this many.
@@ -284,7 +284,7 @@ class Deliveries:
         acked.delivered.append((inflight, at_ms))
         if self.ack_by is None:  # counted from when the report came in
             waited_ms = max(0, self._clock_ms() - at_ms)
-            self.ack_by = time.monotonic() + (self.ack_wait_ms - waited_ms) / 1000
+            self.ack_by = time.monotonic() + (self.ack_waits[self.holding() > 0] - waited_ms) / 1000
 
     def watch(self) -> None:
         """At most every WATCH_EVERY_S: the age of the oldest record produced and not

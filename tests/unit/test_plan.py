@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.egress.plan import CLAIMS_TIMED, Plan, ahead_limit, least_lead_ms
+from bridge.egress.plan import CLAIMS_TIMED, Plan, ack_waits, ahead_limit, least_lead_ms
 from bridge.message import Scheduled
 from bridge.store import Claimed, Claims, Shard
 
@@ -151,3 +151,11 @@ def test_a_steady_stream_is_claimed_a_window_or_the_limit_at_a_time(
 
 def test_a_claim_ahead_takes_half_a_batch_at_most() -> None:
     assert ahead_limit(500) == 250 and Plan(TICK, AHEAD).limit is None
+
+
+def test_acknowledgements_wait_for_the_next_claim_only_while_records_are_held_ahead() -> None:
+    # Held records mean a claim within a window less the lead; without them (a drain's end,
+    # records with their own ids) none may come soon, and the acks go alone after 75 ms.
+    assert ack_waits(TICK, 400) == (75, 300)
+    assert ack_waits(TICK, 100) == (75, 75) and ack_waits(TICK, 0) == (TICK, TICK)
+    assert ack_waits(100, 400) == (100, 300)  # a tick at least
