@@ -105,7 +105,8 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
         batch.newest_ms[shard] = max(newest, batch.newest_ms.get(shard, newest))
 
     for msg in messages:
-        topic, partition, offset = coords(msg)
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None  # consumed
         ts_type, ts = msg.timestamp()
         if ts_type == 0:  # no timestamp: the moment it was read stands in
             ts = now_ms
@@ -116,8 +117,10 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
             records = [] if known is None else known[1]
             high = low = offset
             newest = ts
-        high = max(high, offset)
-        low = min(low, offset)
+        if offset > high:
+            high = offset
+        elif offset < low:
+            low = offset
         newest = max(newest, ts)
         try:
             parsed = parse_record(

@@ -103,14 +103,28 @@ def _control(headers: Headers) -> tuple[dict[str, bytes], list[bytes]]:
     return found, cancels
 
 
-def _text(control: dict[str, bytes], name: str) -> str | None:
-    raw = control.get(name)
-    if raw is None:
-        return None
+# The control headers read as text, in the order their encoding is checked.
+_TEXT_HEADERS = (H_TARGET_TOPIC, H_DELIVER_AT, H_AFTER, H_ID, H_CANCEL, H_PRIORITY, H_MAX_LATENESS)
+_TEXT_HEADER_SET = frozenset(_TEXT_HEADERS)
+
+
+def _texts(control: dict[str, bytes]) -> dict[str, str]:
+    """The control headers read as text, by name; :class:`Rejected` naming the first of
+    _TEXT_HEADERS that is not UTF-8. One pass over what the record carries (per record: a
+    record carries two or three)."""
+    texts: dict[str, str] = {}
     try:
-        return raw.decode("utf-8")
+        for name, raw in control.items():
+            if name in _TEXT_HEADER_SET:
+                texts[name] = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise Rejected(Reason.BAD_HEADER, f"header {name} is not valid UTF-8") from None
+        for name in _TEXT_HEADERS:
+            try:
+                control.get(name, b"").decode("utf-8")
+            except UnicodeDecodeError:
+                raise Rejected(Reason.BAD_HEADER, f"header {name} is not valid UTF-8") from None
+        raise
+    return texts
 
 
 def _cancel(offset: int, base_ms: int, ids: list[bytes], hints: list[bytes | None]) -> Cancel:
@@ -256,13 +270,14 @@ def parse(
     control, cancels = _control(headers)
     base_ms = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now_ms
     recurring = not SCHEDULING.isdisjoint(control)
-    target = _text(control, H_TARGET_TOPIC)
-    deliver_at = _text(control, H_DELIVER_AT)
-    after = _text(control, H_AFTER)
-    delay_id = _text(control, H_ID)
-    cancel = _text(control, H_CANCEL)
-    priority_text = _text(control, H_PRIORITY)
-    max_lateness = _text(control, H_MAX_LATENESS)
+    texts = _texts(control)
+    target = texts.get(H_TARGET_TOPIC)
+    deliver_at = texts.get(H_DELIVER_AT)
+    after = texts.get(H_AFTER)
+    delay_id = texts.get(H_ID)
+    cancel = texts.get(H_CANCEL)
+    priority_text = texts.get(H_PRIORITY)
+    max_lateness = texts.get(H_MAX_LATENESS)
 
     # (the ids a cancel names are checked by _cancel)
     if delay_id is not None and not 1 <= len(control[H_ID]) <= MAX_ID_BYTES:
@@ -334,20 +349,21 @@ def parse(
     if refusal is not None:
         raise Rejected(Reason.TARGET_NOT_ALLOWED, refusal)
 
+    # Per record read: its fields in order (by keyword, the call costs twice as much).
     return Scheduled(
-        offset=offset,
-        due_ms=due_ms,
-        target=target,
-        key=key,
-        value=value,
-        headers=headers,
-        delay_id=delay_id if delay_id is not None else origin(topic, partition, offset),
-        stored_ms=now_ms if due_ms < now_ms else None,
-        default_of=(topic, partition) if delay_id is None else None,
-        priority=priority,
-        timestamp_ms=base_ms,
-        recurring=recurring,
-        continues=continues,
+        offset,
+        due_ms,
+        target,
+        key,
+        value,
+        headers,
+        delay_id if delay_id is not None else origin(topic, partition, offset),
+        now_ms if due_ms < now_ms else None,  # stored_ms
+        (topic, partition) if delay_id is None else None,  # default_of
+        priority,
+        base_ms,  # timestamp_ms
+        recurring,
+        continues,
     )
 
 

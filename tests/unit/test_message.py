@@ -53,6 +53,7 @@ from bridge.message import (
     parse_when,
     record_size,
 )
+from bridge.message.encoding import _decode_any
 
 NOW = 1_790_000_000_000  # 2026-09-21T...Z
 TS = NOW - 1_000
@@ -500,6 +501,26 @@ def test_a_record_bound_for_the_dlq_at_its_due_time_keeps_its_reason_when_stored
     assert not Scheduled(1, 1, "out", None, None, [], "id").dead_letter
 
 
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ([(H_AFTER, b"\xff"), (H_TARGET_TOPIC, b"\xfe")], H_TARGET_TOPIC),
+        ([(H_PRIORITY, b"\xff"), (H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")], H_PRIORITY),
+        ([(H_MAX_LATENESS, b"\xff"), (H_ID, b"\xfe"), (H_TARGET_TOPIC, b"o")], H_ID),
+    ],
+)
+def test_a_header_that_is_not_utf8_is_named_in_the_order_headers_are_checked(
+    headers: Headers, named: str
+) -> None:
+    # Whatever order the record carries them in: the target, the due time, the delay-id, ...
+    with pytest.raises(Rejected) as exc:
+        run(headers)
+    assert (exc.value.reason, exc.value.detail) == (
+        Reason.BAD_HEADER,
+        f"header {named} is not valid UTF-8",
+    )
+
+
 def test_too_large_counts_key_value_and_headers() -> None:
     base: Headers = [(H_TARGET_TOPIC, b"orders"), (H_AFTER, b"1s")]
     overhead = sum(len(k) + len(v or b"") for k, v in base)
@@ -560,6 +581,54 @@ def test_encoding_round_trips(
         Scheduled(offset, due, target, key, value, [(H_ID, delay_id.encode()), *headers], delay_id),
     ):
         assert decode(encode(rec, "delay", 3), "delay", 3, offset) == rec
+
+
+def _fields(rec: Scheduled) -> tuple[object, ...]:
+    return tuple(getattr(rec, name) for name in Scheduled.__slots__)
+
+
+@given(
+    target=st.text(max_size=30),
+    key=st.one_of(st.none(), st.binary(max_size=40)),
+    value=st.one_of(st.none(), st.binary(max_size=200)),
+    headers=st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from([H_TARGET_TOPIC, H_ID, H_CRON, H_AFTER]), st.text(max_size=8)
+            ),
+            st.one_of(st.none(), st.binary(max_size=20)),
+        ),
+        max_size=5,
+    ),
+    delay_id=st.sampled_from(["delay:3:7", "own", ""]),
+    stored_ms=st.one_of(st.none(), st.integers(0, 2**53)),
+    priority=st.sampled_from(Priority),
+    damage=st.tuples(st.integers(0, 400), st.integers(0, 400), st.integers(0, 255)),
+)
+def test_the_narrow_decoding_reads_what_the_general_one_reads(
+    target: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    delay_id: str,
+    stored_ms: int | None,
+    priority: Priority,
+    damage: tuple[int, int, int],
+) -> None:
+    # decode reads the narrow form inline and hands the rest to _decode_any: both read every
+    # field alike, and refuse alike what does not decode (a blob cut short, a byte changed).
+    rec = Scheduled(7, NOW, target, key, value, headers, delay_id, stored_ms, priority=priority)
+    blob = encode(rec, "delay", 3)
+    cut, at, byte = damage
+    changed = blob[:at] + bytes([byte]) + blob[at + 1 :] if at < len(blob) else blob
+    for stored in (blob, blob[:cut], changed, blob + b"x"):
+        try:
+            general = _fields(_decode_any(stored, "delay", 3, 7))
+        except ValueError:
+            with pytest.raises(ValueError):
+                decode(stored, "delay", 3, 7)
+        else:
+            assert _fields(decode(stored, "delay", 3, 7)) == general
 
 
 def test_long_fields_round_trip() -> None:
