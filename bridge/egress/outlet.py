@@ -28,7 +28,7 @@ from bridge.egress.transactions import (
 )
 from bridge.health import Readiness
 from bridge.journal import Journal, Reconcile
-from bridge.kafka import produce
+from bridge.kafka import produce_fields
 from bridge.metrics import Metrics
 from bridge.store import Shard, Store
 
@@ -47,9 +47,10 @@ class Outlet(Protocol):
     exactly_once: bool
 
     def send(
-        self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
+        self, ident: Ident, inflight: InFlight, topic: str, report: Report, fields: dict[str, Any]
     ) -> None:
-        """Produce a claimed record; ``report`` is called with its delivery report. Raises
+        """Produce a claimed record (``fields``: ``Producer.produce``'s keyword arguments, which
+        the outlet may add to); ``report`` is called with its delivery report. Raises
         KafkaException if it is refused at once (too large)."""
 
     def poll(self, timeout_s: float) -> None:
@@ -71,16 +72,17 @@ class Direct:
         self.producer = producer
 
     def send(
-        self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
+        self, ident: Ident, inflight: InFlight, topic: str, report: Report, fields: dict[str, Any]
     ) -> None:
         onward = inflight.onward
         if onward is None:
-            produce(self.producer, topic, on_delivery=report, **fields)
+            fields["on_delivery"] = report
+            produce_fields(self.producer, topic, fields)
             return
         # A recurring schedule's occurrence and the record carrying it on: one report for both.
         both = Both(report)
-        produce(self.producer, topic, on_delivery=both.first, **fields)
-        produce(self.producer, onward[0], on_delivery=both.second, **onward[1])
+        produce_fields(self.producer, topic, {**fields, "on_delivery": both.first})
+        produce_fields(self.producer, onward[0], {**onward[1], "on_delivery": both.second})
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)
@@ -220,7 +222,7 @@ class Transactions:
         return txn is not None and not txn.ended
 
     def send(
-        self, ident: Ident, inflight: InFlight, topic: str, report: Report, **fields: Any
+        self, ident: Ident, inflight: InFlight, topic: str, report: Report, fields: dict[str, Any]
     ) -> None:
         """Produce a claimed record in its shard's next transaction."""
         item = Outgoing(ident, inflight, topic, fields, report)

@@ -195,17 +195,14 @@ class Deliveries:
         inflight.sent_s = time.monotonic()
         value = None if inflight.value_left_out else record.value
         try:
-            self.outlet.send(
-                ident,
-                inflight,
-                topic,
-                callback,
-                value=value,
-                key=key,
-                headers=wire_headers(headers),
-                timestamp=timestamp,
-                partition=partition,
-            )
+            fields = {
+                "value": value,
+                "key": key,
+                "headers": wire_headers(headers),
+                "timestamp": timestamp,
+                "partition": partition,
+            }
+            self.outlet.send(ident, inflight, topic, callback, fields)
         except KafkaException as exc:
             # Refused locally (e.g. larger than message.max.bytes): same path as a report.
             self._reports.append((ident, exc.args[0], self._clock_ms(), -1, -1))

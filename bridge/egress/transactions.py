@@ -28,7 +28,7 @@ from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, InFlight
 from bridge.health import Readiness
 from bridge.journal import Journal
-from bridge.kafka import produce
+from bridge.kafka import produce_fields
 from bridge.metrics import Metrics
 from bridge.store import Shard
 
@@ -66,7 +66,7 @@ class Outgoing:
     ident: Ident
     inflight: InFlight
     topic: str
-    fields: dict[str, Any]  # Producer.produce's: key, value, headers, timestamp
+    fields: dict[str, Any]  # Producer.produce's: key, value, headers, timestamp, on_delivery
     report: Report
     err: KafkaError | None = None
     msg: Message | None = None  # as Kafka took it
@@ -215,16 +215,13 @@ class ShardTransaction:
             self._open, self._commit_at = True, time.monotonic() + self.s.period_s
         for n, item in enumerate(batch):
             try:
-                produce(
-                    self.producer,
-                    item.topic,
-                    on_delivery=functools.partial(self._reported, item),
-                    **item.fields,
-                )
+                # Its report, this transaction's (produced again in the next, the next's).
+                item.fields["on_delivery"] = functools.partial(self._reported, item)
+                produce_fields(self.producer, item.topic, item.fields)
                 onward = item.inflight.onward  # a schedule carried on: in the same transaction
                 if onward is not None:
                     report = functools.partial(self._reported_onward, item)
-                    produce(self.producer, onward[0], on_delivery=report, **onward[1])
+                    produce_fields(self.producer, onward[0], {**onward[1], "on_delivery": report})
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.fatal():
