@@ -98,10 +98,11 @@ class Egress:
             outlet=transactions,
             spans=spans,
         )
+        committed = None
         if transactions is not None:
-            transactions.settings.on_ended = self._ended
-        committed = transactions.settings.committed if transactions else None
+            transactions.settings.on_ended, committed = self._ended, transactions.settings.committed
         self.sender = Sender(config, self.clock, self.deliveries, committed)
+        self.deliveries.holding = self.sender.__len__  # acks wait longer while records are held
         self.lanes = Lanes(self.deliveries.draining_lanes)
         self.rate = RateLimit(config.max_rate) if config.max_rate else None
         self.targets = TargetLimits(store, metrics, config.max_rate_per_target, config.lease)
@@ -123,8 +124,7 @@ class Egress:
         self.turns = Turns("mover")
 
     def add_shards(self, shards: set[Shard]) -> None:
-        """Start moving records of newly assigned partitions; the leases their earlier owner
-        left end before the first claim (see take_over.lua)."""
+        """Move records of newly assigned partitions once their earlier owner's leases end."""
         self.taking_over.add(shards)
         self.owned = self.owned | shards
         self._wake.set()

@@ -62,7 +62,6 @@ class Sender:
         self._lock = threading.Lock()
         self._sending = threading.Lock()  # from taking records to producing them (send_due)
         self.wake = threading.Event()  # a record earlier than the sender's plan was held
-        deliveries.holding = self.__len__  # acknowledgements wait longer while records are held
 
     def __len__(self) -> int:
         return len(self._held)

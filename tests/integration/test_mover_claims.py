@@ -134,6 +134,31 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     assert producer.flush(10) == 0
 
 
+def test_acknowledgements_know_while_the_sender_holds_records_claimed_ahead(
+    services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str
+) -> None:
+    # While records claimed ahead wait in memory, the next claim comes within the window, and
+    # acknowledgements wait for it (plan.ack_waits): Deliveries counts what the sender holds.
+    target = topics("out", 1)
+    store = Store(redis_client, f"test-{unique}")
+    shard = Shard("delay", 0)
+    t0 = store.time_ms()
+    later = Scheduled(1, t0 + 3_000, target, b"k", b"later", [], origin("delay", 0, 1))
+    store.add(
+        {shard: (1, [Scheduled(0, t0, target, b"k", b"now", [], origin("delay", 0, 0)), later])}
+    )
+    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
+    config = EgressConfig(batch_size=10, tick=0, send_tick=0, ahead=5_000)
+    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    assert egress.deliveries.holding() == 0
+    egress.add_shards({shard})
+    assert egress.step() >= 1
+    assert len(egress.sender) == 1, "the later record is held, claimed ahead"
+    assert egress.deliveries.holding() == 1
+    egress.sender.release()
+    assert producer.flush(10) == 0
+
+
 class Stalling(Deliveries):
     """Deliveries whose sender thread stalls in the middle of producing a slice of held records
     (the GIL, a busy core) until the test lets it go on; notes the order records are produced in."""
