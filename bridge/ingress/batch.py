@@ -105,8 +105,7 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
         batch.newest_ms[shard] = max(newest, batch.newest_ms.get(shard, newest))
 
     for msg in messages:
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        assert topic is not None and partition is not None and offset is not None  # consumed
+        topic, partition, offset = coords(msg)
         ts_type, ts = msg.timestamp()
         if ts_type == 0:  # no timestamp: the moment it was read stands in
             ts = now_ms

@@ -203,14 +203,10 @@ def decode(blob: bytes, topic: str, partition: int, offset: int) -> Scheduled:
                 data = blob[pos : pos + size]
                 pos += size
             headers.append((name, data))
-            if not code:
-                continue
-            if code == _TARGET_CODE:
-                if target is None:
-                    target = (data or b"").decode()
-            elif code == _ID_CODE:
-                if delay_id is None:
-                    delay_id = (data or b"").decode()
+            if code == _TARGET_CODE and target is None:
+                target = (data or b"").decode()
+            elif code == _ID_CODE and delay_id is None:
+                delay_id = (data or b"").decode()
             elif code >= _RECURRING_CODE:
                 recurring = True
     except (struct.error, IndexError, UnicodeDecodeError):

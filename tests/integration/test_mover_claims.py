@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 import redis
@@ -55,6 +55,18 @@ class WatchedEgress(Egress):
     deliveries_type = Watched
 
 
+E = TypeVar("E", bound=Egress)
+
+
+def egress_of(
+    services: Services, store: Store, config: EgressConfig, kind: type[E]
+) -> tuple[Producer, E]:
+    """A producer on the test broker, and an egress of ``kind`` moving ``store``'s records
+    through it."""
+    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
+    return producer, kind(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+
+
 def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
     services: Services, topics: TopicFactory, redis_client: redis.Redis, unique: str
 ) -> None:
@@ -73,9 +85,8 @@ def test_shards_whose_claims_come_within_half_a_window_are_claimed_in_one_call(
             for o in range(100)
         ]
         store.add({shard: (99, records)})
-    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=500, tick=10, send_tick=10, ahead=100)
-    egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    producer, egress = egress_of(services, store, config, WatchedEgress)
     watched = cast(Watched, egress.deliveries)
     watched.early, watched.produced = [], []
     egress.add_shards(set(shards[:2]))
@@ -108,9 +119,8 @@ def test_deliveries_of_a_retired_incarnation_leave_the_new_records_at_their_offs
     store.layout.bind({shard: "id-1"})
     t0 = store.time_ms()
     store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"old", [], origin("delay", 0, 0))])})
-    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=10, tick=0, send_tick=0, ahead=0)
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    producer, egress = egress_of(services, store, config, Egress)
     egress.add_shards({shard})
     assert egress.step() == 1  # offset 0 of the old incarnation produced, not acknowledged
     retired = store.layout.bind({shard: "id-2"})[shard].retired
@@ -147,9 +157,8 @@ def test_acknowledgements_know_while_the_sender_holds_records_claimed_ahead(
     store.add(
         {shard: (1, [Scheduled(0, t0, target, b"k", b"now", [], origin("delay", 0, 0)), later])}
     )
-    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=10, tick=0, send_tick=0, ahead=5_000)
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    producer, egress = egress_of(services, store, config, Egress)
     assert egress.deliveries.holding() == 0
     egress.add_shards({shard})
     assert egress.step() >= 1
@@ -197,9 +206,8 @@ def test_records_leave_in_the_order_they_were_claimed_whichever_thread_sends_the
         for o, p in enumerate([Priority.HIGH] * 5 + [Priority.NORMAL] * 5)
     ]
     store.add({shard: (9, records)})
-    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
-    egress = SlowSlice(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    producer, egress = egress_of(services, store, config, SlowSlice)
     slow = cast(Stalling, egress.deliveries)
     slow.produced, slow.stalled, slow.go_on = [], threading.Event(), threading.Event()
     egress.add_shards({shard})
@@ -252,9 +260,8 @@ def test_one_claim_of_several_shards_sends_their_records_in_priority_order(
             for o, p in enumerate(priorities)
         ]
         store.add({shard: (len(records) - 1, records)})
-    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
-    egress = WatchedEgress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    producer, egress = egress_of(services, store, config, WatchedEgress)
     watched = cast(Watched, egress.deliveries)
     watched.now_ms, watched.early, watched.produced = t0 + 1, [], []
     egress.add_shards(set(mix))
@@ -288,9 +295,8 @@ def test_a_claim_redis_answers_late_is_logged_with_where_the_mover_s_turn_went(
     shard = Shard("delay", 0)
     t0 = store.time_ms()
     store.add({shard: (0, [Scheduled(0, t0, target, b"k", b"v", [], origin("delay", 0, 0))])})
-    producer = Producer({"bootstrap.servers": services.bootstrap, "linger.ms": 1})
     config = EgressConfig(batch_size=100, tick=10, send_tick=10, ahead=100)
-    egress = Egress(producer, store, Metrics(CollectorRegistry()), config, dead_letter="dlq")
+    producer, egress = egress_of(services, store, config, Egress)
     egress.add_shards({shard})
     store.slow.set()
     stop = threading.Event()
