@@ -31,6 +31,11 @@ FATAL_RESTART_S = 10.0  # and after a fatal error at most this often
 _closing = threading.local()
 
 
+def is_fatal(error: KafkaError) -> bool:
+    """Whether librdkafka failed the consumer for good with ``error``."""
+    return bool(error.fatal()) or error.code() == KafkaError._FATAL
+
+
 def close_aside(consumer: Consumer) -> None:
     """Close a consumer that failed fatally in a thread of its own (see the module's text); what
     its callbacks report meanwhile is its own, not the live consumer's (:func:`closing_aside`)."""
@@ -75,7 +80,10 @@ class Restarts:
         with the same instance id would fence it again: at most every FATAL_RESTART_S."""
         if self.new_consumer is None:
             raise KafkaFault(f"fatal consumer error: {error}")
-        if self.why or time.monotonic() < self._next_fatal:
+        if self.why:  # a restart is due anyway: it closes this consumer aside
+            self.fatal = True
+            return
+        if time.monotonic() < self._next_fatal:
             return
         logger.error(
             "the delay-topic consumer failed: %s; starting it again (if another replica runs "

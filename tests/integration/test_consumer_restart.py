@@ -8,10 +8,11 @@ import logging
 import threading
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from prometheus_client import CollectorRegistry
 
 from bridge.config import from_mapping
+from bridge.ingress.restarts import is_fatal
 from bridge.message import H_AFTER, H_TARGET_TOPIC
 from bridge.service import Service
 from bridge.store import Shard
@@ -150,3 +151,64 @@ def test_a_static_consumer_fenced_fatally_starts_again_and_takes_its_partitions_
         runner.join(60)
         collector.close()
     assert not runner.is_alive()
+
+
+def _fenced(consumer: Consumer) -> bool:
+    """Whether librdkafka failed ``consumer`` fatally (a commit says so without polling, which
+    would hand the ingress the error)."""
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        return is_fatal(exc.args[0])
+    return False
+
+
+def test_a_restart_that_finds_its_consumer_fenced_closes_it_aside_and_joins_again(
+    services: Services, topics: TopicFactory, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart asked for another reason (the unowned-partition watchdog's leave) whose consumer
+    Kafka fenced meanwhile, before the ingress polled the fatal error: leaving the group fails
+    fatally. The consumer is closed aside and a new one joins, where the ingress loop crashed
+    and the bridge stopped (found by the adversary scenario, seed 111)."""
+    group, instance = f"g-{unique}", f"pod-{unique}"
+    service, delay, _ = _service(services, topics, unique, kafka__group_instance_id=instance)
+    everything = {Shard(delay, p) for p in range(3)}
+    ingress = service.ingress
+    caplog.set_level(logging.INFO)
+    intruder = Consumer(
+        {
+            "bootstrap.servers": services.bootstrap,
+            "group.id": group,
+            "group.instance.id": instance,
+            "session.timeout.ms": 6000,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+    )
+    try:
+        ingress.subscribe()
+        wait_for(
+            lambda: ingress.poll_once(0.2) >= 0 and ingress.assigned == everything,
+            60,
+            "the partitions assigned",
+        )
+        intruder.subscribe([delay])
+        wait_for(
+            lambda: intruder.poll(0.2) is None and bool(intruder.assignment()),
+            60,
+            "the intruder assigned the partitions",
+        )
+        fenced = ingress.consumer
+        wait_for(lambda: _fenced(fenced), 60, "the bridge's consumer fenced")
+        ingress.restarts.leave("a test")
+        ingress.poll_once(0.2)
+        assert ingress.consumer is not fenced
+        assert "leaving the group and joining it again: a test" in caplog.text
+        intruder.close()
+        wait_for(
+            lambda: ingress.poll_once(0.2) >= 0 and ingress.assigned == everything,
+            60,
+            "the new consumer assigned the partitions",
+        )
+    finally:
+        intruder.close()
+        ingress.close()
