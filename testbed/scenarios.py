@@ -771,18 +771,25 @@ def _operate(run: Run, bridge: Bridge, rng: random.Random) -> list[str]:
         started = time.monotonic()
         status, body = _get(f"http://127.0.0.1:{port}{path.format(delay=run.delay)}")
         took = time.monotonic() - started
+        if not status:  # nothing listens: the bridge stopped (every fault is over by now)
+            code = None if bridge.proc is None else bridge.proc.poll()
+            wrong.append(f"GET {path}: {body}; the bridge's exit code: {code}")
+            break
         if status >= 500 or "Traceback" in body or took > READ_BOUND_S:
             wrong.append(f"GET {path}: {status} in {took:.1f} s: {body[:200]}")
     return wrong
 
 
 def _get(url: str) -> tuple[int, str]:
-    """GET ``url``: its status and body (a read of the journal or of Kafka takes seconds)."""
+    """GET ``url``: its status and body (a read of the journal or of Kafka takes seconds); 0
+    when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=2 * READ_BOUND_S) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+    except urllib.error.URLError as err:  # refused: status 0
+        return 0, f"unreachable ({err.reason})"
 
 
 def _delays(references: bool) -> tuple[int, int]:
