@@ -74,18 +74,21 @@ class Adds:
         catch_up: CatchUp,
         *,
         partitions: Callable[[], Mapping[str, int]] = dict,
+        counted: Callable[[], Collection[str]] | None = None,
         reads: TopicReads = NO_READS,
         report: Callable[[Added], None] = lambda added: None,
         kept: Callable[[int], None] = lambda count: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``partitions``: each delay topic's partition count; ``reads``: what is read in the
-        delay topic (:class:`TopicReads`); ``report``
-        counts and journals what the cancels did; ``kept`` is told how many cancels are kept
-        whenever that changes."""
+        """``partitions``: each delay topic's partition count; ``counted``: the topics whose
+        count Kafka told (None: all of them) — the others' may fall short, so what a cancel
+        finds nowhere in them is kept until it did; ``reads``: what is read in the delay topic
+        (:class:`TopicReads`); ``report`` counts and journals what the cancels did; ``kept`` is
+        told how many cancels are kept whenever that changes."""
         self._store = store
         self._catch_up = catch_up  # the shards read behind their end, and the known watermarks
         self._partitions = partitions
+        self._counted = counted
         self._reads = reads
         self._report = report
         self.by_shard: dict[Shard, list[Scheduled | Cancel]] = {}
@@ -119,14 +122,18 @@ class Adds:
         return added
 
     def waiting(self, shards: Sequence[Shard], looked: Elsewhere | None = None) -> frozenset[Shard]:
-        """Those of ``shards`` whose topic has another partition not whole in Redis (what
-        :meth:`Store.add` is given as ``keep``, with what its look in the other partitions saw;
-        without it, read in Redis)."""
+        """Those of ``shards`` whose topic has another partition not whole in Redis, or whose
+        partition count Kafka has not told (what :meth:`Store.add` is given as ``keep``, with
+        what its look in the other partitions saw; without it, read in Redis)."""
         catch_up = self._catch_up
         inventory, partitions = self._store.inventory, self._partitions()
-        return not_whole(
+        waiting = not_whole(
             inventory, shards, catch_up.ends, catch_up.marks, partitions, looked, self._reads.logged
         )
+        if self._counted is None:
+            return waiting
+        counted = self._counted()
+        return waiting | {s for s in shards if s.topic not in counted}
 
     def keep(self, kept: Sequence[tuple[Shard, Scheduled | Cancel]]) -> None:
         """Keep these cancels and replacements (:attr:`Added.kept`) until their topics are

@@ -110,6 +110,7 @@ class Ingress:
                 store,
                 catch_up,
                 partitions=lambda: partition_counts(self._partitions(), self.assigned),
+                counted=topics.partitions,
                 reads=reads,
                 report=lambda added: _report(added, metrics, dead_letters.journal, self._clock_ms),
                 kept=metrics.cancels_kept.set,

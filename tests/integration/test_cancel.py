@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.adds import Adds, TopicReads
+from bridge.ingress.consumer import partition_counts
 from bridge.message import H_DUE_AT, Cancel, Priority, Scheduled
 from bridge.store import AckBatch, Added, Elsewhere, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
@@ -641,6 +642,41 @@ def test_a_cancel_read_while_another_replicas_partition_is_read_again_waits_for_
     assert told == [1, 0]
     assert store.inventory.by_id(other, "job") == []
     assert not store.inventory.is_pending(other, 8)
+
+
+def test_a_cancel_read_before_kafka_counted_its_topics_partitions_waits_for_the_count(
+    store: Store,
+) -> None:
+    """Kafka has not told the ingress how many partitions its delay topic has (its describe at
+    the assignment went unanswered): the ingress knows partition 0 alone, the one it reads. The
+    record with id ``job`` waits in partition 2. A cancel of it read in partition 0 finds nothing
+    in the partitions it can name: it is kept, and looks again once Kafka has said the topic
+    has three, and withdraws the record. Done with at once, it was lost: the record was
+    delivered, or a schedule went on firing."""
+    far, now, told = Shard("delay", 2), [100.0], list[float]()
+    job = rec(5, T0 + 6000, "job")
+    store.add({far: (5, [job])})
+    counted: dict[str, int] = {}
+    adds = Adds(
+        store,
+        CatchUp(),
+        partitions=lambda: partition_counts(counted, {SHARD}),
+        counted=lambda: counted,
+        reads=TopicReads(confirm_from([job])),
+        kept=told.append,
+        clock=lambda: now[0],
+    )
+    added = adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+    assert told == [1] and added.not_found == 0
+    now[0] += 1.1
+    adds.look_again()  # still not counted: not yet
+    assert told == [1]
+    counted["delay"] = 3
+    now[0] += 1.1
+    adds.look_again()
+    assert told == [1, 0]
+    assert store.inventory.by_id(far, "job") == []
+    assert not store.inventory.is_pending(far, 5)
 
 
 def test_a_replacement_read_while_another_partition_lost_its_state_replaces_once_it_is_back(
