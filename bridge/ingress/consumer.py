@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from bridge.catchup import CatchUp
 from bridge.config import Config
@@ -26,7 +26,7 @@ from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
 from bridge.ingress.membership import Membership, Owner, TopicFacts
 from bridge.ingress.quotas import Quotas, message_finder
-from bridge.ingress.restarts import Restarts, close_aside, is_fatal
+from bridge.ingress.restarts import Restarts, close_aside, closed, is_fatal
 from bridge.ingress.settled import Settled
 from bridge.journal import Journal
 from bridge.message import Scheduled, wall_ms
@@ -161,13 +161,7 @@ class Ingress:
         self.restarts.take()
         failed = self.consumer
         if not fatal:
-            try:
-                self.membership.close(leave=leaving)
-            except KafkaException as exc:  # fenced since it was asked for, not polled yet
-                if not is_fatal(exc.args[0]):
-                    raise
-                logger.warning("the delay-topic consumer failed before it could close: %s", exc)
-                fatal = True
+            fatal = not closed(lambda: self.membership.close(leave=leaving))
         # What the close did not revoke (its partitions are taken up again by the new one: a
         # static member at once, as a restarted replica is).
         self.membership.release(set(self.assigned))

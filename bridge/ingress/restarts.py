@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from bridge.errors import KafkaFault
 
@@ -34,6 +34,20 @@ _closing = threading.local()
 def is_fatal(error: KafkaError) -> bool:
     """Whether librdkafka failed the consumer for good with ``error``."""
     return bool(error.fatal()) or error.code() == KafkaError._FATAL
+
+
+def closed(close: Callable[[], None]) -> bool:
+    """Run ``close`` (the consumer leaving and closing before a restart); False when it turns out
+    to have failed fatally (fenced since the restart was asked for, before the error was
+    polled): the caller closes it aside, as after any fatal error."""
+    try:
+        close()
+    except KafkaException as exc:
+        if not is_fatal(exc.args[0]):
+            raise
+        logger.warning("the delay-topic consumer failed before it could close: %s", exc)
+        return False
+    return True
 
 
 def close_aside(consumer: Consumer) -> None:
