@@ -114,7 +114,6 @@ class Adds:
             confirm=self._reads.confirm,
             schedules=self._reads.schedules,
             keep=self.waiting,
-            holding=set(self.by_shard),
             reread=self._catch_up.rereads(),
         )
         self._report(added)
@@ -190,7 +189,6 @@ class Adds:
                 self._partitions(),
                 confirm=self._reads.confirm,
                 schedules=self._reads.schedules,
-                holding=waiting,
             )
         except BridgeError as exc:  # Redis, or Kafka for the records the id index names
             logger.warning("cancels and replacements kept did not look again yet: %s", exc)

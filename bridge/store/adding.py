@@ -181,7 +181,6 @@ def add(
         lost = {} if total is None else total.lost
         calls = {s: c for s, c in each.items() if s not in lost}
         added = _add(scripts, keys, inventory, calls, marks, **how)
-        how["holding"] = {*how["holding"], *(s for s, _ in added.kept)}  # for the next rounds
         marks |= {s: high for s, (high, _) in calls.items() if s not in added.lost}
         total = added if total is None else total.plus(added)
     return total if total is not None else Added(0, {})
@@ -200,7 +199,6 @@ def _add(
     confirm: Confirm,
     schedules: Schedules,
     keep: Keep,
-    holding: Collection[Shard],
     reread: Mapping[Shard, int],
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
@@ -277,7 +275,7 @@ def _add(
     waiting = keep(sorted({s for s, _ in missed}), elsewhere) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)
     looked = [(s, r) for s, r in unmatched if partitions.get(s.topic, 0) > 1]
-    _looked_across(scripts, keys, looked, {*holding, *waiting}, kept)
+    _looked_across(scripts, keys, looked, kept)
     missed = [(s, r) for s, r in missed if s not in waiting]
     return _added(counts, lost, unmatched, withdrawn, found, missed, kept)
 
@@ -300,14 +298,13 @@ def look_again(
     partitions: Mapping[str, int],
     confirm: Confirm,
     schedules: Schedules,
-    holding: Collection[Shard],
 ) -> Added:
     """See :meth:`bridge.store.Store.look_again`."""
     elsewhere = withdraw_elsewhere(
         scripts, keys, kept, partitions, confirm=confirm, schedules=schedules
     )
     found = elsewhere.found
-    _looked_across(scripts, keys, kept, {*holding, *(s for s, _ in kept)})
+    _looked_across(scripts, keys, kept)
     cancels = sum(isinstance(r, Cancel) for _, r in kept)
     ended = _across(kept, elsewhere.ended)
     return _added([0, 0, 0, cancels], {}, list(kept), ended, found, _missed(kept, found))
@@ -317,23 +314,22 @@ def _looked_across(
     scripts: Scripts,
     keys: Keys,
     looked: Sequence[tuple[Shard, Scheduled | Cancel]],
-    holding: Collection[Shard],
     kept: Sequence[tuple[Shard, Scheduled | Cancel]] = (),
 ) -> None:
     """What add.lua kept to look for in the topics' other partitions (the shard's withdrawing
     ZSET) was ``looked`` for: forgotten. Until then it holds the offset to commit and is handed
     back by the next add (here, or on the replica that takes the shard over), so no fault
-    between add.lua and the look loses a cancel or a replacement. Of a shard ``holding``
-    cancels kept to look again (``kept``, or of an earlier add) only the entries at the offsets
-    looked for are forgotten (a record's several cancels go together: kept while one of them
-    is); of the others, all of them."""
-    shards = {s for s, _ in looked}
-    if not shards:
+    between add.lua and the look loses a cancel or a replacement. Only the entries at the
+    offsets looked for are forgotten, but those ``kept`` to look again (a record's several
+    cancels go together: kept while one of them is). The rest stay: a shard read again after a
+    take-over holds its last owner's entries at offsets not read again yet, and each is looked
+    for when its cancel is read (add.lua hands back one under the watermark only while its
+    entry stands)."""
+    if not looked:
         return
-    done: dict[Shard, set[int]] = {s: set() for s in shards & set(holding)}
+    done: dict[Shard, set[int]] = {}
     for shard, rec in looked:
-        if shard in done:
-            done[shard].add(rec.offset)
+        done.setdefault(shard, set()).add(rec.offset)
     for shard, rec in kept:
         if shard in done:
             done[shard].discard(rec.offset)
@@ -345,8 +341,6 @@ def _looked_across(
             pipe.zrangebyscore(key, first, last)
         found: list[list[bytes]] = pipe.execute() if spans else []
         pipe = scripts.client.pipeline(transaction=False)
-        for shard in sorted(shards - set(done)):
-            pipe.delete(keys.of(shard).withdrawing)
         for (key, _), members in zip(spans, found, strict=True):
             if members:
                 pipe.zrem(key, *members)

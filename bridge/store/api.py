@@ -8,7 +8,7 @@ never per record.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 import redis
@@ -140,7 +140,6 @@ class Store:
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
         keep: Keep = keep_none,
-        holding: Collection[Shard] = (),
         reread: Mapping[Shard, int] | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
@@ -158,10 +157,10 @@ class Store:
         record a default delay-id names (its due time, and its own delay-id for the journal;
         without it, Redis's whole records are scanned for it). A cancel or a replacement that
         finds nothing in a shard ``keep`` names (its topic not whole in Redis) is kept
-        (:attr:`Added.kept`, and in Redis) to :meth:`look_again`; ``holding``: the shards whose
-        cancels and replacements earlier calls kept. A cancel by its delay-id that finds nothing
-        in a shard ``reread`` names (read again after Redis lost its state, up to the offset
-        given, which Redis keeps) ends a schedule of that id the registry has no word of.
+        (:attr:`Added.kept`, and in Redis) to :meth:`look_again`. A cancel by its delay-id
+        that finds nothing in a shard ``reread`` names (read again after Redis lost its state,
+        up to the offset given, which Redis keeps) ends a schedule of that id the registry has
+        no word of.
         """
         return add_batches(
             self.scripts,
@@ -175,7 +174,6 @@ class Store:
             confirm=confirm,
             schedules=schedules,
             keep=keep,
-            holding=holding,
             reread=reread or {},
         )
 
@@ -186,13 +184,11 @@ class Store:
         *,
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
-        holding: Collection[Shard] = (),
     ) -> Added:
         """Look in the other partitions of their topics, now whole, for what the cancels and
-        replacements :meth:`add` kept name; forget them in Redis (``holding``: as in
-        :meth:`add`)."""
+        replacements :meth:`add` kept name; forget them in Redis."""
         scripts, keys = self.scripts, self._keys
-        return look_again(scripts, keys, kept, partitions, confirm, schedules, holding)
+        return look_again(scripts, keys, kept, partitions, confirm, schedules)
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """Each shard's lowest pending offset, else watermark + 1 (where its rebuild would start),
