@@ -607,6 +607,30 @@ def test_the_ingress_counts_the_cancels_it_keeps_and_asks_redis_once_a_second(
     assert told == [1, 0, 1, 0]
 
 
+def _cancel_of(
+    store: Store,
+    job: Scheduled,
+    told: list[float],
+    now: list[float],
+    *,
+    partitions: Callable[[], Mapping[str, int]],
+    counted: Callable[[], Mapping[str, int]] | None = None,
+) -> tuple[Adds, Added]:
+    """An ingress's :class:`Adds` (its clock ``now[0]``, the cancels it keeps ``told``) that reads
+    ``job`` where the id index names it, and what it made of a cancel of ``job`` read in
+    partition 0."""
+    adds = Adds(
+        store,
+        CatchUp(),
+        partitions=partitions,
+        counted=counted,
+        reads=TopicReads(confirm_from([job])),
+        kept=told.append,
+        clock=lambda: now[0],
+    )
+    return adds, adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+
+
 def test_a_cancel_read_while_another_replicas_partition_is_read_again_waits_for_it(
     store: Store,
 ) -> None:
@@ -619,15 +643,8 @@ def test_a_cancel_read_while_another_replicas_partition_is_read_again_waits_for_
     other, now, told = Shard("delay", 1), [100.0], list[float]()
     store.add({other: (3, [rec(i, T0 + 5000) for i in range(4)])}, reread={other: 10})
     job = rec(8, T0 + 6000, "job")
-    adds = Adds(
-        store,
-        CatchUp(),  # this replica reads partition 0 alone
-        partitions=lambda: {"delay": 2},
-        reads=TopicReads(confirm_from([job])),
-        kept=told.append,
-        clock=lambda: now[0],
-    )
-    added = adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+    # This replica reads partition 0 alone.
+    adds, added = _cancel_of(store, job, told, now, partitions=lambda: {"delay": 2})
     assert told == [1] and added.not_found == 0
     now[0] += 1.1
     adds.look_again()  # partition 1 is still read again: not yet
@@ -692,16 +709,14 @@ def test_a_cancel_read_before_kafka_counted_its_topics_partitions_waits_for_the_
     job = rec(5, T0 + 6000, "job")
     store.add({far: (5, [job])})
     counted: dict[str, int] = {}
-    adds = Adds(
+    adds, added = _cancel_of(
         store,
-        CatchUp(),
+        job,
+        told,
+        now,
         partitions=lambda: partition_counts(counted, {SHARD}),
         counted=lambda: counted,
-        reads=TopicReads(confirm_from([job])),
-        kept=told.append,
-        clock=lambda: now[0],
     )
-    added = adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
     assert told == [1] and added.not_found == 0
     now[0] += 1.1
     adds.look_again()  # still not counted: not yet

@@ -41,6 +41,20 @@ def _service(
     return Service(from_mapping({}, env=env), CollectorRegistry()), delay, target
 
 
+def _intruder(services: Services, group: str, instance: str) -> Consumer:
+    """A consumer with the bridge's group and instance id: once it joins, Kafka fences the
+    bridge's consumer (FENCED_INSTANCE_ID)."""
+    return Consumer(
+        {
+            "bootstrap.servers": services.bootstrap,
+            "group.id": group,
+            "group.instance.id": instance,
+            "session.timeout.ms": 6000,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+    )
+
+
 @pytest.mark.parametrize("member", ["static", "own", "dynamic"])
 def test_a_consumer_started_again_mid_stream_loses_nothing_and_takes_its_partitions_back(
     member: str,
@@ -111,15 +125,7 @@ def test_a_static_consumer_fenced_fatally_starts_again_and_takes_its_partitions_
     caplog.set_level(logging.INFO)
     runner.start()
     collector = Collector(services.bootstrap, [target], f"check-{unique}")
-    intruder = Consumer(
-        {
-            "bootstrap.servers": services.bootstrap,
-            "group.id": group,
-            "group.instance.id": instance,
-            "session.timeout.ms": 6000,
-            "partition.assignment.strategy": "cooperative-sticky",
-        }
-    )
+    intruder = _intruder(services, group, instance)
     try:
         wait_for(lambda: service.ingress.assigned == everything, 60, "the partitions assigned")
         intruder.subscribe([delay])
@@ -175,15 +181,7 @@ def test_a_restart_that_finds_its_consumer_fenced_closes_it_aside_and_joins_agai
     everything = {Shard(delay, p) for p in range(3)}
     ingress = service.ingress
     caplog.set_level(logging.INFO)
-    intruder = Consumer(
-        {
-            "bootstrap.servers": services.bootstrap,
-            "group.id": group,
-            "group.instance.id": instance,
-            "session.timeout.ms": 6000,
-            "partition.assignment.strategy": "cooperative-sticky",
-        }
-    )
+    intruder = _intruder(services, group, instance)
     try:
         ingress.subscribe()
         wait_for(
