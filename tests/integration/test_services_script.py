@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SERVICES, Services, key_values
+from tests.integration.conftest import free_port
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from kafka_cluster_id import cluster_id
@@ -57,3 +60,49 @@ def test_a_cluster_id_never_reads_as_an_option_to_kafka_storage(
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"cluster.id={made}" in (tmp_path / "data" / "meta.properties").read_text()
     assert made == "EAAAAAAAAAAAAAAAAAAAAA"  # the third draw: the second has a "-" inside
+
+
+def test_redis_started_over_a_killed_ones_pid_file_is_waited_for_not_taken_for_exited(
+    tmp_path: Path,
+) -> None:
+    # A killed Redis leaves its pid file. `redis-server --daemonize yes` returns once it has
+    # forked, and the child writes its pid file a moment later: on a busy machine, a check in
+    # between read the dead predecessor's pid and `up redis` died with "redis-server exited"
+    # while the new server was starting (the adversary's Redis restart, seed 121). Here the
+    # child is made to write its pid file a second late.
+    real = shutil.which("redis-server")
+    assert real is not None
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "redis-server").write_text(
+        f'#!/usr/bin/env bash\n( sleep 1; exec {real} "$@" ) >/dev/null 2>&1 </dev/null &\n'
+    )
+    (slow / "redis-server").chmod(0o755)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    state = tmp_path / "state"
+    (state / "redis").mkdir(parents=True)
+    (state / "redis" / "redis.pid").write_text(f"{gone.pid}\n")
+    env = {
+        **os.environ,
+        "PATH": f"{slow}:{os.environ['PATH']}",
+        "DELAY_BRIDGE_STATE_DIR": str(state),
+        "DELAY_BRIDGE_REDIS_PORT": str(free_port()),
+    }
+    try:
+        up = subprocess.run(
+            [str(SERVICES), "up", "redis"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert up.returncode == 0, up.stderr[-2000:]
+        pid = int((state / "redis" / "redis.pid").read_text())
+        assert pid != gone.pid
+        assert "redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    finally:
+        subprocess.run(
+            [str(SERVICES), "down", "redis"], env=env, capture_output=True, timeout=60, check=True
+        )
