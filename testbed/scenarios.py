@@ -1121,6 +1121,9 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     # Two replicas: each fault that kills a bridge kills one of them, the other takes its
     # partitions over meanwhile. Long only: make test's time is spent.
     "adversary-replicas": (adversary(2), None, Size(20_000, 90, 12)),
+    # Records due further out than 2 s kept as references (half the adversary's delays) and read
+    # back a second before due, through the same faults, cancels and operators. Long only.
+    "adversary-references": (adversary(1), None, Size(20_000, 90, 12)),
     # Their short versions: test_recovery.py's test_redis_wiped_while_running_is_rebuilt_from_the_
     # delay_topic and test_incarnation.py's test_a_recreated_delay_topic_is_read_from_its_beginning.
     "redis-lost": (redis_lost(False), None, Size(50_000, 30, 2)),
@@ -1179,7 +1182,9 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
         overrides.update(kafka__producer={"debug": runs.PRODUCER_DEBUG}, logging__level="DEBUG")
     if name == "priority-drain-sigkill":  # the drain takes the run's seconds
         overrides["egress__max_rate"] = max(1, int(size.records / size.seconds))
-    if name == "read-back-sigkill" or name.endswith("-references"):
+    if name == "adversary-references":
+        overrides.update(store__payload_horizon="2s", store__fetch_ahead="1s")
+    elif name == "read-back-sigkill" or name.endswith("-references"):
         overrides.update(store__payload_horizon="6s", store__fetch_ahead="3s")
     ha_set = {"sentinel-failover": "sentinel", "cluster-failover": "redis-cluster"}.get(name)
     if ha_set == "sentinel":
