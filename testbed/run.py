@@ -237,6 +237,15 @@ class Run:
         self.bridges.append(bridge)
         return bridge
 
+    def configure(self, path: str, value: object) -> None:
+        """Set one key (``section__key``, as the overrides name them) of the configuration of the
+        bridges started from now on."""
+        section, key = path.split("__")
+        document = yaml.safe_load(self.config_file.read_text())
+        document.setdefault(section, {})[key] = value
+        self.config_file.write_text(yaml.safe_dump(document))
+        self.overrides[path] = value
+
     def env(self) -> dict[str, str]:
         """The environment of a bridge or a command of this run."""
         redis_url = str(self.overrides.get("redis__url", self.servers.redis_url))

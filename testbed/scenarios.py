@@ -636,14 +636,22 @@ def _stand_still(send: Callable[[signal.Signals], None], seconds: float) -> None
         send(signal.SIGCONT)
 
 
-def adversary(replicas: int) -> Scenario:
+# The adversary's target's rate with lanes (adversary-lanes): about twice the mean rate its
+# records fall due at, so the backlogs its faults leave drain through the rate limit's waits.
+LANES_RATE = 500
+
+
+def adversary(replicas: int, lanes: bool = False) -> Scenario:
     """:func:`_adversary` against ``replicas`` bridges sharing the delay topic's partitions
     (dynamic group members: a replica killed has its partitions taken over by the others
-    until it is back and the group rebalances again)."""
-    return functools.partial(_adversary, replicas=replicas)
+    until it is back and the group rebalances again). ``lanes``: its records in priority lanes,
+    and its target rate-limited (``egress.max_rate_per_target``: LANES_RATE a second)."""
+    return functools.partial(_adversary, replicas=replicas, lanes=lanes)
 
 
-def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -> Result:
+def _adversary(
+    run: Run, size: Size, rng: random.Random, *, replicas: int = 1, lanes: bool = False
+) -> Result:
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
     (:func:`~testbed.workload.adversarial`: ids and default ids of every partition with other
     scripts' digits and numbers past every limit, cancels with hints, sizes around the limit,
@@ -666,7 +674,10 @@ def _adversary(run: Run, size: Size, rng: random.Random, *, replicas: int = 1) -
         PARTITIONS,
         seed=rng.randrange(1 << 30),
         max_bytes=max_bytes,
+        priorities=lanes,
     )
+    if lanes:
+        run.configure("egress__max_rate_per_target", {run.target: LANES_RATE})
     bridges = [run.bridge() for _ in range(replicas)]
     # Recurring schedules beside them, each occurrence checked (testbed.recurring).
     every_ms = 2000
@@ -1124,6 +1135,9 @@ SCENARIOS: dict[str, tuple[Scenario, Size | None, Size]] = {
     # Records due further out than 2 s kept as references (half the adversary's delays) and read
     # back a second before due, through the same faults, cancels and operators. Long only.
     "adversary-references": (adversary(1), None, Size(20_000, 90, 12)),
+    # Its records in priority lanes, its target's rate limited: claims from the rate's wait
+    # index, lanes held back, through the same faults. Long only.
+    "adversary-lanes": (adversary(1, lanes=True), None, Size(20_000, 90, 12)),
     # Their short versions: test_recovery.py's test_redis_wiped_while_running_is_rebuilt_from_the_
     # delay_topic and test_incarnation.py's test_a_recreated_delay_topic_is_read_from_its_beginning.
     "redis-lost": (redis_lost(False), None, Size(50_000, 30, 2)),

@@ -294,15 +294,30 @@ _IDS = ["order-1", "order-2", "order-3", "订单-4", "id:with:colons", "x" * 256
 
 
 def adversarial(
-    count: int, target: str, delay: str, partitions: int, *, seed: int, max_bytes: int
+    count: int,
+    target: str,
+    delay: str,
+    partitions: int,
+    *,
+    seed: int,
+    max_bytes: int,
+    priorities: bool = False,
 ) -> list[Record]:
     """``count`` records an adversary produces at once (seeded): valid ones with and without
     delay-ids, replacements and cancels by caller-given ids and by default ids of any partition
     (real offsets among them) with tails drawn from every script's digits and past every limit,
     cancels with due-time hints, records around ``max_bytes`` (limits.max_record_bytes), and
-    hypothesis-generated header sets (:func:`hostile`)."""
+    hypothesis-generated header sets (:func:`hostile`). ``priorities``: each valid record also
+    in a lane drawn from PRIORITY_MIX (by an RNG of its own: the rest is the same records)."""
     rng = random.Random(seed)
+    lanes = random.Random(seed + 1)
     t = (H_TARGET_TOPIC, target.encode())
+
+    def to_target() -> Headers:
+        if not priorities:
+            return [t]
+        return [t, (H_PRIORITY, lanes.choice(PRIORITY_MIX).label.encode())]
+
     generated = iter(hostile(max(1, count // 5), target, rng.randrange(1 << 30)))
 
     def default_id() -> str:
@@ -321,9 +336,11 @@ def adversarial(
             rng.choice([None, b"k", b"customer-1", bytes([rng.randrange(256)])]),
         )
         if roll < 0.45:
-            out.append(Record([t], key=key, delay_ms=rng.randint(0, 4000)))
+            out.append(Record(to_target(), key=key, delay_ms=rng.randint(0, 4000)))
         elif roll < 0.6:
-            out.append(Record([t, (H_ID, some_id())], key=key, delay_ms=rng.randint(500, 5000)))
+            out.append(
+                Record([*to_target(), (H_ID, some_id())], key=key, delay_ms=rng.randint(500, 5000))
+            )
         elif roll < 0.72:
             out.append(Record([(H_CANCEL, some_id())], key=key))
         elif roll < 0.77:
@@ -331,7 +348,9 @@ def adversarial(
             out.append(Record([(H_CANCEL, some_id()), (H_DUE_AT, hint)], key=key))
         elif roll < 0.82:
             pad = max(0, max_bytes - 200 + rng.randint(-8, 8) * 16)
-            out.append(Record([t, ("pad", b"p" * pad)], key=key, delay_ms=rng.randint(0, 3000)))
+            out.append(
+                Record([*to_target(), ("pad", b"p" * pad)], key=key, delay_ms=rng.randint(0, 3000))
+            )
         else:
             out.append(next(generated, Record([t], key=key, delay_ms=0)))
     return out
