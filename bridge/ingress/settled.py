@@ -14,7 +14,11 @@ need not have gone back past the group's commit for it (the acknowledgements of 
 before the last writes it kept). What was delivered and
 not yet journaled when Redis lost it is delivered again: at most the records in flight then.
 A record that replaced exactly one left out (``delay-replaces``, as the journal's entry says)
-stands: that record is gone because this one replaced it, not because it left before.
+stands: that record is gone because this one replaced it, not because it left before. One left
+out itself (delivered, say) still replaces the record it names when the journal holds no fate of
+that one: a replacement exact is stored only while its record waits, so that record left
+because of it, and its entry never reached the journal (the process stopped between Redis and
+the journal's write).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from bridge.errors import BridgeError, StoreError
 from bridge.journal import CLOCK_SLACK_MS, Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
 from bridge.metrics import Metrics
-from bridge.store import ResumePoint, Shard, Store, replaced_exactly
+from bridge.store import ResumePoint, Shard, Store, due_hint, replaced_exactly
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,11 @@ class Settled:
         self._topic_ids = topic_ids
         self._offsets: dict[Shard, frozenset[int]] = {}
         self._last: dict[Shard, int] = {}
+        self._start: dict[Shard, int] = {}  # where each is read again from
+        # The records before the start that exact replacements name with no fate in the journal
+        # (their entries never reached it), by the first replacement read of each: that one
+        # took it, and a later one came after it (see _late).
+        self._taken: dict[Shard, dict[int, int]] = {}
         # The origins of the records that replaced one of those, by the offset they replaced.
         self._replaced_by: dict[Shard, dict[int, str]] = {}
         # The offsets the journal holds another fate of (delivered, cancelled, dead-lettered),
@@ -129,6 +138,8 @@ class Settled:
                 last = [*offsets, *here, *([end] if (left or ended) and end >= 0 else [])]
                 if last:
                     self._offsets[shard], self._last[shard] = offsets, max(last)
+                    self._start[shard] = start
+                    self._taken[shard] = {}
                     self._replaced_by[shard], self._left[shard] = replaced, left
                     self._delivered[shard] = frozenset(
                         e.offset for e in entries if e.fate == Fate.DELIVERED and e.offset >= start
@@ -219,13 +230,14 @@ class Settled:
                 if isinstance(r, Cancel):
                     kept.append(r)
                     continue
+                late = self._late(shard, r)  # before settled is asked: it notes the first copy
                 if r.continues is not None and r.continues in ended:
                     ended.add(r.offset)  # its schedule ended before it: it is nothing
-                elif r.offset not in settled and not self._late(shard, r):
+                elif r.offset not in settled and not late:
                     kept.append(self._replacing(shard, r))
                     continue
                 dropped += 1
-                left = self._left_out(shard, r)
+                left = self._left_out(shard, r) or self._still_replacing(shard, r)
                 if left is not None:
                     kept.append(left)
             stored[shard] = (high, kept)
@@ -249,6 +261,20 @@ class Settled:
             return Cancel(record.offset, given, record.timestamp_ms, left_out=paused)
         return None
 
+    def _still_replacing(self, shard: Shard, record: Scheduled) -> Cancel | None:
+        """What stands for ``record``, left out as settled, when it replaced exactly a record
+        this re-read reads again with no fate in the journal: that record left because this one
+        replaced it (an exact replacement is stored only while its record waits), and is
+        withdrawn again, journaled as replaced."""
+        named = replaced_exactly(shard, record)
+        if named is None or record.recurring or record.offset not in self._offsets[shard]:
+            return None
+        if named < self._start[shard] or named in self._offsets[shard]:
+            return None
+        hint = due_hint(record.headers)
+        named_id = origin(shard.topic, shard.partition, named)
+        return Cancel(record.offset, named_id, record.timestamp_ms, hint, replaces=True)
+
     def _late(self, shard: Shard, record: Scheduled) -> bool:
         """Whether ``record`` replaces exactly (``delay-replaces``: an operator's fire or
         reschedule) a record whose fate the journal holds, but for being replaced by it: that
@@ -259,7 +285,12 @@ class Settled:
         if named in self._left.get(shard, ()):
             return True
         by = self._replaced_by[shard].get(named)
-        return by is not None and by != origin(shard.topic, shard.partition, record.offset)
+        if by is not None:
+            return by != origin(shard.topic, shard.partition, record.offset)
+        if named >= self._start[shard]:
+            return False  # read again before this one: add.lua knows whether it waits
+        # Before the start, with no fate in the journal: the first replacement read took it.
+        return self._taken[shard].setdefault(named, record.offset) != record.offset
 
     def _replacing(self, shard: Shard, record: Scheduled | Cancel) -> Scheduled | Cancel:
         """``record``, or when it replaced exactly a record this re-read leaves out (the journal
@@ -280,6 +311,8 @@ class Settled:
         """These partitions are no longer read here."""
         for shard in shards & set(self._offsets):
             del self._offsets[shard], self._last[shard], self._replaced_by[shard]
+            self._start.pop(shard, None)
+            self._taken.pop(shard, None)
             self._left.pop(shard, None)
             self._delivered.pop(shard, None)
             self._ended.pop(shard, None)

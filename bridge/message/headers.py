@@ -284,6 +284,10 @@ class Cancel:
     # (the journal says so): the schedule went no further, and ends here if the registry has it
     # at an earlier record. It withdraws nothing.
     left_withdrawn: bool = field(default=False, compare=False)
+    # A record a re-read left out (the journal holds its fate) that replaced exactly
+    # (``delay-replaces``) the record this default delay-id names: a cancel of that record,
+    # journaled as replaced, for it left because of this one (bridge.ingress.settled).
+    replaces: bool = field(default=False, compare=False)
 
     def each(self) -> list[Cancel]:
         """One cancel per delay-id the record names, in its order."""

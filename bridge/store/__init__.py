@@ -1,6 +1,6 @@
 """The Redis store: one shard per delay-topic partition, every read-then-write a Lua script."""
 
-from bridge.store.across import Elsewhere, not_whole, replaced_exactly
+from bridge.store.across import Elsewhere, due_hint, not_whole, replaced_exactly
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
 from bridge.store.ids import Confirm, Logged, Schedules, id_hash, unconfirmed, undated, unlogged
@@ -55,6 +55,7 @@ __all__ = [
     "as_store_error",
     "default_id_offset",
     "due_counts",
+    "due_hint",
     "due_of",
     "glob_escape",
     "id_hash",

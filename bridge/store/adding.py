@@ -433,5 +433,5 @@ def _withdrawn(
     """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms): named by the
     delay-id of its own (``own_id``) when it has one, else by the one ``record`` named."""
     shard, offset, due = where
-    cancel = isinstance(record, Cancel)
+    cancel = isinstance(record, Cancel) and not record.replaces
     return Withdrawn(shard, offset, due, own_id or record.delay_id, by, record.offset, cancel)

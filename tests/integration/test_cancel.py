@@ -16,7 +16,7 @@ from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.adds import Adds, TopicReads
 from bridge.ingress.consumer import partition_counts
-from bridge.message import H_DUE_AT, Cancel, Priority, Scheduled
+from bridge.message import H_DUE_AT, H_REPLACES, Cancel, Priority, Scheduled
 from bridge.store import AckBatch, Added, Elsewhere, Shard, Store, id_hash, offset_bytes, offset_of
 from bridge.store.ids import read_index
 from tests.conftest import Services, confirm_from, delete_keys
@@ -434,6 +434,32 @@ def test_a_record_with_a_default_id_as_its_delay_id_replaces_that_record(store: 
         4: ("delay:0:2", b"far now"),
         5: ("delay:0:0", b"whole again"),
     }
+
+
+def test_of_exact_copies_of_a_record_below_the_floor_only_the_first_is_stored(
+    store: Store,
+) -> None:
+    """A state rebuilt from offset 10 (its floor) cannot know offset 5, which operators fired
+    three times (each saw it waiting: ``delay-replaces`` names it, ``delay-due-at`` its due
+    time). The first copy stands for the replacement 5 had, by its id; a later copy of 5 came
+    after that one took it, and is nothing. Each replacing by its id, the second and third were
+    stored once the one before was claimed, and each was delivered: one record three times (the
+    adversary with references, seed 4)."""
+    apply(store, rec(10, T0 + 10**9))  # the state's floor
+
+    def copy(offset: int, value: bytes) -> Scheduled:
+        fired = rec(offset, T0, "delay:0:5", value)
+        fired.headers.extend([(H_REPLACES, b"delay:0:5"), (H_DUE_AT, b"%d" % (T0 + 5000))])
+        return fired
+
+    assert apply(store, copy(11, b"first")).count == 1
+    assert waiting(store, T0) == {11: ("delay:0:5", b"first")}  # claimed
+    for offset, value in ((12, b"second"), (13, b"third")):
+        added = apply(store, copy(offset, value))
+        assert (added.count, added.not_found) == (0, 1), value
+    assert waiting(store, T0) == {}
+    # Read again (a re-read below the watermark applies nothing twice), the first stays itself.
+    assert apply(store, copy(11, b"first")).count == 0
 
 
 def test_a_record_with_several_cancels_withdraws_each_record_it_names(store: Store) -> None:

@@ -4,6 +4,7 @@ an operator or a producer withdrew stays withdrawn."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import cast
@@ -41,9 +42,11 @@ from testbed.harness import (
     wipe,
     with_session_timeout,
 )
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.integration.test_journal import counts_through
 from tests.integration.test_recovery import committed
+
+FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 pytestmark = pytest.mark.integration
 
@@ -305,6 +308,62 @@ def test_a_copy_whose_record_was_delivered_before_it_came_stays_out_of_a_rebuild
     counts = counts_through(setup, b"after the rebuild", 60)
     assert b"the copy" not in counts, bridge.output()[-3000:]
     assert counts[b"fired"] == counts[b"after"] == 1
+
+
+def test_a_copy_that_was_delivered_still_replaces_its_record_in_a_rebuild_that_reads_it_back(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """An operator fired a record (a copy due now that replaces exactly the record at its
+    origin): the copy withdrew the record and was delivered. The record's withdrawal never
+    reached the journal — the process was SIGKILLed between add.lua and the journal's write (the
+    adversary with references, seed 4: the operator's bulk fire, then the fault at once) — and
+    Redis then lost everything. The rebuild reads the record again, with no fate in the journal,
+    and leaves the copy out (the journal holds it delivered): the record was stored again and
+    delivered at its due time, twice what the operator fired once. A copy stored at all replaced
+    its record then: the rebuild withdraws it again."""
+    bridge = setup.bridge()
+    bridge.env.update(JOURNAL_LOSE_WITHDRAWN="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridges.append(bridge.start())
+    wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
+    target = setup.targets[0].encode()
+    due = time.time_ns() // 1_000_000 + 15_000
+    first: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]),  # the rebuild point
+        (0, b"fired", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due)]),
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, first)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "the two stored")
+    copy: list[tuple[int, bytes | None, Headers]] = [
+        (
+            0,
+            b"the copy",
+            [
+                (H_TARGET_TOPIC, target),
+                (H_AFTER, b"0ms"),
+                (H_ID, f"{setup.delay}:0:1".encode()),  # the command line's copy: its id
+                (H_REPLACES, f"{setup.delay}:0:1".encode()),
+            ],
+        )
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, copy)
+    assert counts_through(setup, b"the copy", 30)[b"the copy"] == 1
+    wait_for(
+        lambda: (
+            metric(bridge, "delay_bridge_delivered_total") >= 1
+            and metric(bridge, "delay_bridge_journal_pending") == 0
+        ),
+        30,
+        "the copy's delivery journaled",
+    )
+    assert wipe(setup) > 0
+    wait_for(lambda: metric(bridge, "delay_bridge_rebuilds_total") >= 1, 30, "the rebuild")
+    marker: list[tuple[int, bytes | None, Headers]] = [
+        (0, b"after", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % (due + 2000))])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, marker)
+    counts = counts_through(setup, b"after", 60)
+    assert b"fired" not in counts, bridge.output()[-3000:]
+    assert counts[b"the copy"] == 1
 
 
 def test_a_partition_read_again_up_to_a_transactions_marker_says_so_in_redis_when_it_ends(

@@ -298,3 +298,38 @@ def test_a_record_that_replaced_exactly_one_left_out_stands(start: int) -> None:
     settled.drop(stored)
     kept = {r.offset: r.headers for r in stored[A][1] if isinstance(r, Scheduled)}
     assert kept[4] == [] and 5 not in kept and kept[3] == []
+
+
+@pytest.mark.parametrize("first_delivered", [False, True], ids=["waiting", "delivered"])
+def test_of_exact_copies_of_a_record_before_the_start_with_no_fate_the_first_stands(
+    first_delivered: bool,
+) -> None:
+    """Offset 1 (before the start, 3) has no fate in the journal: its entry never reached it.
+    Three operators' copies of it (each made while they saw it waiting) are read again: the
+    first took it (stored, or left out as delivered), and the later two came after it and are
+    nothing. Stored all three as replacements by their id, each was delivered once the one
+    before it was claimed (the adversary with references, seed 4: one record three times)."""
+    reader = FakeReader({A: frozenset({4} if first_delivered else {9})})
+    settled = Settled(lambda: cast(JournalReader, reader))
+    settled.load({A: 3})
+    records: list[Scheduled | Cancel] = [rec(3), exact(4, 1), exact(6, 1), exact(8, 1)]
+    stored = {A: (8, records)}
+    settled.drop(stored)
+    assert [r.offset for r in stored[A][1]] == ([3] if first_delivered else [3, 4])
+
+
+def test_an_exact_copy_left_out_as_delivered_withdraws_its_record_read_again_with_no_fate() -> None:
+    """Offset 2 is read again with no fate in the journal (its withdrawal's entry never reached
+    it), and offset 4, which replaced it exactly, is left out as delivered: in its place a
+    cancel of 2's default id that withdraws it, journaled as replaced; 6, a copy of 1 (before
+    the start: not read again), leaves nothing."""
+    reader = FakeReader({A: frozenset({4, 6})})
+    settled = Settled(lambda: cast(JournalReader, reader))
+    settled.load({A: 2})
+    records: list[Scheduled | Cancel] = [rec(2), exact(4, 2), exact(6, 1)]
+    stored = {A: (6, records)}
+    settled.drop(stored)
+    [kept, marker] = stored[A][1]
+    assert kept.offset == 2
+    assert isinstance(marker, Cancel) and marker.replaces
+    assert (marker.offset, marker.delay_id) == (4, origin("delay", 0, 2))

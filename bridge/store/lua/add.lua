@@ -31,6 +31,8 @@ KEYS[2]  meta           HASH  field "ingested" -> highest offset handled, "writt
                               moved on (epoch ms, Redis's clock; acknowledgements too: see ack
                               in _lib.lua)
                               "floor" -> the lowest offset this state applied (set once),
+                              "copied" and an offset below it -> the exact replacement of that
+                              record this state stored (see ARGV[6 + 2V]),
                               ("withdrawing": earlier code's KEYS[13], moved there)
 KEYS[3]  low index      ZSET  offset bucket -> 0 (see _lib.lua, mark_pending)
 KEYS[4]  pending        HASH  offset bucket -> bitmap of its pending offsets
@@ -68,7 +70,8 @@ ARGV[6 + 2V] W, then W triples: the offset of a record of this batch whose calle
           record (it replaces it as a cancel of that id would withdraw it), and "1" for the exact
           one ("" else): that record only, and nothing when this shard's state knows it no longer
           waits (claimed, or settled since the state's floor: see below); when the state cannot
-          know (an offset below its floor), a replacement by its delay-id as any other
+          know (an offset below its floor), the first such replacement of it is one by its
+          delay-id as any other, and a later one nothing (meta "copied" and its offset)
 ARGV[7 + 2V + 3W] flags: "a" when the topic has other partitions: each entry that finds nothing
           here is kept in KEYS[13] until the caller, having looked for it there, removes it; an
           entry at or below the watermark still kept there is reported
@@ -456,6 +459,20 @@ local function settled_before(offset, own)
   local n = hi * 4294967296 + lo
   return floor and n >= floor and n < tonumber(own)
 end
+-- An exact replacement of a record below the floor, which this state cannot know: the first one
+-- read stands for the replacement the record had, as a replacement by its id, and is noted in
+-- meta ("copied" and the record's offset); a later one of the same record came after that one
+-- took it (or after it left), and is nothing. Copies of one record made by operators who each
+-- saw it waiting were each stored after a rebuild that started past it, and each delivered.
+local function taken_before(offset, own)
+  local field = 'copied' .. offset
+  local first = redis.call('HGET', KEYS[2], field)
+  if first then
+    return first ~= own
+  end
+  redis.call('HSET', KEYS[2], field, own)
+  return false
+end
 local function withdrew(offset, due, by, by_default, member)
   withdrawn[#withdrawn + 1] = offset
   withdrawn[#withdrawn + 1] = due
@@ -655,7 +672,10 @@ for i = first, #ARGV, 5 do
         end
       end
       local late = exact and not done and (flight or settled_before(offset, ARGV[i]))
-      if exact and not done and not late then  -- this state cannot know: by its id
+      if exact and not done and not late then  -- this state cannot know: the first stands
+        late = taken_before(offset, ARGV[i])
+      end
+      if exact and not done and not late then  -- by its id
         done, offset, at = withdraw(shard, id, hash, vouched, written)
         by_default = false
       end

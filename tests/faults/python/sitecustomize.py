@@ -7,7 +7,9 @@ first N looks for what cancels name in other partitions fail as a broker bounce 
 transactional producer of each delay-topic partition P does not start (as an ACL refusing its
 transactional id would). With ``JOURNAL_HANG_AFTER=N``, the N-th transaction to journal its
 records stalls once its journal entries are at the broker, before its commit (a process that
-stops mid-commit: the test SIGKILLs it), leaving that transaction open in the journal."""
+stops mid-commit: the test SIGKILLs it), leaving that transaction open in the journal. With ``JOURNAL_LOSE_WITHDRAWN=1``, what cancels and
+replacements withdrew is never journaled, as when the process is SIGKILLed after add.lua applied
+them and before the journal's producer had the entries written."""
 
 import os
 from typing import Any
@@ -82,3 +84,11 @@ if _HANG[0]:
             time.sleep(3600)  # the commit never comes
 
     setattr(writer.Journal, "delivered", _stalling)  # noqa: B010
+
+if os.environ.get("JOURNAL_LOSE_WITHDRAWN"):
+    from bridge.journal import writer as lost_writer
+
+    def _lost(self: Any, records: Any, at_ms: int) -> None:
+        return None
+
+    setattr(lost_writer.Journal, "withdrawn", _lost)  # noqa: B010
