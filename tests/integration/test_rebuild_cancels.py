@@ -326,7 +326,7 @@ def test_a_copy_that_was_delivered_still_replaces_its_record_in_a_rebuild_that_r
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
-    due = time.time_ns() // 1_000_000 + 15_000
+    due = time.time_ns() // 1_000_000 + 8_000
     first: list[tuple[int, bytes | None, Headers]] = [
         (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]),  # the rebuild point
         (0, b"fired", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due)]),
