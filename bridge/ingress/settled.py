@@ -16,7 +16,7 @@ not yet journaled when Redis lost it is delivered again: at most the records in 
 A record that replaced exactly one left out (``delay-replaces``, as the journal's entry says)
 stands: that record is gone because this one replaced it, not because it left before. One left
 out itself (delivered, say) still replaces the record it names when the journal holds no fate of
-that one: a replacement exact is stored only while its record waits, so that record left
+that one: an exact replacement is stored only while its record waits, so that record left
 because of it, and its entry never reached the journal (the process stopped between Redis and
 the journal's write).
 """
