@@ -208,8 +208,7 @@ class Run:
         self.overrides = dict(overrides or {})
         self.ha_nodes: list[str] = []  # the nodes of a Sentinel set or cluster the run is on
         for path, value in (overrides or {}).items():
-            section, key = path.split("__")
-            document.setdefault(section, {})[key] = value  # type: ignore[index]
+            _put(document, path, value)
         self.config_file = self.dir / "bridge.yaml"
         self.config_file.write_text(yaml.safe_dump(document))
         self.bridges: list[Bridge] = []
@@ -240,9 +239,8 @@ class Run:
     def configure(self, path: str, value: object) -> None:
         """Set one key (``section__key``, as the overrides name them) of the configuration of the
         bridges started from now on."""
-        section, key = path.split("__")
         document = yaml.safe_load(self.config_file.read_text())
-        document.setdefault(section, {})[key] = value
+        _put(document, path, value)
         self.config_file.write_text(yaml.safe_dump(document))
         self.overrides[path] = value
 
@@ -390,3 +388,9 @@ class Run:
         for future in self.admin.delete_topics(gone).values():
             with contextlib.suppress(Exception):  # the topics are unique anyway
                 future.result(timeout=30)
+
+
+def _put(document: dict[str, object], path: str, value: object) -> None:
+    """Set ``path`` (``section__key``, as the overrides name it) in a configuration document."""
+    section, key = path.split("__")
+    document.setdefault(section, {})[key] = value  # type: ignore[index]

@@ -264,6 +264,20 @@ def _committed_at(group: Consumer, tp: TopicPartition) -> bool:
     return True
 
 
+def _fired_copy(setup: Setup, offset: int, after: bytes) -> tuple[int, bytes | None, Headers]:
+    """``b"the copy"``: the command line's ``fire`` of partition 0's record at ``offset`` (its
+    default id as the copy's, and the record it replaces exactly), due ``after`` it is read."""
+    named = f"{setup.delay}:0:{offset}".encode()
+    target = setup.targets[0].encode()
+    headers: Headers = [
+        (H_TARGET_TOPIC, target),
+        (H_AFTER, after),
+        (H_ID, named),
+        (H_REPLACES, named),
+    ]
+    return 0, b"the copy", headers
+
+
 def test_a_copy_whose_record_was_delivered_before_it_came_stays_out_of_a_rebuild(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
@@ -284,16 +298,7 @@ def test_a_copy_whose_record_was_delivered_before_it_came_stays_out_of_a_rebuild
     assert counts_through(setup, b"fired", 60)[b"fired"] == 1
     wait_for(lambda: committed(setup)[1] == 1, 30, "the rebuild point past the delivered record")
     copy: list[tuple[int, bytes | None, Headers]] = [
-        (
-            0,
-            b"the copy",
-            [
-                (H_TARGET_TOPIC, target),
-                (H_AFTER, b"1s"),
-                (H_ID, f"{setup.delay}:0:0".encode()),  # the command line's copy: its id
-                (H_REPLACES, f"{setup.delay}:0:0".encode()),
-            ],
-        ),
+        _fired_copy(setup, 0, b"1s"),
         (0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"2s")]),
     ]
     produce_to(setup.services.bootstrap, setup.delay, copy)
@@ -333,19 +338,7 @@ def test_a_copy_that_was_delivered_still_replaces_its_record_in_a_rebuild_that_r
     ]
     produce_to(setup.services.bootstrap, setup.delay, first)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "the two stored")
-    copy: list[tuple[int, bytes | None, Headers]] = [
-        (
-            0,
-            b"the copy",
-            [
-                (H_TARGET_TOPIC, target),
-                (H_AFTER, b"0ms"),
-                (H_ID, f"{setup.delay}:0:1".encode()),  # the command line's copy: its id
-                (H_REPLACES, f"{setup.delay}:0:1".encode()),
-            ],
-        )
-    ]
-    produce_to(setup.services.bootstrap, setup.delay, copy)
+    produce_to(setup.services.bootstrap, setup.delay, [_fired_copy(setup, 1, b"0ms")])
     assert counts_through(setup, b"the copy", 30)[b"the copy"] == 1
     wait_for(
         lambda: (
