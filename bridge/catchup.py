@@ -52,6 +52,9 @@ class CatchUp:
         self._behind: dict[Shard, tuple[int, float]] = {}
         self._told: set[Shard] = set()  # shards read behind whose holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
+        # Shards none of whose records is claimed new, whatever is read: what the journal holds
+        # as settled is not yet forgotten in Redis (bridge.ingress.settled).
+        self._held: set[Shard] = set()
         # The Redis watermark of each owned shard as the ingress last read or wrote it: written
         # by the ingress's thread (bridge.positions), copied whole by the mover's (one C call
         # under the GIL), which claims nothing new from a shard Redis has rolled back below it.
@@ -109,6 +112,14 @@ class CatchUp:
             else:
                 self._blocked.discard(shard)
 
+    def hold(self, shard: Shard, held: bool) -> None:
+        """Claim no record of ``shard`` that was not claimed before (or claim again)."""
+        with self._lock:
+            if held:
+                self._held.add(shard)
+            else:
+                self._held.discard(shard)
+
     def reached(self, shard: Shard, position: int) -> bool:
         """The ingress's next offset to read in ``shard`` is ``position``; returns whether that
         ended a re-read after Redis lost the shard (:meth:`rereads`)."""
@@ -132,6 +143,7 @@ class CatchUp:
             self._behind.pop(shard, None)
             self._told.discard(shard)
             self._blocked.discard(shard)
+            self._held.discard(shard)
 
     def ends(self) -> dict[Shard, int]:
         """The shards being caught up on, with the offset each must reach."""
@@ -149,9 +161,17 @@ class CatchUp:
         return dict(self.marks)
 
     def horizons(self) -> dict[Shard, int]:
-        """Shard -> the due time up to which its records may be claimed, for shards behind."""
+        """Shard -> the due time up to which its records may be claimed, for shards behind (and
+        -1 for those held: none)."""
         with self._lock:
-            return dict(self._horizons)
+            return self._limits()
+
+    def _limits(self) -> dict[Shard, int]:
+        return (
+            {**self._horizons, **dict.fromkeys(self._held, -1)}
+            if self._held
+            else dict(self._horizons)
+        )
 
     def past(
         self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
@@ -165,7 +185,7 @@ class CatchUp:
         ``in_flight``, is not: it was claimed before, and is past cancel."""
         now = self._clock()
         with self._lock:
-            horizons = dict(self._horizons)
+            horizons = self._limits()
             moving = {s for s, (_, since) in self._behind.items() if now - since < STALLED_S}
             moving |= self._blocked
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}

@@ -117,12 +117,12 @@ def _spans(config: Config) -> Spans | None:
     return Spans.start(config)
 
 
-def _settled(service: Service) -> Settled:
+def _settled(service: Service, catch_up: CatchUp) -> Settled:
     """What the ingress leaves out of a re-read, as the journal says (topics.journal "": none)."""
-    config = service.config
+    config, store = service.config, service.store
     reader = (lambda: JournalReader(config)) if config.topics.journal else None
-    before = service.egress.before_rebuild
-    return Settled(reader, service.store, service.topics.known, before, service.metrics)
+    before, known = service.egress.before_rebuild, service.topics.known
+    return Settled(reader, store, known, before, service.metrics, catch_up.hold)
 
 
 def _starting(config: Config, instance: str) -> None:
@@ -234,7 +234,7 @@ class Service:
             owner=Owner(self.egress.add_shards, self._on_revoke, self.egress.notify),
             readiness=self.readiness,
             catch_up=catch_up,
-            settled=_settled(self),
+            settled=_settled(self, catch_up),
             reads=TopicReads(self.id_reader, self.id_reader.schedules, self.id_reader.logged),
             spans=spans,
         )

@@ -190,6 +190,7 @@ class Ingress:
                 return 0
             self._resume()
         self.holds.read_again(self.consumer, self.assigned)
+        self.membership.settled.settle_held()
         messages = self._consume(timeout)
         if not messages:
             self.membership.caught_up()

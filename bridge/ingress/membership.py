@@ -113,13 +113,14 @@ class Membership:
         shards = [Shard(tp.topic, tp.partition) for tp in partitions]
         retired: set[Shard] = set()
         replaced: dict[Shard, Bound] = {}
+        unread: list[Shard] = []  # Redis did not say what it holds of these
         try:
             replaced = self.positions.bind(shards)
             points = self.store.inventory.resume_points(shards)
             retired = self.store.layout.retired(shards)
         except StoreError:
             logger.warning("redis unreachable at assignment; resuming from the rebuild points")
-            points = {}
+            points, unread = {}, shards
         marks = {s: point.mark for s, point in points.items()}
         # Read again after a loss by an earlier owner, part-way.
         unfinished = {s for s, point in points.items() if point.reread}
@@ -158,6 +159,7 @@ class Membership:
             starts,
             again=[s for s in stored if s not in marks or s in rolled_back or s in unfinished],
             points=points,
+            unread=unread,
         )
         self.positions.assigned.update(shards)
         self.lost = frozenset()  # the group formed again: what is not ours now is another's
@@ -249,6 +251,7 @@ class Membership:
         starts: Mapping[Shard, int],
         again: Collection[Shard] = (),
         points: Mapping[Shard, ResumePoint] | None = None,
+        unread: Collection[Shard] = (),
     ) -> None:
         """The consumer reads these shards from these offsets (OFFSET_BEGINNING: the log's
         start): hold their due records until it reaches where each partition ends now (see
@@ -258,7 +261,8 @@ class Membership:
         journal is read from its start's record, or from when Redis last took a write of it
         if that is earlier (its resume point's ``written``, at an assignment: ``points``).
         Those read ``again`` (stored before, and Redis lost them) are marked so in Redis until
-        they reach their end."""
+        they reach their end. Those ``unread`` (Redis did not give their resume points) claim
+        nothing until Redis answers and that is done (:meth:`Settled.settle_held`)."""
         reread: dict[Shard, int] = {}
         ends: dict[Shard, int] = {}
         for shard, asked in starts.items():
@@ -284,10 +288,10 @@ class Membership:
             # back when it lost the acknowledgements among its last writes: the journal from
             # the last write it kept says.
             point = (points or {}).get(shard)
-            if start < end or (point is not None and point.written is not None):
+            if start < end or shard in unread or (point is not None and point.written is not None):
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
-        self.settled.load(reread, ends, points)
+        self.settled.load(reread, ends, points, unread)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

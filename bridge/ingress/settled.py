@@ -7,12 +7,11 @@ replaced or dead-lettered since. Redis, which knew, lost it; the journal did not
 re-read starts, the journal's entries for the partition from there on are read (located by the
 time of the first record re-read, :meth:`JournalReader.settled`), and those records are left
 out of what is stored again. When Redis lost only its latest writes (a failover, an AOF tail),
-the acknowledgements among them are lost too, and the records they removed are back, waiting or
-in flight: the journal's entries from there on name them, and they are forgotten in Redis
-(settle.lua) before the partition's claims resume — on every read again, as Redis's watermark
-need not have gone back past the group's commit for it (the acknowledgements of records stored
-before the last writes it kept). What was delivered and
-not yet journaled when Redis lost it is delivered again: at most the records in flight then.
+the records whose acknowledgements were among them are back: the journal's entries name them,
+and they are forgotten in Redis before the partition's claims resume (bridge.ingress.put_back)
+— on every read again, as Redis's watermark need not have gone back past the group's commit
+for it. What was delivered and not yet journaled when Redis lost it is delivered again: at most
+the records in flight then.
 A record that replaced exactly one left out (``delay-replaces``, as the journal's entry says)
 stands: that record is gone because this one replaced it, not because it left before. One left
 out itself (delivered, say) still replaces the record it names when the journal holds no fate of
@@ -25,11 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
-from bridge.errors import BridgeError, StoreError
-from bridge.journal import CLOCK_SLACK_MS, Entry, Fate, JournalReader
+from bridge.ingress.put_back import PutBack, Unsettled, before
+from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
 from bridge.metrics import Metrics
 from bridge.store import ResumePoint, Shard, Store, due_hint, replaced_exactly
@@ -47,14 +45,15 @@ class Settled:
         topic_ids: Callable[[], Mapping[str, str]] = dict,
         before_read: Callable[[set[Shard]], None] = lambda shards: None,
         metrics: Metrics | None = None,
+        hold: Callable[[Shard, bool], None] = lambda shard, held: None,
     ):
         self._reader = reader  # None: no journal
-        self._store = store
-        self._metrics = metrics  # counts what it forgets (delay_bridge_redeliveries_avoided)
         # What is in flight of the partitions commits first (Egress.before_rebuild).
         self._before_read = before_read
         # The delay topics' ids as last heard: entries of an earlier incarnation are not these.
         self._topic_ids = topic_ids
+        # Forgets in Redis what a rollback put back, holding a shard's claims (hold) until it has.
+        self.put_back = PutBack(store, reader, topic_ids, metrics, hold)
         self._offsets: dict[Shard, frozenset[int]] = {}
         self._last: dict[Shard, int] = {}
         self._start: dict[Shard, int] = {}  # where each is read again from
@@ -85,6 +84,7 @@ class Settled:
         starts: Mapping[Shard, int],
         ends: Mapping[Shard, int] | None = None,
         points: Mapping[Shard, ResumePoint] | None = None,
+        unread: Collection[Shard] = (),
     ) -> None:
         """These partitions are read from these offsets (up to ``ends``, where each partition
         ended then; one that starts there has nothing to read again): learn what of them is
@@ -95,36 +95,27 @@ class Settled:
         each shard's resume point in Redis. The journal is read from when their start's record
         was produced, or from the last write Redis kept of them (``ResumePoint.written``) if
         that is earlier: the acknowledgements it lost came after — but only while records due
-        wait in Redis (:meth:`_put_back_since`), and one with nothing to read again is not read
+        wait in Redis (:meth:`PutBack.fates`), and one with nothing to read again is not read
         at all without them. What it holds up to the watermark is forgotten too, when the start
         is below it (a cancel kept to look for in other partitions): the re-read does not store
         those records again, Redis has them. Records found in flight are left leased, for the
         take-over's reconciliation to look up (bridge.journal.reconcile) — an earlier owner
-        left them so, whether Redis lost anything or not."""
+        left them so, whether Redis lost anything or not. ``unread``: shards whose resume point
+        Redis did not give at the assignment (it was loading its data set, say): it may hold
+        any of their records, put back or not, so their claims wait until it answers and what
+        the journal holds is forgotten there as above (:meth:`settle_held`). Nor do those of a
+        shard whose forget Redis refused."""
         if self._reader is None or not starts:
             return
         self._before_read(set(starts))
+        self.put_back.after_redis(set(unread) & set(starts), starts, ends or {})
         reader, ids = self._reader(), self._topic_ids()
         try:
             for shard, start in starts.items():
                 point = (points or {}).get(shard)
-                since = self._put_back_since(shard, point.written if point else None)
                 at_end = start >= (ends or {}).get(shard, start + 1)
-                if at_end and since is None:
-                    continue  # nothing to read again, and nothing Redis put back to look for
-                try:
-                    entries = reader.fates(
-                        shard, start, ids.get(shard.topic, ""), since_ms=since, at_end=at_end
-                    )
-                except BridgeError as exc:
-                    logger.warning(
-                        "journal not read for the re-read of %s[%d] from offset %d (%s): "
-                        "records delivered since are delivered again",
-                        shard.topic,
-                        shard.partition,
-                        start,
-                        exc,
-                    )
+                entries = self.put_back.fates(reader, shard, start, point, at_end, ids)
+                if entries is None:
                     continue
                 offsets = frozenset(e.offset for e in entries if e.offset >= start)
                 # Those replaced before the start too: a rollback forgets them (below) in Redis.
@@ -154,57 +145,16 @@ class Settled:
                         start,
                         len(offsets),
                     )
-                below = max(start, point.mark + 1) if point else start
-                before = [e for e in entries if e.offset < below]
-                self._forget_put_back(shard, before, leased=points is None)
+                if shard not in unread:  # else forgotten once Redis answers (settle_held)
+                    put_back = before(entries, start, point)
+                    self.put_back.forget(shard, Unsettled(start, at_end, put_back, points is None))
         finally:
             reader.close()
 
-    def _put_back_since(self, shard: Shard, written: int | None) -> int | None:
-        """From when the journal holds the fates of records a rollback may have put back among
-        ``shard``'s waiting ones, or None: from the last write Redis kept of it (``written``),
-        but only if a record due waits there, and not before the oldest such record's due time
-        (never delivered, so never journaled, before it). A record due later waits as it
-        should: never delivered, nothing put it back."""
-        if written is None or self._store is None:
-            return written
-        try:  # due by this host's clock, or a peer's up to the slack ahead of it
-            backlog = self._store.backlog([shard], now_ms=int(time.time() * 1000) + CLOCK_SLACK_MS)
-        except StoreError:
-            return written
-        oldest = backlog.oldest_due_ms
-        return None if oldest is None else max(written, oldest)
-
-    def _forget_put_back(self, shard: Shard, entries: list[Entry], leased: bool) -> None:
-        """Forget in Redis the records a rollback put back after their fate was journaled (their
-        acknowledgement was among the writes lost): they would be delivered again. ``leased``:
-        those in flight too."""
-        if self._store is None or not entries:
-            return
-        try:
-            forgotten = self._store.settle(
-                shard, [(e.offset, e.due_ms, e.delay_id) for e in entries], leased=leased
-            )
-        except StoreError as exc:
-            logger.warning(
-                "%s[%d]: records the journal holds as settled not forgotten in Redis (%s): "
-                "those Redis put back are delivered again",
-                shard.topic,
-                shard.partition,
-                exc,
-            )
-            return
-        if self._metrics is not None:
-            self._metrics.avoided(shard, "redis-lost-writes", forgotten)
-        if forgotten:
-            logger.warning(
-                "%s[%d]: %d records Redis put back after their fate was journaled (their "
-                "acknowledgements were among the writes it lost) are forgotten, not delivered "
-                "again",
-                shard.topic,
-                shard.partition,
-                forgotten,
-            )
+    def settle_held(self) -> None:
+        """Forget in Redis what :meth:`load` could not (Redis did not answer), releasing the
+        claims of each partition done (:meth:`PutBack.retry`)."""
+        self.put_back.retry()
 
     def has(self, shard: Shard, offset: int) -> bool:
         """Whether the journal holds the fate of the record at ``offset`` of ``shard`` (a re-read
@@ -242,7 +192,7 @@ class Settled:
                     kept.append(left)
             stored[shard] = (high, kept)
             if high >= self._last[shard]:
-                self.forget({shard})
+                self._passed({shard})
         return dropped
 
     def _left_out(self, shard: Shard, record: Scheduled) -> Cancel | None:
@@ -309,6 +259,11 @@ class Settled:
 
     def forget(self, shards: set[Shard]) -> None:
         """These partitions are no longer read here."""
+        self.put_back.let_go(shards)
+        self._passed(shards)
+
+    def _passed(self, shards: set[Shard]) -> None:
+        """The re-reads of these partitions passed the last record the journal settled."""
         for shard in shards & set(self._offsets):
             del self._offsets[shard], self._last[shard], self._replaced_by[shard]
             self._start.pop(shard, None)

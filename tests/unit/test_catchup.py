@@ -104,3 +104,21 @@ def test_a_shard_read_again_after_a_loss_is_a_reread_until_it_reaches_its_end() 
     catch_up.start(other, 5, 50, again=True)
     catch_up.stop(other)
     assert catch_up.rereads() == {}
+
+
+def test_a_held_shard_has_nothing_new_claimed_whatever_is_read() -> None:
+    """While what the journal holds is not forgotten in Redis (bridge.ingress.settled), a shard's
+    horizon is below every due time, caught up or not; a lease that ran out is claimed again."""
+    catch_up = CatchUp(Clock())
+    other = Shard("delay", 1)
+    catch_up.start(other, 0, 100)
+    catch_up.hold(SHARD, True)
+    catch_up.read(SHARD, T0 + 60_000)
+    assert catch_up.horizons() == {SHARD: -1, other: 0}
+    claims = [claimed(1, T0), claimed(2, T0, redelivery=True)]
+    assert [c.record.offset for c in catch_up.past(claims, ())] == [1]
+    catch_up.hold(SHARD, False)
+    assert catch_up.horizons() == {other: 0} and catch_up.past(claims, ()) == []
+    catch_up.hold(SHARD, True)
+    catch_up.stop(SHARD)  # revoked
+    assert catch_up.horizons() == {other: 0}

@@ -7,13 +7,13 @@ from typing import cast
 
 import pytest
 
-from bridge.errors import BridgeError
-from bridge.ingress import Settled
+from bridge.errors import BridgeError, StoreError
+from bridge.ingress import Settled, put_back
 from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_PAUSED, H_REPLACES, Cancel, Scheduled, origin
 from bridge.store import Backlog, ResumePoint, Shard, Store
 
-A, B = Shard("delay", 0), Shard("delay", 1)
+A, B, C = Shard("delay", 0), Shard("delay", 1), Shard("delay", 2)
 
 
 class FakeReader:
@@ -182,12 +182,22 @@ class FakeStore:
         self.settled: list[tuple[Shard, list[tuple[int, int, str]]]] = []
         self.leased: list[bool] = []
         self.oldest_due_ms = oldest_due_ms  # of the records due that wait (None: none)
+        self.down = False  # every call fails, as while Redis loads its data set
+        self.points: dict[Shard, ResumePoint] = {}
+        self.inventory = self
+
+    def resume_points(self, shards: list[Shard]) -> dict[Shard, ResumePoint]:
+        if self.down:
+            raise StoreError("redis is loading its data set")
+        return {s: self.points[s] for s in shards if s in self.points}
 
     def backlog(self, shards: list[Shard], now_ms: int) -> Backlog:
         due = self.oldest_due_ms is not None
         return Backlog(now_ms, 0, int(due), 0, self.oldest_due_ms)
 
     def settle(self, shard: Shard, settled: list[tuple[int, int, str]], *, leased: bool) -> int:
+        if self.down:
+            raise StoreError("redis is loading its data set")
         self.settled.append((shard, list(settled)))
         self.leased.append(leased)
         return len(settled)
@@ -229,6 +239,69 @@ def test_an_assignment_below_the_watermark_forgets_what_the_journal_holds_up_to_
     settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store))
     settled.load({A: 3}, {A: 9}, {A: ResumePoint(6, 3, False, 1)})
     assert [o for o, _, _ in store.settled[0][1]] == [1, 2, 6], "8: the re-read leaves it out"
+
+
+class Holds:
+    """What a Settled asks of the mover's claims (CatchUp.hold), as it stands."""
+
+    def __init__(self) -> None:
+        self.held: set[Shard] = set()
+
+    def __call__(self, shard: Shard, held: bool) -> None:
+        (self.held.add if held else self.held.discard)(shard)
+
+
+def test_a_forget_redis_refuses_holds_the_partitions_claims_until_it_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis restarting from an AOF missing its tail put records back that the journal holds as
+    delivered, and refuses the forget while it loads: they were delivered again once it
+    answered (the adversary with lanes, seed 6). The partition claims nothing until it is
+    done; one whose forget went through claims at once."""
+    monkeypatch.setattr(put_back, "RETRY_S", 0.0)
+    store, holds = FakeStore(), Holds()
+    reader = FakeReader({A: frozenset({1, 2})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store), hold=holds)
+    store.down = True
+    settled.load({A: 5})
+    assert holds.held == {A} and store.settled == []
+    settled.settle_held()
+    assert holds.held == {A} and store.settled == [], "still loading: still held"
+    store.down = False
+    settled.settle_held()
+    assert holds.held == set() and store.settled == [(A, [(1, 10, "id-1"), (2, 20, "id-2")])]
+    assert store.leased == [True], "as the load would have: in flight too"
+    settled.load({B: 5})
+    assert holds.held == set(), "nothing refused: nothing held"
+
+
+def test_an_assignment_redis_did_not_answer_forgets_what_it_holds_once_it_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis loading at an assignment gives no resume point: the partition is read again from
+    the group's commit, and Redis may hold any of its records, put back or not. Once it
+    answers, what the journal holds is forgotten there as at an assignment it answered: up to
+    its watermark, or before the re-read's start; a partition at its end, from when Redis last
+    took a write of it. A partition revoked meanwhile is let go."""
+    monkeypatch.setattr(put_back, "RETRY_S", 0.0)
+    store, holds = FakeStore(oldest_due_ms=4_000), Holds()
+    reader = FakeReader({A: frozenset({1, 2, 6, 8}), B: frozenset({1}), C: frozenset({1})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store), hold=holds)
+    store.down = True
+    settled.load({A: 3, B: 5, C: 0}, {A: 9, B: 5, C: 4}, {}, unread=[A, B, C])
+    assert holds.held == {A, B, C} and reader.asked == [(A, 3), (C, 0)]
+    stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {A: (8, [rec(6), rec(7)])}
+    assert settled.drop(stored) == 1, "the re-read leaves out what is settled meanwhile"
+    settled.forget({C})
+    assert holds.held == {A, B}
+    settled.settle_held()
+    assert holds.held == {A, B} and store.settled == []
+    store.down = False
+    store.points = {A: ResumePoint(6, 7, False, None), B: ResumePoint(4, 5, False, 1_000)}
+    settled.settle_held()
+    assert holds.held == set() and store.leased == [False, False], "the take-over's to look up"
+    assert [(s, [o for o, _, _ in e]) for s, e in store.settled] == [(A, [1, 2, 6]), (B, [1])]
+    assert reader.asked[-2:] == [(A, 3), (B, 5)] and reader.since[-1] == 4_000
 
 
 def point(written: int) -> ResumePoint:

@@ -9,7 +9,10 @@ transactional id would). With ``JOURNAL_HANG_AFTER=N``, the N-th transaction to 
 records stalls once its journal entries are at the broker, before its commit (a process that
 stops mid-commit: the test SIGKILLs it), leaving that transaction open in the journal. With ``JOURNAL_LOSE_WITHDRAWN=1``, what cancels and
 replacements withdrew is never journaled, as when the process is SIGKILLed after add.lua applied
-them and before the journal's producer had the entries written."""
+them and before the journal's producer had the entries written. With
+``REDIS_LOADING_AT_ASSIGNMENT_S=T``, every Redis command fails as Redis answers while it loads its
+data set (LOADING) for T seconds from the ingress's first assignment on: a Redis restarting from
+its AOF as a new owner takes a partition over."""
 
 import os
 from typing import Any
@@ -92,3 +95,31 @@ if os.environ.get("JOURNAL_LOSE_WITHDRAWN"):
         return None
 
     setattr(lost_writer.Journal, "withdrawn", _lost)  # noqa: B010
+
+_LOADING_S = float(os.environ.get("REDIS_LOADING_AT_ASSIGNMENT_S", "0"))
+
+if _LOADING_S:
+    import time as loading_time
+
+    import redis
+
+    from bridge.ingress import membership
+
+    _until = [0.0]
+    _on_assign = membership.Membership._on_assign
+    _send = redis.connection.AbstractConnection.send_packed_command
+
+    def _assigning(self: Any, consumer: Any, partitions: Any) -> None:
+        if not _until[0]:
+            _until[0] = loading_time.monotonic() + _LOADING_S
+        _on_assign(self, consumer, partitions)
+
+    def _loading(self: Any, command: Any, check_health: bool = True) -> None:
+        if _until[0] and loading_time.monotonic() < _until[0]:
+            raise redis.exceptions.BusyLoadingError(
+                "Redis is loading the dataset in memory (injected by the test)"
+            )
+        _send(self, command, check_health)
+
+    setattr(membership.Membership, "_on_assign", _assigning)  # noqa: B010
+    setattr(redis.connection.AbstractConnection, "send_packed_command", _loading)  # noqa: B010
