@@ -304,6 +304,7 @@ class Ingress:
             if self.spans is not None:
                 self.spans.stored(batch.stored, started_ns)
         self._read_up_to(batch, set(batch.stored))
+        self.dead_letters.applied(self.marks)
         self.holds.passed(set(batch.low) - set(refused))
         counts: dict[str, int] = {}
         earliest: dict[Shard, PerLane] = {}

@@ -61,13 +61,19 @@ class DeadLetters:
         self.rules = rules
         self.metrics = metrics
         self.journal = journal
+        # The records of each partition whose copy the DLQ took (offset, timestamp: a topic
+        # created again reuses offsets), until the ingress applies a batch past them: a batch
+        # read again (Redis refused it) does not send them again.
+        self._placed: dict[Shard, set[tuple[int, int]]] = {}
 
     def send(self, rejected: list[tuple[Message, Rejected]]) -> dict[Shard, tuple[int, str]]:
         """Dead-letter these records and wait for Kafka to take them. A copy the DLQ refuses as
         too large (the bridge's producer or the DLQ topic) goes again without its value, then as
         a stub; what is left out stays in the delay topic at ``delay-origin``. Returns, per
         partition, the lowest offset whose copy the DLQ still refused and why: its partition
-        holds from there."""
+        holds from there. A record whose copy the DLQ took before (its batch is read again)
+        is not sent again."""
+        rejected = [r for r in rejected if not self._was_placed(r[0])]
         failed, placed = self._send(rejected, Copy.WHOLE)
         for form in (Copy.NO_VALUE, Copy.STUB):
             too_large = [i for i, (code, _) in failed.items() if code == _TOO_LARGE]
@@ -80,6 +86,8 @@ class DeadLetters:
                 else:
                     del failed[i]
                     placed[i] = placed_again[n]
+        for i in placed:
+            self._placed.setdefault(shard_of(rejected[i][0]), set()).add(_stamp(rejected[i][0]))
         if self.journal is not None:
             self._journal(rejected, placed)
         refused: dict[Shard, tuple[int, str]] = {}
@@ -94,6 +102,22 @@ class DeadLetters:
         for reason, n in sent.items():
             self.metrics.dead_lettered.labels(reason=reason.value).inc(n)
         return refused
+
+    def applied(self, marks: dict[Shard, int]) -> None:
+        """The ingress applied each partition up to its offset in ``marks``: what the DLQ took
+        up to there is not read again."""
+        if not self._placed:
+            return
+        for shard in list(self._placed):
+            offsets = {o for o in self._placed[shard] if o[0] > marks.get(shard, -1)}
+            if offsets:
+                self._placed[shard] = offsets
+            else:
+                del self._placed[shard]
+
+    def _was_placed(self, msg: Message) -> bool:
+        placed = self._placed.get(shard_of(msg))
+        return placed is not None and _stamp(msg) in placed
 
     def _journal(
         self, rejected: Sequence[tuple[Message, Rejected]], placed: dict[int, tuple[int, int]]
@@ -179,3 +203,8 @@ class DeadLetters:
     def flush(self) -> None:
         """Wait for what is still on its way to the DLQ (shutdown)."""
         self.producer.flush(DLQ_FLUSH_TIMEOUT_S)
+
+
+def _stamp(msg: Message) -> tuple[int, int]:
+    """A delay-topic record's offset and timestamp."""
+    return coords(msg)[2], msg.timestamp()[1]

@@ -115,6 +115,32 @@ def test_a_record_the_bridge_fails_on_is_dead_lettered_and_stops_nothing(
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 30, "/readyz 200 again")
 
 
+def test_a_batch_redis_refuses_for_a_while_dead_letters_its_bad_record_once(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A batch Redis refuses (loading its data set: injected, for 3 s from the assignment) is
+    read again until Redis takes it, and its bad record went to the DLQ at every try: three
+    copies in 3 s, one more each second of an outage, each journaled. It goes once."""
+    target = setup.targets[0].encode()
+    bad: ToPartition = [(0, b"no-due-time", [(H_TARGET_TOPIC, target)])]
+    produce_to(setup.services.bootstrap, setup.delay, bad)
+    bridge = setup.bridge()
+    bridge.env.update(REDIS_LOADING_AT_ASSIGNMENT_S="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridges.append(bridge.start())
+    wait_for(lambda: "ingress stores batches again" in bridge.output(), 60, "redis answering")
+    now: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]
+    produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", now)])
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: any(r.value == b"after" for r in rs), 60, "the next record")
+        collector.poll(1.0)  # and any copy after it
+    finally:
+        collector.close()
+    dead = [r.value for r in collector.records if r.topic == setup.dlq]
+    assert dead == [b"no-due-time"], dead
+    assert bridge.output().count("dead-lettering") == 1
+
+
 def test_a_cross_partition_cancel_outlives_a_fault_after_its_batch_was_stored(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
