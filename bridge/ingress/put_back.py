@@ -111,7 +111,7 @@ class PutBack:
             "as settled are forgotten there (a rollback may have put them back)",
             shard_names(shards),
         )
-        for shard in shards:
+        for shard in sorted(shards):
             start = starts[shard]
             self._unsettled[shard] = Unsettled(
                 start, start >= ends.get(shard, start + 1), None, False

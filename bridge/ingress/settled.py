@@ -26,6 +26,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping
 
+from bridge.catchup import LIVE_MARGIN_MS
 from bridge.ingress.put_back import PutBack, Unsettled, before
 from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
@@ -78,6 +79,10 @@ class Settled:
         # the registry has.
         # A record carrying the schedule on from one of them joins them, as it is left out.
         self._ended: dict[Shard, set[int]] = {}
+        # The caller-given delay-ids of the records the journal settled from the start on, and
+        # the due time of the record this re-read stored last that holds each (see _by_id).
+        self._ids: dict[Shard, frozenset[str]] = {}
+        self._holders: dict[Shard, dict[str, int]] = {}
 
     def load(
         self,
@@ -136,6 +141,13 @@ class Settled:
                         e.offset for e in entries if e.fate == Fate.DELIVERED and e.offset >= start
                     )
                     self._ended[shard] = set(ended)
+                    self._ids[shard] = frozenset(
+                        e.delay_id
+                        for e in entries
+                        if e.offset >= start
+                        and e.delay_id != origin(shard.topic, shard.partition, e.offset)
+                    )
+                    self._holders[shard] = {}
                 if offsets:
                     logger.info(
                         "%s[%d] is read again from offset %d; the journal holds the fate of "
@@ -176,8 +188,10 @@ class Settled:
             settled = self._offsets[shard]
             kept: list[Scheduled | Cancel] = []
             ended = self._ended.get(shard, set())
+            holders = self._holders[shard]
             for r in records:
                 if isinstance(r, Cancel):
+                    holders.pop(r.delay_id, None)
                     kept.append(r)
                     continue
                 late = self._late(shard, r)  # before settled is asked: it notes the first copy
@@ -185,9 +199,16 @@ class Settled:
                     ended.add(r.offset)  # its schedule ended before it: it is nothing
                 elif r.offset not in settled and not late:
                     kept.append(self._replacing(shard, r))
+                    given = r.given_id(shard.topic, shard.partition)
+                    if given is not None and given in self._ids[shard]:
+                        holders[given] = r.due_ms  # one left out after it may have replaced it
                     continue
                 dropped += 1
-                left = self._left_out(shard, r) or self._still_replacing(shard, r)
+                left = (
+                    self._left_out(shard, r)
+                    or self._still_replacing(shard, r)
+                    or self._by_id(shard, r)
+                )
                 if left is not None:
                     kept.append(left)
             stored[shard] = (high, kept)
@@ -224,6 +245,22 @@ class Settled:
         hint = due_hint(record.headers)
         named_id = origin(shard.topic, shard.partition, named)
         return Cancel(record.offset, named_id, record.timestamp_ms, hint, replaces=True)
+
+    def _by_id(self, shard: Shard, record: Scheduled) -> Cancel | None:
+        """What stands for ``record``, left out as settled, when a record this re-read stored
+        before it holds its caller-given delay-id, due at least LIVE_MARGIN_MS after ``record``
+        was produced: ``record`` replaced that one when it was read, as a replacement produced
+        that long before the due time always does (bridge.catchup), and the withdrawal's entry
+        never reached the journal (see _still_replacing). That one is withdrawn again, journaled
+        as replaced. One due sooner may have been in flight when ``record`` came (both were
+        owed then): it stays."""
+        if record.recurring or record.offset not in self._offsets[shard]:
+            return None
+        given = record.given_id(shard.topic, shard.partition)
+        due = None if given is None else self._holders[shard].pop(given, None)
+        if given is None or due is None or record.timestamp_ms + LIVE_MARGIN_MS > due:
+            return None
+        return Cancel(record.offset, given, record.timestamp_ms, replaces=True)
 
     def _late(self, shard: Shard, record: Scheduled) -> bool:
         """Whether ``record`` replaces exactly (``delay-replaces``: an operator's fire or
@@ -271,6 +308,8 @@ class Settled:
             self._left.pop(shard, None)
             self._delivered.pop(shard, None)
             self._ended.pop(shard, None)
+            self._ids.pop(shard, None)
+            self._holders.pop(shard, None)
 
 
 def _ended_by(entry: Entry, shard: Shard, start: int) -> bool:

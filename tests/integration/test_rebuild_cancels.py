@@ -315,8 +315,9 @@ def test_a_copy_whose_record_was_delivered_before_it_came_stays_out_of_a_rebuild
     assert counts[b"fired"] == counts[b"after"] == 1
 
 
+@pytest.mark.parametrize("by", ["fire", "id"])
 def test_a_copy_that_was_delivered_still_replaces_its_record_in_a_rebuild_that_reads_it_back(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], by: str
 ) -> None:
     """An operator fired a record (a copy due now that replaces exactly the record at its
     origin): the copy withdrew the record and was delivered. The record's withdrawal never
@@ -325,20 +326,26 @@ def test_a_copy_that_was_delivered_still_replaces_its_record_in_a_rebuild_that_r
     Redis then lost everything. The rebuild reads the record again, with no fate in the journal,
     and leaves the copy out (the journal holds it delivered): the record was stored again and
     delivered at its due time, twice what the operator fired once. A copy stored at all replaced
-    its record then: the rebuild withdraws it again."""
+    its record then: the rebuild withdraws it again. So for a record with a caller's delay-id
+    replaced by the next record with that id (``id``): the old version was delivered after the
+    new one."""
     bridge = setup.bridge()
     bridge.env.update(JOURNAL_LOSE_WITHDRAWN="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()
     due = time.time_ns() // 1_000_000 + 8_000
+    own: Headers = [(H_ID, b"order-1")] if by == "id" else []
     first: list[tuple[int, bytes | None, Headers]] = [
         (0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]),  # the rebuild point
-        (0, b"fired", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due)]),
+        (0, b"fired", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due), *own]),
     ]
     produce_to(setup.services.bootstrap, setup.delay, first)
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 2, 30, "the two stored")
-    produce_to(setup.services.bootstrap, setup.delay, [_fired_copy(setup, 1, b"0ms")])
+    copy = _fired_copy(setup, 1, b"0ms")
+    if by == "id":
+        copy = (0, b"the copy", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms"), *own])
+    produce_to(setup.services.bootstrap, setup.delay, [copy])
     assert counts_through(setup, b"the copy", 30)[b"the copy"] == 1
     wait_for(
         lambda: (

@@ -7,6 +7,7 @@ from typing import cast
 
 import pytest
 
+from bridge.catchup import LIVE_MARGIN_MS
 from bridge.errors import BridgeError, StoreError
 from bridge.ingress import Settled, put_back
 from bridge.journal import Entry, Fate, JournalReader
@@ -406,3 +407,35 @@ def test_an_exact_copy_left_out_as_delivered_withdraws_its_record_read_again_wit
     assert kept.offset == 2
     assert isinstance(marker, Cancel) and marker.replaces
     assert (marker.offset, marker.delay_id) == (4, origin("delay", 0, 2))
+
+
+def test_a_record_left_out_as_delivered_withdraws_one_read_again_that_held_its_id() -> None:
+    """Offset 2 (id "order-1") is read again with no fate in the journal, and offset 4 with the
+    same id, which replaced it when it was read, is left out as delivered: in its place a cancel
+    of "order-1" that withdraws 2 again, journaled as replaced. Offset 8 (id "order-2") left out
+    leaves nothing: no record read again holds its id (6 had it, and a cancel withdrew it); nor
+    does 12, produced less than LIVE_MARGIN_MS before 10 with its id fell due: 10 may have been
+    in flight when 12 came, and both owed."""
+    reader = FakeReader({A: frozenset({4, 8, 12})})
+    settled = Settled(lambda: cast(JournalReader, reader))
+    settled.load({A: 2})
+    due = 1_800_000_000_000
+
+    def own(offset: int, delay_id: str, stamped: int = 0) -> Scheduled:
+        return Scheduled(offset, due, "orders", b"k", b"v", [], delay_id, timestamp_ms=stamped)
+
+    records: list[Scheduled | Cancel] = [
+        own(2, "id-4"),
+        own(4, "id-4"),
+        own(6, "id-8"),
+        Cancel(7, "id-8"),
+        own(8, "id-8"),
+        own(10, "id-12"),
+        own(12, "id-12", stamped=due - LIVE_MARGIN_MS + 1),
+    ]
+    stored = {A: (12, records)}
+    assert settled.drop(stored) == 3
+    [kept, marker, other, cancel, last] = stored[A][1]
+    assert (kept.offset, other.offset, cancel.offset, last.offset) == (2, 6, 7, 10)
+    assert isinstance(marker, Cancel) and marker.replaces
+    assert (marker.offset, marker.delay_id) == (4, "id-4")
