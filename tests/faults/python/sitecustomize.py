@@ -107,7 +107,7 @@ if _LOADING_S:
 
     _until = [0.0]
     _on_assign = membership.Membership._on_assign
-    _send = redis.connection.AbstractConnection.send_packed_command
+    _send: Any = redis.connection.AbstractConnection.send_packed_command
 
     def _assigning(self: Any, consumer: Any, partitions: Any) -> None:
         if not _until[0]:
