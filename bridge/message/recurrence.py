@@ -261,7 +261,9 @@ class Recurrence:
                 when = next(times)
             except StopIteration:
                 return None
-            if not _repeated(when):
+            # Walked from a moment in the hour a fall-back repeats, cronsim starts at its first
+            # pass: what it gives before the moment asked is not after it.
+            if not _repeated(when) and _epoch_ms(when) > ms:
                 walk.at, walk.times = _epoch_ms(when), times
                 return walk.at
         return None
