@@ -52,9 +52,10 @@ class CatchUp:
         self._behind: dict[Shard, tuple[int, float]] = {}
         self._told: set[Shard] = set()  # shards read behind whose holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
-        # Shards none of whose records is claimed new, whatever is read: what the journal holds
-        # as settled is not yet forgotten in Redis (bridge.ingress.settled).
-        self._held: set[Shard] = set()
+        # Shards none of whose records is claimed new, whatever is read, and why: what the
+        # journal holds as settled is not yet forgotten in Redis (bridge.ingress.put_back), or
+        # the journal not yet read for a re-read (bridge.ingress.membership).
+        self._held: dict[Shard, set[str]] = {}
         # The Redis watermark of each owned shard as the ingress last read or wrote it: written
         # by the ingress's thread (bridge.positions), copied whole by the mover's (one C call
         # under the GIL), which claims nothing new from a shard Redis has rolled back below it.
@@ -112,13 +113,16 @@ class CatchUp:
             else:
                 self._blocked.discard(shard)
 
-    def hold(self, shard: Shard, held: bool) -> None:
-        """Claim no record of ``shard`` that was not claimed before (or claim again)."""
+    def hold(self, shard: Shard, held: bool, why: str = "settle") -> None:
+        """Claim no record of ``shard`` that was not claimed before, for ``why`` (or claim again
+        once nothing else holds it)."""
         with self._lock:
             if held:
-                self._held.add(shard)
-            else:
-                self._held.discard(shard)
+                self._held.setdefault(shard, set()).add(why)
+            elif shard in self._held:
+                self._held[shard].discard(why)
+                if not self._held[shard]:
+                    del self._held[shard]
 
     def reached(self, shard: Shard, position: int) -> bool:
         """The ingress's next offset to read in ``shard`` is ``position``; returns whether that
@@ -143,7 +147,7 @@ class CatchUp:
             self._behind.pop(shard, None)
             self._told.discard(shard)
             self._blocked.discard(shard)
-            self._held.discard(shard)
+            self._held.pop(shard, None)
 
     def ends(self) -> dict[Shard, int]:
         """The shards being caught up on, with the offset each must reach."""

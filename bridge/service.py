@@ -118,11 +118,11 @@ def _spans(config: Config) -> Spans | None:
 
 
 def _settled(service: Service, catch_up: CatchUp) -> Settled:
-    """What the ingress leaves out of a re-read, as the journal says (topics.journal "": none)."""
-    config, store = service.config, service.store
+    """What a re-read leaves out as the journal says (exactly once, it waits for the journal)."""
+    config = service.config
     reader = (lambda: JournalReader(config)) if config.topics.journal else None
-    before, known = service.egress.before_rebuild, service.topics.known
-    return Settled(reader, store, known, before, service.metrics, catch_up.hold)
+    args = service.store, service.topics.known, service.egress.before_rebuild, service.metrics
+    return Settled(reader, *args, catch_up.hold, config.egress.exactly_once)
 
 
 def _starting(config: Config, instance: str) -> None:

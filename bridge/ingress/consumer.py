@@ -190,7 +190,7 @@ class Ingress:
                 return 0
             self._resume()
         self.holds.read_again(self.consumer, self.assigned)
-        self.membership.settled.settle_held()
+        self.membership.try_held()
         messages = self._consume(timeout)
         if not messages:
             self.membership.caught_up()
@@ -278,6 +278,7 @@ class Ingress:
         # Held partitions are read again from their record once their back-off is over; what
         # came of them meanwhile (fetched before the hold) waits for that.
         back = self.positions.went_back(batch.low.items()) | (set(batch.low) & self.holds.waiting())
+        back |= set(batch.low) & self.membership.journal_waits.waiting()
         if back:
             messages = [m for m in messages if shard_of(m) not in back]
             batch.drop(back)

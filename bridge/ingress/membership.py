@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
 from bridge.ingress.adds import Adds
+from bridge.ingress.journal_waits import JournalWaits
 from bridge.ingress.settled import Settled
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
@@ -76,6 +77,7 @@ class Membership:
         self.consumer = consumer
         self.settled = settled or Settled(None)
         self.adds = adds or Adds(store, catch_up)
+        self.journal_waits = JournalWaits(catch_up)
         self.store = store
         self.catch_up = catch_up
         self.topics = list(topics)
@@ -235,6 +237,7 @@ class Membership:
         shards = {Shard(tp.topic, tp.partition) for tp in partitions}
         self.positions.dropped(shards)
         self.settled.forget(shards)
+        self.journal_waits.done(shards)
         self.adds.forget(shards)
         for shard in shards:
             self.catch_up.stop(shard)
@@ -291,7 +294,15 @@ class Membership:
             if start < end or shard in unread or (point is not None and point.written is not None):
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
-        self.settled.load(reread, ends, points, unread)
+        unreadable = self.settled.load(reread, ends, points, unread)
+        self.journal_waits.done(set(reread) - unreadable)
+        self.journal_waits.wait(unreadable, reread, again, points)
+
+    def try_held(self) -> None:
+        """Try again what holds partitions: the forget in Redis of what a rollback put back,
+        and the journal a re-read waits for (each read again from where it waits)."""
+        self.settled.settle_held()
+        self.journal_waits.read_again(self.consumer, self.reading_again)
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: release the shards whose read position

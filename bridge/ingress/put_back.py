@@ -52,12 +52,15 @@ class PutBack:
         topic_ids: Callable[[], Mapping[str, str]],
         metrics: Metrics | None,
         hold: Callable[[Shard, bool], None],
+        strict: bool = False,
     ) -> None:
         self._store = store
         self._reader = reader  # None: no journal
         self._topic_ids = topic_ids
         self._metrics = metrics  # counts what it forgets (delay_bridge_redeliveries_avoided)
         self._hold = hold  # holds or releases a shard's claims (CatchUp.hold)
+        # Exactly once: a journal that cannot be read holds the re-read up (see fates).
+        self.strict = strict
         self._unsettled: dict[Shard, Unsettled] = {}
         self._next_try = 0.0
 
@@ -72,7 +75,8 @@ class PutBack:
     ) -> list[Entry] | None:
         """The journal's entries for a re-read of ``shard`` from ``start`` (``point``: Redis's
         resume point of it, at an assignment), or None: nothing to read again and nothing Redis
-        put back to look for, or the journal unreadable (said)."""
+        put back to look for, or the journal unreadable (said). Unreadable and :attr:`strict`,
+        the BridgeError is raised: the caller waits for the journal."""
         since = self._since(shard, point.written if point else None)
         if at_end and since is None:
             return None
@@ -82,13 +86,17 @@ class PutBack:
             )
         except BridgeError as exc:
             logger.warning(
-                "journal not read for the re-read of %s[%d] from offset %d (%s): "
-                "records delivered since are delivered again",
+                "journal not read for the re-read of %s[%d] from offset %d (%s): %s",
                 shard.topic,
                 shard.partition,
                 start,
                 exc,
+                "it waits for the journal"
+                if self.strict
+                else "records delivered since are delivered again",
             )
+            if self.strict:
+                raise
             return None
 
     def forget(self, shard: Shard, held: Unsettled) -> None:
@@ -141,7 +149,10 @@ class PutBack:
                     if point is not None:  # Redis holds the shard: what did it put back?
                         reader = reader or self._reader()
                         ids = self._topic_ids()
-                        found = self.fates(reader, shard, held.start, point, held.at_end, ids)
+                        try:
+                            found = self.fates(reader, shard, held.start, point, held.at_end, ids)
+                        except BridgeError:
+                            continue
                         entries = before(found or [], held.start, point)
                     self._unsettled[shard] = dataclasses.replace(held, entries=entries)
                 if self._settle(shard, entries, held.leased):

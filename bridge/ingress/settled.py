@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 
 from bridge.catchup import LIVE_MARGIN_MS
+from bridge.errors import BridgeError
 from bridge.ingress.put_back import PutBack, Unsettled, before
 from bridge.journal import Entry, Fate, JournalReader
 from bridge.message import H_REPLACES, Cancel, Scheduled, origin, parse_origin
@@ -47,6 +48,7 @@ class Settled:
         before_read: Callable[[set[Shard]], None] = lambda shards: None,
         metrics: Metrics | None = None,
         hold: Callable[[Shard, bool], None] = lambda shard, held: None,
+        strict: bool = False,
     ):
         self._reader = reader  # None: no journal
         # What is in flight of the partitions commits first (Egress.before_rebuild).
@@ -54,7 +56,7 @@ class Settled:
         # The delay topics' ids as last heard: entries of an earlier incarnation are not these.
         self._topic_ids = topic_ids
         # Forgets in Redis what a rollback put back, holding a shard's claims (hold) until it has.
-        self.put_back = PutBack(store, reader, topic_ids, metrics, hold)
+        self.put_back = PutBack(store, reader, topic_ids, metrics, hold, strict)
         self._offsets: dict[Shard, frozenset[int]] = {}
         self._last: dict[Shard, int] = {}
         self._start: dict[Shard, int] = {}  # where each is read again from
@@ -90,7 +92,7 @@ class Settled:
         ends: Mapping[Shard, int] | None = None,
         points: Mapping[Shard, ResumePoint] | None = None,
         unread: Collection[Shard] = (),
-    ) -> None:
+    ) -> set[Shard]:
         """These partitions are read from these offsets (up to ``ends``, where each partition
         ended then; one that starts there has nothing to read again): learn what of them is
         settled. What the journal holds of their records before the start is forgotten in
@@ -109,9 +111,12 @@ class Settled:
         Redis did not give at the assignment (it was loading its data set, say): it may hold
         any of their records, put back or not, so their claims wait until it answers and what
         the journal holds is forgotten there as above (:meth:`settle_held`). Nor do those of a
-        shard whose forget Redis refused."""
+        shard whose forget Redis refused. Returns the partitions whose journal could not be read,
+        exactly once (:attr:`PutBack.strict`): none of their records may be stored until it is
+        (the caller reads them again then)."""
+        unreadable: set[Shard] = set()
         if self._reader is None or not starts:
-            return
+            return unreadable
         self._before_read(set(starts))
         self.put_back.after_redis(set(unread) & set(starts), starts, ends or {})
         reader, ids = self._reader(), self._topic_ids()
@@ -119,7 +124,11 @@ class Settled:
             for shard, start in starts.items():
                 point = (points or {}).get(shard)
                 at_end = start >= (ends or {}).get(shard, start + 1)
-                entries = self.put_back.fates(reader, shard, start, point, at_end, ids)
+                try:
+                    entries = self.put_back.fates(reader, shard, start, point, at_end, ids)
+                except BridgeError:
+                    unreadable.add(shard)
+                    continue
                 if entries is None:
                     continue
                 offsets = frozenset(e.offset for e in entries if e.offset >= start)
@@ -162,6 +171,7 @@ class Settled:
                     self.put_back.forget(shard, Unsettled(start, at_end, put_back, points is None))
         finally:
             reader.close()
+        return unreadable
 
     def settle_held(self) -> None:
         """Forget in Redis what :meth:`load` could not (Redis did not answer), releasing the

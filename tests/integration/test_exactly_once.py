@@ -19,6 +19,7 @@ from testbed.harness import (
     Bridge,
     Collector,
     Setup,
+    ToPartition,
     check_delivery,
     delivered,
     fast_takeover,
@@ -171,6 +172,43 @@ def test_redis_wiped_in_the_midst_of_deliveries_duplicates_nothing(
         each_once(collector, setup, expected, timeout=90)
     finally:
         collector.close()
+
+
+def test_a_rebuild_whose_journal_cannot_be_read_yet_duplicates_nothing(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """Redis loses every key while no bridge runs, once the records were delivered, and the
+    journal cannot be read for the rebuild at first (injected: its first three reads fail, as a
+    journal partition without a leader longer than the reader waits): the next bridge stored
+    again what the journal holds as delivered, and delivered it again ("journal not read for the
+    re-read …"). Exactly once, a partition is not read again before the journal is."""
+    first = setup.bridge("first", **EXACTLY_ONCE)
+    bridges.append(first.start())
+    assert wait_ready(first)
+    target = setup.targets[0].encode()
+    pin: ToPartition = [(0, b"pin", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])]
+    produce_to(setup.services.bootstrap, setup.delay, pin)  # the rebuild point: offset 0
+    expected = schedule(setup, 300, seed=61, max_delay_ms=1000)
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= len(expected), 60, "every record")
+        wait_for(lambda: metric(first, "delay_bridge_journal_pending") == 0, 30, "all journaled")
+        first.signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+        assert wipe(setup) > 0
+        again = setup.bridge("again", **EXACTLY_ONCE)
+        again.env.update(JOURNAL_FATES_FAIL="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+        bridges.append(again.start())
+        now: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])]
+        produce_to(setup.services.bootstrap, setup.delay, now)
+        collector.until(lambda rs: any(r.value == b"after" for r in rs), 60, "the next record")
+        collector.poll(2.0)
+    finally:
+        collector.close()
+    counts = collections.Counter(r.value for r in collector.records)
+    twice = sorted(v or b"" for v, n in counts.items() if n > 1)
+    assert not twice, f"{len(twice)} delivered again, e.g. {twice[:3]}"
+    assert "journal not read for the re-read" in again.output()
 
 
 def test_readyz_names_a_partition_whose_transactional_producer_cannot_start(

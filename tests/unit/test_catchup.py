@@ -122,3 +122,13 @@ def test_a_held_shard_has_nothing_new_claimed_whatever_is_read() -> None:
     catch_up.hold(SHARD, True)
     catch_up.stop(SHARD)  # revoked
     assert catch_up.horizons() == {other: 0}
+
+
+def test_a_shard_held_for_two_reasons_is_claimed_from_once_both_are_over() -> None:
+    catch_up = CatchUp(Clock())
+    catch_up.hold(SHARD, True, "settle")
+    catch_up.hold(SHARD, True, "journal")
+    catch_up.hold(SHARD, False, "settle")
+    assert catch_up.horizons() == {SHARD: -1}, "the journal still holds it"
+    catch_up.hold(SHARD, False, "journal")
+    assert catch_up.horizons() == {}

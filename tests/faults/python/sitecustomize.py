@@ -12,7 +12,8 @@ replacements withdrew is never journaled, as when the process is SIGKILLed after
 them and before the journal's producer had the entries written. With
 ``REDIS_LOADING_AT_ASSIGNMENT_S=T``, every Redis command fails as Redis answers while it loads its
 data set (LOADING) for T seconds from the ingress's first assignment on: a Redis restarting from
-its AOF as a new owner takes a partition over."""
+its AOF as a new owner takes a partition over. With ``JOURNAL_FATES_FAIL=N``, the first N reads of
+the journal for a partition read again fail as a journal partition without a leader would."""
 
 import os
 from typing import Any
@@ -123,3 +124,19 @@ if _LOADING_S:
 
     setattr(membership.Membership, "_on_assign", _assigning)  # noqa: B010
     setattr(redis.connection.AbstractConnection, "send_packed_command", _loading)  # noqa: B010
+
+_FATES_FAIL = [int(os.environ.get("JOURNAL_FATES_FAIL", "0"))]
+
+if _FATES_FAIL[0]:
+    from bridge.errors import BridgeError
+    from bridge.journal import reader as journal_reader
+
+    _fates = journal_reader.JournalReader.fates
+
+    def _unreadable(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _FATES_FAIL[0] > 0:
+            _FATES_FAIL[0] -= 1
+            raise BridgeError("the journal's partition has no leader (injected by the test)")
+        return _fates(self, *args, **kwargs)
+
+    setattr(journal_reader.JournalReader, "fates", _unreadable)  # noqa: B010
