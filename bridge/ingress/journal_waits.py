@@ -54,18 +54,20 @@ class JournalWaits:
 
     def wait(
         self,
-        shards: Collection[Shard],
+        shards: Mapping[Shard, str],
         starts: Mapping[Shard, int],
         again: Collection[Shard],
         points: Mapping[Shard, ResumePoint] | None,
     ) -> None:
-        """These partitions, read again from ``starts``, wait for the journal."""
-        new = [s for s in shards if s not in self._waiting]
+        """These partitions, read again from ``starts``, wait for the journal (``shards``: why
+        it was not read)."""
+        new = sorted(s for s in shards if s not in self._waiting)
         if new:
             logger.warning(
                 "%s: nothing is stored or claimed until the journal can be read (exactly once: "
-                "what it holds as settled must not be delivered again)",
+                "what it holds as settled must not be delivered again): %s",
                 shard_names(new),
+                shards[new[0]],
             )
         for shard in sorted(shards):
             point = (points or {}).get(shard)

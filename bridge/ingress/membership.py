@@ -295,7 +295,7 @@ class Membership:
                 reread[shard], ends[shard] = start, end
         self.adds.forget(starts.keys())
         unreadable = self.settled.load(reread, ends, points, unread)
-        self.journal_waits.done(set(reread) - unreadable)
+        self.journal_waits.done(set(reread) - set(unreadable))
         self.journal_waits.wait(unreadable, reread, again, points)
 
     def try_held(self) -> None:

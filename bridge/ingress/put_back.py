@@ -85,18 +85,16 @@ class PutBack:
                 shard, start, ids.get(shard.topic, ""), since_ms=since, at_end=at_end
             )
         except BridgeError as exc:
+            if self.strict:
+                raise  # the caller says it once (bridge.ingress.journal_waits)
             logger.warning(
-                "journal not read for the re-read of %s[%d] from offset %d (%s): %s",
+                "journal not read for the re-read of %s[%d] from offset %d (%s): "
+                "records delivered since are delivered again",
                 shard.topic,
                 shard.partition,
                 start,
                 exc,
-                "it waits for the journal"
-                if self.strict
-                else "records delivered since are delivered again",
             )
-            if self.strict:
-                raise
             return None
 
     def forget(self, shard: Shard, held: Unsettled) -> None:

@@ -92,7 +92,7 @@ class Settled:
         ends: Mapping[Shard, int] | None = None,
         points: Mapping[Shard, ResumePoint] | None = None,
         unread: Collection[Shard] = (),
-    ) -> set[Shard]:
+    ) -> dict[Shard, str]:
         """These partitions are read from these offsets (up to ``ends``, where each partition
         ended then; one that starts there has nothing to read again): learn what of them is
         settled. What the journal holds of their records before the start is forgotten in
@@ -112,9 +112,9 @@ class Settled:
         any of their records, put back or not, so their claims wait until it answers and what
         the journal holds is forgotten there as above (:meth:`settle_held`). Nor do those of a
         shard whose forget Redis refused. Returns the partitions whose journal could not be read,
-        exactly once (:attr:`PutBack.strict`): none of their records may be stored until it is
-        (the caller reads them again then)."""
-        unreadable: set[Shard] = set()
+        exactly once (:attr:`PutBack.strict`), and why: none of their records may be stored
+        until it is (the caller reads them again then)."""
+        unreadable: dict[Shard, str] = {}
         if self._reader is None or not starts:
             return unreadable
         self._before_read(set(starts))
@@ -126,8 +126,8 @@ class Settled:
                 at_end = start >= (ends or {}).get(shard, start + 1)
                 try:
                     entries = self.put_back.fates(reader, shard, start, point, at_end, ids)
-                except BridgeError:
-                    unreadable.add(shard)
+                except BridgeError as exc:
+                    unreadable[shard] = str(exc)
                     continue
                 if entries is None:
                     continue

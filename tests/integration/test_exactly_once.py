@@ -208,7 +208,7 @@ def test_a_rebuild_whose_journal_cannot_be_read_yet_duplicates_nothing(
     counts = collections.Counter(r.value for r in collector.records)
     twice = sorted(v or b"" for v, n in counts.items() if n > 1)
     assert not twice, f"{len(twice)} delivered again, e.g. {twice[:3]}"
-    assert "journal not read for the re-read" in again.output()
+    assert "nothing is stored or claimed until the journal can be read" in again.output()
 
 
 def test_readyz_names_a_partition_whose_transactional_producer_cannot_start(

@@ -45,7 +45,7 @@ def test_a_partition_waiting_for_the_journal_is_held_and_read_again_from_where_i
         read.append((dict(starts), list(again), points))
 
     point = ResumePoint(4, 5, False, None)
-    waits.wait({A, B}, {A: 3, B: 7}, again=[A], points={B: point})
+    waits.wait(dict.fromkeys([A, B], "no leader"), {A: 3, B: 7}, again=[A], points={B: point})
     assert waits.waiting() == {A, B} and catch_up.horizons() == {A: -1, B: -1}
     seeks.failing = True
     waits.read_again(consumer, reading_again)
