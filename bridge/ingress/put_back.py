@@ -98,10 +98,14 @@ class PutBack:
             return None
 
     def forget(self, shard: Shard, held: Unsettled) -> None:
-        """Forget ``held``'s entries in Redis, or hold ``shard``'s claims until that is done."""
+        """Forget ``held``'s entries in Redis, or hold ``shard``'s claims until that is done. One
+        still to look at once Redis gives its resume point (:meth:`after_redis`) stays so: that
+        look finds these entries too."""
         assert held.entries is not None
         if not self._settle(shard, held.entries, held.leased):
-            self._unsettled[shard] = held
+            waiting = self._unsettled.get(shard)
+            if waiting is None or waiting.entries is not None:
+                self._unsettled[shard] = held
             self._hold(shard, True)
 
     def after_redis(

@@ -439,3 +439,23 @@ def test_a_record_left_out_as_delivered_withdraws_one_read_again_that_held_its_i
     assert (kept.offset, other.offset, cancel.offset, last.offset) == (2, 6, 7, 10)
     assert isinstance(marker, Cancel) and marker.replaces
     assert (marker.offset, marker.delay_id) == (4, "id-4")
+
+
+def test_a_partition_read_again_before_redis_answered_still_has_its_watermark_looked_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition assigned while Redis did not answer, read again (its journal waited for)
+    while Redis still does not: the forget that fails then does not take the place of the look
+    at Redis's watermark once it answers, which finds what lies up to it too."""
+    monkeypatch.setattr(put_back, "RETRY_S", 0.0)
+    store, holds = FakeStore(), Holds()
+    reader = FakeReader({A: frozenset({1, 2, 6, 8})})
+    settled = Settled(lambda: cast(JournalReader, reader), cast(Store, store), hold=holds)
+    store.down = True
+    settled.load({A: 3}, {A: 9}, {}, unread=[A])
+    settled.load({A: 3}, {A: 9}, {})  # read again: the same partition, Redis still loading
+    store.down = False
+    store.points = {A: ResumePoint(6, 7, False, None)}
+    settled.settle_held()
+    assert holds.held == set()
+    assert [o for _, e in store.settled for o, _, _ in e] == [1, 2, 6], "up to the watermark"
