@@ -24,6 +24,7 @@ from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
 from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
+from bridge.ingress.journal_waits import JournalWaits
 from bridge.ingress.membership import Membership, Owner, TopicFacts
 from bridge.ingress.quotas import Quotas, message_finder
 from bridge.ingress.restarts import Restarts, close_aside, closed, is_fatal
@@ -106,6 +107,7 @@ class Ingress:
             owner=owner,
             paused=lambda: bool(self._paused_until),
             settled=settled,
+            journal_waits=JournalWaits(self.catch_up, readiness),
             adds=Adds(
                 store,
                 catch_up,
@@ -151,9 +153,8 @@ class Ingress:
         self.membership.subscribe()
 
     def restart_soon(self, why: str) -> None:
-        """Close the consumer and start a new one before the next batch (see :class:`Restarts`).
-        Called from the statistics callback, inside a poll of this thread, where the consumer
-        cannot close."""
+        """Close the consumer and start a new one before the next batch (:class:`Restarts`).
+        Called from the statistics callback, inside a poll, where the consumer cannot close."""
         self.restarts.soon(why)
 
     def _restart(self) -> None:

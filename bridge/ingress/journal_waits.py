@@ -5,7 +5,7 @@ replaced or dead-lettered; a journal that cannot be read then (a journal partiti
 leader for longer than the reader waits) used to be logged and the re-read gone on without it,
 delivering those records again. With ``egress.exactly_once`` the partition waits instead: its
 claims are held, what the consumer reads of it is dropped, and every RETRY_S it is read again
-from the same offset, the journal first, until the journal answers.
+from the same offset, the journal first, until the journal answers; /readyz names it meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.catchup import CatchUp
+from bridge.health import Readiness
 from bridge.store import ResumePoint, Shard, shard_names
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ ReadingAgain = Callable[
 
 RETRY_S = 1.0  # how often a partition waiting for the journal reads it again
 WHY = "journal"  # its claims' hold (CatchUp.hold)
+CHECK = "ingress-journal"  # /readyz while any waits
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ class Waiting:
 class JournalWaits:
     """The partitions read again that wait for the journal."""
 
-    def __init__(self, catch_up: CatchUp) -> None:
+    def __init__(self, catch_up: CatchUp, readiness: Readiness | None = None) -> None:
         self._catch_up = catch_up
+        self._readiness = readiness  # /readyz names the partitions waiting (CHECK)
         self._waiting: dict[Shard, Waiting] = {}
         self._next_try = 0.0
 
@@ -75,6 +78,12 @@ class JournalWaits:
             self._catch_up.hold(shard, True, WHY)
         if shards:
             self._next_try = time.monotonic() + RETRY_S
+        if new and self._readiness is not None:
+            self._readiness.fail(
+                CHECK,
+                f"{shard_names(self._waiting)} read again, waiting for the journal: "
+                f"{shards[new[0]]}",
+            )
 
     def done(self, shards: Collection[Shard]) -> None:
         """These partitions' re-reads have the journal now (or are not read here any more)."""
@@ -84,6 +93,8 @@ class JournalWaits:
             self._catch_up.hold(shard, False, WHY)
         if gone:
             logger.info("%s: the journal is read, and so are they again", shard_names(gone))
+            if not self._waiting and self._readiness is not None:
+                self._readiness.ok(CHECK)
 
     def read_again(self, consumer: Consumer, reading_again: ReadingAgain) -> None:
         """``consumer`` reads the waiting partitions again from where each waits, at most once

@@ -73,11 +73,12 @@ class Membership:
         paused: Callable[[], bool],
         settled: Settled | None = None,
         adds: Adds | None = None,
+        journal_waits: JournalWaits | None = None,
     ) -> None:
         self.consumer = consumer
         self.settled = settled or Settled(None)
         self.adds = adds or Adds(store, catch_up)
-        self.journal_waits = JournalWaits(catch_up)
+        self.journal_waits = journal_waits or JournalWaits(catch_up)
         self.store = store
         self.catch_up = catch_up
         self.topics = list(topics)

@@ -10,8 +10,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.catchup import CatchUp
+from bridge.health import Readiness
 from bridge.ingress import journal_waits
-from bridge.ingress.journal_waits import JournalWaits
+from bridge.ingress.journal_waits import CHECK, JournalWaits
 from bridge.store import ResumePoint, Shard
 
 A, B = Shard("delay", 0), Shard("delay", 1)
@@ -58,3 +59,15 @@ def test_a_partition_waiting_for_the_journal_is_held_and_read_again_from_where_i
     assert waits.waiting() == {B} and catch_up.horizons() == {B: -1}
     waits.done({B})
     assert catch_up.horizons() == {}
+
+
+def test_readyz_names_the_partitions_waiting_for_the_journal_until_none_does() -> None:
+    readiness = Readiness()
+    waits = JournalWaits(CatchUp(), readiness)
+    waits.wait({A: "no leader"}, {A: 3}, again=[], points=None)
+    assert "delay[0]" in readiness.detail(CHECK) and "no leader" in readiness.detail(CHECK)
+    waits.wait({B: "no leader"}, {B: 4}, again=[], points=None)
+    waits.done({A})
+    assert "delay[1]" in readiness.detail(CHECK)
+    waits.done({B})
+    assert readiness.detail(CHECK) == ""
