@@ -37,13 +37,12 @@ CHECK = "ingress-journal"  # /readyz while any waits
 @dataclass(frozen=True)
 class Waiting:
     """Where a partition waiting for the journal is read again from, and as what: ``again``,
-    after Redis lost what it stored; ``point``, Redis's resume point at its assignment
-    (``assigned``: it was one)."""
+    after Redis lost what it stored; ``points``, Redis's resume point of it at its assignment
+    (None: it was no assignment)."""
 
     start: int
     again: bool
-    point: ResumePoint | None
-    assigned: bool
+    points: Mapping[Shard, ResumePoint] | None
 
 
 class JournalWaits:
@@ -73,8 +72,8 @@ class JournalWaits:
                 shards[new[0]],
             )
         for shard in sorted(shards):
-            point = (points or {}).get(shard)
-            self._waiting[shard] = Waiting(starts[shard], shard in again, point, points is not None)
+            mine = None if points is None else {s: p for s, p in points.items() if s == shard}
+            self._waiting[shard] = Waiting(starts[shard], shard in again, mine)
             self._catch_up.hold(shard, True, WHY)
         if shards:
             self._next_try = time.monotonic() + RETRY_S
@@ -108,12 +107,7 @@ class JournalWaits:
             except KafkaException as exc:
                 logger.warning("%s not read again yet: %s", shard, exc)
                 continue
-            point = {shard: waiting.point} if waiting.point else {}
-            reading_again(
-                {shard: waiting.start},
-                [shard] if waiting.again else [],
-                point if waiting.assigned else None,
-            )
+            reading_again({shard: waiting.start}, [shard] if waiting.again else [], waiting.points)
 
     def waiting(self) -> set[Shard]:
         """The partitions whose records are dropped as read."""
