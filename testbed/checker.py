@@ -47,6 +47,10 @@ from testbed.workload import CLIENT_LOG_LEVEL, ReadOnce, now_ms, seq_of
 
 # The longest a record due during a fault may wait once the fault is over (Account.recovery_ms).
 RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
+# At least once, a record (or an occurrence) delivered again must have been in flight at a fault:
+# its first copy delivered within this of one (before it: a claim or an acknowledgement the
+# fault lost; during it: a lease run out while its holder stood still).
+IN_FLIGHT_MS = 15_000
 
 
 @dataclass(frozen=True)
@@ -331,6 +335,8 @@ class Account:
     misrouted: list[str] = field(default_factory=list)
     duplicates: int = 0
     twice: list[str] = field(default_factory=list)  # the records delivered more than once
+    # Of ``twice``, those whose first copy came nowhere near a fault (see IN_FLIGHT_MS).
+    stray: list[str] = field(default_factory=list)
     duplicate_ids_differ: int = 0
     early: list[str] = field(default_factory=list)
     lateness_ms: list[int] = field(default_factory=list)  # first arrival at the checker
@@ -386,12 +392,19 @@ def settle(
     record that arrived while a fault lasted was late for the fault alone."""
     acc = Account(records=len(expected), faults_timed=bool(faults))
     ends = sorted(end for _, end in faults)
+
+    def twice(what: str, copies: list[Seen]) -> None:
+        acc.twice.append(what)
+        first = min(g.timestamp_ms for g in copies)
+        if not any(b - IN_FLIGHT_MS <= first <= e + IN_FLIGHT_MS for b, e in faults):
+            acc.stray.append(f"{what}, the first at {first}")
+
     for seq, exp in expected.items():
         got, dead = checker.delivered.get(seq, []), checker.dead.get(seq, [])
         if exp.also_dead:
             dead = [d for d in dead if d.reason not in exp.also_dead]
         if exp.earlier_dues:
-            got, before = _earlier(acc, exp, got)
+            got, before = _earlier(acc, exp, got, twice)
             if before and not got:  # claimed before its copy was read: that one is its delivery
                 acc.delivered += 1
                 continue
@@ -434,7 +447,7 @@ def settle(
         acc.delivered += 1
         acc.duplicates += len(got) - 1
         if len(got) > 1:
-            acc.twice.append(f"{exp.offset}: {len(got)} copies")
+            twice(f"{exp.offset}: {len(got)} copies", got)
         if any(g.delay_id != exp.delay_id for g in got):
             acc.duplicate_ids_differ += 1
         for g in got:
@@ -458,7 +471,9 @@ def settle(
     return acc
 
 
-def _earlier(acc: Account, exp: Expected, got: list[Seen]) -> tuple[list[Seen], list[Seen]]:
+def _earlier(
+    acc: Account, exp: Expected, got: list[Seen], twice: Callable[[str, list[Seen]], None]
+) -> tuple[list[Seen], list[Seen]]:
     """The deliveries of ``exp``'s own due time, and those of the records it replaced, checked
     here (each at or after its own due time): one delivery of the seq in all, any other is a
     duplicate."""
@@ -472,7 +487,7 @@ def _earlier(acc: Account, exp: Expected, got: list[Seen]) -> tuple[list[Seen], 
     again = len(theirs) - (0 if mine else 1) if theirs else 0
     acc.duplicates += again
     if again:
-        acc.twice.append(f"{exp.offset}: {again} more, of an operator's copies")
+        twice(f"{exp.offset}: {again} more, of an operator's copies", got)
     return mine, theirs
 
 

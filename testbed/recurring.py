@@ -35,14 +35,12 @@ from bridge.message import (
 )
 from bridge.store import Shard, Store
 from testbed import run as runs
-from testbed.checker import read_topic
+from testbed.checker import IN_FLIGHT_MS, read_topic
 from testbed.run import PARTITIONS, Result, Run, Size
 from testbed.workload import CLIENT_LOG_LEVEL, ReadOnce, now_ms, steady
 
 VALUE = b"x" * 100
 MINUTE_MS = 60_000
-# An occurrence delivered again at least once may have been in flight at a fault this close.
-IN_FLIGHT_MS = 15_000
 
 Occurrence = tuple[str, int]  # (the schedule's delay-id, the instant, epoch ms)
 

@@ -341,6 +341,8 @@ class Run:
             )
         if EXACTLY_ONCE:
             result.checks["no duplicate (exactly once)"] = account.duplicates == 0
+        else:
+            result.checks["a record twice only when in flight at a fault"] = not account.stray
         rebuilds = self.log_count("redis lost")
         if rebuilds:
             result.notes.append(f"{rebuilds} shard rebuilds")

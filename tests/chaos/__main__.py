@@ -104,6 +104,7 @@ def main() -> int:
                         "lost": r.account.lost[:20],
                         "duplicates": r.account.duplicates,
                         "twice": r.account.twice[:20],
+                        "stray": r.account.stray[:20],
                         "early": r.account.early[:20],
                         "misrouted": r.account.misrouted[:20],
                         "max_lateness_ms": r.account.max_lateness_ms,

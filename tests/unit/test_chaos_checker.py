@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from testbed.checker import Checker, Expected, Seen, met_again, settle
+from testbed.checker import IN_FLIGHT_MS, Checker, Expected, Seen, met_again, settle
 
 
 def _seen(seen_ms: int, appended_ms: int | None = None) -> Seen:
@@ -103,3 +103,32 @@ def test_a_dlq_replay_refused_again_is_one_record_dead_lettered() -> None:
     checker.dead[1] += [Seen(t, t, "", None, "bad-due-time", "d:0:1") for t in (10, 9_010)]
     account = settle(checker, {1: again}, 10_000)
     assert (account.dead_lettered, account.misrouted, account.lost) == (1, [], [])
+
+
+def test_a_record_twice_is_stray_unless_its_first_copy_came_near_a_fault() -> None:
+    """At least once, a copy again is one the fault caught in flight: its first copy delivered
+    within IN_FLIGHT_MS of a fault (before it, its acknowledgement lost; during it, its lease
+    run out). Twice anywhere else is a bug the run must report."""
+    expected = {
+        1: Expected("d:0:1", produced_ms=0, due_ms=1_000),  # first copy 14 s before the fault
+        2: Expected("d:0:2", produced_ms=0, due_ms=30_000),  # first copy 14 s after its end
+        3: Expected("d:0:3", produced_ms=0, due_ms=60_000),  # far from it
+    }
+    copies = {
+        1: [_seen(1_000), _seen(16_000)],
+        2: [_seen(34_000), _seen(40_000)],
+        3: [_seen(60_000), _seen(60_500)],
+    }
+    account = settle(_checker(copies), expected, 100_000, faults=[(15_000, 20_000)])
+    assert (account.duplicates, len(account.twice)) == (3, 3)
+    assert account.stray == ["d:0:3: 2 copies, the first at 60000"]
+    assert IN_FLIGHT_MS == 15_000  # the distances above are drawn against it
+
+
+def test_an_operators_copy_twice_is_stray_away_from_faults() -> None:
+    fired = Expected("d:0:1", produced_ms=0, due_ms=5_000, earlier_dues=(1_000,))
+    twice = [_due(1_100, 1_000), _due(1_200, 1_000), _due(5_050, 5_000)]
+    account = settle(_checker({1: twice}), {1: fired}, 100_000, faults=[(40_000, 41_000)])
+    assert account.duplicates == 2 and len(account.stray) == 1
+    near = settle(_checker({1: twice}), {1: fired}, 100_000, faults=[(10_000, 11_000)])
+    assert near.duplicates == 2 and near.stray == []
