@@ -215,9 +215,12 @@ class ShardTransaction:
             self._open, self._commit_at = True, time.monotonic() + self.s.period_s
         for n, item in enumerate(batch):
             try:
-                # Its report, this transaction's (produced again in the next, the next's).
-                item.fields["on_delivery"] = functools.partial(self._reported, item)
-                produce_fields(self.producer, item.topic, item.fields)
+                # Its report, this transaction's (produced again in the next, the next's). Not
+                # kept in item.fields: the callback holds the item, and a cycle per record left
+                # every record to the cycle collector (its collections held the interpreter for
+                # 100-200 ms at 3,667 records/s).
+                report = functools.partial(self._reported, item)
+                produce_fields(self.producer, item.topic, {**item.fields, "on_delivery": report})
                 onward = item.inflight.onward  # a schedule carried on: in the same transaction
                 if onward is not None:
                     report = functools.partial(self._reported_onward, item)
