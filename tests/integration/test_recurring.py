@@ -131,6 +131,46 @@ def test_an_interval_schedule_delivers_each_occurrence_once_at_its_instant_up_to
     assert collector.of(setup.dlq) == []
 
 
+@pytest.mark.parametrize(
+    "overrides", [{}, {"egress__exactly_once": "true"}], ids=["at-least-once", "exactly-once"]
+)
+def test_occurrences_leave_no_garbage_for_the_collector(
+    setup: Setup, bridges: list[Bridge], overrides: dict[str, str]
+) -> None:
+    """An occurrence and the record carrying its schedule on hold no reference cycle, as a
+    one-shot record does not (test_pipeline's and test_exactly_once's tests of it): 2,000
+    schedules every second, four times each, and the cycle collector finds next to nothing. A
+    cycle a record made each one garbage for the collector, whose collections held the
+    interpreter 100-200 ms at a time (docs/bench/history.md)."""
+    bridge = _consuming(setup, bridges, **overrides)
+
+    def gc_counts() -> list[float]:
+        return [
+            metric(bridge, f'python_gc_{what}_total{{generation="{g}"}}')
+            for what in ("collections", "objects_collected")
+            for g in range(3)
+        ]
+
+    before = gc_counts()
+    start = _next_second(4000)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [
+            (i % 3, b"v", _schedule(setup, f"gc-{i}".encode(), start, b"1s", (H_COUNT, b"4")))
+            for i in range(2_000)
+        ],
+    )
+    collector = setup.collector()
+    try:
+        collector.until(lambda rs: len(rs) >= 8_000, 90, "8,000 occurrences")
+    finally:
+        collector.close()
+    young, middle, full, *collected = (a - b for a, b in zip(gc_counts(), before, strict=True))
+    assert sum(collected) < 1_000, f"{sum(collected):.0f} objects collected as garbage"
+    assert young <= 1 and middle == 0 and full == 0, f"{young}, {middle}, {full} collections"
+
+
 def test_a_cancel_ends_a_schedule_and_a_record_with_its_id_replaces_it(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
