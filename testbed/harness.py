@@ -225,6 +225,16 @@ def metric(bridge: Bridge, name: str) -> float:
     )
 
 
+def cycle_collector(bridge: Bridge) -> list[float]:
+    """The bridge's cycle collector so far (its /metrics): collections of each generation, young
+    to full, then the objects each collected as garbage."""
+    return [
+        metric(bridge, f'python_gc_{what}_total{{generation="{g}"}}')
+        for what in ("collections", "objects_collected")
+        for g in range(3)
+    ]
+
+
 def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
     """Environment for a bridge process; keyword names are config paths with ``__``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}

@@ -21,6 +21,7 @@ from testbed.harness import (
     Setup,
     ToPartition,
     check_delivery,
+    cycle_collector,
     delivered,
     fast_takeover,
     metric,
@@ -109,22 +110,16 @@ def test_records_delivered_exactly_once_leave_no_garbage_for_the_collector(
     bridge = setup.bridge(**EXACTLY_ONCE)
     bridges.append(bridge.start())
     assert wait_ready(bridge)
-
-    def gc_counts() -> list[float]:
-        return [
-            metric(bridge, f'python_gc_{what}_total{{generation="{g}"}}')
-            for what in ("collections", "objects_collected")
-            for g in range(3)
-        ]
-
-    before = gc_counts()
+    before = cycle_collector(bridge)
     expected = schedule(setup, 20_000, seed=59, max_delay_ms=2000)
     collector = setup.collector()
     try:
         each_once(collector, setup, expected, timeout=120)
     finally:
         collector.close()
-    young, middle, full, *collected = (a - b for a, b in zip(gc_counts(), before, strict=True))
+    young, middle, full, *collected = (
+        a - b for a, b in zip(cycle_collector(bridge), before, strict=True)
+    )
     assert sum(collected) < 1_000, f"{sum(collected):.0f} objects collected as garbage"
     assert young <= 1 and middle == 0 and full == 0, f"{young}, {middle}, {full} collections"
 

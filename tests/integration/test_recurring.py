@@ -41,6 +41,7 @@ from testbed.harness import (
     Received,
     Setup,
     ToPartition,
+    cycle_collector,
     metric,
     produce_to,
     wait_ready,
@@ -143,15 +144,7 @@ def test_occurrences_leave_no_garbage_for_the_collector(
     cycle a record made each one garbage for the collector, whose collections held the
     interpreter 100-200 ms at a time (docs/bench/history.md)."""
     bridge = _consuming(setup, bridges, **overrides)
-
-    def gc_counts() -> list[float]:
-        return [
-            metric(bridge, f'python_gc_{what}_total{{generation="{g}"}}')
-            for what in ("collections", "objects_collected")
-            for g in range(3)
-        ]
-
-    before = gc_counts()
+    before = cycle_collector(bridge)
     start = _next_second(4000)
     produce_to(
         setup.services.bootstrap,
@@ -166,7 +159,9 @@ def test_occurrences_leave_no_garbage_for_the_collector(
         collector.until(lambda rs: len(rs) >= 8_000, 90, "8,000 occurrences")
     finally:
         collector.close()
-    young, middle, full, *collected = (a - b for a, b in zip(gc_counts(), before, strict=True))
+    young, middle, full, *collected = (
+        a - b for a, b in zip(cycle_collector(bridge), before, strict=True)
+    )
     assert sum(collected) < 1_000, f"{sum(collected):.0f} objects collected as garbage"
     assert young <= 1 and middle == 0 and full == 0, f"{young}, {middle}, {full} collections"
 
