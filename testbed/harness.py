@@ -235,6 +235,18 @@ def cycle_collector(bridge: Bridge) -> list[float]:
     ]
 
 
+def assert_no_garbage_since(bridge: Bridge, before: list[float], what: str) -> None:
+    """Since ``before`` (:func:`cycle_collector`), while ``what`` went through the bridge: at
+    most one young collection, no older one, and next to nothing collected as garbage — records
+    that hold no reference cycle leave the cycle collector nothing to do."""
+    young, middle, full, *collected = (
+        a - b for a, b in zip(cycle_collector(bridge), before, strict=True)
+    )
+    assert sum(collected) < 1_000, f"{sum(collected):.0f} objects collected as garbage ({what})"
+    assert young <= 1, f"{young:.0f} young collections for {what}"
+    assert middle == 0 and full == 0, f"{middle:.0f} middle and {full:.0f} full collections"
+
+
 def bridge_env(bootstrap: str, redis_url: str, **overrides: str) -> dict[str, str]:
     """Environment for a bridge process; keyword names are config paths with ``__``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAY_BRIDGE_")}
