@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from bridge.store import Store
+from testbed import postmortem
 from testbed.clock import build_shim
 from testbed.harness import Bridge, Setup
 from tests.conftest import ROOT, Services, TopicFactory, delete_keys, failed, wait_for
@@ -65,19 +66,15 @@ def one(services: Services, topics: TopicFactory, unique: str, tmp_path: Path) -
 
 @pytest.fixture
 def bridges(request: pytest.FixtureRequest) -> Iterator[list[Bridge]]:
-    """The test's bridges, killed afterwards; when the test failed, the end of each one's log
-    is printed (pytest shows it in the failure's report, "Captured stdout teardown")."""
+    """The test's bridges, killed afterwards; when the test failed, what their logs and the
+    broker say of them is printed (testbed.postmortem; pytest shows it in the failure's report,
+    "Captured stdout teardown")."""
     running: list[Bridge] = []
     yield running
     for b in running:
         b.kill()
-    if failed(request.node):
-        for n, b in enumerate(running):
-            tail = b.output().splitlines()[-LOG_TAIL_LINES:]
-            print(f"--- bridge {n}: the last {len(tail)} lines of {b.log} ---", *tail, sep="\n")
-
-
-LOG_TAIL_LINES = 60
+    if failed(request.node) and running:
+        print(*postmortem.report(running), sep="\n")
 
 
 @pytest.fixture

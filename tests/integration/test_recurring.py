@@ -338,11 +338,17 @@ def test_exactly_once_each_occurrence_through_sigkills_and_a_redis_that_lost_its
                 assert wipe(setup) > 0
         expected = {(f"c{p}", start + p * 50 + k * 1000) for p in range(20) for k in range(12)}
 
-        def all_in(rs: list[Received]) -> bool:
-            got = {(r.delay_id, int(r.header(H_OCCURRENCE) or b"0")) for r in rs}
-            return expected <= got
+        missing = set(expected)
 
-        collector.until(all_in, 120, "every occurrence of the twelve seconds")
+        def all_in(rs: list[Received]) -> bool:
+            missing.difference_update((r.delay_id, int(r.header(H_OCCURRENCE) or b"0")) for r in rs)
+            return not missing
+
+        try:
+            collector.until(all_in, 120, "every occurrence of the twelve seconds")
+        except AssertionError as e:
+            late = sorted((at - start, sid) for sid, at in missing)
+            raise AssertionError(f"{e}; missing (ms after the first, delay-id): {late[:40]}") from e
         _collect(collector, 2)  # a second copy would be in by now
     finally:
         collector.close()
