@@ -46,13 +46,16 @@ def report(bridges: Sequence[Bridge], broker_log: Path = BROKER_LOG) -> list[str
 
 
 def _coordinator_lines(log: Path, groups: Iterable[str]) -> list[str]:
-    wanted = [f"group {g} " for g in groups] + [f"group {g}." for g in groups]
-    if not wanted or not log.exists():
+    names = "|".join(re.escape(g) for g in groups)
+    if not names or not log.exists():
         return []
+    # "group <id> has failed", "Group <id> with generation 4 is now empty", "[Group <id>] Member
+    # … has left group through explicit LeaveGroup": the id whole, not a prefix of another.
+    wanted = re.compile(rf"[Gg]roup (?:{names})(?![\w-])")
     found = [
         line
         for line in log.read_text(errors="replace").splitlines()
-        if "GroupCoordinator" in line and any(w in line for w in wanted)
+        if "GroupCoordinator" in line and wanted.search(line)
     ]
     return [_short(line) for line in found[-BROKER_LINES:]]
 

@@ -22,6 +22,12 @@ Stabilized group bridge-g generation 1 with 1 members. (org.apache.kafka.coordin
 Stabilized group bridge-other generation 1 with 1 members. (org.apache.kafka.coordinator.group.X)
 [2026-12-06 08:41:35,000] INFO [GroupCoordinator id=1 topic=__consumer_offsets partition=2] \
 Member m in group bridge-g has failed, removing it from the group. (org.apache.kafka.X)
+[2026-12-06 08:41:36,000] INFO [GroupCoordinator id=1 topic=__consumer_offsets partition=2] \
+[Group bridge-g] Member n has left group through explicit `LeaveGroup` request (org.apache.X)
+[2026-12-06 08:41:37,000] INFO [GroupCoordinator id=1 topic=__consumer_offsets partition=2] \
+Group bridge-g with generation 4 is now empty. (org.apache.kafka.coordinator.group.X)
+[2026-12-06 08:41:38,000] INFO [GroupCoordinator id=1 topic=__consumer_offsets partition=2] \
+Group bridge-gg with generation 1 is now empty. (org.apache.kafka.coordinator.group.X)
 """
 
 
@@ -45,7 +51,10 @@ def test_a_report_has_the_group_events_of_the_whole_log_its_tail_and_the_brokers
     assert "line 99" in text and "line 69" not in text
     assert "Stabilized group bridge-g generation 1 with 1 members." in text
     assert "Member m in group bridge-g has failed, removing it from the group." in text
-    assert "bridge-other" not in text and "GroupCoordinator id=" not in text
+    assert "[Group bridge-g] Member n has left group through explicit `LeaveGroup`" in text
+    assert "Group bridge-g with generation 4 is now empty." in text
+    assert "bridge-other" not in text and "bridge-gg" not in text
+    assert "GroupCoordinator id=" not in text
 
 
 def test_a_report_without_a_broker_log_or_a_bridge_log_says_what_it_has(tmp_path: Path) -> None:
