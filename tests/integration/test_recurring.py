@@ -348,7 +348,9 @@ def test_exactly_once_each_occurrence_through_sigkills_and_a_redis_that_lost_its
             collector.until(all_in, 120, "every occurrence of the twelve seconds")
         except AssertionError as e:
             absent = sorted((at - start, sid) for sid, at in missing)
-            raise AssertionError(f"{e}; missing (ms after the first, delay-id): {absent[:40]}") from e
+            raise AssertionError(
+                f"{e}; missing (ms after the first, delay-id): {absent[:40]}"
+            ) from e
         _collect(collector, 2)  # a second copy would be in by now
     finally:
         collector.close()
