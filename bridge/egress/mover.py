@@ -98,9 +98,7 @@ class Egress:
             outlet=transactions,
             spans=spans,
         )
-        committed = None
-        if transactions is not None:
-            transactions.settings.on_ended, committed = self._ended, transactions.settings.committed
+        committed = transactions.settings.committed if transactions is not None else None
         self.sender = Sender(config, self.clock, self.deliveries, committed)
         self.deliveries.holding = self.sender.__len__  # acks wait longer while records are held
         self.lanes = Lanes(self.deliveries.draining_lanes)
@@ -120,6 +118,8 @@ class Egress:
             wake=self._wake.set,
             readiness=self.readiness,
         )
+        if transactions is not None:
+            transactions.settings.on_ended = self.taking_over.ended
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
 
@@ -279,12 +279,6 @@ class Egress:
             return
         self.plan.forget(shards)  # nothing known of them yet: claim at once
         self.targets.learn(self.store.inventory.waits(sorted(shards)))
-
-    def _ended(self, shard: Shard, fenced: bool) -> None:
-        """A shard's producer ended (its thread): fenced, another replica took the shard over (its
-        consumer hands it on soon), no more claims of it here; else it is taken over again."""
-        self.taking_over.give_up({shard}, close=False)
-        (self.remove_shards if fenced else self.add_shards)({shard})
 
     def run(self, stop: threading.Event) -> None:
         """Move records until ``stop`` is set, then drain what is in flight."""

@@ -172,18 +172,32 @@ class Transactions:
         self._shards: dict[Shard, ShardTransaction] = {}
         self._closed: dict[Shard, ShardTransaction] = {}  # at a revoke: perhaps not ended yet
         self.reports = threading.Event()  # set when a shard hands reports on
+        # Producers starting (open, on the mover's thread) and fencing (fence, on the ingress's)
+        # by partition, and those of the starting whose partition was revoked meanwhile (close):
+        # a producer closes once started, and a fence never fences one this replica starts.
+        self._state = threading.Condition()
+        self._starting: set[Shard] = set()
+        self._fencing: set[Shard] = set()
+        self._revoked: set[Shard] = set()
 
     def open(self, shards: Iterable[Shard]) -> dict[Shard, str]:
         """Start the producers of ``shards`` (taken over) that have none, all at once: each
-        start waits for Kafka to fence the earlier owner. Returns those that did not start (by
-        partition: why); the others are kept."""
-        new = {s.base() for s in shards if not self._live(s.base())}
-        for shard in new:  # a producer closed at a revoke ends before the next one starts
-            closed = self._closed.pop(shard, None)
-            if closed is not None:
-                closed.join(INIT_TIMEOUT_S)
-        started: dict[Shard, ShardTransaction] = {}
+        start waits for Kafka to fence the earlier owner, and for a fence of the partition under
+        way here (:meth:`fence`). Returns those that did not start (by partition: why); the
+        others are kept — but for those revoked while their producer started, which close."""
         failed: dict[Shard, str] = {}
+        with self._state:
+            bases = {s.base() for s in shards}
+            self._state.wait_for(lambda: not bases & self._fencing, INIT_TIMEOUT_S)
+            for shard in bases & self._fencing:
+                failed[shard] = f"a fence of its earlier owner did not end in {INIT_TIMEOUT_S:.0f}s"
+            new = {s for s in bases if not self._live(s) and s not in failed}
+            self._starting |= new
+            self._revoked -= new
+            closed = [t for t in (self._closed.pop(s, None) for s in new) if t is not None]
+        for txn in closed:  # a producer closed at a revoke ends before the next one starts
+            txn.join(INIT_TIMEOUT_S)
+        started: dict[Shard, ShardTransaction] = {}
 
         def start(shard: Shard) -> None:
             try:
@@ -193,16 +207,33 @@ class Transactions:
             except KafkaException as exc:
                 failed[shard] = str(exc.args[0].str() if exc.args else exc)
 
-        _each_at_once(start, sorted(new))
-        self._shards.update(started)
-        return failed
+        try:
+            _each_at_once(start, sorted(new))
+        finally:
+            with self._state:
+                revoked, self._revoked = self._revoked & new, self._revoked - new
+                for shard, txn in started.items():
+                    (self._closed if shard in revoked else self._shards)[shard] = txn
+                self._starting -= new
+                self._state.notify_all()
+        for shard in revoked & set(started):
+            started[shard].close()
+        return {s: why for s, why in failed.items() if s not in revoked}
 
     def fence(self, shards: Iterable[Shard]) -> None:
         """Fence the earlier owners of ``shards`` that this replica has no producer for, all at
         once: a producer with each one's transactional id starts and is dropped. Kafka aborts
         what an earlier owner left open, which holds a read of the journal (read_committed)
-        back until then: a rebuild reads it before the shard's own producer starts (open)."""
-        new = sorted({s.base() for s in shards if not self._live(s.base())})
+        back until then: a rebuild reads it before the shard's own producer starts (open). One
+        whose producer starts meanwhile is left to that start, which fences the earlier owner as
+        well: a fence after it would fence this replica's own producer."""
+        with self._state:
+            new = sorted(
+                b
+                for b in {s.base() for s in shards}
+                if not self._live(b) and b not in self._starting | self._fencing
+            )
+            self._fencing.update(new)
 
         def fence_one(shard: Shard) -> None:
             try:
@@ -215,7 +246,12 @@ class Transactions:
                     exc.args[0].str() if exc.args else exc,
                 )
 
-        _each_at_once(fence_one, new)
+        try:
+            _each_at_once(fence_one, new)
+        finally:
+            with self._state:
+                self._fencing.difference_update(new)
+                self._state.notify_all()
 
     def _live(self, shard: Shard) -> bool:
         txn = self._shards.get(shard)
@@ -235,12 +271,19 @@ class Transactions:
 
     def close(self, shards: Iterable[Shard]) -> None:
         """End the transactions of revoked shards (what is open commits if it can), on their
-        threads: a take-over of one of them waits for its end (:meth:`open`)."""
-        for shard in {s.base() for s in shards}:
-            txn = self._shards.pop(shard, None)
-            if txn is not None:
-                txn.close()
-                self._closed[shard] = txn
+        threads: a take-over of one of them waits for its end (:meth:`open`). A producer of one
+        that is starting closes once started."""
+        closing: list[ShardTransaction] = []
+        with self._state:
+            for shard in {s.base() for s in shards}:
+                if shard in self._starting:  # it closes once started (open)
+                    self._revoked.add(shard)
+                txn = self._shards.pop(shard, None)
+                if txn is not None:
+                    self._closed[shard] = txn
+                    closing.append(txn)
+        for txn in closing:
+            txn.close()
 
     def poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a shard to hand reports on (they are queued already)."""

@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 # A partition whose transactional producer did not start is tried again after this, doubling up
 # to the most (each try waits up to the producer's init timeout, on this partition alone).
 HELD_RETRY_S, HELD_RETRY_MAX_S = 1.0, 30.0
+# A partition whose producer another one with its transactional id fenced while the group still
+# has it here waits this long, then is taken over again (a replica whose partitions moved learns
+# it from the group within seconds of being fenced: its heartbeat fails, and the revoke comes).
+FENCED_RETRY_S = 30.0
 # A retired incarnation of a partition this replica delivers from waits up to this long for the
 # records it has in flight of it from before the retire, looked at this often.
 BEFORE_RETIRE_S, BEFORE_RETIRE_POLL_S = 30.0, 0.1
@@ -53,6 +57,7 @@ class TakeOver:
         self._drop_held = drop_held  # takes the records claimed ahead of partitions out
         self._wake = wake  # the mover
         self._shards: set[Shard] = set()
+        self._revoked: set[Shard] = set()  # partitions revoked since the last call began
         self._gone: set[Shard] = set()  # given up (exactly once): what is in flight is forgotten
         # Partitions about to be rebuilt (exactly once): what is claimed ahead of them is dropped.
         self._rebuilt: list[tuple[set[Shard], threading.Event]] = []
@@ -65,6 +70,10 @@ class TakeOver:
         # Partitions whose producer did not start: not claimed from (see claimable), tried again
         # at a back-off; the others go on. Partition -> (when to try again, tries, why).
         self._held: dict[Shard, tuple[float, int, str]] = {}
+        # Partitions whose producer was fenced while assigned here (see fenced): when each is
+        # taken over again. Set on the producer's thread: replaced whole, never changed in place.
+        self._fenced: dict[Shard, float] = {}
+        self.fenced_retry_s = FENCED_RETRY_S
         # Retired incarnations waiting for the records in flight here from before their retire
         # (see _after_retire): what is left of them, and until when they wait.
         self._retiring: dict[Shard, tuple[set[Ident], float]] = {}
@@ -75,13 +84,17 @@ class TakeOver:
         unsure = self._unsure or self.store.scripts.unanswered != self._unanswered
         now = time.monotonic()
         again = any(at <= now for at, _, _ in self._held.values())
+        again = again or any(at <= now for at in self._fenced.values())
         again = again or bool(self._retiring and self._next_look <= now)
         return bool(self._shards or self._gone or self._rebuilt or unsure or again)
 
     def claimable(self, owned: frozenset[Shard]) -> frozenset[Shard]:
-        """``owned`` less the partitions whose take-over failed, until it succeeds."""
-        held = self._held
-        return frozenset(s for s in owned if s.base() not in held) if held else owned
+        """``owned`` less the partitions whose take-over failed, until it succeeds, and those
+        whose producer was fenced, until they are taken over again."""
+        held, fenced = self._held, self._fenced
+        if not (held or fenced):
+            return owned
+        return frozenset(s for s in owned if s.base() not in held and s.base() not in fenced)
 
     def failed(self, exc: Exception) -> None:
         """A step of the mover failed: a Redis call without an answer may have run (``_unsure``);
@@ -121,6 +134,8 @@ class TakeOver:
         """Forget the shards of these partitions (revoked before they were taken over)."""
         with self._lock:
             self._shards = {s for s in self._shards if s.base() not in bases}
+            self._revoked |= bases
+            self._fenced = {s: at for s, at in self._fenced.items() if s not in bases}
         for base in bases:
             self._held.pop(base, None)
         self._retiring = {s: w for s, w in self._retiring.items() if s.base() not in bases}
@@ -138,13 +153,37 @@ class TakeOver:
         with self._lock:
             self._gone |= {s.base() for s in shards}
 
+    def ended(self, shard: Shard, fenced: bool) -> None:
+        """Exactly once: the shard's producer ended (on its thread), and the group has not
+        revoked the shard: what is in flight of it is given up. Its state lost (an abort Kafka
+        refused), it is taken over again at once, with a new producer. Fenced by a newer one
+        with its transactional id, it is not claimed from until it is taken over again, in
+        ``fenced_retry_s`` if the group still has it here then: another replica's producer
+        fenced it, and the revoke is on its way; or that one is no live replica's (one frozen
+        past its session, say), and the partition is this replica's to deliver."""
+        self.give_up({shard}, close=False)
+        if not fenced:
+            self.add({shard})
+            self._wake()
+            return
+        with self._lock:
+            self._fenced = {**self._fenced, shard.base(): time.monotonic() + self.fenced_retry_s}
+        logger.warning(
+            "%s: its records wait until the group revokes it, or for %.0fs, then it is taken "
+            "over again with a new producer",
+            shard.base(),
+            self.fenced_retry_s,
+        )
+
     def __call__(self, owned: frozenset[Shard]) -> set[Shard]:
         """Forget what is in flight of the shards given up; take over the shards added (those
-        still ``owned``); returns them. On a failure they are taken over at the next call."""
+        still ``owned``, and not revoked while their producers start); returns them. On a
+        failure they are taken over at the next call."""
         with self._lock:
             shards, self._shards = self._shards, set()
             gone, self._gone = self._gone, set()
             rebuilt, self._rebuilt = self._rebuilt, []
+            self._revoked = set()
         for bases, dropped in rebuilt:
             self.deliveries.forget(by_shard(self._drop_held(bases)))
             dropped.set()
@@ -157,10 +196,17 @@ class TakeOver:
             self._unanswered, self._unsure = self.store.scripts.unanswered, True
         now = time.monotonic()
         shards |= {s for s in owned if self._held.get(s.base(), (now + 1, 0, ""))[0] <= now}
+        if any(at <= now for at in self._fenced.values()):  # taken over again if still owned
+            shards |= {s for s in owned if self._fenced.get(s.base(), now + 1) <= now}
+            with self._lock:
+                self._fenced = {s: at for s, at in self._fenced.items() if at > now}
         shards = self._after_retire(shards | set(self._retiring), owned, now)
         if not shards:
             return self._own_leases(owned) if self._unsure else shards
         failed = self.transactions.open(shards) if self.transactions is not None else {}
+        with self._lock:
+            revoked = self._revoked
+        shards = {s for s in shards if s.base() not in revoked}
         self._hold(shards, failed, now)
         shards = {s for s in shards if s.base() not in failed}
         try:

@@ -86,9 +86,10 @@ class Settings:
     clock_ms: Callable[[], int]
     # A shard's thread stopped on a bug: the bridge stops (see Service._on_producer_error).
     on_fatal: Callable[[KafkaError], None]
-    # A shard's producer ended on a fatal Kafka error (set by the egress; called on the shard's
-    # thread): fenced (True), another replica took the shard over; else its state is lost (an
-    # abort Kafka refused), and the shard is taken over again with a new producer.
+    # A shard's producer ended on a fatal Kafka error, the shard not revoked (set by the egress:
+    # TakeOver.ended; called on the shard's thread): fenced (True) by a newer producer — another
+    # replica's, most likely, whose revoke is on its way; else its state is lost (an abort Kafka
+    # refused). Either way the shard is taken over again with a new producer, once fenced later.
     on_ended: Callable[[Shard, bool], None] = lambda shard, fenced: None
     committed: Committed | None = None  # what was committed lately (a claim of it again)
 
