@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 LIVE_MARGIN_MS = 100  # a cancel produced this long before its record's due time always wins
 STALLED_S = 2.0  # a read position that has not moved this long while behind holds nothing
+# A shard read behind is said so at most this often: one written by transactions (a recurring
+# schedule carried on, exactly once) is behind whenever one is open, and level again between.
+TOLD_AGAIN_S = 60.0
 
 
 class CatchUp:
@@ -50,7 +53,7 @@ class CatchUp:
         self._read: dict[Shard, int] = {}  # the newest record timestamp applied, of every shard
         # Shards read live behind their end as the last fetch saw it: (position, since when).
         self._behind: dict[Shard, tuple[int, float]] = {}
-        self._told: set[Shard] = set()  # shards read behind whose holding was logged
+        self._told: dict[Shard, float] = {}  # shards read behind: when their holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
         # Shards none of whose records is claimed new, whatever is read, and why: what the
         # journal holds as settled is not yet forgotten in Redis (bridge.ingress.put_back), or
@@ -145,7 +148,7 @@ class CatchUp:
             self._horizons.pop(shard, None)
             self._read.pop(shard, None)
             self._behind.pop(shard, None)
-            self._told.discard(shard)
+            self._told.pop(shard, None)
             self._blocked.discard(shard)
             self._held.pop(shard, None)
 
@@ -205,9 +208,10 @@ class CatchUp:
             elif shard in live and record.due_ms > live[shard] and c.given_id() is not None:
                 past.append(c)
                 behind.add(shard)
-        with self._lock:  # said once while a shard stays behind
-            new = behind - self._told
-            self._told = (self._told & set(live)) | behind
+        with self._lock:  # said once while a shard stays behind, and once a minute at most
+            told = self._told
+            new = {s for s in behind if now - told.get(s, now - TOLD_AGAIN_S) >= TOLD_AGAIN_S}
+            told.update(dict.fromkeys(new, now))
         if new:
             logger.info(
                 "the ingress reads %s behind: records with their own delay-id wait until "

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bridge.catchup import LIVE_MARGIN_MS, STALLED_S, CatchUp
+import logging
+
+import pytest
+
+from bridge.catchup import LIVE_MARGIN_MS, STALLED_S, TOLD_AGAIN_S, CatchUp
 from bridge.message import Scheduled, origin
 from bridge.store import Claimed, Shard
 from bridge.store.keys import offset_bytes
@@ -72,6 +76,30 @@ def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
     assert len(catch_up.past(late, ())) == 1
     catch_up.stop(SHARD)  # revoked: not read here any more
     assert catch_up.past(late, ()) == []
+
+
+def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A partition written by transactions is behind while one is open and level between: the
+    log says so once a minute, not at every put-back."""
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    catch_up.read(SHARD, T0)
+    late = [claimed(1, T0 + 60_000, "job-1")]
+    with caplog.at_level(logging.INFO, logger="bridge.catchup"):
+        for _ in range(10):
+            catch_up.behind({SHARD: 10})
+            assert len(catch_up.past(late, ())) == 1
+            catch_up.behind({})  # level again: a claim meanwhile holds nothing
+            assert catch_up.past(late, ()) == []
+            clock.now += 1
+        told = [r for r in caplog.records if "behind" in r.getMessage()]
+        assert len(told) == 1
+        clock.now += TOLD_AGAIN_S
+        catch_up.behind({SHARD: 10})
+        assert len(catch_up.past(late, ())) == 1
+        assert len([r for r in caplog.records if "behind" in r.getMessage()]) == 2
 
 
 def test_a_catch_up_holds_every_record_past_its_horizon() -> None:
