@@ -39,6 +39,11 @@ class PooledServer(HTTPServer):
     """An HTTP server whose connections are served by a bounded pool of threads, not a thread
     each: a flood of connections costs the bridge a bounded number of threads and memory."""
 
+    # The listen backlog: socketserver's 5 overflowed at once under a flood, and every connection
+    # past it (a kubelet's probe among them) waited for its SYN to be sent again, 1 s, 3 s, 7 s
+    # later, instead of being answered; the acceptor takes each in microseconds.
+    request_queue_size = 512
+
     def __init__(self, address: tuple[str, int], handler: Any) -> None:
         self._slots = threading.BoundedSemaphore(WORKERS + QUEUED)
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="http")

@@ -300,7 +300,9 @@ def test_a_flood_of_idle_connections_costs_a_bounded_pool(
 ) -> None:
     """The HTTP server started a thread per connection: 300 idle connections, 300 threads. A
     bounded pool serves them now (connections past it are told 503 at once), an idle one is
-    closed after 2 s, and the probes answer again as soon as the flood is gone."""
+    closed after 2 s, and the probes answer again as soon as the flood is gone. Each connects at
+    once: a listen backlog of 5 overflowed, and a connection past it (a probe among them) waited
+    for its SYN to be sent again, a second later and more (the flood took 44 s to connect)."""
     bridge = setup.bridge().start()
     bridges.append(bridge)
     assert wait_ready(bridge), bridge.output()
@@ -308,11 +310,15 @@ def test_a_flood_of_idle_connections_costs_a_bounded_pool(
     tasks = Path(f"/proc/{bridge.proc.pid}/task")
     before = len(list(tasks.iterdir()))
     port = bridge.http_port()
-    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    flood: list[socket.socket] = []
     try:
+        for _ in range(300):  # a SYN sent again would come after 1 s
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
         wait_for(lambda: bridge_threads(tasks) >= before, 5, "the pool started")
         peak = max(bridge_threads(tasks) for _ in range(20))
         assert peak <= before + 10, (before, peak)
+        flood[-1].settimeout(10)
+        assert flood[-1].recv(64).startswith(b"HTTP/1.0 503")  # past the pool: told at once
     finally:
         for conn in flood:
             conn.close()
