@@ -28,7 +28,7 @@ from bridge.config import (
     producer_settings,
     read_back_settings,
 )
-from bridge.egress import Egress, shard_transactions
+from bridge.egress import Egress, OwnedWatch, shard_transactions
 from bridge.errors import ConfigError, KafkaFault
 from bridge.health import PROBE_INTERVAL_S, FetchWatch, Probes, Readiness
 from bridge.http import HttpServer
@@ -135,21 +135,21 @@ def _starting(config: Config, instance: str) -> None:
 
 
 def _unowned(service: Service, session_ms: str) -> ReplicaView:
-    """Have the probes watch for partitions no member owns; returns the replicas' view it reads (a
+    """Have the probes watch for partitions no member owns, and for those assigned here that the
+    mover does not deliver from (bridge.egress.owned); returns the replicas' view it reads (a
     replica's last word stands for a group session, ``session_ms``, and a probe round)."""
     config, me, clock = service.config, replica_id(), service.store.time_ms
     replicas = Replicas(service.redis, config.redis.key_prefix, clock, config.kafka.group_id)
     alive_ms = int(session_ms) + int(PROBE_INTERVAL_S * 1000)
-    view = ReplicaView(
-        replicas, me, lambda: service.ingress.joined, lambda: service.egress.owned, alive_ms
-    )
-    delay = set(config.topics.delay)
+    ingress, egress, delay = service.ingress, service.egress, set(config.topics.delay)
+    view = ReplicaView(replicas, me, lambda: ingress.joined, lambda: egress.owned, alive_ms)
     watch = Unowned(
         view,
         lambda: {t: n for t, n in service.topics.partitions().items() if t in delay},
-        lambda member, why: service.ingress.restarts.leave(why) if member == me else None,
+        lambda member, why: ingress.restarts.leave(why) if member == me else None,
     )
-    service.probes.each_round.append(watch.check)
+    here = OwnedWatch(lambda: ingress.assigned, egress)
+    service.probes.each_round += [watch.check, here.check]
     return view
 
 

@@ -442,6 +442,24 @@ class Setup:
     def collector(self) -> Collector:
         return Collector(self.services.bootstrap, [*self.targets, self.dlq], f"check-{self.unique}")
 
+    def due_now_in(self, partitions: Sequence[int], count: int) -> list[bytes]:
+        """Produce ``count`` records due now to each of these delay partitions, for the first
+        target (values ``p<partition>-<n>``); returns their values, sorted."""
+        now: Headers = [(H_TARGET_TOPIC, self.targets[0].encode()), (H_AFTER, b"0ms")]
+        values = [(p, f"p{p}-{i}".encode()) for p in partitions for i in range(count)]
+        produce_to(self.services.bootstrap, self.delay, [(p, v, now) for p, v in values])
+        return sorted(v for _, v in values)
+
+    def await_values(self, count: int, timeout: float, what: str) -> list[bytes]:
+        """The values of the records the targets and the dead-letter topic hold, sorted, once
+        there are ``count`` of them."""
+        collector = self.collector()
+        try:
+            collector.until(lambda rs: len(rs) >= count, timeout, what)
+        finally:
+            collector.close()
+        return sorted(r.value or b"" for r in collector.records)
+
     def await_value(self, value: bytes | None, timeout: float, what: str) -> list[Received]:
         """Every record the targets and the dead-letter topic hold once one with ``value`` is
         among them (a collector of their own, from the beginning)."""

@@ -3,5 +3,6 @@
 from bridge.egress.failures import InFlight
 from bridge.egress.mover import Egress
 from bridge.egress.outlet import Transactions, shard_transactions
+from bridge.egress.owned import OwnedWatch
 
-__all__ = ["Egress", "InFlight", "Transactions", "shard_transactions"]
+__all__ = ["Egress", "InFlight", "OwnedWatch", "Transactions", "shard_transactions"]

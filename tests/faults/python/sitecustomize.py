@@ -13,7 +13,10 @@ them and before the journal's producer had the entries written. With
 ``REDIS_LOADING_AT_ASSIGNMENT_S=T``, every Redis command fails as Redis answers while it loads its
 data set (LOADING) for T seconds from the ingress's first assignment on: a Redis restarting from
 its AOF as a new owner takes a partition over. With ``JOURNAL_FATES_FAIL=N``, the first N reads of
-the journal for a partition read again fail as a journal partition without a leader would."""
+the journal for a partition read again fail as a journal partition without a leader would. With
+``OWNED_DROP_PARTITION=P``, the mover is not handed delay-topic partition P at its first
+assignment, as a bug in the hand-over would have it, and ``OWNED_DRIFT_S`` replaces how long the
+probes wait before they take it over again (bridge.egress.owned)."""
 
 import os
 from typing import Any
@@ -140,3 +143,20 @@ if _FATES_FAIL[0]:
         return _fates(self, *args, **kwargs)
 
     setattr(journal_reader.JournalReader, "fates", _unreadable)  # noqa: B010
+
+_DROP = os.environ.get("OWNED_DROP_PARTITION", "")
+
+if _DROP:
+    from bridge.egress import mover, owned
+
+    owned.DRIFT_S = float(os.environ.get("OWNED_DRIFT_S", owned.DRIFT_S))
+    _add_shards = mover.Egress.add_shards
+    _dropped: list[bool] = []
+
+    def _dropping(self: Any, shards: Any) -> None:
+        if not _dropped and any(str(s.partition) == _DROP for s in shards):
+            _dropped.append(True)
+            shards = {s for s in shards if str(s.partition) != _DROP}
+        _add_shards(self, shards)
+
+    setattr(mover.Egress, "add_shards", _dropping)  # noqa: B010
