@@ -134,7 +134,7 @@ def _starting(config: Config, instance: str) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _unowned(service: Service, session_ms: str) -> ReplicaView:
+def _watch_ownership(service: Service, session_ms: str) -> ReplicaView:
     """Have the probes watch for partitions no member owns, and for those assigned here that the
     mover does not deliver from (bridge.egress.owned); returns the replicas' view it reads (a
     replica's last word stands for a group session, ``session_ms``, and a probe round)."""
@@ -238,7 +238,7 @@ class Service:
             reads=TopicReads(self.id_reader, self.id_reader.schedules, self.id_reader.logged),
             spans=spans,
         )
-        self.replica_view = _unowned(self, consumer_conf["session.timeout.ms"])
+        self.replica_view = _watch_ownership(self, consumer_conf["session.timeout.ms"])
         # Runs with store.references off too: the references stored before it are still read back.
         reader = Reader(
             Consumer({**read_back_settings(config), "logger": _kafka_logger("read-back")}),

@@ -453,19 +453,22 @@ class Setup:
     def await_values(self, count: int, timeout: float, what: str) -> list[bytes]:
         """The values of the records the targets and the dead-letter topic hold, sorted, once
         there are ``count`` of them."""
-        collector = self.collector()
-        try:
-            collector.until(lambda rs: len(rs) >= count, timeout, what)
-        finally:
-            collector.close()
-        return sorted(r.value or b"" for r in collector.records)
+        records = self._await(lambda rs: len(rs) >= count, timeout, what)
+        return sorted(r.value or b"" for r in records)
 
     def await_value(self, value: bytes | None, timeout: float, what: str) -> list[Received]:
         """Every record the targets and the dead-letter topic hold once one with ``value`` is
-        among them (a collector of their own, from the beginning)."""
+        among them."""
+        return self._await(lambda rs: any(r.value == value for r in rs), timeout, what)
+
+    def _await(
+        self, done: Callable[[list[Received]], bool], timeout: float, what: str
+    ) -> list[Received]:
+        """Every record the targets and the dead-letter topic hold once ``done`` says so (a
+        collector of their own, from the beginning)."""
         collector = self.collector()
         try:
-            collector.until(lambda rs: any(r.value == value for r in rs), timeout, what)
+            collector.until(done, timeout, what)
         finally:
             collector.close()
         return collector.records

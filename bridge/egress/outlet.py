@@ -173,18 +173,17 @@ class Transactions:
         self._closed: dict[Shard, ShardTransaction] = {}  # at a revoke: perhaps not ended yet
         self.reports = threading.Event()  # set when a shard hands reports on
         # Producers starting (open, on the mover's thread) and fencing (fence, on the ingress's)
-        # by partition, and those of the starting whose partition was revoked meanwhile (close):
-        # a producer closes once started, and a fence never fences one this replica starts.
+        # by partition: a fence never fences a producer this replica starts.
         self._state = threading.Condition()
         self._starting: set[Shard] = set()
         self._fencing: set[Shard] = set()
-        self._revoked: set[Shard] = set()
 
     def open(self, shards: Iterable[Shard]) -> dict[Shard, str]:
         """Start the producers of ``shards`` (taken over) that have none, all at once: each
         start waits for Kafka to fence the earlier owner, and for a fence of the partition under
         way here (:meth:`fence`). Returns those that did not start (by partition: why); the
-        others are kept — but for those revoked while their producer started, which close."""
+        others are kept (a partition revoked while its producer started: its take-over closes
+        it, bridge.egress.takeover)."""
         failed: dict[Shard, str] = {}
         with self._state:
             bases = {s.base() for s in shards}
@@ -193,10 +192,10 @@ class Transactions:
                 failed[shard] = f"a fence of its earlier owner did not end in {INIT_TIMEOUT_S:.0f}s"
             new = {s for s in bases if not self._live(s) and s not in failed}
             self._starting |= new
-            self._revoked -= new
-            closed = [t for t in (self._closed.pop(s, None) for s in new) if t is not None]
-        for txn in closed:  # a producer closed at a revoke ends before the next one starts
-            txn.join(INIT_TIMEOUT_S)
+        for shard in new:  # a producer closed at a revoke ends before the next one starts
+            closed = self._closed.pop(shard, None)
+            if closed is not None:
+                closed.join(INIT_TIMEOUT_S)
         started: dict[Shard, ShardTransaction] = {}
 
         def start(shard: Shard) -> None:
@@ -211,14 +210,10 @@ class Transactions:
             _each_at_once(start, sorted(new))
         finally:
             with self._state:
-                revoked, self._revoked = self._revoked & new, self._revoked - new
-                for shard, txn in started.items():
-                    (self._closed if shard in revoked else self._shards)[shard] = txn
+                self._shards.update(started)
                 self._starting -= new
                 self._state.notify_all()
-        for shard in revoked & set(started):
-            started[shard].close()
-        return {s: why for s, why in failed.items() if s not in revoked}
+        return failed
 
     def fence(self, shards: Iterable[Shard]) -> None:
         """Fence the earlier owners of ``shards`` that this replica has no producer for, all at
@@ -271,19 +266,12 @@ class Transactions:
 
     def close(self, shards: Iterable[Shard]) -> None:
         """End the transactions of revoked shards (what is open commits if it can), on their
-        threads: a take-over of one of them waits for its end (:meth:`open`). A producer of one
-        that is starting closes once started."""
-        closing: list[ShardTransaction] = []
-        with self._state:
-            for shard in {s.base() for s in shards}:
-                if shard in self._starting:  # it closes once started (open)
-                    self._revoked.add(shard)
-                txn = self._shards.pop(shard, None)
-                if txn is not None:
-                    self._closed[shard] = txn
-                    closing.append(txn)
-        for txn in closing:
-            txn.close()
+        threads: a take-over of one of them waits for its end (:meth:`open`)."""
+        for shard in {s.base() for s in shards}:
+            txn = self._shards.pop(shard, None)
+            if txn is not None:
+                txn.close()
+                self._closed[shard] = txn
 
     def poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a shard to hand reports on (they are queued already)."""

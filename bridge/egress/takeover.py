@@ -205,8 +205,11 @@ class TakeOver:
             return self._own_leases(owned) if self._unsure else shards
         failed = self.transactions.open(shards) if self.transactions is not None else {}
         with self._lock:
-            revoked = self._revoked
-        shards = {s for s in shards if s.base() not in revoked}
+            revoked = {s for s in shards if s.base() in self._revoked}
+        if revoked:  # while their producers started: the revoke's close found none to close
+            shards -= revoked
+            if self.transactions is not None:
+                self.transactions.close(revoked)
         self._hold(shards, failed, now)
         shards = {s for s in shards if s.base() not in failed}
         try:
