@@ -53,6 +53,12 @@ RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
 IN_FLIGHT_MS = 15_000
 
 
+def in_flight(first_ms: int, faults: list[tuple[int, int]]) -> bool:
+    """Whether a copy delivered first at ``first_ms`` was in flight at one of ``faults`` (when
+    each began and ended, epoch ms): it came within :data:`IN_FLIGHT_MS` of one."""
+    return any(b - IN_FLIGHT_MS <= first_ms <= e + IN_FLIGHT_MS for b, e in faults)
+
+
 @dataclass(frozen=True)
 class Seen:
     """A delivered or dead-lettered record as the checker saw it."""
@@ -396,7 +402,7 @@ def settle(
     def twice(what: str, copies: list[Seen]) -> None:
         acc.twice.append(what)
         first = min(g.timestamp_ms for g in copies)
-        if not any(b - IN_FLIGHT_MS <= first <= e + IN_FLIGHT_MS for b, e in faults):
+        if not in_flight(first, faults):
             acc.stray.append(f"{what}, the first at {first}")
 
     for seq, exp in expected.items():

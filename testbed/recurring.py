@@ -35,7 +35,7 @@ from bridge.message import (
 )
 from bridge.store import Shard, Store
 from testbed import run as runs
-from testbed.checker import IN_FLIGHT_MS, read_topic
+from testbed.checker import in_flight, read_topic
 from testbed.run import PARTITIONS, Result, Run, Size
 from testbed.workload import CLIENT_LOG_LEVEL, ReadOnce, now_ms, steady
 
@@ -61,6 +61,12 @@ class Occurrences:
 
     def twice(self) -> list[Occurrence]:
         return sorted(k for k, n in self.copies.items() if n > 1)
+
+    def stray(self, faults: list[tuple[int, int]]) -> list[Occurrence]:
+        """Of :meth:`twice`, those whose first copy was in flight at none of ``faults`` (when
+        each began and ended: :func:`~testbed.checker.in_flight`) — by when it came, not when it
+        was due: one held up until just before a fault is as much in flight at it."""
+        return [k for k in self.twice() if not in_flight(self.seen[k], faults)]
 
 
 def produce_schedules(
@@ -235,24 +241,23 @@ def recurring_sigkill(run: Run, size: Size, rng: random.Random) -> Result:
     result = run.finish(workload, "recurring SIGKILL", f"{kills} x SIGKILL at a minute, FLUSHALL")
     expected = expected_spread(count, first, 10_000, first, end, "e")
     expected += [(f"m{i}", at) for i in range(count) for at in range(first, end, MINUTE_MS)]
-    check_occurrences(run, result, expected, f"{2 * count:,} schedules", faults)
+    check_occurrences(run, result, expected, f"{2 * count:,} schedules")
     return result
 
 
-def check_occurrences(
-    run: Run, result: Result, expected: list[Occurrence], what: str, faults: list[int]
-) -> None:
+def check_occurrences(run: Run, result: Result, expected: list[Occurrence], what: str) -> None:
     """Read the run's target for the ``expected`` occurrences (of ``what``) and add the checks:
     every one delivered (but those of a schedule a record of the delay topic named by its
     origin: see :func:`named_by_origin`), none early (by the broker's append time), none twice
-    exactly once, and at least once only one due within :data:`IN_FLIGHT_MS` of a fault."""
+    exactly once, and at least once only one in flight at one of the run's faults
+    (:meth:`Occurrences.stray`)."""
     hit = named_by_origin(read_topic(run.servers.bootstrap, run.delay, PARTITIONS), run.delay)
     got = read_occurrences(
         run.servers.bootstrap, run.target, expected, now_ms() + 120_000, frozenset(hit)
     )
     missed = [k for k in got.missed(expected) if k[0] not in hit]
     early, twice = got.early(expected), got.twice()
-    stray = [k for k in twice if not any(abs(k[1] - f) <= IN_FLIGHT_MS for f in faults)]
+    stray = got.stray(run.faults)
     result.checks["every occurrence delivered"] = not missed
     result.checks["no occurrence early"] = not early
     result.checks["an occurrence twice only when in flight at a fault"] = not stray

@@ -27,10 +27,10 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from bridge.client import partition_for
 from bridge.config import Config, admin_settings, read_back_settings
 from bridge.dialects import parse_message
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, UsageError
 from bridge.journal.entries import Entry, decode_entries, journal_key, may_hold, offset_needles
 from bridge.kafka import headers_of
-from bridge.message import Cancel, Rejected, Scheduled
+from bridge.message import Cancel, Rejected, Scheduled, cut
 from bridge.store import Shard
 
 TIMEOUT_S = 10.0
@@ -117,6 +117,25 @@ class JournalReader:
                 raise BridgeError(f"journal topic {self.journal}: unknown topic")
             self._partitions = len(topic.partitions)
         return self._partitions
+
+    def delay_ends(self, shard: Shard) -> tuple[int, int]:
+        """The first offset ``shard``'s delay-topic partition holds and the next it will; a
+        UsageError when its topic has no such partition (no record can be there)."""
+        try:
+            meta = self.consumer.list_topics(shard.topic, timeout=self.timeout_s)
+            topic = meta.topics.get(shard.topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise UsageError(f"{cut(shard.topic)}: no such topic")
+            if shard.partition not in topic.partitions:
+                raise UsageError(
+                    f"{cut(shard.topic)} has {len(topic.partitions)} partitions: "
+                    f"no record is in partition {shard.partition}"
+                )
+            tp = TopicPartition(shard.topic, shard.partition)
+            low, high = self.consumer.get_watermark_offsets(tp, self.timeout_s, cached=False)
+        except KafkaException as exc:
+            raise BridgeError(f"Kafka did not answer: {exc}") from None
+        return int(low), int(high)
 
     def fates(
         self,

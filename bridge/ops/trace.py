@@ -111,6 +111,12 @@ def trace(
     traced = Traced(delay_id or "", origin(shard.topic, shard.partition, offset))
     reader = JournalReader(config)
     try:
+        end = reader.delay_ends(shard)[1]
+        if offset >= end:
+            raise UsageError(
+                f"{cut(shard.topic)} partition {shard.partition} ends at offset {end}: "
+                f"no record is at {offset} yet"
+            )
         record, produced_ms = reader.delay_record(shard, offset)
         waiting: Scheduled | None = None
         if isinstance(record, Scheduled):
@@ -122,16 +128,12 @@ def trace(
             traced.fate = "waiting"
             traced.events.append({"event": "waiting", "due": waiting.due_ms})
             return traced
-        entries = _search(
-            reader,
-            shard,
-            offset,
-            traced.delay_id,
-            (record, produced_ms),
-            since_ms=since_ms,
-            now_ms=now_ms,
-            topic=topic,
+        # From when it was produced; a record the log no longer holds is looked for from the
+        # journal's retention (limits.max_delay) back, not from its first record.
+        first = next(
+            t for t in (since_ms, produced_ms, now_ms - config.limits.max_delay) if t is not None
         )
+        entries = _search(reader, shard, offset, record, first)
     finally:
         reader.close()
     for _, entry in entries:
@@ -160,16 +162,8 @@ def _uses(
     try:
         entries: dict[tuple[Shard, int], list[Entry]] = {}
         if reader.journal:
-            found = _search(
-                reader,
-                None,
-                -1,
-                delay_id,
-                (None, None),
-                since_ms=since_ms,
-                now_ms=now_ms,
-                topic=topic,
-            )
+            start = since_ms if since_ms is not None else now_ms - DEFAULT_SINCE_MS
+            found = _search_id(reader, delay_id, start, topic)
             for entry_shard, entry in found:
                 entries.setdefault((entry_shard, entry.offset), []).append(entry)
         elif not waiting:
@@ -267,47 +261,51 @@ def _event(entry: Entry) -> dict[str, Any]:
     return event
 
 
+def _search_id(
+    reader: JournalReader, delay_id: str, start_ms: int, topic: str | None
+) -> list[tuple[Shard, Entry]]:
+    """The journal's entries with ``delay_id`` (of ``topic``'s records, when given) written from
+    ``start_ms`` on, in every journal partition, oldest first."""
+    _journaled(reader)
+    found: list[tuple[Shard, Entry]] = []
+    by_id = Sought(needle=field_bytes("id", delay_id))
+    for partition in range(reader.partitions()):
+        found += reader.scan(
+            partition,
+            start_ms,
+            None,
+            lambda s, e: e.delay_id == delay_id and (topic is None or s.topic == topic),
+            by_id,
+        )
+    return sorted(found, key=lambda se: se[1].at_ms)
+
+
 def _search(
     reader: JournalReader,
-    shard: Shard | None,
+    shard: Shard,
     offset: int,
-    delay_id: str,
-    known: tuple[Scheduled | Cancel | None, int | None],
-    *,
-    since_ms: int | None,
-    now_ms: int,
-    topic: str | None,
+    record: Scheduled | Cancel | None,
+    first_ms: int,
 ) -> list[tuple[Shard, Entry]]:
-    """The journal's entries for the record (``known``: its delay-topic record and when it was
-    produced, if read), oldest first."""
-    if not reader.journal:
-        raise BridgeError('topics.journal is "": no journal, only waiting records are traced')
-    if shard is None:  # a caller's delay-id and nothing else: every partition, from since
-        start = since_ms if since_ms is not None else now_ms - DEFAULT_SINCE_MS
-        found: list[tuple[Shard, Entry]] = []
-        by_id = Sought(needle=field_bytes("id", delay_id))
-        for partition in range(reader.partitions()):
-            found += reader.scan(
-                partition,
-                start,
-                None,
-                lambda s, e: e.delay_id == delay_id and (topic is None or s.topic == topic),
-                by_id,
-            )
-        return sorted(found, key=lambda se: se[1].at_ms)
+    """The journal's entries for the record at ``offset`` of ``shard`` (``record``, if the log
+    still holds it) written from ``first_ms`` on, oldest first."""
+    _journaled(reader)
     partition = reader.partition_of(shard)
     sought = Sought(shard, field_bytes("offset", offset), first=True)  # one fate, then done
 
     def mine(_: Shard, e: Entry) -> bool:
         return e.offset == offset
 
-    record, produced_ms = known
-    first = since_ms if since_ms is not None else (produced_ms or 0)
     if not isinstance(record, Scheduled):
-        return reader.scan(partition, first, None, mine, sought)
-    split = max(first, record.due_ms - BEFORE_DUE_MS)
+        return reader.scan(partition, first_ms, None, mine, sought)
+    split = max(first_ms, record.due_ms - BEFORE_DUE_MS)
     late = reader.scan(partition, split, None, mine, sought)
-    return late or reader.scan(partition, first, split, mine, sought)
+    return late or reader.scan(partition, first_ms, split, mine, sought)
+
+
+def _journaled(reader: JournalReader) -> None:
+    if not reader.journal:
+        raise BridgeError('topics.journal is "": no journal, only waiting records are traced')
 
 
 def print_trace(traced: Traced) -> None:

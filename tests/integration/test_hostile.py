@@ -295,6 +295,24 @@ def test_reads_are_bounded_whatever_the_query(setup: Setup, bridges: list[Bridge
     assert status == 400 and "limits.max_delay" in body, body
 
 
+def test_a_trace_of_an_origin_no_record_can_hold_answers_what_the_topic_holds(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """``trace --origin T:9:9`` of a topic of 3 partitions waited 10 s for the partition, then
+    read the journal from the epoch; one past a partition's end did the same. Each is answered
+    from the topic's partitions and ends: no such record can be."""
+    bridge = setup.bridge().start()
+    bridges.append(bridge)
+    assert wait_ready(bridge), bridge.output()
+    status, body = bridge.get(f"/api/trace?origin={setup.delay}:9:9")
+    assert status == 400 and "has 3 partitions" in body, (status, body[:300])
+    status, body = bridge.get(f"/api/trace?origin={setup.delay}:0:1000")
+    assert status == 400 and "partition 0 ends at offset 0" in body, (status, body[:300])
+    done = cli_of(bridge)("trace", "--origin", f"{setup.delay}:9:9")
+    assert done.returncode == 2 and "has 3 partitions" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_a_flood_of_idle_connections_costs_a_bounded_pool(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from testbed.checker import IN_FLIGHT_MS, Checker, Expected, Seen, met_again, settle
+from testbed.recurring import Occurrences
 
 
 def _seen(seen_ms: int, appended_ms: int | None = None) -> Seen:
@@ -123,6 +124,20 @@ def test_a_record_twice_is_stray_unless_its_first_copy_came_near_a_fault() -> No
     assert (account.duplicates, len(account.twice)) == (3, 3)
     assert account.stray == ["d:0:3: 2 copies, the first at 60000"]
     assert IN_FLIGHT_MS == 15_000  # the distances above are drawn against it
+
+
+def test_an_occurrence_twice_is_in_flight_by_when_it_came_not_when_it_was_due() -> None:
+    """As CI saw it: occurrences due at 16.7 s, held up until 42.5 s, then a Redis restart that
+    rolled back their acknowledgements (the fault from 43 s to 48 s) — in flight at it, however
+    long before its end they were due. One that came twice far from every fault is stray."""
+    got = Occurrences()
+    for occurrence, first in ((("c2", 16_700), 42_500), (("c9", 16_700), 16_800)):
+        got.seen[occurrence] = first
+        got.copies[occurrence] = 2
+    got.seen[("c3", 16_800)], got.copies[("c3", 16_800)] = 42_500, 1
+    assert got.twice() == [("c2", 16_700), ("c9", 16_700)]
+    assert got.stray([(43_000, 48_000)]) == [("c9", 16_700)]
+    assert got.stray([]) == got.twice()
 
 
 def test_an_operators_copy_twice_is_stray_away_from_faults() -> None:
