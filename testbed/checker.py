@@ -53,7 +53,7 @@ RECOVERY_BOUND_AFTER_FAULT_MS = 3_000
 IN_FLIGHT_MS = 15_000
 
 
-def in_flight(first_ms: int, faults: list[tuple[int, int]]) -> bool:
+def in_flight(first_ms: int, faults: Sequence[tuple[int, int]]) -> bool:
     """Whether a copy delivered first at ``first_ms`` was in flight at one of ``faults`` (when
     each began and ended, epoch ms): it came within :data:`IN_FLIGHT_MS` of one."""
     return any(b - IN_FLIGHT_MS <= first_ms <= e + IN_FLIGHT_MS for b, e in faults)

@@ -13,7 +13,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -62,7 +62,7 @@ class Occurrences:
     def twice(self) -> list[Occurrence]:
         return sorted(k for k, n in self.copies.items() if n > 1)
 
-    def stray(self, faults: list[tuple[int, int]]) -> list[Occurrence]:
+    def stray(self, faults: Sequence[tuple[int, int]]) -> list[Occurrence]:
         """Of :meth:`twice`, those whose first copy was in flight at none of ``faults`` (when
         each began and ended: :func:`~testbed.checker.in_flight`) — by when it came, not when it
         was due: one held up until just before a fault is as much in flight at it."""
