@@ -58,6 +58,9 @@ class TakeOver:
         self._wake = wake  # the mover
         self._shards: set[Shard] = set()
         self._revoked: set[Shard] = set()  # partitions revoked since the last call began
+        # Partitions revoked and not assigned here since: a producer's end reported late (from
+        # its thread) does not take them over again, which would fence their next owner.
+        self._elsewhere: set[Shard] = set()
         self._gone: set[Shard] = set()  # given up (exactly once): what is in flight is forgotten
         # Partitions about to be rebuilt (exactly once): what is claimed ahead of them is dropped.
         self._rebuilt: list[tuple[set[Shard], threading.Event]] = []
@@ -129,12 +132,14 @@ class TakeOver:
     def add(self, shards: set[Shard]) -> None:
         with self._lock:
             self._shards |= shards
+            self._elsewhere -= {s.base() for s in shards}
 
     def discard(self, bases: set[Shard]) -> None:
         """Forget the shards of these partitions (revoked before they were taken over)."""
         with self._lock:
             self._shards = {s for s in self._shards if s.base() not in bases}
             self._revoked |= bases
+            self._elsewhere |= bases
             self._fenced = {s: at for s, at in self._fenced.items() if s not in bases}
         for base in bases:
             self._held.pop(base, None)
@@ -160,14 +165,20 @@ class TakeOver:
         with its transactional id, it is not claimed from until it is taken over again, in
         ``fenced_retry_s`` if the group still has it here then: another replica's producer
         fenced it, and the revoke is on its way; or that one is no live replica's (one frozen
-        past its session, say), and the partition is this replica's to deliver."""
+        past its session, say), and the partition is this replica's to deliver. Revoked before
+        the end is reported, it is left to its next owner."""
         self.give_up({shard}, close=False)
+        with self._lock:
+            if shard.base() in self._elsewhere:  # revoked before its end was reported
+                return
+            if fenced:
+                retry_at = time.monotonic() + self.fenced_retry_s
+                self._fenced = {**self._fenced, shard.base(): retry_at}
+            else:
+                self._shards.add(shard)
         if not fenced:
-            self.add({shard})
             self._wake()
             return
-        with self._lock:
-            self._fenced = {**self._fenced, shard.base(): time.monotonic() + self.fenced_retry_s}
         logger.warning(
             "%s: its records wait until the group revokes it, or for %.0fs, then it is taken "
             "over again with a new producer",

@@ -172,3 +172,33 @@ def test_a_partition_whose_producer_another_replica_fenced_is_taken_over_again_w
     assert bench.fenced() == 1
     assert "fenced" in caplog.text
     assert not bench.fatal
+
+
+def test_a_partition_revoked_before_its_producer_reported_its_end_is_not_taken_over_again(
+    bench: Bench,
+) -> None:
+    """A producer's fatal end (its state lost: an abort Kafka refused), reported from its thread
+    just after the group revoked the partition, took the partition over again here: a new
+    producer with its transactional id fenced the next owner's. A revoked partition stays
+    another replica's until the group assigns it here again."""
+    shard = bench.shard
+    bench.egress.add_shards({shard})
+    bench.store_due("before")
+    bench.step_until_delivered("before")
+    bench.egress.remove_shards({shard})
+    bench.egress.wait_settled({shard}, 1.0)
+    bench.egress.step()
+    next_owner = Producer({"bootstrap.servers": bench.bootstrap, "transactional.id": bench.tid})
+    next_owner.init_transactions(10)
+    started = bench.started
+    bench.egress.taking_over.ended(shard, False)  # late, from the ended producer's thread
+    for _ in range(5):
+        bench.egress.step()
+    assert bench.started == started
+    next_owner.begin_transaction()
+    next_owner.produce(bench.target, b"the-next-owner")
+    next_owner.commit_transaction(10)  # fenced, it would raise
+    bench.egress.add_shards({shard})  # assigned here again: taken over
+    bench.store_due("assigned-again")
+    bench.step_until_delivered("assigned-again")
+    assert bench.started == started + 1
