@@ -29,12 +29,17 @@ class Reader:
         *,
         on_fetched: Callable[[int, int], None] = lambda records, size: None,
         stall_s: float = STALL_S,
+        poll_s: float = POLL_S,
     ) -> None:
         self.consumer = consumer
         self._on_fetched = on_fetched  # records consumed and their bytes, skipped ones included
         self.stall_s = stall_s
+        self.poll_s = poll_s  # the longest one wait for the broker's next answer
         self._assigned: Shard | None = None
         self._next = -1  # the offset the consumer returns next in the assigned partition
+        # The consumer reached the log's end since it last moved (and said so, once): read on
+        # from there, it would say nothing more — a read seeks, and is told again.
+        self._at_end = False
         self._known: set[str] = set()  # topics whose metadata the consumer holds
 
     def read(self, shard: Shard, offsets: Sequence[int]) -> dict[int, Message | None]:
@@ -45,7 +50,9 @@ class Reader:
             self._learn(shard.topic)
         found: dict[int, Message | None] = {}
         for run in runs(offsets):
-            self._read_run(shard, run, found)
+            in_log = self._in_log(shard, run, found)
+            if in_log:
+                self._read_run(shard, in_log, found)
         return found
 
     def bounds(self, shard: Shard, timeout_s: float = 2.0) -> tuple[int, int]:
@@ -72,6 +79,24 @@ class Reader:
         """Close the consumer."""
         self.consumer.close()
 
+    def _in_log(self, shard: Shard, run: list[int], found: dict[int, Message | None]) -> list[int]:
+        """The offsets of ``run`` before the log's end; those at or past it are None in
+        ``found`` (read, no record would come, nor the end-of-partition event a consumer already
+        at the end was given). The end as the consumer's fetches last saw it, asked of the leader
+        when that does not put the whole run before it."""
+        tp = TopicPartition(shard.topic, shard.partition)
+        try:
+            high = self.consumer.get_watermark_offsets(tp, cached=True)[1]
+        except KafkaException:
+            high = -1
+        if 0 <= run[-1] < high:
+            return run
+        high = self.bounds(shard)[1]
+        for offset in run:
+            if offset >= high:
+                found[offset] = None
+        return [o for o in run if o < high]
+
     def _read_run(self, shard: Shard, wanted: list[int], found: dict[int, Message | None]) -> None:
         self._position(shard, wanted[0])
         i, deadline = 0, time.monotonic() + self.stall_s
@@ -83,7 +108,7 @@ class Reader:
                 )
             # Never more than the run needs: what follows it stays unread for the next run.
             want = max(1, min(BATCH, wanted[-1] - self._next + 1))
-            messages = self.consumer.consume(want, POLL_S)
+            messages = self._fetched(want)
             size = 0
             for msg in messages:
                 error = msg.error()
@@ -94,7 +119,7 @@ class Reader:
                     continue
                 offset = msg.offset()
                 assert offset is not None
-                self._next = offset + 1
+                self._next, self._at_end = offset + 1, False
                 size += len(msg.value() or b"") + len(msg.key() or b"")
                 while i < len(wanted) and wanted[i] < offset:  # skipped by the log: gone
                     found[wanted[i]] = None
@@ -105,6 +130,15 @@ class Reader:
             if messages:
                 deadline = time.monotonic() + self.stall_s
                 self._on_fetched(len(messages), size)
+
+    def _fetched(self, want: int) -> list[Message]:
+        """Up to ``want`` records (or events), as soon as the first is in: consume(n, timeout)
+        would wait for all n, and offsets holding no record (a transaction's markers, records
+        compacted away) never come — each such run waited out the poll."""
+        first = self.consumer.poll(self.poll_s)
+        if first is None:
+            return []
+        return [first, *self.consumer.consume(want - 1, 0)] if want > 1 else [first]
 
     def _on_error(
         self,
@@ -118,6 +152,7 @@ class Reader:
         reading goes on from."""
         code = error.code()
         if code == KafkaError._PARTITION_EOF:  # the log ends before the rest of the run
+            self._at_end = True
             for offset in wanted[i:]:
                 found[offset] = None
             return len(wanted)
@@ -145,11 +180,16 @@ class Reader:
 
     def _position(self, shard: Shard, offset: int) -> None:
         """Make ``offset`` the next one read: read on when it lies a little ahead, else seek."""
-        if shard == self._assigned and self._next <= offset <= self._next + MAX_GAP:
+        if (
+            shard == self._assigned
+            and not self._at_end
+            and self._next <= offset <= self._next + MAX_GAP
+        ):
             return
         self._seek(shard, offset)
 
     def _seek(self, shard: Shard, offset: int) -> None:
+        self._at_end = False
         tp = TopicPartition(shard.topic, shard.partition, offset)
         if shard == self._assigned:
             try:

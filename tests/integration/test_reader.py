@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from bridge.config import load, read_back_settings
 from bridge.readback import Reader
@@ -85,3 +86,43 @@ def test_which_partitions_hold_records_is_read_in_kafka(
     produce_to(services.bootstrap, topic, [(1, b"v", [])])
     assert ids.logged(both) == {Shard(topic, 0)}  # partition 1: asked again a second on
     wait_for(lambda: ids.logged(both) == set(both), 5, "partition 1 asked again")
+
+
+def test_a_read_past_the_log_or_across_a_gap_returns_once_kafka_has_answered(
+    services: Services, topics: TopicFactory
+) -> None:
+    """A run of offsets the log ends before, or that spans offsets holding no record (a
+    transaction's markers), waited for its poll's whole timeout — half a second a run, and a
+    catch-up that met a cancel naming such a default id per batch read again at 2 runs a second
+    (the adversary's last bridge: 57 runs, 28 s). With a poll of a minute, each read here still
+    comes back as soon as Kafka has said what is there."""
+    config = load(None, {"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": services.bootstrap})
+    topic = topics("delay", 1)
+    produce_all(services.bootstrap, topic, [(b"k", b"v", []) for _ in range(5)])
+    producer = Producer({"bootstrap.servers": services.bootstrap, "transactional.id": topic})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(topic, b"in-a-transaction", partition=0)
+    producer.commit_transaction(10)  # offset 5, its marker at 6
+    read = Reader(Consumer(read_back_settings(config)), poll_s=60.0)
+    answers: list[dict[int, bool]] = []
+
+    def reads() -> None:
+        for offsets in ([3, 9], [4, 5, 6], [7, 8], [6]):
+            answers.append(
+                {o: m is not None for o, m in read.read(Shard(topic, 0), offsets).items()}
+            )
+
+    thread = threading.Thread(target=reads, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(answers) == 4, 20, "four reads answered")
+    finally:
+        thread.join(70)
+        read.close()
+    assert answers == [
+        {3: True, 9: False},
+        {4: True, 5: True, 6: False},
+        {7: False, 8: False},
+        {6: False},
+    ]
