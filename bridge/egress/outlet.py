@@ -267,11 +267,12 @@ class Transactions:
     def close(self, shards: Iterable[Shard]) -> None:
         """End the transactions of revoked shards (what is open commits if it can), on their
         threads: a take-over of one of them waits for its end (:meth:`open`)."""
-        for shard in {s.base() for s in shards}:
-            txn = self._shards.pop(shard, None)
-            if txn is not None:
-                txn.close()
-                self._closed[shard] = txn
+        with self._state:  # a take-over's open finds it closing, and waits for its end
+            ended = {s: self._shards.pop(s, None) for s in {s.base() for s in shards}}
+            closing = {s: txn for s, txn in ended.items() if txn is not None}
+            self._closed.update(closing)
+        for txn in closing.values():
+            txn.close()
 
     def poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a shard to hand reports on (they are queued already)."""

@@ -118,9 +118,9 @@ class JournalReader:
             self._partitions = len(topic.partitions)
         return self._partitions
 
-    def delay_ends(self, shard: Shard) -> tuple[int, int]:
-        """The first offset ``shard``'s delay-topic partition holds and the next it will; a
-        UsageError when its topic has no such partition (no record can be there)."""
+    def delay_end(self, shard: Shard) -> int:
+        """The next offset ``shard``'s delay-topic partition will hold; a UsageError when its
+        topic has no such partition (no record can be there)."""
         try:
             meta = self.consumer.list_topics(shard.topic, timeout=self.timeout_s)
             topic = meta.topics.get(shard.topic)
@@ -132,10 +132,10 @@ class JournalReader:
                     f"no record is in partition {shard.partition}"
                 )
             tp = TopicPartition(shard.topic, shard.partition)
-            low, high = self.consumer.get_watermark_offsets(tp, self.timeout_s, cached=False)
+            high = self.consumer.get_watermark_offsets(tp, self.timeout_s, cached=False)[1]
         except KafkaException as exc:
             raise BridgeError(f"Kafka did not answer: {exc}") from None
-        return int(low), int(high)
+        return int(high)
 
     def fates(
         self,

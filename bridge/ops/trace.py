@@ -111,7 +111,7 @@ def trace(
     traced = Traced(delay_id or "", origin(shard.topic, shard.partition, offset))
     reader = JournalReader(config)
     try:
-        end = reader.delay_ends(shard)[1]
+        end = reader.delay_end(shard)
         if offset >= end:
             raise UsageError(
                 f"{cut(shard.topic)} partition {shard.partition} ends at offset {end}: "
@@ -266,7 +266,6 @@ def _search_id(
 ) -> list[tuple[Shard, Entry]]:
     """The journal's entries with ``delay_id`` (of ``topic``'s records, when given) written from
     ``start_ms`` on, in every journal partition, oldest first."""
-    _journaled(reader)
     found: list[tuple[Shard, Entry]] = []
     by_id = Sought(needle=field_bytes("id", delay_id))
     for partition in range(reader.partitions()):
@@ -289,7 +288,8 @@ def _search(
 ) -> list[tuple[Shard, Entry]]:
     """The journal's entries for the record at ``offset`` of ``shard`` (``record``, if the log
     still holds it) written from ``first_ms`` on, oldest first."""
-    _journaled(reader)
+    if not reader.journal:
+        raise BridgeError('topics.journal is "": no journal, only waiting records are traced')
     partition = reader.partition_of(shard)
     sought = Sought(shard, field_bytes("offset", offset), first=True)  # one fate, then done
 
@@ -301,11 +301,6 @@ def _search(
     split = max(first_ms, record.due_ms - BEFORE_DUE_MS)
     late = reader.scan(partition, split, None, mine, sought)
     return late or reader.scan(partition, first_ms, split, mine, sought)
-
-
-def _journaled(reader: JournalReader) -> None:
-    if not reader.journal:
-        raise BridgeError('topics.journal is "": no journal, only waiting records are traced')
 
 
 def print_trace(traced: Traced) -> None:
