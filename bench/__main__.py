@@ -267,10 +267,8 @@ def main() -> int:
             indent=2,
         )
     )
-    print(
-        f"wrote {args.out / 'results.json'} and {', '.join(p.name for p in written)}",
-        file=sys.stderr,
-    )
+    made = [args.out / "results.json", *written]
+    print(f"wrote {', '.join(str(p) for p in made)}", file=sys.stderr)
     return 1 if report.problems else 0
 
 

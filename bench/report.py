@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -733,8 +734,16 @@ def _far_future_targets(f: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 
 def plots(report: Report, out: Path) -> list[Path]:
-    """PNG plots of the series (matplotlib, installed with the ``bench`` extra)."""
-    import matplotlib
+    """PNG plots of the series (matplotlib, installed with the ``bench`` extra). Without
+    matplotlib there are none, and one line on stderr says so: the tables and results.json do
+    not depend on it."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(
+            "no plots: matplotlib is not installed (the bench extra: make bench)", file=sys.stderr
+        )
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -268,8 +268,8 @@ class Transactions:
         """End the transactions of revoked shards (what is open commits if it can), on their
         threads: a take-over of one of them waits for its end (:meth:`open`)."""
         with self._state:  # a take-over's open finds it closing, and waits for its end
-            ended = {s: self._shards.pop(s, None) for s in {s.base() for s in shards}}
-            closing = {s: txn for s, txn in ended.items() if txn is not None}
+            bases = {s.base() for s in shards} & self._shards.keys()
+            closing = {s: self._shards.pop(s) for s in bases}
             self._closed.update(closing)
         for txn in closing.values():
             txn.close()

@@ -49,8 +49,9 @@ class Reader:
         if shard.topic not in self._known:
             self._learn(shard.topic)
         found: dict[int, Message | None] = {}
+        end: int | None = None  # the log's end as its leader gave it in this read
         for run in runs(offsets):
-            in_log = self._in_log(shard, run, found)
+            in_log, end = self._in_log(shard, run, found, end)
             if in_log:
                 self._read_run(shard, in_log, found)
         return found
@@ -79,23 +80,30 @@ class Reader:
         """Close the consumer."""
         self.consumer.close()
 
-    def _in_log(self, shard: Shard, run: list[int], found: dict[int, Message | None]) -> list[int]:
+    def _in_log(
+        self, shard: Shard, run: list[int], found: dict[int, Message | None], end: int | None
+    ) -> tuple[list[int], int | None]:
         """The offsets of ``run`` before the log's end; those at or past it are None in
         ``found`` (read, no record would come, nor the end-of-partition event a consumer already
         at the end was given). The end as the consumer's fetches last saw it, asked of the leader
-        when that does not put the whole run before it."""
+        when that does not put the whole run before it — once a read (``end``: its answer so
+        far, returned with the offsets): the offsets asked for were read from the log before,
+        and its end only grows."""
+        if end is not None and run[-1] < end:
+            return run, end
         tp = TopicPartition(shard.topic, shard.partition)
         try:
             high = self.consumer.get_watermark_offsets(tp, cached=True)[1]
         except KafkaException:
             high = -1
         if 0 <= run[-1] < high:
-            return run
-        high = self.bounds(shard)[1]
+            return run, end
+        if end is None:
+            end = self.bounds(shard)[1]
         for offset in run:
-            if offset >= high:
+            if offset >= end:
                 found[offset] = None
-        return [o for o in run if o < high]
+        return [o for o in run if o < end], end
 
     def _read_run(self, shard: Shard, wanted: list[int], found: dict[int, Message | None]) -> None:
         self._position(shard, wanted[0])

@@ -126,3 +126,33 @@ def test_a_read_past_the_log_or_across_a_gap_returns_once_kafka_has_answered(
         {7: False, 8: False},
         {6: False},
     ]
+
+
+def test_a_read_asks_the_leader_for_the_log_end_once_however_many_runs_lie_past_it(
+    services: Services, topics: TopicFactory
+) -> None:
+    """Runs of offsets past the log's end (a log truncated, a topic made again) each asked the
+    leader for the end: one round trip a run. One read asks once."""
+    config = load(None, {"DELAY_BRIDGE_KAFKA__BOOTSTRAP_SERVERS": services.bootstrap})
+    topic = topics("delay", 1)
+    produce_all(services.bootstrap, topic, [(b"k", b"v", []) for _ in range(5)])
+    asked: list[Shard] = []
+
+    class Counting(Reader):
+        def bounds(self, shard: Shard, timeout_s: float = 2.0) -> tuple[int, int]:
+            asked.append(shard)
+            return super().bounds(shard, timeout_s)
+
+    read = Counting(Consumer(read_back_settings(config)))
+    try:
+        got = read.read(Shard(topic, 0), [2, 10_000, 11_000, 12_000, 13_000])
+    finally:
+        read.close()
+    assert {o: m is not None for o, m in got.items()} == {
+        2: True,
+        10_000: False,
+        11_000: False,
+        12_000: False,
+        13_000: False,
+    }
+    assert len(asked) == 1
