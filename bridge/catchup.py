@@ -16,7 +16,9 @@ then sits unread while the record it withdraws falls due. So while the ingress's
 partition saw records it has not applied yet, a record with its own delay-id (the only ones a
 cancel or a replacement can reach) is claimed only once the ingress has applied a record of its
 partition stamped at most LIVE_MARGIN_MS before its due time: a cancel produced that long before
-the due time always wins, however far behind the ingress reads. Keeping up, the ingress reads
+the due time always wins, however far behind the ingress reads. A batch the ingress has taken
+and not yet applied counts as behind (:meth:`CatchUp.taken`): the verdict it gave before, read
+at its end, does not cover a cancel in its hands. Keeping up, the ingress reads
 records tens of ms after they are produced, so nothing waits; records with the default delay-id
 never do. A partition whose read position has not moved for STALLED_S while the fetch saw more
 holds nothing: there is nothing there the ingress can read (a transaction's marker). A partition
@@ -55,6 +57,9 @@ class CatchUp:
         self._behind: dict[Shard, tuple[int, float]] = {}
         self._told: dict[Shard, float] = {}  # shards read behind: when their holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
+        # Shards of the batch the ingress took and has not applied yet (a cancel among them is
+        # read, not applied): behind until its next verdict (:meth:`behind`).
+        self._in_hand: frozenset[Shard] = frozenset()
         # Shards none of whose records is claimed new, whatever is read, and why: what the
         # journal holds as settled is not yet forgotten in Redis (bridge.ingress.put_back), or
         # the journal not yet read for a re-read (bridge.ingress.membership).
@@ -100,6 +105,7 @@ class CatchUp:
         with its read position in each (every other shard is read at its end)."""
         now = self._clock()
         with self._lock:
+            self._in_hand = frozenset()
             was = self._behind
             self._behind = {
                 shard: known
@@ -107,6 +113,14 @@ class CatchUp:
                 else (position, now)
                 for shard, position in positions.items()
             }
+
+    def taken(self, shards: frozenset[Shard]) -> None:
+        """The ingress took a batch of records of ``shards``: until it has applied it and said
+        which shards it reads behind (:meth:`behind`), they are read behind. A verdict made
+        before the batch came in — read at its end — does not hold for a batch in its hands,
+        which may take longer to store than a cancel's margin (a large batch, a busy core, a
+        store that failed and waits to be tried again)."""
+        self._in_hand = shards
 
     def block(self, shard: Shard, blocked: bool) -> None:
         """The ingress holds ``shard`` at a record (or no longer does)."""
@@ -194,7 +208,7 @@ class CatchUp:
         with self._lock:
             horizons = self._limits()
             moving = {s for s, (_, since) in self._behind.items() if now - since < STALLED_S}
-            moving |= self._blocked
+            moving |= self._blocked | self._in_hand
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
         past: list[Claimed] = []
         behind: set[Shard] = set()  # shards read live behind with records put back

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
@@ -23,6 +24,13 @@ def shard_of(msg: Message) -> Shard:
     """The delay-topic partition a consumed message came from."""
     topic, partition, _ = coords(msg)
     return Shard(topic, partition)
+
+
+def shards_of(messages: Sequence[Message]) -> frozenset[Shard]:
+    """The delay-topic partitions consumed messages came from (a Shard made per partition,
+    not per message: this runs on every batch)."""
+    pairs = {(m.topic(), m.partition()) for m in messages}
+    return frozenset(Shard(t, p) for t, p in pairs if t is not None and p is not None)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from bridge.config import Config
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
 from bridge.ingress.adds import NO_READS, Adds, TopicReads
-from bridge.ingress.batch import Batch, coords, parse_batch, shard_of
+from bridge.ingress.batch import Batch, coords, parse_batch, shard_of, shards_of
 from bridge.ingress.careful import is_bug, one_offset_at_a_time
 from bridge.ingress.dead_letter import DeadLetters
 from bridge.ingress.holds import Holds
@@ -88,9 +88,8 @@ class Ingress:
         self.metrics = metrics
         self.config = config.ingress  # batch_size, linger (ms), hold (ms)
         # Records due further out than this when stored are kept as references (None: none is).
-        held = config.store
-        self.payload_horizon_ms = held.payload_horizon if held.references else None
-        self.bucket_ms = held.bucket_ms
+        self.payload_horizon_ms = config.store.payload_horizon if config.store.references else None
+        self.bucket_ms = config.store.bucket_ms
         self._last_batch = 0.0  # monotonic s: when the last batch was consumed
         self._owner = owner
         self.readiness = readiness
@@ -199,6 +198,7 @@ class Ingress:
         messages = [m for m in messages if not _is_error(self.restarts, m)]
         if not messages:
             return 0
+        self.catch_up.taken(shards_of(messages))  # read, not applied: behind until caught_up
         batch = parse_batch(messages, self.rules, self._clock_ms())
         if self.config.hold:
             messages, batch = self._hold(messages, batch)

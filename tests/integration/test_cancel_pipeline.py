@@ -18,6 +18,7 @@ import redis
 from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
+from bridge.message import wire_headers
 from testbed.harness import (
     Bridge,
     Collector,
@@ -241,13 +242,7 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     in the log before the due time, so it wins: the record waits for the ingress to read up to
     its due time."""
     target = setup.targets[0]
-    bridge = setup.bridge(ingress__batch_size="1").start()
-    bridges.append(bridge)
-    wait_for(
-        lambda: "assigned" in bridge.output() and bridge.get("/readyz")[0] == 200,
-        60,
-        "the partitions assigned, read at their end",
-    )
+    bridge = _reading_at_its_end(setup, bridges, "1")
     key = b"order-1"
     produce_all(
         setup.services.bootstrap,
@@ -264,6 +259,19 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     # The marker, produced after the record and due at once, was read after the cancel.
     assert marker.timestamp_ms > marker.due_ms + 1000, "the cancel was read in time: test void"
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def _reading_at_its_end(setup: Setup, bridges: list[Bridge], batch_size: str) -> Bridge:
+    """A bridge started with ``ingress.batch_size``, its partitions assigned and read at their
+    end."""
+    bridge = setup.bridge(ingress__batch_size=batch_size).start()
+    bridges.append(bridge)
+    wait_for(
+        lambda: "assigned" in bridge.output() and bridge.get("/readyz")[0] == 200,
+        60,
+        "the partitions assigned, read at their end",
+    )
+    return bridge
 
 
 def _counted(bridge: Bridge, name: str) -> bool:
@@ -348,3 +356,43 @@ def test_a_sigkill_while_a_bulk_cancel_and_a_bulk_fire_apply_loses_and_doubles_n
         30,
         "only the records left alone waiting",
     )
+
+
+def test_a_cancel_in_the_batch_the_ingress_is_storing_wins_over_its_record_falling_due(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The ingress reads the partition at its end. A cancel is produced some 200 ms before its
+    record's due time, behind 10,000 other records with ids of their own that come in one fetch
+    and one batch (``ingress.batch_size`` 20,000), which takes the ingress longer to store than
+    the time left.
+    The record falls due while its cancel is in the ingress's hands, read but not yet applied:
+    the cancel was produced more than 100 ms before the due time, so it wins."""
+    target = setup.targets[0]
+    bridge = _reading_at_its_end(setup, bridges, "20000")
+    key = b"order-1"
+    due_ms = int(time.time() * 1000) + 3000
+    produce_all(
+        setup.services.bootstrap,
+        setup.delay,
+        [(key, b"expire", delay_headers(target, at=due_ms, delay_id="expire-1"))],
+    )
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    wait_for(lambda: time.time() * 1000 >= due_ms - 300, 10, "300 ms before the due time")
+    # One request: the records leave together at the flush, and are fetched together.
+    producer = Producer(
+        {"bootstrap.servers": setup.services.bootstrap, "linger.ms": 5000, "batch.size": 4 << 20}
+    )
+    records: list[Record] = [
+        *[(key, b"", delay_headers(target, after="1h", delay_id=f"f{i}")) for i in range(10_000)],
+        (key, b"", cancel_headers("expire-1")),
+        (key, b"marker", delay_headers(target, after="0ms")),
+    ]
+    for k, v, headers in records:
+        producer.produce(setup.delay, v, k, headers=wire_headers(list(headers)))
+    assert producer.flush(30) == 0
+    assert time.time() * 1000 < due_ms - 100, "produced less than 100 ms before due: test void"
+    got = setup.await_value(b"marker", 60, "the marker")
+    assert [r.value for r in got] == [b"marker"]  # not the record its cancel withdrew
+    # The marker, due at once and stored with the cancel, came after the record's due time.
+    assert got[0].timestamp_ms > due_ms, "the batch was stored before the due time: test void"
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1

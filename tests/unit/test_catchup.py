@@ -160,3 +160,23 @@ def test_a_shard_held_for_two_reasons_is_claimed_from_once_both_are_over() -> No
     assert catch_up.horizons() == {SHARD: -1}, "the journal still holds it"
     catch_up.hold(SHARD, False, "journal")
     assert catch_up.horizons() == {}
+
+
+def test_a_batch_in_the_ingress_hands_holds_its_shards_behind_until_its_verdict() -> None:
+    """A shard read at its end, then a batch of it taken: until the ingress has applied it and
+    said how far it reads (behind), a cancel may be in it, read and not applied — its records
+    with their own delay-id due past the margin wait. Other shards are not held by it."""
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    other = Shard("delay", 1)
+    catch_up.read(SHARD, T0)
+    catch_up.read(other, T0)
+    catch_up.behind({})  # both read at their end
+    due = T0 + LIVE_MARGIN_MS + 1
+    claims = [claimed(1, due, "job-1"), claimed(2, due, "job-2", shard=other)]
+    assert catch_up.past(claims, ()) == []
+    catch_up.taken(frozenset({SHARD}))
+    assert [c.record.offset for c in catch_up.past(claims, ())] == [1]
+    catch_up.read(SHARD, T0 + 1)  # the batch applied...
+    catch_up.behind({})  # ...and the shard read at its end again
+    assert catch_up.past(claims, ()) == []
