@@ -17,10 +17,14 @@ partition saw records it has not applied yet, a record with its own delay-id (th
 cancel or a replacement can reach) is claimed only once the ingress has applied a record of its
 partition stamped at most LIVE_MARGIN_MS before its due time: a cancel produced that long before
 the due time always wins, however far behind the ingress reads. A batch the ingress has taken
-and not yet applied counts as behind (:meth:`CatchUp.taken`): the verdict it gave before, read
-at its end, does not cover a cancel in its hands. Keeping up, the ingress reads
-records tens of ms after they are produced, so nothing waits; records with the default delay-id
-never do. A partition whose read position has not moved for STALLED_S while the fetch saw more
+and not yet applied counts as behind (:meth:`CatchUp.taken`). A partition it said it read at its
+end is that as of the saying, no later: what came in since — its cancel waiting in the
+consumer's queue while the ingress stores a batch of another partition — is unread. So such a
+record is claimed only if due within LIVE_MARGIN_MS, less FETCH_SLACK_MS, of the ingress's last
+saying, which it gives every SAY_EVERY_S at least while nothing comes, between the slices of a
+hold, and after each batch. Keeping up, the ingress reads records tens of ms after they are
+produced, so nothing waits; records with the default delay-id never do (nothing can withdraw
+them). A partition whose read position has not moved for STALLED_S while the fetch saw more
 holds nothing: there is nothing there the ingress can read (a transaction's marker). A partition
 the ingress holds at a record the DLQ refused (bridge.ingress.holds) is behind however long it
 waits: what follows that record, cancels included, is unread.
@@ -38,17 +42,29 @@ from bridge.store import Claimed, Shard, shard_names
 logger = logging.getLogger(__name__)
 
 LIVE_MARGIN_MS = 100  # a cancel produced this long before its record's due time always wins
+# A record is fetched this long after it is produced, at most, while the consumer keeps up
+# (fetch.wait.max.ms is 10): a partition said to be read at its end holds every record produced
+# this long before the saying.
+FETCH_SLACK_MS = 20
+# The ingress says how far it reads at least this often while nothing comes (its poll's
+# timeout) and between the slices of a hold: well within LIVE_MARGIN_MS - FETCH_SLACK_MS.
+SAY_EVERY_S = 0.05
 STALLED_S = 2.0  # a read position that has not moved this long while behind holds nothing
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
+NEVER = float("inf")
 
 
 class CatchUp:
     """Shards being read behind their end offset, and how far they are read (thread-safe:
     the ingress writes, the mover reads)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], float] = lambda: time.time() * 1000,
+    ) -> None:
         self._ends: dict[Shard, int] = {}
         self._again: set[Shard] = set()  # of those, read again after Redis lost their state
         self._horizons: dict[Shard, int] = {}
@@ -60,6 +76,10 @@ class CatchUp:
         # Shards of the batch the ingress took and has not applied yet (a cancel among them is
         # read, not applied): behind until its next verdict (:meth:`behind`).
         self._in_hand: frozenset[Shard] = frozenset()
+        # When the ingress last said which shards it reads behind (wall ms; None: never, as
+        # for a mover without an ingress): the others were read at their end then, no later.
+        self._said_ms: float | None = None
+        self._wall_ms = wall_ms
         # Shards none of whose records is claimed new, whatever is read, and why: what the
         # journal holds as settled is not yet forgotten in Redis (bridge.ingress.put_back), or
         # the journal not yet read for a re-read (bridge.ingress.membership).
@@ -103,9 +123,9 @@ class CatchUp:
     def behind(self, positions: Mapping[Shard, int]) -> None:
         """The shards the ingress reads behind their partition's end as its last fetch saw it,
         with its read position in each (every other shard is read at its end)."""
-        now = self._clock()
+        now, said = self._clock(), self._wall_ms()
         with self._lock:
-            self._in_hand = frozenset()
+            self._in_hand, self._said_ms = frozenset(), said
             was = self._behind
             self._behind = {
                 shard: known
@@ -202,14 +222,19 @@ class CatchUp:
         Redis lost its state, or a partition is assigned), so a cancel of theirs may still be
         unread; they are put back until the horizon passes them. So are the records with their
         own delay-id of a shard read live behind, due more than LIVE_MARGIN_MS after the newest
-        record the ingress applied there. A lease that ran out, or a record still
-        ``in_flight``, is not: it was claimed before, and is past cancel."""
+        record the ingress applied there — or, read at its end, due more than LIVE_MARGIN_MS
+        less FETCH_SLACK_MS after the ingress last said so: what came in since may hold their
+        cancels (a batch of another partition in its hands, a store tried again). A lease that
+        ran out, or a record still ``in_flight``, is not: it was claimed before, and is past
+        cancel."""
         now = self._clock()
         with self._lock:
             horizons = self._limits()
             moving = {s for s, (_, since) in self._behind.items() if now - since < STALLED_S}
             moving |= self._blocked | self._in_hand
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
+            said = self._said_ms
+        at_end = NEVER if said is None else said + LIVE_MARGIN_MS - FETCH_SLACK_MS
         past: list[Claimed] = []
         behind: set[Shard] = set()  # shards read live behind with records put back
         for c in claims:
@@ -219,7 +244,7 @@ class CatchUp:
             if shard in horizons:
                 if record.due_ms > horizons[shard]:
                     past.append(c)
-            elif shard in live and record.due_ms > live[shard] and c.given_id() is not None:
+            elif record.due_ms > live.get(shard, at_end) and c.given_id() is not None:
                 past.append(c)
                 behind.add(shard)
         with self._lock:  # said once while a shard stays behind, and once a minute at most

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from bridge.catchup import CatchUp
+from bridge.catchup import SAY_EVERY_S, CatchUp
 from bridge.config import Config
 from bridge.errors import StoreError, WriteRefused, log_failed_turn
 from bridge.health import Readiness
@@ -172,7 +172,7 @@ class Ingress:
         if fatal:  # its callbacks no longer reach the membership: it is not the consumer now
             close_aside(failed)
 
-    def poll_once(self, timeout: float = 0.5) -> int:
+    def poll_once(self, timeout: float = SAY_EVERY_S) -> int:
         """Consume one batch and handle it; returns how many records it held."""
         if self.restarts.why:
             self._restart()
@@ -246,16 +246,15 @@ class Ingress:
             wait = min(deadline - time.monotonic(), self.config.linger / 1000 or HOLD_SLICE_S)
             if wait <= 0:
                 break
-            more = [
-                m
-                for m in self.consumer.consume(self.config.batch_size - len(messages), wait)
-                if not _is_error(self.restarts, m)
-            ]
-            if more:
+            got = self.consumer.consume(self.config.batch_size - len(messages), wait)
+            if more := [m for m in got if not _is_error(self.restarts, m)]:
                 messages += more
                 later = parse_batch(more, self.rules, self._clock_ms())
-                urgent = later.urgent(self._clock_ms() + 2 * self.config.hold)
+                if urgent := later.urgent(self._clock_ms() + 2 * self.config.hold):
+                    self.catch_up.taken(shards_of(messages))  # a cancel may be among them
                 batch.merge(later)
+            if not urgent:  # nothing held can withdraw a record: say how far each is read
+                self.membership.verdict()
         gone = set(batch.stored) - self.assigned
         if gone:
             messages = [m for m in messages if shard_of(m) not in gone]

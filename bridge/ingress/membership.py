@@ -306,13 +306,19 @@ class Membership:
         self.journal_waits.read_again(self.consumer, self.reading_again)
 
     def caught_up(self) -> None:
-        """After a batch is applied, or none came: release the shards whose read position
-        reached the end they were held to, and tell which are read behind the end their last
-        fetch saw (librdkafka's cached high watermark: no request)."""
+        """After a batch is applied, or none came: :meth:`verdict`, its catch-ups released."""
+        self.adds.reread_over(self.verdict(reach=True))  # past a marker, no record may say so
+        self.adds.look_again()
+
+    def verdict(self, *, reach: bool = False) -> list[Shard]:
+        """Tell which shards are read behind the end their last fetch saw (librdkafka's cached
+        high watermark: no request). ``reach``: also release the shards whose read position
+        reached the end they were held to; returns those that ended a re-read after a loss. A
+        hold gives it alone between its slices: what it holds can withdraw nothing."""
         assigned = self.positions.assigned
         if not assigned:
-            return
-        ends = self.catch_up.ends()
+            return []
+        ends = self.catch_up.ends() if reach else {}
         behind: dict[Shard, int] = {}
         over: list[Shard] = []  # re-reads after a loss that reached their end now
         tps = [TopicPartition(s.topic, s.partition) for s in assigned]
@@ -323,8 +329,7 @@ class Membership:
             if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
                 behind[shard] = position
         self.catch_up.behind(behind)
-        self.adds.reread_over(over)  # past a transaction's marker, no record may say so
-        self.adds.look_again()
+        return over
 
     def close(self, *, leave: bool = False) -> None:
         """Commit what is stored and close the consumer; ``leave``: leave the group first, which

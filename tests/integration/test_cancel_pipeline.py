@@ -24,9 +24,11 @@ from testbed.harness import (
     Collector,
     Received,
     Setup,
+    ToPartition,
     fast_takeover,
     metric,
     produce_all,
+    produce_to,
 )
 from tests.conftest import wait_for
 
@@ -258,6 +260,51 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     assert marker.value == b"marker"
     # The marker, produced after the record and due at once, was read after the cancel.
     assert marker.timestamp_ms > marker.due_ms + 1000, "the cancel was read in time: test void"
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The same, one partition over: the ingress is storing a batch of 10,000 records of
+    partition 0 when the cancel of a record of partition 1 comes, some 200 ms before that
+    record's due time, and waits in the consumer's queue, fetched and not yet taken. The
+    ingress last said partition 1 was read at its end before it took the batch: that is no
+    word on what came since. The record waits for the ingress to say so again."""
+    target = setup.targets[0]
+    bridge = _reading_at_its_end(setup, bridges, "20000")
+    due_ms = int(time.time() * 1000) + 3000
+    expire: ToPartition = [(1, b"expire", [*delay_headers(target, at=due_ms, delay_id="expire-1")])]
+    produce_to(setup.services.bootstrap, setup.delay, expire)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    # One producer, its metadata known before the clock runs; the batch leaves in one request.
+    producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 5000})
+    producer.list_topics(setup.delay, 10)
+    batch = [delay_headers(target, after="1h", delay_id=f"f{i}") for i in range(10_000)]
+    wait_for(lambda: time.time() * 1000 >= due_ms - 350, 10, "350 ms before the due time")
+    for headers in batch:
+        producer.produce(setup.delay, b"", b"k", partition=0, headers=wire_headers([*headers]))
+    marker = wire_headers([*delay_headers(target, after="0ms")])
+    producer.produce(setup.delay, b"marker", b"k", partition=0, headers=marker)
+    assert producer.flush(30) == 0
+    fetched = time.time() + 0.03
+    wait_for(lambda: time.time() >= fetched, 5, "the batch fetched, the cancel not with it")
+    cancel = wire_headers([*cancel_headers("expire-1")])
+    producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
+    assert producer.flush(30) == 0
+    assert time.time() * 1000 < due_ms - 100, "produced less than 100 ms before due: test void"
+    got = setup.await_value(b"marker", 60, "the marker")
+    assert got[-1].timestamp_ms > due_ms, "the batch was stored before the due time: test void"
+    wait_for(
+        lambda: (
+            metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}')
+            + metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
+            == 1
+        ),
+        30,
+        "the cancel applied",
+    )
+    assert b"expire" not in setup.await_values(1, 5, "what was delivered")
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
 
 

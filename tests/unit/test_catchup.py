@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from bridge.catchup import LIVE_MARGIN_MS, STALLED_S, TOLD_AGAIN_S, CatchUp
+from bridge.catchup import FETCH_SLACK_MS, LIVE_MARGIN_MS, STALLED_S, TOLD_AGAIN_S, CatchUp
 from bridge.message import Scheduled, origin
 from bridge.store import Claimed, Shard
 from bridge.store.keys import offset_bytes
@@ -62,7 +62,7 @@ def test_read_live_behind_only_own_ids_due_past_the_read_records_wait() -> None:
 
 def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
     clock = Clock()
-    catch_up = CatchUp(clock)
+    catch_up = CatchUp(clock, lambda: T0 + 60_000)  # said as the record falls due
     catch_up.read(SHARD, T0)
     late = [claimed(1, T0 + 60_000, "job-1")]
     catch_up.behind({})  # the last fetch saw nothing more
@@ -84,7 +84,7 @@ def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
     """A partition written by transactions is behind while one is open and level between: the
     log says so once a minute, not at every put-back."""
     clock = Clock()
-    catch_up = CatchUp(clock)
+    catch_up = CatchUp(clock, lambda: T0 + 60_000)
     catch_up.read(SHARD, T0)
     late = [claimed(1, T0 + 60_000, "job-1")]
     with caplog.at_level(logging.INFO, logger="bridge.catchup"):
@@ -167,7 +167,7 @@ def test_a_batch_in_the_ingress_hands_holds_its_shards_behind_until_its_verdict(
     said how far it reads (behind), a cancel may be in it, read and not applied — its records
     with their own delay-id due past the margin wait. Other shards are not held by it."""
     clock = Clock()
-    catch_up = CatchUp(clock)
+    catch_up = CatchUp(clock, lambda: T0 + LIVE_MARGIN_MS + 1)  # at the due time
     other = Shard("delay", 1)
     catch_up.read(SHARD, T0)
     catch_up.read(other, T0)
@@ -180,3 +180,29 @@ def test_a_batch_in_the_ingress_hands_holds_its_shards_behind_until_its_verdict(
     catch_up.read(SHARD, T0 + 1)  # the batch applied...
     catch_up.behind({})  # ...and the shard read at its end again
     assert catch_up.past(claims, ()) == []
+
+
+def test_a_shard_said_at_its_end_is_trusted_only_for_records_due_within_the_margin_of_the_saying() -> (
+    None
+):
+    """Read at its end when the ingress last said so: everything produced FETCH_SLACK_MS before
+    that was read, so a record due up to LIVE_MARGIN_MS after that, less the slack, has had its
+    cancels read. One due later waits for the ingress to say so again — it may be storing a
+    batch of another partition while this one's cancel waits in the consumer's queue."""
+    wall = [float(T0)]
+    catch_up = CatchUp(Clock(), lambda: wall[0])
+    other = Shard("delay", 1)
+    catch_up.read(SHARD, T0 - 5_000)
+    catch_up.behind({})  # said at T0: both read at their end
+    edge = T0 + LIVE_MARGIN_MS - FETCH_SLACK_MS
+    claims = [claimed(1, edge, "job-1"), claimed(2, edge + 1, "job-2", shard=other)]
+    claims.append(claimed(3, edge + 1))  # the default delay-id: nothing can withdraw it
+    assert [c.record.offset for c in catch_up.past(claims, ())] == [2]
+    wall[0] += 1
+    catch_up.behind({})  # said again, a ms later
+    assert catch_up.past(claims, ()) == []
+
+
+def test_a_catch_up_the_ingress_never_spoke_to_trusts_every_shard() -> None:
+    """A mover without an ingress (a test's, a tool's): no saying to wait for."""
+    assert CatchUp(Clock(), lambda: float(T0)).past([claimed(1, T0 + 60_000, "job-1")], ()) == []
