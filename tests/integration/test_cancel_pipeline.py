@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
@@ -24,7 +24,6 @@ from testbed.harness import (
     Collector,
     Received,
     Setup,
-    ToPartition,
     fast_takeover,
     metric,
     produce_all,
@@ -273,39 +272,88 @@ def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
     word on what came since. The record waits for the ingress to say so again."""
     target = setup.targets[0]
     bridge = _reading_at_its_end(setup, bridges, "20000")
-    due_ms = int(time.time() * 1000) + 3000
-    expire: ToPartition = [(1, b"expire", [*delay_headers(target, at=due_ms, delay_id="expire-1")])]
-    produce_to(setup.services.bootstrap, setup.delay, expire)
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    # One producer, its metadata known before the clock runs; the batch leaves in one request.
-    producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 5000})
-    producer.list_topics(setup.delay, 10)
-    batch = [delay_headers(target, after="1h", delay_id=f"f{i}") for i in range(10_000)]
-    wait_for(lambda: time.time() * 1000 >= due_ms - 350, 10, "350 ms before the due time")
-    for headers in batch:
-        producer.produce(setup.delay, b"", b"k", partition=0, headers=wire_headers([*headers]))
-    marker = wire_headers([*delay_headers(target, after="0ms")])
-    producer.produce(setup.delay, b"marker", b"k", partition=0, headers=marker)
-    assert producer.flush(30) == 0
-    fetched = time.time() + 0.03
-    wait_for(lambda: time.time() >= fetched, 5, "the batch fetched, the cancel not with it")
-    cancel = wire_headers([*cancel_headers("expire-1")])
-    producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
-    assert producer.flush(30) == 0
-    assert time.time() * 1000 < due_ms - 100, "produced less than 100 ms before due: test void"
-    got = setup.await_value(b"marker", 60, "the marker")
-    assert got[-1].timestamp_ms > due_ms, "the batch was stored before the due time: test void"
-    wait_for(
-        lambda: (
-            metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}')
-            + metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}')
-            == 1
-        ),
-        30,
-        "the cancel applied",
+    producer = _holding(setup)
+
+    def attempt(n: int) -> bool:
+        due_ms = int(time.time() * 1000) + 3000
+        before = _cancels(bridge)
+        stored = metric(bridge, "delay_bridge_ingested_total")
+        expire = delay_headers(target, at=due_ms, delay_id=f"e{n}")
+        produce_to(setup.services.bootstrap, setup.delay, [(1, f"expire-{n}".encode(), [*expire])])
+        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > stored, 30, "stored")
+        for i in range(10_000):
+            headers = wire_headers([*delay_headers(target, after="1h", delay_id=f"{n}-f{i}")])
+            producer.produce(setup.delay, b"", b"k", partition=0, headers=headers)
+        marker = f"marker-{n}".encode()
+        headers = wire_headers([*delay_headers(target, after="0ms")])
+        producer.produce(setup.delay, marker, b"k", partition=0, headers=headers)
+        wait_for(lambda: time.time() * 1000 >= due_ms - 250, 10, "250 ms before the due time")
+        assert producer.flush(30) == 0
+        fetched = time.time() + 0.03
+        wait_for(lambda: time.time() >= fetched, 5, "the batch fetched, the cancel not with it")
+        cancel = wire_headers([*cancel_headers(f"e{n}")])
+        producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
+        assert producer.flush(30) == 0
+        in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
+        got = setup.await_value(marker, 60, "the marker")
+        return _withdrawn(bridge, got, n, due_ms, in_time, before)
+
+    _in_time(attempt)
+
+
+def _holding(setup: Setup) -> Producer:
+    """A producer that holds what it is given until it is flushed (its linger, and batches as
+    large as a request), and then sends it in one request: fetched together, read in one batch
+    (a Kafka batch holds 10,000 records by default). Its metadata is known before the clock runs."""
+    producer = Producer(
+        {
+            "bootstrap.servers": setup.services.bootstrap,
+            "linger.ms": 60_000,
+            "batch.num.messages": 100_000,
+            "batch.size": 4 << 20,
+        }
     )
-    assert b"expire" not in setup.await_values(1, 5, "what was delivered")
-    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    producer.list_topics(setup.delay, 10)
+    return producer
+
+
+def _withdrawn(
+    bridge: Bridge,
+    got: list[Received],
+    n: int,
+    due_ms: int,
+    in_time: bool,
+    before: tuple[float, float],
+) -> bool:
+    """Whether attempt ``n`` set its scene in time and, if it did, that its record (due at
+    ``due_ms``) was withdrawn by its cancel: ``got`` is what was delivered by when its marker,
+    stored with or after the cancel, was; ``before`` the bridge's cancels before the attempt."""
+    wait_for(lambda: sum(_cancels(bridge)) == sum(before) + 1, 30, "the cancel applied")
+    [marker] = [r for r in got if r.value == f"marker-{n}".encode()]
+    if not in_time or marker.timestamp_ms <= due_ms:  # void: the batch stored before due
+        return False
+    assert f"expire-{n}".encode() not in [r.value for r in got]  # not delivered
+    assert _cancels(bridge)[0] == before[0] + 1  # withdrawn
+    return True
+
+
+def _cancels(bridge: Bridge) -> tuple[float, float]:
+    """The bridge's cancels that withdrew a record, and those that found none."""
+    return (
+        metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}'),
+        metric(bridge, 'delay_bridge_cancelled_total{result="not-found"}'),
+    )
+
+
+def _in_time(attempt: Callable[[int], bool], attempts: int = 3) -> None:
+    """Run ``attempt`` (given its number, from 0) until one sets its scene in time, which it
+    says by returning True once it has checked its outcome; False when the machine was too
+    slow for it (a cancel flushed less than 100 ms before its due time, or a batch stored
+    before it): an outcome the guarantee does not cover."""
+    for n in range(attempts):
+        if attempt(n):
+            return
+    pytest.fail(f"none of {attempts} attempts set its scene in time: the machine is too slow")
 
 
 def _reading_at_its_end(setup: Setup, bridges: list[Bridge], batch_size: str) -> Bridge:
@@ -417,29 +465,27 @@ def test_a_cancel_in_the_batch_the_ingress_is_storing_wins_over_its_record_falli
     target = setup.targets[0]
     bridge = _reading_at_its_end(setup, bridges, "20000")
     key = b"order-1"
-    due_ms = int(time.time() * 1000) + 3000
-    produce_all(
-        setup.services.bootstrap,
-        setup.delay,
-        [(key, b"expire", delay_headers(target, at=due_ms, delay_id="expire-1"))],
-    )
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    wait_for(lambda: time.time() * 1000 >= due_ms - 300, 10, "300 ms before the due time")
-    # One request: the records leave together at the flush, and are fetched together.
-    producer = Producer(
-        {"bootstrap.servers": setup.services.bootstrap, "linger.ms": 5000, "batch.size": 4 << 20}
-    )
-    records: list[Record] = [
-        *[(key, b"", delay_headers(target, after="1h", delay_id=f"f{i}")) for i in range(10_000)],
-        (key, b"", cancel_headers("expire-1")),
-        (key, b"marker", delay_headers(target, after="0ms")),
-    ]
-    for k, v, headers in records:
-        producer.produce(setup.delay, v, k, headers=wire_headers(list(headers)))
-    assert producer.flush(30) == 0
-    assert time.time() * 1000 < due_ms - 100, "produced less than 100 ms before due: test void"
-    got = setup.await_value(b"marker", 60, "the marker")
-    assert [r.value for r in got] == [b"marker"]  # not the record its cancel withdrew
-    # The marker, due at once and stored with the cancel, came after the record's due time.
-    assert got[0].timestamp_ms > due_ms, "the batch was stored before the due time: test void"
-    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    producer = _holding(setup)
+
+    def attempt(n: int) -> bool:
+        due_ms = int(time.time() * 1000) + 3000
+        before = _cancels(bridge)
+        stored = metric(bridge, "delay_bridge_ingested_total")
+        expire = delay_headers(target, at=due_ms, delay_id=f"e{n}")
+        produce_all(setup.services.bootstrap, setup.delay, [(key, f"expire-{n}".encode(), expire)])
+        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > stored, 30, "stored")
+        for i in range(10_000):
+            headers = wire_headers([*delay_headers(target, after="1h", delay_id=f"{n}-f{i}")])
+            producer.produce(setup.delay, b"", key, headers=headers)
+        wait_for(lambda: time.time() * 1000 >= due_ms - 200, 10, "200 ms before the due time")
+        marker = f"marker-{n}".encode()
+        producer.produce(setup.delay, b"", key, headers=wire_headers([*cancel_headers(f"e{n}")]))
+        producer.produce(
+            setup.delay, marker, key, headers=wire_headers([*delay_headers(target, after="0ms")])
+        )
+        assert producer.flush(30) == 0
+        in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
+        got = setup.await_value(marker, 60, "the marker")
+        return _withdrawn(bridge, got, n, due_ms, in_time, before)
+
+    _in_time(attempt)
