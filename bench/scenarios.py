@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 from redis.cluster import RedisCluster
 
@@ -265,28 +264,12 @@ def finished(workload: Workload, timeout: float = 600) -> None:
 def journal_bytes(run: Run) -> int:
     """What the run's journal holds, as its records' keys, values and headers (librdkafka
     compresses nothing by default: about what the log stores, less the batches' own headers)."""
-    settings = {
-        "bootstrap.servers": run.servers.bootstrap,
-        "group.id": f"j-{run.uid}",
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-    }
-    consumer = Consumer(settings)
-    total, ends = 0, 0
-    try:
-        meta = consumer.list_topics(run.journal, timeout=10).topics[run.journal]
-        consumer.assign([TopicPartition(run.journal, p, 0) for p in meta.partitions])
-        while ends < len(meta.partitions):
-            for msg in consumer.consume(1000, 10):
-                error = msg.error()
-                if error is not None:
-                    ends += error.code() == KafkaError._PARTITION_EOF
-                    continue
-                total += len(msg.key() or b"") + len(msg.value() or b"")
-                total += sum(len(k) + len(v or b"") for k, v in headers_of(msg))
-    finally:
-        consumer.close()
-    return total
+    return sum(
+        len(msg.key() or b"")
+        + len(msg.value() or b"")
+        + sum(len(k) + len(v or b"") for k, v in headers_of(msg))
+        for msg in read_topic(run.servers.bootstrap, run.journal, run.partitions)
+    )
 
 
 def throughput(

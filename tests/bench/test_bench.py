@@ -50,6 +50,8 @@ def test_every_scenario_runs_and_keeps_the_contract(services: Services, tmp_path
     f = result.figures
     t = f["throughput-100"]
     assert t["records"] == 3000 and t["duplicates"] == 0
+    # An entry a record, read to the journal's end (its size less the batches' own headers).
+    assert t["journal_bytes_per_record"] > 0
     for rate in (
         "ingest_per_s",
         "egress_per_s",
