@@ -21,18 +21,21 @@ and not yet applied counts as behind (:meth:`CatchUp.taken`). A partition it sai
 end is that as of the saying, no later: what came in since — its cancel waiting in the
 consumer's queue while the ingress stores a batch of another partition — is unread. So such a
 record is claimed only if due within LIVE_MARGIN_MS, less FETCH_SLACK_MS, of the ingress's last
-saying, which it gives every SAY_EVERY_S at least while nothing comes, between the slices of a
-hold, and after each batch. Keeping up, the ingress reads records tens of ms after they are
-produced, so nothing waits; records with the default delay-id never do (nothing can withdraw
-them). A partition whose read position has not moved for STALLED_S while the fetch saw more
-holds nothing: there is nothing there the ingress can read (a transaction's marker). A partition
-the ingress holds at a record the DLQ refused (bridge.ingress.holds) is behind however long it
-waits: what follows that record, cancels included, is unread.
+saying (the claim's now by Redis's clock less the saying's age by the monotonic one: the
+bridge's own wall clock may be off), which it gives every SAY_EVERY_S at least while nothing
+comes, between the slices of a hold, and after each batch. Keeping up, the ingress reads
+records tens of ms after they are produced, so nothing waits; records with the default delay-id
+never do (nothing can withdraw them). A partition whose read position has not moved for
+STALLED_S while the fetch saw more holds nothing: there is nothing there the ingress can read (a
+transaction's marker). A partition the ingress holds at a record the DLQ refused
+(bridge.ingress.holds) is behind however long it waits: what follows that record, cancels
+included, is unread.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
@@ -53,18 +56,13 @@ STALLED_S = 2.0  # a read position that has not moved this long while behind hol
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
-NEVER = float("inf")
 
 
 class CatchUp:
     """Shards being read behind their end offset, and how far they are read (thread-safe:
     the ingress writes, the mover reads)."""
 
-    def __init__(
-        self,
-        clock: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], float] = lambda: time.time() * 1000,
-    ) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._ends: dict[Shard, int] = {}
         self._again: set[Shard] = set()  # of those, read again after Redis lost their state
         self._horizons: dict[Shard, int] = {}
@@ -76,10 +74,9 @@ class CatchUp:
         # Shards of the batch the ingress took and has not applied yet (a cancel among them is
         # read, not applied): behind until its next verdict (:meth:`behind`).
         self._in_hand: frozenset[Shard] = frozenset()
-        # When the ingress last said which shards it reads behind (wall ms; None: never, as
+        # When the ingress last said which shards it reads behind (``clock``; None: never, as
         # for a mover without an ingress): the others were read at their end then, no later.
-        self._said_ms: float | None = None
-        self._wall_ms = wall_ms
+        self._said: float | None = None
         # Shards none of whose records is claimed new, whatever is read, and why: what the
         # journal holds as settled is not yet forgotten in Redis (bridge.ingress.put_back), or
         # the journal not yet read for a re-read (bridge.ingress.membership).
@@ -123,9 +120,9 @@ class CatchUp:
     def behind(self, positions: Mapping[Shard, int]) -> None:
         """The shards the ingress reads behind their partition's end as its last fetch saw it,
         with its read position in each (every other shard is read at its end)."""
-        now, said = self._clock(), self._wall_ms()
+        now = self._clock()
         with self._lock:
-            self._in_hand, self._said_ms = frozenset(), said
+            self._in_hand, self._said = frozenset(), now
             was = self._behind
             self._behind = {
                 shard: known
@@ -215,26 +212,29 @@ class CatchUp:
         )
 
     def past(
-        self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]]
+        self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]], now_ms: int
     ) -> list[Claimed]:
-        """The records of ``claims`` due past the horizon of their shard: a catch-up began after
-        the mover read the horizons and before Redis ran its claim (the ingress re-reads after
-        Redis lost its state, or a partition is assigned), so a cancel of theirs may still be
-        unread; they are put back until the horizon passes them. So are the records with their
-        own delay-id of a shard read live behind, due more than LIVE_MARGIN_MS after the newest
-        record the ingress applied there — or, read at its end, due more than LIVE_MARGIN_MS
-        less FETCH_SLACK_MS after the ingress last said so: what came in since may hold their
-        cancels (a batch of another partition in its hands, a store tried again). A lease that
-        ran out, or a record still ``in_flight``, is not: it was claimed before, and is past
-        cancel."""
+        """The records of ``claims`` (claimed at ``now_ms`` by Redis's clock) due past the
+        horizon of their shard: a catch-up began after the mover read the horizons and before
+        Redis ran its claim (the ingress re-reads after Redis lost its state, or a partition is
+        assigned), so a cancel of theirs may still be unread; they are put back until the
+        horizon passes them. So are the records with their own delay-id of a shard read live
+        behind, due more than LIVE_MARGIN_MS after the newest record the ingress applied there —
+        or, read at its end, due more than LIVE_MARGIN_MS less FETCH_SLACK_MS after the ingress
+        last said so: what came in since may hold their cancels (a batch of another partition
+        in its hands, a store tried again). When it said so is ``now_ms`` less how long ago it
+        did, by the monotonic clock: the bridge's own wall clock may be off from Redis's. A
+        lease that ran out, or a record still ``in_flight``, is not: it was claimed before, and
+        is past cancel."""
         now = self._clock()
         with self._lock:
             horizons = self._limits()
             moving = {s for s, (_, since) in self._behind.items() if now - since < STALLED_S}
             moving |= self._blocked | self._in_hand
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
-            said = self._said_ms
-        at_end = NEVER if said is None else said + LIVE_MARGIN_MS - FETCH_SLACK_MS
+            said = self._said
+        trusted = LIVE_MARGIN_MS - FETCH_SLACK_MS
+        at_end = math.inf if said is None else now_ms - (now - said) * 1000 + trusted
         past: list[Claimed] = []
         behind: set[Shard] = set()  # shards read live behind with records put back
         for c in claims:

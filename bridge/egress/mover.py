@@ -255,7 +255,7 @@ class Egress:
         """Records claimed that are not to be produced yet go back among the waiting ones, as if
         never claimed; returns them: ``too_low`` (:meth:`Lanes.too_low`), and those past a
         catch-up's horizon (:meth:`CatchUp.past`)."""
-        past = self.catch_up.past(claims, self.deliveries.in_flight)
+        past = self.catch_up.past(claims, self.deliveries.in_flight, claims.now_ms)
         back = {(c.shard, c.member): c for c in (*past, *too_low)}
         if back:
             self.store.unclaim(back.values())

@@ -19,6 +19,7 @@ from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
 from bridge.message import wire_headers
+from testbed.clock import PYTHON_SHIFT  # its sitecustomize says why
 from testbed.harness import (
     Bridge,
     Collector,
@@ -262,16 +263,19 @@ def test_a_cancel_read_after_its_record_fell_due_wins_over_a_live_ingress_behind
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
 
 
+@pytest.mark.parametrize("ahead_ms", [0, 10_000], ids=["true-clock", "bridge-clock-ahead"])
 def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], ahead_ms: int
 ) -> None:
     """The same, one partition over: the ingress is storing a batch of 10,000 records of
     partition 0 when the cancel of a record of partition 1 comes, some 200 ms before that
     record's due time, and waits in the consumer's queue, fetched and not yet taken. The
     ingress last said partition 1 was read at its end before it took the batch: that is no
-    word on what came since. The record waits for the ingress to say so again."""
+    word on what came since. The record waits for the ingress to say so again — also on a
+    bridge whose own clock is ahead (claims go by Redis's): how old a saying is is not read
+    off that clock."""
     target = setup.targets[0]
-    bridge = _reading_at_its_end(setup, bridges, "20000")
+    bridge = _reading_at_its_end(setup, bridges, "20000", ahead_ms)
     producer = _holding(setup)
 
     def attempt(n: int) -> bool:
@@ -356,13 +360,22 @@ def _in_time(attempt: Callable[[int], bool], attempts: int = 3) -> None:
     pytest.fail(f"none of {attempts} attempts set its scene in time: the machine is too slow")
 
 
-def _reading_at_its_end(setup: Setup, bridges: list[Bridge], batch_size: str) -> Bridge:
-    """A bridge started with ``ingress.batch_size``, its partitions assigned and read at their
-    end."""
-    bridge = setup.bridge(ingress__batch_size=batch_size).start()
-    bridges.append(bridge)
+def _reading_at_its_end(
+    setup: Setup, bridges: list[Bridge], batch_size: str, ahead_ms: int = 0
+) -> Bridge:
+    """A bridge started with ``ingress.batch_size`` (its own clock ``ahead_ms`` ahead), its
+    partitions assigned and read at their end: ready, or naming the skew of its clock."""
+    bridge = setup.bridge(ingress__batch_size=batch_size)
+    if ahead_ms:
+        bridge.env.update(CLOCK_SHIFT_MS=str(ahead_ms), PYTHONPATH=str(PYTHON_SHIFT))
+    bridges.append(bridge.start())
+
+    def ready() -> bool:
+        status, body = bridge.get("/readyz")
+        return status == 200 or (ahead_ms > 0 and "clock skew" in body)
+
     wait_for(
-        lambda: "assigned" in bridge.output() and bridge.get("/readyz")[0] == 200,
+        lambda: "assigned" in bridge.output() and ready(),
         60,
         "the partitions assigned, read at their end",
     )

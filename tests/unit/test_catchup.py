@@ -13,6 +13,7 @@ from bridge.store.keys import offset_bytes
 
 SHARD = Shard("delay", 0)
 T0 = 1_800_000_000_000
+NOW = T0 + 60_000  # the claim's now, by Redis's clock: the latest due time the tests claim
 
 
 def claimed(
@@ -55,27 +56,27 @@ def test_read_live_behind_only_own_ids_due_past_the_read_records_wait() -> None:
         claimed(4, T0 + 60_000, "job-4", redelivery=True),  # claimed before: past cancel
         claimed(5, T0 + 60_000, "job-5"),  # in flight
     ]
-    assert [c.record.offset for c in catch_up.past(claims, {(SHARD, offset_bytes(5))})] == [2]
+    assert [c.record.offset for c in catch_up.past(claims, {(SHARD, offset_bytes(5))}, NOW)] == [2]
     catch_up.read(SHARD, T0 + 1)  # the ingress moves on
-    assert catch_up.past(claims[1:2], ()) == []
+    assert catch_up.past(claims[1:2], (), NOW) == []
 
 
 def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
     clock = Clock()
-    catch_up = CatchUp(clock, lambda: T0 + 60_000)  # said as the record falls due
+    catch_up = CatchUp(clock)
     catch_up.read(SHARD, T0)
     late = [claimed(1, T0 + 60_000, "job-1")]
     catch_up.behind({})  # the last fetch saw nothing more
-    assert catch_up.past(late, ()) == []
+    assert catch_up.past(late, (), NOW) == []
     catch_up.behind({SHARD: 10})
-    assert len(catch_up.past(late, ())) == 1
+    assert len(catch_up.past(late, (), NOW)) == 1
     clock.now += STALLED_S  # still behind, at the same position: nothing there it can read
     catch_up.behind({SHARD: 10})
-    assert catch_up.past(late, ()) == []
+    assert catch_up.past(late, (), NOW) == []
     catch_up.behind({SHARD: 11})  # it moves again
-    assert len(catch_up.past(late, ())) == 1
+    assert len(catch_up.past(late, (), NOW)) == 1
     catch_up.stop(SHARD)  # revoked: not read here any more
-    assert catch_up.past(late, ()) == []
+    assert catch_up.past(late, (), NOW) == []
 
 
 def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
@@ -84,21 +85,21 @@ def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
     """A partition written by transactions is behind while one is open and level between: the
     log says so once a minute, not at every put-back."""
     clock = Clock()
-    catch_up = CatchUp(clock, lambda: T0 + 60_000)
+    catch_up = CatchUp(clock)
     catch_up.read(SHARD, T0)
     late = [claimed(1, T0 + 60_000, "job-1")]
     with caplog.at_level(logging.INFO, logger="bridge.catchup"):
         for _ in range(10):
             catch_up.behind({SHARD: 10})
-            assert len(catch_up.past(late, ())) == 1
+            assert len(catch_up.past(late, (), NOW)) == 1
             catch_up.behind({})  # level again: a claim meanwhile holds nothing
-            assert catch_up.past(late, ()) == []
+            assert catch_up.past(late, (), NOW) == []
             clock.now += 1
         told = [r for r in caplog.records if "behind" in r.getMessage()]
         assert len(told) == 1
         clock.now += TOLD_AGAIN_S
         catch_up.behind({SHARD: 10})
-        assert len(catch_up.past(late, ())) == 1
+        assert len(catch_up.past(late, (), NOW)) == 1
         assert len([r for r in caplog.records if "behind" in r.getMessage()]) == 2
 
 
@@ -108,9 +109,9 @@ def test_a_catch_up_holds_every_record_past_its_horizon() -> None:
     catch_up.read(SHARD, T0)
     catch_up.behind({SHARD: 10})
     claims = [claimed(1, T0), claimed(2, T0 + 1), claimed(3, T0 + 60_000, "job-3")]
-    assert [c.record.offset for c in catch_up.past(claims, ())] == [2, 3]
+    assert [c.record.offset for c in catch_up.past(claims, (), NOW)] == [2, 3]
     catch_up.reached(SHARD, 100)  # caught up; read live from here, still behind the fetch
-    assert [c.record.offset for c in catch_up.past(claims, ())] == [3]
+    assert [c.record.offset for c in catch_up.past(claims, (), NOW)] == [3]
 
 
 def test_a_shard_read_again_after_a_loss_is_a_reread_until_it_reaches_its_end() -> None:
@@ -144,9 +145,9 @@ def test_a_held_shard_has_nothing_new_claimed_whatever_is_read() -> None:
     catch_up.read(SHARD, T0 + 60_000)
     assert catch_up.horizons() == {SHARD: -1, other: 0}
     claims = [claimed(1, T0), claimed(2, T0, redelivery=True)]
-    assert [c.record.offset for c in catch_up.past(claims, ())] == [1]
+    assert [c.record.offset for c in catch_up.past(claims, (), NOW)] == [1]
     catch_up.hold(SHARD, False)
-    assert catch_up.horizons() == {other: 0} and catch_up.past(claims, ()) == []
+    assert catch_up.horizons() == {other: 0} and catch_up.past(claims, (), NOW) == []
     catch_up.hold(SHARD, True)
     catch_up.stop(SHARD)  # revoked
     assert catch_up.horizons() == {other: 0}
@@ -167,19 +168,19 @@ def test_a_batch_in_the_ingress_hands_holds_its_shards_behind_until_its_verdict(
     said how far it reads (behind), a cancel may be in it, read and not applied — its records
     with their own delay-id due past the margin wait. Other shards are not held by it."""
     clock = Clock()
-    catch_up = CatchUp(clock, lambda: T0 + LIVE_MARGIN_MS + 1)  # at the due time
+    catch_up = CatchUp(clock)
     other = Shard("delay", 1)
     catch_up.read(SHARD, T0)
     catch_up.read(other, T0)
     catch_up.behind({})  # both read at their end
     due = T0 + LIVE_MARGIN_MS + 1
     claims = [claimed(1, due, "job-1"), claimed(2, due, "job-2", shard=other)]
-    assert catch_up.past(claims, ()) == []
+    assert catch_up.past(claims, (), NOW) == []
     catch_up.taken(frozenset({SHARD}))
-    assert [c.record.offset for c in catch_up.past(claims, ())] == [1]
+    assert [c.record.offset for c in catch_up.past(claims, (), NOW)] == [1]
     catch_up.read(SHARD, T0 + 1)  # the batch applied...
     catch_up.behind({})  # ...and the shard read at its end again
-    assert catch_up.past(claims, ()) == []
+    assert catch_up.past(claims, (), NOW) == []
 
 
 def test_a_shard_said_at_its_end_is_trusted_only_for_records_due_within_the_margin_of_the_saying() -> (
@@ -188,21 +189,25 @@ def test_a_shard_said_at_its_end_is_trusted_only_for_records_due_within_the_marg
     """Read at its end when the ingress last said so: everything produced FETCH_SLACK_MS before
     that was read, so a record due up to LIVE_MARGIN_MS after that, less the slack, has had its
     cancels read. One due later waits for the ingress to say so again — it may be storing a
-    batch of another partition while this one's cancel waits in the consumer's queue."""
-    wall = [float(T0)]
-    catch_up = CatchUp(Clock(), lambda: wall[0])
+    batch of another partition while this one's cancel waits in the consumer's queue. When it
+    said so is the claim's now (Redis's clock) less the saying's age (the monotonic clock): the
+    bridge's own wall clock, ahead or behind, does not enter."""
+    clock = Clock()
+    catch_up = CatchUp(clock)
     other = Shard("delay", 1)
     catch_up.read(SHARD, T0 - 5_000)
-    catch_up.behind({})  # said at T0: both read at their end
+    catch_up.behind({})  # said as the claim reads Redis's clock at T0: both read at their end
     edge = T0 + LIVE_MARGIN_MS - FETCH_SLACK_MS
     claims = [claimed(1, edge, "job-1"), claimed(2, edge + 1, "job-2", shard=other)]
     claims.append(claimed(3, edge + 1))  # the default delay-id: nothing can withdraw it
-    assert [c.record.offset for c in catch_up.past(claims, ())] == [2]
-    wall[0] += 1
-    catch_up.behind({})  # said again, a ms later
-    assert catch_up.past(claims, ()) == []
+    assert [c.record.offset for c in catch_up.past(claims, (), T0)] == [2]
+    clock.now += 0.001  # the same saying, a ms older at the next claim
+    assert [c.record.offset for c in catch_up.past(claims, (), T0 + 1)] == [2]
+    assert [c.record.offset for c in catch_up.past(claims, (), T0)] == [1, 2]
+    catch_up.behind({})  # said again
+    assert catch_up.past(claims, (), T0 + 1) == []
 
 
 def test_a_catch_up_the_ingress_never_spoke_to_trusts_every_shard() -> None:
     """A mover without an ingress (a test's, a tool's): no saying to wait for."""
-    assert CatchUp(Clock(), lambda: float(T0)).past([claimed(1, T0 + 60_000, "job-1")], ()) == []
+    assert CatchUp(Clock()).past([claimed(1, T0 + 60_000, "job-1")], (), NOW) == []
