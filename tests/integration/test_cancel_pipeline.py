@@ -502,3 +502,63 @@ def test_a_cancel_in_the_batch_the_ingress_is_storing_wins_over_its_record_falli
         return _withdrawn(bridge, got, n, due_ms, in_time, before)
 
     _in_time(attempt)
+
+
+@pytest.mark.parametrize(
+    "around",
+    [
+        pytest.param(False, id="alone"),
+        pytest.param(
+            True,
+            id="records-around",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="a record claimed ahead is past cancel (docs/cancel-replace.md)",
+            ),
+        ),
+    ],
+)
+def test_a_cancel_by_default_id_produced_before_the_margin_wins(
+    setup: Setup, bridges: list[Bridge], around: bool
+) -> None:
+    """The default id ``<topic>:<partition>:<offset>`` is an id like any other: a cancel of it
+    produced to the record's partition 250 ms before the due time wins — alone, where the mover
+    claims the record a quarter of ``egress.ahead`` (100 ms) before it falls due. Not yet with
+    records due every 2 ms around it: the mover then claims 300 ms ahead, and a record claimed
+    ahead is past cancel."""
+    target = setup.targets[0]
+    bridge = _reading_at_its_end(setup, bridges, "500")
+    producer = _holding(setup)
+
+    def attempt(n: int) -> bool:
+        due_ms = int(time.time() * 1000) + 3000
+        before = _cancels(bridge)
+        value = f"expire-{n}".encode()
+        others = range(-1000, 1000, 2) if around else ()
+        coords = produce_all(
+            setup.services.bootstrap,
+            setup.delay,
+            [
+                (b"k", value, delay_headers(target, at=due_ms)),
+                *[(b"k", b"", delay_headers(target, at=due_ms + t)) for t in others if t],
+            ],
+        )
+        partition, offset = coords[0]
+        wait_for(lambda: time.time() * 1000 >= due_ms - 250, 10, "250 ms before the due time")
+        marker = f"marker-{n}".encode()
+        cancel = wire_headers([*cancel_headers(f"{setup.delay}:{partition}:{offset}")])
+        producer.produce(setup.delay, b"", b"k", partition=partition, headers=cancel)
+        producer.produce(
+            setup.delay,
+            marker,
+            b"k",
+            partition=partition,
+            headers=wire_headers([*delay_headers(target, at=due_ms + 1500)]),
+        )
+        assert producer.flush(30) == 0
+        in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
+        got = setup.await_value(marker, 60, "the marker")
+        return _withdrawn(bridge, got, n, due_ms, in_time, before)
+
+    _in_time(attempt)
