@@ -26,6 +26,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from bridge.catchup import LIVE_MARGIN_MS
 from bridge.dialects import parse_record
 from bridge.message import (
     H_DUE_AT,
@@ -96,6 +97,10 @@ class Expected:
     # A copy of the record that was refused (a replacement too large, a DLQ replay refused
     # again) is dead-lettered with one of these reasons besides what this one asks for.
     also_dead: frozenset[str] = frozenset()
+    # Of a record with a caller-given delay-id: the seqs of the cancels and replacements that
+    # name it later in its partition. One Kafka acknowledged 100 ms before its due time wins
+    # (README: see :func:`cancels_lost`).
+    withdrawn_by: tuple[int, ...] = ()
 
 
 def _header(headers: Headers, name: str) -> bytes | None:
@@ -252,9 +257,10 @@ def log_end(consumer: Consumer, tp: TopicPartition, timeout: float = 60) -> int:
 def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     """What each delay-topic record asks for, by seq."""
     out: dict[int, Expected] = {}
-    # (topic, an id) -> (partition, offset, timestamp) of each record that names it: a cancel, or
-    # a record with it as its delay-id (a caller's, or the default one: an id like any other)
-    namers: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    # (topic, an id) -> (partition, offset, timestamp, seq or None) of each record that names it:
+    # a cancel, or a record with it as its delay-id (a caller's, or the default one: an id like
+    # any other)
+    namers: dict[tuple[str, str], list[tuple[int, int, int, int | None]]] = {}
     # Each valid record and the names it answers to: its delay-id, and its origin (a cancel or a
     # replacement of <topic>:<partition>:<offset> withdraws the record there, whatever its id).
     valid: list[tuple[str, int, int, int, int, set[str]]] = []
@@ -280,13 +286,15 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
             )
             if isinstance(rec, Cancel):  # delivered nowhere (a command's has no seq)
                 for each in rec.each():
-                    namers.setdefault((topic, each.delay_id), []).append((partition, offset, ts))
+                    namers.setdefault((topic, each.delay_id), []).append(
+                        (partition, offset, ts, seq)
+                    )
                 continue
             if rec.recurring:  # its occurrences are the recurring scenario's to check
                 continue
             assert seq is not None, f"{where} has no seq value"
             out[seq] = met_again(out.get(seq), Expected(where, ts, rec.due_ms, rec.delay_id))
-            namers.setdefault((topic, rec.delay_id), []).append((partition, offset, ts))
+            namers.setdefault((topic, rec.delay_id), []).append((partition, offset, ts, seq))
             valid.append((topic, partition, offset, ts, seq, {rec.delay_id, where}))
         except Rejected as rejection:
             assert seq is not None, f"{where} has no seq value"
@@ -309,10 +317,39 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
             if (n[0], n[1]) not in copies[seq]
         ]
         if any(
-            (p == partition and o > offset) or (p != partition and t >= ts) for p, o, t in later
+            (p == partition and o > offset) or (p != partition and t >= ts) for p, o, t, _ in later
         ):
             out[seq] = dataclasses.replace(out[seq], replaceable=True)
+        given = not out[seq].delay_id.startswith(f"{topic}:")  # not a default id, nor its copy's
+        here = tuple(s for p, o, _, s in later if p == partition and o > offset and s is not None)
+        if given:  # the last copy's: what names it later names every copy before it
+            out[seq] = dataclasses.replace(out[seq], withdrawn_by=here)
     return out
+
+
+def cancels_lost(
+    checker: Checker, expected: Mapping[int, Expected], acked_ms: Mapping[int, int]
+) -> tuple[int, list[str]]:
+    """Of the records with a caller-given delay-id that a cancel or a replacement naming them
+    later in their partition reached in time — acknowledged by Kafka (``acked_ms``, by seq: the
+    workload's) at least LIVE_MARGIN_MS before their due time, the earliest of an operator's
+    copies', which README says always wins —: how many, and those delivered all the same. A
+    cancel without a seq (an operator's command) is left out: when Kafka took it is not known."""
+    covered, lost = 0, []
+    for seq, exp in expected.items():
+        if not exp.withdrawn_by or exp.due_ms is None:
+            continue
+        due = min((exp.due_ms, *exp.earlier_dues))
+        acks = [acked_ms[s] for s in exp.withdrawn_by if s in acked_ms]
+        if not acks or min(acks) > due - LIVE_MARGIN_MS:
+            continue
+        covered += 1
+        if checker.delivered.get(seq):
+            lost.append(
+                f"{exp.offset} (seq {seq}): delivered, its cancel or replacement acknowledged "
+                f"{due - min(acks)} ms before its due time"
+            )
+    return covered, lost
 
 
 def met_again(before: Expected | None, now: Expected) -> Expected:

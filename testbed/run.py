@@ -29,6 +29,7 @@ from testbed.checker import (
     Account,
     Checker,
     Expected,
+    cancels_lost,
     expectations,
     read_topic,
     settle,
@@ -333,6 +334,9 @@ class Run:
         finally:
             client.close()
         result = Result(scenario, faults, account, time.monotonic() - self.started)
+        covered, lost = cancels_lost(self.checker, expected, workload.acked_ms)
+        result.checks["a cancel acknowledged 100 ms before due wins"] = not lost
+        result.notes += lost[:5]
         crashed = self.log_count("loop crashed") + self.log_count("Traceback")
         result.checks["no crash"] = crashed == 0
         if self.name in RECOVERY:
@@ -353,6 +357,10 @@ class Run:
         if account.replaced:
             result.notes.append(
                 f"{account.replaced:,} replaced by a later record with their delay-id"
+            )
+        if covered:
+            result.notes.append(
+                f"{covered:,} withdrawn by a cancel or replacement Kafka took 100 ms before due"
             )
         if moved := sum(1 for e in expected.values() if e.earlier_dues):
             result.notes.append(f"{moved:,} fired or rescheduled by an operator")

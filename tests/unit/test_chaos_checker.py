@@ -4,9 +4,24 @@ operator fired, rescheduled or replayed (pure logic: no servers)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
-from testbed.checker import IN_FLIGHT_MS, Checker, Expected, Seen, met_again, settle
+from confluent_kafka import Message
+
+from bridge.config import from_mapping
+from bridge.message import H_CANCEL, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, Headers
+from testbed.checker import (
+    IN_FLIGHT_MS,
+    Checker,
+    Expected,
+    Seen,
+    cancels_lost,
+    expectations,
+    met_again,
+    settle,
+)
 from testbed.recurring import Occurrences
+from testbed.workload import value_of
 
 
 def _seen(seen_ms: int, appended_ms: int | None = None) -> Seen:
@@ -147,3 +162,58 @@ def test_an_operators_copy_twice_is_stray_away_from_faults() -> None:
     assert account.duplicates == 2 and len(account.stray) == 1
     near = settle(_checker({1: twice}), {1: fired}, 100_000, faults=[(10_000, 11_000)])
     assert near.duplicates == 2 and near.stray == []
+
+
+class _Msg:
+    """What expectations() reads of a consumed delay-topic record."""
+
+    def __init__(self, partition: int, offset: int, ts: int, seq: int, headers: Headers) -> None:
+        self._at, self._ts, self._value, self._headers = (partition, offset), ts, seq, headers
+
+    def topic(self) -> str:
+        return "d"
+
+    def partition(self) -> int:
+        return self._at[0]
+
+    def offset(self) -> int:
+        return self._at[1]
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._ts
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return value_of(self._value)
+
+    def headers(self) -> Headers:
+        return self._headers
+
+
+def test_a_cancel_kafka_took_100_ms_before_due_must_win_in_its_partition() -> None:
+    """README: a cancel produced at least 100 ms before its record's due time always wins in the
+    record's partition (a record with a caller-given delay-id). By when Kafka acknowledged it:
+    one taken later, or in another partition, or of a default id, may lose."""
+    due = 1_800_000_000_000
+    at: Headers = [(H_TARGET_TOPIC, b"out"), (H_DELIVER_AT, str(due).encode())]
+    messages = [
+        _Msg(0, 0, due - 9_000, 0, [*at, (H_ID, b"job-1")]),
+        _Msg(0, 1, due - 2_000, 1, [(H_CANCEL, b"job-1")]),  # acknowledged 150 ms before
+        _Msg(0, 2, due - 9_000, 2, [*at, (H_ID, b"job-2")]),
+        # Stamped 2 s before due, acknowledged 50 ms before: it may lose.
+        _Msg(0, 3, due - 2_000, 3, [(H_CANCEL, b"job-2")]),
+        _Msg(0, 4, due - 9_000, 4, [*at, (H_ID, b"job-3")]),
+        _Msg(1, 0, due - 2_000, 5, [(H_CANCEL, b"job-3")]),  # another partition
+        _Msg(0, 5, due - 9_000, 6, at),
+        _Msg(0, 6, due - 2_000, 7, [(H_CANCEL, b"d:0:5")]),  # a default id: claimed ahead
+    ]
+    expected = expectations(cast(list[Message], messages), from_mapping({}, env={}).rules())
+    assert [expected[s].withdrawn_by for s in (0, 2, 4, 6)] == [(1,), (3,), (), ()]
+    delivered = {s: [_due(due + 10, due)] for s in (0, 2, 4, 6)}
+    acked = {1: due - 150, 3: due - 50, 5: due - 2_000, 7: due - 2_000}
+    covered, [lost] = cancels_lost(_checker(delivered), expected, acked)
+    assert covered == 1
+    assert lost.startswith("d:0:0 (seq 0): delivered") and "150 ms before" in lost
+    assert cancels_lost(_checker({2: delivered[2]}), expected, acked) == (1, [])
