@@ -329,13 +329,13 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
 
 def cancels_lost(
     checker: Checker, expected: Mapping[int, Expected], acked_ms: Mapping[int, int]
-) -> tuple[int, list[str]]:
+) -> tuple[int, list[tuple[int, str]]]:
     """Of the records with a caller-given delay-id that a cancel or a replacement naming them
     later in their partition reached in time — acknowledged by Kafka (``acked_ms``, by seq: the
     workload's) at least LIVE_MARGIN_MS before their due time, the earliest of an operator's
     copies', which README says always wins —: how many, and those delivered all the same. A
     cancel without a seq (an operator's command) is left out: when Kafka took it is not known."""
-    covered, lost = 0, []
+    covered, lost = 0, []  # (seq, what)
     for seq, exp in expected.items():
         if not exp.withdrawn_by or exp.due_ms is None:
             continue
@@ -345,10 +345,8 @@ def cancels_lost(
             continue
         covered += 1
         if checker.delivered.get(seq):
-            lost.append(
-                f"{exp.offset} (seq {seq}): delivered, its cancel or replacement acknowledged "
-                f"{due - min(acks)} ms before its due time"
-            )
+            what = f"{exp.offset} (seq {seq}): delivered, its cancel or replacement acknowledged "
+            lost.append((seq, f"{what}{due - min(acks)} ms before its due time"))
     return covered, lost
 
 

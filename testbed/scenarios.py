@@ -24,7 +24,7 @@ from typing import Any, cast
 from confluent_kafka.admin import AdminClient
 from redis.cluster import ClusterNode, RedisCluster
 
-from bridge.message import H_AFTER, H_DELIVER_AT, H_TARGET_TOPIC
+from bridge.message import H_AFTER, H_CANCEL, H_DELIVER_AT, H_ID, H_TARGET_TOPIC
 from bridge.store import Shard, Store
 from testbed import run as runs
 from testbed.brokers import (
@@ -52,6 +52,7 @@ from testbed.services import wait_for
 from testbed.workload import (
     CLIENT_LOG_LEVEL,
     Record,
+    Workload,
     adversarial,
     hostile,
     now_ms,
@@ -655,7 +656,9 @@ def _adversary(
     """A seeded adversary of the whole bridge: producers drawing from the whole header space
     (:func:`~testbed.workload.adversarial`: ids and default ids of every partition with other
     scripts' digits and numbers past every limit, cancels with hints, sizes around the limit,
-    hypothesis's header sets); operators cancelling, firing and rescheduling by id and in bulk,
+    hypothesis's header sets), and at each fault a burst of records with a cancel behind it
+    some 300 ms before its record is due (:func:`_burst_scene`); operators cancelling, firing
+    and rescheduling by id and in bulk,
     replaying the DLQ and reading the API with hostile query strings; and faults at random
     moments: SIGKILLs, the bridge back on a host whose clock is off (ahead by seconds or an hour,
     behind), a Redis restart that rolls back what it had not fsynced onto a clock that is off
@@ -691,13 +694,18 @@ def _adversary(
     faults = moments(rng, size.faults, 1.0, size.seconds)
     kinds = _fault_kinds(rng, len(faults))
     injected = _Faults(run)
+    scenes: list[Workload] = []
     try:
-        for kind, moment in zip(kinds, faults, strict=True):
+        for n, (kind, moment) in enumerate(zip(kinds, faults, strict=True)):
             run.at(moment)
             answers += _operate(run, rng.choice(bridges), rng)
             cancelling.cancel(rng)
+            scenes.append(_burst_scene(run, rng, n, 10_000))
             injected.inject(kind, bridges, rng)
         workload.join(600)
+        for scene in scenes:  # their cancels' acknowledgements are the oracle's too
+            scene.join(600)
+            workload.acked_ms.update(scene.acked_ms)
         answers += _operate(run, rng.choice(bridges), rng)
         cancelling.cancel(rng, every=True)
     finally:
@@ -723,6 +731,35 @@ def _adversary(
     if answers:
         result.notes += answers[:5]
     return result
+
+
+def _burst_scene(run: Run, rng: random.Random, n: int, burst: int) -> Workload:
+    """A record with its own delay-id due in 400 ms and a ms for every twenty records of the
+    burst; right behind it ``burst`` records with ids of their own due in an hour, in its
+    partition or another, as fast as they go; then its cancel, in its partition: produced some
+    300 ms before its due time, behind a burst the ingress takes longer to store than a quiet
+    read, on the eve of a fault. The oracle holds the cancel to its margin
+    (:func:`testbed.checker.cancels_lost`). Seqs from SCENE_SEQS on."""
+    key = f"scene-{n}".encode()
+    other = key if rng.random() < 0.5 else f"burst-{n}".encode()
+    sid = f"scene-{n}".encode()
+    records = [
+        Record(
+            [(H_TARGET_TOPIC, run.target.encode()), (H_ID, sid)],
+            key=key,
+            delay_ms=400 + burst // 20,
+        ),
+        *[
+            Record(
+                [(H_TARGET_TOPIC, run.target.encode()), (H_ID, b"burst-%d-%d" % (n, i))],
+                key=other,
+                delay_ms=3_600_000,
+            )
+            for i in range(burst)
+        ],
+        Record([(H_CANCEL, sid)], key=key),
+    ]
+    return run.workload(records, 0, first_seq=runs.SCENE_SEQS + n * (burst + 2))
 
 
 # What an operator does now and then: by id (the adversary's ids, default ids of early offsets,
@@ -1182,6 +1219,8 @@ def run_scenario(servers: Servers, workdir: Path, name: str, size: Size, seed: i
     overrides: dict[str, object] = {}
     if name == "hostile-input" or name.startswith("adversary"):
         overrides["limits__max_record_bytes"] = 100_000
+    if name.startswith("adversary"):  # a burst read in one batch (see _burst_scene)
+        overrides["ingress__batch_size"] = 20_000
     # What a user gets, not the harness's faster settings: the bridge's own group session and
     # heartbeat, and the default lease (recovery must not wait for it; it also sets the
     # producer's delivery.timeout.ms).
