@@ -279,15 +279,8 @@ def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
     producer = _holding(setup)
 
     def attempt(n: int) -> bool:
-        due_ms = int(time.time() * 1000) + 3000
-        before = _cancels(bridge)
-        stored = metric(bridge, "delay_bridge_ingested_total")
-        expire = delay_headers(target, at=due_ms, delay_id=f"e{n}")
-        produce_to(setup.services.bootstrap, setup.delay, [(1, f"expire-{n}".encode(), [*expire])])
-        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > stored, 30, "stored")
-        for i in range(10_000):
-            headers = wire_headers([*delay_headers(target, after="1h", delay_id=f"{n}-f{i}")])
-            producer.produce(setup.delay, b"", b"k", partition=0, headers=headers)
+        due_ms, before = _expiring(setup, bridge, n, partition=1)
+        _queue_burst(producer, setup, n, b"k", partition=0)
         marker = f"marker-{n}".encode()
         headers = wire_headers([*delay_headers(target, after="0ms")])
         producer.produce(setup.delay, marker, b"k", partition=0, headers=headers)
@@ -303,6 +296,41 @@ def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
         return _withdrawn(bridge, got, n, due_ms, in_time, before)
 
     _in_time(attempt)
+
+
+def _expiring(
+    setup: Setup, bridge: Bridge, n: int, *, partition: int | None = None, key: bytes = b"k"
+) -> tuple[int, tuple[float, float]]:
+    """Attempt ``n``'s record ``expire-<n>`` (delay-id ``e<n>``), due in 3 s, to ``partition``
+    (else where ``key`` goes), once the bridge has stored it: its due time, and the bridge's
+    cancels before it (:func:`_cancels`)."""
+    due_ms = int(time.time() * 1000) + 3000
+    before = _cancels(bridge)
+    stored = metric(bridge, "delay_bridge_ingested_total")
+    record = (
+        key,
+        f"expire-{n}".encode(),
+        delay_headers(setup.targets[0], at=due_ms, delay_id=f"e{n}"),
+    )
+    if partition is None:
+        produce_all(setup.services.bootstrap, setup.delay, [record])
+    else:
+        produce_to(setup.services.bootstrap, setup.delay, [(partition, record[1], [*record[2]])])
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > stored, 30, "stored")
+    return due_ms, before
+
+
+def _queue_burst(
+    producer: Producer, setup: Setup, n: int, key: bytes, partition: int | None = None
+) -> None:
+    """10,000 records with ids of their own due in an hour, queued in ``producer`` (see
+    :func:`_holding`) to ``partition`` (else where ``key`` goes) until its next flush."""
+    for i in range(10_000):
+        headers = wire_headers([*delay_headers(setup.targets[0], after="1h", delay_id=f"{n}-f{i}")])
+        if partition is None:
+            producer.produce(setup.delay, b"", key, headers=headers)
+        else:
+            producer.produce(setup.delay, b"", key, partition=partition, headers=headers)
 
 
 def _holding(setup: Setup) -> Producer:
@@ -481,15 +509,8 @@ def test_a_cancel_in_the_batch_the_ingress_is_storing_wins_over_its_record_falli
     producer = _holding(setup)
 
     def attempt(n: int) -> bool:
-        due_ms = int(time.time() * 1000) + 3000
-        before = _cancels(bridge)
-        stored = metric(bridge, "delay_bridge_ingested_total")
-        expire = delay_headers(target, at=due_ms, delay_id=f"e{n}")
-        produce_all(setup.services.bootstrap, setup.delay, [(key, f"expire-{n}".encode(), expire)])
-        wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") > stored, 30, "stored")
-        for i in range(10_000):
-            headers = wire_headers([*delay_headers(target, after="1h", delay_id=f"{n}-f{i}")])
-            producer.produce(setup.delay, b"", key, headers=headers)
+        due_ms, before = _expiring(setup, bridge, n, key=key)
+        _queue_burst(producer, setup, n, key)
         wait_for(lambda: time.time() * 1000 >= due_ms - 200, 10, "200 ms before the due time")
         marker = f"marker-{n}".encode()
         producer.produce(setup.delay, b"", key, headers=wire_headers([*cancel_headers(f"e{n}")]))
