@@ -46,6 +46,7 @@ from bridge.ops.bulk import (
     matches,
     packed,
     replacement_of,
+    snapshot,
 )
 from bridge.ops.records import delay_shards, locate, store_of
 from bridge.ops.replay import Replayed, replay
@@ -381,10 +382,10 @@ def _bulk(
         shards = delay_shards(config, [topic])
         store = store_of(config)
         try:
-            below = {s: mark + 1 for s, mark in store.inventory.watermarks(shards).items()}
+            taken = snapshot(store, shards)
             reads = read or dialect in (ETF1, KASPR)
             mine = None if ask.verb == "cancel" else operation  # a cancelled record is gone anyway
-            found = matches(config, shards, flt, read_all=reads, below=below, operation=mine)
+            found = matches(config, shards, flt, read_all=reads, snapshot=taken, operation=mine)
             records = counted(found, dialect)
             if ask.verb == "cancel" and dialect not in (ETF1, KASPR):
                 records = packed(records, operation)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from bridge.config import Config, read_back_settings
 from bridge.dialects import ETF1, KASPR, KASPR_ACTION, KASPR_CANCEL, KASPR_REQUEST_ID
+from bridge.lookup import records_at
 from bridge.message import (
     H_AFTER,
     H_CANCEL,
@@ -32,11 +34,17 @@ from bridge.message import (
     H_OPERATION,
     H_REPLACES,
     Headers,
+    Rules,
     Scheduled,
     origin,
 )
 from bridge.ops.records import store_of
-from bridge.store import REFERENCE_BYTES, Shard, offset_of, references_in, stored_record
+from bridge.store import REFERENCE_BYTES, Shard, Store, offset_of, references_in, stored_record
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+
+    from bridge.readback import Reader
 
 Outgoing = tuple[bytes | None, bytes | None, Headers, int | None]  # key, value, headers, partition
 
@@ -54,6 +62,11 @@ class Filter:
     def reads_records(self) -> bool:
         """Whether a reference must be read in the delay topic to be matched."""
         return self.target is not None or self.key_prefix is not None
+
+    def due_within(self, due_ms: int) -> bool:
+        """Whether a record due at ``due_ms`` is within the due bounds."""
+        after, before = self.due_after_ms, self.due_before_ms
+        return (after is None or due_ms >= after) and (before is None or due_ms < before)
 
     def matches(self, record: Scheduled) -> bool:
         """Whether ``record`` (a waiting one, within the due bounds) matches the rest."""
@@ -82,74 +95,167 @@ class Match:
         return None if self.record is None else self.record.delay_id
 
 
+class Snapshot(NamedTuple):
+    """What a bulk operation takes: per shard, the offset its records are below (the ingest
+    watermark's next), and the recurring schedules live (delay-id -> the offset of the record each
+    was at), read before it — each schedule is in the snapshot wherever its occurrence is when the
+    scan comes to it."""
+
+    below: Mapping[Shard, int]
+    schedules: Mapping[Shard, Mapping[str, int]]
+
+
+def snapshot(store: Store, shards: Sequence[Shard]) -> Snapshot:
+    """The :class:`Snapshot` of ``shards`` now."""
+    schedules = store.registry.running(shards)
+    below = {s: mark + 1 for s, mark in store.inventory.watermarks(shards).items()}
+    return Snapshot(below, schedules)
+
+
 def matches(
     config: Config,
     shards: Sequence[Shard],
     flt: Filter,
     *,
     read_all: bool = False,
-    below: Mapping[Shard, int] | None = None,
+    snapshot: Snapshot | None = None,
     operation: str | None = None,
 ) -> Iterator[Match]:
     """The waiting records of ``shards`` ``flt`` matches, a partition at a time, in no order; a
     record is given once. ``read_all``: every reference is read back (its key and delay-id are
-    needed), not only when the filter needs it. ``below``: the snapshot — a shard's records at
-    offsets from its bound on (those stored after the operation began, its own among them) are
-    left out, a shard without one whole. ``operation``: a record that carries that id
-    (``delay-operation``: the operation made it) is given as ``done``."""
-    from confluent_kafka import Consumer
-
-    from bridge.readback import Reader, missing_record, parse_read_back
-
+    needed), not only when the filter needs it. ``snapshot``: a shard's records stored after it
+    (its own among them) are left out, and its schedules are matched wherever they are now
+    (:func:`_moved_on`); without one, every record waiting. ``operation``: a record that carries
+    that id (``delay-operation``: the operation made it) is given as ``done``."""
     store = store_of(config)
-    rules = config.rules()
-    reader: Reader | None = None
-    # A key prefix alone is decided by a reference's key: its record is not parsed.
-    prefix = flt.key_prefix or b""
-    key_only = flt.key_prefix is not None and flt.target is None and not read_all
+    reads = _ReadBack(config, flt, read_all)
     try:
         for shard in shards:
-            bound = below.get(shard, 0) if below is not None else None
+            bound = snapshot.below.get(shard, 0) if snapshot is not None else None
             seen: set[int] = set()
+            # The offsets the scan met, and the delay-ids of the schedules among their records:
+            # matched or not, those schedules are decided (see _moved_on).
+            met: set[int] = set()
+            named: set[str] = set()
             for scanned in store.inventory.scan(shard, flt.due_after_ms, flt.due_before_ms):
                 page = [(d, m) for d, m in scanned if bound is None or offset_of(m) < bound]
                 now_ms = store.time_ms()
                 refs = {m: references_in(m)[0] for _, m in page if len(m) == REFERENCE_BYTES}
-                read: dict[int, Scheduled] = {}
-                keyed: set[int] = set()  # key_only: the references whose key matched
-                if refs and (read_all or flt.reads_records):
-                    if reader is None:
-                        reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}))
-                    wanted = sorted(refs.values())
-                    got = reader.read(shard, [o for o, _ in wanted])
-                    for o, d in wanted:
-                        msg = got.get(o)
-                        if key_only:
-                            if msg is not None and (msg.key() or b"").startswith(prefix):
-                                keyed.add(o)
-                        elif msg is None:
-                            read[o] = missing_record(shard, o, d, "gone from the delay topic")
-                        else:
-                            read[o] = parse_read_back(rules, shard, (o, d), msg, now_ms)[0]
+                read, keyed = reads.page(shard, refs.values(), now_ms)
+                met.update(offset_of(m) for _, m in page)
                 for due, member in page:
                     ref = refs.get(member)
                     rec: Scheduled | None
                     if ref is None:
                         whole = stored_record(member, shard, now_ms)
                         offset, rec = whole.offset, whole
-                    elif key_only and ref[0] not in keyed:
+                    elif reads.key_only and ref[0] not in keyed:
                         continue
                     else:
                         offset, rec = ref[0], read.get(ref[0])  # None: not read
+                    if rec is not None and rec.recurring:
+                        named.add(rec.delay_id)
                     if offset in seen or (rec is not None and not flt.matches(rec)):
                         continue
                     seen.add(offset)
                     done = operation is not None and rec is not None and made_by(rec, operation)
                     yield Match(shard, offset, due, rec, done)
+            if snapshot is not None:
+                live = snapshot.schedules.get(shard, {})
+                yield from _moved_on(config, shard, flt, live, met, named, store.time_ms())
     finally:
-        if reader is not None:
-            reader.close()
+        reads.close()
         store.client.close()
+
+
+class _ReadBack:
+    """The references a bulk operation reads in the delay topic, a page at a time (one consumer,
+    made when first needed): all of them with ``read_all``, else those a filter on target or key
+    needs; a key prefix alone is decided by a reference's key (``key_only``: not parsed)."""
+
+    def __init__(self, config: Config, flt: Filter, read_all: bool) -> None:
+        self.config = config
+        self.rules = config.rules()
+        self.needed = read_all or flt.reads_records
+        self.key_only = flt.key_prefix is not None and flt.target is None and not read_all
+        self.prefix = flt.key_prefix or b""
+        self.reader: Reader | None = None
+
+    def page(
+        self, shard: Shard, refs: Collection[tuple[int, int]], now_ms: int
+    ) -> tuple[dict[int, Scheduled], set[int]]:
+        """The records the references ``refs`` (offset, due ms) stand for, read back; with
+        ``key_only`` none, and instead the offsets of those whose key has the prefix."""
+        if not refs or not self.needed:
+            return {}, set()
+        if self.reader is None:
+            from confluent_kafka import Consumer
+
+            from bridge.readback import Reader
+
+            self.reader = Reader(Consumer({**read_back_settings(self.config), "log_level": 0}))
+        wanted = sorted(refs)
+        got = self.reader.read(shard, [o for o, _ in wanted])
+        if self.key_only:
+            prefix = self.prefix
+            return {}, {
+                o for o, m in got.items() if m is not None and (m.key() or b"").startswith(prefix)
+            }
+        return _parsed(self.rules, shard, wanted, got, now_ms), set()
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
+def _parsed(
+    rules: Rules,
+    shard: Shard,
+    wanted: Sequence[tuple[int, int]],
+    got: Mapping[int, Message | None],
+    now_ms: int,
+) -> dict[int, Scheduled]:
+    """The records the references ``wanted`` (offset, due ms) stand for, read back as ``got``."""
+    from bridge.readback import missing_record, parse_read_back
+
+    read: dict[int, Scheduled] = {}
+    for o, d in wanted:
+        msg = got.get(o)
+        if msg is None:
+            read[o] = missing_record(shard, o, d, "gone from the delay topic")
+        else:
+            read[o] = parse_read_back(rules, shard, (o, d), msg, now_ms)[0]
+    return read
+
+
+def _moved_on(
+    config: Config,
+    shard: Shard,
+    flt: Filter,
+    live: Mapping[str, int],
+    met: Collection[int],
+    named: Collection[str],
+    now_ms: int,
+) -> Iterator[Match]:
+    """The schedules ``live`` in ``shard`` at the snapshot that its scan did not meet (neither
+    the record each was at, in ``met``, nor its delay-id, in ``named``): their occurrence was in
+    flight, or they moved on to a record stored after the snapshot (or, with due bounds, they
+    wait outside them). A schedule's target, key and
+    payload are the same whichever record carries it, so each is matched by the record it was at,
+    read in the delay topic; its cancel names its delay-id and ends it wherever it is now
+    (:func:`cancel_of`). One whose record is gone from the delay topic is not matched (the
+    schedule outlives retention on a record the bridge writes again: the live one is recent)."""
+    wanted = {at: sid for sid, at in live.items() if at not in met and sid not in named}
+    if not wanted:
+        return
+    for record in records_at(config, shard, sorted(wanted), now_ms):
+        if (
+            record.recurring
+            and record.delay_id == wanted[record.offset]
+            and flt.due_within(record.due_ms)
+            and flt.matches(record)
+        ):
+            yield Match(shard, record.offset, record.due_ms, record)
 
 
 def made_by(record: Scheduled, operation: str) -> bool:

@@ -79,6 +79,23 @@ class Registry:
             for s, r in zip(shards, replies, strict=True)
         }
 
+    def running(self, shards: Sequence[Shard]) -> dict[Shard, dict[str, int]]:
+        """Each shard's live schedules (running or paused): delay-id -> the offset of the record
+        each is at."""
+        with as_store_error():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hgetall(self.keys.of(shard).schedules)
+            replies = cast(list[dict[bytes, bytes]], pipe.execute())
+        return {
+            s: {
+                f[len(SCHEDULE) :].decode(errors="replace"): int(v.split(b":")[0])
+                for f, v in r.items()
+                if f.startswith(SCHEDULE) and not v.startswith(b"-")
+            }
+            for s, r in zip(shards, replies, strict=True)
+        }
+
     def counts(self, shards: Sequence[Shard]) -> tuple[int, int]:
         """The live schedules of ``shards``, and how many of them are paused (the registry's
         own counts)."""

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -712,6 +714,92 @@ def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
     collector = _collected(setup, 3)
     late = [o for o in _occurrences(collector.records, setup.targets[0]) if o > done_ms + 1000]
     assert late == [], late[:5]
+
+
+FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
+
+
+def _with_faults(env: dict[str, str], **faults: str) -> dict[str, str]:
+    """``env`` with the test's fault hooks (tests/faults/python) set as ``faults`` say."""
+    return {**env, **faults, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAULTS}"}
+
+
+def _released(hold: Path) -> None:
+    """Let what a fault hook holds in ``hold`` go on."""
+    (hold / "release").touch()
+
+
+def _ended_after(setup: Setup, bridge: Bridge, sid: str, last_ms: int) -> None:
+    """Every schedule of ``bridge`` ended, and no occurrence of ``sid`` after ``last_ms`` came."""
+    wait_for(lambda: metric(bridge, RUNNING) == 0, 30, "every schedule ended")
+    late = [o for o in _occurrences(_collected(setup, 3).records, setup.targets[0], sid)]
+    assert [o for o in late if o > last_ms] == [], late
+
+
+def test_a_bulk_cancel_ends_a_schedule_whose_occurrence_was_in_flight_when_it_looked(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A schedule every second whose record the mover claimed and holds — in flight in Redis,
+    waiting in no index — while a bulk cancel by its target looks, beside ten schedules that
+    wait: the bulk ends it as well as them. Once the mover goes on, nothing of it comes after the
+    occurrence that was on its way."""
+    hold = setup.tmp / "hold"
+    hold.mkdir()
+    bridge = setup.bridge()
+    bridge.env = _with_faults(bridge.env, HOLD_CLAIMED_VALUE="held", HOLD_DIR=str(hold))
+    bridges.append(bridge.start())
+    assert wait_ready(bridge), bridge.output()
+    wait_for(lambda: metric(bridge, "delay_bridge_owned_partitions") >= 1, 60, "its partitions")
+    start = _next_second(2000)
+    hourly = [
+        (i % 3, b"tick", _schedule(setup, b"tick-%d" % i, start + 3_600_000, b"1h"))
+        for i in range(10)
+    ]
+    held = (0, b"held", _schedule(setup, b"held-0", start, b"1s"))
+    produce_to(setup.services.bootstrap, setup.delay, [held, *hourly])
+    wait_for((hold / "held").exists, 30, "the mover holding held-0's first occurrence")
+    try:
+        cancelled = _cli(setup, "cancel", "--target", setup.targets[0], "--yes")
+    finally:
+        _released(hold)
+    assert cancelled.returncode == 0, cancelled.stderr
+    _ended_after(setup, bridge, "held-0", start)
+
+
+def test_a_bulk_cancel_ends_a_schedule_that_moved_on_to_a_record_stored_after_its_snapshot(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A bulk cancel by target takes its snapshot and, before it looks, a schedule every second
+    delivers an occurrence and moves on to a record stored after that snapshot: the bulk ends it
+    all the same — it matched the schedule, whichever record carries it now."""
+    bridge = _consuming(setup, bridges)
+    start = _next_second(2000)
+    produce_to(
+        setup.services.bootstrap,
+        setup.delay,
+        [(0, b"moved", _schedule(setup, b"moved-0", start, b"1s"))],
+    )
+    delivered = "delay_bridge_delivered_total"
+    wait_for(lambda: metric(bridge, delivered) >= 1, 30, "its first occurrence")
+    hold = setup.tmp / "hold"
+    hold.mkdir()
+    command = [sys.executable, "-m", "bridge", "cancel", "--target", setup.targets[0], "--yes"]
+    env = _with_faults(setup.bridge().env, HOLD_BULK_DIR=str(hold))
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as cli:
+        try:
+            wait_for((hold / "held").exists, 30, "the bulk cancel's snapshot taken")
+            seen = metric(bridge, delivered)
+            # Two more occurrences: the record carrying the first of them on was stored after
+            # the snapshot.
+            wait_for(lambda: metric(bridge, delivered) >= seen + 2, 30, "the schedule moved on")
+        finally:
+            _released(hold)
+        out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err
+    assert "1 waiting record" in out, out
+    _ended_after(setup, bridge, "moved-0", time.time_ns() // 1_000_000 + 1000)
 
 
 def test_a_bulk_reschedule_beside_a_thousand_schedules_moves_only_the_one_shots(

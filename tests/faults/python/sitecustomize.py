@@ -16,7 +16,11 @@ its AOF as a new owner takes a partition over. With ``JOURNAL_FATES_FAIL=N``, th
 the journal for a partition read again fail as a journal partition without a leader would. With
 ``OWNED_DROP_PARTITION=P``, the mover is not handed delay-topic partition P at its first
 assignment, as a bug in the hand-over would have it, and ``OWNED_DRIFT_S`` replaces how long the
-probes wait before they take it over again (bridge.egress.owned)."""
+probes wait before they take it over again (bridge.egress.owned). With ``HOLD_CLAIMED_VALUE=V`` and
+``HOLD_DIR=D``, the first claim holding a record of value V stops the mover before it produces
+anything (the record in flight in Redis) until the test makes ``D/release``, having made
+``D/held``; with ``HOLD_BULK_DIR=D``, a bulk cancel, fire or reschedule of the command line stops
+the same way once it took its snapshot, before it looks for what it matches."""
 
 import os
 from typing import Any
@@ -160,3 +164,45 @@ if _DROP:
         _add_shards(self, shards)
 
     setattr(mover.Egress, "add_shards", _dropping)  # noqa: B010
+
+
+def _hold(directory: str) -> None:
+    """Say so in ``directory`` (``held``), then wait there for ``release`` (a minute at most)."""
+    import pathlib
+    import time as hold_time
+
+    folder = pathlib.Path(directory)
+    (folder / "held").touch()
+    deadline = hold_time.monotonic() + 60
+    while not (folder / "release").exists() and hold_time.monotonic() < deadline:
+        hold_time.sleep(0.02)
+
+
+_HOLD_VALUE = os.environ.get("HOLD_CLAIMED_VALUE", "").encode()
+
+if _HOLD_VALUE:
+    from bridge.egress import sender
+
+    _dispatch = sender.Sender.dispatch
+    _held_once: list[bool] = []
+
+    def _holding(self: Any, claimed: Any, *args: Any) -> None:
+        if not _held_once and any(c.record.value == _HOLD_VALUE for c in claimed):
+            _held_once.append(True)
+            _hold(os.environ["HOLD_DIR"])
+        _dispatch(self, claimed, *args)
+
+    setattr(sender.Sender, "dispatch", _holding)  # noqa: B010
+
+_HOLD_BULK = os.environ.get("HOLD_BULK_DIR", "")
+
+if _HOLD_BULK:
+    from bridge.ops import acts
+
+    _matches = acts.matches
+
+    def _matching_later(*args: Any, **kwargs: Any) -> Any:
+        _hold(_HOLD_BULK)
+        return _matches(*args, **kwargs)
+
+    setattr(acts, "matches", _matching_later)  # noqa: B010
