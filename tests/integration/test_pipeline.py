@@ -350,12 +350,14 @@ def test_records_claimed_ahead_go_when_due_while_the_mover_waits_on_redis(
     producer = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
     target = (H_TARGET_TOPIC, stamped.encode())
     first_due = int(time.time() * 1000) + 3500
-    for i in range(41):  # due every 20 ms over 0.8 s: all claimed ahead by the first's due time
+    # Due every 10 ms over 0.4 s: all claimed ahead by the first's due time — the last from 0.6 s
+    # before it (every 20 ms over 0.8 s left 0.2 s, which a loaded machine's claim missed once).
+    for i in range(41):
         produce(
             producer,
             setup.delay,
             value=f"v{i}".encode(),
-            headers=[target, (H_DELIVER_AT, str(first_due + 20 * i).encode())],
+            headers=[target, (H_DELIVER_AT, str(first_due + 10 * i).encode())],
         )
     # A record with its own delay-id is claimed only when due: the mover calls Redis then.
     produce(
