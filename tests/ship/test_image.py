@@ -8,8 +8,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,17 +29,6 @@ def test_hadolint_is_clean() -> None:
         [hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-@pytest.fixture(scope="module")
-def image() -> Iterator[str]:
-    """The image built from this checkout; removed afterwards (each build is hundreds of MB)."""
-    subprocess.run([str(ROOT / "scripts" / "tools"), "buildah"], check=True)
-    tag = f"localhost/delay-bridge:test-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.run([str(IMAGE), "build", tag], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    yield tag
-    subprocess.run([str(IMAGE), "rmi", tag], check=True)
 
 
 def run(image: str, *command: str) -> subprocess.CompletedProcess[str]:

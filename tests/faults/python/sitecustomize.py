@@ -199,7 +199,7 @@ _HOLD_BULK = os.environ.get("HOLD_BULK_DIR", "")
 if _HOLD_BULK:
     from bridge.ops import acts
 
-    _matches = acts.matches
+    _matches = getattr(acts, "matches")  # noqa: B009
 
     def _matching_later(*args: Any, **kwargs: Any) -> Any:
         _hold(_HOLD_BULK)
