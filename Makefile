@@ -77,9 +77,8 @@ unit: $(STAMP)
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
 # (early is early however busy the machine), a record's identity, the dialects, the recurring
-# schedules, the cancels read beside a rebuild, the take-overs, the recreated delay topics, the
-# quotas and the consumer restarts (their margins are seconds): none checks a time to the
-# millisecond — and every other
+# schedules, the cancels read beside a rebuild, the quotas and the consumer restarts (their
+# margins are seconds): none checks a time to the millisecond — and every other
 # test on the session's services,
 # the chaos scenarios last (their checks of lateness have margins of seconds: BESIDE's last
 # tests run beside them; the two take about as long). BESIDE's report is printed after the
@@ -96,7 +95,6 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_dialects.py \
   tests/integration/test_recurring.py tests/integration/test_testbed.py \
   tests/integration/test_recovery.py tests/integration/test_rebuild_cancels.py \
-  tests/integration/test_takeover.py tests/integration/test_incarnation.py \
   tests/integration/test_quotas.py tests/integration/test_consumer_restart.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 test: lint typecheck docs tools services
