@@ -34,11 +34,12 @@ included, is unread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 
 from bridge.store import Claimed, Shard, shard_names
 
@@ -87,6 +88,31 @@ class CatchUp:
         self.marks: dict[Shard, int] = {}
         self._clock = clock
         self._lock = threading.Lock()
+        # The mover's claims begun and ended, their put-backs done (:meth:`claiming`).
+        self._claims = threading.Condition()
+        self._begun = 0
+        self._ended = 0
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """The mover claims, and puts back what :meth:`past` says, within this: a cancel the
+        ingress applied meanwhile found such a record in flight, and looks for it again once the
+        claims begun by then have ended (:meth:`claims_ended`)."""
+        with self._claims:
+            self._begun += 1
+        try:
+            yield
+        finally:
+            with self._claims:
+                self._ended += 1
+                self._claims.notify_all()
+
+    def claims_ended(self, timeout_s: float) -> bool:
+        """Wait until every claim the mover has begun by now has ended, ``timeout_s`` at most;
+        whether they did."""
+        with self._claims:
+            begun = self._begun
+            return self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
 
     def start(self, shard: Shard, position: int, end: int, *, again: bool = False) -> None:
         """The ingress reads ``shard`` from offset ``position`` and the partition ends at

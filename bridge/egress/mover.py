@@ -197,7 +197,8 @@ class Egress:
         self._starved = bool(shards) and limited and room <= 0
         claimed = 0
         if shards and room > 0:
-            claimed = self._claim(shards, room, now, limited)
+            with self.catch_up.claiming():
+                claimed = self._claim(shards, room, now, limited)
         else:
             self.deliveries.ack()
         if self.targets.waiting and room > claimed:

@@ -116,6 +116,27 @@ def withdraw_elsewhere(
     return Elsewhere(found_at, frozenset(unstored), frozenset(rereading), ended)
 
 
+def withdraw_here(
+    scripts: Scripts,
+    keys: Keys,
+    cancels: Sequence[tuple[Shard, Scheduled | Cancel]],
+    *,
+    confirm: Confirm,
+) -> FoundAt:
+    """Withdraw what ``cancels`` (by caller-given delay-ids), which found nothing anywhere, name
+    in their own partition after all: a record the mover had claimed when add.lua ran, and then
+    put back (:meth:`bridge.catchup.CatchUp.past`: the ingress had not said the partition was
+    read), waits again — in flight when the cancel looked, it is not past cancel. Looked for by
+    the id index once the claims begun by then have ended, its delay-id and timestamp read in the
+    delay topic as across partitions (stamped no later than the cancel); a record in flight
+    again, or delivered, stays where it is."""
+    by_shard: dict[Shard, list[tuple[Shard, Scheduled | Cancel]]] = {}
+    for shard, cancel in cancels:
+        by_shard.setdefault(shard, []).append((shard, cancel))
+    asked = list(by_shard.items())
+    return _look(scripts, keys, cancels, {}, confirm, set(), set(), asked).found
+
+
 def _join(found_at: FoundAt, more: Mapping[Asked, tuple[Found, ...]]) -> None:
     """Add to ``found_at`` what a further look found."""
     for key, found in more.items():
@@ -130,10 +151,13 @@ def _look(
     confirm: Confirm,
     unstored: set[Shard],
     rereading: set[Shard],
+    asked: Sequence[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] | None = None,
 ) -> _Did:
-    """One look by the id index in the other partitions, adding to ``unstored`` and
-    ``rereading`` (:class:`Elsewhere`)."""
-    asked = _elsewhere(unmatched, partitions)
+    """One look by the id index in the other partitions (or where ``asked`` says: each
+    partition with what to look for there), adding to ``unstored`` and ``rereading``
+    (:class:`Elsewhere`)."""
+    if asked is None:
+        asked = _elsewhere(unmatched, partitions)
     if not asked:
         return _Did({}, {}, set())
     lookups = [

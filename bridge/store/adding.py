@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bridge.message import Cancel, Scheduled
+from bridge.message import Cancel, Scheduled, parse_origin
 from bridge.store.across import (
     Elsewhere,
     Found,
@@ -20,6 +20,7 @@ from bridge.store.across import (
     references_named,
     replaced_exactly,
     withdraw_elsewhere,
+    withdraw_here,
 )
 from bridge.store.calls import (
     AddEntries,
@@ -200,6 +201,7 @@ def _add(
     schedules: Schedules,
     keep: Keep,
     reread: Mapping[Shard, int],
+    claims_ended: Callable[[], bool] | None,
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
     shards = list(batches)
@@ -272,6 +274,11 @@ def _add(
     found = elsewhere.found
     withdrawn += _across(unmatched, elsewhere.ended)
     missed = _missed(unmatched, found)
+    # A default delay-id is not in the id index (and such a record is claimed past a cancel).
+    here = [(s, r) for s, r in missed if isinstance(r, Cancel) and parse_origin(r.delay_id) is None]
+    if here and claims_ended is not None and claims_ended():
+        found = {**found, **withdraw_here(scripts, keys, here, confirm=confirm)}
+        missed = _missed(missed, found)
     waiting = keep(sorted({s for s, _ in missed}), elsewhere) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)
     looked = [(s, r) for s, r in unmatched if partitions.get(s.topic, 0) > 1]

@@ -8,7 +8,7 @@ never per record.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
 import redis
@@ -141,6 +141,7 @@ class Store:
         schedules: Schedules = undated,
         keep: Keep = keep_none,
         reread: Mapping[Shard, int] | None = None,
+        claims_ended: Callable[[], bool] | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -160,7 +161,9 @@ class Store:
         (:attr:`Added.kept`, and in Redis) to :meth:`look_again`. A cancel by its delay-id
         that finds nothing in a shard ``reread`` names (read again after Redis lost its state,
         up to the offset given, which Redis keeps) ends a schedule of that id the registry has
-        no word of.
+        no word of. A cancel by a caller-given delay-id that finds nothing anywhere looks in its
+        own shard again once ``claims_ended`` says the mover's claims begun meanwhile ended (see
+        :func:`bridge.store.across.withdraw_here`).
         """
         return add_batches(
             self.scripts,
@@ -175,6 +178,7 @@ class Store:
             schedules=schedules,
             keep=keep,
             reread=reread or {},
+            claims_ended=claims_ended,
         )
 
     def look_again(

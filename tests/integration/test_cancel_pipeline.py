@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,7 +31,10 @@ from testbed.harness import (
     produce_all,
     produce_to,
 )
+from testbed.services import ROOT
 from tests.conftest import wait_for
+
+FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 pytestmark = pytest.mark.integration
 
@@ -274,42 +278,91 @@ def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
     word on what came since. The record waits for the ingress to say so again — also on a
     bridge whose own clock is ahead (claims go by Redis's): how old a saying is is not read
     off that clock."""
-    target = setup.targets[0]
     bridge = _reading_at_its_end(setup, bridges, "20000", ahead_ms)
     producer = _holding(setup)
 
     def attempt(n: int) -> bool:
-        due_ms, before = _expiring(setup, bridge, n, partition=1)
-        _queue_burst(producer, setup, n, b"k", partition=0)
-        marker = f"marker-{n}".encode()
-        headers = wire_headers([*delay_headers(target, after="0ms")])
-        producer.produce(setup.delay, marker, b"k", partition=0, headers=headers)
-        wait_for(lambda: time.time() * 1000 >= due_ms - 250, 10, "250 ms before the due time")
-        assert producer.flush(30) == 0
-        fetched = time.time() + 0.03
-        wait_for(lambda: time.time() >= fetched, 5, "the batch fetched, the cancel not with it")
-        cancel = wire_headers([*cancel_headers(f"e{n}")])
-        producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
-        assert producer.flush(30) == 0
-        in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
-        got = setup.await_value(marker, 60, "the marker")
+        due_ms, before, got, in_time = _behind_another_partition(setup, bridge, producer, n)
         return _withdrawn(bridge, got, n, due_ms, in_time, before)
 
     _in_time(attempt)
 
 
+def test_a_cancel_applied_while_its_record_is_claimed_and_on_its_way_back_wins(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The scene before, one step on: the mover claims the record as it falls due and finds the
+    ingress has not said its partition is read since, so it puts the record back — but is
+    descheduled between its claim and its put-back (a fault hook holds the put-back until the
+    ingress has applied the record after it), and the ingress applies the cancel meanwhile: the
+    record is in flight then, waiting again a moment later. The cancel still wins."""
+    hold = setup.tmp / "hold"
+    hold.mkdir()
+    faults = {"HOLD_UNCLAIM_VALUE": "held", "HOLD_DIR": str(hold)}
+    bridge = _reading_at_its_end(setup, bridges, "20000", faults=faults)
+    producer = _holding(setup)
+
+    def attempt(n: int) -> bool:
+        (hold / "held").unlink(missing_ok=True)
+        scene = _behind_another_partition(setup, bridge, producer, n, b"held")
+        _, before, got, in_time = scene
+        wait_for(lambda: sum(_cancels(bridge)) == sum(before) + 1, 30, "the cancel applied")
+        if not in_time or not (hold / "held").exists():  # void: late, or nothing put back
+            return False
+        assert _cancels(bridge)[0] == before[0] + 1, "the cancel found nothing: put back after it"
+        delivered = setup.collector()
+        try:
+            delivered.poll(2.0)  # the record, put back, would be claimed again by now
+        finally:
+            delivered.close()
+        assert b"held" not in [r.value for r in [*got, *delivered.records]], "delivered"
+        return True
+
+    _in_time(attempt)
+
+
+def _behind_another_partition(
+    setup: Setup, bridge: Bridge, producer: Producer, n: int, value: bytes | None = None
+) -> tuple[int, tuple[float, float], list[Received], bool]:
+    """Attempt ``n``'s scene: its record (:func:`_expiring`, in partition 1) due in 3 s; 250 ms
+    before then a batch of 10,000 records of partition 0 flushed, and 30 ms later (fetched, the
+    cancel not with it) the record's cancel; then a marker produced with the batch, delivered.
+    Returns the record's due time, the bridge's cancels before it, what was delivered by the
+    marker, and whether the cancel was produced 100 ms before the due time (else: void)."""
+    due_ms, before = _expiring(setup, bridge, n, partition=1, value=value)
+    _queue_burst(producer, setup, n, b"k", partition=0)
+    marker = f"marker-{n}".encode()
+    headers = wire_headers([*delay_headers(setup.targets[0], after="0ms")])
+    producer.produce(setup.delay, marker, b"k", partition=0, headers=headers)
+    wait_for(lambda: time.time() * 1000 >= due_ms - 250, 10, "250 ms before the due time")
+    assert producer.flush(30) == 0
+    fetched = time.time() + 0.03
+    wait_for(lambda: time.time() >= fetched, 5, "the batch fetched, the cancel not with it")
+    cancel = wire_headers([*cancel_headers(f"e{n}")])
+    producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
+    assert producer.flush(30) == 0
+    in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
+    return due_ms, before, setup.await_value(marker, 60, "the marker"), in_time
+
+
 def _expiring(
-    setup: Setup, bridge: Bridge, n: int, *, partition: int | None = None, key: bytes = b"k"
+    setup: Setup,
+    bridge: Bridge,
+    n: int,
+    *,
+    partition: int | None = None,
+    key: bytes = b"k",
+    value: bytes | None = None,
 ) -> tuple[int, tuple[float, float]]:
-    """Attempt ``n``'s record ``expire-<n>`` (delay-id ``e<n>``), due in 3 s, to ``partition``
-    (else where ``key`` goes), once the bridge has stored it: its due time, and the bridge's
-    cancels before it (:func:`_cancels`)."""
+    """Attempt ``n``'s record (delay-id ``e<n>``, its value ``value`` else ``expire-<n>``), due in
+    3 s, to ``partition`` (else where ``key`` goes), once the bridge has stored it: its due time,
+    and the bridge's cancels before it (:func:`_cancels`)."""
     due_ms = int(time.time() * 1000) + 3000
     before = _cancels(bridge)
     stored = metric(bridge, "delay_bridge_ingested_total")
     record = (
         key,
-        f"expire-{n}".encode(),
+        value or f"expire-{n}".encode(),
         delay_headers(setup.targets[0], at=due_ms, delay_id=f"e{n}"),
     )
     if partition is None:
@@ -389,13 +442,20 @@ def _in_time(attempt: Callable[[int], bool], attempts: int = 3) -> None:
 
 
 def _reading_at_its_end(
-    setup: Setup, bridges: list[Bridge], batch_size: str, ahead_ms: int = 0
+    setup: Setup,
+    bridges: list[Bridge],
+    batch_size: str,
+    ahead_ms: int = 0,
+    faults: dict[str, str] | None = None,
 ) -> Bridge:
-    """A bridge started with ``ingress.batch_size`` (its own clock ``ahead_ms`` ahead), its
-    partitions assigned and read at their end: ready, or naming the skew of its clock."""
+    """A bridge started with ``ingress.batch_size`` (its own clock ``ahead_ms`` ahead; the test
+    fault hooks ``faults`` set), its partitions assigned and read at their end: ready, or naming
+    the skew of its clock."""
     bridge = setup.bridge(ingress__batch_size=batch_size)
     if ahead_ms:
         bridge.env.update(CLOCK_SHIFT_MS=str(ahead_ms), PYTHONPATH=str(PYTHON_SHIFT))
+    if faults:
+        bridge.env.update(faults, PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
     bridges.append(bridge.start())
 
     def ready() -> bool:

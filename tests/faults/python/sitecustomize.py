@@ -20,7 +20,11 @@ probes wait before they take it over again (bridge.egress.owned). With ``HOLD_CL
 ``HOLD_DIR=D``, the first claim holding a record of value V stops the mover before it produces
 anything (the record in flight in Redis) until the test makes ``D/release``, having made
 ``D/held``; with ``HOLD_BULK_DIR=D``, a bulk cancel, fire or reschedule of the command line stops
-the same way once it took its snapshot, before it looks for what it matches."""
+the same way once it took its snapshot, before it looks for what it matches. With
+``HOLD_UNCLAIM_VALUE=V`` (and ``HOLD_DIR=D``), the first put-back of each claimed record of value
+V (bridge.catchup's ``past``) waits, once it made ``D/held``, until the ingress has applied the
+record after it in its partition (five seconds at most): as a mover descheduled between its
+claim and its put-back would."""
 
 import os
 from typing import Any
@@ -206,3 +210,30 @@ if _HOLD_BULK:
         return _matches(*args, **kwargs)
 
     setattr(acts, "matches", _matching_later)  # noqa: B010
+
+_HOLD_UNCLAIM = os.environ.get("HOLD_UNCLAIM_VALUE", "").encode()
+
+if _HOLD_UNCLAIM:
+    import pathlib
+    import time as unclaim_time
+
+    from bridge.store import api
+
+    _unclaim = api.Store.unclaim
+    _unclaimed: set[Any] = set()  # each record's first put-back only
+
+    def _unclaim_later(self: Any, claimed: Any, wait: bool = False) -> int:
+        claimed = list(claimed)
+        held = [c for c in claimed if c.record.value == _HOLD_UNCLAIM]
+        if held and not wait and (held[0].shard, held[0].record.offset) not in _unclaimed:
+            _unclaimed.add((held[0].shard, held[0].record.offset))
+            (pathlib.Path(os.environ["HOLD_DIR"]) / "held").touch()
+            shard, after = held[0].shard, held[0].record.offset + 1
+            deadline = unclaim_time.monotonic() + 5
+            while unclaim_time.monotonic() < deadline:
+                if self.inventory.watermarks([shard]).get(shard, -1) >= after:
+                    break
+                unclaim_time.sleep(0.01)
+        return int(_unclaim(self, claimed, wait))
+
+    setattr(api.Store, "unclaim", _unclaim_later)  # noqa: B010
