@@ -54,6 +54,9 @@ FETCH_SLACK_MS = 20
 # timeout) and between the slices of a hold: well within LIVE_MARGIN_MS - FETCH_SLACK_MS.
 SAY_EVERY_S = 0.05
 STALLED_S = 2.0  # a read position that has not moved this long while behind holds nothing
+# How long a cancel that met its record in flight waits for the mover's claims begun meanwhile to
+# end (each puts back what it does not produce yet) before it looks for it again.
+CLAIMS_END_S = 1.0
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
@@ -88,16 +91,20 @@ class CatchUp:
         self.marks: dict[Shard, int] = {}
         self._clock = clock
         self._lock = threading.Lock()
-        # The mover's claims begun and ended, their put-backs done (:meth:`claiming`).
+        # The mover's claims begun and ended, their put-backs done (:meth:`claiming`), and the
+        # put-backs: how many so far, and the count at each shard's last.
         self._claims = threading.Condition()
         self._begun = 0
         self._ended = 0
+        self._put_backs = 0
+        self._put_back_at: dict[Shard, int] = {}
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
-        """The mover claims, and puts back what :meth:`past` says, within this: a cancel the
-        ingress applied meanwhile found such a record in flight, and looks for it again once the
-        claims begun by then have ended (:meth:`claims_ended`)."""
+        """The mover claims, and puts back what it does not produce yet (:meth:`past`, a
+        target's rate), within this, saying which shards it put back in (:meth:`put_back`): a
+        cancel or a replacement the ingress applied meanwhile found such a record in flight, and
+        looks for it again (:meth:`put_back_since`)."""
         with self._claims:
             self._begun += 1
         try:
@@ -107,12 +114,24 @@ class CatchUp:
                 self._ended += 1
                 self._claims.notify_all()
 
-    def claims_ended(self, timeout_s: float) -> bool:
-        """Wait until every claim the mover has begun by now has ended, ``timeout_s`` at most;
-        whether they did."""
+    def put_back(self, shards: Iterable[Shard]) -> None:
+        """The mover put claimed records of ``shards`` back among the waiting ones."""
+        with self._claims:
+            self._put_backs += 1
+            self._put_back_at.update(dict.fromkeys(shards, self._put_backs))
+
+    def put_backs_mark(self) -> int:
+        """Where the put-backs are now: what :meth:`put_back_since` is given."""
+        with self._claims:
+            return self._put_backs
+
+    def put_back_since(self, mark: int, timeout_s: float = CLAIMS_END_S) -> frozenset[Shard]:
+        """The shards the mover put records back in since ``mark`` (:meth:`put_backs_mark`),
+        once every claim it has begun by now has ended (``timeout_s`` at most)."""
         with self._claims:
             begun = self._begun
-            return self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
+            self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
+            return frozenset(s for s, at in self._put_back_at.items() if at > mark)
 
     def start(self, shard: Shard, position: int, end: int, *, again: bool = False) -> None:
         """The ingress reads ``shard`` from offset ``position`` and the partition ends at

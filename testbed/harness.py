@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +45,15 @@ def code_under_test() -> Path:
     """The directory ``python -m bridge`` runs from: this checkout unless CODE_UNDER_TEST names
     another."""
     return Path(os.environ.get(CODE_UNDER_TEST) or ROOT)
+
+
+# The fault hooks a test may set in a bridge's environment (its sitecustomize says which).
+FAULTS = ROOT / "tests" / "faults" / "python"
+
+
+def with_faults(env: Mapping[str, str], **faults: str) -> dict[str, str]:
+    """``env`` with the fault hooks ``faults`` set, over the code under test."""
+    return {**env, **faults, "PYTHONPATH": f"{code_under_test()}{os.pathsep}{FAULTS}"}
 
 
 def fit_config(path: Path, env: dict[str, str]) -> None:

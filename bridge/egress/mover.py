@@ -237,6 +237,8 @@ class Egress:
             claimed, self.lanes.too_low(claimed, self.deliveries.in_flight, backlog)
         )
         put_back |= self.targets.hold(claimed, self.deliveries.in_flight, put_back)
+        if put_back:
+            self.catch_up.put_back({s for s, _ in put_back})
         if self.rate is not None:
             self.rate.count(claimed, self.metrics if limited else None, put_back)
         self.sender.dispatch(claimed, put_back, backlog)

@@ -48,9 +48,6 @@ from bridge.store import (
 logger = logging.getLogger(__name__)
 
 LOOK_INTERVAL_S = 1.0  # how often kept cancels ask Redis whether their topics are whole
-# How long a cancel that found nothing waits for the mover's claims begun meanwhile to end (each
-# puts back what the catch-up says is not to go yet) before it looks in its own shard again.
-CLAIMS_END_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,16 +115,11 @@ class Adds:
             schedules=self._reads.schedules,
             keep=self.waiting,
             reread=self._catch_up.rereads(),
-            claims_ended=self._claims_ended,
+            put_backs=self._catch_up,
         )
         self._report(added)
         self.keep(added.kept)
         return added
-
-    def _claims_ended(self) -> bool:
-        """The mover's claims begun by now ended (a second at most): what one put back waits
-        again (:meth:`Store.add`'s ``claims_ended``)."""
-        return self._catch_up.claims_ended(CLAIMS_END_S)
 
     def waiting(self, shards: Sequence[Shard], looked: Elsewhere | None = None) -> frozenset[Shard]:
         """Those of ``shards`` whose topic has another partition not whole in Redis, or whose

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from bridge.message import (
     H_DUE_AT,
@@ -55,6 +55,15 @@ FoundAt = dict[Asked, tuple[Found, ...]]
 # replacement's shard and record, the due time there, and the record's own delay-id (or "").
 Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
 LOOKS = 3  # looks by the id index at most, while a schedule found is carried on meanwhile
+
+
+class PutBacks(Protocol):
+    """Where the mover put claimed records back (bridge.catchup.CatchUp): a mark before add.lua
+    runs, then the shards put back in since it, once the claims begun by then have ended."""
+
+    def put_backs_mark(self) -> int: ...
+
+    def put_back_since(self, mark: int) -> Collection[Shard]: ...
 
 
 class Elsewhere(NamedTuple):
@@ -123,18 +132,38 @@ def withdraw_here(
     *,
     confirm: Confirm,
 ) -> FoundAt:
-    """Withdraw what ``cancels`` (by caller-given delay-ids), which found nothing anywhere, name
-    in their own partition after all: a record the mover had claimed when add.lua ran, and then
-    put back (:meth:`bridge.catchup.CatchUp.past`: the ingress had not said the partition was
-    read), waits again — in flight when the cancel looked, it is not past cancel. Looked for by
-    the id index once the claims begun by then have ended, its delay-id and timestamp read in the
-    delay topic as across partitions (stamped no later than the cancel); a record in flight
-    again, or delivered, stays where it is."""
+    """Withdraw what ``cancels`` and replacements, which found nothing anywhere but a record with
+    their id in flight, name in their own partition after all: a record the mover had claimed
+    when add.lua ran, and then put back (:meth:`bridge.catchup.CatchUp.past`: the ingress had not
+    said the partition was read), waits again — in flight when the cancel looked, it was not past
+    cancel. Looked for by the id index, its delay-id and timestamp read in the delay topic as
+    across partitions (stamped no later than the cancel); a record in flight again, or
+    delivered, stays where it is."""
     by_shard: dict[Shard, list[tuple[Shard, Scheduled | Cancel]]] = {}
     for shard, cancel in cancels:
         by_shard.setdefault(shard, []).append((shard, cancel))
     asked = list(by_shard.items())
     return _look(scripts, keys, cancels, {}, confirm, set(), set(), asked).found
+
+
+def withdraw_put_back(
+    scripts: Scripts,
+    keys: Keys,
+    missed: Sequence[tuple[Shard, Scheduled | Cancel]],
+    flew: Collection[tuple[Shard, int, str]],
+    put_backs: PutBacks,
+    mark: int,
+    confirm: Confirm,
+) -> FoundAt:
+    """What those of the ``missed`` cancels and replacements that met their record in flight
+    (``flew``) withdraw in their own shard, where the mover put records back since ``mark``:
+    see :func:`withdraw_here`."""
+    met = [(s, r) for s, r in missed if (s, r.offset, r.delay_id) in flew]
+    if not met:
+        return {}
+    shards = put_backs.put_back_since(mark)
+    here = [(s, r) for s, r in met if s in shards]
+    return withdraw_here(scripts, keys, here, confirm=confirm) if here else {}
 
 
 def _join(found_at: FoundAt, more: Mapping[Asked, tuple[Found, ...]]) -> None:
@@ -181,7 +210,8 @@ def _look(
         for (s, r), found in zip(theirs, candidates, strict=True):
             for offset, due in found:
                 delay_id, stamped = read.get(offset, ("", 0))
-                if delay_id == r.delay_id and stamped <= r.timestamp_ms:
+                mine = there == s and offset == r.offset  # a replacement is not its own record
+                if delay_id == r.delay_id and stamped <= r.timestamp_ms and not mine:
                     hits.setdefault(offset_bytes(offset), (s, r, due, ""))
         planned.append((there, hits))
     return _withdraw(scripts, keys, planned)

@@ -9,18 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bridge.message import Cancel, Scheduled, parse_origin
+from bridge.message import Cancel, Scheduled
 from bridge.store.across import (
     Elsewhere,
     Found,
     FoundAt,
     Named,
+    PutBacks,
     default_id_wheres,
     named_by_default,
     references_named,
     replaced_exactly,
     withdraw_elsewhere,
-    withdraw_here,
+    withdraw_put_back,
 )
 from bridge.store.calls import (
     AddEntries,
@@ -201,9 +202,10 @@ def _add(
     schedules: Schedules,
     keep: Keep,
     reread: Mapping[Shard, int],
-    claims_ended: Callable[[], bool] | None,
+    put_backs: PutBacks | None,
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
+    mark = put_backs.put_backs_mark() if put_backs is not None else 0  # before add.lua runs
     shards = list(batches)
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
     locate: dict[Shard, set[int]] = {s: set() for s in shards}
@@ -248,6 +250,7 @@ def _add(
         raise RuntimeError(f"add.lua asked again after {ROUNDS} rounds")
     counts, lost = [0, 0, 0, 0], {}
     unmatched: list[tuple[Shard, Scheduled | Cancel]] = []
+    flew: set[tuple[Shard, int, str]] = set()  # of those, the ones that met their record in flight
     withdrawn: list[Withdrawn] = []
     for shard in shards:
         r = replies[shard]
@@ -259,6 +262,7 @@ def _add(
         counts = [a + b for a, b in zip(counts, made, strict=True)]
         records = batches[shard][1]
         unmatched += [(shard, records[i]) for i in r.unmatched]
+        flew.update((shard, records[i].offset, records[i].delay_id) for i in r.in_flight)
         withdrawn += [
             _withdrawn((shard, offset, due), shard, records[by], own)
             for offset, due, by, own in r.withdrawn
@@ -274,10 +278,11 @@ def _add(
     found = elsewhere.found
     withdrawn += _across(unmatched, elsewhere.ended)
     missed = _missed(unmatched, found)
-    # A default delay-id is not in the id index (and such a record is claimed past a cancel).
-    here = [(s, r) for s, r in missed if isinstance(r, Cancel) and parse_origin(r.delay_id) is None]
-    if here and claims_ended is not None and claims_ended():
-        found = {**found, **withdraw_here(scripts, keys, here, confirm=confirm)}
+    if flew and put_backs is not None:
+        found = {
+            **found,
+            **withdraw_put_back(scripts, keys, missed, flew, put_backs, mark, confirm),
+        }
         missed = _missed(missed, found)
     waiting = keep(sorted({s for s, _ in missed}), elsewhere) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)

@@ -8,13 +8,14 @@ never per record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
+from bridge.store.across import PutBacks
 from bridge.store.adding import Keep, keep_none, look_again
 from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
@@ -141,7 +142,7 @@ class Store:
         schedules: Schedules = undated,
         keep: Keep = keep_none,
         reread: Mapping[Shard, int] | None = None,
-        claims_ended: Callable[[], bool] | None = None,
+        put_backs: PutBacks | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -161,9 +162,9 @@ class Store:
         (:attr:`Added.kept`, and in Redis) to :meth:`look_again`. A cancel by its delay-id
         that finds nothing in a shard ``reread`` names (read again after Redis lost its state,
         up to the offset given, which Redis keeps) ends a schedule of that id the registry has
-        no word of. A cancel by a caller-given delay-id that finds nothing anywhere looks in its
-        own shard again once ``claims_ended`` says the mover's claims begun meanwhile ended (see
-        :func:`bridge.store.across.withdraw_here`).
+        no word of. A cancel or a replacement that finds nothing anywhere but a record with its
+        id in flight looks in its own shard again where ``put_backs`` says the mover put records
+        back meanwhile (see :func:`bridge.store.across.withdraw_here`).
         """
         return add_batches(
             self.scripts,
@@ -178,7 +179,7 @@ class Store:
             schedules=schedules,
             keep=keep,
             reread=reread or {},
-            claims_ended=claims_ended,
+            put_backs=put_backs,
         )
 
     def look_again(

@@ -226,6 +226,7 @@ class AddReply(NamedTuple):
     # offset of what ended the schedule, whether that was a cancel or a one-shot record rather
     # than another schedule).
     ended: tuple[tuple[int, int, bool], ...] = ()
+    in_flight: frozenset[int] = frozenset()  # of ``unmatched``: met their record in flight
 
     @classmethod
     def read(cls, reply: Sequence[Any]) -> AddReply:
@@ -235,7 +236,9 @@ class AddReply(NamedTuple):
             return cls(loss, 0, 0, 0, 0, [], [])
         added, replaced, cancelled, not_found, count = (int(n) for n in reply[1:6])
         end = 6 + count
-        unmatched = [int(i) for i in reply[6:end]]
+        places = [int(i) for i in reply[6:end]]
+        unmatched = [p if p >= 0 else -1 - p for p in places]
+        flew = frozenset(-1 - p for p in places if p < 0)
         ends = int(reply[end])
         ended = tuple(
             (int(reply[i]), abs(int(reply[i + 1])), int(reply[i + 1]) < 0)
@@ -246,7 +249,7 @@ class AddReply(NamedTuple):
             (offset_of(rest[i]), int(rest[i + 1]), int(rest[i + 2]), text(rest[i + 3]))
             for i in range(0, len(rest), 4)
         ]
-        return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn, ended)
+        return cls(None, added, replaced, cancelled, not_found, unmatched, withdrawn, ended, flew)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -30,11 +29,9 @@ from testbed.harness import (
     metric,
     produce_all,
     produce_to,
+    with_faults,
 )
-from testbed.services import ROOT
 from tests.conftest import wait_for
-
-FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 pytestmark = pytest.mark.integration
 
@@ -288,14 +285,16 @@ def test_a_cancel_waiting_while_the_ingress_stores_another_partition_wins(
     _in_time(attempt)
 
 
+@pytest.mark.parametrize("replacement", [False, True], ids=["cancel", "replacement"])
 def test_a_cancel_applied_while_its_record_is_claimed_and_on_its_way_back_wins(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], replacement: bool
 ) -> None:
     """The scene before, one step on: the mover claims the record as it falls due and finds the
     ingress has not said its partition is read since, so it puts the record back — but is
     descheduled between its claim and its put-back (a fault hook holds the put-back until the
     ingress has applied the record after it), and the ingress applies the cancel meanwhile: the
-    record is in flight then, waiting again a moment later. The cancel still wins."""
+    record is in flight then, waiting again a moment later. The cancel still wins; so does a
+    replacement (the record it replaced is not delivered)."""
     hold = setup.tmp / "hold"
     hold.mkdir()
     faults = {"HOLD_UNCLAIM_VALUE": "held", "HOLD_DIR": str(hold)}
@@ -304,12 +303,22 @@ def test_a_cancel_applied_while_its_record_is_claimed_and_on_its_way_back_wins(
 
     def attempt(n: int) -> bool:
         (hold / "held").unlink(missing_ok=True)
-        scene = _behind_another_partition(setup, bridge, producer, n, b"held")
+        replaced = metric(bridge, "delay_bridge_replaced_total")
+        scene = _behind_another_partition(setup, bridge, producer, n, b"held", replacement)
         _, before, got, in_time = scene
-        wait_for(lambda: sum(_cancels(bridge)) == sum(before) + 1, 30, "the cancel applied")
+        if replacement:
+            stored = "delay_bridge_ingested_total"
+            wait_for(lambda: metric(bridge, stored) >= 10_003 * (n + 1), 30, "the record stored")
+        else:
+            wait_for(lambda: sum(_cancels(bridge)) == sum(before) + 1, 30, "the cancel applied")
         if not in_time or not (hold / "held").exists():  # void: late, or nothing put back
             return False
-        assert _cancels(bridge)[0] == before[0] + 1, "the cancel found nothing: put back after it"
+        if replacement:
+            now = metric(bridge, "delay_bridge_replaced_total")
+            assert now == replaced + 1, "the replacement replaced nothing: put back after it"
+        else:
+            found = _cancels(bridge)[0] == before[0] + 1
+            assert found, "the cancel found nothing: put back after it"
         delivered = setup.collector()
         try:
             delivered.poll(2.0)  # the record, put back, would be claimed again by now
@@ -322,13 +331,19 @@ def test_a_cancel_applied_while_its_record_is_claimed_and_on_its_way_back_wins(
 
 
 def _behind_another_partition(
-    setup: Setup, bridge: Bridge, producer: Producer, n: int, value: bytes | None = None
+    setup: Setup,
+    bridge: Bridge,
+    producer: Producer,
+    n: int,
+    value: bytes | None = None,
+    replacement: bool = False,
 ) -> tuple[int, tuple[float, float], list[Received], bool]:
     """Attempt ``n``'s scene: its record (:func:`_expiring`, in partition 1) due in 3 s; 250 ms
     before then a batch of 10,000 records of partition 0 flushed, and 30 ms later (fetched, the
-    cancel not with it) the record's cancel; then a marker produced with the batch, delivered.
-    Returns the record's due time, the bridge's cancels before it, what was delivered by the
-    marker, and whether the cancel was produced 100 ms before the due time (else: void)."""
+    cancel not with it) the record's cancel (or ``replacement``: a record with its delay-id due
+    in an hour); then a marker produced with the batch, delivered. Returns the record's due
+    time, the bridge's cancels before it, what was delivered by the marker, and whether the
+    cancel was produced 100 ms before the due time (else: void)."""
     due_ms, before = _expiring(setup, bridge, n, partition=1, value=value)
     _queue_burst(producer, setup, n, b"k", partition=0)
     marker = f"marker-{n}".encode()
@@ -338,8 +353,12 @@ def _behind_another_partition(
     assert producer.flush(30) == 0
     fetched = time.time() + 0.03
     wait_for(lambda: time.time() >= fetched, 5, "the batch fetched, the cancel not with it")
-    cancel = wire_headers([*cancel_headers(f"e{n}")])
-    producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
+    if replacement:
+        named = delay_headers(setup.targets[0], after="1h", delay_id=f"e{n}")
+        producer.produce(setup.delay, b"later", b"k", partition=1, headers=wire_headers([*named]))
+    else:
+        cancel = wire_headers([*cancel_headers(f"e{n}")])
+        producer.produce(setup.delay, b"", b"k", partition=1, headers=cancel)
     assert producer.flush(30) == 0
     in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
     return due_ms, before, setup.await_value(marker, 60, "the marker"), in_time
@@ -455,7 +474,7 @@ def _reading_at_its_end(
     if ahead_ms:
         bridge.env.update(CLOCK_SHIFT_MS=str(ahead_ms), PYTHONPATH=str(PYTHON_SHIFT))
     if faults:
-        bridge.env.update(faults, PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+        bridge.env = with_faults(bridge.env, **faults)
     bridges.append(bridge.start())
 
     def ready() -> bool:

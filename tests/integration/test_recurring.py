@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ from testbed.harness import (
     produce_to,
     wait_ready,
     wipe,
+    with_faults,
 )
 from testbed.services import ROOT
 from tests.conftest import wait_for
@@ -716,14 +716,6 @@ def test_a_bulk_cancel_ends_every_schedule_it_matched_however_far_each_moved_on(
     assert late == [], late[:5]
 
 
-FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
-
-
-def _with_faults(env: dict[str, str], **faults: str) -> dict[str, str]:
-    """``env`` with the test's fault hooks (tests/faults/python) set as ``faults`` say."""
-    return {**env, **faults, "PYTHONPATH": f"{ROOT}{os.pathsep}{FAULTS}"}
-
-
 def _released(hold: Path) -> None:
     """Let what a fault hook holds in ``hold`` go on."""
     (hold / "release").touch()
@@ -746,7 +738,7 @@ def test_a_bulk_cancel_ends_a_schedule_whose_occurrence_was_in_flight_when_it_lo
     hold = setup.tmp / "hold"
     hold.mkdir()
     bridge = setup.bridge()
-    bridge.env = _with_faults(bridge.env, HOLD_CLAIMED_VALUE="held", HOLD_DIR=str(hold))
+    bridge.env = with_faults(bridge.env, HOLD_CLAIMED_VALUE="held", HOLD_DIR=str(hold))
     bridges.append(bridge.start())
     assert wait_ready(bridge), bridge.output()
     wait_for(lambda: metric(bridge, "delay_bridge_owned_partitions") >= 1, 60, "its partitions")
@@ -784,7 +776,7 @@ def test_a_bulk_cancel_ends_a_schedule_that_moved_on_to_a_record_stored_after_it
     hold = setup.tmp / "hold"
     hold.mkdir()
     command = [sys.executable, "-m", "bridge", "cancel", "--target", setup.targets[0], "--yes"]
-    env = _with_faults(setup.bridge().env, HOLD_BULK_DIR=str(hold))
+    env = with_faults(setup.bridge().env, HOLD_BULK_DIR=str(hold))
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as cli:

@@ -88,7 +88,7 @@ id_went(ids, pending, n): n records with entries were acknowledged; sweeps if a 
 
 withdraw(shard, id, hash, vouched, before): remove the waiting record of this shard with delay-id
 `id` (a cancel or a replacement in its own partition); returns whether one was waiting, then its
-offset and due ms. `shard` names the keys: due, ids, low, pending, inflight, refs, waits. Each
+offset and due ms (none waiting: false, nil, nil, and whether a candidate was in flight). `shard` names the keys: due, ids, low, pending, inflight, refs, waits. Each
 candidate the index gives for the hash is confirmed: a record held whole by the delay-id its
 stored form carries (stored_id); a reference by `vouched`, offset -> the delay-id the caller read
 at that offset in the delay topic ("": another record, or none). A candidate in flight stays (its
@@ -930,10 +930,13 @@ local function withdraw(shard, id, hash, vouched, before)
   if before then
     before(candidates)
   end
+  local flight = false
   for _, found in ipairs(candidates) do
     local offset, due = found[1], found[2]
     local kind, member, key, target = candidate(shard, offset, due)
-    if kind == 'gone' then
+    if kind == 'flight' then
+      flight = true
+    elseif kind == 'gone' then
       id_drop(shard.ids, hash, offset, true)
     elseif kind == 'whole' and stored_id(member) == id then
       redis.call('ZREM', key, member)
@@ -950,7 +953,7 @@ local function withdraw(shard, id, hash, vouched, before)
       return true, offset, due
     end
   end
-  return false
+  return false, nil, nil, flight
 end
 
 local function unvouched(shard, hashes, vouched)

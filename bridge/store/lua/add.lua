@@ -123,7 +123,8 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
           the batch (the entry's, from 0: a record with several cancels is an entry each, at
           one offset) of each cancel that found nothing and each record with a caller-given id
           that replaced nothing here (the caller looks for theirs in the topic's other
-          partitions), E, then E pairs for the records carrying a schedule on that were not
+          partitions; -1 - the place where a record with its id was in flight: claimed, and
+          perhaps put back since), E, then E pairs for the records carrying a schedule on that were not
           stored (see ARGV[9 + 2V + 3W + T]): the place in the batch, and the offset of what
           ended the schedule, "-" first when it was a cancel or a one-shot record, then quadruples for each record withdrawn: its offset (8 bytes), its due
           ms (-1: a reference), the place of the cancel or replacement that withdrew it and, when
@@ -537,9 +538,10 @@ local function token(i)
   return ARGV[i] .. ':' .. token_k
 end
 
--- The entry at ARGV[i] found nothing here: the caller looks in the topic's other partitions.
-local function unmatch(i, place)
-  unmatched[#unmatched + 1] = place
+-- The entry at ARGV[i] found nothing here: the caller looks in the topic's other partitions
+-- (`flew`: a record with its id was in flight, its place is given as -1 - place).
+local function unmatch(i, place, flew)
+  unmatched[#unmatched + 1] = flew and -1 - place or place
   if across then
     kept_now[#kept_now + 1] = ARGV[i]
     kept_now[#kept_now + 1] = token(i)
@@ -591,7 +593,7 @@ for i = first, #ARGV, 5 do
         register(id, '-' .. ARGV[i])
       end
     elseif score == '' then
-      local done, offset, at = withdraw(shard, id, hash, vouched, written)
+      local done, offset, at, flew = withdraw(shard, id, hash, vouched, written)
       local by_default, took, flight = false, nil, false
       if not done and member ~= '' then  -- a default id: where the caller found its record
         flush()  -- it may be one of this batch's
@@ -609,7 +611,7 @@ for i = first, #ARGV, 5 do
         cancelled = cancelled + 1
       else
         missing = missing + 1
-        unmatch(i, place)
+        unmatch(i, place, flew)
       end
       if registry_any and id ~= '' and registry(id) then
         journal_end(id, done and offset, place)
@@ -659,8 +661,9 @@ for i = first, #ARGV, 5 do
     else
       local exact = exactly[ARGV[i]]  -- that record only, and only while it waits
       local done, offset, at, by_default, took, flight = false, nil, nil, false, nil, false
+      local flew = false
       if not exact then
-        done, offset, at = withdraw(shard, id, hash, vouched, written)
+        done, offset, at, flew = withdraw(shard, id, hash, vouched, written)
       end
       if not done and replaces[ARGV[i]] then  -- where the caller found the record it names
         flush()  -- it may be one of this batch's
@@ -676,7 +679,7 @@ for i = first, #ARGV, 5 do
         late = taken_before(offset, ARGV[i])
       end
       if exact and not done and not late then  -- by its id
-        done, offset, at = withdraw(shard, id, hash, vouched, written)
+        done, offset, at, flew = withdraw(shard, id, hash, vouched, written)
         by_default = false
       end
       if late then
@@ -686,7 +689,7 @@ for i = first, #ARGV, 5 do
           withdrew(offset, at, place, by_default, took)
           replaced = replaced + 1
         else
-          unmatch(i, place)
+          unmatch(i, place, flew)
         end
         if #member == REFERENCE then
           refer(score, member)
