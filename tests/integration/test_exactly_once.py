@@ -5,7 +5,6 @@ its partitions were taken over."""
 from __future__ import annotations
 
 import collections
-import os
 import signal
 import time
 
@@ -33,14 +32,14 @@ from testbed.harness import (
     snapshot_keys,
     wait_ready,
     wipe,
+    with_faults,
     with_session_timeout,
 )
-from tests.conftest import ROOT, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
 EXACTLY_ONCE = {"egress__exactly_once": "true"}
-FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 
 def each_once(collector: Collector, setup: Setup, expected: dict[str, int], timeout: float) -> None:
@@ -220,7 +219,7 @@ def test_a_rebuild_whose_journal_cannot_be_read_yet_duplicates_nothing(
         assert first.wait(30) == 0
         assert wipe(setup) > 0
         again = setup.bridge("again", **EXACTLY_ONCE)
-        again.env.update(JOURNAL_FATES_FAIL="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+        again.env = with_faults(again.env, JOURNAL_FATES_FAIL="3")
         bridges.append(again.start())
         now: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")])]
         produce_to(setup.services.bootstrap, setup.delay, now)
@@ -297,7 +296,7 @@ def test_a_partition_whose_producer_cannot_start_holds_up_that_partition_alone(
     transactional id would). The whole mover step failed with it, every try, so no partition was
     delivered. Now partition 1 waits, named in /readyz, and the others are delivered."""
     bridge = setup.bridge(**EXACTLY_ONCE)
-    bridge.env.update(TXN_FAULT_PARTITION="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridge.env = with_faults(bridge.env, TXN_FAULT_PARTITION="1")
     bridges.append(bridge.start())
     expected = [v for v in setup.due_now_in((0, 1, 2), 5) if not v.startswith(b"p1-")]
     assert setup.await_values(10, 60, "partitions 0 and 2 delivered") == expected
@@ -354,7 +353,7 @@ def test_a_rebuild_after_a_kill_mid_commit_reads_the_journal_at_once(
     again (the exactly-once recurring test: one occurrence of every schedule of a partition
     twice). The earlier owner is now fenced before the read."""
     first = setup.bridge("first", **EXACTLY_ONCE, egress__lease="60s")
-    first.env.update(JOURNAL_HANG_AFTER="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    first.env = with_faults(first.env, JOURNAL_HANG_AFTER="3")
     first = with_session_timeout(setup, first, "6000", "1000").start()
     bridges.append(first)
     assert wait_ready(first)

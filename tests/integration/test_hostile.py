@@ -4,7 +4,6 @@ record's fate (or one command's answer) and stops nothing else."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import urllib.parse
@@ -33,8 +32,9 @@ from testbed.harness import (
     metric,
     produce_to,
     wait_ready,
+    with_faults,
 )
-from tests.conftest import ROOT, Services, TopicFactory, wait_for
+from tests.conftest import Services, TopicFactory, wait_for
 from tests.integration.conftest import redis_server
 
 pytestmark = pytest.mark.integration
@@ -80,9 +80,6 @@ def test_a_default_id_with_a_unicode_digit_or_a_huge_hint_stalls_nothing(
     assert bridge.get("/readyz")[0] == 200
 
 
-FAULTS = Path(__file__).parents[1] / "faults" / "python"  # its sitecustomize says how
-
-
 def test_a_record_the_bridge_fails_on_is_dead_lettered_and_stops_nothing(
     setup: Setup, bridges: list[Bridge]
 ) -> None:
@@ -94,7 +91,7 @@ def test_a_record_the_bridge_fails_on_is_dead_lettered_and_stops_nothing(
     target = setup.targets[0].encode()
     bridge = setup.bridge()
     # This checkout first: the sitecustomize imports the bridge before ``-m`` adds the cwd.
-    bridge.env.update(STORE_FAULT_VALUE="poison", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridge.env = with_faults(bridge.env, STORE_FAULT_VALUE="poison")
     bridges.append(bridge.start())
     now: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]
     records: ToPartition = [(0, b"before", now), (0, b"poison", now), (0, b"after", now)]
@@ -125,7 +122,7 @@ def test_a_batch_redis_refuses_for_a_while_dead_letters_its_bad_record_once(
     bad: ToPartition = [(0, b"no-due-time", [(H_TARGET_TOPIC, target)])]
     produce_to(setup.services.bootstrap, setup.delay, bad)
     bridge = setup.bridge()
-    bridge.env.update(REDIS_LOADING_AT_ASSIGNMENT_S="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridge.env = with_faults(bridge.env, REDIS_LOADING_AT_ASSIGNMENT_S="3")
     bridges.append(bridge.start())
     wait_for(lambda: "ingress stores batches again" in bridge.output(), 60, "redis answering")
     now: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]
@@ -151,7 +148,7 @@ def test_a_cross_partition_cancel_outlives_a_fault_after_its_batch_was_stored(
     do are kept with it in Redis, and done again until they are done."""
     target = setup.targets[0].encode()
     bridge = setup.bridge()
-    bridge.env.update(ACROSS_FAULTS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridge.env = with_faults(bridge.env, ACROSS_FAULTS="1")
     bridges.append(bridge.start())
     later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
     produce_to(setup.services.bootstrap, setup.delay, [(0, b"ordered", [*later, (H_ID, b"x1")])])
@@ -174,7 +171,7 @@ def test_a_cross_partition_cancel_left_to_do_by_a_killed_bridge_is_done_by_the_n
     do), so the next bridge reads it again, and add.lua, which applied it, hands it back."""
     target = setup.targets[0].encode()
     first = setup.bridge()
-    first.env.update(ACROSS_FAULTS="1000000", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    first.env = with_faults(first.env, ACROSS_FAULTS="1000000")
     bridges.append(first.start())
     later: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"10m")]
     produce_to(setup.services.bootstrap, setup.delay, [(0, b"ordered", [*later, (H_ID, b"x2")])])

@@ -5,7 +5,6 @@ on."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -59,13 +58,12 @@ from testbed.harness import (
     roll_back,
     snapshot_keys,
     wipe,
+    with_faults,
 )
 from tests.conftest import ROOT, TopicFactory, wait_for
 from tests.integration.test_recovery import committed
 
 pytestmark = pytest.mark.integration
-
-FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 
 def read_journal(setup: Setup, until: int, timeout: float = 60) -> list[tuple[Received, Batch]]:
@@ -767,7 +765,7 @@ def test_a_rollback_redis_is_still_loading_at_an_assignment_delivers_nothing_aga
     answers and the forget is done."""
     soon = _twenty_whose_acknowledgements_redis_lost(setup, bridges)
     again = setup.bridge("again")
-    again.env.update(REDIS_LOADING_AT_ASSIGNMENT_S="3", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    again.env = with_faults(again.env, REDIS_LOADING_AT_ASSIGNMENT_S="3")
     bridges.append(again.start())
     wait_for(lambda: "ingress stores batches again" in again.output(), 60, "redis answering")
     _each_delivered_once(setup, soon)

@@ -4,7 +4,6 @@ an operator or a producer withdrew stays withdrawn."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from typing import cast
@@ -40,13 +39,12 @@ from testbed.harness import (
     metric,
     produce_to,
     wipe,
+    with_faults,
     with_session_timeout,
 )
-from tests.conftest import ROOT, wait_for
+from tests.conftest import wait_for
 from tests.integration.test_journal import counts_through
 from tests.integration.test_recovery import committed
-
-FAULTS = ROOT / "tests" / "faults" / "python"  # its sitecustomize says how
 
 pytestmark = pytest.mark.integration
 
@@ -330,7 +328,7 @@ def test_a_copy_that_was_delivered_still_replaces_its_record_in_a_rebuild_that_r
     replaced by the next record with that id (``id``): the old version was delivered after the
     new one."""
     bridge = setup.bridge()
-    bridge.env.update(JOURNAL_LOSE_WITHDRAWN="1", PYTHONPATH=f"{ROOT}{os.pathsep}{FAULTS}")
+    bridge.env = with_faults(bridge.env, JOURNAL_LOSE_WITHDRAWN="1")
     bridges.append(bridge.start())
     wait_for(lambda: bridge.get("/readyz")[0] == 200, 60, "ready")
     target = setup.targets[0].encode()

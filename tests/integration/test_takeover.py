@@ -3,7 +3,6 @@ back the leases its previous life held at once, instead of waiting for them to e
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,9 +19,10 @@ from testbed.harness import (
     Setup,
     metric,
     produce_all,
+    with_faults,
     with_session_timeout,
 )
-from tests.conftest import ROOT, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -218,11 +218,7 @@ def test_a_partition_the_mover_was_never_handed_is_delivered_from_after_a_while(
     delivered from, log it as an error and take it over again (after 2 s here; DRIFT_S, 30 s, in
     production), with no rejoin."""
     bridge = setup.bridge()
-    bridge.env.update(
-        OWNED_DROP_PARTITION="1",
-        OWNED_DRIFT_S="2",
-        PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'faults' / 'python'}",
-    )
+    bridge.env = with_faults(bridge.env, OWNED_DROP_PARTITION="1", OWNED_DRIFT_S="2")
     bridges.append(bridge.start())
     expected = setup.due_now_in((0, 1, 2), 5)
     assert setup.await_values(15, 60, "every partition delivered") == expected
