@@ -124,7 +124,10 @@ def test_a_batch_redis_refuses_for_a_while_dead_letters_its_bad_record_once(
     bridge = setup.bridge()
     bridge.env = with_faults(bridge.env, REDIS_LOADING_AT_ASSIGNMENT_S="3")
     bridges.append(bridge.start())
-    wait_for(lambda: "ingress stores batches again" in bridge.output(), 60, "redis answering")
+    # Redis answers: the batch refused is stored, or (the loading over while the partition was
+    # assigned: CI's machine once took the whole 3 s) the claims held at the assignment go on.
+    said = ("ingress stores batches again", "records are claimed again")
+    wait_for(lambda: any(s in bridge.output() for s in said), 60, "redis answering")
     now: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0ms")]
     produce_to(setup.services.bootstrap, setup.delay, [(0, b"after", now)])
     collector = setup.collector()
