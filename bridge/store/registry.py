@@ -65,23 +65,15 @@ class Registry:
     def at(self, shards: Sequence[Shard]) -> dict[Shard, dict[int, bool]]:
         """Each shard's live schedules: the offset of the record each is at -> whether it is
         paused."""
-        with as_store_error():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in shards:
-                pipe.hgetall(self.keys.of(shard).schedules)
-            replies = cast(list[dict[bytes, bytes]], pipe.execute())
-        return {
-            s: {
-                int(v.split(b":")[0]): v.endswith(PAUSED)
-                for f, v in r.items()
-                if f.startswith(SCHEDULE) and not v.startswith(b"-")
-            }
-            for s, r in zip(shards, replies, strict=True)
-        }
+        return {s: dict(live.values()) for s, live in self._live(shards).items()}
 
     def running(self, shards: Sequence[Shard]) -> dict[Shard, dict[str, int]]:
         """Each shard's live schedules (running or paused): delay-id -> the offset of the record
         each is at."""
+        return {s: {i: at for i, (at, _) in live.items()} for s, live in self._live(shards).items()}
+
+    def _live(self, shards: Sequence[Shard]) -> dict[Shard, dict[str, tuple[int, bool]]]:
+        """Each shard's live schedules: delay-id -> (the offset of its record, paused)."""
         with as_store_error():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
@@ -89,7 +81,10 @@ class Registry:
             replies = cast(list[dict[bytes, bytes]], pipe.execute())
         return {
             s: {
-                f[len(SCHEDULE) :].decode(errors="replace"): int(v.split(b":")[0])
+                f[len(SCHEDULE) :].decode(errors="replace"): (
+                    int(v.split(b":")[0]),
+                    v.endswith(PAUSED),
+                )
                 for f, v in r.items()
                 if f.startswith(SCHEDULE) and not v.startswith(b"-")
             }
