@@ -35,11 +35,12 @@ included, is unread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 
 from bridge.store import Claimed, Shard, shard_names
 
@@ -60,6 +61,25 @@ CLAIMS_END_S = 1.0
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
+
+
+TAKING_BACK = "take-back"  # why a shard's claims are held while a take-back is withdrawn
+
+
+@dataclasses.dataclass(eq=False)
+class TakeBack:
+    """Records claimed ahead in ``shard`` at ``offsets`` the ingress asks the mover to take back;
+    ``dues``, the due ms of each it took back (by offset), once it answered (``done``)."""
+
+    shard: Shard
+    offsets: frozenset[int]
+    dues: dict[int, int] = dataclasses.field(default_factory=dict)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def answer(self, dues: Mapping[int, int]) -> None:
+        """The mover took back the records due at ``dues`` (by offset)."""
+        self.dues = dict(dues)
+        self.done.set()
 
 
 class CatchUp:
@@ -98,6 +118,10 @@ class CatchUp:
         self._ended = 0
         self._put_backs = 0
         self._put_back_at: dict[Shard, int] = {}
+        # Records claimed ahead the ingress asks the mover to take back (:meth:`take_back`), and
+        # how the mover is woken to do it (set by the mover).
+        self._asks: list[TakeBack] = []
+        self.wake: Callable[[], None] = lambda: None
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
@@ -132,6 +156,39 @@ class CatchUp:
             begun = self._begun
             self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
             return frozenset(s for s, at in self._put_back_at.items() if at > mark)
+
+    def take_back(
+        self, shard: Shard, offsets: Collection[int], timeout_s: float = CLAIMS_END_S
+    ) -> dict[int, int]:
+        """Have the mover take the records of ``shard`` at ``offsets`` that it claimed ahead and
+        has not produced yet back among the waiting ones, holding the shard's claims until
+        :meth:`taken_back`: a cancel or replacement of a default id that met its record in
+        flight withdraws it then. Returns the due ms of each record taken back (within
+        ``timeout_s``: none after it)."""
+        self.hold(shard, True, TAKING_BACK)
+        ask = TakeBack(shard, frozenset(offsets))
+        with self._claims:
+            self._asks.append(ask)
+        self.wake()
+        if ask.done.wait(timeout_s):
+            return ask.dues
+        with self._claims:
+            if ask in self._asks:
+                self._asks.remove(ask)
+        return {}
+
+    def taken_back(self, shard: Shard) -> None:
+        """The ingress withdrew what it had taken back in ``shard``: its claims go on."""
+        self.hold(shard, False, TAKING_BACK)
+        self.wake()
+
+    def asked_back(self) -> list[TakeBack]:
+        """The mover's: the take-backs asked for since it last looked (each to be answered)."""
+        if not self._asks:  # read without the lock: one look per turn
+            return []
+        with self._claims:
+            asks, self._asks = self._asks, []
+        return asks
 
     def start(self, shard: Shard, position: int, end: int, *, again: bool = False) -> None:
         """The ingress reads ``shard`` from offset ``position`` and the partition ends at

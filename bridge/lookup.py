@@ -7,11 +7,15 @@ payloads."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from bridge.config import Config, read_back_settings
 from bridge.errors import BridgeError
 from bridge.message import Rejected, Scheduled
 from bridge.store import Shard, Store, offset_bytes, references_in
+
+if TYPE_CHECKING:
+    from bridge.readback import Reader
 
 
 def by_default_id(
@@ -90,22 +94,30 @@ def read_back(
 
 
 def records_at(
-    config: Config, shard: Shard, offsets: Sequence[int], now_ms: int
+    config: Config,
+    shard: Shard,
+    offsets: Sequence[int],
+    now_ms: int,
+    reader: Reader | None = None,
 ) -> list[Scheduled]:
-    """The records at ``offsets`` of ``shard`` in the delay topic, as the ingress parsed them (one
-    consumer, never a group member); those gone, unreadable or refused are left out."""
+    """The records at ``offsets`` of ``shard`` in the delay topic, as the ingress parsed them
+    (read by ``reader``, else by a consumer of its own, never a group member); those gone,
+    unreadable or refused are left out."""
     from confluent_kafka import Consumer, KafkaException
 
     from bridge.dialects import parse_message
     from bridge.readback import Reader
 
-    reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
+    own = reader is None
+    if reader is None:
+        reader = Reader(Consumer({**read_back_settings(config), "log_level": 0}), stall_s=5.0)
     try:
         messages = reader.read(shard, sorted(offsets))
     except (BridgeError, KafkaException):
         return []
     finally:
-        reader.close()
+        if own:
+            reader.close()
     rules, out = config.rules(), []
     for offset, msg in sorted(messages.items()):
         if msg is None:  # gone from the delay topic

@@ -122,6 +122,7 @@ class Egress:
             transactions.settings.on_ended = self.taking_over.ended
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
+        self.catch_up.wake = self._wake.set  # a take-back asked for (CatchUp.take_back)
 
     def add_shards(self, shards: set[Shard]) -> None:
         """Move records of newly assigned partitions once their earlier owner's leases end."""
@@ -179,6 +180,7 @@ class Egress:
         self.deliveries.apply_reports()
         self.deliveries.watch()
         self.turns.mark("applying delivery reports")
+        self.sender.take_back(self.catch_up.asked_back())  # by cancels read in time
         if self.taking_over:
             self._take_over()
             self.turns.mark("taking shards over")

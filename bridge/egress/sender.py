@@ -14,8 +14,9 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 
+from bridge.catchup import TakeBack
 from bridge.config import EgressConfig
 from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, by_shard
@@ -23,7 +24,7 @@ from bridge.egress.lanes import Backlog
 from bridge.egress.plan import IDLE_WAIT_S, DecisionClock
 from bridge.egress.settle import Deliveries
 from bridge.errors import StoreError, log_failed_turn
-from bridge.store import Claims, Shard
+from bridge.store import Claims, Shard, offset_of
 from bridge.turns import Turns
 
 logger = logging.getLogger(__name__)
@@ -179,10 +180,40 @@ class Sender:
     def drop(self, bases: set[Shard]) -> list[Ident]:
         """Take the records held of these partitions out, once no send is in progress; returns
         them (still in flight: the caller forgets them)."""
+        return self._take_out(lambda ident: ident[0].base() in bases)
+
+    def take_back(self, asks: Iterable[TakeBack]) -> None:
+        """Put the records held that ``asks`` name back among the waiting ones (once no send is
+        in progress; those produced already are past cancel), answering each with their due
+        times: a cancel or replacement of a default id read in time withdraws them then
+        (:meth:`bridge.catchup.CatchUp.take_back`). One that Redis does not put back (an error,
+        raised) goes when its lease runs out, claimed again."""
+        for ask in asks:
+            dues: dict[int, int] = {}
+            try:
+                dues = self._put_back(self._take_out(_named_by(ask)))
+            finally:
+                ask.answer(dues)
+
+    def _put_back(self, taken: Sequence[Ident]) -> dict[int, int]:
+        """Records ``taken`` out of those held go back among the waiting ones, as if never
+        claimed, and their claim is planned again; returns the due ms of each (by offset)."""
+        deliveries = self.deliveries
+        claims = [p.claimed for i in taken if (p := deliveries.in_flight.get(i)) is not None]
+        if not claims:
+            return {}
+        deliveries.store.unclaim(claims)
+        members = by_shard(taken)
+        deliveries.forget(members)
+        deliveries.claim_again(members, 0)
+        return {offset_of(c.member): c.record.due_ms for c in claims}
+
+    def _take_out(self, which: Callable[[Ident], bool]) -> list[Ident]:
         with self._sending, self._lock:
-            dropped = [ident for _, ident in self._held if ident[0].base() in bases]
-            self._held = [(d, i) for d, i in self._held if i[0].base() not in bases]
-        return dropped
+            out = [ident for _, ident in self._held if which(ident)]
+            if out:
+                self._held = [(d, i) for d, i in self._held if not which(i)]
+        return out
 
     def _take_due(self, now_ms: float, pace: bool = True) -> list[Ident]:
         """The records whose due time has come by ``now_ms`` (Redis's clock), in due order.
@@ -217,3 +248,8 @@ class Sender:
         """Records held that are not due by ``now_ms`` (read by the metrics thread)."""
         held = list(self._held)
         return len(held) - bisect.bisect_right(held, now_ms, key=_DUE)
+
+
+def _named_by(ask: TakeBack) -> Callable[[Ident], bool]:
+    """Whether a record held is one ``ask`` names."""
+    return lambda ident: ident[0] == ask.shard and offset_of(ident[1]) in ask.offsets

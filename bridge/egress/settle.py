@@ -151,7 +151,7 @@ class Deliveries:
         # docs/bench/history.md); all are leased, so a crash redelivers at most this many.
         self._capacity = config.batch_size * 10
         self._clock_ms = clock_ms
-        self._on_retry = on_retry
+        self.claim_again = on_retry  # records released or put back: when to claim them again
         self.in_flight: dict[Ident, InFlight] = {}
         # Records in flight claimed from a backlog, by priority (see bridge.egress.lanes).
         self.draining: Counter[Priority] = Counter()
@@ -254,7 +254,7 @@ class Deliveries:
             self.forget(members)
             try:
                 self.store.release(members, wait_ms)
-                self._on_retry(members, wait_ms)
+                self.claim_again(members, wait_ms)
             except StoreError as exc:  # leases end once Redis answers (TakeOver.failed)
                 refused.append(exc)
         if refused:

@@ -115,7 +115,7 @@ class Adds:
             schedules=self._reads.schedules,
             keep=self.waiting,
             reread=self._catch_up.rereads(),
-            put_backs=self._catch_up,
+            mover=self._catch_up,
         )
         self._report(added)
         self.keep(added.kept)

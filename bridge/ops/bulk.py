@@ -162,7 +162,7 @@ def matches(
                     yield Match(shard, offset, due, rec, done)
             if snapshot is not None:
                 live = snapshot.schedules.get(shard, {})
-                yield from _moved_on(config, shard, flt, live, met, named, store.time_ms())
+                yield from _moved_on(reads, shard, flt, live, met, named, store.time_ms())
     finally:
         reads.close()
         store.client.close()
@@ -188,20 +188,24 @@ class _ReadBack:
         ``key_only`` none, and instead the offsets of those whose key has the prefix."""
         if not refs or not self.needed:
             return {}, set()
-        if self.reader is None:
-            from confluent_kafka import Consumer
-
-            from bridge.readback import Reader
-
-            self.reader = Reader(Consumer({**read_back_settings(self.config), "log_level": 0}))
         wanted = sorted(refs)
-        got = self.reader.read(shard, [o for o, _ in wanted])
+        got = self.consumer().read(shard, [o for o, _ in wanted])
         if self.key_only:
             prefix = self.prefix
             return {}, {
                 o for o, m in got.items() if m is not None and (m.key() or b"").startswith(prefix)
             }
         return _parsed(self.rules, shard, wanted, got, now_ms), set()
+
+    def consumer(self) -> Reader:
+        """The reader the pages and the schedules that moved on are read with, made once."""
+        if self.reader is None:
+            from confluent_kafka import Consumer
+
+            from bridge.readback import Reader
+
+            self.reader = Reader(Consumer({**read_back_settings(self.config), "log_level": 0}))
+        return self.reader
 
     def close(self) -> None:
         if self.reader is not None:
@@ -229,7 +233,7 @@ def _parsed(
 
 
 def _moved_on(
-    config: Config,
+    reads: _ReadBack,
     shard: Shard,
     flt: Filter,
     live: Mapping[str, int],
@@ -240,15 +244,15 @@ def _moved_on(
     """The schedules ``live`` in ``shard`` at the snapshot that its scan did not meet (neither
     the record each was at, in ``met``, nor its delay-id, in ``named``): their occurrence was in
     flight, or they moved on to a record stored after the snapshot (or, with due bounds, they
-    wait outside them). A schedule's target, key and
-    payload are the same whichever record carries it, so each is matched by the record it was at,
-    read in the delay topic; its cancel names its delay-id and ends it wherever it is now
+    wait outside them). A schedule's target, key and payload are the same whichever record
+    carries it, so each is matched by the record it was at, read in the delay topic (by the
+    consumer of ``reads``); its cancel names its delay-id and ends it wherever it is now
     (:func:`cancel_of`). One whose record is gone from the delay topic is not matched (the
     schedule outlives retention on a record the bridge writes again: the live one is recent)."""
     wanted = {at: sid for sid, at in live.items() if at not in met and sid not in named}
     if not wanted:
         return
-    for record in records_at(config, shard, sorted(wanted), now_ms):
+    for record in records_at(reads.config, shard, sorted(wanted), now_ms, reads.consumer()):
         if (
             record.recurring
             and record.delay_id == wanted[record.offset]

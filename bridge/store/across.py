@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from bridge.message import (
     H_DUE_AT,
@@ -57,15 +57,6 @@ Hits = dict[bytes, tuple[Shard, "Scheduled | Cancel", int, str]]
 LOOKS = 3  # looks by the id index at most, while a schedule found is carried on meanwhile
 
 
-class PutBacks(Protocol):
-    """Where the mover put claimed records back (bridge.catchup.CatchUp): a mark before add.lua
-    runs, then the shards put back in since it, once the claims begun by then have ended."""
-
-    def put_backs_mark(self) -> int: ...
-
-    def put_back_since(self, mark: int) -> Collection[Shard]: ...
-
-
 class Elsewhere(NamedTuple):
     """What :func:`withdraw_elsewhere` did: for the (shard, offset, delay-id) of each cancel or
     replacement that withdrew records, where they were (:data:`FoundAt`); the other partitions
@@ -81,7 +72,7 @@ class Elsewhere(NamedTuple):
     ended: Mapping[Asked, tuple[Found, ...]] = MappingProxyType({})
 
 
-class _Did(NamedTuple):
+class Did(NamedTuple):
     """What withdraw.lua did for a look: :attr:`Elsewhere.found` and :attr:`Elsewhere.ended`, and
     the cancels and replacements that found a schedule carried on since they looked."""
 
@@ -111,7 +102,7 @@ def withdraw_elsewhere(
     # A schedule its owner (another replica) carried on between the look and the withdrawal is
     # looked for again where it is now, a few times at most.
     for _ in range(LOOKS):
-        did = _look(scripts, keys, looking, partitions, confirm, unstored, rereading)
+        did = look(scripts, keys, looking, partitions, confirm, unstored, rereading)
         _join(found_at, did.found)
         _join(ended, did.ended)
         looking = [(s, r) for s, r in looking if (s, r.offset, r.delay_id) in did.moved]
@@ -125,54 +116,13 @@ def withdraw_elsewhere(
     return Elsewhere(found_at, frozenset(unstored), frozenset(rereading), ended)
 
 
-def withdraw_here(
-    scripts: Scripts,
-    keys: Keys,
-    cancels: Sequence[tuple[Shard, Scheduled | Cancel]],
-    *,
-    confirm: Confirm,
-) -> FoundAt:
-    """Withdraw what ``cancels`` and replacements, which found nothing anywhere but a record with
-    their id in flight, name in their own partition after all: a record the mover had claimed
-    when add.lua ran, and then put back (:meth:`bridge.catchup.CatchUp.past`: the ingress had not
-    said the partition was read), waits again — in flight when the cancel looked, it was not past
-    cancel. Looked for by the id index, its delay-id and timestamp read in the delay topic as
-    across partitions (stamped no later than the cancel); a record in flight again, or
-    delivered, stays where it is."""
-    by_shard: dict[Shard, list[tuple[Shard, Scheduled | Cancel]]] = {}
-    for shard, cancel in cancels:
-        by_shard.setdefault(shard, []).append((shard, cancel))
-    asked = list(by_shard.items())
-    return _look(scripts, keys, cancels, {}, confirm, set(), set(), asked).found
-
-
-def withdraw_put_back(
-    scripts: Scripts,
-    keys: Keys,
-    missed: Sequence[tuple[Shard, Scheduled | Cancel]],
-    flew: Collection[tuple[Shard, int, str]],
-    put_backs: PutBacks,
-    mark: int,
-    confirm: Confirm,
-) -> FoundAt:
-    """What those of the ``missed`` cancels and replacements that met their record in flight
-    (``flew``) withdraw in their own shard, where the mover put records back since ``mark``:
-    see :func:`withdraw_here`."""
-    met = [(s, r) for s, r in missed if (s, r.offset, r.delay_id) in flew]
-    if not met:
-        return {}
-    shards = put_backs.put_back_since(mark)
-    here = [(s, r) for s, r in met if s in shards]
-    return withdraw_here(scripts, keys, here, confirm=confirm) if here else {}
-
-
 def _join(found_at: FoundAt, more: Mapping[Asked, tuple[Found, ...]]) -> None:
     """Add to ``found_at`` what a further look found."""
     for key, found in more.items():
         found_at[key] = found_at.get(key, ()) + found
 
 
-def _look(
+def look(
     scripts: Scripts,
     keys: Keys,
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
@@ -181,14 +131,14 @@ def _look(
     unstored: set[Shard],
     rereading: set[Shard],
     asked: Sequence[tuple[Shard, list[tuple[Shard, Scheduled | Cancel]]]] | None = None,
-) -> _Did:
+) -> Did:
     """One look by the id index in the other partitions (or where ``asked`` says: each
     partition with what to look for there), adding to ``unstored`` and ``rereading``
     (:class:`Elsewhere`)."""
     if asked is None:
         asked = _elsewhere(unmatched, partitions)
     if not asked:
-        return _Did({}, {}, set())
+        return Did({}, {}, set())
     lookups = [
         (
             CANDIDATES.keys(keys.of(there)),
@@ -214,7 +164,7 @@ def _look(
                 if delay_id == r.delay_id and stamped <= r.timestamp_ms and not mine:
                     hits.setdefault(offset_bytes(offset), (s, r, due, ""))
         planned.append((there, hits))
-    return _withdraw(scripts, keys, planned)
+    return withdraw_hits(scripts, keys, planned)
 
 
 def _elsewhere(
@@ -240,7 +190,7 @@ def _withdraw_origins(
     unmatched: Sequence[tuple[Shard, Scheduled | Cancel]],
     partitions: Mapping[str, int],
     schedules: Schedules,
-) -> _Did:
+) -> Did:
     """What :func:`withdraw_elsewhere` withdraws for the cancels and replacements that name a
     default delay-id of another partition (not in its id index): the record at that offset, read
     once in the delay topic for its due time, delay-id and timestamp (stamped no later than the
@@ -266,10 +216,10 @@ def _withdraw_origins(
         planned.append((there, hits))
     # A record named by its default id ends its schedule only while waiting or in flight, as
     # in its own partition (add.lua): one whose schedule moved on since is not looked for again.
-    return _withdraw(scripts, keys, planned)
+    return withdraw_hits(scripts, keys, planned)
 
 
-def _withdraw(scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]]) -> _Did:
+def withdraw_hits(scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]]) -> Did:
     """withdraw.lua for each partition's ``planned`` hits, in one round trip."""
     calls: list[tuple[list[str], list[Any]]] = []
     done: list[tuple[Shard, Hits]] = []
@@ -292,7 +242,7 @@ def _withdraw(scripts: Scripts, keys: Keys, planned: Sequence[tuple[Shard, Hits]
         for offset in did.moved:
             s, r, _, _ = hits[offset]
             moved.add((s, r.offset, r.delay_id))
-    return _Did(found_at, ended, moved - set(found_at) - set(ended))
+    return Did(found_at, ended, moved - set(found_at) - set(ended))
 
 
 def replaced_exactly(shard: Shard, record: Scheduled | Cancel) -> int | None:

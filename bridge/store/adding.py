@@ -15,13 +15,11 @@ from bridge.store.across import (
     Found,
     FoundAt,
     Named,
-    PutBacks,
     default_id_wheres,
     named_by_default,
     references_named,
     replaced_exactly,
     withdraw_elsewhere,
-    withdraw_put_back,
 )
 from bridge.store.calls import (
     AddEntries,
@@ -32,6 +30,7 @@ from bridge.store.calls import (
     add_argv,
     add_flags,
 )
+from bridge.store.flight import InFlight, withdraw_in_flight
 from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
@@ -202,10 +201,10 @@ def _add(
     schedules: Schedules,
     keep: Keep,
     reread: Mapping[Shard, int],
-    put_backs: PutBacks | None,
+    mover: InFlight | None,
 ) -> Added:
     """One round of :func:`add`: a call per shard."""
-    mark = put_backs.put_backs_mark() if put_backs is not None else 0  # before add.lua runs
+    mark = mover.put_backs_mark() if mover is not None else 0  # before add.lua runs
     shards = list(batches)
     vouched: dict[Shard, dict[int, str]] = {s: {} for s in shards}
     locate: dict[Shard, set[int]] = {s: set() for s in shards}
@@ -278,11 +277,8 @@ def _add(
     found = elsewhere.found
     withdrawn += _across(unmatched, elsewhere.ended)
     missed = _missed(unmatched, found)
-    if flew and put_backs is not None:
-        found = {
-            **found,
-            **withdraw_put_back(scripts, keys, missed, flew, put_backs, mark, confirm),
-        }
+    if flew and mover is not None:
+        found = {**found, **withdraw_in_flight(scripts, keys, missed, flew, mover, mark, confirm)}
         missed = _missed(missed, found)
     waiting = keep(sorted({s for s, _ in missed}), elsewhere) if missed else frozenset()
     kept = tuple((s, r) for s, r in missed if s in waiting)

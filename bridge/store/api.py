@@ -15,7 +15,6 @@ import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
-from bridge.store.across import PutBacks
 from bridge.store.adding import Keep, keep_none, look_again
 from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
@@ -29,6 +28,7 @@ from bridge.store.calls import (
     take_over_argv,
     unclaim_argv,
 )
+from bridge.store.flight import InFlight
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import (
@@ -142,7 +142,7 @@ class Store:
         schedules: Schedules = undated,
         keep: Keep = keep_none,
         reread: Mapping[Shard, int] | None = None,
-        put_backs: PutBacks | None = None,
+        mover: InFlight | None = None,
     ) -> Added:
         """Store records per shard and move each shard's watermark to the batch's high offset.
 
@@ -163,8 +163,8 @@ class Store:
         that finds nothing in a shard ``reread`` names (read again after Redis lost its state,
         up to the offset given, which Redis keeps) ends a schedule of that id the registry has
         no word of. A cancel or a replacement that finds nothing anywhere but a record with its
-        id in flight looks in its own shard again where ``put_backs`` says the mover put records
-        back meanwhile (see :func:`bridge.store.across.withdraw_here`).
+        id in flight looks in its own shard again for what ``mover`` put back meanwhile or, by a
+        default id, takes back of what it claimed ahead (:mod:`bridge.store.flight`).
         """
         return add_batches(
             self.scripts,
@@ -179,7 +179,7 @@ class Store:
             schedules=schedules,
             keep=keep,
             reread=reread or {},
-            put_backs=put_backs,
+            mover=mover,
         )
 
     def look_again(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
@@ -211,3 +212,33 @@ def test_a_shard_said_at_its_end_is_trusted_only_for_records_due_within_the_marg
 def test_a_catch_up_the_ingress_never_spoke_to_trusts_every_shard() -> None:
     """A mover without an ingress (a test's, a tool's): no saying to wait for."""
     assert CatchUp(Clock()).past([claimed(1, T0 + 60_000, "job-1")], (), NOW) == []
+
+
+def test_a_take_back_holds_the_shard_until_it_is_said_done_and_gives_what_the_mover_answered() -> (
+    None
+):
+    catch_up = CatchUp()
+    shard = Shard("delay", 0)
+    woken: list[bool] = []
+
+    def mover() -> None:  # what the mover's turn does when woken
+        for ask in catch_up.asked_back():
+            woken.append(catch_up.horizons() == {shard: -1})  # nothing new claimed meanwhile
+            ask.answer({o: 5_000 for o in ask.offsets if o != 9})
+
+    catch_up.wake = lambda: threading.Thread(target=mover).start()
+    assert catch_up.take_back(shard, [7, 9]) == {7: 5_000}
+    assert catch_up.horizons() == {shard: -1}
+    catch_up.taken_back(shard)
+    assert catch_up.horizons() == {}
+    assert woken == [True]
+    assert catch_up.asked_back() == []
+
+
+def test_a_take_back_the_mover_does_not_answer_in_time_takes_nothing_back() -> None:
+    catch_up = CatchUp()
+    shard = Shard("delay", 0)
+    assert catch_up.take_back(shard, [7], timeout_s=0.05) == {}
+    assert catch_up.asked_back() == []  # withdrawn: a late turn does not take it back
+    catch_up.taken_back(shard)
+    assert catch_up.horizons() == {}

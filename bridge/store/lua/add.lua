@@ -123,8 +123,8 @@ Returns: {0, records added, replaced, cancelled, cancels that found nothing (and
           the batch (the entry's, from 0: a record with several cancels is an entry each, at
           one offset) of each cancel that found nothing and each record with a caller-given id
           that replaced nothing here (the caller looks for theirs in the topic's other
-          partitions; -1 - the place where a record with its id was in flight: claimed, and
-          perhaps put back since), E, then E pairs for the records carrying a schedule on that were not
+          partitions; -1 - the place where a record with its id, or the one its default id
+          names, was in flight: claimed, and perhaps put back or claimed ahead and not sent), E, then E pairs for the records carrying a schedule on that were not
           stored (see ARGV[9 + 2V + 3W + T]): the place in the batch, and the offset of what
           ended the schedule, "-" first when it was a cancel or a one-shot record, then quadruples for each record withdrawn: its offset (8 bytes), its due
           ms (-1: a reference), the place of the cancel or replacement that withdrew it and, when
@@ -611,7 +611,7 @@ for i = first, #ARGV, 5 do
         cancelled = cancelled + 1
       else
         missing = missing + 1
-        unmatch(i, place, flew)
+        unmatch(i, place, flew or flight)
       end
       if registry_any and id ~= '' and registry(id) then
         journal_end(id, done and offset, place)
@@ -689,7 +689,7 @@ for i = first, #ARGV, 5 do
           withdrew(offset, at, place, by_default, took)
           replaced = replaced + 1
         else
-          unmatch(i, place, flew)
+          unmatch(i, place, flew or (flight and not exact))
         end
         if #member == REFERENCE then
           refer(score, member)
