@@ -118,10 +118,11 @@ class CatchUp:
         self._ended = 0
         self._put_backs = 0
         self._put_back_at: dict[Shard, int] = {}
-        # Records claimed ahead the ingress asks the mover to take back (:meth:`take_back`), and
-        # how the mover is woken to do it (set by the mover).
+        # Records claimed ahead the ingress asks the mover to take back (:meth:`take_back`), how
+        # the mover is woken to do it, and whether it holds any such record (set by the mover).
         self._asks: list[TakeBack] = []
         self.wake: Callable[[], None] = lambda: None
+        self.holds: Callable[[Shard, Collection[int]], bool] = lambda shard, offsets: False
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
@@ -164,7 +165,13 @@ class CatchUp:
         has not produced yet back among the waiting ones, holding the shard's claims until
         :meth:`taken_back`: a cancel or replacement of a default id that met its record in
         flight withdraws it then. Returns the due ms of each record taken back (within
-        ``timeout_s``: none after it)."""
+        ``timeout_s``: none after it). Asked only while a claim is on its way (what it claimed
+        is not held yet) or the mover holds one of them: a cancel met its record in flight after
+        it was produced most often, and need not wait for the mover's turn to learn so."""
+        with self._claims:
+            claiming = self._begun > self._ended  # first: a claim begun later is not of theirs
+        if not claiming and not self.holds(shard, offsets):
+            return {}
         self.hold(shard, True, TAKING_BACK)
         ask = TakeBack(shard, frozenset(offsets))
         with self._claims:

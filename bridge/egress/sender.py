@@ -14,7 +14,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 
 from bridge.catchup import TakeBack
 from bridge.config import EgressConfig
@@ -194,6 +194,13 @@ class Sender:
                 dues = self._put_back(self._take_out(_named_by(ask)))
             finally:
                 ask.answer(dues)
+
+    def holds(self, shard: Shard, offsets: Collection[int]) -> bool:
+        """Whether a record of ``shard`` at one of ``offsets`` is held (claimed ahead, not
+        produced yet)."""
+        named = _named_by(TakeBack(shard, frozenset(offsets)))
+        with self._lock:
+            return any(named(ident) for _, ident in self._held)
 
     def _put_back(self, taken: Sequence[Ident]) -> dict[int, int]:
         """Records ``taken`` out of those held go back among the waiting ones, as if never
