@@ -185,13 +185,9 @@ class CatchUp:
         return {}
 
     def taken_back(self, shard: Shard) -> None:
-        """The ingress withdrew what it had taken back in ``shard``: its claims go on (the mover
-        is woken only where :meth:`take_back` held them)."""
-        with self._lock:
-            held = TAKING_BACK in self._held.get(shard, ())
-        if held:
-            self.hold(shard, False, TAKING_BACK)
-            self.wake()
+        """The ingress withdrew what it had taken back in ``shard``: its claims go on."""
+        self.hold(shard, False, TAKING_BACK)
+        self.wake()
 
     def asked_back(self) -> list[TakeBack]:
         """The mover's: the take-backs asked for since it last looked (each to be answered)."""

@@ -191,14 +191,14 @@ class Sender:
         for ask in asks:
             dues: dict[int, int] = {}
             try:
-                dues = self._put_back(self._take_out(_named_by(ask.shard, ask.offsets)))
+                dues = self._put_back(self._take_out(_named_by(ask)))
             finally:
                 ask.answer(dues)
 
     def holds(self, shard: Shard, offsets: Collection[int]) -> bool:
         """Whether a record of ``shard`` at one of ``offsets`` is held (claimed ahead, not
         produced yet)."""
-        named = _named_by(shard, offsets)
+        named = _named_by(TakeBack(shard, frozenset(offsets)))
         with self._lock:
             return any(named(ident) for _, ident in self._held)
 
@@ -257,6 +257,6 @@ class Sender:
         return len(held) - bisect.bisect_right(held, now_ms, key=_DUE)
 
 
-def _named_by(shard: Shard, offsets: Collection[int]) -> Callable[[Ident], bool]:
-    """Whether a record held is one of ``shard`` at one of ``offsets``."""
-    return lambda ident: ident[0] == shard and offset_of(ident[1]) in offsets
+def _named_by(ask: TakeBack) -> Callable[[Ident], bool]:
+    """Whether a record held is one ``ask`` names."""
+    return lambda ident: ident[0] == ask.shard and offset_of(ident[1]) in ask.offsets
