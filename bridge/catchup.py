@@ -64,15 +64,17 @@ TOLD_AGAIN_S = 60.0
 
 
 TAKING_BACK = "take-back"  # why a shard's claims are held while a take-back is withdrawn
+Held = tuple[int, tuple[Shard, bytes]]  # a record claimed ahead: (due ms, (shard, member))
 
 
 @dataclasses.dataclass(eq=False)
 class TakeBack:
-    """Records claimed ahead in ``shard`` at ``offsets`` the ingress asks the mover to take back;
-    ``dues``, the due ms of each it took back (by offset), once it answered (``done``)."""
+    """Records claimed ahead in ``shard`` the ingress took out of those the mover held until due
+    (``taken``) and asks it to put back; ``dues``, the due ms of each it put back (by offset),
+    once it answered (``done``)."""
 
     shard: Shard
-    offsets: frozenset[int]
+    taken: tuple[Held, ...]
     dues: dict[int, int] = dataclasses.field(default_factory=dict)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -119,10 +121,11 @@ class CatchUp:
         self._put_backs = 0
         self._put_back_at: dict[Shard, int] = {}
         # Records claimed ahead the ingress asks the mover to take back (:meth:`take_back`), how
-        # the mover is woken to do it, and whether it holds any such record (set by the mover).
+        # the mover is woken to do it, and how the ingress takes such records out of those it
+        # holds until due (set by the mover).
         self._asks: list[TakeBack] = []
         self.wake: Callable[[], None] = lambda: None
-        self.holds: Callable[[Shard, Collection[int]], bool] = lambda shard, offsets: False
+        self.take_out: Callable[[Shard, Collection[int]], list[Held]] = lambda shard, offsets: []
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
@@ -165,24 +168,23 @@ class CatchUp:
         has not produced yet back among the waiting ones, holding the shard's claims until
         :meth:`taken_back`: a cancel or replacement of a default id that met its record in
         flight withdraws it then. Returns the due ms of each record taken back (within
-        ``timeout_s``: none after it). Asked only while a claim is on its way (what it claimed
-        is not held yet) or the mover holds one of them: a cancel met its record in flight after
-        it was produced most often, and need not wait for the mover's turn to learn so."""
+        ``timeout_s``: none after it). The records are taken out of the mover's hands here, at
+        once (once a claim on its way has ended: what it claimed is held by then), so none is
+        produced from now on, however late the mover's turn comes; the mover is asked only
+        when one was: a cancel met its record in flight after it was produced most often."""
         with self._claims:
-            claiming = self._begun > self._ended  # first: a claim begun later is not of theirs
-        if not claiming and not self.holds(shard, offsets):
+            begun = self._begun
+            self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
+        taken = tuple(self.take_out(shard, offsets))
+        if not taken:
             return {}
         self.hold(shard, True, TAKING_BACK)
-        ask = TakeBack(shard, frozenset(offsets))
+        ask = TakeBack(shard, taken)
         with self._claims:
             self._asks.append(ask)
         self.wake()
-        if ask.done.wait(timeout_s):
-            return ask.dues
-        with self._claims:
-            if ask in self._asks:
-                self._asks.remove(ask)
-        return {}
+        ask.done.wait(timeout_s)  # too late, they are the mover's to put back all the same:
+        return ask.dues  # claimed again once the shard is let go, delivered late, never lost
 
     def taken_back(self, shard: Shard) -> None:
         """The ingress withdrew what it had taken back in ``shard``: its claims go on."""

@@ -122,7 +122,8 @@ class Egress:
             transactions.settings.on_ended = self.taking_over.ended
         self.last_loop = time.monotonic()
         self.turns = Turns("mover")
-        self.catch_up.wake, self.catch_up.holds = self._wake.set, self.sender.holds  # take-backs
+        self.catch_up.wake = self._wake.set  # take-backs
+        self.catch_up.take_out = self.sender.take_out
 
     def add_shards(self, shards: set[Shard]) -> None:
         """Move records of newly assigned partitions once their earlier owner's leases end."""

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Container, Iterable, Sequence
 
-from bridge.catchup import TakeBack
+from bridge.catchup import Held, TakeBack
 from bridge.config import EgressConfig
 from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, by_shard
@@ -58,7 +58,7 @@ class Sender:
         self.send_tick_ms = config.send_tick
         self._every_max_ms = float(max(config.tick, config.send_tick))
         self._every_ms = self._every_max_ms
-        self._held: list[tuple[int, Ident]] = []
+        self._held: list[Held] = []
         self._sent_ms = 0.0  # Redis ms: when held records were last taken
         self._lock = threading.Lock()
         self._sending = threading.Lock()  # from taking records to producing them (send_due)
@@ -180,27 +180,25 @@ class Sender:
     def drop(self, bases: set[Shard]) -> list[Ident]:
         """Take the records held of these partitions out, once no send is in progress; returns
         them (still in flight: the caller forgets them)."""
-        return self._take_out(lambda ident: ident[0].base() in bases)
+        return [ident for _, ident in self._take_out(lambda ident: ident[0].base() in bases)]
 
     def take_back(self, asks: Iterable[TakeBack]) -> None:
-        """Put the records held that ``asks`` name back among the waiting ones (once no send is
-        in progress; those produced already are past cancel), answering each with their due
-        times: a cancel or replacement of a default id read in time withdraws them then
-        (:meth:`bridge.catchup.CatchUp.take_back`). One that Redis does not put back (an error,
-        raised) goes when its lease runs out, claimed again."""
+        """Put the records that ``asks`` took out of those held (:meth:`take_out`) back among
+        the waiting ones, answering each with their due times: a cancel or replacement of a
+        default id read in time withdraws them then (:meth:`bridge.catchup.CatchUp.take_back`).
+        One that Redis does not put back (an error, raised) goes when its lease runs out,
+        claimed again."""
         for ask in asks:
             dues: dict[int, int] = {}
             try:
-                dues = self._put_back(self._take_out(_named_by(ask)))
+                dues = self._put_back([ident for _, ident in ask.taken])
             finally:
                 ask.answer(dues)
 
-    def holds(self, shard: Shard, offsets: Collection[int]) -> bool:
-        """Whether a record of ``shard`` at one of ``offsets`` is held (claimed ahead, not
-        produced yet)."""
-        named = _named_by(TakeBack(shard, frozenset(offsets)))
-        with self._lock:
-            return any(named(ident) for _, ident in self._held)
+    def take_out(self, shard: Shard, offsets: Collection[int]) -> list[Held]:
+        """Take the records of ``shard`` at one of ``offsets`` out of those held (claimed ahead,
+        not produced yet), once no send is in progress: none of them is produced from here on."""
+        return self._take_out(lambda ident: ident[0] == shard and offset_of(ident[1]) in offsets)
 
     def _put_back(self, taken: Sequence[Ident]) -> dict[int, int]:
         """Records ``taken`` out of those held go back among the waiting ones, as if never
@@ -215,9 +213,9 @@ class Sender:
         deliveries.claim_again(members, 0)
         return {offset_of(c.member): c.record.due_ms for c in claims}
 
-    def _take_out(self, which: Callable[[Ident], bool]) -> list[Ident]:
+    def _take_out(self, which: Callable[[Ident], bool]) -> list[Held]:
         with self._sending, self._lock:
-            out = [ident for _, ident in self._held if which(ident)]
+            out = [(d, i) for d, i in self._held if which(i)]
             if out:
                 self._held = [(d, i) for d, i in self._held if not which(i)]
         return out
@@ -255,8 +253,3 @@ class Sender:
         """Records held that are not due by ``now_ms`` (read by the metrics thread)."""
         held = list(self._held)
         return len(held) - bisect.bisect_right(held, now_ms, key=_DUE)
-
-
-def _named_by(ask: TakeBack) -> Callable[[Ident], bool]:
-    """Whether a record held is one ``ask`` names."""
-    return lambda ident: ident[0] == ask.shard and offset_of(ident[1]) in ask.offsets

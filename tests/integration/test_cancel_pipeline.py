@@ -605,19 +605,27 @@ def test_a_cancel_in_the_batch_the_ingress_is_storing_wins_over_its_record_falli
 
 
 @pytest.mark.parametrize(
-    "around", [pytest.param(False, id="alone"), pytest.param(True, id="records-around")]
+    ("around", "late_ms"),
+    [
+        pytest.param(False, 0, id="alone"),
+        pytest.param(True, 0, id="records-around"),
+        pytest.param(True, 400, id="mover-late"),
+    ],
 )
 def test_a_cancel_by_default_id_produced_before_the_margin_wins(
-    setup: Setup, bridges: list[Bridge], around: bool
+    setup: Setup, bridges: list[Bridge], around: bool, late_ms: int
 ) -> None:
     """The default id ``<topic>:<partition>:<offset>`` is an id like any other: a cancel of it
     produced to the record's partition 250 ms before the due time wins (void if flushed later
     than 100 ms before it). Alone, the mover claims the record a quarter of ``egress.ahead``
     (100 ms) before it falls due: the cancel is read before the claim. With records due every 2
     ms around it, the mover claims it up to three quarters of it (300 ms) ahead: the cancel,
-    read after the claim, takes it back from those held until due (CatchUp.take_back)."""
+    read after the claim, takes it back from those held until due (CatchUp.take_back) — even
+    when the mover answers the take-back ``late_ms`` late, past the due time: the ingress took
+    the record out of the sender's hands when it asked."""
     target = setup.targets[0]
-    bridge = _reading_at_its_end(setup, bridges, "500")
+    faults = {"LATE_TAKE_BACK_MS": str(late_ms)} if late_ms else None
+    bridge = _reading_at_its_end(setup, bridges, "500", faults=faults)
     producer = _holding(setup)
 
     def attempt(n: int) -> bool:

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 
 import pytest
 
-from bridge.catchup import FETCH_SLACK_MS, LIVE_MARGIN_MS, STALLED_S, TOLD_AGAIN_S, CatchUp
+from bridge.catchup import (
+    FETCH_SLACK_MS,
+    LIVE_MARGIN_MS,
+    STALLED_S,
+    TOLD_AGAIN_S,
+    CatchUp,
+    Held,
+)
 from bridge.message import Scheduled, origin
 from bridge.store import Claimed, Shard
 from bridge.store.keys import offset_bytes
@@ -214,23 +222,28 @@ def test_a_catch_up_the_ingress_never_spoke_to_trusts_every_shard() -> None:
     assert CatchUp(Clock()).past([claimed(1, T0 + 60_000, "job-1")], (), NOW) == []
 
 
-def test_a_take_back_holds_the_shard_until_it_is_said_done_and_gives_what_the_mover_answered() -> (
+def test_a_take_back_takes_the_records_out_at_once_holds_the_shard_and_gives_what_was_put_back() -> (
     None
 ):
     catch_up = CatchUp()
     shard = Shard("delay", 0)
+    held = {7: (5_000, (shard, offset_bytes(7))), 8: (6_000, (shard, offset_bytes(8)))}
     woken: list[bool] = []
+
+    def take_out(s: Shard, offsets: Collection[int]) -> list[Held]:
+        return [held.pop(o) for o in sorted(offsets) if s == shard and o in held]
 
     def mover() -> None:  # what the mover's turn does when woken
         for ask in catch_up.asked_back():
             woken.append(catch_up.horizons() == {shard: -1})  # nothing new claimed meanwhile
-            ask.answer({o: 5_000 for o in ask.offsets if o != 9})
+            ask.answer({int.from_bytes(m, "big"): due for due, (_, m) in ask.taken})
 
     catch_up.wake = lambda: threading.Thread(target=mover).start()
-    catch_up.holds = lambda s, offsets: s == shard and 7 in offsets
-    assert catch_up.take_back(Shard("delay", 1), [7]) == {}  # not held, no claim on its way
+    catch_up.take_out = take_out
+    assert catch_up.take_back(Shard("delay", 1), [7]) == {}  # not held: nothing to ask
     assert catch_up.horizons() == {} and woken == []
     assert catch_up.take_back(shard, [7, 9]) == {7: 5_000}
+    assert list(held) == [8], "taken out of the mover's hands by the ingress itself"
     assert catch_up.horizons() == {shard: -1}
     catch_up.taken_back(shard)
     assert catch_up.horizons() == {}
@@ -238,12 +251,27 @@ def test_a_take_back_holds_the_shard_until_it_is_said_done_and_gives_what_the_mo
     assert catch_up.asked_back() == []
 
 
-def test_a_take_back_the_mover_does_not_answer_in_time_takes_nothing_back() -> None:
+def test_a_take_back_waits_for_a_claim_on_its_way_and_leaves_the_mover_what_it_took_out() -> None:
     catch_up = CatchUp()
     shard = Shard("delay", 0)
-    with catch_up.claiming():  # what a claim on its way took is not held yet: asked all the same
-        assert catch_up.take_back(shard, [7], timeout_s=0.05) == {}
-        assert catch_up.horizons() == {shard: -1}
-    assert catch_up.asked_back() == []  # withdrawn: a late turn does not take it back
+    held: list[Held] = []
+    began, go = threading.Event(), threading.Event()
+
+    def claim() -> None:  # the mover's: what it claims is held as the claim ends
+        with catch_up.claiming():
+            began.set()
+            go.wait(5)
+            held.append((5_000, (shard, offset_bytes(7))))
+
+    claimer = threading.Thread(target=claim)
+    claimer.start()
+    began.wait(5)
+    catch_up.take_out = lambda s, offsets: [held.pop()] if held else []
+    threading.Timer(0.05, go.set).start()  # while the take-back waits, or before: either holds
+    assert catch_up.take_back(shard, [7], timeout_s=0.2) == {}  # the mover did not answer
+    claimer.join()
+    assert held == [] and catch_up.horizons() == {shard: -1}
+    [ask] = catch_up.asked_back()  # left to the mover, late: put back all the same
+    assert ask.taken == ((5_000, (shard, offset_bytes(7))),)
     catch_up.taken_back(shard)
     assert catch_up.horizons() == {}

@@ -24,7 +24,9 @@ the same way once it took its snapshot, before it looks for what it matches. Wit
 ``HOLD_UNCLAIM_VALUE=V`` (and ``HOLD_DIR=D``), the first put-back of each claimed record of value
 V (bridge.catchup's ``past``) waits, once it made ``D/held``, until the ingress has applied the
 record after it in its partition (five seconds at most): as a mover descheduled between its
-claim and its put-back would."""
+claim and its put-back would. With ``LATE_TAKE_BACK_MS=T``, the mover answers the ingress's
+take-backs (bridge.catchup's ``take_back``) T ms late, as a mover descheduled while a record
+claimed ahead falls due would."""
 
 import os
 from typing import Any
@@ -237,3 +239,20 @@ if _HOLD_UNCLAIM:
         return int(_unclaim(self, claimed, wait))
 
     setattr(api.Store, "unclaim", _unclaim_later)  # noqa: B010
+
+_LATE_TAKE_BACK_MS = float(os.environ.get("LATE_TAKE_BACK_MS", "0"))
+
+if _LATE_TAKE_BACK_MS:
+    import time as take_back_time
+
+    from bridge.egress import sender
+
+    _take_back = sender.Sender.take_back
+
+    def _take_back_late(self: Any, asks: Any) -> None:
+        asks = list(asks)
+        if asks:
+            take_back_time.sleep(_LATE_TAKE_BACK_MS / 1000)
+        _take_back(self, asks)
+
+    setattr(sender.Sender, "take_back", _take_back_late)  # noqa: B010
