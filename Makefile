@@ -69,7 +69,7 @@ docs: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# Two pytests side by side, both of which must pass: BESIDE — four of the harness's own tests
+# Three pytests side by side, all of which must pass. BESIDE: four of the harness's own tests
 # (first, beside the harness's others: these four do not measure Redis's memory; the others'
 # Redis figures, a used_memory delta, move with the tests beside, so they only check a figure was
 # taken), the shipping checks (the chart, hadolint, the image build: no Kafka or Redis), the
@@ -77,12 +77,12 @@ unit: $(STAMP)
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
 # (early is early however busy the machine), a record's identity, the dialects, the recurring
-# schedules, the cancels read beside a rebuild, the quotas and the consumer restarts (their
-# margins are seconds): none checks a time to the millisecond — and every other
-# test on the session's services,
-# the chaos scenarios last (their checks of lateness have margins of seconds: BESIDE's last
-# tests run beside them; the two take about as long). BESIDE's report is printed after the
-# other's (build/test-beside.log).
+# schedules, the quotas and the consumer restarts (their margins are seconds). BESIDE_TOO: the
+# journal, exactly-once delivery and the cancels read beside a rebuild (duplicates and losses).
+# Neither checks a time to the millisecond. The third: every other test on the session's
+# services, the chaos scenarios last (their checks of lateness have margins of seconds: BESIDE's
+# last tests run beside them; the two take about as long). The others' reports are printed after
+# its own (build/test-beside.log, build/test-beside-too.log).
 # PYTEST_ARGS given: one pytest with them.
 BESIDE_BENCH := $(addprefix tests/bench/test_bench.py::test_the_,\
   exactly_once_scenario_runs_both_modes_and_keeps_the_contract \
@@ -94,18 +94,23 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
   tests/integration/test_dialects.py \
   tests/integration/test_recurring.py tests/integration/test_testbed.py \
-  tests/integration/test_recovery.py tests/integration/test_rebuild_cancels.py \
+  tests/integration/test_recovery.py \
   tests/integration/test_quotas.py tests/integration/test_consumer_restart.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
+BESIDE_TOO := tests/integration/test_journal.py tests/integration/test_exactly_once.py \
+  tests/integration/test_rebuild_cancels.py
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
 	if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	$(PY) -m pytest $(BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
+	$(PY) -m pytest $(BESIDE_TOO) > build/test-beside-too.log 2>&1 & too=$$!; \
 	$(PY) -m pytest tests/bench tests/integration tests/chaos \
-	  $(BESIDE_INTEGRATION:%=--ignore=%) $(BESIDE_BENCH:%=--deselect=%); rest=$$?; \
-	wait $$beside; besides=$$?; \
+	  $(BESIDE_INTEGRATION:%=--ignore=%) $(BESIDE_TOO:%=--ignore=%) \
+	  $(BESIDE_BENCH:%=--deselect=%); rest=$$?; \
+	wait $$beside; besides=$$?; wait $$too; toos=$$?; \
 	echo "=== $(BESIDE) (run beside the others) ==="; cat build/test-beside.log; \
-	[ $$rest -eq 0 ] && [ $$besides -eq 0 ]
+	echo "=== $(BESIDE_TOO) (run beside the others) ==="; cat build/test-beside-too.log; \
+	[ $$rest -eq 0 ] && [ $$besides -eq 0 ] && [ $$toos -eq 0 ]
 
 # The full chaos scenarios on a Kafka and Redis of their own (127.0.0.1:19192 / :16479; the broker
 # scenarios on a three-broker cluster, 19292-19294); prints
