@@ -76,9 +76,10 @@ unit: $(STAMP)
 # three-broker cluster's tests (a Kafka and Redis of their own), the unit tests, the store's
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
-# (early is early however busy the machine), a record's identity, the dialects, the recurring
-# schedules, the quotas and the consumer restarts (their margins are seconds). BESIDE_TOO: the
-# journal, exactly-once delivery and the cancels read beside a rebuild (duplicates and losses).
+# (early is early however busy the machine), a record's identity, the dialects, the quotas and
+# the consumer restarts (their margins are seconds). BESIDE_TOO: the journal, exactly-once
+# delivery, the cancels read beside a rebuild and the recurring schedules (duplicates, losses,
+# missed occurrences; margins of seconds).
 # Neither checks a time to the millisecond. The third: every other test on the session's
 # services, the chaos scenarios last (their checks of lateness have margins of seconds: BESIDE's
 # last tests run beside them; the two take about as long). The others' reports are printed after
@@ -93,12 +94,12 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_ops.py tests/integration/test_redis_modes.py tests/integration/test_hostile.py \
   tests/integration/test_clock_steps.py tests/integration/test_identity.py \
   tests/integration/test_dialects.py \
-  tests/integration/test_recurring.py tests/integration/test_testbed.py \
+  tests/integration/test_testbed.py \
   tests/integration/test_recovery.py \
   tests/integration/test_quotas.py tests/integration/test_consumer_restart.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 BESIDE_TOO := tests/integration/test_journal.py tests/integration/test_exactly_once.py \
-  tests/integration/test_rebuild_cancels.py
+  tests/integration/test_rebuild_cancels.py tests/integration/test_recurring.py
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
 	if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
