@@ -34,14 +34,13 @@ included, is unread.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
+from bridge.claiming import Claiming
 from bridge.store import Claimed, Shard, shard_names
 
 logger = logging.getLogger(__name__)
@@ -55,40 +54,17 @@ FETCH_SLACK_MS = 20
 # timeout) and between the slices of a hold: well within LIVE_MARGIN_MS - FETCH_SLACK_MS.
 SAY_EVERY_S = 0.05
 STALLED_S = 2.0  # a read position that has not moved this long while behind holds nothing
-# How long a cancel that met its record in flight waits for the mover's claims begun meanwhile to
-# end (each puts back what it does not produce yet) before it looks for it again.
-CLAIMS_END_S = 1.0
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
 
 
-TAKING_BACK = "take-back"  # why a shard's claims are held while a take-back is withdrawn
-Held = tuple[int, tuple[Shard, bytes]]  # a record claimed ahead: (due ms, (shard, member))
-
-
-@dataclasses.dataclass(eq=False)
-class TakeBack:
-    """Records claimed ahead in ``shard`` the ingress took out of those the mover held until due
-    (``taken``) and asks it to put back; ``dues``, the due ms of each it put back (by offset),
-    once it answered (``done``)."""
-
-    shard: Shard
-    taken: tuple[Held, ...]
-    dues: dict[int, int] = dataclasses.field(default_factory=dict)
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
-
-    def answer(self, dues: Mapping[int, int]) -> None:
-        """The mover took back the records due at ``dues`` (by offset)."""
-        self.dues = dict(dues)
-        self.done.set()
-
-
-class CatchUp:
+class CatchUp(Claiming):
     """Shards being read behind their end offset, and how far they are read (thread-safe:
-    the ingress writes, the mover reads)."""
+    the ingress writes, the mover reads); and the mover's claims as the ingress sees them."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self._ends: dict[Shard, int] = {}
         self._again: set[Shard] = set()  # of those, read again after Redis lost their state
         self._horizons: dict[Shard, int] = {}
@@ -113,91 +89,6 @@ class CatchUp:
         self.marks: dict[Shard, int] = {}
         self._clock = clock
         self._lock = threading.Lock()
-        # The mover's claims begun and ended, their put-backs done (:meth:`claiming`), and the
-        # put-backs: how many so far, and the count at each shard's last.
-        self._claims = threading.Condition()
-        self._begun = 0
-        self._ended = 0
-        self._put_backs = 0
-        self._put_back_at: dict[Shard, int] = {}
-        # Records claimed ahead the ingress asks the mover to take back (:meth:`take_back`), how
-        # the mover is woken to do it, and how the ingress takes such records out of those it
-        # holds until due (set by the mover).
-        self._asks: list[TakeBack] = []
-        self.wake: Callable[[], None] = lambda: None
-        self.take_out: Callable[[Shard, Collection[int]], list[Held]] = lambda shard, offsets: []
-
-    @contextlib.contextmanager
-    def claiming(self) -> Iterator[None]:
-        """The mover claims, and puts back what it does not produce yet (:meth:`past`, a
-        target's rate), within this, saying which shards it put back in (:meth:`put_back`): a
-        cancel or a replacement the ingress applied meanwhile found such a record in flight, and
-        looks for it again (:meth:`put_back_since`)."""
-        with self._claims:
-            self._begun += 1
-        try:
-            yield
-        finally:
-            with self._claims:
-                self._ended += 1
-                self._claims.notify_all()
-
-    def put_back(self, shards: Iterable[Shard]) -> None:
-        """The mover put claimed records of ``shards`` back among the waiting ones."""
-        with self._claims:
-            self._put_backs += 1
-            self._put_back_at.update(dict.fromkeys(shards, self._put_backs))
-
-    def put_backs_mark(self) -> int:
-        """Where the put-backs are now: what :meth:`put_back_since` is given."""
-        with self._claims:
-            return self._put_backs
-
-    def put_back_since(self, mark: int, timeout_s: float = CLAIMS_END_S) -> frozenset[Shard]:
-        """The shards the mover put records back in since ``mark`` (:meth:`put_backs_mark`),
-        once every claim it has begun by now has ended (``timeout_s`` at most)."""
-        with self._claims:
-            begun = self._begun
-            self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
-            return frozenset(s for s, at in self._put_back_at.items() if at > mark)
-
-    def take_back(
-        self, shard: Shard, offsets: Collection[int], timeout_s: float = CLAIMS_END_S
-    ) -> dict[int, int]:
-        """Have the mover take the records of ``shard`` at ``offsets`` that it claimed ahead and
-        has not produced yet back among the waiting ones, holding the shard's claims until
-        :meth:`taken_back`: a cancel or replacement of a default id that met its record in
-        flight withdraws it then. Returns the due ms of each record taken back (within
-        ``timeout_s``: none after it). The records are taken out of the mover's hands here, at
-        once (once a claim on its way has ended: what it claimed is held by then), so none is
-        produced from now on, however late the mover's turn comes; the mover is asked only
-        when one was: a cancel met its record in flight after it was produced most often."""
-        with self._claims:
-            begun = self._begun
-            self._claims.wait_for(lambda: self._ended >= begun, timeout_s)
-        taken = tuple(self.take_out(shard, offsets))
-        if not taken:
-            return {}
-        self.hold(shard, True, TAKING_BACK)
-        ask = TakeBack(shard, taken)
-        with self._claims:
-            self._asks.append(ask)
-        self.wake()
-        ask.done.wait(timeout_s)  # too late, they are the mover's to put back all the same:
-        return ask.dues  # claimed again once the shard is let go, delivered late, never lost
-
-    def taken_back(self, shard: Shard) -> None:
-        """The ingress withdrew what it had taken back in ``shard``: its claims go on."""
-        self.hold(shard, False, TAKING_BACK)
-        self.wake()
-
-    def asked_back(self) -> list[TakeBack]:
-        """The mover's: the take-backs asked for since it last looked (each to be answered)."""
-        if not self._asks:  # read without the lock: one look per turn
-            return []
-        with self._claims:
-            asks, self._asks = self._asks, []
-        return asks
 
     def start(self, shard: Shard, position: int, end: int, *, again: bool = False) -> None:
         """The ingress reads ``shard`` from offset ``position`` and the partition ends at

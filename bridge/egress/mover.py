@@ -199,13 +199,13 @@ class Egress:
         shards = self.plan.to_claim(self.taking_over.claimable(self.owned), now.ms)
         self._starved = bool(shards) and limited and room <= 0
         claimed = 0
-        if shards and room > 0:
-            with self.catch_up.claiming():
+        with self.catch_up.claiming():
+            if shards and room > 0:
                 claimed = self._claim(shards, room, now, limited)
-        else:
-            self.deliveries.ack()
-        if self.targets.waiting and room > claimed:
-            claimed += self._claim_waiting(now, room - claimed)
+            else:
+                self.deliveries.ack()
+            if self.targets.waiting and room > claimed:
+                claimed += self._claim_waiting(now, room - claimed)
         self.deliveries.poll(0)
         self.turns.mark("producing claimed records")
         return claimed
@@ -241,7 +241,7 @@ class Egress:
         )
         put_back |= self.targets.hold(claimed, self.deliveries.in_flight, put_back)
         if put_back:
-            self.catch_up.put_back({s for s, _ in put_back})
+            self.catch_up.put_back(claimed, put_back)
         if self.rate is not None:
             self.rate.count(claimed, self.metrics if limited else None, put_back)
         self.sender.dispatch(claimed, put_back, backlog)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Container, Iterable, Sequence
 
-from bridge.catchup import Held, TakeBack
+from bridge.claiming import Held, TakeBack
 from bridge.config import EgressConfig
 from bridge.egress.committed import Committed
 from bridge.egress.failures import Ident, by_shard

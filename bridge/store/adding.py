@@ -181,7 +181,11 @@ def add(
     for each in rounds(batches):
         lost = {} if total is None else total.lost
         calls = {s: c for s, c in each.items() if s not in lost}
-        added = _add(scripts, keys, inventory, calls, marks, **how)
+        try:
+            added = _add(scripts, keys, inventory, calls, marks, **how)
+        finally:
+            if how.get("mover") is not None:
+                how["mover"].put_backs_unmark()
         marks |= {s: high for s, (high, _) in calls.items() if s not in added.lost}
         total = added if total is None else total.plus(added)
     return total if total is not None else Added(0, {})

@@ -3,10 +3,12 @@
 add.lua says which of the cancels and replacements that found nothing anywhere met a record with
 their id in flight (:attr:`bridge.store.calls.AddReply.in_flight`). Two such flights end with the
 record waiting again, unproduced, and the cancel is not late: the mover put it back (a claim the
-ingress had not said its partition was read for: :meth:`bridge.catchup.CatchUp.past`), or it was
-claimed ahead by its default id and is held in memory until its due time, which a cancel read in
-time takes back (:meth:`bridge.catchup.CatchUp.take_back`). Either way the record is then
-withdrawn in the cancel's own partition, as if it had waited when add.lua ran.
+ingress had not said its partition was read for: :meth:`bridge.catchup.CatchUp.past`; a record
+beyond its target's rate, into the target's wait index), or it was claimed ahead and is held in
+memory until its due time, which a cancel read in time takes back
+(:meth:`bridge.catchup.CatchUp.take_back`). Either way the record is then withdrawn in the
+cancel's own partition, as if it had waited when add.lua ran: by the id index, or, named by its
+default id, at the due time the put-back or the take-back gives.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from bridge.store.scripts import Scripts
 
 class InFlight(Protocol):
     """What the mover did with claimed records (bridge.catchup.CatchUp): a mark before add.lua
-    runs, then the shards it put records back in since it, once the claims begun by then have
-    ended; and records claimed ahead taken back on asking, their shard held until said."""
+    runs (unmarked once add.lua's answer is looked into), then the shards it put records back
+    in since it, once the claims begun by then have ended; and, by offset, records claimed ahead
+    taken back on asking or put back since the mark, their shard held until said."""
 
     def put_backs_mark(self) -> int: ...
+
+    def put_backs_unmark(self) -> None: ...
 
     def put_back_since(self, mark: int) -> Collection[Shard]: ...
 
@@ -86,8 +91,9 @@ def _withdraw_taken_back(
 ) -> FoundAt:
     """Withdraw the records that ``met`` cancels and replacements name by a default id of their
     own shard (``<topic>:<partition>:<offset>``, not in the id index) and that the mover claimed
-    ahead and takes back (not produced yet: held until due). The shard's claims are held from
-    the asking until the withdrawal is done, so a record taken back is not claimed again first."""
+    ahead and takes back (not produced yet: held until due), or put back since the mark (into
+    the due index or a target's wait index). The shard's claims are held from the asking until
+    the withdrawal is done, so a record taken or put back is not claimed again first."""
     named: dict[Shard, dict[int, tuple[Shard, Scheduled | Cancel]]] = {}
     for s, r in met:
         parts = parse_origin(r.delay_id)

@@ -466,11 +466,18 @@ def _reading_at_its_end(
     batch_size: str,
     ahead_ms: int = 0,
     faults: dict[str, str] | None = None,
+    yaml: str = "",
+    **settings: str,
 ) -> Bridge:
-    """A bridge started with ``ingress.batch_size`` (its own clock ``ahead_ms`` ahead; the test
-    fault hooks ``faults`` set), its partitions assigned and read at their end: ready, or naming
+    """A bridge started with ``ingress.batch_size`` and ``settings`` (its own clock ``ahead_ms``
+    ahead; the test fault hooks ``faults`` set; ``yaml``: a configuration file's text, for what
+    the environment cannot set), its partitions assigned and read at their end: ready, or naming
     the skew of its clock."""
-    bridge = setup.bridge(ingress__batch_size=batch_size)
+    bridge = setup.bridge(ingress__batch_size=batch_size, **settings)
+    if yaml:
+        config = setup.tmp / "bridge.yaml"
+        config.write_text(yaml)
+        bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
     if ahead_ms:
         bridge.env.update(CLOCK_SHIFT_MS=str(ahead_ms), PYTHONPATH=str(PYTHON_SHIFT))
     if faults:
@@ -656,6 +663,61 @@ def test_a_cancel_by_default_id_produced_before_the_margin_wins(
         assert producer.flush(30) == 0
         in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
         got = setup.await_value(marker, 60, "the marker")
+        return _withdrawn(bridge, got, n, due_ms, in_time, before)
+
+    _in_time(attempt)
+
+
+def test_a_cancel_by_default_id_meeting_its_record_on_its_way_to_its_targets_rate_wins(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record of a rate-limited target (``egress.max_rate_per_target``: one a second), named
+    by its default id, claimed ahead (``egress.ahead`` 1 s: 250 ms before due) just after
+    another record of that target took the second's token: the mover puts it into the target's
+    wait index — and is descheduled between the claim and the put-back (a fault hook holds the
+    put-back until the ingress has applied the record after it), while the ingress applies the
+    record's cancel, produced 200 ms before the due time: the record is in flight then, in the
+    wait index a moment later, held by no sender. The cancel still wins."""
+    slow, other = setup.targets
+    hold = setup.tmp / "hold"
+    hold.mkdir()
+    faults = {"HOLD_UNCLAIM_VALUE": "held", "HOLD_UNCLAIM_WAIT": "1", "HOLD_DIR": str(hold)}
+    yaml = f"egress:\n  max_rate_per_target: {{{slow}: 1}}\n"
+    bridge = _reading_at_its_end(
+        setup, bridges, "500", faults=faults, yaml=yaml, egress__ahead="1s"
+    )
+    producer = _holding(setup)
+
+    def attempt(n: int) -> bool:
+        (hold / "held").unlink(missing_ok=True)
+        due_ms = int(time.time() * 1000) + 3000
+        before = _cancels(bridge)
+        coords = produce_all(
+            setup.services.bootstrap,
+            setup.delay,
+            [
+                (b"k", b"first", delay_headers(slow, at=due_ms - 700)),  # the second's token
+                (b"k", b"held", delay_headers(slow, at=due_ms)),
+            ],
+        )
+        partition, offset = coords[1]
+        wait_for(lambda: time.time() * 1000 >= due_ms - 200, 10, "200 ms before the due time")
+        marker = f"marker-{n}".encode()
+        cancel = wire_headers([*cancel_headers(f"{setup.delay}:{partition}:{offset}")])
+        producer.produce(setup.delay, b"", b"k", partition=partition, headers=cancel)
+        at = wire_headers([*delay_headers(other, at=due_ms + 1500)])
+        producer.produce(setup.delay, marker, b"k", partition=partition, headers=at)
+        assert producer.flush(30) == 0
+        in_time = time.time() * 1000 < due_ms - 100  # else void: the cancel may lose
+        got = setup.await_value(marker, 60, "the marker")
+        if not in_time or not (hold / "held").exists():  # void: late, or not put back in flight
+            return False
+        delivered = setup.collector()
+        try:
+            delivered.poll(2.0)  # from the wait index at a record a second, by now
+        finally:
+            delivered.close()
+        assert b"held" not in [r.value for r in [*got, *delivered.records]], "delivered"
         return _withdrawn(bridge, got, n, due_ms, in_time, before)
 
     _in_time(attempt)

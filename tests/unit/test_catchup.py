@@ -14,8 +14,8 @@ from bridge.catchup import (
     STALLED_S,
     TOLD_AGAIN_S,
     CatchUp,
-    Held,
 )
+from bridge.claiming import Held
 from bridge.message import Scheduled, origin
 from bridge.store import Claimed, Shard
 from bridge.store.keys import offset_bytes
@@ -240,8 +240,10 @@ def test_a_take_back_takes_the_records_out_at_once_holds_the_shard_and_gives_wha
 
     catch_up.wake = lambda: threading.Thread(target=mover).start()
     catch_up.take_out = take_out
-    assert catch_up.take_back(Shard("delay", 1), [7]) == {}  # not held: nothing to ask
-    assert catch_up.horizons() == {} and woken == []
+    other = Shard("delay", 1)
+    assert catch_up.take_back(other, [7]) == {}  # not held: nothing to ask
+    assert catch_up.horizons() == {other: -1} and woken == []  # held until the withdrawal
+    catch_up.taken_back(other)
     assert catch_up.take_back(shard, [7, 9]) == {7: 5_000}
     assert list(held) == [8], "taken out of the mover's hands by the ingress itself"
     assert catch_up.horizons() == {shard: -1}
@@ -275,3 +277,42 @@ def test_a_take_back_waits_for_a_claim_on_its_way_and_leaves_the_mover_what_it_t
     assert ask.taken == ((5_000, (shard, offset_bytes(7))),)
     catch_up.taken_back(shard)
     assert catch_up.horizons() == {}
+
+
+def test_a_take_back_gives_the_due_times_of_records_put_back_since_the_mark_once_their_claim_ended() -> (
+    None
+):
+    """A record named by its default id that the mover put back (past a catch-up's horizon, or
+    into its target's wait index) rather than held: withdrawn by its due time, which the mover
+    said as it put it back — after the ingress's mark and before its unmark only."""
+    catch_up = CatchUp()
+    shard = Shard("delay", 0)
+
+    def put_back(offset: int, due_ms: int) -> None:
+        c = claimed(offset, due_ms, shard=shard)
+        catch_up.put_back([c, claimed(offset + 100, due_ms, shard=shard)], {(shard, c.member)})
+
+    put_back(6, 4_000)  # before the mark: not looked at
+    catch_up.put_backs_mark()
+    began, go = threading.Event(), threading.Event()
+
+    def claim() -> None:  # the mover's, on its way: it puts the record back as it ends
+        with catch_up.claiming():
+            began.set()
+            go.wait(5)
+            put_back(7, 5_000)
+
+    claimer = threading.Thread(target=claim)
+    claimer.start()
+    began.wait(5)
+    threading.Timer(0.05, go.set).start()
+    assert catch_up.take_back(shard, [6, 7, 107]) == {7: 5_000}  # 107 claimed, not put back
+    claimer.join()
+    assert catch_up.horizons() == {shard: -1}  # no claim of it until the withdrawal is done
+    catch_up.taken_back(shard)
+    assert catch_up.put_back_since(0) == {shard}
+    catch_up.put_backs_unmark()
+    put_back(8, 6_000)  # unmarked: not kept
+    catch_up.put_backs_mark()
+    assert catch_up.take_back(shard, [7, 8]) == {}  # a new mark: what came before is not kept
+    catch_up.taken_back(shard)

@@ -22,9 +22,10 @@ anything (the record in flight in Redis) until the test makes ``D/release``, hav
 ``D/held``; with ``HOLD_BULK_DIR=D``, a bulk cancel, fire or reschedule of the command line stops
 the same way once it took its snapshot, before it looks for what it matches. With
 ``HOLD_UNCLAIM_VALUE=V`` (and ``HOLD_DIR=D``), the first put-back of each claimed record of value
-V (bridge.catchup's ``past``) waits, once it made ``D/held``, until the ingress has applied the
-record after it in its partition (five seconds at most): as a mover descheduled between its
-claim and its put-back would. With ``LATE_TAKE_BACK_MS=T``, the mover answers the ingress's
+V (bridge.catchup's ``past``; with ``HOLD_UNCLAIM_WAIT=1``, into its target's wait index instead:
+a rate-limited target's, bridge.egress.rate) waits, once it made ``D/held``, until the ingress
+has applied the record after it in its partition (five seconds at most): as a mover descheduled
+between its claim and its put-back would. With ``LATE_TAKE_BACK_MS=T``, the mover answers the ingress's
 take-backs (bridge.catchup's ``take_back``) T ms late, as a mover descheduled while a record
 claimed ahead falls due would."""
 
@@ -223,11 +224,16 @@ if _HOLD_UNCLAIM:
 
     _unclaim = api.Store.unclaim
     _unclaimed: set[Any] = set()  # each record's first put-back only
+    _UNCLAIM_WAIT = os.environ.get("HOLD_UNCLAIM_WAIT") == "1"
 
     def _unclaim_later(self: Any, claimed: Any, wait: bool = False) -> int:
         claimed = list(claimed)
         held = [c for c in claimed if c.record.value == _HOLD_UNCLAIM]
-        if held and not wait and (held[0].shard, held[0].record.offset) not in _unclaimed:
+        if (
+            held
+            and wait == _UNCLAIM_WAIT
+            and (held[0].shard, held[0].record.offset) not in _unclaimed
+        ):
             _unclaimed.add((held[0].shard, held[0].record.offset))
             (pathlib.Path(os.environ["HOLD_DIR"]) / "held").touch()
             shard, after = held[0].shard, held[0].record.offset + 1
