@@ -57,6 +57,9 @@ STALLED_S = 2.0  # a read position that has not moved this long while behind hol
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
+# Why a shard whose re-read after a loss just ended claims nothing yet: the cancels and
+# replacements read in the topic's other partitions and kept until it ended look first.
+KEPT_ELSEWHERE = "kept elsewhere"
 
 
 class CatchUp(Claiming):
@@ -162,7 +165,8 @@ class CatchUp(Claiming):
 
     def reached(self, shard: Shard, position: int) -> bool:
         """The ingress's next offset to read in ``shard`` is ``position``; returns whether that
-        ended a re-read after Redis lost the shard (:meth:`rereads`)."""
+        ended a re-read after Redis lost the shard (:meth:`rereads`): held then, until the
+        ingress says (``KEPT_ELSEWHERE``)."""
         with self._lock:
             end = self._ends.get(shard)
             if end is None or position < end:
@@ -170,6 +174,8 @@ class CatchUp(Claiming):
             del self._ends[shard], self._horizons[shard]
             again = shard in self._again
             self._again.discard(shard)
+            if again:  # not yet claimed from: bridge.ingress.adds lets it go
+                self._held.setdefault(shard, set()).add(KEPT_ELSEWHERE)
         logger.info("caught up on %s[%d]", shard.topic, shard.partition)
         return again
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from bridge.catchup import CatchUp
+from bridge.catchup import KEPT_ELSEWHERE, CatchUp
 from bridge.errors import BridgeError
 from bridge.message import Cancel, Scheduled
 from bridge.store import (
@@ -48,6 +48,9 @@ from bridge.store import (
 logger = logging.getLogger(__name__)
 
 LOOK_INTERVAL_S = 1.0  # how often kept cancels ask Redis whether their topics are whole
+# A partition whose re-read after a loss ended claims nothing until the cancels kept in its
+# topic's other partitions looked again, this long at most (their replica may be gone).
+KEPT_WAIT_S = 3 * LOOK_INTERVAL_S
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class Adds:
         self._kept = kept
         self._clock = clock
         self._looked = 0.0  # when kept cancels last asked whether their topics are whole
+        # Shards whose re-read after a loss ended, held until the cancels kept elsewhere in
+        # their topic looked again: until when at most.
+        self._reread_ended: dict[Shard, float] = {}
 
     def add(
         self,
@@ -153,6 +159,8 @@ class Adds:
     def forget(self, shards: Collection[Shard]) -> None:
         """These shards are read again, or are no longer owned here: their cancels are read
         again (add.lua hands them back), here or where they are owned now."""
+        for shard in shards:
+            self._reread_ended.pop(shard, None)
         forgotten = [s for s in shards if self.by_shard.pop(s, None) is not None]
         if forgotten:
             self._told()
@@ -163,10 +171,57 @@ class Adds:
         transaction's marker has none), and other replicas' cancels wait for them no more."""
         if not shards:
             return
+        until = self._clock() + KEPT_WAIT_S
+        self._reread_ended.update(dict.fromkeys(shards, until))
         try:
             self._store.inventory.reread_over(sorted(shards))
         except BridgeError as exc:  # the next add there says so
             logger.warning("the end of a re-read not written to redis yet: %s", exc)
+
+    def let_go(self) -> None:
+        """The shards whose re-read ended (held by the catch-up as it ended, ``KEPT_ELSEWHERE``)
+        are claimed from once no other partition of their topic keeps a cancel or replacement
+        (its ``withdrawing`` ZSET, here or at another replica): those waited for the re-read's
+        end, and look again within LOOK_INTERVAL_S of it, before the record they name is
+        claimed. KEPT_WAIT_S at most: a replica gone keeps its own until its partition's next
+        owner reads them again."""
+        if not self._reread_ended:
+            return
+        partitions = self._partitions()
+        others = {
+            s: [Shard(s.topic, p) for p in range(partitions.get(s.topic, 0)) if p != s.partition]
+            for s in self._reread_ended
+        }
+        wanted = sorted({o for v in others.values() for o in v})
+        try:  # a shard's resume point is at or below its watermark while it keeps one
+            points = self._store.inventory.resume_points(wanted)
+            kept: Collection[Shard] | None = {s for s, p in points.items() if p.start <= p.mark}
+        except BridgeError as exc:
+            logger.warning("the cancels kept elsewhere not read in redis yet: %s", exc)
+            kept = None
+        now = self._clock()
+        for shard, until in list(self._reread_ended.items()):
+            keeping = kept is None or any(o in kept for o in others[shard])
+            if keeping and now < until:
+                continue
+            if keeping:
+                logger.warning(
+                    "%s[%d] is claimed from again while its topic's other partitions still keep "
+                    "cancels or replacements, %.0f s after its re-read ended",
+                    shard.topic,
+                    shard.partition,
+                    KEPT_WAIT_S,
+                )
+            del self._reread_ended[shard]
+            self._catch_up.hold(shard, False, KEPT_ELSEWHERE)
+
+    def caught_up(self, over: Collection[Shard]) -> None:
+        """After a batch is applied, or none came: ``over``, the shards whose re-read after a
+        loss ended now (:meth:`reread_over`); the cancels kept look again, the shards whose
+        re-read ended are let go once they did (:meth:`let_go`)."""
+        self.reread_over(over)
+        self.look_again()
+        self.let_go()
 
     def _told(self) -> None:
         self._kept(sum(len(cs) for cs in self.by_shard.values()))

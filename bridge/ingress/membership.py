@@ -307,8 +307,7 @@ class Membership:
 
     def caught_up(self) -> None:
         """After a batch is applied, or none came: :meth:`verdict`, its catch-ups released."""
-        self.adds.reread_over(self.verdict(reach=True))  # past a marker, no record may say so
-        self.adds.look_again()
+        self.adds.caught_up(self.verdict(reach=True))  # past a marker, no record may say so
 
     def verdict(self, *, reach: bool = False) -> list[Shard]:
         """Tell which shards are read behind the end their last fetch saw (librdkafka's cached

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bridge.catchup import CatchUp
 from bridge.errors import StoreError
-from bridge.ingress.adds import Adds, TopicReads
+from bridge.ingress.adds import KEPT_WAIT_S, Adds, TopicReads
 from bridge.ingress.consumer import partition_counts
 from bridge.message import H_DUE_AT, H_REPLACES, Cancel, Priority, Scheduled
 from bridge.store import AckBatch, Added, Elsewhere, Shard, Store, id_hash, offset_bytes, offset_of
@@ -631,6 +631,60 @@ def test_the_ingress_counts_the_cancels_it_keeps_and_asks_redis_once_a_second(
     now[0] += 0.6
     adds.look_again()
     assert told == [1, 0, 1, 0]
+
+
+def test_a_partition_whose_re_read_ended_is_claimed_from_once_the_cancels_kept_elsewhere_looked(
+    store: Store,
+) -> None:
+    """A cancel read in partition 0 while partition 1 is read again after a loss is kept (and
+    in Redis: partition 0's resume point stays at it). Partition 1's re-read ends with the
+    record: its claims stay held (the record may be due by then) until the kept cancel has
+    looked again, at the next second's turn, and withdrawn it — not at the re-read's end."""
+    other, now = Shard("delay", 1), [100.0]
+    catch_up = CatchUp()
+    catch_up.start(other, 0, 1, again=True)
+    adds = Adds(
+        store,
+        catch_up,
+        partitions=lambda: {"delay": 2},
+        reads=TopicReads(confirm_from([rec(0, T0 + 5000, "job")])),
+        clock=lambda: now[0],
+    )
+    adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+    adds.look_again()  # partition 1 is not whole: kept, looked at the next second's turn
+    assert list(adds.by_shard) == [SHARD]
+    adds.add({other: (0, [rec(0, T0 + 5000, "job")])}, {}, None, 60_000)
+    now[0] += 0.5
+    assert catch_up.reached(other, 1), "a re-read after a loss"
+    adds.caught_up([other])
+    assert catch_up.horizons() == {other: -1}, "claimed from before the kept cancel looked"
+    assert list(adds.by_shard) == [SHARD]
+    now[0] += 0.6
+    adds.caught_up([])
+    assert not adds.by_shard and store.inventory.by_id(other, "job") == []  # withdrawn
+    assert catch_up.horizons() == {}
+
+
+def test_a_partition_whose_re_read_ended_waits_for_cancels_kept_elsewhere_a_while_at_most(
+    store: Store,
+) -> None:
+    """The same, the kept cancel waiting for a third partition that is never whole (its owner
+    gone): partition 1 is claimed from again KEPT_WAIT_S after its re-read ended, not later."""
+    other, third, now = Shard("delay", 1), Shard("delay", 2), [100.0]
+    catch_up = CatchUp()
+    catch_up.start(other, 0, 1, again=True)
+    catch_up.start(third, 0, 5)
+    adds = Adds(store, catch_up, partitions=lambda: {"delay": 3}, clock=lambda: now[0])
+    adds.add({SHARD: (0, [Cancel(0, "job")])}, {}, None, 60_000)
+    adds.add({other: (0, [rec(0, T0 + 5000)])}, {}, None, 60_000)
+    assert catch_up.reached(other, 1)
+    adds.caught_up([other])
+    now[0] += KEPT_WAIT_S - 0.1
+    adds.caught_up([])
+    assert catch_up.horizons() == {other: -1, third: 0} and SHARD in adds.by_shard
+    now[0] += 0.2
+    adds.caught_up([])
+    assert catch_up.horizons() == {third: 0}
 
 
 def _cancel_of(

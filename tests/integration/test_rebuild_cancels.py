@@ -146,6 +146,59 @@ def test_a_cancel_read_while_another_replicas_partition_is_rebuilt_still_withdra
     assert b"cancelled" not in counts, other.output()[-3000:]
 
 
+def test_a_kept_cancel_wins_over_a_record_that_fell_due_while_its_partition_was_read_again(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The scene before, with the record falling due while its partition is read again (each
+    add of the re-read 300 ms late: a fault hook, as a slow Redis would make it): the owner may
+    claim it only once the re-read is over, and the other replica's kept cancel looks again
+    only then too (once a second). The owner waits for the cancels kept in the topic's other
+    partitions to look again before it claims: the cancel, read seconds before the due time,
+    withdraws the record."""
+    slow = {"ingress__batch_size": "10"}
+    pair = [setup.bridge("one", **slow), setup.bridge("two", **slow)]
+    for bridge in pair:
+        bridge.env = with_faults(bridge.env, SLOW_REREAD_MS="300")
+        bridges.append(bridge.start())
+    wait_for(
+        lambda: all(metric(b, "delay_bridge_owned_partitions") > 0 for b in pair), 90, "both own"
+    )
+    target = setup.targets[0].encode()
+    due_ms = int(time.time() * 1000) + 10_000  # mid-way through the re-read (40 adds: 12 s)
+    later: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"filler", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]) for _ in range(400)
+    ]
+    at = b"%d" % due_ms
+    later.append((2, b"cancelled", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, at), (H_ID, b"o")]))
+    produce_to(setup.services.bootstrap, setup.delay, later)
+
+    def ingested() -> list[float]:
+        return [metric(b, "delay_bridge_ingested_total") for b in pair]
+
+    wait_for(lambda: max(ingested()) >= 401, 30, "the 401 stored")
+    other = pair[1 - ingested().index(max(ingested()))]
+    mine = next(p for p in (0, 1) if _stored_by(setup, pair, p, other))
+    meta = Keys(f"test-{setup.unique}").of(Shard(setup.delay, 2)).meta
+    client = redis.Redis.from_url(setup.services.redis_url)
+    try:
+        assert wipe(setup) > 0
+        wait_for(lambda: _field(client, meta, "reread") is not None, 30, "partition 2 read again")
+        produce_to(setup.services.bootstrap, setup.delay, [(mine, None, [(H_CANCEL, b"o")])])
+        kept = "delay_bridge_cancels_kept"
+        wait_for(lambda: metric(other, kept) == 1, 30, "the cancel read, kept")
+        assert time.time() * 1000 < due_ms - 1000, "the cancel kept late: the machine is slow"
+        wait_for(lambda: time.time() * 1000 > due_ms, 15, "the due time")
+        assert _field(client, meta, "reread") is not None, "the re-read ended before the due time"
+    finally:
+        client.close()
+    after: list[tuple[int, bytes | None, Headers]] = [
+        (2, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")])
+    ]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = counts_through(setup, b"after", 90)
+    assert b"cancelled" not in counts, other.output()[-3000:]
+
+
 def test_a_cancel_read_before_another_replica_finds_its_partition_lost_still_withdraws_it(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

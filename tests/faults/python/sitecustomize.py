@@ -27,7 +27,8 @@ a rate-limited target's, bridge.egress.rate) waits, once it made ``D/held``, unt
 has applied the record after it in its partition (five seconds at most): as a mover descheduled
 between its claim and its put-back would. With ``LATE_TAKE_BACK_MS=T``, the mover answers the ingress's
 take-backs (bridge.catchup's ``take_back``) T ms late, as a mover descheduled while a record
-claimed ahead falls due would."""
+claimed ahead falls due would. With ``SLOW_REREAD_MS=T``, each add of a partition read again after
+Redis lost its state waits T ms first, as a slow Redis or a busy core would make that re-read."""
 
 import os
 from typing import Any
@@ -262,3 +263,19 @@ if _LATE_TAKE_BACK_MS:
         _take_back(self, asks)
 
     setattr(sender.Sender, "take_back", _take_back_late)  # noqa: B010
+
+_SLOW_REREAD_MS = float(os.environ.get("SLOW_REREAD_MS", "0"))
+
+if _SLOW_REREAD_MS:
+    import time as reread_time
+
+    from bridge.store import api as reread_api
+
+    _add = reread_api.Store.add
+
+    def _add_slowly(self: Any, batches: Any, *args: Any, **kwargs: Any) -> Any:
+        if set(kwargs.get("reread") or ()) & set(batches):
+            reread_time.sleep(_SLOW_REREAD_MS / 1000)
+        return _add(self, batches, *args, **kwargs)
+
+    setattr(reread_api.Store, "add", _add_slowly)  # noqa: B010
