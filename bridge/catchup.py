@@ -90,6 +90,7 @@ class CatchUp(Claiming):
         # by the ingress's thread (bridge.positions), copied whole by the mover's (one C call
         # under the GIL), which claims nothing new from a shard Redis has rolled back below it.
         self.marks: dict[Shard, int] = {}
+        self._kept: dict[str, int] = {}  # see :meth:`kept`
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -165,8 +166,9 @@ class CatchUp(Claiming):
 
     def reached(self, shard: Shard, position: int) -> bool:
         """The ingress's next offset to read in ``shard`` is ``position``; returns whether that
-        ended a re-read after Redis lost the shard (:meth:`rereads`): held then, until the
-        ingress says (``KEPT_ELSEWHERE``)."""
+        ended a re-read after Redis lost the shard (:meth:`rereads`): held then, as while the
+        ingress keeps cancels of its topic (:meth:`kept`), until it is let go
+        (``KEPT_ELSEWHERE``)."""
         with self._lock:
             end = self._ends.get(shard)
             if end is None or position < end:
@@ -174,7 +176,7 @@ class CatchUp(Claiming):
             del self._ends[shard], self._horizons[shard]
             again = shard in self._again
             self._again.discard(shard)
-            if again:  # not yet claimed from: bridge.ingress.adds lets it go
+            if again or shard.topic in self._kept:  # bridge.ingress.adds lets it go
                 self._held.setdefault(shard, set()).add(KEPT_ELSEWHERE)
         logger.info("caught up on %s[%d]", shard.topic, shard.partition)
         return again
@@ -213,11 +215,28 @@ class CatchUp(Claiming):
             return self._limits()
 
     def _limits(self) -> dict[Shard, int]:
-        return (
-            {**self._horizons, **dict.fromkeys(self._held, -1)}
-            if self._held
-            else dict(self._horizons)
-        )
+        limits = dict(self._horizons)
+        if self._kept:  # nothing due after a cancel kept while its record may be read yet
+            for shard, horizon in limits.items():
+                if (first := self._kept.get(shard.topic)) is not None:
+                    limits[shard] = min(horizon, first)
+        if self._held:
+            limits.update(dict.fromkeys(self._held, -1))
+        return limits
+
+    def kept(self, firsts: Mapping[str, int]) -> None:
+        """The ingress keeps cancels and replacements read in these delay topics until their
+        partitions are whole (bridge.ingress.adds), the earliest stamped at ``firsts``: a
+        partition of such a topic read behind its end claims nothing due after that (the
+        record one withdraws may be read yet), and one whose catch-up ends is held until it
+        is let go (``KEPT_ELSEWHERE``)."""
+        with self._lock:
+            self._kept = dict(firsts)
+
+    def holding(self, why: str) -> set[Shard]:
+        """The shards held for ``why`` (:meth:`hold`)."""
+        with self._lock:
+            return {shard for shard, whys in self._held.items() if why in whys}
 
     def past(
         self, claims: Iterable[Claimed], in_flight: Container[tuple[Shard, bytes]], now_ms: int

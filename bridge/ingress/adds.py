@@ -98,9 +98,9 @@ class Adds:
         self._kept = kept
         self._clock = clock
         self._looked = 0.0  # when kept cancels last asked whether their topics are whole
-        # Shards whose re-read after a loss ended, held until the cancels kept elsewhere in
-        # their topic looked again: until when at most.
-        self._reread_ended: dict[Shard, float] = {}
+        # Shards whose catch-up ended held until the cancels kept elsewhere in their topic
+        # looked again (:meth:`let_go`): until when at most.
+        self._ended: dict[Shard, float] = {}
 
     def add(
         self,
@@ -159,8 +159,6 @@ class Adds:
     def forget(self, shards: Collection[Shard]) -> None:
         """These shards are read again, or are no longer owned here: their cancels are read
         again (add.lua hands them back), here or where they are owned now."""
-        for shard in shards:
-            self._reread_ended.pop(shard, None)
         forgotten = [s for s in shards if self.by_shard.pop(s, None) is not None]
         if forgotten:
             self._told()
@@ -171,26 +169,27 @@ class Adds:
         transaction's marker has none), and other replicas' cancels wait for them no more."""
         if not shards:
             return
-        until = self._clock() + KEPT_WAIT_S
-        self._reread_ended.update(dict.fromkeys(shards, until))
         try:
             self._store.inventory.reread_over(sorted(shards))
         except BridgeError as exc:  # the next add there says so
             logger.warning("the end of a re-read not written to redis yet: %s", exc)
 
     def let_go(self) -> None:
-        """The shards whose re-read ended (held by the catch-up as it ended, ``KEPT_ELSEWHERE``)
-        are claimed from once no other partition of their topic keeps a cancel or replacement
-        (its ``withdrawing`` ZSET, here or at another replica): those waited for the re-read's
-        end, and look again within LOOK_INTERVAL_S of it, before the record they name is
-        claimed. KEPT_WAIT_S at most: a replica gone keeps its own until its partition's next
-        owner reads them again."""
-        if not self._reread_ended:
+        """The shards whose catch-up ended held (``KEPT_ELSEWHERE``: a re-read after a loss, or
+        one while cancels were kept here) are claimed from once no other partition of their
+        topic keeps a cancel or replacement (its ``withdrawing`` ZSET, here or at another
+        replica): those waited for the catch-up's end, and look again within LOOK_INTERVAL_S
+        of it, before the record they name is claimed. KEPT_WAIT_S at most: a replica gone
+        keeps its own until its partition's next owner reads them again."""
+        held = self._catch_up.holding(KEPT_ELSEWHERE)
+        now = self._clock()
+        self._ended = {s: self._ended.get(s, now + KEPT_WAIT_S) for s in held}
+        if not held:
             return
         partitions = self._partitions()
         others = {
             s: [Shard(s.topic, p) for p in range(partitions.get(s.topic, 0)) if p != s.partition]
-            for s in self._reread_ended
+            for s in held
         }
         wanted = sorted({o for v in others.values() for o in v})
         try:  # a shard's resume point is at or below its watermark while it keeps one
@@ -199,20 +198,19 @@ class Adds:
         except BridgeError as exc:
             logger.warning("the cancels kept elsewhere not read in redis yet: %s", exc)
             kept = None
-        now = self._clock()
-        for shard, until in list(self._reread_ended.items()):
+        for shard, until in list(self._ended.items()):
             keeping = kept is None or any(o in kept for o in others[shard])
             if keeping and now < until:
                 continue
             if keeping:
                 logger.warning(
                     "%s[%d] is claimed from again while its topic's other partitions still keep "
-                    "cancels or replacements, %.0f s after its re-read ended",
+                    "cancels or replacements, %.0f s after its catch-up ended",
                     shard.topic,
                     shard.partition,
                     KEPT_WAIT_S,
                 )
-            del self._reread_ended[shard]
+            del self._ended[shard]
             self._catch_up.hold(shard, False, KEPT_ELSEWHERE)
 
     def caught_up(self, over: Collection[Shard]) -> None:
@@ -225,6 +223,12 @@ class Adds:
 
     def _told(self) -> None:
         self._kept(sum(len(cs) for cs in self.by_shard.values()))
+        firsts: dict[str, int] = {}
+        for shard, kept in self.by_shard.items():
+            first = min((c.timestamp_ms for c in kept), default=None)
+            if first is not None:
+                firsts[shard.topic] = min(first, firsts.get(shard.topic, first))
+        self._catch_up.kept(firsts)
 
     def look_again(self) -> None:
         """The cancels whose topics are whole again look there (asked at most once a

@@ -146,6 +146,41 @@ def test_a_cancel_read_while_another_replicas_partition_is_rebuilt_still_withdra
     assert b"cancelled" not in counts, other.output()[-3000:]
 
 
+def test_a_cancel_kept_while_its_records_partition_catches_up_wins_over_later_records(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """One replica, stopped. Meanwhile partition 2 gets 500 records and then one with its own id
+    due 3 s later, partition 0 that record's cancel, and, once the record fell due, partition 2
+    200 records more. The bridge starts and catches up, 10 records a batch: it reads the cancel
+    first and finds nothing (partition 2 is not read up to the record yet), so it keeps it until
+    partition 2 is whole; partition 2's records stamped after the due time let its catch-up
+    claim the record on the way, before the cancel looked again. The cancel was read before the
+    record was claimed: it wins. A catch-up claims nothing due after a cancel kept in its topic
+    was stamped, and is held as it ends until the cancel looked."""
+    first = setup.bridge("first", ingress__batch_size="10").start()
+    bridges.append(first)
+    wait_for(lambda: first.get("/readyz")[0] == 200, 60, "ready")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    target = setup.targets[0].encode()
+    hour: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
+    produce_to(setup.services.bootstrap, setup.delay, [(2, b"filler", hour)] * 500)
+    due_ms = int(time.time() * 1000) + 3000
+    record: Headers = [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due_ms), (H_ID, b"o")]
+    produce_to(setup.services.bootstrap, setup.delay, [(2, b"cancelled", record)])
+    produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_CANCEL, b"o")])])
+    assert time.time() * 1000 < due_ms - 1000, "the cancel produced late: the machine is slow"
+    wait_for(lambda: time.time() * 1000 > due_ms + 200, 10, "the due time")
+    now: Headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")]
+    produce_to(
+        setup.services.bootstrap, setup.delay, [*[(2, b"filler", hour)] * 200, (2, b"after", now)]
+    )
+    second = setup.bridge("second", ingress__batch_size="10").start()
+    bridges.append(second)
+    counts = counts_through(setup, b"after", 90)
+    assert b"cancelled" not in counts, second.output()[-3000:]
+
+
 def test_a_kept_cancel_wins_over_a_record_that_fell_due_while_its_partition_was_read_again(
     setup: Setup, bridges: list[Bridge]
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from bridge.catchup import (
     FETCH_SLACK_MS,
+    KEPT_ELSEWHERE,
     LIVE_MARGIN_MS,
     STALLED_S,
     TOLD_AGAIN_S,
@@ -316,3 +317,28 @@ def test_a_take_back_gives_the_due_times_of_records_put_back_since_the_mark_once
     catch_up.put_backs_mark()
     assert catch_up.take_back(shard, [7, 8]) == {}  # a new mark: what came before is not kept
     catch_up.taken_back(shard)
+
+
+def test_a_cancel_kept_caps_its_topics_catch_ups_at_its_timestamp_and_holds_them_as_they_end() -> (
+    None
+):
+    """The ingress keeps a cancel read in a topic whose other partition it reads behind its
+    end (the record it names may be read yet): that partition claims nothing due after the
+    cancel was stamped — a record due later, stored on the way, would be claimed before the
+    cancel looks again — and is held as its catch-up ends, until let go. Another topic's
+    catch-up goes on."""
+    catch_up = CatchUp()
+    elsewhere = Shard("other", 0)
+    for shard in (SHARD, elsewhere):
+        catch_up.start(shard, 0, 100)
+        catch_up.read(shard, T0 + 5_000)
+    catch_up.kept({SHARD.topic: T0 + 1_000})
+    assert catch_up.horizons() == {SHARD: T0 + 1_000, elsewhere: T0 + 5_000}
+    assert not catch_up.reached(SHARD, 100)  # not a re-read after a loss ...
+    assert catch_up.horizons() == {SHARD: -1, elsewhere: T0 + 5_000}  # ... but held all the same
+    assert catch_up.holding(KEPT_ELSEWHERE) == {SHARD}
+    catch_up.kept({})
+    assert catch_up.horizons()[SHARD] == -1, "let go only by the ingress"
+    catch_up.hold(SHARD, False, KEPT_ELSEWHERE)
+    catch_up.reached(elsewhere, 100)
+    assert catch_up.horizons() == {}
