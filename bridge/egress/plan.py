@@ -254,6 +254,9 @@ class Plan:
             self._next_ms[shard] = min(self._next_ms.get(shard, NEVER), at_ms)
 
     def hold_back(self, shards: Iterable[Shard], until_ms: float) -> None:
-        """Claim from these shards no sooner than ``until_ms``."""
+        """Claim from these shards no sooner than ``until_ms`` — and then: what they hold back
+        is due (records put back, or a lower lane's), which the claim that took them may not
+        have counted in their next claim's time."""
         for shard in shards:
             self._not_before_ms[shard] = until_ms
+            self._next_ms[shard] = min(self._next_ms.get(shard, NEVER), until_ms)

@@ -159,3 +159,14 @@ def test_acknowledgements_wait_for_the_next_claim_only_while_records_are_held_ah
     assert ack_waits(TICK, 400) == (75, 300)
     assert ack_waits(TICK, 100) == (75, 75) and ack_waits(TICK, 0) == (TICK, TICK)
     assert ack_waits(100, 400) == (100, 300)  # a tick at least
+
+
+def test_a_shard_holding_records_back_is_claimed_again_when_the_hold_ends() -> None:
+    """Records a claim took and the mover put back (a catch-up, or a hold the ingress began
+    meanwhile) are due: the claim's own plan for their shard (its next record, 30 s out) did not
+    count them. Held back 50 ms, the shard is claimed again then — not 30 s later."""
+    plan = Plan(TICK, AHEAD)
+    claimed(plan, {A: NOW + 30_000})
+    plan.hold_back([A], NOW + 50)
+    assert plan.to_claim([A], NOW + 49) == []
+    assert plan.to_claim([A], NOW + 50) == [A]
