@@ -27,7 +27,7 @@ from bridge.message import (
     format_time_ms,
 )
 from bridge.store import Shard, Store
-from testbed.harness import Bridge, Collector, Setup, metric, produce_all, wipe
+from testbed.harness import Bridge, Collector, Setup, metric, produce_all, wait_ready, wipe
 from tests.conftest import Services, TopicFactory, wait_for
 
 pytestmark = pytest.mark.integration
@@ -69,6 +69,15 @@ def store_of(setup: Setup) -> tuple[Store, Shard]:
     )
 
 
+def started(setup: Setup, bridges: list[Bridge]) -> Bridge:
+    """A bridge with TIERS, ready: a record produced then is stored FAR_MS less a moment before
+    due, a reference (a start of seconds left some records within the horizon, stored whole)."""
+    bridge = setup.bridge(**TIERS).start()
+    bridges.append(bridge)
+    assert wait_ready(bridge), "the bridge did not become ready"
+    return bridge
+
+
 def references(setup: Setup, count: int) -> None:
     """Wait until Redis holds ``count`` references and none of them whole."""
     store, shard = store_of(setup)
@@ -97,8 +106,7 @@ def on_time(
 def test_far_future_records_are_read_back_and_delivered_on_time(
     one: Setup, bridges: list[Bridge]
 ) -> None:
-    bridge = one.bridge(**TIERS).start()
-    bridges.append(bridge)
+    bridge = started(one, bridges)
     before = now_ms()
     far: list[tuple[str, int | None, list[tuple[str, bytes]]]] = [
         (f"far-{i}", FAR_MS + i * 50, []) for i in range(20)
@@ -157,7 +165,7 @@ def test_a_bucket_is_read_back_fetch_ahead_before_its_first_record_is_due(
 
 
 def test_cancel_and_replace_reach_references(one: Setup, bridges: list[Bridge]) -> None:
-    bridges.append(one.bridge(**TIERS).start())
+    started(one, bridges)
     before = now_ms()
     produce(one, ("cancelled", FAR_MS, [(H_ID, b"c")]), ("old", FAR_MS, [(H_ID, b"r")]))
     references(one, 2)
@@ -180,8 +188,7 @@ def test_cancel_and_replace_reach_references(one: Setup, bridges: list[Bridge]) 
 def test_a_reference_whose_record_is_gone_reaches_the_dlq_at_its_due_time(
     one: Setup, admin: AdminClient, bridges: list[Bridge]
 ) -> None:
-    bridge = one.bridge(**TIERS).start()
-    bridges.append(bridge)
+    bridge = started(one, bridges)
     before = now_ms()
     offsets = produce(one, ("gone-0", FAR_MS, []), ("gone-1", FAR_MS, []), ("kept", FAR_MS, []))
     references(one, 3)
@@ -216,7 +223,7 @@ def test_a_reference_whose_record_is_gone_reaches_the_dlq_at_its_due_time(
 
 
 def test_references_are_rebuilt_when_redis_loses_them(one: Setup, bridges: list[Bridge]) -> None:
-    bridges.append(one.bridge(**TIERS).start())
+    started(one, bridges)
     before = now_ms()
     produce(one, *[(f"far-{i}", FAR_MS + 2_000, []) for i in range(5)])
     references(one, 5)
