@@ -91,6 +91,7 @@ class CatchUp(Claiming):
         # under the GIL), which claims nothing new from a shard Redis has rolled back below it.
         self.marks: dict[Shard, int] = {}
         self._kept: dict[str, int] = {}  # see :meth:`kept`
+        self._elsewhere: dict[Shard, int] = {}  # see :meth:`kept_elsewhere`
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -220,6 +221,8 @@ class CatchUp(Claiming):
             for shard, horizon in limits.items():
                 if (first := self._kept.get(shard.topic)) is not None:
                     limits[shard] = min(horizon, first)
+        for shard in self._again.intersection(limits):  # -1 until the ingress first looked
+            limits[shard] = min(limits[shard], self._elsewhere.get(shard, -1))
         if self._held:
             limits.update(dict.fromkeys(self._held, -1))
         return limits
@@ -232,6 +235,15 @@ class CatchUp(Claiming):
         is let go (``KEPT_ELSEWHERE``)."""
         with self._lock:
             self._kept = dict(firsts)
+
+    def kept_elsewhere(self, caps: Mapping[Shard, int]) -> None:
+        """The shards read again after a loss (:meth:`rereads`) claim nothing due after these
+        times: the earliest record timestamp among the cancels and replacements kept in their
+        topic's other partitions (by any replica: they wait for this re-read to end), or when
+        Redis last said none was kept (bridge.ingress.adds). A cancel kept later was read later:
+        a record due before it lost to its due time whatever the re-read did."""
+        with self._lock:
+            self._elsewhere = dict(caps)
 
     def holding(self, why: str) -> set[Shard]:
         """The shards held for ``why`` (:meth:`hold`)."""

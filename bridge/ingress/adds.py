@@ -101,6 +101,8 @@ class Adds:
         # Shards whose catch-up ended held until the cancels kept elsewhere in their topic
         # looked again (:meth:`let_go`): until when at most.
         self._ended: dict[Shard, float] = {}
+        self._stamped: dict[Shard, int] = {}  # the earliest kept timestamps written to Redis
+        self._caps: dict[Shard, int] = {}  # see :meth:`look_elsewhere`
 
     def add(
         self,
@@ -192,9 +194,8 @@ class Adds:
             for s in held
         }
         wanted = sorted({o for v in others.values() for o in v})
-        try:  # a shard's resume point is at or below its watermark while it keeps one
-            points = self._store.inventory.resume_points(wanted)
-            kept: Collection[Shard] | None = {s for s, p in points.items() if p.start <= p.mark}
+        try:
+            kept: Collection[Shard] | None = self._store.kept.read(wanted).keys()
         except BridgeError as exc:
             logger.warning("the cancels kept elsewhere not read in redis yet: %s", exc)
             kept = None
@@ -213,22 +214,68 @@ class Adds:
             del self._ended[shard]
             self._catch_up.hold(shard, False, KEPT_ELSEWHERE)
 
+    def look_elsewhere(self) -> None:
+        """The shards read again after a loss claim nothing due after the earliest cancel or
+        replacement kept in their topic's other partitions, here or at another replica (what
+        Redis says of them: :mod:`bridge.store.kept`), or, while none is, after Redis's clock
+        as it last said so (:meth:`CatchUp.kept_elsewhere`). Where a partition keeps some and
+        no timestamp is written, a shard stays where it was."""
+        rereads = self._catch_up.rereads()
+        if not rereads:
+            if self._caps:
+                self._caps = {}
+                self._catch_up.kept_elsewhere({})
+            return
+        partitions = self._partitions()
+        others = {
+            s: [Shard(s.topic, p) for p in range(partitions.get(s.topic, 0)) if p != s.partition]
+            for s in rereads
+        }
+        try:  # the clock first: a cancel kept after it is not in what is read after it
+            now_ms = self._store.time_ms()
+            kept = self._store.kept.read(sorted({o for v in others.values() for o in v}))
+        except BridgeError as exc:  # the caps stand
+            logger.debug("the cancels kept elsewhere not read in redis: %s", exc)
+            return
+        caps: dict[Shard, int] = {}
+        for shard, around in others.items():
+            was = self._caps.get(shard, -1)
+            stamps = [was if (t := kept[o]) is None else t for o in around if o in kept]
+            caps[shard] = min([now_ms, *stamps])
+        self._caps = caps
+        self._catch_up.kept_elsewhere(caps)
+
     def caught_up(self, over: Collection[Shard]) -> None:
         """After a batch is applied, or none came: ``over``, the shards whose re-read after a
-        loss ended now (:meth:`reread_over`); the cancels kept look again, the shards whose
+        loss ended now (:meth:`reread_over`); the cancels kept look again, the shards read
+        again look at what other partitions keep (:meth:`look_elsewhere`), the shards whose
         re-read ended are let go once they did (:meth:`let_go`)."""
         self.reread_over(over)
         self.look_again()
+        self.look_elsewhere()
         self.let_go()
 
     def _told(self) -> None:
         self._kept(sum(len(cs) for cs in self.by_shard.values()))
+        earliest = {
+            shard: min(c.timestamp_ms for c in kept)
+            for shard, kept in self.by_shard.items()
+            if kept
+        }
         firsts: dict[str, int] = {}
-        for shard, kept in self.by_shard.items():
-            first = min((c.timestamp_ms for c in kept), default=None)
-            if first is not None:
-                firsts[shard.topic] = min(first, firsts.get(shard.topic, first))
+        for shard, first in earliest.items():
+            firsts[shard.topic] = min(first, firsts.get(shard.topic, first))
         self._catch_up.kept(firsts)
+        changed: dict[Shard, int | None] = {
+            s: t for s, t in earliest.items() if self._stamped.get(s) != t
+        }
+        changed.update((s, None) for s in self._stamped.keys() - earliest.keys())
+        try:  # for the replicas reading other partitions again (look_elsewhere)
+            self._store.kept.write(changed)
+        except BridgeError as exc:  # written at the next change; read meanwhile as unwritten
+            logger.warning("the earliest cancel kept not written to redis: %s", exc)
+            return
+        self._stamped = earliest
 
     def look_again(self) -> None:
         """The cancels whose topics are whole again look there (asked at most once a

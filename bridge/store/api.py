@@ -31,6 +31,7 @@ from bridge.store.calls import (
 from bridge.store.flight import InFlight
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
+from bridge.store.kept import Kept
 from bridge.store.keys import (
     Keys,
     PerLane,
@@ -115,6 +116,7 @@ class Store:
         self.inventory = Inventory(client, self._keys, self.scripts)
         self.targets = Targets(client, self._keys, self.scripts)
         self.registry = Registry(client, self._keys)
+        self.kept = Kept(client, self._keys)  # the earliest timestamps of the cancels kept
         self._one_clock = not isinstance(client, RedisCluster)
 
     def keys(self, shard: Shard) -> ShardKeys:
@@ -192,8 +194,7 @@ class Store:
     ) -> Added:
         """Look in the other partitions of their topics, now whole, for what the cancels and
         replacements :meth:`add` kept name; forget them in Redis."""
-        scripts, keys = self.scripts, self._keys
-        return look_again(scripts, keys, kept, partitions, confirm, schedules)
+        return look_again(self.scripts, self._keys, kept, partitions, confirm, schedules)
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """Each shard's lowest pending offset, else watermark + 1 (where its rebuild would start),

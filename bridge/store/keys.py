@@ -48,7 +48,8 @@ pattern ``~<prefix>:*`` covers a deployment:
   the lowest holds the offset to commit and to resume from. A ZSET, not a field of the meta
   HASH as before: one string of them all was read and written whole by every add, which made a
   catch-up of records with delay-ids quadratic (meta ``withdrawing``, left by earlier code, is
-  moved here by the next add and read until then).
+  moved here by the next add and read until then); ``…:kept`` HASH ``at`` → the earliest record
+  timestamp among them as their keeper wrote it (:mod:`bridge.store.kept`).
 
 The ingest watermark lets a restarted consumer resume right after what Redis holds; the committed
 Kafka offset is the lowest offset still pending, so a Redis that lost its data is rebuilt by
@@ -165,6 +166,10 @@ class Keys:
     def wait(self, shard: Shard, target: str) -> str:
         """The wait index of ``target``'s records in ``shard`` (wait_key in _lib.lua)."""
         return self.names(shard, (f"wait:{target}",))[0]
+
+    def kept(self, shard: Shard) -> str:
+        """The earliest record timestamp among the cancels ``shard`` keeps (bridge.store.kept)."""
+        return self.names(shard, ("kept",))[0]
 
     def retired_set(self, shard: Shard) -> str:
         """The SET of a shard's retired incarnation labels."""

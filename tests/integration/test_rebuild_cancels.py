@@ -181,15 +181,18 @@ def test_a_cancel_kept_while_its_records_partition_catches_up_wins_over_later_re
     assert b"cancelled" not in counts, second.output()[-3000:]
 
 
+@pytest.mark.parametrize("read_past", [False, True], ids=["at-its-end", "mid-way"])
 def test_a_kept_cancel_wins_over_a_record_that_fell_due_while_its_partition_was_read_again(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], read_past: bool
 ) -> None:
     """The scene before, with the record falling due while its partition is read again (each
     add of the re-read 300 ms late: a fault hook, as a slow Redis would make it): the owner may
     claim it only once the re-read is over, and the other replica's kept cancel looks again
     only then too (once a second). The owner waits for the cancels kept in the topic's other
     partitions to look again before it claims: the cancel, read seconds before the due time,
-    withdraws the record."""
+    withdraws the record. ``read_past``: the re-read reads a record stamped after the due time
+    before it ends (200 more follow it), which would let it claim the record mid-way; it claims
+    nothing due after the earliest cancel the other replica keeps in the topic."""
     slow = {"ingress__batch_size": "10"}
     pair = [setup.bridge("one", **slow), setup.bridge("two", **slow)]
     for bridge in pair:
@@ -206,11 +209,16 @@ def test_a_kept_cancel_wins_over_a_record_that_fell_due_while_its_partition_was_
     at = b"%d" % due_ms
     later.append((2, b"cancelled", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, at), (H_ID, b"o")]))
     produce_to(setup.services.bootstrap, setup.delay, later)
+    if read_past:
+        past = [(2, b"filler", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])]
+        produce_to(setup.services.bootstrap, setup.delay, past, timestamp_ms=due_ms + 1_000)
+        produce_to(setup.services.bootstrap, setup.delay, later[:200])
 
     def ingested() -> list[float]:
         return [metric(b, "delay_bridge_ingested_total") for b in pair]
 
-    wait_for(lambda: max(ingested()) >= 401, 30, "the 401 stored")
+    stored = 602 if read_past else 401
+    wait_for(lambda: max(ingested()) >= stored, 30, f"the {stored} stored")
     other = pair[1 - ingested().index(max(ingested()))]
     mine = next(p for p in (0, 1) if _stored_by(setup, pair, p, other))
     meta = Keys(f"test-{setup.unique}").of(Shard(setup.delay, 2)).meta

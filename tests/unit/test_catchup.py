@@ -342,3 +342,20 @@ def test_a_cancel_kept_caps_its_topics_catch_ups_at_its_timestamp_and_holds_them
     catch_up.hold(SHARD, False, KEPT_ELSEWHERE)
     catch_up.reached(elsewhere, 100)
     assert catch_up.horizons() == {}
+
+
+def test_a_re_read_claims_nothing_due_after_what_its_topics_other_partitions_keep() -> None:
+    """A shard read again after a loss claims nothing until the ingress first looked at what its
+    topic's other partitions keep, then nothing due after what it found (the earliest cancel
+    kept, by any replica); a catch-up that is no re-read goes on by its horizon."""
+    catch_up = CatchUp()
+    other = Shard("delay", 1)
+    catch_up.start(SHARD, 0, 100, again=True)
+    catch_up.start(other, 0, 100)
+    for shard in (SHARD, other):
+        catch_up.read(shard, T0 + 5_000)
+    assert catch_up.horizons() == {SHARD: -1, other: T0 + 5_000}
+    catch_up.kept_elsewhere({SHARD: T0 + 1_000})
+    assert catch_up.horizons() == {SHARD: T0 + 1_000, other: T0 + 5_000}
+    catch_up.kept_elsewhere({SHARD: T0 + 9_000})  # nothing kept: Redis's clock then
+    assert catch_up.horizons() == {SHARD: T0 + 5_000, other: T0 + 5_000}
