@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from bridge.catchup import KEPT_ELSEWHERE, CatchUp
 from bridge.errors import BridgeError
-from bridge.message import Cancel, Scheduled
+from bridge.message import Cancel, Scheduled, format_time_ms
 from bridge.store import (
     Added,
     Confirm,
@@ -40,6 +40,7 @@ from bridge.store import (
     Shard,
     Store,
     not_whole,
+    shard_names,
     unconfirmed,
     undated,
     unlogged,
@@ -103,6 +104,7 @@ class Adds:
         self._ended: dict[Shard, float] = {}
         self._stamped: dict[Shard, int] = {}  # the earliest kept timestamps written to Redis
         self._caps: dict[Shard, int] = {}  # see :meth:`look_elsewhere`
+        self._capped: set[Shard] = set()  # of those, the shards capped by cancels kept
 
     def add(
         self,
@@ -240,10 +242,31 @@ class Adds:
         caps: dict[Shard, int] = {}
         for shard, around in others.items():
             was = self._caps.get(shard, -1)
-            stamps = [was if (t := kept[o]) is None else t for o in around if o in kept]
-            caps[shard] = min([now_ms, *stamps])
+            keeping = [o for o in around if o in kept]
+            caps[shard] = min([now_ms, *(was if (t := kept[o]) is None else t for o in keeping)])
+            if bool(keeping) != (shard in self._capped):
+                self._say_capped(shard, keeping, caps[shard])
+        self._capped &= caps.keys()
         self._caps = caps
         self._catch_up.kept_elsewhere(caps)
+
+    def _say_capped(self, shard: Shard, keeping: Sequence[Shard], cap_ms: int) -> None:
+        if not keeping:
+            self._capped.discard(shard)
+            logger.info(
+                "%s, read again after a loss, claims by its re-read again: no cancel kept "
+                "elsewhere waits for it",
+                shard,
+            )
+            return
+        self._capped.add(shard)
+        logger.info(
+            "%s, read again after a loss, claims nothing due after %s yet: %s keep cancels or "
+            "replacements that wait for this re-read to end",
+            shard,
+            "its start" if cap_ms < 0 else format_time_ms(cap_ms),
+            shard_names(keeping),
+        )
 
     def caught_up(self, over: Collection[Shard]) -> None:
         """After a batch is applied, or none came: ``over``, the shards whose re-read after a

@@ -240,6 +240,8 @@ def test_a_kept_cancel_wins_over_a_record_that_fell_due_while_its_partition_was_
     produce_to(setup.services.bootstrap, setup.delay, after)
     counts = counts_through(setup, b"after", 90)
     assert b"cancelled" not in counts, other.output()[-3000:]
+    said = "keep cancels or replacements that wait for this re-read to end"
+    assert any(said in b.output() for b in pair), "the re-read's wait not logged"
 
 
 def test_a_cancel_read_before_another_replica_finds_its_partition_lost_still_withdraws_it(

@@ -41,10 +41,13 @@ def test_a_catch_up_that_keeps_a_cancel_per_batch_logs_once_per_wait_and_counts_
         assert len(caplog.records) == 2
 
 
-def test_a_re_read_is_capped_at_the_earliest_cancel_its_topics_other_partitions_keep() -> None:
+def test_a_re_read_is_capped_at_the_earliest_cancel_its_topics_other_partitions_keep(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The shards read again look at what the topic's other partitions keep in Redis: none, and
     their cap is Redis's clock; some with a timestamp written, the earliest; some without one
-    (written a moment after the add), the cap stays where it was, as it does when Redis fails."""
+    (written a moment after the add), the cap stays where it was, as it does when Redis fails.
+    The log says when a re-read waits for cancels kept elsewhere, and when no longer."""
     read_again, kept_by_other, unwritten = Shard("delay", 0), Shard("delay", 1), Shard("delay", 2)
     catch_up = CatchUp()
     catch_up.start(read_again, 0, 100, again=True)
@@ -64,8 +67,13 @@ def test_a_re_read_is_capped_at_the_earliest_cancel_its_topics_other_partitions_
     assert catch_up.horizons() == {read_again: 10_000}
     keeping[kept_by_other] = 7_000
     clock[0] = 20_000
-    adds.look_elsewhere()
+    with caplog.at_level(logging.INFO, logger="bridge.ingress.adds"):
+        adds.look_elsewhere()
+        adds.look_elsewhere()
     assert catch_up.horizons() == {read_again: 7_000}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "delay[0], read again after a loss, claims nothing due after 1970-01-01T00:00:07" in line
+    assert "delay[1] keep cancels" in line
     keeping.clear()
     keeping[unwritten] = None
     adds.look_elsewhere()
@@ -75,8 +83,10 @@ def test_a_re_read_is_capped_at_the_earliest_cancel_its_topics_other_partitions_
     adds.look_elsewhere()
     assert catch_up.horizons() == {read_again: 7_000}
     clock[0] = 30_000
-    adds.look_elsewhere()
+    with caplog.at_level(logging.INFO, logger="bridge.ingress.adds"):
+        adds.look_elsewhere()
     assert catch_up.horizons() == {read_again: 30_000}
+    assert "claims by its re-read again" in caplog.records[-1].getMessage()
     catch_up.reached(read_again, 100)
     adds.look_elsewhere()  # no re-read left: nothing read in Redis
     assert catch_up.horizons() == {read_again: -1}  # held as it ended (KEPT_ELSEWHERE)
