@@ -400,17 +400,10 @@ def produce_all(
 ToPartition = list[tuple[int, bytes | None, Headers]]
 
 
-def produce_to(
-    bootstrap: str,
-    topic: str,
-    records: ToPartition,
-    timestamp_ms: int | None = None,
-    **settings: str,
-) -> None:
-    """Produce each (partition, value, headers) with the key ``k``, in order (stamped
-    ``timestamp_ms`` if given); ``settings`` are the producer's librdkafka properties. A record
-    the broker refused fails it (AssertionError): a partition its metadata does not have yet,
-    say, right after the topic grew."""
+def produce_to(bootstrap: str, topic: str, records: ToPartition, **settings: str) -> None:
+    """Produce each (partition, value, headers) with the key ``k``, in order; ``settings`` are the
+    producer's librdkafka properties. A record the broker refused fails it (AssertionError): a
+    partition its metadata does not have yet, say, right after the topic grew."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **settings})
     refused: list[str] = []
 
@@ -427,7 +420,6 @@ def produce_to(
             value=value,
             headers=headers,
             on_delivery=report,
-            **({} if timestamp_ms is None else {"timestamp": timestamp_ms}),
         )
     assert producer.flush(30) == 0
     assert not refused, f"records refused by {topic}: {'; '.join(refused)}"

@@ -210,8 +210,18 @@ def test_a_kept_cancel_wins_over_a_record_that_fell_due_while_its_partition_was_
     later.append((2, b"cancelled", [(H_TARGET_TOPIC, target), (H_DELIVER_AT, at), (H_ID, b"o")]))
     produce_to(setup.services.bootstrap, setup.delay, later)
     if read_past:
-        past = [(2, b"filler", [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")])]
-        produce_to(setup.services.bootstrap, setup.delay, past, timestamp_ms=due_ms + 1_000)
+        stamped = Producer({"bootstrap.servers": setup.services.bootstrap})
+        headers = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
+        produce(
+            stamped,
+            setup.delay,
+            partition=2,
+            key=b"k",
+            value=b"filler",
+            headers=headers,
+            timestamp=due_ms + 1_000,
+        )
+        assert stamped.flush(30) == 0
         produce_to(setup.services.bootstrap, setup.delay, later[:200])
 
     def ingested() -> list[float]:
