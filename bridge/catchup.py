@@ -25,9 +25,11 @@ saying (the claim's now by Redis's clock less the saying's age by the monotonic 
 bridge's own wall clock may be off), which it gives every SAY_EVERY_S at least while nothing
 comes, between the slices of a hold, and after each batch. Keeping up, the ingress reads
 records tens of ms after they are produced, so nothing waits; records with the default delay-id
-never do (nothing can withdraw them). A partition whose read position has not moved for
-STALLED_S while the fetch saw more holds nothing: there is nothing there the ingress can read (a
-transaction's marker). A partition the ingress holds at a record the DLQ refused
+never do (nothing can withdraw them). A partition whose read position and end have not moved
+for STALLED_S while the fetch saw more holds nothing: there is nothing there the ingress can read
+(a transaction's marker, or an open transaction's records). Its end moving says something came:
+a cancel behind another producer's open transaction is in the log, unreadable until the commit,
+and the partition is behind again. A partition the ingress holds at a record the DLQ refused
 (bridge.ingress.holds) is behind however long it waits: what follows that record, cancels
 included, is unread.
 """
@@ -72,8 +74,9 @@ class CatchUp(Claiming):
         self._again: set[Shard] = set()  # of those, read again after Redis lost their state
         self._horizons: dict[Shard, int] = {}
         self._read: dict[Shard, int] = {}  # the newest record timestamp applied, of every shard
-        # Shards read live behind their end as the last fetch saw it: (position, since when).
-        self._behind: dict[Shard, tuple[int, float]] = {}
+        # Shards read live behind their end as the last fetch saw it: (position, end, since when
+        # neither moved).
+        self._behind: dict[Shard, tuple[int, int, float]] = {}
         self._told: dict[Shard, float] = {}  # shards read behind: when their holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
         # Shards of the batch the ingress took and has not applied yet (a cancel among them is
@@ -124,18 +127,16 @@ class CatchUp(Claiming):
             if shard in self._horizons:
                 self._horizons[shard] = max(self._horizons[shard], timestamp_ms)
 
-    def behind(self, positions: Mapping[Shard, int]) -> None:
+    def behind(self, positions: Mapping[Shard, tuple[int, int]]) -> None:
         """The shards the ingress reads behind their partition's end as its last fetch saw it,
-        with its read position in each (every other shard is read at its end)."""
+        with its read position in each and that end (every other shard is read at its end)."""
         now = self._clock()
         with self._lock:
             self._in_hand, self._said = frozenset(), now
             was = self._behind
             self._behind = {
-                shard: known
-                if (known := was.get(shard)) and known[0] == position
-                else (position, now)
-                for shard, position in positions.items()
+                shard: known if (known := was.get(shard)) and known[:2] == seen else (*seen, now)
+                for shard, seen in positions.items()
             }
 
     def taken(self, shards: frozenset[Shard]) -> None:
@@ -268,7 +269,7 @@ class CatchUp(Claiming):
         now = self._clock()
         with self._lock:
             horizons = self._limits()
-            moving = {s for s, (_, since) in self._behind.items() if now - since < STALLED_S}
+            moving = {s for s, (*_, since) in self._behind.items() if now - since < STALLED_S}
             moving |= self._blocked | self._in_hand
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
             said = self._said

@@ -318,15 +318,16 @@ class Membership:
         if not assigned:
             return []
         ends = self.catch_up.ends() if reach else {}
-        behind: dict[Shard, int] = {}
+        behind: dict[Shard, tuple[int, int]] = {}
         over: list[Shard] = []  # re-reads after a loss that reached their end now
         tps = [TopicPartition(s.topic, s.partition) for s in assigned]
         for tp in self.consumer.position(tps):
             shard, position = Shard(tp.topic, tp.partition), tp.offset
             if shard in ends and self.catch_up.reached(shard, position):
                 over.append(shard)
-            if position >= 0 and position < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
-                behind[shard] = position
+            end = self.consumer.get_watermark_offsets(tp, cached=True)[1]
+            if position >= 0 and position < end:
+                behind[shard] = (position, end)
         self.catch_up.behind(behind)
         return over
 

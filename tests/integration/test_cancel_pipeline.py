@@ -18,13 +18,15 @@ import redis
 from confluent_kafka import Producer
 
 from bridge.client import cancel_headers, delay_headers, partition_for
-from bridge.message import wire_headers
+from bridge.kafka import produce
+from bridge.message import H_AFTER, H_CANCEL, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, wire_headers
 from testbed.clock import PYTHON_SHIFT  # its sitecustomize says why
 from testbed.harness import (
     Bridge,
     Collector,
     Received,
     Setup,
+    ToPartition,
     fast_takeover,
     metric,
     produce_all,
@@ -32,6 +34,7 @@ from testbed.harness import (
     with_faults,
 )
 from tests.conftest import wait_for
+from tests.integration.test_journal import counts_through
 
 pytestmark = pytest.mark.integration
 
@@ -721,3 +724,53 @@ def test_a_cancel_by_default_id_meeting_its_record_on_its_way_to_its_targets_rat
         return _withdrawn(bridge, got, n, due_ms, in_time, before)
 
     _in_time(attempt)
+
+
+def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """A record with its own delay-id, produced in a transaction: its partition ends with the
+    transaction's marker, which a read_committed consumer never reads past, so its read position
+    stays below the end its fetches see — for seconds, a partition with nothing more to read
+    (the catch-up takes it for one at its end). Another producer then opens a transaction there
+    and keeps it open past the due time; the cancel, produced a second before the due time,
+    lands behind that transaction's first record: in the log in time, unreadable until the
+    commit. The record waits for it: what came to the partition since the position last moved
+    may hold its cancel."""
+    target = setup.targets[0].encode()
+    bridge = _reading_at_its_end(setup, bridges, "1000")
+    due_ms = int(time.time() * 1000) + 10_000
+    headers = [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due_ms), (H_ID, b"o")]
+    first = _transaction(setup, "first")
+    first.begin_transaction()
+    produce(first, setup.delay, partition=0, key=b"k", value=b"cancelled", headers=headers)
+    first.commit_transaction(30)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    held = _transaction(setup, "held")
+    held.begin_transaction()
+    filler = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
+    produce(held, setup.delay, partition=0, key=b"k", value=b"filler", headers=filler)
+    assert held.flush(30) == 0  # appended, uncommitted: the partition's end moved
+    # Seconds pass: the position and the end stand still longer than STALLED_S (2 s).
+    wait_for(lambda: time.time() * 1000 > due_ms - 1_000, 15, "a second before the due time")
+    produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_CANCEL, b"o")])])
+    produced_ms = int(time.time() * 1000)
+    wait_for(lambda: time.time() * 1000 > due_ms + 1_500, 15, "past the due time")
+    held.commit_transaction(30)
+    assert produced_ms < due_ms - 200, "the cancel produced late: test void"
+    after: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")])]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = counts_through(setup, b"after", 60)
+    assert b"cancelled" not in counts, bridge.output()[-3000:]
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+
+
+def _transaction(setup: Setup, name: str) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": setup.services.bootstrap,
+            "transactional.id": f"{setup.unique}-{name}",
+        }
+    )
+    producer.init_transactions(30)
+    return producer

@@ -58,7 +58,7 @@ def test_read_live_behind_only_own_ids_due_past_the_read_records_wait() -> None:
     clock = Clock()
     catch_up = CatchUp(clock)
     catch_up.read(SHARD, T0)
-    catch_up.behind({SHARD: 10})
+    catch_up.behind({SHARD: (10, 20)})
     claims = [
         claimed(1, T0 + LIVE_MARGIN_MS, "job-1"),  # produced by the margin before: read already
         claimed(2, T0 + LIVE_MARGIN_MS + 1, "job-2"),  # its cancel may be unread
@@ -78,12 +78,19 @@ def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
     late = [claimed(1, T0 + 60_000, "job-1")]
     catch_up.behind({})  # the last fetch saw nothing more
     assert catch_up.past(late, (), NOW) == []
-    catch_up.behind({SHARD: 10})
+    catch_up.behind({SHARD: (10, 20)})
     assert len(catch_up.past(late, (), NOW)) == 1
     clock.now += STALLED_S  # still behind, at the same position: nothing there it can read
-    catch_up.behind({SHARD: 10})
+    catch_up.behind({SHARD: (10, 20)})
     assert catch_up.past(late, (), NOW) == []
-    catch_up.behind({SHARD: 11})  # it moves again
+    catch_up.behind({SHARD: (11, 20)})  # it moves again
+    assert len(catch_up.past(late, (), NOW)) == 1
+    clock.now += STALLED_S
+    catch_up.behind({SHARD: (11, 20)})
+    assert catch_up.past(late, (), NOW) == []
+    # Its end moves, its position not: something came behind what it cannot read (another
+    # producer's open transaction), which may be the record's cancel.
+    catch_up.behind({SHARD: (11, 21)})
     assert len(catch_up.past(late, (), NOW)) == 1
     catch_up.stop(SHARD)  # revoked: not read here any more
     assert catch_up.past(late, (), NOW) == []
@@ -100,7 +107,7 @@ def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
     late = [claimed(1, T0 + 60_000, "job-1")]
     with caplog.at_level(logging.INFO, logger="bridge.catchup"):
         for _ in range(10):
-            catch_up.behind({SHARD: 10})
+            catch_up.behind({SHARD: (10, 20)})
             assert len(catch_up.past(late, (), NOW)) == 1
             catch_up.behind({})  # level again: a claim meanwhile holds nothing
             assert catch_up.past(late, (), NOW) == []
@@ -108,7 +115,7 @@ def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
         told = [r for r in caplog.records if "behind" in r.getMessage()]
         assert len(told) == 1
         clock.now += TOLD_AGAIN_S
-        catch_up.behind({SHARD: 10})
+        catch_up.behind({SHARD: (10, 20)})
         assert len(catch_up.past(late, (), NOW)) == 1
         assert len([r for r in caplog.records if "behind" in r.getMessage()]) == 2
 
@@ -117,7 +124,7 @@ def test_a_catch_up_holds_every_record_past_its_horizon() -> None:
     catch_up = CatchUp(Clock())
     catch_up.start(SHARD, 0, 100)
     catch_up.read(SHARD, T0)
-    catch_up.behind({SHARD: 10})
+    catch_up.behind({SHARD: (10, 20)})
     claims = [claimed(1, T0), claimed(2, T0 + 1), claimed(3, T0 + 60_000, "job-3")]
     assert [c.record.offset for c in catch_up.past(claims, (), NOW)] == [2, 3]
     catch_up.reached(SHARD, 100)  # caught up; read live from here, still behind the fetch
