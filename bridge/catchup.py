@@ -25,13 +25,20 @@ saying (the claim's now by Redis's clock less the saying's age by the monotonic 
 bridge's own wall clock may be off), which it gives every SAY_EVERY_S at least while nothing
 comes, between the slices of a hold, and after each batch. Keeping up, the ingress reads
 records tens of ms after they are produced, so nothing waits; records with the default delay-id
-never do (nothing can withdraw them). A partition whose read position and end have not moved
-for STALLED_S while the fetch saw more holds nothing: there is nothing there the ingress can read
-(a transaction's marker, or an open transaction's records). Its end moving says something came:
-a cancel behind another producer's open transaction is in the log, unreadable until the commit,
-and the partition is behind again. A partition the ingress holds at a record the DLQ refused
-(bridge.ingress.holds) is behind however long it waits: what follows that record, cancels
-included, is unread.
+never do (nothing can withdraw them).
+
+A partition whose read position and end have not moved for STALLED_S while the fetch saw more
+is asked its last stable offset (:meth:`CatchUp.standing_still`, :meth:`CatchUp.stable`): the
+end a read_committed consumer can read to. At or past the end the fetch saw, there is nothing
+there the ingress can read yet, and it holds nothing (idle) until its position or end moves
+again. Below it, another producer's transaction is open there, and what it holds back — a
+cancel produced behind it, in the log before its record's due time — is unread: the partition
+stays behind, and is asked again every STALLED_S, until the transaction ends (Kafka aborts one
+left open at its transaction.timeout.ms). A partition whose leader does not answer is asked
+again after UNANSWERED_S, and no other is asked meanwhile: in a broker's outage every partition
+stands still, and the ingress must not spend its turns waiting for answers. A partition the
+ingress holds at a record the DLQ refused (bridge.ingress.holds) is behind however long it
+waits: what follows that record, cancels included, is unread.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
+from typing import NamedTuple
 
 from bridge.claiming import Claiming
 from bridge.store import Claimed, Shard, shard_names
@@ -55,13 +63,25 @@ FETCH_SLACK_MS = 20
 # The ingress says how far it reads at least this often while nothing comes (its poll's
 # timeout) and between the slices of a hold: well within LIVE_MARGIN_MS - FETCH_SLACK_MS.
 SAY_EVERY_S = 0.05
-STALLED_S = 2.0  # a read position that has not moved this long while behind holds nothing
+STALLED_S = 2.0  # a partition standing still this long behind its end is asked why
+UNANSWERED_S = 10.0  # a partition whose leader did not answer is asked again this much later
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
 # Why a shard whose re-read after a loss just ended claims nothing yet: the cancels and
 # replacements read in the topic's other partitions and kept until it ended look first.
 KEPT_ELSEWHERE = "kept elsewhere"
+
+
+class _Standing(NamedTuple):
+    """A shard read live behind its end as the last fetch saw it."""
+
+    position: int
+    end: int
+    since: float  # when neither moved last
+    ask_at: float  # when its last stable offset is asked (again)
+    idle: bool  # an answer since it last moved: nothing past its position can be read yet
+    open_from: int = -1  # else where an open transaction holds what follows (-1: not known)
 
 
 class CatchUp(Claiming):
@@ -74,9 +94,8 @@ class CatchUp(Claiming):
         self._again: set[Shard] = set()  # of those, read again after Redis lost their state
         self._horizons: dict[Shard, int] = {}
         self._read: dict[Shard, int] = {}  # the newest record timestamp applied, of every shard
-        # Shards read live behind their end as the last fetch saw it: (position, end, since when
-        # neither moved).
-        self._behind: dict[Shard, tuple[int, int, float]] = {}
+        self._behind: dict[Shard, _Standing] = {}
+        self._ask_after = 0.0  # no shard is asked before (a leader did not answer)
         self._told: dict[Shard, float] = {}  # shards read behind: when their holding was logged
         self._blocked: set[Shard] = set()  # held by the ingress at a record: behind, not idle
         # Shards of the batch the ingress took and has not applied yet (a cancel among them is
@@ -135,9 +154,55 @@ class CatchUp(Claiming):
             self._in_hand, self._said = frozenset(), now
             was = self._behind
             self._behind = {
-                shard: known if (known := was.get(shard)) and known[:2] == seen else (*seen, now)
-                for shard, seen in positions.items()
+                shard: _restart(was.get(shard), seen, now) for shard, seen in positions.items()
             }
+
+    def standing_still(self) -> tuple[Shard, tuple[int, int]] | None:
+        """The shard read behind whose read position and end stood still longest, if one did
+        for STALLED_S since it was last asked, with both: the ingress asks its last stable
+        offset (:meth:`stable`)."""
+        now = self._clock()
+        with self._lock:
+            if now < self._ask_after:
+                return None
+            due = [
+                (st.ask_at, shard)
+                for shard, st in self._behind.items()
+                if not st.idle and st.ask_at <= now and shard not in self._blocked
+            ]
+            if not due:
+                return None
+            shard = min(due)[1]
+            return shard, self._behind[shard][:2]
+
+    def stable(self, shard: Shard, seen: tuple[int, int], offset: int | None) -> None:
+        """``shard``, standing still at ``seen`` (read position, end), has its last stable
+        offset at ``offset`` (None: its leader did not answer). At or past the end, nothing
+        there can be read yet: idle until either moves. Below it, a transaction is open there
+        and holds back what follows: behind, asked again STALLED_S later."""
+        now = self._clock()
+        with self._lock:
+            known = self._behind.get(shard)
+            if known is None or known[:2] != seen:
+                return  # it moved meanwhile: asked again once it stands still
+            if offset is None:
+                self._ask_after = now + UNANSWERED_S
+                self._behind[shard] = known._replace(ask_at=now + UNANSWERED_S)
+                return
+            idle = offset >= known.end
+            opened = -1 if idle else offset
+            self._behind[shard] = known._replace(
+                ask_at=now + STALLED_S, idle=idle, open_from=opened
+            )
+        if opened not in (-1, known.open_from):  # once per transaction found open
+            logger.info(
+                "%s[%d] is read to offset %d, and a transaction open from offset %d holds back "
+                "what follows: its records with their own delay-id wait until it ends",
+                shard.topic,
+                shard.partition,
+                seen[0],
+                offset,
+            )
 
     def taken(self, shards: frozenset[Shard]) -> None:
         """The ingress took a batch of records of ``shards``: until it has applied it and said
@@ -269,7 +334,7 @@ class CatchUp(Claiming):
         now = self._clock()
         with self._lock:
             horizons = self._limits()
-            moving = {s for s, (*_, since) in self._behind.items() if now - since < STALLED_S}
+            moving = {s for s, standing in self._behind.items() if not standing.idle}
             moving |= self._blocked | self._in_hand
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
             said = self._said
@@ -301,3 +366,13 @@ class CatchUp(Claiming):
         if caught:
             logger.info("%d records claimed as a catch-up began wait for it", caught)
         return past
+
+
+def _restart(known: _Standing | None, seen: tuple[int, int], now: float) -> _Standing:
+    """A shard read behind at ``seen`` (read position, end) now, ``known`` before: the same
+    while neither moved; else standing still from now, a transaction found open kept."""
+    if known is None:
+        return _Standing(*seen, now, now + STALLED_S, idle=False)
+    if known[:2] == seen:
+        return known
+    return _Standing(*seen, now, now + STALLED_S, idle=False, open_from=known.open_from)

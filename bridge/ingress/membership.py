@@ -19,6 +19,7 @@ from bridge.errors import StoreError
 from bridge.ingress.adds import Adds
 from bridge.ingress.journal_waits import JournalWaits
 from bridge.ingress.settled import Settled
+from bridge.ingress.verdict import Verdict
 from bridge.metrics import Metrics
 from bridge.positions import Positions, committed, rebuild_point
 from bridge.store import Bound, PerLane, ResumePoint, Shard, Store
@@ -97,6 +98,7 @@ class Membership:
             ),
             marks=catch_up.marks,
         )
+        self.verdict = Verdict(self.positions, catch_up)
         self.joined = False
         # Partitions lost with the group session (Kafka unreachable), until the group forms
         # again: nobody else can own them meanwhile, so their backlog is still this replica's
@@ -306,30 +308,9 @@ class Membership:
         self.journal_waits.read_again(self.consumer, self.reading_again)
 
     def caught_up(self) -> None:
-        """After a batch is applied, or none came: :meth:`verdict`, its catch-ups released."""
+        """After a batch is applied, or none came: the :class:`Verdict`, its catch-ups
+        released."""
         self.adds.caught_up(self.verdict(reach=True))  # past a marker, no record may say so
-
-    def verdict(self, *, reach: bool = False) -> list[Shard]:
-        """Tell which shards are read behind the end their last fetch saw (librdkafka's cached
-        high watermark: no request). ``reach``: also release the shards whose read position
-        reached the end they were held to; returns those that ended a re-read after a loss. A
-        hold gives it alone between its slices: what it holds can withdraw nothing."""
-        assigned = self.positions.assigned
-        if not assigned:
-            return []
-        ends = self.catch_up.ends() if reach else {}
-        behind: dict[Shard, tuple[int, int]] = {}
-        over: list[Shard] = []  # re-reads after a loss that reached their end now
-        tps = [TopicPartition(s.topic, s.partition) for s in assigned]
-        for tp in self.consumer.position(tps):
-            shard, position = Shard(tp.topic, tp.partition), tp.offset
-            if shard in ends and self.catch_up.reached(shard, position):
-                over.append(shard)
-            end = self.consumer.get_watermark_offsets(tp, cached=True)[1]
-            if position >= 0 and position < end:
-                behind[shard] = (position, end)
-        self.catch_up.behind(behind)
-        return over
 
     def close(self, *, leave: bool = False) -> None:
         """Commit what is stored and close the consumer; ``leave``: leave the group first, which

@@ -726,17 +726,17 @@ def test_a_cancel_by_default_id_meeting_its_record_on_its_way_to_its_targets_rat
     _in_time(attempt)
 
 
+@pytest.mark.parametrize("open_past_due_ms", [1_500, 6_000], ids=["briefly", "for-seconds"])
 def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], open_past_due_ms: int
 ) -> None:
-    """A record with its own delay-id, produced in a transaction: its partition ends with the
-    transaction's marker, which a read_committed consumer never reads past, so its read position
-    stays below the end its fetches see — for seconds, a partition with nothing more to read
-    (the catch-up takes it for one at its end). Another producer then opens a transaction there
-    and keeps it open past the due time; the cancel, produced a second before the due time,
-    lands behind that transaction's first record: in the log in time, unreadable until the
-    commit. The record waits for it: what came to the partition since the position last moved
-    may hold its cancel."""
+    """A record with its own delay-id, produced in a transaction; another producer then opens a
+    transaction in its partition and keeps it open past the due time. The cancel, produced a
+    second before the due time, lands behind that transaction's first record: in the log in
+    time, unreadable until the commit. The partition's read position stands still below its end
+    for seconds — before the cancel (the catch-up asks, and finds the transaction open) and after
+    it (the transaction held open for seconds past the due time). The record waits for it:
+    what is held back behind the open transaction may be its cancel."""
     target = setup.targets[0].encode()
     bridge = _reading_at_its_end(setup, bridges, "1000")
     due_ms = int(time.time() * 1000) + 10_000
@@ -751,11 +751,14 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     filler = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
     produce(held, setup.delay, partition=0, key=b"k", value=b"filler", headers=filler)
     assert held.flush(30) == 0  # appended, uncommitted: the partition's end moved
+    plain = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
+    plain.list_topics(setup.delay, timeout=10)  # its metadata at hand: the cancel goes at once
     # Seconds pass: the position and the end stand still longer than STALLED_S (2 s).
     wait_for(lambda: time.time() * 1000 > due_ms - 1_000, 15, "a second before the due time")
-    produce_to(setup.services.bootstrap, setup.delay, [(0, None, [(H_CANCEL, b"o")])])
+    produce(plain, setup.delay, partition=0, key=None, value=None, headers=[(H_CANCEL, b"o")])
+    assert plain.flush(30) == 0
     produced_ms = int(time.time() * 1000)
-    wait_for(lambda: time.time() * 1000 > due_ms + 1_500, 15, "past the due time")
+    wait_for(lambda: time.time() * 1000 > due_ms + open_past_due_ms, 20, "past the due time")
     held.commit_transaction(30)
     assert produced_ms < due_ms - 200, "the cancel produced late: test void"
     after: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")])]
@@ -763,6 +766,7 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     counts = counts_through(setup, b"after", 60)
     assert b"cancelled" not in counts, bridge.output()[-3000:]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    assert "a transaction open from offset" in bridge.output()  # the log says why it waited
 
 
 def _transaction(setup: Setup, name: str) -> Producer:

@@ -14,6 +14,7 @@ from bridge.catchup import (
     LIVE_MARGIN_MS,
     STALLED_S,
     TOLD_AGAIN_S,
+    UNANSWERED_S,
     CatchUp,
 )
 from bridge.claiming import Held
@@ -71,7 +72,7 @@ def test_read_live_behind_only_own_ids_due_past_the_read_records_wait() -> None:
     assert catch_up.past(claims[1:2], (), NOW) == []
 
 
-def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
+def test_a_shard_at_its_end_or_stalled_with_nothing_open_holds_nothing() -> None:
     clock = Clock()
     catch_up = CatchUp(clock)
     catch_up.read(SHARD, T0)
@@ -80,13 +81,19 @@ def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
     assert catch_up.past(late, (), NOW) == []
     catch_up.behind({SHARD: (10, 20)})
     assert len(catch_up.past(late, (), NOW)) == 1
-    clock.now += STALLED_S  # still behind, at the same position: nothing there it can read
+    assert catch_up.standing_still() is None  # not yet asked: it has not stood still
+    clock.now += STALLED_S  # still behind, at the same position: asked why
     catch_up.behind({SHARD: (10, 20)})
+    assert len(catch_up.past(late, (), NOW)) == 1  # not until the answer says so
+    assert catch_up.standing_still() == (SHARD, (10, 20))
+    catch_up.stable(SHARD, (10, 20), 20)  # everything to the end is decided: nothing to read
     assert catch_up.past(late, (), NOW) == []
+    assert catch_up.standing_still() is None
     catch_up.behind({SHARD: (11, 20)})  # it moves again
     assert len(catch_up.past(late, (), NOW)) == 1
     clock.now += STALLED_S
     catch_up.behind({SHARD: (11, 20)})
+    catch_up.stable(SHARD, (11, 20), 21)  # the end moved since the fetch: still nothing to read
     assert catch_up.past(late, (), NOW) == []
     # Its end moves, its position not: something came behind what it cannot read (another
     # producer's open transaction), which may be the record's cancel.
@@ -94,6 +101,60 @@ def test_a_shard_at_its_end_or_stalled_holds_nothing() -> None:
     assert len(catch_up.past(late, (), NOW)) == 1
     catch_up.stop(SHARD)  # revoked: not read here any more
     assert catch_up.past(late, (), NOW) == []
+
+
+def test_a_shard_behind_an_open_transaction_holds_its_own_ids_until_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its last stable offset below its end: another producer's transaction is open there, and a
+    cancel behind it is unread however long the partition stands still."""
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    catch_up.read(SHARD, T0)
+    late = [claimed(1, T0 + 60_000, "job-1"), claimed(2, T0 + 60_000)]
+    with caplog.at_level(logging.INFO, logger="bridge.catchup"):
+        for _ in range(5):
+            clock.now += STALLED_S
+            catch_up.behind({SHARD: (11, 14)})
+            if (still := catch_up.standing_still()) is not None:
+                catch_up.stable(*still, 11)  # open from the read position
+            assert [c.record.offset for c in catch_up.past(late, (), NOW)] == [1]
+        opened = [r for r in caplog.records if "transaction open from offset 11" in r.getMessage()]
+        assert len(opened) == 1  # said once per transaction
+        catch_up.behind({SHARD: (11, 15)})  # its end moves: asked again once it stands still
+        clock.now += STALLED_S
+        catch_up.behind({SHARD: (11, 15)})
+        catch_up.stable(SHARD, (11, 15), 11)
+        assert len([r for r in caplog.records if "open from offset" in r.getMessage()]) == 1
+    clock.now += STALLED_S
+    catch_up.behind({SHARD: (11, 15)})
+    catch_up.stable(SHARD, (11, 15), 15)  # committed: the consumer reads on
+    assert catch_up.past(late, (), NOW) == []
+
+
+def test_an_unanswered_ask_holds_every_ask_back_for_a_while() -> None:
+    """A broker's outage stands every partition still: one unanswered ask, and none for
+    UNANSWERED_S, so the ingress does not spend its turns waiting for answers."""
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    other = Shard("delay", 1)
+    catch_up.behind({SHARD: (1, 2), other: (3, 4)})
+    clock.now += STALLED_S
+    catch_up.behind({SHARD: (1, 2), other: (3, 4)})
+    shard, seen = catch_up.standing_still() or (None, (0, 0))
+    assert shard in (SHARD, other)
+    catch_up.stable(shard, seen, None)
+    assert catch_up.standing_still() is None
+    clock.now += UNANSWERED_S
+    still = catch_up.standing_still()
+    assert still is not None and still[0] != shard  # the other, asked first now
+    catch_up.stable(*still, None)
+    catch_up.stable(shard, seen, 5)  # answered: nothing there to read
+    clock.now += UNANSWERED_S
+    assert catch_up.standing_still() is not None
+    catch_up.block(SHARD, True)  # held at a record: behind whatever the answer
+    catch_up.block(other, True)
+    assert catch_up.standing_still() is None
 
 
 def test_a_shard_that_goes_behind_and_level_again_is_said_behind_once_a_minute(
