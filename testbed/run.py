@@ -59,6 +59,7 @@ KEEP = False  # --keep: the servers and the last run's topics and keys stay, to 
 
 SETTLE_TIMEOUT_S = 180.0
 SCENE_SEQS = 10_000_000  # the adversary's burst scenes number their records from here
+TRANSACTION_SEQS = SCENE_SEQS + 5_000_000  # and its transaction scene (testbed.workload)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from testbed.services import wait_for
 from testbed.workload import (
     CLIENT_LOG_LEVEL,
     Record,
+    TransactionScene,
     Workload,
     adversarial,
     hostile,
@@ -665,7 +666,9 @@ def _adversary(
     (30 minutes or 20 s ahead, 3 s behind), (with three faults or more) Redis losing everything,
     (four or more) a broker restart, (five or more) a bridge standing still (SIGSTOP) past its
     group session or its lease and woken with what it had in flight, (six or more) Redis
-    standing still for seconds and (seven or more) the broker too. The checker's oracle (the
+    standing still for seconds and (seven or more) the broker too; then, quiet, a cancel behind
+    another producer's transaction held open past its record's due time
+    (:class:`~testbed.workload.TransactionScene`). The checker's oracle (the
     parser, every cancel and replacement by delay-id or origin, an operator's copies of a record
     by its seq) settles every offset:
     nothing lost, early or misrouted; every partition caught up; the bridge ready again."""
@@ -708,6 +711,18 @@ def _adversary(
             workload.acked_ms.update(scene.acked_ms)
         answers += _operate(run, rng.choice(bridges), rng)
         cancelling.cancel(rng, every=True)
+        # Quiet now: a cancel behind another producer's transaction held open past its
+        # record's due time, the partition standing still for seconds before and after it.
+        quiet = TransactionScene(
+            run.servers.bootstrap,
+            run.delay,
+            run.target,
+            rng.randrange(PARTITIONS),
+            runs.TRANSACTION_SEQS,
+            open_past_due_ms=rng.randint(2_000, 3_500),
+            commit=rng.random() < 0.5,
+        ).play()
+        workload.acked_ms.update(quiet.acked_ms)
     finally:
         injected.shifted.write_text("0")
     for bridge in bridges:
@@ -728,6 +743,7 @@ def _adversary(
     result.checks["operators answered in one line, reads never 5xx"] = not answers
     check_occurrences(run, result, expected, "20 schedules")
     cancelling.check(result)
+    result.notes += quiet.notes
     if answers:
         result.notes += answers[:5]
     return result

@@ -354,3 +354,85 @@ def adversarial(
         else:
             out.append(next(generated, Record([t], key=key, delay_ms=0)))
     return out
+
+
+@dataclass
+class TransactionScene:
+    """A record with its own delay-id, produced in a transaction to ``partition``, due
+    ``lead_ms`` later; another producer's transaction opened in the same partition right after
+    and held open ``open_past_due_ms`` past the due time, then committed or aborted
+    (``commit``); and the record's cancel, produced a second before the due time, behind that
+    open transaction: in the log in time, unreadable until it ends. The record must be
+    withdrawn. Its three records are seqs ``first_seq`` (the record), +1 (the open
+    transaction's, due in an hour) and +2 (the cancel); ``acked_ms`` says when Kafka took the
+    record (its commit) and the cancel."""
+
+    bootstrap: str
+    topic: str
+    target: str
+    partition: int
+    first_seq: int
+    open_past_due_ms: int
+    commit: bool
+    lead_ms: int = 3_000
+    acked_ms: dict[int, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def play(self) -> TransactionScene:
+        seq = self.first_seq
+        sid = b"txn-%d" % seq
+        due_ms = now_ms() + self.lead_ms
+        mine, held = self._transactional("mine"), self._transactional("held")
+        plain = Producer({"bootstrap.servers": self.bootstrap, "log_level": CLIENT_LOG_LEVEL})
+        plain.list_topics(self.topic, timeout=30)  # the cancel goes at once when it is time
+        try:
+            record: Headers = [(H_TARGET_TOPIC, self.target.encode()), (H_ID, sid)]
+            record.append((H_DELIVER_AT, b"%d" % due_ms))
+            mine.begin_transaction()
+            self._produce(mine, seq, record)
+            mine.commit_transaction(30)
+            self.acked_ms[seq] = now_ms()
+            held.begin_transaction()
+            self._produce(held, seq + 1, [(H_TARGET_TOPIC, self.target.encode())], hour=True)
+            held.flush(30)  # appended, not committed: the partition's end moved past it
+            _until(due_ms - 1_000)
+            self._produce(plain, seq + 2, [(H_CANCEL, sid)])
+            if plain.flush(30) == 0:
+                self.acked_ms[seq + 2] = now_ms()
+            _until(due_ms + self.open_past_due_ms)
+            if self.commit:
+                held.commit_transaction(30)
+            else:
+                held.abort_transaction(30)
+        except Exception as exc:  # a fault broke it: the oracle holds what Kafka took
+            self.notes.append(f"transaction scene {seq}: {exc}")
+        return self
+
+    def _transactional(self, name: str) -> Producer:
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": f"{self.topic}-scene-{self.first_seq}-{name}",
+                "log_level": CLIENT_LOG_LEVEL,
+            }
+        )
+        producer.init_transactions(30)
+        return producer
+
+    def _produce(self, producer: Producer, seq: int, headers: Headers, hour: bool = False) -> None:
+        if hour:
+            headers = [*headers, (H_DELIVER_AT, b"%d" % (now_ms() + 3_600_000))]
+        produce(
+            producer,
+            self.topic,
+            partition=self.partition,
+            key=b"txn",
+            value=value_of(seq),
+            headers=wire_headers(headers),
+        )
+
+
+def _until(epoch_ms: int) -> None:
+    """Wait until the wall clock reads ``epoch_ms`` (the scene's timing, not a wait on a
+    condition)."""
+    time.sleep(max(0.0, epoch_ms - now_ms()) / 1000)

@@ -18,7 +18,7 @@ from bridge.store import Shard
 
 logger = logging.getLogger(__name__)
 
-ASK_TIMEOUT_S = 1.0  # a partition's leader answers its last stable offset within this
+ASK_TIMEOUT_S = 0.5  # a partition's leader answers its last stable offset within this
 
 
 class Verdict:

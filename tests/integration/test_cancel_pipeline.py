@@ -739,7 +739,7 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     what is held back behind the open transaction may be its cancel."""
     target = setup.targets[0].encode()
     bridge = _reading_at_its_end(setup, bridges, "1000")
-    due_ms = int(time.time() * 1000) + 10_000
+    due_ms = int(time.time() * 1000) + 6_000
     headers = [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due_ms), (H_ID, b"o")]
     first = _transaction(setup, "first")
     first.begin_transaction()
