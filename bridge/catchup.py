@@ -47,6 +47,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import NamedTuple
 
@@ -310,6 +311,19 @@ class CatchUp(Claiming):
         a record due before it lost to its due time whatever the re-read did."""
         with self._lock:
             self._elsewhere = dict(caps)
+
+    def held_partitions(self) -> dict[str, int]:
+        """How many shards' records wait for the ingress, by why (label values: a shard may
+        count under several): re-read behind their end, behind an open transaction, held at a
+        record the DLQ refused, and held (:meth:`hold`) for each reason given."""
+        with self._lock:
+            counts = Counter(why for whys in self._held.values() for why in whys)
+            counts["catching up"] = len(self._ends)
+            counts["open transaction"] = sum(
+                not st.idle and st.open_from >= 0 for st in self._behind.values()
+            )
+            counts["dlq refused"] = len(self._blocked)
+        return {why.replace(" ", "-"): n for why, n in counts.items()}
 
     def holding(self, why: str) -> set[Shard]:
         """The shards held for ``why`` (:meth:`hold`)."""

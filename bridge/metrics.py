@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -17,6 +17,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 from bridge import __version__
 from bridge.message import Priority, Reason
@@ -27,6 +28,16 @@ READ_BACK_RESULTS = ("stored", "missing", "refused")
 REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "offsets-went-back")
 # Why Redis handed out again a record whose fate was sealed (delay_bridge_redeliveries_avoided).
 AVOIDED_CAUSES = ("take-over", "lease-expired", "redis-lost-writes")
+# Why a partition's records wait for the ingress (delay_bridge_held_partitions; bridge.catchup).
+HELD_WHYS = (
+    "catching-up",
+    "open-transaction",
+    "dlq-refused",
+    "kept-elsewhere",
+    "settle",
+    "journal",
+    "take-back",
+)
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
 LATENESS_BUCKETS = (
@@ -99,11 +110,31 @@ _CANCELS_KEPT = (
 )
 
 
+class HeldPartitions:
+    """``delay_bridge_held_partitions{reason}``, read at each scrape (CatchUp.held_partitions)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.read: Callable[[], Mapping[str, int]] = dict
+        registry.register(self)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "delay_bridge_held_partitions",
+            "Owned delay-topic partitions whose records wait for the ingress, by why",
+            labels=["reason"],
+        )
+        counts = self.read()
+        for why in HELD_WHYS:
+            family.add_metric([why], counts.get(why, 0))
+        yield family
+
+
 class Metrics:
     """Every metric the bridge exports, registered on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.held_partitions = HeldPartitions(registry)
         self.ingested = Counter(
             "delay_bridge_ingested", "Records stored in Redis", ["delay_topic"], registry=registry
         )

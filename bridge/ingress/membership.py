@@ -99,6 +99,7 @@ class Membership:
             marks=catch_up.marks,
         )
         self.verdict = Verdict(self.positions, catch_up)
+        metrics.held_partitions.read = catch_up.held_partitions
         self.joined = False
         # Partitions lost with the group session (Kafka unreachable), until the group forms
         # again: nobody else can own them meanwhile, so their backlog is still this replica's

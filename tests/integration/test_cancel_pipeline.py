@@ -758,6 +758,8 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     produce(plain, setup.delay, partition=0, key=None, value=None, headers=[(H_CANCEL, b"o")])
     assert plain.flush(30) == 0
     produced_ms = int(time.time() * 1000)
+    held_open = 'delay_bridge_held_partitions{reason="open-transaction"}'
+    wait_for(lambda: metric(bridge, held_open) == 1, 10, "the partition held, and said so")
     wait_for(lambda: time.time() * 1000 > due_ms + open_past_due_ms, 20, "past the due time")
     held.commit_transaction(30)
     assert produced_ms < due_ms - 200, "the cancel produced late: test void"
@@ -767,6 +769,7 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     assert b"cancelled" not in counts, bridge.output()[-3000:]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
     assert "a transaction open from offset" in bridge.output()  # the log says why it waited
+    wait_for(lambda: metric(bridge, held_open) == 0, 10, "the partition no longer held")
 
 
 def _transaction(setup: Setup, name: str) -> Producer:

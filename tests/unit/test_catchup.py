@@ -126,10 +126,12 @@ def test_a_shard_behind_an_open_transaction_holds_its_own_ids_until_it_ends(
         catch_up.behind({SHARD: (11, 15)})
         catch_up.stable(SHARD, (11, 15), 11)
         assert len([r for r in caplog.records if "open from offset" in r.getMessage()]) == 1
+    assert catch_up.held_partitions()["open-transaction"] == 1
     clock.now += STALLED_S
     catch_up.behind({SHARD: (11, 15)})
     catch_up.stable(SHARD, (11, 15), 15)  # committed: the consumer reads on
     assert catch_up.past(late, (), NOW) == []
+    assert catch_up.held_partitions()["open-transaction"] == 0
 
 
 def test_an_unanswered_ask_holds_every_ask_back_for_a_while() -> None:
@@ -427,3 +429,24 @@ def test_a_re_read_claims_nothing_due_after_what_its_topics_other_partitions_kee
     assert catch_up.horizons() == {SHARD: T0 + 1_000, other: T0 + 5_000}
     catch_up.kept_elsewhere({SHARD: T0 + 9_000})  # nothing kept: Redis's clock then
     assert catch_up.horizons() == {SHARD: T0 + 5_000, other: T0 + 5_000}
+
+
+def test_held_partitions_counts_each_why_a_shard_waits_for_the_ingress() -> None:
+    catch_up = CatchUp(Clock())
+    other = Shard("delay", 1)
+    catch_up.start(SHARD, 0, 100)
+    catch_up.hold(SHARD, True, KEPT_ELSEWHERE)
+    catch_up.hold(other, True)
+    catch_up.hold(other, True, "journal")
+    catch_up.block(other, True)
+    held = catch_up.held_partitions()
+    assert {k: v for k, v in held.items() if v} == {
+        "catching-up": 1,
+        "kept-elsewhere": 1,
+        "settle": 1,
+        "journal": 1,
+        "dlq-refused": 1,
+    }
+    catch_up.stop(SHARD)
+    catch_up.stop(other)
+    assert not any(catch_up.held_partitions().values())
