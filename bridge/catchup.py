@@ -52,6 +52,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from typing import NamedTuple
 
 from bridge.claiming import Claiming
+from bridge.message import wall_ms
 from bridge.store import Claimed, Shard, shard_names
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,9 @@ class CatchUp(Claiming):
         self._elsewhere: dict[Shard, int] = {}  # see :meth:`kept_elsewhere`
         self._clock = clock
         self._lock = threading.Lock()
+        # The decision time (epoch ms): the ingress takes no record stamp after it as how far a
+        # partition is read (bridge.ingress.batch). The mover sets its clock's.
+        self.stamp_limit: Callable[[], int] = wall_ms
 
     def start(self, shard: Shard, position: int, end: int, *, again: bool = False) -> None:
         """The ingress reads ``shard`` from offset ``position`` and the partition ends at

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -11,6 +14,10 @@ from bridge.dialects import parse_record
 from bridge.kafka import headers_of
 from bridge.message import Cancel, Rejected, Rules, Scheduled
 from bridge.store import Shard
+
+logger = logging.getLogger(__name__)
+
+STAMPED_AHEAD_TOLD_S = 60.0  # records stamped ahead are said once a minute at most
 
 
 def coords(msg: Message) -> tuple[str, int, int]:
@@ -95,14 +102,22 @@ class Batch:
         self.rejected = [(m, r) for m, r in self.rejected if shard_of(m) not in shards]
 
 
-def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
+def parse_batch(
+    messages: list[Message], rules: Rules, now_ms: int, stamps_until_ms: int | None = None
+) -> Batch:
     """Parse a consumed batch. Per record only what the record needs: the per-partition
     figures are kept in locals while the partition stays the same (consumed batches come in
-    runs of one partition) and written to the batch when it changes."""
+    runs of one partition) and written to the batch when it changes. ``newest_ms`` takes no
+    record stamped after ``stamps_until_ms`` (``now_ms`` if not given): the decision time as it
+    was read. A producer whose clock is ahead stamps records later than they were produced,
+    and such a stamp says nothing of what was produced before the record (bridge.catchup)."""
     batch = Batch()
     shard: Shard | None = None
     records: list[Scheduled | Cancel] = []
-    high = low = newest = 0
+    high = low = 0
+    newest = -1  # of the stamps trusted (-1: none yet)
+    trusted = now_ms if stamps_until_ms is None else stamps_until_ms
+    ahead = 0  # how far the stamps not trusted were ahead, at most
 
     def keep() -> None:
         if shard is None:
@@ -110,7 +125,8 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
         mine = batch.stored.get(shard)
         batch.stored[shard] = (high, records) if mine is None else (max(mine[0], high), records)
         batch.low[shard] = min(low, batch.low.get(shard, low))
-        batch.newest_ms[shard] = max(newest, batch.newest_ms.get(shard, newest))
+        if newest >= 0:
+            batch.newest_ms[shard] = max(newest, batch.newest_ms.get(shard, newest))
 
     for msg in messages:
         topic, partition, offset = coords(msg)
@@ -123,12 +139,15 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
             known = batch.stored.get(shard)
             records = [] if known is None else known[1]
             high = low = offset
-            newest = ts
+            newest = -1
         if offset > high:
             high = offset
         elif offset < low:
             low = offset
-        newest = max(newest, ts)
+        if ts > trusted:
+            ahead = max(ahead, ts - trusted)
+        elif ts > newest:
+            newest = ts
         try:
             parsed = parse_record(
                 rules,
@@ -149,4 +168,22 @@ def parse_batch(messages: list[Message], rules: Rules, now_ms: int) -> Batch:
         else:
             records.append(parsed)
     keep()
+    if ahead:
+        _stamped_ahead(ahead)
     return batch
+
+
+_told_ahead = [-math.inf]  # when records stamped ahead were last said (monotonic s)
+
+
+def _stamped_ahead(ahead_ms: int) -> None:
+    """Say, once a minute at most, that records were stamped ahead of the decision time."""
+    now = time.monotonic()
+    if now - _told_ahead[0] >= STAMPED_AHEAD_TOLD_S:
+        _told_ahead[0] = now
+        logger.warning(
+            "records stamped up to %.1f s after this bridge's decision time were read (a "
+            "producer's clock ahead?): their stamps are not taken as how far their partition "
+            "is read, so its records with their own delay-id may wait longer for a re-read",
+            ahead_ms / 1000,
+        )

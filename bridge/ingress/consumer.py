@@ -199,7 +199,7 @@ class Ingress:
         if not messages:
             return 0
         self.catch_up.taken(shards_of(messages))  # read, not applied: behind until caught_up
-        batch = parse_batch(messages, self.rules, self._clock_ms())
+        batch = parse_batch(messages, self.rules, self._clock_ms(), self.catch_up.stamp_limit())
         if self.config.hold:
             messages, batch = self._hold(messages, batch)
         try:
@@ -249,7 +249,7 @@ class Ingress:
             got = self.consumer.consume(self.config.batch_size - len(messages), wait)
             if more := [m for m in got if not _is_error(self.restarts, m)]:
                 messages += more
-                later = parse_batch(more, self.rules, self._clock_ms())
+                later = parse_batch(more, self.rules, self._clock_ms(), self.catch_up.stamp_limit())
                 if urgent := later.urgent(self._clock_ms() + 2 * self.config.hold):
                     self.catch_up.taken(shards_of(messages))  # a cancel may be among them
                 batch.merge(later)

@@ -141,12 +141,16 @@ def test_cancel_and_replace_hold_across_two_sigkills(setup: Setup, bridges: list
     check(got, expected, cancelled)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["true-stamps", "one-stamped-ahead"])
 def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
-    setup: Setup, bridges: list[Bridge]
+    setup: Setup, bridges: list[Bridge], ahead: bool
 ) -> None:
     """A record in Redis falls due while its replica is down; its cancel was produced before
     that, behind thousands of other records. The next replica reads them all before it claims
-    the record: nothing produced before a record fell due is left unread when it is claimed."""
+    the record: nothing produced before a record fell due is left unread when it is claimed.
+    ``ahead``: first in the backlog, a record whose producer's clock is an hour ahead (Kafka
+    takes a CreateTime up to message.timestamp.after.max.ms ahead of the broker's, one hour by
+    default): its stamp says nothing of what was produced before it."""
     target = setup.targets[0]
     bridge = fast_takeover(setup, "bridge-1")
     bridges.append(bridge)
@@ -162,6 +166,12 @@ def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
     )
     wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
     bridge.signal(signal.SIGKILL)
+    if ahead:
+        skewed = Producer({"bootstrap.servers": setup.services.bootstrap})
+        headers = delay_headers(target, after="1d")
+        stamp = int(time.time() * 1000) + 3_600_000 - 60_000  # within the broker's hour
+        produce(skewed, setup.delay, key=key, value=b"ahead", headers=headers, timestamp=stamp)
+        assert skewed.flush(30) == 0
     backlog: list[Record] = [(key, b"later", delay_headers(target, after="1h"))] * 5000
     produce_all(
         setup.services.bootstrap, setup.delay, [*backlog, (key, b"", cancel_headers("expire-1"))]
@@ -175,6 +185,7 @@ def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
     records = setup.await_value(b"marker", 60, "the marker")
     assert [r.value for r in records] == [b"marker"]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    assert ("records stamped up to" in bridge.output()) == ahead  # the log says so
 
 
 def test_cancel_and_replace_hold_after_redis_loses_everything(

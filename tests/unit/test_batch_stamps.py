@@ -1,0 +1,75 @@
+"""How far a parsed batch says each partition is read (bridge.ingress.batch.parse_batch's
+``newest_ms``): a record stamped after the decision time counts for nothing."""
+
+from __future__ import annotations
+
+import re
+from typing import cast
+
+from confluent_kafka import Message
+
+from bridge.ingress.batch import parse_batch
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Rules, parse_duration_ms
+from bridge.store import Shard
+
+NOW = 1_790_000_000_000
+RULES = Rules(
+    delay_topics=frozenset({"delay"}),
+    default_targets={},
+    allowed_targets=(re.compile(".*"),),
+    dead_letter="delay.dlq",
+    max_delay_ms=parse_duration_ms("7d"),
+    max_record_bytes=10_000,
+    dialects={},
+)
+A, B = Shard("delay", 0), Shard("delay", 1)
+
+
+class Msg:
+    """A consumed record: ``partition``, ``offset``, stamped ``stamp`` (CreateTime)."""
+
+    def __init__(self, partition: int, offset: int, stamp: int) -> None:
+        self._at, self._stamp = (partition, offset), stamp
+
+    def topic(self) -> str:
+        return "delay"
+
+    def partition(self) -> int:
+        return self._at[0]
+
+    def offset(self) -> int:
+        return self._at[1]
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._stamp
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(H_TARGET_TOPIC, b"out"), (H_AFTER, b"1h")]
+
+
+def parsed(*records: tuple[int, int, int], limit: int | None = None) -> dict[Shard, int]:
+    messages = [cast(Message, Msg(*r)) for r in records]
+    return parse_batch(messages, RULES, NOW, limit).newest_ms
+
+
+def test_the_newest_stamp_of_each_partition_is_how_far_it_is_read() -> None:
+    assert parsed((0, 1, NOW - 30), (0, 2, NOW - 20), (1, 7, NOW - 50)) == {
+        A: NOW - 20,
+        B: NOW - 50,
+    }
+
+
+def test_a_stamp_after_the_decision_time_says_nothing_of_what_came_before_it() -> None:
+    """A producer's clock an hour ahead: its record is stored, its stamp not trusted."""
+    hour_ahead = NOW + 3_600_000
+    assert parsed((0, 1, NOW - 30), (0, 2, hour_ahead), (0, 3, NOW - 10)) == {A: NOW - 10}
+    assert parsed((0, 2, hour_ahead), (1, 7, NOW - 50)) == {B: NOW - 50}  # A: none trusted
+    # The limit is the decision time given (the lesser of Redis's clock and this host's).
+    assert parsed((0, 1, NOW - 30), limit=NOW - 40) == {}
+    assert parsed((0, 1, NOW + 5), limit=NOW + 5) == {A: NOW + 5}
