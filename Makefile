@@ -77,10 +77,10 @@ unit: $(STAMP)
 # model test (Redis alone), the operators' commands and the Redis modes (Sentinel, Cluster, TLS:
 # servers of their own; their deadlines are the lease's), the hostile inputs, the clock steps
 # (early is early however busy the machine), a record's identity, the dialects, the quotas and
-# the consumer restarts (their margins are seconds). BESIDE_TOO: the journal, exactly-once
-# delivery, the cancels read beside a rebuild, the recurring schedules (duplicates, losses,
-# missed occurrences; margins of seconds) and the cancels' pipeline (a cancel produced at least
+# the consumer restarts (their margins are seconds), and the cancels' pipeline (a cancel produced
 # LIVE_MARGIN_MS before its record's due time wins however busy the machine: the bridge waits).
+# BESIDE_TOO: the journal, exactly-once delivery, the cancels read beside a rebuild and the
+# recurring schedules (duplicates, losses, missed occurrences; margins of seconds).
 # Neither checks a time to the millisecond. The third: every other test on the session's
 # services, the chaos scenarios last (their checks of lateness have margins of seconds: BESIDE's
 # last tests run beside them; the two take about as long). The others' reports are printed after
@@ -97,11 +97,11 @@ BESIDE_INTEGRATION := tests/integration/test_kafka_cluster.py tests/integration/
   tests/integration/test_dialects.py \
   tests/integration/test_testbed.py \
   tests/integration/test_recovery.py \
-  tests/integration/test_quotas.py tests/integration/test_consumer_restart.py
+  tests/integration/test_quotas.py tests/integration/test_consumer_restart.py \
+  tests/integration/test_cancel_pipeline.py
 BESIDE := $(BESIDE_BENCH) tests/ship tests/unit $(BESIDE_INTEGRATION)
 BESIDE_TOO := tests/integration/test_journal.py tests/integration/test_exactly_once.py \
-  tests/integration/test_rebuild_cancels.py tests/integration/test_recurring.py \
-  tests/integration/test_cancel_pipeline.py
+  tests/integration/test_rebuild_cancels.py tests/integration/test_recurring.py
 test: lint typecheck docs tools services
 	@export $$(scripts/services env) && mkdir -p build && \
 	if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
