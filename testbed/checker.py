@@ -42,7 +42,7 @@ from bridge.message import (
     parse_count,
     parse_time_ms,
 )
-from bridge.store import Shard, Store
+from bridge.store import Shard, Store, replaced_exactly
 from testbed.background import Background
 from testbed.workload import CLIENT_LOG_LEVEL, ReadOnce, now_ms, seq_of
 
@@ -260,7 +260,8 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
     # (topic, an id) -> (partition, offset, timestamp, seq or None) of each record that names it:
     # a cancel, or a record with it as its delay-id (a caller's, or the default one: an id like
     # any other)
-    namers: dict[tuple[str, str], list[tuple[int, int, int, int | None]]] = {}
+    # (partition, offset, stamp, seq, the one offset it replaces exactly: an operator's copy)
+    namers: dict[tuple[str, str], list[tuple[int, int, int, int | None, int | None]]] = {}
     # Each valid record and the names it answers to: its delay-id, and its origin (a cancel or a
     # replacement of <topic>:<partition>:<offset> withdraws the record there, whatever its id).
     valid: list[tuple[str, int, int, int, int, set[str]]] = []
@@ -287,14 +288,17 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
             if isinstance(rec, Cancel):  # delivered nowhere (a command's has no seq)
                 for each in rec.each():
                     namers.setdefault((topic, each.delay_id), []).append(
-                        (partition, offset, ts, seq)
+                        (partition, offset, ts, seq, None)
                     )
                 continue
             if rec.recurring:  # its occurrences are the recurring scenario's to check
                 continue
             assert seq is not None, f"{where} has no seq value"
             out[seq] = met_again(out.get(seq), Expected(where, ts, rec.due_ms, rec.delay_id))
-            namers.setdefault((topic, rec.delay_id), []).append((partition, offset, ts, seq))
+            exactly = replaced_exactly(Shard(topic, partition), rec)
+            namers.setdefault((topic, rec.delay_id), []).append(
+                (partition, offset, ts, seq, exactly)
+            )
             valid.append((topic, partition, offset, ts, seq, {rec.delay_id, where}))
         except Rejected as rejection:
             assert seq is not None, f"{where} has no seq value"
@@ -317,11 +321,19 @@ def expectations(messages: list[Message], rules: Rules) -> dict[int, Expected]:
             if (n[0], n[1]) not in copies[seq]
         ]
         if any(
-            (p == partition and o > offset) or (p != partition and t >= ts) for p, o, t, _ in later
+            (p == partition and o > offset) or (p != partition and t >= ts) for p, o, t, *_ in later
         ):
             out[seq] = dataclasses.replace(out[seq], replaceable=True)
         given = not out[seq].delay_id.startswith(f"{topic}:")  # not a default id, nor its copy's
-        here = tuple(s for p, o, _, s in later if p == partition and o > offset and s is not None)
+        # Must withdraw it: a later record of its partition naming it — but an operator's copy
+        # that replaces another record exactly (delay-replaces) replaces that one only, and
+        # nothing once it was replaced (docs/contract.md): it may, not must (a rebuild from a
+        # later offset than that record's replaces by the id).
+        here = tuple(
+            s
+            for p, o, _, s, exactly in later
+            if p == partition and o > offset and s is not None and exactly in (None, offset)
+        )
         if given:  # the last copy's: what names it later names every copy before it
             out[seq] = dataclasses.replace(out[seq], withdrawn_by=here)
     return out

@@ -122,7 +122,7 @@ class Egress:
             transactions.settings.on_ended = self.taking_over.ended
         self.last_loop, self.turns = time.monotonic(), Turns("mover")
         self.catch_up.wake = self._wake.set  # take-backs
-        self.catch_up.stamp_limit = self.clock.decision_ms  # how far a partition is read
+        self.catch_up.stamp_limit = self.clock.stamp_limit  # how far a partition is read
         self.catch_up.take_out = self.sender.take_out
 
     def add_shards(self, shards: set[Shard]) -> None:

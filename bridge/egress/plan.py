@@ -115,6 +115,12 @@ class DecisionClock:
         redis_ms = int(time.monotonic() * 1000 + offset)
         return redis_ms if redis_ms < wall else wall
 
+    def stamp_limit(self) -> int:
+        """The latest record stamp the ingress takes as how far a partition is read: the
+        decision time, and none (-1) before a claim told Redis's time — this host's clock alone
+        may be the one that is ahead (bridge.ingress.batch)."""
+        return -1 if self._redis_minus_local_ms is None else self.decision_ms()
+
     def ceiling(self, given_ms: int | None) -> int | None:
         """The ceiling a claim puts on Redis TIME: the decision time, or None when the caller
         gives the claim's now (a test's: exact)."""

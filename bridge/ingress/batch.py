@@ -168,7 +168,7 @@ def parse_batch(
         else:
             records.append(parsed)
     keep()
-    if ahead:
+    if ahead and trusted >= 0:  # -1: no stamp is trusted yet (bridge.egress.plan)
         _stamped_ahead(ahead)
     return batch
 

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import cast
 
 from confluent_kafka import Message
 
+from bridge.egress.plan import DecisionClock
 from bridge.ingress.batch import parse_batch
 from bridge.message import H_AFTER, H_TARGET_TOPIC, Rules, parse_duration_ms
-from bridge.store import Shard
+from bridge.store import Claims, Shard
 
 NOW = 1_790_000_000_000
 RULES = Rules(
@@ -73,3 +75,13 @@ def test_a_stamp_after_the_decision_time_says_nothing_of_what_came_before_it() -
     # The limit is the decision time given (the lesser of Redis's clock and this host's).
     assert parsed((0, 1, NOW - 30), limit=NOW - 40) == {}
     assert parsed((0, 1, NOW + 5), limit=NOW + 5) == {A: NOW + 5}
+    assert parsed((0, 1, NOW - 30), limit=-1) == {}  # before a claim told Redis's time
+
+
+def test_no_stamp_is_trusted_before_a_claim_told_redis_time() -> None:
+    """The host's clock alone may be the one ahead: an hour, and the operator's commands run
+    on the same host stamp their records an hour ahead too."""
+    clock = DecisionClock(wall=lambda: NOW + 3_600_000)
+    assert clock.stamp_limit() == -1
+    clock.set(Claims([], NOW, {}, time.monotonic(), NOW))
+    assert abs(clock.stamp_limit() - NOW) < 1_000  # Redis's time: the lesser clock
