@@ -185,7 +185,6 @@ def test_a_cancel_behind_a_backlog_wins_over_a_record_due_meanwhile(
     records = setup.await_value(b"marker", 60, "the marker")
     assert [r.value for r in records] == [b"marker"]
     assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
-    assert ("records stamped up to" in bridge.output()) == ahead  # the log says so
 
 
 def test_cancel_and_replace_hold_after_redis_loses_everything(
