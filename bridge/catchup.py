@@ -51,7 +51,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import NamedTuple
 
-from bridge.claiming import Claiming
+from bridge.claiming import TAKING_BACK, Claiming
 from bridge.message import wall_ms
 from bridge.store import Claimed, Shard, shard_names
 
@@ -70,9 +70,24 @@ UNANSWERED_S = 10.0  # a partition whose leader did not answer is asked again th
 # A shard read behind is said so at most this often: one written by transactions (a recurring
 # schedule carried on, exactly once) is behind whenever one is open, and level again between.
 TOLD_AGAIN_S = 60.0
-# Why a shard whose re-read after a loss just ended claims nothing yet: the cancels and
-# replacements read in the topic's other partitions and kept until it ended look first.
-KEPT_ELSEWHERE = "kept elsewhere"
+# Why a shard's records wait for the ingress: each a label of delay_bridge_held_partitions.
+# Read behind its end after a loss or an assignment; behind a transaction open in its partition;
+# held at a record the DLQ refused.
+CATCHING_UP, OPEN_TRANSACTION, DLQ_REFUSED = "catching-up", "open-transaction", "dlq-refused"
+# Held (CatchUp.hold): its re-read after a loss just ended, and the cancels and replacements read
+# in the topic's other partitions and kept until it ended look first (bridge.ingress.adds); what
+# the journal holds as settled not yet forgotten in Redis (bridge.ingress.settled); the journal
+# not yet read for a re-read (bridge.ingress.journal_waits); a take-back withdrawn (claiming).
+KEPT_ELSEWHERE, SETTLE, JOURNAL = "kept-elsewhere", "settle", "journal"
+HELD_WHYS = (
+    CATCHING_UP,
+    OPEN_TRANSACTION,
+    DLQ_REFUSED,
+    KEPT_ELSEWHERE,
+    SETTLE,
+    JOURNAL,
+    TAKING_BACK,
+)
 
 
 class _Standing(NamedTuple):
@@ -80,7 +95,6 @@ class _Standing(NamedTuple):
 
     position: int
     end: int
-    since: float  # when neither moved last
     ask_at: float  # when its last stable offset is asked (again)
     idle: bool  # an answer since it last moved: nothing past its position can be read yet
     open_from: int = -1  # else where an open transaction holds what follows (-1: not known)
@@ -225,7 +239,7 @@ class CatchUp(Claiming):
             else:
                 self._blocked.discard(shard)
 
-    def hold(self, shard: Shard, held: bool, why: str = "settle") -> None:
+    def hold(self, shard: Shard, held: bool, why: str = SETTLE) -> None:
         """Claim no record of ``shard`` that was not claimed before, for ``why`` (or claim again
         once nothing else holds it)."""
         with self._lock:
@@ -322,12 +336,12 @@ class CatchUp(Claiming):
         record the DLQ refused, and held (:meth:`hold`) for each reason given."""
         with self._lock:
             counts = Counter(why for whys in self._held.values() for why in whys)
-            counts["catching up"] = len(self._ends)
-            counts["open transaction"] = sum(
+            counts[CATCHING_UP] = len(self._ends)
+            counts[OPEN_TRANSACTION] = sum(
                 not st.idle and st.open_from >= 0 for st in self._behind.values()
             )
-            counts["dlq refused"] = len(self._blocked)
-        return {why.replace(" ", "-"): n for why, n in counts.items()}
+            counts[DLQ_REFUSED] = len(self._blocked)
+        return dict(counts)
 
     def holding(self, why: str) -> set[Shard]:
         """The shards held for ``why`` (:meth:`hold`)."""
@@ -390,7 +404,7 @@ def _restart(known: _Standing | None, seen: tuple[int, int], now: float) -> _Sta
     """A shard read behind at ``seen`` (read position, end) now, ``known`` before: the same
     while neither moved; else standing still from now, a transaction found open kept."""
     if known is None:
-        return _Standing(*seen, now, now + STALLED_S, idle=False)
+        return _Standing(*seen, now + STALLED_S, idle=False)
     if known[:2] == seen:
         return known
-    return _Standing(*seen, now, now + STALLED_S, idle=False, open_from=known.open_from)
+    return _Standing(*seen, now + STALLED_S, idle=False, open_from=known.open_from)

@@ -20,6 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from bridge import __version__
+from bridge.catchup import HELD_WHYS
 from bridge.message import Priority, Reason
 from bridge.store import Shard
 
@@ -28,16 +29,6 @@ READ_BACK_RESULTS = ("stored", "missing", "refused")
 REBUILD_CAUSES = ("redis-lost-state", "redis-lost-writes", "topic-recreated", "offsets-went-back")
 # Why Redis handed out again a record whose fate was sealed (delay_bridge_redeliveries_avoided).
 AVOIDED_CAUSES = ("take-over", "lease-expired", "redis-lost-writes")
-# Why a partition's records wait for the ingress (delay_bridge_held_partitions; bridge.catchup).
-HELD_WHYS = (
-    "catching-up",
-    "open-transaction",
-    "dlq-refused",
-    "kept-elsewhere",
-    "settle",
-    "journal",
-    "take-back",
-)
 
 # 1 ms to 1 h: sub-second precision matters as much as catch-up after an outage.
 LATENESS_BUCKETS = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from bridge.catchup import CatchUp
+from bridge.catchup import JOURNAL, CatchUp
 from bridge.health import Readiness
 from bridge.store import ResumePoint, Shard, shard_names
 
@@ -30,7 +30,6 @@ ReadingAgain = Callable[
 ]
 
 RETRY_S = 1.0  # how often a partition waiting for the journal reads it again
-WHY = "journal"  # its claims' hold (CatchUp.hold)
 CHECK = "ingress-journal"  # /readyz while any waits
 
 
@@ -74,7 +73,7 @@ class JournalWaits:
         for shard in sorted(shards):
             mine = None if points is None else {s: p for s, p in points.items() if s == shard}
             self._waiting[shard] = Waiting(starts[shard], shard in again, mine)
-            self._catch_up.hold(shard, True, WHY)
+            self._catch_up.hold(shard, True, JOURNAL)
         if shards:
             self._next_try = time.monotonic() + RETRY_S
         if new and self._readiness is not None:
@@ -89,7 +88,7 @@ class JournalWaits:
         gone = [s for s in shards if s in self._waiting]
         for shard in gone:
             del self._waiting[shard]
-            self._catch_up.hold(shard, False, WHY)
+            self._catch_up.hold(shard, False, JOURNAL)
         if gone:
             logger.info("%s: the journal is read, and so are they again", shard_names(gone))
             if not self._waiting and self._readiness is not None:
