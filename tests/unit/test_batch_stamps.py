@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import re
 import time
-from typing import cast
-
-from confluent_kafka import Message
 
 from bridge.egress.plan import DecisionClock
 from bridge.ingress.batch import parse_batch
-from bridge.message import H_AFTER, H_TARGET_TOPIC, Rules, parse_duration_ms
+from bridge.message import H_AFTER, H_TARGET_TOPIC, Headers, Rules, parse_duration_ms
 from bridge.store import Claims, Shard
+from tests.unit.fake_message import message
 
 NOW = 1_790_000_000_000
 RULES = Rules(
@@ -27,36 +25,9 @@ RULES = Rules(
 A, B = Shard("delay", 0), Shard("delay", 1)
 
 
-class Msg:
-    """A consumed record: ``partition``, ``offset``, stamped ``stamp`` (CreateTime)."""
-
-    def __init__(self, partition: int, offset: int, stamp: int) -> None:
-        self._at, self._stamp = (partition, offset), stamp
-
-    def topic(self) -> str:
-        return "delay"
-
-    def partition(self) -> int:
-        return self._at[0]
-
-    def offset(self) -> int:
-        return self._at[1]
-
-    def timestamp(self) -> tuple[int, int]:
-        return 1, self._stamp
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return b"v"
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return [(H_TARGET_TOPIC, b"out"), (H_AFTER, b"1h")]
-
-
 def parsed(*records: tuple[int, int, int], limit: int | None = None) -> dict[Shard, int]:
-    messages = [cast(Message, Msg(*r)) for r in records]
+    headers: Headers = [(H_TARGET_TOPIC, b"out"), (H_AFTER, b"1h")]
+    messages = [message("delay", *r, b"v", headers) for r in records]
     return parse_batch(messages, RULES, NOW, limit).newest_ms
 
 

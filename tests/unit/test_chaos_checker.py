@@ -4,7 +4,6 @@ operator fired, rescheduled or replayed (pure logic: no servers)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
 
 from confluent_kafka import Message
 
@@ -22,6 +21,7 @@ from testbed.checker import (
 )
 from testbed.recurring import Occurrences
 from testbed.workload import value_of
+from tests.unit.fake_message import message
 
 
 def _seen(seen_ms: int, appended_ms: int | None = None) -> Seen:
@@ -164,32 +164,9 @@ def test_an_operators_copy_twice_is_stray_away_from_faults() -> None:
     assert near.duplicates == 2 and near.stray == []
 
 
-class _Msg:
-    """What expectations() reads of a consumed delay-topic record."""
-
-    def __init__(self, partition: int, offset: int, ts: int, seq: int, headers: Headers) -> None:
-        self._at, self._ts, self._value, self._headers = (partition, offset), ts, seq, headers
-
-    def topic(self) -> str:
-        return "d"
-
-    def partition(self) -> int:
-        return self._at[0]
-
-    def offset(self) -> int:
-        return self._at[1]
-
-    def timestamp(self) -> tuple[int, int]:
-        return 1, self._ts
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return value_of(self._value)
-
-    def headers(self) -> Headers:
-        return self._headers
+def _msg(partition: int, offset: int, ts: int, seq: int, headers: Headers) -> Message:
+    """What expectations() reads of a consumed delay-topic record: ``seq`` in its value."""
+    return message("d", partition, offset, ts, value_of(seq), headers)
 
 
 def test_a_cancel_kafka_took_100_ms_before_due_must_win_in_its_partition() -> None:
@@ -199,17 +176,17 @@ def test_a_cancel_kafka_took_100_ms_before_due_must_win_in_its_partition() -> No
     due = 1_800_000_000_000
     at: Headers = [(H_TARGET_TOPIC, b"out"), (H_DELIVER_AT, str(due).encode())]
     messages = [
-        _Msg(0, 0, due - 9_000, 0, [*at, (H_ID, b"job-1")]),
-        _Msg(0, 1, due - 2_000, 1, [(H_CANCEL, b"job-1")]),  # acknowledged 150 ms before
-        _Msg(0, 2, due - 9_000, 2, [*at, (H_ID, b"job-2")]),
+        _msg(0, 0, due - 9_000, 0, [*at, (H_ID, b"job-1")]),
+        _msg(0, 1, due - 2_000, 1, [(H_CANCEL, b"job-1")]),  # acknowledged 150 ms before
+        _msg(0, 2, due - 9_000, 2, [*at, (H_ID, b"job-2")]),
         # Stamped 2 s before due, acknowledged 50 ms before: it may lose.
-        _Msg(0, 3, due - 2_000, 3, [(H_CANCEL, b"job-2")]),
-        _Msg(0, 4, due - 9_000, 4, [*at, (H_ID, b"job-3")]),
-        _Msg(1, 0, due - 2_000, 5, [(H_CANCEL, b"job-3")]),  # another partition
-        _Msg(0, 5, due - 9_000, 6, at),
-        _Msg(0, 6, due - 2_000, 7, [(H_CANCEL, b"d:0:5")]),  # a default id: claimed ahead
+        _msg(0, 3, due - 2_000, 3, [(H_CANCEL, b"job-2")]),
+        _msg(0, 4, due - 9_000, 4, [*at, (H_ID, b"job-3")]),
+        _msg(1, 0, due - 2_000, 5, [(H_CANCEL, b"job-3")]),  # another partition
+        _msg(0, 5, due - 9_000, 6, at),
+        _msg(0, 6, due - 2_000, 7, [(H_CANCEL, b"d:0:5")]),  # a default id: claimed ahead
     ]
-    expected = expectations(cast(list[Message], messages), from_mapping({}, env={}).rules())
+    expected = expectations(messages, from_mapping({}, env={}).rules())
     assert [expected[s].withdrawn_by for s in (0, 2, 4, 6)] == [(1,), (3,), (), ()]
     delivered = {s: [_due(due + 10, due)] for s in (0, 2, 4, 6)}
     acked = {1: due - 150, 3: due - 50, 5: due - 2_000, 7: due - 2_000}
