@@ -36,7 +36,7 @@ from testbed.checker import (
     wait_held,
     wait_settled,
 )
-from testbed.clock import PYTHON_SHIFT
+from testbed.clock import python_shift
 from testbed.harness import Bridge, bridge_env
 from testbed.servers import Servers
 from testbed.services import delete_keys, recreate_topic
@@ -232,7 +232,7 @@ class Run:
         whose wall clock is that far off (testbed/clock/python/sitecustomize.py)."""
         env = self.env()
         if clock_shift_ms:
-            env.update(PYTHON_SHIFT_MS=str(clock_shift_ms), PYTHONPATH=str(PYTHON_SHIFT))
+            env.update(python_shift(clock_shift_ms))
         if instance:
             env["DELAY_BRIDGE_KAFKA__GROUP_INSTANCE_ID"] = f"{self.uid}-{instance}"
         bridge = Bridge(env, self.dir / f"bridge-{len(self.bridges)}.log").start()

@@ -9,6 +9,12 @@ from pathlib import Path
 PYTHON_SHIFT = Path(__file__).parent / "python"
 
 
+def python_shift(shift_ms: int) -> dict[str, str]:
+    """The environment that starts a Python process (a bridge) on a host whose wall clock is
+    ``shift_ms`` off: python/sitecustomize.py reads it."""
+    return {"CLOCK_SHIFT_MS": str(shift_ms), "PYTHONPATH": str(PYTHON_SHIFT)}
+
+
 def build_shim(directory: Path) -> Path:
     """shift.c built with the machine's C compiler into ``directory``: the shim's path."""
     built = directory / "shift.so"

@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from bridge.client import cancel_headers, delay_headers, partition_for
 from bridge.kafka import produce
 from bridge.message import H_AFTER, H_CANCEL, H_DELIVER_AT, H_ID, H_TARGET_TOPIC, wire_headers
-from testbed.clock import PYTHON_SHIFT  # its sitecustomize says why
+from testbed.clock import python_shift  # its sitecustomize says why
 from testbed.harness import (
     Bridge,
     Collector,
@@ -492,7 +492,7 @@ def _reading_at_its_end(
         config.write_text(yaml)
         bridge.env["DELAY_BRIDGE_CONFIG"] = str(config)
     if ahead_ms:
-        bridge.env.update(CLOCK_SHIFT_MS=str(ahead_ms), PYTHONPATH=str(PYTHON_SHIFT))
+        bridge.env.update(python_shift(ahead_ms))
     if faults:
         bridge.env = with_faults(bridge.env, **faults)
     bridges.append(bridge.start())

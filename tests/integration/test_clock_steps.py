@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge.message import H_DELIVER_AT, H_MAX_LATENESS, H_TARGET_TOPIC, Headers
-from testbed.clock import PYTHON_SHIFT  # its sitecustomize says why
+from testbed.clock import python_shift  # its sitecustomize says why
 from testbed.harness import Bridge, Received, Setup, metric, produce_all, wait_ready
 from tests.conftest import wait_for
 from tests.integration.conftest import ClockShift, redis_server
@@ -81,7 +81,7 @@ def test_a_bridge_clock_ahead_expires_nothing_on_time(setup: Setup, bridges: lis
     """A bridge whose own clock ran 20 s ahead dead-lettered every on-time record with
     ``delay-max-lateness: 5s`` as expired: expiry read the pod's clock, not the decision clock."""
     bridge = setup.bridge()
-    bridge.env.update(CLOCK_SHIFT_MS="20000", PYTHONPATH=str(PYTHON_SHIFT))
+    bridge.env.update(python_shift(20_000))
     bridges.append(bridge.start())
     wait_for(lambda: "clock skew" in bridge.get("/readyz")[1], 60, "/readyz naming the skew")
     records = _due_between(setup, 20, 8, 12, [(H_MAX_LATENESS, b"5s")])
