@@ -356,10 +356,16 @@ def cancels_lost(
         if not acks or min(acks) > due - LIVE_MARGIN_MS:
             continue
         covered += 1
-        if checker.delivered.get(seq):
+        if seen := checker.delivered.get(seq):
             what = f"{exp.offset} (seq {seq}): delivered, its cancel or replacement acknowledged "
-            lost.append((seq, f"{what}{due - min(acks)} ms before its due time"))
+            when = f"; due {_clock(due)}, appended to its target at {_clock(seen[0].timestamp_ms)}"
+            lost.append((seq, f"{what}{due - min(acks)} ms before its due time{when}"))
     return covered, lost
+
+
+def _clock(epoch_ms: int) -> str:
+    """``epoch_ms`` as the logs' time of day, to the ms."""
+    return f"{time.strftime('%H:%M:%S', time.localtime(epoch_ms / 1000))}.{epoch_ms % 1000:03d}"
 
 
 def met_again(before: Expected | None, now: Expected) -> Expected:
