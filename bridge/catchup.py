@@ -360,28 +360,30 @@ class CatchUp(Claiming):
         or, read at its end, due more than LIVE_MARGIN_MS less FETCH_SLACK_MS after the ingress
         last said so: what came in since may hold their cancels (a batch of another partition
         in its hands, a store tried again). When it said so is ``now_ms`` less how long ago it
-        did, by the monotonic clock: the bridge's own wall clock may be off from Redis's. A
-        lease that ran out, or a record still ``in_flight``, is not: it was claimed before, and
-        is past cancel."""
+        did, by the monotonic clock: the bridge's own wall clock may be off from Redis's. So is
+        a record a kept cancel names (:meth:`named`). Not one ``in_flight`` here (being
+        produced). A lease that ran out or was taken over is checked as a fresh claim (its owner
+        may have claimed it only to put it back), but for a :meth:`hold` (new claims only)."""
         now = self._clock()
         with self._lock:
             horizons = self._limits()
             moving = {s for s, standing in self._behind.items() if not standing.idle}
             moving |= self._blocked | self._in_hand
             live = {s: self._read.get(s, -1) + LIVE_MARGIN_MS for s in moving}
-            said = self._said
+            said, held = self._said, set(self._held)
         trusted = LIVE_MARGIN_MS - FETCH_SLACK_MS
         at_end = math.inf if said is None else now_ms - (now - said) * 1000 + trusted
         past: list[Claimed] = []
         behind: set[Shard] = set()  # shards read live behind with records put back
         for c in claims:
             shard, record = c.shard, c.record
-            if c.redelivery or (shard, c.member) in in_flight:
+            if (shard, c.member) in in_flight or (c.redelivery and shard in held):
+                continue  # being produced here; a lease run out while held (new claims only)
+            if self.named(shard, record) or record.due_ms > horizons.get(shard, math.inf):
+                past.append(c)
+            elif shard in horizons or c.given_id() is None:
                 continue
-            if shard in horizons:
-                if record.due_ms > horizons[shard]:
-                    past.append(c)
-            elif record.due_ms > live.get(shard, at_end) and c.given_id() is not None:
+            elif record.due_ms > live.get(shard, at_end):
                 past.append(c)
                 behind.add(shard)
         with self._lock:  # said once while a shard stays behind, and once a minute at most

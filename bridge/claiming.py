@@ -17,12 +17,18 @@ import dataclasses
 import threading
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 
-from bridge.store import Claimed, Shard, offset_of
+from bridge.message import Scheduled
+from bridge.store import Claimed, Named, Shard, offset_of
 
 # How long a cancel that met its record in flight waits for the mover's claims begun meanwhile to
 # end (each puts back what it does not produce yet) before it looks for it again.
 CLAIMS_END_S = 1.0
 TAKING_BACK = "take-back"  # why a shard's claims are held while a take-back is withdrawn
+# A cancel or replacement that met its record in flight and found it neither put back nor taken
+# back is kept this long (this many at most) for the record to come back: one a replica killed
+# between its claim and its put-back left leased, claimed again by the next owner once it took
+# the lease over, is put back while a cancel kept names it, and withdrawn then.
+MISSED_KEPT_S, MISSED_KEPT_MAX = 60.0, 10_000
 Held = tuple[int, tuple[Shard, bytes]]  # a record claimed ahead: (due ms, (shard, member))
 
 
@@ -64,6 +70,9 @@ class Claiming:
         self._asks: list[TakeBack] = []
         self.wake: Callable[[], None] = lambda: None
         self.take_out: Callable[[Shard, Collection[int]], list[Held]] = lambda shard, offsets: []
+        # The cancels and replacements kept for their record in flight (:meth:`keep_missed`):
+        # by (shard, delay-id), until when (monotonic), the put-backs counted when last looked.
+        self._missed: dict[tuple[Shard, str], tuple[float, int, Named]] = {}
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
@@ -154,6 +163,45 @@ class Claiming:
         with self._claims:
             asks, self._asks = self._asks, []
         return asks
+
+    def keep_missed(self, missed: Iterable[Named], mark: int, now: float) -> None:
+        """Cancels and replacements that met their record in flight and found it neither put
+        back since ``mark`` nor taken back: kept until MISSED_KEPT_S after ``now`` (monotonic)
+        for the mover to put it back (:meth:`named`)."""
+        with self._claims:
+            for shard, record in missed:
+                self._missed[shard, record.delay_id] = (now + MISSED_KEPT_S, mark, (shard, record))
+            while len(self._missed) > MISSED_KEPT_MAX:
+                del self._missed[next(iter(self._missed))]
+
+    def named(self, shard: Shard, record: Scheduled) -> bool:
+        """Whether a cancel or replacement kept (:meth:`keep_missed`) names ``record``: the
+        mover puts it back rather than produce it."""
+        if not self._missed:  # read without the lock: one look per claimed record
+            return False
+        kept = self._missed.get((shard, record.delay_id))
+        return kept is not None and record.offset < kept[2][1].offset
+
+    def missed_put_back(self, now: float) -> list[Named]:
+        """The cancels and replacements kept whose shard the mover put records back in since
+        they last looked (forgotten once MISSED_KEPT_S passed): they look there again."""
+        if not self._missed:
+            return []
+        with self._claims:
+            due: list[Named] = []
+            for key, (until, mark, named) in list(self._missed.items()):
+                if until < now:
+                    del self._missed[key]
+                elif self._put_back_at.get(key[0], 0) > mark:
+                    self._missed[key] = (until, self._put_backs, named)
+                    due.append(named)
+            return due
+
+    def found_missed(self, found: Iterable[Named]) -> None:
+        """These kept cancels and replacements found their record: forgotten."""
+        with self._claims:
+            for shard, record in found:
+                self._missed.pop((shard, record.delay_id), None)
 
     def hold(self, shard: Shard, held: bool, why: str) -> None:
         """Claim no record of ``shard`` that was not claimed before, for ``why`` (or claim again

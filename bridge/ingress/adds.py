@@ -275,8 +275,29 @@ class Adds:
         re-read ended are let go once they did (:meth:`let_go`)."""
         self.reread_over(over)
         self.look_again()
+        self.look_here()
         self.look_elsewhere()
         self.let_go()
+
+    def look_here(self) -> None:
+        """The cancels and replacements kept for their record in flight look in their shard
+        again once the mover put records back there (bridge.claiming's ``keep_missed``)."""
+        ready = self._catch_up.missed_put_back(self._clock())
+        if not ready:
+            return
+        try:
+            added = self._store.look_here(ready, self._reads.confirm)
+        except BridgeError as exc:  # looked again at the next put-back, or forgotten
+            logger.warning("cancels kept for their record in flight did not look again: %s", exc)
+            return
+        self._catch_up.found_missed(
+            [
+                (s, r)
+                for s, r in ready
+                if any(w.by == s and w.by_offset == r.offset for w in added.withdrawn)
+            ]
+        )
+        self._report(added)
 
     def _told(self) -> None:
         self._kept(sum(len(cs) for cs in self.by_shard.values()))

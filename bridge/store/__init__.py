@@ -3,6 +3,7 @@
 from bridge.store.across import Elsewhere, due_hint, not_whole, replaced_exactly
 from bridge.store.api import Store
 from bridge.store.calls import ON_TIME_WINDOW_MS, AckBatch
+from bridge.store.flight import Named
 from bridge.store.ids import Confirm, Logged, Schedules, id_hash, unconfirmed, undated, unlogged
 from bridge.store.inventory import ResumePoint, due_counts
 from bridge.store.keys import (
@@ -43,6 +44,7 @@ __all__ = [
     "Logged",
     "Lost",
     "Lows",
+    "Named",
     "PerLane",
     "Replica",
     "Replicas",

@@ -35,7 +35,7 @@ from bridge.store.ids import Confirm, Schedules, id_hash, undated
 from bridge.store.inventory import Inventory
 from bridge.store.keys import Keys, Shard, member, reference, score
 from bridge.store.redis_errors import as_store_error
-from bridge.store.results import Added, Lost, Withdrawn
+from bridge.store.results import Added, Lost, Withdrawn, ended_entry, withdrawn_entry
 from bridge.store.scripts import ADD, Scripts
 
 # add.lua asks to confirm the references its id lookups found at most once per batch (only the
@@ -267,11 +267,11 @@ def _add(
         unmatched += [(shard, records[i]) for i in r.unmatched]
         flew.update((shard, records[i].offset, records[i].delay_id) for i in r.in_flight)
         withdrawn += [
-            _withdrawn((shard, offset, due), shard, records[by], own)
+            withdrawn_entry((shard, offset, due), shard, records[by], own)
             for offset, due, by, own in r.withdrawn
         ]
         withdrawn += [
-            _ended(shard, rec, by, cancel)
+            ended_entry(shard, rec, by, cancel)
             for place, by, cancel in r.ended
             if isinstance(rec := records[place], Scheduled)
         ]
@@ -320,6 +320,13 @@ def look_again(
     cancels = sum(isinstance(r, Cancel) for _, r in kept)
     ended = _across(kept, elsewhere.ended)
     return _added([0, 0, 0, cancels], {}, list(kept), ended, found, _missed(kept, found))
+
+
+def found_here(kept: Sequence[tuple[Shard, Scheduled | Cancel]], found: FoundAt) -> Added:
+    """What the cancels and replacements ``kept`` for their record in flight found in their own
+    shard when they looked again (bridge.store.flight): the rest were reported missed before."""
+    hit = [(s, r) for s, r in kept if (s, r.offset, r.delay_id) in found]
+    return _added([0, 0, 0, sum(isinstance(r, Cancel) for _, r in hit)], {}, hit, [], found, ())
 
 
 def _looked_across(
@@ -426,24 +433,7 @@ def _across(
     """What the ``unmatched`` cancels and replacements ``found`` in other partitions, as the
     journal's entries have it."""
     return [
-        _withdrawn((there, offset, due), s, r, own)
+        withdrawn_entry((there, offset, due), s, r, own)
         for s, r in unmatched
         for there, offset, due, own in found.get((s, r.offset, r.delay_id), ())
     ]
-
-
-def _ended(shard: Shard, record: Scheduled, by: int, cancelled: bool) -> Withdrawn:
-    """A record carrying a schedule on that add.lua did not store, its schedule ended (or moved
-    to another record) by the record at offset ``by`` of the same shard: journaled as that
-    record's withdrawal, so a rebuild does not store it either."""
-    return Withdrawn(shard, record.offset, record.due_ms, record.delay_id, shard, by, cancelled)
-
-
-def _withdrawn(
-    where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel, own_id: str = ""
-) -> Withdrawn:
-    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms): named by the
-    delay-id of its own (``own_id``) when it has one, else by the one ``record`` named."""
-    shard, offset, due = where
-    cancel = isinstance(record, Cancel) and not record.replaces
-    return Withdrawn(shard, offset, due, own_id or record.delay_id, by, record.offset, cancel)

@@ -15,7 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bridge.message import Cancel, Priority, Scheduled
-from bridge.store.adding import Keep, keep_none, look_again
+from bridge.store.adding import Keep, found_here, keep_none, look_again
 from bridge.store.adding import add as add_batches
 from bridge.store.calls import (
     AckBatch,
@@ -28,7 +28,7 @@ from bridge.store.calls import (
     take_over_argv,
     unclaim_argv,
 )
-from bridge.store.flight import InFlight
+from bridge.store.flight import InFlight, Named, withdraw_here
 from bridge.store.ids import Confirm, Schedules, id_hash, unconfirmed, undated
 from bridge.store.inventory import Inventory
 from bridge.store.kept import Kept
@@ -164,10 +164,7 @@ class Store:
         (:attr:`Added.kept`, and in Redis) to :meth:`look_again`. A cancel by its delay-id
         that finds nothing in a shard ``reread`` names (read again after Redis lost its state,
         up to the offset given, which Redis keeps) ends a schedule of that id the registry has
-        no word of. A cancel or a replacement that finds nothing anywhere but a record with its
-        id in flight looks in its own shard again for what ``mover`` put back meanwhile or, by a
-        default id, takes back of what it claimed ahead (:mod:`bridge.store.flight`).
-        """
+        no word of. One that meets its record in flight: ``mover``, :mod:`bridge.store.flight`."""
         return add_batches(
             self.scripts,
             self._keys,
@@ -192,9 +189,12 @@ class Store:
         confirm: Confirm = unconfirmed,
         schedules: Schedules = undated,
     ) -> Added:
-        """Look in the other partitions of their topics, now whole, for what the cancels and
-        replacements :meth:`add` kept name; forget them in Redis."""
+        """What :meth:`add` kept looks in its topic's other partitions, now whole; forgotten."""
         return look_again(self.scripts, self._keys, kept, partitions, confirm, schedules)
+
+    def look_here(self, kept: Sequence[Named], confirm: Confirm) -> Added:
+        """Cancels kept for their record in flight look in their shard again (.flight)."""
+        return found_here(kept, withdraw_here(self.scripts, self._keys, kept, confirm=confirm))
 
     def lows(self, expected: Mapping[Shard, int | None], max_buckets: int = 64) -> Lows:
         """Each shard's lowest pending offset, else watermark + 1 (where its rebuild would start),

@@ -8,11 +8,16 @@ beyond its target's rate, into the target's wait index), or it was claimed ahead
 memory until its due time, which a cancel read in time takes back
 (:meth:`bridge.catchup.CatchUp.take_back`). Either way the record is then withdrawn in the
 cancel's own partition, as if it had waited when add.lua ran: by the id index, or, named by its
-default id, at the due time the put-back or the take-back gives.
+default id, at the due time the put-back or the take-back gives. A third flight ends the same
+way later: a record leased by an earlier owner of the partition that claimed it only to put it
+back, and was killed first. The cancel is kept (bridge.claiming's ``keep_missed``); the new
+owner, claiming the record again once it took the lease over, puts it back while the cancel
+names it, and the cancel looks again (:meth:`bridge.store.Store.look_here`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
@@ -21,6 +26,8 @@ from bridge.store.across import Asked, FoundAt, Hits, look, withdraw_hits
 from bridge.store.ids import Confirm
 from bridge.store.keys import Keys, Shard, offset_bytes
 from bridge.store.scripts import Scripts
+
+Named = tuple[Shard, Scheduled | Cancel]  # a cancel or replacement, in its shard
 
 
 class InFlight(Protocol):
@@ -38,6 +45,10 @@ class InFlight(Protocol):
     def take_back(self, shard: Shard, offsets: Collection[int]) -> dict[int, int]: ...
 
     def taken_back(self, shard: Shard) -> None: ...
+
+    def keep_missed(
+        self, missed: Sequence[tuple[Shard, Scheduled | Cancel]], mark: int, now: float
+    ) -> None: ...
 
 
 def withdraw_in_flight(
@@ -59,7 +70,13 @@ def withdraw_in_flight(
     here = [(s, r) for s, r in met if s in shards]
     found = withdraw_here(scripts, keys, here, confirm=confirm) if here else {}
     left = [(s, r) for s, r in met if (s, r.offset, r.delay_id) not in found]
-    return {**found, **_withdraw_taken_back(scripts, keys, left, mover)}
+    found = {**found, **_withdraw_taken_back(scripts, keys, left, mover)}
+    # Still in flight: being produced here, or leased by no mover of this replica (an earlier
+    # owner's, which may have claimed it only to put it back): kept for it to come back.
+    mover.keep_missed(
+        [(s, r) for s, r in left if (s, r.offset, r.delay_id) not in found], mark, time.monotonic()
+    )
+    return found
 
 
 def withdraw_here(

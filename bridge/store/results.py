@@ -65,6 +65,23 @@ class Withdrawn(NamedTuple):
     cancelled: bool  # else replaced
 
 
+def ended_entry(shard: Shard, record: Scheduled, by: int, cancelled: bool) -> Withdrawn:
+    """A record carrying a schedule on that add.lua did not store, its schedule ended (or moved
+    to another record) by the record at offset ``by`` of the same shard: journaled as that
+    record's withdrawal, so a rebuild does not store it either."""
+    return Withdrawn(shard, record.offset, record.due_ms, record.delay_id, shard, by, cancelled)
+
+
+def withdrawn_entry(
+    where: tuple[Shard, int, int], by: Shard, record: Scheduled | Cancel, own_id: str = ""
+) -> Withdrawn:
+    """What ``record`` (of shard ``by``) withdrew ``where`` (shard, offset, due ms): named by the
+    delay-id of its own (``own_id``) when it has one, else by the one ``record`` named."""
+    shard, offset, due = where
+    cancel = isinstance(record, Cancel) and not record.replaces
+    return Withdrawn(shard, offset, due, own_id or record.delay_id, by, record.offset, cancel)
+
+
 @dataclass(frozen=True)
 class Added:
     """What :meth:`Store.add` did: records stored, waiting records replaced by a later one with

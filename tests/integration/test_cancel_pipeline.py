@@ -791,3 +791,47 @@ def _transaction(setup: Setup, name: str) -> Producer:
     )
     producer.init_transactions(30)
     return producer
+
+
+def test_a_cancel_wins_over_its_record_left_leased_by_a_replica_killed_putting_it_back(
+    setup: Setup, bridges: list[Bridge]
+) -> None:
+    """The scene before, and a crash in it: the mover claims the record at its due time, finds
+    its partition read behind the open transaction, and is SIGKILLed before its put-back (a
+    fault hook holds it there): the record is left leased in Redis, never produced. The next
+    replica takes the partition over once the transaction ends, and reads the cancel before or
+    after it takes the lease over: the record must not be delivered — a lease an earlier owner
+    left is not a record past cancel (the adversary, seed 12: delivered as a redelivery)."""
+    hold = setup.tmp / "hold"
+    hold.mkdir()
+    faults = {"HOLD_UNCLAIM_VALUE": "cancelled", "HOLD_DIR": str(hold)}
+    session = "kafka:\n  consumer: {session.timeout.ms: '6000', heartbeat.interval.ms: '1000'}\n"
+    target = setup.targets[0].encode()
+    bridge = _reading_at_its_end(setup, bridges, "1000", faults=faults, yaml=session)
+    due_ms = int(time.time() * 1000) + 5_000
+    headers = [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due_ms), (H_ID, b"o")]
+    first = _transaction(setup, "first")
+    first.begin_transaction()
+    produce(first, setup.delay, partition=0, key=b"k", value=b"cancelled", headers=headers)
+    first.commit_transaction(30)
+    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
+    held = _transaction(setup, "held")
+    held.begin_transaction()
+    filler = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
+    produce(held, setup.delay, partition=0, key=b"k", value=b"filler", headers=filler)
+    assert held.flush(30) == 0
+    plain = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
+    plain.list_topics(setup.delay, timeout=10)
+    wait_for(lambda: time.time() * 1000 > due_ms - 1_000, 15, "a second before the due time")
+    produce(plain, setup.delay, partition=0, key=None, value=None, headers=[(H_CANCEL, b"o")])
+    assert plain.flush(30) == 0
+    assert int(time.time() * 1000) < due_ms - 200, "the cancel produced late: test void"
+    wait_for((hold / "held").exists, 15, "the record claimed, on its way back")
+    bridge.kill()  # the record leased in Redis, not produced
+    held.commit_transaction(30)
+    second = setup.bridge("second", ingress__batch_size="1000")
+    bridges.append(second.start())
+    after: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")])]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = counts_through(setup, b"after", 60)
+    assert b"cancelled" not in counts, second.output()[-3000:]

@@ -17,8 +17,8 @@ from bridge.catchup import (
     UNANSWERED_S,
     CatchUp,
 )
-from bridge.claiming import Held
-from bridge.message import Scheduled, origin
+from bridge.claiming import MISSED_KEPT_S, Held
+from bridge.message import Cancel, Scheduled, origin
 from bridge.store import Claimed, Shard
 from bridge.store.keys import offset_bytes
 
@@ -64,10 +64,14 @@ def test_read_live_behind_only_own_ids_due_past_the_read_records_wait() -> None:
         claimed(1, T0 + LIVE_MARGIN_MS, "job-1"),  # produced by the margin before: read already
         claimed(2, T0 + LIVE_MARGIN_MS + 1, "job-2"),  # its cancel may be unread
         claimed(3, T0 + 60_000),  # the default delay-id: nothing can withdraw it
-        claimed(4, T0 + 60_000, "job-4", redelivery=True),  # claimed before: past cancel
+        # Claimed before, by an owner that may have claimed it only to put it back: the same.
+        claimed(4, T0 + 60_000, "job-4", redelivery=True),
         claimed(5, T0 + 60_000, "job-5"),  # in flight
     ]
-    assert [c.record.offset for c in catch_up.past(claims, {(SHARD, offset_bytes(5))}, NOW)] == [2]
+    assert [c.record.offset for c in catch_up.past(claims, {(SHARD, offset_bytes(5))}, NOW)] == [
+        2,
+        4,
+    ]
     catch_up.read(SHARD, T0 + 1)  # the ingress moves on
     assert catch_up.past(claims[1:2], (), NOW) == []
 
@@ -450,3 +454,42 @@ def test_held_partitions_counts_each_why_a_shard_waits_for_the_ingress() -> None
     catch_up.stop(SHARD)
     catch_up.stop(other)
     assert not any(catch_up.held_partitions().values())
+
+
+def test_a_cancel_kept_for_its_record_in_flight_puts_it_back_until_it_looked_again() -> None:
+    """A cancel that met its record leased by no mover here (an earlier owner claimed it, then
+    was killed before its put-back) is kept: the record, claimed again — a redelivery once the
+    lease is taken over, at a partition read at its end — is put back while the cancel names
+    it, and the cancel looks again once the mover put records back in its shard; records of
+    its id after it (a replacement, a schedule carried on) are not held."""
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    catch_up.behind({})
+    cancel = Cancel(7, "job-1")
+    left = claimed(3, T0, "job-1", redelivery=True)
+    assert catch_up.past([left], (), NOW) == []  # nothing kept: a fresh claim, read at its end
+    mark = catch_up.put_backs_mark()
+    catch_up.put_backs_unmark()
+    catch_up.keep_missed([(SHARD, cancel)], mark, clock.now)
+    assert catch_up.missed_put_back(clock.now) == []  # nothing put back since
+    later = claimed(9, T0, "job-1")
+    assert catch_up.past([left, later], (), NOW) == [left]
+    assert catch_up.past([left], {(SHARD, left.member)}, NOW) == []  # being produced here
+    catch_up.put_back([left], {(SHARD, left.member)})
+    assert catch_up.missed_put_back(clock.now) == [(SHARD, cancel)]
+    assert catch_up.missed_put_back(clock.now) == []  # until the next put-back
+    catch_up.found_missed([(SHARD, cancel)])
+    assert catch_up.past([left], (), NOW) == []
+
+
+def test_a_cancel_kept_for_its_record_in_flight_is_forgotten_after_a_while() -> None:
+    clock = Clock()
+    catch_up = CatchUp(clock)
+    catch_up.behind({})
+    left = claimed(3, T0, "job-1", redelivery=True)
+    catch_up.keep_missed([(SHARD, Cancel(7, "job-1"))], catch_up.put_backs_mark(), clock.now)
+    clock.now += MISSED_KEPT_S + 1
+    catch_up.behind({})  # read at its end now
+    catch_up.put_back([left], {(SHARD, left.member)})
+    assert catch_up.missed_put_back(clock.now) == []
+    assert catch_up.past([left], (), NOW) == []
