@@ -750,6 +750,29 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     target = setup.targets[0].encode()
     bridge = _reading_at_its_end(setup, bridges, "1000")
     due_ms = int(time.time() * 1000) + 6_000
+    held, produced_ms = _cancel_behind_an_open_transaction(setup, bridge, due_ms)
+    held_open = 'delay_bridge_held_partitions{reason="open-transaction"}'
+    wait_for(lambda: metric(bridge, held_open) == 1, 10, "the partition held, and said so")
+    wait_for(lambda: time.time() * 1000 > due_ms + open_past_due_ms, 20, "past the due time")
+    held.commit_transaction(30)
+    assert produced_ms < due_ms - 200, "the cancel produced late: test void"
+    after: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")])]
+    produce_to(setup.services.bootstrap, setup.delay, after)
+    counts = counts_through(setup, b"after", 60)
+    assert b"cancelled" not in counts, bridge.output()[-3000:]
+    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
+    assert "a transaction open from offset" in bridge.output()  # the log says why it waited
+    wait_for(lambda: metric(bridge, held_open) == 0, 10, "the partition no longer held")
+
+
+def _cancel_behind_an_open_transaction(
+    setup: Setup, bridge: Bridge, due_ms: int
+) -> tuple[Producer, int]:
+    """In partition 0: a record with its own delay-id ("o", value b"cancelled") due at
+    ``due_ms``, produced in a transaction and stored by ``bridge``; another producer's
+    transaction opened behind it; the record's cancel a second before ``due_ms``, behind that.
+    Returns the open transaction's producer and when the cancel was acknowledged (epoch ms)."""
+    target = setup.targets[0].encode()
     headers = [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due_ms), (H_ID, b"o")]
     first = _transaction(setup, "first")
     first.begin_transaction()
@@ -767,19 +790,7 @@ def test_a_cancel_behind_another_producers_open_transaction_wins_over_its_record
     wait_for(lambda: time.time() * 1000 > due_ms - 1_000, 15, "a second before the due time")
     produce(plain, setup.delay, partition=0, key=None, value=None, headers=[(H_CANCEL, b"o")])
     assert plain.flush(30) == 0
-    produced_ms = int(time.time() * 1000)
-    held_open = 'delay_bridge_held_partitions{reason="open-transaction"}'
-    wait_for(lambda: metric(bridge, held_open) == 1, 10, "the partition held, and said so")
-    wait_for(lambda: time.time() * 1000 > due_ms + open_past_due_ms, 20, "past the due time")
-    held.commit_transaction(30)
-    assert produced_ms < due_ms - 200, "the cancel produced late: test void"
-    after: ToPartition = [(0, b"after", [(H_TARGET_TOPIC, target), (H_AFTER, b"0s")])]
-    produce_to(setup.services.bootstrap, setup.delay, after)
-    counts = counts_through(setup, b"after", 60)
-    assert b"cancelled" not in counts, bridge.output()[-3000:]
-    assert metric(bridge, 'delay_bridge_cancelled_total{result="cancelled"}') == 1
-    assert "a transaction open from offset" in bridge.output()  # the log says why it waited
-    wait_for(lambda: metric(bridge, held_open) == 0, 10, "the partition no longer held")
+    return held, int(time.time() * 1000)
 
 
 def _transaction(setup: Setup, name: str) -> Producer:
@@ -809,23 +820,8 @@ def test_a_cancel_wins_over_its_record_left_leased_by_a_replica_killed_putting_i
     target = setup.targets[0].encode()
     bridge = _reading_at_its_end(setup, bridges, "1000", faults=faults, yaml=session)
     due_ms = int(time.time() * 1000) + 5_000
-    headers = [(H_TARGET_TOPIC, target), (H_DELIVER_AT, b"%d" % due_ms), (H_ID, b"o")]
-    first = _transaction(setup, "first")
-    first.begin_transaction()
-    produce(first, setup.delay, partition=0, key=b"k", value=b"cancelled", headers=headers)
-    first.commit_transaction(30)
-    wait_for(lambda: metric(bridge, "delay_bridge_ingested_total") == 1, 30, "the record stored")
-    held = _transaction(setup, "held")
-    held.begin_transaction()
-    filler = [(H_TARGET_TOPIC, target), (H_AFTER, b"1h")]
-    produce(held, setup.delay, partition=0, key=b"k", value=b"filler", headers=filler)
-    assert held.flush(30) == 0
-    plain = Producer({"bootstrap.servers": setup.services.bootstrap, "linger.ms": 0})
-    plain.list_topics(setup.delay, timeout=10)
-    wait_for(lambda: time.time() * 1000 > due_ms - 1_000, 15, "a second before the due time")
-    produce(plain, setup.delay, partition=0, key=None, value=None, headers=[(H_CANCEL, b"o")])
-    assert plain.flush(30) == 0
-    assert int(time.time() * 1000) < due_ms - 200, "the cancel produced late: test void"
+    held, produced_ms = _cancel_behind_an_open_transaction(setup, bridge, due_ms)
+    assert produced_ms < due_ms - 200, "the cancel produced late: test void"
     wait_for((hold / "held").exists, 15, "the record claimed, on its way back")
     bridge.kill()  # the record leased in Redis, not produced
     held.commit_transaction(30)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import pytest
 from confluent_kafka import Message
 
@@ -12,22 +10,9 @@ from bridge.ingress.batch import Batch
 from bridge.ingress.careful import is_bug, one_offset_at_a_time, pieces
 from bridge.message import Cancel, Reason, Rejected, Scheduled
 from bridge.store import Shard
+from tests.unit.fake_message import message
 
 A, B = Shard("delay", 0), Shard("delay", 1)
-
-
-class Msg:
-    def __init__(self, shard: Shard, offset: int) -> None:
-        self._at = (shard.topic, shard.partition, offset)
-
-    def topic(self) -> str:
-        return self._at[0]
-
-    def partition(self) -> int:
-        return self._at[1]
-
-    def offset(self) -> int:
-        return self._at[2]
 
 
 def rec(offset: int, value: bytes = b"v") -> Scheduled:
@@ -38,7 +23,8 @@ def batch() -> tuple[list[Message], Batch]:
     """Partition 0: records at 3, 4 (two cancels at one offset), a rejected one at 5, a record
     at 6; partition 1: a record at 10."""
     bad = Rejected(Reason.BAD_DUE_TIME, "no")
-    messages = [cast(Message, Msg(A, o)) for o in (3, 4, 5, 6)] + [cast(Message, Msg(B, 10))]
+    at = [(A, 3), (A, 4), (A, 5), (A, 6), (B, 10)]
+    messages = [message(s.topic, s.partition, o, 0, b"v", []) for s, o in at]
     stored: dict[Shard, tuple[int, list[Scheduled | Cancel]]] = {
         A: (6, [rec(3), Cancel(4, "x"), Cancel(4, "y"), rec(6, b"poison")]),
         B: (10, [rec(10)]),
